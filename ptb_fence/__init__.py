@@ -1,0 +1,55 @@
+"""ptb_fence: durable, fenced update handling for python-telegram-bot.
+
+Every update is recorded before Telegram is told it was received, claimed under a lease with a
+persisted, globally unique claim id, handled, and settled. Handlers check inside their own
+database transaction that their attempt still owns the update before they write.
+"""
+
+from ptb_fence._errors import OwnershipLost, SchemaError, StoreBusy
+from ptb_fence._protocols import (
+    DurableUpdateStore,
+    FencedUpdateStore,
+    UpdateStore,
+    is_durable,
+    is_fenced,
+)
+from ptb_fence._values import (
+    Abandoned,
+    AttemptIdentity,
+    Completed,
+    Exhaustion,
+    Failed,
+    Settlement,
+    StoredUpdate,
+)
+from ptb_fence.stores import (
+    MemoryUpdateStore,
+    PostgresUpdateStore,
+    SQLiteUpdateStore,
+    postgres_update_store_schema,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Abandoned",
+    "AttemptIdentity",
+    "Completed",
+    "DurableUpdateStore",
+    "Exhaustion",
+    "Failed",
+    "FencedUpdateStore",
+    "MemoryUpdateStore",
+    "OwnershipLost",
+    "PostgresUpdateStore",
+    "SQLiteUpdateStore",
+    "SchemaError",
+    "Settlement",
+    "StoreBusy",
+    "StoredUpdate",
+    "UpdateStore",
+    "__version__",
+    "is_durable",
+    "is_fenced",
+    "postgres_update_store_schema",
+]

@@ -1,0 +1,337 @@
+"""MemoryUpdateStore: the executable statement of the store rules."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from ptb_fence._values import (
+    Abandoned,
+    AttemptIdentity,
+    Completed,
+    Exhaustion,
+    Failed,
+    Settlement,
+    StoredUpdate,
+)
+
+__all__ = ["MemoryUpdateStore"]
+
+
+@dataclass
+class _Row:
+    update_id: int
+    body: str
+    state: str
+    attempts: int
+    due_at: Optional[int]
+    received_at: int
+    settled_at: Optional[int] = None
+    error: Optional[str] = None
+    claim_id: Optional[str] = None
+
+
+def _new_claim_id() -> str:
+    return uuid.uuid4().hex
+
+
+class MemoryUpdateStore:
+    """A thread-safe, in-process store implementing the durable contract.
+
+    It is the clearest statement of the rules and makes unit tests fast. Everything it holds is
+    lost when the process ends: use it for tests and for bots that accept losing work on
+    restart. :meth:`transaction` yields :obj:`None` and runs the caller's block under the store's
+    lock, so an ownership check and a settle inside it are atomic.
+    """
+
+    __slots__ = ("_lock", "_rows")
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._rows: Dict[int, _Row] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release resources (nothing to release for the memory store)."""
+
+    def __enter__(self) -> "MemoryUpdateStore":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- helpers ---------------------------------------------------------------------------
+    @staticmethod
+    def _claimable(row: _Row, now: int) -> bool:
+        if row.state == "pending":
+            return True
+        if row.state == "failed":
+            return row.due_at is not None and row.due_at <= now
+        if row.state == "processing":
+            return row.due_at is not None and row.due_at < now
+        return False
+
+    @staticmethod
+    def _live(row: _Row, attempt: int, at: Optional[int], claim_id: Optional[str]) -> bool:
+        if row.state != "processing" or row.attempts != attempt:
+            return False
+        if claim_id is not None and row.claim_id != claim_id:
+            return False
+        return at is None or (row.due_at is not None and row.due_at >= at)
+
+    def _take(
+        self,
+        update_id: int,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool,
+    ) -> Optional[_Row]:
+        row = self._rows.get(update_id)
+        if row is None or not self._claimable(row, now):
+            return None
+        if row.attempts < max_attempts:
+            row.state = "processing"
+            row.attempts += 1
+            row.due_at = lease_until
+            row.error = None
+            row.claim_id = _new_claim_id()
+            return row
+        row.state = "abandoned"
+        row.due_at = now
+        row.error = "attempts spent"
+        if durable_exhaustion:
+            row.settled_at = None
+            if row.claim_id is None:
+                row.claim_id = _new_claim_id()
+        else:
+            row.settled_at = now
+        return None
+
+    @staticmethod
+    def _apply(row: _Row, settlement: Settlement) -> None:
+        if isinstance(settlement, Completed):
+            row.state = "completed"
+            row.settled_at = settlement.at
+            row.error = None
+        elif isinstance(settlement, Failed):
+            row.state = "failed"
+            row.due_at = settlement.retry_at
+            row.settled_at = None
+            row.error = settlement.error
+        elif isinstance(settlement, Abandoned):
+            row.state = "abandoned"
+            row.settled_at = settlement.at
+            row.error = settlement.error
+        else:
+            raise TypeError(f"not a settlement: {settlement!r}")
+
+    # -- base contract ---------------------------------------------------------------------
+    def add(self, update_id: int, body: str, received_at: int) -> bool:
+        """Insert a pending row; :obj:`False` if the id exists in any state."""
+        with self._lock:
+            if update_id in self._rows:
+                return False
+            self._rows[update_id] = _Row(update_id, body, "pending", 0, None, received_at)
+            return True
+
+    def add_many(self, rows: Sequence[Tuple[int, str, int]]) -> List[bool]:
+        """Insert several ``(update_id, body, received_at)`` rows at once (optional capability)."""
+        with self._lock:
+            return [self.add(update_id, body, at) for update_id, body, at in rows]
+
+    def claim(
+        self,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> Optional[int]:
+        """Take the row for a new attempt; see :class:`ptb_fence.UpdateStore`."""
+        with self._lock:
+            row = self._take(update_id, now, lease_until, max_attempts, durable_exhaustion)
+            return None if row is None else row.attempts
+
+    def renew(
+        self, update_id: int, attempt: int, lease_until: int, now: Optional[int] = None
+    ) -> bool:
+        """Extend a live lease; see :class:`ptb_fence.UpdateStore`."""
+        with self._lock:
+            row = self._rows.get(update_id)
+            if row is None or not self._live(row, attempt, now, None):
+                return False
+            row.due_at = max(row.due_at or lease_until, lease_until)
+            return True
+
+    def renew_many(
+        self, leases: Sequence[Tuple[int, int]], lease_until: int, now: int
+    ) -> List[bool]:
+        """Renew several ``(update_id, attempt)`` leases at once (optional capability)."""
+        with self._lock:
+            return [self.renew(u, a, lease_until, now) for u, a in leases]
+
+    def settle(self, update_id: int, attempt: int, settlement: Settlement) -> None:
+        """Record an attempt's result if it still holds its lease at ``settlement.at``."""
+        with self._lock:
+            row = self._rows.get(update_id)
+            if row is not None and self._live(row, attempt, settlement.at, None):
+                self._apply(row, settlement)
+
+    def due(self, *, now: int, pending_before: int, limit: int) -> List[StoredUpdate]:
+        """Rows to hand over, by ``update_id``; see :class:`ptb_fence.UpdateStore`."""
+        with self._lock:
+            result = []
+            for update_id in sorted(self._rows):
+                row = self._rows[update_id]
+                if row.state == "pending":
+                    ok = row.received_at <= pending_before
+                else:
+                    ok = self._claimable(row, now)
+                if ok:
+                    result.append(StoredUpdate(update_id, row.body))
+                    if len(result) >= limit:
+                        break
+            return result
+
+    def prune(self, before: int) -> int:
+        """Delete completed/abandoned rows settled before ``before``; return the count."""
+        with self._lock:
+            doomed = [
+                u
+                for u, r in self._rows.items()
+                if r.state in ("completed", "abandoned")
+                and r.settled_at is not None
+                and r.settled_at < before
+            ]
+            for u in doomed:
+                del self._rows[u]
+            return len(doomed)
+
+    # -- fenced contract -------------------------------------------------------------------
+    def claim_owned(
+        self,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> Optional[AttemptIdentity]:
+        """As :meth:`claim`, returning the attempt's identity."""
+        with self._lock:
+            row = self._take(update_id, now, lease_until, max_attempts, durable_exhaustion)
+            if row is None:
+                return None
+            assert row.claim_id is not None
+            return AttemptIdentity(row.update_id, row.attempts, row.claim_id)
+
+    def renew_owned(
+        self, identity: AttemptIdentity, lease_until: int, now: Optional[int] = None
+    ) -> bool:
+        """As :meth:`renew`, and the claim id must match."""
+        with self._lock:
+            row = self._rows.get(identity.update_id)
+            if row is None or not self._live(row, identity.attempt, now, identity.claim_id):
+                return False
+            row.due_at = max(row.due_at or lease_until, lease_until)
+            return True
+
+    def renew_owned_many(
+        self, identities: Sequence[AttemptIdentity], lease_until: int, now: int
+    ) -> List[bool]:
+        """Renew several fenced leases at once (optional capability)."""
+        with self._lock:
+            return [self.renew_owned(i, lease_until, now) for i in identities]
+
+    def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
+        """:obj:`True` while this exact claim holds a lease unexpired at ``at``.
+
+        ``connection`` is accepted for interface compatibility and ignored: the check runs under
+        the store's lock, which :meth:`transaction` holds for the whole block.
+        """
+        with self._lock:
+            row = self._rows.get(identity.update_id)
+            return row is not None and self._live(row, identity.attempt, at, identity.claim_id)
+
+    def settle_owned(
+        self, identity: AttemptIdentity, settlement: Settlement, *, connection: Any = None
+    ) -> bool:
+        """As :meth:`settle`, and the claim id must match; returns whether it landed."""
+        with self._lock:
+            row = self._rows.get(identity.update_id)
+            if row is None or not self._live(
+                row, identity.attempt, settlement.at, identity.claim_id
+            ):
+                return False
+            self._apply(row, settlement)
+            return True
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Hold the store's lock for a block (optional capability used by ``Attempt``).
+
+        Yields :obj:`None`: there is no database connection. Changes made in the block are not
+        rolled back on error (the memory store has no undo), but no other thread can claim,
+        renew or settle while the block runs.
+        """
+        with self._lock:
+            yield None
+
+    # -- durable contract ------------------------------------------------------------------
+    def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:
+        """Turn the exact live claim into an unacknowledged exhaustion."""
+        with self._lock:
+            row = self._rows.get(identity.update_id)
+            if row is None or not self._live(row, identity.attempt, at, identity.claim_id):
+                return False
+            row.state = "abandoned"
+            row.due_at = at
+            row.settled_at = None
+            row.error = error
+            return True
+
+    def due_exhaustions(
+        self, *, limit: int, after_update_id: Optional[int] = None
+    ) -> List[Exhaustion]:
+        """Unacknowledged exhaustions after ``after_update_id``, by ``update_id``."""
+        with self._lock:
+            result = []
+            for update_id in sorted(self._rows):
+                if after_update_id is not None and update_id <= after_update_id:
+                    continue
+                row = self._rows[update_id]
+                if row.state == "abandoned" and row.settled_at is None:
+                    assert row.claim_id is not None and row.due_at is not None
+                    result.append(
+                        Exhaustion(
+                            update_id=update_id,
+                            attempt=row.attempts,
+                            claim_id=row.claim_id,
+                            body=row.body,
+                            exhausted_at=row.due_at,
+                            error=row.error,
+                        )
+                    )
+                    if len(result) >= limit:
+                        break
+            return result
+
+    def acknowledge_exhaustion(self, identity: AttemptIdentity, at: int) -> bool:
+        """Acknowledge the exhaustion with exactly this identity; it becomes prunable."""
+        with self._lock:
+            row = self._rows.get(identity.update_id)
+            if (
+                row is None
+                or row.state != "abandoned"
+                or row.settled_at is not None
+                or row.attempts != identity.attempt
+                or row.claim_id != identity.claim_id
+            ):
+                return False
+            row.settled_at = at
+            return True

@@ -1,0 +1,77 @@
+"""Shared fixtures: real PostgreSQL (own table per test), SQLite files, clocks."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Iterator
+
+import pytest
+
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def postgres_dsn() -> str:
+    """The DSN tests use (``PTB_FENCE_POSTGRES_DSN`` or the local default)."""
+    return os.environ.get("PTB_FENCE_POSTGRES_DSN", DEFAULT_DSN)
+
+
+def _postgres_problem() -> "str | None":
+    try:
+        import psycopg2
+
+        conn = psycopg2.connect(postgres_dsn(), connect_timeout=3)
+        conn.close()
+        return None
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        return f"PostgreSQL not reachable at PTB_FENCE_POSTGRES_DSN: {type(exc).__name__}: {exc}"
+
+
+_PG_PROBLEM: "str | None | bool" = False
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> str:
+    """A reachable PostgreSQL DSN; skips (or fails with PTB_FENCE_REQUIRE_POSTGRES=1)."""
+    global _PG_PROBLEM
+    if _PG_PROBLEM is False:
+        _PG_PROBLEM = _postgres_problem()
+    if _PG_PROBLEM:
+        if os.environ.get("PTB_FENCE_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"{_PG_PROBLEM} (required by PTB_FENCE_REQUIRE_POSTGRES=1)")
+        pytest.skip(f"{_PG_PROBLEM}; set PTB_FENCE_POSTGRES_DSN to run PostgreSQL tests")
+    return postgres_dsn()
+
+
+def _drop_table(dsn: str, table: str) -> None:
+    import psycopg2
+
+    conn = psycopg2.connect(dsn)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f'DROP TABLE IF EXISTS "{table}" CASCADE')
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def pg_table(pg_dsn: str) -> Iterator[str]:
+    """A fresh table name for this test, dropped afterwards."""
+    table = "t_" + uuid.uuid4().hex[:16]
+    yield table
+    _drop_table(pg_dsn, table)
+
+
+@pytest.fixture
+def pg_tables(pg_dsn: str) -> Iterator["list[str]"]:
+    """A list that tests append table names to; all are dropped afterwards."""
+    tables: "list[str]" = []
+    yield tables
+    for table in tables:
+        _drop_table(pg_dsn, table)
+
+
+def fresh_table_name() -> str:
+    """A unique table name (for tests that make several stores)."""
+    return "t_" + uuid.uuid4().hex[:16]
