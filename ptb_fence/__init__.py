@@ -22,6 +22,14 @@ from ptb_fence._values import (
     Settlement,
     StoredUpdate,
 )
+from ptb_fence.runtime import (
+    Attempt,
+    RuntimeOptions,
+    UpdateIntake,
+    current_attempt,
+    default_retry,
+    webhook_app,
+)
 from ptb_fence.stores import (
     MemoryUpdateStore,
     PostgresUpdateStore,
@@ -33,6 +41,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Abandoned",
+    "Attempt",
     "AttemptIdentity",
     "Completed",
     "DurableUpdateStore",
@@ -44,12 +53,17 @@ __all__ = [
     "PostgresUpdateStore",
     "SQLiteUpdateStore",
     "SchemaError",
+    "RuntimeOptions",
     "Settlement",
     "StoreBusy",
     "StoredUpdate",
+    "UpdateIntake",
     "UpdateStore",
     "__version__",
+    "current_attempt",
+    "default_retry",
     "is_durable",
     "is_fenced",
     "postgres_update_store_schema",
+    "webhook_app",
 ]

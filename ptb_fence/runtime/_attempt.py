@@ -1,0 +1,277 @@
+"""Attempt: what a handler receives for one try at one update."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
+
+from ptb_fence._errors import OwnershipLost
+from ptb_fence._values import AttemptIdentity, Completed
+
+if TYPE_CHECKING:
+    from ptb_fence.runtime._core import Runtime
+
+__all__ = ["Attempt", "current_attempt"]
+
+T = TypeVar("T")
+
+_CURRENT: "contextvars.ContextVar[Optional[Attempt]]" = contextvars.ContextVar(
+    "ptb_fence_current_attempt", default=None
+)
+
+
+def current_attempt() -> "Optional[Attempt]":
+    """Return the :class:`Attempt` of the update being handled, or :obj:`None` outside one.
+
+    It is a :class:`contextvars.ContextVar`: visible in the handler's task and in
+    :func:`asyncio.to_thread` calls made from it.
+    """
+    return _CURRENT.get()
+
+
+class Attempt:
+    """One attempt at handling one update: its identity and its fenced-write tools.
+
+    A handler gets it as ``context.attempt`` (PTB), as the second argument of
+    ``handle_attempt(update, attempt)`` (:class:`~ptb_fence.UpdateIntake`), or from
+    :func:`current_attempt`.
+
+    Attributes:
+        identity (:class:`~ptb_fence.AttemptIdentity`): The capability of this attempt; the
+            idempotency key of everything it does.
+        update_id (:obj:`int`): The update's id.
+        attempt (:obj:`int`): The attempt number (from 1).
+        claim_id (:obj:`str`): The persisted claim id of this attempt (opaque).
+        owner_lost (:class:`threading.Event`): Set when the lease keeper learns that this
+            attempt lost its update (renewal refused, the last proven lease passed, or its
+            settle did not land). Advisory: :meth:`owns` and :meth:`transaction` are the
+            authority.
+    """
+
+    __slots__ = (
+        "_body",
+        "_completing",
+        "_completed",
+        "_ended",
+        "_exhausted_at",
+        "_exhausted_error",
+        "_identity",
+        "_lock",
+        "_loop_waiters",
+        "_proven_until",
+        "_runtime",
+        "attempt",
+        "claim_id",
+        "owner_lost",
+        "update_id",
+    )
+
+    def __init__(
+        self,
+        runtime: "Runtime",
+        update_id: int,
+        attempt: int,
+        claim_id: Optional[str],
+        proven_until: int,
+        body: Optional[str] = None,
+    ) -> None:
+        self._runtime = runtime
+        self.update_id = update_id
+        self.attempt = attempt
+        self.claim_id = claim_id or ""
+        self._identity = (
+            AttemptIdentity(update_id, attempt, claim_id) if claim_id is not None else None
+        )
+        self.owner_lost = threading.Event()
+        self._lock = threading.Lock()
+        self._proven_until = proven_until
+        self._ended = False
+        self._completing = False
+        self._completed = False
+        self._exhausted_error: Optional[str] = None
+        self._exhausted_at: Optional[int] = None
+        self._body = body
+        self._loop_waiters: "list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]" = []
+
+    def __repr__(self) -> str:
+        return (
+            f"Attempt(update_id={self.update_id}, attempt={self.attempt}, "
+            f"claim_id={self.claim_id!r}, owner_lost={self.owner_lost.is_set()})"
+        )
+
+    @property
+    def identity(self) -> AttemptIdentity:
+        """:class:`~ptb_fence.AttemptIdentity`: The full identity of this attempt."""
+        if self._identity is None:
+            raise TypeError(
+                "this attempt has no claim id: it was claimed with the base contract (unary "
+                "handling); use attempt-aware handling with a fenced store"
+            )
+        return self._identity
+
+    @property
+    def fenced(self) -> bool:
+        """:obj:`bool`: Whether this attempt carries a persisted claim id."""
+        return self._identity is not None
+
+    @property
+    def completed(self) -> bool:
+        """:obj:`bool`: Whether a ``transaction(complete=True)`` committed this attempt."""
+        return self._completed
+
+    @property
+    def exhausted(self) -> bool:
+        """:obj:`bool`: Whether :meth:`exhaust` recorded a terminal failure for this attempt."""
+        return self._exhausted_error is not None
+
+    def _finished(self) -> bool:
+        return self._ended or self._completed or self._completing or self.exhausted
+
+    # -- owner lost -------------------------------------------------------------------------
+    def _fire_owner_lost(self) -> None:
+        with self._lock:
+            if self.owner_lost.is_set():
+                return
+            self.owner_lost.set()
+            waiters, self._loop_waiters = self._loop_waiters, []
+        for loop, future in waiters:
+            try:
+                loop.call_soon_threadsafe(_set_future, future)
+            except RuntimeError:  # the loop is closed
+                pass
+
+    async def wait_owner_lost(self) -> None:
+        """Wait (asyncio) until :attr:`owner_lost` is set, without blocking the event loop."""
+        loop = asyncio.get_running_loop()
+        future: "asyncio.Future[None]" = loop.create_future()
+        with self._lock:
+            if self.owner_lost.is_set():
+                return
+            self._loop_waiters.append((loop, future))
+        await future
+
+    def raise_if_lost(self) -> None:
+        """Raise :exc:`~ptb_fence.OwnershipLost` if :attr:`owner_lost` is set."""
+        if self.owner_lost.is_set():
+            raise OwnershipLost(self.identity)
+
+    # -- fenced writes ----------------------------------------------------------------------
+    def owns(self, connection: Any = None) -> bool:
+        """Return whether this exact claim still holds an unexpired lease now.
+
+        Args:
+            connection: The caller's open DB-API connection (or cursor) to the store's
+                database; the check then runs inside the caller's transaction (PostgreSQL:
+                ``SELECT … FOR UPDATE``). Without it the answer is advisory only.
+        """
+        store = self._runtime.store
+        return bool(store.owns(self.identity, self._runtime.options.now_ms(), connection=connection))
+
+    @contextmanager
+    def transaction(self, *, connection: Any = None, complete: bool = False) -> Iterator[Any]:
+        """Open a transaction that holds only while this attempt owns its update.
+
+        Opens a transaction on a connection of the store's own driver (``sqlite3.Connection``
+        for SQLite, a psycopg2 connection for PostgreSQL, :obj:`None` for the memory store) —
+        or uses ``connection`` —, checks :meth:`owns` inside it, yields the connection for the
+        domain writes, and commits on exit. Do not commit or roll back the yielded connection
+        yourself.
+
+        Args:
+            connection: Use this open DB-API connection instead of one of the store's.
+            complete: Also settle the attempt as completed in the same commit, so a crash
+                after the commit never re-runs the handler.
+
+        Raises:
+            OwnershipLost: The attempt no longer owns the update; everything was rolled back.
+        """
+        runtime = self._runtime
+        store = runtime.store
+        identity = self.identity
+        if connection is None:
+            opener = getattr(store, "transaction", None)
+            if opener is None:
+                raise TypeError(
+                    f"{type(store).__name__} has no transaction(); pass connection= (an open "
+                    "DB-API connection to the store's database)"
+                )
+            manager = opener()
+        else:
+            manager = _given_connection(connection)
+        with manager as conn:
+            if not store.owns(identity, runtime.options.now_ms(), connection=conn):
+                runtime.log_transaction_refused(self)
+                raise OwnershipLost(identity)
+            yield conn
+            if complete:
+                self._completing = True
+                try:
+                    settled = store.settle_owned(
+                        identity, Completed(runtime.options.now_ms()), connection=conn
+                    )
+                except BaseException:
+                    self._completing = False
+                    raise
+                if not settled:
+                    self._completing = False
+                    raise OwnershipLost(identity)
+        if complete:
+            self._completed = True
+            self._completing = False
+
+    async def run_in_transaction(
+        self, fn: Callable[[Any], T], *, complete: bool = False
+    ) -> T:
+        """Run ``fn(connection)`` on a worker thread inside :meth:`transaction`.
+
+        The asyncio form of :meth:`transaction`: it never blocks the event loop.
+
+        Args:
+            fn: Called with the transaction's connection; its result is returned.
+            complete: As in :meth:`transaction`.
+
+        Raises:
+            OwnershipLost: The attempt no longer owns the update; ``fn``'s writes were
+                rolled back.
+        """
+
+        def run() -> T:
+            with self.transaction(complete=complete) as conn:
+                return fn(conn)
+
+        return await asyncio.to_thread(run)
+
+    def exhaust(self, reason: str) -> None:
+        """Record a terminal failure now: no more retries; the exhaustion handler is called.
+
+        With a durable store and an exhaustion handler the update becomes an unacknowledged
+        exhaustion (delivered until acknowledged); otherwise it is settled abandoned.
+
+        Raises:
+            OwnershipLost: The attempt no longer owns the update; nothing was recorded.
+        """
+        if not isinstance(reason, str) or not reason:
+            raise ValueError("exhaust(reason) needs a non-empty reason text")
+        if not self._runtime.exhaust_attempt(self, reason):
+            raise OwnershipLost(self.identity)
+
+
+def _set_future(future: "asyncio.Future[None]") -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+@contextmanager
+def _given_connection(connection: Any) -> Iterator[Any]:
+    """Commit or roll back a caller's connection (or a cursor's connection) around a block."""
+    target = connection if hasattr(connection, "commit") else getattr(connection, "connection")
+    try:
+        yield connection
+    except BaseException:
+        target.rollback()
+        raise
+    else:
+        target.commit()

@@ -1,0 +1,104 @@
+"""Per-chat order: updates of one chat run one after another, in update_id order."""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from typing import Any, Callable, Dict, Hashable, List, Mapping, Set, Tuple
+
+__all__ = ["ChatScheduler", "chat_key"]
+
+
+def chat_key(update: Mapping[str, Any]) -> Hashable:
+    """The ordering key of an update dict: its chat's id, else its user's, else its own id.
+
+    A private chat's id equals its user's id, so a user's inline queries and their private
+    messages share one key.
+    """
+    for name, value in update.items():
+        if name == "update_id" or not isinstance(value, Mapping):
+            continue
+        chat = value.get("chat")
+        if not isinstance(chat, Mapping):
+            message = value.get("message")
+            chat = message.get("chat") if isinstance(message, Mapping) else None
+        if isinstance(chat, Mapping) and isinstance(chat.get("id"), int):
+            return chat["id"]
+        for user_field in ("from", "user"):
+            user = value.get(user_field)
+            if isinstance(user, Mapping) and isinstance(user.get("id"), int):
+                return user["id"]
+    return ("update", update.get("update_id"))
+
+
+class ChatScheduler:
+    """Hands updates to ``start(key, update_id, item)`` one chat at a time.
+
+    A chat waiting for its turn holds no worker: only the head of each chat is started. When
+    the started update finishes the caller calls :meth:`done`, which starts the chat's next
+    update (smallest ``update_id`` first).
+    """
+
+    __slots__ = ("_busy", "_cond", "_known", "_queues", "_start")
+
+    def __init__(self, start: Callable[[Hashable, int, Any], None]) -> None:
+        self._start = start
+        self._cond = threading.Condition()
+        self._queues: Dict[Hashable, List[Tuple[int, int, Any]]] = {}
+        self._busy: Set[Hashable] = set()
+        self._known: Set[int] = set()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._known)
+
+    def knows(self, update_id: int) -> bool:
+        """Whether ``update_id`` is queued or running here."""
+        with self._cond:
+            return update_id in self._known
+
+    def submit(self, key: Hashable, update_id: int, item: Any) -> bool:
+        """Queue an update; :obj:`False` if it is already queued or running here."""
+        with self._cond:
+            if update_id in self._known:
+                return False
+            self._known.add(update_id)
+            heapq.heappush(self._queues.setdefault(key, []), (update_id, id(item), item))
+            if key in self._busy:
+                return True
+            self._busy.add(key)
+            head = heapq.heappop(self._queues[key])
+        self._start(key, head[0], head[2])
+        return True
+
+    def done(self, key: Hashable, update_id: int) -> None:
+        """The update finished: start the chat's next one, if any."""
+        with self._cond:
+            self._known.discard(update_id)
+            queue = self._queues.get(key)
+            if queue:
+                head = heapq.heappop(queue)
+            else:
+                self._queues.pop(key, None)
+                self._busy.discard(key)
+                head = None
+            self._cond.notify_all()
+        if head is not None:
+            self._start(key, head[0], head[2])
+
+    def drop_waiting(self) -> int:
+        """Forget every update still waiting for its chat's turn; return how many."""
+        with self._cond:
+            dropped = 0
+            for key, queue in list(self._queues.items()):
+                for update_id, _, _ in queue:
+                    self._known.discard(update_id)
+                    dropped += 1
+                queue.clear()
+            self._cond.notify_all()
+            return dropped
+
+    def wait_empty(self, timeout: "float | None") -> bool:
+        """Wait until nothing is queued or running; :obj:`False` on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._known, timeout)

@@ -1,0 +1,451 @@
+"""Runtime: the decisions shared by UpdateIntake and the PTB processors.
+
+The store makes each step atomic; the runtime decides when to claim, how long a lease lives,
+when an attempt has lost its update, when to retry, when to give up and how a final failure is
+delivered. It knows nothing about threads or asyncio: the front ends call it from wherever they
+run handlers (blocking calls only).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from typing import Any, Callable, List, Optional
+
+from ptb_fence._protocols import (
+    BASE_METHODS,
+    DURABLE_METHODS,
+    FENCED_METHODS,
+    missing_methods,
+)
+from ptb_fence._values import Abandoned, Completed, Exhaustion, Failed, StoredUpdate
+from ptb_fence.runtime._attempt import Attempt
+from ptb_fence.runtime._lease_keeper import LeaseKeeper, new_scheduler
+from ptb_fence.runtime._options import RuntimeOptions
+from ptb_fence.runtime._retry import default_retry
+
+__all__ = ["EXHAUSTION_PAGE", "Outcome", "Runtime"]
+
+_LOGGER = logging.getLogger("ptb_fence.runtime")
+
+EXHAUSTION_PAGE = 100
+"""Exhaustions delivered per sweep page."""
+
+
+class Outcome:
+    """How an attempt ended (string constants)."""
+
+    COMPLETED = "completed"
+    RETRYING = "retrying"
+    ABANDONED = "abandoned"
+    EXHAUSTED = "exhausted"
+    LOST = "lost"
+
+
+def _error_text(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text[:2000]
+
+
+def _ids(attempt: Attempt) -> "dict[str, Any]":
+    return {
+        "update_id": attempt.update_id,
+        "attempt": attempt.attempt,
+        "claim_id": attempt.claim_id or None,
+    }
+
+
+class Runtime:
+    """The shared runtime of one front end (one :class:`~ptb_fence.UpdateIntake` or processor).
+
+    Args:
+        store: The update store.
+        options (:class:`RuntimeOptions`): Validated options.
+        attempt_aware (:obj:`bool`): Handlers receive an :class:`~ptb_fence.Attempt` (needs a
+            fenced store).
+        handle_exhaustion (:obj:`bool`): Terminal failures become durable exhaustions (needs a
+            durable store).
+        component (:obj:`str`): Name used in error messages.
+
+    Raises:
+        TypeError: The store lacks a method the configuration needs (the message names them).
+    """
+
+    __slots__ = (
+        "_cursor",
+        "_scheduler",
+        "_scheduler_lock",
+        "attempt_aware",
+        "durable",
+        "keeper",
+        "options",
+        "store",
+    )
+
+    def __init__(
+        self,
+        store: Any,
+        options: RuntimeOptions,
+        *,
+        attempt_aware: bool,
+        handle_exhaustion: bool,
+        component: str = "UpdateIntake",
+    ) -> None:
+        missing = missing_methods(store, BASE_METHODS)
+        if missing:
+            raise TypeError(
+                f"{component} needs an update store; {type(store).__name__} lacks "
+                f"{', '.join(missing)}"
+            )
+        if attempt_aware:
+            missing = missing_methods(store, FENCED_METHODS)
+            if missing:
+                raise TypeError(
+                    f"{component}: attempt-aware handling needs a fenced store "
+                    f"(FencedUpdateStore); {type(store).__name__} lacks {', '.join(missing)}"
+                )
+        if handle_exhaustion:
+            missing = missing_methods(store, DURABLE_METHODS)
+            if missing:
+                raise TypeError(
+                    f"{component}: handle_exhaustion needs a durable store "
+                    f"(DurableUpdateStore); {type(store).__name__} lacks {', '.join(missing)}"
+                )
+        self.store = store
+        self.options = options
+        self.attempt_aware = attempt_aware
+        self.durable = handle_exhaustion
+        self.keeper = LeaseKeeper(self)
+        self._cursor: Optional[int] = None
+        self._scheduler: Any = None
+        self._scheduler_lock = threading.Lock()
+
+    # -- observers --------------------------------------------------------------------------
+    def _observe(self, name: str, *args: Any) -> None:
+        callback = getattr(self.options, name)
+        if callback is None:
+            return
+        try:
+            callback(*args)
+        except Exception:  # an observer can never break the pipeline
+            _LOGGER.exception("%s observer raised; ignored", name)
+
+    def report_store_error(self, error: BaseException, step: str) -> None:
+        """Log a store error and pass it to ``on_store_error(error, step)``."""
+        _LOGGER.error(
+            "store error during %s: %s",
+            step,
+            _error_text(error),
+            extra={"step": step},
+        )
+        self._observe("on_store_error", error, step)
+
+    def log_transaction_refused(self, attempt: Attempt) -> None:
+        """Log that a fenced transaction was refused because the attempt lost its update."""
+        _LOGGER.warning(
+            "fenced transaction refused: update %s attempt %s (claim %s) no longer owns it",
+            attempt.update_id,
+            attempt.attempt,
+            attempt.claim_id,
+            extra=_ids(attempt),
+        )
+
+    # -- scheduling -------------------------------------------------------------------------
+    def start_jobs(self, sweep: Optional[Callable[[], Any]] = None) -> None:
+        """Start a fresh background scheduler with the lease keeper (and ``sweep``) jobs."""
+        with self._scheduler_lock:
+            if self._scheduler is not None:
+                return
+            scheduler = new_scheduler()
+            self.keeper.add_job(scheduler)
+            if sweep is not None:
+                scheduler.add_job(
+                    sweep,
+                    "interval",
+                    seconds=self.options.sweep_every_seconds,
+                    id="ptb_fence_sweep",
+                    name="ptb_fence sweep",
+                    max_instances=1,
+                )
+            scheduler.start()
+            self._scheduler = scheduler
+
+    def stop_jobs(self) -> None:
+        """Stop the background scheduler (waiting for a running tick to end)."""
+        with self._scheduler_lock:
+            scheduler, self._scheduler = self._scheduler, None
+        if scheduler is not None:
+            try:
+                scheduler.shutdown(wait=True)
+            except Exception:  # pragma: no cover - already stopped
+                _LOGGER.debug("scheduler shutdown failed", exc_info=True)
+
+    @property
+    def running(self) -> bool:
+        """Whether the background jobs are running."""
+        return self._scheduler is not None
+
+    # -- one attempt ------------------------------------------------------------------------
+    def claim(self, update_id: int, body: Optional[str] = None) -> Optional[Attempt]:
+        """Claim ``update_id`` for a new attempt and register it with the lease keeper.
+
+        Returns :obj:`None` when it was not taken (a live lease elsewhere, a final row, attempts
+        spent) or when the store failed (reported as step ``"claim"``; the lease and the sweep
+        take care of the update).
+        """
+        options = self.options
+        now = options.now_ms()
+        lease_until = now + options.lease_ms
+        try:
+            if self.attempt_aware or self.durable:
+                identity = self.store.claim_owned(
+                    update_id,
+                    now=now,
+                    lease_until=lease_until,
+                    max_attempts=options.max_attempts,
+                    durable_exhaustion=self.durable,
+                )
+                if identity is None:
+                    return None
+                attempt = Attempt(
+                    self, update_id, identity.attempt, identity.claim_id, lease_until, body
+                )
+            else:
+                number = self.store.claim(
+                    update_id,
+                    now=now,
+                    lease_until=lease_until,
+                    max_attempts=options.max_attempts,
+                )
+                if number is None:
+                    return None
+                attempt = Attempt(self, update_id, number, None, lease_until, body)
+        except Exception as exc:
+            self.report_store_error(exc, "claim")
+            return None
+        _LOGGER.debug(
+            "claimed update %s attempt %s (claim %s)",
+            update_id,
+            attempt.attempt,
+            attempt.claim_id or "-",
+            extra=_ids(attempt),
+        )
+        self.keeper.register(attempt)
+        return attempt
+
+    def _settle(self, attempt: Attempt, settlement: Any) -> bool:
+        """Settle; True when it landed (unary settles are assumed to land)."""
+        if attempt.fenced:
+            return bool(self.store.settle_owned(attempt.identity, settlement))
+        self.store.settle(attempt.update_id, attempt.attempt, settlement)
+        return True
+
+    def finish(
+        self, attempt: Attempt, error: Optional[BaseException]
+    ) -> "tuple[str, Optional[Exhaustion]]":
+        """Settle an attempt after its handler returned (``error`` None) or raised.
+
+        Returns the outcome and the :class:`~ptb_fence.Exhaustion` to deliver, if any. The
+        caller then calls :meth:`end`.
+        """
+        if attempt.exhausted:
+            return Outcome.EXHAUSTED, self._exhaustion_of(attempt)
+        if error is None:
+            return self.succeed(attempt), None
+        return self.fail(attempt, error)
+
+    def succeed(self, attempt: Attempt) -> str:
+        """Settle a successful attempt as completed; fire ``owner_lost`` if it did not land."""
+        if attempt.completed:
+            return Outcome.COMPLETED
+        if attempt.exhausted:
+            return Outcome.EXHAUSTED
+        try:
+            landed = self._settle(attempt, Completed(self.options.now_ms()))
+        except Exception as exc:
+            self.report_store_error(exc, "settle")
+            return Outcome.LOST
+        if not landed:
+            _LOGGER.warning(
+                "completion of update %s attempt %s did not land: it runs again after the lease",
+                attempt.update_id,
+                attempt.attempt,
+                extra=_ids(attempt),
+            )
+            attempt._fire_owner_lost()
+            return Outcome.LOST
+        return Outcome.COMPLETED
+
+    def fail(self, attempt: Attempt, error: BaseException) -> "tuple[str, Optional[Exhaustion]]":
+        """Record a failed attempt: retry later, abandon, or exhaust.
+
+        Returns the outcome and, when the attempt was exhausted with an exhaustion handler,
+        the :class:`~ptb_fence.Exhaustion` to deliver.
+        """
+        if attempt.exhausted:
+            return Outcome.EXHAUSTED, self._exhaustion_of(attempt)
+        if attempt.completed:
+            return Outcome.COMPLETED, None
+        options = self.options
+        delay: Optional[float] = None
+        if attempt.attempt < options.max_attempts:
+            policy = options.retry or default_retry
+            try:
+                delay = policy(error, attempt.attempt)
+            except Exception:
+                _LOGGER.exception("retry policy raised; using the default policy")
+                delay = default_retry(error, attempt.attempt)
+            if delay is not None and (delay != delay or delay < 0):
+                delay = 0.0
+        now = options.now_ms()
+        text = _error_text(error)
+        exhaustion: Optional[Exhaustion] = None
+        try:
+            if delay is None:
+                if self.durable:
+                    landed = bool(self.store.exhaust(attempt.identity, at=now, error=text))
+                    if landed:
+                        attempt._exhausted_error = text
+                        attempt._exhausted_at = now
+                        exhaustion = self._exhaustion_of(attempt, at=now)
+                    outcome = Outcome.EXHAUSTED
+                else:
+                    landed = self._settle(attempt, Abandoned(now, text))
+                    outcome = Outcome.ABANDONED
+            else:
+                retry_at = now + int(delay * 1000)
+                landed = self._settle(attempt, Failed(now, retry_at, text))
+                outcome = Outcome.RETRYING
+        except Exception as exc:
+            self.report_store_error(exc, "settle")
+            landed = False
+        retrying = outcome == Outcome.RETRYING
+        if not landed:
+            attempt._fire_owner_lost()
+            retrying = True
+            outcome = Outcome.LOST
+            exhaustion = None
+        log = _LOGGER.warning if retrying else _LOGGER.error
+        log(
+            "update %s attempt %s failed (%s): %s",
+            attempt.update_id,
+            attempt.attempt,
+            "retry scheduled in %.3gs" % delay if outcome == Outcome.RETRYING else outcome,
+            text,
+            extra=_ids(attempt),
+        )
+        self._observe("on_failure", error, attempt, retrying)
+        return outcome, exhaustion
+
+    def exhaust_attempt(self, attempt: Attempt, reason: str) -> bool:
+        """Handler-terminal failure (``Attempt.exhaust``): exhaust or abandon now."""
+        now = self.options.now_ms()
+        if self.durable:
+            landed = bool(self.store.exhaust(attempt.identity, at=now, error=reason))
+            if landed:
+                attempt._exhausted_at = now
+        else:
+            landed = self._settle(attempt, Abandoned(now, reason))
+        if landed:
+            attempt._exhausted_error = reason
+            attempt._proven_until = now  # nothing left to renew
+            _LOGGER.error(
+                "update %s exhausted by its handler at attempt %s: %s",
+                attempt.update_id,
+                attempt.attempt,
+                reason,
+                extra=_ids(attempt),
+            )
+        else:
+            attempt._fire_owner_lost()
+        return landed
+
+    def _exhaustion_of(self, attempt: Attempt, at: Optional[int] = None) -> Optional[Exhaustion]:
+        if not self.durable or attempt._exhausted_error is None:
+            return None
+        return Exhaustion(
+            update_id=attempt.update_id,
+            attempt=attempt.attempt,
+            claim_id=attempt.claim_id,
+            body=attempt._body or "",
+            exhausted_at=at if at is not None else (attempt._exhausted_at or 0),
+            error=attempt._exhausted_error,
+        )
+
+    def end(self, attempt: Attempt) -> None:
+        """The attempt is over: stop renewing it; late renewal results are ignored."""
+        self.keeper.unregister(attempt)
+
+    # -- exhaustion delivery ----------------------------------------------------------------
+    def acknowledge(self, exhaustion: Exhaustion) -> bool:
+        """Acknowledge a delivered exhaustion with its exact identity."""
+        try:
+            ok = bool(
+                self.store.acknowledge_exhaustion(exhaustion.identity, self.options.now_ms())
+            )
+        except Exception as exc:
+            self.report_store_error(exc, "sweep")
+            return False
+        if ok:
+            _LOGGER.info(
+                "exhaustion of update %s attempt %s acknowledged",
+                exhaustion.update_id,
+                exhaustion.attempt,
+                extra={
+                    "update_id": exhaustion.update_id,
+                    "attempt": exhaustion.attempt,
+                    "claim_id": exhaustion.claim_id,
+                },
+            )
+        return ok
+
+    def exhaustion_failed(self, error: BaseException, exhaustion: Exhaustion) -> None:
+        """Report a failing exhaustion handler; the exhaustion stays due."""
+        _LOGGER.error(
+            "exhaustion handler failed for update %s attempt %s; it stays due: %s",
+            exhaustion.update_id,
+            exhaustion.attempt,
+            _error_text(error),
+            extra={
+                "update_id": exhaustion.update_id,
+                "attempt": exhaustion.attempt,
+                "claim_id": exhaustion.claim_id,
+            },
+        )
+        _LOGGER.debug("exhaustion handler traceback:\n%s", "".join(traceback.format_exception(error)))
+        self._observe("on_exhaustion_failure", error, exhaustion)
+
+    def deliver_exhaustion(self, exhaustion: Exhaustion, handler: Callable[[Exhaustion], Any]) -> bool:
+        """Call a blocking exhaustion handler; acknowledge when it returns normally."""
+        try:
+            handler(exhaustion)
+        except Exception as exc:
+            self.exhaustion_failed(exc, exhaustion)
+            return False
+        return self.acknowledge(exhaustion)
+
+    # -- sweep pieces -----------------------------------------------------------------------
+    def due_page(self, *, limit: int, include_fresh: bool = False) -> List[StoredUpdate]:
+        """Updates to hand over now (pending after the grace period, or all pending)."""
+        now = self.options.now_ms()
+        grace = 0 if include_fresh else int(self.options.pending_grace_seconds * 1000)
+        return list(self.store.due(now=now, pending_before=now - grace, limit=limit))
+
+    def exhaustion_page(self) -> List[Exhaustion]:
+        """The next page of due exhaustions, with a rotating cursor."""
+        if not self.durable:
+            return []
+        page = list(
+            self.store.due_exhaustions(limit=EXHAUSTION_PAGE, after_update_id=self._cursor)
+        )
+        if len(page) < EXHAUSTION_PAGE:
+            self._cursor = None
+        else:
+            self._cursor = page[-1].update_id
+        return page
+
+    def prune(self) -> int:
+        """Delete rows settled more than ``retain_seconds`` ago."""
+        before = self.options.now_ms() - int(self.options.retain_seconds * 1000)
+        return int(self.store.prune(before))

@@ -1,0 +1,309 @@
+"""UpdateIntake: the durable, fenced runtime for blocking bots (no asyncio)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, Hashable, Literal, Optional
+
+from ptb_fence._values import Exhaustion, StoredUpdate
+from ptb_fence.runtime._attempt import _CURRENT, Attempt
+from ptb_fence.runtime._chats import ChatScheduler, chat_key
+from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
+from ptb_fence.runtime._options import RuntimeOptions
+
+__all__ = ["UpdateIntake"]
+
+_LOGGER = logging.getLogger("ptb_fence.intake")
+
+AcceptResult = Literal["accepted", "duplicate", "invalid"]
+
+_SWEEP_PAGE = 500
+
+
+class UpdateIntake:
+    """Durable intake and fenced handling of Telegram updates for blocking bots.
+
+    Every update is recorded in the store by :meth:`accept` before it returns (answer
+    Telegram only after that), then claimed under a lease, handled on a worker thread and
+    settled. Failures retry with backoff; a final failure becomes a durable exhaustion when
+    ``handle_exhaustion`` is given.
+
+    Args:
+        store: An update store (:class:`~ptb_fence.UpdateStore`; fenced for ``handle_attempt``,
+            durable for ``handle_exhaustion``).
+        handle: ``handle(update_dict)``: unary handler (any base store, including a legacy
+            PostgreSQL table).
+        handle_attempt: ``handle_attempt(update_dict, attempt)``: attempt-aware handler that
+            receives the :class:`~ptb_fence.Attempt` (needs a fenced store).
+        handle_exhaustion: ``handle_exhaustion(exhaustion)``: called at least once per
+            exhaustion; the exhaustion is acknowledged when it returns normally.
+        **options: The options of :class:`~ptb_fence.runtime.RuntimeOptions`
+            (``max_attempts``, ``lease_seconds``, ``sweep_every_seconds``,
+            ``pending_grace_seconds``, ``retain_seconds``, ``max_concurrent``, ``retry``,
+            ``on_failure``, ``on_exhaustion_failure``, ``on_store_error``, ``clock``).
+
+    Raises:
+        TypeError: Not exactly one of ``handle``/``handle_attempt``, or the store lacks the
+            methods the configuration needs (named in the message).
+        ValueError: A numeric option is not positive (named in the message).
+    """
+
+    __slots__ = (
+        "_chats",
+        "_closed",
+        "_handle",
+        "_handle_attempt",
+        "_handle_exhaustion",
+        "_lock",
+        "_pool",
+        "_refill",
+        "_runtime",
+        "_started",
+        "_sweep_lock",
+    )
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        handle: Optional[Callable[[Dict[str, Any]], Any]] = None,
+        handle_attempt: Optional[Callable[[Dict[str, Any], Attempt], Any]] = None,
+        handle_exhaustion: Optional[Callable[[Exhaustion], Any]] = None,
+        **options: Any,
+    ) -> None:
+        if (handle is None) == (handle_attempt is None):
+            raise TypeError("UpdateIntake needs exactly one of handle= or handle_attempt=")
+        for name, fn in (
+            ("handle", handle),
+            ("handle_attempt", handle_attempt),
+            ("handle_exhaustion", handle_exhaustion),
+        ):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be callable, got {fn!r}")
+        self._runtime = Runtime(
+            store,
+            RuntimeOptions(**options),
+            attempt_aware=handle_attempt is not None,
+            handle_exhaustion=handle_exhaustion is not None,
+            component="UpdateIntake",
+        )
+        self._handle = handle
+        self._handle_attempt = handle_attempt
+        self._handle_exhaustion = handle_exhaustion
+        self._lock = threading.Lock()
+        self._sweep_lock = threading.Lock()
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._chats = ChatScheduler(self._start_update)
+        self._started = False
+        self._closed = False
+        self._refill = False
+
+    # -- properties -------------------------------------------------------------------------
+    @property
+    def store(self) -> Any:
+        """The update store."""
+        return self._runtime.store
+
+    @property
+    def options(self) -> RuntimeOptions:
+        """The validated options."""
+        return self._runtime.options
+
+    @property
+    def runtime(self) -> Runtime:
+        """The shared runtime (lease keeper, decisions)."""
+        return self._runtime
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start workers, the lease keeper and the periodic sweep; take every pending row.
+
+        Idempotent. Updates accepted before ``start()`` are handled now.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this UpdateIntake is closed; make a new one")
+            if self._started:
+                return
+            self._pool = ThreadPoolExecutor(
+                max_workers=self._runtime.options.max_concurrent,
+                thread_name_prefix="ptb_fence-worker",
+            )
+            self._started = True
+        self._runtime.start_jobs(self._scheduled_sweep)
+        self._sweep(include_fresh=True)
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Stop taking work and wait for running attempts to finish.
+
+        Updates waiting for their turn are left in the store (pending or failed) for the next
+        start or another process. :meth:`accept` still records after ``close()``, so nothing
+        posted late is lost. Does not close the store.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pool, self._pool = self._pool, None
+        self._chats.drop_waiting()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        self._runtime.stop_jobs()
+
+    def __enter__(self) -> "UpdateIntake":
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- intake -----------------------------------------------------------------------------
+    def accept(self, body: "bytes | str") -> AcceptResult:
+        """Record one update durably, then hand it to a worker.
+
+        Args:
+            body: The request body (bytes or str): the update's JSON text.
+
+        Returns:
+            ``"accepted"`` (recorded now), ``"duplicate"`` (already recorded) or ``"invalid"``
+            (not an update; nothing stored).
+
+        Raises:
+            Exception: A store error propagates: the update was not recorded, so do not
+                acknowledge it to Telegram.
+        """
+        try:
+            update_id, text, update = parse_update_body(body)
+        except InvalidUpdate as exc:
+            _LOGGER.info("invalid update refused: %s", exc)
+            return "invalid"
+        added = self._runtime.store.add(update_id, text, self._runtime.options.now_ms())
+        if not added:
+            return "duplicate"
+        _LOGGER.debug("recorded update %s", update_id, extra={"update_id": update_id})
+        if self._started and not self._closed:
+            self._dispatch(update_id, text, update)
+        return "accepted"
+
+    def idle(self, timeout: Optional[float] = None) -> bool:
+        """Wait until no update is queued or running in this intake.
+
+        Returns:
+            :obj:`True` when idle, :obj:`False` when ``timeout`` (seconds) passed first.
+        """
+        return self._chats.wait_empty(timeout)
+
+    def sweep(self) -> int:
+        """Run one sweep now: hand over due updates, deliver exhaustions, prune.
+
+        Returns:
+            The number of updates handed to workers.
+        """
+        return self._sweep(include_fresh=False)
+
+    # -- internals --------------------------------------------------------------------------
+    def _scheduled_sweep(self) -> None:
+        self._sweep(include_fresh=False)
+
+    def _sweep(self, *, include_fresh: bool) -> int:
+        runtime = self._runtime
+        if not self._sweep_lock.acquire(blocking=False):
+            return 0
+        handed = 0
+        try:
+            try:
+                rows = runtime.due_page(limit=_SWEEP_PAGE, include_fresh=include_fresh)
+            except Exception as exc:
+                runtime.report_store_error(exc, "sweep")
+                rows = []
+            for row in rows:
+                if self._closed:
+                    break
+                if self._dispatch_stored(row):
+                    handed += 1
+            # a full page means there may be more: fetch the next when the workers drain
+            self._refill = len(rows) >= _SWEEP_PAGE
+            if self._handle_exhaustion is not None:
+                try:
+                    page = runtime.exhaustion_page()
+                except Exception as exc:
+                    runtime.report_store_error(exc, "sweep")
+                    page = []
+                for exhaustion in page:
+                    if self._closed:
+                        break
+                    runtime.deliver_exhaustion(exhaustion, self._handle_exhaustion)
+            try:
+                runtime.prune()
+            except Exception as exc:
+                runtime.report_store_error(exc, "sweep")
+        finally:
+            self._sweep_lock.release()
+        if handed:
+            _LOGGER.info("sweep handed over %d update(s)", handed)
+        return handed
+
+    def _dispatch_stored(self, row: StoredUpdate) -> bool:
+        try:
+            update = json.loads(row.body)
+            if not isinstance(update, dict):
+                raise ValueError("not an object")
+        except (ValueError, RecursionError):
+            update = {"update_id": row.update_id}
+        return self._dispatch(row.update_id, row.body, update)
+
+    def _dispatch(self, update_id: int, text: str, update: Dict[str, Any]) -> bool:
+        return self._chats.submit(chat_key(update), update_id, (text, update))
+
+    def _start_update(self, key: Hashable, update_id: int, item: Any) -> None:
+        pool = self._pool
+        if pool is None:
+            self._chats.done(key, update_id)
+            return
+        try:
+            pool.submit(self._run_update, key, update_id, item)
+        except RuntimeError:  # the pool is shutting down
+            self._chats.done(key, update_id)
+
+    def _run_update(self, key: Hashable, update_id: int, item: Any) -> None:
+        try:
+            if not self._closed:
+                self._process(update_id, item[0], item[1])
+        except BaseException:  # pragma: no cover - _process never raises
+            _LOGGER.exception("unexpected error processing update %s", update_id)
+        finally:
+            self._chats.done(key, update_id)
+            if self._refill and len(self._chats) == 0 and not self._closed:
+                self._refill = False
+                threading.Thread(
+                    target=self._sweep, kwargs={"include_fresh": True}, daemon=True
+                ).start()
+
+    def _process(self, update_id: int, text: str, update: Dict[str, Any]) -> None:
+        runtime = self._runtime
+        attempt = runtime.claim(update_id, text)
+        if attempt is None:
+            return
+        token = _CURRENT.set(attempt) if attempt.fenced else None
+        error: Optional[BaseException] = None
+        try:
+            if self._handle_attempt is not None:
+                self._handle_attempt(update, attempt)
+            else:
+                assert self._handle is not None
+                self._handle(update)
+        except Exception as exc:
+            error = exc
+        finally:
+            if token is not None:
+                _CURRENT.reset(token)
+        try:
+            _, exhaustion = runtime.finish(attempt, error)
+        finally:
+            runtime.end(attempt)
+        if exhaustion is not None and self._handle_exhaustion is not None:
+            runtime.deliver_exhaustion(exhaustion, self._handle_exhaustion)

@@ -1,0 +1,172 @@
+"""LeaseKeeper: one background job per process renewing every active lease."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+
+from apscheduler.executors.pool import ThreadPoolExecutor as _APSThreadPool
+from apscheduler.schedulers.background import BackgroundScheduler
+
+if TYPE_CHECKING:
+    from ptb_fence.runtime._attempt import Attempt
+    from ptb_fence.runtime._core import Runtime
+
+__all__ = ["LeaseKeeper", "new_scheduler"]
+
+_LOGGER = logging.getLogger("ptb_fence.lease")
+
+
+def new_scheduler() -> BackgroundScheduler:
+    """A fresh APScheduler 3 background scheduler: UTC, daemon threads, nothing skipped.
+
+    APScheduler's defaults drop late runs (``misfire_grace_time`` of 1 s, ``max_instances=1``);
+    here a late run still runs (``misfire_grace_time=None``, coalesced into one) and a slow
+    run does not make the next one vanish (``max_instances=4``). A new scheduler is built for
+    every start because APScheduler 3's ``shutdown()`` drops its jobs.
+    """
+    return BackgroundScheduler(
+        timezone="UTC",
+        daemon=True,
+        executors={"default": _APSThreadPool(max_workers=4)},
+        job_defaults={"misfire_grace_time": None, "coalesce": True, "max_instances": 4},
+    )
+
+
+class LeaseKeeper:
+    """Renews the leases of every active attempt of one runtime, one tick at a time.
+
+    Where the store offers a batched renewal (``renew_owned_many`` / ``renew_many``) one
+    statement per tick renews every active lease; otherwise one call per attempt. A refused
+    renewal, or the last proven lease passing, fires that attempt's ``owner_lost``. A renewal
+    that raises is reported (``on_store_error(error, "renew")``) and does not fire it by itself.
+    """
+
+    __slots__ = ("_active", "_lock", "_runtime", "ticks")
+
+    def __init__(self, runtime: "Runtime") -> None:
+        self._runtime = runtime
+        self._lock = threading.Lock()
+        self._active: Dict[Tuple[int, int], "Attempt"] = {}
+        self.ticks = 0
+
+    def register(self, attempt: "Attempt") -> None:
+        """Start renewing ``attempt``'s lease."""
+        with self._lock:
+            self._active[(attempt.update_id, attempt.attempt)] = attempt
+
+    def unregister(self, attempt: "Attempt") -> None:
+        """Stop renewing ``attempt``'s lease (it ended); late renewal results are ignored."""
+        with attempt._lock:
+            attempt._ended = True
+        with self._lock:
+            key = (attempt.update_id, attempt.attempt)
+            if self._active.get(key) is attempt:
+                del self._active[key]
+
+    def active(self) -> List["Attempt"]:
+        """A snapshot of the attempts being renewed."""
+        with self._lock:
+            return list(self._active.values())
+
+    def add_job(self, scheduler: BackgroundScheduler) -> None:
+        """Add the renewal job (every ``lease_seconds / 4``) to ``scheduler``."""
+        scheduler.add_job(
+            self.tick,
+            "interval",
+            seconds=self._runtime.options.lease_seconds / 4.0,
+            id="ptb_fence_lease_keeper",
+            name="ptb_fence lease keeper",
+        )
+
+    def tick(self) -> None:
+        """Renew every active lease once and fire ``owner_lost`` where it is gone."""
+        self.ticks += 1
+        attempts = [a for a in self.active() if not a._finished()]
+        if not attempts:
+            return
+        runtime = self._runtime
+        now = runtime.options.now_ms()
+        lease_until = now + runtime.options.lease_ms
+        live = []
+        for attempt in attempts:
+            if attempt._proven_until < now:
+                self._lost(attempt, "its last proven lease passed")
+            else:
+                live.append(attempt)
+        fenced = [a for a in live if a.fenced]
+        unary = [a for a in live if not a.fenced]
+        store = runtime.store
+        if fenced:
+            self._renew(
+                fenced,
+                getattr(store, "renew_owned_many", None),
+                lambda batch: [a.identity for a in batch],
+                lambda a: store.renew_owned(a.identity, lease_until, now),
+                lease_until,
+                now,
+            )
+        if unary:
+            self._renew(
+                unary,
+                getattr(store, "renew_many", None),
+                lambda batch: [(a.update_id, a.attempt) for a in batch],
+                lambda a: store.renew(a.update_id, a.attempt, lease_until, now),
+                lease_until,
+                now,
+            )
+
+    def _renew(
+        self,
+        attempts: List["Attempt"],
+        batched: Optional[Callable[..., List[bool]]],
+        keys: Callable[[List["Attempt"]], List[Any]],
+        single: Callable[["Attempt"], bool],
+        lease_until: int,
+        now: int,
+    ) -> None:
+        if batched is not None:
+            try:
+                results = list(batched(keys(attempts), lease_until, now))
+            except Exception as exc:
+                self._runtime.report_store_error(exc, "renew")
+                return
+            for attempt, ok in zip(attempts, results):
+                self._apply(attempt, bool(ok), lease_until)
+            return
+        for attempt in attempts:
+            try:
+                ok = bool(single(attempt))
+            except Exception as exc:
+                self._runtime.report_store_error(exc, "renew")
+                continue
+            self._apply(attempt, ok, lease_until)
+
+    def _apply(self, attempt: "Attempt", ok: bool, lease_until: int) -> None:
+        with attempt._lock:
+            if attempt._finished():
+                return
+            if ok:
+                attempt._proven_until = max(attempt._proven_until, lease_until)
+                return
+        self._lost(attempt, "its renewal was refused")
+
+    def _lost(self, attempt: "Attempt", why: str) -> None:
+        with attempt._lock:
+            if attempt._finished():
+                return
+        if not attempt.owner_lost.is_set():
+            _LOGGER.warning(
+                "owner lost: update %s attempt %s (claim %s): %s",
+                attempt.update_id,
+                attempt.attempt,
+                attempt.claim_id or "-",
+                why,
+                extra={
+                    "update_id": attempt.update_id,
+                    "attempt": attempt.attempt,
+                    "claim_id": attempt.claim_id or None,
+                },
+            )
+        attempt._fire_owner_lost()

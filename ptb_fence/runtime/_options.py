@@ -1,0 +1,107 @@
+"""Validated runtime options shared by UpdateIntake and the PTB processors."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+if TYPE_CHECKING:
+    from ptb_fence._values import Exhaustion
+    from ptb_fence.runtime._attempt import Attempt
+
+__all__ = ["RuntimeOptions"]
+
+RetryFn = Callable[[BaseException, int], Optional[float]]
+"""``retry(error, attempt) -> seconds | None``: delay before the next attempt, None to give up."""
+
+
+def _positive_number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _callable_or_none(name: str, value: Any) -> Any:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be callable or None, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """The options of the runtime, validated on construction.
+
+    User-facing durations are seconds (floats), as in python-telegram-bot; the store sees
+    integer milliseconds.
+
+    Args:
+        max_attempts (:obj:`int`): Attempts per update before it is exhausted. Default 5.
+        lease_seconds (:obj:`float`): How long a claim holds an update without renewal. The lease
+            keeper renews every ``lease_seconds / 4``. Default 120.
+        sweep_every_seconds (:obj:`float`): Interval of the sweep (retries, lapsed leases,
+            exhaustions, pruning). Default 30.
+        pending_grace_seconds (:obj:`float`): A pending row is handed over by a sweep only after
+            this long, so the receiving process has the first chance. Default 60.
+        retain_seconds (:obj:`float`): Settled rows are pruned this long after settling.
+            Default 86400.
+        max_concurrent (:obj:`int`): Updates handled at once (different chats). Default 32.
+        retry: ``retry(error, attempt) -> seconds | None``; default
+            :func:`ptb_fence.runtime.default_retry`.
+        on_failure: ``on_failure(error, attempt, retrying)`` observer of failed attempts.
+        on_exhaustion_failure: ``on_exhaustion_failure(error, exhaustion)`` observer of a
+            failing exhaustion handler.
+        on_store_error: ``on_store_error(error, step)`` observer of store errors; ``step`` is one
+            of ``"claim"``, ``"renew"``, ``"settle"``, ``"sweep"``.
+        clock: ``clock() -> float`` seconds since the epoch (default :func:`time.time`); the
+            store sees ``int(clock() * 1000)``.
+
+    Raises:
+        ValueError: A numeric option is not positive (the message names it).
+        TypeError: A callback is not callable.
+    """
+
+    max_attempts: int = 5
+    lease_seconds: float = 120.0
+    sweep_every_seconds: float = 30.0
+    pending_grace_seconds: float = 60.0
+    retain_seconds: float = 86400.0
+    max_concurrent: int = 32
+    retry: Optional[RetryFn] = None
+    on_failure: Optional[Callable[[BaseException, "Attempt", bool], Any]] = None
+    on_exhaustion_failure: Optional[Callable[[BaseException, "Exhaustion"], Any]] = None
+    on_store_error: Optional[Callable[[BaseException, str], Any]] = None
+    clock: Callable[[], float] = time.time
+
+    def __post_init__(self) -> None:
+        _positive_int("max_attempts", self.max_attempts)
+        _positive_int("max_concurrent", self.max_concurrent)
+        for name in (
+            "lease_seconds",
+            "sweep_every_seconds",
+            "pending_grace_seconds",
+            "retain_seconds",
+        ):
+            object.__setattr__(self, name, _positive_number(name, getattr(self, name)))
+        for name in ("retry", "on_failure", "on_exhaustion_failure", "on_store_error"):
+            _callable_or_none(name, getattr(self, name))
+        if not callable(self.clock):
+            raise TypeError(f"clock must be callable, got {self.clock!r}")
+
+    def now_ms(self) -> int:
+        """The current time in store units (integer epoch milliseconds)."""
+        return int(self.clock() * 1000)
+
+    @property
+    def lease_ms(self) -> int:
+        """The lease length in milliseconds (at least 1)."""
+        return max(1, int(self.lease_seconds * 1000))
