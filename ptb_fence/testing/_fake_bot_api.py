@@ -1,0 +1,1065 @@
+"""A fake Telegram Bot API server for offline tests (standard library only)."""
+
+from __future__ import annotations
+
+import copy
+import email.parser
+import email.policy
+import http.server
+import json
+import logging
+import re
+import socket
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from ptb_fence.testing._updates import (
+    make_bot_user,
+    make_callback_query_update,
+    make_chat,
+    make_message,
+    make_message_update,
+)
+
+__all__ = ["ApiCall", "FakeBotApi", "post_to_webhook"]
+
+_LOGGER = logging.getLogger(__name__)
+
+_TOKEN_RE = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")
+_LONG_POLL_MAX_TIMEOUT = 50.0  # the Bot API clamps getUpdates' timeout to [0, 50]
+_POLL_SLICE = 0.05  # wait_until re-evaluates its predicate at least this often
+
+# Parameters that are strings in the Bot API. PTB sends form fields JSON-encoded except strings,
+# which it sends raw; these are kept as they are even when they look like JSON ("123").
+_STRING_PARAMS = frozenset(
+    {
+        "text",
+        "caption",
+        "parse_mode",
+        "url",
+        "secret_token",
+        "ip_address",
+        "callback_query_id",
+        "inline_message_id",
+        "business_connection_id",
+        "message_effect_id",
+        "question",
+        "title",
+        "description",
+        "short_description",
+        "name",
+        "emoji",
+        "custom_title",
+        "invite_link",
+        "file_id",
+        "data",
+        "query",
+        "payload",
+        "currency",
+        "provider_token",
+        "start_parameter",
+        "web_app_query_id",
+        "pre_checkout_query_id",
+        "shipping_query_id",
+        "next_offset",
+        "language_code",
+    }
+)
+
+_WEBHOOK_CONFLICT = (
+    "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete "
+    "the webhook first"
+)
+_POLL_CONFLICT = (
+    "Conflict: terminated by other getUpdates request; make sure that only one bot instance is "
+    "running"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ApiCall:
+    """One authorized request the fake server received, in arrival order.
+
+    Attributes:
+        method: The method name as it appeared in the URL (e.g. ``"getUpdates"``).
+        params: The decoded parameters. Form fields are JSON-decoded except known string
+            parameters (``text``, ``url``, ...); an uploaded file is a dict with the keys
+            ``filename``, ``content_type`` and ``data`` (bytes).
+    """
+
+    method: str
+    params: dict[str, Any]
+
+
+@dataclass(slots=True)
+class _Failure:
+    count: int
+    error_code: int
+    description: str
+    retry_after: int | None
+
+
+class _ApiError(Exception):
+    __slots__ = ("description", "error_code", "parameters")
+
+    def __init__(
+        self, error_code: int, description: str, parameters: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(description)
+        self.error_code = error_code
+        self.description = description
+        self.parameters = parameters
+
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "ok": False,
+            "error_code": self.error_code,
+            "description": self.description,
+        }
+        if self.parameters:
+            body["parameters"] = self.parameters
+        return body
+
+
+def _as_int(value: Any, default: int, name: str) -> int:
+    if value is None or value == "":
+        return default
+    if isinstance(value, bool):
+        return int(value)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        try:
+            return int(float(value))
+        except (TypeError, ValueError):
+            raise _ApiError(400, f"Bad Request: invalid {name} specified") from None
+
+
+def _as_float(value: Any, default: float, name: str) -> float:
+    if value is None or value == "":
+        return default
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise _ApiError(400, f"Bad Request: invalid {name} specified") from None
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    return max(low, min(high, value))
+
+
+def _decode_field(name: str, raw: str) -> Any:
+    if name in _STRING_PARAMS:
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def _chat_key(chat_id: Any) -> int | str:
+    if isinstance(chat_id, bool):
+        raise _ApiError(400, "Bad Request: chat not found")
+    if isinstance(chat_id, int):
+        return chat_id
+    if isinstance(chat_id, str):
+        try:
+            return int(chat_id)
+        except ValueError:
+            if chat_id.startswith("@") and len(chat_id) > 1:
+                return chat_id
+    raise _ApiError(400, "Bad Request: chat not found")
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    """A threading HTTP server that can cut its open keep-alive connections on stop."""
+
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], api: FakeBotApi) -> None:
+        self.api = api
+        self.connections: set[socket.socket] = set()
+        self.connections_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, address = super().get_request()
+        with self.connections_lock:
+            self.connections.add(sock)
+        return sock, address
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.connections_lock:
+            self.connections.discard(request)
+        super().shutdown_request(request)
+
+    def cut_connections(self) -> None:
+        with self.connections_lock:
+            connections = list(self.connections)
+        for sock in connections:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """Routes ``/bot<token>/<method>`` to :class:`FakeBotApi`."""
+
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def do_POST(self) -> None:  # noqa: N802 - name fixed by BaseHTTPRequestHandler
+        self._serve()
+
+    def do_GET(self) -> None:  # noqa: N802 - name fixed by BaseHTTPRequestHandler
+        self._serve()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature fixed
+        _LOGGER.debug("%s - %s", self.address_string(), format % args)
+
+    def _serve(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length > 0 else b""
+        status, payload = self.server.api._handle(  # pylint: disable=protected-access
+            self.path, self.headers.get("Content-Type", ""), body
+        )
+        data = json.dumps(payload).encode("utf-8")
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:  # the client went away (e.g. PTB cancelled a long poll on stop)
+            self.close_connection = True
+
+
+def _parse_params(query: str, content_type: str, body: bytes) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        key: _decode_field(key, value)
+        for key, value in urllib.parse.parse_qsl(query, keep_blank_values=True)
+    }
+    mime = content_type.split(";", 1)[0].strip().lower()
+    if not body:
+        return params
+    if mime == "application/json":
+        try:
+            decoded = json.loads(body.decode("utf-8"))
+        except ValueError:
+            raise _ApiError(400, "Bad Request: can't parse JSON object") from None
+        if not isinstance(decoded, dict):
+            raise _ApiError(400, "Bad Request: JSON object expected")
+        params.update(decoded)
+    elif mime == "multipart/form-data":
+        raw = b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
+        message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(raw)
+        for part in message.iter_parts():
+            name = part.get_param("name", header="content-disposition")
+            if not isinstance(name, str):
+                continue
+            data = part.get_payload(decode=True)
+            data = data if isinstance(data, bytes) else b""
+            filename = part.get_filename()
+            if filename is not None or part.get_content_type() != "text/plain":
+                params[name] = {
+                    "filename": filename,
+                    "content_type": part.get_content_type(),
+                    "data": data,
+                }
+            else:
+                params[name] = _decode_field(name, data.decode("utf-8", "replace"))
+    else:  # application/x-www-form-urlencoded and anything else form-like
+        text = body.decode("utf-8", "replace")
+        for key, value in urllib.parse.parse_qsl(text, keep_blank_values=True):
+            params[key] = _decode_field(key, value)
+    return params
+
+
+class FakeBotApi:
+    """A fake Telegram Bot API server on localhost for offline tests of real PTB applications.
+
+    It serves ``POST``/``GET`` requests at ``/bot<token>/<method>`` in a daemon thread
+    (:class:`http.server.ThreadingHTTPServer`), accepts JSON, form-urlencoded and multipart
+    bodies (PTB sends form fields), and answers ``{"ok": true, "result": ...}`` or
+    ``{"ok": false, "error_code": ..., "description": ...}`` with the matching HTTP status, so PTB
+    raises the same exceptions as against Telegram.
+
+    ``getUpdates`` behaves like Telegram's: a call with ``offset=N`` (``N > 0``) confirms, i.e.
+    permanently drops, every update with ``update_id < N`` before it answers; a negative offset
+    ``-k`` keeps only the last ``k``; it returns the unconfirmed updates with
+    ``update_id >= offset`` in the order they were injected, at most ``limit`` (clamped to
+    1..100, default 100); with ``timeout`` (clamped to 0..50 s) it long-polls and answers as soon
+    as an update is injected. A newer ``getUpdates`` ends a waiting one with 409 Conflict, and
+    while a webhook is set ``getUpdates`` answers 409, both as Telegram does. ``allowed_updates``
+    is recorded but does not filter.
+
+    Other methods: ``getMe``, ``setWebhook``, ``deleteWebhook`` (both honour
+    ``drop_pending_updates``), ``getWebhookInfo``, ``sendMessage`` (recorded in
+    :attr:`sent_messages`; returns a realistic ``Message``), other ``send*``/``forwardMessage``/
+    ``editMessage*`` methods (return a ``Message``), ``copyMessage``, ``sendChatAction``,
+    ``answerCallbackQuery``, ``logOut`` and ``close``; any other method answers ``true``. A wrong
+    token answers 401 ``Unauthorized`` (PTB raises :exc:`telegram.error.InvalidToken`).
+
+    Use it as a context manager, or call :meth:`start` and :meth:`stop`. It can be started again
+    after :meth:`stop` on the same port with its state kept, to simulate an outage::
+
+        with FakeBotApi() as fake:
+            app = ApplicationBuilder().token(fake.token).base_url(fake.base_url).build()
+            ...
+            update_id = fake.inject_message(chat_id=42, text="hi")
+            assert fake.wait_confirmed([update_id], timeout=5)
+
+    Args:
+        token: The bot token the server accepts (``"<digits>:<letters, digits, _ or ->"``).
+        host: The interface to listen on.
+        port: The TCP port; ``0`` picks a free one.
+        first_update_id: The id :meth:`inject` gives the first update that has none.
+
+    Attributes:
+        on_confirm: Called in the server thread with the ids a ``getUpdates`` offset is about to
+            confirm, *before* they are dropped (so a test can check at that moment that the bot
+            already stored them). If it raises, the exception is recorded in
+            :attr:`hook_errors`, nothing is confirmed and that ``getUpdates`` answers 500.
+
+    Raises:
+        ValueError: If the token does not look like a bot token.
+    """
+
+    __slots__ = (
+        "_callback_answers",
+        "_calls",
+        "_cond",
+        "_confirmed",
+        "_delays",
+        "_dropped",
+        "_epoch",
+        "_failures",
+        "_hook_errors",
+        "_host",
+        "_message_ids",
+        "_next_update_id",
+        "_pending",
+        "_poll_generation",
+        "_port",
+        "_running",
+        "_sent",
+        "_server",
+        "_thread",
+        "_token",
+        "_version",
+        "_webhook",
+        "on_confirm",
+    )
+
+    def __init__(
+        self,
+        token: str = "123456:TEST-TOKEN",
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        first_update_id: int = 1000,
+    ) -> None:
+        if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):
+            raise ValueError(
+                f"token {token!r} does not look like a bot token; use '<digits>:<secret>', "
+                "e.g. '123456:TEST-TOKEN'"
+            )
+        if first_update_id < 1:
+            raise ValueError("first_update_id must be >= 1 (offset 0 means 'no offset')")
+        self._token = token
+        self._host = host
+        self._port = port
+        self._cond = threading.Condition(threading.Lock())
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._epoch = 0
+        self._version = 0
+        self._poll_generation = 0
+        self._next_update_id = first_update_id
+        self._pending: dict[int, dict[str, Any]] = {}
+        self._confirmed: set[int] = set()
+        self._dropped: set[int] = set()
+        self._sent: list[dict[str, Any]] = []
+        self._calls: list[ApiCall] = []
+        self._callback_answers: list[dict[str, Any]] = []
+        self._webhook: dict[str, Any] = {"url": ""}
+        self._failures: dict[str, deque[_Failure]] = {}
+        self._delays: dict[str, float] = {}
+        self._message_ids: dict[int | str, int] = {}
+        self._hook_errors: list[BaseException] = []
+        self.on_confirm: Callable[[list[int]], None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> FakeBotApi:
+        """Start serving in a daemon thread.
+
+        Returns:
+            This server.
+
+        Raises:
+            RuntimeError: If it is already running.
+            OSError: If the port cannot be bound.
+        """
+        with self._cond:
+            if self._running:
+                raise RuntimeError("FakeBotApi is already running")
+        server = _Server((self._host, self._port), self)
+        self._port = server.server_address[1]
+        with self._cond:
+            self._server = server
+            self._running = True
+            self._epoch += 1
+            self._bump()
+        self._thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"FakeBotApi:{self._port}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving: end long polls (they answer ``[]``), close connections, free the port.
+
+        The recorded state is kept; :meth:`start` serves it again on the same port. Calling
+        :meth:`stop` on a stopped server does nothing.
+        """
+        with self._cond:
+            if not self._running:
+                return
+            self._running = False
+            server = self._server
+            self._server = None
+            self._bump()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+            server.cut_connections()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> FakeBotApi:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        """Whether the server is serving."""
+        with self._cond:
+            return self._running
+
+    # ------------------------------------------------------------------ addresses
+
+    def _require_port(self) -> int:
+        if not self._port:
+            raise RuntimeError(
+                "FakeBotApi has no port yet: call start() (or use 'with FakeBotApi() as fake:') "
+                "before reading its URLs"
+            )
+        return self._port
+
+    @property
+    def token(self) -> str:
+        """The bot token the server accepts."""
+        return self._token
+
+    @property
+    def url(self) -> str:
+        """The server root, e.g. ``"http://127.0.0.1:PORT"``."""
+        return f"http://{self._host}:{self._require_port()}"
+
+    @property
+    def base_url(self) -> str:
+        """The value for ``ApplicationBuilder().base_url(...)``: ``"<url>/bot"``."""
+        return f"{self.url}/bot"
+
+    @property
+    def base_file_url(self) -> str:
+        """The value for ``ApplicationBuilder().base_file_url(...)``: ``"<url>/file/bot"``."""
+        return f"{self.url}/file/bot"
+
+    @property
+    def bot_user(self) -> dict[str, Any]:
+        """The ``User`` dict ``getMe`` returns (id from the token)."""
+        return make_bot_user(self._bot_id(), get_me=True)
+
+    def _bot_id(self) -> int:
+        return int(self._token.split(":", 1)[0])
+
+    # ------------------------------------------------------------------ injection
+
+    def inject(self, update: Mapping[str, Any]) -> int:
+        """Queue an update for ``getUpdates`` and wake waiting long polls.
+
+        Args:
+            update: The update dict. Without ``update_id`` the next id is assigned (ids increase
+                from ``first_update_id``); with one, later assigned ids continue above it.
+
+        Returns:
+            The update's id.
+
+        Raises:
+            ValueError: If ``update_id`` is not a positive int or is already pending.
+            TypeError: If the update is not JSON-serializable.
+        """
+        body = json.loads(json.dumps(dict(update)))
+        with self._cond:
+            return self._inject_locked(body)
+
+    def _inject_locked(self, body: dict[str, Any]) -> int:
+        # Caller holds self._cond.
+        update_id = body.get("update_id")
+        if update_id is None:
+            update_id = self._next_update_id
+            body["update_id"] = update_id
+        elif isinstance(update_id, bool) or not isinstance(update_id, int) or update_id < 1:
+            raise ValueError(f"update_id must be a positive int, not {update_id!r}")
+        if update_id in self._pending:
+            raise ValueError(f"update {update_id} is already pending")
+        self._next_update_id = max(self._next_update_id, update_id + 1)
+        self._pending[update_id] = body
+        self._bump()
+        return update_id
+
+    def _next_message_id(self, chat_key: int | str) -> int:
+        # Caller holds self._cond. Message ids are per chat and shared by both directions.
+        message_id = self._message_ids.get(chat_key, 0) + 1
+        self._message_ids[chat_key] = message_id
+        return message_id
+
+    def inject_message(self, chat_id: int, text: str, *, user_id: int | None = None) -> int:
+        """Queue a text message update (see :func:`~ptb_fence.testing.make_message_update`).
+
+        Args:
+            chat_id: The chat; positive is private (sender = chat), negative is a group.
+            text: The text; a leading ``/command`` gets a ``bot_command`` entity.
+            user_id: The sender; defaults to the chat's user (private) or a fixed group member.
+
+        Returns:
+            The update's id.
+        """
+        with self._cond:
+            update = make_message_update(
+                self._next_update_id,
+                chat_id,
+                text,
+                message_id=self._next_message_id(chat_id),
+                user_id=user_id,
+            )
+            return self._inject_locked(update)
+
+    def inject_callback_query(
+        self,
+        chat_id: int,
+        data: str,
+        *,
+        user_id: int | None = None,
+        message_id: int | None = None,
+    ) -> int:
+        """Queue a callback query update for a button under a message of the bot.
+
+        Args:
+            chat_id: The chat of the message with the button.
+            data: The button's ``callback_data``.
+            user_id: Who pressed it (defaults as in :meth:`inject_message`).
+            message_id: The message with the button; defaults to the last message id in the chat.
+
+        Returns:
+            The update's id.
+        """
+        with self._cond:
+            if message_id is None:
+                message_id = self._message_ids.get(chat_id) or self._next_message_id(chat_id)
+            update = make_callback_query_update(
+                self._next_update_id,
+                chat_id,
+                data,
+                bot_id=self._bot_id(),
+                message_id=message_id,
+                user_id=user_id,
+            )
+            return self._inject_locked(update)
+
+    # ------------------------------------------------------------------ faults
+
+    def fail_next(
+        self,
+        method: str,
+        count: int = 1,
+        *,
+        error_code: int | None = None,
+        description: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        """Make the next ``count`` calls of ``method`` fail before they have any effect.
+
+        A failed ``getUpdates`` confirms nothing and returns nothing. The call is still recorded
+        in :attr:`calls`. PTB maps the answer to an exception by HTTP status: 401/404 →
+        ``InvalidToken``, 400 → ``BadRequest``, 403 → ``Forbidden``, 409 → ``Conflict``, other
+        codes → ``NetworkError``; any ``retry_after`` → ``RetryAfter``.
+
+        Args:
+            method: The method name (case-insensitive, e.g. ``"getUpdates"``).
+            count: How many calls fail.
+            error_code: The HTTP status and ``error_code``; defaults to 429 when ``retry_after``
+                is given, else 500.
+            description: The error description; a Telegram-like default fits the code.
+            retry_after: Seconds for ``parameters.retry_after`` (flood control).
+        """
+        if count < 1:
+            raise ValueError("count must be >= 1")
+        code = error_code if error_code is not None else (429 if retry_after else 500)
+        if description is None:
+            if retry_after:
+                description = f"Too Many Requests: retry after {retry_after}"
+            else:
+                description = {
+                    400: "Bad Request",
+                    401: "Unauthorized",
+                    403: "Forbidden",
+                    404: "Not Found",
+                    409: "Conflict",
+                    502: "Bad Gateway",
+                }.get(code, "Internal Server Error")
+        with self._cond:
+            self._failures.setdefault(method.lower(), deque()).append(
+                _Failure(count, code, description, retry_after)
+            )
+
+    def delay(self, method: str, seconds: float) -> None:
+        """Make every later call of ``method`` wait ``seconds`` before it is handled.
+
+        The wait ends early when the server stops. ``seconds <= 0`` removes the delay.
+
+        Args:
+            method: The method name (case-insensitive).
+            seconds: The delay.
+        """
+        with self._cond:
+            if seconds > 0:
+                self._delays[method.lower()] = float(seconds)
+            else:
+                self._delays.pop(method.lower(), None)
+
+    # ------------------------------------------------------------------ observation
+
+    @property
+    def sent_messages(self) -> list[dict[str, Any]]:
+        """Copies of the ``sendMessage`` parameters in order, each with the ``message_id`` given."""
+        with self._cond:
+            return copy.deepcopy(self._sent)
+
+    @property
+    def answered_callback_queries(self) -> list[dict[str, Any]]:
+        """Copies of the ``answerCallbackQuery`` parameters in order."""
+        with self._cond:
+            return copy.deepcopy(self._callback_answers)
+
+    @property
+    def calls(self) -> list[ApiCall]:
+        """Every authorized request in arrival order (copies), failed ones included."""
+        with self._cond:
+            return [ApiCall(call.method, copy.deepcopy(call.params)) for call in self._calls]
+
+    def calls_to(self, method: str) -> list[dict[str, Any]]:
+        """The parameters of every call of ``method`` (case-insensitive), in order.
+
+        Args:
+            method: The method name.
+
+        Returns:
+            Copies of the parameter dicts.
+        """
+        wanted = method.lower()
+        return [call.params for call in self.calls if call.method.lower() == wanted]
+
+    @property
+    def confirmed_update_ids(self) -> set[int]:
+        """The ids confirmed by a ``getUpdates`` offset (never returned again)."""
+        with self._cond:
+            return set(self._confirmed)
+
+    @property
+    def dropped_update_ids(self) -> set[int]:
+        """The ids dropped unconfirmed by ``drop_pending_updates``."""
+        with self._cond:
+            return set(self._dropped)
+
+    @property
+    def pending_update_ids(self) -> list[int]:
+        """The ids injected and not yet confirmed or dropped, in queue order."""
+        with self._cond:
+            return list(self._pending)
+
+    @property
+    def webhook(self) -> dict[str, Any]:
+        """The webhook settings last set (``url`` is ``""`` when none is set).
+
+        Keys as sent to ``setWebhook``: ``url``, ``secret_token``, ``max_connections``,
+        ``allowed_updates``, ``ip_address``, ``drop_pending_updates`` (only those given).
+        """
+        with self._cond:
+            return copy.deepcopy(self._webhook)
+
+    @property
+    def hook_errors(self) -> list[BaseException]:
+        """Exceptions raised by :attr:`on_confirm` (a test should assert this is empty)."""
+        with self._cond:
+            return list(self._hook_errors)
+
+    def wait_until(self, predicate: Callable[[], object], timeout: float = 5.0) -> bool:
+        """Wait until ``predicate()`` is true, re-checking on every change and every 50 ms.
+
+        The predicate runs in the calling thread without the server's lock, so it may read
+        this server's properties or anything else (a store, a list a handler fills).
+
+        Args:
+            predicate: A callable without arguments.
+            timeout: The most seconds to wait.
+
+        Returns:
+            Whether the predicate became true in time.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._cond:
+                version = self._version
+            if predicate():
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            with self._cond:
+                if self._version == version:
+                    self._cond.wait(min(remaining, _POLL_SLICE))
+
+    def wait_for_sent(self, n: int, timeout: float = 5.0) -> bool:
+        """Wait until at least ``n`` messages were sent with ``sendMessage``.
+
+        Args:
+            n: The number of messages.
+            timeout: The most seconds to wait.
+
+        Returns:
+            Whether that many were sent in time.
+        """
+        return self.wait_until(lambda: self._count_sent() >= n, timeout)
+
+    def _count_sent(self) -> int:
+        with self._cond:
+            return len(self._sent)
+
+    def wait_confirmed(self, update_ids: Iterable[int], timeout: float = 5.0) -> bool:
+        """Wait until all ``update_ids`` are confirmed by a ``getUpdates`` offset.
+
+        Args:
+            update_ids: The ids.
+            timeout: The most seconds to wait.
+
+        Returns:
+            Whether all were confirmed in time.
+        """
+        wanted = set(update_ids)
+        return self.wait_until(lambda: wanted <= self._confirmed_view(), timeout)
+
+    def _confirmed_view(self) -> set[int]:
+        with self._cond:
+            return set(self._confirmed)
+
+    # ------------------------------------------------------------------ request handling
+
+    def _bump(self) -> None:
+        # Caller holds self._cond.
+        self._version += 1
+        self._cond.notify_all()
+
+    def _handle(self, path: str, content_type: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        """Handle one request (server thread); returns the HTTP status and the JSON body."""
+        with self._cond:
+            epoch = self._epoch
+        try:
+            result = self._route(path, content_type, body, epoch)
+        except _ApiError as exc:
+            return exc.error_code, exc.body()
+        except Exception as exc:  # pragma: no cover - a bug in the fake; surface it
+            _LOGGER.exception("FakeBotApi failed to handle %s", path)
+            return 500, {
+                "ok": False,
+                "error_code": 500,
+                "description": f"Internal Server Error: {type(exc).__name__}: {exc}",
+            }
+        return 200, {"ok": True, "result": result}
+
+    def _route(self, path: str, content_type: str, body: bytes, epoch: int) -> Any:
+        split = urllib.parse.urlsplit(path)
+        parts = split.path.split("/")
+        # ['', 'bot<token>', '<method>']
+        if len(parts) != 3 or not parts[1].startswith("bot") or parts[1] == "bot":
+            raise _ApiError(404, "Not Found")
+        if parts[1][3:] != self._token:
+            raise _ApiError(401, "Unauthorized")
+        method = parts[2]
+        if not method:
+            raise _ApiError(404, "Not Found")
+        params = _parse_params(split.query, content_type, body)
+        key = method.lower()
+        with self._cond:
+            self._calls.append(ApiCall(method, params))
+            self._bump()
+            delay = self._delays.get(key, 0.0)
+        if delay:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stale(epoch), timeout=delay)
+        with self._cond:
+            failures = self._failures.get(key)
+            if failures:
+                failure = failures[0]
+                failure.count -= 1
+                if failure.count <= 0:
+                    failures.popleft()
+                parameters = (
+                    {"retry_after": failure.retry_after} if failure.retry_after else None
+                )
+                raise _ApiError(failure.error_code, failure.description, parameters)
+        return self._dispatch(key, params, epoch)
+
+    def _stale(self, epoch: int) -> bool:
+        # Caller holds self._cond. True once the server stopped (or restarted) since the request.
+        return not self._running or self._epoch != epoch
+
+    def _dispatch(self, key: str, params: dict[str, Any], epoch: int) -> Any:
+        if key == "getupdates":
+            return self._get_updates(params, epoch)
+        if key == "getme":
+            return self.bot_user
+        if key == "sendmessage":
+            return self._send_message(params)
+        if key == "setwebhook":
+            return self._set_webhook(params)
+        if key == "deletewebhook":
+            with self._cond:
+                self._webhook = {"url": ""}
+                if params.get("drop_pending_updates") is True:
+                    self._drop_pending()
+                self._bump()
+            return True
+        if key == "getwebhookinfo":
+            with self._cond:
+                info: dict[str, Any] = {
+                    "url": self._webhook.get("url", ""),
+                    "has_custom_certificate": False,
+                    "pending_update_count": len(self._pending),
+                }
+                if info["url"]:
+                    info["max_connections"] = self._webhook.get("max_connections", 40)
+                    if self._webhook.get("allowed_updates") is not None:
+                        info["allowed_updates"] = self._webhook["allowed_updates"]
+                    if self._webhook.get("ip_address"):
+                        info["ip_address"] = self._webhook["ip_address"]
+            return info
+        if key == "answercallbackquery":
+            if not params.get("callback_query_id"):
+                raise _ApiError(400, "Bad Request: query_id_invalid")
+            with self._cond:
+                self._callback_answers.append(params)
+                self._bump()
+            return True
+        if key == "copymessage":
+            chat = _chat_key(params.get("chat_id"))
+            with self._cond:
+                return {"message_id": self._next_message_id(chat)}
+        if key == "sendchataction":
+            return True
+        if key == "sendmediagroup":
+            return [self._message_result(params)]
+        if key.startswith("send") or key == "forwardmessage":
+            return self._message_result(params)
+        if key.startswith("editmessage"):
+            if params.get("inline_message_id"):
+                return True
+            return self._message_result(params, message_id=params.get("message_id"))
+        return True  # logOut, close and every other method
+
+    def _message_result(self, params: dict[str, Any], *, message_id: Any = None) -> Any:
+        chat = _chat_key(params.get("chat_id"))
+        with self._cond:
+            if message_id is None:
+                message_id = self._next_message_id(chat)
+        message = make_message(
+            message_id=_as_int(message_id, 1, "message_id"),
+            chat_id=chat,
+            text=params["text"] if isinstance(params.get("text"), str) else None,
+            sender=make_bot_user(self._bot_id()),
+        )
+        if isinstance(params.get("caption"), str):
+            message["caption"] = params["caption"]
+        if isinstance(params.get("entities"), list):
+            message["entities"] = params["entities"]
+        markup = params.get("reply_markup")
+        if isinstance(markup, dict) and "inline_keyboard" in markup:
+            message["reply_markup"] = markup
+        return message
+
+    def _send_message(self, params: dict[str, Any]) -> dict[str, Any]:
+        if params.get("chat_id") in (None, ""):
+            raise _ApiError(400, "Bad Request: chat_id is empty")
+        chat = _chat_key(params["chat_id"])
+        text = params.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise _ApiError(400, "Bad Request: message text is empty")
+        with self._cond:
+            message_id = self._next_message_id(chat)
+        message = self._message_result(params, message_id=message_id)
+        with self._cond:
+            self._sent.append(dict(params, message_id=message_id))
+            self._bump()
+        return message
+
+    def _set_webhook(self, params: dict[str, Any]) -> bool:
+        url = params.get("url")
+        if not isinstance(url, str):
+            raise _ApiError(400, "Bad Request: bad webhook: URL must be a string")
+        secret = params.get("secret_token")
+        if secret is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", str(secret)):
+            raise _ApiError(400, "Bad Request: secret token contains unallowed characters")
+        with self._cond:
+            settings: dict[str, Any] = {"url": url}
+            for name in (
+                "secret_token",
+                "max_connections",
+                "allowed_updates",
+                "ip_address",
+                "drop_pending_updates",
+            ):
+                if name in params:
+                    settings[name] = params[name]
+            self._webhook = settings if url else {"url": ""}
+            if params.get("drop_pending_updates") is True:
+                self._drop_pending()
+            self._bump()
+        return True
+
+    def _drop_pending(self) -> None:
+        # Caller holds self._cond.
+        self._dropped.update(self._pending)
+        self._pending.clear()
+
+    def _get_updates(self, params: dict[str, Any], epoch: int) -> list[dict[str, Any]]:
+        offset = _as_int(params.get("offset"), 0, "offset")
+        limit = int(_clamp(_as_int(params.get("limit"), 100, "limit"), 1, 100))
+        timeout = _clamp(_as_float(params.get("timeout"), 0.0, "timeout"), 0, _LONG_POLL_MAX_TIMEOUT)
+        with self._cond:
+            if self._webhook.get("url"):
+                raise _ApiError(409, _WEBHOOK_CONFLICT)
+            self._poll_generation += 1
+            generation = self._poll_generation
+            self._bump()  # a waiting getUpdates sees the newer one and answers 409
+            if offset > 0:
+                to_confirm = [uid for uid in self._pending if uid < offset]
+            elif offset < 0:
+                to_confirm = list(self._pending)[:offset]
+            else:
+                to_confirm = []
+        if to_confirm:
+            hook = self.on_confirm
+            if hook is not None:
+                try:
+                    hook(list(to_confirm))
+                except Exception as exc:  # noqa: BLE001 - reported through hook_errors
+                    with self._cond:
+                        self._hook_errors.append(exc)
+                        self._bump()
+                    raise _ApiError(
+                        500, f"Internal Server Error: on_confirm failed: {exc!r}"
+                    ) from exc
+            with self._cond:
+                for update_id in to_confirm:
+                    if self._pending.pop(update_id, None) is not None:
+                        self._confirmed.add(update_id)
+                self._bump()
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._poll_generation != generation:
+                    raise _ApiError(409, _POLL_CONFLICT)
+                batch = [
+                    update
+                    for update_id, update in self._pending.items()
+                    if offset <= 0 or update_id >= offset
+                ][:limit]
+                remaining = deadline - time.monotonic()
+                if batch or remaining <= 0:
+                    return batch
+                if self._stale(epoch):
+                    return []
+                self._cond.wait(remaining)
+
+
+def post_to_webhook(
+    url: str,
+    update: Mapping[str, Any] | str | bytes,
+    *,
+    secret_token: str | None = None,
+    timeout: float = 10.0,
+) -> int:
+    """POST one update to a webhook as Telegram does and return the HTTP status.
+
+    The body is the update as JSON (``Content-Type: application/json``), with the header
+    ``X-Telegram-Bot-Api-Secret-Token`` when ``secret_token`` is given. Proxy settings from the
+    environment are ignored.
+
+    Args:
+        url: The webhook URL.
+        update: The update dict; a ``str`` or ``bytes`` is sent as the raw body (to test bad
+            input).
+        secret_token: The secret token to send.
+        timeout: Seconds to wait for the answer.
+
+    Returns:
+        The HTTP status code (also for 4xx/5xx answers).
+
+    Raises:
+        urllib.error.URLError: If the webhook cannot be reached.
+        TimeoutError: If it does not answer in time.
+    """
+    if isinstance(update, bytes):
+        data = update
+    elif isinstance(update, str):
+        data = update.encode("utf-8")
+    else:
+        data = json.dumps(dict(update)).encode("utf-8")
+    request = urllib.request.Request(
+        url, data=data, method="POST", headers={"Content-Type": "application/json"}
+    )
+    if secret_token is not None:
+        request.add_header("X-Telegram-Bot-Api-Secret-Token", secret_token)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            response.read()
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        exc.read()
+        return int(exc.code)
