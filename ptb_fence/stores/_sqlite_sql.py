@@ -1,0 +1,219 @@
+"""The SQL of :class:`ptb_fence.SQLiteUpdateStore`: each rule reads as one statement.
+
+Every rule of the store contract is ONE conditional statement on one row: the ``WHERE`` clause is
+the rule's precondition, and ``RETURNING`` reads back what the statement wrote, so there is never
+a read-then-write window between checking a row and changing it.
+
+The table name is validated (:func:`ptb_fence.stores.validate_table_name`) before it reaches this
+module and is always double-quoted, so names that happen to be SQL keywords (``order``) work too.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+__all__ = ["REQUIRED_COLUMNS", "SQLiteStatements"]
+
+REQUIRED_COLUMNS: Tuple[str, ...] = (
+    "update_id",
+    "body",
+    "state",
+    "attempts",
+    "due_at",
+    "received_at",
+    "settled_at",
+    "error",
+)
+"""Columns an existing table must have (``claim_id`` is added when missing)."""
+
+# Claimable at :now — SPEC §3. The bounds are exact: a failed row is due when due_at <= now, a
+# processing row may be taken over only when its lease lapsed, due_at < now (a lease is held
+# while due_at >= t, inclusive).
+_CLAIMABLE = """(
+        state = 'pending'
+        OR (state = 'failed' AND due_at <= :now)
+        OR (state = 'processing' AND due_at < :now)
+    )"""
+
+# The exact live attempt at :at (``_live`` of the memory store).
+_LIVE = "state = 'processing' AND attempts = :attempt AND due_at >= :at"
+
+
+class SQLiteStatements:
+    """The statements of one store table (internal).
+
+    Args:
+        table (:obj:`str`): An already validated table name.
+    """
+
+    __slots__ = (
+        "ack_exhaustion",
+        "add",
+        "add_claim_id",
+        "claim",
+        "create_index",
+        "create_table",
+        "due",
+        "due_exhaustions",
+        "exhaust",
+        "owns",
+        "prune",
+        "renew",
+        "renew_owned",
+        "settle_abandoned",
+        "settle_abandoned_owned",
+        "settle_completed",
+        "settle_completed_owned",
+        "settle_failed",
+        "settle_failed_owned",
+        "table",
+        "table_info",
+        "unclaimed_exhaustions",
+        "backfill_claim_id",
+    )
+
+    def __init__(self, table: str) -> None:
+        t = f'"{table}"'
+        self.table = t
+
+        # -- schema ----------------------------------------------------------------------
+        self.create_table = f"""
+            CREATE TABLE IF NOT EXISTS {t} (
+                update_id   INTEGER PRIMARY KEY,
+                body        TEXT    NOT NULL,
+                state       TEXT    NOT NULL DEFAULT 'pending',
+                attempts    INTEGER NOT NULL DEFAULT 0,
+                due_at      INTEGER,
+                received_at INTEGER NOT NULL,
+                settled_at  INTEGER,
+                error       TEXT,
+                claim_id    TEXT
+            )"""
+        self.create_index = (
+            f'CREATE INDEX IF NOT EXISTS "{table}_state_due_at_idx" ON {t} (state, due_at)'
+        )
+        self.table_info = f"PRAGMA table_info({t})"
+        self.add_claim_id = f"ALTER TABLE {t} ADD COLUMN claim_id TEXT"
+        # An older table may hold unacknowledged exhaustions without a claim id; give each one
+        # so that it can be delivered and acknowledged with an exact identity.
+        self.unclaimed_exhaustions = (
+            f"SELECT update_id FROM {t} "
+            "WHERE state = 'abandoned' AND settled_at IS NULL AND claim_id IS NULL"
+        )
+        self.backfill_claim_id = (
+            f"UPDATE {t} SET claim_id = :claim_id "
+            "WHERE update_id = :update_id AND claim_id IS NULL"
+        )
+
+        # -- base ------------------------------------------------------------------------
+        self.add = f"""
+            INSERT INTO {t} (update_id, body, state, attempts, received_at)
+            VALUES (:update_id, :body, 'pending', 0, :received_at)
+            ON CONFLICT (update_id) DO NOTHING"""
+
+        # Take (attempts < max) or spend (attempts >= max) in one statement. SET expressions
+        # see the row as it was before the update.
+        self.claim = f"""
+            UPDATE {t} SET
+                state = CASE WHEN attempts < :max_attempts
+                             THEN 'processing' ELSE 'abandoned' END,
+                attempts = CASE WHEN attempts < :max_attempts
+                                THEN attempts + 1 ELSE attempts END,
+                due_at = CASE WHEN attempts < :max_attempts
+                              THEN :lease_until ELSE :now END,
+                error = CASE WHEN attempts < :max_attempts
+                             THEN NULL ELSE 'attempts spent' END,
+                settled_at = CASE WHEN attempts < :max_attempts THEN settled_at
+                                  WHEN :durable THEN NULL
+                                  ELSE :now END,
+                claim_id = CASE WHEN attempts < :max_attempts THEN :claim_id
+                                WHEN :durable THEN COALESCE(claim_id, :claim_id)
+                                ELSE claim_id END
+            WHERE update_id = :update_id AND {_CLAIMABLE}
+            RETURNING state, attempts, claim_id"""
+
+        # A renewal never shortens a lease and, with :now, never revives an expired one.
+        self.renew = f"""
+            UPDATE {t} SET due_at = MAX(COALESCE(due_at, :lease_until), :lease_until)
+            WHERE update_id = :update_id AND state = 'processing' AND attempts = :attempt
+              AND (:now IS NULL OR due_at >= :now)
+            RETURNING update_id"""
+        self.renew_owned = f"""
+            UPDATE {t} SET due_at = MAX(COALESCE(due_at, :lease_until), :lease_until)
+            WHERE update_id = :update_id AND state = 'processing' AND attempts = :attempt
+              AND claim_id = :claim_id
+              AND (:now IS NULL OR due_at >= :now)
+            RETURNING update_id"""
+
+        completed = "state = 'completed', settled_at = :at, error = NULL"
+        failed = "state = 'failed', due_at = :retry_at, settled_at = NULL, error = :error"
+        abandoned = "state = 'abandoned', settled_at = :at, error = :error"
+        where = f"WHERE update_id = :update_id AND {_LIVE}"
+        owned = f"{where} AND claim_id = :claim_id"
+        self.settle_completed = f"UPDATE {t} SET {completed} {where} RETURNING update_id"
+        self.settle_failed = f"UPDATE {t} SET {failed} {where} RETURNING update_id"
+        self.settle_abandoned = f"UPDATE {t} SET {abandoned} {where} RETURNING update_id"
+        self.settle_completed_owned = f"UPDATE {t} SET {completed} {owned} RETURNING update_id"
+        self.settle_failed_owned = f"UPDATE {t} SET {failed} {owned} RETURNING update_id"
+        self.settle_abandoned_owned = f"UPDATE {t} SET {abandoned} {owned} RETURNING update_id"
+
+        self.due = f"""
+            SELECT update_id, body FROM {t}
+            WHERE (state = 'pending' AND received_at <= :pending_before)
+               OR (state = 'failed' AND due_at <= :now)
+               OR (state = 'processing' AND due_at < :now)
+            ORDER BY update_id
+            LIMIT :limit"""
+        self.prune = f"""
+            DELETE FROM {t}
+            WHERE state IN ('completed', 'abandoned') AND settled_at < :before"""
+
+        # -- fenced ----------------------------------------------------------------------
+        self.owns = f"SELECT 1 FROM {t} {owned}"
+
+        # -- durable ---------------------------------------------------------------------
+        self.exhaust = f"""
+            UPDATE {t} SET state = 'abandoned', due_at = :at, settled_at = NULL, error = :error
+            {owned}
+            RETURNING update_id"""
+        self.due_exhaustions = f"""
+            SELECT update_id, attempts, claim_id, body, due_at, error FROM {t}
+            WHERE state = 'abandoned' AND settled_at IS NULL
+              AND (:after IS NULL OR update_id > :after)
+            ORDER BY update_id
+            LIMIT :limit"""
+        self.ack_exhaustion = f"""
+            UPDATE {t} SET settled_at = :at
+            WHERE update_id = :update_id AND state = 'abandoned' AND settled_at IS NULL
+              AND attempts = :attempt AND claim_id = :claim_id
+            RETURNING update_id"""
+
+    # -- batched renewals (positional parameters; one statement per chunk) -----------------
+    def renew_many(self, count: int) -> str:
+        """``renew`` for ``count`` ``(update_id, attempt)`` pairs in one statement.
+
+        Parameters, in order: ``lease_until, lease_until``, the pairs flattened, ``now``.
+        """
+        values = ", ".join(["(?, ?)"] * count)
+        return f"""
+            UPDATE {self.table} AS t
+            SET due_at = MAX(COALESCE(t.due_at, ?), ?)
+            FROM (VALUES {values}) AS v
+            WHERE t.update_id = v.column1 AND t.attempts = v.column2
+              AND t.state = 'processing' AND t.due_at >= ?
+            RETURNING update_id, attempts"""
+
+    def renew_owned_many(self, count: int) -> str:
+        """``renew_owned`` for ``count`` identities in one statement.
+
+        Parameters, in order: ``lease_until, lease_until``, the ``(update_id, attempt,
+        claim_id)`` triples flattened, ``now``.
+        """
+        values = ", ".join(["(?, ?, ?)"] * count)
+        return f"""
+            UPDATE {self.table} AS t
+            SET due_at = MAX(COALESCE(t.due_at, ?), ?)
+            FROM (VALUES {values}) AS v
+            WHERE t.update_id = v.column1 AND t.attempts = v.column2 AND t.claim_id = v.column3
+              AND t.state = 'processing' AND t.due_at >= ?
+            RETURNING update_id, attempts, claim_id"""
