@@ -1,0 +1,290 @@
+"""Every SQL statement of :class:`ptb_fence.PostgresUpdateStore`, in one place.
+
+Statements use psycopg2's ``%(name)s`` placeholders (``%s`` for the batched ones, whose ``VALUES``
+list depends on the batch size). Table names are validated by
+:func:`ptb_fence.stores.validate_table_name` before they reach this module and are always
+double-quoted, so the table is named exactly as given (case included).
+
+The **legacy rule** is visible here: the statements in :class:`PostgresStatements` marked
+*legacy-safe* never mention ``claim_id``, so they work on an older table without that column.
+Every statement that mentions ``claim_id`` fails on such a table with PostgreSQL's
+``undefined_column`` error, which the store turns into :class:`ptb_fence.SchemaError`.
+
+Every rule is one conditional statement on one row; the ``WHERE`` clause is the rule:
+
+* claimable at ``now``: ``pending``; ``failed`` with ``due_at <= now``; ``processing`` with
+  ``due_at < now`` (a lease is held while ``due_at >= t``);
+* live at ``t``: ``processing``, same attempt (and same claim id when fenced), ``due_at >= t``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+__all__ = ["PostgresStatements", "schema_sql"]
+
+
+def _quote(table: str) -> str:
+    return f'"{table}"'
+
+
+def _index_name(table: str) -> str:
+    name = f"{table}_state_due_at_idx"
+    if len(name) <= 63:
+        return name
+    # PostgreSQL would silently truncate a longer name, and two long table names with a common
+    # prefix would then share one index name (relation names share a namespace).
+    digest = hashlib.sha256(table.encode("utf-8")).hexdigest()[:16]
+    return f"ptb_fence_{digest}_state_due_at_idx"
+
+
+def schema_lock_key(table: str) -> int:
+    """The ``pg_advisory_xact_lock`` key that serialises schema changes of ``table``."""
+    digest = hashlib.sha256(b"ptb_fence schema:" + table.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def schema_sql(table: str) -> str:
+    """The idempotent migration for ``table`` (already validated).
+
+    Takes a transaction-scoped advisory lock first, so several processes applying it at once
+    (each in its own transaction) do not race on ``CREATE TABLE IF NOT EXISTS``.
+    """
+    t = _quote(table)
+    return f"""\
+-- ptb_fence: schema of the update table {t}. Idempotent: applying it again changes nothing.
+-- Serialise concurrent migrations of this table (the lock is held until the transaction ends).
+SELECT pg_advisory_xact_lock({schema_lock_key(table)});
+
+CREATE TABLE IF NOT EXISTS {t} (
+    update_id   BIGINT PRIMARY KEY,   -- Telegram update_id
+    body        TEXT   NOT NULL,      -- the update's JSON text, as received
+    state       TEXT   NOT NULL,      -- pending, processing, failed, completed, abandoned
+    attempts    INT    NOT NULL DEFAULT 0,
+    due_at      BIGINT,               -- lease expiry / retry time / when it was abandoned
+    received_at BIGINT NOT NULL,      -- epoch milliseconds
+    settled_at  BIGINT,               -- NULL: not prunable (incl. unacknowledged exhaustion)
+    error       TEXT,                 -- last failure text
+    claim_id    TEXT                  -- opaque token of the current or last claim
+);
+
+-- Tables created before fencing lack claim_id.
+ALTER TABLE {t} ADD COLUMN IF NOT EXISTS claim_id TEXT;
+
+CREATE INDEX IF NOT EXISTS "{_index_name(table)}" ON {t} (state, due_at);
+"""
+
+
+# Whether the table, its claim_id column and its index all exist (the store then skips the DDL,
+# whose ALTER TABLE would take an ACCESS EXCLUSIVE lock even when the column already exists).
+_SCHEMA_CHECK = """\
+SELECT to_regclass(%(table)s) IS NOT NULL,
+       EXISTS (SELECT 1 FROM pg_attribute
+                WHERE attrelid = to_regclass(%(table)s)
+                  AND attname = 'claim_id' AND NOT attisdropped),
+       to_regclass(%(index)s) IS NOT NULL
+"""
+
+_CLAIMABLE = """(state = 'pending'
+       OR (state = 'failed' AND due_at <= %(now)s)
+       OR (state = 'processing' AND due_at < %(now)s))"""
+
+
+@dataclass(frozen=True)
+class PostgresStatements:
+    """The statements for one table. Build with :meth:`for_table`."""
+
+    table: str
+    schema: str
+    schema_check: str
+    schema_check_args: "dict[str, str]"
+    schema_lock: str
+    add: str
+    claim: str
+    claim_fenced: str
+    renew: str
+    renew_owned: str
+    settle_completed: str
+    settle_failed: str
+    settle_abandoned: str
+    settle_completed_owned: str
+    settle_failed_owned: str
+    settle_abandoned_owned: str
+    due: str
+    prune: str
+    owns: str
+    owns_for_update: str
+    exhaust: str
+    due_exhaustions: str
+    acknowledge_exhaustion: str
+    probe: str
+
+    @classmethod
+    def for_table(cls, table: str) -> "PostgresStatements":
+        """Build every statement for ``table`` (already validated)."""
+        t = _quote(table)
+        live = (
+            "update_id = %(update_id)s AND state = 'processing' AND attempts = %(attempt)s"
+        )
+        live_owned = live + " AND claim_id = %(claim_id)s"
+        return cls(
+            table=table,
+            schema=schema_sql(table),
+            schema_check=_SCHEMA_CHECK,
+            schema_check_args={"table": t, "index": f'"{_index_name(table)}"'},
+            schema_lock=f"SELECT pg_advisory_xact_lock({schema_lock_key(table)})",
+            # legacy-safe
+            add=f"""\
+INSERT INTO {t} (update_id, body, state, attempts, received_at)
+VALUES (%(update_id)s, %(body)s, 'pending', 0, %(received_at)s)
+ON CONFLICT (update_id) DO NOTHING
+RETURNING update_id""",
+            # legacy-safe: the base claim without durable_exhaustion leaves claim_id alone.
+            # Take when attempts remain, else spend (abandon, settled now). SET expressions see
+            # the row as it was; RETURNING sees it as it is now.
+            claim=f"""\
+UPDATE {t} SET
+    state      = CASE WHEN attempts < %(max_attempts)s THEN 'processing' ELSE 'abandoned' END,
+    attempts   = CASE WHEN attempts < %(max_attempts)s THEN attempts + 1 ELSE attempts END,
+    due_at     = CASE WHEN attempts < %(max_attempts)s THEN %(lease_until)s ELSE %(now)s END,
+    error      = CASE WHEN attempts < %(max_attempts)s THEN NULL ELSE 'attempts spent' END,
+    settled_at = CASE WHEN attempts < %(max_attempts)s THEN settled_at ELSE %(now)s END
+WHERE update_id = %(update_id)s
+  AND {_CLAIMABLE}
+RETURNING state, attempts""",
+            # claim_owned, and the base claim with durable_exhaustion: a take writes the fresh
+            # claim id; a durable spend keeps the last claim id (or writes the fresh one if there
+            # is none) and leaves settled_at NULL, so the row stays an unacknowledged exhaustion.
+            claim_fenced=f"""\
+UPDATE {t} SET
+    state      = CASE WHEN attempts < %(max_attempts)s THEN 'processing' ELSE 'abandoned' END,
+    attempts   = CASE WHEN attempts < %(max_attempts)s THEN attempts + 1 ELSE attempts END,
+    due_at     = CASE WHEN attempts < %(max_attempts)s THEN %(lease_until)s ELSE %(now)s END,
+    error      = CASE WHEN attempts < %(max_attempts)s THEN NULL ELSE 'attempts spent' END,
+    settled_at = CASE WHEN attempts < %(max_attempts)s THEN settled_at
+                      WHEN %(durable)s THEN NULL
+                      ELSE %(now)s END,
+    claim_id   = CASE WHEN attempts < %(max_attempts)s THEN %(claim_id)s
+                      WHEN %(durable)s THEN COALESCE(claim_id, %(claim_id)s)
+                      ELSE claim_id END
+WHERE update_id = %(update_id)s
+  AND {_CLAIMABLE}
+RETURNING state, attempts, claim_id""",
+            # legacy-safe. Never shortens a lease; with now, never revives an expired one.
+            renew=f"""\
+UPDATE {t} SET due_at = GREATEST(due_at, %(lease_until)s)
+WHERE {live}
+  AND (%(now)s::BIGINT IS NULL OR due_at >= %(now)s)
+RETURNING update_id""",
+            renew_owned=f"""\
+UPDATE {t} SET due_at = GREATEST(due_at, %(lease_until)s)
+WHERE {live_owned}
+  AND (%(now)s::BIGINT IS NULL OR due_at >= %(now)s)
+RETURNING update_id""",
+            # legacy-safe settles: land only on the attempt whose lease holds at settlement.at.
+            settle_completed=f"""\
+UPDATE {t} SET state = 'completed', settled_at = %(at)s, error = NULL
+WHERE {live} AND due_at >= %(at)s
+RETURNING update_id""",
+            settle_failed=f"""\
+UPDATE {t} SET state = 'failed', due_at = %(retry_at)s, settled_at = NULL, error = %(error)s
+WHERE {live} AND due_at >= %(at)s
+RETURNING update_id""",
+            settle_abandoned=f"""\
+UPDATE {t} SET state = 'abandoned', settled_at = %(at)s, error = %(error)s
+WHERE {live} AND due_at >= %(at)s
+RETURNING update_id""",
+            settle_completed_owned=f"""\
+UPDATE {t} SET state = 'completed', settled_at = %(at)s, error = NULL
+WHERE {live_owned} AND due_at >= %(at)s
+RETURNING update_id""",
+            settle_failed_owned=f"""\
+UPDATE {t} SET state = 'failed', due_at = %(retry_at)s, settled_at = NULL, error = %(error)s
+WHERE {live_owned} AND due_at >= %(at)s
+RETURNING update_id""",
+            settle_abandoned_owned=f"""\
+UPDATE {t} SET state = 'abandoned', settled_at = %(at)s, error = %(error)s
+WHERE {live_owned} AND due_at >= %(at)s
+RETURNING update_id""",
+            # legacy-safe
+            due=f"""\
+SELECT update_id, body FROM {t}
+WHERE (state = 'pending' AND received_at <= %(pending_before)s)
+   OR (state = 'failed' AND due_at <= %(now)s)
+   OR (state = 'processing' AND due_at < %(now)s)
+ORDER BY update_id
+LIMIT %(limit)s""",
+            # legacy-safe. Pending, processing, failed rows and unacknowledged exhaustions
+            # (settled_at NULL) are never pruned.
+            prune=f"""\
+DELETE FROM {t}
+WHERE state IN ('completed', 'abandoned') AND settled_at < %(before)s""",
+            owns=f"""\
+SELECT update_id FROM {t}
+WHERE {live_owned} AND due_at >= %(at)s""",
+            # On the caller's connection: the row lock makes a competing claim wait for the
+            # caller's transaction, and a competing claim in flight makes this wait and re-check.
+            owns_for_update=f"""\
+SELECT update_id FROM {t}
+WHERE {live_owned} AND due_at >= %(at)s
+FOR UPDATE""",
+            exhaust=f"""\
+UPDATE {t} SET state = 'abandoned', due_at = %(at)s, settled_at = NULL, error = %(error)s
+WHERE {live_owned} AND due_at >= %(at)s
+RETURNING update_id""",
+            due_exhaustions=f"""\
+SELECT update_id, attempts, claim_id, body, due_at, error FROM {t}
+WHERE state = 'abandoned' AND settled_at IS NULL AND claim_id IS NOT NULL
+  AND (%(after_update_id)s::BIGINT IS NULL OR update_id > %(after_update_id)s)
+ORDER BY update_id
+LIMIT %(limit)s""",
+            acknowledge_exhaustion=f"""\
+UPDATE {t} SET settled_at = %(at)s
+WHERE update_id = %(update_id)s AND state = 'abandoned' AND settled_at IS NULL
+  AND attempts = %(attempt)s AND claim_id = %(claim_id)s
+RETURNING update_id""",
+            probe="SELECT 1",
+        )
+
+    def add_many(self, count: int) -> str:
+        """Insert ``count`` rows in one statement; ``%s`` triples ``(update_id, body, at)``.
+
+        The caller removes duplicate ids from the batch first (``ON CONFLICT`` would otherwise
+        pick one of them unpredictably). Legacy-safe.
+        """
+        values = ",\n       ".join(["(%s::BIGINT, %s::TEXT, %s::BIGINT)"] * count)
+        return f"""\
+INSERT INTO {_quote(self.table)} (update_id, body, state, attempts, received_at)
+SELECT v.update_id, v.body, 'pending', 0, v.received_at
+FROM (VALUES {values}) AS v(update_id, body, received_at)
+ON CONFLICT (update_id) DO NOTHING
+RETURNING update_id"""
+
+    def renew_many(self, count: int) -> str:
+        """Renew ``count`` ``(update_id, attempt)`` leases in one statement. Legacy-safe.
+
+        Parameters, in order: ``lease_until``, the pairs, ``now``. Returns the matched
+        ``(update_id, attempts)``.
+        """
+        values = ", ".join(["(%s::BIGINT, %s::INT)"] * count)
+        return f"""\
+UPDATE {_quote(self.table)} AS t SET due_at = GREATEST(t.due_at, %s)
+FROM (VALUES {values}) AS v(update_id, attempt)
+WHERE t.update_id = v.update_id AND t.state = 'processing' AND t.attempts = v.attempt
+  AND t.due_at >= %s
+RETURNING t.update_id, t.attempts"""
+
+    def renew_owned_many(self, count: int) -> str:
+        """Renew ``count`` fenced leases in one statement.
+
+        Parameters, in order: ``lease_until``, the ``(update_id, attempt, claim_id)`` triples,
+        ``now``. Returns the matched ``(update_id, attempts, claim_id)``.
+        """
+        values = ", ".join(["(%s::BIGINT, %s::INT, %s::TEXT)"] * count)
+        return f"""\
+UPDATE {_quote(self.table)} AS t SET due_at = GREATEST(t.due_at, %s)
+FROM (VALUES {values}) AS v(update_id, attempt, claim_id)
+WHERE t.update_id = v.update_id AND t.state = 'processing' AND t.attempts = v.attempt
+  AND t.claim_id = v.claim_id AND t.due_at >= %s
+RETURNING t.update_id, t.attempts, t.claim_id"""
