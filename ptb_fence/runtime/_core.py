@@ -32,6 +32,9 @@ _LOGGER = logging.getLogger("ptb_fence.runtime")
 EXHAUSTION_PAGE = 100
 """Exhaustions delivered per sweep page."""
 
+_MAX_RETRY_DELAY_SECONDS = 366 * 86400.0
+"""Retry delays from a custom policy are clamped to this (a year; keeps store times finite)."""
+
 
 class Outcome:
     """How an attempt ended (string constants)."""
@@ -293,11 +296,19 @@ class Runtime:
             policy = options.retry or default_retry
             try:
                 delay = policy(error, attempt.attempt)
+                if delay is not None:
+                    delay = float(delay)  # a non-number is a broken policy, like raising
+                    if delay != delay:
+                        raise ValueError("the retry policy returned NaN")
             except Exception:
-                _LOGGER.exception("retry policy raised; using the default policy")
+                _LOGGER.exception(
+                    "retry policy raised or returned neither seconds nor None; using the "
+                    "default policy"
+                )
                 delay = default_retry(error, attempt.attempt)
-            if delay is not None and (delay != delay or delay < 0):
-                delay = 0.0
+            if delay is not None:
+                # negative means now; infinity (or absurd values) must not overflow the store
+                delay = min(max(delay, 0.0), _MAX_RETRY_DELAY_SECONDS)
         now = options.now_ms()
         text = _error_text(error)
         exhaustion: Optional[Exhaustion] = None
