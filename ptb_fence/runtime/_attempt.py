@@ -242,7 +242,12 @@ class Attempt:
             with self.transaction(complete=complete) as conn:
                 return fn(conn)
 
-        return await asyncio.to_thread(run)
+        executor = self._runtime.executor
+        if executor is None:
+            return await asyncio.to_thread(run)
+        context = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(executor, context.run, run)
 
     def exhaust(self, reason: str) -> None:
         """Record a terminal failure now: no more retries; the exhaustion handler is called.

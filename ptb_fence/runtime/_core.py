@@ -81,6 +81,7 @@ class Runtime:
         "_scheduler_lock",
         "attempt_aware",
         "durable",
+        "executor",
         "keeper",
         "options",
         "store",
@@ -121,6 +122,9 @@ class Runtime:
         self.durable = handle_exhaustion
         self.keeper = LeaseKeeper(self)
         self._cursor: Optional[int] = None
+        self.executor: Any = None
+        """A :class:`concurrent.futures.Executor` for blocking store work from asyncio
+        (``Attempt.run_in_transaction``); :obj:`None` uses :func:`asyncio.to_thread`."""
         self._scheduler: Any = None
         self._scheduler_lock = threading.Lock()
 

@@ -1,0 +1,18 @@
+"""python-telegram-bot integration: durable ingest and fenced update processors."""
+
+from ptb_fence.ptb._application import FencedApplication, FencedApplicationMixin
+from ptb_fence.ptb._context import FencedCallbackContext
+from ptb_fence.ptb._processor import BaseFenceProcessor, DurableUpdateProcessor, FencedUpdateProcessor
+from ptb_fence.ptb._queue import DurableUpdateQueue, IngestError, update_body
+
+__all__ = [
+    "BaseFenceProcessor",
+    "DurableUpdateProcessor",
+    "DurableUpdateQueue",
+    "FencedApplication",
+    "FencedApplicationMixin",
+    "FencedCallbackContext",
+    "FencedUpdateProcessor",
+    "IngestError",
+    "update_body",
+]

@@ -1,0 +1,508 @@
+"""DurableUpdateProcessor and FencedUpdateProcessor: ptb_fence inside a PTB Application."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Awaitable, Callable, Hashable, Optional, Set, TypeVar
+
+from telegram import Update
+from telegram.ext import ApplicationBuilder, BaseUpdateProcessor, ContextTypes
+
+from ptb_fence._values import Exhaustion
+from ptb_fence.ptb._application import _STATE, FencedApplicationMixin, _UpdateState, fenced_application_class
+from ptb_fence.ptb._chat_turns import ChatTurns
+from ptb_fence.ptb._context import FencedCallbackContext
+from ptb_fence.ptb._queue import DurableUpdateQueue, update_body
+from ptb_fence.runtime._attempt import _CURRENT
+from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._options import RuntimeOptions
+
+__all__ = ["BaseFenceProcessor", "DurableUpdateProcessor", "FencedUpdateProcessor"]
+
+_LOGGER = logging.getLogger("ptb_fence.ptb")
+
+T = TypeVar("T")
+BuilderType = TypeVar("BuilderType", bound=ApplicationBuilder)  # type: ignore[type-arg]
+
+_SWEEP_PAGE = 500
+# PTB's own semaphore is held for all of do_process_update, including a chat's wait for its
+# turn; it is made effectively unbounded and ptb_fence's own slots enforce max_concurrent.
+_PTB_PERMITS = 1 << 20
+
+
+def _chat_key(update: Update) -> Hashable:
+    chat = update.effective_chat
+    if chat is not None:
+        return chat.id
+    user = update.effective_user
+    if user is not None:
+        return user.id
+    return ("update", update.update_id)
+
+
+class BaseFenceProcessor(BaseUpdateProcessor):
+    """Shared machinery of :class:`DurableUpdateProcessor` and :class:`FencedUpdateProcessor`.
+
+    Not used directly.
+    """
+
+    __slots__ = (
+        "_application",
+        "_executor",
+        "_handle_exhaustion",
+        "_inflight",
+        "_initialized",
+        "_queue",
+        "_refill",
+        "_running",
+        "_runtime",
+        "_slots",
+        "_sweep_task",
+        "_turns",
+    )
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        attempt_aware: bool,
+        handle_exhaustion: Optional[Callable[[Exhaustion], Any]] = None,
+        **options: Any,
+    ) -> None:
+        if handle_exhaustion is not None and not callable(handle_exhaustion):
+            raise TypeError(f"handle_exhaustion must be callable, got {handle_exhaustion!r}")
+        runtime_options = RuntimeOptions(**options)
+        self._runtime = Runtime(
+            store,
+            runtime_options,
+            attempt_aware=attempt_aware,
+            handle_exhaustion=handle_exhaustion is not None,
+            component=type(self).__name__,
+        )
+        super().__init__(1 if runtime_options.max_concurrent == 1 else _PTB_PERMITS)
+        self._handle_exhaustion = handle_exhaustion
+        self._queue = DurableUpdateQueue(self)
+        self._application: Any = None
+        self._executor: Optional[ThreadPoolExecutor] = None
+        self._slots = asyncio.Semaphore(runtime_options.max_concurrent)
+        self._turns = ChatTurns()
+        self._inflight: Set[int] = set()
+        self._initialized = False
+        self._sweep_task: Optional["asyncio.Task[None]"] = None
+        self._refill = asyncio.Event()
+        self._running = 0
+
+    # -- public properties ------------------------------------------------------------------
+    @property
+    def max_concurrent_updates(self) -> int:
+        """:obj:`int`: Updates handled at once (``max_concurrent``)."""
+        return self._runtime.options.max_concurrent
+
+    @property
+    def current_concurrent_updates(self) -> int:
+        """:obj:`int`: Updates being handled right now (a snapshot)."""
+        return self._running
+
+    @property
+    def queue(self) -> DurableUpdateQueue:
+        """:class:`~ptb_fence.ptb.DurableUpdateQueue`: The durable ``update_queue`` to give
+        the Application (``install`` does it)."""
+        return self._queue
+
+    @property
+    def store(self) -> Any:
+        """The update store."""
+        return self._runtime.store
+
+    @property
+    def runtime(self) -> Runtime:
+        """The shared runtime (options, lease keeper)."""
+        return self._runtime
+
+    @property
+    def application(self) -> Any:
+        """The attached :class:`telegram.ext.Application`, or :obj:`None` before ``build()``."""
+        return self._application
+
+    # -- wiring -----------------------------------------------------------------------------
+    def install(self, builder: BuilderType) -> BuilderType:
+        """Configure ``builder`` for this processor and return it.
+
+        Sets the processor (``concurrent_updates``), the durable ``update_queue``, a context
+        type with ``context.attempt`` and an Application class that reports handler failures.
+        An ``application_class`` or ``context_types`` you set *before* ``install`` is kept and
+        extended; hooks (``post_init``, ``post_stop``, ``post_shutdown``) are left to you.
+        So a whole app is::
+
+            app = processor.install(Application.builder().token(TOKEN)).build()
+
+        Raises:
+            RuntimeError: The builder already has an ``updater`` (whose queue would bypass
+                the durable one): pass none; polling and webhooks work as usual.
+        """
+        if not isinstance(builder, ApplicationBuilder):
+            raise TypeError(f"install() needs a telegram.ext.ApplicationBuilder, got {builder!r}")
+        builder.concurrent_updates(self)
+        try:
+            builder.update_queue(self._queue)
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"{type(self).__name__}.install(): the builder has a custom updater, whose "
+                "update_queue would bypass durable recording; remove .updater(...)"
+            ) from exc
+        context_types = _default_value(getattr(builder, "_context_types", None))
+        if context_types is None:
+            builder.context_types(ContextTypes(context=FencedCallbackContext))
+        elif not issubclass(context_types.context, FencedCallbackContext):
+            builder.context_types(
+                ContextTypes(
+                    context=_fenced_context_class(context_types.context),
+                    bot_data=context_types.bot_data,
+                    chat_data=context_types.chat_data,
+                    user_data=context_types.user_data,
+                )
+            )
+        app_class = _default_value(getattr(builder, "_application_class", None))
+        kwargs = getattr(builder, "_application_kwargs", None) or {}
+        from telegram.ext import Application
+
+        builder.application_class(fenced_application_class(app_class or Application), kwargs)
+        return builder
+
+    def _attach(self, application: Any) -> None:
+        if self._application is not None and self._application is not application:
+            raise RuntimeError(f"this {type(self).__name__} already belongs to another Application")
+        if application.update_queue is not self._queue:
+            raise RuntimeError(
+                f"{type(self).__name__}: the Application's update_queue is not the processor's "
+                "durable queue, so updates would be acknowledged before they are recorded; "
+                "wire it with processor.install(builder)"
+            )
+        self._application = application
+        context_class = application.context_types.context
+        if self._runtime.attempt_aware and not issubclass(context_class, FencedCallbackContext):
+            _LOGGER.warning(
+                "context type %s does not derive from FencedCallbackContext: handlers have no "
+                "context.attempt (ptb_fence.current_attempt() still works)",
+                context_class.__name__,
+            )
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def initialize(self) -> None:
+        """Start the lease keeper and the sweep (idempotent; PTB may call it twice).
+
+        Raises:
+            RuntimeError: The processor is not wired into its Application with
+                :meth:`install` (updates would not be recorded before acknowledgement).
+        """
+        if self._initialized:
+            return
+        application = self._application
+        if application is None or not isinstance(application, FencedApplicationMixin):
+            raise RuntimeError(
+                f"{type(self).__name__} is not wired into its Application: build it with "
+                "processor.install(Application.builder()...).build() (an application_class "
+                "set after install must derive from ptb_fence.ptb.FencedApplication)"
+            )
+        if application.update_queue is not self._queue:
+            raise RuntimeError(
+                f"{type(self).__name__}: the Application's update_queue is not the durable "
+                "queue; wire it with processor.install(builder)"
+            )
+        self._warn_non_blocking(application)
+        self._executor = ThreadPoolExecutor(
+            max_workers=self._runtime.options.max_concurrent + 4,
+            thread_name_prefix="ptb_fence-store",
+        )
+        self._runtime.executor = self._executor
+        self._inflight.clear()
+        self._runtime.start_jobs()
+        self._sweep_task = asyncio.get_running_loop().create_task(
+            self._sweep_loop(), name="ptb_fence:sweep"
+        )
+        self._initialized = True
+
+    async def shutdown(self) -> None:
+        """Stop the sweep and the lease keeper, and release the thread pool.
+
+        Attempts still running are left to their lease (another process, or the next start,
+        takes them over); nothing recorded is lost.
+        """
+        if not self._initialized:
+            return
+        self._initialized = False
+        task, self._sweep_task = self._sweep_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await asyncio.get_running_loop().run_in_executor(None, self._runtime.stop_jobs)
+        executor, self._executor = self._executor, None
+        self._runtime.executor = None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=False)
+        self._inflight.clear()
+
+    def _warn_non_blocking(self, application: Any) -> None:
+        defaults = getattr(application.bot, "defaults", None)
+        default_block = True if defaults is None else bool(defaults.block)
+        for group, handlers in application.handlers.items():
+            for handler in handlers:
+                block = handler.block
+                non_blocking = (block is False) or (
+                    not isinstance(block, bool) and not default_block
+                )
+                if non_blocking:
+                    _LOGGER.warning(
+                        "handler %r (group %s) runs with block=False: it runs OUTSIDE the "
+                        "attempt (no fencing, its failures are not retried, context.attempt "
+                        "is None)",
+                        handler,
+                        group,
+                    )
+
+    # -- blocking work off the event loop ---------------------------------------------------
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        executor = self._executor
+        if kwargs:
+            return await loop.run_in_executor(executor, lambda: fn(*args, **kwargs))
+        return await loop.run_in_executor(executor, fn, *args)
+
+    # -- ingest -----------------------------------------------------------------------------
+    async def _record(self, update: Update) -> bool:
+        store = self._runtime.store
+        try:
+            body = update_body(update)
+            added = await self._call(
+                store.add, update.update_id, body, self._runtime.options.now_ms()
+            )
+        except Exception as exc:
+            raise self._queue._fail(update.update_id, exc) from exc
+        if added:
+            self._inflight.add(update.update_id)
+        return bool(added)
+
+    def _record_blocking(self, update: Update) -> bool:
+        store = self._runtime.store
+        try:
+            added = store.add(update.update_id, update_body(update), self._runtime.options.now_ms())
+        except Exception as exc:
+            raise self._queue._fail(update.update_id, exc) from exc
+        if added:
+            self._inflight.add(update.update_id)
+        return bool(added)
+
+    # -- processing -------------------------------------------------------------------------
+    async def do_process_update(self, update: object, coroutine: "Awaitable[Any]") -> None:
+        """Claim, handle and settle one update. Never raises (a raise would kill PTB's
+        update fetcher in sequential mode)."""
+        if not isinstance(update, Update):
+            try:
+                await coroutine
+            except Exception:
+                _LOGGER.exception("processing a non-update object failed")
+            return
+        awaited = False
+        try:
+            awaited = await self._process(update, coroutine)
+        except Exception:
+            _LOGGER.exception(
+                "unexpected error processing update %s; the lease and the sweep take care of it",
+                update.update_id,
+                extra={"update_id": update.update_id},
+            )
+        finally:
+            self._inflight.discard(update.update_id)
+            if not awaited and inspect.iscoroutine(coroutine):
+                coroutine.close()
+
+    async def _process(self, update: Update, coroutine: "Awaitable[Any]") -> bool:
+        runtime = self._runtime
+        key = _chat_key(update)
+        await self._turns.acquire(key, update.update_id)
+        try:
+            async with self._slots:
+                attempt = await self._call(runtime.claim, update.update_id)
+                if attempt is None:
+                    return False
+                self._running += 1
+                state = _UpdateState(update)
+                state_token = _STATE.set(state)
+                attempt_token = _CURRENT.set(attempt if attempt.fenced else None)
+                try:
+                    try:
+                        await coroutine
+                    except Exception as exc:
+                        state.error = exc
+                    finally:
+                        _CURRENT.reset(attempt_token)
+                        _STATE.reset(state_token)
+                    if state.error is not None or attempt.exhausted:
+                        attempt._body = update_body(update)
+                    try:
+                        _, exhaustion = await self._call(runtime.finish, attempt, state.error)
+                    finally:
+                        runtime.end(attempt)
+                finally:
+                    self._running -= 1
+            if exhaustion is not None:
+                await self._deliver(exhaustion)
+            return True
+        finally:
+            self._turns.release(key)
+
+    async def _deliver(self, exhaustion: Exhaustion) -> None:
+        handler = self._handle_exhaustion
+        if handler is None:
+            return
+        runtime = self._runtime
+        try:
+            if inspect.iscoroutinefunction(handler):
+                await handler(exhaustion)
+            else:
+                result = await self._call(handler, exhaustion)
+                if inspect.isawaitable(result):
+                    await result
+        except Exception as exc:
+            runtime.exhaustion_failed(exc, exhaustion)
+            return
+        await self._call(runtime.acknowledge, exhaustion)
+
+    # -- sweep ------------------------------------------------------------------------------
+    async def sweep(self, *, include_fresh: bool = False) -> int:
+        """Run one sweep now: hand due updates back to the Application, deliver
+        exhaustions, prune. Returns the number of updates handed over."""
+        return (await self._sweep_once(include_fresh))[0]
+
+    async def _sweep_loop(self) -> None:
+        include_fresh = True  # the first sweep takes every pending row at once
+        interval = self._runtime.options.sweep_every_seconds
+        while True:
+            full = False
+            try:
+                _, full = await self._sweep_once(include_fresh)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                _LOGGER.exception("sweep failed; trying again at the next interval")
+            if full:
+                # more rows are waiting: fetch the next page once these are done
+                await self._wait_drained(interval)
+                continue
+            include_fresh = False
+            await asyncio.sleep(interval)
+
+    async def _wait_drained(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        threshold = max(1, self._runtime.options.max_concurrent)
+        while len(self._inflight) > threshold and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+
+    async def _sweep_once(self, include_fresh: bool) -> "tuple[int, bool]":
+        runtime = self._runtime
+        application = self._application
+        handed = 0
+        try:
+            rows = await self._call(runtime.due_page, limit=_SWEEP_PAGE, include_fresh=include_fresh)
+        except Exception as exc:
+            runtime.report_store_error(exc, "sweep")
+            rows = []
+        for row in rows:
+            if row.update_id in self._inflight:
+                continue
+            try:
+                update = Update.de_json(json.loads(row.body), application.bot)
+            except Exception:
+                _LOGGER.exception("stored update %s cannot be parsed; left as it is", row.update_id)
+                continue
+            if update is None:
+                continue
+            self._inflight.add(row.update_id)
+            self._queue.redeliver(update)
+            handed += 1
+        if self._handle_exhaustion is not None:
+            try:
+                page = await self._call(runtime.exhaustion_page)
+            except Exception as exc:
+                runtime.report_store_error(exc, "sweep")
+                page = []
+            for exhaustion in page:
+                await self._deliver(exhaustion)
+        try:
+            await self._call(runtime.prune)
+        except Exception as exc:
+            runtime.report_store_error(exc, "sweep")
+        if handed:
+            _LOGGER.info("sweep handed %d update(s) back to the Application", handed)
+        return handed, len(rows) >= _SWEEP_PAGE and handed > 0
+
+
+def _default_value(value: Any) -> Any:
+    """The user's value of a builder setting, or None if it still has PTB's default."""
+    from telegram._utils.defaultvalue import DefaultValue
+
+    if value is None or isinstance(value, DefaultValue):
+        return None
+    return value
+
+
+def _fenced_context_class(cls: type) -> type:
+    return type(f"Fenced{cls.__name__}", (cls, FencedCallbackContext), {"__slots__": ()})
+
+
+class DurableUpdateProcessor(BaseFenceProcessor):
+    """A :class:`telegram.ext.BaseUpdateProcessor` that makes a PTB Application lose nothing.
+
+    Unary: plain PTB handlers, any base :class:`~ptb_fence.UpdateStore` (including a legacy
+    PostgreSQL table). Each update is recorded before Telegram is told it was received,
+    claimed under a lease, handled and settled; failures are retried with backoff.
+
+    Args:
+        store: An update store.
+        **options: The options of :class:`ptb_fence.RuntimeOptions` (``max_attempts``,
+            ``lease_seconds``, ``sweep_every_seconds``, ``pending_grace_seconds``,
+            ``retain_seconds``, ``max_concurrent``, ``retry``, ``on_failure``,
+            ``on_exhaustion_failure``, ``on_store_error``, ``clock``).
+    """
+
+    __slots__ = ()
+
+    def __init__(self, store: Any, **options: Any) -> None:
+        super().__init__(store, attempt_aware=False, **options)
+
+
+class FencedUpdateProcessor(BaseFenceProcessor):
+    """A :class:`telegram.ext.BaseUpdateProcessor` with attempt-aware, fenced handling.
+
+    Handlers get the :class:`ptb_fence.Attempt` as ``context.attempt`` and from
+    :func:`ptb_fence.current_attempt`; fenced writes go through
+    ``await context.attempt.run_in_transaction(fn, complete=...)``.
+
+    Args:
+        store: A fenced store (:class:`~ptb_fence.FencedUpdateStore`).
+        handle_exhaustion: ``handle_exhaustion(exhaustion)`` (sync or async), called at least
+            once per exhaustion; needs a durable store.
+        **options: As for :class:`DurableUpdateProcessor`.
+
+    Raises:
+        TypeError: The store is not fenced (or not durable with ``handle_exhaustion``); the
+            message names the missing methods.
+    """
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        handle_exhaustion: Optional[Callable[[Exhaustion], Any]] = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(store, attempt_aware=True, handle_exhaustion=handle_exhaustion, **options)
