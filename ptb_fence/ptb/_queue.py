@@ -71,7 +71,8 @@ class DurableUpdateQueue(asyncio.Queue):  # type: ignore[type-arg]
         if isinstance(item, Update):
             if not await self._processor._record(item):
                 return
-        await super().put(item)
+        # the queue is unbounded: asyncio.Queue.put would only call our put_nowait again
+        asyncio.Queue.put_nowait(self, item)
 
     def put_nowait(self, item: Any) -> None:
         """Record and queue without awaiting.
@@ -82,11 +83,11 @@ class DurableUpdateQueue(asyncio.Queue):  # type: ignore[type-arg]
         if isinstance(item, Update):
             if not self._processor._record_blocking(item):
                 return
-        super().put_nowait(item)
+        asyncio.Queue.put_nowait(self, item)
 
     def redeliver(self, update: Update) -> None:
         """Queue an update that is already recorded (retries, lapsed leases, old records)."""
-        super().put_nowait(update)
+        asyncio.Queue.put_nowait(self, update)
 
     def _fail(self, update_id: Optional[int], error: BaseException) -> IngestError:
         _LOGGER.error(
