@@ -316,6 +316,7 @@ class Runtime:
         now = options.now_ms()
         text = _error_text(error)
         exhaustion: Optional[Exhaustion] = None
+        outcome = Outcome.LOST  # stays LOST if the store call below raises
         try:
             if delay is None:
                 if self.durable:
