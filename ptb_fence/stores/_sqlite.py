@@ -21,6 +21,7 @@ from typing import (
     Set,
     Tuple,
     Union,
+    cast,
 )
 
 from ptb_fence._errors import SchemaError
@@ -87,6 +88,14 @@ def _add_claim_id_column(conn: sqlite3.Connection, sql: SQLiteStatements) -> Non
         raise
 
 
+def _max_variables(conn: sqlite3.Connection) -> int:
+    """The connection's limit on host parameters per statement (Python 3.11+ can ask)."""
+    getlimit = getattr(conn, "getlimit", None)
+    if getlimit is None:  # pragma: no cover - Python 3.10
+        return _DEFAULT_MAX_VARIABLES
+    return int(getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+
+
 def _same_file(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)
@@ -151,7 +160,6 @@ class SQLiteUpdateStore:
         "_connections",
         "_local",
         "_lock",
-        "_max_variables",
         "_path",
         "_pid",
         "_sql",
@@ -205,7 +213,6 @@ class SQLiteUpdateStore:
         self._connections: List[Tuple["weakref.ref[threading.Thread]", sqlite3.Connection]] = []
         self._closed = False
         self._pid = os.getpid()
-        self._max_variables = _DEFAULT_MAX_VARIABLES
         try:
             self._ensure_schema()
         except BaseException:
@@ -328,7 +335,7 @@ class SQLiteUpdateStore:
 
     def _caller_connection(self, connection: Any) -> sqlite3.Connection:
         """The sqlite3 connection behind a caller's connection or cursor, checked."""
-        conn = connection
+        conn: Any = connection
         if not hasattr(conn, "in_transaction") and hasattr(conn, "fetchone"):
             conn = getattr(conn, "connection", None)  # a cursor
         if not (hasattr(conn, "execute") and hasattr(conn, "in_transaction")):
@@ -337,7 +344,7 @@ class SQLiteUpdateStore:
                 f"{self._path!r}, got {connection!r}"
             )
         if conn is getattr(self._local, "conn", None):
-            return conn  # type: ignore[no-any-return]
+            return cast(sqlite3.Connection, conn)
         databases = conn.execute("PRAGMA database_list").fetchall()
         files = [row[2] for row in databases if row[1] == "main"]
         if not files or not files[0] or not _same_file(files[0], self._path):
@@ -345,7 +352,7 @@ class SQLiteUpdateStore:
                 f"connection is open on {files[0] if files else None!r}, not on this store's "
                 f"database {self._path!r}: the ownership check must run on the same file"
             )
-        return conn  # type: ignore[no-any-return]
+        return cast(sqlite3.Connection, conn)
 
     @staticmethod
     def _join(conn: sqlite3.Connection) -> None:
@@ -398,9 +405,6 @@ class SQLiteUpdateStore:
                 RuntimeWarning,
                 stacklevel=4,
             )
-        getlimit = getattr(conn, "getlimit", None)
-        if getlimit is not None:
-            self._max_variables = int(getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
         if self._schema_complete(conn):
             return
         conn.execute("BEGIN IMMEDIATE")
@@ -546,9 +550,9 @@ class SQLiteUpdateStore:
         leases = [(update_id, attempt) for update_id, attempt in leases]
         if not leases:
             return []
-        per_statement = max(1, (self._max_variables - 3) // 2)
         matched: Set[Tuple[int, int]] = set()
         with self._immediate() as conn:
+            per_statement = max(1, (_max_variables(conn) - 3) // 2)
             for start in range(0, len(leases), per_statement):
                 chunk = leases[start : start + per_statement]
                 params: List[Any] = [lease_until, lease_until]
@@ -668,9 +672,9 @@ class SQLiteUpdateStore:
         keys = [(i.update_id, i.attempt, i.claim_id) for i in identities]
         if not keys:
             return []
-        per_statement = max(1, (self._max_variables - 3) // 3)
         matched: Set[Tuple[int, int, str]] = set()
         with self._immediate() as conn:
+            per_statement = max(1, (_max_variables(conn) - 3) // 3)
             for start in range(0, len(keys), per_statement):
                 chunk = keys[start : start + per_statement]
                 params: List[Any] = [lease_until, lease_until]
