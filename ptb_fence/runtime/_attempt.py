@@ -63,6 +63,7 @@ class Attempt:
         "_loop_waiters",
         "_proven_until",
         "_runtime",
+        "_settling",
         "attempt",
         "claim_id",
         "owner_lost",
@@ -91,6 +92,7 @@ class Attempt:
         self._ended = False
         self._completing = False
         self._completed = False
+        self._settling = False  # the runtime is settling it: a refused renewal is expected
         self._exhausted_error: Optional[str] = None
         self._exhausted_at: Optional[int] = None
         self._body = body
@@ -201,25 +203,24 @@ class Attempt:
             manager = opener()
         else:
             manager = _given_connection(connection)
-        with manager as conn:
-            if not store.owns(identity, runtime.options.now_ms(), connection=conn):
-                runtime.log_transaction_refused(self)
-                raise OwnershipLost(identity)
-            yield conn
-            if complete:
-                self._completing = True
-                try:
+        try:
+            with manager as conn:
+                if not store.owns(identity, runtime.options.now_ms(), connection=conn):
+                    runtime.log_transaction_refused(self)
+                    raise OwnershipLost(identity)
+                yield conn
+                if complete:
+                    self._completing = True
                     settled = store.settle_owned(
                         identity, Completed(runtime.options.now_ms()), connection=conn
                     )
-                except BaseException:
-                    self._completing = False
-                    raise
-                if not settled:
-                    self._completing = False
-                    raise OwnershipLost(identity)
-        if complete:
-            self._completed = True
+                    if not settled:
+                        raise OwnershipLost(identity)
+            # committed
+            if complete:
+                self._completed = True
+        finally:
+            # also when the commit itself failed: the attempt is then not complete
             self._completing = False
 
     async def run_in_transaction(

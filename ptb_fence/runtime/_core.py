@@ -256,6 +256,9 @@ class Runtime:
         Returns the outcome and the :class:`~ptb_fence.Exhaustion` to deliver, if any. The
         caller then calls :meth:`end`.
         """
+        # a renewal refused from now on may just be this settle landing first: the settle's
+        # own result decides whether the owner was lost (renewals continue meanwhile)
+        attempt._settling = True
         if attempt.exhausted:
             return Outcome.EXHAUSTED, self._exhaustion_of(attempt)
         if error is None:

@@ -154,8 +154,8 @@ class LeaseKeeper:
 
     def _lost(self, attempt: "Attempt", why: str) -> None:
         with attempt._lock:
-            if attempt._finished():
-                return
+            if attempt._finished() or attempt._settling:
+                return  # ended, or the runtime's settle decides (and fires it if needed)
         if not attempt.owner_lost.is_set():
             _LOGGER.warning(
                 "owner lost: update %s attempt %s (claim %s): %s",
