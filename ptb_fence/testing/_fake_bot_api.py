@@ -667,7 +667,7 @@ class FakeBotApi:
 
     @property
     def sent_messages(self) -> list[dict[str, Any]]:
-        """Copies of the ``sendMessage`` parameters in order, each with the ``message_id`` given."""
+        """Copies of the ``sendMessage`` parameters in order, plus the ``message_id`` given."""
         with self._cond:
             return copy.deepcopy(self._sent)
 
@@ -902,7 +902,9 @@ class FakeBotApi:
             return self._message_result(params, message_id=params.get("message_id"))
         return True  # logOut, close and every other method
 
-    def _message_result(self, params: dict[str, Any], *, message_id: Any = None) -> Any:
+    def _message_result(
+        self, params: dict[str, Any], *, message_id: Any = None
+    ) -> dict[str, Any]:
         chat = _chat_key(params.get("chat_id"))
         with self._cond:
             if message_id is None:
@@ -969,7 +971,9 @@ class FakeBotApi:
     def _get_updates(self, params: dict[str, Any], epoch: int) -> list[dict[str, Any]]:
         offset = _as_int(params.get("offset"), 0, "offset")
         limit = int(_clamp(_as_int(params.get("limit"), 100, "limit"), 1, 100))
-        timeout = _clamp(_as_float(params.get("timeout"), 0.0, "timeout"), 0, _LONG_POLL_MAX_TIMEOUT)
+        timeout = _clamp(
+            _as_float(params.get("timeout"), 0.0, "timeout"), 0.0, _LONG_POLL_MAX_TIMEOUT
+        )
         with self._cond:
             if self._webhook.get("url"):
                 raise _ApiError(409, _WEBHOOK_CONFLICT)
