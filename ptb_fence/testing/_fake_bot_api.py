@@ -10,6 +10,7 @@ import json
 import logging
 import re
 import socket
+import sys
 import threading
 import time
 import urllib.error
@@ -202,6 +203,13 @@ class _Server(http.server.ThreadingHTTPServer):
         with self.connections_lock:
             self.connections.discard(request)
         super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Stay quiet when a client goes away (a killed bot resets its connections)."""
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
 
     def cut_connections(self) -> None:
         with self.connections_lock:
