@@ -650,3 +650,57 @@ def test_close_waits_for_running_attempts_and_accept_still_records(intakes) -> N
     assert row(store, 2).state == "pending"
     with pytest.raises(RuntimeError, match="closed"):
         intake.start()
+
+
+def test_close_leaves_waiting_updates_in_the_store_and_ends_idle(intakes) -> None:  # noqa: F811
+    store, clock = MemoryUpdateStore(), FakeClock()
+    release, entered = threading.Event(), threading.Event()
+    runs: List[int] = []
+
+    def handle(update):  # noqa: ANN001, ANN202
+        runs.append(update["update_id"])
+        entered.set()
+        assert release.wait(5)
+
+    intake = make(store, intakes, clock, handle=handle, max_concurrent=1)
+    intake.accept(body(1, chat=1))
+    assert entered.wait(5)
+    intake.accept(body(2, chat=2))  # queued for the only worker
+    intake.accept(body(3, chat=1))  # waiting for its chat's turn
+    closer = threading.Thread(target=intake.close)
+    closer.start()
+    release.set()
+    closer.join(5)
+    assert not closer.is_alive()
+    assert runs == [1]
+    assert intake.idle(1)  # nothing is left queued or running here
+    assert [row(store, u).state for u in (1, 2, 3)] == ["completed", "pending", "pending"]
+    # the next start (another intake on the same store) takes them
+    again: List[int] = []
+    make(store, intakes, clock, handle=lambda u: again.append(u["update_id"]))
+    assert intakes[-1].idle(5)
+    assert sorted(again) == [2, 3]
+
+
+@pytest.mark.parametrize(
+    "error", [SystemExit(3), asyncio.CancelledError(), KeyboardInterrupt()], ids=repr
+)
+def test_a_handler_raising_a_base_exception_is_a_failed_attempt(intakes, error) -> None:  # noqa: F811
+    store, clock = MemoryUpdateStore(), FakeClock()
+    runs: List[int] = []
+    failures = Recorder()
+
+    def handle(update):  # noqa: ANN001, ANN202
+        runs.append(update["update_id"])
+        if len(runs) == 1:
+            raise error
+
+    intake = make(store, intakes, clock, handle=handle, on_failure=failures)
+    intake.accept(body(1))
+    assert intake.idle(5)
+    assert intake.runtime.keeper.active() == []  # not renewed forever
+    r = row(store, 1)
+    assert (r.state, r.attempts) == ("failed", 1)
+    assert failures.snapshot()[0][0] is error
+    assert run_due(intake, clock, 5) == 1
+    assert row(store, 1).state == "completed" and runs == [1, 1]

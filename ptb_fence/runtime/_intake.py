@@ -151,7 +151,9 @@ class UpdateIntake:
             pool, self._pool = self._pool, None
         self._chats.drop_waiting()
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            # queued runs are not cancelled: each sees _closed, skips its update (left in the
+            # store) and calls ChatScheduler.done, so idle() still becomes true
+            pool.shutdown(wait=True)
         self._runtime.stop_jobs()
 
     def __enter__(self) -> "UpdateIntake":
@@ -296,8 +298,8 @@ class UpdateIntake:
             else:
                 assert self._handle is not None
                 self._handle(update)
-        except Exception as exc:
-            error = exc
+        except BaseException as exc:  # noqa: B036 - SystemExit, CancelledError, … fail the
+            error = exc  # attempt too; re-raising would skip settle and end (renewed forever)
         finally:
             if token is not None:
                 _CURRENT.reset(token)
