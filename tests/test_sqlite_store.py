@@ -45,7 +45,7 @@ def store(db: str) -> Iterator[SQLiteUpdateStore]:
         yield s
 
 
-def raw_row(path: str, update_id: int, table: str = "telegram_updates") -> Optional[Dict[str, Any]]:
+def fetch_row(path: str, update_id: int, table: str) -> Optional[Dict[str, Any]]:
     """Read a row with a separate, plain sqlite3 connection (what an operator would see)."""
     conn = sqlite3.connect(path)
     try:
@@ -54,6 +54,18 @@ def raw_row(path: str, update_id: int, table: str = "telegram_updates") -> Optio
         return None if row is None else dict(row)
     finally:
         conn.close()
+
+
+def raw_row(path: str, update_id: int, table: str = "telegram_updates") -> Dict[str, Any]:
+    """The row as stored; fails the test if it does not exist."""
+    row = fetch_row(path, update_id, table)
+    assert row is not None, f"row {update_id} missing"
+    return row
+
+
+def exists(path: str, update_id: int, table: str = "telegram_updates") -> bool:
+    """Whether the row exists."""
+    return fetch_row(path, update_id, table) is not None
 
 
 def claimed(store: SQLiteUpdateStore, update_id: int, now: int = BIG, lease: int = LEASE,
@@ -106,7 +118,7 @@ def test_custom_table_names_including_keywords(db: str) -> None:
         with SQLiteUpdateStore(db, table) as s:
             assert s.add(1, "{}", 1) is True
             assert s.claim(1, now=2, lease_until=3, max_attempts=1) == 1
-        assert raw_row(db, 1, table)["state"] == "processing"  # type: ignore[index]
+        assert raw_row(db, 1, table)["state"] == "processing"
 
 
 @pytest.mark.parametrize(
@@ -180,17 +192,25 @@ def test_add_one_record_per_update_id(db: str, store: SQLiteUpdateStore) -> None
     assert store.add(BIG, "x", 1) is False  # processing
     assert store.settle_owned(identity, Completed(at=BIG)) is True
     assert store.add(BIG, "x", 1) is False  # completed
-    assert raw_row(db, BIG)["body"] == '{"update_id": 1}'  # type: ignore[index]
+    assert raw_row(db, BIG)["body"] == '{"update_id": 1}'
 
 
 def test_claim_takes_a_pending_row(db: str, store: SQLiteUpdateStore) -> None:
     store.add(7, "{}", 1)
     assert store.claim(7, now=BIG, lease_until=BIG + LEASE, max_attempts=3) == 1
     row = raw_row(db, 7)
-    assert row is not None
     assert (row["state"], row["attempts"], row["due_at"], row["error"]) == (
         "processing", 1, BIG + LEASE, None)
     assert isinstance(row["claim_id"], str) and len(row["claim_id"]) == 32
+
+
+def test_claim_refuses_non_integer_arguments(db: str, store: SQLiteUpdateStore) -> None:
+    store.add(1, "{}", 0)
+    with pytest.raises(TypeError, match="max_attempts"):
+        store.claim(1, now=10, lease_until=20, max_attempts=None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="now"):
+        store.claim_owned(1, now=None, lease_until=20, max_attempts=5)  # type: ignore[arg-type]
+    assert raw_row(db, 1)["state"] == "pending"  # NULL never reached the conditional UPDATE
 
 
 def test_claim_unknown_or_final_rows(store: SQLiteUpdateStore) -> None:
@@ -205,16 +225,18 @@ def test_claim_unknown_or_final_rows(store: SQLiteUpdateStore) -> None:
         assert store.claim(update_id, now=10**9, lease_until=10**9 + 1, max_attempts=5) is None
 
 
-def test_live_lease_held_inclusive_taken_over_only_after(db: str, store: SQLiteUpdateStore) -> None:
+def test_live_lease_held_inclusive_taken_over_only_after(
+    db: str, store: SQLiteUpdateStore
+) -> None:
     store.add(1, "{}", 0)
     first = claimed(store, 1, now=100, lease=50)  # due_at = 150
     assert store.claim(1, now=149, lease_until=500, max_attempts=5) is None
     assert store.claim(1, now=150, lease_until=500, max_attempts=5) is None  # due_at >= now
     assert store.claim_owned(1, now=150, lease_until=500, max_attempts=5) is None
-    assert raw_row(db, 1)["claim_id"] == first.claim_id  # type: ignore[index]
+    assert raw_row(db, 1)["claim_id"] == first.claim_id
     second = store.claim_owned(1, now=151, lease_until=500, max_attempts=5)
     assert second is not None and second.attempt == 2 and second.claim_id != first.claim_id
-    assert raw_row(db, 1)["due_at"] == 500  # type: ignore[index]
+    assert raw_row(db, 1)["due_at"] == 500
 
 
 def test_failed_row_due_at_its_retry_time(db: str, store: SQLiteUpdateStore) -> None:
@@ -222,13 +244,13 @@ def test_failed_row_due_at_its_retry_time(db: str, store: SQLiteUpdateStore) -> 
     identity = claimed(store, 1, now=100)
     assert store.settle_owned(identity, Failed(at=101, retry_at=200, error="boom")) is True
     row = raw_row(db, 1)
-    assert (row["state"], row["due_at"], row["settled_at"], row["error"]) == (  # type: ignore
+    assert (row["state"], row["due_at"], row["settled_at"], row["error"]) == (
         "failed", 200, None, "boom")
     assert store.due(now=199, pending_before=10**9, limit=10) == []
     assert store.claim(1, now=199, lease_until=300, max_attempts=5) is None
     assert store.due(now=200, pending_before=0, limit=10) == [StoredUpdate(1, "{}")]
     assert store.claim(1, now=200, lease_until=300, max_attempts=5) == 2
-    assert raw_row(db, 1)["error"] is None  # type: ignore[index]  # a claim clears the error
+    assert raw_row(db, 1)["error"] is None  # a claim clears the error
 
 
 def test_spend_abandons_and_keeps_claim_id(db: str, store: SQLiteUpdateStore) -> None:
@@ -236,10 +258,9 @@ def test_spend_abandons_and_keeps_claim_id(db: str, store: SQLiteUpdateStore) ->
     identity = claimed(store, 1, now=100, max_attempts=1)
     # live lease: not a spend yet
     assert store.claim(1, now=100 + LEASE, lease_until=10**6, max_attempts=1) is None
-    assert raw_row(db, 1)["state"] == "processing"  # type: ignore[index]
+    assert raw_row(db, 1)["state"] == "processing"
     assert store.claim(1, now=5000, lease_until=10**6, max_attempts=1) is None
     row = raw_row(db, 1)
-    assert row is not None
     assert (row["state"], row["attempts"], row["due_at"], row["settled_at"], row["error"]) == (
         "abandoned", 1, 5000, 5000, "attempts spent")
     assert row["claim_id"] == identity.claim_id
@@ -253,7 +274,6 @@ def test_durable_spend_is_an_unacknowledged_exhaustion(db: str, store: SQLiteUpd
     assert store.claim_owned(1, now=5000, lease_until=10**6, max_attempts=1,
                              durable_exhaustion=True) is None
     row = raw_row(db, 1)
-    assert row is not None
     assert (row["state"], row["due_at"], row["settled_at"], row["claim_id"]) == (
         "abandoned", 5000, None, identity.claim_id)
     assert store.due_exhaustions(limit=10) == [
@@ -261,7 +281,7 @@ def test_durable_spend_is_an_unacknowledged_exhaustion(db: str, store: SQLiteUpd
                    exhausted_at=5000, error="attempts spent")
     ]
     assert store.prune(10**12) == 0
-    assert raw_row(db, 1) is not None
+    assert exists(db, 1)
 
 
 def test_base_claim_durable_spend_without_claim_id_writes_one(db: str,
@@ -271,7 +291,7 @@ def test_base_claim_durable_spend_without_claim_id_writes_one(db: str,
     (exhaustion,) = store.due_exhaustions(limit=5)
     assert exhaustion.attempt == 0 and exhaustion.exhausted_at == 10
     assert isinstance(exhaustion.claim_id, str) and exhaustion.claim_id
-    assert raw_row(db, 1)["claim_id"] == exhaustion.claim_id  # type: ignore[index]
+    assert raw_row(db, 1)["claim_id"] == exhaustion.claim_id
     assert store.acknowledge_exhaustion(exhaustion.identity, 11) is True
 
 
@@ -282,30 +302,32 @@ def test_renew_extends_never_shortens_never_revives(db: str, store: SQLiteUpdate
     store.add(1, "{}", 0)
     claimed(store, 1, now=100, lease=100)  # due_at 200
     assert store.renew(1, 1, 300, now=150) is True
-    assert raw_row(db, 1)["due_at"] == 300  # type: ignore[index]
+    assert raw_row(db, 1)["due_at"] == 300
     assert store.renew(1, 1, 250, now=160) is True  # matched, lease kept
-    assert raw_row(db, 1)["due_at"] == 300  # type: ignore[index]
+    assert raw_row(db, 1)["due_at"] == 300
     assert store.renew(1, 2, 400, now=160) is False  # other attempt
     assert store.renew(1, 1, 400, now=300) is True  # inclusive bound
     assert store.renew(1, 1, 900, now=401) is False  # expired: never revived
-    assert raw_row(db, 1)["due_at"] == 400  # type: ignore[index]
+    assert raw_row(db, 1)["due_at"] == 400
     assert store.renew(1, 1, 900) is True  # without now: as the memory store
     assert store.renew(404, 1, 900, now=1) is False
 
 
-def test_settle_completed_lands_only_for_the_live_attempt(db: str, store: SQLiteUpdateStore) -> None:
+def test_settle_completed_lands_only_for_the_live_attempt(
+    db: str, store: SQLiteUpdateStore
+) -> None:
     store.add(1, "{}", 0)
     claimed(store, 1, now=100, lease=100)  # due_at 200
     store.settle(1, 2, Completed(at=150))  # wrong attempt: ignored
-    assert raw_row(db, 1)["state"] == "processing"  # type: ignore[index]
+    assert raw_row(db, 1)["state"] == "processing"
     store.settle(1, 1, Completed(at=201))  # lease expired: ignored
-    assert raw_row(db, 1)["state"] == "processing"  # type: ignore[index]
-    assert store.settle(1, 1, Completed(at=200)) is None  # inclusive: lands
+    assert raw_row(db, 1)["state"] == "processing"
+    store.settle(1, 1, Completed(at=200))  # inclusive: lands
     row = raw_row(db, 1)
-    assert (row["state"], row["settled_at"], row["error"], row["due_at"]) == (  # type: ignore
+    assert (row["state"], row["settled_at"], row["error"], row["due_at"]) == (
         "completed", 200, None, 200)
     store.settle(1, 1, Failed(at=200, retry_at=300, error="late"))  # final: ignored
-    assert raw_row(db, 1)["state"] == "completed"  # type: ignore[index]
+    assert raw_row(db, 1)["state"] == "completed"
 
 
 def test_settle_abandoned_keeps_due_at(db: str, store: SQLiteUpdateStore) -> None:
@@ -313,7 +335,7 @@ def test_settle_abandoned_keeps_due_at(db: str, store: SQLiteUpdateStore) -> Non
     claimed(store, 1, now=100, lease=100)
     store.settle(1, 1, Abandoned(at=150, error="bad"))
     row = raw_row(db, 1)
-    assert (row["state"], row["due_at"], row["settled_at"], row["error"]) == (  # type: ignore
+    assert (row["state"], row["due_at"], row["settled_at"], row["error"]) == (
         "abandoned", 200, 150, "bad")
 
 
@@ -322,7 +344,7 @@ def test_settle_failed_then_reclaim(db: str, store: SQLiteUpdateStore) -> None:
     claimed(store, 1, now=100, lease=100)
     store.settle(1, 1, Failed(at=120, retry_at=BIG, error="x"))
     row = raw_row(db, 1)
-    assert (row["state"], row["due_at"], row["settled_at"]) == ("failed", BIG, None)  # type: ignore
+    assert (row["state"], row["due_at"], row["settled_at"]) == ("failed", BIG, None)
     assert store.claim(1, now=BIG, lease_until=BIG + 1, max_attempts=5) == 2
 
 
@@ -377,7 +399,7 @@ def test_prune_strict_bound_and_never_live_rows(db: str, store: SQLiteUpdateStor
     # 6 stays pending
     assert store.prune(100) == 0  # settled_at < before, strictly
     assert store.prune(101) == 2
-    assert [u for u in range(1, 7) if raw_row(db, u) is not None] == [3, 4, 5, 6]
+    assert [u for u in range(1, 7) if exists(db, u)] == [3, 4, 5, 6]
     assert store.prune(BIG) == 0
 
 
@@ -401,11 +423,13 @@ def test_prune_then_add_again_restarts_attempts_and_refuses_old_identity(
 # --------------------------------------------------------------------------------------------
 # fenced
 # --------------------------------------------------------------------------------------------
-def test_claim_owned_reads_the_claim_id_back_from_the_row(db: str, store: SQLiteUpdateStore) -> None:
+def test_claim_owned_reads_the_claim_id_back_from_the_row(
+    db: str, store: SQLiteUpdateStore
+) -> None:
     store.add(BIG, "{}", BIG)
     identity = claimed(store, BIG, now=BIG)
     assert identity.update_id == BIG and identity.attempt == 1
-    assert raw_row(db, BIG)["claim_id"] == identity.claim_id  # type: ignore[index]
+    assert raw_row(db, BIG)["claim_id"] == identity.claim_id
     assert type(identity.attempt) is int and type(identity.update_id) is int
 
 
@@ -422,10 +446,10 @@ def test_renew_owned_needs_the_claim_id(db: str, store: SQLiteUpdateStore) -> No
     identity = claimed(store, 1, now=100, lease=100)
     wrong = AttemptIdentity(1, 1, "not-the-claim")
     assert store.renew_owned(wrong, 500, now=150) is False
-    assert raw_row(db, 1)["due_at"] == 200  # type: ignore[index]
+    assert raw_row(db, 1)["due_at"] == 200
     assert store.renew_owned(identity, 500, now=200) is True  # inclusive
     assert store.renew_owned(identity, 400, now=200) is True  # never shortens
-    assert raw_row(db, 1)["due_at"] == 500  # type: ignore[index]
+    assert raw_row(db, 1)["due_at"] == 500
     assert store.renew_owned(identity, 900, now=501) is False  # never revives
     assert store.renew_owned(identity, 900) is True  # without now
 
@@ -451,7 +475,7 @@ def test_settle_owned_needs_the_exact_live_claim(db: str, store: SQLiteUpdateSto
     identity = claimed(store, 1, now=100, lease=100)
     assert store.settle_owned(AttemptIdentity(1, 1, "x"), Completed(at=150)) is False
     assert store.settle_owned(identity, Completed(at=201)) is False  # expired
-    assert raw_row(db, 1)["state"] == "processing"  # type: ignore[index]
+    assert raw_row(db, 1)["state"] == "processing"
     assert store.settle_owned(identity, Failed(at=200, retry_at=300, error="e")) is True
     assert store.settle_owned(identity, Completed(at=200)) is False  # no longer processing
 
@@ -459,20 +483,24 @@ def test_settle_owned_needs_the_exact_live_claim(db: str, store: SQLiteUpdateSto
 # --------------------------------------------------------------------------------------------
 # durable
 # --------------------------------------------------------------------------------------------
-def test_exhaust_needs_the_live_claim_and_keeps_the_error(db: str, store: SQLiteUpdateStore) -> None:
+def test_exhaust_needs_the_live_claim_and_keeps_the_error(
+    db: str, store: SQLiteUpdateStore
+) -> None:
     store.add(1, "{}", 0)
     identity = claimed(store, 1, now=100, lease=100)
     assert store.exhaust(AttemptIdentity(1, 1, "x"), at=150, error="e") is False
     assert store.exhaust(identity, at=201, error="e") is False  # expired
     assert store.exhaust(identity, at=200, error="handler gave up") is True
     row = raw_row(db, 1)
-    assert (row["state"], row["due_at"], row["settled_at"], row["error"]) == (  # type: ignore
+    assert (row["state"], row["due_at"], row["settled_at"], row["error"]) == (
         "abandoned", 200, None, "handler gave up")
     assert store.exhaust(identity, at=200, error="again") is False
     assert store.due_exhaustions(limit=5)[0].error == "handler gave up"
 
 
-def test_expired_attempt_cannot_exhaust_and_does_not_block_reclaim(store: SQLiteUpdateStore) -> None:
+def test_expired_attempt_cannot_exhaust_and_does_not_block_reclaim(
+    store: SQLiteUpdateStore,
+) -> None:
     store.add(1, "{}", 0)
     old = claimed(store, 1, now=100, lease=100)
     assert store.exhaust(old, at=300, error="late") is False
@@ -503,10 +531,10 @@ def test_due_exhaustions_paging_and_acknowledgement(db: str, store: SQLiteUpdate
     assert store.acknowledge_exhaustion(AttemptIdentity(2, 2, target.claim_id), 500) is False
     assert store.acknowledge_exhaustion(target, 500) is True
     assert store.acknowledge_exhaustion(target, 600) is False
-    assert raw_row(db, 2)["settled_at"] == 500  # type: ignore[index]
+    assert raw_row(db, 2)["settled_at"] == 500
     assert [e.update_id for e in store.due_exhaustions(limit=10)] == [1, 5, BIG + 3]
     assert store.prune(501) == 1  # now ordinary history
-    assert raw_row(db, 2) is None
+    assert not exists(db, 2)
 
 
 def test_acknowledge_refuses_non_exhaustions(store: SQLiteUpdateStore) -> None:
@@ -533,15 +561,15 @@ def test_add_many_in_one_commit(db: str, store: SQLiteUpdateStore) -> None:
     assert all(type(x) is bool for x in result)
     assert [s for s in statements if s.strip().upper() in ("BEGIN IMMEDIATE", "COMMIT")] == [
         "BEGIN IMMEDIATE", "COMMIT"]
-    assert raw_row(db, 3)["received_at"] == BIG  # type: ignore[index]
-    assert raw_row(db, 2)["body"] == "existing"  # type: ignore[index]
+    assert raw_row(db, 3)["received_at"] == BIG
+    assert raw_row(db, 2)["body"] == "existing"
     assert store.add_many([]) == []
 
 
 def test_add_many_is_atomic(db: str, store: SQLiteUpdateStore) -> None:
     with pytest.raises(sqlite3.IntegrityError):
         store.add_many([(1, "a", 10), (2, None, 10)])  # type: ignore[list-item]
-    assert raw_row(db, 1) is None
+    assert not exists(db, 1)
 
 
 def test_renew_many_one_statement_per_position(db: str, store: SQLiteUpdateStore) -> None:
@@ -562,9 +590,9 @@ def test_renew_many_one_statement_per_position(db: str, store: SQLiteUpdateStore
     assert result == [True, False, False, False, True, True, False]
     assert all(type(x) is bool for x in result)
     assert len([s for s in statements if s.lstrip().upper().startswith("UPDATE")]) == 1
-    assert raw_row(db, 1)["due_at"] == 500  # type: ignore[index]
-    assert raw_row(db, 2)["due_at"] == 110  # type: ignore[index]  # not revived
-    assert raw_row(db, BIG)["due_at"] == 1100  # type: ignore[index]  # not shortened
+    assert raw_row(db, 1)["due_at"] == 500
+    assert raw_row(db, 2)["due_at"] == 110  # not revived
+    assert raw_row(db, BIG)["due_at"] == 1100  # not shortened
     assert store.renew_many([], 1, 1) == []
 
 
@@ -586,7 +614,7 @@ def test_renew_owned_many_one_statement_per_position(db: str, store: SQLiteUpdat
         conn.set_trace_callback(None)
     assert result == [True, False, False, True, False, True]
     assert len([s for s in statements if s.lstrip().upper().startswith("UPDATE")]) == 1
-    assert [raw_row(db, u)["due_at"] for u in (1, 2, 3)] == [500, 110, 1100]  # type: ignore
+    assert [raw_row(db, u)["due_at"] for u in (1, 2, 3)] == [500, 110, 1100]
     assert store.renew_owned_many([], 1, 1) == []
 
 
@@ -614,10 +642,10 @@ def test_batched_renewals_chunk_at_the_variable_limit(db: str, store: SQLiteUpda
         assert len(begins) == 1  # all chunks in one transaction
     finally:
         conn.set_trace_callback(None)
-    assert raw_row(db, 1)["due_at"] == 400  # type: ignore[index]
-    assert raw_row(db, 2)["due_at"] == 400  # type: ignore[index]  # renew_many skipped, owned hit
-    assert raw_row(db, 3)["due_at"] == 300  # type: ignore[index]
-    assert raw_row(db, 0)["due_at"] == 200  # type: ignore[index]
+    assert raw_row(db, 1)["due_at"] == 400
+    assert raw_row(db, 2)["due_at"] == 400  # renew_many skipped, owned hit
+    assert raw_row(db, 3)["due_at"] == 300
+    assert raw_row(db, 0)["due_at"] == 200
 
 
 def test_transaction_commits_and_rolls_back(db: str, store: SQLiteUpdateStore) -> None:
@@ -660,12 +688,12 @@ def test_settle_owned_on_callers_connection_lands_with_its_commit(
     try:
         assert store.settle_owned(identity, Completed(at=150), connection=conn) is True
         assert conn.in_transaction  # joined/started, not committed
-        assert raw_row(db, 1)["state"] == "processing"  # type: ignore[index]
+        assert raw_row(db, 1)["state"] == "processing"
         conn.execute("ROLLBACK")
-        assert raw_row(db, 1)["state"] == "processing"  # type: ignore[index]
+        assert raw_row(db, 1)["state"] == "processing"
         assert store.settle_owned(identity, Completed(at=150), connection=conn.cursor()) is True
         conn.execute("COMMIT")
-        assert raw_row(db, 1)["state"] == "completed"  # type: ignore[index]
+        assert raw_row(db, 1)["state"] == "completed"
     finally:
         conn.close()
 
@@ -677,7 +705,9 @@ def _domain(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE TABLE IF NOT EXISTS replies (update_id INTEGER PRIMARY KEY, text TEXT)")
 
 
-def test_owns_on_callers_connection_blocks_a_competing_claim(db: str, store: SQLiteUpdateStore) -> None:
+def test_owns_on_callers_connection_blocks_a_competing_claim(
+    db: str, store: SQLiteUpdateStore
+) -> None:
     store.add(1, "{}", 0)
     identity = claimed(store, 1, now=100, lease=100)  # due 200
     conn = sqlite3.connect(db, isolation_level=None)
@@ -794,8 +824,8 @@ def test_older_table_gets_claim_id_and_keeps_its_rows(db: str) -> None:
         columns = [row[1] for row in conn.execute("PRAGMA table_info(telegram_updates)")]
         conn.close()
         assert columns.count("claim_id") == 1
-        assert raw_row(db, 1)["body"] == "a"  # type: ignore[index]
-        assert raw_row(db, 3)["settled_at"] == 60  # type: ignore[index]
+        assert raw_row(db, 1)["body"] == "a"
+        assert raw_row(db, 3)["settled_at"] == 60
         # the old pending row works with fenced claims
         identity = claimed(store, 1, now=100)
         assert identity.attempt == 1 and store.owns(identity, 100)
@@ -887,8 +917,8 @@ def test_processes_open_and_upgrade_an_older_file_at_once(db: str) -> None:
         columns = [row[1] for row in conn.execute("PRAGMA table_info(telegram_updates)")]
         assert columns.count("claim_id") == 1
         assert conn.execute("SELECT COUNT(*) FROM telegram_updates").fetchone()[0] == 54
-        assert conn.execute("SELECT body FROM telegram_updates WHERE update_id = 1").fetchone() == (
-            "a",)
+        body = conn.execute("SELECT body FROM telegram_updates WHERE update_id = 1").fetchone()
+        assert body == ("a",)
     finally:
         conn.close()
 
@@ -1013,3 +1043,21 @@ def test_busy_writer_waits_then_times_out_with_a_clear_sqlite_error(db: str) -> 
             assert store.add(1, "{}", 0) is True  # the failed write left no open transaction
         finally:
             blocker.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_opens_its_own_connection(db: str, store: SQLiteUpdateStore) -> None:
+    assert store.add(1, "{}", 0) is True  # the parent's connection exists before the fork
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        code = 1
+        try:
+            code = 0 if store.add(2, "{}", 0) is True and store.claim(
+                1, now=10, lease_until=20, max_attempts=5) == 1 else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store.add(3, "{}", 0) is True  # the parent's connection still works
+    assert raw_row(db, 1)["state"] == "processing"
+    assert [exists(db, u) for u in (1, 2, 3)] == [True, True, True]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import random
 import sqlite3
@@ -86,6 +87,16 @@ def _add_claim_id_column(conn: sqlite3.Connection, sql: SQLiteStatements) -> Non
         if "claim_id" in _columns(conn, sql):
             return
         raise
+
+
+def _int(name: str, value: Any) -> int:
+    """``value`` as an int; a clear :exc:`TypeError` otherwise (NULL must never reach SQL)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be an int (epoch milliseconds or a count), got {value!r}"
+        ) from None
 
 
 def _max_variables(conn: sqlite3.Connection) -> int:
@@ -245,9 +256,11 @@ class SQLiteUpdateStore:
                 pass
 
     def __enter__(self) -> "SQLiteUpdateStore":
+        """Return the store itself."""
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        """Close the store (see :meth:`close`)."""
         self.close()
 
     def __repr__(self) -> str:
@@ -477,9 +490,9 @@ class SQLiteUpdateStore:
     ) -> Optional[AttemptIdentity]:
         params = {
             "update_id": update_id,
-            "now": now,
-            "lease_until": lease_until,
-            "max_attempts": max_attempts,
+            "now": _int("now", now),
+            "lease_until": _int("lease_until", lease_until),
+            "max_attempts": _int("max_attempts", max_attempts),
             "durable": 1 if durable_exhaustion else 0,
             "claim_id": _new_claim_id(),
         }
