@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextvars
-from typing import Any, Optional
+import functools
+from typing import Any, Callable, List, Optional, Tuple
 
-from telegram.ext import Application, ApplicationHandlerStop
+from telegram._utils.defaultvalue import DEFAULT_TRUE
+from telegram.ext import Application, ApplicationHandlerStop, ExtBot
 
 from ptb_fence.runtime._attempt import _CURRENT
 
@@ -27,6 +29,64 @@ _STATE: "contextvars.ContextVar[Optional[_UpdateState]]" = contextvars.ContextVa
 )
 
 
+_IN_PROCESS_ERROR: "contextvars.ContextVar[bool]" = contextvars.ContextVar(
+    "ptb_fence_in_process_error", default=False
+)
+
+
+def _runs_as_task(application: Any, block: Any) -> bool:
+    """Whether PTB runs an error handler registered with ``block`` as a task (as PTB decides)."""
+    if not block:
+        return True
+    bot = application.bot
+    return bool(
+        block is DEFAULT_TRUE
+        and isinstance(bot, ExtBot)
+        and bot.defaults
+        and not bot.defaults.block
+    )
+
+
+def _outside_attempt(callback: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(callback)
+    async def run_outside_attempt(update: object, context: Any) -> Any:
+        attempt_token = _CURRENT.set(None)
+        state_token = _STATE.set(None)
+        try:
+            return await callback(update, context)
+        finally:
+            _STATE.reset(state_token)
+            _CURRENT.reset(attempt_token)
+
+    return run_outside_attempt
+
+
+class _ErrorHandlers(dict):  # type: ignore[type-arg]
+    """The Application's ``error_handlers`` dict.
+
+    PTB starts non-blocking error handlers with its private ``__create_task``, which
+    :meth:`FencedApplicationMixin.create_task` cannot see, so the task would inherit the
+    attempt. While PTB's ``process_error`` reads this dict, those handlers are handed out
+    wrapped so that they run outside the attempt. Everything else sees the plain dict.
+    """
+
+    __slots__ = ("_application",)
+
+    def __init__(self, application: Any, handlers: Any) -> None:
+        super().__init__(handlers)
+        self._application = application
+
+    def items(self) -> Any:  # type: ignore[override]
+        if not _IN_PROCESS_ERROR.get():
+            return super().items()
+        result: List[Tuple[Any, Any]] = []
+        for callback, block in super().items():
+            if _runs_as_task(self._application, block):
+                callback = _outside_attempt(callback)
+            result.append((callback, block))
+        return result
+
+
 class FencedApplicationMixin:
     """Mix-in for :class:`telegram.ext.Application` subclasses used with a ptb_fence processor.
 
@@ -36,8 +96,9 @@ class FencedApplicationMixin:
       :meth:`process_error` (the processor would otherwise see success). This happens before
       any error handler runs, so user error handlers and ``Defaults(block=False)`` do not hide
       failures. :class:`telegram.ext.ApplicationHandlerStop` is not a failure.
-    - Runs tasks made with :meth:`create_task` (``block=False`` handlers among them) outside
-      the attempt: ``current_attempt()`` and ``context.attempt`` are :obj:`None` there.
+    - Runs tasks made with :meth:`create_task` (``block=False`` handlers among them) and
+      error handlers that PTB runs as tasks outside the attempt: ``current_attempt()`` and
+      ``context.attempt`` are :obj:`None` there. Blocking error handlers run inside it.
 
     :meth:`ptb_fence.ptb.FencedUpdateProcessor.install` applies it for you, also to an
     ``application_class`` you set on the builder *before* ``install``. If you set one after,
@@ -48,6 +109,8 @@ class FencedApplicationMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        application: Any = self
+        application.error_handlers = _ErrorHandlers(self, application.error_handlers)
         from ptb_fence.ptb._processor import BaseFenceProcessor
 
         processor = getattr(self, "update_processor", None)
@@ -70,9 +133,13 @@ class FencedApplicationMixin:
             and not isinstance(error, ApplicationHandlerStop)
         ):
             state.error = error
-        return await super().process_error(  # type: ignore[misc]
-            update=update, error=error, job=job, coroutine=coroutine
-        )
+        token = _IN_PROCESS_ERROR.set(True)
+        try:
+            return await super().process_error(  # type: ignore[misc]
+                update=update, error=error, job=job, coroutine=coroutine
+            )
+        finally:
+            _IN_PROCESS_ERROR.reset(token)
 
     def create_task(self, coroutine: Any, update: Optional[object] = None, *, name: Optional[str] = None) -> Any:  # type: ignore[override]
         """Create a task that runs outside the current attempt."""
