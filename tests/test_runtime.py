@@ -704,3 +704,59 @@ def test_a_handler_raising_a_base_exception_is_a_failed_attempt(intakes, error) 
     assert failures.snapshot()[0][0] is error
     assert run_due(intake, clock, 5) == 1
     assert row(store, 1).state == "completed" and runs == [1, 1]
+
+
+def test_exhaustions_are_delivered_in_rotating_pages(intakes) -> None:  # noqa: F811
+    """A failing first page cannot starve later exhaustions: pages of 100, rotating cursor."""
+    store, clock = MemoryUpdateStore(), FakeClock()
+    now = clock.ms()
+    for uid in range(1, 251):
+        store.add(uid, body(uid), now)
+        identity = store.claim_owned(uid, now=now, lease_until=now + 1000, max_attempts=5)
+        assert store.exhaust(identity, at=now, error="boom")
+    pages: List[List[int]] = []
+    current: List[int] = []
+
+    def handle_exhaustion(exhaustion):  # noqa: ANN001, ANN202
+        current.append(exhaustion.update_id)
+        if exhaustion.update_id <= 100:
+            raise RuntimeError("the first page always fails")
+
+    intake = make(store, intakes, clock, handle=lambda u: None, handle_exhaustion=handle_exhaustion)
+    pages.append(current[:])
+    for _ in range(4):
+        current.clear()
+        run_due(intake, clock, 1)
+        pages.append(current[:])
+    assert pages[0] == list(range(1, 101))  # start's sweep
+    assert pages[1] == list(range(101, 201))
+    assert pages[2] == list(range(201, 251))  # short page: the cursor starts over
+    assert pages[3] == list(range(1, 101))
+    assert pages[4] == []  # cursor after 100; everything after it was acknowledged
+    assert [e.update_id for e in store.due_exhaustions(limit=500)] == list(range(1, 101))
+
+
+def test_a_store_error_in_attempt_exhaust_is_reported(intakes) -> None:  # noqa: F811
+    store, clock = StoreWrapper(), FakeClock()
+    errors = Recorder()
+    results: dict = {}
+
+    def handle_attempt(update, attempt):  # noqa: ANN001, ANN202
+        try:
+            attempt.exhaust("give up")
+        except StoreDown as exc:
+            results["error"] = exc
+
+    store.fail["exhaust"] = StoreDown("exhaust down")
+    intake = make(
+        store,
+        intakes,
+        clock,
+        handle_attempt=handle_attempt,
+        handle_exhaustion=lambda e: None,
+        on_store_error=errors,
+    )
+    intake.accept(body(1))
+    assert intake.idle(5)
+    assert isinstance(results["error"], StoreDown)  # the handler learns it did not land
+    assert (StoreDown, "settle") in [(type(e), s) for e, s in errors.snapshot()]

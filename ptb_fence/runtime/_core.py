@@ -360,12 +360,16 @@ class Runtime:
     def exhaust_attempt(self, attempt: Attempt, reason: str) -> bool:
         """Handler-terminal failure (``Attempt.exhaust``): exhaust or abandon now."""
         now = self.options.now_ms()
-        if self.durable:
-            landed = bool(self.store.exhaust(attempt.identity, at=now, error=reason))
-            if landed:
-                attempt._exhausted_at = now
-        else:
-            landed = self._settle(attempt, Abandoned(now, reason))
+        try:
+            if self.durable:
+                landed = bool(self.store.exhaust(attempt.identity, at=now, error=reason))
+                if landed:
+                    attempt._exhausted_at = now
+            else:
+                landed = self._settle(attempt, Abandoned(now, reason))
+        except Exception as exc:  # reported, and the handler learns that it did not land
+            self.report_store_error(exc, "settle")
+            raise
         if landed:
             attempt._exhausted_error = reason
             attempt._proven_until = now  # nothing left to renew
