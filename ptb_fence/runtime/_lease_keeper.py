@@ -43,12 +43,16 @@ class LeaseKeeper:
     that raises is reported (``on_store_error(error, "renew")``) and does not fire it by itself.
     """
 
-    __slots__ = ("_active", "_lock", "_runtime", "ticks")
+    __slots__ = ("_active", "_lock", "_renewing", "_runtime", "ticks")
 
     def __init__(self, runtime: "Runtime") -> None:
         self._runtime = runtime
         self._lock = threading.Lock()
         self._active: Dict[Tuple[int, int], "Attempt"] = {}
+        # held while a renewal call runs: a slow or hung store (e.g. a dead connection without a
+        # timeout) must not pile up ticks until APScheduler skips them, which would stop the
+        # "last proven lease passed" check below as well
+        self._renewing = threading.Lock()
         self.ticks = 0
 
     def register(self, attempt: "Attempt") -> None:
@@ -95,6 +99,15 @@ class LeaseKeeper:
                 self._lost(attempt, "its last proven lease passed")
             else:
                 live.append(attempt)
+        if not live or not self._renewing.acquire(blocking=False):
+            return  # the previous renewal is still running; deadlines were checked above
+        try:
+            self._renew_all(live, lease_until, now)
+        finally:
+            self._renewing.release()
+
+    def _renew_all(self, live: List["Attempt"], lease_until: int, now: int) -> None:
+        runtime = self._runtime
         fenced = [a for a in live if a.fenced]
         unary = [a for a in live if not a.fenced]
         store = runtime.store
