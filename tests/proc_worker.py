@@ -23,8 +23,9 @@ Handler behaviour (``--mode``):
 - ``plain``: ``transaction()`` (no completion in the commit); inside it the handler checks for
   an existing domain row of its update and skips the insert if there is one (idempotency);
 - ``block``: waits until ``DIR/release`` exists, then (``--lost-first``) waits up to 5 s for
-  ``owner_lost`` and logs it, then tries ``transaction(complete=True)``; OwnershipLost is logged
-  and re-raised.
+  ``owner_lost`` and logs it, then tries ``transaction(complete=True)`` (``--no-complete``:
+  a plain ``transaction()``, so only its ownership check fences the write); OwnershipLost is
+  logged and re-raised.
 
 ``--kill-after-commit UID`` makes the process SIGKILL itself right after the ``with`` block of
 that update committed (before the runtime settles anything). ``--sleep S`` sleeps inside the
@@ -62,6 +63,7 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--kill-after-commit", type=int, action="append", default=[])
     parser.add_argument("--lost-first", action="store_true")
+    parser.add_argument("--no-complete", action="store_true", help="block: plain transaction()")
     parser.add_argument("--accept", default="", help="FIRST:COUNT[:CHATS] updates to accept")
     parser.add_argument("--max-life", type=float, default=40.0)
     return parser.parse_args(argv)
@@ -164,7 +166,7 @@ class Worker:
                 self.log("owner_lost", attempt, fired=fired)
         if args.sleep:
             time.sleep(args.sleep)
-        complete = args.mode != "plain"
+        complete = args.mode != "plain" and not args.no_complete
         try:
             lost_before = attempt.owner_lost.is_set()
             with attempt.transaction(complete=complete) as conn:

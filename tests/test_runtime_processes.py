@@ -245,8 +245,9 @@ def test_owner_loss_sigstop(bed: Bed) -> None:
     """A is paused (SIGSTOP) past its lease; B takes over; after SIGCONT A sees owner_lost and
     its fenced transaction is refused; only B's domain row exists."""
     bed.add([1])
-    a = bed.spawn("--mode", "block", "--lost-first", "--lease", "0.6", "--sweep", "60",
-                  "--grace", "60")
+    # a plain transaction(): only its ownership check (not a completing settle) fences A
+    a = bed.spawn("--mode", "block", "--lost-first", "--no-complete", "--lease", "0.6",
+                  "--sweep", "60", "--grace", "60")
     wait_for("A's handler to start", lambda: bed.started(1, a), 15)
     a.send_signal(signal.SIGSTOP)
     stopped_at = time.monotonic()
@@ -449,8 +450,10 @@ def test_three_processes_share_one_database(bed: Bed) -> None:
     """Three processes sweep one database while one of them accepts 200 updates: every update
     is handled, with exactly one domain row each, written by the attempt that completed it."""
     n = 200
+    # handlers take 50 ms, 4 at a time, so the acceptor accepts faster than it handles and the
+    # others' sweeps (grace 0.1 s) reach the rows still pending
     common = ("--mode", "complete", "--lease", "1.0", "--sweep", "0.1", "--grace", "0.1",
-              "--max-concurrent", "8")
+              "--max-concurrent", "4", "--sleep", "0.05")
     others = [bed.spawn(*common), bed.spawn(*common)]
     for proc in others:
         bed.ready(proc)
@@ -478,7 +481,61 @@ def test_three_processes_share_one_database(bed: Bed) -> None:
     committed_claims = {e["claim_id"] for e in commits}
     lost_claims = {e["claim_id"] for e in events if e["event"] == "lost"}
     assert {e["claim_id"] for e in starts} <= committed_claims | lost_claims
+    # a takeover needs the previous lease (1 s, renewed) to lapse first: consecutive runs of one
+    # update can never start within a lease of each other
+    runs: Dict[int, List[float]] = {}
+    for e in starts:
+        runs.setdefault(e["update_id"], []).append(e["t"])
+    overlapping = {
+        u: ts for u, ts in runs.items() if any(b - a < 0.8 for a, b in zip(ts, ts[1:]))
+    }
+    assert not overlapping, overlapping
     pids = {e["pid"] for e in commits}
     assert len(pids) >= 2, "the work was not shared: the test did not exercise contention"
     print(f"{bed.kind}: {n} updates in {elapsed:.2f}s by {len(pids)} processes; "
           f"{len(starts)} runs, {len(lost_claims)} refused")
+
+
+class _HungRenewals:
+    """The real store, except that lease renewals hang until ``gate`` opens (a dead connection
+    without a timeout)."""
+
+    def __init__(self, store: Any, gate: threading.Event) -> None:
+        self._store = store
+        self._gate = gate
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def renew_owned_many(self, *args: Any, **kwargs: Any) -> Any:
+        self._gate.wait(30)
+        return self._store.renew_owned_many(*args, **kwargs)
+
+    def renew_owned(self, *args: Any, **kwargs: Any) -> Any:
+        self._gate.wait(30)
+        return self._store.renew_owned(*args, **kwargs)
+
+
+def test_owner_lost_fires_while_renewals_hang(bed: Bed) -> None:
+    """A renewal that never returns must not stop the keeper from firing owner_lost when the
+    last proven lease passes (hung ticks used to pile up until APScheduler skipped them all)."""
+    gate = threading.Event()
+    seen: Dict[str, Any] = {}
+
+    def handle(update: Dict[str, Any], attempt: Any) -> None:
+        t0 = time.monotonic()
+        seen["fired"] = attempt.owner_lost.wait(5)
+        seen["after"] = time.monotonic() - t0
+
+    intake = UpdateIntake(_HungRenewals(bed.store, gate), handle_attempt=handle,
+                          lease_seconds=0.4, sweep_every_seconds=60, pending_grace_seconds=60)
+    try:
+        intake.start()
+        assert intake.accept(body(3, 30)) == "accepted"
+        assert intake.idle(10)
+    finally:
+        gate.set()
+        intake.close()
+    assert seen["fired"] is True
+    assert seen["after"] < 2.0
+    assert bed.rows()[3][0] == "processing"  # its completion could not land after the lease
