@@ -30,9 +30,10 @@ T = TypeVar("T")
 BuilderType = TypeVar("BuilderType", bound=ApplicationBuilder)  # type: ignore[type-arg]
 
 _SWEEP_PAGE = 500
-# PTB's own semaphore is held for all of do_process_update, including a chat's wait for its
-# turn; it is made effectively unbounded and ptb_fence's own slots enforce max_concurrent.
-_PTB_PERMITS = 1 << 20
+# PTB's BaseUpdateProcessor.process_update holds its semaphore for all of do_process_update,
+# including a chat's wait for its turn, so process_update is overridden to skip it; ptb_fence's
+# own slots enforce max_concurrent. (The semaphore cannot just be made large: PTB sizes it from
+# the max_concurrent_updates property, which reports max_concurrent.)
 
 
 def _chat_key(update: Update) -> Hashable:
@@ -84,7 +85,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
             handle_exhaustion=handle_exhaustion is not None,
             component=type(self).__name__,
         )
-        super().__init__(1 if runtime_options.max_concurrent == 1 else _PTB_PERMITS)
+        super().__init__(runtime_options.max_concurrent)
         self._handle_exhaustion = handle_exhaustion
         self._queue = DurableUpdateQueue(self)
         self._application: Any = None
@@ -299,6 +300,15 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         return bool(added)
 
     # -- processing -------------------------------------------------------------------------
+    async def process_update(self, update: object, coroutine: "Awaitable[Any]") -> None:
+        """Call :meth:`do_process_update` without PTB's semaphore.
+
+        A chat waiting for its turn must not hold a concurrency permit; ptb_fence's own slots
+        (taken only once it is the chat's turn) enforce ``max_concurrent``. In sequential mode
+        (``max_concurrent=1``) PTB awaits one update at a time anyway.
+        """
+        await self.do_process_update(update, coroutine)
+
     async def do_process_update(self, update: object, coroutine: "Awaitable[Any]") -> None:
         """Claim, handle and settle one update. Never raises (a raise would kill PTB's
         update fetcher in sequential mode)."""
