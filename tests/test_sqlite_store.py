@@ -735,6 +735,51 @@ def test_owns_on_callers_connection_blocks_a_competing_claim(
     assert store.owns(identity, 150) is False
 
 
+def test_owns_in_callers_deferred_transaction_takes_the_write_lock(
+    db: str, store: SQLiteUpdateStore
+) -> None:
+    store.add(1, "{}", 0)
+    identity = claimed(store, 1, now=100, lease=100)
+    conn = sqlite3.connect(db, isolation_level=None)
+    done = threading.Event()
+
+    def competitor() -> None:
+        store.claim_owned(1, now=201, lease_until=900, max_attempts=5)
+        done.set()
+
+    try:
+        conn.execute("BEGIN")  # deferred: has only read so far
+        assert conn.execute("SELECT COUNT(*) FROM telegram_updates").fetchone() == (1,)
+        assert store.owns(identity, 150, connection=conn) is True
+        thread = threading.Thread(target=competitor)
+        thread.start()
+        assert not done.wait(0.5), "the claim must wait for the caller's transaction"
+        conn.execute("COMMIT")
+        assert done.wait(10)
+        thread.join(10)
+    finally:
+        conn.close()
+    assert store.owns(identity, 150) is False
+
+
+def test_owns_refuses_a_stale_read_transaction(db: str, store: SQLiteUpdateStore) -> None:
+    store.add(1, "{}", 0)
+    store.add(2, "{}", 0)
+    identity = claimed(store, 1, now=100, lease=100)
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        conn.execute("SELECT COUNT(*) FROM telegram_updates").fetchone()  # snapshot taken
+        claimed(store, 2, now=100)  # another connection writes after the snapshot
+        with pytest.raises(sqlite3.OperationalError):
+            store.owns(identity, 150, connection=conn)
+        conn.execute("ROLLBACK")
+        assert store.owns(identity, 150, connection=conn) is True  # a fresh transaction works
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
 def test_owns_on_callers_connection_makes_a_short_timeout_claim_fail(
     db: str, store: SQLiteUpdateStore
 ) -> None:

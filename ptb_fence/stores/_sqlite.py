@@ -367,11 +367,18 @@ class SQLiteUpdateStore:
             )
         return cast(sqlite3.Connection, conn)
 
-    @staticmethod
-    def _join(conn: sqlite3.Connection) -> None:
-        """Make sure the caller's connection is in a transaction that holds the write lock."""
+    def _join(self, conn: sqlite3.Connection) -> None:
+        """Make sure the caller's connection is in a transaction that holds the write lock.
+
+        Not in a transaction: ``BEGIN IMMEDIATE``. Already in one (perhaps a deferred one that
+        has only read so far): a write that changes nothing takes the write lock now, like
+        PostgreSQL's ``FOR UPDATE``; SQLite refuses it (``database is locked``) if another
+        connection wrote since the caller's transaction began reading.
+        """
         if not conn.in_transaction:
             conn.execute("BEGIN IMMEDIATE")
+        else:
+            conn.execute(self._sql.write_lock)
 
     # -- schema ----------------------------------------------------------------------------
     def _ensure_schema(self) -> None:
@@ -706,14 +713,16 @@ class SQLiteUpdateStore:
         ``connection`` — the caller's :class:`sqlite3.Connection` to the same file, or a cursor
         of one — the check runs on it, inside the caller's transaction, and nothing is
         committed. If that connection is not in a transaction yet, one is started with
-        ``BEGIN IMMEDIATE``: the caller then holds the database's write lock, so no claim can
-        take the update over until the caller commits or rolls back. (A caller that already
-        opened a deferred transaction is still safe: SQLite refuses its later writes if another
-        connection wrote in between.)
+        ``BEGIN IMMEDIATE``; if it is, the check first takes the write lock inside it (a write
+        that changes nothing). Either way the caller then holds the database's write lock, so
+        no claim can take the update over until the caller commits or rolls back.
 
         Raises:
             TypeError: ``connection`` is not a sqlite3 connection or cursor.
             ValueError: ``connection`` is open on another database file.
+            sqlite3.OperationalError: ``database is locked``: the write lock was not free within
+                the busy timeout, or the caller's transaction read data that another connection
+                has changed since (roll back and start again).
         """
         params = {
             "update_id": identity.update_id,
@@ -734,8 +743,8 @@ class SQLiteUpdateStore:
         """As :meth:`settle`, and the claim id must match.
 
         With ``connection`` (the caller's sqlite3 connection or cursor, same file) the update
-        runs inside the caller's transaction (started with ``BEGIN IMMEDIATE`` if none is open)
-        and is NOT committed: it lands with the caller's commit.
+        runs inside the caller's transaction (joined as in :meth:`owns`) and is NOT
+        committed: it lands with the caller's commit.
 
         Returns:
             :obj:`bool`: Whether the settlement landed.

@@ -70,6 +70,7 @@ class SQLiteStatements:
         "table_info",
         "unclaimed_exhaustions",
         "backfill_claim_id",
+        "write_lock",
     )
 
     def __init__(self, table: str) -> None:
@@ -170,6 +171,8 @@ class SQLiteStatements:
 
         # -- fenced ----------------------------------------------------------------------
         self.owns = f"SELECT 1 FROM {t} {owned}"
+        # Changes nothing, but takes the database's write lock inside the caller's transaction.
+        self.write_lock = f"UPDATE {t} SET state = state WHERE 0"
 
         # -- durable ---------------------------------------------------------------------
         self.exhaust = f"""
