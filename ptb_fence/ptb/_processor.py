@@ -300,7 +300,9 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         return bool(added)
 
     # -- processing -------------------------------------------------------------------------
-    async def process_update(self, update: object, coroutine: "Awaitable[Any]") -> None:
+    async def process_update(  # type: ignore[misc]  # PTB marks it @final; see below
+        self, update: object, coroutine: "Awaitable[Any]"
+    ) -> None:
         """Call :meth:`do_process_update` without PTB's semaphore.
 
         A chat waiting for its turn must not hold a concurrency permit; ptb_fence's own slots
