@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import psycopg2
+import psycopg2.extensions
 import psycopg2.pool
 import pytest
 
@@ -972,9 +973,14 @@ SECRET = "S3cr3tPassw0rd"
         f"postgresql://postgres:{SECRET}@127.0.0.1:1/test",
         f"host=127.0.0.1 port=1 dbname=test user=postgres password={SECRET}",
         f"postgresql://postgres@127.0.0.1:1/test?password={SECRET}",
+        "REAL_SERVER",  # the server itself refuses: an unknown role
     ],
 )
-def test_errors_never_show_the_password(dsn: str, pg_table: str) -> None:
+def test_errors_never_show_the_password(dsn: str, pg_dsn: str, pg_table: str) -> None:
+    if dsn == "REAL_SERVER":
+        params = psycopg2.extensions.parse_dsn(pg_dsn)
+        params.update(user="no_such_role_" + uuid.uuid4().hex[:8], password=SECRET)
+        dsn = " ".join(f"{k}={v}" for k, v in params.items())
     s = PostgresUpdateStore(dsn, pg_table, pool_timeout=2)
     assert SECRET not in repr(s) and SECRET not in str(s)
     for call in (lambda: s.add(1, "b", T), lambda: s.renew(1, 1, T, T)):
