@@ -1,0 +1,315 @@
+#!/usr/bin/env python
+"""A booking bot on webhooks and PostgreSQL, meant to run as several processes.
+
+``/book 10:30`` books the slot ``10:30`` once, whichever process handles the update and however
+many times it is handled. Every process shares one PostgreSQL table of updates
+(:class:`ptb_fence.PostgresUpdateStore`) and a ``bookings`` table in the same database:
+
+- a **webhook process** (the default) runs PTB's webhook server. It answers Telegram's POST with
+  200 only after the update is committed to PostgreSQL, then claims it under a lease, handles it,
+  and settles it;
+- a **sweep-only process** (``--no-webhook``) runs no web server. Its sweep takes over updates
+  whose owner died or stalled (lease lapsed), failed updates whose retry time has come, updates
+  received by a process that died before handling them (after ``--pending-grace``), and delivers
+  exhaustions. Every webhook process sweeps too; a sweep-only process keeps that going while you
+  redeploy the webhook processes, or runs the work on a machine without public ingress.
+
+The booking is written in a **fenced transaction** on a connection of the store's own pool:
+ptb_fence first runs ``SELECT … FOR UPDATE`` on the update's row to check that this attempt still
+owns it (a stale process whose lease lapsed is refused and rolled back), then our INSERT runs, and
+``complete=True`` settles the update in the same commit.
+
+Deployment (one public URL, any number of processes on any number of machines)::
+
+    export TELEGRAM_BOT_TOKEN=123456:ABC...
+    export TELEGRAM_WEBHOOK_SECRET=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')
+    export PTB_FENCE_POSTGRES_DSN=postgresql://bot:secret@db.internal:5432/bot
+
+    # behind your reverse proxy / load balancer, which terminates TLS for
+    # https://bot.example.com/telegram and spreads requests over these ports:
+    python examples/webhook_postgres.py --port 8001 --webhook-url https://bot.example.com/telegram
+    python examples/webhook_postgres.py --port 8002 --webhook-url https://bot.example.com/telegram
+    # and, optionally, one or more workers without a web server:
+    python examples/webhook_postgres.py --no-webhook
+
+All processes must use the same DSN, ``--table`` and ``--bookings-table``; the webhook processes
+the same secret and URL (each calls ``setWebhook`` with them at start, which is harmless). Order
+of updates within a chat is kept within one process; updates of one chat that land on different
+processes can run concurrently, so keep your writes correct under that (the slot's primary key
+does it here). Stop any process with SIGINT or SIGTERM; kill one with ``kill -9`` and another
+takes its in-flight updates over after ``--lease-seconds``.
+
+Offline, against the fake Bot API of ``ptb_fence.testing`` (what the tests do)::
+
+    python examples/webhook_postgres.py --base-url http://127.0.0.1:PORT/bot \\
+        --listen 127.0.0.1 --port 8080 --table my_updates
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import signal
+import sys
+import time
+from typing import Any, Callable, List, Optional
+
+from psycopg2 import sql
+from telegram import Update
+from telegram.constants import ChatAction
+from telegram.ext import Application, CommandHandler, ContextTypes
+
+from ptb_fence import Exhaustion, OwnershipLost, PostgresUpdateStore
+from ptb_fence.ptb import FencedCallbackContext, FencedUpdateProcessor
+
+LOGGER = logging.getLogger("booking_bot")
+
+SLOT = re.compile(r"(?:[01][0-9]|2[0-3]):[0-5][0-9]")
+TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+# {table} is filled in with psycopg2.sql.Identifier (quoted), never with string formatting.
+BOOKINGS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS {table} (
+    slot      TEXT PRIMARY KEY,   -- one booking per slot, across all processes
+    chat_id   BIGINT NOT NULL,
+    update_id BIGINT NOT NULL,    -- the update that booked it (not UNIQUE: Telegram may reuse
+                                  -- an update_id after a week without updates)
+    claim_id  TEXT NOT NULL,      -- the attempt that wrote it, for audits
+    booked_at BIGINT NOT NULL     -- epoch milliseconds
+)
+"""
+
+
+class ExitAfter:
+    """``--exit-after N``: stop after N updates were handled by this process."""
+
+    __slots__ = ("count", "limit", "stop")
+
+    def __init__(self, limit: Optional[int]) -> None:
+        self.limit = limit
+        self.count = 0
+        self.stop: Callable[[], None] = lambda: None
+
+    def one_done(self) -> None:
+        """Count one handled update (call it on the event loop)."""
+        self.count += 1
+        if self.limit is not None and self.count == self.limit:
+            LOGGER.info("handled %d update(s); --exit-after reached, stopping", self.count)
+            self.stop()
+
+
+def table_name(value: str) -> str:
+    """argparse type: a plain SQL identifier."""
+    if not TABLE_NAME.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a table name ([A-Za-z_][A-Za-z0-9_]*)")
+    return value
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument(
+        "--dsn",
+        default=os.environ.get("PTB_FENCE_POSTGRES_DSN"),
+        help="PostgreSQL DSN (default: $PTB_FENCE_POSTGRES_DSN)",
+    )
+    parser.add_argument("--table", type=table_name, default="telegram_updates",
+                        help="the update table, shared by all processes")
+    parser.add_argument("--bookings-table", type=table_name, default="bookings",
+                        help="the domain table, shared by all processes")
+    parser.add_argument(
+        "--base-url",
+        default="https://api.telegram.org/bot",
+        help="Bot API base URL (the token is appended); point it at a fake server for tests",
+    )
+    parser.add_argument("--no-webhook", action="store_true",
+                        help="run no web server: only sweep (lapsed leases, retries, exhaustions)")
+    parser.add_argument("--listen", default="0.0.0.0", help="webhook listen address")
+    parser.add_argument("--port", type=int, default=8443, help="webhook port")
+    parser.add_argument("--url-path", default="telegram", help="webhook URL path")
+    parser.add_argument(
+        "--webhook-url",
+        default=os.environ.get("TELEGRAM_WEBHOOK_URL"),
+        help="public URL given to setWebhook (default: $TELEGRAM_WEBHOOK_URL, else "
+        "http://LISTEN:PORT/URL_PATH, which only suits local tests)",
+    )
+    parser.add_argument("--lease-seconds", type=float, default=120.0, help="lease per attempt")
+    parser.add_argument("--sweep-every", type=float, default=30.0, help="sweep interval (s)")
+    parser.add_argument(
+        "--pending-grace", type=float, default=60.0,
+        help="seconds before a sweep takes a received but unclaimed update",
+    )
+    parser.add_argument("--max-attempts", type=int, default=5, help="attempts per update")
+    parser.add_argument("--pool-size", type=int, default=8, help="PostgreSQL connections")
+    parser.add_argument(
+        "--exit-after", type=int, default=None, metavar="N",
+        help="stop after N updates were handled by this process (for tests and demos)",
+    )
+    parser.add_argument("--verbose", action="store_true", help="log at DEBUG level")
+    return parser.parse_args(argv)
+
+
+def create_bookings_table(store: PostgresUpdateStore, table: str) -> None:
+    """Create the domain table (idempotent, safe when several processes start at once)."""
+    with store.transaction() as conn, conn.cursor() as cur:
+        # CREATE TABLE IF NOT EXISTS can still fail when two sessions race it; a transaction
+        # advisory lock on the table's name serializes the processes that start together.
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (table,))
+        cur.execute(sql.SQL(BOOKINGS_SCHEMA).format(table=sql.Identifier(table)))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    token = os.environ.get("TELEGRAM_BOT_TOKEN")
+    if not token:
+        print("set TELEGRAM_BOT_TOKEN to your bot's token (from @BotFather)", file=sys.stderr)
+        return 2
+    if not args.dsn:
+        print("set PTB_FENCE_POSTGRES_DSN (or pass --dsn) to your database", file=sys.stderr)
+        return 2
+    secret = os.environ.get("TELEGRAM_WEBHOOK_SECRET")
+    if not args.no_webhook and not secret:
+        print(
+            "set TELEGRAM_WEBHOOK_SECRET (1-256 characters of A-Z a-z 0-9 _ -): Telegram sends "
+            "it with every update and the webhook refuses requests without it",
+            file=sys.stderr,
+        )
+        return 2
+    role = "sweeper" if args.no_webhook else "webhook"
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format=f"%(asctime)s [{role} {os.getpid()}] %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("httpx", "apscheduler"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    # The store ensures its own table (idempotent migration) before first use.
+    store = PostgresUpdateStore(args.dsn, table=args.table, pool_size=args.pool_size)
+    create_bookings_table(store, args.bookings_table)
+    insert_booking = sql.SQL(
+        "INSERT INTO {table} (slot, chat_id, update_id, claim_id, booked_at) "
+        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (slot) DO NOTHING"
+    ).format(table=sql.Identifier(args.bookings_table))
+
+    exit_after = ExitAfter(args.exit_after)
+
+    async def handle_exhaustion(exhaustion: Exhaustion) -> None:
+        # At least once per exhaustion, in whichever process finds it first (handler failure
+        # or a sweep); acknowledged when this returns. Replace the log line by your alerting.
+        LOGGER.error(
+            "update %s gave up after attempt %s (claim %s): %s",
+            exhaustion.update_id,
+            exhaustion.attempt,
+            exhaustion.claim_id,
+            exhaustion.error,
+        )
+        exit_after.one_done()
+
+    processor = FencedUpdateProcessor(
+        store,
+        handle_exhaustion=handle_exhaustion,
+        max_attempts=args.max_attempts,
+        lease_seconds=args.lease_seconds,
+        sweep_every_seconds=args.sweep_every,
+        pending_grace_seconds=args.pending_grace,
+        # leave some pooled connections for ingest and the sweep
+        max_concurrent=max(1, args.pool_size - 2),
+    )
+    application = processor.install(
+        Application.builder().token(token).base_url(args.base_url)
+    ).build()
+
+    async def book(update: Update, context: FencedCallbackContext) -> None:
+        message = update.effective_message
+        attempt = context.attempt
+        assert message is not None and attempt is not None  # block=True handlers get one
+        slot = context.args[0] if context.args else ""
+        if not SLOT.fullmatch(slot):
+            await context.bot.send_message(message.chat_id, "Usage: /book HH:MM, e.g. /book 10:30")
+            exit_after.one_done()
+            return
+
+        # "typing…"; a user who blocked the bot makes this fail with 403 Forbidden, which the
+        # default retry policy does not retry: the update becomes an exhaustion, not a booking.
+        await context.bot.send_chat_action(message.chat_id, ChatAction.TYPING)
+
+        def write(conn: Any) -> bool:
+            # A psycopg2 connection inside the fenced transaction (the update's row is locked
+            # FOR UPDATE by the ownership check): %s placeholders; no commit/rollback here.
+            with conn.cursor() as cur:
+                cur.execute(
+                    insert_booking,
+                    (slot, message.chat_id, attempt.update_id, attempt.claim_id,
+                     int(time.time() * 1000)),
+                )
+                return cur.rowcount == 1
+
+        try:
+            booked = await attempt.run_in_transaction(write, complete=True)
+        except OwnershipLost:
+            # This attempt's lease lapsed (the process stalled) and another process owns the
+            # update now: our INSERT was rolled back. The other process does the booking.
+            LOGGER.warning("update %s: attempt %s lost its lease; not booking",
+                           attempt.update_id, attempt.attempt)
+            raise
+
+        # After the commit: a failed reply is not retried (the update is settled).
+        text = f"Booked {slot} for you." if booked else f"Sorry, {slot} is already taken."
+        await context.bot.send_message(message.chat_id, text)
+        exit_after.one_done()
+
+    async def on_error(update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
+        # ptb_fence has already marked the attempt failed (retry or exhaustion); keep logs short
+        LOGGER.warning("handler failed for update %s: %r",
+                       getattr(update, "update_id", None), context.error)
+
+    application.add_handler(CommandHandler("book", book))
+    application.add_error_handler(on_error)
+
+    try:
+        if args.no_webhook:
+            run_sweep_only(application, exit_after)
+        else:
+            exit_after.stop = application.stop_running
+            LOGGER.info("webhook on %s:%s/%s, table %s", args.listen, args.port,
+                        args.url_path, args.table)
+            # PTB's webhook answers 200 only after update_queue.put() returned, i.e. after
+            # ptb_fence committed the update; a store failure answers 500 and Telegram
+            # redelivers. Wrong or missing secret token: 403.
+            application.run_webhook(
+                listen=args.listen,
+                port=args.port,
+                url_path=args.url_path,
+                webhook_url=args.webhook_url,
+                secret_token=secret,
+                allowed_updates=Update.ALL_TYPES,
+                stop_signals=(signal.SIGINT, signal.SIGTERM),
+            )
+    finally:
+        store.close()
+    LOGGER.info("stopped")
+    return 0
+
+
+def run_sweep_only(application: Application, exit_after: ExitAfter) -> None:  # type: ignore[type-arg]
+    """Run the application without an updater: the processor's sweep feeds it."""
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        exit_after.stop = stop.set
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with application:  # initialize() ... shutdown(): the lease keeper and sweep
+            await application.start()
+            LOGGER.info("sweeping (no webhook)")
+            await stop.wait()
+            await application.stop()
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

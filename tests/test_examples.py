@@ -1,0 +1,415 @@
+"""The runnable examples in ``examples/`` do what their docstrings say.
+
+Each example runs as a real subprocess (``sys.executable``) against the fake Bot API
+(:class:`ptb_fence.testing.FakeBotApi`) and, for the webhook examples, real HTTP posts
+(:func:`ptb_fence.testing.post_to_webhook`) on 127.0.0.1. The tests assert what a user would
+observe: replies sent, domain rows written exactly once, exhaustions stored and acknowledged,
+clean exits (code 0) on SIGINT/SIGTERM or ``--exit-after``. Every wait is bounded and every
+process still running at the end is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import pytest
+
+from ptb_fence import SQLiteUpdateStore
+from ptb_fence.testing import FakeBotApi, make_message_update, post_to_webhook
+
+pytestmark = pytest.mark.timeout(90)
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+SECRET = "example-secret_42"
+BLOCKED = "Forbidden: bot was blocked by the user"
+STARTUP = 45.0  # seconds a bot process may take to come up (imports are slow on a busy machine)
+
+
+# -- process handling -------------------------------------------------------------------------
+class Runner:
+    """Starts example processes with their output in files; kills leftovers at the end."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.dir = tmp_path
+        self.procs: List["subprocess.Popen[bytes]"] = []
+        self.logs: Dict[int, Path] = {}
+
+    def start(self, script: str, *args: str, env: Optional[Dict[str, str]] = None,
+              name: str = "") -> "subprocess.Popen[bytes]":
+        log = self.dir / f"{name or Path(script).stem}-{len(self.procs)}.log"
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("TELEGRAM_")}
+        full_env.pop("PTB_FENCE_POSTGRES_DSN", None)  # the tests pass --dsn explicitly
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+        )
+        full_env["PYTHONUNBUFFERED"] = "1"
+        full_env.update(env or {})
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, str(EXAMPLES / script), *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.dir,
+                env=full_env,
+            )
+        self.procs.append(proc)
+        self.logs[proc.pid] = log
+        return proc
+
+    def log(self, proc: "subprocess.Popen[bytes]") -> str:
+        return self.logs[proc.pid].read_text(errors="replace")
+
+    def all_logs(self) -> str:
+        return "\n".join(
+            f"----- {path.name} (pid {pid}) -----\n{path.read_text(errors='replace')[-6000:]}"
+            for pid, path in self.logs.items()
+        )
+
+    def wait_for(self, what: str, condition: Callable[[], Any], timeout: float,
+                 alive: Optional[List["subprocess.Popen[bytes]"]] = None) -> Any:
+        """Poll ``condition`` until truthy; fail after ``timeout`` s or when a process in
+        ``alive`` exits first (with all logs in the message)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = condition()
+            if value:
+                return value
+            for proc in alive or []:
+                if proc.poll() is not None:
+                    raise AssertionError(
+                        f"waiting for {what}: process {proc.pid} exited with "
+                        f"{proc.returncode}\n{self.all_logs()}"
+                    )
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}\n"
+                                     f"{self.all_logs()}")
+            time.sleep(0.05)
+
+    def stop(self, proc: "subprocess.Popen[bytes]", sig: int, timeout: float = 30.0) -> int:
+        """Send ``sig`` and return the exit code (fails if the process does not exit)."""
+        proc.send_signal(sig)
+        return self.exit_code(proc, timeout)
+
+    def exit_code(self, proc: "subprocess.Popen[bytes]", timeout: float = 30.0) -> int:
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"process {proc.pid} did not exit within {timeout}s\n"
+                                 f"{self.all_logs()}") from None
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:  # pragma: no cover - a process in D state
+                    pass
+
+
+@pytest.fixture
+def runner(tmp_path: Path) -> Iterator[Runner]:
+    r = Runner(tmp_path)
+    try:
+        yield r
+    finally:
+        r.kill_all()
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeBotApi]:
+    with FakeBotApi() as server:
+        yield server
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def texts_to(fake: FakeBotApi, chat_id: int) -> List[str]:
+    return [m["text"] for m in fake.sent_messages if m["chat_id"] == chat_id]
+
+
+def query(path: Path, sql: str, *params: Any) -> List[Any]:
+    conn = sqlite3.connect(path, timeout=30)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def assert_one_booking_per_update(rows: List[Any]) -> None:
+    update_ids = [row[0] for row in rows]
+    assert len(update_ids) == len(set(update_ids)), f"an update booked twice: {rows}"
+
+
+# -- examples/polling_sqlite.py --------------------------------------------------------------
+def test_polling_sqlite_books_once_replies_and_stores_exhaustion(
+    runner: Runner, fake: FakeBotApi, tmp_path: Path
+) -> None:
+    db = tmp_path / "bookings.sqlite3"
+    # the first "typing…" is refused as if the user had blocked the bot
+    fake.fail_next("sendChatAction", 1, error_code=403, description=BLOCKED)
+    blocked = fake.inject_message(chat_id=1, text="/book 09:00")
+    bot = runner.start(
+        "polling_sqlite.py", "--db", str(db), "--base-url", fake.base_url, "--exit-after", "4",
+        env={"TELEGRAM_BOT_TOKEN": fake.token},
+    )
+    runner.wait_for("the refused sendChatAction", lambda: fake.calls_to("sendChatAction"),
+                    STARTUP, alive=[bot])
+    first = fake.inject_message(chat_id=2, text="/book 10:00")
+    second = fake.inject_message(chat_id=3, text="/book 10:00")
+    usage = fake.inject_message(chat_id=4, text="/book soon")
+
+    assert runner.exit_code(bot, timeout=45) == 0, runner.all_logs()  # --exit-after 4
+
+    # replies: one booking of 10:00, one "taken", one usage hint, nothing to the blocked user
+    replies = texts_to(fake, 2) + texts_to(fake, 3)
+    assert sorted(replies) == ["Booked 10:00 for you.", "Sorry, 10:00 is already taken."], \
+        fake.sent_messages
+    assert texts_to(fake, 4) == ["Usage: /book HH:MM, e.g. /book 10:30"]
+    assert texts_to(fake, 1) == []
+    assert len(fake.sent_messages) == 3
+    assert {blocked, first, second, usage} <= fake.confirmed_update_ids
+
+    # the domain table: slot 10:00 booked exactly once, by one of the two updates
+    bookings = query(db, "SELECT update_id, slot, chat_id FROM bookings")
+    assert len(bookings) == 1 and bookings[0][1] == "10:00", bookings
+    assert bookings[0][0] in (first, second)
+    winner_chat = 2 if bookings[0][0] == first else 3
+    assert texts_to(fake, winner_chat) == ["Booked 10:00 for you."]
+
+    # the blocked user's update: one exhaustion stored, and acknowledged in the update table
+    exhaustions = query(db, "SELECT update_id, attempt, error FROM booking_exhaustions")
+    assert len(exhaustions) == 1 and exhaustions[0][:2] == (blocked, 1), exhaustions
+    assert "blocked by the user" in exhaustions[0][2]
+    states = dict(
+        (row[0], row[1:])
+        for row in query(db, "SELECT update_id, state, attempts, settled_at IS NOT NULL "
+                             "FROM telegram_updates")
+    )
+    assert states[blocked] == ("abandoned", 1, 1)  # settled_at set = acknowledged
+    for update_id in (first, second, usage):
+        assert states[update_id] == ("completed", 1, 1)
+
+
+def test_polling_sqlite_no_polling_handles_records_left_by_a_crash(
+    runner: Runner, fake: FakeBotApi, tmp_path: Path
+) -> None:
+    db = tmp_path / "bookings.sqlite3"
+    # an update recorded (acknowledged to Telegram) by a process that died before handling it
+    update = make_message_update(4242, 7, "/book 08:15")
+    with SQLiteUpdateStore(str(db)) as store:
+        assert store.add(4242, json.dumps(update), int(time.time() * 1000))
+    bot = runner.start(
+        "polling_sqlite.py", "--db", str(db), "--base-url", fake.base_url, "--no-polling",
+        env={"TELEGRAM_BOT_TOKEN": fake.token},
+    )
+    runner.wait_for("the reply", lambda: texts_to(fake, 7), STARTUP, alive=[bot])
+    assert runner.stop(bot, signal.SIGTERM) == 0, runner.all_logs()
+
+    assert texts_to(fake, 7) == ["Booked 08:15 for you."]
+    assert fake.calls_to("getUpdates") == []  # --no-polling never polls
+    bookings = query(db, "SELECT update_id, slot, chat_id FROM bookings")
+    assert bookings == [(4242, "08:15", 7)]
+    assert query(db, "SELECT state, attempts FROM telegram_updates WHERE update_id = 4242") == [
+        ("completed", 1)
+    ]
+    assert "stopped" in runner.log(bot)
+
+
+# -- examples/webhook_postgres.py ------------------------------------------------------------
+def test_webhook_postgres_two_processes_sweeper_takes_over_a_killed_webhook(
+    runner: Runner, fake: FakeBotApi, pg_dsn: str, pg_table: str, pg_tables: List[str]
+) -> None:
+    import psycopg2
+
+    bookings_table = pg_table + "_bookings"
+    pg_tables.append(bookings_table)  # dropped by the fixture
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/telegram"
+    env = {"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_WEBHOOK_SECRET": SECRET}
+    common = [
+        "--dsn", pg_dsn, "--table", pg_table, "--bookings-table", bookings_table,
+        "--base-url", fake.base_url,
+        # short lease for a quick takeover; the sweeper waits 5 s before it takes a *pending*
+        # update, so the webhook process handles what it receives
+        "--lease-seconds", "1.5", "--sweep-every", "0.3", "--pending-grace", "5",
+    ]
+    webhook = runner.start("webhook_postgres.py", *common, "--listen", "127.0.0.1",
+                           "--port", str(port), env=env, name="webhook")
+    sweeper = runner.start("webhook_postgres.py", *common, "--no-webhook", env=env,
+                           name="sweeper")
+    runner.wait_for("the webhook to listen", lambda: listening(port), STARTUP,
+                    alive=[webhook, sweeper])
+    runner.wait_for("the sweeper to run", lambda: "sweeping (no webhook)" in runner.log(sweeper),
+                    STARTUP, alive=[webhook, sweeper])
+    assert fake.webhook["url"] == url and fake.webhook["secret_token"] == SECRET
+
+    def post(update_id: int, chat_id: int, text: str, secret: str = SECRET) -> int:
+        return post_to_webhook(url, make_message_update(update_id, chat_id, text),
+                               secret_token=secret)
+
+    assert post(501, 11, "/book 11:00") == 200
+    assert post(502, 12, "/book 12:00") == 200
+    assert post(501, 11, "/book 11:00") == 200  # Telegram redelivers: a duplicate, one row
+    assert post(503, 13, "/book 13:00", secret="wrong") == 403
+    runner.wait_for("two replies", lambda: len(fake.sent_messages) >= 2, 30,
+                    alive=[webhook, sweeper])
+
+    # Update 510: the webhook process hangs in the handler ("typing…" never answers), is
+    # killed, and the sweep-only process takes the update over once the lease lapses.
+    fake.delay("sendChatAction", 30)
+    calls_before = len(fake.calls_to("sendChatAction"))
+    assert post(510, 20, "/book 20:00") == 200
+    runner.wait_for("the webhook process inside the handler",
+                    lambda: len(fake.calls_to("sendChatAction")) > calls_before, 30,
+                    alive=[webhook, sweeper])
+    webhook.kill()
+    webhook.wait(timeout=10)
+    fake.delay("sendChatAction", 0)
+    runner.wait_for("the sweeper's reply to update 510", lambda: texts_to(fake, 20), 30,
+                    alive=[sweeper])
+    assert runner.stop(sweeper, signal.SIGTERM) == 0, runner.all_logs()
+
+    assert texts_to(fake, 11) == ["Booked 11:00 for you."]
+    assert texts_to(fake, 12) == ["Booked 12:00 for you."]
+    assert texts_to(fake, 13) == []
+    assert texts_to(fake, 20) == ["Booked 20:00 for you."]
+    conn = psycopg2.connect(pg_dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f'SELECT update_id, slot, chat_id FROM "{bookings_table}" ORDER BY slot')
+            bookings = cur.fetchall()
+            cur.execute(f'SELECT update_id, state, attempts FROM "{pg_table}" ORDER BY update_id')
+            updates = cur.fetchall()
+    finally:
+        conn.close()
+    assert_one_booking_per_update(bookings)
+    assert bookings == [(501, "11:00", 11), (502, "12:00", 12), (510, "20:00", 20)]
+    # 503 (wrong secret) was never recorded; 510 needed a second attempt (the sweeper's)
+    assert updates == [(501, "completed", 1), (502, "completed", 1), (510, "completed", 2)]
+    assert "sweep handed 1 update(s)" in runner.log(sweeper)
+
+
+# -- examples/blocking_wsgi.py ---------------------------------------------------------------
+def test_blocking_wsgi_webhook_books_once_and_stops_on_sigint(
+    runner: Runner, fake: FakeBotApi, tmp_path: Path
+) -> None:
+    db = tmp_path / "bookings.sqlite3"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    bot = runner.start(
+        "blocking_wsgi.py", "--db", str(db), "--base-url", fake.base_url,
+        "--listen", "127.0.0.1", "--port", str(port),
+        "--set-webhook", "https://bot.example.com/telegram",
+        env={"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_WEBHOOK_SECRET": SECRET},
+    )
+    runner.wait_for("the WSGI server to listen", lambda: listening(port), STARTUP, alive=[bot])
+    runner.wait_for("setWebhook", lambda: fake.webhook["url"], 10, alive=[bot])
+    assert fake.webhook["secret_token"] == SECRET
+
+    def post(update: Any, secret: Optional[str] = SECRET) -> int:
+        return post_to_webhook(url, update, secret_token=secret)
+
+    def recorded(update_id: int) -> bool:
+        return bool(query(db, "SELECT 1 FROM telegram_updates WHERE update_id = ?", update_id))
+
+    # the user blocked the bot: no booking, one exhaustion (403 is not retried)
+    fake.fail_next("sendChatAction", 1, error_code=403, description=BLOCKED)
+    assert post(make_message_update(700, 9, "/book 09:00")) == 200
+    assert recorded(700)  # 200 only after the commit
+    runner.wait_for("the exhaustion", lambda: query(db, "SELECT 1 FROM booking_exhaustions"),
+                    20, alive=[bot])
+
+    assert post(make_message_update(701, 10, "/book 10:00")) == 200
+    assert recorded(701)
+    assert post(make_message_update(702, 11, "/book 10:00")) == 200
+    assert post(make_message_update(701, 10, "/book 10:00")) == 200  # duplicate
+    assert post(make_message_update(703, 12, "/book 10:00"), secret="wrong") == 403
+    assert post(make_message_update(704, 12, "/book 10:00"), secret=None) == 403
+    assert post(b"not json") == 400
+    assert post({"update_id": -1}) == 400
+    assert not recorded(703) and not recorded(704)
+    runner.wait_for("two replies", lambda: len(fake.sent_messages) >= 2, 20, alive=[bot])
+    assert runner.stop(bot, signal.SIGINT) == 0, runner.all_logs()
+
+    replies = texts_to(fake, 10) + texts_to(fake, 11)
+    assert sorted(replies) == ["Booked 10:00 for you.", "Sorry, 10:00 is already taken."], \
+        fake.sent_messages
+    assert texts_to(fake, 9) == [] and texts_to(fake, 12) == []
+    bookings = query(db, "SELECT update_id, slot FROM bookings")
+    assert len(bookings) == 1 and bookings[0][0] in (701, 702) and bookings[0][1] == "10:00"
+    exhaustions = query(db, "SELECT update_id, attempt, error FROM booking_exhaustions")
+    assert len(exhaustions) == 1 and exhaustions[0][:2] == (700, 1)
+    assert "blocked by the user" in exhaustions[0][2]
+    states = dict(
+        (row[0], row[1:])
+        for row in query(db, "SELECT update_id, state, attempts, settled_at IS NOT NULL "
+                             "FROM telegram_updates")
+    )
+    assert states == {
+        700: ("abandoned", 1, 1),  # acknowledged exhaustion
+        701: ("completed", 1, 1),
+        702: ("completed", 1, 1),
+    }
+    assert "stopped" in runner.log(bot)
+
+
+def test_blocking_wsgi_exit_after(runner: Runner, fake: FakeBotApi, tmp_path: Path) -> None:
+    db = tmp_path / "bookings.sqlite3"
+    port = free_port()
+    bot = runner.start(
+        "blocking_wsgi.py", "--db", str(db), "--base-url", fake.base_url,
+        "--listen", "127.0.0.1", "--port", str(port), "--exit-after", "2",
+        env={"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_WEBHOOK_SECRET": SECRET},
+    )
+    runner.wait_for("the WSGI server to listen", lambda: listening(port), STARTUP, alive=[bot])
+    for update_id, chat_id, text in ((1, 1, "/book 07:00"), (2, 2, "/book later")):
+        update = make_message_update(update_id, chat_id, text)
+        assert post_to_webhook(f"http://127.0.0.1:{port}/", update, secret_token=SECRET) == 200
+    assert runner.exit_code(bot, timeout=30) == 0, runner.all_logs()
+    assert texts_to(fake, 1) == ["Booked 07:00 for you."]
+    assert texts_to(fake, 2) == ["Usage: /book HH:MM, e.g. /book 10:30"]
+    assert query(db, "SELECT update_id, slot FROM bookings") == [(1, "07:00")]
+
+
+# -- examples/custom_store.py ----------------------------------------------------------------
+def test_custom_store_conforms_and_the_check_bites(runner: Runner) -> None:
+    good = runner.start("custom_store.py", name="custom-good")
+    broken = runner.start("custom_store.py", "--break-fence", name="custom-broken")
+    assert runner.exit_code(good, timeout=60) == 0, runner.all_logs()
+    assert runner.exit_code(broken, timeout=60) == 1, runner.all_logs()
+
+    out = runner.log(good)
+    assert "DictUpdateStore: durable = True" in out
+    assert "check_update_store: no violations" in out
+    assert "handled: [1]; exhaustions delivered: [(2, 'refusing on purpose')]" in out
+
+    out = runner.log(broken)
+    assert "FenceIgnoresClaimId" in out
+    assert "- fence: owns with a wrong claim id returned True" in out
+    assert "- attempt-ownership: settle_owned with a wrong claim id returned True" in out
+    assert "UpdateIntake" not in out  # a store that fails the check is not used
