@@ -162,7 +162,7 @@ class ReusedClaimIdStore(MemoryUpdateStore):
             return AttemptIdentity(update_id, got.attempt, f"claim-{update_id}")
 
 
-# -- raising ---------------------------------------------------------------------------------------
+# -- raising --------------------------------------------------------------------------------------
 class DueRaisesStore(MemoryUpdateStore):
     """due raises RuntimeError."""
 
@@ -453,7 +453,7 @@ class CloseRaisesStore(MemoryUpdateStore):
         raise OSError("close is broken")
 
 
-# -- capability levels ------------------------------------------------------------------------------
+# -- capability levels ----------------------------------------------------------------------------
 class BaseOnlyStore:
     """Only the six base methods (delegating to a memory store)."""
 
