@@ -760,3 +760,111 @@ def test_a_store_error_in_attempt_exhaust_is_reported(intakes) -> None:  # noqa:
     assert intake.idle(5)
     assert isinstance(results["error"], StoreDown)  # the handler learns it did not land
     assert (StoreDown, "settle") in [(type(e), s) for e, s in errors.snapshot()]
+
+
+def test_a_second_intake_takes_over_a_handler_blocked_past_its_lease(intakes) -> None:  # noqa: F811
+    """Two intakes ("processes") on one store: only the owner's fenced write lands."""
+    store, clock = MemoryUpdateStore(), FakeClock()
+    entered, taken_over = threading.Event(), threading.Event()
+    writes: List[Any] = []
+    results: dict = {}
+
+    def slow(update, attempt):  # noqa: ANN001, ANN202
+        entered.set()
+        assert taken_over.wait(5)
+        results["lost"] = attempt.owner_lost.wait(5)
+        try:
+            with attempt.transaction():
+                writes.append(("slow", attempt.attempt))
+        except OwnershipLost:
+            results["refused"] = True
+
+    def fast(update, attempt):  # noqa: ANN001, ANN202
+        with attempt.transaction(complete=True):
+            writes.append(("fast", attempt.attempt))
+
+    first = make(store, intakes, clock, handle_attempt=slow, lease_seconds=0.2)
+    first.accept(body(1))
+    assert entered.wait(5)
+    clock.advance(1)
+    second = make(store, intakes, clock, handle_attempt=fast, lease_seconds=0.2)  # start sweeps
+    assert second.idle(5)
+    taken_over.set()
+    assert first.idle(5)
+    assert results == {"lost": True, "refused": True}
+    assert writes == [("fast", 2)]
+    r = row(store, 1)
+    assert (r.state, r.attempts) == ("completed", 2)
+
+
+def test_sweep_prunes_settled_rows_after_retain_seconds(intakes) -> None:  # noqa: F811
+    store, clock = MemoryUpdateStore(), FakeClock()
+    intake = make(store, intakes, clock, handle=lambda u: None, retain_seconds=100)
+    intake.accept(body(1))
+    assert intake.idle(5)
+    assert row(store, 1).state == "completed"
+    run_due(intake, clock, 100)
+    assert row(store, 1) is not None  # exactly retain_seconds: kept (strict bound)
+    run_due(intake, clock, 0.001)
+    assert row(store, 1) is None
+    assert intake.accept(body(1)) == "accepted"  # the id can be recorded again
+
+
+def test_transaction_on_a_given_connection_commits_or_rolls_back(intakes, tmp_path) -> None:  # noqa: F811, ANN001
+    import sqlite3
+
+    path = str(tmp_path / "domain.db")
+    setup = sqlite3.connect(path)
+    setup.execute("CREATE TABLE notes (update_id INTEGER, attempt INTEGER)")
+    setup.commit()
+    setup.close()
+    store, clock = MemoryUpdateStore(), FakeClock()
+    results: dict = {}
+
+    def handle_attempt(update, attempt):  # noqa: ANN001, ANN202
+        conn = sqlite3.connect(path)
+        try:
+            uid = update["update_id"]
+            if uid == 1:  # committed
+                with attempt.transaction(connection=conn) as c:
+                    c.execute("INSERT INTO notes VALUES (?, ?)", (uid, attempt.attempt))
+            elif uid == 2:  # the body raises: rolled back, propagates
+                try:
+                    with attempt.transaction(connection=conn.cursor()) as cur:
+                        cur.execute("INSERT INTO notes VALUES (?, ?)", (uid, attempt.attempt))
+                        raise LookupError("domain")
+                except LookupError:
+                    results[2] = "propagated"
+            elif uid == 3:  # lost ownership before the transaction: nothing written
+                clock.advance(10)
+                assert attempt.owner_lost.wait(5)
+                try:
+                    with attempt.transaction(connection=conn) as c:
+                        c.execute("INSERT INTO notes VALUES (?, ?)", (uid, attempt.attempt))
+                except OwnershipLost:
+                    results[3] = "refused"
+        finally:
+            conn.close()
+
+    intake = make(store, intakes, clock, handle_attempt=handle_attempt, lease_seconds=1)
+    for uid in (1, 2, 3):
+        intake.accept(body(uid))
+        assert intake.idle(5)
+    check = sqlite3.connect(path)
+    assert check.execute("SELECT update_id, attempt FROM notes").fetchall() == [(1, 1)]
+    check.close()
+    assert results == {2: "propagated", 3: "refused"}
+
+
+def test_unary_attempt_has_no_identity() -> None:
+    from ptb_fence import RuntimeOptions
+    from ptb_fence.runtime import Runtime
+
+    store = StoreWrapper(methods=BASE_METHODS)
+    runtime = Runtime(store, RuntimeOptions(clock=FakeClock()), attempt_aware=False, handle_exhaustion=False)
+    store.add(1, body(1), 0)
+    attempt = runtime.claim(1)
+    assert attempt is not None and not attempt.fenced and attempt.claim_id == ""
+    with pytest.raises(TypeError, match="fenced store"):
+        attempt.identity
+    runtime.end(attempt)

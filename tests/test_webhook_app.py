@@ -280,3 +280,48 @@ def test_invalid_max_body_bytes(bound: Any) -> None:
 def test_an_intake_without_accept_is_refused() -> None:
     with pytest.raises(TypeError, match="accept"):
         webhook_app(object(), secret_token=SECRET)
+
+
+def test_concurrent_posts_of_the_same_update_record_it_once(intakes) -> None:  # noqa: F811
+    from socketserver import ThreadingMixIn
+
+    class ThreadingServer(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    store = StoreWrapper()
+    runs: List[Any] = []
+    lock = threading.Lock()
+
+    def handle(update: Any) -> None:
+        with lock:
+            runs.append(update["update_id"])
+
+    intake = UpdateIntake(store, handle=handle, clock=FakeClock())
+    intakes.append(intake)
+    intake.start()
+    app = webhook_app(intake, secret_token=SECRET)
+    httpd = make_server("127.0.0.1", 0, app, server_class=ThreadingServer, handler_class=_QuietHandler)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    server = Server.__new__(Server)
+    server.httpd, server.port, server.thread = httpd, httpd.server_address[1], thread
+    answers: List[Tuple[int, bytes]] = []
+
+    def post(uid: int) -> None:
+        status, _, reply = server.post(body(uid).encode())
+        with lock:
+            answers.append((status, reply.strip()))
+
+    try:
+        posters = [threading.Thread(target=post, args=(uid,)) for uid in [5] * 8 + list(range(10, 18))]
+        for poster in posters:
+            poster.start()
+        for poster in posters:
+            poster.join(10)
+    finally:
+        server.close()
+    assert intake.idle(5)
+    assert all(status == 200 for status, _ in answers) and len(answers) == 16
+    replies = [reply for _, reply in answers]
+    assert replies.count(b"accepted") == 9 and replies.count(b"duplicate") == 7
+    assert sorted(runs) == [5] + list(range(10, 18))
