@@ -165,7 +165,7 @@ class MemoryUpdateStore:
             row = self._rows.get(update_id)
             if row is None or not self._live(row, attempt, now, None):
                 return False
-            row.due_at = max(row.due_at or lease_until, lease_until)
+            row.due_at = lease_until if row.due_at is None else max(row.due_at, lease_until)
             return True
 
     def renew_many(
@@ -185,7 +185,9 @@ class MemoryUpdateStore:
     def due(self, *, now: int, pending_before: int, limit: int) -> List[StoredUpdate]:
         """Rows to hand over, by ``update_id``; see :class:`ptb_fence.UpdateStore`."""
         with self._lock:
-            result = []
+            result: List[StoredUpdate] = []
+            if limit <= 0:
+                return result
             for update_id in sorted(self._rows):
                 row = self._rows[update_id]
                 if row.state == "pending":
@@ -238,7 +240,7 @@ class MemoryUpdateStore:
             row = self._rows.get(identity.update_id)
             if row is None or not self._live(row, identity.attempt, now, identity.claim_id):
                 return False
-            row.due_at = max(row.due_at or lease_until, lease_until)
+            row.due_at = lease_until if row.due_at is None else max(row.due_at, lease_until)
             return True
 
     def renew_owned_many(
@@ -300,7 +302,9 @@ class MemoryUpdateStore:
     ) -> List[Exhaustion]:
         """Unacknowledged exhaustions after ``after_update_id``, by ``update_id``."""
         with self._lock:
-            result = []
+            result: List[Exhaustion] = []
+            if limit <= 0:
+                return result
             for update_id in sorted(self._rows):
                 if after_update_id is not None and update_id <= after_update_id:
                     continue
