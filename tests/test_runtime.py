@@ -868,3 +868,38 @@ def test_unary_attempt_has_no_identity() -> None:
     with pytest.raises(TypeError, match="fenced store"):
         attempt.identity
     runtime.end(attempt)
+
+
+def test_a_backlog_larger_than_a_sweep_page_is_handled_at_start(intakes) -> None:  # noqa: F811
+    store, clock = MemoryUpdateStore(), FakeClock()
+    store.add_many([(uid, body(uid, chat=uid % 50), clock.ms()) for uid in range(1, 1201)])
+    seen: List[int] = []
+    lock = threading.Lock()
+
+    def handle(update):  # noqa: ANN001, ANN202
+        with lock:
+            seen.append(update["update_id"])
+
+    intake = make(store, intakes, clock, handle=handle)
+    assert wait_until(lambda: len(seen) == 1200 and intake.idle(0), 20)
+    assert sorted(seen) == list(range(1, 1201))
+    assert store.due(now=HUGE, pending_before=HUGE, limit=10) == []
+
+
+def test_a_completion_that_does_not_land_fires_owner_lost_and_runs_again(intakes) -> None:  # noqa: F811
+    store, clock = MemoryUpdateStore(), FakeClock()
+    seen: List[Attempt] = []
+
+    def handle_attempt(update, attempt):  # noqa: ANN001, ANN202
+        seen.append(attempt)
+        if len(seen) == 1:
+            clock.advance(5)  # paused past its lease; nobody took it over yet
+
+    intake = make(store, intakes, clock, handle_attempt=handle_attempt, lease_seconds=1)
+    intake.accept(body(1))
+    assert intake.idle(5)
+    assert seen[0].owner_lost.is_set()
+    assert row(store, 1).state == "processing"  # the late completion did not land
+    assert run_due(intake, clock, 0) == 1
+    assert [a.attempt for a in seen] == [1, 2]
+    assert row(store, 1).state == "completed" and not seen[1].owner_lost.is_set()
