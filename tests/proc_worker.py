@@ -29,7 +29,9 @@ Handler behaviour (``--mode``):
 
 ``--kill-after-commit UID`` makes the process SIGKILL itself right after the ``with`` block of
 that update committed (before the runtime settles anything). ``--sleep S`` sleeps inside the
-handler before the transaction (a slow handler).
+handler before the transaction (a slow handler). ``--pause-in-tx`` writes
+``intx.<update_id>.<pid>`` after the domain insert, inside the open transaction, and waits there
+for ``DIR/release``.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--kill-after-commit", type=int, action="append", default=[])
     parser.add_argument("--lost-first", action="store_true")
     parser.add_argument("--no-complete", action="store_true", help="block: plain transaction()")
+    parser.add_argument(
+        "--pause-in-tx", action="store_true", help="wait for DIR/release inside the transaction"
+    )
     parser.add_argument("--accept", default="", help="FIRST:COUNT[:CHATS] updates to accept")
     parser.add_argument("--max-life", type=float, default=40.0)
     return parser.parse_args(argv)
@@ -182,6 +187,9 @@ class Worker:
                         self._insert(conn, attempt)
                 else:
                     self._insert(conn, attempt)
+                if args.pause_in_tx:
+                    self.touch(f"intx.{attempt.update_id}.{self.pid}")
+                    self.wait_file("release")
         except OwnershipLost as exc:
             self.log(
                 "lost",

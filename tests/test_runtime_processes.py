@@ -251,9 +251,9 @@ def test_owner_loss_sigstop(bed: Bed) -> None:
     wait_for("A's handler to start", lambda: bed.started(1, a), 15)
     a.send_signal(signal.SIGSTOP)
     stopped_at = time.monotonic()
-    b = bed.spawn("--mode", "complete", "--lease", "0.6", "--sweep", "0.05", "--grace", "0.05")
+    b = bed.spawn("--mode", "complete", "--lease", "2", "--sweep", "0.05", "--grace", "0.05")
     wait_for("B to complete update 1", lambda: bed.completed([1]), 20)
-    assert time.monotonic() - stopped_at >= 0.5  # only after A's lease lapsed
+    assert time.monotonic() - stopped_at >= 0.4  # only after A's lease (0.6 s) lapsed
     state, attempts, claim_id = bed.rows()[1]
     assert (state, attempts) == ("completed", 2)
     bed.touch("release")
@@ -343,6 +343,38 @@ def test_owner_loss_stalled_lease_keeper(bed: Bed) -> None:
     assert bed.rows()[7] == ("completed", 2, seen["b"].claim_id)
 
 
+def test_paused_inside_fenced_transaction_writes_once(bed: Bed) -> None:
+    """A is paused (SIGSTOP) inside its fenced transaction(complete=True), after its domain
+    write, until long past its lease, while B sweeps. The ownership check holds the update until
+    A's transaction ends (SQLite: the write lock; PostgreSQL: the FOR UPDATE row lock), so B
+    cannot take it in between; after SIGCONT A's completion is refused (its lease lapsed before
+    the commit), everything A wrote is rolled back, and B then handles the update once."""
+    bed.add([1])
+    a = bed.spawn("--mode", "complete", "--pause-in-tx", "--lease", "0.8", "--sweep", "60",
+                  "--grace", "60")
+    wait_for("A to be inside its transaction",
+             lambda: glob.glob(os.path.join(bed.dir, f"intx.1.{a.pid}")), 15)
+    a.send_signal(signal.SIGSTOP)
+    b = bed.spawn("--mode", "complete", "--lease", "2", "--sweep", "0.05", "--grace", "0.05")
+    time.sleep(2.0)  # A's lease (0.8 s) lapsed long ago; B's sweeps see a lapsed processing row
+    assert b.poll() is None, bed.output(b)
+    assert not bed.started(1, b)  # A's open transaction keeps B out
+    bed.touch("release")
+    a.send_signal(signal.SIGCONT)
+    wait_for("B to complete the update", lambda: bed.completed([1]), 15)
+    bed.stop()
+    events = [(e["event"], e["pid"], e["attempt"]) for e in bed.events()]
+    assert events == [
+        ("start", a.pid, 1),
+        ("lost", a.pid, 1),
+        ("start", b.pid, 2),
+        ("commit", b.pid, 2),
+    ]
+    state, attempts, claim_id = bed.rows()[1]
+    assert (state, attempts) == ("completed", 2)
+    assert bed.domain_rows() == [(1, 2, claim_id, b.pid)]
+
+
 # --------------------------------------------------------------------------------------------
 # Exactly once / at least once across a SIGKILL right after the commit
 # --------------------------------------------------------------------------------------------
@@ -352,17 +384,17 @@ def test_complete_true_is_not_rerun_after_sigkill(bed: Bed) -> None:
     """transaction(complete=True) commits the domain row and the completion together: a worker
     killed right after that commit is not re-run by the next process."""
     bed.add([1, 2], chat=5)  # one chat: 2 waits for 1, so the kill leaves 2 pending
-    a = bed.spawn("--mode", "complete", "--kill-after-commit", "1", "--lease", "0.3",
+    a = bed.spawn("--mode", "complete", "--kill-after-commit", "1", "--lease", "2",
                   "--sweep", "60", "--grace", "60")
     a.wait(15)
     assert a.returncode == -signal.SIGKILL, bed.output(a)
     rows = bed.rows()
     assert rows[1][:2] == ("completed", 1)
     assert rows[2][:2] == ("pending", 0)
-    b = bed.spawn("--mode", "complete", "--lease", "0.3", "--sweep", "0.05", "--grace", "0.05")
+    b = bed.spawn("--mode", "complete", "--lease", "2", "--sweep", "0.05", "--grace", "0.05")
     bed.ready(b)
     wait_for("B to handle update 2", lambda: bed.completed([2]), 15)
-    time.sleep(0.3 + 0.2)  # A's lease is long gone; B swept several times
+    time.sleep(0.5)  # B swept several times more
     bed.stop()
     starts = [(e["update_id"], e["pid"]) for e in bed.events() if e["event"] == "start"]
     assert starts == [(1, a.pid), (2, b.pid)]
@@ -375,13 +407,13 @@ def test_plain_transaction_is_rerun_once_after_sigkill(bed: Bed) -> None:
     right after it is re-run once (at least once); the idempotency check inside the fenced
     transaction keeps it at one domain row."""
     bed.add([1, 2], chat=5)
-    a = bed.spawn("--mode", "plain", "--kill-after-commit", "1", "--lease", "0.3",
+    a = bed.spawn("--mode", "plain", "--kill-after-commit", "1", "--lease", "0.6",
                   "--sweep", "60", "--grace", "60")
     a.wait(15)
     assert a.returncode == -signal.SIGKILL, bed.output(a)
     assert bed.rows()[1][:2] == ("processing", 1)
     assert len(bed.domain_rows()) == 1
-    b = bed.spawn("--mode", "plain", "--lease", "0.3", "--sweep", "0.05", "--grace", "0.05")
+    b = bed.spawn("--mode", "plain", "--lease", "2", "--sweep", "0.05", "--grace", "0.05")
     wait_for("B to handle updates 1 and 2", lambda: bed.completed([1, 2]), 15)
     bed.stop()
     events = [(e["event"], e["update_id"], e["pid"], e["attempt"]) for e in bed.events()]
@@ -409,7 +441,7 @@ def test_worker_killed_mid_handler_loses_nothing(bed: Bed) -> None:
     ids = list(range(1, 21))
     bed.add(ids)
     a = bed.spawn("--mode", "complete", "--sleep", "0.3", "--max-concurrent", "4",
-                  "--lease", "0.5", "--sweep", "60", "--grace", "60")
+                  "--lease", "1", "--sweep", "60", "--grace", "60")
 
     def in_flight() -> "set[int]":
         events = [e for e in bed.events() if e["pid"] == a.pid]
@@ -425,7 +457,7 @@ def test_worker_killed_mid_handler_loses_nothing(bed: Bed) -> None:
     assert interrupted and a_done
     rows = bed.rows()
     assert all(rows[u][0] == "processing" for u in interrupted)
-    b = bed.spawn("--mode", "complete", "--max-concurrent", "8", "--lease", "0.5",
+    b = bed.spawn("--mode", "complete", "--max-concurrent", "8", "--lease", "2",
                   "--sweep", "0.05", "--grace", "0.05")
     wait_for("every update to complete", lambda: bed.completed(ids), 30)
     bed.stop()
@@ -452,7 +484,7 @@ def test_three_processes_share_one_database(bed: Bed) -> None:
     n = 200
     # handlers take 50 ms, 4 at a time, so the acceptor accepts faster than it handles and the
     # others' sweeps (grace 0.1 s) reach the rows still pending
-    common = ("--mode", "complete", "--lease", "1.0", "--sweep", "0.1", "--grace", "0.1",
+    common = ("--mode", "complete", "--lease", "2", "--sweep", "0.1", "--grace", "0.1",
               "--max-concurrent", "4", "--sleep", "0.05")
     others = [bed.spawn(*common), bed.spawn(*common)]
     for proc in others:
@@ -481,13 +513,13 @@ def test_three_processes_share_one_database(bed: Bed) -> None:
     committed_claims = {e["claim_id"] for e in commits}
     lost_claims = {e["claim_id"] for e in events if e["event"] == "lost"}
     assert {e["claim_id"] for e in starts} <= committed_claims | lost_claims
-    # a takeover needs the previous lease (1 s, renewed) to lapse first: consecutive runs of one
-    # update can never start within a lease of each other
+    # a takeover needs the previous lease (2 s, renewed) to lapse first: consecutive runs of one
+    # update can never start within a lease of each other (1 s of slack for a late start log)
     runs: Dict[int, List[float]] = {}
     for e in starts:
         runs.setdefault(e["update_id"], []).append(e["t"])
     overlapping = {
-        u: ts for u, ts in runs.items() if any(b - a < 0.8 for a, b in zip(ts, ts[1:]))
+        u: ts for u, ts in runs.items() if any(b - a < 1.0 for a, b in zip(ts, ts[1:]))
     }
     assert not overlapping, overlapping
     pids = {e["pid"] for e in commits}
