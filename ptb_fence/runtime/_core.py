@@ -350,7 +350,7 @@ class Runtime:
             "update %s attempt %s failed (%s): %s",
             attempt.update_id,
             attempt.attempt,
-            "retry scheduled in %.3gs" % delay if outcome == Outcome.RETRYING else outcome,
+            "retry scheduled in %.3gs" % (delay or 0.0) if outcome == Outcome.RETRYING else outcome,
             text,
             extra=_ids(attempt),
         )
