@@ -1,0 +1,896 @@
+"""The ``ptb-fence`` commands: argument parsing and one function per command.
+
+Exit statuses: ``0`` success; ``1`` the conformance check found violations; ``2`` bad input or a
+refused action (a one-line message on stderr; nothing was changed); ``3`` the store could not be
+reached or failed; ``130`` interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sqlite3
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence
+
+from ptb_fence._errors import SchemaError, StoreBusy
+from ptb_fence._values import AttemptIdentity
+from ptb_fence.cli._errors import CommandError, Refused, StoreFailure
+from ptb_fence.cli._format import (
+    clip,
+    format_age,
+    format_time,
+    iso_time,
+    one_line,
+    parse_duration,
+    pretty_body,
+    render_pairs,
+    render_table,
+)
+from ptb_fence.cli._inspect import STATES, TableInspector
+from ptb_fence.cli._rows import UpdateRow
+from ptb_fence.cli._target import StoreTarget
+from ptb_fence.stores import validate_table_name
+
+__all__ = ["build_parser", "main"]
+
+_LOGGER = logging.getLogger("ptb_fence.cli")
+
+PROG = "ptb-fence"
+DEFAULT_TABLE = "telegram_updates"
+STORE_ENV = "PTB_FENCE_STORE"
+TABLE_ENV = "PTB_FENCE_TABLE"
+
+_MAX_UPDATE_ID = 2**63 - 1
+_DAY_MS = 86_400_000
+_ERROR_WIDTH = 48
+
+
+# -- output ------------------------------------------------------------------------------------
+def _out(text: str = "") -> None:
+    print(text, file=sys.stdout, flush=True)
+
+
+def _progress(text: str) -> None:
+    print(f"{PROG}: {text}", file=sys.stderr, flush=True)
+
+
+def _json(data: Any) -> None:
+    _out(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# -- argument types ----------------------------------------------------------------------------
+def _update_id(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except (TypeError, ValueError):
+        value = -1
+    if not 0 <= value <= _MAX_UPDATE_ID:
+        raise argparse.ArgumentTypeError(
+            f"invalid update id {text!r}: an update_id is a whole number from 0 to 2**63-1"
+        )
+    return value
+
+
+def _positive_int(what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 10)
+        except (TypeError, ValueError):
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: a whole number >= 1")
+        return value
+
+    return parse
+
+
+def _claim_id(text: str) -> str:
+    if not text or len(text) > 256 or any(c.isspace() or not c.isprintable() for c in text):
+        raise argparse.ArgumentTypeError(
+            f"invalid claim id {text!r}: copy it exactly from `{PROG} exhaustions` or "
+            f"`{PROG} show` (one word, no spaces)"
+        )
+    return text
+
+
+def _duration(text: str) -> int:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _state(text: str) -> str:
+    if text not in STATES:
+        raise argparse.ArgumentTypeError(
+            f"invalid state {text!r}: one of {', '.join(STATES)}"
+        )
+    return text
+
+
+# -- parser ------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line and exit status 2 (as :class:`Refused`)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise Refused(f"{message} (see `{self.prog} --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the ``ptb-fence`` argument parser.
+
+    ``--store``, ``--table`` and ``--verbose`` are accepted before or after the command.
+
+    Returns:
+        :class:`argparse.ArgumentParser`: The parser.
+    """
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--store",
+        default=argparse.SUPPRESS,
+        metavar="URL",
+        help=(
+            "sqlite:///relative/path.db, sqlite:////absolute/path.db or a postgresql:// DSN "
+            f"(default: ${STORE_ENV})"
+        ),
+    )
+    common.add_argument(
+        "--table",
+        default=argparse.SUPPRESS,
+        metavar="NAME",
+        help=f"the update table (default: ${TABLE_ENV} or {DEFAULT_TABLE})",
+    )
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="log the ptb_fence.* INFO records (retry, ack) to stderr",
+    )
+    parser = _Parser(
+        prog=PROG,
+        parents=[common],
+        description=(
+            "Inspect and operate a ptb_fence update table (SQLite or PostgreSQL). Exit status: "
+            "0 ok, 1 check found violations, 2 bad input or refused (nothing changed), "
+            "3 store unreachable or failed."
+        ),
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub: argparse.ArgumentParser = commands.add_parser(
+            name, parents=[common], help=help_text, description=help_text
+        )
+        return sub
+
+    sub = command("status", "counts per state, oldest pending age, what is due now")
+    sub.add_argument("--json", action="store_true", help="print JSON")
+
+    sub = command("list", "rows by update_id (no bodies)")
+    sub.add_argument("--state", type=_state, help=f"only rows in this state ({', '.join(STATES)})")
+    sub.add_argument("--limit", type=_positive_int("limit"), default=50, help="at most N rows (50)")
+    sub.add_argument("--after", type=_update_id, metavar="UPDATE_ID", help="rows after this id")
+    sub.add_argument("--json", action="store_true", help="print JSON")
+
+    sub = command("show", "one update: its state, attempts, error, times (UTC) and body")
+    sub.add_argument("update_id", type=_update_id, metavar="UPDATE_ID")
+    sub.add_argument("--json", action="store_true", help="print JSON")
+
+    sub = command("exhaustions", "unacknowledged exhaustions, paged by update_id")
+    sub.add_argument("--limit", type=_positive_int("limit"), default=50, help="at most N (50)")
+    sub.add_argument("--after", type=_update_id, metavar="UPDATE_ID", help="the paging cursor")
+    sub.add_argument("--json", action="store_true", help="print JSON")
+
+    sub = command("ack", "acknowledge one exhaustion by its exact identity")
+    sub.add_argument("update_id", type=_update_id, metavar="UPDATE_ID")
+    sub.add_argument("--attempt", type=_positive_int("attempt"), required=True, metavar="N")
+    sub.add_argument("--claim-id", type=_claim_id, required=True, metavar="CLAIM_ID")
+
+    command(
+        "retry",
+        "make a failed or abandoned update claimable again with a full new set of attempts",
+    ).add_argument("update_id", type=_update_id, metavar="UPDATE_ID")
+
+    sub = command("prune", "delete completed/abandoned rows settled longer ago than DURATION")
+    sub.add_argument(
+        "--older-than", type=_duration, required=True, metavar="DURATION",
+        help="e.g. 90s, 15m, 12h, 7d",
+    )
+
+    command("schema", "print the idempotent PostgreSQL migration for --table")
+    command("migrate", "apply the PostgreSQL migration (SQLite stores migrate themselves)")
+    command("check", "run the conformance check on scratch tables (never your table)")
+    return parser
+
+
+# -- context -----------------------------------------------------------------------------------
+class _Context:
+    """The parsed global options of one invocation."""
+
+    __slots__ = ("args", "store_url", "table", "_target")
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.store_url: Optional[str] = getattr(args, "store", None) or os.environ.get(STORE_ENV)
+        self.table: str = getattr(args, "table", None) or os.environ.get(TABLE_ENV) or DEFAULT_TABLE
+        self._target: Optional[StoreTarget] = None
+
+    def validate_table(self) -> str:
+        try:
+            return validate_table_name(self.table)
+        except ValueError as exc:
+            raise Refused(str(exc)) from None
+
+    @property
+    def target(self) -> StoreTarget:
+        if self._target is None:
+            self._target = StoreTarget(self.store_url or "")
+        return self._target
+
+    @property
+    def parsed_target(self) -> Optional[StoreTarget]:
+        return self._target
+
+    def inspector(self) -> TableInspector:
+        return TableInspector(self.target, self.validate_table())
+
+    def open_store(self) -> Any:
+        """The library's store on the existing table (never creates a table)."""
+        target, table = self.target, self.validate_table()
+        try:
+            if target.is_sqlite:
+                from ptb_fence.stores import SQLiteUpdateStore
+
+                assert target.path is not None
+                return SQLiteUpdateStore(target.path, table, busy_timeout=10.0)
+            from ptb_fence.stores import PostgresUpdateStore
+
+            assert target.dsn is not None
+            return PostgresUpdateStore(
+                target.dsn, table, create_table=False, pool_size=2, pool_timeout=10.0
+            )
+        except Exception as exc:
+            raise self.store_error(exc) from None
+
+    def store_error(self, exc: BaseException) -> CommandError:
+        """A one-line, password-free :class:`CommandError` for an error of a store call."""
+        text = self.target.redact(one_line(exc))
+        if isinstance(exc, SchemaError):
+            return Refused(f"{text} (with the command line: `{PROG} migrate`)")
+        if isinstance(exc, CommandError):
+            return type(exc)(text)
+        return StoreFailure(f"{self.target.display}: {type(exc).__name__}: {text}")
+
+
+# -- status ------------------------------------------------------------------------------------
+def _cmd_status(ctx: _Context) -> int:
+    now = _now_ms()
+    with ctx.inspector() as inspector:
+        report = inspector.status(now)
+    age = report.oldest_pending_age_ms
+    if ctx.args.json:
+        _json(
+            {
+                "store": ctx.target.display,
+                "table": ctx.table,
+                "now": now,
+                "now_utc": iso_time(now),
+                "counts": report.counts,
+                "total": report.total,
+                "oldest_pending": None
+                if age is None
+                else {
+                    "update_id": report.oldest_pending_update_id,
+                    "received_at": report.oldest_pending_received_at,
+                    "received_at_utc": iso_time(report.oldest_pending_received_at),
+                    "age_seconds": age / 1000.0,
+                },
+                "retries_due_now": report.retries_due,
+                "leases_lapsed_now": report.leases_lapsed,
+                "unacknowledged_exhaustions": report.unacknowledged_exhaustions,
+            }
+        )
+        return 0
+    _out(render_pairs([("store", ctx.target.display), ("table", ctx.table),
+                       ("now", format_time(now, millis=True))]))
+    _out()
+    rows = [(state, count) for state, count in report.counts.items()]
+    rows.append(("total", report.total))
+    _out(render_table(("STATE", "ROWS"), rows, right=(1,)))
+    _out()
+    oldest = "-"
+    if age is not None:
+        oldest = (
+            f"{format_age(age)} (update {report.oldest_pending_update_id}, received "
+            f"{format_time(report.oldest_pending_received_at, millis=True)})"
+        )
+    _out(
+        render_pairs(
+            [
+                ("oldest pending", oldest),
+                ("retries due now", report.retries_due),
+                ("leases lapsed now", report.leases_lapsed),
+                ("unacknowledged exhaustions", report.unacknowledged_exhaustions),
+            ]
+        )
+    )
+    if report.unacknowledged_exhaustions:
+        _out()
+        _out(f"see them with `{PROG} exhaustions`")
+    return 0
+
+
+# -- list / show -------------------------------------------------------------------------------
+def _cmd_list(ctx: _Context) -> int:
+    args = ctx.args
+    with ctx.inspector() as inspector:
+        rows = inspector.rows(state=args.state, limit=args.limit, after=args.after)
+    more = len(rows) >= args.limit
+    if args.json:
+        _json(
+            {
+                "rows": [row.as_json() for row in rows],
+                "next_after": rows[-1].update_id if more and rows else None,
+            }
+        )
+        return 0
+    if not rows:
+        what = f"{args.state} rows" if args.state else "rows"
+        _out(f"no {what}" + (f" after update {args.after}" if args.after is not None else ""))
+        return 0
+    _out(
+        render_table(
+            ("UPDATE_ID", "STATE", "ATTEMPTS", "RECEIVED (UTC)", "DUE (UTC)", "SETTLED (UTC)",
+             "ERROR"),
+            [
+                (
+                    row.update_id,
+                    row.state,
+                    row.attempts,
+                    format_time(row.received_at),
+                    format_time(row.due_at),
+                    format_time(row.settled_at),
+                    clip(row.error, _ERROR_WIDTH),
+                )
+                for row in rows
+            ],
+            right=(0, 2),
+        )
+    )
+    summary = f"{len(rows)} row(s)"
+    if more:
+        summary += f"; next page: --after {rows[-1].update_id}"
+    _out(summary)
+    return 0
+
+
+def _due_label(row: UpdateRow, now: int) -> str:
+    if row.due_at is None:
+        return "-"
+    when = format_time(row.due_at, millis=True)
+    delta = row.due_at - now
+    if row.state == "processing":
+        note = f"lease until; held for {format_age(delta)} more" if delta >= 0 else (
+            f"lease until; lapsed {format_age(-delta)} ago, claimable"
+        )
+    elif row.state == "failed":
+        note = f"retry at; in {format_age(delta)}" if delta > 0 else "retry at; due now"
+    elif row.state == "abandoned":
+        note = "ended at"
+    else:
+        note = "last lease until"
+    return f"{when} ({note})"
+
+
+def _cmd_show(ctx: _Context) -> int:
+    update_id = ctx.args.update_id
+    with ctx.inspector() as inspector:
+        row = inspector.row(update_id)
+    if row is None:
+        raise Refused(f"no update {update_id} in table {ctx.table!r}")
+    if ctx.args.json:
+        _json(row.as_json(body=True))
+        return 0
+    now = _now_ms()
+    exhaustion = "no"
+    if row.unacknowledged_exhaustion:
+        exhaustion = "yes, unacknowledged"
+    received = format_time(row.received_at, millis=True)
+    if row.received_at is not None:
+        received += f" ({format_age(now - row.received_at)} ago)"
+    _out(
+        render_pairs(
+            [
+                ("update_id", row.update_id),
+                ("state", row.state),
+                ("attempts", row.attempts),
+                ("claim_id", row.claim_id or "-"),
+                ("received_at", received),
+                ("due_at", _due_label(row, now)),
+                ("settled_at", format_time(row.settled_at, millis=True)),
+                ("exhaustion", exhaustion),
+                ("error", one_line(row.error) if row.error else "-"),
+            ]
+        )
+    )
+    _out("body:")
+    _out(pretty_body(row.body or ""))
+    if row.unacknowledged_exhaustion:
+        _out()
+        _out(
+            f"acknowledge it (after handling it): {PROG} ack {row.update_id} "
+            f"--attempt {row.attempts} --claim-id {row.claim_id}"
+        )
+    if row.state in ("failed", "abandoned"):
+        _out(f"make it claimable again: {PROG} retry {row.update_id}")
+    return 0
+
+
+# -- exhaustions / ack -------------------------------------------------------------------------
+def _cmd_exhaustions(ctx: _Context) -> int:
+    args = ctx.args
+    ctx.inspector().close()  # the table must exist; never create it
+    store = ctx.open_store()
+    try:
+        page = list(store.due_exhaustions(limit=args.limit, after_update_id=args.after))
+    except Exception as exc:
+        raise ctx.store_error(exc) from None
+    finally:
+        store.close()
+    more = len(page) >= args.limit
+    if args.json:
+        _json(
+            {
+                "exhaustions": [
+                    {
+                        "update_id": e.update_id,
+                        "attempt": e.attempt,
+                        "claim_id": e.claim_id,
+                        "exhausted_at": e.exhausted_at,
+                        "exhausted_at_utc": iso_time(e.exhausted_at),
+                        "error": e.error,
+                    }
+                    for e in page
+                ],
+                "next_after": page[-1].update_id if more and page else None,
+            }
+        )
+        return 0
+    if not page:
+        _out(
+            "no unacknowledged exhaustions"
+            + (f" after update {args.after}" if args.after is not None else "")
+        )
+        return 0
+    _out(
+        render_table(
+            ("UPDATE_ID", "ATTEMPT", "CLAIM_ID", "EXHAUSTED (UTC)", "ERROR"),
+            [
+                (e.update_id, e.attempt, e.claim_id, format_time(e.exhausted_at),
+                 clip(e.error, _ERROR_WIDTH))
+                for e in page
+            ],
+            right=(0, 1),
+        )
+    )
+    summary = f"{len(page)} unacknowledged exhaustion(s)"
+    if more:
+        summary += f"; next page: --after {page[-1].update_id}"
+    _out(summary)
+    _out(f"acknowledge one after handling it: {PROG} ack UPDATE_ID --attempt N --claim-id CLAIM_ID")
+    return 0
+
+
+def _explain_refused_ack(row: Optional[UpdateRow], identity: AttemptIdentity) -> str:
+    if row is None:
+        return f"no update {identity.update_id} (it was pruned?)"
+    if row.state != "abandoned":
+        return f"update {row.update_id} is {row.state}, not an exhaustion"
+    if row.settled_at is not None:
+        return (
+            f"the exhaustion of update {row.update_id} was already acknowledged at "
+            f"{format_time(row.settled_at, millis=True)}"
+        )
+    return (
+        f"update {row.update_id} is exhausted with attempt {row.attempts} and claim id "
+        f"{row.claim_id}, not attempt {identity.attempt} and claim id {identity.claim_id}: "
+        "acknowledge the exact identity you handled"
+    )
+
+
+def _cmd_ack(ctx: _Context) -> int:
+    args = ctx.args
+    identity = AttemptIdentity(
+        update_id=args.update_id, attempt=args.attempt, claim_id=args.claim_id
+    )
+    with ctx.inspector() as inspector:
+        if inspector.row(identity.update_id) is None:
+            raise Refused(f"no update {identity.update_id} in table {ctx.table!r}")
+        store = ctx.open_store()
+        try:
+            acknowledged = bool(store.acknowledge_exhaustion(identity, _now_ms()))
+        except Exception as exc:
+            raise ctx.store_error(exc) from None
+        finally:
+            store.close()
+        extra = {
+            "update_id": identity.update_id,
+            "attempt": identity.attempt,
+            "claim_id": identity.claim_id,
+            "table": ctx.table,
+        }
+        if not acknowledged:
+            reason = _explain_refused_ack(inspector.row(identity.update_id), identity)
+            _LOGGER.info(
+                "ack refused: update %s attempt %s (claim %s): %s",
+                identity.update_id, identity.attempt, identity.claim_id, reason, extra=extra,
+            )
+            raise Refused(f"not acknowledged: {reason}; nothing changed")
+    _LOGGER.info(
+        "ack: exhaustion of update %s attempt %s (claim %s) acknowledged by the operator",
+        identity.update_id, identity.attempt, identity.claim_id, extra=extra,
+    )
+    _out(
+        f"acknowledged the exhaustion of update {identity.update_id} (attempt "
+        f"{identity.attempt}, claim {identity.claim_id}): it is settled history now and is "
+        "pruned after the retention period"
+    )
+    return 0
+
+
+# -- retry -------------------------------------------------------------------------------------
+def _cmd_retry(ctx: _Context) -> int:
+    update_id = ctx.args.update_id
+    with ctx.inspector() as inspector:
+        before, changed = inspector.retry(update_id)
+    if before is None:
+        raise Refused(f"no update {update_id} in table {ctx.table!r}")
+    if not changed:
+        if before.state in ("failed", "abandoned"):
+            raise Refused(
+                f"update {update_id} changed while it was being retried; nothing changed "
+                f"(look again with `{PROG} show {update_id}`)"
+            )
+        why = {
+            "pending": "it is already pending (claimable)",
+            "processing": "it is processing: its lease is never disturbed (a lapsed lease is "
+            "taken over by the next sweep anyway)",
+            "completed": "it completed; a completed update is never run again",
+        }.get(before.state, f"its state is {before.state!r}")
+        raise Refused(
+            f"cannot retry update {update_id}: {why}; retry only makes failed or abandoned "
+            "updates claimable again; nothing changed"
+        )
+    was_exhaustion = before.unacknowledged_exhaustion
+    _LOGGER.info(
+        "retry: update %s %s -> pending, attempts %s -> 0 (last claim %s)%s",
+        update_id,
+        "abandoned (unacknowledged exhaustion)" if was_exhaustion else before.state,
+        before.attempts,
+        before.claim_id or "-",
+        "; it is no longer an exhaustion" if was_exhaustion else "",
+        extra={
+            "update_id": update_id,
+            "attempt": before.attempts,
+            "claim_id": before.claim_id,
+            "previous_state": before.state,
+            "was_exhaustion": was_exhaustion,
+            "table": ctx.table,
+        },
+    )
+    state = "abandoned, an unacknowledged exhaustion" if was_exhaustion else before.state
+    _out(f"update {update_id}: {state} -> pending")
+    _out(
+        f"attempts {before.attempts} -> 0: it gets a full new set of attempts "
+        "(due_at and settled_at cleared)"
+    )
+    if before.error:
+        _out(f"last error kept for the record: {clip(before.error, 200)}")
+    if was_exhaustion:
+        _out(
+            f"it is no longer an exhaustion: the identity (attempt {before.attempts}, claim "
+            f"{before.claim_id}) cannot be acknowledged any more, and the exhaustion handler "
+            "runs again only if it is exhausted again"
+        )
+    _out("the next sweep of a running bot claims it")
+    return 0
+
+
+# -- prune -------------------------------------------------------------------------------------
+def _cmd_prune(ctx: _Context) -> int:
+    older_than = ctx.args.older_than
+    ctx.inspector().close()  # the table must exist; never create it
+    now = _now_ms()
+    before = now - older_than
+    if older_than < _DAY_MS:
+        _progress(
+            "warning: pruning rows settled less than 24h ago; Telegram may still redeliver "
+            "such an update, which would then be recorded and handled again"
+        )
+    _progress(
+        f"pruning completed and abandoned rows (acknowledged exhaustions included) of {ctx.table!r} settled before "
+        f"{format_time(before, millis=True)} …"
+    )
+    started = time.monotonic()
+    store = ctx.open_store()
+    try:
+        deleted = int(store.prune(before))
+    except Exception as exc:
+        raise ctx.store_error(exc) from None
+    finally:
+        store.close()
+    _LOGGER.info(
+        "prune: %d row(s) settled before %s deleted", deleted, iso_time(before),
+        extra={"table": ctx.table, "deleted": deleted},
+    )
+    _out(
+        f"pruned {deleted} row(s) settled before {format_time(before, millis=True)} in "
+        f"{time.monotonic() - started:.2f}s (pending, processing and failed rows and "
+        "unacknowledged exhaustions are never pruned)"
+    )
+    return 0
+
+
+# -- schema / migrate --------------------------------------------------------------------------
+_SQLITE_SELF_MIGRATES = (
+    "SQLite: SQLiteUpdateStore creates its table and adds a missing claim_id column itself "
+    "when it opens the file; there is nothing to apply"
+)
+
+
+def _cmd_schema(ctx: _Context) -> int:
+    from ptb_fence.stores import postgres_update_store_schema
+
+    table = ctx.validate_table()
+    if ctx.store_url and ctx.target.is_sqlite:
+        _out(_SQLITE_SELF_MIGRATES)
+        return 0
+    _out(postgres_update_store_schema(table).rstrip("\n"))
+    return 0
+
+
+def _pg_table_state(cur: Any, table: str) -> "tuple[bool, bool, int]":
+    quoted = f'"{table}"'
+    cur.execute(
+        "SELECT to_regclass(%(q)s) IS NOT NULL, "
+        "EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%(q)s) "
+        "        AND attname = 'claim_id' AND NOT attisdropped), "
+        "(SELECT COUNT(*) FROM pg_index WHERE indrelid = to_regclass(%(q)s))",
+        {"q": quoted},
+    )
+    exists, has_claim_id, indexes = cur.fetchone()
+    return bool(exists), bool(has_claim_id), int(indexes or 0)
+
+
+def _cmd_migrate(ctx: _Context) -> int:
+    from ptb_fence.stores import postgres_update_store_schema
+
+    table = ctx.validate_table()
+    target = ctx.target
+    if target.is_sqlite:
+        _out(_SQLITE_SELF_MIGRATES)
+        return 0
+    import psycopg2
+
+    conn = target.connect_postgres()
+    try:
+        with conn.cursor() as cur:
+            before = _pg_table_state(cur, table)
+            cur.execute(postgres_update_store_schema(table))
+            after = _pg_table_state(cur, table)
+        conn.commit()
+    except psycopg2.Error as exc:
+        raise ctx.store_error(exc) from None
+    finally:
+        conn.close()
+    changes = []
+    if not before[0]:
+        changes.append("created the table")
+    elif not before[1]:
+        changes.append("added the claim_id column")
+    if after[2] > before[2] and before[0]:
+        changes.append("created the (state, due_at) index")
+    _LOGGER.info("migrate: %s", "; ".join(changes) or "up to date", extra={"table": table})
+    if changes:
+        _out(f"migrated table {table!r} in {target.display}: {', '.join(changes)}")
+    else:
+        _out(f"table {table!r} in {target.display} is up to date; nothing changed")
+    return 0
+
+
+# -- check -------------------------------------------------------------------------------------
+def _cmd_check(ctx: _Context) -> int:
+    from ptb_fence.conformance import RULES, check_update_store
+
+    target = ctx.target
+    total = len(RULES)
+    counter = iter(range(1, 10_000))
+    started = time.monotonic()
+
+    def announce() -> None:
+        number = next(counter)
+        name = RULES[number - 1].name if number <= total else "?"
+        _progress(f"rule {number}/{total}: {name}")
+
+    if target.is_sqlite:
+        from ptb_fence.stores import SQLiteUpdateStore
+
+        with tempfile.TemporaryDirectory(prefix="ptb-fence-check-") as scratch:
+            _progress(
+                f"checking SQLiteUpdateStore (SQLite {sqlite3.sqlite_version}) on scratch files "
+                f"in {scratch}; your database is not touched"
+            )
+
+            def make_sqlite() -> Any:
+                announce()
+                return SQLiteUpdateStore(os.path.join(scratch, f"check-{uuid.uuid4().hex}.db"))
+
+            violations = check_update_store(make_sqlite)
+        store_name = "SQLiteUpdateStore"
+    else:
+        from ptb_fence.stores import PostgresUpdateStore
+
+        assert target.dsn is not None
+        dsn = target.dsn
+        conn = target.connect_postgres()  # fail early (exit 3) if the server is unreachable
+        conn.close()
+        tables: List[str] = []
+        _progress(
+            f"checking PostgresUpdateStore at {target.display} on scratch tables "
+            "ptb_fence_check_* (dropped afterwards); your table is not touched"
+        )
+
+        def make_postgres() -> Any:
+            announce()
+            name = f"ptb_fence_check_{uuid.uuid4().hex[:16]}"
+            tables.append(name)
+            return PostgresUpdateStore(dsn, name)
+
+        try:
+            violations = check_update_store(make_postgres)
+        finally:
+            _drop_scratch_tables(target, tables)
+        store_name = "PostgresUpdateStore"
+    elapsed = time.monotonic() - started
+    for violation in violations:
+        _out(target.redact(one_line(violation)))
+    if violations:
+        _out(f"{store_name}: {len(violations)} violation(s) of the store contract "
+             f"({total} rules, {elapsed:.1f}s)")
+        return 1
+    _out(f"{store_name} conforms: {total} rules, 0 violations ({elapsed:.1f}s)")
+    return 0
+
+
+def _drop_scratch_tables(target: StoreTarget, tables: Sequence[str]) -> None:
+    if not tables:
+        return
+    conn = target.connect_postgres()
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            for name in tables:
+                validate_table_name(name)
+                cur.execute(f'DROP TABLE IF EXISTS "{name}"')
+    finally:
+        conn.close()
+    _progress(f"dropped {len(tables)} scratch table(s)")
+
+
+# -- dispatch ----------------------------------------------------------------------------------
+_COMMANDS: Dict[str, Callable[[_Context], int]] = {
+    "status": _cmd_status,
+    "list": _cmd_list,
+    "show": _cmd_show,
+    "exhaustions": _cmd_exhaustions,
+    "ack": _cmd_ack,
+    "retry": _cmd_retry,
+    "prune": _cmd_prune,
+    "schema": _cmd_schema,
+    "migrate": _cmd_migrate,
+    "check": _cmd_check,
+}
+
+
+class _VerboseLogging:
+    """Send ``ptb_fence.*`` INFO records to stderr while a command runs (``--verbose``)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._handler: Optional[logging.Handler] = None
+        self._enabled = enabled
+        self._level = logging.NOTSET
+
+    def __enter__(self) -> "_VerboseLogging":
+        if self._enabled:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            logger = logging.getLogger("ptb_fence")
+            self._level = logger.level
+            logger.addHandler(handler)
+            if logger.getEffectiveLevel() > logging.INFO:
+                logger.setLevel(logging.INFO)
+            self._handler = handler
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._handler is not None:
+            logger = logging.getLogger("ptb_fence")
+            logger.removeHandler(self._handler)
+            logger.setLevel(self._level)
+
+
+def _run(argv: List[str]) -> int:
+    args = build_parser().parse_args(argv)
+    ctx = _Context(args)
+    ctx.validate_table()  # before any SQL
+    with _VerboseLogging(bool(getattr(args, "verbose", False))):
+        try:
+            return _COMMANDS[args.command](ctx)
+        except CommandError as exc:
+            target = ctx.parsed_target
+            text = target.redact(str(exc)) if target is not None else str(exc)
+            raise type(exc)(text) from None
+        except (SchemaError, StoreBusy, sqlite3.Error) as exc:
+            raise ctx.store_error(exc) from None
+        except Exception as exc:
+            if type(exc).__module__.startswith("psycopg2"):
+                raise ctx.store_error(exc) from None
+            raise
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the ``ptb-fence`` command line.
+
+    Args:
+        argv: The arguments without the program name; :obj:`None` uses ``sys.argv[1:]``.
+
+    Returns:
+        :obj:`int`: The exit status: ``0`` ok, ``1`` the conformance check found violations,
+        ``2`` bad input or a refused action (nothing changed), ``3`` the store could not be
+        reached or failed, ``130`` interrupted.
+    """
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _run(arguments)
+    except SystemExit as exc:  # --help
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 2)
+    except CommandError as exc:
+        print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr, flush=True)
+        return exc.status
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+        return 130
+    except Exception as exc:
+        # unexpected: still one line, and never with the DSN (only the type and message)
+        url = os.environ.get(STORE_ENV) or ""
+        text = one_line(exc)
+        try:
+            text = StoreTarget(_store_of(arguments) or url).redact(text)
+        except CommandError:
+            pass
+        print(f"{PROG}: error: {type(exc).__name__}: {text}", file=sys.stderr, flush=True)
+        return 3
+
+
+def _store_of(arguments: Sequence[str]) -> Optional[str]:
+    found: Optional[str] = None
+    iterator: Iterator[str] = iter(arguments)
+    for item in iterator:
+        if item == "--store":
+            found = next(iterator, None)
+        elif item.startswith("--store="):
+            found = item.split("=", 1)[1]
+    return found

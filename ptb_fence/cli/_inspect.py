@@ -1,0 +1,238 @@
+"""TableInspector: direct SQL on the public table layout (status, list, show, retry)."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from ptb_fence.cli._errors import Refused, StoreFailure
+from ptb_fence.cli._format import one_line
+from ptb_fence.cli._rows import StatusReport, UpdateRow
+from ptb_fence.cli._sql import AdminStatements
+from ptb_fence.cli._target import StoreTarget
+from ptb_fence.stores import validate_table_name
+from ptb_fence.stores._sqlite_sql import REQUIRED_COLUMNS
+
+__all__ = ["STATES", "TableInspector"]
+
+STATES: Tuple[str, ...] = ("pending", "processing", "failed", "completed", "abandoned")
+"""The states of a row (SPEC §3), in lifecycle order."""
+
+
+class TableInspector:
+    """Reads (and, for ``retry``, changes) one existing update table with plain SQL.
+
+    Opening never creates anything: a missing SQLite file or a missing table is refused.
+
+    Args:
+        target (:class:`StoreTarget`): The database.
+        table (:obj:`str`): The table name (validated here before any SQL runs).
+
+    Raises:
+        ptb_fence.cli._errors.Refused: Bad table name, no such file or table, or a table
+            without the columns of an update table.
+        ptb_fence.cli._errors.StoreFailure: The database cannot be reached.
+    """
+
+    __slots__ = ("_conn", "_sql", "has_claim_id", "table", "target")
+
+    def __init__(self, target: StoreTarget, table: str) -> None:
+        try:
+            self.table = validate_table_name(table)
+        except ValueError as exc:
+            raise Refused(str(exc)) from None
+        self.target = target
+        self._conn: Any = (
+            target.connect_sqlite() if target.is_sqlite else target.connect_postgres()
+        )
+        try:
+            columns = self._columns()
+            if columns is None:
+                raise Refused(self._missing_table())
+            missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+            if missing:
+                raise Refused(
+                    f"table {self.table!r} in {target.display} is not a ptb_fence update table "
+                    f"(it lacks {', '.join(missing)}); check --table"
+                )
+            self.has_claim_id = "claim_id" in columns
+            if target.is_sqlite:
+                self._sql = AdminStatements.sqlite(self.table, has_claim_id=self.has_claim_id)
+            else:
+                self._sql = AdminStatements.postgres(self.table, has_claim_id=self.has_claim_id)
+        except BaseException:
+            self.close()
+            raise
+
+    def _missing_table(self) -> str:
+        where = self.target.display
+        hint = (
+            "check --table, or create it by opening the store (SQLiteUpdateStore creates its "
+            "table)"
+            if self.target.is_sqlite
+            else "check --table, or create it with `ptb-fence migrate`"
+        )
+        return f"no table {self.table!r} in {where}: {hint}"
+
+    # -- plumbing --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # pragma: no cover - closing is best effort
+                pass
+
+    def __enter__(self) -> "TableInspector":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _fail(self, exc: BaseException) -> StoreFailure:
+        return StoreFailure(
+            f"{self.target.display}: {type(exc).__name__}: {self.target.redact(one_line(exc))}"
+        )
+
+    def _query(self, sql: str, params: Optional[Dict[str, Any]] = None) -> List[Tuple[Any, ...]]:
+        params = params or {}
+        if self.target.is_sqlite:
+            return list(self._conn.execute(sql, params).fetchall())
+        with self._conn.cursor() as cur:
+            cur.execute(sql, params)
+            return list(cur.fetchall()) if cur.description is not None else []
+
+    def _read(self, work: Any) -> Any:
+        """Run ``work()`` in one read-only snapshot transaction."""
+        try:
+            if self.target.is_sqlite:
+                self._conn.execute(self._sql.begin_read)
+                try:
+                    return work()
+                finally:
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
+            try:
+                self._query(self._sql.begin_read)
+                return work()
+            finally:
+                self._conn.rollback()
+        except (sqlite3.Error, _pg_error()) as exc:
+            raise self._fail(exc) from None
+
+    def _columns(self) -> Optional[Set[str]]:
+        try:
+            if self.target.is_sqlite:
+                probe = AdminStatements.sqlite(self.table)
+                if not self._query(probe.table_exists, {"table": self.table}):
+                    return None
+                return {str(r[1]) for r in self._query(probe.columns)}
+            probe = AdminStatements.postgres(self.table)
+            quoted = {"quoted": f'"{self.table}"'}
+            try:
+                if not self._query(probe.table_exists, quoted)[0][0]:
+                    return None
+                return {str(r[0]) for r in self._query(probe.columns, quoted)}
+            finally:
+                self._conn.rollback()
+        except (sqlite3.Error, _pg_error()) as exc:
+            raise self._fail(exc) from None
+
+    # -- reads -----------------------------------------------------------------------------
+    def status(self, now: int) -> StatusReport:
+        """Counts per state, the oldest pending row, and what is due at ``now``."""
+
+        def work() -> StatusReport:
+            counts = {state: 0 for state in STATES}
+            for state, count in self._query(self._sql.counts):
+                counts[str(state)] = int(count)
+            oldest = self._query(self._sql.oldest_pending)
+            retries, lapsed, exhaustions = self._query(self._sql.due_now, {"now": now})[0]
+            return StatusReport(
+                now=now,
+                counts=counts,
+                oldest_pending_update_id=int(oldest[0][0]) if oldest else None,
+                oldest_pending_received_at=int(oldest[0][1]) if oldest else None,
+                retries_due=int(retries),
+                leases_lapsed=int(lapsed),
+                unacknowledged_exhaustions=int(exhaustions),
+            )
+
+        result: StatusReport = self._read(work)
+        return result
+
+    def rows(
+        self, *, state: Optional[str] = None, limit: int = 50, after: Optional[int] = None
+    ) -> List[UpdateRow]:
+        """Rows by ``update_id`` (optionally of one ``state``, after ``after``), at most
+        ``limit``; bodies are not read."""
+        params = {"state": state, "limit": limit, "after": after}
+        result: List[UpdateRow] = self._read(
+            lambda: [UpdateRow.from_db(r) for r in self._query(self._sql.list_rows, params)]
+        )
+        return result
+
+    def row(self, update_id: int) -> Optional[UpdateRow]:
+        """The row of ``update_id`` with its body, or :obj:`None`."""
+
+        def work() -> Optional[UpdateRow]:
+            found = self._query(self._sql.select_row, {"update_id": update_id})
+            return UpdateRow.from_db(found[0]) if found else None
+
+        result: Optional[UpdateRow] = self._read(work)
+        return result
+
+    # -- retry -----------------------------------------------------------------------------
+    def retry(self, update_id: int) -> Tuple[Optional[UpdateRow], bool]:
+        """Make a failed or abandoned update claimable again (see :mod:`ptb_fence.cli._sql`).
+
+        In one write transaction: read the row (PostgreSQL: ``FOR UPDATE``), then run the one
+        conditional ``UPDATE`` that matches only a failed/abandoned row as it was read.
+
+        Returns:
+            ``(row before, changed)``: the row as it was (:obj:`None` if unknown) and whether
+            the ``UPDATE`` matched. Nothing is changed when ``changed`` is :obj:`False`.
+        """
+        key = {"update_id": update_id}
+        try:
+            if self.target.is_sqlite:
+                conn = self._conn
+                conn.execute(self._sql.begin_write)
+                try:
+                    found = self._query(self._sql.select_row_for_retry, key)
+                    before = UpdateRow.from_db(found[0]) if found else None
+                    changed = False
+                    if before is not None and before.state in ("failed", "abandoned"):
+                        params = dict(key, state=before.state, attempts=before.attempts)
+                        changed = bool(self._query(self._sql.retry, params))
+                    conn.execute("COMMIT" if changed else "ROLLBACK")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+                return before, changed
+            try:
+                self._query(self._sql.begin_write)
+                found = self._query(self._sql.select_row_for_retry, key)
+                before = UpdateRow.from_db(found[0]) if found else None
+                changed = False
+                if before is not None and before.state in ("failed", "abandoned"):
+                    params = dict(key, state=before.state, attempts=before.attempts)
+                    changed = bool(self._query(self._sql.retry, params))
+                if changed:
+                    self._conn.commit()
+                else:
+                    self._conn.rollback()
+            except BaseException:
+                self._conn.rollback()
+                raise
+            return before, changed
+        except (sqlite3.Error, _pg_error()) as exc:
+            raise self._fail(exc) from None
+
+
+def _pg_error() -> "type[BaseException]":
+    import psycopg2
+
+    return psycopg2.Error

@@ -1,0 +1,97 @@
+"""Value types the ``ptb-fence`` command line reads from the update table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from ptb_fence.cli._format import iso_time
+
+__all__ = ["StatusReport", "UpdateRow"]
+
+
+@dataclass(frozen=True)
+class UpdateRow:
+    """One row of the update table (SPEC §3); times are epoch milliseconds."""
+
+    update_id: int
+    state: str
+    attempts: int
+    due_at: Optional[int]
+    received_at: Optional[int]
+    settled_at: Optional[int]
+    error: Optional[str]
+    claim_id: Optional[str]
+    body: Optional[str] = None
+
+    @classmethod
+    def from_db(cls, values: Any) -> "UpdateRow":
+        """Build from ``SELECT update_id, state, attempts, due_at, received_at, settled_at,
+        error, claim_id[, body]``."""
+        values = tuple(values)
+        body = values[8] if len(values) > 8 else None
+
+        def opt_int(value: Any) -> Optional[int]:
+            return None if value is None else int(value)
+
+        return cls(
+            update_id=int(values[0]),
+            state=str(values[1]),
+            attempts=int(values[2]),
+            due_at=opt_int(values[3]),
+            received_at=opt_int(values[4]),
+            settled_at=opt_int(values[5]),
+            error=values[6],
+            claim_id=values[7],
+            body=body,
+        )
+
+    @property
+    def unacknowledged_exhaustion(self) -> bool:
+        """:obj:`bool`: Abandoned and not settled: an exhaustion waiting for acknowledgement."""
+        return self.state == "abandoned" and self.settled_at is None
+
+    def as_json(self, *, body: bool = False) -> Dict[str, Any]:
+        """The row as a JSON-ready dict (times as epoch ms and as ISO 8601 UTC)."""
+        data: Dict[str, Any] = {
+            "update_id": self.update_id,
+            "state": self.state,
+            "attempts": self.attempts,
+            "claim_id": self.claim_id,
+            "received_at": self.received_at,
+            "received_at_utc": iso_time(self.received_at),
+            "due_at": self.due_at,
+            "due_at_utc": iso_time(self.due_at),
+            "settled_at": self.settled_at,
+            "settled_at_utc": iso_time(self.settled_at),
+            "error": self.error,
+            "unacknowledged_exhaustion": self.unacknowledged_exhaustion,
+        }
+        if body:
+            data["body"] = self.body
+        return data
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """What ``ptb-fence status`` shows, read in one consistent snapshot."""
+
+    now: int
+    counts: Dict[str, int] = field(default_factory=dict)
+    oldest_pending_update_id: Optional[int] = None
+    oldest_pending_received_at: Optional[int] = None
+    retries_due: int = 0
+    leases_lapsed: int = 0
+    unacknowledged_exhaustions: int = 0
+
+    @property
+    def total(self) -> int:
+        """:obj:`int`: All rows."""
+        return sum(self.counts.values())
+
+    @property
+    def oldest_pending_age_ms(self) -> Optional[int]:
+        """:obj:`int` | :obj:`None`: How long the oldest pending row has waited."""
+        if self.oldest_pending_received_at is None:
+            return None
+        return max(self.now - self.oldest_pending_received_at, 0)

@@ -1,0 +1,140 @@
+"""The read-only and admin SQL of the ``ptb-fence`` command line, per dialect, in one place.
+
+The command line reads the public table layout (SPEC §3) directly for ``status``, ``list`` and
+``show`` and changes it directly only for ``retry``; everything else goes through the store's
+public methods. Table names are validated with :func:`ptb_fence.stores.validate_table_name`
+before they reach this module and are always double-quoted, as the stores do.
+
+SQLite statements use ``:name`` placeholders, PostgreSQL statements psycopg2's ``%(name)s``.
+
+The ``retry`` rule is ONE conditional ``UPDATE`` that matches only a ``failed`` or
+``abandoned`` row (and only the row as it was just read, in the same transaction), so it can
+never touch a pending row, a live (or lapsed) lease or a completed update::
+
+    state -> 'pending', attempts -> 0, due_at -> NULL, settled_at -> NULL
+    (error and claim_id are kept for the record)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["AdminStatements"]
+
+_ROW_COLUMNS = "update_id, state, attempts, due_at, received_at, settled_at, error, {claim_id}"
+
+
+@dataclass(frozen=True)
+class AdminStatements:
+    """The statements of one table in one dialect. Build with :meth:`sqlite` or
+    :meth:`postgres`.
+
+    ``claim_id`` is read as ``NULL`` when the table has no such column (a PostgreSQL table
+    created before fencing and not migrated yet).
+    """
+
+    dialect: str
+    begin_read: str
+    begin_write: str
+    table_exists: str
+    columns: str
+    counts: str
+    oldest_pending: str
+    due_now: str
+    list_rows: str
+    select_row: str
+    select_row_for_retry: str
+    retry: str
+
+    @classmethod
+    def sqlite(cls, table: str, *, has_claim_id: bool = True) -> "AdminStatements":
+        """The SQLite statements for ``table`` (already validated)."""
+        t = f'"{table}"'
+        cols = _ROW_COLUMNS.format(claim_id="claim_id" if has_claim_id else "NULL")
+        row = f"SELECT {cols}, body FROM {t} WHERE update_id = :update_id"
+        return cls(
+            dialect="sqlite",
+            begin_read="BEGIN",
+            begin_write="BEGIN IMMEDIATE",
+            # SQLite table names are case-insensitive
+            table_exists=(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :table "
+                "COLLATE NOCASE"
+            ),
+            columns=f"PRAGMA table_info({t})",
+            counts=f"SELECT state, COUNT(*) FROM {t} GROUP BY state ORDER BY state",
+            oldest_pending=(
+                f"SELECT update_id, received_at FROM {t} WHERE state = 'pending' "
+                "ORDER BY received_at, update_id LIMIT 1"
+            ),
+            due_now=f"""
+                SELECT
+                  COALESCE(SUM(CASE WHEN state = 'failed' AND due_at <= :now
+                                    THEN 1 ELSE 0 END), 0),
+                  COALESCE(SUM(CASE WHEN state = 'processing' AND due_at < :now
+                                    THEN 1 ELSE 0 END), 0),
+                  COALESCE(SUM(CASE WHEN state = 'abandoned' AND settled_at IS NULL
+                                    THEN 1 ELSE 0 END), 0)
+                FROM {t}""",
+            list_rows=f"""
+                SELECT {cols} FROM {t}
+                WHERE (:state IS NULL OR state = :state)
+                  AND (:after IS NULL OR update_id > :after)
+                ORDER BY update_id
+                LIMIT :limit""",
+            select_row=row,
+            # BEGIN IMMEDIATE already holds the write lock: the row cannot change before the
+            # UPDATE below
+            select_row_for_retry=row,
+            retry=f"""
+                UPDATE {t}
+                SET state = 'pending', attempts = 0, due_at = NULL, settled_at = NULL
+                WHERE update_id = :update_id
+                  AND state IN ('failed', 'abandoned')
+                  AND state = :state AND attempts = :attempts
+                RETURNING update_id""",
+        )
+
+    @classmethod
+    def postgres(cls, table: str, *, has_claim_id: bool = True) -> "AdminStatements":
+        """The PostgreSQL statements for ``table`` (already validated)."""
+        t = f'"{table}"'
+        cols = _ROW_COLUMNS.format(claim_id="claim_id" if has_claim_id else "NULL")
+        row = f"SELECT {cols}, body FROM {t} WHERE update_id = %(update_id)s"
+        return cls(
+            dialect="postgresql",
+            begin_read="SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY",
+            begin_write="SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE",
+            table_exists="SELECT to_regclass(%(quoted)s) IS NOT NULL",
+            columns=(
+                "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%(quoted)s) "
+                "AND attnum > 0 AND NOT attisdropped"
+            ),
+            counts=f"SELECT state, COUNT(*) FROM {t} GROUP BY state ORDER BY state",
+            oldest_pending=(
+                f"SELECT update_id, received_at FROM {t} WHERE state = 'pending' "
+                "ORDER BY received_at, update_id LIMIT 1"
+            ),
+            due_now=f"""
+                SELECT
+                  COUNT(*) FILTER (WHERE state = 'failed' AND due_at <= %(now)s),
+                  COUNT(*) FILTER (WHERE state = 'processing' AND due_at < %(now)s),
+                  COUNT(*) FILTER (WHERE state = 'abandoned' AND settled_at IS NULL)
+                FROM {t}""",
+            list_rows=f"""
+                SELECT {cols} FROM {t}
+                WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+                  AND (%(after)s::bigint IS NULL OR update_id > %(after)s::bigint)
+                ORDER BY update_id
+                LIMIT %(limit)s""",
+            select_row=row,
+            # the row lock makes a competing claim wait for this transaction
+            select_row_for_retry=row + " FOR UPDATE",
+            retry=f"""
+                UPDATE {t}
+                SET state = 'pending', attempts = 0, due_at = NULL, settled_at = NULL
+                WHERE update_id = %(update_id)s
+                  AND state IN ('failed', 'abandoned')
+                  AND state = %(state)s AND attempts = %(attempts)s
+                RETURNING update_id""",
+        )
