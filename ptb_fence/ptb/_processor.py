@@ -432,7 +432,11 @@ class BaseFenceProcessor(BaseUpdateProcessor):
             try:
                 update = Update.de_json(json.loads(row.body), application.bot)
             except Exception:
-                _LOGGER.exception("stored update %s cannot be parsed; left as it is", row.update_id)
+                _LOGGER.exception(
+                    "stored update %s cannot be parsed; left as it is",
+                    row.update_id,
+                    extra={"update_id": row.update_id},
+                )
                 continue
             if update is None:
                 continue

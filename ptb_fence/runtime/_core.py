@@ -59,6 +59,14 @@ def _ids(attempt: Attempt) -> "dict[str, Any]":
     }
 
 
+def _exhaustion_ids(exhaustion: Exhaustion) -> "dict[str, Any]":
+    return {
+        "update_id": exhaustion.update_id,
+        "attempt": exhaustion.attempt,
+        "claim_id": exhaustion.claim_id,
+    }
+
+
 class Runtime:
     """The shared runtime of one front end (one :class:`~ptb_fence.UpdateIntake` or processor).
 
@@ -138,13 +146,23 @@ class Runtime:
         except Exception:  # an observer can never break the pipeline
             _LOGGER.exception("%s observer raised; ignored", name)
 
-    def report_store_error(self, error: BaseException, step: str) -> None:
-        """Log a store error and pass it to ``on_store_error(error, step)``."""
+    def report_store_error(
+        self, error: BaseException, step: str, *, ids: "Optional[dict[str, Any]]" = None
+    ) -> None:
+        """Log a store error and pass it to ``on_store_error(error, step)``.
+
+        The record carries ``step`` and ``update_id``, ``attempt``, ``claim_id`` (``ids``;
+        :obj:`None` where the error concerns no single attempt) as ``extra`` fields.
+        """
+        fields: "dict[str, Any]" = {"update_id": None, "attempt": None, "claim_id": None}
+        fields.update(ids or {})
+        fields["step"] = step
         _LOGGER.error(
-            "store error during %s: %s",
+            "store error during %s%s: %s",
             step,
+            "" if fields["update_id"] is None else f" of update {fields['update_id']}",
             _error_text(error),
-            extra={"step": step},
+            extra=fields,
         )
         self._observe("on_store_error", error, step)
 
@@ -229,7 +247,7 @@ class Runtime:
                     return None
                 attempt = Attempt(self, update_id, number, None, lease_until, body)
         except Exception as exc:
-            self.report_store_error(exc, "claim")
+            self.report_store_error(exc, "claim", ids={"update_id": update_id})
             return None
         _LOGGER.debug(
             "claimed update %s attempt %s (claim %s)",
@@ -274,7 +292,7 @@ class Runtime:
         try:
             landed = self._settle(attempt, Completed(self.options.now_ms()))
         except Exception as exc:
-            self.report_store_error(exc, "settle")
+            self.report_store_error(exc, "settle", ids=_ids(attempt))
             return Outcome.LOST
         if not landed:
             _LOGGER.warning(
@@ -337,7 +355,7 @@ class Runtime:
                 landed = self._settle(attempt, Failed(now, retry_at, text))
                 outcome = Outcome.RETRYING
         except Exception as exc:
-            self.report_store_error(exc, "settle")
+            self.report_store_error(exc, "settle", ids=_ids(attempt))
             landed = False
         retrying = outcome == Outcome.RETRYING
         if not landed:
@@ -352,7 +370,7 @@ class Runtime:
             attempt.attempt,
             "retry scheduled in %.3gs" % (delay or 0.0) if outcome == Outcome.RETRYING else outcome,
             text,
-            extra=_ids(attempt),
+            extra=dict(_ids(attempt), outcome=outcome),
         )
         self._observe("on_failure", error, attempt, retrying)
         return outcome, exhaustion
@@ -368,7 +386,7 @@ class Runtime:
             else:
                 landed = self._settle(attempt, Abandoned(now, reason))
         except Exception as exc:  # reported, and the handler learns that it did not land
-            self.report_store_error(exc, "settle")
+            self.report_store_error(exc, "settle", ids=_ids(attempt))
             raise
         if landed:
             attempt._exhausted_error = reason
@@ -408,18 +426,14 @@ class Runtime:
                 self.store.acknowledge_exhaustion(exhaustion.identity, self.options.now_ms())
             )
         except Exception as exc:
-            self.report_store_error(exc, "sweep")
+            self.report_store_error(exc, "sweep", ids=_exhaustion_ids(exhaustion))
             return False
         if ok:
             _LOGGER.info(
                 "exhaustion of update %s attempt %s acknowledged",
                 exhaustion.update_id,
                 exhaustion.attempt,
-                extra={
-                    "update_id": exhaustion.update_id,
-                    "attempt": exhaustion.attempt,
-                    "claim_id": exhaustion.claim_id,
-                },
+                extra=_exhaustion_ids(exhaustion),
             )
         return ok
 

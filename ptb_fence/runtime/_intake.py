@@ -276,7 +276,9 @@ class UpdateIntake:
             if not self._closed:
                 self._process(update_id, item[0], item[1])
         except BaseException:  # pragma: no cover - _process never raises
-            _LOGGER.exception("unexpected error processing update %s", update_id)
+            _LOGGER.exception(
+                "unexpected error processing update %s", update_id, extra={"update_id": update_id}
+            )
         finally:
             self._chats.done(key, update_id)
             if self._refill and len(self._chats) == 0 and not self._closed:

@@ -152,7 +152,15 @@ class LeaseKeeper:
             try:
                 ok = bool(single(attempt))
             except Exception as exc:
-                self._runtime.report_store_error(exc, "renew")
+                self._runtime.report_store_error(
+                    exc,
+                    "renew",
+                    ids={
+                        "update_id": attempt.update_id,
+                        "attempt": attempt.attempt,
+                        "claim_id": attempt.claim_id or None,
+                    },
+                )
                 continue
             self._apply(attempt, ok, lease_until)
 
@@ -180,6 +188,7 @@ class LeaseKeeper:
                     "update_id": attempt.update_id,
                     "attempt": attempt.attempt,
                     "claim_id": attempt.claim_id or None,
+                    "reason": why,
                 },
             )
         attempt._fire_owner_lost()
