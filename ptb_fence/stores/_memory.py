@@ -143,6 +143,29 @@ class MemoryUpdateStore:
         with self._lock:
             return [self.add(update_id, body, at) for update_id, body, at in rows]
 
+    def add_claimed_many(
+        self, rows: Sequence[Tuple[int, str, int]], *, lease_until: int
+    ) -> List[Optional[AttemptIdentity]]:
+        """Record fresh updates already claimed for attempt 1 (optional capability).
+
+        For each ``(update_id, body, received_at)``: if the id is new, insert it as
+        ``processing`` with ``attempts = 1``, lease ``lease_until`` and a fresh claim id, and
+        return its identity; if it exists (in any state), change nothing and return
+        :obj:`None`. All rows land together (one commit in the SQL stores).
+        """
+        with self._lock:
+            result: List[Optional[AttemptIdentity]] = []
+            for update_id, body, received_at in rows:
+                if update_id in self._rows:
+                    result.append(None)
+                    continue
+                claim_id = _new_claim_id()
+                self._rows[update_id] = _Row(
+                    update_id, body, "processing", 1, lease_until, received_at, claim_id=claim_id
+                )
+                result.append(AttemptIdentity(update_id, 1, claim_id))
+            return result
+
     def claim(
         self,
         update_id: int,
@@ -272,6 +295,14 @@ class MemoryUpdateStore:
                 return False
             self._apply(row, settlement)
             return True
+
+    def settle_owned_many(
+        self, items: Sequence[Tuple[AttemptIdentity, Settlement]]
+    ) -> List[bool]:
+        """:meth:`settle_owned` for several attempts at once (optional capability; one commit
+        in the SQL stores). Returns, per input position, whether that settlement landed."""
+        with self._lock:
+            return [self.settle_owned(identity, settlement) for identity, settlement in items]
 
     @contextmanager
     def transaction(self) -> Iterator[None]:

@@ -796,6 +796,41 @@ class PostgresUpdateStore:
         matched = self._run_renewal(work)
         return [(int(u), int(a)) in matched for u, a in leases]
 
+    def add_claimed_many(
+        self, rows: Sequence[Tuple[int, str, int]], *, lease_until: int
+    ) -> List[Optional[AttemptIdentity]]:
+        """Record fresh updates already claimed for attempt 1, in one statement and commit.
+
+        For each ``(update_id, body, received_at)``: a new id is inserted as ``processing``
+        with ``attempts = 1``, lease ``lease_until`` and a fresh claim id (read back with
+        ``RETURNING``); an existing id (any state, or earlier in ``rows``) is left alone and
+        gives :obj:`None`. Lets the receiving process record and claim a fresh update in one
+        statement (optional capability). Needs the ``claim_id`` column.
+        """
+        rows = list(rows)
+        if not rows:
+            return []
+        first: Dict[int, int] = {}
+        for position, (update_id, _body, _at) in enumerate(rows):
+            first.setdefault(update_id, position)
+        batch = [rows[position] for position in sorted(first.values())]
+        sql = self._sql.add_claimed_many(len(batch))
+        params: List[Any] = [int(lease_until)]
+        for update_id, body, received_at in batch:
+            params += [update_id, body, received_at, uuid.uuid4().hex]
+
+        def work(cur: Any) -> Dict[int, AttemptIdentity]:
+            cur.execute(sql, params)
+            return {
+                int(u): AttemptIdentity(int(u), int(a), str(c)) for u, a, c in cur.fetchall()
+            }
+
+        inserted = self._run(work)
+        return [
+            inserted.get(update_id) if first[update_id] == position else None
+            for position, (update_id, _body, _at) in enumerate(rows)
+        ]
+
     def _settle_params(
         self, update_id: int, attempt: int, settlement: Settlement, owned: bool
     ) -> Tuple[str, Dict[str, Any]]:
@@ -989,6 +1024,65 @@ class PostgresUpdateStore:
         if connection is not None:
             return self._on_caller(connection, sql, params)
         return self._run(lambda cur: _returns_row(cur, sql, params))
+
+    def settle_owned_many(
+        self, items: Sequence[Tuple[AttemptIdentity, Settlement]]
+    ) -> List[bool]:
+        """:meth:`settle_owned` for several attempts in one transaction (one commit).
+
+        Completions go in one statement; failures and abandonments one statement each.
+
+        Returns:
+            List[:obj:`bool`]: Per input position, whether that settlement landed.
+        """
+        items = list(items)
+        if not items:
+            return []
+        completed = [
+            (position, identity, settlement)
+            for position, (identity, settlement) in enumerate(items)
+            if isinstance(settlement, Completed)
+        ]
+        others = [
+            (position, identity, settlement)
+            for position, (identity, settlement) in enumerate(items)
+            if not isinstance(settlement, Completed)
+        ]
+        prepared = []
+        for position, identity, settlement in others:
+            sql, params = self._settle_params(
+                identity.update_id, identity.attempt, settlement, owned=True
+            )
+            params["claim_id"] = identity.claim_id
+            prepared.append((position, sql, params))
+
+        def work(cur: Any) -> List[bool]:
+            landed = [False] * len(items)
+            if completed:
+                matched: Set[Tuple[int, int, str]] = set()
+                # one statement per distinct identity (VALUES must not repeat a target row)
+                seen: Set[AttemptIdentity] = set()
+                unique = []
+                for position, identity, settlement in completed:
+                    if identity not in seen:
+                        seen.add(identity)
+                        unique.append((identity, settlement))
+                values: List[Any] = []
+                for identity, settlement in unique:
+                    values += [identity.update_id, identity.attempt, identity.claim_id, settlement.at]
+                cur.execute(self._sql.complete_owned_many(len(unique)), values)
+                matched = {(int(u), int(a), str(c)) for u, a, c in cur.fetchall()}
+                claimed: Set[Tuple[int, int, str]] = set()
+                for position, identity, _ in completed:
+                    key = (identity.update_id, identity.attempt, identity.claim_id)
+                    if key in matched and key not in claimed:
+                        claimed.add(key)
+                        landed[position] = True
+            for position, sql, params in prepared:
+                landed[position] = _returns_row(cur, sql, params)
+            return landed
+
+        return self._run(work)
 
     @contextmanager
     def transaction(self) -> Iterator[Any]:

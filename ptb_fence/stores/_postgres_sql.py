@@ -261,6 +261,35 @@ FROM (VALUES {values}) AS v(update_id, body, received_at)
 ON CONFLICT (update_id) DO NOTHING
 RETURNING update_id"""
 
+    def add_claimed_many(self, count: int) -> str:
+        """Record ``count`` fresh updates already claimed for attempt 1, in one statement.
+
+        Parameters: ``lease_until``, then ``(update_id, body, received_at, claim_id)``
+        quadruples. Existing ids are left alone; returns the inserted
+        ``(update_id, attempts, claim_id)``. Needs the ``claim_id`` column.
+        """
+        values = ",\n       ".join(["(%s::BIGINT, %s::TEXT, %s::BIGINT, %s::TEXT)"] * count)
+        return f"""\
+INSERT INTO {_quote(self.table)} (update_id, body, state, attempts, due_at, received_at, claim_id)
+SELECT v.update_id, v.body, 'processing', 1, %s::BIGINT, v.received_at, v.claim_id
+FROM (VALUES {values}) AS v(update_id, body, received_at, claim_id)
+ON CONFLICT (update_id) DO NOTHING
+RETURNING update_id, attempts, claim_id"""
+
+    def complete_owned_many(self, count: int) -> str:
+        """Settle ``count`` fenced attempts as completed in one statement.
+
+        Parameters: ``(update_id, attempt, claim_id, at)`` quadruples. Returns the matched
+        ``(update_id, attempts, claim_id)``.
+        """
+        values = ", ".join(["(%s::BIGINT, %s::INT, %s::TEXT, %s::BIGINT)"] * count)
+        return f"""\
+UPDATE {_quote(self.table)} AS t SET state = 'completed', settled_at = v.at, error = NULL
+FROM (VALUES {values}) AS v(update_id, attempt, claim_id, at)
+WHERE t.update_id = v.update_id AND t.state = 'processing' AND t.attempts = v.attempt
+  AND t.claim_id = v.claim_id AND t.due_at >= v.at
+RETURNING t.update_id, t.attempts, t.claim_id"""
+
     def renew_many(self, count: int) -> str:
         """Renew ``count`` ``(update_id, attempt)`` leases in one statement. Legacy-safe.
 

@@ -487,6 +487,39 @@ class SQLiteUpdateStore:
                 for update_id, body, received_at in rows
             ]
 
+    def add_claimed_many(
+        self, rows: Sequence[Tuple[int, str, int]], *, lease_until: int
+    ) -> List[Optional[AttemptIdentity]]:
+        """Record fresh updates already claimed for attempt 1, in one transaction.
+
+        For each ``(update_id, body, received_at)``: a new id is inserted as ``processing``
+        with ``attempts = 1``, lease ``lease_until`` and a fresh claim id (read back with
+        ``RETURNING``); an existing id (any state) is left alone and gives :obj:`None`. Lets the
+        receiving process record and claim a fresh update in one statement (optional
+        capability).
+        """
+        rows = list(rows)
+        if not rows:
+            return []
+        lease_until = _int("lease_until", lease_until)
+        result: List[Optional[AttemptIdentity]] = []
+        with self._immediate() as conn:
+            for update_id, body, received_at in rows:
+                found = conn.execute(
+                    self._sql.add_claimed,
+                    {
+                        "update_id": update_id,
+                        "body": body,
+                        "received_at": received_at,
+                        "lease_until": lease_until,
+                        "claim_id": _new_claim_id(),
+                    },
+                ).fetchall()
+                result.append(
+                    AttemptIdentity(update_id, int(found[0][0]), str(found[0][1])) if found else None
+                )
+        return result
+
     def _take(
         self,
         update_id: int,
@@ -759,6 +792,27 @@ class SQLiteUpdateStore:
             return bool(conn.execute(statement, params).fetchall())
         with self._immediate() as conn:
             return bool(conn.execute(statement, params).fetchall())
+
+    def settle_owned_many(
+        self, items: Sequence[Tuple[AttemptIdentity, Settlement]]
+    ) -> List[bool]:
+        """:meth:`settle_owned` for several attempts in one transaction (one commit).
+
+        Returns:
+            List[:obj:`bool`]: Per input position, whether that settlement landed.
+        """
+        items = list(items)
+        if not items:
+            return []
+        with self._immediate() as conn:
+            landed = []
+            for identity, settlement in items:
+                statement = self._settle_statement(settlement, owned=True)
+                params = self._settle_params(
+                    identity.update_id, identity.attempt, settlement, identity.claim_id
+                )
+                landed.append(bool(conn.execute(statement, params).fetchall()))
+            return landed
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:

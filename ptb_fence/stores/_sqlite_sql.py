@@ -50,6 +50,7 @@ class SQLiteStatements:
         "ack_exhaustion",
         "add",
         "add_claim_id",
+        "add_claimed",
         "claim",
         "create_index",
         "create_table",
@@ -111,6 +112,14 @@ class SQLiteStatements:
             INSERT INTO {t} (update_id, body, state, attempts, received_at)
             VALUES (:update_id, :body, 'pending', 0, :received_at)
             ON CONFLICT (update_id) DO NOTHING"""
+
+        # Record a fresh update already claimed for attempt 1 (the receiving process's fast
+        # path); an existing id is left alone and returns nothing.
+        self.add_claimed = f"""
+            INSERT INTO {t} (update_id, body, state, attempts, due_at, received_at, claim_id)
+            VALUES (:update_id, :body, 'processing', 1, :lease_until, :received_at, :claim_id)
+            ON CONFLICT (update_id) DO NOTHING
+            RETURNING attempts, claim_id"""
 
         # Take (attempts < max) or spend (attempts >= max) in one statement. SET expressions
         # see the row as it was before the update.

@@ -1,0 +1,134 @@
+"""Optional fast-path capabilities of every store: add_claimed_many and settle_owned_many."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Iterator, List
+
+import pytest
+
+from ptb_fence import (
+    Abandoned,
+    AttemptIdentity,
+    Completed,
+    Failed,
+    MemoryUpdateStore,
+    PostgresUpdateStore,
+    SQLiteUpdateStore,
+)
+from tests.conftest import fresh_table_name
+
+NOW = 1_700_000_000_000
+LEASE = NOW + 60_000
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def make_store(request: Any, tmp_path: Any) -> Iterator[Callable[[], Any]]:
+    stores: List[Any] = []
+    tables: List[str] = []
+    if request.param == "memory":
+
+        def make() -> Any:
+            stores.append(MemoryUpdateStore())
+            return stores[-1]
+
+    elif request.param == "sqlite":
+        path = str(tmp_path / "fast.db")
+
+        def make() -> Any:
+            stores.append(SQLiteUpdateStore(path))
+            return stores[-1]
+
+    else:
+        dsn = request.getfixturevalue("pg_dsn")
+        tables.append(fresh_table_name())
+
+        def make() -> Any:
+            stores.append(PostgresUpdateStore(dsn, table=tables[0]))
+            return stores[-1]
+
+    yield make
+    for store in stores:
+        store.close()
+    if tables:
+        from tests.conftest import _drop_table
+
+        _drop_table(request.getfixturevalue("pg_dsn"), tables[0])
+
+
+def test_add_claimed_many_records_and_claims_fresh_ids_only(make_store: Any) -> None:
+    store = make_store()
+    assert store.add(5, '{"update_id": 5}', NOW) is True
+    result = store.add_claimed_many(
+        [(1, '{"update_id": 1}', NOW), (2, '{"update_id": 2}', NOW), (1, "{}", NOW), (5, "{}", NOW)],
+        lease_until=LEASE,
+    )
+    assert [r if r is None else (r.update_id, r.attempt) for r in result] == [
+        (1, 1),
+        (2, 1),
+        None,
+        None,
+    ]
+    first, second = result[0], result[1]
+    assert isinstance(first.claim_id, str) and first.claim_id and first.claim_id != second.claim_id
+    # the claim is live until the lease, inclusive, and the body is the first one given
+    assert store.owns(first, LEASE) is True
+    assert store.owns(first, LEASE + 1) is False
+    assert store.claim_owned(1, now=LEASE, lease_until=LEASE + 10, max_attempts=5) is None
+    taken = store.claim_owned(1, now=LEASE + 1, lease_until=LEASE + 100, max_attempts=5)
+    assert taken is not None and taken.attempt == 2 and taken.claim_id != first.claim_id
+    assert [u.body for u in store.due(now=LEASE + 200, pending_before=NOW, limit=10)] == [
+        '{"update_id": 1}',
+        '{"update_id": 2}',
+        '{"update_id": 5}',
+    ]
+    # a pre-claimed row is not pending: it is not listed before its lease lapses
+    assert [u.update_id for u in store.due(now=NOW, pending_before=NOW, limit=10)] == [5]
+    assert store.add_claimed_many([], lease_until=LEASE) == []
+
+
+def test_add_claimed_many_races_across_connections(make_store: Any) -> None:
+    stores = [make_store() for _ in range(4)]
+    if isinstance(stores[0], MemoryUpdateStore):
+        stores = [stores[0]] * 4
+    wins: List[AttemptIdentity] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(len(stores))
+
+    def worker(store: Any) -> None:
+        barrier.wait(timeout=10)
+        got = store.add_claimed_many([(i, "{}", NOW) for i in range(50)], lease_until=LEASE)
+        with lock:
+            wins.extend(r for r in got if r is not None)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(w.update_id for w in wins) == list(range(50))
+
+
+def test_settle_owned_many_lands_each_exact_live_claim_once(make_store: Any) -> None:
+    store = make_store()
+    a, b, c, d = store.add_claimed_many(
+        [(i, f'{{"update_id": {i}}}', NOW) for i in (1, 2, 3, 4)], lease_until=LEASE
+    )
+    forged = AttemptIdentity(4, 1, "not-the-claim")
+    landed = store.settle_owned_many(
+        [
+            (a, Completed(NOW + 5)),
+            (b, Failed(NOW + 5, NOW + 100, "boom")),
+            (c, Abandoned(NOW + 5, "gave up")),
+            (a, Completed(NOW + 6)),  # the same attempt again: already settled
+            (forged, Completed(NOW + 5)),  # wrong claim id
+            (d, Completed(LEASE + 1)),  # after the lease
+        ]
+    )
+    assert landed == [True, True, True, False, False, False]
+    assert all(type(x) is bool for x in landed)
+    assert store.owns(d, LEASE) is True  # d untouched
+    due = store.due(now=NOW + 100, pending_before=NOW, limit=10)
+    assert [u.update_id for u in due] == [2]
+    assert store.prune(NOW + 6) == 2  # completed 1 and abandoned 3
+    assert store.settle_owned_many([]) == []
