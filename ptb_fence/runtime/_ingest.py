@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Tuple, Union
 
-__all__ = ["InvalidUpdate", "MAX_UPDATE_ID", "parse_update_body"]
+__all__ = ["InvalidUpdate", "MAX_UPDATE_ID", "check_update_id", "parse_update_body"]
 
 MAX_UPDATE_ID = 2**63 - 1
 """The largest ``update_id`` a store can hold (a BIGINT)."""
@@ -15,11 +15,33 @@ class InvalidUpdate(ValueError):
     """The body is not a Telegram update (not JSON, not an object, bad ``update_id``)."""
 
 
+def check_update_id(update_id: object) -> int:
+    """Return ``update_id`` if it is a valid Telegram ``update_id``, else raise.
+
+    Valid: an :obj:`int` (not a :obj:`bool`, not a float such as ``1.0``) from 0 to
+    :data:`MAX_UPDATE_ID`. Stores do not check this themselves (SQLite would turn ``None`` into
+    a fresh rowid, ``1.0`` into ``1``), so every way in must check before ``store.add``.
+
+    Raises:
+        InvalidUpdate: With a short reason.
+    """
+    if isinstance(update_id, bool) or not isinstance(update_id, int):
+        raise InvalidUpdate("update_id is missing or not an integer")
+    if update_id < 0 or update_id > MAX_UPDATE_ID:
+        raise InvalidUpdate("update_id is out of range")
+    return int(update_id)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def parse_update_body(body: Union[bytes, bytearray, str]) -> Tuple[int, str, Dict[str, Any]]:
     """Validate an update body and return ``(update_id, text, update_dict)``.
 
-    A valid body is UTF-8 JSON text of an object whose ``update_id`` is an integer (not a
-    boolean, not a float) from 0 to 2**63-1.
+    A valid body is UTF-8 JSON text (RFC 8259: no ``NaN``/``Infinity``, no NUL character) of
+    an object whose ``update_id`` is an integer (not a boolean, not a float) from 0 to 2**63-1.
+    A ``str`` body must be encodable as UTF-8 (no lone surrogates), as stores need.
 
     Raises:
         InvalidUpdate: With a short reason.
@@ -31,19 +53,19 @@ def parse_update_body(body: Union[bytes, bytearray, str]) -> Tuple[int, str, Dic
             raise InvalidUpdate("body is not UTF-8") from None
     elif isinstance(body, str):
         text = body
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidUpdate("body is not valid Unicode text (lone surrogates)") from None
     else:
         raise InvalidUpdate(f"body must be bytes or str, not {type(body).__name__}")
     try:
-        update = json.loads(text)
+        update = json.loads(text, parse_constant=_refuse_constant)
     except (ValueError, RecursionError):
         raise InvalidUpdate("body is not JSON") from None
     if not isinstance(update, dict):
         raise InvalidUpdate("body is not a JSON object")
-    update_id = update.get("update_id")
-    if isinstance(update_id, bool) or not isinstance(update_id, int):
-        raise InvalidUpdate("update_id is missing or not an integer")
-    if update_id < 0 or update_id > MAX_UPDATE_ID:
-        raise InvalidUpdate("update_id is out of range")
+    update_id = check_update_id(update.get("update_id"))
     if "\x00" in text:
         raise InvalidUpdate("body contains a NUL character")
     return update_id, text, update

@@ -15,6 +15,7 @@ DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 """Bodies larger than this (bytes) are refused with 413."""
 
 _SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
+_DIGITS = re.compile(r"[0-9]+")
 
 StartResponse = Callable[[str, List[Tuple[str, str]]], Any]
 
@@ -39,14 +40,13 @@ def _read_body(environ: Dict[str, Any], limit: int) -> "bytes | str":
             return "411 Length Required"
         data = stream.read(limit + 1)
         return "413 Payload Too Large" if len(data) > limit else data
-    try:
-        length = int(raw_length)
-    except ValueError:
+    digits = raw_length.strip()
+    # Content-Length is 1*DIGIT (RFC 9110); int() would also take "1_0", "+5" or "٥"
+    if _DIGITS.fullmatch(digits) is None:
         return "400 Bad Request"
-    if length < 0:
-        return "400 Bad Request"
-    if length > limit:
+    if len(digits.lstrip("0")) > len(str(limit)) or int(digits) > limit:
         return "413 Payload Too Large"
+    length = int(digits)
     if stream is None:
         return "400 Bad Request"
     chunks = []
