@@ -206,8 +206,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     # install() sets the processor, the durable update_queue, the context type and an
     # Application subclass that reports handler failures to the attempt.
-    builder = Application.builder().token(token).base_url(args.base_url)
-    builder.context_types(ContextTypes(context=Context))  # optional; before install()
+    builder = (
+        Application.builder()
+        .token(token)
+        .base_url(args.base_url)
+        .context_types(ContextTypes(context=Context))  # optional (types); before install()
+    )
     application = processor.install(builder).build()
 
     # -- the handlers ------------------------------------------------------------------------

@@ -142,7 +142,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help="seconds before a sweep takes a received but unclaimed update",
     )
     parser.add_argument("--max-attempts", type=int, default=5, help="attempts per update")
-    parser.add_argument("--pool-size", type=int, default=8, help="PostgreSQL connections")
+    parser.add_argument(
+        "--pool-size", type=int, default=8,
+        help="pooled PostgreSQL connections (callers wait for a free one when all are busy)",
+    )
+    parser.add_argument("--max-concurrent", type=int, default=32,
+                        help="updates handled at once (different chats)")
     parser.add_argument(
         "--exit-after", type=int, default=None, metavar="N",
         help="stop after N updates were handled by this process (for tests and demos)",
@@ -214,12 +219,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         lease_seconds=args.lease_seconds,
         sweep_every_seconds=args.sweep_every,
         pending_grace_seconds=args.pending_grace,
-        # leave some pooled connections for ingest and the sweep
-        max_concurrent=max(1, args.pool_size - 2),
+        max_concurrent=args.max_concurrent,
     )
-    application = processor.install(
-        Application.builder().token(token).base_url(args.base_url)
-    ).build()
+    builder = (
+        Application.builder()
+        .token(token)
+        .base_url(args.base_url)
+        # install() sets this context type anyway; saying it here lets type checkers know
+        .context_types(ContextTypes(context=FencedCallbackContext))
+    )
+    application = processor.install(builder).build()
 
     async def book(update: Update, context: FencedCallbackContext) -> None:
         message = update.effective_message
@@ -244,7 +253,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     (slot, message.chat_id, attempt.update_id, attempt.claim_id,
                      int(time.time() * 1000)),
                 )
-                return cur.rowcount == 1
+                return bool(cur.rowcount == 1)
 
         try:
             booked = await attempt.run_in_transaction(write, complete=True)
