@@ -1,0 +1,130 @@
+"""A PTB bot process for tests/test_ptb_processes.py (run with ``sys.executable``).
+
+Usage::
+
+    python tests/ptb_bot_worker.py BASE_URL TOKEN STORE TABLE --dir DIR --domain DOMAIN [options]
+
+``BASE_URL``/``TOKEN`` point at a :class:`ptb_fence.testing.FakeBotApi` in the test process.
+``STORE`` is ``sqlite:///absolute/path`` or a PostgreSQL DSN. The process builds the store and
+``FencedUpdateProcessor(...).install(Application.builder()...)``; with ``--poll`` it polls the
+fake server, without it it only runs the Application (its sweep hands over due updates). It
+runs until ``DIR/stop`` exists (or ``--max-life`` passed), then stops cleanly.
+
+The handler writes one fenced domain row per attempt that commits, with
+``await context.attempt.run_in_transaction(write, complete=True)``. A message whose text is
+``--hang`` sleeps (after announcing itself) until the process is killed.
+
+Files in ``DIR``: ``ready.<pid>`` once polling/running; ``started.<update_id>.<pid>`` when a
+handler begins; ``log.<pid>`` the process log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import time
+from typing import Any, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # the project root, for ``import ptb_fence``
+
+from telegram import Update  # noqa: E402
+from telegram.ext import Application, MessageHandler, filters  # noqa: E402
+
+from ptb_fence.ptb import FencedUpdateProcessor  # noqa: E402
+
+
+def parse_args(argv: List[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("base_url")
+    parser.add_argument("token")
+    parser.add_argument("store")
+    parser.add_argument("table")
+    parser.add_argument("--dir", required=True)
+    parser.add_argument("--domain", required=True)
+    parser.add_argument("--poll", action="store_true")
+    parser.add_argument("--hang", default="", help="text of messages whose handler never ends")
+    parser.add_argument("--lease", type=float, default=1.0)
+    parser.add_argument("--sweep", type=float, default=0.1)
+    parser.add_argument("--grace", type=float, default=0.2)
+    parser.add_argument("--max-concurrent", type=int, default=8)
+    parser.add_argument("--max-life", type=float, default=40.0)
+    return parser.parse_args(argv)
+
+
+def make_store(url: str, table: str) -> Any:
+    if url.startswith("sqlite:///"):
+        from ptb_fence import SQLiteUpdateStore
+
+        return SQLiteUpdateStore(url[len("sqlite:///") - 1 :], table)
+    from ptb_fence import PostgresUpdateStore
+
+    return PostgresUpdateStore(url, table)
+
+
+def touch(path: str) -> None:
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(str(time.time()))
+
+
+async def main(args: argparse.Namespace) -> None:
+    pid = os.getpid()
+    store = make_store(args.store, args.table)
+    mark = "?" if args.store.startswith("sqlite:///") else "%s"
+    insert = (
+        f"INSERT INTO {args.domain} (update_id, attempt, claim_id, pid) "  # noqa: S608
+        f"VALUES ({mark}, {mark}, {mark}, {mark})"
+    )
+
+    async def on_message(update: Update, context: Any) -> None:
+        attempt = context.attempt
+        touch(os.path.join(args.dir, f"started.{update.update_id}.{pid}"))
+        if args.hang and update.message.text == args.hang:
+            await asyncio.sleep(3600)  # until SIGKILL
+
+        def write(conn: Any) -> None:
+            cur = conn.cursor()
+            cur.execute(insert, (update.update_id, attempt.attempt, attempt.claim_id, pid))
+
+        await attempt.run_in_transaction(write, complete=True)
+
+    processor = FencedUpdateProcessor(
+        store,
+        lease_seconds=args.lease,
+        sweep_every_seconds=args.sweep,
+        pending_grace_seconds=args.grace,
+        max_concurrent=args.max_concurrent,
+        retry=lambda error, attempt: 0.1,
+    )
+    app = processor.install(
+        Application.builder().token(args.token).base_url(args.base_url)
+    ).build()
+    app.add_handler(MessageHandler(filters.TEXT, on_message))
+    deadline = time.monotonic() + args.max_life
+    stop_file = os.path.join(args.dir, "stop")
+    async with app:
+        await app.start()
+        if args.poll:
+            assert app.updater is not None
+            await app.updater.start_polling(poll_interval=0.0, timeout=1)
+        touch(os.path.join(args.dir, f"ready.{pid}"))
+        while not os.path.exists(stop_file) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if app.updater is not None and app.updater.running:
+            await app.updater.stop()
+        await app.stop()
+    store.close()
+
+
+if __name__ == "__main__":
+    arguments = parse_args(sys.argv[1:])
+    logging.basicConfig(
+        filename=os.path.join(arguments.dir, f"log.{os.getpid()}"),
+        level=logging.INFO,
+        format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    asyncio.run(main(arguments))
