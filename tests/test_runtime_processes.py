@@ -473,6 +473,25 @@ def test_worker_killed_mid_handler_loses_nothing(bed: Bed) -> None:
         assert rows[u][1] == 2  # taken over after the lease, counted as a second attempt
 
 
+def test_worker_killed_inside_fenced_transaction(bed: Bed) -> None:
+    """SIGKILL while the handler holds its fenced transaction open (SQLite write lock /
+    PostgreSQL row lock) after its domain write: the database rolls it back and releases the
+    lock, and a second process takes the update over after the lease."""
+    bed.add([1])
+    a = bed.spawn("--mode", "complete", "--pause-in-tx", "--lease", "0.6", "--sweep", "60",
+                  "--grace", "60")
+    wait_for("A to be inside its transaction",
+             lambda: glob.glob(os.path.join(bed.dir, f"intx.1.{a.pid}")), 15)
+    a.kill()
+    a.wait(10)
+    b = bed.spawn("--mode", "complete", "--lease", "2", "--sweep", "0.05", "--grace", "0.05")
+    wait_for("B to complete the update", lambda: bed.completed([1]), 15)
+    bed.stop()
+    state, attempts, claim_id = bed.rows()[1]
+    assert (state, attempts) == ("completed", 2)
+    assert bed.domain_rows() == [(1, 2, claim_id, b.pid)]
+
+
 # --------------------------------------------------------------------------------------------
 # Several processes, one database
 # --------------------------------------------------------------------------------------------
