@@ -88,17 +88,17 @@ class Bed:
             return SQLiteUpdateStore(self.path, self.table)
         from ptb_fence import PostgresUpdateStore
 
+        assert self.dsn is not None
         return PostgresUpdateStore(self.dsn, self.table)
 
     def sql(self, statement: str, params: tuple = ()) -> List[tuple]:
         """Run one statement on a fresh connection (autocommit) and return its rows."""
         if self.kind == "sqlite":
-            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            lite = sqlite3.connect(self.path, timeout=30, isolation_level=None)
             try:
-                cur = conn.execute(statement, params)
-                return list(cur.fetchall())
+                return list(lite.execute(statement, params).fetchall())
             finally:
-                conn.close()
+                lite.close()
         import psycopg2
 
         conn = psycopg2.connect(self.dsn)
@@ -373,6 +373,62 @@ def test_paused_inside_fenced_transaction_writes_once(bed: Bed) -> None:
     state, attempts, claim_id = bed.rows()[1]
     assert (state, attempts) == ("completed", 2)
     assert bed.domain_rows() == [(1, 2, claim_id, b.pid)]
+
+
+def test_owner_loss_with_clock_skew(bed: Bed, caplog: pytest.LogCaptureFixture) -> None:
+    """Intake A's clock runs 3 s behind (another host): its lease looks live to A but lapsed to
+    B, which takes the update over. The claim id, not the clock, fences A: its next renewal is
+    refused (owner_lost fires) and its fenced transaction is refused."""
+    started = threading.Event()
+    seen: Dict[str, Any] = {}
+    done_b = threading.Event()
+    insert = f"INSERT INTO {bed.domain} (update_id, attempt, claim_id, pid) " + (
+        "VALUES (?, ?, ?, ?)" if bed.kind == "sqlite" else "VALUES (%s, %s, %s, %s)"
+    )
+
+    def handle_a(update: Dict[str, Any], attempt: Any) -> None:
+        started.set()
+        assert done_b.wait(10)
+        seen["fired"] = attempt.owner_lost.wait(5)
+        try:
+            with attempt.transaction() as conn:
+                conn.cursor().execute(insert, (attempt.update_id, attempt.attempt,
+                                               attempt.claim_id, 0))
+        except OwnershipLost:
+            seen["refused"] = True
+            raise
+
+    def handle_b(update: Dict[str, Any], attempt: Any) -> None:
+        with attempt.transaction(complete=True) as conn:
+            conn.cursor().execute(insert, (attempt.update_id, attempt.attempt,
+                                           attempt.claim_id, 1))
+        seen["b"] = attempt.claim_id
+        done_b.set()
+
+    store_b = bed.make_store()
+    a = UpdateIntake(bed.store, handle_attempt=handle_a, lease_seconds=1.0,
+                     sweep_every_seconds=60, pending_grace_seconds=60,
+                     clock=lambda: time.time() - 3.0)
+    b = UpdateIntake(store_b, handle_attempt=handle_b, lease_seconds=1.0,
+                     sweep_every_seconds=0.05, pending_grace_seconds=0.05)
+    try:
+        with caplog.at_level("WARNING", logger="ptb_fence.lease"):
+            a.start()
+            assert a.accept(body(9, 90)) == "accepted"
+            assert started.wait(10)
+            b.start()
+            assert done_b.wait(10), "B never took the update over"
+            assert a.idle(10)
+    finally:
+        done_b.set()
+        a.close()
+        b.close()
+        store_b.close()
+    assert seen["fired"] is True
+    assert "its renewal was refused" in caplog.text
+    assert seen.get("refused") is True
+    assert bed.domain_rows() == [(9, 2, seen["b"], 1)]
+    assert bed.rows()[9] == ("completed", 2, seen["b"])
 
 
 # --------------------------------------------------------------------------------------------
