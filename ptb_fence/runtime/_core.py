@@ -47,7 +47,14 @@ class Outcome:
 
 
 def _error_text(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}"
+    name = type(error).__name__
+    message = str(error)
+    if not message:
+        text = name
+    elif message.startswith(name):  # e.g. PTB's "Forbidden: bot was blocked by the user"
+        text = message
+    else:
+        text = f"{name}: {message}"
     return text[:2000]
 
 

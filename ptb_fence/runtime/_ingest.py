@@ -56,6 +56,10 @@ def parse_update_body(body: Union[bytes, bytearray, str]) -> Tuple[int, str, Dic
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
+            raise InvalidUpdate("body is not valid Unicode (lone surrogate)") from None
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
             raise InvalidUpdate("body is not valid Unicode text (lone surrogates)") from None
     else:
         raise InvalidUpdate(f"body must be bytes or str, not {type(body).__name__}")

@@ -55,6 +55,7 @@ class UpdateIntake:
     __slots__ = (
         "_chats",
         "_closed",
+        "_delivery_lock",
         "_handle",
         "_handle_attempt",
         "_handle_exhaustion",
@@ -96,6 +97,7 @@ class UpdateIntake:
         self._handle_exhaustion = handle_exhaustion
         self._lock = threading.Lock()
         self._sweep_lock = threading.Lock()
+        self._delivery_lock = threading.Lock()
         self._pool: Optional[ThreadPoolExecutor] = None
         self._chats = ChatScheduler(self._start_update)
         self._started = False
@@ -143,6 +145,11 @@ class UpdateIntake:
         Updates waiting for their turn are left in the store (pending or failed) for the next
         start or another process. :meth:`accept` still records after ``close()``, so nothing
         posted late is lost. Does not close the store.
+
+        Args:
+            timeout: Seconds to wait for running attempts (:obj:`None`: until they finish).
+                Attempts still running after it lose their lease renewal; their updates are
+                taken over after the lease.
         """
         with self._lock:
             if self._closed:
@@ -153,7 +160,13 @@ class UpdateIntake:
         if pool is not None:
             # queued runs are not cancelled: each sees _closed, skips its update (left in the
             # store) and calls ChatScheduler.done, so idle() still becomes true
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=timeout is None)
+            if timeout is not None and not self._chats.wait_empty(timeout):
+                _LOGGER.warning(
+                    "close(): attempts still running after %.3gs; their leases are no longer "
+                    "renewed and lapse",
+                    timeout,
+                )
         self._runtime.stop_jobs()
 
     def __enter__(self) -> "UpdateIntake":
@@ -209,9 +222,30 @@ class UpdateIntake:
 
     # -- internals --------------------------------------------------------------------------
     def _scheduled_sweep(self) -> None:
-        self._sweep(include_fresh=False)
+        # exhaustion handlers run on their own thread: a hanging one must not stop the
+        # scheduled sweeps (retries, lapsed leases) of this process
+        self._sweep(include_fresh=False, deliver_inline=False)
 
-    def _sweep(self, *, include_fresh: bool) -> int:
+    def _deliver_exhaustions(self) -> None:
+        """Deliver one page of due exhaustions (rotating cursor); skipped if one is running."""
+        handler = self._handle_exhaustion
+        if handler is None or not self._delivery_lock.acquire(blocking=False):
+            return
+        runtime = self._runtime
+        try:
+            try:
+                page = runtime.exhaustion_page()
+            except Exception as exc:
+                runtime.report_store_error(exc, "sweep")
+                return
+            for exhaustion in page:
+                if self._closed:
+                    break
+                runtime.deliver_exhaustion(exhaustion, handler)
+        finally:
+            self._delivery_lock.release()
+
+    def _sweep(self, *, include_fresh: bool, deliver_inline: bool = True) -> int:
         runtime = self._runtime
         if not self._sweep_lock.acquire(blocking=False):
             return 0
@@ -229,16 +263,15 @@ class UpdateIntake:
                     handed += 1
             # a full page means there may be more: fetch the next when the workers drain
             self._refill = len(rows) >= _SWEEP_PAGE
-            if self._handle_exhaustion is not None:
-                try:
-                    page = runtime.exhaustion_page()
-                except Exception as exc:
-                    runtime.report_store_error(exc, "sweep")
-                    page = []
-                for exhaustion in page:
-                    if self._closed:
-                        break
-                    runtime.deliver_exhaustion(exhaustion, self._handle_exhaustion)
+            if self._handle_exhaustion is not None and not self._closed:
+                if deliver_inline:
+                    self._deliver_exhaustions()
+                elif not self._delivery_lock.locked():
+                    threading.Thread(
+                        target=self._deliver_exhaustions,
+                        name="ptb_fence-exhaustions",
+                        daemon=True,
+                    ).start()
             try:
                 runtime.prune()
             except Exception as exc:
