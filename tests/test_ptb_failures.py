@@ -229,3 +229,47 @@ def test_non_blocking_handler_runs_outside_the_attempt_and_is_logged(
     warnings = [r.getMessage() for r in caplog.records if "block=False" in r.getMessage()]
     assert len(warnings) == 1 and "OUTSIDE the attempt" in warnings[0], warnings
     assert "non_blocking" in warnings[0] or "MessageHandler" in warnings[0]
+
+
+def test_handler_exhaust_and_slow_exhaustion_handler_deliver_once(tmp_path: Any) -> None:
+    """``context.attempt.exhaust(reason)`` ends the update at once; a slow exhaustion handler is
+    not called a second time by the sweeps that run (every 0.1 s) while it is still running."""
+    path = str(tmp_path / "updates.db")
+    store = SQLiteUpdateStore(path)
+    calls: List[Exhaustion] = []
+    runs: List[int] = []
+
+    async def slow_sink(exhaustion: Exhaustion) -> None:
+        calls.append(exhaustion)
+        await asyncio.sleep(0.4)
+
+    async def on_message(update: Update, context: Any) -> None:
+        runs.append(update.update_id)
+        if update.message.text == "permanent":
+            await asyncio.to_thread(context.attempt.exhaust, "cannot be done")
+            return
+        raise RuntimeError("boom")
+
+    async def scenario(fake: FakeBotApi) -> List[int]:
+        processor = FencedUpdateProcessor(
+            store, handle_exhaustion=slow_sink, max_attempts=1, retry=_retry, **FAST
+        )
+        app = build(processor, fake)
+        app.add_handler(MessageHandler(filters.TEXT, on_message))
+        ids = [fake.inject_message(chat_id=1, text="boom"),
+               fake.inject_message(chat_id=2, text="permanent")]
+        async with polling(app):
+            await wait_for("acknowledged", lambda: len(calls) >= 2
+                           and not store.due_exhaustions(limit=10), timeout=8)
+            await asyncio.sleep(0.4)
+        return ids
+
+    with FakeBotApi() as fake:
+        ids = run(scenario(fake))
+    assert sorted(runs) == ids  # no retries
+    assert sorted((e.update_id, e.attempt, e.error) for e in calls) == [
+        (ids[0], 1, "RuntimeError: boom"),
+        (ids[1], 1, "cannot be done"),
+    ]
+    table = rows(path)
+    assert all(table[u][0] == "abandoned" and table[u][3] is not None for u in ids)

@@ -54,6 +54,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
 
     __slots__ = (
         "_application",
+        "_delivering",
         "_executor",
         "_handle_exhaustion",
         "_inflight",
@@ -93,6 +94,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         self._slots = asyncio.Semaphore(runtime_options.max_concurrent)
         self._turns = ChatTurns()
         self._inflight: Set[int] = set()
+        self._delivering: Set[Any] = set()  # identities of exhaustions being delivered
         self._initialized = False
         self._sweep_task: Optional["asyncio.Task[None]"] = None
         self._refill = asyncio.Event()
@@ -374,17 +376,24 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         if handler is None:
             return
         runtime = self._runtime
+        identity = exhaustion.identity
+        if identity in self._delivering:
+            return  # a sweep found the row while the handler's own delivery is still running
+        self._delivering.add(identity)
         try:
-            if inspect.iscoroutinefunction(handler):
-                await handler(exhaustion)
-            else:
-                result = await self._call(handler, exhaustion)
-                if inspect.isawaitable(result):
-                    await result
-        except Exception as exc:
-            runtime.exhaustion_failed(exc, exhaustion)
-            return
-        await self._call(runtime.acknowledge, exhaustion)
+            try:
+                if inspect.iscoroutinefunction(handler):
+                    await handler(exhaustion)
+                else:
+                    result = await self._call(handler, exhaustion)
+                    if inspect.isawaitable(result):
+                        await result
+            except Exception as exc:
+                runtime.exhaustion_failed(exc, exhaustion)
+                return
+            await self._call(runtime.acknowledge, exhaustion)
+        finally:
+            self._delivering.discard(identity)
 
     # -- sweep ------------------------------------------------------------------------------
     async def sweep(self, *, include_fresh: bool = False) -> int:
