@@ -329,3 +329,44 @@ def test_run_polling_with_hooks_set_after_install(tmp_path: Any) -> None:
     assert sorted(seen) == sorted([(uid, 1) for uid in ids] + [(ids[0], 2)])
     assert not processor.runtime.running
     assert wait_sync("ptb_fence threads to end", lambda: not _ptb_fence_threads(baseline), 3)
+
+
+def test_records_left_from_before_a_crash_are_handled_at_start(tmp_path: Any) -> None:
+    """Rows recorded by an earlier run (pending, failed and due, processing with a lapsed lease)
+    are handed over by the first sweep when the Application starts, without waiting for
+    ``pending_grace_seconds``, and without being recorded a second time."""
+    import json
+
+    from ptb_fence import Failed
+    from ptb_fence.testing import make_message_update
+
+    path = str(tmp_path / "updates.db")
+    store = SQLiteUpdateStore(path)
+    now = int(time.time() * 1000)
+    for uid in (10, 11, 12):
+        assert store.add(uid, json.dumps(make_message_update(uid, chat_id=uid, text="old")), now)
+    # 11 failed earlier and is due again; 12 was being handled by a process that died
+    assert store.claim(11, now=now, lease_until=now + 60_000, max_attempts=5) == 1
+    store.settle(11, 1, Failed(at=now, retry_at=now - 1, error="earlier failure"))
+    assert store.claim(12, now=now - 5_000, lease_until=now - 4_000, max_attempts=5) == 1
+    handled: List[Any] = []
+
+    async def on_message(update: Update, context: Any) -> None:
+        handled.append((update.update_id, context.attempt.attempt, update.message.text))
+
+    async def scenario(fake: FakeBotApi) -> None:
+        processor = FencedUpdateProcessor(
+            store, lease_seconds=1, sweep_every_seconds=0.1, pending_grace_seconds=60
+        )
+        app = build(processor, fake)
+        app.add_handler(MessageHandler(filters.TEXT, on_message))
+        async with polling(app):
+            await wait_for("the old rows", lambda: len(handled) == 3, timeout=5)
+
+    with FakeBotApi() as fake:
+        run(scenario(fake))
+    assert sorted(handled) == [(10, 1, "old"), (11, 2, "old"), (12, 2, "old")]
+    table = rows(path)
+    assert {uid: table[uid][:2] for uid in (10, 11, 12)} == {
+        10: ("completed", 1), 11: ("completed", 2), 12: ("completed", 2)
+    }
