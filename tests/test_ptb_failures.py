@@ -273,3 +273,37 @@ def test_handler_exhaust_and_slow_exhaustion_handler_deliver_once(tmp_path: Any)
     ]
     table = rows(path)
     assert all(table[u][0] == "abandoned" and table[u][3] is not None for u in ids)
+
+
+@pytest.mark.parametrize("max_concurrent", [1, 4])
+def test_handler_raising_cancelled_error_is_a_failure(tmp_path: Any, max_concurrent: int) -> None:
+    """A handler that raises CancelledError (its task was not cancelled) neither kills PTB's
+    update fetcher (sequential mode) nor strands its update under a forever-renewed lease."""
+    path = str(tmp_path / "updates.db")
+    store = SQLiteUpdateStore(path)
+    seen: List[Any] = []
+
+    async def on_message(update: Update, context: Any) -> None:
+        seen.append((update.update_id, context.attempt.attempt))
+        if update.message.text == "cancel" and context.attempt.attempt == 1:
+            raise asyncio.CancelledError("from handler code")
+
+    async def scenario(fake: FakeBotApi) -> List[int]:
+        processor = FencedUpdateProcessor(
+            store, max_concurrent=max_concurrent, retry=_retry, **FAST
+        )
+        app = build(processor, fake)
+        app.add_handler(MessageHandler(filters.TEXT, on_message))
+        ids = [fake.inject_message(chat_id=1, text="cancel")]
+        async with polling(app):
+            await wait_for("the first attempt", lambda: seen)
+            ids.append(fake.inject_message(chat_id=2, text="after"))
+            await wait_for("all completed", lambda: all(
+                rows(path).get(u, ("",))[0] == "completed" for u in ids), timeout=8)
+            assert processor.runtime.keeper._active == {}  # noqa: SLF001 - nothing renewed
+        return ids
+
+    with FakeBotApi() as fake:
+        ids = run(scenario(fake))
+    assert sorted(seen) == [(ids[0], 1), (ids[0], 2), (ids[1], 1)]
+    assert rows(path)[ids[0]][:2] == ("completed", 2)

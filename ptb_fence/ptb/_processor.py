@@ -354,16 +354,22 @@ class BaseFenceProcessor(BaseUpdateProcessor):
                         await coroutine
                     except Exception as exc:
                         state.error = exc
+                    except asyncio.CancelledError as exc:
+                        if _cancel_requested():
+                            raise
+                        # raised by handler code while this task was not cancelled: a failure
+                        # (propagating it would kill PTB's update fetcher in sequential mode)
+                        state.error = exc
                     finally:
                         _CURRENT.reset(attempt_token)
                         _STATE.reset(state_token)
                     if state.error is not None or attempt.exhausted:
                         attempt._body = update_body(update)
-                    try:
-                        _, exhaustion = await self._call(runtime.finish, attempt, state.error)
-                    finally:
-                        runtime.end(attempt)
+                    _, exhaustion = await self._call(runtime.finish, attempt, state.error)
                 finally:
+                    # also when cancelled: stop renewing, so the lease lapses and a sweep
+                    # retries the update (a renewed-forever lease would strand it)
+                    runtime.end(attempt)
                     self._running -= 1
             if exhaustion is not None:
                 await self._deliver(exhaustion)
@@ -467,6 +473,16 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         if handed:
             _LOGGER.info("sweep handed %d update(s) back to the Application", handed)
         return handed, len(rows) >= _SWEEP_PAGE and handed > 0
+
+
+def _cancel_requested() -> bool:
+    """Whether the current task is being cancelled (as opposed to code raising CancelledError).
+
+    Python 3.10 cannot tell the two apart: there every CancelledError counts as a cancel.
+    """
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is None or cancelling() > 0
 
 
 def _default_value(value: Any) -> Any:
