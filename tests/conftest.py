@@ -17,14 +17,24 @@ def postgres_dsn() -> str:
 
 
 def _postgres_problem() -> "str | None":
-    try:
-        import psycopg2
+    import time
 
-        conn = psycopg2.connect(postgres_dsn(), connect_timeout=3)
-        conn.close()
-        return None
-    except Exception as exc:  # pragma: no cover - depends on the machine
-        return f"PostgreSQL not reachable at PTB_FENCE_POSTGRES_DSN: {type(exc).__name__}: {exc}"
+    import psycopg2
+
+    # a required server gets time to come back (a test may have restarted it)
+    deadline = time.monotonic() + (60 if os.environ.get("PTB_FENCE_REQUIRE_POSTGRES") == "1" else 3)
+    while True:
+        try:
+            conn = psycopg2.connect(postgres_dsn(), connect_timeout=3)
+            conn.close()
+            return None
+        except Exception as exc:  # pragma: no cover - depends on the machine
+            if time.monotonic() > deadline:
+                return (
+                    "PostgreSQL not reachable at PTB_FENCE_POSTGRES_DSN: "
+                    f"{type(exc).__name__}: {exc}"
+                )
+            time.sleep(1)
 
 
 _PG_PROBLEM: "str | None | bool" = False

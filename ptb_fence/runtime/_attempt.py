@@ -207,6 +207,8 @@ class Attempt:
             with manager as conn:
                 if not store.owns(identity, runtime.options.now_ms(), connection=conn):
                     runtime.log_transaction_refused(self)
+                    # the database's refusal is the authoritative proof of loss
+                    self._fire_owner_lost()
                     raise OwnershipLost(identity)
                 yield conn
                 if complete:
@@ -215,6 +217,7 @@ class Attempt:
                         identity, Completed(runtime.options.now_ms()), connection=conn
                     )
                     if not settled:
+                        self._fire_owner_lost()
                         raise OwnershipLost(identity)
             # committed
             if complete:

@@ -198,7 +198,9 @@ class Runtime:
                     seconds=self.options.sweep_every_seconds,
                     id="ptb_fence_sweep",
                     name="ptb_fence sweep",
-                    max_instances=1,
+                    # the sweep has its own non-blocking lock; extra instances return at once
+                    # instead of APScheduler warning that a run was skipped
+                    max_instances=3,
                 )
             scheduler.start()
             self._scheduler = scheduler
