@@ -140,6 +140,7 @@ class FlakyStore:
         self.fail_ids: Optional[set] = None  # None: every id while failing
         self.failed_adds: List[int] = []
         self.adds: List[Tuple[int, bool]] = []
+        self.failed_calls: List[str] = []
         self._lock = threading.Lock()
 
     def add(self, update_id: int, body: str, received_at: int) -> bool:
@@ -154,5 +155,19 @@ class FlakyStore:
             self.adds.append((update_id, added))
         return added
 
+    broken: "set[str]" = set()
+    """Names of other methods that raise while :attr:`failing` (set per instance)."""
+
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        target = getattr(self.inner, name)
+        if name not in self.broken or not callable(target):
+            return target
+
+        def broken_method(*args: Any, **kwargs: Any) -> Any:
+            if self.failing:
+                with self._lock:
+                    self.failed_calls.append(name)
+                raise sqlite3.OperationalError(f"{name}: database is locked (injected)")
+            return target(*args, **kwargs)
+
+        return broken_method

@@ -149,3 +149,48 @@ def test_refetched_batch_is_recorded_and_handled_once(tmp_path: Any) -> None:
     assert all(Counter(handled)[uid] == 1 for uid in ids)
     table = rows(path)
     assert all(table[uid][:2] == ("completed", 1) for uid in ids)
+
+
+def test_store_failures_after_ingest_are_reported_and_left_to_the_sweep(tmp_path: Any) -> None:
+    """claim and settle fail for a while: each failure is reported (on_store_error) and the
+    updates are handled later by the sweep; none is lost or handled twice."""
+    path = str(tmp_path / "updates.db")
+    store = FlakyStore(SQLiteUpdateStore(path))
+    store.broken = {"claim_owned", "settle_owned"}
+    store.fail_ids = set()  # add keeps working
+    steps: List[str] = []
+    handled: List[int] = []
+
+    async def on_message(update: Update, context: Any) -> None:
+        handled.append(update.update_id)
+
+    async def scenario(fake: FakeBotApi) -> List[int]:
+        processor = FencedUpdateProcessor(
+            store, on_store_error=lambda error, step: steps.append(step), **FAST
+        )
+        app = build(processor, fake)
+        app.add_handler(MessageHandler(filters.TEXT, on_message))
+        async with polling(app):
+            store.failing = True
+            ids = [fake.inject_message(chat_id=1 + i, text="x") for i in range(3)]
+            await wait_for("claims refused", lambda: steps.count("claim") >= 3)
+            assert handled == []
+            store.failing = False
+            await wait_for("handled after recovery",
+                           lambda: {r[0] for r in rows(path).values()} == {"completed"}
+                           and len(rows(path)) == 3, timeout=8)
+            # settle fails: the attempt ran, its lease lapses, the sweep runs it again
+            store.broken = {"settle_owned"}
+            store.failing = True
+            ids.append(fake.inject_message(chat_id=9, text="x"))
+            await wait_for("settle refused", lambda: "settle" in steps)
+            store.failing = False
+            await wait_for("completed on the second attempt",
+                           lambda: rows(path).get(ids[-1], ("",))[0] == "completed", timeout=8)
+        return ids
+
+    with FakeBotApi() as fake:
+        ids = run(scenario(fake))
+        assert fake.confirmed_update_ids >= set(ids)
+    assert Counter(handled) == Counter(ids[:3] + ids[3:] * 2)  # at least once
+    assert rows(path)[ids[3]][:2] == ("completed", 2)
