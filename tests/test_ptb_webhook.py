@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any, List
 
 from telegram import Update
-from telegram.ext import MessageHandler, filters
+from telegram.ext import Application, MessageHandler, filters
 
 from ptb_fence import SQLiteUpdateStore
 from ptb_fence.ptb import FencedUpdateProcessor
@@ -110,3 +110,61 @@ def test_webhook_records_before_200_refuses_bad_secrets_and_answers_5xx_on_store
     assert store.failed_adds == [7000]
     assert Counter(handled) == Counter(list(range(5000, 5005)) + [7000])
     assert set(rows(path)) == set(range(5000, 5005)) | {7000}
+
+
+def test_custom_webhook_without_updater_records_on_update_queue_put(tmp_path: Any) -> None:
+    """PTB's custom-webhook pattern (``.updater(None)``, the web framework calls
+    ``await application.update_queue.put(Update.de_json(...))``): put returns after the
+    commit; a store failure raises IngestError (answer 5xx) and nothing is queued."""
+    from telegram.error import TelegramError
+
+    from ptb_fence.ptb import IngestError
+
+    path = str(tmp_path / "updates.db")
+    store = FlakyStore(SQLiteUpdateStore(path))
+    handled: List[int] = []
+
+    async def on_message(update: Update, context: Any) -> None:
+        handled.append(update.update_id)
+
+    async def scenario(fake: FakeBotApi) -> None:
+        for before in (True, False):  # .updater(None) before or after install
+            processor = FencedUpdateProcessor(store, **FAST)
+            builder = Application.builder().token(fake.token).base_url(fake.base_url)
+            if before:
+                builder = processor.install(builder.updater(None))
+            else:
+                builder = processor.install(builder).updater(None)
+            app = builder.build()
+            assert app.updater is None and app.update_queue is processor.queue
+        processor = FencedUpdateProcessor(store, **FAST)
+        app = processor.install(
+            Application.builder().token(fake.token).base_url(fake.base_url).updater(None)
+        ).build()
+        app.add_handler(MessageHandler(filters.TEXT, on_message))
+        async with app:
+            await app.start()
+            try:
+                await app.update_queue.put(
+                    Update.de_json(make_message_update(42, chat_id=1, text="x"), app.bot)
+                )
+                assert recorded_ids(path, [42]) == {42}
+                store.failing = True
+                try:
+                    await app.update_queue.put(
+                        Update.de_json(make_message_update(43, chat_id=1, text="y"), app.bot)
+                    )
+                except IngestError as exc:
+                    assert isinstance(exc, TelegramError)
+                else:
+                    raise AssertionError("a store failure at ingest must raise IngestError")
+                store.failing = False
+                assert recorded_ids(path, [43]) == set()
+                await wait_for("handled", lambda: handled == [42])
+                await asyncio.sleep(0.3)
+            finally:
+                await app.stop()
+
+    with FakeBotApi() as fake:
+        run(scenario(fake))
+    assert handled == [42]
