@@ -8,7 +8,7 @@ import inspect
 import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Callable, Hashable, Optional, Set, TypeVar
+from typing import Any, Awaitable, Callable, Dict, Hashable, Optional, Set, TypeVar
 
 from telegram import Update
 from telegram.ext import ApplicationBuilder, BaseUpdateProcessor, ContextTypes
@@ -18,6 +18,9 @@ from ptb_fence.ptb._application import _STATE, FencedApplicationMixin, _UpdateSt
 from ptb_fence.ptb._chat_turns import ChatTurns
 from ptb_fence.ptb._context import FencedCallbackContext
 from ptb_fence.ptb._queue import DurableUpdateQueue, update_body
+from ptb_fence.ptb._request import wrap_get_updates_request
+from ptb_fence.ptb._settle_batcher import SettleBatcher
+from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._attempt import _CURRENT
 from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._options import RuntimeOptions
@@ -57,8 +60,12 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         "_delivering",
         "_executor",
         "_handle_exhaustion",
+        "_batch_ingest",
         "_inflight",
+        "_ingested",
         "_initialized",
+        "_preclaimed",
+        "_settler",
         "_queue",
         "_refill",
         "_running",
@@ -95,6 +102,16 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         self._turns = ChatTurns()
         self._inflight: Set[int] = set()
         self._delivering: Set[Any] = set()  # identities of exhaustions being delivered
+        # fast path: a getUpdates batch recorded (and claimed) before PTB puts its updates;
+        # update_id -> the pre-claimed Attempt, True (recorded) or False (a duplicate)
+        self._ingested: Dict[int, Any] = {}
+        self._preclaimed: Dict[int, Attempt] = {}
+        self._batch_ingest = False
+        self._settler = (
+            SettleBatcher(self)
+            if self._runtime.uses_claim_ids and callable(getattr(store, "settle_owned_many", None))
+            else None
+        )
         self._initialized = False
         self._sweep_task: Optional["asyncio.Task[None]"] = None
         self._refill = asyncio.Event()
@@ -187,6 +204,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
                 "wire it with processor.install(builder)"
             )
         self._application = application
+        self._batch_ingest = wrap_get_updates_request(application.bot, self)
         context_class = application.context_types.context
         if self._runtime.attempt_aware and not issubclass(context_class, FencedCallbackContext):
             _LOGGER.warning(
@@ -249,6 +267,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         self._runtime.executor = None
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=False)
+        self._release_preclaimed()
         self._inflight.clear()
 
     def _warn_non_blocking(self, application: Any) -> None:
@@ -278,28 +297,89 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         return await loop.run_in_executor(executor, fn, *args)
 
     # -- ingest -----------------------------------------------------------------------------
+    def _fast_claim(self) -> bool:
+        """Whether fresh updates are recorded already claimed (one statement)."""
+        return self._runtime.uses_claim_ids and callable(
+            getattr(self._runtime.store, "add_claimed_many", None)
+        )
+
+    def _rows(self, items: "list[tuple[int, str]]") -> "list[tuple[int, str, int]]":
+        now = self._runtime.options.now_ms()
+        return [(update_id, body, now) for update_id, body in items]
+
+    def _store_rows(self, rows: "list[tuple[int, str, int]]") -> "list[Any]":
+        """Record rows (blocking): per row the pre-claimed Attempt, True, or False (exists)."""
+        runtime = self._runtime
+        store = runtime.store
+        if self._fast_claim():
+            lease_until = runtime.options.now_ms() + runtime.options.lease_ms
+            identities = store.add_claimed_many(rows, lease_until=lease_until)
+            return [
+                False if identity is None else runtime.adopt(identity, lease_until, row[1])
+                for identity, row in zip(identities, rows)
+            ]
+        if len(rows) > 1 and callable(getattr(store, "add_many", None)):
+            return [bool(added) for added in store.add_many(rows)]
+        return [bool(store.add(*row)) for row in rows]
+
+    async def _record_batch(self, result: "list[Any]") -> None:
+        """Record a whole getUpdates answer in one commit (called by RecordingRequest)."""
+        items = []
+        for raw in result:
+            if isinstance(raw, dict):
+                update_id = raw.get("update_id")
+                if isinstance(update_id, int) and not isinstance(update_id, bool):
+                    items.append((update_id, json.dumps(raw, ensure_ascii=False)))
+        if not items:
+            return
+        # anything left from an earlier batch was never put (PTB stopped or dropped it):
+        # stop renewing it so its lease lapses and a sweep takes it
+        self._release_preclaimed(ingested_only=True)
+        try:
+            outcome = await self._call(self._store_rows, self._rows(items))
+        except Exception as exc:
+            raise self._queue._fail(items[0][0], exc) from exc
+        for (update_id, _), value in zip(items, outcome):
+            self._ingested[update_id] = value
+
+    def _consume(self, update_id: int, outcome: Any) -> bool:
+        """Book one recorded update for processing; False for a duplicate."""
+        if outcome is False:
+            return False
+        if isinstance(outcome, Attempt):
+            self._preclaimed[update_id] = outcome
+        self._inflight.add(update_id)
+        return True
+
+    def _release_preclaimed(self, *, ingested_only: bool = False) -> None:
+        stale = [v for v in self._ingested.values() if isinstance(v, Attempt)]
+        self._ingested.clear()
+        if not ingested_only:
+            stale += list(self._preclaimed.values())
+            self._preclaimed.clear()
+        for attempt in stale:
+            self._runtime.end(attempt)
+
     async def _record(self, update: Update) -> bool:
-        store = self._runtime.store
+        known = self._ingested.pop(update.update_id, None)
+        if known is not None:
+            return self._consume(update.update_id, known)
         try:
             body = update_body(update)
-            added = await self._call(
-                store.add, update.update_id, body, self._runtime.options.now_ms()
-            )
+            outcome = await self._call(self._store_rows, self._rows([(update.update_id, body)]))
         except Exception as exc:
             raise self._queue._fail(update.update_id, exc) from exc
-        if added:
-            self._inflight.add(update.update_id)
-        return bool(added)
+        return self._consume(update.update_id, outcome[0])
 
     def _record_blocking(self, update: Update) -> bool:
-        store = self._runtime.store
+        known = self._ingested.pop(update.update_id, None)
+        if known is not None:
+            return self._consume(update.update_id, known)
         try:
-            added = store.add(update.update_id, update_body(update), self._runtime.options.now_ms())
+            outcome = self._store_rows(self._rows([(update.update_id, update_body(update))]))
         except Exception as exc:
             raise self._queue._fail(update.update_id, exc) from exc
-        if added:
-            self._inflight.add(update.update_id)
-        return bool(added)
+        return self._consume(update.update_id, outcome[0])
 
     # -- processing -------------------------------------------------------------------------
     async def process_update(  # type: ignore[misc]  # PTB marks it @final; see below
@@ -342,7 +422,9 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         await self._turns.acquire(key, update.update_id)
         try:
             async with self._slots:
-                attempt = await self._call(runtime.claim, update.update_id)
+                attempt = self._preclaimed.pop(update.update_id, None)
+                if attempt is None:
+                    attempt = await self._call(runtime.claim, update.update_id)
                 if attempt is None:
                     return False
                 self._running += 1
@@ -365,7 +447,19 @@ class BaseFenceProcessor(BaseUpdateProcessor):
                         _STATE.reset(state_token)
                     if state.error is not None or attempt.exhausted:
                         attempt._body = update_body(update)
-                    _, exhaustion = await self._call(runtime.finish, attempt, state.error)
+                    if (
+                        self._settler is not None
+                        and state.error is None
+                        and attempt.fenced
+                        and not attempt.completed
+                        and not attempt.exhausted
+                    ):
+                        # grouped with the completions of other updates: one commit for all
+                        attempt._settling = True
+                        exhaustion = None
+                        await self._settler.complete(attempt)
+                    else:
+                        _, exhaustion = await self._call(runtime.finish, attempt, state.error)
                 finally:
                     # also when cancelled: stop renewing, so the lease lapses and a sweep
                     # retries the update (a renewed-forever lease would strand it)

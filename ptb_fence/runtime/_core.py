@@ -268,6 +268,19 @@ class Runtime:
         self.keeper.register(attempt)
         return attempt
 
+    @property
+    def uses_claim_ids(self) -> bool:
+        """Whether attempts are claimed with ``claim_owned`` (attempt-aware or durable)."""
+        return self.attempt_aware or self.durable
+
+    def adopt(self, identity: Any, lease_until: int, body: Optional[str] = None) -> Attempt:
+        """Register an attempt the store already claimed (``add_claimed_many``) and return it."""
+        attempt = Attempt(
+            self, identity.update_id, identity.attempt, identity.claim_id, lease_until, body
+        )
+        self.keeper.register(attempt)
+        return attempt
+
     def _settle(self, attempt: Attempt, settlement: Any) -> bool:
         """Settle; True when it landed (unary settles are assumed to land)."""
         if attempt.fenced:
@@ -301,8 +314,12 @@ class Runtime:
         try:
             landed = self._settle(attempt, Completed(self.options.now_ms()))
         except Exception as exc:
-            self.report_store_error(exc, "settle", ids=_ids(attempt))
-            return Outcome.LOST
+            return self.completion_failed(attempt, exc)
+        return self.completion_landed(attempt, landed)
+
+    def completion_landed(self, attempt: Attempt, landed: bool) -> str:
+        """The outcome of a completion settle (also a grouped one): fire ``owner_lost`` if it
+        did not land."""
         if not landed:
             _LOGGER.warning(
                 "completion of update %s attempt %s did not land: it runs again after the lease",
@@ -313,6 +330,11 @@ class Runtime:
             attempt._fire_owner_lost()
             return Outcome.LOST
         return Outcome.COMPLETED
+
+    def completion_failed(self, attempt: Attempt, error: BaseException) -> str:
+        """A completion settle raised: report it; the lease and the sweep take over."""
+        self.report_store_error(error, "settle", ids=_ids(attempt))
+        return Outcome.LOST
 
     def fail(self, attempt: Attempt, error: BaseException) -> "tuple[str, Optional[Exhaustion]]":
         """Record a failed attempt: retry later, abandon, or exhaust.

@@ -1,0 +1,105 @@
+"""RecordingRequest: records a whole getUpdates batch in one commit before PTB sees it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any, Optional, Tuple
+
+from telegram._utils.defaultvalue import DEFAULT_NONE
+from telegram.request import BaseRequest, RequestData
+
+if TYPE_CHECKING:
+    from ptb_fence.ptb._processor import BaseFenceProcessor
+
+__all__ = ["RecordingRequest", "wrap_get_updates_request"]
+
+_LOGGER = logging.getLogger("ptb_fence.ingest")
+
+
+class RecordingRequest(BaseRequest):
+    """Wraps the request object PTB uses for ``getUpdates``.
+
+    When a ``getUpdates`` answer arrives, the whole batch is recorded in the store in one
+    commit (and, with a fenced store, claimed for this process in the same statement) before
+    PTB parses it and puts the updates into the durable queue, which then forwards them
+    without a commit of its own. If recording fails, a :class:`ptb_fence.ptb.IngestError`
+    (a ``TelegramError``) makes PTB's polling loop fetch the same offset again. Everything
+    else is delegated unchanged.
+    """
+
+    __slots__ = ("_inner", "_processor")
+
+    def __init__(self, inner: BaseRequest, processor: "BaseFenceProcessor") -> None:
+        self._inner = inner
+        self._processor = processor
+
+    @property
+    def inner(self) -> BaseRequest:
+        """The wrapped request object."""
+        return self._inner
+
+    @property
+    def read_timeout(self) -> Optional[float]:
+        """The wrapped request's read timeout."""
+        return self._inner.read_timeout
+
+    async def initialize(self) -> None:
+        """Initialize the wrapped request."""
+        await self._inner.initialize()
+
+    async def shutdown(self) -> None:
+        """Shut the wrapped request down."""
+        await self._inner.shutdown()
+
+    async def do_request(
+        self,
+        url: str,
+        method: str,
+        request_data: Optional[RequestData] = None,
+        read_timeout: Any = DEFAULT_NONE,
+        write_timeout: Any = DEFAULT_NONE,
+        connect_timeout: Any = DEFAULT_NONE,
+        pool_timeout: Any = DEFAULT_NONE,
+    ) -> Tuple[int, bytes]:
+        """Send the request; record a successful ``getUpdates`` batch before returning it."""
+        status, payload = await self._inner.do_request(
+            url,
+            method,
+            request_data=request_data,
+            read_timeout=read_timeout,
+            write_timeout=write_timeout,
+            connect_timeout=connect_timeout,
+            pool_timeout=pool_timeout,
+        )
+        if 200 <= status < 300 and url.endswith("/getUpdates"):
+            try:
+                answer = json.loads(payload.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                return status, payload  # PTB reports the bad answer itself
+            result = answer.get("result") if isinstance(answer, dict) else None
+            if isinstance(result, list) and result:
+                await self._processor._record_batch(result)
+        return status, payload
+
+
+def wrap_get_updates_request(bot: Any, processor: "BaseFenceProcessor") -> bool:
+    """Install a :class:`RecordingRequest` around ``bot``'s ``getUpdates`` request.
+
+    Returns :obj:`False` (and changes nothing) if the bot does not look as expected; updates
+    are then recorded one by one by the durable queue — slower, equally durable.
+    """
+    requests = getattr(bot, "_request", None)
+    if not (isinstance(requests, tuple) and len(requests) == 2):
+        return False
+    get_updates, other = requests
+    if isinstance(get_updates, RecordingRequest):
+        return get_updates._processor is processor
+    if not isinstance(get_updates, BaseRequest):
+        return False
+    try:
+        object.__setattr__(bot, "_request", (RecordingRequest(get_updates, processor), other))
+    except (AttributeError, TypeError):  # pragma: no cover - a PTB we do not know
+        _LOGGER.debug("could not wrap the getUpdates request; recording update by update")
+        return False
+    return True
