@@ -629,10 +629,12 @@ def check_postgres(db: Fixture, capsys: Any) -> None:
     assert out.startswith("PostgresUpdateStore conforms: 11 rules, 0 violations")
     assert "dropped 11 scratch table(s)" in err
     assert db.snapshot() == before
+    prefix = re.search(r"scratch tables (ptb_fence_check_[0-9a-f]{12}_)\*", err).group(1)
     conn = psycopg2.connect(db.url)
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'ptb_fence_check_%'")
+            cur.execute("SELECT count(*) FROM pg_tables WHERE starts_with(tablename, %s)",
+                        (prefix,))
             assert cur.fetchone()[0] == 0
     finally:
         conn.close()

@@ -165,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
             "0 ok, 1 check found violations, 2 bad input or refused (nothing changed), "
             "3 store unreachable or failed."
         ),
+        epilog="`python -m ptb_fence demo` runs the offline demo bot instead.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
@@ -747,14 +748,15 @@ def _cmd_check(ctx: _Context) -> int:
         conn = target.connect_postgres()  # fail early (exit 3) if the server is unreachable
         conn.close()
         tables: List[str] = []
+        prefix = f"ptb_fence_check_{uuid.uuid4().hex[:12]}_"
         _progress(
             f"checking PostgresUpdateStore at {target.display} on scratch tables "
-            "ptb_fence_check_* (dropped afterwards); your table is not touched"
+            f"{prefix}* (dropped afterwards); your table is not touched"
         )
 
         def make_postgres() -> Any:
             announce()
-            name = f"ptb_fence_check_{uuid.uuid4().hex[:16]}"
+            name = f"{prefix}{len(tables) + 1}"
             tables.append(name)
             return PostgresUpdateStore(dsn, name)
 
