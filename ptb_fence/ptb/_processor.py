@@ -8,18 +8,18 @@ import inspect
 import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Callable, Dict, Hashable, Optional, Set, TypeVar
+from typing import Any, Awaitable, Callable, Dict, Hashable, Optional, Set, Tuple, TypeVar
 
 from telegram import Update
 from telegram.ext import ApplicationBuilder, BaseUpdateProcessor, ContextTypes
 
-from ptb_fence._values import Exhaustion
+from ptb_fence._values import Completed, Exhaustion
 from ptb_fence.ptb._application import _STATE, FencedApplicationMixin, _UpdateState, fenced_application_class
 from ptb_fence.ptb._chat_turns import ChatTurns
 from ptb_fence.ptb._context import FencedCallbackContext
 from ptb_fence.ptb._queue import DurableUpdateQueue, update_body
 from ptb_fence.ptb._request import wrap_get_updates_request
-from ptb_fence.ptb._settle_batcher import SettleBatcher
+from ptb_fence.ptb._group_commit import GroupCommit
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._attempt import _CURRENT
 from ptb_fence.runtime._core import Runtime
@@ -63,6 +63,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         "_batch_ingest",
         "_inflight",
         "_ingested",
+        "_ingester",
         "_initialized",
         "_preclaimed",
         "_settler",
@@ -107,8 +108,13 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         self._ingested: Dict[int, Any] = {}
         self._preclaimed: Dict[int, Attempt] = {}
         self._batch_ingest = False
-        self._settler = (
-            SettleBatcher(self)
+        # group commits: updates put at the same time (webhook) are recorded together, and
+        # completions that arrive together are settled together
+        self._ingester: GroupCommit[Tuple[int, str], Any] = GroupCommit(
+            self._ingest_many, "ptb_fence:ingest"
+        )
+        self._settler: Optional[GroupCommit[Attempt, str]] = (
+            GroupCommit(self._complete_many, "ptb_fence:settle")
             if self._runtime.uses_claim_ids and callable(getattr(store, "settle_owned_many", None))
             else None
         )
@@ -360,16 +366,30 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         for attempt in stale:
             self._runtime.end(attempt)
 
+    async def _ingest_many(self, items: "list[Tuple[int, str]]") -> "list[Any]":
+        return await self._call(self._store_rows, self._rows(items))
+
+    async def _complete_many(self, attempts: "list[Attempt]") -> "list[str]":
+        """Settle several attempts as completed in one commit (``settle_owned_many``)."""
+        runtime = self._runtime
+        at = runtime.options.now_ms()
+        items = [(attempt.identity, Completed(at)) for attempt in attempts]
+        try:
+            landed = await self._call(runtime.store.settle_owned_many, items)
+        except Exception as exc:
+            return [runtime.completion_failed(attempt, exc) for attempt in attempts]
+        return [runtime.completion_landed(a, bool(ok)) for a, ok in zip(attempts, landed)]
+
     async def _record(self, update: Update) -> bool:
         known = self._ingested.pop(update.update_id, None)
         if known is not None:
             return self._consume(update.update_id, known)
         try:
             body = update_body(update)
-            outcome = await self._call(self._store_rows, self._rows([(update.update_id, body)]))
+            outcome = await self._ingester.submit((update.update_id, body))
         except Exception as exc:
             raise self._queue._fail(update.update_id, exc) from exc
-        return self._consume(update.update_id, outcome[0])
+        return self._consume(update.update_id, outcome)
 
     def _record_blocking(self, update: Update) -> bool:
         known = self._ingested.pop(update.update_id, None)
@@ -457,7 +477,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
                         # grouped with the completions of other updates: one commit for all
                         attempt._settling = True
                         exhaustion = None
-                        await self._settler.complete(attempt)
+                        await self._settler.submit(attempt)
                     else:
                         _, exhaustion = await self._call(runtime.finish, attempt, state.error)
                 finally:

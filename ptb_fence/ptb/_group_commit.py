@@ -1,0 +1,73 @@
+"""Group commit: work items that arrive together go to the store in one call (one commit)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable, Generic, List, Sequence, Tuple, TypeVar
+
+__all__ = ["GroupCommit"]
+
+MAX_BATCH = 256
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+
+class GroupCommit(Generic[In, Out]):
+    """Sends items to ``run_many(items) -> results`` in groups, one group in flight at a time.
+
+    The first item is sent at once; items that arrive while a group is in flight are sent
+    together in the next call. Every caller waits for its own result (or exception), so
+    nothing is reported done before the store call that does it has returned — the same
+    guarantee as one call per item, with one commit per group.
+
+    Args:
+        run_many: An async callable taking a list of items and returning one result per item
+            (e.g. a thread-pool hop to ``settle_owned_many`` or ``add_claimed_many``).
+        name: Task name prefix.
+    """
+
+    __slots__ = ("_flushing", "_name", "_pending", "_run_many")
+
+    def __init__(
+        self, run_many: Callable[[List[In]], Awaitable[Sequence[Out]]], name: str
+    ) -> None:
+        self._run_many = run_many
+        self._name = name
+        self._pending: List[Tuple[In, "asyncio.Future[Out]"]] = []
+        self._flushing = False
+
+    async def submit(self, item: In) -> Out:
+        """Send ``item`` with the next group and return its result (or raise its error)."""
+        loop = asyncio.get_running_loop()
+        future: "asyncio.Future[Out]" = loop.create_future()
+        self._pending.append((item, future))
+        if not self._flushing:
+            self._flushing = True
+            loop.create_task(self._flush(), name=self._name)
+        return await future
+
+    async def _flush(self) -> None:
+        batch: List[Tuple[In, "asyncio.Future[Out]"]] = []
+        try:
+            while self._pending:
+                await asyncio.sleep(0)  # items of this loop iteration join the group
+                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+                try:
+                    results = list(await self._run_many([item for item, _ in batch]))
+                except Exception as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                else:
+                    for (_, future), result in zip(batch, results):
+                        if not future.done():
+                            future.set_result(result)
+                batch = []
+        finally:
+            self._flushing = False
+            # cancelled (shutdown): nobody is left waiting forever
+            for _, future in batch + self._pending:
+                if not future.done():
+                    future.set_exception(asyncio.CancelledError())
+            self._pending = []
