@@ -559,7 +559,12 @@ class BaseFenceProcessor(BaseUpdateProcessor):
             if row.update_id in self._inflight:
                 continue
             try:
-                update = Update.de_json(json.loads(row.body), application.bot)
+                bot = application.bot
+                update = Update.de_json(json.loads(row.body), bot)
+                if update is not None and getattr(bot, "callback_data_cache", None) is not None:
+                    # a body recorded from getUpdates keeps the callback data id: resolve it
+                    # from the bot's cache as PTB does on delivery (InvalidCallbackData if gone)
+                    bot.insert_callback_data(update)
             except Exception:
                 _LOGGER.exception(
                     "stored update %s cannot be parsed; left as it is",
