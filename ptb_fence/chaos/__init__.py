@@ -34,8 +34,17 @@ What a run does:
   from the database: no update lost (every update completed with its domain row, or exhausted),
   no duplicate domain row, every always-failing update exhausted after exactly ``max_attempts``
   attempts and handler runs, every exhaustion delivered with its exact identity and acknowledged,
-  no rolled-back write visible, no worker crashed. It prints the table of results and exits 0
-  when all of these hold, 1 otherwise (naming the failed criterion), 2 on bad arguments.
+  no rolled-back or fenced-out write visible, no worker crashed.
+- A trigger logs every claim of the store's table in the claim's own transaction
+  (``chaos_<run>_claims``). The claim log must match the ``attempts`` counters, and every handler
+  run must belong to a logged claim. A claim may legitimately never reach its handler when its
+  worker is SIGKILLed right after it, or when the connection breaks while the claim commits (the
+  runtime cannot know that it landed; the lease lapses and the next attempt takes over): such a
+  claim counts as an attempt without a run, is shown in the table, and must lie within 4 s before
+  a SIGKILL, a backend termination or the restart, otherwise the run fails. For an always-failing
+  update, runs plus such claims must make exactly ``max_attempts``.
+- It prints the table of results and exits 0 when all of these hold, 1 otherwise (naming the
+  failed criterion), 2 on bad arguments.
 
 The tables (``chaos_<run>_*``) and the work directory are removed after a pass unless ``--keep``
 is given, and kept (their location printed) after a failure.

@@ -24,7 +24,9 @@ class ChaosDatabase:
       anything else);
     - ``events``: what the workers report (``fenced_out`` transactions, ``skip`` of an
       idempotent plain-transaction write, ``tx_error``, ``exhaustion_failed``);
-    - ``exhaustions``: one row per exhaustion delivered to ``handle_exhaustion``.
+    - ``exhaustions``: one row per exhaustion delivered to ``handle_exhaustion``;
+    - ``claims``: every claim of the ``updates`` table, written by a trigger in the claim's own
+      transaction (an instrument of the run: it shows claims whose handler never started).
 
     Args:
         url (:obj:`str`): ``sqlite:///absolute/path`` or a PostgreSQL DSN (URI or key/value).
@@ -146,11 +148,51 @@ class ChaosDatabase:
             f"CREATE TABLE IF NOT EXISTS {self.table('exhaustions')} (update_id {bigint} "
             f"NOT NULL, attempt INTEGER NOT NULL, claim_id TEXT NOT NULL, error TEXT, "
             f"pid INTEGER NOT NULL, delivered_at {bigint} NOT NULL)",
+            f"CREATE TABLE IF NOT EXISTS {self.table('claims')} (update_id {bigint} NOT NULL, "
+            f"attempt INTEGER NOT NULL, claim_id TEXT NOT NULL, due_at {bigint} NOT NULL)",
         ]
         for statement in statements:
             self.query(conn, statement)
 
+    def create_claim_log(self, conn: Any) -> None:
+        """Log every claim of the ``updates`` table into ``claims`` (triggers).
+
+        A claim is a row that becomes (or is inserted as) ``processing`` with a new claim id;
+        renewals and settlements do not change the claim id and are not logged.
+        """
+        updates, claims = self.table("updates"), self.table("claims")
+        columns = f"{claims} (update_id, attempt, claim_id, due_at)"
+        values = "(NEW.update_id, NEW.attempts, NEW.claim_id, NEW.due_at)"
+        if self.is_sqlite:
+            for event, condition in (
+                ("UPDATE OF claim_id", "NEW.claim_id IS NOT OLD.claim_id AND "),
+                ("INSERT", ""),
+            ):
+                name = f"{claims}_{event.split()[0].lower()}_trg"
+                self.query(
+                    conn,
+                    f"CREATE TRIGGER IF NOT EXISTS {name} AFTER {event} ON {updates} "
+                    f"WHEN {condition}NEW.state = 'processing' "
+                    f"BEGIN INSERT INTO {columns} VALUES {values}; END",
+                )
+            return
+        self.query(
+            conn,
+            f"CREATE OR REPLACE FUNCTION {claims}_fn() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            f"BEGIN IF NEW.state = 'processing' AND (TG_OP = 'INSERT' OR NEW.claim_id IS "
+            f"DISTINCT FROM OLD.claim_id) THEN INSERT INTO {columns} VALUES {values}; END IF; "
+            f"RETURN NULL; END $$",
+        )
+        self.query(conn, f"DROP TRIGGER IF EXISTS {claims}_trg ON {updates}")
+        self.query(
+            conn,
+            f"CREATE TRIGGER {claims}_trg AFTER INSERT OR UPDATE ON {updates} "
+            f"FOR EACH ROW EXECUTE FUNCTION {claims}_fn()",
+        )
+
     def drop_tables(self, conn: Any) -> None:
         """Drop every table of the run."""
-        for name in ("updates", "domain", "runs", "events", "exhaustions"):
+        for name in ("updates", "domain", "runs", "events", "exhaustions", "claims"):
             self.query(conn, f"DROP TABLE IF EXISTS {self.table(name)}")
+        if not self.is_sqlite:
+            self.query(conn, f"DROP FUNCTION IF EXISTS {self.table('claims')}_fn()")

@@ -30,6 +30,10 @@ _PROGRESS_EVERY = 2.0
 _TICK = 0.05
 _READY_TIMEOUT = 60.0
 _STOP_TIMEOUT = 30.0
+_EXPLAIN_BEFORE_MS = 4000
+"""A claim this long before a SIGKILL, a backend termination or a restart may never reach its
+handler: the worker died, or the claim's commit broke after it landed (outcome unknown)."""
+_EXPLAIN_AFTER_MS = 1000
 
 
 def _now_ms() -> int:
@@ -184,6 +188,7 @@ class ChaosRunner:
         "_config",
         "_db",
         "_dir",
+        "_fault_times",
         "_faults",
         "_feed_done",
         "_feed_files",
@@ -234,6 +239,7 @@ class ChaosRunner:
         self._feed_done = False
         self._faults: Dict[str, int] = {KILL: 0, STOP: 0, TERMINATE: 0, RESTART: 0}
         self._terminated_backends = 0
+        self._fault_times: List[Tuple[str, int, int]] = []
         self._notes: Dict[str, str] = {}
         self._unexpected: List[str] = []
         self._recorder_queue: "queue.Queue[Optional[Tuple[int, str]]]" = queue.Queue()
@@ -489,6 +495,7 @@ class ChaosRunner:
             if worker is None or worker.proc is None:
                 return False
             worker.expected_death = True
+            self._fault_times.append((KILL, _now_ms(), _now_ms()))
             os.kill(worker.proc.pid, signal.SIGKILL)
             worker.proc.wait()
             self._spawn(worker)  # restarted at once; it goes on with its feed
@@ -501,6 +508,7 @@ class ChaosRunner:
         elif kind == TERMINATE:
             if self._restart is not None and self._restart.is_alive():
                 return False
+            started = _now_ms()
             rows = self._query(
                 "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                 "WHERE application_name = ? AND pid <> pg_backend_pid()) AS t",
@@ -508,6 +516,7 @@ class ChaosRunner:
             )
             if rows is None:
                 return False
+            self._fault_times.append((TERMINATE, started, _now_ms()))
             self._terminated_backends += int(rows[0][0])
         else:  # pragma: no cover
             raise ValueError(kind)
@@ -535,6 +544,7 @@ class ChaosRunner:
     def _restart_postgres(self) -> None:
         version = sorted(os.listdir("/etc/postgresql"))[0]
         started = time.monotonic()
+        started_ms = _now_ms()
         try:
             result = subprocess.run(
                 ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
@@ -547,6 +557,7 @@ class ChaosRunner:
             return
         ready = wait_for_postgres(self._db.url, timeout=120.0)
         took = time.monotonic() - started
+        self._fault_times.append((RESTART, started_ms, _now_ms()))
         if result.returncode != 0:
             self._notes[RESTART] = f"failed (exit {result.returncode}): {result.stderr.strip()[:200]}"
             return
@@ -615,10 +626,12 @@ class ChaosRunner:
         if restart_reason is not None:
             self._say(f"PostgreSQL restart skipped: {restart_reason}")
         self._say(f"work directory: {self._dir}")
-        store = self._make_store()  # creates the updates table before any worker starts
+        store = self._make_store()
+        store.due(now=0, pending_before=0, limit=1)  # the table exists before any worker starts
         conn = db.connect(self._app_name + "_runner", timeout=30.0)
         try:
             db.create_tables(conn)
+            db.create_claim_log(conn)
         finally:
             conn.close()
         limit_reached = False
@@ -753,6 +766,12 @@ class ChaosRunner:
                 f"SELECT DISTINCT update_id, attempt, claim_id FROM {db.table('exhaustions')}"
             )
         }
+        lease_ms = max(1, int(config.lease * 1000))
+        claims: Dict[int, Dict[Tuple[int, str], int]] = {}
+        for u, a, c, due_at in q(
+            f"SELECT update_id, attempt, claim_id, due_at FROM {db.table('claims')}"
+        ):
+            claims.setdefault(int(u), {})[(int(a), str(c))] = int(due_at) - lease_ms
         events: Dict[str, List[Tuple[int, int, str]]] = {}
         for kind, u, a, c in q(
             f"SELECT kind, update_id, attempt, claim_id FROM {db.table('events')}"
@@ -782,26 +801,67 @@ class ChaosRunner:
         if stray:
             failures.append(f"domain rows of updates never planned: {stray[:5]}")
 
+        # the claim log (a trigger) against the attempts counter and the handler-run log
+        miscounted = [
+            (u, r[1], sorted(a for a, _ in claims.get(u, {})))
+            for u, r in rows.items()
+            if sorted(a for a, _ in claims.get(u, {})) != list(range(1, r[1] + 1))
+        ]
+        if miscounted:
+            failures.append(
+                f"the claim log disagrees with the attempts counter (update, attempts, claimed "
+                f"attempt numbers): {miscounted[:5]}"
+            )
+        unclaimed = [
+            (u, a, c) for u, done in runs.items() for a, c in done if (a, c) not in claims.get(u, {})
+        ]
+        if unclaimed:
+            failures.append(f"handler runs without a recorded claim: {unclaimed[:5]}")
+        never_ran: Dict[int, List[Tuple[int, str]]] = {}
+        unexplained = []
+        for u, made in claims.items():
+            for key, claimed_at in made.items():
+                if key in runs.get(u, set()):
+                    continue
+                never_ran.setdefault(u, []).append(key)
+                if not self._explained(claimed_at):
+                    unexplained.append((u, key[0], key[1], claimed_at))
+        if unexplained:
+            failures.append(
+                "claims whose handler never started, with no SIGKILL, backend termination or "
+                f"restart within {_EXPLAIN_BEFORE_MS} ms after them (update, attempt, claim, "
+                f"claimed at ms): {unexplained[:5]}"
+            )
+
         failing = [p.update_id for p in self._plan if p.behaviour == "fail"]
         bad_failing = []
         for u in failing:
             row = rows.get(u)
             numbers = sorted(a for a, _ in runs.get(u, set()))
+            lost_claims = len(never_ran.get(u, []))
             if (
                 row is None
                 or row[0] != "abandoned"
                 or row[1] != config.max_attempts
-                or numbers != list(range(1, config.max_attempts + 1))
+                or len(numbers) != len(set(numbers))
+                or len(numbers) + lost_claims != config.max_attempts
                 or domain.get(u)
             ):
                 bad_failing.append(
-                    (u, row[0] if row else None, row[1] if row else None, numbers, domain.get(u, 0))
+                    (
+                        u,
+                        row[0] if row else None,
+                        row[1] if row else None,
+                        numbers,
+                        lost_claims,
+                        domain.get(u, 0),
+                    )
                 )
         if bad_failing:
             failures.append(
                 f"always-failing updates not exhausted after exactly {config.max_attempts} "
-                f"attempts and runs (update, state, attempts, run attempt numbers, domain rows): "
-                f"{bad_failing[:5]}"
+                "attempts and handler runs (update, state, attempts, run attempt numbers, claims "
+                f"that never ran, domain rows): {bad_failing[:5]}"
             )
         exhausted = [u for u, r in rows.items() if r[0] == "abandoned"]
         unacknowledged = [u for u in exhausted if rows[u][2] is None]
@@ -849,9 +909,19 @@ class ChaosRunner:
                 1 for u in transient for a, _ in runs.get(u, set()) if a == 1
             ),
             "failing_runs": sum(len(runs.get(u, set())) for u in failing),
+            "failing_never_ran": sum(len(never_ran.get(u, [])) for u in failing),
+            "never_ran": sum(len(v) for v in never_ran.values()),
+            "claims": sum(len(v) for v in claims.values()),
             "failing": len(failing),
             "stats": stats,
         }
+
+    def _explained(self, claimed_at: int) -> bool:
+        """Whether a fault may have stopped a claim made at ``claimed_at`` reaching its handler."""
+        return any(
+            start - _EXPLAIN_BEFORE_MS <= claimed_at <= end + _EXPLAIN_AFTER_MS
+            for _, start, end in self._fault_times
+        )
 
     def _worker_stats(self) -> Dict[str, int]:
         totals: Dict[str, int] = {}
@@ -895,10 +965,15 @@ class ChaosRunner:
             ("faults: PostgreSQL restart",
              na if db.is_sqlite else f"{faults[RESTART]} ({self._notes.get(RESTART, '')})"),
             ("faults: transient handler failures", str(v["transient_runs"])),
-            ("faults: always-failing handler runs", f"{v['failing_runs']} ({v['failing']} updates)"),
+            ("faults: always-failing handler runs",
+             f"{v['failing_runs']} ({v['failing']} updates"
+             + (f"; {v['failing_never_ran']} claims never ran" if v["failing_never_ran"] else "")
+             + ")"),
             ("faults: exhaustion handler failures", str(v["exhaustion_failures"])),
             ("attempts", str(v["attempts"])),
             ("handler runs", str(v["runs"])),
+            ("claims that never reached a handler", f"{v['never_ran']} (each right before a fault)"
+             if v["never_ran"] else "0"),
             ("handled (completed)", str(v["completed"])),
             ("fenced domain rows", str(v["domain_rows"])),
             ("duplicate domain rows", str(v["duplicates"])),
