@@ -278,6 +278,13 @@ class Runtime:
         attempt = Attempt(
             self, identity.update_id, identity.attempt, identity.claim_id, lease_until, body
         )
+        _LOGGER.debug(
+            "claimed update %s attempt %s (claim %s) at ingest",
+            attempt.update_id,
+            attempt.attempt,
+            attempt.claim_id or "-",
+            extra=_ids(attempt),
+        )
         self.keeper.register(attempt)
         return attempt
 
