@@ -13,7 +13,7 @@ def main() -> int:
 
         return demo_main(argv[1:])
     try:
-        from ptb_fence.cli import main as cli_main  # type: ignore[import-not-found]
+        from ptb_fence.cli import main as cli_main
     except ImportError:
         print("usage: python -m ptb_fence demo [--updates N] [--chats N]", file=sys.stderr)
         return 2
