@@ -128,10 +128,12 @@ def domain_rows(path: str) -> List[Tuple[int, int, str]]:
 
 
 class FlakyStore:
-    """Wraps a real store; ``add`` raises while :attr:`failing` (for all ids or some).
+    """Wraps a real store; recording (``add``, ``add_many``, ``add_claimed_many``) raises while
+    :attr:`failing` (for every id, or for a call that includes one of :attr:`fail_ids`).
 
     Every other attribute is the wrapped store's, so the wrapper has the same capability
-    level (fenced, durable, transaction, ...).
+    level (fenced, durable, transaction, batched recording, ...). Methods named in
+    :attr:`broken` raise too while :attr:`failing`.
     """
 
     def __init__(self, inner: Any) -> None:
@@ -141,26 +143,47 @@ class FlakyStore:
         self.failed_adds: List[int] = []
         self.adds: List[Tuple[int, bool]] = []
         self.failed_calls: List[str] = []
+        self.broken: "set[str]" = set()
         self._lock = threading.Lock()
 
-    def add(self, update_id: int, body: str, received_at: int) -> bool:
+    def _refuse(self, update_ids: List[int]) -> None:
         with self._lock:
-            fail = self.failing and (self.fail_ids is None or update_id in self.fail_ids)
+            fail = self.failing and (
+                self.fail_ids is None or any(uid in self.fail_ids for uid in update_ids)
+            )
             if fail:
-                self.failed_adds.append(update_id)
+                self.failed_adds.extend(update_ids)
         if fail:
             raise sqlite3.OperationalError("disk I/O error (injected by the test)")
-        added = bool(self.inner.add(update_id, body, received_at))
-        with self._lock:
-            self.adds.append((update_id, added))
-        return added
 
-    broken: "set[str]" = set()
-    """Names of other methods that raise while :attr:`failing` (set per instance)."""
+    def _booked(self, update_ids: List[int], added: List[bool]) -> None:
+        with self._lock:
+            self.adds.extend(zip(update_ids, added))
+
+    def add(self, update_id: int, body: str, received_at: int) -> bool:
+        self._refuse([update_id])
+        added = bool(self.inner.add(update_id, body, received_at))
+        self._booked([update_id], [added])
+        return added
 
     def __getattr__(self, name: str) -> Any:
         target = getattr(self.inner, name)
-        if name not in self.broken or not callable(target):
+        if not callable(target):
+            return target
+        if name in ("add_many", "add_claimed_many"):
+
+            def recording(rows: Any, *args: Any, **kwargs: Any) -> Any:
+                ids = [row[0] for row in rows]
+                self._refuse(ids)
+                result = target(rows, *args, **kwargs)
+                self._booked(
+                    ids,
+                    [bool(r) if name == "add_many" else r is not None for r in result],
+                )
+                return result
+
+            return recording
+        if name not in self.broken:
             return target
 
         def broken_method(*args: Any, **kwargs: Any) -> Any:
