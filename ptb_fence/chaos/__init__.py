@@ -40,9 +40,10 @@ What a run does:
   run must belong to a logged claim. A claim may legitimately never reach its handler when its
   worker is SIGKILLed right after it, or when the connection breaks while the claim commits (the
   runtime cannot know that it landed; the lease lapses and the next attempt takes over): such a
-  claim counts as an attempt without a run, is shown in the table, and must lie within 4 s before
-  a SIGKILL, a backend termination or the restart, otherwise the run fails. For an always-failing
-  update, runs plus such claims must make exactly ``max_attempts``.
+  claim counts as an attempt without a run, is shown in the table, and must lie at most
+  ``lease`` + 1.5 s before a SIGKILL, a backend termination or the restart, otherwise the run
+  fails. For an always-failing update, runs plus such claims must make exactly
+  ``max_attempts``. Every fault is also logged to ``faults.jsonl`` in the work directory.
 - It prints the table of results and exits 0 when all of these hold, 1 otherwise (naming the
   failed criterion), 2 on bad arguments.
 

@@ -30,9 +30,11 @@ _PROGRESS_EVERY = 2.0
 _TICK = 0.05
 _READY_TIMEOUT = 60.0
 _STOP_TIMEOUT = 30.0
-_EXPLAIN_BEFORE_MS = 4000
-"""A claim this long before a SIGKILL, a backend termination or a restart may never reach its
-handler: the worker died, or the claim's commit broke after it landed (outcome unknown)."""
+_EXPLAIN_SLACK_MS = 1500
+"""A claim up to ``lease + 1.5 s`` before a SIGKILL, a backend termination or a restart may never
+reach its handler: the worker died, or the claim's commit broke after it landed (outcome
+unknown). The lease term covers a claim that waited for a row (PostgreSQL) or the write lock
+(SQLite) held by a paused worker, which is paused for ``lease + 1 s``."""
 _EXPLAIN_AFTER_MS = 1000
 
 
@@ -495,7 +497,7 @@ class ChaosRunner:
             if worker is None or worker.proc is None:
                 return False
             worker.expected_death = True
-            self._fault_times.append((KILL, _now_ms(), _now_ms()))
+            self._log_fault(KILL, _now_ms(), _now_ms(), worker.proc.pid)
             os.kill(worker.proc.pid, signal.SIGKILL)
             worker.proc.wait()
             self._spawn(worker)  # restarted at once; it goes on with its feed
@@ -503,6 +505,7 @@ class ChaosRunner:
             worker = self._pick(prefer_busy=True)
             if worker is None or worker.proc is None:
                 return False
+            self._log_fault(STOP, _now_ms(), _now_ms(), worker.proc.pid)
             os.kill(worker.proc.pid, signal.SIGSTOP)
             worker.stopped_until = time.monotonic() + self._config.lease + 1.0
         elif kind == TERMINATE:
@@ -516,12 +519,20 @@ class ChaosRunner:
             )
             if rows is None:
                 return False
-            self._fault_times.append((TERMINATE, started, _now_ms()))
+            self._log_fault(TERMINATE, started, _now_ms(), int(rows[0][0]))
             self._terminated_backends += int(rows[0][0])
         else:  # pragma: no cover
             raise ValueError(kind)
         self._faults[kind] += 1
         return True
+
+    def _log_fault(self, kind: str, start: int, end: int, detail: int) -> None:
+        """Remember a fault (and log it to ``DIR/faults.jsonl`` for inspection)."""
+        if kind != STOP:  # a paused worker's claims still reach their handler after SIGCONT
+            self._fault_times.append((kind, start, end))
+        line = json.dumps({"kind": kind, "start_ms": start, "end_ms": end, "detail": detail})
+        with open(os.path.join(self._dir, "faults.jsonl"), "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
 
     def _restart_reason(self) -> Optional[str]:
         """Why a PostgreSQL restart is impossible here (None: it is possible)."""
@@ -557,7 +568,7 @@ class ChaosRunner:
             return
         ready = wait_for_postgres(self._db.url, timeout=120.0)
         took = time.monotonic() - started
-        self._fault_times.append((RESTART, started_ms, _now_ms()))
+        self._log_fault(RESTART, started_ms, _now_ms(), 0)
         if result.returncode != 0:
             self._notes[RESTART] = f"failed (exit {result.returncode}): {result.stderr.strip()[:200]}"
             return
@@ -635,7 +646,6 @@ class ChaosRunner:
         finally:
             conn.close()
         limit_reached = False
-        verdict: Optional[Dict[str, Any]] = None
         try:
             for slot in range(config.workers):
                 self._feed_files[slot] = open(os.path.join(self._dir, f"feed.{slot}.jsonl"), "ab")
@@ -829,8 +839,8 @@ class ChaosRunner:
         if unexplained:
             failures.append(
                 "claims whose handler never started, with no SIGKILL, backend termination or "
-                f"restart within {_EXPLAIN_BEFORE_MS} ms after them (update, attempt, claim, "
-                f"claimed at ms): {unexplained[:5]}"
+                "restart within lease + 1.5 s after them (update, attempt, claim, claimed at "
+                f"ms): {unexplained[:5]}"
             )
 
         failing = [p.update_id for p in self._plan if p.behaviour == "fail"]
@@ -918,8 +928,9 @@ class ChaosRunner:
 
     def _explained(self, claimed_at: int) -> bool:
         """Whether a fault may have stopped a claim made at ``claimed_at`` reaching its handler."""
+        before = int(self._config.lease * 1000) + _EXPLAIN_SLACK_MS
         return any(
-            start - _EXPLAIN_BEFORE_MS <= claimed_at <= end + _EXPLAIN_AFTER_MS
+            start - before <= claimed_at <= end + _EXPLAIN_AFTER_MS
             for _, start, end in self._fault_times
         )
 
@@ -1112,5 +1123,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except RuntimeError as exc:  # the run could not be set up (workers did not start, …)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     finally:
         runner.close()
