@@ -141,3 +141,37 @@ def test_slow_handler_keeps_its_lease(tmp_path: Any) -> None:
         update_id = run(scenario(fake))
     assert len(runs) == 1 and not runs[0].owner_lost.is_set()
     assert rows(path)[update_id][:2] == ("completed", 1)
+
+
+def test_jobs_run_outside_the_attempt(tmp_path: Any) -> None:
+    """Jobs scheduled from a handler (and a repeating job whose timer a handler re-armed) must
+    not see the handler's attempt, neither as context.attempt nor from current_attempt()."""
+    store = SQLiteUpdateStore(str(tmp_path / "updates.db"))
+    seen: List[Any] = []
+
+    async def job(context: Any) -> None:
+        seen.append((context.job.name, context.attempt, current_attempt()))
+
+    async def on_message(update: Update, context: Any) -> None:
+        context.job_queue.run_once(job, 0, name="now")
+        context.job_queue.run_once(job, 0.2, name="later")
+        seen.append(("handler", context.attempt, current_attempt()))
+
+    async def scenario(fake: FakeBotApi) -> None:
+        processor = FencedUpdateProcessor(store, **FAST)
+        app = build(processor, fake)
+        app.add_handler(MessageHandler(filters.TEXT, on_message))
+        assert app.job_queue is not None
+        app.job_queue.run_repeating(job, interval=0.1, first=0.05, name="repeating")
+        fake.inject_message(chat_id=1, text="x")
+        async with polling(app):
+            await wait_for("both jobs", lambda: {"now", "later"} <= {s[0] for s in seen})
+            await asyncio.sleep(0.25)
+
+    with FakeBotApi() as fake:
+        run(scenario(fake))
+    handler = [s for s in seen if s[0] == "handler"]
+    assert len(handler) == 1 and isinstance(handler[0][1], Attempt) and handler[0][2] is handler[0][1]
+    jobs = [s for s in seen if s[0] != "handler"]
+    assert len(jobs) >= 4
+    assert all(s[1] is None and s[2] is None for s in jobs), jobs

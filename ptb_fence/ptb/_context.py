@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from telegram.ext import CallbackContext
 
-from ptb_fence.runtime._attempt import Attempt, current_attempt
+from ptb_fence.ptb._application import _STATE
+from ptb_fence.runtime._attempt import _CURRENT, Attempt, current_attempt
 
 __all__ = ["FencedCallbackContext"]
 
@@ -34,3 +35,18 @@ class FencedCallbackContext(CallbackContext):  # type: ignore[type-arg]
         tasks, and updates handled by a unary :class:`~ptb_fence.ptb.DurableUpdateProcessor`.
         """
         return current_attempt()
+
+    @classmethod
+    def from_job(cls, job: Any, application: Any) -> Any:
+        """Build the context of a job, which runs outside any attempt.
+
+        A job's task can inherit the context of the handler that scheduled it (APScheduler
+        arms its timer with :meth:`asyncio.loop.call_later` from wherever a job was added, and
+        every later job run descends from that callback). PTB builds the job's context inside
+        the job's own task, so clearing the attempt here makes ``context.attempt`` and
+        :func:`ptb_fence.current_attempt` :obj:`None` for the whole job, without touching the
+        handler.
+        """
+        _CURRENT.set(None)
+        _STATE.set(None)
+        return super().from_job(job, application)
