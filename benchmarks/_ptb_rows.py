@@ -1,0 +1,479 @@
+"""Rows that run a real PTB Application: plain PTB, Durable/Fenced processors, naive, polling.
+
+Runs inside one child process per row (see ``run.py``). Every run builds a fresh store (a new
+SQLite file, or a new PostgreSQL table that is dropped afterwards), a fresh processor and a
+fresh Application, then feeds it updates the way PTB's polling does: ``await
+app.update_queue.put(update)`` for each ``telegram.Update`` of a batch of up to 100 (the
+``poll-*`` rows poll a :class:`ptb_fence.testing.FakeBotApi` with
+``app.updater.start_polling(poll_interval=0)`` instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+import uuid
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from telegram import Update
+from telegram.ext import Application, TypeHandler
+
+from ptb_fence import PostgresUpdateStore, SQLiteUpdateStore
+from ptb_fence.ptb import DurableUpdateProcessor, FencedUpdateProcessor
+from ptb_fence.testing import FakeBotApi
+
+from _common import (
+    BATCH,
+    CompletionTracker,
+    CountingStore,
+    DriverCounter,
+    Profiler,
+    chunks,
+    drop_tables,
+    median,
+    percentile,
+    pg_connect,
+    server_commits,
+    sqlite_connect,
+    update_dicts,
+)
+
+_LOGGER = logging.getLogger("bench")
+
+PTB_KINDS = ("plain", "durable", "fenced", "fenced-write", "naive", "poll-fenced", "poll-plain")
+
+
+class _Run:
+    """One fresh store + Application (+ FakeBotApi for polling rows) for one measured run."""
+
+    def __init__(self, cfg: Dict[str, Any], tag: str, tracker: CompletionTracker) -> None:
+        self.cfg = cfg
+        self.kind: str = cfg["kind"]
+        self.store_kind: Optional[str] = cfg.get("store")
+        self.concurrency: int = cfg["concurrency"]
+        self.tracker = tracker
+        self.tag = tag
+        self.handled = 0
+        self.handled_event = asyncio.Event()
+        self.expected = 0
+        self.store: Optional[CountingStore] = None
+        self.raw_store: Any = None
+        self.path: Optional[str] = None
+        self.table: Optional[str] = None
+        self.domain_table: Optional[str] = None
+        self.naive_table: Optional[str] = None
+        self.naive_conns: List[Any] = []
+        self.naive_local = threading.local()
+        self.naive_lock = threading.Lock()
+        self.app: Any = None
+        self.fake: Optional[FakeBotApi] = None
+        self.notes: List[str] = []
+
+    # -- setup ------------------------------------------------------------------------------
+    def make_store(self) -> None:
+        if self.kind in ("plain", "poll-plain"):
+            return
+        suffix = uuid.uuid4().hex[:12]
+        if self.kind == "naive":
+            self.naive_table = f"bench_naive_{suffix}"
+            conn = pg_connect(self.cfg["dsn"])
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(
+                        f'CREATE TABLE "{self.naive_table}" (update_id BIGINT PRIMARY KEY, '
+                        "body TEXT NOT NULL)"
+                    )
+            finally:
+                conn.close()
+            return
+        if self.store_kind == "sqlite":
+            self.path = os.path.join(self.cfg["workdir"], f"{self.tag}-{suffix}.sqlite3")
+            raw: Any = SQLiteUpdateStore(self.path)  # synchronous=NORMAL (the default)
+            if self.kind == "fenced-write":
+                self.domain_table = "bench_domain"
+                conn = sqlite_connect(self.path)
+                try:
+                    conn.execute(
+                        "CREATE TABLE bench_domain (update_id INTEGER PRIMARY KEY, "
+                        "attempt INTEGER NOT NULL, claim_id TEXT NOT NULL)"
+                    )
+                finally:
+                    conn.close()
+        else:
+            self.table = f"bench_{suffix}"
+            if self.kind == "fenced-write":
+                self.domain_table = f"bench_domain_{suffix}"
+                conn = pg_connect(self.cfg["dsn"])
+                try:
+                    with conn.cursor() as cur:
+                        cur.execute(
+                            f'CREATE TABLE "{self.domain_table}" (update_id BIGINT PRIMARY KEY, '
+                            "attempt INT NOT NULL, claim_id TEXT NOT NULL)"
+                        )
+                finally:
+                    conn.close()
+            raw = PostgresUpdateStore(self.cfg["dsn"], self.table)  # library defaults (pool 8)
+            raw.due(now=0, pending_before=0, limit=1)  # create the table before counting
+        self.raw_store = raw
+        self.store = CountingStore(raw, self.tracker)
+
+    def build_app(self) -> None:
+        if self.kind.startswith("poll-"):
+            self.fake = FakeBotApi().start()
+        else:
+            self.fake = self.cfg["fake"]
+        assert self.fake is not None
+        builder = Application.builder().token(self.fake.token).base_url(self.fake.base_url)
+        n = self.concurrency
+        if self.kind in ("plain", "naive", "poll-plain"):
+            builder.concurrent_updates(n)
+        elif self.kind == "durable":
+            builder = DurableUpdateProcessor(self.store, max_concurrent=n).install(builder)
+        else:
+            builder = FencedUpdateProcessor(self.store, max_concurrent=n).install(builder)
+        self.app = builder.build()
+        self.app.add_handler(TypeHandler(Update, self._handler()))
+
+    def _handler(self) -> Callable[[Any, Any], Any]:
+        tracker = self.tracker
+        kind = self.kind
+
+        def handled() -> None:
+            self.handled += 1
+            if self.handled >= self.expected:
+                self.handled_event.set()
+
+        if kind in ("plain", "poll-plain"):
+
+            async def noop_plain(update: Update, context: Any) -> None:
+                tracker.mark(update.update_id)
+                handled()
+
+            return noop_plain
+
+        if kind in ("durable", "fenced", "poll-fenced"):
+
+            async def noop(update: Update, context: Any) -> None:
+                handled()  # completion is observed on the store's settle
+
+            return noop
+
+        if kind == "fenced-write":
+            write = self._domain_write()
+
+            async def fenced_write(update: Update, context: Any) -> None:
+                attempt = context.attempt
+                await attempt.run_in_transaction(write(attempt), complete=True)
+                tracker.mark(update.update_id)  # committed, settled in the same commit
+                handled()
+
+            return fenced_write
+
+        assert kind == "naive"
+        insert = self._naive_insert()
+
+        async def naive(update: Update, context: Any) -> None:
+            await asyncio.to_thread(insert, update.update_id, update.to_json())
+            tracker.mark(update.update_id)
+            handled()
+
+        return naive
+
+    def _domain_write(self) -> Callable[[Any], Callable[[Any], None]]:
+        table = self.domain_table
+        if self.store_kind == "sqlite":
+
+            def for_attempt_sqlite(attempt: Any) -> Callable[[Any], None]:
+                def write(conn: Any) -> None:
+                    conn.execute(
+                        f"INSERT INTO {table} (update_id, attempt, claim_id) VALUES (?, ?, ?)",
+                        (attempt.update_id, attempt.attempt, attempt.claim_id),
+                    )
+
+                return write
+
+            return for_attempt_sqlite
+
+        def for_attempt_pg(attempt: Any) -> Callable[[Any], None]:
+            def write(conn: Any) -> None:
+                with conn.cursor() as cur:
+                    cur.execute(
+                        f'INSERT INTO "{table}" (update_id, attempt, claim_id) VALUES (%s, %s, %s)',
+                        (attempt.update_id, attempt.attempt, attempt.claim_id),
+                    )
+
+            return write
+
+        return for_attempt_pg
+
+    def _naive_insert(self) -> Callable[[int, str], None]:
+        import psycopg2
+
+        dsn = self.cfg["dsn"]
+        sql = f'INSERT INTO "{self.naive_table}" (update_id, body) VALUES (%s, %s)'
+        local = self.naive_local
+
+        def insert(update_id: int, body: str) -> None:
+            conn = getattr(local, "conn", None)
+            if conn is None:
+                conn = psycopg2.connect(dsn)  # counted by DriverCounter
+                local.conn = conn
+                with self.naive_lock:
+                    self.naive_conns.append(conn)
+            with conn.cursor() as cur:
+                cur.execute(sql, (update_id, body))
+            conn.commit()
+
+        return insert
+
+    # -- teardown ---------------------------------------------------------------------------
+    async def stop_app(self) -> None:
+        app = self.app
+        if app is None:
+            return
+        try:
+            if app.updater is not None and app.updater.running:
+                await app.updater.stop()
+            if app.running:
+                await app.stop()
+            await app.shutdown()
+        finally:
+            self.app = None
+
+    def close(self) -> None:
+        for conn in self.naive_conns:
+            try:
+                conn.close()
+            except Exception:
+                pass
+        self.naive_conns = []
+        if self.raw_store is not None:
+            self.raw_store.close()
+            self.raw_store = None
+        if self.fake is not None and self.kind.startswith("poll-"):
+            self.fake.stop()
+
+    def drop(self) -> None:
+        if self.path is not None:
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                try:
+                    os.unlink(self.path + suffix)
+                except FileNotFoundError:
+                    pass
+        tables = [t for t in (self.table, self.naive_table) if t]
+        if self.store_kind == "pg" and self.domain_table:
+            tables.append(self.domain_table)
+        if tables:
+            drop_tables(self.cfg["dsn"], *tables)
+
+    # -- completion fallback ----------------------------------------------------------------
+    def completed_in_store(self) -> int:
+        """Rows in state 'completed' (harness connection; used only as a fallback)."""
+        if self.path is not None:
+            conn = sqlite_connect(self.path)
+            try:
+                table = self.raw_store.table if self.raw_store is not None else "telegram_updates"
+                return int(
+                    conn.execute(f"SELECT count(*) FROM {table} WHERE state = 'completed'").fetchone()[0]
+                )
+            finally:
+                conn.close()
+        conn = pg_connect(self.cfg["dsn"])
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT count(*) FROM \"{self.table}\" WHERE state = 'completed'")
+                return int(cur.fetchone()[0])
+        finally:
+            conn.close()
+
+    async def wait_all(self, n: int, timeout: float) -> Tuple[float, Optional[str]]:
+        """Wait until all ``n`` updates are completed; returns (end time, note)."""
+        if await self.tracker.wait(n, timeout):
+            return time.perf_counter(), None
+        if self.handled < n:
+            raise RuntimeError(
+                f"{self.cfg['row']}: only {self.handled}/{n} updates handled within {timeout:.0f}s"
+            )
+        # handlers ran but the proxy did not see every completion: poll the table
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.completed_in_store() >= n:
+                return time.perf_counter(), (
+                    "completion observed by polling the table (settle method not recognised "
+                    "by the proxy)"
+                )
+            await asyncio.sleep(0.005)
+        raise RuntimeError(f"{self.cfg['row']}: updates handled but not completed in the store")
+
+
+async def _throughput_run(
+    cfg: Dict[str, Any], n: int, tag: str, counter: DriverCounter, measure_server: bool,
+    profiler: Optional[Profiler] = None,
+) -> Dict[str, Any]:
+    tracker = CompletionTracker()
+    run = _Run(cfg, tag, tracker)
+    admin_dsn, bench_db = cfg.get("admin_dsn"), cfg.get("bench_db")
+    pg_row = cfg.get("store") == "pg" or cfg["kind"] == "naive"
+    try:
+        run.make_store()
+        before = (
+            server_commits(admin_dsn, bench_db) if (measure_server and pg_row and bench_db) else None
+        )
+        run.build_app()
+        run.expected = n
+        app = run.app
+        dicts = update_dicts(n)
+        updates: List[Update] = []
+        if run.kind.startswith("poll-"):
+            assert run.fake is not None
+            for d in dicts:
+                run.fake.inject(d)
+        else:
+            updates = [Update.de_json(d, app.bot) for d in dicts]
+        await app.initialize()
+        await app.start()
+        await asyncio.sleep(0.1)  # the processor's first sweep runs now, outside the count
+        counter.reset()
+        if run.store is not None:
+            run.store.reset_calls()
+        if profiler is not None:
+            profiler.resume()
+        t0 = time.perf_counter()
+        if run.kind.startswith("poll-"):
+            await app.updater.start_polling(poll_interval=0.0, timeout=1)
+        else:
+            for batch in chunks(updates, BATCH):
+                for update in batch:
+                    await app.update_queue.put(update)
+                await asyncio.sleep(0)  # polling awaits the next getUpdates between batches
+        t1, note = await run.wait_all(n, cfg.get("timeout", 300))
+        if profiler is not None:
+            profiler.pause()
+        counts = counter.snapshot()
+        calls = run.store.calls() if run.store is not None else {}
+        await run.stop_app()
+        run.close()
+        after = (
+            server_commits(admin_dsn, bench_db) if (before is not None and bench_db) else None
+        )
+        result: Dict[str, Any] = {
+            "n": n,
+            "seconds": t1 - t0,
+            "rate": n / (t1 - t0),
+            "driver": counts,
+            "calls": calls,
+            "server_commits": None if before is None or after is None else after - before,
+        }
+        if note:
+            result["note"] = note
+        return result
+    finally:
+        try:
+            await run.stop_app()
+        except Exception:
+            _LOGGER.exception("stopping the application failed")
+        try:
+            run.close()
+        except Exception:
+            pass
+        run.drop()
+
+
+async def _latency_phase(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[str, Any]:
+    """Low load: ``rate`` updates/s for ``seconds``, one put at a time; enqueue → completion."""
+    rate = float(cfg["latency_rate"])
+    count = max(5, int(round(rate * float(cfg["latency_seconds"]))))
+    tracker = CompletionTracker()
+    run = _Run(cfg, "latency", tracker)
+    try:
+        run.make_store()
+        run.build_app()
+        run.expected = count
+        app = run.app
+        updates = [Update.de_json(d, app.bot) for d in update_dicts(count)]
+        await app.initialize()
+        await app.start()
+        await asyncio.sleep(0.2)
+        enqueued: Dict[int, float] = {}
+        start = time.perf_counter()
+        for i, update in enumerate(updates):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            enqueued[update.update_id] = time.perf_counter()
+            await app.update_queue.put(update)
+        await run.wait_all(count, 60)
+        times = tracker.times
+        latencies = [
+            (times[uid] - t) * 1000.0 for uid, t in enqueued.items() if uid in times
+        ]
+        return {
+            "n": len(latencies),
+            "p50_ms": percentile(latencies, 0.5),
+            "p99_ms": percentile(latencies, 0.99),
+            "max_ms": max(latencies) if latencies else float("nan"),
+        }
+    finally:
+        try:
+            await run.stop_app()
+        except Exception:
+            _LOGGER.exception("stopping the application failed")
+        try:
+            run.close()
+        except Exception:
+            pass
+        run.drop()
+
+
+async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[str, Any]:
+    """Warm-up, ``runs`` measured runs, then the low-load latency phase."""
+    fake = FakeBotApi().start()
+    cfg = dict(cfg, fake=fake)
+    try:
+        n = int(cfg["updates"])
+        warm = int(cfg.get("warmup", 0))
+        if warm:
+            await _throughput_run(cfg, warm, "warmup", counter, measure_server=False)
+        runs = []
+        profiler = Profiler(cfg.get("profile") or "", int(cfg.get("profile_top", 30)),
+                            cfg["workdir"], bool(cfg.get("profile_gil")))
+        with profiler:
+            for index in range(int(cfg["runs"])):
+                runs.append(
+                    await _throughput_run(
+                        cfg, n, f"run{index}", counter, measure_server=True, profiler=profiler
+                    )
+                )
+        latency = None
+        if float(cfg.get("latency_seconds", 0)) > 0 and not cfg["kind"].startswith("poll-"):
+            latency = await _latency_phase(cfg, counter)
+    finally:
+        fake.stop()
+    rates = [r["rate"] for r in runs]
+    total_n = sum(r["n"] for r in runs)
+    calls: Dict[str, int] = {}
+    driver: Dict[str, int] = {}
+    for r in runs:
+        for k, v in r["calls"].items():
+            calls[k] = calls.get(k, 0) + v
+        for k, v in r["driver"].items():
+            driver[k] = driver.get(k, 0) + v
+    server = [r["server_commits"] for r in runs if r.get("server_commits") is not None]
+    notes = sorted({r["note"] for r in runs if r.get("note")})
+    return {
+        "rates": rates,
+        "median": median(rates),
+        "seconds": [r["seconds"] for r in runs],
+        "handled": total_n,
+        "calls_per_update": {k: v / total_n for k, v in sorted(calls.items())},
+        "store_calls_per_update": sum(calls.values()) / total_n if calls else None,
+        "statements_per_update": driver.get("statements", 0) / total_n if counter.installed else None,
+        "commits_per_update": driver.get("commits", 0) / total_n if counter.installed else None,
+        "server_commits_per_update": (sum(server) / total_n) if len(server) == len(runs) else None,
+        "latency": latency,
+        "notes": notes,
+        "profile": profiler.report,
+    }

@@ -1,0 +1,696 @@
+"""Benchmark harness of ptb_fence: every configuration side by side, in one command and one run.
+
+Usage (from the repository root)::
+
+    pip install -e '.[bench]'                   # pgqueuer + asyncpg for the reference rows
+    python benchmarks/run.py                    # full run (about 10 minutes on 2 cores)
+    python benchmarks/run.py --quick            # short run (under about 2 minutes)
+    python benchmarks/run.py --list             # the rows and what they run
+    python benchmarks/run.py --only 'fenced-*-32,plain-32' --updates 300 --runs 1
+    python benchmarks/run.py --profile fenced-pg-32           # cProfile (all threads) of a row
+    python benchmarks/run.py --profile fenced-pg-32 --profiler py-spy [--gil]
+
+PostgreSQL comes from ``PTB_FENCE_POSTGRES_DSN`` (default
+``postgresql://postgres@127.0.0.1:5432/test``). The harness creates a private database
+``ptb_fence_bench_<random>`` on that server for the run (so ``pg_stat_database`` counts only its
+own transactions; if it may not, it uses the DSN's database and says so), a fresh table per run
+inside it, and drops both afterwards. Rows that need an unreachable PostgreSQL, or pgqueuer when
+it is not installed, are printed as ``skipped: <reason>``.
+
+Each row runs in a fresh child process (``run.py --child``), one after another, so peak RSS and
+interference are per row. A row is a warm-up run, ``--runs`` measured runs (median, min-max)
+and a low-load latency phase. Every run builds a fresh store, processor and Application and
+feeds it ``--updates`` updates the way PTB's polling does: ``await app.update_queue.put(update)``
+for each ``telegram.Update`` (``Update.de_json``) of batches of 100; it ends when every update is
+handled (and, for ptb_fence, completed in the store). The ``poll-*`` rows instead let
+``app.updater.start_polling(poll_interval=0)`` fetch the updates from a
+:class:`ptb_fence.testing.FakeBotApi` over HTTP (the path on which ptb_fence records a whole
+``getUpdates`` batch in one commit).
+
+Rows (``--list`` prints them):
+
+- ``plain-N``: plain PTB (``ApplicationBuilder().concurrent_updates(N)``), no-op handler.
+- ``durable-{sqlite,pg}-N``: ``DurableUpdateProcessor(store, max_concurrent=N)``, no-op handler.
+- ``fenced-{sqlite,pg}-N``: ``FencedUpdateProcessor(store, max_concurrent=N)``, no-op handler.
+- ``fenced-write-{sqlite,pg}-N``: as ``fenced``, with one fenced domain INSERT per update through
+  ``await context.attempt.run_in_transaction(fn, complete=True)``.
+- ``naive-pg-N``: plain PTB whose handler does one psycopg2 INSERT + commit per update through
+  ``asyncio.to_thread`` (the naive durable approach; a reference).
+- ``pgqueuer-N``: pgqueuer on the same PostgreSQL: enqueue the same number of jobs (batches of
+  100), then dequeue + complete them (``QueueManager.run`` in drain mode).
+- ``poll-plain-32``, ``poll-fenced-{sqlite,pg}-32``: polling a FakeBotApi.
+- ``lease-{sqlite,pg}``: ``LeaseKeeper.tick()`` with 1, 100 and 5,000 active attempts.
+- ``backlog-{sqlite,pg}``: 100,000 recorded updates handled after a restart; RSS sampled.
+
+What the columns count:
+
+- ``upd/s``: handled updates per second, median of the measured runs (min-max).
+- ``x plain`` / ``x pgq``: the median over plain PTB's median at the same concurrency (the
+  ``poll-*`` rows: over ``poll-plain-32``), and over pgqueuer's enqueue+dequeue+complete at the
+  same concurrency.
+- ``lat p50/p99``: low load (``--latency-rate`` updates/s for ``--latency-seconds``, one
+  ``put`` at a time): from just before ``update_queue.put`` to the handler's end (plain, naive:
+  after its commit; fenced-write: after the transaction that also settled the attempt
+  committed) or, for durable/fenced no-op rows, to the return of the store's settle call that
+  completed the update (observed by the store proxy). ``+p50/+p99``: minus plain PTB's.
+- ``calls/u``: calls to store methods per handled update (a proxy around the store counts them;
+  the breakdown by method is printed below the table).
+- ``stmts/u`` and ``commits/u``: SQL statements (without BEGIN/COMMIT/PRAGMA) and commits per
+  handled update, counted at the driver in the child process: every SQLite connection gets a
+  trace callback, every psycopg2 connection counts ``cursor.execute`` and ``commit()``. This
+  includes the fenced-write and naive rows' own writes.
+- ``srv c/u``: PostgreSQL only: the delta of ``pg_stat_database.xact_commit`` of the private
+  database around a whole run (table creation, start, the run, stop) per handled update; it
+  counts every transaction, read-only ones too (a cross-check of ``commits/u``).
+- ``RSS MB``: peak RSS of the row's child process (``ru_maxrss``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+for _path in (HERE, ROOT):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+RESULT_PREFIX = "BENCH-RESULT "
+
+FULL = {
+    "updates": 3000,
+    "runs": 3,
+    "warmup": 300,
+    "latency_seconds": 3.0,
+    "backlog": 100_000,
+}
+QUICK = {
+    "updates": 1000,
+    "runs": 3,
+    "warmup": 100,
+    "latency_seconds": 2.0,
+    "backlog": 10_000,
+}
+
+TARGETS_NOTE = "targets: see the TARGETS section"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One configuration of the table."""
+
+    name: str
+    kind: str
+    store: Optional[str]
+    concurrency: int
+    title: str
+
+    @property
+    def needs_pg(self) -> bool:
+        return self.store == "pg" or self.kind in ("naive", "pgqueuer")
+
+    @property
+    def section(self) -> str:
+        if self.kind in ("lease", "backlog"):
+            return self.kind
+        return "throughput"
+
+
+def all_rows(concurrencies: Sequence[int]) -> List[Row]:
+    """Every row, in the order they run."""
+    rows: List[Row] = []
+    for c in concurrencies:
+        rows.append(Row(f"plain-{c}", "plain", None, c, f"plain PTB concurrent_updates({c}), no-op"))
+    for kind, what in (
+        ("durable", "DurableUpdateProcessor, no-op"),
+        ("fenced", "FencedUpdateProcessor, no-op"),
+        ("fenced-write", "Fenced + transaction(complete=True) write"),
+    ):
+        for store in ("sqlite", "pg"):
+            for c in concurrencies:
+                rows.append(Row(f"{kind}-{store}-{c}", kind, store, c, f"{what}, {store}, {c}"))
+    for c in concurrencies:
+        rows.append(Row(f"naive-pg-{c}", "naive", "pg", c, f"naive: INSERT+commit per update, {c}"))
+    for c in concurrencies:
+        rows.append(Row(f"pgqueuer-{c}", "pgqueuer", "pg", c, f"pgqueuer enqueue+dequeue+complete, {c}"))
+    rows.append(Row("poll-plain-32", "poll-plain", None, 32, "plain PTB polling FakeBotApi, 32"))
+    for store in ("sqlite", "pg"):
+        rows.append(
+            Row(f"poll-fenced-{store}-32", "poll-fenced", store, 32, f"Fenced polling FakeBotApi, {store}, 32")
+        )
+    for store in ("sqlite", "pg"):
+        rows.append(Row(f"lease-{store}", "lease", store, 0, f"lease renewal tick, {store}"))
+    for store in ("sqlite", "pg"):
+        rows.append(Row(f"backlog-{store}", "backlog", store, 32, f"backlog after restart, {store}"))
+    return rows
+
+
+# ================================================================================================
+# child side
+# ================================================================================================
+def child_main(cfg: Dict[str, Any]) -> int:
+    """Measure one row in this (fresh) process and print its result as one JSON line."""
+    import asyncio
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    from _common import DriverCounter, peak_rss_kb
+
+    counter = DriverCounter()
+    counter.install()
+    kind = cfg["kind"]
+
+    def measure() -> Dict[str, Any]:
+        if kind == "pgqueuer":
+            from _pgq_rows import measure_pgqueuer
+
+            return measure_pgqueuer(cfg)
+        if kind == "lease":
+            from _scaling import measure_lease
+
+            return measure_lease(cfg, counter)
+        if kind == "backlog":
+            from _scaling import measure_backlog
+
+            return measure_backlog(cfg, counter)
+        from _ptb_rows import measure_ptb_row
+
+        return asyncio.run(measure_ptb_row(cfg, counter))
+
+    result = measure()
+    result["rss_peak_kb"] = peak_rss_kb()
+    sys.stdout.write(RESULT_PREFIX + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+# ================================================================================================
+# parent side
+# ================================================================================================
+def _versions(pg_dsn: str, pg_ok: bool) -> List[str]:
+    import sqlite3
+
+    import apscheduler
+    import psycopg2
+    import telegram
+
+    import ptb_fence
+
+    lines = []
+    cores = os.cpu_count()
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        usable = cores
+    lines.append(f"machine: {platform.machine()}, {cores} cores ({usable} usable), {platform.platform()}")
+    lines.append(f"load average at start: {_load()} (other processes compete for the same cores)")
+    lines.append(
+        f"python {platform.python_version()}, python-telegram-bot {telegram.__version__}, "
+        f"APScheduler {apscheduler.__version__}, psycopg2 {psycopg2.__version__.split()[0]}, "
+        f"SQLite {sqlite3.sqlite_version}"
+    )
+    commit = "unknown"
+    try:
+        commit = subprocess.run(
+            ["git", "-C", ROOT, "describe", "--always", "--dirty"],
+            capture_output=True, text=True, timeout=5, check=False,
+        ).stdout.strip() or "unknown"
+    except Exception:
+        pass
+    lines.append(f"ptb_fence {ptb_fence.__version__} (git {commit})")
+    server = "unreachable"
+    if pg_ok:
+        from _common import pg_connect
+
+        try:
+            conn = pg_connect(pg_dsn)
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("SHOW server_version")
+                    server = str(cur.fetchone()[0])
+                    cur.execute("SHOW synchronous_commit")
+                    server += f" (synchronous_commit={cur.fetchone()[0]})"
+            finally:
+                conn.close()
+        except Exception as exc:
+            server = f"error: {exc}"
+    lines.append(f"PostgreSQL {server}")
+    try:
+        from importlib.metadata import version
+
+        lines.append(f"pgqueuer {version('pgqueuer')}, asyncpg {version('asyncpg')}")
+    except Exception:
+        lines.append("pgqueuer: not installed")
+    return lines
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover
+        return "unknown"
+
+
+def _run_child(cfg: Dict[str, Any], timeout: float, env_extra: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    env["PYTHONUNBUFFERED"] = "1"
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f}s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            result: Dict[str, Any] = json.loads(line[len(RESULT_PREFIX):])
+            warnings = [l for l in proc.stderr.splitlines() if l.startswith(("WARNING", "ERROR"))]
+            if warnings:
+                result["stderr_warnings"] = warnings[:5]
+            return result
+    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    first_error = next((l for l in lines if l.startswith("ERROR")), None)
+    tail = [l.strip() for l in lines[-3:]]
+    text = f"child exited {proc.returncode}: " + " | ".join(tail)
+    if first_error:
+        text += f" (first error logged: {first_error[:200]})"
+    return {"error": text}
+
+
+def _fmt_rate(value: Optional[float]) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}"
+
+
+def _fmt_num(value: Optional[float], digits: int = 2) -> str:
+    if value is None or value != value:
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+class Report:
+    """Collects results and prints the table, the scaling sections and the targets."""
+
+    def __init__(self, rows: Sequence[Row], results: Dict[str, Dict[str, Any]]) -> None:
+        self.rows = rows
+        self.results = results
+
+    def ok(self, name: str) -> Optional[Dict[str, Any]]:
+        result = self.results.get(name)
+        if result is None or "error" in result or "skipped" in result:
+            return None
+        return result
+
+    def median(self, name: str) -> Optional[float]:
+        result = self.ok(name)
+        return None if result is None else result.get("median")
+
+    def plain_for(self, row: Row) -> Optional[Dict[str, Any]]:
+        if row.kind.startswith("poll-"):
+            return self.ok("poll-plain-32") or self.ok(f"plain-{row.concurrency}")
+        return self.ok(f"plain-{row.concurrency}")
+
+    def throughput_table(self) -> List[str]:
+        header = (
+            f"{'row':<24} {'upd/s median (min-max)':<26} {'x plain':>7} {'x pgq':>6} "
+            f"{'lat p50/p99 ms':>15} {'+p50/+p99 ms':>14} {'calls/u':>7} {'stmts/u':>7} "
+            f"{'commits/u':>9} {'srv c/u':>7} {'RSS MB':>6}"
+        )
+        lines = [header, "-" * len(header)]
+        for row in self.rows:
+            if row.section != "throughput":
+                continue
+            result = self.results.get(row.name)
+            if result is None:
+                continue
+            if "skipped" in result:
+                lines.append(f"{row.name:<24} skipped: {result['skipped']}")
+                continue
+            if "error" in result:
+                lines.append(f"{row.name:<24} FAILED: {result['error']}")
+                continue
+            rates = result["rates"]
+            rate = f"{_fmt_rate(result['median'])} ({_fmt_rate(min(rates))}-{_fmt_rate(max(rates))})"
+            plain = self.plain_for(row)
+            x_plain = _ratio(result["median"], plain["median"]) if plain and row.kind != "plain" else None
+            pgq = self.ok(f"pgqueuer-{row.concurrency}")
+            x_pgq = _ratio(result["median"], pgq["median"]) if pgq and row.kind != "pgqueuer" else None
+            lat = result.get("latency")
+            lat_text = added_text = "-"
+            if lat:
+                lat_text = f"{lat['p50_ms']:.2f}/{lat['p99_ms']:.2f}"
+                plat = plain.get("latency") if plain else None
+                if plat and row.kind != "plain":
+                    added_text = f"{lat['p50_ms'] - plat['p50_ms']:+.2f}/{lat['p99_ms'] - plat['p99_ms']:+.2f}"
+            lines.append(
+                f"{row.name:<24} {rate:<26} {_fmt_num(x_plain):>7} {_fmt_num(x_pgq):>6} "
+                f"{lat_text:>15} {added_text:>14} {_fmt_num(result.get('store_calls_per_update')):>7} "
+                f"{_fmt_num(result.get('statements_per_update')):>7} "
+                f"{_fmt_num(result.get('commits_per_update')):>9} "
+                f"{_fmt_num(result.get('server_commits_per_update')):>7} "
+                f"{result.get('rss_peak_kb', 0) / 1024:>6.0f}"
+            )
+        return lines
+
+    def breakdown(self) -> List[str]:
+        lines = []
+        for row in self.rows:
+            result = self.ok(row.name)
+            if result is None or row.section != "throughput":
+                continue
+            parts = []
+            calls = result.get("calls_per_update") or {}
+            if calls:
+                parts.append(", ".join(f"{k} {v:.3f}" for k, v in calls.items()))
+            if row.kind == "pgqueuer":
+                drains = result["drain_rates"]
+                parts.append(
+                    f"dequeue+complete only: {_fmt_rate(result['drain_median'])} jobs/s "
+                    f"({_fmt_rate(min(drains))}-{_fmt_rate(max(drains))})"
+                )
+            for note in result.get("notes", []):
+                parts.append(note)
+            for warning in result.get("stderr_warnings", []):
+                parts.append("child log: " + warning[:160])
+            if parts:
+                lines.append(f"  {row.name}: " + "; ".join(parts))
+        return lines
+
+    def lease_table(self) -> List[str]:
+        lines = []
+        for row in self.rows:
+            if row.kind != "lease" or row.name not in self.results:
+                continue
+            result = self.results[row.name]
+            if "skipped" in result or "error" in result:
+                lines.append(f"  {row.name}: " + (f"skipped: {result['skipped']}" if "skipped" in result else f"FAILED: {result['error']}"))
+                continue
+            for item in result["lease"]:
+                lines.append(
+                    f"  {row.store:<7} {item['active']:>6,} active: {item['renewal_calls_per_tick']} renewal call(s) "
+                    f"({item['store_calls_per_tick']} store calls) per tick, "
+                    f"{item['statements_per_tick']} SQL statement(s) + {item['commits_per_tick']} commit(s) per tick, "
+                    f"tick {item['tick_ms_median']:.2f} ms median / {item['tick_ms_max']:.2f} ms max "
+                    f"({item['ticks']} ticks; owner lost: {item['owner_lost']})"
+                )
+        return lines
+
+    def backlog_table(self) -> List[str]:
+        lines = []
+        for row in self.rows:
+            if row.kind != "backlog" or row.name not in self.results:
+                continue
+            result = self.results[row.name]
+            if "skipped" in result or "error" in result:
+                lines.append(f"  {row.name}: " + (f"skipped: {result['skipped']}" if "skipped" in result else f"FAILED: {result['error']}"))
+                continue
+            b = result["backlog"]
+            progress = ", ".join(
+                f"{float(k) * 100:.0f}%: {v / 1024:.0f}" for k, v in b["rss_by_progress_kb"].items()
+            )
+            calls = ", ".join(f"{k} {v:.3f}" for k, v in b["store_calls_per_update"].items())
+            lines.append(
+                f"  {row.store:<7} {b['updates']:,} updates (recorded in {b['record_seconds']:.1f} s) handled in "
+                f"{b['seconds']:.1f} s = {b['rate']:,.0f} upd/s; RSS start {b['rss_start_kb'] / 1024:.0f} MB, "
+                f"peak {b['rss_peak_kb'] / 1024:.0f} MB, delta {b['rss_delta_kb'] / 1024:+.1f} MB, "
+                f"of which after 5% done {b['rss_growth_after_5pct_kb'] / 1024:+.1f} MB "
+                f"(RSS MB by progress: {progress}); {_fmt_num(b['statements_per_update'])} stmts/u, "
+                f"{_fmt_num(b['commits_per_update'])} commits/u; calls/u: {calls}"
+            )
+        return lines
+
+    def targets(self) -> List[str]:
+        lines: List[str] = []
+
+        def verdict(name: str, value: Optional[float], ok: Optional[bool], detail: str) -> None:
+            if ok is None:
+                lines.append(f"  SKIP  {name}: {detail}")
+            else:
+                lines.append(f"  {'PASS' if ok else 'FAIL'}  {name}: {detail}")
+
+        fpg = self.median("fenced-pg-32")
+        verdict(
+            "fenced PG conc-32 no-op >= 5,000 upd/s", fpg,
+            None if fpg is None else fpg >= 5000,
+            "row fenced-pg-32 not measured" if fpg is None else f"{fpg:,.0f} upd/s (ratio {fpg / 5000:.2f} of target)",
+        )
+        naive = self.median("naive-pg-32")
+        r = _ratio(fpg, naive)
+        verdict(
+            "fenced PG conc-32 >= 5x naive", r, None if r is None else r >= 5,
+            "fenced-pg-32 or naive-pg-32 not measured" if r is None
+            else f"{fpg:,.0f} / {naive:,.0f} = {r:.2f}x",
+        )
+        pgq = self.ok("pgqueuer-32")
+        drain = pgq["drain_median"] if pgq else None
+        r = _ratio(fpg, drain)
+        verdict(
+            "fenced PG conc-32 >= 1.5x pgqueuer dequeue+complete", r, None if r is None else r >= 1.5,
+            ("pgqueuer-32: " + self.results.get("pgqueuer-32", {}).get("skipped", "not measured"))
+            if r is None else f"{fpg:,.0f} / {drain:,.0f} = {r:.2f}x "
+            f"(vs pgqueuer enqueue+dequeue+complete {pgq['median']:,.0f}: {fpg / pgq['median']:.2f}x)",
+        )
+        fsq = self.median("fenced-sqlite-32")
+        plain = self.median("plain-32")
+        r = _ratio(fsq, plain)
+        verdict(
+            "fenced SQLite (synchronous=NORMAL) conc-32 >= 50% of plain PTB conc-32", r,
+            None if r is None else r >= 0.5,
+            "fenced-sqlite-32 or plain-32 not measured" if r is None
+            else f"{fsq:,.0f} / {plain:,.0f} = {r * 100:.0f}%",
+        )
+        for name in ("fenced-pg-32", "fenced-pg-1", "poll-fenced-pg-32"):
+            result = self.ok(name)
+            value = None if result is None else result.get("commits_per_update")
+            srv = None if result is None else result.get("server_commits_per_update")
+            verdict(
+                f"<= 1.5 commits per handled update on PostgreSQL ({name})", value,
+                None if value is None else value <= 1.5,
+                f"{name} not measured" if value is None
+                else f"{value:.2f} commits/update at the driver (server xact_commit: {_fmt_num(srv)}/update)",
+            )
+        for row in self.rows:
+            if row.kind != "lease":
+                continue
+            result = self.ok(row.name)
+            if result is None:
+                verdict(f"lease renewal: 1 statement per tick ({row.store})", None, None,
+                        f"{row.name} not measured")
+                continue
+            items = result["lease"]
+            worst = max(i["statements_per_tick"] or 0 for i in items)
+            calls = max(i["renewal_calls_per_tick"] for i in items)
+            verdict(
+                f"lease renewal: 1 statement per tick whatever the number of attempts ({row.store})",
+                worst, worst == 1 and calls == 1,
+                ", ".join(
+                    f"{i['active']:,}: {i['statements_per_tick']} stmt/{i['renewal_calls_per_tick']} call"
+                    for i in items
+                ),
+            )
+        for store, limit in (("pg", 5.0), ("sqlite", 2.0)):
+            for c in (1, 32):
+                name = f"fenced-{store}-{c}"
+                result = self.ok(name)
+                plain_row = self.ok(f"plain-{c}")
+                if result is None or plain_row is None or not result.get("latency") or not plain_row.get("latency"):
+                    verdict(f"added latency p99 at low load <= {limit:g} ms ({name})", None, None,
+                            f"{name} or plain-{c} not measured")
+                    continue
+                added = result["latency"]["p99_ms"] - plain_row["latency"]["p99_ms"]
+                verdict(
+                    f"added latency p99 at low load <= {limit:g} ms ({name})", added, added <= limit,
+                    f"p99 {result['latency']['p99_ms']:.2f} ms - plain {plain_row['latency']['p99_ms']:.2f} ms "
+                    f"= {added:+.2f} ms (p50 added {result['latency']['p50_ms'] - plain_row['latency']['p50_ms']:+.2f} ms, "
+                    f"{result['latency']['n']} samples)",
+                )
+        return lines
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="ptb_fence benchmark harness (see the module docstring for what is measured).",
+    )
+    parser.add_argument("--quick", action="store_true", help="short run (fewer updates, smaller backlog)")
+    parser.add_argument("--only", help="comma-separated row names or globs (e.g. 'fenced-*-32,plain-32')")
+    parser.add_argument("--list", action="store_true", help="list the rows and exit")
+    parser.add_argument("--updates", type=int, help="updates per measured run")
+    parser.add_argument("--runs", type=int, help="measured runs per row (median reported)")
+    parser.add_argument("--warmup", type=int, help="updates of the warm-up run (0: none)")
+    parser.add_argument("--latency-seconds", type=float, help="length of the low-load latency phase (0: skip)")
+    parser.add_argument("--latency-rate", type=float, default=10.0, help="updates/s of the latency phase")
+    parser.add_argument("--backlog", type=int, help="recorded updates of the backlog rows")
+    parser.add_argument("--lease-sizes", default="1,100,5000", help="active attempts of the lease rows")
+    parser.add_argument("--concurrency", default="1,32", help="concurrencies of the throughput rows")
+    parser.add_argument("--pgq-batch", type=int, default=10, help="pgqueuer dequeue batch_size at concurrency > 1")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds before a row's child is killed")
+    parser.add_argument("--profile", metavar="ROW", help="profile one row in its child and print the top costs")
+    parser.add_argument("--profiler", choices=("cprofile", "py-spy"), default="cprofile")
+    parser.add_argument("--profile-top", type=int, default=30)
+    parser.add_argument("--gil", action="store_true", help="py-spy: sample only the thread holding the GIL")
+    parser.add_argument("--json", metavar="FILE", help="also write the raw results as JSON")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.child:
+        return child_main(json.loads(args.child))
+
+    settings = dict(QUICK if args.quick else FULL)
+    for key in ("updates", "runs", "warmup", "latency_seconds", "backlog"):
+        value = getattr(args, key)
+        if value is not None:
+            settings[key] = value
+    if settings["runs"] < 1 or settings["updates"] < 1:
+        parser.error("--runs and --updates must be positive")
+    concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    rows = all_rows(concurrencies)
+
+    if args.list:
+        for row in rows:
+            print(f"{row.name:<24} {row.title}")
+        return 0
+
+    selected = rows
+    patterns = None
+    if args.profile:
+        patterns = [args.profile]
+    elif args.only:
+        patterns = [p.strip() for p in args.only.split(",") if p.strip()]
+    if patterns:
+        selected = [r for r in rows if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)]
+        unknown = [p for p in patterns if not any(fnmatch.fnmatchcase(r.name, p) for r in rows)]
+        if unknown or not selected:
+            parser.error(f"no row matches {', '.join(unknown or patterns)} (see --list)")
+
+    from _common import create_bench_database, drop_bench_database, pg_dsn, pg_problem
+
+    admin_dsn = pg_dsn()
+    needs_pg = any(r.needs_pg for r in selected)
+    problem = pg_problem(admin_dsn) if needs_pg else None
+    started = time.monotonic()
+    print("ptb_fence benchmarks" + (" (--quick)" if args.quick else ""))
+    for line in _versions(admin_dsn, needs_pg and problem is None):
+        print("  " + line)
+    print(
+        f"  settings: {settings['updates']:,} updates per run, {settings['runs']} measured runs + a "
+        f"{settings['warmup']}-update warm-up per row, batches of 100 via update_queue.put; latency "
+        f"{args.latency_rate:g} updates/s for {settings['latency_seconds']:g} s; SQLite synchronous=NORMAL "
+        f"(the default), WAL; PostgresUpdateStore library defaults (pool_size=8); other options defaults"
+    )
+    sys.stdout.flush()
+
+    bench_dsn, bench_db, db_note = admin_dsn, None, None
+    if needs_pg and problem is None:
+        bench_dsn, bench_db, db_note = create_bench_database(admin_dsn)
+        if db_note:
+            print("  note: " + db_note)
+    workdir = tempfile.mkdtemp(prefix="ptb_fence_bench_")
+    results: Dict[str, Dict[str, Any]] = {}
+    try:
+        for row in selected:
+            if row.needs_pg and problem:
+                results[row.name] = {"skipped": problem}
+                continue
+            cfg: Dict[str, Any] = {
+                "row": row.name,
+                "kind": row.kind,
+                "store": row.store,
+                "concurrency": row.concurrency,
+                "updates": settings["updates"],
+                "runs": settings["runs"],
+                "warmup": settings["warmup"],
+                "latency_seconds": settings["latency_seconds"],
+                "latency_rate": args.latency_rate,
+                "backlog": settings["backlog"],
+                "lease_sizes": [int(s) for s in args.lease_sizes.split(",") if s.strip()],
+                "pgq_batch": args.pgq_batch,
+                "dsn": bench_dsn,
+                "admin_dsn": admin_dsn,
+                "bench_db": bench_db,
+                "workdir": workdir,
+                "timeout": args.timeout,
+            }
+            env_extra = {}
+            if row.kind == "pgqueuer":
+                env_extra["PGQUEUER_PREFIX"] = "bench" + uuid.uuid4().hex[:8] + "_"
+            if args.profile:
+                cfg["profile"] = args.profiler
+                cfg["profile_top"] = args.profile_top
+                cfg["profile_gil"] = args.gil
+            t0 = time.monotonic()
+            sys.stderr.write(f"[{time.monotonic() - started:6.1f}s] {row.name} ...")
+            sys.stderr.flush()
+            result = _run_child(cfg, args.timeout, env_extra)
+            results[row.name] = result
+            status = "skipped" if "skipped" in result else ("FAILED" if "error" in result else "done")
+            sys.stderr.write(f" {status} in {time.monotonic() - t0:.1f}s\n")
+            sys.stderr.flush()
+    finally:
+        if bench_db and db_note is None:
+            try:
+                drop_bench_database(admin_dsn, bench_db)
+            except Exception as exc:
+                print(f"  note: could not drop database {bench_db}: {exc}")
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    report = Report(selected, results)
+    print()
+    print("THROUGHPUT (median of runs; ratios use medians; '-' = not applicable or not measured)")
+    for line in report.throughput_table():
+        print(line)
+    extra = report.breakdown()
+    if extra:
+        print()
+        print("store calls per handled update, by method (proxy), and notes:")
+        for line in extra:
+            print(line)
+    lease = report.lease_table()
+    if lease:
+        print()
+        print("LEASE RENEWAL: keeper.tick() with N active attempts (Runtime.claim'ed; statements at the driver)")
+        for line in lease:
+            print(line)
+    backlog = report.backlog_table()
+    if backlog:
+        print()
+        print("BACKLOG: recorded with add_many, then a FencedUpdateProcessor app started over it (no polling)")
+        for line in backlog:
+            print(line)
+    print()
+    print("TARGETS")
+    for line in report.targets():
+        print(line)
+    for row in selected:
+        result = results.get(row.name, {})
+        if result.get("profile"):
+            print()
+            print(f"PROFILE of {row.name}")
+            print(result["profile"])
+    print()
+    print(f"total time {time.monotonic() - started:.0f} s; load average at the end: {_load()}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"settings": settings, "results": results}, handle, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

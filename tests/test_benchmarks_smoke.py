@@ -1,0 +1,108 @@
+"""Smoke test of the benchmark harness (benchmarks/run.py) at tiny settings.
+
+Runs the real harness as a subprocess, as a user would, on a subset of rows with a few hundred
+updates and one run each, and checks that the table is printed with numbers, that the counts
+and the targets section are there, and that the JSON results are consistent. pgqueuer is not
+run here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from typing import Any, Dict, List
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = os.path.join(ROOT, "benchmarks", "run.py")
+_RATE = re.compile(r"^([0-9][0-9,]*) \(([0-9][0-9,]*)-([0-9][0-9,]*)\)")
+
+
+def _harness(args: List[str], env_extra: Dict[str, str], timeout: float = 120) -> "subprocess.CompletedProcess[str]":
+    env = dict(os.environ)
+    env.update(env_extra)
+    return subprocess.run(
+        [sys.executable, RUN, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        env=env,
+    )
+
+
+def _row(out: str, name: str) -> str:
+    for line in out.splitlines():
+        if line.startswith(name + " "):
+            return line[len(name):].strip()
+    raise AssertionError(f"row {name} missing from the output:\n{out}")
+
+
+def test_list_and_unknown_rows() -> None:
+    listed = _harness(["--list"], {}, timeout=30)
+    assert listed.returncode == 0, listed.stderr
+    names = [line.split()[0] for line in listed.stdout.splitlines()]
+    for name in ("plain-32", "fenced-pg-32", "naive-pg-32", "pgqueuer-32", "poll-fenced-pg-32",
+                 "lease-sqlite", "backlog-pg"):
+        assert name in names
+    bad = _harness(["--only", "no-such-row"], {}, timeout=30)
+    assert bad.returncode != 0
+    assert "no row matches" in bad.stderr
+
+
+def test_quick_harness_prints_the_table_with_numbers(pg_dsn: str, tmp_path: Any) -> None:
+    results_file = tmp_path / "results.json"
+    proc = _harness(
+        [
+            "--only", "plain-32,fenced-sqlite-32,fenced-pg-32,lease-sqlite",
+            "--updates", "300", "--runs", "1", "--warmup", "0", "--latency-seconds", "0.5",
+            "--lease-sizes", "1,100", "--json", str(results_file),
+        ],
+        {"PTB_FENCE_POSTGRES_DSN": pg_dsn},
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr + out
+    assert re.search(r"\d+ cores", out), out
+    assert "THROUGHPUT" in out and "TARGETS" in out and "LEASE RENEWAL" in out
+
+    for name in ("plain-32", "fenced-sqlite-32", "fenced-pg-32"):
+        cells = _row(out, name)
+        assert "FAILED" not in cells and "skipped" not in cells, cells
+        match = _RATE.match(cells)
+        assert match, cells
+        assert float(match.group(1).replace(",", "")) > 0
+
+    # ratios and counts are numbers on the ptb_fence rows
+    fenced = _row(out, "fenced-pg-32").split()
+    assert re.fullmatch(r"\d+\.\d\d", fenced[2]), fenced  # x plain
+    assert re.fullmatch(r"\d+\.\d\d/\d+\.\d\d", fenced[4]), fenced  # latency p50/p99
+
+    results = json.loads(results_file.read_text())["results"]
+    for name in ("fenced-sqlite-32", "fenced-pg-32"):
+        result = results[name]
+        assert result["handled"] == 300
+        assert result["commits_per_update"] > 0
+        assert result["statements_per_update"] > 0
+        assert result["store_calls_per_update"] > 0
+        assert result["latency"]["n"] >= 5
+    assert results["plain-32"]["commits_per_update"] == 0
+    # server-side commits were read from pg_stat_database for the PostgreSQL row
+    assert results["fenced-pg-32"]["server_commits_per_update"] is not None
+    lease = results["lease-sqlite"]["lease"]
+    assert [item["active"] for item in lease] == [1, 100]
+    assert all(item["owner_lost"] == 0 for item in lease)
+
+    targets = out[out.index("TARGETS"):]
+    assert re.search(r"(PASS|FAIL)  fenced SQLite", targets), targets
+    assert re.search(r"(PASS|FAIL)  lease renewal", targets), targets
+    assert "SKIP  fenced PG conc-32 >= 5x naive" in targets  # naive-pg-32 was not run
+
+
+@pytest.mark.parametrize("row", ["poll-fenced-sqlite-32"])
+def test_polling_row_runs(row: str) -> None:
+    proc = _harness(
+        ["--only", row, "--updates", "200", "--runs", "1", "--warmup", "0"], {}, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    cells = _row(proc.stdout, row)
+    assert _RATE.match(cells), cells
