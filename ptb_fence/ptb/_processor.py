@@ -23,6 +23,7 @@ from ptb_fence.ptb._group_commit import GroupCommit
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._attempt import _CURRENT
 from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._ingest import MAX_UPDATE_ID
 from ptb_fence.runtime._options import RuntimeOptions
 
 __all__ = ["BaseFenceProcessor", "DurableUpdateProcessor", "FencedUpdateProcessor"]
@@ -334,7 +335,11 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         for raw in result:
             if isinstance(raw, dict):
                 update_id = raw.get("update_id")
-                if isinstance(update_id, int) and not isinstance(update_id, bool):
+                if (
+                    isinstance(update_id, int)
+                    and not isinstance(update_id, bool)
+                    and 0 <= update_id <= MAX_UPDATE_ID
+                ):
                     items.append((update_id, json.dumps(raw, ensure_ascii=False)))
         if not items:
             return
@@ -380,7 +385,22 @@ class BaseFenceProcessor(BaseUpdateProcessor):
             return [runtime.completion_failed(attempt, exc) for attempt in attempts]
         return [runtime.completion_landed(a, bool(ok)) for a, ok in zip(attempts, landed)]
 
+    @staticmethod
+    def _valid_id(update: Update) -> bool:
+        update_id = update.update_id
+        if isinstance(update_id, int) and not isinstance(update_id, bool):
+            if 0 <= update_id <= MAX_UPDATE_ID:
+                return True
+        _LOGGER.warning(
+            "dropped an update whose update_id %r is not an integer from 0 to 2**63-1: it is "
+            "not a Telegram update (nothing recorded)",
+            update_id,
+        )
+        return False
+
     async def _record(self, update: Update) -> bool:
+        if not self._valid_id(update):
+            return False
         known = self._ingested.pop(update.update_id, None)
         if known is not None:
             return self._consume(update.update_id, known)
@@ -392,6 +412,8 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         return self._consume(update.update_id, outcome)
 
     def _record_blocking(self, update: Update) -> bool:
+        if not self._valid_id(update):
+            return False
         known = self._ingested.pop(update.update_id, None)
         if known is not None:
             return self._consume(update.update_id, known)

@@ -246,12 +246,24 @@ class Attempt:
             with self.transaction(complete=complete) as conn:
                 return fn(conn)
 
+        return await self._off_loop(run)
+
+    async def _off_loop(self, fn: Callable[[], T]) -> T:
+        """Run blocking ``fn`` on the runtime's thread pool (keeping context variables)."""
         executor = self._runtime.executor
         if executor is None:
-            return await asyncio.to_thread(run)
+            return await asyncio.to_thread(fn)
         context = contextvars.copy_context()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, context.run, run)
+        return await loop.run_in_executor(executor, context.run, fn)
+
+    async def owns_async(self, connection: Any = None) -> bool:
+        """The asyncio form of :meth:`owns`: the store call runs off the event loop."""
+        return await self._off_loop(lambda: self.owns(connection))
+
+    async def exhaust_async(self, reason: str) -> None:
+        """The asyncio form of :meth:`exhaust`: the store call runs off the event loop."""
+        await self._off_loop(lambda: self.exhaust(reason))
 
     def exhaust(self, reason: str) -> None:
         """Record a terminal failure now: no more retries; the exhaustion handler is called.
