@@ -6,6 +6,7 @@ import operator
 import os
 import random
 import sqlite3
+import sys
 import threading
 import time
 import uuid
@@ -101,10 +102,9 @@ def _int(name: str, value: Any) -> int:
 
 def _max_variables(conn: sqlite3.Connection) -> int:
     """The connection's limit on host parameters per statement (Python 3.11+ can ask)."""
-    getlimit = getattr(conn, "getlimit", None)
-    if getlimit is None:  # pragma: no cover - Python 3.10
+    if sys.version_info < (3, 11):  # pragma: no cover - Python 3.10
         return _DEFAULT_MAX_VARIABLES
-    return int(getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+    return conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
 
 
 def _same_file(a: str, b: str) -> bool:
