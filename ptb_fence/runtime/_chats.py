@@ -22,12 +22,14 @@ def chat_key(update: Mapping[str, Any]) -> Hashable:
         if not isinstance(chat, Mapping):
             message = value.get("message")
             chat = message.get("chat") if isinstance(message, Mapping) else None
-        if isinstance(chat, Mapping) and isinstance(chat.get("id"), int):
-            return chat["id"]
+        chat_id = chat.get("id") if isinstance(chat, Mapping) else None
+        if isinstance(chat_id, int):
+            return chat_id
         for user_field in ("from", "user"):
             user = value.get(user_field)
-            if isinstance(user, Mapping) and isinstance(user.get("id"), int):
-                return user["id"]
+            user_id = user.get("id") if isinstance(user, Mapping) else None
+            if isinstance(user_id, int):
+                return user_id
     return ("update", update.get("update_id"))
 
 
