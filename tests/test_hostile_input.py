@@ -278,7 +278,7 @@ valid = pick(valid_bodies(), valid_bodies(), duplicate_key_bodies())
 bodies = weighted(35, valid, garbage)
 
 
-def pending_ids(store: Any) -> Counter:
+def pending_ids(store: Any) -> "Counter[int]":
     return Counter(r.update_id for r in store.due(now=HUGE, pending_before=HUGE, limit=10**6))
 
 
@@ -519,10 +519,10 @@ def test_webhook_app_direct_fuzz(direct_app: Tuple[Any, UpdateIntake], request: 
 
 # -- webhook_app behind a real threaded wsgiref server ------------------------------------------
 @pytest.fixture(scope="module")
-def wsgi_server(tmp_path_factory: Any) -> Iterator[Tuple[ThreadedWsgi, UpdateIntake, Counter]]:
+def wsgi_server(tmp_path_factory: Any) -> Iterator[Tuple[ThreadedWsgi, UpdateIntake, "Counter[int]"]]:
     path = str(tmp_path_factory.mktemp("wsgi") / "w.db")
     store = SQLiteUpdateStore(path)
-    handled: Counter = Counter()
+    handled: "Counter[int]" = Counter()
     lock = threading.Lock()
 
     def handle(update: Dict[str, Any]) -> None:
@@ -551,7 +551,7 @@ def _still_answers(port: int, path: str) -> None:
     assert _all_ids(path)[uid] == 1
 
 
-def _all_ids(path: str) -> Counter:
+def _all_ids(path: str) -> "Counter[int]":
     conn = sqlite3.connect(path, timeout=10)
     try:
         return Counter(r[0] for r in conn.execute("SELECT update_id FROM telegram_updates"))
@@ -647,7 +647,7 @@ def test_wsgiref_server_handled_every_accepted_update_once(wsgi_server: Any) -> 
 # puts whatever update_id the JSON had into the queue, where the durable queue drops an id that
 # is not an int in [0, 2**63-1] without recording it: PTB then answers 200 (Telegram never
 # sends such ids; a 200 at least stops a redelivery loop).
-PTB_STATUS: Counter = Counter()
+PTB_STATUS: "Counter[Tuple[str, int]]" = Counter()
 ptb_garbage = pick(
     bad_id_bodies(),
     bad_id_bodies(),
@@ -843,7 +843,7 @@ def test_bad_table_names_are_refused_before_any_sql_sqlite(tmp_path: Any, name: 
         postgres_update_store_schema(name)
 
 
-def _relations(dsn: str) -> set:
+def _relations(dsn: str) -> "set[str]":
     conn = psycopg2.connect(dsn)
     try:
         with conn.cursor() as cur:

@@ -130,8 +130,8 @@ class Handler:
 
     def __init__(self, insert: Callable[[Any, int, Any], None]) -> None:
         self.insert = insert
-        self.started: Counter = Counter()
-        self.committed: Counter = Counter()
+        self.started: "Counter[int]" = Counter()
+        self.committed: "Counter[int]" = Counter()
         self._lock = threading.Lock()
 
     def __call__(self, update: Dict[str, Any], attempt: Any) -> None:
@@ -186,7 +186,7 @@ def run_webhook_rounds(
 
 def check_exactly_once(
     results: List[Tuple[int, int, bytes]], plan: List[List[int]], handler: Handler
-) -> set:
+) -> "set[int]":
     distinct = {uid for ids in plan for uid in ids}
     assert len(results) == ROUNDS * CONNECTIONS
     bad = [(uid, status, reply) for uid, status, reply in results if status != 200]
