@@ -94,14 +94,16 @@ def _run_bot(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        updater = app.updater
+        assert updater is not None  # the builder makes one unless told updater(None)
         async with app:
             await app.start()
             if args.poll:
-                await app.updater.start_polling(poll_interval=0.0, timeout=1)
+                await updater.start_polling(poll_interval=0.0, timeout=1)
             event("ready")
             await stop.wait()
             if args.poll:
-                await app.updater.stop()
+                await updater.stop()
             await app.stop()
 
     asyncio.run(run())

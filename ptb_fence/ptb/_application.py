@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
-from typing import Any, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 from telegram._utils.defaultvalue import DEFAULT_TRUE
 from telegram.ext import Application, ApplicationHandlerStop, ExtBot
@@ -32,6 +32,13 @@ _STATE: "contextvars.ContextVar[Optional[_UpdateState]]" = contextvars.ContextVa
 _IN_PROCESS_ERROR: "contextvars.ContextVar[bool]" = contextvars.ContextVar(
     "ptb_fence_in_process_error", default=False
 )
+
+if TYPE_CHECKING:
+    # The mix-in only ever sits in front of an Application; tell the type checker so, so that
+    # its overrides and ``super()`` calls are checked against PTB's signatures.
+    _MixinBase = Application[Any, Any, Any, Any, Any, Any]
+else:
+    _MixinBase = object
 
 
 def _runs_as_task(application: Any, block: Any) -> bool:
@@ -76,7 +83,7 @@ class _ErrorHandlers(dict):  # type: ignore[type-arg]
         super().__init__(handlers)
         self._application = application
 
-    def items(self) -> Any:  # type: ignore[override]
+    def items(self) -> Any:
         if not _IN_PROCESS_ERROR.get():
             return super().items()
         result: List[Tuple[Any, Any]] = []
@@ -87,7 +94,7 @@ class _ErrorHandlers(dict):  # type: ignore[type-arg]
         return result
 
 
-class FencedApplicationMixin:
+class FencedApplicationMixin(_MixinBase):
     """Mix-in for :class:`telegram.ext.Application` subclasses used with a ptb_fence processor.
 
     - Attaches the application to its :class:`~ptb_fence.ptb.DurableUpdateProcessor` /
@@ -115,9 +122,9 @@ class FencedApplicationMixin:
 
         processor = getattr(self, "update_processor", None)
         if isinstance(processor, BaseFenceProcessor):
-            processor._attach(self)  # type: ignore[arg-type]
+            processor._attach(self)
 
-    async def process_error(  # type: ignore[override]
+    async def process_error(
         self,
         update: Optional[object],
         error: Exception,
@@ -135,18 +142,20 @@ class FencedApplicationMixin:
             state.error = error
         token = _IN_PROCESS_ERROR.set(True)
         try:
-            return await super().process_error(  # type: ignore[misc]
+            return await super().process_error(
                 update=update, error=error, job=job, coroutine=coroutine
             )
         finally:
             _IN_PROCESS_ERROR.reset(token)
 
-    def create_task(self, coroutine: Any, update: Optional[object] = None, *, name: Optional[str] = None) -> Any:  # type: ignore[override]
+    def create_task(
+        self, coroutine: Any, update: Optional[object] = None, *, name: Optional[str] = None
+    ) -> Any:
         """Create a task that runs outside the current attempt."""
         state_token = _STATE.set(None)
         attempt_token = _CURRENT.set(None)
         try:
-            return super().create_task(coroutine, update=update, name=name)  # type: ignore[misc]
+            return super().create_task(coroutine, update=update, name=name)
         finally:
             _CURRENT.reset(attempt_token)
             _STATE.reset(state_token)
