@@ -1,0 +1,80 @@
+"""Deliberately broken MemoryUpdateStore variants: the model-based check must find each one.
+
+Each variant changes exactly one rule (by overriding the memory store's private helpers, which
+is acceptable for a test double) and names, in ``DISAGREEMENT``, a regular expression for the
+operation(s) whose answer can first disagree with the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+from ptb_fence import AttemptIdentity, MemoryUpdateStore, Settlement
+
+
+class EagerTakeoverStore(MemoryUpdateStore):
+    """Takes a lease over when ``due_at <= now`` (the lease is still held at ``now``)."""
+
+    __slots__ = ()
+    DISAGREEMENT = r"^(claim|claim_owned|due)\("
+
+    @staticmethod
+    def _claimable(row: Any, now: int) -> bool:
+        if row.state == "processing":
+            return row.due_at is not None and row.due_at <= now
+        return MemoryUpdateStore._claimable(row, now)
+
+
+class SettleOwnedIgnoresClaimIdStore(MemoryUpdateStore):
+    """``settle_owned`` checks update id, attempt and lease, but not the claim id."""
+
+    __slots__ = ()
+    DISAGREEMENT = r"^settle_owned\("
+
+    def settle_owned(
+        self, identity: AttemptIdentity, settlement: Settlement, *, connection: Any = None
+    ) -> bool:
+        with self._lock:
+            row = self._rows.get(identity.update_id)
+            if row is None or not self._live(row, identity.attempt, settlement.at, None):
+                return False
+            self._apply(row, settlement)
+            return True
+
+
+class InclusivePruneStore(MemoryUpdateStore):
+    """``prune`` deletes rows with ``settled_at <= before`` (the bound must be strict)."""
+
+    __slots__ = ()
+    DISAGREEMENT = r"^prune\("
+
+    def prune(self, before: int) -> int:
+        with self._lock:
+            doomed: List[int] = [
+                u for u, r in self._rows.items()
+                if r.state in ("completed", "abandoned")
+                and r.settled_at is not None and r.settled_at <= before
+            ]
+            for u in doomed:
+                del self._rows[u]
+            return len(doomed)
+
+
+class RenewOwnedRevivesStore(MemoryUpdateStore):
+    """``renew_owned`` ignores ``now``, so it revives a lease that already expired."""
+
+    __slots__ = ()
+    DISAGREEMENT = r"^renew_owned(_many)?\("
+
+    def renew_owned(
+        self, identity: AttemptIdentity, lease_until: int, now: Optional[int] = None
+    ) -> bool:
+        return super().renew_owned(identity, lease_until, None)
+
+
+VARIANTS = [
+    EagerTakeoverStore,
+    SettleOwnedIgnoresClaimIdStore,
+    InclusivePruneStore,
+    RenewOwnedRevivesStore,
+]
