@@ -132,3 +132,17 @@ def test_settle_owned_many_lands_each_exact_live_claim_once(make_store: Any) -> 
     assert [u.update_id for u in due] == [2]
     assert store.prune(NOW + 6) == 2  # completed 1 and abandoned 3
     assert store.settle_owned_many([]) == []
+
+
+@pytest.mark.parametrize("bad", [None, "5", 1.0, True, float("nan"), -1, 2**63, [1]])
+def test_every_way_in_refuses_impossible_update_ids(make_store: Any, bad: Any) -> None:
+    store = make_store()
+    with pytest.raises((TypeError, ValueError)):
+        store.add(bad, "{}", NOW)
+    with pytest.raises((TypeError, ValueError)):
+        store.add_many([(1, "{}", NOW), (bad, "{}", NOW)])
+    with pytest.raises((TypeError, ValueError)):
+        store.add_claimed_many([(bad, "{}", NOW)], lease_until=LEASE)
+    # nothing was written, not even the valid row of the refused batch
+    assert store.due(now=NOW, pending_before=NOW, limit=10) == []
+    assert store.add(1, "{}", NOW) is True

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from ptb_fence.stores._names import validate_update_id
 from ptb_fence._values import (
     Abandoned,
     AttemptIdentity,
@@ -132,6 +133,7 @@ class MemoryUpdateStore:
     # -- base contract ---------------------------------------------------------------------
     def add(self, update_id: int, body: str, received_at: int) -> bool:
         """Insert a pending row; :obj:`False` if the id exists in any state."""
+        validate_update_id(update_id)
         with self._lock:
             if update_id in self._rows:
                 return False
@@ -140,6 +142,9 @@ class MemoryUpdateStore:
 
     def add_many(self, rows: Sequence[Tuple[int, str, int]]) -> List[bool]:
         """Insert several ``(update_id, body, received_at)`` rows at once (optional capability)."""
+        rows = list(rows)
+        for row in rows:
+            validate_update_id(row[0])
         with self._lock:
             return [self.add(update_id, body, at) for update_id, body, at in rows]
 
@@ -153,6 +158,9 @@ class MemoryUpdateStore:
         return its identity; if it exists (in any state), change nothing and return
         :obj:`None`. All rows land together (one commit in the SQL stores).
         """
+        rows = list(rows)
+        for row in rows:
+            validate_update_id(row[0])
         with self._lock:
             result: List[Optional[AttemptIdentity]] = []
             for update_id, body, received_at in rows:

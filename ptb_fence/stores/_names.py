@@ -1,4 +1,4 @@
-"""Validation of SQL identifiers (table names) before any SQL runs."""
+"""Validation of what reaches SQL: table names and update ids, checked before any SQL runs."""
 
 from __future__ import annotations
 
@@ -19,3 +19,23 @@ def validate_table_name(table: object) -> str:
             "characters, not starting with a digit)"
         )
     return table
+
+
+MAX_UPDATE_ID = 2**63 - 1
+
+
+def validate_update_id(update_id: object) -> int:
+    """Return ``update_id`` if it can be a Telegram ``update_id``, else raise.
+
+    Stores check this before writing: SQLite would turn ``None`` into a fresh rowid and
+    ``"5"`` or ``1.0`` into ``5`` / ``1``.
+
+    Raises:
+        TypeError: Not an :obj:`int` (booleans and floats included).
+        ValueError: Negative or above ``2**63 - 1`` (a BIGINT).
+    """
+    if isinstance(update_id, bool) or not isinstance(update_id, int):
+        raise TypeError(f"update_id must be an int, got {type(update_id).__name__}")
+    if update_id < 0 or update_id > MAX_UPDATE_ID:
+        raise ValueError(f"update_id must be from 0 to 2**63-1, got {update_id}")
+    return update_id

@@ -37,7 +37,7 @@ from ptb_fence._values import (
     Settlement,
     StoredUpdate,
 )
-from ptb_fence.stores._names import validate_table_name
+from ptb_fence.stores._names import validate_table_name, validate_update_id
 from ptb_fence.stores._postgres_sql import PostgresStatements, schema_sql
 
 __all__ = ["PostgresUpdateStore", "postgres_update_store_schema"]
@@ -641,6 +641,7 @@ class PostgresUpdateStore:
         Returns:
             :obj:`bool`: Whether the row was inserted.
         """
+        validate_update_id(update_id)
         params = {"update_id": update_id, "body": body, "received_at": received_at}
         return self._run(lambda cur: _returns_row(cur, self._sql.add, params))
 
@@ -657,6 +658,8 @@ class PostgresUpdateStore:
             if the id existed, or appeared earlier in ``rows``).
         """
         rows = list(rows)
+        for row in rows:
+            validate_update_id(row[0])
         if not rows:
             return []
         first: Dict[int, int] = {}
@@ -808,6 +811,8 @@ class PostgresUpdateStore:
         statement (optional capability). Needs the ``claim_id`` column.
         """
         rows = list(rows)
+        for row in rows:
+            validate_update_id(row[0])
         if not rows:
             return []
         first: Dict[int, int] = {}

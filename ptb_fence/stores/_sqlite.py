@@ -36,7 +36,7 @@ from ptb_fence._values import (
     Settlement,
     StoredUpdate,
 )
-from ptb_fence.stores._names import validate_table_name
+from ptb_fence.stores._names import validate_table_name, validate_update_id
 from ptb_fence.stores._sqlite_sql import REQUIRED_COLUMNS, SQLiteStatements
 
 __all__ = ["SQLiteUpdateStore"]
@@ -457,6 +457,7 @@ class SQLiteUpdateStore:
         Returns:
             :obj:`bool`: :obj:`True` if inserted, :obj:`False` if the id exists in any state.
         """
+        validate_update_id(update_id)
         with self._immediate() as conn:
             cursor = conn.execute(
                 self._sql.add,
@@ -475,6 +476,8 @@ class SQLiteUpdateStore:
             (including an earlier row of the same batch).
         """
         rows = list(rows)
+        for row in rows:
+            validate_update_id(row[0])
         if not rows:
             return []
         with self._immediate() as conn:
@@ -499,6 +502,8 @@ class SQLiteUpdateStore:
         capability).
         """
         rows = list(rows)
+        for row in rows:
+            validate_update_id(row[0])
         if not rows:
             return []
         lease_until = _int("lease_until", lease_until)
