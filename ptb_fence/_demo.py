@@ -51,6 +51,8 @@ def _run_bot(args: argparse.Namespace) -> int:
             fh.write(f"{line} {os.getpid()}\n")
 
     async def handle(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        # install() sets FencedCallbackContext at run time; the builder's static context type
+        # stays PTB's default, which has no ``attempt``
         attempt = context.attempt  # type: ignore[attr-defined]
         message = update.effective_message
         assert attempt is not None and message is not None
@@ -122,7 +124,7 @@ class _Demo:
         self.markers = workdir / "markers"
         self.markers.mkdir()
         self.log = (workdir / "bots.log").open("w")
-        self.procs: List[subprocess.Popen] = []  # type: ignore[type-arg]
+        self.procs: List["subprocess.Popen[bytes]"] = []
         self.killed = 0
         self.paused = 0
         self.started = time.monotonic()

@@ -102,7 +102,7 @@ from __future__ import annotations
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, cast
 
 from ptb_fence._protocols import BASE_METHODS, UpdateStore, is_durable, is_fenced, missing_methods
 from ptb_fence._values import (
@@ -254,7 +254,7 @@ class _Probe:
             kwargs["durable_exhaustion"] = durable_exhaustion
         value = self._call("claim", update_id, **kwargs)
         self._type("claim", value is None or type(value) is int, "an int attempt or None", value)
-        return value  # type: ignore[no-any-return]
+        return cast(Optional[int], value)
 
     def renew(
         self, update_id: int, attempt: int, lease_until: int, now: Optional[int] = None
@@ -286,7 +286,7 @@ class _Probe:
     def prune(self, before: int) -> int:
         value = self._call("prune", before)
         self._type("prune", type(value) is int, "an int count", value)
-        return value  # type: ignore[no-any-return]
+        return cast(int, value)
 
     # -- fenced contract -------------------------------------------------------------------
     def claim_owned(
@@ -308,7 +308,7 @@ class _Probe:
         value = self._call("claim_owned", update_id, **kwargs)
         if value is not None and not self._identity("claim_owned", value):
             raise _Abort
-        return value  # type: ignore[no-any-return]
+        return cast(Optional[AttemptIdentity], value)
 
     def renew_owned(
         self, identity: AttemptIdentity, lease_until: int, now: Optional[int] = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from telegram._utils.defaultvalue import DEFAULT_TRUE
 from telegram.ext import Application, ApplicationHandlerStop, ExtBot
@@ -68,7 +68,7 @@ def _outside_attempt(callback: Callable[..., Any]) -> Callable[..., Any]:
     return run_outside_attempt
 
 
-class _ErrorHandlers(dict):  # type: ignore[type-arg]
+class _ErrorHandlers(Dict[Any, Any]):
     """The Application's ``error_handlers`` dict.
 
     PTB starts non-blocking error handlers with its private ``__create_task``, which
@@ -161,7 +161,7 @@ class FencedApplicationMixin(_MixinBase):
             _STATE.reset(state_token)
 
 
-class FencedApplication(FencedApplicationMixin, Application):  # type: ignore[type-arg]
+class FencedApplication(FencedApplicationMixin, Application[Any, Any, Any, Any, Any, Any]):
     """A :class:`telegram.ext.Application` wired for ptb_fence (see
     :class:`FencedApplicationMixin`)."""
 

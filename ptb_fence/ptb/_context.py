@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 from telegram.ext import CallbackContext
 
@@ -11,8 +11,17 @@ from ptb_fence.runtime._attempt import _CURRENT, Attempt, current_attempt
 
 __all__ = ["FencedCallbackContext"]
 
+if TYPE_CHECKING:
+    from telegram import Bot
 
-class FencedCallbackContext(CallbackContext):  # type: ignore[type-arg]
+# the type parameters of telegram.ext.CallbackContext (bot, user_data, chat_data, bot_data)
+_BT = TypeVar("_BT", bound="Bot")
+_UD = TypeVar("_UD")
+_CD = TypeVar("_CD")
+_BD = TypeVar("_BD")
+
+
+class FencedCallbackContext(CallbackContext[_BT, _UD, _CD, _BD]):
     """A :class:`telegram.ext.CallbackContext` with :attr:`attempt`.
 
     :meth:`ptb_fence.ptb.FencedUpdateProcessor.install` sets it as the context type. If you use

@@ -52,7 +52,7 @@ def update_body(update: Update) -> str:
         return json.dumps(data, default=_null)
 
 
-class DurableUpdateQueue(asyncio.Queue):  # type: ignore[type-arg]
+class DurableUpdateQueue(asyncio.Queue[object]):
     """An :class:`asyncio.Queue` whose :meth:`put` records each :class:`telegram.Update`
     durably before it returns.
 
