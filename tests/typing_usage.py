@@ -1,0 +1,137 @@
+"""Typed user code, checked by ``mypy --strict`` in tests/test_typing.py (never imported or run).
+
+It states what the public API promises to a type checker: the three stores satisfy the
+``DurableUpdateStore`` Protocol structurally, the value types are keyword-constructible, and the
+documented entry points accept the documented callables.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from telegram import Update
+from telegram.ext import Application, ContextTypes
+
+from ptb_fence import (
+    Abandoned,
+    Attempt,
+    AttemptIdentity,
+    Completed,
+    DurableUpdateStore,
+    Exhaustion,
+    Failed,
+    FencedUpdateStore,
+    MemoryUpdateStore,
+    OwnershipLost,
+    PostgresUpdateStore,
+    Settlement,
+    SQLiteUpdateStore,
+    StoredUpdate,
+    UpdateIntake,
+    UpdateStore,
+    current_attempt,
+    is_durable,
+    is_fenced,
+    postgres_update_store_schema,
+    webhook_app,
+)
+from ptb_fence.conformance import check_update_store
+from ptb_fence.ptb import DurableUpdateProcessor, FencedCallbackContext, FencedUpdateProcessor
+
+
+def stores_satisfy_the_protocols(path: str, dsn: str) -> List[UpdateStore]:
+    memory: DurableUpdateStore = MemoryUpdateStore()
+    sqlite: DurableUpdateStore = SQLiteUpdateStore(path, table="telegram_updates")
+    postgres: DurableUpdateStore = PostgresUpdateStore(dsn, "telegram_updates", create_table=True)
+    fenced: FencedUpdateStore = sqlite
+    schema: str = postgres_update_store_schema("telegram_updates")
+    assert schema and is_fenced(fenced) and is_durable(memory)
+    return [memory, sqlite, postgres]
+
+
+def store_calls(store: DurableUpdateStore) -> None:
+    added: bool = store.add(1, '{"update_id": 1}', 0)
+    attempt: Optional[int] = store.claim(1, now=0, lease_until=10, max_attempts=5)
+    identity: Optional[AttemptIdentity] = store.claim_owned(
+        1, now=0, lease_until=10, max_attempts=5, durable_exhaustion=True
+    )
+    assert added and attempt is None and identity is not None
+    settlements: List[Settlement] = [
+        Completed(at=1),
+        Failed(at=1, retry_at=2, error="boom"),
+        Abandoned(at=1, error="gave up"),
+    ]
+    landed: bool = store.settle_owned(identity, settlements[0])
+    owns: bool = store.owns(identity, 5, connection=None)
+    due: List[StoredUpdate] = store.due(now=0, pending_before=0, limit=10)
+    exhaustions: List[Exhaustion] = store.due_exhaustions(limit=100, after_update_id=None)
+    for exhaustion in exhaustions:
+        acked: bool = store.acknowledge_exhaustion(exhaustion.identity, 7)
+        assert acked
+    assert landed or owns or due
+    pruned: int = store.prune(0)
+    assert pruned >= 0
+
+
+def conformance() -> List[str]:
+    return check_update_store(MemoryUpdateStore)
+
+
+def blocking_intake(store: DurableUpdateStore) -> Any:
+    def handle_attempt(update: Dict[str, Any], attempt: Attempt) -> None:
+        with attempt.transaction(complete=True) as connection:
+            assert connection is None or connection
+        if attempt.owner_lost.is_set():
+            raise OwnershipLost(attempt.identity)
+
+    def handle_exhaustion(exhaustion: Exhaustion) -> None:
+        print(exhaustion.update_id, exhaustion.error)
+
+    intake = UpdateIntake(
+        store,
+        handle_attempt=handle_attempt,
+        handle_exhaustion=handle_exhaustion,
+        max_attempts=3,
+        lease_seconds=30.0,
+    )
+    result: str = intake.accept(b'{"update_id": 5}')
+    assert result in ("accepted", "duplicate", "invalid")
+    intake.start()
+    assert intake.idle(timeout=1.0) in (True, False)
+    return webhook_app(intake, secret_token="secret")
+
+
+def unary_intake(store: UpdateStore) -> UpdateIntake:
+    def handle(update: Dict[str, Any]) -> None:
+        print(update["update_id"])
+
+    return UpdateIntake(store, handle=handle)
+
+
+async def ptb_handler(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    attempt = current_attempt()
+    if attempt is None:
+        return
+    attempt.raise_if_lost()
+
+    def write(connection: Any) -> int:
+        return 1
+
+    rows: int = await attempt.run_in_transaction(write, complete=True)
+    assert rows == 1
+
+
+def ptb_wiring(store: DurableUpdateStore, token: str) -> None:
+    async def on_exhaustion(exhaustion: Exhaustion) -> None:
+        print(exhaustion.identity)
+
+    fenced = FencedUpdateProcessor(store, handle_exhaustion=on_exhaustion, max_concurrent=8)
+    application = fenced.install(Application.builder().token(token)).build()
+    assert application.update_processor is fenced
+
+    durable = DurableUpdateProcessor(store, lease_seconds=60.0)
+    durable.install(Application.builder().token(token)).build()
+
+
+def custom_context(context: FencedCallbackContext[Any, Any, Any, Any]) -> Optional[Attempt]:
+    return context.attempt
