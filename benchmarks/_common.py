@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, cast
 
 import psycopg2
 import psycopg2.extensions
@@ -58,7 +58,7 @@ def dsn_for_database(dsn: str, dbname: str) -> str:
     """``dsn`` with its database replaced by ``dbname``."""
     params = psycopg2.extensions.parse_dsn(dsn)
     params["dbname"] = dbname
-    return psycopg2.extensions.make_dsn(**params)
+    return str(psycopg2.extensions.make_dsn(**params))
 
 
 def database_of(dsn: str) -> str:
@@ -119,13 +119,17 @@ def drop_tables(dsn: str, *tables: str) -> None:
         conn.close()
 
 
-def server_commits(admin_dsn: str, dbname: str, *, settle: float = 0.15) -> Optional[int]:
+def server_commits(
+    admin_dsn: Optional[str], dbname: Optional[str], *, settle: float = 0.1
+) -> Optional[int]:
     """``pg_stat_database.xact_commit`` of ``dbname``, read from the admin database.
 
     Backends flush their statistics when they exit (the stores are closed before this is
     called) or after about a second of idleness; the value is read until it stops changing
-    (bounded to ~1.5 s).
+    (bounded to ~1.5 s). None when it cannot be read.
     """
+    if not admin_dsn or not dbname:
+        return None
     try:
         conn = pg_connect(admin_dsn)
     except Exception:
@@ -218,7 +222,7 @@ class DriverCounter:
         counter = self
 
         def sqlite_connect_counting(*args: Any, **kwargs: Any) -> sqlite3.Connection:
-            conn = _REAL_SQLITE_CONNECT(*args, **kwargs)
+            conn: sqlite3.Connection = _REAL_SQLITE_CONNECT(*args, **kwargs)
             conn.set_trace_callback(counter.sql)
             return conn
 
@@ -244,8 +248,8 @@ class DriverCounter:
             kwargs.setdefault("connection_factory", CountingConnection)
             return _REAL_PG_CONNECT(*args, **kwargs)
 
-        sqlite3.connect = sqlite_connect_counting  # type: ignore[assignment]
-        psycopg2.connect = pg_connect_counting  # type: ignore[assignment]
+        setattr(sqlite3, "connect", sqlite_connect_counting)
+        setattr(psycopg2, "connect", pg_connect_counting)
         self.installed = True
 
 
@@ -396,9 +400,9 @@ def _observe_settle(
     elif name == "settle_owned":
         if kwargs.get("connection") is not None:
             return
-        identity = args[0] if args else kwargs.get("identity")
+        identity: Any = args[0] if args else kwargs.get("identity")
         settlement = args[1] if len(args) > 1 else kwargs.get("settlement")
-        if result and isinstance(settlement, Completed):
+        if result and identity is not None and isinstance(settlement, Completed):
             tracker.mark(int(identity.update_id), now)
     elif name == "settle_owned_many":
         items = list(args[0] if args else kwargs.get("items", []))
@@ -526,7 +530,7 @@ class Profiler:
         """Stop sampling (the timed part of a run ended)."""
         if self.mode == "cprofile":
             self._main.disable()
-            threading.setprofile(None)  # type: ignore[arg-type]
+            threading.setprofile(cast(Any, None))
         elif self.mode == "py-spy":
             self._signal("SIGSTOP")
 

@@ -58,7 +58,7 @@ async def _one_run(cfg: Dict[str, Any], n: int, measure_server: bool) -> Dict[st
         if concurrency <= 1:
             limit, batch_size, max_tasks = 1, 1, None
         else:
-            limit, batch_size, max_tasks = 0, int(cfg.get("pgq_batch", 10)), concurrency
+            limit, batch_size, max_tasks = 0, int(cfg.get("pgq_batch", 16)), concurrency
 
         @qm.entrypoint("bench", concurrency_limit=limit)
         async def bench(job: Job) -> None:
@@ -75,8 +75,6 @@ async def _one_run(cfg: Dict[str, Any], n: int, measure_server: bool) -> Dict[st
         left = await producer.fetchval(f"SELECT count(*) FROM {queries.qbe.settings.queue_table}")
         if done[0] != n or left:
             raise RuntimeError(f"pgqueuer: {done[0]}/{n} jobs ran, {left} left in the queue")
-        await queries.clear_queue_log()
-        await queries.clear_statistics_log()
     finally:
         await producer.close()
         await consumer.close()
@@ -115,19 +113,25 @@ async def _measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
     from pgqueuer.db import AsyncpgDriver
     from pgqueuer.queries import Queries
 
-    setup = await asyncpg.connect(**_connect_kwargs(cfg["dsn"]))
-    queries = Queries(AsyncpgDriver(setup))
-    await queries.install()
-    try:
-        warm = int(cfg.get("warmup", 0))
-        if warm:
-            await _one_run(cfg, warm, measure_server=False)
-        runs: List[Dict[str, Any]] = []
-        for _ in range(int(cfg["runs"])):
-            runs.append(await _one_run(cfg, int(cfg["updates"]), measure_server=True))
-    finally:
-        await queries.uninstall()
-        await setup.close()
+    async def fresh_run(n: int, measure_server: bool) -> Dict[str, Any]:
+        # fresh pgqueuer tables per run (installed before, uninstalled after; not timed)
+        setup = await asyncpg.connect(**_connect_kwargs(cfg["dsn"]))
+        queries = Queries(AsyncpgDriver(setup))
+        try:
+            await queries.install()
+            try:
+                return await _one_run(cfg, n, measure_server)
+            finally:
+                await queries.uninstall()
+        finally:
+            await setup.close()
+
+    warm = int(cfg.get("warmup", 0))
+    if warm:
+        await fresh_run(warm, measure_server=False)
+    runs: List[Dict[str, Any]] = []
+    for _ in range(int(cfg["runs"])):
+        runs.append(await fresh_run(int(cfg["updates"]), measure_server=True))
     total = sum(r["n"] for r in runs)
     server = [r["server_commits"] for r in runs if r.get("server_commits") is not None]
     rates = [r["rate"] for r in runs]
@@ -145,7 +149,7 @@ async def _measure(cfg: Dict[str, Any]) -> Dict[str, Any]:
             + (
                 "concurrency_limit=1, batch_size=1"
                 if int(cfg["concurrency"]) <= 1
-                else f"batch_size={cfg.get('pgq_batch', 10)}, max_concurrent_tasks={cfg['concurrency']}"
+                else f"batch_size={cfg.get('pgq_batch', 16)}, max_concurrent_tasks={cfg['concurrency']}"
             )
             + " (QueueManager.run, drain mode)"
         ],

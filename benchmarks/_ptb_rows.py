@@ -11,8 +11,11 @@ app.update_queue.put(update)`` for each ``telegram.Update`` of a batch of up to 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -69,7 +72,7 @@ class _Run:
         self.naive_local = threading.local()
         self.naive_lock = threading.Lock()
         self.app: Any = None
-        self.fake: Optional[FakeBotApi] = None
+        self.server: Optional["subprocess.Popen[str]"] = None
         self.notes: List[str] = []
 
     # -- setup ------------------------------------------------------------------------------
@@ -120,13 +123,20 @@ class _Run:
         self.raw_store = raw
         self.store = CountingStore(raw, self.tracker)
 
-    def build_app(self) -> None:
+    def build_app(self, pending: int = 0) -> None:
         if self.kind.startswith("poll-"):
-            self.fake = FakeBotApi().start()
+            # the fake Bot API runs in a process of its own, already holding the updates
+            self.server = subprocess.Popen(
+                [sys.executable, self.cfg["run_py"], "--fake-server", str(pending)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )
+            assert self.server.stdout is not None
+            info = json.loads(self.server.stdout.readline())
+            token, base_url = info["token"], info["base_url"]
         else:
-            self.fake = self.cfg["fake"]
-        assert self.fake is not None
-        builder = Application.builder().token(self.fake.token).base_url(self.fake.base_url)
+            fake = self.cfg["fake"]
+            token, base_url = fake.token, fake.base_url
+        builder = Application.builder().token(token).base_url(base_url)
         n = self.concurrency
         if self.kind in ("plain", "naive", "poll-plain"):
             builder.concurrent_updates(n)
@@ -253,8 +263,15 @@ class _Run:
         if self.raw_store is not None:
             self.raw_store.close()
             self.raw_store = None
-        if self.fake is not None and self.kind.startswith("poll-"):
-            self.fake.stop()
+        server, self.server = self.server, None
+        if server is not None:
+            assert server.stdin is not None
+            server.stdin.close()
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
 
     def drop(self) -> None:
         if self.path is not None:
@@ -322,17 +339,13 @@ async def _throughput_run(
         before = (
             server_commits(admin_dsn, bench_db) if (measure_server and pg_row and bench_db) else None
         )
-        run.build_app()
+        polling = run.kind.startswith("poll-")
+        run.build_app(pending=n if polling else 0)
         run.expected = n
         app = run.app
-        dicts = update_dicts(n)
         updates: List[Update] = []
-        if run.kind.startswith("poll-"):
-            assert run.fake is not None
-            for d in dicts:
-                run.fake.inject(d)
-        else:
-            updates = [Update.de_json(d, app.bot) for d in dicts]
+        if not polling:
+            updates = [Update.de_json(d, app.bot) for d in update_dicts(n)]
         await app.initialize()
         await app.start()
         await asyncio.sleep(0.1)  # the processor's first sweep runs now, outside the count

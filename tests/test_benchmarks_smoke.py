@@ -95,7 +95,7 @@ def test_quick_harness_prints_the_table_with_numbers(pg_dsn: str, tmp_path: Any)
     targets = out[out.index("TARGETS"):]
     assert re.search(r"(PASS|FAIL)  fenced SQLite", targets), targets
     assert re.search(r"(PASS|FAIL)  lease renewal", targets), targets
-    assert "SKIP  fenced PG conc-32 >= 5x naive" in targets  # naive-pg-32 was not run
+    assert "SKIP  fenced PG conc-32 >= 5x naive (fenced-pg-32)" in targets  # naive-pg-32 not run
 
 
 @pytest.mark.parametrize("row", ["poll-fenced-sqlite-32"])
