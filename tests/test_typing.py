@@ -48,6 +48,14 @@ def test_public_api_types_check_in_user_code() -> None:
     )
 
 
+def test_examples_type_check_against_the_api() -> None:
+    """The runnable examples use only real names and signatures (and stay strict-clean)."""
+    result = _mypy("examples")
+    assert result.returncode == 0, (
+        f"examples/ do not type-check against ptb_fence:\n{result.stdout}{result.stderr}"
+    )
+
+
 def test_mypy_reports_misuse_of_the_public_api(tmp_path: Path) -> None:
     """The check bites: wrong argument types against ptb_fence's annotations are errors."""
     wrong = tmp_path / "wrong_usage.py"

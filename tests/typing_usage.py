@@ -133,5 +133,5 @@ def ptb_wiring(store: DurableUpdateStore, token: str) -> None:
     durable.install(Application.builder().token(token)).build()
 
 
-def custom_context(context: FencedCallbackContext[Any, Any, Any, Any]) -> Optional[Attempt]:
+def custom_context(context: FencedCallbackContext) -> Optional[Attempt]:
     return context.attempt

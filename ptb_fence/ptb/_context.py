@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, TypeVar
+from typing import Any, Optional
 
 from telegram.ext import CallbackContext
 
@@ -11,17 +11,11 @@ from ptb_fence.runtime._attempt import _CURRENT, Attempt, current_attempt
 
 __all__ = ["FencedCallbackContext"]
 
-if TYPE_CHECKING:
-    from telegram import Bot
 
-# the type parameters of telegram.ext.CallbackContext (bot, user_data, chat_data, bot_data)
-_BT = TypeVar("_BT", bound="Bot")
-_UD = TypeVar("_UD")
-_CD = TypeVar("_CD")
-_BD = TypeVar("_BD")
-
-
-class FencedCallbackContext(CallbackContext[_BT, _UD, _CD, _BD]):
+# Not generic on purpose: handlers annotate ``context: FencedCallbackContext`` (also under
+# mypy --strict), and a context class derived from it may narrow bot, user_data, chat_data and
+# bot_data (install() mixes it into a user's own ContextTypes context at run time).
+class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
     """A :class:`telegram.ext.CallbackContext` with :attr:`attempt`.
 
     :meth:`ptb_fence.ptb.FencedUpdateProcessor.install` sets it as the context type. If you use
