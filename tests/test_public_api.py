@@ -8,7 +8,7 @@ import importlib
 import inspect
 import re
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Set, Tuple
 
 import pytest
 
@@ -198,7 +198,7 @@ def test_spec_names_in_subpackages() -> None:
 
 @pytest.mark.parametrize("name", sorted(VALUE_TYPES))
 def test_value_types_are_frozen_keyword_dataclasses(name: str) -> None:
-    cls = getattr(ptb_fence, name)
+    cls: Any = getattr(ptb_fence, name)
     fields, kwargs = VALUE_TYPES[name]
     assert dataclasses.is_dataclass(cls), f"{name} is not a dataclass"
     assert cls.__dataclass_params__.frozen, f"{name} is not frozen"
@@ -219,7 +219,7 @@ def test_exhaustion_identity_is_its_exact_attempt_identity() -> None:
 
 
 def test_store_protocols_have_the_spec_capability_levels() -> None:
-    def members(protocol: type) -> set:
+    def members(protocol: type) -> Set[str]:
         return {
             name
             for klass in protocol.__mro__
@@ -251,3 +251,100 @@ def test_py_typed_is_shipped() -> None:
     package_data = config.get("options.package_data", "ptb_fence", fallback="")
     assert "py.typed" in package_data.split(), package_data
     assert "Typing :: Typed" in config.get("metadata", "classifiers")
+
+
+def _readme_python_blocks() -> List[str]:
+    """The Python code blocks of README.rst (``.. code-block:: python`` and ``::`` literal blocks
+    that import from ptb_fence)."""
+    lines = (ROOT / "README.rst").read_text(encoding="utf-8").splitlines()
+    blocks: List[str] = []
+    for index, line in enumerate(lines):
+        if not (line.strip() == ".. code-block:: python" or line.rstrip().endswith("::")):
+            continue
+        body: List[str] = []
+        for following in lines[index + 1:]:
+            if following.strip() and not following.startswith(" "):
+                break
+            body.append(following)
+        text = inspect.cleandoc("\n".join(body))
+        if line.strip() == ".. code-block:: python" or re.search(
+            r"^(from ptb_fence\S* import|import ptb_fence)", text, re.MULTILINE
+        ):
+            blocks.append(text)
+    return blocks
+
+
+def _api_problems(blocks: List[str]) -> List[str]:
+    """Imports of missing names, unknown attributes of the README's usual variables, and
+    unknown keyword arguments of ptb_fence calls in ``blocks``."""
+    import ast
+
+    from ptb_fence.ptb import FencedUpdateProcessor
+
+    # the README's variable names and the classes they stand for
+    receivers = {
+        "attempt": ptb_fence.Attempt,
+        "intake": ptb_fence.UpdateIntake,
+        "processor": FencedUpdateProcessor,
+        "store": ptb_fence.SQLiteUpdateStore,
+    }
+    problems: List[str] = []
+    for block in blocks:
+        tree = ast.parse(block)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ptb_fence"):
+                module = importlib.import_module(node.module or "")
+                problems += [
+                    f"from {node.module} import {alias.name}"
+                    for alias in node.names
+                    if not hasattr(module, alias.name)
+                ]
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in receivers
+                and not hasattr(receivers[node.value.id], node.attr)
+            ):
+                problems.append(f"{node.value.id}.{node.attr}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):
+                name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+                target = getattr(ptb_fence, name, None) or (
+                    getattr(receivers.get(getattr(node.func.value, "id", "")), name, None)
+                    if isinstance(node.func, ast.Attribute)
+                    else None
+                )
+                if target is None or not callable(target):
+                    continue
+                try:
+                    signature = inspect.signature(target)
+                except (TypeError, ValueError):
+                    continue
+                accepts_any = any(
+                    p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()
+                )
+                for keyword in node.keywords:
+                    if keyword.arg and keyword.arg not in signature.parameters and not accepts_any:
+                        problems.append(f"{name}(..., {keyword.arg}=...)")
+    return problems
+
+
+def test_readme_code_uses_real_names_and_methods() -> None:
+    blocks = _readme_python_blocks()
+    assert len(blocks) >= 4, blocks
+    problems = _api_problems(blocks)
+    assert not problems, f"README code does not match the API: {problems}"
+
+
+def test_readme_check_bites() -> None:
+    wrong = (
+        "from ptb_fence import SQLiteUpdateStore, FencedStore\n"
+        "store = SQLiteUpdateStore('bot.db', tables='x')\n"
+        "attempt.run_in_transaction(write, completed=True)\n"
+        "attempt.claim\n"
+    )
+    assert sorted(_api_problems([wrong])) == [
+        "SQLiteUpdateStore(..., tables=...)",
+        "attempt.claim",
+        "from ptb_fence import FencedStore",
+        "run_in_transaction(..., completed=...)",
+    ]
