@@ -196,12 +196,19 @@ def test_spec_names_in_subpackages() -> None:
     assert list(inspect.signature(check_update_store).parameters) == ["make"]
 
 
+def _is_frozen_dataclass(cls: object) -> bool:
+    return (
+        inspect.isclass(cls)
+        and dataclasses.is_dataclass(cls)
+        and bool(getattr(cls, "__dataclass_params__").frozen)
+    )
+
+
 @pytest.mark.parametrize("name", sorted(VALUE_TYPES))
 def test_value_types_are_frozen_keyword_dataclasses(name: str) -> None:
     cls: Any = getattr(ptb_fence, name)
     fields, kwargs = VALUE_TYPES[name]
-    assert dataclasses.is_dataclass(cls), f"{name} is not a dataclass"
-    assert cls.__dataclass_params__.frozen, f"{name} is not frozen"
+    assert _is_frozen_dataclass(cls), f"{name} is not a frozen dataclass"
     assert tuple(field.name for field in dataclasses.fields(cls)) == fields
     value = cls(**kwargs)
     assert {field: getattr(value, field) for field in fields} == kwargs
