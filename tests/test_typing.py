@@ -68,6 +68,8 @@ def test_mypy_reports_misuse_of_the_public_api(tmp_path: Path) -> None:
         "    def add(self, update_id: int) -> bool:\n"
         "        return True\n"
         "other: UpdateStore = NotAStore()\n"
+        "from ptb_fence import UpdateIntake\n"
+        "intake = UpdateIntake(NotAStore(), handle=print)\n"
     )
     result = _mypy(str(wrong))
     assert result.returncode == 1, result.stdout + result.stderr
@@ -75,3 +77,4 @@ def test_mypy_reports_misuse_of_the_public_api(tmp_path: Path) -> None:
     assert 'wrong_usage.py:2: error: Argument "update_id" to "AttemptIdentity"' in out, out
     assert "wrong_usage.py:4: error: Incompatible types in assignment" in out, out
     assert "wrong_usage.py:8: error: Incompatible types in assignment" in out, out
+    assert 'wrong_usage.py:10: error: Argument 1 to "UpdateIntake"' in out, out

@@ -8,6 +8,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Hashable, Literal, Optional
 
+from ptb_fence._protocols import UpdateStore
 from ptb_fence._values import Exhaustion, StoredUpdate
 from ptb_fence.runtime._attempt import _CURRENT, Attempt
 from ptb_fence.runtime._chats import ChatScheduler, chat_key
@@ -69,7 +70,7 @@ class UpdateIntake:
 
     def __init__(
         self,
-        store: Any,
+        store: UpdateStore,
         *,
         handle: Optional[Callable[[Dict[str, Any]], Any]] = None,
         handle_attempt: Optional[Callable[[Dict[str, Any], Attempt], Any]] = None,
