@@ -31,7 +31,7 @@ __all__ = ["BaseFenceProcessor", "DurableUpdateProcessor", "FencedUpdateProcesso
 _LOGGER = logging.getLogger("ptb_fence.ptb")
 
 T = TypeVar("T")
-BuilderType = TypeVar("BuilderType", bound=ApplicationBuilder)  # type: ignore[type-arg]
+BuilderType = TypeVar("BuilderType", bound="ApplicationBuilder[Any, Any, Any, Any, Any, Any]")
 
 _SWEEP_PAGE = 500
 # PTB's BaseUpdateProcessor.process_update holds its semaphore for all of do_process_update,
