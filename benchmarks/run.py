@@ -90,7 +90,7 @@ for _path in (HERE, ROOT):
 RESULT_PREFIX = "BENCH-RESULT "
 
 FULL = {
-    "updates": 2000,
+    "updates": 1500,
     "runs": 3,
     "warmup": 200,
     "latency_seconds": 2.5,
@@ -104,6 +104,26 @@ QUICK = {
     "backlog": 5_000,
 }
 
+
+
+LEGEND = [
+    "  upd/s: handled updates per second, from the first update_queue.put (poll-*: start_polling) until",
+    "    every update is handled and, for ptb_fence rows, completed in the store (Update.de_json of the",
+    "    test updates happens before the clock starts; poll-* rows include PTB's own parsing).",
+    "  x plain: over plain PTB at the same concurrency (poll-*: over poll-plain-32); x pgq: over pgqueuer",
+    "    enqueue+dequeue+complete at the same concurrency.",
+    "  lat p50/p99: low load, one put at a time; from just before update_queue.put to completion: the",
+    "    handler's end for plain/naive (naive: after its commit) and fenced-write (after the transaction",
+    "    that also settled the attempt committed); for durable/fenced no-op rows, the return of the store",
+    "    settle call that completed the update (seen by the store proxy). +p50/+p99: minus plain PTB's.",
+    "  calls/u: store method calls per handled update (a proxy around the store counts them).",
+    "  stmts/u, commits/u: SQL statements (BEGIN/COMMIT/PRAGMA excluded) and commits per handled update,",
+    "    counted at the driver in the row's process (sqlite3 trace callback; psycopg2 connection subclass",
+    "    counting cursor.execute and commit()); includes the fenced-write and naive rows' own writes.",
+    "  srv c/u: PostgreSQL pg_stat_database.xact_commit delta of the harness's private database over a",
+    "    whole run (table creation, start, run, stop; read-only transactions count too), per update.",
+    "  RSS MB: peak RSS (ru_maxrss) of the row's own child process.",
+]
 
 
 @dataclass(frozen=True)
@@ -168,7 +188,8 @@ def child_main(cfg: Dict[str, Any]) -> int:
     from _common import DriverCounter, peak_rss_kb
 
     counter = DriverCounter()
-    counter.install()
+    if cfg.get("driver_count", True):
+        counter.install()
     kind = cfg["kind"]
 
     def measure() -> Dict[str, Any]:
@@ -588,6 +609,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--profile-top", type=int, default=30)
     parser.add_argument("--gil", action="store_true", help="py-spy: sample only the thread holding the GIL")
     parser.add_argument("--json", metavar="FILE", help="also write the raw results as JSON")
+    parser.add_argument(
+        "--no-driver-count", action="store_true",
+        help="do not count statements/commits at the driver (to check the counting's overhead)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--fake-server", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -675,6 +700,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "bench_db": bench_db,
                 "workdir": workdir,
                 "run_py": os.path.abspath(__file__),
+                "driver_count": not args.no_driver_count,
                 "timeout": args.timeout,
             }
             env_extra = {}
@@ -704,6 +730,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print()
     print("THROUGHPUT (median of runs; ratios use medians; '-' = not applicable or not measured)")
     for line in report.throughput_table():
+        print(line)
+    for line in LEGEND:
         print(line)
     extra = report.breakdown()
     if extra:
