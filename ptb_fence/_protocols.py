@@ -1,8 +1,10 @@
 """The store contract: three capability levels, detected by duck typing.
 
-Every method is blocking and each rule is one conditional statement on one row. The full
-semantics are in the project's SPEC (§3–§4) and are checked by
-:func:`ptb_fence.conformance.check_update_store`.
+Every method is blocking and each rule is one conditional statement on one row. The methods'
+docstrings below state the rules; :func:`ptb_fence.conformance.check_update_store` checks them,
+boundaries included (a lease is held while ``due_at >= now``; a failed row is due when
+``due_at <= now``; ``prune`` deletes only when ``settled_at < before``). Times are integer
+milliseconds since the epoch.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The public conformance check for update stores.
 
-:func:`check_update_store` runs the store rules of the ``ptb_fence`` SPEC (§3–§6) against any
+:func:`check_update_store` runs the rules of the ``ptb_fence`` store contract against any
 store and returns what it violates. The three stores that ship with ``ptb_fence`` pass it; authors
 of custom stores (another database, another driver, an ORM) run it in their own test suite::
 
@@ -38,7 +38,7 @@ How it works:
   concurrency rules use 8 real threads released together by a :class:`threading.Barrier`.
 * It imports nothing from ``telegram``: it can run wherever the store runs.
 
-Rules (:data:`RULES`; the number is the item of SPEC §6):
+Rules (:data:`RULES`; the number is the item of the specification's list of ten rules):
 
 ``one-record-per-update`` (base, 1)
     A second ``add`` of an ``update_id`` returns :obj:`False` in every state (pending, processing,
@@ -1514,7 +1514,7 @@ def _raised(rule: str, error: BaseException, where: str) -> str:
 
 
 def check_update_store(make: Callable[[], UpdateStore]) -> List[str]:
-    """Check a store against the rules of the store contract (SPEC §3–§6).
+    """Check a store against the rules of the store contract (see the module docstring).
 
     Args:
         make (Callable[[], :class:`ptb_fence.UpdateStore`]): Returns a new, empty store on every

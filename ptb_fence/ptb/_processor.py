@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Callable, Dict, Hashable, Optional, Set, Tupl
 from telegram import Update
 from telegram.ext import ApplicationBuilder, BaseUpdateProcessor, ContextTypes
 
+from ptb_fence._protocols import UpdateStore
 from ptb_fence._values import Completed, Exhaustion
 from ptb_fence.ptb._application import _STATE, FencedApplicationMixin, _UpdateState, fenced_application_class
 from ptb_fence.ptb._chat_turns import ChatTurns
@@ -79,7 +80,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
 
     def __init__(
         self,
-        store: Any,
+        store: UpdateStore,
         *,
         attempt_aware: bool,
         handle_exhaustion: Optional[Callable[[Exhaustion], Any]] = None,
@@ -87,7 +88,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
     ) -> None:
         if handle_exhaustion is not None and not callable(handle_exhaustion):
             raise TypeError(f"handle_exhaustion must be callable, got {handle_exhaustion!r}")
-        runtime_options = RuntimeOptions(**options)
+        runtime_options = RuntimeOptions.from_options(type(self).__name__, options)
         self._runtime = Runtime(
             store,
             runtime_options,
@@ -656,7 +657,7 @@ class DurableUpdateProcessor(BaseFenceProcessor):
 
     __slots__ = ()
 
-    def __init__(self, store: Any, **options: Any) -> None:
+    def __init__(self, store: UpdateStore, **options: Any) -> None:
         super().__init__(store, attempt_aware=False, **options)
 
 
@@ -682,7 +683,7 @@ class FencedUpdateProcessor(BaseFenceProcessor):
 
     def __init__(
         self,
-        store: Any,
+        store: UpdateStore,
         *,
         handle_exhaustion: Optional[Callable[[Exhaustion], Any]] = None,
         **options: Any,

@@ -88,7 +88,7 @@ class UpdateIntake:
                 raise TypeError(f"{name} must be callable, got {fn!r}")
         self._runtime = Runtime(
             store,
-            RuntimeOptions(**options),
+            RuntimeOptions.from_options("UpdateIntake", options),
             attempt_aware=handle_attempt is not None,
             handle_exhaustion=handle_exhaustion is not None,
             component="UpdateIntake",

@@ -97,6 +97,24 @@ class RuntimeOptions:
         if not callable(self.clock):
             raise TypeError(f"clock must be callable, got {self.clock!r}")
 
+    @classmethod
+    def from_options(cls, component: str, options: "dict[str, Any]") -> "RuntimeOptions":
+        """Build from keyword options, naming ``component`` and the valid options when one is
+        unknown.
+
+        Raises:
+            TypeError: An unknown option.
+            ValueError: A numeric option is not positive.
+        """
+        valid = sorted(cls.__dataclass_fields__)
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise TypeError(
+                f"{component} got unknown option(s) {', '.join(unknown)}; valid options are "
+                f"{', '.join(valid)}"
+            )
+        return cls(**options)
+
     def now_ms(self) -> int:
         """The current time in store units (integer epoch milliseconds)."""
         return int(self.clock() * 1000)
