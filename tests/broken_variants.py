@@ -2,7 +2,8 @@
 
 Each variant changes exactly one rule (by overriding the memory store's private helpers, which
 is acceptable for a test double) and names, in ``DISAGREEMENT``, a regular expression for the
-operation(s) whose answer can first disagree with the model.
+operation(s) whose answer can first disagree with the model (the failure message starts with
+the operation).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class SettleOwnedIgnoresClaimIdStore(MemoryUpdateStore):
     """``settle_owned`` checks update id, attempt and lease, but not the claim id."""
 
     __slots__ = ()
-    DISAGREEMENT = r"^settle_owned\("
+    DISAGREEMENT = r"^(with transaction\(\) as conn[^:]*: )?settle_owned\("
 
     def settle_owned(
         self, identity: AttemptIdentity, settlement: Settlement, *, connection: Any = None
@@ -72,9 +73,46 @@ class RenewOwnedRevivesStore(MemoryUpdateStore):
         return super().renew_owned(identity, lease_until, None)
 
 
+class DurableSpendSettlesStore(MemoryUpdateStore):
+    """A spend with ``durable_exhaustion`` settles the row (the exhaustion is lost)."""
+
+    __slots__ = ()
+    DISAGREEMENT = r"^due_exhaustions\("
+
+    def claim(
+        self,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> Optional[int]:
+        return super().claim(
+            update_id, now=now, lease_until=lease_until, max_attempts=max_attempts
+        )
+
+
+class ExhaustIgnoresLeaseStore(MemoryUpdateStore):
+    """``exhaust`` lets an expired attempt exhaust the update (it must hold its lease at ``at``)."""
+
+    __slots__ = ()
+    DISAGREEMENT = r"^exhaust\("
+
+    def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:
+        with self._lock:
+            row = self._rows.get(identity.update_id)
+            if row is None or not self._live(row, identity.attempt, None, identity.claim_id):
+                return False
+            row.state, row.due_at, row.settled_at, row.error = "abandoned", at, None, error
+            return True
+
+
 VARIANTS = [
     EagerTakeoverStore,
     SettleOwnedIgnoresClaimIdStore,
     InclusivePruneStore,
     RenewOwnedRevivesStore,
+    DurableSpendSettlesStore,
+    ExhaustIgnoresLeaseStore,
 ]

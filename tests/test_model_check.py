@@ -22,13 +22,14 @@ A deliberately broken store (tests/broken_variants.py) shows that the machine fi
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import sqlite3
 import tempfile
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -55,7 +56,6 @@ from ptb_fence import (
 import broken_variants
 from store_model import StoreModel
 
-pytestmark = pytest.mark.timeout(240)
 
 T0 = 1_700_000_000_000  # epoch ms (beyond 2**32: BIGINT times must round-trip exactly)
 UPDATE_IDS = [0, 1, 2, 3, 4, 5, 2**63 - 1]  # 2**63 - 1: the largest BIGINT
@@ -69,6 +69,8 @@ STEPS = 40
 MEMORY_EXAMPLES = max(1, int(300 * _SCALE))
 SQLITE_EXAMPLES = max(1, int(100 * _SCALE))
 POSTGRES_EXAMPLES = max(1, int(60 * _SCALE))
+
+pytestmark = pytest.mark.timeout(max(240, int(240 * _SCALE)))
 
 
 def _settings(examples: int, **extra: Any) -> settings:
@@ -93,7 +95,7 @@ update_ids = st.sampled_from(UPDATE_IDS)  # add / add_many: any id of the pool
 targets = st.integers(min_value=0, max_value=255)  # StoreMachine.target
 picks = st.integers(min_value=0, max_value=2**16)  # StoreMachine.pick
 attempt_deltas = st.sampled_from([0, 0, 0, -1, 1])  # relative to the row's attempts
-lease_offsets = st.sampled_from([-1, 0, 1, 2, 3, 5, 10, 30, 100])
+lease_offsets = st.sampled_from([-1, 0, 1, 2, 3, 5, 10, 30, 100, 1000])
 renew_offsets = st.sampled_from([-3, -1, 0, 1, 2, 5, 10])
 max_attempts = st.sampled_from([0, 1, 1, 2, 2, 3])  # 0: spent before the first attempt
 # How a kept identity is passed back: mostly exact, sometimes forged.
@@ -107,6 +109,10 @@ settlements = st.one_of(
     st.tuples(st.just("abandoned"), st.just(0), st.sampled_from(ERRORS)),
 )
 
+class _Rollback(Exception):
+    """Raised inside ``store.transaction()`` to roll it back."""
+
+
 Peek = Optional[Callable[[], List[Tuple[Any, ...]]]]
 
 
@@ -116,6 +122,8 @@ class StoreMachine(RuleBasedStateMachine):
     # Set by machine_for(): open_store() -> (store, peek or None, cleanup).
     open_store: Callable[[], Tuple[Any, Peek, Callable[[], None]]]
     base_claim_writes_claim_id = True
+    # Whether store.transaction() rolls back on an exception (the memory store has no undo).
+    rolls_back = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -126,6 +134,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.to_model: Dict[str, object] = {}  # store claim id -> model claim token
         self.seen: List[AttemptIdentity] = []  # every identity the store returned, stale too
         self.trace: List[str] = []  # the store calls so far, for the failure message
+        self.pruned: Set[int] = set()  # ids whose rows were pruned (to be recorded again)
 
     def teardown(self) -> None:
         self._cleanup()
@@ -216,26 +225,36 @@ class StoreMachine(RuleBasedStateMachine):
         if identity not in self.seen:
             self.seen.append(identity)
 
-    def current(self, live: bool) -> List[AttemptIdentity]:
-        """Kept identities that are their row's current claim (with ``live``: lease held now)."""
+    def current(self, where: Optional[Callable[[Dict[str, Any]], bool]] = None
+                ) -> List[AttemptIdentity]:
+        """Kept identities that are their row's current claim (and whose row is ``where``)."""
         rows = self.model.rows
         return [i for i in self.seen if i.update_id in rows
                 and rows[i.update_id]["attempts"] == i.attempt
                 and rows[i.update_id]["claim_id"] == self.to_model.get(i.claim_id)
-                and (not live or (rows[i.update_id]["state"] == "processing"
-                                  and rows[i.update_id]["due_at"] >= self.now))]  # type: ignore
+                and (where is None or where(rows[i.update_id]))]
 
-    def pick(self, pick: int, how: str) -> AttemptIdentity:
+    def live(self, row: Dict[str, Any]) -> bool:
+        return bool(row["state"] == "processing" and row["due_at"] >= self.now)
+
+    @staticmethod
+    def exhausted(row: Dict[str, Any]) -> bool:
+        return bool(row["state"] == "abandoned" and row["settled_at"] is None)
+
+    def pick(self, pick: int, how: str,
+             prefer: Optional[Callable[[Dict[str, Any]], bool]] = None) -> AttemptIdentity:
         """A kept identity, passed back as ``how`` says.
 
-        ``pick % 4``: 0–1 a claim holding its lease now, 2 its row's current claim (perhaps
-        lapsed or settled), 3 any kept identity (stale ones included); the latest if none.
+        ``pick % 4``: 0–1 its row's current claim, on a row ``prefer`` likes (default: a lease
+        held now); 2 (or if there is none) its row's current claim in any state; 3 any kept
+        identity (stale ones included); the latest if none of these exists.
         """
         if not self.seen:  # nothing returned yet: an identity the store never issued
             return AttemptIdentity(self.target(pick), 1 + pick % 2, uuid.uuid4().hex)
         pool = self.seen
         if pick % 4 != 3:
-            pool = self.current(live=pick % 4 != 2) or self.seen[-1:]
+            pool = (pick % 4 != 2 and self.current(prefer or self.live)) or self.current() \
+                or self.seen[-1:]
         identity = pool[-1 - (pick >> 2) % len(pool)]
         other = self.seen[-1 - (pick >> 9) % len(self.seen)]
         u, a, c = identity.update_id, identity.attempt, identity.claim_id
@@ -288,8 +307,13 @@ class StoreMachine(RuleBasedStateMachine):
             self.do_claim_owned(update_id, self._claim_args(lease, 2, update_id % 2 == 0))
 
     # -- base -----------------------------------------------------------------------------------
-    @rule(update_id=update_ids, body=st.sampled_from(BODIES), received=st.sampled_from([-2, 0, 1]))
-    def add(self, update_id: int, body: str, received: int) -> None:
+    @rule(t=targets, body=st.sampled_from(BODIES), received=st.sampled_from([-2, 0, 1]))
+    def add(self, t: int, body: str, received: int) -> None:
+        """Add an id of the pool; for ``t % 4 == 0`` one that was pruned (recorded again)."""
+        forgotten = sorted(self.pruned - set(self.model.rows))
+        update_id = UPDATE_IDS[(t >> 2) % len(UPDATE_IDS)]
+        if forgotten and t % 4 == 0:
+            update_id = forgotten[(t >> 2) % len(forgotten)]
         self.do_add(update_id, body, self.now + received)
 
     def do_add(self, update_id: int, body: str, at: int) -> None:
@@ -405,7 +429,9 @@ class StoreMachine(RuleBasedStateMachine):
         if settled and t % 4 != 3:
             before = settled[(t >> 2) % len(settled)] + offset
         op = f"prune({self.show(before)})"
+        rows = set(self.model.rows)
         self.agree(op, self.call(op, self.store.prune(before)), self.model.prune(before))
+        self.pruned |= rows - set(self.model.rows)
 
     # -- fenced ---------------------------------------------------------------------------------
     @rule(pick=picks, how=forgeries, lease=renew_offsets, with_now=st.booleans())
@@ -444,6 +470,33 @@ class StoreMachine(RuleBasedStateMachine):
         self.agree(op, self.call(op, self.store.settle_owned(ident, value)),
                    self.model.settle_owned(self.model_identity(ident), *args))
 
+    @rule(pick=picks, how=forgeries, settlement=st.one_of(st.none(), settlements),
+          cursor=st.booleans(), rollback=st.booleans())
+    def in_transaction(self, pick: int, how: str, settlement: Optional[Tuple[str, int, Any]],
+                       cursor: bool, rollback: bool) -> None:
+        """As ``Attempt.transaction(complete=...)``: owns and settle_owned on the caller's
+        connection (or a cursor of it), inside ``store.transaction()``; commit or roll back."""
+        ident = self.pick(pick, how)
+        rollback = rollback and self.rolls_back
+        model = copy.deepcopy(self.model) if rollback else self.model
+        text = f"with transaction() as conn{' (cursor)' if cursor else ''}:"
+        try:
+            with self.store.transaction() as conn:
+                on = conn.cursor() if cursor and conn is not None else conn
+                op = f"{text} owns({self.show(ident)}, {self.show(self.now)}, connection=...)"
+                self.agree(op, self.call(op, self.store.owns(ident, self.now, connection=on)),
+                           model.owns(self.model_identity(ident), self.now))
+                if settlement is not None:
+                    value, args = self.settlement(settlement)
+                    op = f"{text} settle_owned({self.show(ident)}, {value}, connection=...)"
+                    self.agree(op, self.call(op, self.store.settle_owned(ident, value,
+                                                                         connection=on)),
+                               model.settle_owned(self.model_identity(ident), *args))
+                if rollback:
+                    raise _Rollback
+        except _Rollback:
+            self.trace.append(f"{text} ... raised: rolled back")
+
     # -- durable --------------------------------------------------------------------------------
     @rule(pick=picks, how=forgeries, error=st.sampled_from(ERRORS))
     def exhaust(self, pick: int, how: str, error: str) -> None:
@@ -454,9 +507,14 @@ class StoreMachine(RuleBasedStateMachine):
         self.agree(op, self.call(op, self.store.exhaust(ident, at=self.now, error=error)),
                    self.model.exhaust(self.model_identity(ident), at=self.now, error=error))
 
-    @rule(limit=st.integers(min_value=0, max_value=7),
-          after=st.one_of(st.none(), st.just(-1), update_ids))
-    def due_exhaustions(self, limit: int, after: Optional[int]) -> None:
+    @rule(limit=st.integers(min_value=0, max_value=7), cursor=st.one_of(st.none(), targets))
+    def due_exhaustions(self, limit: int, cursor: Optional[int]) -> None:
+        """A page after a cursor: mostly an exhausted row's own id (as a sweep pages), or any."""
+        after = cursor
+        if cursor is not None:
+            pages = [u for u, r in sorted(self.model.rows.items()) if self.exhausted(r)]
+            after = (pages[(cursor >> 2) % len(pages)] if pages and cursor % 4 != 3
+                     else ([-1] + UPDATE_IDS)[(cursor >> 2) % (len(UPDATE_IDS) + 1)])
         op = f"due_exhaustions(limit={limit}, after_update_id={after})"
         got = self.store.due_exhaustions(limit=limit, after_update_id=after)
         self.compare_exhaustions(op, got, self.model.due_exhaustions(limit=limit,
@@ -465,7 +523,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(pick=picks, how=forgeries, offset=st.sampled_from([0, 0, 1]))
     def acknowledge_exhaustion(self, pick: int, how: str, offset: int) -> None:
-        ident, at = self.pick(pick, how), self.now + offset
+        ident, at = self.pick(pick, how, self.exhausted), self.now + offset
         op = f"acknowledge_exhaustion({self.show(ident)}, {self.show(at)})"
         self.agree(op, self.call(op, self.store.acknowledge_exhaustion(ident, at)),
                    self.model.acknowledge_exhaustion(self.model_identity(ident), at))
@@ -507,11 +565,12 @@ class StoreMachine(RuleBasedStateMachine):
 
 
 def machine_for(name: str, open_store: Callable[..., Any], *,
-                base_claim_writes_claim_id: bool = True) -> type:
+                base_claim_writes_claim_id: bool = True, rolls_back: bool = True) -> type:
     """A :class:`StoreMachine` subclass for one store kind."""
     return type(name, (StoreMachine,), {
         "open_store": staticmethod(open_store),
         "base_claim_writes_claim_id": base_claim_writes_claim_id,
+        "rolls_back": rolls_back,
     })
 
 
@@ -531,7 +590,8 @@ def _timed(name: str, machine: type, conf: settings) -> None:
 
 
 def test_memory_store_matches_model() -> None:
-    _timed("memory", machine_for("MemoryMachine", _memory()), _settings(MEMORY_EXAMPLES))
+    _timed("memory", machine_for("MemoryMachine", _memory(), rolls_back=False),
+           _settings(MEMORY_EXAMPLES))
 
 
 def test_sqlite_store_matches_model() -> None:
@@ -619,7 +679,7 @@ def test_postgres_store_matches_model() -> None:
 )
 def test_machine_finds_broken_store(variant: str, disagreement: str) -> None:
     make = getattr(broken_variants, variant)
-    machine = machine_for(f"{variant}Machine", _memory(make))
+    machine = machine_for(f"{variant}Machine", _memory(make), rolls_back=False)
     conf = _settings(1000, phases=[Phase.generate], derandomize=True)
     with pytest.raises(AssertionError, match=disagreement):
         run_state_machine_as_test(machine, settings=conf)
