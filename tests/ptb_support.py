@@ -170,15 +170,18 @@ class FlakyStore:
         target = getattr(self.inner, name)
         if not callable(target):
             return target
-        if name in ("add_many", "add_claimed_many"):
+        if name in ("add_many", "add_claimed_many", "add_claimed_and_settle_many"):
 
             def recording(rows: Any, *args: Any, **kwargs: Any) -> Any:
+                rows = list(rows)
                 ids = [row[0] for row in rows]
-                self._refuse(ids)
+                if ids:
+                    self._refuse(ids)
                 result = target(rows, *args, **kwargs)
+                added = result[0] if name == "add_claimed_and_settle_many" else result
                 self._booked(
                     ids,
-                    [bool(r) if name == "add_many" else r is not None for r in result],
+                    [bool(r) if name == "add_many" else r is not None for r in added],
                 )
                 return result
 

@@ -146,3 +146,18 @@ def test_every_way_in_refuses_impossible_update_ids(make_store: Any, bad: Any) -
     # nothing was written, not even the valid row of the refused batch
     assert store.due(now=NOW, pending_before=NOW, limit=10) == []
     assert store.add(1, "{}", NOW) is True
+
+
+def test_add_claimed_and_settle_many_is_one_transaction_of_both(make_store: Any) -> None:
+    store = make_store()
+    (old,) = store.add_claimed_many([(1, '{"update_id": 1}', NOW)], lease_until=LEASE)
+    added, landed = store.add_claimed_and_settle_many(
+        [(2, '{"update_id": 2}', NOW), (1, "{}", NOW)],
+        lease_until=LEASE,
+        settlements=[(old, Completed(NOW + 1)), (AttemptIdentity(1, 1, "forged"), Completed(NOW))],
+    )
+    assert [a if a is None else (a.update_id, a.attempt) for a in added] == [(2, 1), None]
+    assert landed == [True, False]
+    assert store.owns(added[0], LEASE) is True
+    assert store.prune(NOW + 2) == 1  # update 1 completed at NOW + 1
+    assert store.add_claimed_and_settle_many([], lease_until=LEASE, settlements=[]) == ([], [])

@@ -23,7 +23,8 @@ class GroupCommit(Generic[In, Out]):
 
     Args:
         run_many: An async callable taking a list of items and returning one result per item
-            (e.g. a thread-pool hop to ``settle_owned_many`` or ``add_claimed_many``).
+            (e.g. a thread-pool hop to ``settle_owned_many`` or ``add_claimed_many``); a
+            result that is an exception is raised to that item's caller.
         name: Task name prefix.
     """
 
@@ -61,7 +62,11 @@ class GroupCommit(Generic[In, Out]):
                             future.set_exception(exc)
                 else:
                     for (_, future), result in zip(batch, results):
-                        if not future.done():
+                        if future.done():
+                            continue
+                        if isinstance(result, BaseException):
+                            future.set_exception(result)
+                        else:
                             future.set_result(result)
                 batch = []
         finally:

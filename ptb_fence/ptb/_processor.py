@@ -65,10 +65,10 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         "_batch_ingest",
         "_inflight",
         "_ingested",
-        "_ingester",
+        "_fast_settle",
         "_initialized",
         "_preclaimed",
-        "_settler",
+        "_writer",
         "_queue",
         "_refill",
         "_running",
@@ -112,13 +112,13 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         self._batch_ingest = False
         # group commits: updates put at the same time (webhook) are recorded together, and
         # completions that arrive together are settled together
-        self._ingester: GroupCommit[Tuple[int, str], Any] = GroupCommit(
-            self._ingest_many, "ptb_fence:ingest"
+        # (fresh updates and completions that arrive together share one commit when the store
+        # can do both in one transaction: add_claimed_and_settle_many)
+        self._writer: GroupCommit[Tuple[str, Any], Any] = GroupCommit(
+            self._write_many, "ptb_fence:write"
         )
-        self._settler: Optional[GroupCommit[Attempt, str]] = (
-            GroupCommit(self._complete_many, "ptb_fence:settle")
-            if self._runtime.uses_claim_ids and callable(getattr(store, "settle_owned_many", None))
-            else None
+        self._fast_settle = self._runtime.uses_claim_ids and callable(
+            getattr(store, "settle_owned_many", None)
         )
         self._initialized = False
         self._sweep_task: Optional["asyncio.Task[None]"] = None
@@ -321,11 +321,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         store = runtime.store
         if self._fast_claim():
             lease_until = runtime.options.now_ms() + runtime.options.lease_ms
-            identities = store.add_claimed_many(rows, lease_until=lease_until)
-            return [
-                False if identity is None else runtime.adopt(identity, lease_until, row[1])
-                for identity, row in zip(identities, rows)
-            ]
+            return self._adopt(store.add_claimed_many(rows, lease_until=lease_until), rows, lease_until)
         if len(rows) > 1 and callable(getattr(store, "add_many", None)):
             return [bool(added) for added in store.add_many(rows)]
         return [bool(store.add(*row)) for row in rows]
@@ -372,19 +368,67 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         for attempt in stale:
             self._runtime.end(attempt)
 
-    async def _ingest_many(self, items: "list[Tuple[int, str]]") -> "list[Any]":
-        return await self._call(self._store_rows, self._rows(items))
-
-    async def _complete_many(self, attempts: "list[Attempt]") -> "list[str]":
-        """Settle several attempts as completed in one commit (``settle_owned_many``)."""
+    async def _write_many(self, items: "list[Tuple[str, Any]]") -> "list[Any]":
+        """One group of writes: ``("add", (update_id, body))`` records a fresh update (result:
+        as :meth:`_store_rows`, or the exception to raise to ``put``), ``("done", attempt)``
+        completes an attempt (result: the outcome). One commit where the store can do both."""
         runtime = self._runtime
+        store = runtime.store
+        adds = [(i, payload) for i, (kind, payload) in enumerate(items) if kind == "add"]
+        dones = [(i, payload) for i, (kind, payload) in enumerate(items) if kind == "done"]
+        results: "list[Any]" = [None] * len(items)
+        rows = self._rows([payload for _, payload in adds])
         at = runtime.options.now_ms()
-        items = [(attempt.identity, Completed(at)) for attempt in attempts]
-        try:
-            landed = await self._call(runtime.store.settle_owned_many, items)
-        except Exception as exc:
-            return [runtime.completion_failed(attempt, exc) for attempt in attempts]
-        return [runtime.completion_landed(a, bool(ok)) for a, ok in zip(attempts, landed)]
+        settlements = [(attempt.identity, Completed(at)) for _, attempt in dones]
+        combined = callable(getattr(store, "add_claimed_and_settle_many", None))
+        if adds and dones and combined and self._fast_claim():
+            lease_until = at + runtime.options.lease_ms
+
+            def both() -> "Tuple[list[Any], list[bool]]":
+                added, landed = store.add_claimed_and_settle_many(
+                    rows, lease_until=lease_until, settlements=settlements
+                )
+                return self._adopt(added, rows, lease_until), landed
+
+            try:
+                recorded, landed = await self._call(both)
+            except Exception as exc:
+                for i, _ in adds:
+                    results[i] = exc
+                for i, attempt in dones:
+                    results[i] = runtime.completion_failed(attempt, exc)
+                return results
+            for (i, _), value in zip(adds, recorded):
+                results[i] = value
+            for (i, attempt), ok in zip(dones, landed):
+                results[i] = runtime.completion_landed(attempt, bool(ok))
+            return results
+        if adds:
+            try:
+                recorded = await self._call(self._store_rows, rows)
+            except Exception as exc:
+                recorded = [exc] * len(adds)
+            for (i, _), value in zip(adds, recorded):
+                results[i] = value
+        if dones:
+            try:
+                landed = await self._call(store.settle_owned_many, settlements)
+            except Exception as exc:
+                for i, attempt in dones:
+                    results[i] = runtime.completion_failed(attempt, exc)
+            else:
+                for (i, attempt), ok in zip(dones, landed):
+                    results[i] = runtime.completion_landed(attempt, bool(ok))
+        return results
+
+    def _adopt(
+        self, identities: "list[Any]", rows: "list[tuple[int, str, int]]", lease_until: int
+    ) -> "list[Any]":
+        """Per row: the pre-claimed Attempt (registered with the lease keeper) or False."""
+        return [
+            False if identity is None else self._runtime.adopt(identity, lease_until, row[1])
+            for identity, row in zip(identities, rows)
+        ]
 
     @staticmethod
     def _valid_id(update: Update) -> bool:
@@ -407,7 +451,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
             return self._consume(update.update_id, known)
         try:
             body = update_body(update)
-            outcome = await self._ingester.submit((update.update_id, body))
+            outcome = await self._writer.submit(("add", (update.update_id, body)))
         except Exception as exc:
             raise self._queue._fail(update.update_id, exc) from exc
         return self._consume(update.update_id, outcome)
@@ -491,7 +535,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
                     if state.error is not None or attempt.exhausted:
                         attempt._body = update_body(update)
                     if (
-                        self._settler is not None
+                        self._fast_settle
                         and state.error is None
                         and attempt.fenced
                         and not attempt.completed
@@ -500,7 +544,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
                         # grouped with the completions of other updates: one commit for all
                         attempt._settling = True
                         exhaustion = None
-                        await self._settler.submit(attempt)
+                        await self._writer.submit(("done", attempt))
                     else:
                         _, exhaustion = await self._call(runtime.finish, attempt, state.error)
                 finally:

@@ -312,6 +312,19 @@ class MemoryUpdateStore:
         with self._lock:
             return [self.settle_owned(identity, settlement) for identity, settlement in items]
 
+    def add_claimed_and_settle_many(
+        self,
+        rows: Sequence[Tuple[int, str, int]],
+        *,
+        lease_until: int,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+    ) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
+        """:meth:`add_claimed_many` and :meth:`settle_owned_many` at once (optional capability;
+        one commit in the SQL stores)."""
+        with self._lock:
+            added = self.add_claimed_many(rows, lease_until=lease_until)
+            return added, self.settle_owned_many(settlements)
+
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """Hold the store's lock for a block (optional capability used by ``Attempt``).

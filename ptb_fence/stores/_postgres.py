@@ -815,26 +815,62 @@ class PostgresUpdateStore:
             validate_update_id(row[0])
         if not rows:
             return []
+        work, finish = self._add_claimed_work(rows, lease_until)
+        return finish(self._run(work))
+
+    def _add_claimed_work(
+        self, rows: List[Tuple[int, str, int]], lease_until: int
+    ) -> Tuple[
+        Callable[[Any], Dict[int, AttemptIdentity]],
+        Callable[[Dict[int, AttemptIdentity]], List[Optional[AttemptIdentity]]],
+    ]:
+        """The statement of :meth:`add_claimed_many` (run on a cursor) and how to read it."""
         first: Dict[int, int] = {}
         for position, (update_id, _body, _at) in enumerate(rows):
             first.setdefault(update_id, position)
         batch = [rows[position] for position in sorted(first.values())]
-        sql = self._sql.add_claimed_many(len(batch))
+        sql = self._sql.add_claimed_many(len(batch)) if batch else ""
         params: List[Any] = [int(lease_until)]
         for update_id, body, received_at in batch:
             params += [update_id, body, received_at, uuid.uuid4().hex]
 
         def work(cur: Any) -> Dict[int, AttemptIdentity]:
+            if not batch:
+                return {}
             cur.execute(sql, params)
             return {
                 int(u): AttemptIdentity(int(u), int(a), str(c)) for u, a, c in cur.fetchall()
             }
 
-        inserted = self._run(work)
-        return [
-            inserted.get(update_id) if first[update_id] == position else None
-            for position, (update_id, _body, _at) in enumerate(rows)
-        ]
+        def finish(inserted: Dict[int, AttemptIdentity]) -> List[Optional[AttemptIdentity]]:
+            return [
+                inserted.get(update_id) if first[update_id] == position else None
+                for position, (update_id, _body, _at) in enumerate(rows)
+            ]
+
+        return work, finish
+
+    def add_claimed_and_settle_many(
+        self,
+        rows: Sequence[Tuple[int, str, int]],
+        *,
+        lease_until: int,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+    ) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
+        """:meth:`add_claimed_many` and :meth:`settle_owned_many` in one transaction (one
+        commit): fresh updates and finished attempts that arrive together share a commit
+        (optional capability). Needs the ``claim_id`` column."""
+        rows = list(rows)
+        for row in rows:
+            validate_update_id(row[0])
+        add_work, finish = self._add_claimed_work(rows, lease_until)
+        settle_work = self._settle_owned_work(list(settlements))
+
+        def work(cur: Any) -> Tuple[Dict[int, AttemptIdentity], List[bool]]:
+            return add_work(cur), settle_work(cur)
+
+        inserted, landed = self._run(work)
+        return finish(inserted), landed
 
     def _settle_params(
         self, update_id: int, attempt: int, settlement: Settlement, owned: bool
@@ -1043,6 +1079,12 @@ class PostgresUpdateStore:
         items = list(items)
         if not items:
             return []
+        return self._run(self._settle_owned_work(items))
+
+    def _settle_owned_work(
+        self, items: List[Tuple[AttemptIdentity, Settlement]]
+    ) -> Callable[[Any], List[bool]]:
+        """The statements of :meth:`settle_owned_many`, to run on a cursor."""
         completed = [
             (position, identity, settlement)
             for position, (identity, settlement) in enumerate(items)
@@ -1087,7 +1129,7 @@ class PostgresUpdateStore:
                 landed[position] = _returns_row(cur, sql, params)
             return landed
 
-        return self._run(work)
+        return work
 
     @contextmanager
     def transaction(self) -> Iterator[Any]:

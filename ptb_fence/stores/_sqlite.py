@@ -507,23 +507,48 @@ class SQLiteUpdateStore:
         if not rows:
             return []
         lease_until = _int("lease_until", lease_until)
-        result: List[Optional[AttemptIdentity]] = []
         with self._immediate() as conn:
-            for update_id, body, received_at in rows:
-                found = conn.execute(
-                    self._sql.add_claimed,
-                    {
-                        "update_id": update_id,
-                        "body": body,
-                        "received_at": received_at,
-                        "lease_until": lease_until,
-                        "claim_id": _new_claim_id(),
-                    },
-                ).fetchall()
-                result.append(
-                    AttemptIdentity(update_id, int(found[0][0]), str(found[0][1])) if found else None
-                )
+            return self._add_claimed_in(conn, rows, lease_until)
+
+    def _add_claimed_in(
+        self, conn: sqlite3.Connection, rows: Sequence[Tuple[int, str, int]], lease_until: int
+    ) -> List[Optional[AttemptIdentity]]:
+        result: List[Optional[AttemptIdentity]] = []
+        for update_id, body, received_at in rows:
+            found = conn.execute(
+                self._sql.add_claimed,
+                {
+                    "update_id": update_id,
+                    "body": body,
+                    "received_at": received_at,
+                    "lease_until": lease_until,
+                    "claim_id": _new_claim_id(),
+                },
+            ).fetchall()
+            result.append(
+                AttemptIdentity(update_id, int(found[0][0]), str(found[0][1])) if found else None
+            )
         return result
+
+    def add_claimed_and_settle_many(
+        self,
+        rows: Sequence[Tuple[int, str, int]],
+        *,
+        lease_until: int,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+    ) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
+        """:meth:`add_claimed_many` and :meth:`settle_owned_many` in one transaction (one
+        commit): fresh updates and finished attempts that arrive together share a commit
+        (optional capability)."""
+        rows = list(rows)
+        for row in rows:
+            validate_update_id(row[0])
+        settlements = list(settlements)
+        lease_until = _int("lease_until", lease_until)
+        with self._immediate() as conn:
+            added = self._add_claimed_in(conn, rows, lease_until)
+            landed = self._settle_owned_in(conn, settlements)
+        return added, landed
 
     def _take(
         self,
@@ -810,14 +835,19 @@ class SQLiteUpdateStore:
         if not items:
             return []
         with self._immediate() as conn:
-            landed = []
-            for identity, settlement in items:
-                statement = self._settle_statement(settlement, owned=True)
-                params = self._settle_params(
-                    identity.update_id, identity.attempt, settlement, identity.claim_id
-                )
-                landed.append(bool(conn.execute(statement, params).fetchall()))
-            return landed
+            return self._settle_owned_in(conn, items)
+
+    def _settle_owned_in(
+        self, conn: sqlite3.Connection, items: Sequence[Tuple[AttemptIdentity, Settlement]]
+    ) -> List[bool]:
+        landed = []
+        for identity, settlement in items:
+            statement = self._settle_statement(settlement, owned=True)
+            params = self._settle_params(
+                identity.update_id, identity.attempt, settlement, identity.claim_id
+            )
+            landed.append(bool(conn.execute(statement, params).fetchall()))
+        return landed
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
