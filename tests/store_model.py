@@ -9,9 +9,9 @@ comparisons in :meth:`StoreModel.due` and :meth:`StoreModel.prune`.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-Row = Dict[str, object]
+Row = Dict[str, Any]
 Identity = Tuple[int, int, object]  # (update_id, attempt, claim token)
 
 ANY_CLAIM = object()  # "do not look at the claim id" (the unfenced base methods)
@@ -27,7 +27,7 @@ class StoreModel:
     """
 
     def __init__(self, *, base_claim_writes_claim_id: bool = True) -> None:
-        self.rows: Dict[int, Dict[str, object]] = {}
+        self.rows: Dict[int, Row] = {}
         self.base_claim_writes_claim_id = base_claim_writes_claim_id
         self._issued = 0
 
@@ -42,9 +42,9 @@ class StoreModel:
         if row["state"] == "pending":
             return True
         if row["state"] == "failed":
-            return row["due_at"] <= now  # type: ignore[operator]
+            return bool(row["due_at"] <= now)  # a failed row is due at its retry time
         if row["state"] == "processing":
-            return row["due_at"] < now  # type: ignore[operator]
+            return bool(row["due_at"] < now)  # the lease is held while due_at >= t
         return False  # completed and abandoned rows are never claimable
 
     @staticmethod
@@ -55,11 +55,12 @@ class StoreModel:
             and row["state"] == "processing"
             and row["attempts"] == attempt
             and (claim is ANY_CLAIM or row["claim_id"] == claim)
-            and (at is None or row["due_at"] >= at)  # type: ignore[operator]
+            and (at is None or row["due_at"] >= at)
         )
 
     # -- base ------------------------------------------------------------------------------
     def add(self, update_id: int, body: str, received_at: int) -> bool:
+        """Insert a pending row with 0 attempts; False if the id exists in any state."""
         if update_id in self.rows:
             return False  # in any state
         self.rows[update_id] = {
@@ -69,16 +70,17 @@ class StoreModel:
         return True
 
     def add_many(self, rows: Sequence[Tuple[int, str, int]]) -> List[bool]:
-        return [self.add(u, body, at) for u, body, at in rows]
+        return [self.add(u, body, at) for u, body, at in rows]  # a repeat in the batch: False
 
     def _claim(self, update_id: int, now: int, lease_until: int, max_attempts: int,
                durable: bool, write_claim_id: bool) -> Optional[Row]:
-        """Take (returns the row) or spend (returns None); None too if not claimable."""
+        """Claimable and attempts < max_attempts: take (returns the row). Claimable and spent:
+        abandon (returns None). Live lease, final or unknown row: nothing (returns None)."""
         row = self.rows.get(update_id)
         if row is None or not self.claimable(row, now):
             return None
-        if row["attempts"] < max_attempts:  # type: ignore[operator]
-            row.update(state="processing", attempts=row["attempts"] + 1,  # type: ignore[operator]
+        if row["attempts"] < max_attempts:
+            row.update(state="processing", attempts=row["attempts"] + 1,
                        due_at=lease_until, error=None)
             if write_claim_id:
                 row["claim_id"] = self._fresh_claim()
@@ -97,14 +99,14 @@ class StoreModel:
               durable_exhaustion: bool = False) -> Optional[int]:
         write = durable_exhaustion or self.base_claim_writes_claim_id
         row = self._claim(update_id, now, lease_until, max_attempts, durable_exhaustion, write)
-        return None if row is None else row["attempts"]  # type: ignore[return-value]
+        return None if row is None else row["attempts"]
 
     def claim_owned(self, update_id: int, *, now: int, lease_until: int, max_attempts: int,
                     durable_exhaustion: bool = False) -> Optional[Identity]:
         row = self._claim(update_id, now, lease_until, max_attempts, durable_exhaustion, True)
         if row is None:
             return None
-        return (update_id, row["attempts"], row["claim_id"])  # type: ignore[return-value]
+        return (update_id, row["attempts"], row["claim_id"])
 
     def _renew(self, update_id: int, attempt: int, claim: object, lease_until: int,
                now: Optional[int]) -> bool:
@@ -112,11 +114,12 @@ class StoreModel:
         if not self.holds(row, attempt, now, claim):  # with now: never revive an expired lease
             return False
         assert row is not None
-        row["due_at"] = max(row["due_at"], lease_until)  # type: ignore[type-var]  # never shorter
+        row["due_at"] = max(row["due_at"], lease_until)  # never shorter
         return True
 
     def renew(self, update_id: int, attempt: int, lease_until: int,
               now: Optional[int] = None) -> bool:
+        """True when the row matched, even if the lease stayed as it was."""
         return self._renew(update_id, attempt, ANY_CLAIM, lease_until, now)
 
     def renew_many(self, leases: Sequence[Tuple[int, int]], lease_until: int,
@@ -139,20 +142,23 @@ class StoreModel:
 
     def settle(self, update_id: int, attempt: int, kind: str, at: int,
                retry_at: Optional[int] = None, error: Optional[str] = None) -> None:
+        """Lands only on this attempt holding its lease at ``at``; else ignored."""
         self._settle(update_id, attempt, ANY_CLAIM, kind, at, retry_at, error)
 
     def due(self, *, now: int, pending_before: int, limit: int) -> List[Tuple[int, str]]:
+        """Pending rows received at or before pending_before, plus rows claimable at now."""
         found = [
             (u, row["body"]) for u, row in sorted(self.rows.items())
-            if (row["received_at"] <= pending_before if row["state"] == "pending"  # type: ignore
+            if (row["received_at"] <= pending_before if row["state"] == "pending"
                 else self.claimable(row, now))
         ]
-        return found[: max(limit, 0)]  # type: ignore[return-value]
+        return found[: max(limit, 0)]
 
     def prune(self, before: int) -> int:
+        """Delete final rows settled strictly before ``before`` (never an unacknowledged one)."""
         doomed = [u for u, row in self.rows.items()
                   if row["state"] in ("completed", "abandoned")
-                  and row["settled_at"] is not None and row["settled_at"] < before]  # type: ignore
+                  and row["settled_at"] is not None and row["settled_at"] < before]
         for u in doomed:
             del self.rows[u]
         return len(doomed)
@@ -167,6 +173,7 @@ class StoreModel:
         return [self.renew_owned(i, lease_until, now) for i in identities]
 
     def owns(self, identity: Identity, at: int) -> bool:
+        """This exact claim (update, attempt, claim id) holds an unexpired lease at ``at``."""
         u, attempt, claim = identity
         return self.holds(self.rows.get(u), attempt, at, claim)
 
@@ -177,6 +184,7 @@ class StoreModel:
 
     # -- durable ---------------------------------------------------------------------------
     def exhaust(self, identity: Identity, *, at: int, error: str) -> bool:
+        """The exact live claim becomes an unacknowledged exhaustion (due_at = at)."""
         u, attempt, claim = identity
         row = self.rows.get(u)
         if not self.holds(row, attempt, at, claim):
@@ -186,7 +194,7 @@ class StoreModel:
         return True
 
     def due_exhaustions(self, *, limit: int,
-                        after_update_id: Optional[int] = None) -> List[Tuple[object, ...]]:
+                        after_update_id: Optional[int] = None) -> List[Tuple[Any, ...]]:
         """(update_id, attempt, claim, body, exhausted_at, error) by update_id."""
         found = [
             (u, row["attempts"], row["claim_id"], row["body"], row["due_at"], row["error"])
@@ -197,6 +205,7 @@ class StoreModel:
         return found[: max(limit, 0)]
 
     def acknowledge_exhaustion(self, identity: Identity, at: int) -> bool:
+        """Only the exact identity of an unacknowledged exhaustion; once."""
         u, attempt, claim = identity
         row = self.rows.get(u)
         if (row is None or row["state"] != "abandoned" or row["settled_at"] is not None
@@ -206,7 +215,7 @@ class StoreModel:
         return True
 
     # -- the whole table (public layout, SPEC §3/§8) ----------------------------------------
-    def snapshot(self) -> List[Tuple[object, ...]]:
+    def snapshot(self) -> List[Tuple[Any, ...]]:
         """(update_id, body, state, attempts, due_at, received_at, settled_at, error, claim)."""
         return [
             (u, r["body"], r["state"], r["attempts"], r["due_at"], r["received_at"],

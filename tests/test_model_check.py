@@ -219,7 +219,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     def attempt_of(self, update_id: int, delta: int) -> int:
         row = self.model.rows.get(update_id)
-        return (int(row["attempts"]) if row else 1) + delta  # type: ignore[call-overload]
+        return (int(row["attempts"]) if row else 1) + delta
 
     def remember(self, identity: AttemptIdentity) -> None:
         if identity not in self.seen:
@@ -290,11 +290,13 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(t=targets, field=st.sampled_from(["due_at", "due_at", "received_at", "settled_at"]),
           offset=st.sampled_from([-1, 0, 1]))
     def jump_to_boundary(self, t: int, field: str, offset: int) -> None:
-        """Set the clock to a row's due_at / received_at / settled_at, or 1 ms either side."""
+        """Set the clock to a row's due_at (of a lease or a retry) / received_at / settled_at,
+        or 1 ms either side."""
         candidates = [r[field] for _, r in sorted(self.model.rows.items())
-                      if r[field] is not None]
+                      if r[field] is not None
+                      and (field != "due_at" or r["state"] in ("processing", "failed"))]
         if candidates:
-            self.now = int(candidates[t % len(candidates)]) + offset  # type: ignore[call-overload]
+            self.now = int(candidates[t % len(candidates)]) + offset
             self.trace.append(f"(clock jumps to a {field}{offset:+d}: now = T0{self.now - T0:+d})")
 
     # -- a few rows (and claims) to start from, whichever rules the example enables ---------------
@@ -412,7 +414,7 @@ class StoreMachine(RuleBasedStateMachine):
         pending_before = self.now - grace
         rows = sorted(self.model.rows.items())
         if exact is not None and rows:  # exactly a row's received_at
-            pending_before = int(rows[exact % len(rows)][1]["received_at"])  # type: ignore
+            pending_before = int(rows[exact % len(rows)][1]["received_at"])
         kwargs = dict(now=self.now, pending_before=pending_before, limit=limit)
         op = f"due({self._show_kwargs(kwargs)})"
         got = self.call(op, self.store.due(**kwargs))
@@ -424,14 +426,37 @@ class StoreMachine(RuleBasedStateMachine):
     def prune(self, t: int, offset: int) -> None:
         """prune at a settled row's settled_at + offset (the strict bound), or at now + offset."""
         before = self.now + offset
-        settled = [int(r["settled_at"]) for _, r in sorted(self.model.rows.items())  # type: ignore
+        settled = [int(r["settled_at"]) for _, r in sorted(self.model.rows.items())
                    if r["settled_at"] is not None]
         if settled and t % 4 != 3:
             before = settled[(t >> 2) % len(settled)] + offset
+        self.do_prune(before)
+
+    def do_prune(self, before: int) -> None:
         op = f"prune({self.show(before)})"
         rows = set(self.model.rows)
         self.agree(op, self.call(op, self.store.prune(before)), self.model.prune(before))
         self.pruned |= rows - set(self.model.rows)
+
+    @rule(t=targets, lease=lease_offsets, how=forgeries)
+    def recycle(self, t: int, lease: int, how: str) -> None:
+        """SPEC §6 rule 9 in one step: prune a settled row, record its id again, claim it
+        (attempt 1 again), then try an identity from the id's previous life."""
+        settled = [(u, int(r["settled_at"])) for u, r in sorted(self.model.rows.items())
+                   if r["settled_at"] is not None]
+        if not settled:
+            return
+        update_id, settled_at = settled[t % len(settled)]
+        old = [i for i in self.seen if i.update_id == update_id]
+        self.do_prune(settled_at + 1)
+        self.do_add(update_id, BODIES[t % len(BODIES)], self.now)
+        if self.do_claim_owned(update_id, self._claim_args(lease, 2, t % 2 == 0)) and old:
+            stale = old[-1]
+            if how == "attempt+1":  # the old claim id with the new attempt number
+                stale = AttemptIdentity(update_id, 1, stale.claim_id)
+            op = f"owns({self.show(stale)}, {self.show(self.now)}) [from before the prune]"
+            self.agree(op, self.call(op, self.store.owns(stale, self.now)),
+                       self.model.owns(self.model_identity(stale), self.now))
 
     # -- fenced ---------------------------------------------------------------------------------
     @rule(pick=picks, how=forgeries, lease=renew_offsets, with_now=st.booleans())
@@ -582,9 +607,13 @@ def _memory(make: Callable[[], Any] = MemoryUpdateStore) -> Callable[..., Any]:
 
 
 # -- the stores ---------------------------------------------------------------------------------
+def _run(machine: type, conf: settings) -> None:
+    run_state_machine_as_test(machine, settings=conf)  # type: ignore[no-untyped-call]
+
+
 def _timed(name: str, machine: type, conf: settings) -> None:
     wall, cpu = time.monotonic(), time.process_time()
-    run_state_machine_as_test(machine, settings=conf)
+    _run(machine, conf)
     print(f"\n{name}: {conf.max_examples} examples x up to {STEPS} steps: "
           f"{time.monotonic() - wall:.1f} s wall, {time.process_time() - cpu:.1f} s CPU")
 
@@ -675,11 +704,11 @@ def test_postgres_store_matches_model() -> None:
 # -- the machine bites --------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("variant", "disagreement"),
-    [(v.__name__, v.DISAGREEMENT) for v in broken_variants.VARIANTS],
+    [(v.__name__, getattr(v, "DISAGREEMENT")) for v in broken_variants.VARIANTS],
 )
 def test_machine_finds_broken_store(variant: str, disagreement: str) -> None:
     make = getattr(broken_variants, variant)
     machine = machine_for(f"{variant}Machine", _memory(make), rolls_back=False)
     conf = _settings(1000, phases=[Phase.generate], derandomize=True)
     with pytest.raises(AssertionError, match=disagreement):
-        run_state_machine_as_test(machine, settings=conf)
+        _run(machine, conf)
