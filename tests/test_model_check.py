@@ -148,6 +148,9 @@ class StoreMachine(RuleBasedStateMachine):
             return (f"Exhaustion({value.update_id}, {value.attempt}, "
                     f"{self.claim_name(value.claim_id)}, {value.body!r}, {value.exhausted_at - T0}, "
                     f"{value.error!r})")
+        if isinstance(value, (Completed, Failed, Abandoned)):
+            fields = ", ".join(f"{k}={self.show(v)}" for k, v in vars(value).items())
+            return f"{type(value).__name__}({fields})"
         if isinstance(value, list):
             return "[" + ", ".join(self.show(v) for v in value) + "]"
         if isinstance(value, int) and not isinstance(value, bool) and value > T0 // 2:
@@ -404,7 +407,7 @@ class StoreMachine(RuleBasedStateMachine):
         update_id = self.target(t, self.processing)
         attempt = self.attempt_of(update_id, delta)
         value, args = self.settlement(settlement)
-        self.call(f"settle({update_id}, {attempt}, {value})",
+        self.call(f"settle({update_id}, {attempt}, {self.show(value)})",
                   self.store.settle(update_id, attempt, value))
         self.model.settle(update_id, attempt, *args)
 
@@ -491,7 +494,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     def do_settle_owned(self, ident: AttemptIdentity, settlement: Tuple[str, int, Any]) -> None:
         value, args = self.settlement(settlement)
-        op = f"settle_owned({self.show(ident)}, {value})"
+        op = f"settle_owned({self.show(ident)}, {self.show(value)})"
         self.agree(op, self.call(op, self.store.settle_owned(ident, value)),
                    self.model.settle_owned(self.model_identity(ident), *args))
 
@@ -513,7 +516,8 @@ class StoreMachine(RuleBasedStateMachine):
                            model.owns(self.model_identity(ident), self.now))
                 if settlement is not None:
                     value, args = self.settlement(settlement)
-                    op = f"{text} settle_owned({self.show(ident)}, {value}, connection=...)"
+                    op = (f"{text} settle_owned({self.show(ident)}, {self.show(value)}, "
+                          "connection=...)")
                     self.agree(op, self.call(op, self.store.settle_owned(ident, value,
                                                                          connection=on)),
                                model.settle_owned(self.model_identity(ident), *args))
