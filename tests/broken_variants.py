@@ -94,7 +94,7 @@ class DurableSpendSettlesStore(MemoryUpdateStore):
 
 
 class ExhaustIgnoresLeaseStore(MemoryUpdateStore):
-    """``exhaust`` lets an expired attempt exhaust the update (it must hold its lease at ``at``)."""
+    """``exhaust`` lets an expired attempt exhaust the update (its lease must hold at ``at``)."""
 
     __slots__ = ()
     DISAGREEMENT = r"^exhaust\("

@@ -2,22 +2,31 @@
 
 A hypothesis :class:`~hypothesis.stateful.RuleBasedStateMachine` drives one store with random
 sequences of every store operation (the durable contract plus ``add_many``, ``renew_many`` and
-``renew_owned_many``) under a moving clock, and compares every answer with
-:class:`store_model.StoreModel`, an independent statement of SPEC §3–§4. After every step it
-also compares the full ``due()`` list, the full ``due_exhaustions()`` list and, for the SQL
-stores, the whole table (its layout is public, SPEC §8).
+``renew_owned_many``; ``owns``/``settle_owned`` also on the caller's connection inside
+``store.transaction()``, committed or rolled back) under a moving clock, and compares every
+answer with :class:`store_model.StoreModel`, an independent statement of SPEC §3–§4. After every
+step it also compares the full ``due()`` list, the full ``due_exhaustions()`` list and, for the
+SQL stores, the whole table (its layout is public, SPEC §3/§8).
 
-* the clock moves by small steps (including 0) and jumps exactly to an existing row's
-  ``due_at`` / ``received_at`` / ``settled_at`` and one millisecond either side, so every
+* the clock moves by small steps (including 0) and jumps exactly to a lease's or a retry's
+  ``due_at``, a ``received_at`` or a ``settled_at``, and one millisecond either side, so every
   inclusive/strict boundary of §3 is hit;
-* update ids come from a small pool, so prune-and-re-add (attempt restarting at 1) happens;
+* update ids come from a small pool, so prune-and-re-add (attempt restarting at 1) happens
+  (``recycle`` does SPEC §6 rule 9 in one step);
 * every identity the store ever returned is kept, so stale claims are retried, and identities
   are also forged (foreign claim id, attempt ± 1, claim id of another claim, other update);
+* arguments are chosen from the state (mostly a row that exists, a claim that holds its lease,
+  an exhaustion to acknowledge), so deep sequences are likely;
 * claim ids differ between model and store: the check keeps a bijection between the model's
   tokens and the store's claim ids, built from what the store returns (a claim id must never be
   issued twice).
 
-A deliberately broken store (tests/broken_variants.py) shows that the machine finds bugs.
+A failure message names the disagreeing operation and lists every store call before it (after
+hypothesis has shrunk the sequence, that is the minimal reproduction). Deliberately broken
+stores (tests/broken_variants.py) show that the machine finds bugs.
+
+Examples per store: PTB_FENCE_MODEL_SCALE=<factor> multiplies them (e.g. 10 for a long hunt); with
+the ``CI`` environment variable set the runs are derandomized.
 """
 
 from __future__ import annotations
@@ -63,7 +72,7 @@ BODIES = ['{"update_id": 1}', "ü €", "'; DROP TABLE x; --", ""]
 ERRORS = ["boom", "ünïcode", ""]
 BIG = 1000  # a limit larger than the pool
 
-# Examples per store (steps per example: STEPS). Override with PTB_FENCE_MODEL_SCALE=<factor>.
+# Examples per store (steps per example: STEPS); PTB_FENCE_MODEL_SCALE multiplies them.
 _SCALE = float(os.environ.get("PTB_FENCE_MODEL_SCALE", "1"))
 STEPS = 40
 MEMORY_EXAMPLES = max(1, int(300 * _SCALE))
@@ -143,18 +152,19 @@ class StoreMachine(RuleBasedStateMachine):
     def show(self, value: object) -> str:
         """``repr`` with store claim ids written as the model's claim names (``claim:m3``)."""
         if isinstance(value, AttemptIdentity):
-            return f"AttemptIdentity({value.update_id}, {value.attempt}, {self.claim_name(value.claim_id)})"
+            claim = self.claim_name(value.claim_id)
+            return f"AttemptIdentity({value.update_id}, {value.attempt}, {claim})"
         if isinstance(value, Exhaustion):
             return (f"Exhaustion({value.update_id}, {value.attempt}, "
-                    f"{self.claim_name(value.claim_id)}, {value.body!r}, {value.exhausted_at - T0}, "
-                    f"{value.error!r})")
+                    f"{self.claim_name(value.claim_id)}, {value.body!r}, "
+                    f"exhausted_at={self.show(value.exhausted_at)}, {value.error!r})")
         if isinstance(value, (Completed, Failed, Abandoned)):
             fields = ", ".join(f"{k}={self.show(v)}" for k, v in vars(value).items())
             return f"{type(value).__name__}({fields})"
         if isinstance(value, list):
             return "[" + ", ".join(self.show(v) for v in value) + "]"
-        if isinstance(value, int) and not isinstance(value, bool) and value > T0 // 2:
-            return f"T0{value - T0:+d}"
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value - T0) < 10**9:
+            return f"T0{value - T0:+d}"  # a time
         return repr(value)
 
     def claim_name(self, claim_id: str) -> str:
@@ -664,7 +674,8 @@ def _postgres_dsn() -> str:
 
         psycopg2.connect(dsn, connect_timeout=3).close()
     except Exception as exc:
-        problem = f"PostgreSQL not reachable at PTB_FENCE_POSTGRES_DSN: {type(exc).__name__}: {exc}"
+        problem = (f"PostgreSQL not reachable at PTB_FENCE_POSTGRES_DSN: "
+                   f"{type(exc).__name__}: {exc}")
         if os.environ.get("PTB_FENCE_REQUIRE_POSTGRES") == "1":
             pytest.fail(f"{problem} (required by PTB_FENCE_REQUIRE_POSTGRES=1)")
         pytest.skip(f"{problem}; set PTB_FENCE_POSTGRES_DSN to run PostgreSQL tests")
