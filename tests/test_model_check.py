@@ -269,7 +269,11 @@ class StoreMachine(RuleBasedStateMachine):
             pool = (pick % 4 != 2 and self.current(prefer or self.live)) or self.current() \
                 or self.seen[-1:]
         identity = pool[-1 - (pick >> 2) % len(pool)]
-        other = self.seen[-1 - (pick >> 9) % len(self.seen)]
+        return self.forge(identity, how, self.seen[-1 - (pick >> 9) % len(self.seen)])
+
+    @staticmethod
+    def forge(identity: AttemptIdentity, how: str, other: AttemptIdentity) -> AttemptIdentity:
+        """``identity`` as it is ("exact") or with one part wrong."""
         u, a, c = identity.update_id, identity.attempt, identity.claim_id
         if how == "foreign_claim":
             return AttemptIdentity(u, a, uuid.uuid4().hex)
@@ -546,9 +550,12 @@ class StoreMachine(RuleBasedStateMachine):
         self.agree(op, self.call(op, self.store.exhaust(ident, at=self.now, error=error)),
                    self.model.exhaust(self.model_identity(ident), at=self.now, error=error))
 
-    @rule(limit=st.integers(min_value=0, max_value=7), cursor=st.one_of(st.none(), targets))
-    def due_exhaustions(self, limit: int, cursor: Optional[int]) -> None:
-        """A page after a cursor: mostly an exhausted row's own id (as a sweep pages), or any."""
+    @rule(limit=st.integers(min_value=0, max_value=7), cursor=st.one_of(st.none(), targets),
+          deliver=st.one_of(st.none(), forgeries))
+    def due_exhaustions(self, limit: int, cursor: Optional[int], deliver: Optional[str]) -> None:
+        """A page after a cursor: mostly an exhausted row's own id (as a sweep pages), or any.
+        With ``deliver``, the page's first exhaustion is then acknowledged (as a sweep does after
+        ``handle_exhaustion``) with its identity passed back as ``deliver`` says."""
         after = cursor
         if cursor is not None:
             pages = [u for u, r in sorted(self.model.rows.items()) if self.exhausted(r)]
@@ -559,10 +566,14 @@ class StoreMachine(RuleBasedStateMachine):
         self.compare_exhaustions(op, got, self.model.due_exhaustions(limit=limit,
                                                                      after_update_id=after))
         self.call(op, got)
+        if deliver is not None and got:
+            self.do_acknowledge(self.forge(got[0].identity, deliver, self.seen[0]), self.now)
 
     @rule(pick=picks, how=forgeries, offset=st.sampled_from([0, 0, 1]))
     def acknowledge_exhaustion(self, pick: int, how: str, offset: int) -> None:
-        ident, at = self.pick(pick, how, self.exhausted), self.now + offset
+        self.do_acknowledge(self.pick(pick, how, self.exhausted), self.now + offset)
+
+    def do_acknowledge(self, ident: AttemptIdentity, at: int) -> None:
         op = f"acknowledge_exhaustion({self.show(ident)}, {self.show(at)})"
         self.agree(op, self.call(op, self.store.acknowledge_exhaustion(ident, at)),
                    self.model.acknowledge_exhaustion(self.model_identity(ident), at))
