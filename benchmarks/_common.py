@@ -257,12 +257,16 @@ class DriverCounter:
 class CompletionTracker:
     """Records when each update was completed and wakes the event loop when all are.
 
-    ``mark`` may be called from any thread (store settles run on worker threads).
+    ``mark`` may be called from any thread (store settles run on worker threads). With
+    ``keep_times=False`` (the backlog rows) only a count is kept, so the harness itself holds
+    no per-update memory while RSS is sampled (a completion lands once per update).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keep_times: bool = True) -> None:
         self._lock = threading.Lock()
+        self._keep = keep_times
         self.times: Dict[int, float] = {}
+        self._count = 0
         self._target = 0
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._future: Optional["asyncio.Future[None]"] = None
@@ -270,16 +274,19 @@ class CompletionTracker:
     def reset(self) -> None:
         with self._lock:
             self.times = {}
+            self._count = 0
             self._target = 0
             self._future = None
 
     def mark(self, update_id: int, at: Optional[float] = None) -> None:
         at = time.perf_counter() if at is None else at
         with self._lock:
-            if update_id in self.times:
-                return
-            self.times[update_id] = at
-            done = self._future is not None and len(self.times) >= self._target
+            if self._keep:
+                if update_id in self.times:
+                    return
+                self.times[update_id] = at
+            self._count += 1
+            done = self._future is not None and self._count >= self._target
             loop, future = self._loop, self._future
         if done and loop is not None and future is not None:
             try:
@@ -290,13 +297,13 @@ class CompletionTracker:
     @property
     def count(self) -> int:
         with self._lock:
-            return len(self.times)
+            return self._count
 
     async def wait(self, target: int, timeout: float) -> bool:
         """Wait until ``target`` updates are marked; False on timeout."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            if len(self.times) >= target:
+            if self._count >= target:
                 return True
             self._target = target
             self._loop = loop
@@ -315,7 +322,11 @@ def _resolve(future: "asyncio.Future[None]") -> None:
 
 
 # -- the store proxy ----------------------------------------------------------------------------
-_SETTLES = ("settle", "settle_owned", "settle_owned_many")
+_SETTLE_WORDS = ("settle", "complete")
+
+
+def _observes(name: str) -> bool:
+    return any(word in name for word in _SETTLE_WORDS)
 
 
 class CountingStore:
@@ -363,7 +374,7 @@ class CountingStore:
         lock = self.__dict__["_lock"]
         tracker: Optional[CompletionTracker] = self.__dict__["_tracker"]
 
-        if tracker is None or name not in _SETTLES:
+        if tracker is None or not _observes(name):
 
             def counted(*args: Any, **kwargs: Any) -> Any:
                 with lock:
@@ -387,6 +398,32 @@ class CountingStore:
         self.__dict__["_inner"].close()
 
 
+def _pairs(value: Any) -> Optional[List[Tuple[Any, Any]]]:
+    """``value`` as a list of (AttemptIdentity, Settlement) pairs, or None."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        return None
+    pairs = []
+    for item in value:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            return None
+        identity, settlement = item
+        if not hasattr(identity, "claim_id") or not hasattr(settlement, "at"):
+            return None
+        pairs.append((identity, settlement))
+    return pairs
+
+
+def _landed_flags(result: Any, n: int) -> Optional[List[bool]]:
+    """The per-pair outcome list in a batched settle's result (itself, or a tuple member)."""
+    candidates = [result] + (list(result) if isinstance(result, tuple) else [])
+    for candidate in reversed(candidates):
+        if isinstance(candidate, list) and len(candidate) == n and all(
+            isinstance(x, bool) for x in candidate
+        ):
+            return candidate
+    return None
+
+
 def _observe_settle(
     tracker: CompletionTracker, name: str, args: Sequence[Any], kwargs: Dict[str, Any], result: Any
 ) -> None:
@@ -397,18 +434,26 @@ def _observe_settle(
         update_id = kwargs.get("update_id", update_id)
         if isinstance(settlement, Completed):
             tracker.mark(int(update_id), now)
-    elif name == "settle_owned":
-        if kwargs.get("connection") is not None:
-            return
+        return
+    if kwargs.get("connection") is not None:
+        return  # inside the caller's transaction: final only at the caller's commit
+    if name == "settle_owned":
         identity: Any = args[0] if args else kwargs.get("identity")
         settlement = args[1] if len(args) > 1 else kwargs.get("settlement")
         if result and identity is not None and isinstance(settlement, Completed):
             tracker.mark(int(identity.update_id), now)
-    elif name == "settle_owned_many":
-        items = list(args[0] if args else kwargs.get("items", []))
-        for (identity, settlement), landed in zip(items, list(result or [])):
+        return
+    for value in list(args) + list(kwargs.values()):
+        pairs = _pairs(value)
+        if not pairs:
+            continue
+        flags = _landed_flags(result, len(pairs))
+        if flags is None:
+            continue
+        for (identity, settlement), landed in zip(pairs, flags):
             if landed and isinstance(settlement, Completed):
                 tracker.mark(int(identity.update_id), now)
+        return
 
 
 # -- misc ---------------------------------------------------------------------------------------

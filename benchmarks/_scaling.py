@@ -151,7 +151,7 @@ class _RssSampler(threading.Thread):
 
 
 async def _backlog_async(cfg: Dict[str, Any], raw: Any, count: int, counter: DriverCounter) -> Dict[str, Any]:
-    tracker = CompletionTracker()
+    tracker = CompletionTracker(keep_times=False)
     store = CountingStore(raw, tracker)
     handled = [0]
 
