@@ -526,8 +526,22 @@ class Profiler:
     def __enter__(self) -> "Profiler":
         if self.mode == "cprofile":
             import cProfile
+            import sys
 
             self._main = cProfile.Profile()
+            lock = threading.Lock()
+            profiles = self._profiles
+
+            def boot(frame: Any, event: str, arg: Any) -> None:
+                # every thread started during the measured runs (the processors' store
+                # threads are created when each run's app starts) is profiled for its life
+                sys.setprofile(None)
+                prof = cProfile.Profile()
+                with lock:
+                    profiles.append(prof)
+                prof.enable()
+
+            threading.setprofile(boot)
         elif self.mode == "py-spy":
             import shutil
             import subprocess
@@ -553,20 +567,6 @@ class Profiler:
     def resume(self) -> None:
         """Start sampling (the timed part of a run begins)."""
         if self.mode == "cprofile":
-            import cProfile
-            import sys
-
-            lock = threading.Lock()
-            profiles = self._profiles
-
-            def boot(frame: Any, event: str, arg: Any) -> None:
-                sys.setprofile(None)
-                prof = cProfile.Profile()
-                with lock:
-                    profiles.append(prof)
-                prof.enable()
-
-            threading.setprofile(boot)
             self._main.enable()
         elif self.mode == "py-spy":
             self._signal("SIGCONT")
@@ -575,12 +575,12 @@ class Profiler:
         """Stop sampling (the timed part of a run ended)."""
         if self.mode == "cprofile":
             self._main.disable()
-            threading.setprofile(cast(Any, None))
         elif self.mode == "py-spy":
             self._signal("SIGSTOP")
 
     def __exit__(self, *exc: Any) -> None:
         if self.mode == "cprofile":
+            threading.setprofile(cast(Any, None))
             self.report = self._cprofile_report()
         elif self.mode == "py-spy" and self._spy is not None:
             self._signal("SIGCONT")
@@ -604,9 +604,10 @@ class Profiler:
                 pass
         stats.strip_dirs()
         out.write(
-            f"cProfile of the timed part of the measured runs, {1 + len(self._profiles)} threads "
-            f"merged (times are summed over threads; worker threads are profiled from the run's "
-            f"start to their end)\n"
+            f"cProfile of the measured runs, {1 + len(self._profiles)} threads merged: the event "
+            f"loop thread during the timed part only, the other threads (store thread pools, "
+            f"lease keeper) for their whole life (the app's start and stop included); times are "
+            f"summed over threads, and a worker's wait for work counts as time\n"
             f"top {self.top} by cumulative time\n"
         )
         stats.sort_stats("cumulative").print_stats(self.top)
