@@ -19,7 +19,7 @@ from _common import BATCH, chunks, median, server_commits, update_dicts
 def pgqueuer_problem() -> Optional[str]:
     """Why the pgqueuer rows cannot run here, or None."""
     try:
-        import asyncpg  # noqa: F401
+        import asyncpg  # type: ignore[import-untyped]  # noqa: F401
         import pgqueuer  # noqa: F401
     except Exception as exc:  # ImportError, or a broken install
         return (

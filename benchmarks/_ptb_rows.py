@@ -141,9 +141,11 @@ class _Run:
         if self.kind in ("plain", "naive", "poll-plain"):
             builder.concurrent_updates(n)
         elif self.kind == "durable":
-            builder = DurableUpdateProcessor(self.store, max_concurrent=n).install(builder)
+            store: Any = self.store  # the proxy has the wrapped store's methods (duck typing)
+            builder = DurableUpdateProcessor(store, max_concurrent=n).install(builder)
         else:
-            builder = FencedUpdateProcessor(self.store, max_concurrent=n).install(builder)
+            store = self.store
+            builder = FencedUpdateProcessor(store, max_concurrent=n).install(builder)
         self.app = builder.build()
         self.app.add_handler(TypeHandler(Update, self._handler()))
 
