@@ -177,6 +177,27 @@ class _Demo:
             time.sleep(0.05)
         self.progress(fake, phase + " - done")
 
+    def pause_outside_a_write(self, proc: "subprocess.Popen[bytes]") -> None:
+        """SIGSTOP ``proc`` at a moment when it does not hold SQLite's write lock.
+
+        A process paused inside a write transaction blocks every other process's writes on
+        the file until it resumes (SQLite has one writer at a time); the demo wants to show a
+        pause *past the lease*, so it re-pauses until the lock is free.
+        """
+        for _ in range(100):
+            os.kill(proc.pid, signal.SIGSTOP)
+            conn = sqlite3.connect(self.db, timeout=0.3, isolation_level=None)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("ROLLBACK")
+                return
+            except sqlite3.OperationalError:
+                os.kill(proc.pid, signal.SIGCONT)
+                time.sleep(0.02)
+            finally:
+                conn.close()
+        raise RuntimeError("could not pause bot 1 outside a write transaction")
+
     def marker(self, update_id: int, pid: int) -> bool:
         return (self.markers / f"{update_id}-{pid}").exists()
 
@@ -215,7 +236,7 @@ class _Demo:
             bot1 = self.bot(fake, poll=True)
             self.wait(fake, "bot 1 polling", lambda: self.ready(bot1), 30)
             self.wait(fake, "bot 1 inside a slow handler", lambda: self.marker(slow1, bot1.pid), 30)
-            os.kill(bot1.pid, signal.SIGSTOP)
+            self.pause_outside_a_write(bot1)
             self.paused += 1
             self.progress(fake, "bot 1 paused (SIGSTOP)")
             bot2 = self.bot(fake, poll=False)
@@ -341,15 +362,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("--updates must be at least 10 and --chats at least 1")
     workdir = Path(tempfile.mkdtemp(prefix="ptb_fence_demo_"))
     demo = _Demo(args.updates, args.chats, workdir)
+    result = 1
     try:
-        return demo.run()
+        result = demo.run()
     except (TimeoutError, RuntimeError) as exc:
         print(f"demo failed: {exc}; bot logs: {workdir / 'bots.log'}", file=sys.stderr)
-        return 1
     finally:
         demo.cleanup()
-        if not args.keep and demo.procs:
-            import shutil
+    if result == 0 and not args.keep:
+        import shutil
 
-            if all(p.returncode is not None for p in demo.procs):
-                shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+    elif result != 0:
+        print(f"kept for inspection: {workdir}", file=sys.stderr)
+    return result
