@@ -70,7 +70,6 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         "_preclaimed",
         "_writer",
         "_queue",
-        "_refill",
         "_running",
         "_runtime",
         "_slots",
@@ -122,7 +121,6 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         )
         self._initialized = False
         self._sweep_task: Optional["asyncio.Task[None]"] = None
-        self._refill = asyncio.Event()
         self._running = 0
 
     # -- public properties ------------------------------------------------------------------

@@ -137,9 +137,9 @@ class Runtime:
         self.durable = handle_exhaustion
         self.keeper = LeaseKeeper(self)
         self._cursor: Optional[int] = None
+        # an Executor for blocking store work from asyncio (Attempt.run_in_transaction and
+        # friends); None uses asyncio.to_thread. Set by the PTB processors.
         self.executor: Any = None
-        """A :class:`concurrent.futures.Executor` for blocking store work from asyncio
-        (``Attempt.run_in_transaction``); :obj:`None` uses :func:`asyncio.to_thread`."""
         self._scheduler: Any = None
         self._scheduler_lock = threading.Lock()
 
