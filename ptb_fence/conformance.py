@@ -880,10 +880,12 @@ def _race(p: _Probe, call: Callable[[], Any]) -> Optional[List[Any]]:
     return results
 
 
-def _rule_concurrent_claim(p: _Probe, fenced: bool, durable: bool) -> None:
+def _race_rounds(p: _Probe) -> Sequence[Tuple[int, int, int]]:
+    """Record updates 1-4 and return the ``(update_id, now, expected attempt)`` races: four
+    pending updates, then two lapsed leases."""
     for update_id in range(1, 5):
         p.require(p.add(update_id, f"b{update_id}", _T), "add of a new update_id returned False")
-    rounds: Sequence[Tuple[int, int, int]] = (
+    return (
         (1, _T, 1),
         (2, _T, 1),
         (3, _T, 1),
@@ -891,7 +893,10 @@ def _rule_concurrent_claim(p: _Probe, fenced: bool, durable: bool) -> None:
         (1, _T + _L + 1, 2),
         (2, _T + _L + 1, 2),
     )
-    for update_id, now, expected in rounds:
+
+
+def _rule_concurrent_claim(p: _Probe, fenced: bool, durable: bool) -> None:
+    for update_id, now, expected in _race_rounds(p):
 
         def call(update_id: int = update_id, now: int = now) -> Optional[int]:
             return p.claim(update_id, now=now, lease_until=now + _L)
@@ -909,17 +914,7 @@ def _rule_concurrent_claim(p: _Probe, fenced: bool, durable: bool) -> None:
 
 
 def _rule_concurrent_claim_owned(p: _Probe, fenced: bool, durable: bool) -> None:
-    for update_id in range(1, 5):
-        p.require(p.add(update_id, f"b{update_id}", _T), "add of a new update_id returned False")
-    rounds: Sequence[Tuple[int, int, int]] = (
-        (1, _T, 1),
-        (2, _T, 1),
-        (3, _T, 1),
-        (4, _T, 1),
-        (1, _T + _L + 1, 2),
-        (2, _T + _L + 1, 2),
-    )
-    for update_id, now, expected in rounds:
+    for update_id, now, expected in _race_rounds(p):
 
         def call(update_id: int = update_id, now: int = now) -> Optional[AttemptIdentity]:
             return p.claim_owned(update_id, now=now, lease_until=now + _L)

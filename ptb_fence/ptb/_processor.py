@@ -65,6 +65,8 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         "_batch_ingest",
         "_inflight",
         "_ingested",
+        "_combined_write",
+        "_fast_claim",
         "_fast_settle",
         "_initialized",
         "_preclaimed",
@@ -116,8 +118,12 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         self._writer: GroupCommit[Tuple[str, Any], Any] = GroupCommit(
             self._write_many, "ptb_fence:write"
         )
-        self._fast_settle = self._runtime.uses_claim_ids and callable(
-            getattr(store, "settle_owned_many", None)
+        # which optional store capabilities the hot path uses (decided once)
+        fenced = self._runtime.uses_claim_ids
+        self._fast_settle = fenced and callable(getattr(store, "settle_owned_many", None))
+        self._fast_claim = fenced and callable(getattr(store, "add_claimed_many", None))
+        self._combined_write = self._fast_claim and callable(
+            getattr(store, "add_claimed_and_settle_many", None)
         )
         self._initialized = False
         self._sweep_task: Optional["asyncio.Task[None]"] = None
@@ -303,12 +309,6 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         return await loop.run_in_executor(executor, fn, *args)
 
     # -- ingest -----------------------------------------------------------------------------
-    def _fast_claim(self) -> bool:
-        """Whether fresh updates are recorded already claimed (one statement)."""
-        return self._runtime.uses_claim_ids and callable(
-            getattr(self._runtime.store, "add_claimed_many", None)
-        )
-
     def _rows(self, items: "list[tuple[int, str]]") -> "list[tuple[int, str, int]]":
         now = self._runtime.options.now_ms()
         return [(update_id, body, now) for update_id, body in items]
@@ -317,7 +317,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         """Record rows (blocking): per row the pre-claimed Attempt, True, or False (exists)."""
         runtime = self._runtime
         store = runtime.store
-        if self._fast_claim():
+        if self._fast_claim:
             lease_until = runtime.options.now_ms() + runtime.options.lease_ms
             return self._adopt(store.add_claimed_many(rows, lease_until=lease_until), rows, lease_until)
         if len(rows) > 1 and callable(getattr(store, "add_many", None)):
@@ -378,8 +378,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         rows = self._rows([payload for _, payload in adds])
         at = runtime.options.now_ms()
         settlements = [(attempt.identity, Completed(at)) for _, attempt in dones]
-        combined = callable(getattr(store, "add_claimed_and_settle_many", None))
-        if adds and dones and combined and self._fast_claim():
+        if adds and dones and self._combined_write:
             lease_until = at + runtime.options.lease_ms
 
             def both() -> "Tuple[list[Any], list[bool]]":
