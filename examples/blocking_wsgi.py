@@ -16,7 +16,7 @@ The web server is the standard library's ``wsgiref`` made multi-threaded with
 ``webhook_app(intake, ...)`` and call ``intake.start()`` once per worker process; every process
 may share the SQLite file on one machine).
 
-Run it (Python 3.10+, ``pip install ptb_fence``)::
+Run it (Python 3.10+; install from a clone of the repository with ``python -m pip install -e .``)::
 
     export TELEGRAM_BOT_TOKEN=123456:ABC...
     export TELEGRAM_WEBHOOK_SECRET=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')
@@ -25,10 +25,17 @@ Run it (Python 3.10+, ``pip install ptb_fence``)::
 (with a reverse proxy terminating TLS for that URL and forwarding to port 8080). Stop it with
 Ctrl+C or SIGTERM: the server stops accepting, running handlers finish, the store is closed.
 
-Offline, against the fake Bot API of ``ptb_fence.testing`` (what the tests do)::
+Offline, against the fake Bot API of ``ptb_fence.testing`` (no token and no secret needed: a
+local ``--base-url`` uses the fake's token and a generated secret). In one terminal::
 
-    python examples/blocking_wsgi.py --base-url http://127.0.0.1:PORT/bot --listen 127.0.0.1 \\
-        --port 8080 --exit-after 3
+    python -m ptb_fence.testing serve
+
+and in another (``--set-webhook`` makes the fake server post what you type there to us)::
+
+    python examples/blocking_wsgi.py --db offline.sqlite3 --base-url http://127.0.0.1:8081/bot \\
+        --listen 127.0.0.1 --port 8080 --set-webhook http://127.0.0.1:8080/
+
+then type ``/book 10:00`` in the first terminal: it shows the bot's reply.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import signal
 import socketserver
 import sqlite3
@@ -45,6 +53,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, Dict, List, Optional
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -60,6 +69,15 @@ from ptb_fence import (
 )
 
 LOGGER = logging.getLogger("booking_bot")
+
+LOCAL_TOKEN = "123456:TEST-TOKEN"  # what ``python -m ptb_fence.testing serve`` accepts
+
+
+def is_local(base_url: str) -> bool:
+    """Whether ``base_url`` points at a Bot API on this machine (the fake one, offline)."""
+    host = urllib.parse.urlsplit(base_url).hostname or ""
+    return host in ("127.0.0.1", "localhost", "::1")
+
 
 COMMAND = re.compile(r"/book(?:@\w+)?(?:\s+(\S+))?\s*")
 SLOT = re.compile(r"(?:[01][0-9]|2[0-3]):[0-5][0-9]")
@@ -199,12 +217,26 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
-    token = os.environ.get("TELEGRAM_BOT_TOKEN")
-    secret = os.environ.get("TELEGRAM_WEBHOOK_SECRET")
-    if not token or not secret:
-        print("set TELEGRAM_BOT_TOKEN and TELEGRAM_WEBHOOK_SECRET (1-256 characters of "
-              "A-Z a-z 0-9 _ -)", file=sys.stderr)
+    local = is_local(args.base_url)
+    token = os.environ.get("TELEGRAM_BOT_TOKEN") or (LOCAL_TOKEN if local else None)
+    # offline, the fake Bot API learns the secret from our setWebhook call
+    secret = os.environ.get("TELEGRAM_WEBHOOK_SECRET") or (
+        secrets.token_urlsafe(32) if local else None
+    )
+    missing = [
+        what
+        for what, value in (
+            ("TELEGRAM_BOT_TOKEN (your bot's token, from @BotFather)", token),
+            ("TELEGRAM_WEBHOOK_SECRET (1-256 characters of A-Z a-z 0-9 _ -)", secret),
+        )
+        if not value
+    ]
+    if missing:
+        print("set " + " and ".join(missing) + "; or, offline, pass --base-url "
+              "http://127.0.0.1:8081/bot to use `python -m ptb_fence.testing serve`",
+              file=sys.stderr)
         return 2
+    assert token is not None and secret is not None
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format=f"%(asctime)s [{os.getpid()}] %(levelname)s %(threadName)s %(name)s: %(message)s",

@@ -9,7 +9,8 @@ same commit: a crash before the commit re-runs the handler (nothing lost), a cra
 does (nothing written twice), and an attempt whose lease lapsed (the process was paused, the
 event loop blocked) cannot write at all.
 
-Run it (Python 3.10+, ``pip install ptb_fence``)::
+Run it against Telegram (Python 3.10+; install from a clone of the repository with
+``python -m pip install -e .``)::
 
     export TELEGRAM_BOT_TOKEN=123456:ABC...
     python examples/polling_sqlite.py --db bookings.sqlite3
@@ -25,9 +26,14 @@ Read the bookings::
     sqlite3 bookings.sqlite3 'SELECT * FROM bookings'
     sqlite3 bookings.sqlite3 'SELECT * FROM booking_exhaustions'
 
-Offline, against the fake Bot API of ``ptb_fence.testing`` (what the tests do)::
+Offline, against the fake Bot API of ``ptb_fence.testing`` (no token needed: a local
+``--base-url`` uses the fake's token). In one terminal::
 
-    python examples/polling_sqlite.py --base-url http://127.0.0.1:PORT/bot --exit-after 3
+    python -m ptb_fence.testing serve --message "/book 10:00" --message "/book 10:00"
+
+and in another (it answers both, books 10:00 once, and exits)::
+
+    python examples/polling_sqlite.py --db offline.sqlite3 --base-url http://127.0.0.1:8081/bot --exit-after 2
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import signal
 import sqlite3
 import sys
 import time
+import urllib.parse
 from typing import Callable, List, Optional
 
 from telegram import Update
@@ -51,6 +58,14 @@ from ptb_fence import Exhaustion, OwnershipLost, SQLiteUpdateStore
 from ptb_fence.ptb import FencedCallbackContext, FencedUpdateProcessor
 
 LOGGER = logging.getLogger("booking_bot")
+
+LOCAL_TOKEN = "123456:TEST-TOKEN"  # what ``python -m ptb_fence.testing serve`` accepts
+
+
+def is_local(base_url: str) -> bool:
+    """Whether ``base_url`` points at a Bot API on this machine (the fake one, offline)."""
+    host = urllib.parse.urlsplit(base_url).hostname or ""
+    return host in ("127.0.0.1", "localhost", "::1")
 
 SLOT = re.compile(r"(?:[01][0-9]|2[0-3]):[0-5][0-9]")
 
@@ -139,9 +154,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
-    token = os.environ.get("TELEGRAM_BOT_TOKEN")
+    token = os.environ.get("TELEGRAM_BOT_TOKEN") or (
+        LOCAL_TOKEN if is_local(args.base_url) else None
+    )
     if not token:
-        print("set TELEGRAM_BOT_TOKEN to your bot's token (from @BotFather)", file=sys.stderr)
+        print("set TELEGRAM_BOT_TOKEN to your bot's token (from @BotFather), or pass "
+              "--base-url http://127.0.0.1:8081/bot to use `python -m ptb_fence.testing serve`",
+              file=sys.stderr)
         return 2
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

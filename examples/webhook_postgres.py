@@ -39,10 +39,20 @@ processes can run concurrently, so keep your writes correct under that (the slot
 does it here). Stop any process with SIGINT or SIGTERM; kill one with ``kill -9`` and another
 takes its in-flight updates over after ``--lease-seconds``.
 
-Offline, against the fake Bot API of ``ptb_fence.testing`` (what the tests do)::
+Offline, against the fake Bot API of ``ptb_fence.testing`` and a local PostgreSQL (no token
+and no secret needed: a local ``--base-url`` uses the fake's token and a generated secret; the
+webhook URL defaults to ``http://LISTEN:PORT/URL_PATH``). In one terminal::
 
-    python examples/webhook_postgres.py --base-url http://127.0.0.1:PORT/bot \\
-        --listen 127.0.0.1 --port 8080 --table my_updates
+    python -m ptb_fence.testing serve
+
+and in another (install from a clone of the repository with ``python -m pip install -e .``)::
+
+    python examples/webhook_postgres.py --dsn postgresql://postgres@127.0.0.1:5432/postgres \\
+        --base-url http://127.0.0.1:8081/bot --listen 127.0.0.1 --port 8080 \\
+        --table my_updates --bookings-table my_bookings
+
+then type ``/book 10:00`` in the first terminal: the fake posts it to the webhook and shows the
+reply.
 """
 
 from __future__ import annotations
@@ -54,7 +64,9 @@ import os
 import re
 import signal
 import sys
+import secrets
 import time
+import urllib.parse
 from typing import Any, Callable, List, Optional
 
 from psycopg2 import sql
@@ -66,6 +78,15 @@ from ptb_fence import Exhaustion, OwnershipLost, PostgresUpdateStore
 from ptb_fence.ptb import FencedCallbackContext, FencedUpdateProcessor
 
 LOGGER = logging.getLogger("booking_bot")
+
+LOCAL_TOKEN = "123456:TEST-TOKEN"  # what ``python -m ptb_fence.testing serve`` accepts
+
+
+def is_local(base_url: str) -> bool:
+    """Whether ``base_url`` points at a Bot API on this machine (the fake one, offline)."""
+    host = urllib.parse.urlsplit(base_url).hostname or ""
+    return host in ("127.0.0.1", "localhost", "::1")
+
 
 SLOT = re.compile(r"(?:[01][0-9]|2[0-3]):[0-5][0-9]")
 TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
@@ -167,21 +188,28 @@ def create_bookings_table(store: PostgresUpdateStore, table: str) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
-    token = os.environ.get("TELEGRAM_BOT_TOKEN")
+    local = is_local(args.base_url)
+    token = os.environ.get("TELEGRAM_BOT_TOKEN") or (LOCAL_TOKEN if local else None)
+    # offline, the fake Bot API learns the secret from our setWebhook call
+    secret = os.environ.get("TELEGRAM_WEBHOOK_SECRET") or (
+        secrets.token_urlsafe(32) if local else None
+    )
+    missing = []  # report every missing setting at once
     if not token:
-        print("set TELEGRAM_BOT_TOKEN to your bot's token (from @BotFather)", file=sys.stderr)
-        return 2
+        missing.append("TELEGRAM_BOT_TOKEN (your bot's token, from @BotFather)")
     if not args.dsn:
-        print("set PTB_FENCE_POSTGRES_DSN (or pass --dsn) to your database", file=sys.stderr)
-        return 2
-    secret = os.environ.get("TELEGRAM_WEBHOOK_SECRET")
+        missing.append("PTB_FENCE_POSTGRES_DSN or --dsn (your PostgreSQL database)")
     if not args.no_webhook and not secret:
-        print(
-            "set TELEGRAM_WEBHOOK_SECRET (1-256 characters of A-Z a-z 0-9 _ -): Telegram sends "
-            "it with every update and the webhook refuses requests without it",
-            file=sys.stderr,
+        missing.append(
+            "TELEGRAM_WEBHOOK_SECRET (1-256 characters of A-Z a-z 0-9 _ -; Telegram sends it "
+            "with every update and the webhook refuses requests without it)"
         )
+    if missing:
+        print("missing settings:\n  " + "\n  ".join(missing) + "\n(offline, pass --base-url "
+              "http://127.0.0.1:8081/bot to use `python -m ptb_fence.testing serve`; no token or "
+              "secret needed then)", file=sys.stderr)
         return 2
+    assert token is not None
     role = "sweeper" if args.no_webhook else "webhook"
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -373,6 +373,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         import shutil
 
         shutil.rmtree(workdir, ignore_errors=True)
+    elif result == 0:
+        print(f"kept: {demo.db}")
+        print("next, look at its rows (also: list, show UPDATE_ID, exhaustions):")
+        print(f"    ptb-fence --store sqlite:///{demo.db} status")
     elif result != 0:
         print(f"kept for inspection: {workdir}", file=sys.stderr)
     return result

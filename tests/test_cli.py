@@ -548,7 +548,8 @@ def test_duration_and_age_formats() -> None:
     assert parse_duration("7d") == 604_800_000
     assert parse_duration("1.5h") == 5_400_000
     assert parse_duration("250ms") == 250
-    assert format_age(500) == "<1s"
+    assert format_age(500) == "500 ms"
+    assert format_age(45_900) == "45 s"
     assert format_age(61_000) == "1m 01s"
     assert format_age(3 * 3_600_000 + 5 * 60_000) == "3h 05m"
     assert format_age(2 * 86_400_000 + 4 * 3_600_000) == "2d 04h"
@@ -805,3 +806,109 @@ def test_verbose_logs_the_retry_to_stderr(tmp_path: Any) -> None:
     assert done.returncode == 0, done.stderr
     assert "INFO ptb_fence.cli: retry: update 1003 failed -> pending" in done.stderr
     assert BODY_MARKER not in done.stderr
+
+
+# -- polish: pipes, bad files, plain paths, --version, final rows, demo --keep ---------------
+def cli_process(*argv: str, **kwargs: Any) -> "subprocess.CompletedProcess[str]":
+    return subprocess.run([sys.executable, "-m", "ptb_fence", *argv], capture_output=True,
+                          text=True, timeout=60, **kwargs)
+
+
+def test_piping_into_head_exits_quietly(tmp_path: Any) -> None:
+    path = tmp_path / "big.sqlite3"
+    store = SQLiteUpdateStore(str(path), "telegram_updates")
+    try:
+        now = int(time.time() * 1000)
+        for uid in range(1, 3001):
+            assert store.add(uid, body(uid, "x" * 40), now)
+    finally:
+        store.close()
+    for command in ("list --limit 3000", "show 7"):
+        # `head -1` exits after one line; the CLI then writes into a closed pipe
+        result = subprocess.run(
+            ["bash", "-c", f"set -o pipefail; {sys.executable} -m ptb_fence --store "
+             f"sqlite:///{path} {command} | head -1 >/dev/null; echo \"status=$?\" >&2"],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert "BrokenPipeError" not in result.stderr and "Traceback" not in result.stderr, \
+            result.stderr
+        assert "Exception ignored" not in result.stderr, result.stderr
+        assert result.stderr.strip().splitlines()[-1] in ("status=0", "status=141"), \
+            result.stderr
+
+
+def test_a_file_that_is_not_a_database_is_bad_input(tmp_path: Any, capsys: Any) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("these are my notes, not a database\n" * 50)
+    err = assert_refused(capsys, None, ["--store", f"sqlite:///{path}", "status"],
+                         "not a SQLite database")
+    assert str(path) in err
+    assert path.read_text().startswith("these are my notes")
+
+
+def test_a_directory_is_reported_as_a_directory(tmp_path: Any, capsys: Any) -> None:
+    assert_refused(capsys, None, ["--store", f"sqlite:///{tmp_path}", "status"],
+                   "is a directory, not a SQLite database")
+
+
+def test_a_plain_path_to_an_existing_file_is_sqlite(tmp_path: Any, capsys: Any) -> None:
+    with sqlite_db(tmp_path / "cli.db"):
+        pass
+    previous = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code, out, err = run(capsys, "--store", "cli.db", "status")
+        assert (code, err) == (0, ""), err
+        assert re.search(r"^total\s+9$", out, re.M), out
+        # a plain path that names no file: the suggestion spells the URL
+        err = assert_refused(capsys, None, ["--store", "other.db", "status"], "no scheme",
+                             "--store sqlite:///other.db")
+    finally:
+        os.chdir(previous)
+    # a libpq key=value DSN is never echoed (it may hold a password)
+    err = assert_refused(capsys, None, ["--store", f"host=db password={PASSWORD}", "status"])
+    assert PASSWORD not in err
+
+
+def test_version(capsys: Any) -> None:
+    import ptb_fence
+
+    code, out, err = run(capsys, "--version")
+    assert code == 0 and out.strip() == f"ptb-fence {ptb_fence.__version__}", (out, err)
+    result = cli_process("--version")
+    assert result.returncode == 0 and ptb_fence.__version__ in result.stdout
+
+
+def test_final_rows_show_no_due_time(db: Fixture, capsys: Any) -> None:
+    code, out, _ = run(capsys, *db.args("list"))
+    assert code == 0
+    header, *lines = out.splitlines()
+    due = header.index("DUE (UTC)")
+    settled = header.index("SETTLED (UTC)")
+    for line in lines:
+        if re.match(r"\s*100[19]\s", line):  # 1001 completed, 1009 abandoned
+            assert line[due:settled].strip() == "-", line
+        elif re.match(r"\s*1003\s", line):  # failed: its retry time
+            assert line[due:settled].strip() != "-", line
+    code, out, _ = run(capsys, *db.args("show", "1001"))
+    assert re.search(r"^due_at\s+-$", out, re.M), out
+
+
+def test_demo_keep_prints_the_path_and_a_next_step() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ptb_fence", "demo", "--updates", "20", "--chats", "2", "--keep"],
+        capture_output=True, text=True, timeout=170,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    match = re.search(r"^kept: (\S+)$", result.stdout, re.M)
+    assert match, result.stdout
+    path = match.group(1)
+    try:
+        assert os.path.isfile(path)
+        step = re.search(r"^\s+(ptb-fence --store sqlite:///\S+ status)$", result.stdout, re.M)
+        assert step, result.stdout
+        again = cli_process(*step.group(1).split()[1:])
+        assert again.returncode == 0 and re.search(r"^completed\s+20$", again.stdout, re.M), \
+            again.stdout + again.stderr
+    finally:
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)

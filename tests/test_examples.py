@@ -414,3 +414,133 @@ def test_custom_store_conforms_and_the_check_bites(runner: Runner) -> None:
     assert "- fence: owns with a wrong claim id returned True" in out
     assert "- attempt-ownership: settle_owned with a wrong claim id returned True" in out
     assert "UpdateIntake" not in out  # a store that fails the check is not used
+
+
+# -- the offline commands in the examples' docstrings, as written ------------------------------
+def offline_commands(script: str) -> List[List[str]]:
+    """The shell commands of the docstring's "Offline" paragraph, split like a shell would."""
+    import ast
+    import shlex
+
+    doc = ast.get_docstring(ast.parse((EXAMPLES / script).read_text())) or ""
+    offline = doc[doc.index("\nOffline"):]
+    lines = offline.replace("\\\n", " ").splitlines()
+    return [shlex.split(line) for line in lines if line.startswith("    python ")]
+
+
+def as_run(command: List[str], replace: Dict[str, str]) -> List[str]:
+    """``command`` with ``python`` this interpreter, ``examples/`` absolute and the values in
+    ``replace`` swapped (ports, DSN and table names that must differ per test run)."""
+    out = []
+    for word in command:
+        for old, new in replace.items():
+            word = word.replace(old, new)
+        if word == "python":
+            word = sys.executable
+        elif word.startswith("examples/"):
+            word = str(ROOT / word)
+        out.append(word)
+    return out
+
+
+def start_serve(runner: Runner, command: List[str], port: str) -> "subprocess.Popen[bytes]":
+    """Start the docstring's ``serve`` command on ``port`` instead of its default 8081."""
+    assert command[1:4] == ["-m", "ptb_fence.testing", "serve"], command
+    assert "--port" not in command
+    command = [*command, "--port", port]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]), PYTHONUNBUFFERED="1")
+    log = runner.dir / f"serve-{len(runner.procs)}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=out,
+                                stderr=subprocess.STDOUT, cwd=runner.dir, env=env)
+    runner.procs.append(proc)
+    runner.logs[proc.pid] = log
+    return proc
+
+
+def type_line(proc: "subprocess.Popen[bytes]", text: str) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(text.encode() + b"\n")
+    proc.stdin.flush()
+
+
+def test_polling_sqlite_offline_command_as_written(runner: Runner, tmp_path: Path) -> None:
+    serve_cmd, bot_cmd = offline_commands("polling_sqlite.py")
+    port = str(free_port())
+    replace = {"8081": port}
+    serve = start_serve(runner, as_run(serve_cmd, replace), port)
+    runner.wait_for("serve to listen", lambda: listening(int(port)), STARTUP, alive=[serve])
+    argv = as_run(bot_cmd, replace)
+    bot = runner.start(Path(argv[1]).name, *argv[2:])  # no TELEGRAM_* variables set
+    assert runner.exit_code(bot, timeout=60) == 0, runner.all_logs()  # --exit-after 2
+    runner.wait_for("both replies printed by serve",
+                    lambda: "already taken" in runner.log(serve), 10, alive=[serve])
+    assert runner.stop(serve, signal.SIGTERM) == 0, runner.all_logs()
+    out = runner.log(serve)
+    assert "-> sendMessage to chat 1: Booked 10:00 for you." in out
+    assert "-> sendMessage to chat 1: Sorry, 10:00 is already taken." in out
+    assert query(tmp_path / "offline.sqlite3", "SELECT slot FROM bookings") == [("10:00",)]
+
+
+def test_blocking_wsgi_offline_command_as_written(runner: Runner, tmp_path: Path) -> None:
+    serve_cmd, bot_cmd = offline_commands("blocking_wsgi.py")
+    port, hook_port = str(free_port()), str(free_port())
+    replace = {"8081": port, "8080": hook_port}
+    serve = start_serve(runner, as_run(serve_cmd, replace), port)
+    runner.wait_for("serve to listen", lambda: listening(int(port)), STARTUP, alive=[serve])
+    argv = as_run(bot_cmd, replace)
+    bot = runner.start(Path(argv[1]).name, *argv[2:])  # no TELEGRAM_* variables set
+    runner.wait_for("setWebhook", lambda: "-> setWebhook" in runner.log(serve), STARTUP,
+                    alive=[serve, bot])
+    type_line(serve, "/book 10:00")
+    runner.wait_for("the reply printed by serve",
+                    lambda: "Booked 10:00 for you." in runner.log(serve), 30, alive=[serve, bot])
+    assert "(HTTP 200)" in runner.log(serve)
+    assert runner.stop(bot, signal.SIGTERM) == 0, runner.all_logs()
+    assert runner.stop(serve, signal.SIGINT) == 0, runner.all_logs()
+    assert query(tmp_path / "offline.sqlite3", "SELECT slot FROM bookings") == [("10:00",)]
+
+
+def test_webhook_postgres_offline_command_as_written(
+    runner: Runner, pg_dsn: str, pg_table: str, pg_tables: List[str]
+) -> None:
+    serve_cmd, bot_cmd = offline_commands("webhook_postgres.py")
+    port, hook_port = str(free_port()), str(free_port())
+    pg_tables.append(pg_table + "_b")
+    replace = {"8081": port, "8080": hook_port,
+               "postgresql://postgres@127.0.0.1:5432/postgres": pg_dsn,
+               "my_updates": pg_table, "my_bookings": pg_table + "_b"}
+    serve = start_serve(runner, as_run(serve_cmd, replace), port)
+    runner.wait_for("serve to listen", lambda: listening(int(port)), STARTUP, alive=[serve])
+    argv = as_run(bot_cmd, replace)
+    bot = runner.start(Path(argv[1]).name, *argv[2:])  # no TELEGRAM_* variables set
+    runner.wait_for("setWebhook", lambda: "-> setWebhook" in runner.log(serve), STARTUP,
+                    alive=[serve, bot])
+    runner.wait_for("the webhook to listen", lambda: listening(int(hook_port)), STARTUP,
+                    alive=[serve, bot])
+    type_line(serve, "/book 10:00")
+    runner.wait_for("the reply printed by serve",
+                    lambda: "Booked 10:00 for you." in runner.log(serve), 30, alive=[serve, bot])
+    assert runner.stop(bot, signal.SIGTERM) == 0, runner.all_logs()
+    assert runner.stop(serve, signal.SIGTERM) == 0, runner.all_logs()
+
+
+@pytest.mark.parametrize("script", ["polling_sqlite.py", "blocking_wsgi.py",
+                                    "webhook_postgres.py"])
+def test_missing_settings_are_reported_at_once(runner: Runner, script: str) -> None:
+    args = ["--dsn", ""] if script == "webhook_postgres.py" else []
+    proc = runner.start(script, *args)  # Telegram's base URL, no TELEGRAM_* variables
+    assert runner.exit_code(proc, timeout=STARTUP) == 2
+    out = runner.log(proc)
+    assert "TELEGRAM_BOT_TOKEN" in out and "Traceback" not in out
+    if script != "polling_sqlite.py":
+        assert "TELEGRAM_WEBHOOK_SECRET" in out
+    if script == "webhook_postgres.py":
+        assert "PTB_FENCE_POSTGRES_DSN" in out
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))
+def test_docstrings_install_from_the_repository(script: str) -> None:
+    text = (EXAMPLES / script).read_text()
+    assert "pip install ptb_fence" not in text

@@ -49,6 +49,7 @@ TABLE_ENV = "PTB_FENCE_TABLE"
 _MAX_UPDATE_ID = 2**63 - 1
 _DAY_MS = 86_400_000
 _ERROR_WIDTH = 48
+_FINAL_STATES = ("completed", "abandoned")  # their due_at is a leftover of the last lease
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -166,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
             "3 store unreachable or failed."
         ),
         epilog="`python -m ptb_fence demo` runs the offline demo bot instead.",
+    )
+    from ptb_fence import __version__
+
+    parser.add_argument(
+        "--version", action="version", version=f"{PROG} {__version__}",
+        help="print the version and exit",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
@@ -361,7 +368,7 @@ def _cmd_list(ctx: _Context) -> int:
                     row.state,
                     row.attempts,
                     format_time(row.received_at),
-                    format_time(row.due_at),
+                    "-" if row.state in _FINAL_STATES else format_time(row.due_at),
                     format_time(row.settled_at),
                     clip(row.error, _ERROR_WIDTH),
                 )
@@ -378,7 +385,7 @@ def _cmd_list(ctx: _Context) -> int:
 
 
 def _due_label(row: UpdateRow, now: int) -> str:
-    if row.due_at is None:
+    if row.due_at is None or row.state == "completed":
         return "-"
     when = format_time(row.due_at, millis=True)
     delta = row.due_at - now
@@ -391,7 +398,7 @@ def _due_label(row: UpdateRow, now: int) -> str:
     elif row.state == "abandoned":
         note = "ended at"
     else:
-        note = "last lease until"
+        note = "last lease until"  # pragma: no cover - completed rows show "-"
     return f"{when} ({note})"
 
 
@@ -875,6 +882,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`ptb-fence list | head`): stop quietly, like standard tools
+        _silence_stdout()
+        return 0
     except Exception as exc:
         # unexpected: still one line, and never with the DSN (only the type and message)
         url = os.environ.get(STORE_ENV) or ""
@@ -885,6 +896,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             pass
         print(f"{PROG}: error: {type(exc).__name__}: {text}", file=sys.stderr, flush=True)
         return 3
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that flushing it at exit raises no second BrokenPipeError."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (captured output)
+        pass
 
 
 def _store_of(arguments: Sequence[str]) -> Optional[str]:

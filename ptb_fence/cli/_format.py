@@ -7,6 +7,8 @@ import json
 import re
 from typing import Any, List, Optional, Sequence
 
+from ptb_fence._durations import format_duration
+
 __all__ = [
     "clip",
     "format_age",
@@ -81,23 +83,13 @@ def iso_time(ms: Optional[int]) -> Optional[str]:
 
 
 def format_age(ms: int) -> str:
-    """A short human duration: ``<1s``, ``45s``, ``2m 03s``, ``3h 05m``, ``2d 04h``."""
+    """A short human duration of ``ms`` milliseconds: ``250 ms``, ``45 s``, ``2m 03s``,
+    ``3h 05m``, ``2d 04h`` (whole seconds from one second on; see
+    :func:`ptb_fence._durations.format_duration`)."""
     ms = int(ms)
     if ms < 0:
         return "-" + format_age(-ms)
-    seconds = ms // 1000
-    if seconds < 1:
-        return "<1s"
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m {seconds:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h {minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d {hours:02d}h"
+    return format_duration(ms / 1000.0 if ms < 1000 else ms // 1000)
 
 
 def one_line(text: Any) -> str:

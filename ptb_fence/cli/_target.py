@@ -49,11 +49,38 @@ def _secrets(url: str) -> FrozenSet[str]:
     return frozenset(value for value in found if value)
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _require_sqlite_header(path: str) -> None:
+    """Refuse a non-empty file that does not start with SQLite's magic header (exit 2)."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(len(_SQLITE_HEADER))
+    except OSError as exc:
+        raise StoreFailure(f"cannot read {path}: {exc.strerror or exc}") from None
+    if head and head != _SQLITE_HEADER:
+        raise Refused(
+            f"{path} is not a SQLite database (its first bytes are not SQLite's header): "
+            "check --store"
+        )
+
+
+def _looks_like_path(text: str) -> bool:
+    """A bare file path, not a libpq ``key=value`` DSN nor any URL (those may hold secrets)."""
+    return (
+        "://" not in text
+        and not any(c.isspace() or c in "=@?&'\"" for c in text)
+        and bool(re.fullmatch(r"[\w./~+-]+", text))
+    )
+
+
 class StoreTarget:
     """Where a command works: a SQLite file or a PostgreSQL database, from a ``--store`` URL.
 
     ``sqlite:///relative/path.db`` and ``sqlite:////absolute/path.db`` (the path is everything
-    after ``sqlite:///``, as in SQLAlchemy), or a ``postgresql://`` / ``postgres://`` libpq URI.
+    after ``sqlite:///``, as in SQLAlchemy), a plain path to an existing file (taken as SQLite),
+    or a ``postgresql://`` / ``postgres://`` libpq URI.
     The password of a DSN never appears in :attr:`display` or in messages passed through
     :meth:`redact`.
 
@@ -95,6 +122,11 @@ class StoreTarget:
             self.dsn = url
             self.display = self._mask(url)
             self._check_dsn()
+        elif _looks_like_path(url) and os.path.isfile(url):
+            # a plain path to an existing file: the SQLite file it names
+            self.kind = "sqlite"
+            self.path = os.path.abspath(url)
+            self.display = _SQLITE_PREFIX + url
         else:
             # never echo the URL itself: it may hold a password
             prefix = url.split("://", 1)[0] if "://" in url else ""
@@ -102,6 +134,11 @@ class StoreTarget:
                 what = f"unknown store URL scheme {prefix + '://'!r}"
             else:
                 what = "the store URL has no scheme"
+                if _looks_like_path(url):  # a path holds no password: safe to echo
+                    raise Refused(
+                        f"{what} and no file {url!r} exists: for a SQLite file write "
+                        f"--store {_SQLITE_PREFIX}{url} (or a postgresql:// DSN)"
+                    )
             raise Refused(f"{what}: use --store sqlite:///path/to.db or a postgresql:// DSN")
 
     # -- secrets ---------------------------------------------------------------------------
@@ -157,11 +194,17 @@ class StoreTarget:
             ptb_fence.cli._errors.StoreFailure: It cannot be opened.
         """
         assert self.path is not None
+        if os.path.isdir(self.path):
+            raise Refused(
+                f"{self.path} is a directory, not a SQLite database: name the database file "
+                "in --store (sqlite:///path/to/file.db)"
+            )
         if not os.path.isfile(self.path):
             raise Refused(
                 f"no SQLite database at {self.path}: check --store (sqlite:///relative.db or "
                 "sqlite:////absolute.db); ptb-fence does not create databases"
             )
+        _require_sqlite_header(self.path)
         uri = "file:" + urllib.parse.quote(self.path) + "?mode=rw"
         try:
             conn = sqlite3.connect(uri, uri=True, timeout=10.0, isolation_level=None)

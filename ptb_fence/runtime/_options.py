@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from ptb_fence._durations import Duration, duration_seconds
 
 if TYPE_CHECKING:
     from ptb_fence._values import Exhaustion
@@ -15,14 +16,6 @@ __all__ = ["RuntimeOptions"]
 
 RetryFn = Callable[[BaseException, int], Optional[float]]
 """``retry(error, attempt) -> seconds | None``: delay before the next attempt, None to give up."""
-
-
-def _positive_number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -37,22 +30,27 @@ def _callable_or_none(name: str, value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class RuntimeOptions:
     """The options of the runtime, validated on construction.
 
-    User-facing durations are seconds (floats), as in python-telegram-bot; the store sees
-    integer milliseconds.
+    Durations are seconds (:obj:`int` or :obj:`float`) or a :class:`datetime.timedelta`, as
+    python-telegram-bot 22's ``TimePeriod``; they are stored as :obj:`float` seconds here, and
+    the store sees integer milliseconds.
 
     Args:
         max_attempts (:obj:`int`): Attempts per update before it is exhausted. Default 5.
-        lease_seconds (:obj:`float`): How long a claim holds an update without renewal. The lease
+        lease_seconds (:obj:`float` | :class:`datetime.timedelta`):
+            How long a claim holds an update without renewal. The lease
             keeper renews every ``lease_seconds / 4``. Default 120.
-        sweep_every_seconds (:obj:`float`): Interval of the sweep (retries, lapsed leases,
+        sweep_every_seconds (:obj:`float` | :class:`datetime.timedelta`):
+            Interval of the sweep (retries, lapsed leases,
             exhaustions, pruning). Default 30.
-        pending_grace_seconds (:obj:`float`): A pending row is handed over by a sweep only after
+        pending_grace_seconds (:obj:`float` | :class:`datetime.timedelta`):
+            A pending row is handed over by a sweep only after
             this long, so the receiving process has the first chance. Default 60.
-        retain_seconds (:obj:`float`): Settled rows are pruned this long after settling.
+        retain_seconds (:obj:`float` | :class:`datetime.timedelta`):
+            Settled rows are pruned this long after settling.
             Default 86400.
         max_concurrent (:obj:`int`): Updates handled at once (different chats). Default 32.
         retry: ``retry(error, attempt) -> seconds | None``; default
@@ -66,7 +64,8 @@ class RuntimeOptions:
             store sees ``int(clock() * 1000)``.
 
     Raises:
-        ValueError: A numeric option is not positive (the message names it).
+        ValueError: A numeric option is not positive, or a duration is neither a number nor a
+            ``timedelta`` (the message names the option).
         TypeError: A callback is not callable.
     """
 
@@ -82,20 +81,43 @@ class RuntimeOptions:
     on_store_error: Optional[Callable[[BaseException, str], Any]] = None
     clock: Callable[[], float] = time.time
 
-    def __post_init__(self) -> None:
-        _positive_int("max_attempts", self.max_attempts)
-        _positive_int("max_concurrent", self.max_concurrent)
-        for name in (
-            "lease_seconds",
-            "sweep_every_seconds",
-            "pending_grace_seconds",
-            "retain_seconds",
-        ):
-            object.__setattr__(self, name, _positive_number(name, getattr(self, name)))
-        for name in ("retry", "on_failure", "on_exhaustion_failure", "on_store_error"):
-            _callable_or_none(name, getattr(self, name))
-        if not callable(self.clock):
-            raise TypeError(f"clock must be callable, got {self.clock!r}")
+    # The constructor takes durations as ``float | int | timedelta``; the attributes are always
+    # float seconds, so code reading them needs no conversion.
+    def __init__(
+        self,
+        max_attempts: int = 5,
+        lease_seconds: Duration = 120.0,
+        sweep_every_seconds: Duration = 30.0,
+        pending_grace_seconds: Duration = 60.0,
+        retain_seconds: Duration = 86400.0,
+        max_concurrent: int = 32,
+        retry: Optional[RetryFn] = None,
+        on_failure: Optional[Callable[[BaseException, "Attempt", bool], Any]] = None,
+        on_exhaustion_failure: Optional[Callable[[BaseException, "Exhaustion"], Any]] = None,
+        on_store_error: Optional[Callable[[BaseException, str], Any]] = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        values: "dict[str, Any]" = {
+            "max_attempts": _positive_int("max_attempts", max_attempts),
+            "lease_seconds": duration_seconds("lease_seconds", lease_seconds),
+            "sweep_every_seconds": duration_seconds("sweep_every_seconds", sweep_every_seconds),
+            "pending_grace_seconds": duration_seconds(
+                "pending_grace_seconds", pending_grace_seconds
+            ),
+            "retain_seconds": duration_seconds("retain_seconds", retain_seconds),
+            "max_concurrent": _positive_int("max_concurrent", max_concurrent),
+            "retry": _callable_or_none("retry", retry),
+            "on_failure": _callable_or_none("on_failure", on_failure),
+            "on_exhaustion_failure": _callable_or_none(
+                "on_exhaustion_failure", on_exhaustion_failure
+            ),
+            "on_store_error": _callable_or_none("on_store_error", on_store_error),
+            "clock": clock,
+        }
+        if not callable(clock):
+            raise TypeError(f"clock must be callable, got {clock!r}")
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
     @classmethod
     def from_options(cls, component: str, options: "dict[str, Any]") -> "RuntimeOptions":
@@ -104,7 +126,8 @@ class RuntimeOptions:
 
         Raises:
             TypeError: An unknown option.
-            ValueError: A numeric option is not positive.
+            ValueError: A numeric option is not positive or a duration is not a number or
+                ``timedelta``.
         """
         valid = sorted(cls.__dataclass_fields__)
         unknown = sorted(set(options) - set(valid))
