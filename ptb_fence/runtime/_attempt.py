@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
+import sqlite3
 import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
 
-from ptb_fence._errors import OwnershipLost
+from ptb_fence._errors import AttemptFinished, OwnershipLost, TransactionEnded
 from ptb_fence._values import AttemptIdentity, Completed
 
 if TYPE_CHECKING:
@@ -17,6 +19,24 @@ if TYPE_CHECKING:
 __all__ = ["Attempt", "current_attempt"]
 
 T = TypeVar("T")
+
+_ALREADY_COMPLETED = (
+    "attempt already completed: a transaction(complete=True) committed it; open further "
+    "transactions without complete=True (or before completing)"
+)
+_ALREADY_EXHAUSTED = (
+    "attempt already exhausted: exhaust() recorded its terminal failure; the attempt can no "
+    "longer write"
+)
+_HANDLER_RETURNED = (
+    "attempt ended: the handler returned; the attempt can no longer write (keep fenced writes "
+    "inside the handler)"
+)
+_ASYNC_FN = (
+    "run_in_transaction(fn) got an async function (or fn returned an awaitable), which would "
+    "write nothing: pass a plain function: run_in_transaction runs fn on a worker thread; do "
+    "the async work before or after; the transaction was rolled back and nothing was settled"
+)
 
 _CURRENT: "contextvars.ContextVar[Optional[Attempt]]" = contextvars.ContextVar(
     "ptb_fence_current_attempt", default=None
@@ -132,6 +152,19 @@ class Attempt:
     def _finished(self) -> bool:
         return self._ended or self._completed or self._completing or self.exhausted
 
+    def _raise_if_finished(self) -> None:
+        """Raise :exc:`~ptb_fence.AttemptFinished` if this attempt can no longer write.
+
+        A handler mistake, not a takeover: checked before touching the database, nothing
+        logged, ``owner_lost`` untouched.
+        """
+        if self._completed:
+            raise AttemptFinished(self.identity, _ALREADY_COMPLETED)
+        if self.exhausted:
+            raise AttemptFinished(self.identity, _ALREADY_EXHAUSTED)
+        if self._ended or self._settling:  # the runtime settles once the handler returned
+            raise AttemptFinished(self.identity, _HANDLER_RETURNED)
+
     # -- owner lost -------------------------------------------------------------------------
     def _fire_owner_lost(self) -> None:
         with self._lock:
@@ -189,10 +222,15 @@ class Attempt:
 
         Raises:
             OwnershipLost: The attempt no longer owns the update; everything was rolled back.
+            AttemptFinished: The attempt was already completed or exhausted, or its handler
+                returned (a mistake in the handler, not a lost lease); nothing was opened.
+            TransactionEnded: The block committed, rolled back or closed the connection
+                itself; ``complete=True`` settled nothing.
         """
         runtime = self._runtime
         store = runtime.store
         identity = self.identity
+        self._raise_if_finished()
         if connection is None:
             opener = getattr(store, "transaction", None)
             if opener is None:
@@ -206,11 +244,15 @@ class Attempt:
         try:
             with manager as conn:
                 if not store.owns(identity, runtime.options.now_ms(), connection=conn):
+                    self._raise_if_finished()  # it finished meanwhile (e.g. another thread)
                     runtime.log_transaction_refused(self)
                     # the database's refusal is the authoritative proof of loss
                     self._fire_owner_lost()
                     raise OwnershipLost(identity)
                 yield conn
+                ended = _transaction_ended(conn)
+                if ended is not None:
+                    raise TransactionEnded(identity, ended)
                 if complete:
                     self._completing = True
                     settled = store.settle_owned(
@@ -240,11 +282,23 @@ class Attempt:
         Raises:
             OwnershipLost: The attempt no longer owns the update; ``fn``'s writes were
                 rolled back.
+            TypeError: ``fn`` is an ``async def`` function (or returned an awaitable): it
+                would write nothing. Pass a plain function; the transaction is rolled back.
+            AttemptFinished: As in :meth:`transaction`.
+            TransactionEnded: As in :meth:`transaction`.
         """
+        self._raise_if_finished()
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError(_ASYNC_FN)
 
         def run() -> T:
             with self.transaction(complete=complete) as conn:
-                return fn(conn)
+                result = fn(conn)
+                if inspect.isawaitable(result):
+                    if inspect.iscoroutine(result):
+                        result.close()  # never awaited: no "never awaited" warning either
+                    raise TypeError(_ASYNC_FN)  # rolls the transaction back
+                return result
 
         return await self._off_loop(run)
 
@@ -273,9 +327,12 @@ class Attempt:
 
         Raises:
             OwnershipLost: The attempt no longer owns the update; nothing was recorded.
+            AttemptFinished: The attempt was already completed or exhausted, or its handler
+                returned; nothing was recorded.
         """
         if not isinstance(reason, str) or not reason:
             raise ValueError("exhaust(reason) needs a non-empty reason text")
+        self._raise_if_finished()
         if not self._runtime.exhaust_attempt(self, reason):
             raise OwnershipLost(self.identity)
 
@@ -285,14 +342,52 @@ def _set_future(future: "asyncio.Future[None]") -> None:
         future.set_result(None)
 
 
+def _target(connection: Any) -> Any:
+    """The DB-API connection of a connection or cursor."""
+    return connection if hasattr(connection, "commit") else getattr(connection, "connection", None)
+
+
+def _transaction_ended(connection: Any) -> Optional[str]:
+    """How the block ended its own transaction, or :obj:`None` while it is still open.
+
+    sqlite3 (autocommit outside the block): ``in_transaction`` is false after a commit or
+    rollback, and raises once closed. psycopg2: ``closed`` is non-zero once closed;
+    ``get_transaction_status()`` is IDLE (0) after a commit or rollback, UNKNOWN (4) when the
+    connection is broken. Anything else (the memory store's :obj:`None`, other drivers) cannot
+    be checked and counts as open.
+    """
+    target = None if connection is None else _target(connection)
+    if target is None:
+        return None
+    if isinstance(target, sqlite3.Connection):
+        try:
+            return None if target.in_transaction else "committed or rolled back"
+        except sqlite3.ProgrammingError:
+            return "closed"
+    if getattr(target, "closed", 0):
+        return "closed"
+    status = getattr(target, "get_transaction_status", None)
+    if callable(status):
+        value = status()
+        if value == 0:
+            return "committed or rolled back"
+        if value == 4:
+            return "closed or broken"
+    return None
+
+
 @contextmanager
 def _given_connection(connection: Any) -> Iterator[Any]:
     """Commit or roll back a caller's connection (or a cursor's connection) around a block."""
-    target = connection if hasattr(connection, "commit") else getattr(connection, "connection")
+    target = _target(connection)
     try:
         yield connection
     except BaseException:
-        target.rollback()
+        try:
+            target.rollback()
+        except Exception:
+            if _transaction_ended(target) is None:
+                raise  # a closed connection has nothing to roll back
         raise
     else:
         target.commit()
