@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, Hashable, List, Literal, Optional
+from typing import Any, Callable, Dict, Hashable, List, Literal, Optional, Set
 
 from ptb_fence._protocols import UpdateStore
 from ptb_fence._values import Exhaustion, StoredUpdate
@@ -66,6 +66,7 @@ class UpdateIntake:
         "_lock",
         "_pool",
         "_refill",
+        "_refills",
         "_runtime",
         "_started",
         "_sweep_lock",
@@ -114,6 +115,7 @@ class UpdateIntake:
         self._started = False
         self._closed = False
         self._refill = False
+        self._refills: Set[threading.Thread] = set()
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -157,30 +159,51 @@ class UpdateIntake:
         start or another process. :meth:`accept` still records after ``close()``, so nothing
         posted late is lost. Does not close the store.
 
+        Waits for every thread the intake started: workers, the lease keeper and sweep
+        jobs, refill sweeps and exhaustion deliveries (queued deliveries are dropped; they stay
+        due in the store). Close the store only after ``close()`` returned.
+
         Args:
-            timeout: Seconds to wait for running attempts (:obj:`None`: until they finish).
-                Attempts still running after it lose their lease renewal; their updates are
-                taken over after the lease.
+            timeout: Seconds to wait in all (:obj:`None`: until everything finished). What is
+                still running after it is named in a WARNING; attempts among it lose their
+                lease renewal and their updates are taken over after the lease; wait with
+                :meth:`idle` before closing the store.
         """
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> Optional[float]:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             pool, self._pool = self._pool, None
         self._chats.drop_waiting()
+        running: List[str] = []
         if pool is not None:
             # queued runs are not cancelled: each sees _closed, skips its update (left in the
             # store) and calls ChatScheduler.done, so idle() still becomes true
             pool.shutdown(wait=timeout is None)
-            if timeout is not None and not self._chats.wait_empty(timeout):
-                _LOGGER.warning(
-                    "close(): attempts still running after %.3gs; their leases are no longer "
-                    "renewed and lapse",
-                    timeout,
-                )
-        self._runtime.stop_jobs()
+            if not self._chats.wait_empty(left()):
+                running.append(f"ptb_fence-worker ({len(self._chats)} attempt(s))")
+        running += self._runtime.stop_jobs(left())
+        with self._lock:
+            refills = list(self._refills)
+        for thread in refills:
+            thread.join(left())
+            if thread.is_alive():
+                running.append(thread.name)
         if self._delivery is not None:
-            self._delivery.close(timeout)
+            running += self._delivery.close(left())
+        if running:
+            _LOGGER.warning(
+                "close(): still running after %.3gs: %s; attempts lose their lease renewal "
+                "and are taken over after the lease; close the store only after they end "
+                "(idle())",
+                timeout,
+                ", ".join(running),
+            )
 
     def __enter__(self) -> "UpdateIntake":
         self.start()
@@ -342,9 +365,24 @@ class UpdateIntake:
             self._chats.done(key, update_id)
             if self._refill and len(self._chats) == 0 and not self._closed:
                 self._refill = False
-                threading.Thread(
-                    target=self._sweep, kwargs={"include_fresh": True}, daemon=True
-                ).start()
+                self._start_refill()
+
+    def _start_refill(self) -> None:
+        """Sweep for the next page on a thread of its own (close() waits for it)."""
+
+        def refill() -> None:
+            try:
+                self._sweep(include_fresh=True)
+            finally:
+                with self._lock:
+                    self._refills.discard(thread)
+
+        thread = threading.Thread(target=refill, name="ptb_fence-refill", daemon=True)
+        with self._lock:
+            if self._closed:
+                return
+            self._refills.add(thread)
+        thread.start()
 
     def _process(self, update_id: int, text: str, update: Dict[str, Any]) -> None:
         runtime = self._runtime

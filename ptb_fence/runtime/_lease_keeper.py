@@ -74,10 +74,19 @@ class LeaseKeeper:
         with self._lock:
             return list(self._active.values())
 
-    def add_job(self, scheduler: BackgroundScheduler) -> None:
-        """Add the renewal job (every ``lease_seconds / 4``) to ``scheduler``."""
+    def add_job(
+        self,
+        scheduler: BackgroundScheduler,
+        wrap: Optional[Callable[[Callable[[], None], str], Callable[[], Any]]] = None,
+    ) -> None:
+        """Add the renewal job (every ``lease_seconds / 4``) to ``scheduler``.
+
+        Args:
+            scheduler: The scheduler.
+            wrap: ``wrap(fn, name)`` returns the callable to schedule instead of ``fn``.
+        """
         scheduler.add_job(
-            self.tick,
+            self.tick if wrap is None else wrap(self.tick, "ptb_fence lease keeper"),
             "interval",
             seconds=self._runtime.options.lease_seconds / 4.0,
             id="ptb_fence_lease_keeper",
