@@ -78,9 +78,11 @@ class Attempt:
         "_ended",
         "_exhausted_at",
         "_exhausted_error",
+        "_holding",
         "_identity",
         "_lock",
         "_loop_waiters",
+        "_opening",
         "_proven_until",
         "_runtime",
         "_settling",
@@ -113,6 +115,8 @@ class Attempt:
         self._completing = False
         self._completed = False
         self._settling = False  # the runtime is settling it: a refused renewal is expected
+        self._opening = 0  # fenced transactions opening or open
+        self._holding = 0  # fenced transactions whose ownership check succeeded, still open
         self._exhausted_error: Optional[str] = None
         self._exhausted_at: Optional[int] = None
         self._body = body
@@ -148,6 +152,24 @@ class Attempt:
     def exhausted(self) -> bool:
         """:obj:`bool`: Whether :meth:`exhaust` recorded a terminal failure for this attempt."""
         return self._exhausted_error is not None
+
+    @property
+    def holds_fence(self) -> bool:
+        """:obj:`bool`: Whether a fenced transaction of this attempt is open and its ownership
+        check succeeded.
+
+        It then holds the row lock (PostgreSQL ``FOR UPDATE``; SQLite the database's write
+        lock), so nobody else can claim the update until that transaction ends: the attempt
+        provably still owns it, even past its lease. The lease keeper neither renews it nor
+        reports it lost meanwhile.
+        """
+        return self._holding > 0
+
+    @property
+    def in_fenced_transaction(self) -> bool:
+        """:obj:`bool`: Whether a fenced transaction of this attempt is opening or open (its row
+        may be locked: the lease keeper does not renew it meanwhile)."""
+        return self._opening > 0
 
     def _finished(self) -> bool:
         return self._ended or self._completed or self._completing or self.exhausted
@@ -241,22 +263,37 @@ class Attempt:
             manager = opener()
         else:
             manager = _given_connection(connection)
+        holding = False
+        with self._lock:
+            # from here until the transaction ends the lease keeper leaves this attempt's row
+            # alone: once the ownership check below locked it, a renewal would wait on the lock
+            self._opening += 1
         try:
             with manager as conn:
-                if not store.owns(identity, runtime.options.now_ms(), connection=conn):
+                checked_at = runtime.options.now_ms()
+                if not store.owns(identity, checked_at, connection=conn):
                     self._raise_if_finished()  # it finished meanwhile (e.g. another thread)
                     runtime.log_transaction_refused(self)
                     # the database's refusal is the authoritative proof of loss
                     self._fire_owner_lost()
                     raise OwnershipLost(identity)
+                with self._lock:
+                    self._holding += 1
+                    holding = True
                 yield conn
                 ended = _transaction_ended(conn)
                 if ended is not None:
                     raise TransactionEnded(identity, ended)
                 if complete:
                     self._completing = True
+                    # Completed at the time of the ownership check, not "now": the check locked
+                    # the row (PostgreSQL FOR UPDATE; SQLite the database's write lock; the
+                    # memory store its lock) and the lock is held until this commit, so no
+                    # other claim can have happened since. A competing claim waits for the lock
+                    # and then sees the completed row. So a transaction that stayed open past
+                    # its lease still completes, exactly once.
                     settled = store.settle_owned(
-                        identity, Completed(runtime.options.now_ms()), connection=conn
+                        identity, Completed(checked_at), connection=conn
                     )
                     if not settled:
                         self._fire_owner_lost()
@@ -266,7 +303,11 @@ class Attempt:
                 self._completed = True
         finally:
             # also when the commit itself failed: the attempt is then not complete
-            self._completing = False
+            with self._lock:
+                self._opening -= 1
+                if holding:
+                    self._holding -= 1
+                self._completing = False
 
     async def run_in_transaction(
         self, fn: Callable[[Any], T], *, complete: bool = False
