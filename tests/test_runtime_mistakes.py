@@ -453,3 +453,91 @@ def test_ptb_handler_passing_an_async_fn_gets_a_type_error_and_the_update_is_not
     assert [type(f[0]) for f in failures.snapshot()] == [TypeError]
     assert rows(path)[update_id][1] == 2  # attempt 1 failed, attempt 2 completed
     assert [r[:2] for r in domain_rows(path)] == [(update_id, 2)]
+
+
+def test_ptb_second_complete_is_attempt_finished_not_a_takeover(tmp_path: Any, caplog: Any) -> None:
+    from telegram.ext import MessageHandler, filters
+
+    from ptb_fence.ptb import FencedUpdateProcessor
+    from ptb_fence.testing import FakeBotApi
+    from ptb_support import DOMAIN_DDL, FAST, build, domain_rows, polling, rows, run, wait_for
+
+    caplog.set_level(logging.DEBUG)
+    path = str(tmp_path / "ptb10.db")
+    store = SQLiteUpdateStore(path)
+    with store.transaction() as conn:
+        conn.execute(DOMAIN_DDL)
+    seen: List[Any] = []
+
+    async def on_message(update: Any, context: Any) -> None:
+        attempt = context.attempt
+
+        def write(conn: Any) -> None:
+            conn.execute(
+                "INSERT INTO domain (update_id, attempt, claim_id) VALUES (?, ?, ?)",
+                (update.update_id, attempt.attempt, attempt.claim_id),
+            )
+
+        await attempt.run_in_transaction(write, complete=True)
+        try:
+            await attempt.run_in_transaction(write, complete=True)
+        except AttemptFinished as exc:
+            seen.append(exc)
+        seen.append(attempt)
+
+    async def scenario(fake: FakeBotApi) -> int:
+        app = build(FencedUpdateProcessor(store, **FAST), fake)
+        app.add_handler(MessageHandler(filters.TEXT, on_message))
+        update_id = fake.inject_message(chat_id=1, text="x")
+        async with polling(app):
+            await wait_for("settled", lambda: rows(path).get(update_id, ("",))[0] == "completed")
+            await wait_for("the handler", lambda: len(seen) == 2)
+        return update_id
+
+    try:
+        with FakeBotApi() as fake:
+            update_id = run(scenario(fake))
+    finally:
+        store.close()
+    error, attempt = seen
+    assert type(error) is AttemptFinished and "attempt already completed" in str(error)
+    assert not attempt.owner_lost.is_set()
+    assert _takeover_warnings(caplog) == []
+    assert rows(path)[update_id][:2] == ("completed", 1)
+    assert [r[:2] for r in domain_rows(path)] == [(update_id, 1)]
+
+
+def test_a_given_sqlite_connection_committed_inside_the_block_is_loud(
+    tmp_path: Any, intakes: List[UpdateIntake]  # noqa: F811
+) -> None:
+    backend = _sqlite_backend(tmp_path)
+    path = str(tmp_path / "mistakes.db")
+    clock = FakeClock()
+    seen: Dict[str, Any] = {}
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        conn = sqlite3.connect(path, timeout=10)
+        try:
+            with attempt.transaction(connection=conn, complete=True) as c:
+                backend.insert(c, update["update_id"], attempt.attempt)
+                c.commit()
+        except TransactionEnded as exc:
+            seen["error"] = exc
+        finally:
+            conn.close()
+        seen["completed"] = attempt.completed
+        raise RuntimeError("stop here")
+
+    try:
+        intake = _make(backend.store, intakes, clock, handle_attempt=handle_attempt)
+        intake.accept(body(13))
+        assert intake.idle(10)
+        assert isinstance(seen.get("error"), TransactionEnded), seen
+        assert "committed or rolled back" in str(seen["error"])
+        assert seen["completed"] is False
+        assert backend.state(13) == "failed"
+        assert backend.notes() == [(13, 1)]  # the escaped write (the handler's mistake)
+    finally:
+        intakes.remove(intake)
+        intake.close()
+        backend.store.close()
