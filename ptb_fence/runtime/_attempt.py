@@ -234,8 +234,17 @@ class Attempt:
         Opens a transaction on a connection of the store's own driver (``sqlite3.Connection``
         for SQLite, a psycopg2 connection for PostgreSQL, :obj:`None` for the memory store) —
         or uses ``connection`` —, checks :meth:`owns` inside it, yields the connection for the
-        domain writes, and commits on exit. Do not commit or roll back the yielded connection
-        yourself.
+        domain writes, and commits on exit. Do not commit, roll back or close the yielded
+        connection yourself (:exc:`~ptb_fence.TransactionEnded`).
+
+        How long it may stay open: while it is open the ownership check's lock is held
+        (PostgreSQL: the update's row; SQLite: the whole database's write lock), the attempt's
+        lease is not renewed and it is not reported lost. With ``complete=True`` it completes
+        however long it stayed open (settled at the time of its ownership check). Without, it
+        keeps the update only if it ends within about 3/4 of ``lease_seconds``; after that the
+        next renewal is refused and :attr:`owner_lost` fires. On SQLite every other write of
+        every process (renewals, claims, records) waits meanwhile, at most the store's
+        ``busy_timeout``, then fails and is reported: keep fenced transactions short.
 
         Args:
             connection: Use this open DB-API connection instead of one of the store's.
