@@ -5,7 +5,13 @@ persisted, globally unique claim id, handled, and settled. Handlers check inside
 database transaction that their attempt still owns the update before they write.
 """
 
-from ptb_fence._errors import OwnershipLost, SchemaError, StoreBusy
+from ptb_fence._errors import (
+    AttemptFinished,
+    OwnershipLost,
+    SchemaError,
+    StoreBusy,
+    TransactionEnded,
+)
 from ptb_fence._protocols import (
     DurableUpdateStore,
     FencedUpdateStore,
@@ -42,6 +48,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Abandoned",
     "Attempt",
+    "AttemptFinished",
     "AttemptIdentity",
     "Completed",
     "DurableUpdateStore",
@@ -57,6 +64,7 @@ __all__ = [
     "Settlement",
     "StoreBusy",
     "StoredUpdate",
+    "TransactionEnded",
     "UpdateIntake",
     "UpdateStore",
     "__version__",

@@ -14,6 +14,7 @@ import pytest
 
 from ptb_fence import (
     Attempt,
+    AttemptFinished,
     MemoryUpdateStore,
     OwnershipLost,
     UpdateIntake,
@@ -451,7 +452,7 @@ def test_run_in_transaction_from_asyncio(intakes) -> None:  # noqa: F811
             second = await attempt.run_in_transaction(fn, complete=True)
             try:
                 await attempt.run_in_transaction(fn)
-            except OwnershipLost as exc:  # completed: the claim is no longer live
+            except AttemptFinished as exc:  # completed: a mistake, not a lost lease
                 results["after"] = exc
             return first, second
 
@@ -463,7 +464,7 @@ def test_run_in_transaction_from_asyncio(intakes) -> None:  # noqa: F811
     assert intake.idle(5)
     assert results["value"] == ("done", "done")
     assert results["conn"] is None and results["other_thread"] and results["current"]
-    assert isinstance(results["after"], OwnershipLost)
+    assert isinstance(results["after"], AttemptFinished)
     assert results["completed"] is True
     assert row(store, 120).state == "completed"
     assert store.count("settle_owned") == 1

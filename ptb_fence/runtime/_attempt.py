@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
+import sqlite3
 import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
 
-from ptb_fence._errors import OwnershipLost
+from ptb_fence._errors import AttemptFinished, OwnershipLost, TransactionEnded
 from ptb_fence._values import AttemptIdentity, Completed
 
 if TYPE_CHECKING:
@@ -17,6 +19,24 @@ if TYPE_CHECKING:
 __all__ = ["Attempt", "current_attempt"]
 
 T = TypeVar("T")
+
+_ALREADY_COMPLETED = (
+    "attempt already completed: a transaction(complete=True) committed it; open further "
+    "transactions without complete=True (or before completing)"
+)
+_ALREADY_EXHAUSTED = (
+    "attempt already exhausted: exhaust() recorded its terminal failure; the attempt can no "
+    "longer write"
+)
+_HANDLER_RETURNED = (
+    "attempt ended: the handler returned; the attempt can no longer write (keep fenced writes "
+    "inside the handler)"
+)
+_ASYNC_FN = (
+    "run_in_transaction(fn) got an async function (or fn returned an awaitable), which would "
+    "write nothing: pass a plain function: run_in_transaction runs fn on a worker thread; do "
+    "the async work before or after; the transaction was rolled back and nothing was settled"
+)
 
 _CURRENT: "contextvars.ContextVar[Optional[Attempt]]" = contextvars.ContextVar(
     "ptb_fence_current_attempt", default=None
@@ -58,9 +78,11 @@ class Attempt:
         "_ended",
         "_exhausted_at",
         "_exhausted_error",
+        "_holding",
         "_identity",
         "_lock",
         "_loop_waiters",
+        "_opening",
         "_proven_until",
         "_runtime",
         "_settling",
@@ -93,6 +115,8 @@ class Attempt:
         self._completing = False
         self._completed = False
         self._settling = False  # the runtime is settling it: a refused renewal is expected
+        self._opening = 0  # fenced transactions opening or open
+        self._holding = 0  # fenced transactions whose ownership check succeeded, still open
         self._exhausted_error: Optional[str] = None
         self._exhausted_at: Optional[int] = None
         self._body = body
@@ -129,8 +153,39 @@ class Attempt:
         """:obj:`bool`: Whether :meth:`exhaust` recorded a terminal failure for this attempt."""
         return self._exhausted_error is not None
 
+    @property
+    def holds_fence(self) -> bool:
+        """:obj:`bool`: Whether a fenced transaction of this attempt is open and its ownership
+        check succeeded.
+
+        It then holds the row lock (PostgreSQL ``FOR UPDATE``; SQLite the database's write
+        lock), so nobody else can claim the update until that transaction ends: the attempt
+        provably still owns it, even past its lease. The lease keeper neither renews it nor
+        reports it lost meanwhile.
+        """
+        return self._holding > 0
+
+    @property
+    def in_fenced_transaction(self) -> bool:
+        """:obj:`bool`: Whether a fenced transaction of this attempt is opening or open (its row
+        may be locked: the lease keeper does not renew it meanwhile)."""
+        return self._opening > 0
+
     def _finished(self) -> bool:
         return self._ended or self._completed or self._completing or self.exhausted
+
+    def _raise_if_finished(self) -> None:
+        """Raise :exc:`~ptb_fence.AttemptFinished` if this attempt can no longer write.
+
+        A handler mistake, not a takeover: checked before touching the database, nothing
+        logged, ``owner_lost`` untouched.
+        """
+        if self._completed:
+            raise AttemptFinished(self.identity, _ALREADY_COMPLETED)
+        if self.exhausted:
+            raise AttemptFinished(self.identity, _ALREADY_EXHAUSTED)
+        if self._ended or self._settling:  # the runtime settles once the handler returned
+            raise AttemptFinished(self.identity, _HANDLER_RETURNED)
 
     # -- owner lost -------------------------------------------------------------------------
     def _fire_owner_lost(self) -> None:
@@ -179,8 +234,17 @@ class Attempt:
         Opens a transaction on a connection of the store's own driver (``sqlite3.Connection``
         for SQLite, a psycopg2 connection for PostgreSQL, :obj:`None` for the memory store) —
         or uses ``connection`` —, checks :meth:`owns` inside it, yields the connection for the
-        domain writes, and commits on exit. Do not commit or roll back the yielded connection
-        yourself.
+        domain writes, and commits on exit. Do not commit, roll back or close the yielded
+        connection yourself (:exc:`~ptb_fence.TransactionEnded`).
+
+        How long it may stay open: while it is open the ownership check's lock is held
+        (PostgreSQL: the update's row; SQLite: the whole database's write lock), the attempt's
+        lease is not renewed and it is not reported lost. With ``complete=True`` it completes
+        however long it stayed open (settled at the time of its ownership check). Without, it
+        keeps the update only if it ends within about 3/4 of ``lease_seconds``; after that the
+        next renewal is refused and :attr:`owner_lost` fires. On SQLite every other write of
+        every process (renewals, claims, records) waits meanwhile, at most the store's
+        ``busy_timeout``, then fails and is reported: keep fenced transactions short.
 
         Args:
             connection: Use this open DB-API connection instead of one of the store's.
@@ -189,10 +253,15 @@ class Attempt:
 
         Raises:
             OwnershipLost: The attempt no longer owns the update; everything was rolled back.
+            AttemptFinished: The attempt was already completed or exhausted, or its handler
+                returned (a mistake in the handler, not a lost lease); nothing was opened.
+            TransactionEnded: The block committed, rolled back or closed the connection
+                itself; ``complete=True`` settled nothing.
         """
         runtime = self._runtime
         store = runtime.store
         identity = self.identity
+        self._raise_if_finished()
         if connection is None:
             opener = getattr(store, "transaction", None)
             if opener is None:
@@ -203,18 +272,37 @@ class Attempt:
             manager = opener()
         else:
             manager = _given_connection(connection)
+        holding = False
+        with self._lock:
+            # from here until the transaction ends the lease keeper leaves this attempt's row
+            # alone: once the ownership check below locked it, a renewal would wait on the lock
+            self._opening += 1
         try:
             with manager as conn:
-                if not store.owns(identity, runtime.options.now_ms(), connection=conn):
+                checked_at = runtime.options.now_ms()
+                if not store.owns(identity, checked_at, connection=conn):
+                    self._raise_if_finished()  # it finished meanwhile (e.g. another thread)
                     runtime.log_transaction_refused(self)
                     # the database's refusal is the authoritative proof of loss
                     self._fire_owner_lost()
                     raise OwnershipLost(identity)
+                with self._lock:
+                    self._holding += 1
+                    holding = True
                 yield conn
+                ended = _transaction_ended(conn)
+                if ended is not None:
+                    raise TransactionEnded(identity, ended)
                 if complete:
                     self._completing = True
+                    # Completed at the time of the ownership check, not "now": the check locked
+                    # the row (PostgreSQL FOR UPDATE; SQLite the database's write lock; the
+                    # memory store its lock) and the lock is held until this commit, so no
+                    # other claim can have happened since. A competing claim waits for the lock
+                    # and then sees the completed row. So a transaction that stayed open past
+                    # its lease still completes, exactly once.
                     settled = store.settle_owned(
-                        identity, Completed(runtime.options.now_ms()), connection=conn
+                        identity, Completed(checked_at), connection=conn
                     )
                     if not settled:
                         self._fire_owner_lost()
@@ -224,7 +312,11 @@ class Attempt:
                 self._completed = True
         finally:
             # also when the commit itself failed: the attempt is then not complete
-            self._completing = False
+            with self._lock:
+                self._opening -= 1
+                if holding:
+                    self._holding -= 1
+                self._completing = False
 
     async def run_in_transaction(
         self, fn: Callable[[Any], T], *, complete: bool = False
@@ -240,11 +332,23 @@ class Attempt:
         Raises:
             OwnershipLost: The attempt no longer owns the update; ``fn``'s writes were
                 rolled back.
+            TypeError: ``fn`` is an ``async def`` function (or returned an awaitable): it
+                would write nothing. Pass a plain function; the transaction is rolled back.
+            AttemptFinished: As in :meth:`transaction`.
+            TransactionEnded: As in :meth:`transaction`.
         """
+        self._raise_if_finished()
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError(_ASYNC_FN)
 
         def run() -> T:
             with self.transaction(complete=complete) as conn:
-                return fn(conn)
+                result = fn(conn)
+                if inspect.isawaitable(result):
+                    if inspect.iscoroutine(result):
+                        result.close()  # never awaited: no "never awaited" warning either
+                    raise TypeError(_ASYNC_FN)  # rolls the transaction back
+                return result
 
         return await self._off_loop(run)
 
@@ -273,9 +377,12 @@ class Attempt:
 
         Raises:
             OwnershipLost: The attempt no longer owns the update; nothing was recorded.
+            AttemptFinished: The attempt was already completed or exhausted, or its handler
+                returned; nothing was recorded.
         """
         if not isinstance(reason, str) or not reason:
             raise ValueError("exhaust(reason) needs a non-empty reason text")
+        self._raise_if_finished()
         if not self._runtime.exhaust_attempt(self, reason):
             raise OwnershipLost(self.identity)
 
@@ -285,14 +392,52 @@ def _set_future(future: "asyncio.Future[None]") -> None:
         future.set_result(None)
 
 
+def _target(connection: Any) -> Any:
+    """The DB-API connection of a connection or cursor."""
+    return connection if hasattr(connection, "commit") else getattr(connection, "connection", None)
+
+
+def _transaction_ended(connection: Any) -> Optional[str]:
+    """How the block ended its own transaction, or :obj:`None` while it is still open.
+
+    sqlite3 (autocommit outside the block): ``in_transaction`` is false after a commit or
+    rollback, and raises once closed. psycopg2: ``closed`` is non-zero once closed;
+    ``get_transaction_status()`` is IDLE (0) after a commit or rollback, UNKNOWN (4) when the
+    connection is broken. Anything else (the memory store's :obj:`None`, other drivers) cannot
+    be checked and counts as open.
+    """
+    target = None if connection is None else _target(connection)
+    if target is None:
+        return None
+    if isinstance(target, sqlite3.Connection):
+        try:
+            return None if target.in_transaction else "committed or rolled back"
+        except sqlite3.ProgrammingError:
+            return "closed"
+    if getattr(target, "closed", 0):
+        return "closed"
+    status = getattr(target, "get_transaction_status", None)
+    if callable(status):
+        value = status()
+        if value == 0:
+            return "committed or rolled back"
+        if value == 4:
+            return "closed or broken"
+    return None
+
+
 @contextmanager
 def _given_connection(connection: Any) -> Iterator[Any]:
     """Commit or roll back a caller's connection (or a cursor's connection) around a block."""
-    target = connection if hasattr(connection, "commit") else getattr(connection, "connection")
+    target = _target(connection)
     try:
         yield connection
     except BaseException:
-        target.rollback()
+        try:
+            target.rollback()
+        except Exception:
+            if _transaction_ended(target) is None:
+                raise  # a closed connection has nothing to roll back
         raise
     else:
         target.commit()

@@ -92,6 +92,8 @@ class Runtime:
 
     __slots__ = (
         "_cursor",
+        "_jobs",
+        "_jobs_running",
         "_scheduler",
         "_scheduler_lock",
         "attempt_aware",
@@ -142,6 +144,8 @@ class Runtime:
         self.executor: Any = None
         self._scheduler: Any = None
         self._scheduler_lock = threading.Lock()
+        self._jobs = threading.Condition()
+        self._jobs_running: "dict[str, int]" = {}
 
     # -- observers --------------------------------------------------------------------------
     def _observe(self, name: str, *args: Any) -> None:
@@ -190,10 +194,10 @@ class Runtime:
             if self._scheduler is not None:
                 return
             scheduler = new_scheduler()
-            self.keeper.add_job(scheduler)
+            self.keeper.add_job(scheduler, wrap=self._tracked)
             if sweep is not None:
                 scheduler.add_job(
-                    sweep,
+                    self._tracked(sweep, "ptb_fence sweep"),
                     "interval",
                     seconds=self.options.sweep_every_seconds,
                     id="ptb_fence_sweep",
@@ -205,15 +209,42 @@ class Runtime:
             scheduler.start()
             self._scheduler = scheduler
 
-    def stop_jobs(self) -> None:
-        """Stop the background scheduler (waiting for a running tick to end)."""
+    def _tracked(self, fn: Callable[[], Any], name: str) -> Callable[[], Any]:
+        """``fn`` counted while it runs, so :meth:`stop_jobs` can wait for it with a bound."""
+
+        def run() -> Any:
+            with self._jobs:
+                self._jobs_running[name] = self._jobs_running.get(name, 0) + 1
+            try:
+                return fn()
+            finally:
+                with self._jobs:
+                    self._jobs_running[name] -= 1
+                    if not self._jobs_running[name]:
+                        del self._jobs_running[name]
+                    self._jobs.notify_all()
+
+        return run
+
+    def stop_jobs(self, timeout: Optional[float] = None) -> List[str]:
+        """Stop the background scheduler and wait for a running job (tick or sweep) to end.
+
+        Args:
+            timeout: Seconds to wait (:obj:`None`: until the jobs end).
+
+        Returns:
+            The names of the jobs still running after ``timeout`` (empty when all ended).
+        """
         with self._scheduler_lock:
             scheduler, self._scheduler = self._scheduler, None
         if scheduler is not None:
             try:
-                scheduler.shutdown(wait=True)
+                scheduler.shutdown(wait=timeout is None)
             except Exception:  # pragma: no cover - already stopped
                 _LOGGER.debug("scheduler shutdown failed", exc_info=True)
+        with self._jobs:
+            self._jobs.wait_for(lambda: not self._jobs_running, timeout)
+            return sorted(self._jobs_running)
 
     @property
     def running(self) -> bool:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, Hashable, Literal, Optional
+from typing import Any, Callable, Dict, Hashable, List, Literal, Optional, Set
 
 from ptb_fence._protocols import UpdateStore
 from ptb_fence._values import Exhaustion, StoredUpdate
 from ptb_fence.runtime._attempt import _CURRENT, Attempt
 from ptb_fence.runtime._chats import ChatScheduler, chat_key
 from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._delivery import ExhaustionDelivery
 from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
 from ptb_fence.runtime._options import RuntimeOptions
 
@@ -56,6 +58,7 @@ class UpdateIntake:
     __slots__ = (
         "_chats",
         "_closed",
+        "_delivery",
         "_delivery_lock",
         "_handle",
         "_handle_attempt",
@@ -63,6 +66,7 @@ class UpdateIntake:
         "_lock",
         "_pool",
         "_refill",
+        "_refills",
         "_runtime",
         "_started",
         "_sweep_lock",
@@ -99,11 +103,19 @@ class UpdateIntake:
         self._lock = threading.Lock()
         self._sweep_lock = threading.Lock()
         self._delivery_lock = threading.Lock()
+        # exhaustion handlers run on their own threads, never on a worker holding a chat's turn
+        # nor on the sweep: a hanging one blocks neither (at most one delivery per exhaustion)
+        self._delivery = (
+            ExhaustionDelivery(self._runtime, handle_exhaustion)
+            if handle_exhaustion is not None
+            else None
+        )
         self._pool: Optional[ThreadPoolExecutor] = None
         self._chats = ChatScheduler(self._start_update)
         self._started = False
         self._closed = False
         self._refill = False
+        self._refills: Set[threading.Thread] = set()
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -147,28 +159,51 @@ class UpdateIntake:
         start or another process. :meth:`accept` still records after ``close()``, so nothing
         posted late is lost. Does not close the store.
 
+        Waits for every thread the intake started: workers, the lease keeper and sweep
+        jobs, refill sweeps and exhaustion deliveries (queued deliveries are dropped; they stay
+        due in the store). Close the store only after ``close()`` returned.
+
         Args:
-            timeout: Seconds to wait for running attempts (:obj:`None`: until they finish).
-                Attempts still running after it lose their lease renewal; their updates are
-                taken over after the lease.
+            timeout: Seconds to wait in all (:obj:`None`: until everything finished). What is
+                still running after it is named in a WARNING; attempts among it lose their
+                lease renewal and their updates are taken over after the lease; wait with
+                :meth:`idle` before closing the store.
         """
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> Optional[float]:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             pool, self._pool = self._pool, None
         self._chats.drop_waiting()
+        running: List[str] = []
         if pool is not None:
             # queued runs are not cancelled: each sees _closed, skips its update (left in the
             # store) and calls ChatScheduler.done, so idle() still becomes true
             pool.shutdown(wait=timeout is None)
-            if timeout is not None and not self._chats.wait_empty(timeout):
-                _LOGGER.warning(
-                    "close(): attempts still running after %.3gs; their leases are no longer "
-                    "renewed and lapse",
-                    timeout,
-                )
-        self._runtime.stop_jobs()
+            if not self._chats.wait_empty(left()):
+                running.append(f"ptb_fence-worker ({len(self._chats)} attempt(s))")
+        running += self._runtime.stop_jobs(left())
+        with self._lock:
+            refills = list(self._refills)
+        for thread in refills:
+            thread.join(left())
+            if thread.is_alive():
+                running.append(thread.name)
+        if self._delivery is not None:
+            running += self._delivery.close(left())
+        if running:
+            _LOGGER.warning(
+                "close(): still running after %.3gs: %s; attempts lose their lease renewal "
+                "and are taken over after the lease; close the store only after they end "
+                "(idle())",
+                timeout,
+                ", ".join(running),
+            )
 
     def __enter__(self) -> "UpdateIntake":
         self.start()
@@ -206,15 +241,27 @@ class UpdateIntake:
         return "accepted"
 
     def idle(self, timeout: Optional[float] = None) -> bool:
-        """Wait until no update is queued or running in this intake.
+        """Wait until no update is queued or running and no exhaustion is being delivered.
 
         Returns:
             :obj:`True` when idle, :obj:`False` when ``timeout`` (seconds) passed first.
         """
-        return self._chats.wait_empty(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> Optional[float]:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        if not self._chats.wait_empty(left()):
+            return False
+        if self._delivery is not None and not self._delivery.wait_idle(left()):
+            return False
+        return self._chats.wait_empty(left())
 
     def sweep(self) -> int:
         """Run one sweep now: hand over due updates, deliver exhaustions, prune.
+
+        Waits for the exhaustions it hands to the delivery thread (each at most
+        ``DELIVERY_WAIT_SECONDS``, 30 s), not for ones already being delivered.
 
         Returns:
             The number of updates handed to workers.
@@ -223,34 +270,40 @@ class UpdateIntake:
 
     # -- internals --------------------------------------------------------------------------
     def _scheduled_sweep(self) -> None:
-        # exhaustion handlers run on their own thread: a hanging one must not stop the
-        # scheduled sweeps (retries, lapsed leases) of this process
+        # the scheduled sweep never waits for an exhaustion handler: a hanging one must not
+        # stop the retries and lapsed-lease takeovers of this process
         self._sweep(include_fresh=False, deliver_inline=False)
 
-    def _deliver_exhaustions(self) -> None:
-        """Deliver one page of due exhaustions (rotating cursor); skipped if one is running."""
-        handler = self._handle_exhaustion
-        if handler is None or not self._delivery_lock.acquire(blocking=False):
-            return
+    def _deliver_exhaustions(self, wait: bool) -> List[threading.Event]:
+        """Hand one page of due exhaustions (rotating cursor) to the delivery thread.
+
+        Returns one event per exhaustion handed over now (set once delivered, or once the
+        delivery thread stopped waiting for it). Without ``wait``, skipped while a backlog is
+        queued.
+        """
+        delivery = self._delivery
+        if delivery is None or self._closed:
+            return []
+        if not wait and delivery.backlog:
+            return []
+        if not self._delivery_lock.acquire(blocking=False):
+            return []  # another sweep is fetching a page (it keeps the cursor)
         runtime = self._runtime
         try:
-            try:
-                page = runtime.exhaustion_page()
-            except Exception as exc:
-                runtime.report_store_error(exc, "sweep")
-                return
-            for exhaustion in page:
-                if self._closed:
-                    break
-                runtime.deliver_exhaustion(exhaustion, handler)
+            page = runtime.exhaustion_page()
+        except Exception as exc:
+            runtime.report_store_error(exc, "sweep")
+            return []
         finally:
             self._delivery_lock.release()
+        return delivery.submit(page)
 
     def _sweep(self, *, include_fresh: bool, deliver_inline: bool = True) -> int:
         runtime = self._runtime
         if not self._sweep_lock.acquire(blocking=False):
             return 0
         handed = 0
+        delivering: List[threading.Event] = []
         try:
             try:
                 rows = runtime.due_page(limit=_SWEEP_PAGE, include_fresh=include_fresh)
@@ -264,21 +317,16 @@ class UpdateIntake:
                     handed += 1
             # a full page means there may be more: fetch the next when the workers drain
             self._refill = len(rows) >= _SWEEP_PAGE
-            if self._handle_exhaustion is not None and not self._closed:
-                if deliver_inline:
-                    self._deliver_exhaustions()
-                elif not self._delivery_lock.locked():
-                    threading.Thread(
-                        target=self._deliver_exhaustions,
-                        name="ptb_fence-exhaustions",
-                        daemon=True,
-                    ).start()
+            delivering = self._deliver_exhaustions(wait=deliver_inline)
             try:
                 runtime.prune()
             except Exception as exc:
                 runtime.report_store_error(exc, "sweep")
         finally:
             self._sweep_lock.release()
+        if deliver_inline:
+            for event in delivering:  # outside the lock: scheduled sweeps go on meanwhile
+                event.wait()
         if handed:
             _LOGGER.info("sweep handed over %d update(s)", handed)
         return handed
@@ -317,9 +365,24 @@ class UpdateIntake:
             self._chats.done(key, update_id)
             if self._refill and len(self._chats) == 0 and not self._closed:
                 self._refill = False
-                threading.Thread(
-                    target=self._sweep, kwargs={"include_fresh": True}, daemon=True
-                ).start()
+                self._start_refill()
+
+    def _start_refill(self) -> None:
+        """Sweep for the next page on a thread of its own (close() waits for it)."""
+
+        def refill() -> None:
+            try:
+                self._sweep(include_fresh=True)
+            finally:
+                with self._lock:
+                    self._refills.discard(thread)
+
+        thread = threading.Thread(target=refill, name="ptb_fence-refill", daemon=True)
+        with self._lock:
+            if self._closed:
+                return
+            self._refills.add(thread)
+        thread.start()
 
     def _process(self, update_id: int, text: str, update: Dict[str, Any]) -> None:
         runtime = self._runtime
@@ -343,5 +406,6 @@ class UpdateIntake:
             _, exhaustion = runtime.finish(attempt, error)
         finally:
             runtime.end(attempt)
-        if exhaustion is not None and self._handle_exhaustion is not None:
-            runtime.deliver_exhaustion(exhaustion, self._handle_exhaustion)
+        if exhaustion is not None and self._delivery is not None:
+            # delivered on the delivery thread: this worker releases the chat's turn now
+            self._delivery.submit([exhaustion])

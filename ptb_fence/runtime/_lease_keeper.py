@@ -41,6 +41,10 @@ class LeaseKeeper:
     statement per tick renews every active lease; otherwise one call per attempt. A refused
     renewal, or the last proven lease passing, fires that attempt's ``owner_lost``. A renewal
     that raises is reported (``on_store_error(error, "renew")``) and does not fire it by itself.
+    A result of :obj:`None` (the row is locked by another open transaction right now) is
+    undecided: neither renewed nor refused. An attempt inside its own fenced transaction is not
+    renewed (its row lock would make the renewal wait) and, once its ownership check succeeded
+    (:attr:`Attempt.holds_fence`), never reported lost until that transaction ends.
     """
 
     __slots__ = ("_active", "_lock", "_renewing", "_runtime", "ticks")
@@ -74,10 +78,19 @@ class LeaseKeeper:
         with self._lock:
             return list(self._active.values())
 
-    def add_job(self, scheduler: BackgroundScheduler) -> None:
-        """Add the renewal job (every ``lease_seconds / 4``) to ``scheduler``."""
+    def add_job(
+        self,
+        scheduler: BackgroundScheduler,
+        wrap: Optional[Callable[[Callable[[], None], str], Callable[[], Any]]] = None,
+    ) -> None:
+        """Add the renewal job (every ``lease_seconds / 4``) to ``scheduler``.
+
+        Args:
+            scheduler: The scheduler.
+            wrap: ``wrap(fn, name)`` returns the callable to schedule instead of ``fn``.
+        """
         scheduler.add_job(
-            self.tick,
+            self.tick if wrap is None else wrap(self.tick, "ptb_fence lease keeper"),
             "interval",
             seconds=self._runtime.options.lease_seconds / 4.0,
             id="ptb_fence_lease_keeper",
@@ -95,9 +108,11 @@ class LeaseKeeper:
         lease_until = now + runtime.options.lease_ms
         live = []
         for attempt in attempts:
+            if attempt.holds_fence:
+                continue  # holds its row lock: provably owned; a renewal would wait on it
             if attempt._proven_until < now:
                 self._lost(attempt, "its last proven lease passed")
-            else:
+            elif not attempt.in_fenced_transaction:
                 live.append(attempt)
         if not live or not self._renewing.acquire(blocking=False):
             return  # the previous renewal is still running; deadlines were checked above
@@ -133,7 +148,7 @@ class LeaseKeeper:
     def _renew(
         self,
         attempts: List["Attempt"],
-        batched: Optional[Callable[..., List[bool]]],
+        batched: Optional[Callable[..., List[Optional[bool]]]],
         keys: Callable[[List["Attempt"]], List[Any]],
         single: Callable[["Attempt"], bool],
         lease_until: int,
@@ -144,9 +159,12 @@ class LeaseKeeper:
                 results = list(batched(keys(attempts), lease_until, now))
             except Exception as exc:
                 self._runtime.report_store_error(exc, "renew")
+                self._name_lock_holders(len(attempts))
                 return
             for attempt, ok in zip(attempts, results):
-                self._apply(attempt, bool(ok), lease_until)
+                # None: the row is locked by another open transaction right now (PostgreSQL
+                # SKIP LOCKED): undecided, neither renewed nor refused
+                self._apply(attempt, None if ok is None else bool(ok), lease_until)
             return
         for attempt in attempts:
             try:
@@ -161,22 +179,46 @@ class LeaseKeeper:
                         "claim_id": attempt.claim_id or None,
                     },
                 )
+                self._name_lock_holders(1)
                 continue
             self._apply(attempt, ok, lease_until)
 
-    def _apply(self, attempt: "Attempt", ok: bool, lease_until: int) -> None:
+    def _name_lock_holders(self, count: int) -> None:
+        """After a failed renewal: name this process's open fenced transactions, if any (on
+        SQLite one holds the database's write lock, so no lease can be renewed until it ends)."""
+        holders = [a for a in self.active() if a.holds_fence]
+        if not holders:
+            return
+        _LOGGER.warning(
+            "renewal of %d lease(s) failed while %s open: on SQLite a fenced transaction holds "
+            "the database's write lock, so leases are not renewed until it ends (they lapse if "
+            "it stays open longer than the lease); keep fenced transactions short",
+            count,
+            ", ".join(
+                f"the fenced transaction of update {a.update_id} attempt {a.attempt} is"
+                for a in holders[:5]
+            ),
+        )
+
+    def _apply(self, attempt: "Attempt", ok: Optional[bool], lease_until: int) -> None:
         with attempt._lock:
             if attempt._finished():
                 return
             if ok:
                 attempt._proven_until = max(attempt._proven_until, lease_until)
                 return
+            if ok is None or attempt.holds_fence:
+                # undecided: the row is locked right now (maybe by this attempt's own fenced
+                # transaction, which proves ownership); the deadline and later ticks decide
+                return
         self._lost(attempt, "its renewal was refused")
 
     def _lost(self, attempt: "Attempt", why: str) -> None:
         with attempt._lock:
-            if attempt._finished() or attempt._settling:
-                return  # ended, or the runtime's settle decides (and fires it if needed)
+            if attempt._finished() or attempt._settling or attempt.holds_fence:
+                # ended, or the runtime's settle decides (and fires it if needed), or it holds
+                # its row lock inside a fenced transaction (provably still the owner)
+                return
         if not attempt.owner_lost.is_set():
             _LOGGER.warning(
                 "owner lost: update %s attempt %s (claim %s): %s",
