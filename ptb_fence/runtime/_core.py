@@ -13,6 +13,7 @@ import threading
 import traceback
 from typing import Any, Callable, List, Optional
 
+from ptb_fence._durations import format_duration
 from ptb_fence._protocols import (
     BASE_METHODS,
     DURABLE_METHODS,
@@ -21,7 +22,7 @@ from ptb_fence._protocols import (
 )
 from ptb_fence._values import Abandoned, Completed, Exhaustion, Failed, StoredUpdate
 from ptb_fence.runtime._attempt import Attempt
-from ptb_fence.runtime._lease_keeper import LeaseKeeper, new_scheduler
+from ptb_fence.runtime._lease_keeper import EXECUTOR, LeaseKeeper, new_scheduler
 from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._retry import default_retry
 
@@ -199,6 +200,7 @@ class Runtime:
                 scheduler.add_job(
                     self._tracked(sweep, "ptb_fence sweep"),
                     "interval",
+                    executor=EXECUTOR,
                     seconds=self.options.sweep_every_seconds,
                     id="ptb_fence_sweep",
                     name="ptb_fence sweep",
@@ -437,7 +439,9 @@ class Runtime:
             "update %s attempt %s failed (%s): %s",
             attempt.update_id,
             attempt.attempt,
-            "retry scheduled in %.3gs" % (delay or 0.0) if outcome == Outcome.RETRYING else outcome,
+            f"retry scheduled in {format_duration(delay or 0.0)}"
+            if outcome == Outcome.RETRYING
+            else outcome,
             text,
             extra=dict(_ids(attempt), outcome=outcome),
         )

@@ -8,6 +8,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
+from ptb_fence._durations import format_duration
 from ptb_fence._values import AttemptIdentity, Exhaustion
 
 if TYPE_CHECKING:
@@ -148,12 +149,12 @@ class ExhaustionDelivery:
             thread.start()
             if not event.wait(self._wait_seconds):
                 _LOGGER.warning(
-                    "exhaustion handler for update %s attempt %s still running after %.3gs; "
+                    "exhaustion handler for update %s attempt %s still running after %s; "
                     "delivering the next exhaustions meanwhile (it is not entered again for "
                     "this exhaustion while it runs)",
                     exhaustion.update_id,
                     exhaustion.attempt,
-                    self._wait_seconds,
+                    format_duration(self._wait_seconds),
                     extra={
                         "update_id": exhaustion.update_id,
                         "attempt": exhaustion.attempt,

@@ -9,6 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Hashable, List, Literal, Optional, Set
 
+from ptb_fence._durations import format_duration
 from ptb_fence._protocols import UpdateStore
 from ptb_fence._values import Exhaustion, StoredUpdate
 from ptb_fence.runtime._attempt import _CURRENT, Attempt
@@ -198,10 +199,10 @@ class UpdateIntake:
             running += self._delivery.close(left())
         if running:
             _LOGGER.warning(
-                "close(): still running after %.3gs: %s; attempts lose their lease renewal "
+                "close(): still running after %s: %s; attempts lose their lease renewal "
                 "and are taken over after the lease; close the store only after they end "
                 "(idle())",
-                timeout,
+                format_duration(timeout or 0.0),
                 ", ".join(running),
             )
 

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from ptb_fence.runtime._attempt import Attempt
     from ptb_fence.runtime._core import Runtime
 
-__all__ = ["LeaseKeeper", "new_scheduler"]
+__all__ = ["EXECUTOR", "LeaseKeeper", "SCHEDULER_LOGGER", "new_scheduler"]
 
 _LOGGER = logging.getLogger("ptb_fence.lease")
 
@@ -25,13 +25,36 @@ def new_scheduler() -> BackgroundScheduler:
     here a late run still runs (``misfire_grace_time=None``, coalesced into one) and a slow
     run does not make the next one vanish (``max_instances=4``). A new scheduler is built for
     every start because APScheduler 3's ``shutdown()`` drops its jobs.
+
+    Quiet by default: APScheduler logs every job run at INFO ("Running job …", "… executed
+    successfully") and every start; for ptb_fence's own scheduler those records go to the
+    loggers ``ptb_fence.scheduler`` and ``apscheduler.executors.ptb_fence``, which start at
+    WARNING unless you configured them (set them to INFO to see every renewal and sweep run).
+    Jobs must be added with ``executor=EXECUTOR``.
     """
+    _quiet_scheduler_loggers()
     return BackgroundScheduler(
         timezone="UTC",
         daemon=True,
-        executors={"default": _APSThreadPool(max_workers=4)},
+        logger=logging.getLogger(SCHEDULER_LOGGER),
+        executors={EXECUTOR: _APSThreadPool(max_workers=4)},
         job_defaults={"misfire_grace_time": None, "coalesce": True, "max_instances": 4},
     )
+
+
+EXECUTOR = "ptb_fence"
+"""The alias of the executor of ptb_fence's scheduler (its job-run log records go to
+``apscheduler.executors.ptb_fence``)."""
+
+SCHEDULER_LOGGER = "ptb_fence.scheduler"
+"""The logger of ptb_fence's scheduler ("Scheduler started", "Added job …")."""
+
+
+def _quiet_scheduler_loggers() -> None:
+    for name in (SCHEDULER_LOGGER, f"apscheduler.executors.{EXECUTOR}"):
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:  # never override a level the user chose
+            logger.setLevel(logging.WARNING)
 
 
 class LeaseKeeper:
@@ -92,6 +115,7 @@ class LeaseKeeper:
         scheduler.add_job(
             self.tick if wrap is None else wrap(self.tick, "ptb_fence lease keeper"),
             "interval",
+            executor=EXECUTOR,
             seconds=self._runtime.options.lease_seconds / 4.0,
             id="ptb_fence_lease_keeper",
             name="ptb_fence lease keeper",
