@@ -102,6 +102,7 @@ class Runtime:
         "executor",
         "keeper",
         "options",
+        "retry_soon",
         "store",
     )
 
@@ -143,6 +144,10 @@ class Runtime:
         # an Executor for blocking store work from asyncio (Attempt.run_in_transaction and
         # friends); None uses asyncio.to_thread. Set by the PTB processors.
         self.executor: Any = None
+        # retry_soon(update_id, delay_seconds, body): set by a front end that can hand an
+        # update back at its retry time; called for a landed retry due before the next sweep
+        # (body: the stored text the attempt was claimed with, when known)
+        self.retry_soon: Optional[Callable[[int, float, Optional[str]], None]] = None
         self._scheduler: Any = None
         self._scheduler_lock = threading.Lock()
         self._jobs = threading.Condition()
@@ -434,14 +439,26 @@ class Runtime:
             retrying = True
             outcome = Outcome.LOST
             exhaustion = None
+        what = outcome
+        if outcome == Outcome.RETRYING:
+            what = f"retry scheduled in {format_duration(delay or 0.0)}"
+            if (delay or 0.0) < options.sweep_every_seconds:
+                if self.retry_soon is not None:
+                    try:
+                        self.retry_soon(attempt.update_id, delay or 0.0, attempt._body)
+                    except Exception:  # the sweep still finds it
+                        _LOGGER.exception("could not schedule the retry; the sweep takes it")
+                else:
+                    what += (
+                        f" (runs at the next sweep, within "
+                        f"{format_duration(options.sweep_every_seconds)})"
+                    )
         log = _LOGGER.warning if retrying else _LOGGER.error
         log(
             "update %s attempt %s failed (%s): %s",
             attempt.update_id,
             attempt.attempt,
-            f"retry scheduled in {format_duration(delay or 0.0)}"
-            if outcome == Outcome.RETRYING
-            else outcome,
+            what,
             text,
             extra=dict(_ids(attempt), outcome=outcome),
         )

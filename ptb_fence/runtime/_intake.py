@@ -18,6 +18,7 @@ from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._delivery import ExhaustionDelivery
 from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
 from ptb_fence.runtime._options import RuntimeOptions
+from ptb_fence.runtime._wakeups import Wakeups
 
 __all__ = ["UpdateIntake"]
 
@@ -68,6 +69,7 @@ class UpdateIntake:
         "_pool",
         "_refill",
         "_refills",
+        "_wakeups",
         "_runtime",
         "_started",
         "_sweep_lock",
@@ -117,6 +119,9 @@ class UpdateIntake:
         self._closed = False
         self._refill = False
         self._refills: Set[threading.Thread] = set()
+        # a retry due before the next sweep is handed back at its time (same fenced claim)
+        self._wakeups = Wakeups("ptb_fence-retries")
+        self._runtime.retry_soon = self._retry_soon
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -188,6 +193,7 @@ class UpdateIntake:
             pool.shutdown(wait=timeout is None)
             if not self._chats.wait_empty(left()):
                 running.append(f"ptb_fence-worker ({len(self._chats)} attempt(s))")
+        running += self._wakeups.close(left())
         running += self._runtime.stop_jobs(left())
         with self._lock:
             refills = list(self._refills)
@@ -384,6 +390,24 @@ class UpdateIntake:
                 return
             self._refills.add(thread)
         thread.start()
+
+    def _retry_soon(self, update_id: int, delay: float, body: Optional[str]) -> None:
+        if body is None:
+            return  # the sweep takes it
+
+        tries = [0]
+
+        def wake() -> None:
+            if not self._started or self._closed:
+                return
+            if not self._dispatch_stored(StoredUpdate(update_id=update_id, body=body)):
+                # still finishing its failed attempt here: look again shortly
+                tries[0] += 1
+                if tries[0] < 200:
+                    self._wakeups.call_later(0.05, wake)
+
+        # a few ms late, so the store sees the retry time as come (due_at <= now)
+        self._wakeups.call_later(delay + 0.005, wake)
 
     def _process(self, update_id: int, text: str, update: Dict[str, Any]) -> None:
         runtime = self._runtime
