@@ -8,8 +8,10 @@ write back) are used where an item needs a write in flight; ptb_fence itself is 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
+import time
 from typing import Any, Dict, List, Optional
 
 import pytest
@@ -412,6 +414,13 @@ def test_a_hanging_exhaustion_handler_blocks_neither_sweep_nor_chat(tmp_path: An
                     10,
                 )
                 assert attempts[flaky] == 2  # the retry came from the sweep
+                # a "dead process" claimed an update and stopped renewing: taken over
+                dead = 900_000
+                now = int(time.time() * 1000)
+                body = json.dumps(make_message_update(dead, 4, "orphaned", message_id=1))
+                store.add(dead, body, now)
+                assert store.claim_owned(dead, now=now, lease_until=now + 300, max_attempts=5)
+                await wait_for("a lapsed lease taken over", lambda: dead in handled, 10)
                 await asyncio.sleep(0.5)  # several sweeps
                 assert entered == [boom]  # entered once while it hangs
                 if kind == "async":
