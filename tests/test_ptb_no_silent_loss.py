@@ -170,6 +170,34 @@ def test_polling_stopped_mid_write_then_restarted_handles_the_update_once(
         store.inner.close()
 
 
+def test_a_get_updates_answer_that_polling_does_not_put_strands_nothing(tmp_path: Any) -> None:
+    """PTB's last getUpdates in Updater.stop() (or a manual bot.get_updates()) returns updates
+    that PTB never puts: they must not be claimed and left to a lease."""
+    store = SQLiteUpdateStore(str(tmp_path / "bot.db"))
+    handled: Dict[int, int] = {}
+
+    async def scenario() -> None:
+        with FakeBotApi() as fake:
+            processor = FencedUpdateProcessor(store, **dict(FAST, lease_seconds=30.0))
+            app = build(processor, fake)
+            app.add_handler(MessageHandler(filters.ALL, _count_handled(handled)))
+            uid = fake.inject_message(chat_id=1, text="fetched but never put")
+            async with app:
+                await app.start()
+                assert [u.update_id for u in await app.bot.get_updates(timeout=0)] == [uid]
+                assert app.updater is not None
+                await app.updater.start_polling(poll_interval=0.0, timeout=1)
+                await wait_for("the update handled well within the lease", lambda: uid in handled, 5)
+                await app.updater.stop()
+                await app.stop()
+            assert handled == {uid: 1}
+
+    try:
+        run(scenario())
+    finally:
+        store.close()
+
+
 def test_put_cancelled_mid_write_hands_the_update_on(tmp_path: Any, caplog: Any) -> None:
     caplog.set_level(logging.INFO, logger="ptb_fence")
     store = GatedStore(SQLiteUpdateStore(str(tmp_path / "bot.db")))

@@ -389,6 +389,12 @@ class BaseFenceProcessor(BaseUpdateProcessor):
 
     async def _record_batch(self, result: "list[Any]") -> None:
         """Record a whole getUpdates answer in one commit (called by RecordingRequest)."""
+        updater = getattr(self._application, "updater", None)
+        if updater is not None and not updater.running:
+            # not the Updater's polling (e.g. its last getUpdates in Updater.stop(), or a
+            # manual call): PTB puts none of these, and Telegram keeps them (they are not
+            # confirmed), so recording (and claiming) them would only strand them for a lease
+            return
         items = []
         raws: "list[Any]" = []
         for raw in result:
