@@ -757,7 +757,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
             try:
                 await self._call(runtime.acknowledge, exhaustion)
             except Exception as exc:  # stays due: delivered again by a later sweep
-                runtime.report_store_error(exc, "acknowledge")
+                runtime.report_store_error(exc, "sweep")
         finally:
             self._delivering.discard(identity)
 
