@@ -52,6 +52,15 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--grace", type=float, default=0.2)
     parser.add_argument("--max-concurrent", type=int, default=8)
     parser.add_argument("--max-life", type=float, default=40.0)
+    parser.add_argument("--retry", type=float, default=0.1, help="retry delay in seconds")
+    parser.add_argument("--slow", default="", help="text of messages whose handler is slow")
+    parser.add_argument("--slow-seconds", type=float, default=3.0)
+    parser.add_argument("--fail-once", default="", help="text of messages whose first attempt fails")
+    parser.add_argument(
+        "--run-polling",
+        action="store_true",
+        help="run app.run_polling() (stopped by SIGTERM/SIGINT) instead of the stop file",
+    )
     return parser.parse_args(argv)
 
 
@@ -70,7 +79,7 @@ def touch(path: str) -> None:
         file.write(str(time.time()))
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> Any:
     pid = os.getpid()
     store = make_store(args.store, args.table)
     mark = "?" if args.store.startswith("sqlite:///") else "%s"
@@ -84,6 +93,10 @@ async def main(args: argparse.Namespace) -> None:
         touch(os.path.join(args.dir, f"started.{update.update_id}.{pid}"))
         if args.hang and update.message.text == args.hang:
             await asyncio.sleep(3600)  # until SIGKILL
+        if args.slow and update.message.text == args.slow:
+            await asyncio.sleep(args.slow_seconds)
+        if args.fail_once and update.message.text == args.fail_once and attempt.attempt == 1:
+            raise RuntimeError("failing the first attempt (--fail-once)")
 
         def write(conn: Any) -> None:
             cur = conn.cursor()
@@ -97,12 +110,19 @@ async def main(args: argparse.Namespace) -> None:
         sweep_every_seconds=args.sweep,
         pending_grace_seconds=args.grace,
         max_concurrent=args.max_concurrent,
-        retry=lambda error, attempt: 0.1,
+        retry=lambda error, attempt: args.retry,
     )
     app = processor.install(
         Application.builder().token(args.token).base_url(args.base_url)
     ).build()
     app.add_handler(MessageHandler(filters.TEXT, on_message))
+    if args.run_polling:
+
+        async def ready(application: Any) -> None:
+            touch(os.path.join(args.dir, f"ready.{pid}"))
+
+        app.post_init = ready
+        return app, store  # run_polling() runs it in its own loop (see the end of this file)
     deadline = time.monotonic() + args.max_life
     stop_file = os.path.join(args.dir, "stop")
     async with app:
@@ -127,4 +147,10 @@ if __name__ == "__main__":
         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    asyncio.run(main(arguments))
+    built = asyncio.run(main(arguments))
+    if built is not None:  # --run-polling: PTB's own loop and signal handling
+        application, update_store = built
+        # post_init runs before polling starts; "ready" is close enough for the tests
+        application.run_polling(poll_interval=0.0, timeout=1)
+        update_store.close()
+        logging.getLogger("ptb_bot_worker").info("run_polling returned; exiting")

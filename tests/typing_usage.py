@@ -135,3 +135,8 @@ def ptb_wiring(store: DurableUpdateStore, token: str) -> None:
 
 def custom_context(context: FencedCallbackContext) -> Optional[Attempt]:
     return context.attempt
+
+
+async def required_attempt(context: FencedCallbackContext) -> int:
+    attempt: Attempt = context.require_attempt()  # never None under mypy --strict
+    return attempt.attempt

@@ -1,11 +1,12 @@
 """python-telegram-bot integration: durable ingest and fenced update processors."""
 
 from ptb_fence.ptb._application import FencedApplication, FencedApplicationMixin
-from ptb_fence.ptb._context import FencedCallbackContext
+from ptb_fence.ptb._context import AttemptUnavailable, FencedCallbackContext
 from ptb_fence.ptb._processor import BaseFenceProcessor, DurableUpdateProcessor, FencedUpdateProcessor
 from ptb_fence.ptb._queue import DurableUpdateQueue, IngestError, update_body
 
 __all__ = [
+    "AttemptUnavailable",
     "BaseFenceProcessor",
     "DurableUpdateProcessor",
     "DurableUpdateQueue",

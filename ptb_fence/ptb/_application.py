@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
+import logging
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from telegram._utils.defaultvalue import DEFAULT_TRUE
@@ -94,6 +96,22 @@ class _ErrorHandlers(Dict[Any, Any]):
         return result
 
 
+def _warn_drop_pending(
+    method: Callable[..., Any], name: str, application: Any, args: Any, kwargs: Any
+) -> None:
+    try:
+        arguments = inspect.signature(method).bind(application, *args, **kwargs).arguments
+    except TypeError:
+        return  # PTB reports the bad call itself
+    if arguments.get("drop_pending_updates"):
+        logging.getLogger("ptb_fence.ptb").warning(
+            "%s(drop_pending_updates=True) with a ptb_fence processor: Telegram discards "
+            "every update it still holds at each start, before ptb_fence can record them "
+            "(they are lost); remove the argument",
+            name,
+        )
+
+
 class FencedApplicationMixin(_MixinBase):
     """Mix-in for :class:`telegram.ext.Application` subclasses used with a ptb_fence processor.
 
@@ -123,6 +141,69 @@ class FencedApplicationMixin(_MixinBase):
         processor = getattr(self, "update_processor", None)
         if isinstance(processor, BaseFenceProcessor):
             processor._attach(self)
+
+    async def initialize(self) -> None:
+        """Check that the ptb_fence processor and durable queue are in place, then initialize.
+
+        Raises:
+            RuntimeError: The Application's update processor is not a ptb_fence processor
+                (``.concurrent_updates(...)`` was set on the builder after ``install()``), or
+                its ``update_queue`` is not the processor's durable queue.
+        """
+        from ptb_fence.ptb._processor import BaseFenceProcessor
+
+        processor = getattr(self, "update_processor", None)
+        if not isinstance(processor, BaseFenceProcessor):
+            raise RuntimeError(
+                f"{type(self).__name__}: the update processor is {type(processor).__name__}, "
+                "not a ptb_fence processor, so updates would be handled without being "
+                "recorded or fenced. Was .concurrent_updates(...) set on the builder after "
+                "install()? Remove it and pass max_concurrent=... to the processor instead"
+            )
+        if self.update_queue is not processor.queue:
+            raise RuntimeError(
+                f"{type(self).__name__}: the update_queue is not the processor's durable queue. "
+                "Was .update_queue(...) set on the builder after install()? Remove it"
+            )
+        await super().initialize()
+
+    async def start(self) -> None:
+        """Start the Application; the processor resumes handing due updates over."""
+        await super().start()
+        processor = self._fence_processor()
+        if processor is not None:
+            processor._end_stop()
+
+    async def stop(self) -> None:
+        """Stop the Application in bounded time.
+
+        Before PTB's ``stop()`` waits for the update queue to drain, the processor stops its
+        sweep and queues nothing more: retries and lapsed leases that fall due now stay in
+        the store for the next start (or another process). Updates already queued are handled.
+        """
+        processor = self._fence_processor()
+        if processor is not None and self.running:
+            await processor._begin_stop()
+        await super().stop()
+
+    def run_polling(self, *args: Any, **kwargs: Any) -> None:
+        """PTB's :meth:`~telegram.ext.Application.run_polling`; warns about
+        ``drop_pending_updates=True``, which makes Telegram discard every update it still
+        holds at each start."""
+        _warn_drop_pending(Application.run_polling, "run_polling", self, args, kwargs)
+        super().run_polling(*args, **kwargs)
+
+    def run_webhook(self, *args: Any, **kwargs: Any) -> None:
+        """PTB's :meth:`~telegram.ext.Application.run_webhook`; warns about
+        ``drop_pending_updates=True`` as :meth:`run_polling` does."""
+        _warn_drop_pending(Application.run_webhook, "run_webhook", self, args, kwargs)
+        super().run_webhook(*args, **kwargs)
+
+    def _fence_processor(self) -> Any:
+        from ptb_fence.ptb._processor import BaseFenceProcessor
+
+        processor = getattr(self, "update_processor", None)
+        return processor if isinstance(processor, BaseFenceProcessor) else None
 
     async def process_error(
         self,

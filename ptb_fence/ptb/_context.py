@@ -9,7 +9,14 @@ from telegram.ext import CallbackContext
 from ptb_fence.ptb._application import _STATE
 from ptb_fence.runtime._attempt import _CURRENT, Attempt, current_attempt
 
-__all__ = ["FencedCallbackContext"]
+__all__ = ["AttemptUnavailable", "FencedCallbackContext"]
+
+
+class AttemptUnavailable(RuntimeError):
+    """:meth:`FencedCallbackContext.require_attempt` was called where no attempt exists; the
+    message names the cause."""
+
+    __slots__ = ()
 
 
 # Not generic on purpose: handlers annotate ``context: FencedCallbackContext`` (also under
@@ -38,6 +45,45 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
         tasks, and updates handled by a unary :class:`~ptb_fence.ptb.DurableUpdateProcessor`.
         """
         return current_attempt()
+
+    def require_attempt(self) -> Attempt:
+        """The :class:`ptb_fence.Attempt` handling the current update; never :obj:`None`.
+
+        Returns:
+            The current attempt.
+
+        Raises:
+            AttemptUnavailable: (a :exc:`RuntimeError`) There is none here; the message says
+                why: the Application uses the unary
+                :class:`~ptb_fence.ptb.DurableUpdateProcessor` (use
+                :class:`~ptb_fence.ptb.FencedUpdateProcessor`), or this code runs in a job,
+                or outside the update's handling (a ``block=False`` handler, a task made with
+                ``create_task``, an error handler run as a task).
+        """
+        attempt = current_attempt()
+        if attempt is not None:
+            return attempt
+        if self.job is not None:
+            cause = (
+                "this code runs in a job (JobQueue), which handles no update; jobs have no "
+                "attempt"
+            )
+        else:
+            processor = getattr(self.application, "update_processor", None)
+            runtime = getattr(processor, "runtime", None)
+            if runtime is not None and not runtime.attempt_aware:
+                cause = (
+                    f"the Application's processor is {type(processor).__name__}, which is "
+                    "unary (no attempts): use FencedUpdateProcessor"
+                )
+            else:
+                cause = (
+                    "this code runs outside the update's attempt: in a handler registered "
+                    "with block=False (or made non-blocking by Defaults(block=False)), in a "
+                    "task made with create_task, or in an error handler run as a task; run "
+                    "it in a blocking handler"
+                )
+        raise AttemptUnavailable(f"context.require_attempt(): no attempt here: {cause}")
 
     @classmethod
     def from_job(cls, job: Any, application: Any) -> Any:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable, Generic, List, Sequence, Tuple, TypeVar
+from typing import Awaitable, Callable, Generic, List, Optional, Sequence, Tuple, TypeVar
 
 __all__ = ["GroupCommit"]
 
@@ -35,34 +35,40 @@ class GroupCommit(Generic[In, Out]):
     ) -> None:
         self._run_many = run_many
         self._name = name
-        self._pending: List[Tuple[In, "asyncio.Future[Out]"]] = []
+        self._pending: List[Tuple[In, "asyncio.Future[Out]", Optional[Callable[[Out], None]]]] = []
         self._flushing = False
 
-    async def submit(self, item: In) -> Out:
-        """Send ``item`` with the next group and return its result (or raise its error)."""
+    async def submit(self, item: In, *, orphan: Optional[Callable[[Out], None]] = None) -> Out:
+        """Send ``item`` with the next group and return its result (or raise its error).
+
+        If the caller is cancelled while the group is in the store, the item's result (a write
+        that still landed) goes to ``orphan(result)`` instead of being lost.
+        """
         loop = asyncio.get_running_loop()
         future: "asyncio.Future[Out]" = loop.create_future()
-        self._pending.append((item, future))
+        self._pending.append((item, future, orphan))
         if not self._flushing:
             self._flushing = True
             loop.create_task(self._flush(), name=self._name)
         return await future
 
     async def _flush(self) -> None:
-        batch: List[Tuple[In, "asyncio.Future[Out]"]] = []
+        batch: List[Tuple[In, "asyncio.Future[Out]", Optional[Callable[[Out], None]]]] = []
         try:
             while self._pending:
                 await asyncio.sleep(0)  # items of this loop iteration join the group
                 batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
                 try:
-                    results = list(await self._run_many([item for item, _ in batch]))
+                    results = list(await self._run_many([item for item, _, _ in batch]))
                 except Exception as exc:
-                    for _, future in batch:
+                    for _, future, _ in batch:
                         if not future.done():
                             future.set_exception(exc)
                 else:
-                    for (_, future), result in zip(batch, results):
+                    for (_, future, orphan), result in zip(batch, results):
                         if future.done():
+                            if orphan is not None and not isinstance(result, BaseException):
+                                orphan(result)
                             continue
                         if isinstance(result, BaseException):
                             future.set_exception(result)
@@ -72,7 +78,7 @@ class GroupCommit(Generic[In, Out]):
         finally:
             self._flushing = False
             # cancelled (shutdown): nobody is left waiting forever
-            for _, future in batch + self._pending:
+            for _, future, _ in batch + self._pending:
                 if not future.done():
                     future.set_exception(asyncio.CancelledError())
             self._pending = []

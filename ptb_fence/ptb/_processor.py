@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import json
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Dict, Hashable, Optional, Set, Tuple, TypeVar
 
@@ -19,7 +21,7 @@ from ptb_fence.ptb._application import _STATE, FencedApplicationMixin, _UpdateSt
 from ptb_fence.ptb._chat_turns import ChatTurns
 from ptb_fence.ptb._context import FencedCallbackContext
 from ptb_fence.ptb._queue import DurableUpdateQueue, update_body
-from ptb_fence.ptb._request import wrap_get_updates_request
+from ptb_fence.ptb._request import unwrap_get_updates_request, wrap_get_updates_request
 from ptb_fence.ptb._group_commit import GroupCommit
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._attempt import _CURRENT
@@ -35,6 +37,7 @@ T = TypeVar("T")
 BuilderType = TypeVar("BuilderType", bound="ApplicationBuilder[Any, Any, Any, Any, Any, Any]")
 
 _SWEEP_PAGE = 500
+_MAX_DELIVERIES = 8  # exhaustion deliveries running at once in one process
 # PTB's BaseUpdateProcessor.process_update holds its semaphore for all of do_process_update,
 # including a chat's wait for its turn, so process_update is overridden to skip it; ptb_fence's
 # own slots enforce max_concurrent. (The semaphore cannot just be made large: PTB sizes it from
@@ -60,6 +63,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
     __slots__ = (
         "_application",
         "_delivering",
+        "_delivery_tasks",
         "_executor",
         "_handle_exhaustion",
         "_batch_ingest",
@@ -75,6 +79,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         "_running",
         "_runtime",
         "_slots",
+        "_stopping",
         "_sweep_task",
         "_turns",
     )
@@ -106,6 +111,8 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         self._turns = ChatTurns()
         self._inflight: Set[int] = set()
         self._delivering: Set[Any] = set()  # identities of exhaustions being delivered
+        self._delivery_tasks: "Set[asyncio.Future[None]]" = set()
+        self._stopping = False  # Application.stop() began: nothing is queued any more
         # fast path: a getUpdates batch recorded (and claimed) before PTB puts its updates;
         # update_id -> the pre-claimed Attempt, True (recorded) or False (a duplicate)
         self._ingested: Dict[int, Any] = {}
@@ -212,11 +219,11 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         if application.update_queue is not self._queue:
             raise RuntimeError(
                 f"{type(self).__name__}: the Application's update_queue is not the processor's "
-                "durable queue, so updates would be acknowledged before they are recorded; "
-                "wire it with processor.install(builder)"
+                "durable queue, so updates would be acknowledged before they are recorded. "
+                "Was .update_queue(...) set on the builder after install()? Remove it: "
+                "processor.install(builder) gives the Application its queue"
             )
         self._application = application
-        self._batch_ingest = wrap_get_updates_request(application.bot, self)
         context_class = application.context_types.context
         if self._runtime.attempt_aware and not issubclass(context_class, FencedCallbackContext):
             _LOGGER.warning(
@@ -248,17 +255,69 @@ class BaseFenceProcessor(BaseUpdateProcessor):
                 "queue; wire it with processor.install(builder)"
             )
         self._warn_non_blocking(application)
+        if self._runtime.attempt_aware and self._handle_exhaustion is None:
+            _LOGGER.warning(
+                "%s has no handle_exhaustion: an update whose last attempt fails is "
+                "abandoned (and pruned after retain_seconds), not delivered anywhere; pass "
+                "handle_exhaustion=... to be told",
+                type(self).__name__,
+            )
+        # per Application: undone at shutdown; refused if another running processor has it
+        self._batch_ingest = wrap_get_updates_request(application.bot, self)
         self._executor = ThreadPoolExecutor(
             max_workers=self._runtime.options.max_concurrent + 4,
             thread_name_prefix="ptb_fence-store",
         )
         self._runtime.executor = self._executor
+        try:
+            await self._bind_bot(application)
+        except BaseException:
+            executor, self._executor = self._executor, None
+            self._runtime.executor = None
+            executor.shutdown(wait=False)
+            unwrap_get_updates_request(application.bot, self)
+            self._batch_ingest = False
+            raise
         self._inflight.clear()
+        self._stopping = False
         self._runtime.start_jobs()
-        self._sweep_task = asyncio.get_running_loop().create_task(
-            self._sweep_loop(), name="ptb_fence:sweep"
-        )
+        self._start_sweep()
         self._initialized = True
+
+    async def _bind_bot(self, application: Any) -> None:
+        """Tell a store that records its bot (``bind_bot``) which bot this is."""
+        bind = getattr(self._runtime.store, "bind_bot", None)
+        if not callable(bind):
+            return
+        head = str(getattr(application.bot, "token", "")).split(":", 1)[0]
+        if not head.isdigit():
+            return
+        await self._call(bind, int(head))
+
+    def _start_sweep(self) -> None:
+        if self._sweep_task is None or self._sweep_task.done():
+            self._sweep_task = asyncio.get_running_loop().create_task(
+                self._sweep_loop(), name="ptb_fence:sweep"
+            )
+
+    async def _stop_sweep(self) -> None:
+        task, self._sweep_task = self._sweep_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _begin_stop(self) -> None:
+        """``Application.stop()`` began: queue nothing more (PTB's ``update_queue.join()``
+        would wait for it forever); recorded updates stay in the store for the next start."""
+        self._stopping = True
+        await self._stop_sweep()
+
+    def _end_stop(self) -> None:
+        """``Application.start()`` ran (again): resume queueing and sweeping."""
+        self._stopping = False
+        if self._initialized:
+            self._start_sweep()
 
     async def shutdown(self) -> None:
         """Stop the sweep and the lease keeper, and release the thread pool.
@@ -269,11 +328,15 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         if not self._initialized:
             return
         self._initialized = False
-        task, self._sweep_task = self._sweep_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        self._stopping = True
+        await self._stop_sweep()
+        deliveries = list(self._delivery_tasks)
+        for delivery in deliveries:
+            delivery.cancel()  # unacknowledged: delivered again at the next start
+        if deliveries:
+            await asyncio.gather(*deliveries, return_exceptions=True)
+        unwrap_get_updates_request(self._application.bot, self)
+        self._batch_ingest = False
         await asyncio.get_running_loop().run_in_executor(None, self._runtime.stop_jobs)
         executor, self._executor = self._executor, None
         self._runtime.executor = None
@@ -326,7 +389,14 @@ class BaseFenceProcessor(BaseUpdateProcessor):
 
     async def _record_batch(self, result: "list[Any]") -> None:
         """Record a whole getUpdates answer in one commit (called by RecordingRequest)."""
+        updater = getattr(self._application, "updater", None)
+        if updater is not None and not updater.running:
+            # not the Updater's polling (e.g. its last getUpdates in Updater.stop(), or a
+            # manual call): PTB puts none of these, and Telegram keeps them (they are not
+            # confirmed), so recording (and claiming) them would only strand them for a lease
+            return
         items = []
+        raws: "list[Any]" = []
         for raw in result:
             if isinstance(raw, dict):
                 update_id = raw.get("update_id")
@@ -335,18 +405,92 @@ class BaseFenceProcessor(BaseUpdateProcessor):
                     and not isinstance(update_id, bool)
                     and 0 <= update_id <= MAX_UPDATE_ID
                 ):
-                    items.append((update_id, json.dumps(raw, ensure_ascii=False)))
+                    items.append((update_id, _raw_body(raw)))
+                    raws.append(raw)
         if not items:
             return
         # anything left from an earlier batch was never put (PTB stopped or dropped it):
         # stop renewing it so its lease lapses and a sweep takes it
         self._release_preclaimed(ingested_only=True)
         try:
-            outcome = await self._call(self._store_rows, self._rows(items))
+            outcome = await self._call_handing_on(
+                lambda: self._store_rows(self._rows(items)),
+                lambda landed: self._hand_on_batch(raws, landed),
+            )
+        except asyncio.CancelledError:
+            raise
         except Exception as exc:
-            raise self._queue._fail(items[0][0], exc) from exc
+            raise self._queue._fail([update_id for update_id, _ in items], exc) from exc
         for (update_id, _), value in zip(items, outcome):
             self._ingested[update_id] = value
+
+    async def _call_handing_on(
+        self, fn: Callable[[], T], on_orphan: Callable[[T], None]
+    ) -> T:
+        """Run ``fn`` on the store threads; if the caller is cancelled while it runs, its
+        result (a write that still lands) goes to ``on_orphan`` instead of being lost."""
+        loop = asyncio.get_running_loop()
+        inner = loop.run_in_executor(self._executor, fn)
+        try:
+            return await asyncio.shield(inner)
+        except asyncio.CancelledError:
+
+            def orphaned(future: "asyncio.Future[T]") -> None:
+                if not future.cancelled() and future.exception() is None:
+                    on_orphan(future.result())
+
+            inner.add_done_callback(orphaned)
+            raise
+
+    def _hand_on_batch(self, raws: "list[Any]", outcomes: "list[Any]") -> None:
+        """A getUpdates batch landed but its caller was cancelled (``Updater.stop()``)."""
+        bot = self._application.bot if self._application is not None else None
+        for raw, outcome in zip(raws, outcomes):
+            update = None
+            if outcome is not False and bot is not None:
+                try:
+                    update = self._parse(raw, bot)
+                except Exception:
+                    _LOGGER.exception("recorded update %s cannot be parsed", raw.get("update_id"))
+            if update is None:
+                if isinstance(outcome, Attempt):
+                    self._runtime.end(outcome)  # its lease lapses; a sweep takes it
+                continue
+            self._hand_on(update, outcome)
+
+    def _hand_on(self, update: Update, outcome: Any) -> None:
+        """A recorded update whose recorder was cancelled: queue it (it is ours to handle),
+        or, while stopping, release it to its lease and the sweep."""
+        if outcome is False or isinstance(outcome, BaseException):
+            return
+        if self._stopping or not self._initialized:
+            if isinstance(outcome, Attempt):
+                self._runtime.end(outcome)
+            return
+        _LOGGER.info(
+            "update %s was recorded while its ingest was cancelled: handing it on",
+            update.update_id,
+            extra={"update_id": update.update_id},
+        )
+        self._consume(update.update_id, outcome)
+        if not self._queue.redeliver(update):
+            self._unqueue(update.update_id)
+
+    def _unqueue(self, update_id: int) -> None:
+        """A booked update that will not be queued after all (stopping): release it."""
+        attempt = self._preclaimed.pop(update_id, None)
+        if attempt is not None:
+            self._runtime.end(attempt)
+        self._inflight.discard(update_id)
+
+    @staticmethod
+    def _parse(data: Any, bot: Any) -> Optional[Update]:
+        update = Update.de_json(data, bot)
+        if update is not None and getattr(bot, "callback_data_cache", None) is not None:
+            # a body recorded from getUpdates keeps the callback data id: resolve it from the
+            # bot's cache as PTB does on delivery (InvalidCallbackData if gone)
+            bot.insert_callback_data(update)
+        return update
 
     def _consume(self, update_id: int, outcome: Any) -> bool:
         """Book one recorded update for processing; False for a duplicate."""
@@ -448,7 +592,12 @@ class BaseFenceProcessor(BaseUpdateProcessor):
             return self._consume(update.update_id, known)
         try:
             body = update_body(update)
-            outcome = await self._writer.submit(("add", (update.update_id, body)))
+            outcome = await self._writer.submit(
+                ("add", (update.update_id, body)),
+                orphan=lambda landed: self._hand_on(update, landed),
+            )
+        except asyncio.CancelledError:
+            raise
         except Exception as exc:
             raise self._queue._fail(update.update_id, exc) from exc
         return self._consume(update.update_id, outcome)
@@ -474,8 +623,21 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         A chat waiting for its turn must not hold a concurrency permit; ptb_fence's own slots
         (taken only once it is the chat's turn) enforce ``max_concurrent``. In sequential mode
         (``max_concurrent=1``) PTB awaits one update at a time anyway.
+
+        Objects that are not :class:`telegram.Update` (e.g. a ``TypeHandler`` payload) take a
+        slot too; so does the whole call when a subclass overrides :meth:`do_process_update`
+        (everything the processor runs counts against ``max_concurrent``).
         """
-        await self.do_process_update(update, coroutine)
+        overridden = type(self).do_process_update is not BaseFenceProcessor.do_process_update
+        if isinstance(update, Update) and not overridden:
+            await self.do_process_update(update, coroutine)
+            return
+        async with self._slots:
+            token = _HOLDING_SLOT.set(True)
+            try:
+                await self.do_process_update(update, coroutine)
+            finally:
+                _HOLDING_SLOT.reset(token)
 
     async def do_process_update(self, update: object, coroutine: "Awaitable[Any]") -> None:
         """Claim, handle and settle one update. Never raises (a raise would kill PTB's
@@ -503,9 +665,12 @@ class BaseFenceProcessor(BaseUpdateProcessor):
     async def _process(self, update: Update, coroutine: "Awaitable[Any]") -> bool:
         runtime = self._runtime
         key = _chat_key(update)
+        exhaustion: Optional[Exhaustion] = None
         await self._turns.acquire(key, update.update_id)
         try:
-            async with self._slots:
+            # the slot may already be held for the whole call (see process_update)
+            slot = contextlib.nullcontext() if _HOLDING_SLOT.get() else self._slots
+            async with slot:
                 attempt = self._preclaimed.pop(update.update_id, None)
                 if attempt is None:
                     attempt = await self._call(runtime.claim, update.update_id)
@@ -549,40 +714,58 @@ class BaseFenceProcessor(BaseUpdateProcessor):
                     # retries the update (a renewed-forever lease would strand it)
                     runtime.end(attempt)
                     self._running -= 1
-            if exhaustion is not None:
-                await self._deliver(exhaustion)
             return True
         finally:
             self._turns.release(key)
+            if exhaustion is not None:
+                # in its own task, after the chat's turn is released: a slow or hanging
+                # exhaustion handler holds neither the chat nor the sweep
+                self._start_delivery(exhaustion)
+
+    def _start_delivery(self, exhaustion: Exhaustion) -> None:
+        """Deliver ``exhaustion`` in a task of its own, unless it is being delivered already
+        (at most one delivery of one exhaustion at a time in this process)."""
+        if self._handle_exhaustion is None or exhaustion.identity in self._delivering:
+            return
+        if len(self._delivering) >= _MAX_DELIVERIES:
+            return  # it stays due: a later sweep starts it once a delivery has finished
+        self._delivering.add(exhaustion.identity)
+        task = asyncio.get_running_loop().create_task(
+            self._deliver(exhaustion), name=f"ptb_fence:exhaustion:{exhaustion.update_id}"
+        )
+        self._delivery_tasks.add(task)
+        task.add_done_callback(self._delivery_tasks.discard)
 
     async def _deliver(self, exhaustion: Exhaustion) -> None:
         handler = self._handle_exhaustion
+        identity = exhaustion.identity
         if handler is None:
+            self._delivering.discard(identity)
             return
         runtime = self._runtime
-        identity = exhaustion.identity
-        if identity in self._delivering:
-            return  # a sweep found the row while the handler's own delivery is still running
-        self._delivering.add(identity)
         try:
             try:
                 if inspect.iscoroutinefunction(handler):
                     await handler(exhaustion)
                 else:
-                    result = await self._call(handler, exhaustion)
+                    result = await _in_daemon_thread(handler, exhaustion)
                     if inspect.isawaitable(result):
                         await result
             except Exception as exc:
                 runtime.exhaustion_failed(exc, exhaustion)
                 return
-            await self._call(runtime.acknowledge, exhaustion)
+            try:
+                await self._call(runtime.acknowledge, exhaustion)
+            except Exception as exc:  # stays due: delivered again by a later sweep
+                runtime.report_store_error(exc, "sweep")
         finally:
             self._delivering.discard(identity)
 
     # -- sweep ------------------------------------------------------------------------------
     async def sweep(self, *, include_fresh: bool = False) -> int:
-        """Run one sweep now: hand due updates back to the Application, deliver
-        exhaustions, prune. Returns the number of updates handed over."""
+        """Run one sweep now: hand due updates back to the Application, start delivering
+        due exhaustions (each in a task of its own), prune. Returns the number of updates
+        handed over (none once ``Application.stop()`` began)."""
         return (await self._sweep_once(include_fresh))[0]
 
     async def _sweep_loop(self) -> None:
@@ -622,13 +805,10 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         for row in rows:
             if row.update_id in self._inflight:
                 continue
+            if self._stopping:
+                break  # Application.stop() began: the rows stay due for the next start
             try:
-                bot = application.bot
-                update = Update.de_json(json.loads(row.body), bot)
-                if update is not None and getattr(bot, "callback_data_cache", None) is not None:
-                    # a body recorded from getUpdates keeps the callback data id: resolve it
-                    # from the bot's cache as PTB does on delivery (InvalidCallbackData if gone)
-                    bot.insert_callback_data(update)
+                update = self._parse(json.loads(row.body), application.bot)
             except Exception:
                 _LOGGER.exception(
                     "stored update %s cannot be parsed; left as it is",
@@ -639,16 +819,18 @@ class BaseFenceProcessor(BaseUpdateProcessor):
             if update is None:
                 continue
             self._inflight.add(row.update_id)
-            self._queue.redeliver(update)
+            if not self._queue.redeliver(update):
+                self._inflight.discard(row.update_id)
+                break
             handed += 1
-        if self._handle_exhaustion is not None:
+        if self._handle_exhaustion is not None and not self._stopping:
             try:
                 page = await self._call(runtime.exhaustion_page)
             except Exception as exc:
                 runtime.report_store_error(exc, "sweep")
                 page = []
             for exhaustion in page:
-                await self._deliver(exhaustion)
+                self._start_delivery(exhaustion)
         try:
             await self._call(runtime.prune)
         except Exception as exc:
@@ -656,6 +838,50 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         if handed:
             _LOGGER.info("sweep handed %d update(s) back to the Application", handed)
         return handed, len(rows) >= _SWEEP_PAGE and handed > 0
+
+
+_HOLDING_SLOT: "contextvars.ContextVar[bool]" = contextvars.ContextVar(
+    "ptb_fence_holding_slot", default=False
+)
+
+
+def _raw_body(raw: Any) -> str:
+    """The stored JSON text of a raw update: UTF-8 text, or ASCII escapes when the update
+    holds a lone UTF-16 surrogate (valid JSON that no store can encode as UTF-8)."""
+    body = json.dumps(raw, ensure_ascii=False)
+    try:
+        body.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(raw)  # lossless: the escapes decode to the same strings
+    return body
+
+
+async def _in_daemon_thread(fn: Callable[[Any], T], arg: Any) -> T:
+    """Run a blocking ``fn(arg)`` in a daemon thread (a hanging one blocks neither the store
+    threads nor interpreter exit)."""
+    loop = asyncio.get_running_loop()
+    future: "asyncio.Future[T]" = loop.create_future()
+
+    def settle(value: Any, error: Optional[BaseException]) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+    def work() -> None:
+        try:
+            value = fn(arg)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(settle, None, exc)
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, value, None)
+
+    threading.Thread(target=work, name="ptb_fence-exhaustion", daemon=True).start()
+    return await future
 
 
 def _cancel_requested() -> bool:

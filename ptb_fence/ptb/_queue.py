@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from telegram import Update
 from telegram.error import TelegramError
@@ -71,6 +71,11 @@ class DurableUpdateQueue(asyncio.Queue[object]):
         if isinstance(item, Update):
             if not await self._processor._record(item):
                 return
+            if self._processor._stopping:
+                # Application.stop() is waiting on join(): queued now it would never be
+                # taken. It is recorded; the next start (or another process) handles it.
+                self._processor._unqueue(item.update_id)
+                return
         # the queue is unbounded: asyncio.Queue.put would only call our put_nowait again
         asyncio.Queue.put_nowait(self, item)
 
@@ -83,18 +88,36 @@ class DurableUpdateQueue(asyncio.Queue[object]):
         if isinstance(item, Update):
             if not self._processor._record_blocking(item):
                 return
+            if self._processor._stopping:
+                self._processor._unqueue(item.update_id)
+                return
         asyncio.Queue.put_nowait(self, item)
 
-    def redeliver(self, update: Update) -> None:
-        """Queue an update that is already recorded (retries, lapsed leases, old records)."""
-        asyncio.Queue.put_nowait(self, update)
+    def redeliver(self, update: Update) -> bool:
+        """Queue an update that is already recorded (retries, lapsed leases, old records).
 
-    def _fail(self, update_id: Optional[int], error: BaseException) -> IngestError:
+        Returns :obj:`False` (queueing nothing) once ``Application.stop()`` began: the update
+        stays in the store for the next start or another process.
+        """
+        if self._processor._stopping:
+            return False
+        asyncio.Queue.put_nowait(self, update)
+        return True
+
+    def _fail(
+        self, update_ids: Union[Optional[int], Sequence[int]], error: BaseException
+    ) -> IngestError:
+        if isinstance(update_ids, int) or update_ids is None:
+            what = f"update {update_ids}"
+            first = update_ids
+        else:
+            what = "updates " + ", ".join(str(u) for u in update_ids)
+            first = update_ids[0] if update_ids else None
         _LOGGER.error(
-            "could not record update %s (%s: %s); it is not acknowledged to Telegram",
-            update_id,
+            "could not record %s (%s: %s); not acknowledged to Telegram",
+            what,
             type(error).__name__,
             error,
-            extra={"update_id": update_id},
+            extra={"update_id": first},
         )
-        return IngestError(f"ptb_fence could not record update {update_id}: {type(error).__name__}")
+        return IngestError(f"ptb_fence could not record {what}: {type(error).__name__}")

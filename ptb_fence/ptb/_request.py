@@ -12,7 +12,7 @@ from telegram.request import BaseRequest, RequestData
 if TYPE_CHECKING:
     from ptb_fence.ptb._processor import BaseFenceProcessor
 
-__all__ = ["RecordingRequest", "wrap_get_updates_request"]
+__all__ = ["RecordingRequest", "unwrap_get_updates_request", "wrap_get_updates_request"]
 
 _LOGGER = logging.getLogger("ptb_fence.ingest")
 
@@ -72,7 +72,8 @@ class RecordingRequest(BaseRequest):
             connect_timeout=connect_timeout,
             pool_timeout=pool_timeout,
         )
-        if 200 <= status < 300 and url.endswith("/getUpdates"):
+        live = self._processor._initialized or self._processor._batch_ingest
+        if live and 200 <= status < 300 and url.endswith("/getUpdates"):
             try:
                 answer = json.loads(payload.decode("utf-8"))
             except (UnicodeDecodeError, ValueError):
@@ -94,7 +95,16 @@ def wrap_get_updates_request(bot: Any, processor: "BaseFenceProcessor") -> bool:
         return False
     get_updates, other = requests
     if isinstance(get_updates, RecordingRequest):
-        return get_updates._processor is processor
+        owner = get_updates._processor
+        if owner is processor:
+            return True
+        if owner._initialized:
+            raise RuntimeError(
+                f"this Bot's getUpdates is wired to another running {type(owner).__name__} "
+                "(of another Application): shut that Application down first, or give each "
+                "Application its own Bot"
+            )
+        get_updates = get_updates.inner  # left over from an Application that is gone
     if not isinstance(get_updates, BaseRequest):
         return False
     try:
@@ -103,3 +113,17 @@ def wrap_get_updates_request(bot: Any, processor: "BaseFenceProcessor") -> bool:
         _LOGGER.debug("could not wrap the getUpdates request; recording update by update")
         return False
     return True
+
+
+def unwrap_get_updates_request(bot: Any, processor: "BaseFenceProcessor") -> None:
+    """Undo :func:`wrap_get_updates_request` (at shutdown), so that the Bot can serve another
+    Application and processor."""
+    requests = getattr(bot, "_request", None)
+    if not (isinstance(requests, tuple) and len(requests) == 2):
+        return
+    get_updates, other = requests
+    if isinstance(get_updates, RecordingRequest) and get_updates._processor is processor:
+        try:
+            object.__setattr__(bot, "_request", (get_updates.inner, other))
+        except (AttributeError, TypeError):  # pragma: no cover - a PTB we do not know
+            pass
