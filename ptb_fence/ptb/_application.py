@@ -13,6 +13,8 @@ from telegram.ext import Application, ApplicationHandlerStop, ExtBot
 
 from ptb_fence.runtime._attempt import _CURRENT
 
+_LOGGER = logging.getLogger("ptb_fence.ptb")
+
 __all__ = ["FencedApplication", "FencedApplicationMixin", "fenced_application_class"]
 
 
@@ -104,7 +106,7 @@ def _warn_drop_pending(
     except TypeError:
         return  # PTB reports the bad call itself
     if arguments.get("drop_pending_updates"):
-        logging.getLogger("ptb_fence.ptb").warning(
+        _LOGGER.warning(
             "%s(drop_pending_updates=True) with a ptb_fence processor: Telegram discards "
             "every update it still holds at each start, before ptb_fence can record them "
             "(they are lost); remove the argument",
@@ -221,6 +223,18 @@ class FencedApplicationMixin(_MixinBase):
             and not isinstance(error, ApplicationHandlerStop)
         ):
             state.error = error
+            if not self.error_handlers:
+                # PTB would log "No error handlers are registered" with the whole traceback
+                # for every failed attempt; ptb_fence logs the failure once (WARNING, with
+                # update id, attempt, claim id, the error's type and message) when it settles
+                # the attempt, so the traceback goes to DEBUG here
+                _LOGGER.debug(
+                    "handler of update %s raised (traceback; the attempt's outcome is logged "
+                    "when it settles)",
+                    getattr(update, "update_id", None),
+                    exc_info=error,
+                )
+                return False
         token = _IN_PROCESS_ERROR.set(True)
         try:
             return await super().process_error(

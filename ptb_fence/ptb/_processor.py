@@ -69,6 +69,8 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         "_batch_ingest",
         "_inflight",
         "_ingested",
+        "_loop",
+        "_retry_timers",
         "_combined_write",
         "_fast_claim",
         "_fast_settle",
@@ -135,6 +137,10 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         self._initialized = False
         self._sweep_task: Optional["asyncio.Task[None]"] = None
         self._running = 0
+        # a retry due before the next sweep is handed back at its time (same fenced claim)
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._retry_timers: "Set[asyncio.TimerHandle]" = set()
+        self._runtime.retry_soon = self._retry_soon
 
     # -- public properties ------------------------------------------------------------------
     @property
@@ -280,6 +286,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
             raise
         self._inflight.clear()
         self._stopping = False
+        self._loop = asyncio.get_running_loop()
         self._runtime.start_jobs()
         self._start_sweep()
         self._initialized = True
@@ -311,6 +318,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         """``Application.stop()`` began: queue nothing more (PTB's ``update_queue.join()``
         would wait for it forever); recorded updates stay in the store for the next start."""
         self._stopping = True
+        self._cancel_retry_timers()
         await self._stop_sweep()
 
     def _end_stop(self) -> None:
@@ -329,6 +337,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
             return
         self._initialized = False
         self._stopping = True
+        self._cancel_retry_timers()
         await self._stop_sweep()
         deliveries = list(self._delivery_tasks)
         for delivery in deliveries:
@@ -344,6 +353,53 @@ class BaseFenceProcessor(BaseUpdateProcessor):
             executor.shutdown(wait=False, cancel_futures=False)
         self._release_preclaimed()
         self._inflight.clear()
+
+    # -- retries due before the next sweep ---------------------------------------------------
+    def _retry_soon(self, update_id: int, delay: float, body: Optional[str]) -> None:
+        """Called by the runtime (on a store thread) for a retry due before the next sweep."""
+        loop = self._loop
+        if body is None or loop is None or self._stopping:
+            return  # the sweep takes it
+        try:
+            loop.call_soon_threadsafe(self._start_retry_timer, update_id, delay, body)
+        except RuntimeError:  # the loop is closed: the next start's sweep takes it
+            pass
+
+    def _start_retry_timer(self, update_id: int, delay: float, body: str, tries: int = 0) -> None:
+        if self._stopping or not self._initialized or self._loop is None:
+            return
+        handle: "list[asyncio.TimerHandle]" = []
+
+        def fire() -> None:
+            self._retry_timers.discard(handle[0])
+            self._retry_now(update_id, body, tries)
+
+        # a few ms late, so the store sees the retry time as come (due_at <= now)
+        handle.append(self._loop.call_later(delay + 0.005, fire))
+        self._retry_timers.add(handle[0])
+
+    def _retry_now(self, update_id: int, body: str, tries: int) -> None:
+        if self._stopping or not self._initialized:
+            return  # stays due in the store
+        if update_id in self._inflight:
+            # its failed attempt is still finishing here: look again shortly
+            if tries < 200:
+                self._start_retry_timer(update_id, 0.05, body, tries + 1)
+            return
+        try:
+            update = self._parse(json.loads(body), self._application.bot)
+        except Exception:
+            return  # the sweep reports it
+        if update is None:
+            return
+        self._inflight.add(update_id)
+        if not self._queue.redeliver(update):
+            self._inflight.discard(update_id)
+
+    def _cancel_retry_timers(self) -> None:
+        timers, self._retry_timers = self._retry_timers, set()
+        for timer in timers:
+            timer.cancel()  # the retries stay due in the store
 
     def _warn_non_blocking(self, application: Any) -> None:
         defaults = getattr(application.bot, "defaults", None)
