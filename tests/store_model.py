@@ -64,7 +64,7 @@ class StoreModel:
         if update_id in self.rows:
             return False  # in any state
         self.rows[update_id] = {
-            "body": body, "state": "pending", "attempts": 0, "due_at": None,
+            "body": body, "state": "pending", "attempts": 0, "due_at": received_at,
             "received_at": received_at, "settled_at": None, "error": None, "claim_id": None,
         }
         return True

@@ -428,7 +428,7 @@ def test_retry_of_an_exhaustion_gives_a_full_new_set_of_attempts(
     assert "it is no longer an exhaustion" in out
     row = db.row(1005)
     assert row["state"] == "pending" and row["attempts"] == 0
-    assert row["due_at"] is None and row["settled_at"] is None
+    assert row["due_at"] == row["received_at"] and row["settled_at"] is None
     assert row["error"] == "BadRequest: Message text is empty"  # kept for the record
     assert row["claim_id"] == old.claim_id
     assert db.store.due_exhaustions(limit=10) == []
@@ -451,7 +451,7 @@ def test_retry_of_a_failed_update_makes_it_due_now(db: Fixture, capsys: Any) -> 
     assert "update 1003: failed -> pending" in out and "attempts 1 -> 0" in out
     assert "no longer an exhaustion" not in out
     row = db.row(1003)
-    assert (row["state"], row["attempts"], row["due_at"]) == ("pending", 0, None)
+    assert (row["state"], row["attempts"], row["due_at"]) == ("pending", 0, row["received_at"])
     now = int(time.time() * 1000)
     assert 1003 in [u.update_id for u in db.store.due(now=now, pending_before=now, limit=100)]
 
@@ -576,10 +576,10 @@ def test_migrate_creates_upgrades_and_is_idempotent(
         with conn.cursor() as cur:
             cur.execute(
                 f'CREATE TABLE "{legacy}" (update_id BIGINT PRIMARY KEY, body TEXT NOT NULL, '
-                "state TEXT NOT NULL, attempts INT NOT NULL DEFAULT 0, due_at BIGINT, "
+                "state TEXT NOT NULL, attempts INT NOT NULL DEFAULT 0, due_at BIGINT NOT NULL, "
                 "received_at BIGINT NOT NULL, settled_at BIGINT, error TEXT)"
             )
-            cur.execute(f"INSERT INTO \"{legacy}\" VALUES (1, '{{}}', 'pending', 0, NULL, 5, NULL, NULL)")
+            cur.execute(f"INSERT INTO \"{legacy}\" VALUES (1, '{{}}', 'pending', 0, 5, 5, NULL, NULL)")
         conn.commit()
     finally:
         conn.close()

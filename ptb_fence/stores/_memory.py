@@ -137,7 +137,7 @@ class MemoryUpdateStore:
         with self._lock:
             if update_id in self._rows:
                 return False
-            self._rows[update_id] = _Row(update_id, body, "pending", 0, None, received_at)
+            self._rows[update_id] = _Row(update_id, body, "pending", 0, received_at, received_at)
             return True
 
     def add_many(self, rows: Sequence[Tuple[int, str, int]]) -> List[bool]:

@@ -62,7 +62,9 @@ CREATE TABLE IF NOT EXISTS {t} (
     body        TEXT   NOT NULL,      -- the update's JSON text, as received
     state       TEXT   NOT NULL,      -- pending, processing, failed, completed, abandoned
     attempts    INT    NOT NULL DEFAULT 0,
-    due_at      BIGINT,               -- lease expiry / retry time / when it was abandoned
+    due_at      BIGINT,               -- pending: received_at; lease expiry / retry time /
+                                      -- when it was abandoned (never NULL; older tables
+                                      -- declare it NOT NULL)
     received_at BIGINT NOT NULL,      -- epoch milliseconds
     settled_at  BIGINT,               -- NULL: not prunable (incl. unacknowledged exhaustion)
     error       TEXT,                 -- last failure text
@@ -134,10 +136,11 @@ class PostgresStatements:
             schema_check=_SCHEMA_CHECK,
             schema_check_args={"table": t, "index": f'"{_index_name(table)}"'},
             schema_lock=f"SELECT pg_advisory_xact_lock({schema_lock_key(table)})",
-            # legacy-safe
+            # legacy-safe. A pending row carries due_at = received_at (SPEC §3; older tables
+            # declare due_at NOT NULL). Pending rows are found by their state.
             add=f"""\
-INSERT INTO {t} (update_id, body, state, attempts, received_at)
-VALUES (%(update_id)s, %(body)s, 'pending', 0, %(received_at)s)
+INSERT INTO {t} (update_id, body, state, attempts, due_at, received_at)
+VALUES (%(update_id)s, %(body)s, 'pending', 0, %(received_at)s, %(received_at)s)
 ON CONFLICT (update_id) DO NOTHING
 RETURNING update_id""",
             # legacy-safe: the base claim without durable_exhaustion leaves claim_id alone.
@@ -255,8 +258,8 @@ RETURNING update_id""",
         """
         values = ",\n       ".join(["(%s::BIGINT, %s::TEXT, %s::BIGINT)"] * count)
         return f"""\
-INSERT INTO {_quote(self.table)} (update_id, body, state, attempts, received_at)
-SELECT v.update_id, v.body, 'pending', 0, v.received_at
+INSERT INTO {_quote(self.table)} (update_id, body, state, attempts, due_at, received_at)
+SELECT v.update_id, v.body, 'pending', 0, v.received_at, v.received_at
 FROM (VALUES {values}) AS v(update_id, body, received_at)
 ON CONFLICT (update_id) DO NOTHING
 RETURNING update_id"""

@@ -108,9 +108,11 @@ class SQLiteStatements:
         )
 
         # -- base ------------------------------------------------------------------------
+        # A pending row carries due_at = received_at (SPEC §3: due_at is never NULL; older
+        # tables declare it NOT NULL). Pending rows are found by their state, never by due_at.
         self.add = f"""
-            INSERT INTO {t} (update_id, body, state, attempts, received_at)
-            VALUES (:update_id, :body, 'pending', 0, :received_at)
+            INSERT INTO {t} (update_id, body, state, attempts, due_at, received_at)
+            VALUES (:update_id, :body, 'pending', 0, :received_at, :received_at)
             ON CONFLICT (update_id) DO NOTHING"""
 
         # Record a fresh update already claimed for attempt 1 (the receiving process's fast
