@@ -64,6 +64,48 @@ def _is_busy(exc: BaseException) -> bool:
     return "locked" in text or "busy" in text
 
 
+_READONLY = 8  # SQLITE_READONLY (and its extended codes)
+_CANTOPEN = 14  # SQLITE_CANTOPEN: e.g. the -wal/-shm file cannot be created
+_CLOSE_WAIT = 5.0  # seconds close() waits for statements in progress on other threads
+
+
+def _errorcode(exc: BaseException) -> Optional[int]:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code if isinstance(code, int) else None
+
+
+def _is_unwritable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the file (or its directory) cannot be written."""
+    code = _errorcode(exc)
+    if code is not None:
+        return code & 0xFF in (_READONLY, _CANTOPEN)
+    text = str(exc).lower()
+    return "readonly database" in text or "unable to open database file" in text
+
+
+def _is_lock_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` is a plain SQLITE_BUSY: the write lock stayed taken for busy_timeout.
+
+    (Not SQLITE_BUSY_SNAPSHOT, a stale read transaction, which fails at once.)
+    """
+    code = _errorcode(exc)
+    if code is not None:
+        return code in (5, 773)  # SQLITE_BUSY, SQLITE_BUSY_TIMEOUT
+    return str(exc).lower() == "database is locked"
+
+
+class _Slot:
+    """One thread's connection and whether a call is using it right now."""
+
+    __slots__ = ("conn", "thread", "depth", "stale")
+
+    def __init__(self, conn: sqlite3.Connection, thread: "weakref.ref[threading.Thread]") -> None:
+        self.conn = conn
+        self.thread = thread
+        self.depth = 0  # calls of the owning thread inside a statement/transaction on it
+        self.stale = False  # opened read-only: reopen once the current call ends
+
+
 def _rollback(conn: sqlite3.Connection) -> None:
     if conn.in_transaction:
         try:
@@ -88,6 +130,13 @@ def _add_claim_id_column(conn: sqlite3.Connection, sql: SQLiteStatements) -> Non
         if "claim_id" in _columns(conn, sql):
             return
         raise
+
+
+def _close_quietly(conn: sqlite3.Connection) -> None:
+    try:
+        conn.close()
+    except sqlite3.Error:  # pragma: no cover - closing is best effort
+        pass
 
 
 def _int(name: str, value: Any) -> int:
@@ -168,7 +217,8 @@ class SQLiteUpdateStore:
         "__weakref__",
         "_busy_timeout",
         "_closed",
-        "_connections",
+        "_idle",
+        "_slots",
         "_local",
         "_lock",
         "_path",
@@ -220,8 +270,9 @@ class SQLiteUpdateStore:
         self._path = os.path.abspath(raw)
         self._sql = SQLiteStatements(self._table)
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
         self._local = threading.local()
-        self._connections: List[Tuple["weakref.ref[threading.Thread]", sqlite3.Connection]] = []
+        self._slots: List[_Slot] = []
         self._closed = False
         self._pid = os.getpid()
         try:
@@ -244,16 +295,26 @@ class SQLiteUpdateStore:
     def close(self) -> None:
         """Close every connection the store opened (from all threads). Idempotent.
 
-        After closing, calls raise :exc:`RuntimeError`.
+        A connection another thread is using right now (a statement, or an open
+        :meth:`transaction` block) is never closed under it: that call finishes normally and
+        its thread closes the connection when the call ends. ``close()`` waits up to 5 seconds
+        for such calls, then returns. Calls that start after ``close()`` raise
+        :exc:`RuntimeError`.
         """
+        me = threading.current_thread()
         with self._lock:
             self._closed = True
-            connections, self._connections = self._connections, []
-        for _, conn in connections:
-            try:
-                conn.close()
-            except sqlite3.Error:  # pragma: no cover - closing is best effort
-                pass
+            idle = [slot for slot in self._slots if slot.depth == 0]
+            self._slots = [slot for slot in self._slots if slot.depth > 0]
+        for slot in idle:
+            _close_quietly(slot.conn)
+        deadline = time.monotonic() + _CLOSE_WAIT
+        with self._idle:
+            while any(slot.thread() is not me for slot in self._slots):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break  # their threads close them when their calls end
+                self._idle.wait(remaining)
 
     def __enter__(self) -> "SQLiteUpdateStore":
         """Return the store itself."""
@@ -283,68 +344,135 @@ class SQLiteUpdateStore:
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if _is_unwritable(exc):
+                raise self._unwritable_error(exc) from exc
+            raise
         except BaseException:
             conn.close()
             raise
         return conn
 
     def _reap(self) -> None:
-        """Close the connections of threads that have ended (caller holds ``_lock``)."""
+        """Close the idle connections of threads that have ended (caller holds ``_lock``)."""
         alive = []
-        for ref, conn in self._connections:
-            thread = ref()
-            if thread is not None and thread.is_alive():
-                alive.append((ref, conn))
+        for slot in self._slots:
+            thread = slot.thread()
+            if slot.depth > 0 or (thread is not None and thread.is_alive()):
+                alive.append(slot)
             else:
-                try:
-                    conn.close()
-                except sqlite3.Error:  # pragma: no cover
-                    pass
-        self._connections = alive
+                _close_quietly(slot.conn)
+        self._slots = alive
 
-    def _conn(self) -> sqlite3.Connection:
-        """The calling thread's connection, opened on first use."""
+    def _closed_error(self) -> RuntimeError:
+        return RuntimeError(f"{self!r} is closed; create a new store to use the database again")
+
+    def _slot(self) -> _Slot:
+        """The calling thread's connection slot, opened on first use."""
         if self._closed:
-            raise RuntimeError(
-                f"{self!r} is closed; create a new store to use the database again"
-            )
+            raise self._closed_error()
         if self._pid != os.getpid():
             # Forked child: the parent's connections must not be used (nor closed) here.
             with self._lock:
                 if self._pid != os.getpid():
-                    _INHERITED.extend(conn for _, conn in self._connections)
-                    self._connections = []
+                    _INHERITED.extend(slot.conn for slot in self._slots)
+                    self._slots = []
                     self._local = threading.local()
                     self._pid = os.getpid()
-        conn: Optional[sqlite3.Connection] = getattr(self._local, "conn", None)
-        if conn is None:
+        slot: Optional[_Slot] = getattr(self._local, "slot", None)
+        if slot is None:
             conn = self._connect()
+            slot = _Slot(conn, weakref.ref(threading.current_thread()))
             with self._lock:
                 if self._closed:
                     conn.close()
-                    raise RuntimeError(f"{self!r} is closed")
+                    raise self._closed_error()
                 self._reap()
-                self._connections.append((weakref.ref(threading.current_thread()), conn))
-            self._local.conn = conn
-        return conn
+                self._slots.append(slot)
+            self._local.slot = slot
+        return slot
+
+    @contextmanager
+    def _using(self) -> Iterator[sqlite3.Connection]:
+        """The calling thread's connection, marked in use for the block.
+
+        :meth:`close` never closes a connection in use: the block's end closes it instead.
+        A connection that turned out read-only (opened while the file was not writable) is
+        closed at the block's end and reopened by the thread's next call. SQLite's errors for
+        an unwritable file and for a write lock held past ``busy_timeout`` are re-raised with
+        a message that names the file and what to do.
+        """
+        slot = self._slot()
+        with self._lock:
+            if self._closed:
+                raise self._closed_error()
+            slot.depth += 1
+        failure: Optional[sqlite3.OperationalError] = None
+        try:
+            yield slot.conn
+        except sqlite3.OperationalError as exc:
+            if _is_unwritable(exc):
+                slot.stale = True
+                failure = self._unwritable_error(exc)
+            elif _is_lock_timeout(exc):
+                failure = self._lock_timeout_error(exc)
+            else:
+                raise
+        finally:
+            with self._lock:
+                slot.depth -= 1
+                done = slot.depth == 0 and (self._closed or slot.stale)
+                if done:
+                    if slot in self._slots:
+                        self._slots.remove(slot)
+                    if getattr(self._local, "slot", None) is slot:
+                        self._local.slot = None
+                self._idle.notify_all()
+            if done:
+                _close_quietly(slot.conn)
+        if failure is not None:
+            raise failure from failure.__cause__
+
+    def _unwritable_error(self, exc: sqlite3.OperationalError) -> sqlite3.OperationalError:
+        error = sqlite3.OperationalError(
+            f"cannot write the SQLite database {self._path!r}: {exc}; check that the file and "
+            "its directory are writable by this process (SQLite creates the -wal and -shm "
+            "files next to it). A connection opened while the file was not writable is "
+            "reopened on the next call."
+        )
+        error.__cause__ = exc
+        error.sqlite_errorcode = _errorcode(exc)  # type: ignore[attr-defined]
+        return error
+
+    def _lock_timeout_error(self, exc: sqlite3.OperationalError) -> sqlite3.OperationalError:
+        error = sqlite3.OperationalError(
+            f"database is locked: the write lock of {self._path!r} was held longer than "
+            f"busy_timeout ({self._busy_timeout:g} s) by another transaction (for example a "
+            "long fenced transaction, or another process). Fenced transactions on SQLite hold "
+            "the whole database's write lock and must stay shorter than busy_timeout."
+        )
+        error.__cause__ = exc
+        error.sqlite_errorcode = _errorcode(exc)  # type: ignore[attr-defined]
+        return error
 
     @contextmanager
     def _immediate(self) -> Iterator[sqlite3.Connection]:
         """A write transaction (``BEGIN IMMEDIATE`` … ``COMMIT``) on the thread's connection."""
-        conn = self._conn()
-        if conn.in_transaction:
-            raise RuntimeError(
-                "this thread is inside SQLiteUpdateStore.transaction(): store writes cannot run "
-                "on the same thread until the block ends (pass connection= to owns() or "
-                "settle_owned() to act inside the transaction)"
-            )
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
+        with self._using() as conn:
+            if conn.in_transaction:
+                raise RuntimeError(
+                    "this thread is inside SQLiteUpdateStore.transaction(): store writes cannot "
+                    "run on the same thread until the block ends (pass connection= to owns() or "
+                    "settle_owned() to act inside the transaction)"
+                )
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
 
     def _caller_connection(self, connection: Any) -> sqlite3.Connection:
         """The sqlite3 connection behind a caller's connection or cursor, checked."""
@@ -356,7 +484,8 @@ class SQLiteUpdateStore:
                 "connection must be a sqlite3.Connection (or a cursor of one) open on "
                 f"{self._path!r}, got {connection!r}"
             )
-        if conn is getattr(self._local, "conn", None):
+        slot = getattr(self._local, "slot", None)
+        if slot is not None and conn is slot.conn:
             return cast(sqlite3.Connection, conn)
         databases = conn.execute("PRAGMA database_list").fetchall()
         files = [row[2] for row in databases if row[1] == "main"]
@@ -385,12 +514,15 @@ class SQLiteUpdateStore:
         """Create or upgrade the schema, retrying while other processes hold the lock."""
         deadline = time.monotonic() + self._busy_timeout
         while True:
-            conn = self._conn()
             try:
-                self._init_schema(conn)
+                with self._using() as conn:
+                    try:
+                        self._init_schema(conn)
+                    except BaseException:
+                        _rollback(conn)
+                        raise
                 return
             except sqlite3.OperationalError as exc:
-                _rollback(conn)
                 if not _is_busy(exc) or time.monotonic() >= deadline:
                     raise
             time.sleep(random.uniform(0.005, 0.05))
@@ -688,10 +820,11 @@ class SQLiteUpdateStore:
         Pending rows with ``received_at <= pending_before``, failed rows with ``due_at <= now``
         and processing rows whose lease lapsed (``due_at < now``).
         """
-        rows = self._conn().execute(
-            self._sql.due,
-            {"now": now, "pending_before": pending_before, "limit": max(int(limit), 0)},
-        ).fetchall()
+        with self._using() as conn:
+            rows = conn.execute(
+                self._sql.due,
+                {"now": now, "pending_before": pending_before, "limit": max(int(limit), 0)},
+            ).fetchall()
         return [StoredUpdate(int(update_id), body) for update_id, body in rows]
 
     def prune(self, before: int) -> int:
@@ -794,10 +927,10 @@ class SQLiteUpdateStore:
             "at": at,
         }
         if connection is None:
-            conn = self._conn()
-        else:
-            conn = self._caller_connection(connection)
-            self._join(conn)
+            with self._using() as conn:
+                return conn.execute(self._sql.owns, params).fetchone() is not None
+        conn = self._caller_connection(connection)
+        self._join(conn)
         return conn.execute(self._sql.owns, params).fetchone() is not None
 
     def settle_owned(
@@ -863,24 +996,24 @@ class SQLiteUpdateStore:
         Raises:
             RuntimeError: A transaction is already open on this thread.
         """
-        conn = self._conn()
-        if conn.in_transaction:
-            raise RuntimeError(
-                "SQLiteUpdateStore.transaction() is already open on this thread; nested "
-                "transactions are not supported"
-            )
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            _rollback(conn)
-            raise
-        if conn.in_transaction:
+        with self._using() as conn:
+            if conn.in_transaction:
+                raise RuntimeError(
+                    "SQLiteUpdateStore.transaction() is already open on this thread; nested "
+                    "transactions are not supported"
+                )
+            conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.execute("COMMIT")
+                yield conn
             except BaseException:
                 _rollback(conn)
                 raise
+            if conn.in_transaction:
+                try:
+                    conn.execute("COMMIT")
+                except BaseException:
+                    _rollback(conn)
+                    raise
 
     # -- durable contract ------------------------------------------------------------------
     def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:
@@ -905,10 +1038,11 @@ class SQLiteUpdateStore:
     ) -> List[Exhaustion]:
         """Unacknowledged exhaustions with ``update_id > after_update_id``, by ``update_id``,
         at most ``limit``."""
-        rows = self._conn().execute(
-            self._sql.due_exhaustions,
-            {"after": after_update_id, "limit": max(int(limit), 0)},
-        ).fetchall()
+        with self._using() as conn:
+            rows = conn.execute(
+                self._sql.due_exhaustions,
+                {"after": after_update_id, "limit": max(int(limit), 0)},
+            ).fetchall()
         return [
             Exhaustion(
                 update_id=int(update_id),
