@@ -5,7 +5,7 @@ persisted, globally unique claim id, handled, and settled. Handlers check inside
 database transaction that their attempt still owns the update before they write.
 """
 
-from ptb_fence._errors import OwnershipLost, SchemaError, StoreBusy
+from ptb_fence._errors import OwnershipLost, RowLocked, SchemaError, StoreBusy
 from ptb_fence._protocols import (
     DurableUpdateStore,
     FencedUpdateStore,
@@ -56,6 +56,7 @@ __all__ = [
     "RuntimeOptions",
     "Settlement",
     "StoreBusy",
+    "RowLocked",
     "StoredUpdate",
     "UpdateIntake",
     "UpdateStore",

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ptb_fence._values import AttemptIdentity
 
-__all__ = ["OwnershipLost", "SchemaError", "StoreBusy"]
+__all__ = ["OwnershipLost", "RowLocked", "SchemaError", "StoreBusy"]
 
 
 class OwnershipLost(Exception):
@@ -42,3 +42,14 @@ class SchemaError(RuntimeError):
 
 class StoreBusy(RuntimeError):
     """A store could not get a database connection within its wait bound."""
+
+
+class RowLocked(RuntimeError):
+    """A single lease renewal found its row locked by another open transaction.
+
+    Raised by :meth:`ptb_fence.PostgresUpdateStore.renew` and
+    :meth:`~ptb_fence.PostgresUpdateStore.renew_owned` after waiting a short bound (200 ms)
+    instead of waiting for the lock. The lease was neither renewed nor refused: usually the
+    attempt's own fenced transaction holds the row (``owns(..., connection=conn)`` takes it
+    ``FOR UPDATE``). Not an ownership loss; renew again later.
+    """

@@ -610,8 +610,8 @@ def test_check_sqlite_uses_scratch_files_only(tmp_path: Any, capsys: Any) -> Non
     url = f"sqlite:///{tmp_path}/mine.db"
     code, out, err = run(capsys, "--store", url, "check")
     assert code == 0, (out, err)
-    assert out.startswith("SQLiteUpdateStore conforms: 11 rules, 0 violations")
-    assert "rule 1/11: one-record-per-update" in err and "rule 11/11" in err
+    assert out.startswith("SQLiteUpdateStore conforms: 12 rules, 0 violations")
+    assert "rule 1/12: one-record-per-update" in err and "rule 12/12" in err
     assert os.listdir(tmp_path) == []  # nothing of the user's was created or touched
 
 
@@ -626,8 +626,8 @@ def check_postgres(db: Fixture, capsys: Any) -> None:
     before = db.snapshot()
     code, out, err = run(capsys, *db.args("check"))
     assert code == 0, (out, err)
-    assert out.startswith("PostgresUpdateStore conforms: 11 rules, 0 violations")
-    assert "dropped 11 scratch table(s)" in err
+    assert out.startswith("PostgresUpdateStore conforms: 12 rules, 0 violations")
+    assert "dropped 12 scratch table(s)" in err
     assert db.snapshot() == before
     prefix = re.search(r"scratch tables (ptb_fence_check_[0-9a-f]{12}_)\*", err).group(1)
     conn = psycopg2.connect(db.url)

@@ -27,7 +27,7 @@ import psycopg2
 import psycopg2.extensions
 import psycopg2.pool
 
-from ptb_fence._errors import SchemaError, StoreBusy
+from ptb_fence._errors import RowLocked, SchemaError, StoreBusy
 from ptb_fence._values import (
     Abandoned,
     AttemptIdentity,
@@ -47,6 +47,7 @@ _T = TypeVar("_T")
 _DEFAULT_CONNECT_TIMEOUT = 10
 _UNDEFINED_COLUMN = "42703"
 _UNDEFINED_TABLE = "42P01"
+_LOCK_NOT_AVAILABLE = "55P03"
 
 
 def postgres_update_store_schema(table: str = "telegram_updates") -> str:
@@ -316,6 +317,23 @@ def _returns_row(cur: Any, sql: str, params: Any) -> bool:
     return cur.fetchone() is not None
 
 
+def _row_locked(update_id: int, error: BaseException) -> RowLocked:
+    return RowLocked(
+        f"the row of update {update_id} is held by an open transaction (a fenced transaction "
+        "of the attempt, or another one) for longer than the renewal waits (200 ms): the lease "
+        "was neither renewed nor refused; renew again later. Keep fenced transactions shorter "
+        "than the lease."
+    )
+
+
+def _batch_results(rows: List[Tuple[Any, ...]], count: int) -> List[Optional[bool]]:
+    """``(position, renewed, still_matches)`` rows -> True / None (row locked) / False."""
+    results: List[Optional[bool]] = [False] * count
+    for position, renewed, matches in rows:
+        results[int(position)] = True if renewed else (None if matches else False)
+    return results
+
+
 class PostgresUpdateStore:
     """A durable, fenced update store in PostgreSQL, for one or several processes or machines.
 
@@ -324,6 +342,17 @@ class PostgresUpdateStore:
     :exc:`ptb_fence.StoreBusy` (never psycopg2's "connection pool exhausted"). Lease renewals
     (:meth:`renew`, :meth:`renew_owned`, :meth:`renew_many`, :meth:`renew_owned_many`) use a
     dedicated connection of their own, so an exhausted pool cannot stop them.
+
+    **Fenced transactions and renewals**: ``owns(identity, at, connection=conn)`` locks the
+    update's row ``FOR UPDATE`` until the caller's transaction ends. Renewals never wait for
+    such a lock: the batched renewals skip a locked row (``SKIP LOCKED``) and report it as
+    :obj:`None` (neither renewed nor refused), and a single renewal waits at most 200 ms and
+    then raises :exc:`ptb_fence.RowLocked`. So a long fenced transaction delays only its own
+    row's renewal; the other attempts keep renewing. Its own lease is not extended while the
+    transaction is open, so **a fenced transaction may stay open at most until its lease
+    expires** (``lease_seconds`` after the last renewal, minus a safety margin); no other
+    claim can take the row while the lock is held, but once the lease has expired the
+    attempt's settle is refused.
 
     A connection that breaks (the server restarted, the backend was terminated) is discarded,
     and the operation is retried on a new connection when the break happened before the commit,
@@ -759,6 +788,10 @@ class PostgresUpdateStore:
 
         Returns:
             :obj:`bool`: :obj:`True` when the row matched (even if the lease stayed as it was).
+
+        Raises:
+            ptb_fence.RowLocked: Another open transaction (typically the attempt's own fenced
+                transaction) held the row for more than 200 ms: neither renewed nor refused.
         """
         params = {
             "update_id": update_id,
@@ -766,14 +799,33 @@ class PostgresUpdateStore:
             "lease_until": lease_until,
             "now": now,
         }
-        return self._run_renewal(lambda cur: _returns_row(cur, self._sql.renew, params))
+        return self._renew_one(update_id, self._sql.renew, params)
+
+    def _renew_one(self, update_id: int, sql: str, params: Dict[str, Any]) -> bool:
+        """A single renewal that waits at most 200 ms for a row lock, then :exc:`RowLocked`."""
+
+        def work(cur: Any) -> bool:
+            cur.execute(self._sql.renew_lock_timeout)
+            return _returns_row(cur, sql, params)
+
+        failure: Optional[BaseException] = None
+        try:
+            return self._run_renewal(work)
+        except psycopg2.Error as exc:
+            if getattr(exc, "pgcode", None) != _LOCK_NOT_AVAILABLE:
+                raise
+            failure = exc
+        raise _row_locked(update_id, failure) from failure
 
     def renew_many(
         self, leases: Sequence[Tuple[int, int]], lease_until: int, now: int
-    ) -> List[bool]:
+    ) -> List[Optional[bool]]:
         """Renew several ``(update_id, attempt)`` leases in one statement (optional capability).
 
         As :meth:`renew` for each pair, on the dedicated renewal connection. Legacy-safe.
+        Never waits on a row lock: a row held by another open transaction (a fenced
+        transaction's ``FOR UPDATE``) is skipped (``SKIP LOCKED``) and reported as
+        :obj:`None`, so one long transaction cannot stop the other renewals.
 
         Args:
             leases: The ``(update_id, attempt)`` pairs.
@@ -781,23 +833,25 @@ class PostgresUpdateStore:
             now (:obj:`int`): The current time (epoch milliseconds).
 
         Returns:
-            List[:obj:`bool`]: Per input position, whether that lease matched.
+            List[:obj:`bool` | :obj:`None`]: Per input position: :obj:`True` renewed (matched);
+            :obj:`False` refused (no such attempt, or its lease expired before ``now``);
+            :obj:`None` undecided: the row still matches but another open transaction holds
+            it right now (the lease was not extended; do not treat it as lost).
         """
         leases = [(update_id, attempt) for update_id, attempt in leases]
         if not leases:
             return []
         sql = self._sql.renew_many(len(leases))
-        params: List[Any] = [lease_until]
-        for update_id, attempt in leases:
-            params += [update_id, attempt]
-        params.append(now)
+        params: List[Any] = []
+        for position, (update_id, attempt) in enumerate(leases):
+            params += [position, update_id, attempt]
+        params += [now, lease_until, now]
 
-        def work(cur: Any) -> Set[Tuple[int, int]]:
+        def work(cur: Any) -> List[Optional[bool]]:
             cur.execute(sql, params)
-            return {(int(u), int(a)) for u, a in cur.fetchall()}
+            return _batch_results(cur.fetchall(), len(leases))
 
-        matched = self._run_renewal(work)
-        return [(int(u), int(a)) in matched for u, a in leases]
+        return self._run_renewal(work)
 
     def add_claimed_many(
         self, rows: Sequence[Tuple[int, str, int]], *, lease_until: int
@@ -978,6 +1032,10 @@ class PostgresUpdateStore:
 
         Returns:
             :obj:`bool`: :obj:`True` when this exact claim's row matched.
+
+        Raises:
+            ptb_fence.RowLocked: Another open transaction (typically this attempt's own fenced
+                transaction) held the row for more than 200 ms: neither renewed nor refused.
         """
         params = {
             "update_id": identity.update_id,
@@ -986,33 +1044,37 @@ class PostgresUpdateStore:
             "lease_until": lease_until,
             "now": now,
         }
-        return self._run_renewal(lambda cur: _returns_row(cur, self._sql.renew_owned, params))
+        return self._renew_one(identity.update_id, self._sql.renew_owned, params)
 
     def renew_owned_many(
         self, identities: Sequence[AttemptIdentity], lease_until: int, now: int
-    ) -> List[bool]:
+    ) -> List[Optional[bool]]:
         """Renew several fenced leases in one statement (optional capability).
 
-        As :meth:`renew_owned` for each identity, on the dedicated renewal connection.
+        As :meth:`renew_owned` for each identity, on the dedicated renewal connection, and
+        like :meth:`renew_many` it never waits on a row lock.
 
         Returns:
-            List[:obj:`bool`]: Per input position, whether that claim matched.
+            List[:obj:`bool` | :obj:`None`]: Per input position: :obj:`True` renewed;
+            :obj:`False` refused (not this claim, or its lease expired before ``now``);
+            :obj:`None` undecided: the row still matches but is locked by another open
+            transaction right now, typically the attempt's own fenced transaction (the lease
+            was not extended; the caller must not treat it as refused).
         """
         identities = list(identities)
         if not identities:
             return []
         sql = self._sql.renew_owned_many(len(identities))
-        params: List[Any] = [lease_until]
-        for identity in identities:
-            params += [identity.update_id, identity.attempt, identity.claim_id]
-        params.append(now)
+        params: List[Any] = []
+        for position, identity in enumerate(identities):
+            params += [position, identity.update_id, identity.attempt, identity.claim_id]
+        params += [now, lease_until, now]
 
-        def work(cur: Any) -> Set[Tuple[int, int, str]]:
+        def work(cur: Any) -> List[Optional[bool]]:
             cur.execute(sql, params)
-            return {(int(u), int(a), str(c)) for u, a, c in cur.fetchall()}
+            return _batch_results(cur.fetchall(), len(identities))
 
-        matched = self._run_renewal(work)
-        return [(int(i.update_id), int(i.attempt), i.claim_id) in matched for i in identities]
+        return self._run_renewal(work)
 
     def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
         """:obj:`True` only while this exact claim holds a lease unexpired at ``at``.

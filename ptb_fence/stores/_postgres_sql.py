@@ -121,6 +121,7 @@ class PostgresStatements:
     due_exhaustions: str
     acknowledge_exhaustion: str
     probe: str
+    renew_lock_timeout: str
 
     @classmethod
     def for_table(cls, table: str) -> "PostgresStatements":
@@ -248,6 +249,8 @@ WHERE update_id = %(update_id)s AND state = 'abandoned' AND settled_at IS NULL
   AND attempts = %(attempt)s AND claim_id = %(claim_id)s
 RETURNING update_id""",
             probe="SELECT 1",
+            # A single renewal waits at most this long for a row lock (then 55P03).
+            renew_lock_timeout="SET LOCAL lock_timeout = '200ms'",
         )
 
     def add_many(self, count: int) -> str:
@@ -293,30 +296,82 @@ WHERE t.update_id = v.update_id AND t.state = 'processing' AND t.attempts = v.at
   AND t.claim_id = v.claim_id AND t.due_at >= v.at
 RETURNING t.update_id, t.attempts, t.claim_id"""
 
+    # -- batched renewals ------------------------------------------------------------------
+    # A renewal must never wait on a row lock: a handler's fenced transaction holds its row
+    # FOR UPDATE (owns(..., connection=conn)) for as long as the transaction is open, and one
+    # waiting statement would stop the renewals of every other attempt of the process. So the
+    # batch is ONE statement in three parts:
+    #
+    # * ``lockable`` locks the candidate rows (matching identity, lease unexpired at now) with
+    #   FOR UPDATE SKIP LOCKED: a row another open transaction holds is skipped, never waited
+    #   for;
+    # * ``renewed`` extends exactly the rows locked by ``lockable`` and returns them;
+    # * the final SELECT answers per input position: renewed -> True; otherwise a plain,
+    #   non-locking read of the same row (the statement's snapshot: the committed version, not
+    #   blocked by the lock) tells whether it still matches the claim with an unexpired lease.
+    #   If it does, the row was skipped only because it is locked right now -> NULL (undecided:
+    #   the caller must not treat it as refused); if not, the renewal is refused -> FALSE.
+    #
+    # A row that a transaction committed between the snapshot and the lock and that no longer
+    # matches is reported NULL too (undecided), never as renewed; the next renewal decides.
     def renew_many(self, count: int) -> str:
         """Renew ``count`` ``(update_id, attempt)`` leases in one statement. Legacy-safe.
 
-        Parameters, in order: ``lease_until``, the pairs, ``now``. Returns the matched
-        ``(update_id, attempts)``.
+        Parameters, in order: the ``(position, update_id, attempt)`` triples, ``now``,
+        ``lease_until``, ``now``. Returns ``(position, renewed, still_matches)`` per input
+        position, in order (see the comment above).
         """
-        values = ", ".join(["(%s::BIGINT, %s::INT)"] * count)
+        values = ", ".join(["(%s::INT, %s::BIGINT, %s::INT)"] * count)
+        t = _quote(self.table)
         return f"""\
-UPDATE {_quote(self.table)} AS t SET due_at = GREATEST(t.due_at, %s)
-FROM (VALUES {values}) AS v(update_id, attempt)
-WHERE t.update_id = v.update_id AND t.state = 'processing' AND t.attempts = v.attempt
-  AND t.due_at >= %s
-RETURNING t.update_id, t.attempts"""
+WITH v(pos, update_id, attempt) AS (VALUES {values}),
+lockable AS (
+    SELECT t.update_id FROM {t} AS t JOIN v ON t.update_id = v.update_id
+    WHERE t.state = 'processing' AND t.attempts = v.attempt AND t.due_at >= %s
+    FOR UPDATE OF t SKIP LOCKED
+),
+renewed AS (
+    UPDATE {t} AS t SET due_at = GREATEST(t.due_at, %s)
+    FROM lockable AS l
+    WHERE t.update_id = l.update_id
+    RETURNING t.update_id, t.attempts
+)
+SELECT v.pos,
+       EXISTS (SELECT 1 FROM renewed AS r
+                WHERE r.update_id = v.update_id AND r.attempts = v.attempt),
+       EXISTS (SELECT 1 FROM {t} AS c
+                WHERE c.update_id = v.update_id AND c.state = 'processing'
+                  AND c.attempts = v.attempt AND c.due_at >= %s)
+FROM v ORDER BY v.pos"""
 
     def renew_owned_many(self, count: int) -> str:
         """Renew ``count`` fenced leases in one statement.
 
-        Parameters, in order: ``lease_until``, the ``(update_id, attempt, claim_id)`` triples,
-        ``now``. Returns the matched ``(update_id, attempts, claim_id)``.
+        Parameters, in order: the ``(position, update_id, attempt, claim_id)`` quadruples,
+        ``now``, ``lease_until``, ``now``. Returns ``(position, renewed, still_matches)`` per
+        input position, in order (see the comment above).
         """
-        values = ", ".join(["(%s::BIGINT, %s::INT, %s::TEXT)"] * count)
+        values = ", ".join(["(%s::INT, %s::BIGINT, %s::INT, %s::TEXT)"] * count)
+        t = _quote(self.table)
         return f"""\
-UPDATE {_quote(self.table)} AS t SET due_at = GREATEST(t.due_at, %s)
-FROM (VALUES {values}) AS v(update_id, attempt, claim_id)
-WHERE t.update_id = v.update_id AND t.state = 'processing' AND t.attempts = v.attempt
-  AND t.claim_id = v.claim_id AND t.due_at >= %s
-RETURNING t.update_id, t.attempts, t.claim_id"""
+WITH v(pos, update_id, attempt, claim_id) AS (VALUES {values}),
+lockable AS (
+    SELECT t.update_id FROM {t} AS t JOIN v ON t.update_id = v.update_id
+    WHERE t.state = 'processing' AND t.attempts = v.attempt AND t.claim_id = v.claim_id
+      AND t.due_at >= %s
+    FOR UPDATE OF t SKIP LOCKED
+),
+renewed AS (
+    UPDATE {t} AS t SET due_at = GREATEST(t.due_at, %s)
+    FROM lockable AS l
+    WHERE t.update_id = l.update_id
+    RETURNING t.update_id, t.attempts, t.claim_id
+)
+SELECT v.pos,
+       EXISTS (SELECT 1 FROM renewed AS r
+                WHERE r.update_id = v.update_id AND r.attempts = v.attempt
+                  AND r.claim_id = v.claim_id),
+       EXISTS (SELECT 1 FROM {t} AS c
+                WHERE c.update_id = v.update_id AND c.state = 'processing'
+                  AND c.attempts = v.attempt AND c.claim_id = v.claim_id AND c.due_at >= %s)
+FROM v ORDER BY v.pos"""

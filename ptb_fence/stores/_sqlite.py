@@ -173,7 +173,16 @@ class SQLiteUpdateStore:
     ``BEGIN IMMEDIATE``, so each rule of the store contract is atomic across processes.
 
     Every thread gets its own connection (created on first use, closed by :meth:`close` or once
-    its thread has ended). Times are integer milliseconds since the epoch.
+    its thread has ended; a connection is never closed while a call is using it, and one that
+    was opened while the file was not writable is reopened). Times are integer milliseconds
+    since the epoch.
+
+    **Fenced transactions**: SQLite has one write lock per database. A fenced transaction on
+    the store's file (:meth:`transaction`, or ``owns(..., connection=conn)``) holds it until it
+    ends, so every other write of every process, lease renewals included, waits meanwhile and
+    fails after ``busy_timeout`` with ``database is locked: the write lock of … was held longer
+    than busy_timeout``. **Keep fenced transactions on SQLite well shorter than
+    ``busy_timeout`` (30 s by default) and than the lease.**
 
     Besides the durable contract (:class:`ptb_fence.DurableUpdateStore`), the store offers the
     batched :meth:`add_many`, :meth:`renew_many` and :meth:`renew_owned_many`, and
