@@ -5,7 +5,13 @@ persisted, globally unique claim id, handled, and settled. Handlers check inside
 database transaction that their attempt still owns the update before they write.
 """
 
-from ptb_fence._errors import OwnershipLost, RowLocked, SchemaError, StoreBusy
+from ptb_fence._errors import (
+    OwnershipLost,
+    RowLocked,
+    SchemaError,
+    StoreBusy,
+    TableBotMismatch,
+)
 from ptb_fence._protocols import (
     DurableUpdateStore,
     FencedUpdateStore,
@@ -57,6 +63,7 @@ __all__ = [
     "Settlement",
     "StoreBusy",
     "RowLocked",
+    "TableBotMismatch",
     "StoredUpdate",
     "UpdateIntake",
     "UpdateStore",

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ptb_fence._values import AttemptIdentity
 
-__all__ = ["OwnershipLost", "RowLocked", "SchemaError", "StoreBusy"]
+__all__ = ["OwnershipLost", "RowLocked", "SchemaError", "StoreBusy", "TableBotMismatch"]
 
 
 class OwnershipLost(Exception):
@@ -53,3 +53,30 @@ class RowLocked(RuntimeError):
     attempt's own fenced transaction holds the row (``owns(..., connection=conn)`` takes it
     ``FOR UPDATE``). Not an ownership loss; renew again later.
     """
+
+
+class TableBotMismatch(RuntimeError):
+    """The store's table belongs to another bot (one table per bot).
+
+    Raised by ``bind_bot(bot_id)`` of every store when the table was bound to a different bot
+    id first. Two bots sharing one table would drop each other's colliding ``update_id``\ s
+    and handle each other's updates.
+
+    Args:
+        table (:obj:`str`): The table.
+        where (:obj:`str`): The database (a path, or "PostgreSQL", or "memory").
+        owner (:obj:`int`): The bot id the table belongs to.
+        bot_id (:obj:`int`): The bot id that tried to use it.
+    """
+
+    __slots__ = ("table", "owner", "bot_id")
+
+    def __init__(self, table: str, where: str, owner: int, bot_id: int) -> None:
+        self.table = table
+        self.owner = owner
+        self.bot_id = bot_id
+        suggestion = f"{table[: 62 - len(str(bot_id)) - 4]}_bot{bot_id}"
+        super().__init__(
+            f"table {table!r} in {where} belongs to bot {owner}, this is bot {bot_id}: use one "
+            f"table per bot, e.g. table={suggestion!r}"
+        )

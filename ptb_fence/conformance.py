@@ -41,9 +41,11 @@ How it works:
 Rules (:data:`RULES`; the number is the item of the specification's list of ten rules):
 
 ``one-record-per-update`` (base, 1)
-    A second ``add`` of an ``update_id`` returns :obj:`False` in every state (pending, processing,
+    A second ``add`` of the same update returns :obj:`False` in every state (pending, processing,
     failed, completed, abandoned — and, durable, an unacknowledged exhaustion) and leaves the row
-    as it was (first body kept, lease not reset).
+    as it was (first body kept, lease not reset); so does a different body while the row is live
+    (pending, processing, failed, an unacknowledged exhaustion). (A store may replace a
+    *settled* row when a different update arrives with its id, SPEC §12; not checked here.)
 ``lease`` (base, 2)
     A live lease is not taken (``claim`` at ``now == due_at`` returns :obj:`None`), a lapsed one is
     (``now == due_at + 1``, attempt + 1); ``due`` does not list a live lease and lists a lapsed one
@@ -409,7 +411,8 @@ def _rule_one_record(p: _Probe, fenced: bool, durable: bool) -> None:
         "(the refused add must not reset the row)",
     )
     p.settle(1, 2, Completed(at=_T + 101))
-    p.expect(not p.add(1, "fifth", _T + 102), "a second add of a completed update returned True")
+    # the same update again (SPEC §12: a *different* update may replace a settled row)
+    p.expect(not p.add(1, "first", _T + 102), "a second add of a completed update returned True")
     listed_ids = p.due_ids(now=_FAR, pending_before=_FAR)
     p.expect(
         1 not in listed_ids,
@@ -419,7 +422,7 @@ def _rule_one_record(p: _Probe, fenced: bool, durable: bool) -> None:
 
     p.require(p.claim(2, now=_T, lease_until=_T + _L) == 1, "claim of pending update 2 failed")
     p.settle(2, 1, Abandoned(at=_T + 1, error="given up"))
-    p.expect(not p.add(2, "again", _T + 2), "a second add of an abandoned update returned True")
+    p.expect(not p.add(2, "two", _T + 2), "a second add of an abandoned update returned True")
 
     p.require(p.add(3, "three", _T), "add of a new update_id 3 returned False")
     p.require(
@@ -429,7 +432,7 @@ def _rule_one_record(p: _Probe, fenced: bool, durable: bool) -> None:
     spent = p.claim(3, now=_T + 11, lease_until=_T + 11 + _L, max_attempts=1)
     p.expect(spent is None, f"spending claim of update 3 returned {spent!r}; expected None")
     p.expect(
-        not p.add(3, "again", _T + 12),
+        not p.add(3, "three", _T + 12),
         "a second add of an update abandoned by spent attempts returned True",
     )
 

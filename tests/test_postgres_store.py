@@ -169,6 +169,7 @@ def test_schema_text_is_idempotent_and_complete(pg_dsn: str, pg_table: str) -> N
         "settled_at": "bigint",
         "error": "text",
         "claim_id": "text",
+        "fingerprint": "text",
     }
     indexes = execute(pg_dsn, "SELECT indexdef FROM pg_indexes WHERE tablename = %s", (pg_table,))
     assert any("(state, due_at)" in d for (d,) in indexes)
@@ -211,8 +212,11 @@ def test_add_records_once_in_every_state(store: PostgresUpdateStore, pg_dsn: str
     assert store.claim(T, now=T, lease_until=T + 10, max_attempts=3) == 1
     assert store.add(T, "other", T) is False
     store.settle(T, 1, Completed(T + 5))
-    assert store.add(T, "other", T) is False
+    assert store.add(T, '{"update_id": 1}', T) is False  # completed: the same update again
     assert row(pg_dsn, t, T)[0] == '{"update_id": 1}'
+    # a different update with that id replaces the settled row (SPEC §12)
+    assert store.add(T, "other", T + 9) is True
+    assert row(pg_dsn, t, T)[:6] == ("other", "pending", 0, T + 9, T + 9, None)
 
 
 def test_claim_lease_boundaries(store: PostgresUpdateStore, pg_dsn: str) -> None:

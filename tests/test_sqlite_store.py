@@ -26,6 +26,7 @@ from ptb_fence import (
     is_durable,
     is_fenced,
 )
+from ptb_fence._fingerprint import update_fingerprint
 from ptb_fence.stores._sqlite import _add_claim_id_column
 from ptb_fence.stores._sqlite_sql import SQLiteStatements
 
@@ -100,9 +101,9 @@ def test_schema_created_with_wal_index_and_claim_id(db: str, store: SQLiteUpdate
         columns = {row[1]: row[2] for row in conn.execute("PRAGMA table_info(telegram_updates)")}
         assert set(columns) == {
             "update_id", "body", "state", "attempts", "due_at", "received_at", "settled_at",
-            "error", "claim_id",
+            "error", "claim_id", "fingerprint",
         }
-        assert columns["claim_id"] == "TEXT"
+        assert columns["claim_id"] == "TEXT" and columns["fingerprint"] == "TEXT"
         indexed = []
         for _, name, *_ in conn.execute("PRAGMA index_list(telegram_updates)"):
             indexed.append([r[2] for r in conn.execute(f'PRAGMA index_info("{name}")')])
@@ -186,12 +187,12 @@ def test_add_one_record_per_update_id(db: str, store: SQLiteUpdateStore) -> None
     assert row == {
         "update_id": BIG, "body": '{"update_id": 1}', "state": "pending", "attempts": 0,
         "due_at": BIG + 1, "received_at": BIG + 1, "settled_at": None, "error": None,
-        "claim_id": None,
+        "claim_id": None, "fingerprint": update_fingerprint('{"update_id": 1}'),
     }
     identity = claimed(store, BIG)
     assert store.add(BIG, "x", 1) is False  # processing
     assert store.settle_owned(identity, Completed(at=BIG)) is True
-    assert store.add(BIG, "x", 1) is False  # completed
+    assert store.add(BIG, '{"update_id": 1}', 1) is False  # completed: the same update
     assert raw_row(db, BIG)["body"] == '{"update_id": 1}'
 
 

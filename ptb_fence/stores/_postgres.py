@@ -27,7 +27,9 @@ import psycopg2
 import psycopg2.extensions
 import psycopg2.pool
 
-from ptb_fence._errors import RowLocked, SchemaError, StoreBusy
+from ptb_fence._errors import RowLocked, SchemaError, StoreBusy, TableBotMismatch
+from ptb_fence._fingerprint import update_fingerprint
+from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence._values import (
     Abandoned,
     AttemptIdentity,
@@ -397,6 +399,7 @@ class PostgresUpdateStore:
     __slots__ = (
         "_closed",
         "_create_table",
+        "_fingerprints",
         "_pool_timeout",
         "_renew_conn",
         "_renew_lock",
@@ -457,6 +460,9 @@ class PostgresUpdateStore:
         self._renew_lock = threading.Lock()
         self._renew_conn: Any = None
         self._closed = False
+        # Whether the table has the fingerprint column (None: not known yet; False: an older
+        # table managed with create_table=False: ids are plain duplicates, SPEC §12 not applied)
+        self._fingerprints: Optional[bool] = None
 
     def __repr__(self) -> str:
         return (
@@ -658,7 +664,7 @@ class PostgresUpdateStore:
 
     # -- base contract ---------------------------------------------------------------------
     def add(self, update_id: int, body: str, received_at: int) -> bool:
-        """Insert a pending row; :obj:`False` if the id exists in any state.
+        """Insert a pending row; :obj:`False` if the id exists (the rules of :meth:`add_many`).
 
         Returns only after the row is committed. Legacy-safe.
 
@@ -671,13 +677,66 @@ class PostgresUpdateStore:
             :obj:`bool`: Whether the row was inserted.
         """
         validate_update_id(update_id)
-        params = {"update_id": update_id, "body": body, "received_at": received_at}
-        return self._run(lambda cur: _returns_row(cur, self._sql.add, params))
+        return self.add_many([(update_id, body, received_at)])[0]
+
+    def _run_fingerprinted(self, make_work: Callable[[bool], Callable[[Any], _T]]) -> _T:
+        """Run ``make_work(True)``; on a table without the fingerprint column (an older table
+        with ``create_table=False``) run ``make_work(False)`` instead, from then on."""
+        if self._fingerprints is not False:
+            try:
+                result = self._run(make_work(True))
+            except SchemaError as exc:
+                if "fingerprint" not in str(exc.__cause__ or ""):
+                    raise
+                self._fingerprints = False
+            else:
+                self._fingerprints = True
+                return result
+        return self._run(make_work(False))
+
+    def _conflicts(self, cur: Any, missing: List[Tuple[int, str]]) -> List[Tuple[Any, ...]]:
+        """Rows of ids not inserted that hold a different update (for the WARNING)."""
+        if not missing:
+            return []
+        cur.execute(self._sql.conflicts, ([u for u, _ in missing], [f for _, f in missing]))
+        return [tuple(row) for row in cur.fetchall()]
+
+    @staticmethod
+    def _warn(conflicts: List[Tuple[Any, ...]]) -> None:
+        for update_id, stored, state, settled_at, new in conflicts:
+            warn_conflict(int(update_id), stored, new, str(state), settled_at)
+
+    def bind_bot(self, bot_id: int) -> None:
+        """Record that the table belongs to bot ``bot_id``; the first binder wins.
+
+        The owner is kept in the table ``ptb_fence_meta`` (created when missing, also by
+        :func:`postgres_update_store_schema`) in one ``INSERT … ON CONFLICT`` statement, so
+        processes binding a new table at once are safe. Binding the same id again is a no-op.
+
+        Raises:
+            ptb_fence.TableBotMismatch: The table was bound to another bot id first.
+        """
+        bot_id = int(bot_id)
+        params = {"table": self._table, "bot_id": bot_id}
+
+        def work(cur: Any) -> int:
+            cur.execute(self._sql.create_meta)
+            cur.execute(self._sql.bind_bot, params)
+            return int(cur.fetchone()[0])
+
+        owner = self._run(work)
+        if owner != bot_id:
+            raise TableBotMismatch(self._table, "this PostgreSQL database", owner, bot_id)
 
     def add_many(self, rows: Sequence[Tuple[int, str, int]]) -> List[bool]:
         """Insert several ``(update_id, body, received_at)`` rows in one statement and commit.
 
-        Legacy-safe (optional capability).
+        An existing id is a duplicate (:obj:`False`, nothing changes) unless it holds a
+        different update (another fingerprint) in a settled row (completed, or abandoned with
+        ``settled_at`` set): then the new update replaces it as a fresh pending row
+        (:obj:`True`). A different update while the row is live keeps the first and logs a
+        WARNING on ``ptb_fence.store``. Legacy-safe: on a table without the ``fingerprint``
+        column every existing id is a plain duplicate (optional capability).
 
         Args:
             rows: The rows to insert.
@@ -695,14 +754,26 @@ class PostgresUpdateStore:
         for position, (update_id, _body, _at) in enumerate(rows):
             first.setdefault(update_id, position)
         batch = [rows[position] for position in sorted(first.values())]
-        sql = self._sql.add_many(len(batch))
-        params = [value for row in batch for value in row]
+        prints = [update_fingerprint(body) for _, body, _ in batch]
 
-        def work(cur: Any) -> Set[int]:
-            cur.execute(sql, params)
-            return {int(row[0]) for row in cur.fetchall()}
+        def make_work(fingerprint: bool) -> Callable[[Any], Tuple[Set[int], List[Any]]]:
+            sql = self._sql.add_many(len(batch), fingerprint)
+            params: List[Any] = []
+            for row, fp in zip(batch, prints):
+                params += [*row, fp] if fingerprint else list(row)
 
-        inserted = self._run(work)
+            def work(cur: Any) -> Tuple[Set[int], List[Any]]:
+                cur.execute(sql, params)
+                done = {int(row[0]) for row in cur.fetchall()}
+                if not fingerprint:
+                    return done, []
+                missing = [(u, fp) for (u, _, _), fp in zip(batch, prints) if u not in done]
+                return done, self._conflicts(cur, missing)
+
+            return work
+
+        inserted, conflicts = self._run_fingerprinted(make_work)
+        self._warn(conflicts)
         return [
             first[update_id] == position and update_id in inserted
             for position, (update_id, _body, _at) in enumerate(rows)
@@ -860,7 +931,8 @@ class PostgresUpdateStore:
 
         For each ``(update_id, body, received_at)``: a new id is inserted as ``processing``
         with ``attempts = 1``, lease ``lease_until`` and a fresh claim id (read back with
-        ``RETURNING``); an existing id (any state, or earlier in ``rows``) is left alone and
+        ``RETURNING``); an existing id (or one earlier in ``rows``) is left alone (unless it
+        holds a different, settled update, which is replaced as in :meth:`add_many`) and
         gives :obj:`None`. Lets the receiving process record and claim a fresh update in one
         statement (optional capability). Needs the ``claim_id`` column.
         """
@@ -869,40 +941,67 @@ class PostgresUpdateStore:
             validate_update_id(row[0])
         if not rows:
             return []
-        work, finish = self._add_claimed_work(rows, lease_until)
-        return finish(self._run(work))
+        inserted, landed, finish = self._run_add_claimed(rows, lease_until, [])
+        return finish(inserted)
 
-    def _add_claimed_work(
-        self, rows: List[Tuple[int, str, int]], lease_until: int
+    def _run_add_claimed(
+        self,
+        rows: List[Tuple[int, str, int]],
+        lease_until: int,
+        settlements: List[Tuple[AttemptIdentity, Settlement]],
     ) -> Tuple[
-        Callable[[Any], Dict[int, AttemptIdentity]],
+        Dict[int, AttemptIdentity],
+        List[bool],
         Callable[[Dict[int, AttemptIdentity]], List[Optional[AttemptIdentity]]],
     ]:
-        """The statement of :meth:`add_claimed_many` (run on a cursor) and how to read it."""
+        """Record-and-claim ``rows`` and settle ``settlements`` in one transaction; log the
+        conflicts (a different update held by a live row) after the commit."""
+        settle_work = self._settle_owned_work(settlements) if settlements else None
         first: Dict[int, int] = {}
         for position, (update_id, _body, _at) in enumerate(rows):
             first.setdefault(update_id, position)
         batch = [rows[position] for position in sorted(first.values())]
-        sql = self._sql.add_claimed_many(len(batch)) if batch else ""
-        params: List[Any] = [int(lease_until)]
-        for update_id, body, received_at in batch:
-            params += [update_id, body, received_at, uuid.uuid4().hex]
+        prints = [update_fingerprint(body) for _, body, _ in batch]
 
-        def work(cur: Any) -> Dict[int, AttemptIdentity]:
-            if not batch:
-                return {}
-            cur.execute(sql, params)
-            return {
-                int(u): AttemptIdentity(int(u), int(a), str(c)) for u, a, c in cur.fetchall()
-            }
+        def make_work(
+            fingerprint: bool,
+        ) -> Callable[[Any], Tuple[Dict[int, AttemptIdentity], List[Any], List[bool]]]:
+            sql = self._sql.add_claimed_many(len(batch), fingerprint) if batch else ""
+            params: List[Any] = [int(lease_until)]
+            for (update_id, body, received_at), fp in zip(batch, prints):
+                params += [update_id, body, received_at, uuid.uuid4().hex]
+                if fingerprint:
+                    params.append(fp)
 
-        def finish(inserted: Dict[int, AttemptIdentity]) -> List[Optional[AttemptIdentity]]:
+            def work(cur: Any) -> Tuple[Dict[int, AttemptIdentity], List[Any], List[bool]]:
+                inserted: Dict[int, AttemptIdentity] = {}
+                conflicts: List[Any] = []
+                if batch:
+                    cur.execute(sql, params)
+                    inserted = {
+                        int(u): AttemptIdentity(int(u), int(a), str(c))
+                        for u, a, c in cur.fetchall()
+                    }
+                    if fingerprint:
+                        missing = [
+                            (u, fp) for (u, _, _), fp in zip(batch, prints) if u not in inserted
+                        ]
+                        conflicts = self._conflicts(cur, missing)
+                landed = settle_work(cur) if settle_work is not None else []
+                return inserted, conflicts, landed
+
+            return work
+
+        inserted, conflicts, landed = self._run_fingerprinted(make_work)
+        self._warn(conflicts)
+
+        def finish(found: Dict[int, AttemptIdentity]) -> List[Optional[AttemptIdentity]]:
             return [
-                inserted.get(update_id) if first[update_id] == position else None
+                found.get(update_id) if first[update_id] == position else None
                 for position, (update_id, _body, _at) in enumerate(rows)
             ]
 
-        return work, finish
+        return inserted, landed, finish
 
     def add_claimed_and_settle_many(
         self,
@@ -917,13 +1016,7 @@ class PostgresUpdateStore:
         rows = list(rows)
         for row in rows:
             validate_update_id(row[0])
-        add_work, finish = self._add_claimed_work(rows, lease_until)
-        settle_work = self._settle_owned_work(list(settlements))
-
-        def work(cur: Any) -> Tuple[Dict[int, AttemptIdentity], List[bool]]:
-            return add_work(cur), settle_work(cur)
-
-        inserted, landed = self._run(work)
+        inserted, landed, finish = self._run_add_claimed(rows, lease_until, list(settlements))
         return finish(inserted), landed
 
     def _settle_params(

@@ -45,6 +45,23 @@ def schema_lock_key(table: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+META_TABLE = "ptb_fence_meta"
+"""The table recording which bot owns each update table (``bind_bot``)."""
+
+META_LOCK_KEY = int.from_bytes(
+    hashlib.sha256(b"ptb_fence schema:" + META_TABLE.encode()).digest()[:8], "big", signed=True
+)
+"""The advisory lock key serialising the creation of :data:`META_TABLE`."""
+
+META_SQL = f"""\
+SELECT pg_advisory_xact_lock({META_LOCK_KEY});
+CREATE TABLE IF NOT EXISTS "{META_TABLE}" (
+    table_name TEXT PRIMARY KEY,      -- an update table of this schema
+    bot_id     BIGINT NOT NULL        -- the bot (id from its token) that owns it
+);
+"""
+
+
 def schema_sql(table: str) -> str:
     """The idempotent migration for ``table`` (already validated).
 
@@ -68,14 +85,18 @@ CREATE TABLE IF NOT EXISTS {t} (
     received_at BIGINT NOT NULL,      -- epoch milliseconds
     settled_at  BIGINT,               -- NULL: not prunable (incl. unacknowledged exhaustion)
     error       TEXT,                 -- last failure text
-    claim_id    TEXT                  -- opaque token of the current or last claim
+    claim_id    TEXT,                 -- opaque token of the current or last claim
+    fingerprint TEXT                  -- which update the body is (same id, other update?)
 );
 
--- Tables created before fencing lack claim_id.
+-- Tables created before fencing lack claim_id; older ones lack fingerprint.
 ALTER TABLE {t} ADD COLUMN IF NOT EXISTS claim_id TEXT;
+ALTER TABLE {t} ADD COLUMN IF NOT EXISTS fingerprint TEXT;
 
 CREATE INDEX IF NOT EXISTS "{_index_name(table)}" ON {t} (state, due_at);
-"""
+
+-- Which bot owns which update table (one table per bot).
+{META_SQL}"""
 
 
 # Whether the table, its claim_id column and its index all exist (the store then skips the DDL,
@@ -85,12 +106,28 @@ SELECT to_regclass(%(table)s) IS NOT NULL,
        EXISTS (SELECT 1 FROM pg_attribute
                 WHERE attrelid = to_regclass(%(table)s)
                   AND attname = 'claim_id' AND NOT attisdropped),
-       to_regclass(%(index)s) IS NOT NULL
+       EXISTS (SELECT 1 FROM pg_attribute
+                WHERE attrelid = to_regclass(%(table)s)
+                  AND attname = 'fingerprint' AND NOT attisdropped),
+       to_regclass(%(index)s) IS NOT NULL,
+       to_regclass(%(meta)s) IS NOT NULL
 """
 
 _CLAIMABLE = """(state = 'pending'
        OR (state = 'failed' AND due_at <= %(now)s)
        OR (state = 'processing' AND due_at < %(now)s))"""
+
+
+# An existing id (SPEC §12): a different update (another fingerprint) replaces a settled row
+# (completed, or abandoned with settled_at set) exactly like a fresh insert; the same update, a
+# row without a fingerprint, or a live row is left alone (nothing returned).
+_REPLACE_SETTLED = """\
+ON CONFLICT (update_id) DO UPDATE SET
+    body = EXCLUDED.body, state = EXCLUDED.state, attempts = EXCLUDED.attempts,
+    due_at = EXCLUDED.due_at, received_at = EXCLUDED.received_at, settled_at = NULL,
+    error = NULL, claim_id = EXCLUDED.claim_id, fingerprint = EXCLUDED.fingerprint
+WHERE (t.state = 'completed' OR (t.state = 'abandoned' AND t.settled_at IS NOT NULL))
+  AND t.fingerprint IS NOT NULL AND t.fingerprint <> EXCLUDED.fingerprint"""
 
 
 @dataclass(frozen=True)
@@ -122,6 +159,9 @@ class PostgresStatements:
     acknowledge_exhaustion: str
     probe: str
     renew_lock_timeout: str
+    conflicts: str
+    create_meta: str
+    bind_bot: str
 
     @classmethod
     def for_table(cls, table: str) -> "PostgresStatements":
@@ -135,7 +175,11 @@ class PostgresStatements:
             table=table,
             schema=schema_sql(table),
             schema_check=_SCHEMA_CHECK,
-            schema_check_args={"table": t, "index": f'"{_index_name(table)}"'},
+            schema_check_args={
+                "table": t,
+                "index": f'"{_index_name(table)}"',
+                "meta": f'"{META_TABLE}"',
+            },
             schema_lock=f"SELECT pg_advisory_xact_lock({schema_lock_key(table)})",
             # legacy-safe. A pending row carries due_at = received_at (SPEC §3; older tables
             # declare due_at NOT NULL). Pending rows are found by their state.
@@ -251,35 +295,72 @@ RETURNING update_id""",
             probe="SELECT 1",
             # A single renewal waits at most this long for a row lock (then 55P03).
             renew_lock_timeout="SET LOCAL lock_timeout = '200ms'",
+            # After an insert that did not happen: stored rows holding a different update.
+            conflicts=f"""\
+SELECT t.update_id, t.fingerprint, t.state, t.settled_at, v.fingerprint
+FROM unnest(%s::BIGINT[], %s::TEXT[]) AS v(update_id, fingerprint)
+JOIN {t} AS t ON t.update_id = v.update_id
+WHERE t.fingerprint IS NOT NULL AND t.fingerprint <> v.fingerprint""",
+            create_meta=META_SQL,
+            # The first binder wins; a no-op DO UPDATE returns the owner in one statement.
+            bind_bot=f"""\
+INSERT INTO "{META_TABLE}" (table_name, bot_id) VALUES (%(table)s, %(bot_id)s)
+ON CONFLICT (table_name) DO UPDATE SET table_name = EXCLUDED.table_name
+RETURNING bot_id""",
         )
 
-    def add_many(self, count: int) -> str:
-        """Insert ``count`` rows in one statement; ``%s`` triples ``(update_id, body, at)``.
+    def add_many(self, count: int, fingerprint: bool = True) -> str:
+        """Insert ``count`` rows in one statement; ``%s`` quadruples ``(update_id, body, at,
+        fingerprint)`` (triples without ``fingerprint``).
 
         The caller removes duplicate ids from the batch first (``ON CONFLICT`` would otherwise
-        pick one of them unpredictably). Legacy-safe.
+        pick one of them unpredictably). With ``fingerprint=False`` (a table without that
+        column) an existing id is always left alone: legacy-safe.
         """
-        values = ",\n       ".join(["(%s::BIGINT, %s::TEXT, %s::BIGINT)"] * count)
-        return f"""\
+        if not fingerprint:
+            values = ",\n       ".join(["(%s::BIGINT, %s::TEXT, %s::BIGINT)"] * count)
+            return f"""\
 INSERT INTO {_quote(self.table)} (update_id, body, state, attempts, due_at, received_at)
 SELECT v.update_id, v.body, 'pending', 0, v.received_at, v.received_at
 FROM (VALUES {values}) AS v(update_id, body, received_at)
 ON CONFLICT (update_id) DO NOTHING
 RETURNING update_id"""
-
-    def add_claimed_many(self, count: int) -> str:
-        """Record ``count`` fresh updates already claimed for attempt 1, in one statement.
-
-        Parameters: ``lease_until``, then ``(update_id, body, received_at, claim_id)``
-        quadruples. Existing ids are left alone; returns the inserted
-        ``(update_id, attempts, claim_id)``. Needs the ``claim_id`` column.
-        """
         values = ",\n       ".join(["(%s::BIGINT, %s::TEXT, %s::BIGINT, %s::TEXT)"] * count)
         return f"""\
+INSERT INTO {_quote(self.table)} AS t
+       (update_id, body, state, attempts, due_at, received_at, fingerprint)
+SELECT v.update_id, v.body, 'pending', 0, v.received_at, v.received_at, v.fingerprint
+FROM (VALUES {values}) AS v(update_id, body, received_at, fingerprint)
+{_REPLACE_SETTLED}
+RETURNING update_id"""
+
+    def add_claimed_many(self, count: int, fingerprint: bool = True) -> str:
+        """Record ``count`` fresh updates already claimed for attempt 1, in one statement.
+
+        Parameters: ``lease_until``, then ``(update_id, body, received_at, claim_id,
+        fingerprint)`` quintuples (quadruples without ``fingerprint``). An existing id is left
+        alone, or (with ``fingerprint``) replaced when it holds a different, settled update;
+        returns the inserted ``(update_id, attempts, claim_id)``. Needs the ``claim_id``
+        column.
+        """
+        if not fingerprint:
+            values = ",\n       ".join(["(%s::BIGINT, %s::TEXT, %s::BIGINT, %s::TEXT)"] * count)
+            return f"""\
 INSERT INTO {_quote(self.table)} (update_id, body, state, attempts, due_at, received_at, claim_id)
 SELECT v.update_id, v.body, 'processing', 1, %s::BIGINT, v.received_at, v.claim_id
 FROM (VALUES {values}) AS v(update_id, body, received_at, claim_id)
 ON CONFLICT (update_id) DO NOTHING
+RETURNING update_id, attempts, claim_id"""
+        values = ",\n       ".join(
+            ["(%s::BIGINT, %s::TEXT, %s::BIGINT, %s::TEXT, %s::TEXT)"] * count
+        )
+        return f"""\
+INSERT INTO {_quote(self.table)} AS t
+       (update_id, body, state, attempts, due_at, received_at, claim_id, fingerprint)
+SELECT v.update_id, v.body, 'processing', 1, %s::BIGINT, v.received_at, v.claim_id,
+       v.fingerprint
+FROM (VALUES {values}) AS v(update_id, body, received_at, claim_id, fingerprint)
+{_REPLACE_SETTLED}
 RETURNING update_id, attempts, claim_id"""
 
     def complete_owned_many(self, count: int) -> str:

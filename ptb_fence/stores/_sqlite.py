@@ -26,7 +26,9 @@ from typing import (
     cast,
 )
 
-from ptb_fence._errors import SchemaError
+from ptb_fence._errors import SchemaError, TableBotMismatch
+from ptb_fence._fingerprint import update_fingerprint
+from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence._values import (
     Abandoned,
     AttemptIdentity,
@@ -124,10 +126,15 @@ def _add_claim_id_column(conn: sqlite3.Connection, sql: SQLiteStatements) -> Non
     If the ``ALTER`` fails (for example because another process added the column first), the
     table is read again and the error is re-raised only if the column is still missing.
     """
+    _add_column(conn, sql, sql.add_claim_id, "claim_id")
+
+
+def _add_column(conn: sqlite3.Connection, sql: SQLiteStatements, alter: str, name: str) -> None:
+    """``alter`` (an ``ADD COLUMN name``), tolerating a concurrent upgrade."""
     try:
-        conn.execute(sql.add_claim_id)
+        conn.execute(alter)
     except sqlite3.DatabaseError:
-        if "claim_id" in _columns(conn, sql):
+        if name in _columns(conn, sql):
             return
         raise
 
@@ -518,6 +525,26 @@ class SQLiteUpdateStore:
         else:
             conn.execute(self._sql.write_lock)
 
+    def bind_bot(self, bot_id: int) -> None:
+        """Record that the table belongs to bot ``bot_id``; the first binder wins.
+
+        The owner is kept in the table ``ptb_fence_meta`` of the same file (created when
+        missing). Binding the same id again is a no-op; several processes binding a new table
+        at once are safe (``BEGIN IMMEDIATE``).
+
+        Raises:
+            ptb_fence.TableBotMismatch: The table was bound to another bot id first.
+        """
+        bot_id = int(bot_id)
+        params = {"table": self._table, "bot_id": bot_id}
+        with self._immediate() as conn:
+            conn.execute(self._sql.create_meta)
+            conn.execute(self._sql.bind_bot, params)
+            row = conn.execute(self._sql.bot_of, params).fetchone()
+        owner = int(row[0])
+        if owner != bot_id:
+            raise TableBotMismatch(self._table, repr(self._path), owner, bot_id)
+
     # -- schema ----------------------------------------------------------------------------
     def _ensure_schema(self) -> None:
         """Create or upgrade the schema, retrying while other processes hold the lock."""
@@ -538,7 +565,7 @@ class SQLiteUpdateStore:
 
     def _schema_complete(self, conn: sqlite3.Connection) -> bool:
         columns = _columns(conn, self._sql)
-        if not columns or "claim_id" not in columns:
+        if not columns or "claim_id" not in columns or "fingerprint" not in columns:
             return False
         self._check_columns(columns)
         index = conn.execute(
@@ -580,6 +607,8 @@ class SQLiteUpdateStore:
                         self._sql.backfill_claim_id,
                         {"update_id": update_id, "claim_id": _new_claim_id()},
                     )
+            if "fingerprint" not in columns:
+                _add_column(conn, self._sql, self._sql.add_fingerprint, "fingerprint")
             conn.execute(self._sql.create_index)
             conn.execute("COMMIT")
         except BaseException:
@@ -596,15 +625,39 @@ class SQLiteUpdateStore:
             received_at (:obj:`int`): When it was received (epoch milliseconds).
 
         Returns:
-            :obj:`bool`: :obj:`True` if inserted, :obj:`False` if the id exists in any state.
+            :obj:`bool`: :obj:`True` if inserted, :obj:`False` if the id exists. The same
+            update again never changes anything; a different update (another
+            :func:`~ptb_fence._fingerprint.update_fingerprint`) replaces a settled row
+            (completed, or abandoned with ``settled_at`` set) like a fresh insert and returns
+            :obj:`True`; with a live row the first is kept and a WARNING is logged on
+            ``ptb_fence.store`` (SPEC §12).
         """
         validate_update_id(update_id)
         with self._immediate() as conn:
-            cursor = conn.execute(
-                self._sql.add,
-                {"update_id": update_id, "body": body, "received_at": received_at},
-            )
-            return cursor.rowcount == 1
+            return self._add_in(conn, update_id, body, received_at)
+
+    def _add_in(
+        self, conn: sqlite3.Connection, update_id: int, body: str, received_at: int
+    ) -> bool:
+        fingerprint = update_fingerprint(body)
+        params = {
+            "update_id": update_id,
+            "body": body,
+            "received_at": received_at,
+            "fingerprint": fingerprint,
+        }
+        if conn.execute(self._sql.add, params).rowcount == 1:
+            return True
+        self._warn_if_different(conn, update_id, fingerprint)
+        return False
+
+    def _warn_if_different(
+        self, conn: sqlite3.Connection, update_id: int, fingerprint: str
+    ) -> None:
+        """After an insert that did not happen: log a different update held by a live row."""
+        row = conn.execute(self._sql.stored_fingerprint, {"update_id": update_id}).fetchone()
+        if row is not None:
+            warn_conflict(update_id, row[0], fingerprint, str(row[1]), row[2])
 
     def add_many(self, rows: Sequence[Tuple[int, str, int]]) -> List[bool]:
         """Insert several ``(update_id, body, received_at)`` rows in one transaction.
@@ -623,11 +676,7 @@ class SQLiteUpdateStore:
             return []
         with self._immediate() as conn:
             return [
-                conn.execute(
-                    self._sql.add,
-                    {"update_id": update_id, "body": body, "received_at": received_at},
-                ).rowcount
-                == 1
+                self._add_in(conn, update_id, body, received_at)
                 for update_id, body, received_at in rows
             ]
 
@@ -638,7 +687,8 @@ class SQLiteUpdateStore:
 
         For each ``(update_id, body, received_at)``: a new id is inserted as ``processing``
         with ``attempts = 1``, lease ``lease_until`` and a fresh claim id (read back with
-        ``RETURNING``); an existing id (any state) is left alone and gives :obj:`None`. Lets the
+        ``RETURNING``); an existing id is left alone and gives :obj:`None` (unless it holds a
+        different, settled update, which is replaced as in :meth:`add`). Lets the
         receiving process record and claim a fresh update in one statement (optional
         capability).
         """
@@ -656,6 +706,7 @@ class SQLiteUpdateStore:
     ) -> List[Optional[AttemptIdentity]]:
         result: List[Optional[AttemptIdentity]] = []
         for update_id, body, received_at in rows:
+            fingerprint = update_fingerprint(body)
             found = conn.execute(
                 self._sql.add_claimed,
                 {
@@ -664,8 +715,11 @@ class SQLiteUpdateStore:
                     "received_at": received_at,
                     "lease_until": lease_until,
                     "claim_id": _new_claim_id(),
+                    "fingerprint": fingerprint,
                 },
             ).fetchall()
+            if not found:
+                self._warn_if_different(conn, update_id, fingerprint)
             result.append(
                 AttemptIdentity(update_id, int(found[0][0]), str(found[0][1])) if found else None
             )

@@ -1,0 +1,77 @@
+"""The fingerprint of an update body: which update it is, independent of its serialization.
+
+The same Telegram update may be recorded from two serializations: the polling batch path
+stores ``json.dumps(raw)`` of Telegram's dict, the ``put`` path stores PTB's
+``update.to_json()``, which drops unknown or ``None`` fields, adds defaults and reorders keys.
+Comparing bodies byte by byte would take these for two different updates (and re-handle a
+completed one). The fingerprint hashes only fields that identify an update and that both
+serializations keep: the update's kind (``message``, ``callback_query`` …) and, inside it,
+``date``, ``edit_date``, ``message_id``, ``id``, ``chat.id``, ``from.id``, ``user.id``,
+``message.message_id`` and ``message.chat.id`` (those present). Stores use it to tell "the same
+update again" (a plain duplicate) from "the same ``update_id`` with a different update"
+(SPEC §12).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Dict, List, Tuple
+
+__all__ = ["update_fingerprint"]
+
+# (path inside the update's kind object) -> part of the identity
+_FIELDS: Tuple[Tuple[str, ...], ...] = (
+    ("date",),
+    ("edit_date",),
+    ("message_id",),
+    ("id",),
+    ("chat", "id"),
+    ("from", "id"),
+    ("user", "id"),
+    ("message", "message_id"),
+    ("message", "chat", "id"),
+)
+
+
+def _get(obj: Any, path: Tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(obj, dict) or key not in obj:
+            return None
+        obj = obj[key]
+    return obj if isinstance(obj, (int, float, str, bool)) else None
+
+
+def update_fingerprint(body: str) -> str:
+    """A short, stable hash saying which update ``body`` is.
+
+    Two serializations of one update (Telegram's raw JSON and PTB's ``Update.to_json()``)
+    give the same fingerprint; two different updates differ (another kind, date, message,
+    chat, sender or query id). A body that is not a JSON object is fingerprinted by its text.
+
+    Args:
+        body (:obj:`str`): The update's JSON text, as a store records it.
+
+    Returns:
+        :obj:`str`: 16 hexadecimal characters.
+    """
+    identity: Any
+    try:
+        data = json.loads(body)
+    except (TypeError, ValueError):
+        data = None
+    if isinstance(data, dict):
+        kinds = sorted(k for k, v in data.items() if k != "update_id" and isinstance(v, dict))
+        parts: List[Any] = []
+        for kind in kinds:
+            fields: Dict[str, Any] = {}
+            for path in _FIELDS:
+                value = _get(data[kind], path)
+                if value is not None:
+                    fields[".".join(path)] = value
+            parts.append([kind, fields])
+        identity = ["update", data.get("update_id"), parts]
+    else:
+        identity = ["text", body]
+    text = json.dumps(identity, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]

@@ -1,0 +1,71 @@
+"""update_fingerprint: stable across Telegram's raw JSON and PTB's to_json, different updates differ."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, Dict
+
+import pytest
+from telegram import Update
+
+from ptb_fence._fingerprint import update_fingerprint
+
+USER = {"id": 42, "is_bot": False, "first_name": "Ann", "language_code": "en"}
+GROUP = {"id": -1001, "type": "supergroup", "title": "G", "is_forum": None}
+MESSAGE = {
+    "message_id": 7, "date": 1_700_000_000, "chat": GROUP, "from": USER, "text": "hi",
+    "entities": None, "some_future_field": {"x": 1},
+}
+RAW: Dict[str, Dict[str, Any]] = {
+    "message": {"update_id": 1, "message": MESSAGE},
+    "edited_message": {"update_id": 2, "edited_message": dict(MESSAGE, edit_date=1_700_000_100)},
+    "callback_query": {"update_id": 3, "callback_query": {
+        "id": "4382", "from": USER, "chat_instance": "-99", "data": "ok", "message": MESSAGE}},
+    "inline_query": {"update_id": 4, "inline_query": {
+        "id": "77", "from": USER, "query": "cats", "offset": "", "chat_type": "sender"}},
+    "channel_post": {"update_id": 5, "channel_post": {
+        "message_id": 9, "date": 1_700_000_001, "sender_chat": {"id": -1002, "type": "channel"},
+        "chat": {"id": -1002, "type": "channel", "title": "C"}, "text": "news"}},
+    "my_chat_member": {"update_id": 6, "my_chat_member": {
+        "chat": GROUP, "from": USER, "date": 1_700_000_002,
+        "old_chat_member": {"status": "left", "user": USER},
+        "new_chat_member": {"status": "member", "user": USER}}},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RAW))
+def test_raw_json_and_ptb_to_json_have_one_fingerprint(kind: str) -> None:
+    raw = RAW[kind]
+    polled = json.dumps(raw, ensure_ascii=False)
+    put = Update.de_json(copy.deepcopy(raw), None).to_json()  # type: ignore[arg-type]
+    assert polled != put  # the serializations really differ
+    assert update_fingerprint(polled) == update_fingerprint(put)
+    assert update_fingerprint(json.dumps(raw, sort_keys=True, indent=2)) == update_fingerprint(
+        polled
+    )
+
+
+@pytest.mark.parametrize("kind", sorted(RAW))
+def test_a_different_update_with_the_same_id_differs(kind: str) -> None:
+    raw = RAW[kind]
+    other = copy.deepcopy(raw)
+    inner = other[kind]
+    if "date" in inner:
+        inner["date"] += 1
+    else:
+        inner["id"] = inner["id"] + "1"
+    assert update_fingerprint(json.dumps(raw)) != update_fingerprint(json.dumps(other))
+    moved = copy.deepcopy(raw)
+    if "message_id" in moved[kind]:
+        moved[kind]["message_id"] += 1
+        assert update_fingerprint(json.dumps(raw)) != update_fingerprint(json.dumps(moved))
+
+
+def test_kind_and_non_json_bodies() -> None:
+    message = {"update_id": 1, "message": MESSAGE}
+    edited = {"update_id": 1, "edited_message": MESSAGE}
+    assert update_fingerprint(json.dumps(message)) != update_fingerprint(json.dumps(edited))
+    assert update_fingerprint("x") == update_fingerprint("x") != update_fingerprint("y")
+    assert len(update_fingerprint("{}")) == 16
+    assert update_fingerprint('"\\ud83d"') == update_fingerprint('"\\ud83d"')
