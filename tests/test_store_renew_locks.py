@@ -143,3 +143,45 @@ def test_sqlite_long_transaction_gives_a_clear_busy_timeout_error(tmp_path: Path
                 holder.execute("ROLLBACK")
             holder.close()
         assert store.renew_owned_many([identity], T + 90_000, T + 20) == [True]
+
+
+def test_pg_close_under_load_never_closes_a_connection_in_use(pg_dsn: str, pg_table: str) -> None:
+    """Item 2 (PostgreSQL): close() while threads run statements and renewals: every call
+    either completes or raises the store's clear 'closed' error, never a closed-connection
+    error from psycopg2."""
+    for round_ in range(3):
+        store = PostgresUpdateStore(pg_dsn, pg_table, pool_size=4)
+        errors: List[BaseException] = []
+        stop = threading.Event()
+
+        def load(seed: int) -> None:
+            update_id = (round_ * 100 + seed) * 10**6
+            try:
+                while not stop.is_set():
+                    update_id += 1
+                    store.add(update_id, "{}", T)
+                    identity = store.claim_owned(update_id, now=T, lease_until=T + 10**6,
+                                                 max_attempts=5)
+                    assert identity is not None
+                    store.renew_owned_many([identity], T + 10**6, T)
+                    with store.transaction() as conn:
+                        assert store.owns(identity, T, connection=conn)
+                    store.settle_owned(identity, Completed(at=T + 1))
+            except RuntimeError as exc:
+                if "closed" not in str(exc):
+                    errors.append(exc)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=load, args=(i,)) for i in range(6)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.3)
+        store.close()
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+            assert not thread.is_alive()
+        assert not errors, errors[:3]
+        with pytest.raises(RuntimeError, match="closed"):
+            store.add(1, "{}", T)

@@ -40,7 +40,7 @@ from ptb_fence._values import (
     StoredUpdate,
 )
 from ptb_fence.stores._names import validate_table_name, validate_update_id
-from ptb_fence.stores._postgres_sql import PostgresStatements, schema_sql
+from ptb_fence.stores._postgres_sql import META_TABLE, PostgresStatements, schema_sql
 
 __all__ = ["PostgresUpdateStore", "postgres_update_store_schema"]
 
@@ -720,7 +720,9 @@ class PostgresUpdateStore:
         params = {"table": self._table, "bot_id": bot_id}
 
         def work(cur: Any) -> int:
-            cur.execute(self._sql.create_meta)
+            cur.execute("SELECT to_regclass(%s) IS NULL", (f'"{META_TABLE}"',))
+            if cur.fetchone()[0]:  # created only when missing (needs the CREATE privilege)
+                cur.execute(self._sql.create_meta)
             cur.execute(self._sql.bind_bot, params)
             return int(cur.fetchone()[0])
 
