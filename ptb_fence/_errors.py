@@ -59,7 +59,7 @@ class TableBotMismatch(RuntimeError):
     """The store's table belongs to another bot (one table per bot).
 
     Raised by ``bind_bot(bot_id)`` of every store when the table was bound to a different bot
-    id first. Two bots sharing one table would drop each other's colliding ``update_id``\ s
+    id first. Two bots sharing one table would drop each other's colliding update ids
     and handle each other's updates.
 
     Args:

@@ -10,6 +10,11 @@ serializations keep: the update's kind (``message``, ``callback_query`` …) and
 ``message.message_id`` and ``message.chat.id`` (those present). Stores use it to tell "the same
 update again" (a plain duplicate) from "the same ``update_id`` with a different update"
 (SPEC §12).
+
+Only the known update kinds of the Bot API (:data:`KINDS`) count: a JSON object with none of
+them (a future kind, or not a Telegram update) gets the fingerprint of its ``update_id``
+alone, so it is always "the same update" and never replaces a stored row — when in doubt, a
+completed update is not handled twice.
 """
 
 from __future__ import annotations
@@ -18,7 +23,19 @@ import hashlib
 import json
 from typing import Any, Dict, List, Tuple
 
-__all__ = ["update_fingerprint"]
+__all__ = ["KINDS", "update_fingerprint"]
+
+KINDS = frozenset(
+    {
+        "message", "edited_message", "channel_post", "edited_channel_post",
+        "business_connection", "business_message", "edited_business_message",
+        "deleted_business_messages", "message_reaction", "message_reaction_count",
+        "inline_query", "chosen_inline_result", "callback_query", "shipping_query",
+        "pre_checkout_query", "purchased_paid_media", "poll", "poll_answer", "my_chat_member",
+        "chat_member", "chat_join_request", "chat_boost", "removed_chat_boost",
+    }
+)
+"""The update kinds (the optional fields of Telegram's ``Update`` object) a fingerprint uses."""
 
 # (path inside the update's kind object) -> part of the identity
 _FIELDS: Tuple[Tuple[str, ...], ...] = (
@@ -61,7 +78,7 @@ def update_fingerprint(body: str) -> str:
     except (TypeError, ValueError):
         data = None
     if isinstance(data, dict):
-        kinds = sorted(k for k, v in data.items() if k != "update_id" and isinstance(v, dict))
+        kinds = sorted(k for k, v in data.items() if k in KINDS and isinstance(v, dict))
         parts: List[Any] = []
         for kind in kinds:
             fields: Dict[str, Any] = {}

@@ -69,3 +69,13 @@ def test_kind_and_non_json_bodies() -> None:
     assert update_fingerprint("x") == update_fingerprint("x") != update_fingerprint("y")
     assert len(update_fingerprint("{}")) == 16
     assert update_fingerprint('"\\ud83d"') == update_fingerprint('"\\ud83d"')
+
+
+def test_unknown_kinds_and_extra_fields_never_make_a_different_update() -> None:
+    """Only known update kinds count: extra or future top-level fields are ignored."""
+    plain = json.dumps({"update_id": 9, "x_a": {"k": 1}})
+    other = json.dumps({"update_id": 9, "x_b": {"k": 2}, "future_kind": {"date": 5}})
+    assert update_fingerprint(plain) == update_fingerprint(other)
+    message = {"update_id": 9, "message": MESSAGE}
+    extra = dict(message, x_field={"anything": True})
+    assert update_fingerprint(json.dumps(message)) == update_fingerprint(json.dumps(extra))
