@@ -11,17 +11,17 @@ serializations keep: the update's kind (``message``, ``callback_query`` …) and
 update again" (a plain duplicate) from "the same ``update_id`` with a different update"
 (SPEC §12).
 
-Only the known update kinds of the Bot API (:data:`KINDS`) count: a JSON object with none of
-them (a future kind, or not a Telegram update) gets the fingerprint of its ``update_id``
-alone, so it is always "the same update" and never replaces a stored row — when in doubt, a
-completed update is not handled twice.
+Only the known update kinds of the Bot API (:data:`KINDS`) count. A body with none of them (a
+future kind, not a JSON object, not a Telegram update) has no fingerprint (:obj:`None`): it
+never replaces a stored row and is never replaced — when in doubt, a completed update is not
+handled twice.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["KINDS", "update_fingerprint"]
 
@@ -59,36 +59,37 @@ def _get(obj: Any, path: Tuple[str, ...]) -> Any:
     return obj if isinstance(obj, (int, float, str, bool)) else None
 
 
-def update_fingerprint(body: str) -> str:
+def update_fingerprint(body: str) -> Optional[str]:
     """A short, stable hash saying which update ``body`` is.
 
     Two serializations of one update (Telegram's raw JSON and PTB's ``Update.to_json()``)
     give the same fingerprint; two different updates differ (another kind, date, message,
-    chat, sender or query id). A body that is not a JSON object is fingerprinted by its text.
+    chat, sender or query id).
 
     Args:
         body (:obj:`str`): The update's JSON text, as a store records it.
 
     Returns:
-        :obj:`str`: 16 hexadecimal characters.
+        :obj:`str` | :obj:`None`: 16 hexadecimal characters, or :obj:`None` for a body without
+        a known update kind (it then counts as the same update as any other).
     """
-    identity: Any
     try:
         data = json.loads(body)
     except (TypeError, ValueError):
-        data = None
-    if isinstance(data, dict):
-        kinds = sorted(k for k, v in data.items() if k in KINDS and isinstance(v, dict))
-        parts: List[Any] = []
-        for kind in kinds:
-            fields: Dict[str, Any] = {}
-            for path in _FIELDS:
-                value = _get(data[kind], path)
-                if value is not None:
-                    fields[".".join(path)] = value
-            parts.append([kind, fields])
-        identity = ["update", data.get("update_id"), parts]
-    else:
-        identity = ["text", body]
+        return None
+    if not isinstance(data, dict):
+        return None
+    kinds = sorted(k for k, v in data.items() if k in KINDS and isinstance(v, dict))
+    if not kinds:
+        return None
+    parts: List[Any] = []
+    for kind in kinds:
+        fields: Dict[str, Any] = {}
+        for path in _FIELDS:
+            value = _get(data[kind], path)
+            if value is not None:
+                fields[".".join(path)] = value
+        parts.append([kind, fields])
+    identity = ["update", data.get("update_id"), parts]
     text = json.dumps(identity, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]

@@ -60,16 +60,12 @@ class StoreModel:
 
     # -- base ------------------------------------------------------------------------------
     def add(self, update_id: int, body: str, received_at: int) -> bool:
-        """Insert a pending row with 0 attempts; False if the id exists, except (SPEC §12) that
-        a different update (here: a different body; the check's bodies have distinct
-        fingerprints) replaces a settled row (completed, or abandoned with settled_at set)."""
-        old = self.rows.get(update_id)
-        if old is not None:
-            settled = old["state"] == "completed" or (
-                old["state"] == "abandoned" and old["settled_at"] is not None
-            )
-            if not settled or old["body"] == body:
-                return False  # the same update, or a live row: the first is kept
+        """Insert a pending row with 0 attempts; False if the id exists in any state.
+
+        (SPEC §12 lets a different update replace a settled row; the check's bodies carry no
+        update kind, so they have no fingerprint and are always the same update.)"""
+        if update_id in self.rows:
+            return False  # in any state
         self.rows[update_id] = {
             "body": body, "state": "pending", "attempts": 0, "due_at": received_at,
             "received_at": received_at, "settled_at": None, "error": None, "claim_id": None,

@@ -214,9 +214,9 @@ def test_add_records_once_in_every_state(store: PostgresUpdateStore, pg_dsn: str
     store.settle(T, 1, Completed(T + 5))
     assert store.add(T, '{"update_id": 1}', T) is False  # completed: the same update again
     assert row(pg_dsn, t, T)[0] == '{"update_id": 1}'
-    # a different update with that id replaces the settled row (SPEC §12)
-    assert store.add(T, "other", T + 9) is True
-    assert row(pg_dsn, t, T)[:6] == ("other", "pending", 0, T + 9, T + 9, None)
+    # a body without an update kind has no fingerprint: never a different update
+    assert store.add(T, "other", T + 9) is False
+    assert row(pg_dsn, t, T)[0] == '{"update_id": 1}'
 
 
 def test_claim_lease_boundaries(store: PostgresUpdateStore, pg_dsn: str) -> None:

@@ -1,7 +1,7 @@
 """What every store does with an ``update_id`` that arrives again (SPEC §12), in one place.
 
 * The same update again (same fingerprint, see :func:`ptb_fence._fingerprint.update_fingerprint`,
-  or a stored row without a fingerprint): a plain duplicate; nothing changes.
+  or either side without a fingerprint): a plain duplicate; nothing changes.
 * A different update with a stored id whose row is *settled* (completed, or abandoned with
   ``settled_at`` set: an ordinary abandonment or an acknowledged exhaustion): the new update
   replaces the row exactly like a fresh insert.
@@ -21,10 +21,14 @@ LOGGER = logging.getLogger("ptb_fence.store")
 
 
 def warn_conflict(
-    update_id: int, stored: Optional[str], new: str, state: str, settled_at: Optional[int]
+    update_id: int,
+    stored: Optional[str],
+    new: Optional[str],
+    state: str,
+    settled_at: Optional[int],
 ) -> None:
     """Log the WARNING for a different update whose id is held by a live row."""
-    if stored is None or stored == new:
+    if stored is None or new is None or stored == new:
         return
     what = (
         "an unacknowledged exhaustion"

@@ -149,8 +149,8 @@ class MemoryUpdateStore:
         else:
             raise TypeError(f"not a settlement: {settlement!r}")
 
-    def _admit(self, update_id: int, body: str) -> Optional[str]:
-        """The new row's fingerprint if ``body`` may be inserted now, else :obj:`None`.
+    def _admit(self, update_id: int, body: str) -> Tuple[bool, Optional[str]]:
+        """Whether ``body`` may be inserted now, and the new row's fingerprint.
 
         A new id, or a different update where the stored row is settled (it is replaced), may
         be inserted; the same update again is a plain duplicate; a different update while the
@@ -159,13 +159,13 @@ class MemoryUpdateStore:
         fingerprint = update_fingerprint(body)
         row = self._rows.get(update_id)
         if row is None:
-            return fingerprint
-        if row.fingerprint is None or row.fingerprint == fingerprint:
-            return None
+            return True, fingerprint
+        if fingerprint is None or row.fingerprint is None or row.fingerprint == fingerprint:
+            return False, fingerprint
         if row.state == "completed" or (row.state == "abandoned" and row.settled_at is not None):
-            return fingerprint
+            return True, fingerprint
         warn_conflict(update_id, row.fingerprint, fingerprint, row.state, row.settled_at)
-        return None
+        return False, fingerprint
 
     # -- base contract ---------------------------------------------------------------------
     def add(self, update_id: int, body: str, received_at: int) -> bool:
@@ -178,8 +178,8 @@ class MemoryUpdateStore:
         """
         validate_update_id(update_id)
         with self._lock:
-            fingerprint = self._admit(update_id, body)
-            if fingerprint is None:
+            admitted, fingerprint = self._admit(update_id, body)
+            if not admitted:
                 return False
             self._rows[update_id] = _Row(
                 update_id, body, "pending", 0, received_at, received_at, fingerprint=fingerprint
@@ -211,8 +211,8 @@ class MemoryUpdateStore:
         with self._lock:
             result: List[Optional[AttemptIdentity]] = []
             for update_id, body, received_at in rows:
-                fingerprint = self._admit(update_id, body)
-                if fingerprint is None:
+                admitted, fingerprint = self._admit(update_id, body)
+                if not admitted:
                     result.append(None)
                     continue
                 claim_id = _new_claim_id()

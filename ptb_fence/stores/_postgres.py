@@ -694,8 +694,11 @@ class PostgresUpdateStore:
                 return result
         return self._run(make_work(False))
 
-    def _conflicts(self, cur: Any, missing: List[Tuple[int, str]]) -> List[Tuple[Any, ...]]:
+    def _conflicts(
+        self, cur: Any, missing: List[Tuple[int, Optional[str]]]
+    ) -> List[Tuple[Any, ...]]:
         """Rows of ids not inserted that hold a different update (for the WARNING)."""
+        missing = [(u, f) for u, f in missing if f is not None]
         if not missing:
             return []
         cur.execute(self._sql.conflicts, ([u for u, _ in missing], [f for _, f in missing]))

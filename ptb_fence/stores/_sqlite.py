@@ -652,7 +652,7 @@ class SQLiteUpdateStore:
         return False
 
     def _warn_if_different(
-        self, conn: sqlite3.Connection, update_id: int, fingerprint: str
+        self, conn: sqlite3.Connection, update_id: int, fingerprint: Optional[str]
     ) -> None:
         """After an insert that did not happen: log a different update held by a live row."""
         row = conn.execute(self._sql.stored_fingerprint, {"update_id": update_id}).fetchone()
