@@ -6,8 +6,11 @@ stores ``json.dumps(raw)`` of Telegram's dict, the ``put`` path stores PTB's
 Comparing bodies byte by byte would take these for two different updates (and re-handle a
 completed one). The fingerprint hashes only fields that identify an update and that both
 serializations keep: the update's kind (``message``, ``callback_query`` …) and, inside it,
-``date``, ``edit_date``, ``message_id``, ``id``, ``chat.id``, ``from.id``, ``user.id``,
-``message.message_id`` and ``message.chat.id`` (those present). Stores use it to tell "the same
+the object's identity: a query's or poll's ``id`` (and ``from.id``); else a message's
+``message_id`` and ``chat.id`` (and ``edit_date`` of an edit); else ``date``, ``chat.id``,
+``from.id``, ``user.id`` and ``poll_id`` (those present). A message's ``date`` is not used:
+message ids are unique per chat, and a test helper that stamps "now" on each delivery of one
+message must not make two updates of it. Stores use it to tell "the same
 update again" (a plain duplicate) from "the same ``update_id`` with a different update"
 (SPEC §12).
 
@@ -37,17 +40,18 @@ KINDS = frozenset(
 )
 """The update kinds (the optional fields of Telegram's ``Update`` object) a fingerprint uses."""
 
-# (path inside the update's kind object) -> part of the identity
-_FIELDS: Tuple[Tuple[str, ...], ...] = (
+# What identifies the object inside an update, first match wins (paths inside the kind's object):
+# a query/poll by its id; a message (or reaction) by its chat and message id (message ids are
+# unique per chat, so its date adds nothing; an edit adds edit_date); anything else by date,
+# chat, sender and poll id.
+_BY_ID: Tuple[Tuple[str, ...], ...] = (("id",), ("from", "id"))
+_BY_MESSAGE: Tuple[Tuple[str, ...], ...] = (("message_id",), ("chat", "id"), ("edit_date",))
+_OTHERWISE: Tuple[Tuple[str, ...], ...] = (
     ("date",),
-    ("edit_date",),
-    ("message_id",),
-    ("id",),
     ("chat", "id"),
     ("from", "id"),
     ("user", "id"),
-    ("message", "message_id"),
-    ("message", "chat", "id"),
+    ("poll_id",),
 )
 
 
@@ -57,6 +61,21 @@ def _get(obj: Any, path: Tuple[str, ...]) -> Any:
             return None
         obj = obj[key]
     return obj if isinstance(obj, (int, float, str, bool)) else None
+
+
+def _identity(obj: Dict[str, Any]) -> Dict[str, Any]:
+    if _get(obj, ("id",)) is not None:
+        paths = _BY_ID
+    elif _get(obj, ("message_id",)) is not None:
+        paths = _BY_MESSAGE
+    else:
+        paths = _OTHERWISE
+    fields: Dict[str, Any] = {}
+    for path in paths:
+        value = _get(obj, path)
+        if value is not None:
+            fields[".".join(path)] = value
+    return fields
 
 
 def update_fingerprint(body: str) -> Optional[str]:
@@ -82,14 +101,7 @@ def update_fingerprint(body: str) -> Optional[str]:
     kinds = sorted(k for k, v in data.items() if k in KINDS and isinstance(v, dict))
     if not kinds:
         return None
-    parts: List[Any] = []
-    for kind in kinds:
-        fields: Dict[str, Any] = {}
-        for path in _FIELDS:
-            value = _get(data[kind], path)
-            if value is not None:
-                fields[".".join(path)] = value
-        parts.append([kind, fields])
+    parts: List[Any] = [[kind, _identity(data[kind])] for kind in kinds]
     identity = ["update", data.get("update_id"), parts]
     text = json.dumps(identity, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]

@@ -34,8 +34,9 @@ LEASE = 60_000
 
 
 def body(update_id: int, date: int = 1_700_000_000, text: str = "hi") -> str:
+    """An update; another ``date`` makes another message (another message id too)."""
     return json.dumps({"update_id": update_id, "message": {
-        "message_id": 7, "date": date, "text": text,
+        "message_id": date - 1_699_999_000, "date": date, "text": text,
         "chat": {"id": 5, "type": "private", "first_name": "A"},
         "from": {"id": 5, "is_bot": False, "first_name": "A"}}})
 

@@ -51,15 +51,27 @@ def test_a_different_update_with_the_same_id_differs(kind: str) -> None:
     raw = RAW[kind]
     other = copy.deepcopy(raw)
     inner = other[kind]
-    if "date" in inner:
-        inner["date"] += 1
+    if "id" in inner:
+        inner["id"] = inner["id"] + "1"  # another query
+    elif "message_id" in inner:
+        inner["message_id"] += 1  # another message
     else:
-        inner["id"] = inner["id"] + "1"
+        inner["date"] += 1  # another event
     assert update_fingerprint(json.dumps(raw)) != update_fingerprint(json.dumps(other))
-    moved = copy.deepcopy(raw)
-    if "message_id" in moved[kind]:
-        moved[kind]["message_id"] += 1
-        assert update_fingerprint(json.dumps(raw)) != update_fingerprint(json.dumps(moved))
+    elsewhere = copy.deepcopy(raw)
+    if "chat" in elsewhere[kind] and "id" not in elsewhere[kind]:
+        elsewhere[kind]["chat"] = dict(elsewhere[kind]["chat"], id=-5)  # another chat
+        assert update_fingerprint(json.dumps(raw)) != update_fingerprint(json.dumps(elsewhere))
+
+
+def test_one_message_delivered_twice_with_a_new_date_is_the_same_update() -> None:
+    """A message is identified by chat and message id (a helper may stamp a fresh date)."""
+    first = {"update_id": 1, "message": MESSAGE}
+    again = {"update_id": 1, "message": dict(MESSAGE, date=MESSAGE["date"] + 5)}
+    assert update_fingerprint(json.dumps(first)) == update_fingerprint(json.dumps(again))
+    edited = {"update_id": 1, "edited_message": dict(MESSAGE, edit_date=1_700_000_100)}
+    edited_again = {"update_id": 1, "edited_message": dict(MESSAGE, edit_date=1_700_000_200)}
+    assert update_fingerprint(json.dumps(edited)) != update_fingerprint(json.dumps(edited_again))
 
 
 def test_kind_and_bodies_without_a_kind() -> None:
