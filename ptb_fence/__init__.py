@@ -8,8 +8,10 @@ database transaction that their attempt still owns the update before they write.
 from ptb_fence._errors import (
     AttemptFinished,
     OwnershipLost,
+    RowLocked,
     SchemaError,
     StoreBusy,
+    TableBotMismatch,
     TransactionEnded,
 )
 from ptb_fence._protocols import (
@@ -63,6 +65,8 @@ __all__ = [
     "RuntimeOptions",
     "Settlement",
     "StoreBusy",
+    "RowLocked",
+    "TableBotMismatch",
     "StoredUpdate",
     "TransactionEnded",
     "UpdateIntake",

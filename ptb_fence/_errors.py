@@ -10,8 +10,10 @@ if TYPE_CHECKING:
 __all__ = [
     "AttemptFinished",
     "OwnershipLost",
+    "RowLocked",
     "SchemaError",
     "StoreBusy",
+    "TableBotMismatch",
     "TransactionEnded",
 ]
 
@@ -96,4 +98,42 @@ class TransactionEnded(RuntimeError):
             f"(claim {identity.claim_id}) was {how} inside the block: writes made before that "
             "escaped the fence (do not commit or roll back or close the connection inside the "
             "block; it commits on exit); nothing was settled by complete=True"
+        )
+
+
+class RowLocked(RuntimeError):
+    """A single lease renewal found its row locked by another open transaction.
+
+    Raised by :meth:`ptb_fence.PostgresUpdateStore.renew` and
+    :meth:`~ptb_fence.PostgresUpdateStore.renew_owned` after waiting a short bound (200 ms)
+    instead of waiting for the lock. The lease was neither renewed nor refused: usually the
+    attempt's own fenced transaction holds the row (``owns(..., connection=conn)`` takes it
+    ``FOR UPDATE``). Not an ownership loss; renew again later.
+    """
+
+
+class TableBotMismatch(RuntimeError):
+    """The store's table belongs to another bot (one table per bot).
+
+    Raised by ``bind_bot(bot_id)`` of every store when the table was bound to a different bot
+    id first. Two bots sharing one table would drop each other's colliding update ids
+    and handle each other's updates.
+
+    Args:
+        table (:obj:`str`): The table.
+        where (:obj:`str`): The database (a path, or "PostgreSQL", or "memory").
+        owner (:obj:`int`): The bot id the table belongs to.
+        bot_id (:obj:`int`): The bot id that tried to use it.
+    """
+
+    __slots__ = ("table", "owner", "bot_id")
+
+    def __init__(self, table: str, where: str, owner: int, bot_id: int) -> None:
+        self.table = table
+        self.owner = owner
+        self.bot_id = bot_id
+        suggestion = f"{table[: 62 - len(str(bot_id)) - 4]}_bot{bot_id}"
+        super().__init__(
+            f"table {table!r} in {where} belongs to bot {owner}, this is bot {bot_id}: use one "
+            f"table per bot, e.g. table={suggestion!r}"
         )

@@ -41,9 +41,11 @@ How it works:
 Rules (:data:`RULES`; the number is the item of the specification's list of ten rules):
 
 ``one-record-per-update`` (base, 1)
-    A second ``add`` of an ``update_id`` returns :obj:`False` in every state (pending, processing,
+    A second ``add`` of the same update returns :obj:`False` in every state (pending, processing,
     failed, completed, abandoned — and, durable, an unacknowledged exhaustion) and leaves the row
-    as it was (first body kept, lease not reset).
+    as it was (first body kept, lease not reset); so does a different body while the row is live
+    (pending, processing, failed, an unacknowledged exhaustion). (A store may replace a
+    *settled* row when a different update arrives with its id, SPEC §12; not checked here.)
 ``lease`` (base, 2)
     A live lease is not taken (``claim`` at ``now == due_at`` returns :obj:`None`), a lapsed one is
     (``now == due_at + 1``, attempt + 1); ``due`` does not list a live lease and lists a lapsed one
@@ -79,6 +81,12 @@ Rules (:data:`RULES`; the number is the item of the specification's list of ten 
     ``renew`` with an earlier ``lease_until`` returns :obj:`True` and keeps the later lease
     (checked by claimability at the times in between), with and without ``now``; a later
     ``lease_until`` extends it. Fenced tail: the same with ``renew_owned``, checked with ``owns``.
+``batch-renewal`` (base, 8; only for a store with ``renew_many`` / ``renew_owned_many``)
+    A batched renewal equals the loop of single renewals position by position: a live lease
+    (given twice) is renewed, a wrong attempt or claim id, an expired lease and an unknown id
+    are refused, and the renewed lease holds while the refused ones are not revived. An entry
+    may be :obj:`None` only for a row locked by another open transaction (the check holds no
+    locks, so every entry here must be a real bool).
 ``fence`` (fenced, 9)
     ``owns`` is inclusive at ``due_at`` and :obj:`False` at ``due_at + 1``; a wrong claim id or
     attempt is refused by ``owns``/``renew_owned``/``settle_owned`` and changes nothing; no
@@ -403,7 +411,8 @@ def _rule_one_record(p: _Probe, fenced: bool, durable: bool) -> None:
         "(the refused add must not reset the row)",
     )
     p.settle(1, 2, Completed(at=_T + 101))
-    p.expect(not p.add(1, "fifth", _T + 102), "a second add of a completed update returned True")
+    # the same update again (SPEC §12: a *different* update may replace a settled row)
+    p.expect(not p.add(1, "first", _T + 102), "a second add of a completed update returned True")
     listed_ids = p.due_ids(now=_FAR, pending_before=_FAR)
     p.expect(
         1 not in listed_ids,
@@ -413,7 +422,7 @@ def _rule_one_record(p: _Probe, fenced: bool, durable: bool) -> None:
 
     p.require(p.claim(2, now=_T, lease_until=_T + _L) == 1, "claim of pending update 2 failed")
     p.settle(2, 1, Abandoned(at=_T + 1, error="given up"))
-    p.expect(not p.add(2, "again", _T + 2), "a second add of an abandoned update returned True")
+    p.expect(not p.add(2, "two", _T + 2), "a second add of an abandoned update returned True")
 
     p.require(p.add(3, "three", _T), "add of a new update_id 3 returned False")
     p.require(
@@ -423,7 +432,7 @@ def _rule_one_record(p: _Probe, fenced: bool, durable: bool) -> None:
     spent = p.claim(3, now=_T + 11, lease_until=_T + 11 + _L, max_attempts=1)
     p.expect(spent is None, f"spending claim of update 3 returned {spent!r}; expected None")
     p.expect(
-        not p.add(3, "again", _T + 12),
+        not p.add(3, "three", _T + 12),
         "a second add of an update abandoned by spent attempts returned True",
     )
 
@@ -1017,6 +1026,72 @@ def _rule_renewal(p: _Probe, fenced: bool, durable: bool) -> None:
     )
 
 
+def _batch(p: _Probe, method: str, keys: List[Any], lease_until: int, now: int) -> List[Any]:
+    value = p._call(method, keys, lease_until, now)
+    ok = (
+        isinstance(value, list)
+        and len(value) == len(keys)
+        and all(type(item) is bool for item in value)
+    )
+    p._type(
+        method,
+        ok,
+        f"a list of {len(keys)} real bools, one per input (None only for a row locked by "
+        "another open transaction; this check holds no locks)",
+        value,
+    )
+    return list(value) if isinstance(value, list) else []
+
+
+def _rule_batch_renewal(p: _Probe, fenced: bool, durable: bool) -> None:
+    has_many = callable(getattr(p.store, "renew_many", None))
+    has_owned_many = fenced and callable(getattr(p.store, "renew_owned_many", None))
+    if not (has_many or has_owned_many):
+        return
+    for update_id in (1, 2, 3):
+        p.require(p.add(update_id, "b", _T), "add of a new update_id returned False")
+    longer, now = _T + 2 * _L, _T + 20
+    if has_many:
+        p.require(p.claim(1, now=_T, lease_until=_T + _L) == 1, "claim of a pending update failed")
+        p.require(p.claim(2, now=_T, lease_until=_T + 10) == 1, "claim of a pending update failed")
+        keys = [(1, 1), (2, 1), (1, 2), (3, 1), (99, 1), (1, 1)]
+        got = _batch(p, "renew_many", keys, longer, now)
+        want = [p.renew(u, a, longer, now=now) for u, a in keys]
+        p.expect(
+            got == want == [True, False, False, False, False, True],
+            f"renew_many({keys}, lease_until={_at(longer)}, now={_at(now)}) returned {got}; the "
+            f"single renew calls return {want}; expected [True, False, False, False, False, "
+            "True] (live; expired; wrong attempt; pending; unknown; live again)",
+        )
+        taken = p.claim(1, now=_T + _L + 1, lease_until=_FAR)
+        p.expect(taken is None, f"claim at {_at(_T + _L + 1)} took a lease renew_many extended "
+                 f"to {_at(longer)} (returned {taken!r})")
+        taken = p.claim(2, now=now + 1, lease_until=_FAR)
+        p.expect(taken == 2, f"claim at {_at(now + 1)} of the lease that expired at "
+                 f"{_at(_T + 10)} returned {taken!r}; renew_many must not revive it (expected 2)")
+    if has_owned_many:
+        live = p.claim_owned(3, now=_T, lease_until=_T + _L)
+        p.require(live is not None, "claim_owned of a pending update returned None")
+        assert live is not None
+        p.require(p.add(4, "b", _T), "add of a new update_id returned False")
+        expired = p.claim_owned(4, now=_T, lease_until=_T + 10)
+        p.require(expired is not None, "claim_owned of a pending update returned None")
+        assert expired is not None
+        wrong = AttemptIdentity(3, live.attempt, _other_claim_id(live.claim_id))
+        identities = [live, expired, wrong, AttemptIdentity(99, 1, "x"), live]
+        got = _batch(p, "renew_owned_many", identities, longer, now)
+        want = [p.renew_owned(i, longer, now=now) for i in identities]
+        p.expect(
+            got == want == [True, False, False, False, True],
+            f"renew_owned_many(lease_until={_at(longer)}, now={_at(now)}) returned {got}; the "
+            f"single renew_owned calls return {want}; expected [True, False, False, False, True] "
+            "(live; expired; wrong claim id; unknown; live again)",
+        )
+        p.expect(p.owns(live, longer), f"owns at {_at(longer)} returned False after "
+                 "renew_owned_many extended the lease to it")
+        p.expect(not p.owns(expired, now), "renew_owned_many revived an expired lease")
+
+
 # ---------------------------------------------------------------------------------------------
 # Rule 9
 # ---------------------------------------------------------------------------------------------
@@ -1472,6 +1547,15 @@ _TABLE: Tuple[Tuple[ConformanceRule, _RuleFn], ...] = (
             "lease.",
         ),
         _rule_renewal,
+    ),
+    (
+        ConformanceRule(
+            "batch-renewal",
+            "base",
+            "renew_many/renew_owned_many (when present) equal the loop of single renewals, "
+            "refusals included; None only for a row locked by another open transaction.",
+        ),
+        _rule_batch_renewal,
     ),
     (
         ConformanceRule(

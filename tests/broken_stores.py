@@ -509,7 +509,25 @@ class FencedOnlySettleOwnedIgnoresClaimIdStore(FencedOnlyStore):
         super().__init__(SettleOwnedIgnoresClaimIdStore())
 
 
+class BatchRenewIgnoresClaimIdStore(MemoryUpdateStore):
+    """renew_owned_many renews every processing row of the id, whatever the claim id."""
+
+    def renew_owned_many(self, identities: Any, lease_until: int, now: int) -> Any:
+        return [
+            self.renew(i.update_id, i.attempt, lease_until, now) for i in identities
+        ]
+
+
+class BatchRenewNoneStore(MemoryUpdateStore):
+    """renew_many answers None (\"locked\") for refused rows although nothing is locked."""
+
+    def renew_many(self, leases: Any, lease_until: int, now: int) -> Any:
+        return [True if ok else None for ok in super().renew_many(leases, lease_until, now)]
+
+
 BROKEN: Dict[Type[Any], Sequence[str]] = {
+    BatchRenewIgnoresClaimIdStore: ("batch-renewal",),
+    BatchRenewNoneStore: ("batch-renewal",),
     ReadThenWriteClaimStore: ("concurrent-claim", "concurrent-claim-owned"),
     RenewOwnedIgnoresClaimIdStore: ("fence",),
     SettleOwnedIgnoresClaimIdStore: ("attempt-ownership", "fence"),

@@ -60,11 +60,14 @@ class StoreModel:
 
     # -- base ------------------------------------------------------------------------------
     def add(self, update_id: int, body: str, received_at: int) -> bool:
-        """Insert a pending row with 0 attempts; False if the id exists in any state."""
+        """Insert a pending row with 0 attempts; False if the id exists in any state.
+
+        (SPEC §12 lets a different update replace a settled row; the check's bodies carry no
+        update kind, so they have no fingerprint and are always the same update.)"""
         if update_id in self.rows:
             return False  # in any state
         self.rows[update_id] = {
-            "body": body, "state": "pending", "attempts": 0, "due_at": None,
+            "body": body, "state": "pending", "attempts": 0, "due_at": received_at,
             "received_at": received_at, "settled_at": None, "error": None, "claim_id": None,
         }
         return True

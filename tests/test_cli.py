@@ -428,7 +428,7 @@ def test_retry_of_an_exhaustion_gives_a_full_new_set_of_attempts(
     assert "it is no longer an exhaustion" in out
     row = db.row(1005)
     assert row["state"] == "pending" and row["attempts"] == 0
-    assert row["due_at"] is None and row["settled_at"] is None
+    assert row["due_at"] == row["received_at"] and row["settled_at"] is None
     assert row["error"] == "BadRequest: Message text is empty"  # kept for the record
     assert row["claim_id"] == old.claim_id
     assert db.store.due_exhaustions(limit=10) == []
@@ -451,7 +451,7 @@ def test_retry_of_a_failed_update_makes_it_due_now(db: Fixture, capsys: Any) -> 
     assert "update 1003: failed -> pending" in out and "attempts 1 -> 0" in out
     assert "no longer an exhaustion" not in out
     row = db.row(1003)
-    assert (row["state"], row["attempts"], row["due_at"]) == ("pending", 0, None)
+    assert (row["state"], row["attempts"], row["due_at"]) == ("pending", 0, row["received_at"])
     now = int(time.time() * 1000)
     assert 1003 in [u.update_id for u in db.store.due(now=now, pending_before=now, limit=100)]
 
@@ -577,10 +577,10 @@ def test_migrate_creates_upgrades_and_is_idempotent(
         with conn.cursor() as cur:
             cur.execute(
                 f'CREATE TABLE "{legacy}" (update_id BIGINT PRIMARY KEY, body TEXT NOT NULL, '
-                "state TEXT NOT NULL, attempts INT NOT NULL DEFAULT 0, due_at BIGINT, "
+                "state TEXT NOT NULL, attempts INT NOT NULL DEFAULT 0, due_at BIGINT NOT NULL, "
                 "received_at BIGINT NOT NULL, settled_at BIGINT, error TEXT)"
             )
-            cur.execute(f"INSERT INTO \"{legacy}\" VALUES (1, '{{}}', 'pending', 0, NULL, 5, NULL, NULL)")
+            cur.execute(f"INSERT INTO \"{legacy}\" VALUES (1, '{{}}', 'pending', 0, 5, 5, NULL, NULL)")
         conn.commit()
     finally:
         conn.close()
@@ -611,8 +611,8 @@ def test_check_sqlite_uses_scratch_files_only(tmp_path: Any, capsys: Any) -> Non
     url = f"sqlite:///{tmp_path}/mine.db"
     code, out, err = run(capsys, "--store", url, "check")
     assert code == 0, (out, err)
-    assert out.startswith("SQLiteUpdateStore conforms: 11 rules, 0 violations")
-    assert "rule 1/11: one-record-per-update" in err and "rule 11/11" in err
+    assert out.startswith("SQLiteUpdateStore conforms: 12 rules, 0 violations")
+    assert "rule 1/12: one-record-per-update" in err and "rule 12/12" in err
     assert os.listdir(tmp_path) == []  # nothing of the user's was created or touched
 
 
@@ -627,8 +627,8 @@ def check_postgres(db: Fixture, capsys: Any) -> None:
     before = db.snapshot()
     code, out, err = run(capsys, *db.args("check"))
     assert code == 0, (out, err)
-    assert out.startswith("PostgresUpdateStore conforms: 11 rules, 0 violations")
-    assert "dropped 11 scratch table(s)" in err
+    assert out.startswith("PostgresUpdateStore conforms: 12 rules, 0 violations")
+    assert "dropped 12 scratch table(s)" in err
     assert db.snapshot() == before
     prefix = re.search(r"scratch tables (ptb_fence_check_[0-9a-f]{12}_)\*", err).group(1)
     conn = psycopg2.connect(db.url)

@@ -115,13 +115,15 @@ def store(pg_dsn: str, pg_table: str) -> Iterator[PostgresUpdateStore]:
         yield s
 
 
-def legacy_table(dsn: str, table: str) -> None:
-    """A table as created before fencing: no claim_id column."""
+def legacy_table(dsn: str, table: str, claim_id: bool = False) -> None:
+    """A table as created by the original design: ``due_at NOT NULL`` (a pending row carries
+    ``due_at = received_at``), and before fencing no claim_id column."""
     execute(
         dsn,
         f'CREATE TABLE "{table}" (update_id BIGINT PRIMARY KEY, body TEXT NOT NULL, '
-        "state TEXT NOT NULL, attempts INT NOT NULL DEFAULT 0, due_at BIGINT, "
-        "received_at BIGINT NOT NULL, settled_at BIGINT, error TEXT)",
+        "state TEXT NOT NULL, attempts INT NOT NULL DEFAULT 0, due_at BIGINT NOT NULL, "
+        "received_at BIGINT NOT NULL, settled_at BIGINT, error TEXT"
+        + (", claim_id TEXT)" if claim_id else ")"),
     )
 
 
@@ -167,6 +169,7 @@ def test_schema_text_is_idempotent_and_complete(pg_dsn: str, pg_table: str) -> N
         "settled_at": "bigint",
         "error": "text",
         "claim_id": "text",
+        "fingerprint": "text",
     }
     indexes = execute(pg_dsn, "SELECT indexdef FROM pg_indexes WHERE tablename = %s", (pg_table,))
     assert any("(state, due_at)" in d for (d,) in indexes)
@@ -205,11 +208,14 @@ def test_add_records_once_in_every_state(store: PostgresUpdateStore, pg_dsn: str
     t = store.table
     assert store.add(T, '{"update_id": 1}', T) is True
     assert store.add(T, "other", T + 1) is False
-    assert row(pg_dsn, t, T)[:6] == ('{"update_id": 1}', "pending", 0, None, T, None)
+    assert row(pg_dsn, t, T)[:6] == ('{"update_id": 1}', "pending", 0, T, T, None)
     assert store.claim(T, now=T, lease_until=T + 10, max_attempts=3) == 1
     assert store.add(T, "other", T) is False
     store.settle(T, 1, Completed(T + 5))
-    assert store.add(T, "other", T) is False
+    assert store.add(T, '{"update_id": 1}', T) is False  # completed: the same update again
+    assert row(pg_dsn, t, T)[0] == '{"update_id": 1}'
+    # a body without an update kind has no fingerprint: never a different update
+    assert store.add(T, "other", T + 9) is False
     assert row(pg_dsn, t, T)[0] == '{"update_id": 1}'
 
 
@@ -770,11 +776,31 @@ def test_legacy_table_without_claim_id(pg_dsn: str, pg_table: str) -> None:
         assert all(type(v) is int for v in got[3:6])
 
 
+def test_original_table_with_claim_id_and_due_at_not_null(pg_dsn: str, pg_table: str) -> None:
+    """SPEC §3: every insert path writes due_at = received_at for a pending row."""
+    legacy_table(pg_dsn, pg_table, claim_id=True)
+    with PostgresUpdateStore(pg_dsn, pg_table, create_table=False) as s:
+        assert s.add(1, "a", T + 1) is True
+        assert s.add_many([(2, "b", T + 2), (3, "c", T + 3)]) == [True, True]
+        (identity,) = s.add_claimed_many([(4, "d", T + 4)], lease_until=T + 900)
+        assert identity is not None
+        added, landed = s.add_claimed_and_settle_many(
+            [(5, "e", T + 5)], lease_until=T + 900, settlements=[(identity, Completed(T + 450))]
+        )
+        assert added[0] is not None and landed == [True]
+        got = rows(pg_dsn, pg_table)
+        assert [got[u][3] for u in (1, 2, 3)] == [T + 1, T + 2, T + 3]
+        assert got[4][3] == T + 900 and got[5][3] == T + 900
+        due = s.due(now=T + 800, pending_before=T + 2, limit=10)
+        assert [u.update_id for u in due] == [1, 2]
+        assert s.claim(1, now=T + 1000, lease_until=T + 2000, max_attempts=5) == 1
+
+
 def test_create_table_upgrades_a_legacy_table(pg_dsn: str, pg_table: str) -> None:
     legacy_table(pg_dsn, pg_table)
     execute(
         pg_dsn,
-        f"INSERT INTO \"{pg_table}\" VALUES (1, 'b', 'pending', 0, NULL, {T}, NULL, NULL)",
+        f"INSERT INTO \"{pg_table}\" VALUES (1, 'b', 'pending', 0, {T}, {T}, NULL, NULL)",
     )
     with PostgresUpdateStore(pg_dsn, pg_table) as s:
         identity = s.claim_owned(1, now=T, lease_until=T + 5, max_attempts=3)

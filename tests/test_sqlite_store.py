@@ -100,9 +100,9 @@ def test_schema_created_with_wal_index_and_claim_id(db: str, store: SQLiteUpdate
         columns = {row[1]: row[2] for row in conn.execute("PRAGMA table_info(telegram_updates)")}
         assert set(columns) == {
             "update_id", "body", "state", "attempts", "due_at", "received_at", "settled_at",
-            "error", "claim_id",
+            "error", "claim_id", "fingerprint",
         }
-        assert columns["claim_id"] == "TEXT"
+        assert columns["claim_id"] == "TEXT" and columns["fingerprint"] == "TEXT"
         indexed = []
         for _, name, *_ in conn.execute("PRAGMA index_list(telegram_updates)"):
             indexed.append([r[2] for r in conn.execute(f'PRAGMA index_info("{name}")')])
@@ -185,13 +185,13 @@ def test_add_one_record_per_update_id(db: str, store: SQLiteUpdateStore) -> None
     row = raw_row(db, BIG)
     assert row == {
         "update_id": BIG, "body": '{"update_id": 1}', "state": "pending", "attempts": 0,
-        "due_at": None, "received_at": BIG + 1, "settled_at": None, "error": None,
-        "claim_id": None,
+        "due_at": BIG + 1, "received_at": BIG + 1, "settled_at": None, "error": None,
+        "claim_id": None, "fingerprint": None,  # no update kind: no fingerprint
     }
     identity = claimed(store, BIG)
     assert store.add(BIG, "x", 1) is False  # processing
     assert store.settle_owned(identity, Completed(at=BIG)) is True
-    assert store.add(BIG, "x", 1) is False  # completed
+    assert store.add(BIG, "x", 1) is False  # completed (no fingerprint: the same update)
     assert raw_row(db, BIG)["body"] == '{"update_id": 1}'
 
 
@@ -844,19 +844,19 @@ def test_owns_refuses_foreign_connections(tmp_path: Path, store: SQLiteUpdateSto
 OLD_SCHEMA = """
     CREATE TABLE {table} (
         update_id INTEGER PRIMARY KEY, body TEXT NOT NULL, state TEXT NOT NULL,
-        attempts INTEGER NOT NULL DEFAULT 0, due_at INTEGER, received_at INTEGER NOT NULL,
-        settled_at INTEGER, error TEXT
+        attempts INTEGER NOT NULL DEFAULT 0, due_at INTEGER NOT NULL,
+        received_at INTEGER NOT NULL, settled_at INTEGER, error TEXT
     )"""
 
 
 def make_old_file(path: str, table: str = "telegram_updates", rows: int = 3) -> None:
     conn = sqlite3.connect(path)
     conn.execute(OLD_SCHEMA.format(table=table))
-    conn.execute(f"INSERT INTO {table} VALUES (1, 'a', 'pending', 0, NULL, 10, NULL, NULL)")
+    conn.execute(f"INSERT INTO {table} VALUES (1, 'a', 'pending', 0, 10, 10, NULL, NULL)")
     conn.execute(f"INSERT INTO {table} VALUES (2, 'b', 'abandoned', 5, 77, 10, NULL, 'spent')")
     conn.execute(f"INSERT INTO {table} VALUES (3, 'c', 'completed', 1, 50, 10, 60, NULL)")
     for update_id in range(100, 100 + rows - 3):
-        conn.execute(f"INSERT INTO {table} VALUES (?, 'x', 'pending', 0, NULL, 10, NULL, NULL)",
+        conn.execute(f"INSERT INTO {table} VALUES (?, 'x', 'pending', 0, 10, 10, NULL, NULL)",
                      (update_id,))
     conn.commit()
     conn.close()
@@ -881,6 +881,34 @@ def test_older_table_gets_claim_id_and_keeps_its_rows(db: str) -> None:
         assert store.prune(61) == 1  # row 3
     with SQLiteUpdateStore(db) as again:  # opening the upgraded file again is a no-op
         assert again.owns(identity, 100) is True
+
+
+@pytest.mark.parametrize("with_claim_id", [False, True])
+def test_older_table_with_due_at_not_null_accepts_every_insert_path(
+    db: str, with_claim_id: bool
+) -> None:
+    """SPEC §3: a pending row carries due_at = received_at (older tables say NOT NULL)."""
+    conn = sqlite3.connect(db)
+    conn.execute(OLD_SCHEMA.format(table="telegram_updates"))
+    if with_claim_id:
+        conn.execute("ALTER TABLE telegram_updates ADD COLUMN claim_id TEXT")
+    conn.commit()
+    conn.close()
+    with SQLiteUpdateStore(db) as store:
+        assert store.add(1, "a", 100) is True
+        assert raw_row(db, 1)["due_at"] == 100
+        assert store.add_many([(2, "b", 200), (3, "c", 300)]) == [True, True]
+        assert raw_row(db, 3)["due_at"] == 300
+        (identity,) = store.add_claimed_many([(4, "d", 400)], lease_until=900)
+        assert identity is not None and raw_row(db, 4)["due_at"] == 900
+        added, landed = store.add_claimed_and_settle_many(
+            [(5, "e", 500)], lease_until=900, settlements=[(identity, Completed(at=450))]
+        )
+        assert added[0] is not None and landed == [True]
+        # pending rows are found by their state, as before
+        due = store.due(now=800, pending_before=250, limit=10)
+        assert [u.update_id for u in due] == [1, 2]
+        assert store.claim(1, now=1000, lease_until=2000, max_attempts=5) == 1
 
 
 def test_claim_id_upgrade_tolerates_a_lost_race(db: str) -> None:

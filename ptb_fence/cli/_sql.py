@@ -11,7 +11,7 @@ The ``retry`` rule is ONE conditional ``UPDATE`` that matches only a ``failed`` 
 ``abandoned`` row (and only the row as it was just read, in the same transaction), so it can
 never touch a pending row, a live (or lapsed) lease or a completed update::
 
-    state -> 'pending', attempts -> 0, due_at -> NULL, settled_at -> NULL
+    state -> 'pending', attempts -> 0, due_at -> received_at, settled_at -> NULL
     (error and claim_id are kept for the record)
 """
 
@@ -88,7 +88,7 @@ class AdminStatements:
             select_row_for_retry=row,
             retry=f"""
                 UPDATE {t}
-                SET state = 'pending', attempts = 0, due_at = NULL, settled_at = NULL
+                SET state = 'pending', attempts = 0, due_at = received_at, settled_at = NULL
                 WHERE update_id = :update_id
                   AND state IN ('failed', 'abandoned')
                   AND state = :state AND attempts = :attempts
@@ -132,7 +132,7 @@ class AdminStatements:
             select_row_for_retry=row + " FOR UPDATE",
             retry=f"""
                 UPDATE {t}
-                SET state = 'pending', attempts = 0, due_at = NULL, settled_at = NULL
+                SET state = 'pending', attempts = 0, due_at = received_at, settled_at = NULL
                 WHERE update_id = %(update_id)s
                   AND state IN ('failed', 'abandoned')
                   AND state = %(state)s AND attempts = %(attempts)s

@@ -8,6 +8,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from ptb_fence._errors import TableBotMismatch
+from ptb_fence._fingerprint import update_fingerprint
+from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._names import validate_update_id
 from ptb_fence._values import (
     Abandoned,
@@ -33,6 +36,7 @@ class _Row:
     settled_at: Optional[int] = None
     error: Optional[str] = None
     claim_id: Optional[str] = None
+    fingerprint: Optional[str] = None
 
 
 def _new_claim_id() -> str:
@@ -48,11 +52,26 @@ class MemoryUpdateStore:
     lock, so an ownership check and a settle inside it are atomic.
     """
 
-    __slots__ = ("_lock", "_rows")
+    __slots__ = ("_bot_id", "_lock", "_rows")
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._rows: Dict[int, _Row] = {}
+        self._bot_id: Optional[int] = None
+
+    def bind_bot(self, bot_id: int) -> None:
+        """Record that this store belongs to bot ``bot_id``; the first binder wins.
+
+        Raises:
+            ptb_fence.TableBotMismatch: The store was bound to another bot id before.
+        """
+        bot_id = int(bot_id)
+        with self._lock:
+            if self._bot_id is None:
+                self._bot_id = bot_id
+            elif self._bot_id != bot_id:
+                raise TableBotMismatch("telegram_updates", "a MemoryUpdateStore",
+                                       self._bot_id, bot_id)
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
@@ -130,14 +149,41 @@ class MemoryUpdateStore:
         else:
             raise TypeError(f"not a settlement: {settlement!r}")
 
+    def _admit(self, update_id: int, body: str) -> Tuple[bool, Optional[str]]:
+        """Whether ``body`` may be inserted now, and the new row's fingerprint.
+
+        A new id, or a different update where the stored row is settled (it is replaced), may
+        be inserted; the same update again is a plain duplicate; a different update while the
+        stored row is live keeps the first and logs a WARNING (SPEC §12).
+        """
+        fingerprint = update_fingerprint(body)
+        row = self._rows.get(update_id)
+        if row is None:
+            return True, fingerprint
+        if fingerprint is None or row.fingerprint is None or row.fingerprint == fingerprint:
+            return False, fingerprint
+        if row.state == "completed" or (row.state == "abandoned" and row.settled_at is not None):
+            return True, fingerprint
+        warn_conflict(update_id, row.fingerprint, fingerprint, row.state, row.settled_at)
+        return False, fingerprint
+
     # -- base contract ---------------------------------------------------------------------
     def add(self, update_id: int, body: str, received_at: int) -> bool:
-        """Insert a pending row; :obj:`False` if the id exists in any state."""
+        """Insert a pending row; :obj:`False` if the id exists (see below).
+
+        The same update again is a duplicate (:obj:`False`, nothing changes). A different
+        update (another fingerprint) replaces a settled row (completed, or abandoned with
+        ``settled_at`` set) as a fresh pending row (:obj:`True`); with a live row the first is
+        kept (:obj:`False`) and a WARNING is logged on ``ptb_fence.store``.
+        """
         validate_update_id(update_id)
         with self._lock:
-            if update_id in self._rows:
+            admitted, fingerprint = self._admit(update_id, body)
+            if not admitted:
                 return False
-            self._rows[update_id] = _Row(update_id, body, "pending", 0, None, received_at)
+            self._rows[update_id] = _Row(
+                update_id, body, "pending", 0, received_at, received_at, fingerprint=fingerprint
+            )
             return True
 
     def add_many(self, rows: Sequence[Tuple[int, str, int]]) -> List[bool]:
@@ -155,8 +201,9 @@ class MemoryUpdateStore:
 
         For each ``(update_id, body, received_at)``: if the id is new, insert it as
         ``processing`` with ``attempts = 1``, lease ``lease_until`` and a fresh claim id, and
-        return its identity; if it exists (in any state), change nothing and return
-        :obj:`None`. All rows land together (one commit in the SQL stores).
+        return its identity; if it exists, change nothing and return :obj:`None` — except
+        that a different update replaces a settled row (see :meth:`add`). All rows land
+        together (one commit in the SQL stores).
         """
         rows = list(rows)
         for row in rows:
@@ -164,12 +211,14 @@ class MemoryUpdateStore:
         with self._lock:
             result: List[Optional[AttemptIdentity]] = []
             for update_id, body, received_at in rows:
-                if update_id in self._rows:
+                admitted, fingerprint = self._admit(update_id, body)
+                if not admitted:
                     result.append(None)
                     continue
                 claim_id = _new_claim_id()
                 self._rows[update_id] = _Row(
-                    update_id, body, "processing", 1, lease_until, received_at, claim_id=claim_id
+                    update_id, body, "processing", 1, lease_until, received_at,
+                    claim_id=claim_id, fingerprint=fingerprint,
                 )
                 result.append(AttemptIdentity(update_id, 1, claim_id))
             return result

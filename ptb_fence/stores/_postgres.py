@@ -27,7 +27,9 @@ import psycopg2
 import psycopg2.extensions
 import psycopg2.pool
 
-from ptb_fence._errors import SchemaError, StoreBusy
+from ptb_fence._errors import RowLocked, SchemaError, StoreBusy, TableBotMismatch
+from ptb_fence._fingerprint import update_fingerprint
+from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence._values import (
     Abandoned,
     AttemptIdentity,
@@ -38,7 +40,7 @@ from ptb_fence._values import (
     StoredUpdate,
 )
 from ptb_fence.stores._names import validate_table_name, validate_update_id
-from ptb_fence.stores._postgres_sql import PostgresStatements, schema_sql
+from ptb_fence.stores._postgres_sql import META_TABLE, PostgresStatements, schema_sql
 
 __all__ = ["PostgresUpdateStore", "postgres_update_store_schema"]
 
@@ -47,6 +49,7 @@ _T = TypeVar("_T")
 _DEFAULT_CONNECT_TIMEOUT = 10
 _UNDEFINED_COLUMN = "42703"
 _UNDEFINED_TABLE = "42P01"
+_LOCK_NOT_AVAILABLE = "55P03"
 
 
 def postgres_update_store_schema(table: str = "telegram_updates") -> str:
@@ -316,6 +319,23 @@ def _returns_row(cur: Any, sql: str, params: Any) -> bool:
     return cur.fetchone() is not None
 
 
+def _row_locked(update_id: int, error: BaseException) -> RowLocked:
+    return RowLocked(
+        f"the row of update {update_id} is held by an open transaction (a fenced transaction "
+        "of the attempt, or another one) for longer than the renewal waits (200 ms): the lease "
+        "was neither renewed nor refused; renew again later. Keep fenced transactions shorter "
+        "than the lease."
+    )
+
+
+def _batch_results(rows: List[Tuple[Any, ...]], count: int) -> List[Optional[bool]]:
+    """``(position, renewed, still_matches)`` rows -> True / None (row locked) / False."""
+    results: List[Optional[bool]] = [False] * count
+    for position, renewed, matches in rows:
+        results[int(position)] = True if renewed else (None if matches else False)
+    return results
+
+
 class PostgresUpdateStore:
     """A durable, fenced update store in PostgreSQL, for one or several processes or machines.
 
@@ -324,6 +344,17 @@ class PostgresUpdateStore:
     :exc:`ptb_fence.StoreBusy` (never psycopg2's "connection pool exhausted"). Lease renewals
     (:meth:`renew`, :meth:`renew_owned`, :meth:`renew_many`, :meth:`renew_owned_many`) use a
     dedicated connection of their own, so an exhausted pool cannot stop them.
+
+    **Fenced transactions and renewals**: ``owns(identity, at, connection=conn)`` locks the
+    update's row ``FOR UPDATE`` until the caller's transaction ends. Renewals never wait for
+    such a lock: the batched renewals skip a locked row (``SKIP LOCKED``) and report it as
+    :obj:`None` (neither renewed nor refused), and a single renewal waits at most 200 ms and
+    then raises :exc:`ptb_fence.RowLocked`. So a long fenced transaction delays only its own
+    row's renewal; the other attempts keep renewing. Its own lease is not extended while the
+    transaction is open, so **a fenced transaction may stay open at most until its lease
+    expires** (``lease_seconds`` after the last renewal, minus a safety margin); no other
+    claim can take the row while the lock is held, but once the lease has expired the
+    attempt's settle is refused.
 
     A connection that breaks (the server restarted, the backend was terminated) is discarded,
     and the operation is retried on a new connection when the break happened before the commit,
@@ -368,6 +399,7 @@ class PostgresUpdateStore:
     __slots__ = (
         "_closed",
         "_create_table",
+        "_fingerprints",
         "_pool_timeout",
         "_renew_conn",
         "_renew_lock",
@@ -428,6 +460,9 @@ class PostgresUpdateStore:
         self._renew_lock = threading.Lock()
         self._renew_conn: Any = None
         self._closed = False
+        # Whether the table has the fingerprint column (None: not known yet; False: an older
+        # table managed with create_table=False: ids are plain duplicates, SPEC §12 not applied)
+        self._fingerprints: Optional[bool] = None
 
     def __repr__(self) -> str:
         return (
@@ -629,7 +664,7 @@ class PostgresUpdateStore:
 
     # -- base contract ---------------------------------------------------------------------
     def add(self, update_id: int, body: str, received_at: int) -> bool:
-        """Insert a pending row; :obj:`False` if the id exists in any state.
+        """Insert a pending row; :obj:`False` if the id exists (the rules of :meth:`add_many`).
 
         Returns only after the row is committed. Legacy-safe.
 
@@ -642,13 +677,71 @@ class PostgresUpdateStore:
             :obj:`bool`: Whether the row was inserted.
         """
         validate_update_id(update_id)
-        params = {"update_id": update_id, "body": body, "received_at": received_at}
-        return self._run(lambda cur: _returns_row(cur, self._sql.add, params))
+        return self.add_many([(update_id, body, received_at)])[0]
+
+    def _run_fingerprinted(self, make_work: Callable[[bool], Callable[[Any], _T]]) -> _T:
+        """Run ``make_work(True)``; on a table without the fingerprint column (an older table
+        with ``create_table=False``) run ``make_work(False)`` instead, from then on."""
+        if self._fingerprints is not False:
+            try:
+                result = self._run(make_work(True))
+            except SchemaError as exc:
+                if "fingerprint" not in str(exc.__cause__ or ""):
+                    raise
+                self._fingerprints = False
+            else:
+                self._fingerprints = True
+                return result
+        return self._run(make_work(False))
+
+    def _conflicts(
+        self, cur: Any, missing: List[Tuple[int, Optional[str]]]
+    ) -> List[Tuple[Any, ...]]:
+        """Rows of ids not inserted that hold a different update (for the WARNING)."""
+        missing = [(u, f) for u, f in missing if f is not None]
+        if not missing:
+            return []
+        cur.execute(self._sql.conflicts, ([u for u, _ in missing], [f for _, f in missing]))
+        return [tuple(row) for row in cur.fetchall()]
+
+    @staticmethod
+    def _warn(conflicts: List[Tuple[Any, ...]]) -> None:
+        for update_id, stored, state, settled_at, new in conflicts:
+            warn_conflict(int(update_id), stored, new, str(state), settled_at)
+
+    def bind_bot(self, bot_id: int) -> None:
+        """Record that the table belongs to bot ``bot_id``; the first binder wins.
+
+        The owner is kept in the table ``ptb_fence_meta`` (created when missing, also by
+        :func:`postgres_update_store_schema`) in one ``INSERT … ON CONFLICT`` statement, so
+        processes binding a new table at once are safe. Binding the same id again is a no-op.
+
+        Raises:
+            ptb_fence.TableBotMismatch: The table was bound to another bot id first.
+        """
+        bot_id = int(bot_id)
+        params = {"table": self._table, "bot_id": bot_id}
+
+        def work(cur: Any) -> int:
+            cur.execute("SELECT to_regclass(%s) IS NULL", (f'"{META_TABLE}"',))
+            if cur.fetchone()[0]:  # created only when missing (needs the CREATE privilege)
+                cur.execute(self._sql.create_meta)
+            cur.execute(self._sql.bind_bot, params)
+            return int(cur.fetchone()[0])
+
+        owner = self._run(work)
+        if owner != bot_id:
+            raise TableBotMismatch(self._table, "this PostgreSQL database", owner, bot_id)
 
     def add_many(self, rows: Sequence[Tuple[int, str, int]]) -> List[bool]:
         """Insert several ``(update_id, body, received_at)`` rows in one statement and commit.
 
-        Legacy-safe (optional capability).
+        An existing id is a duplicate (:obj:`False`, nothing changes) unless it holds a
+        different update (another fingerprint) in a settled row (completed, or abandoned with
+        ``settled_at`` set): then the new update replaces it as a fresh pending row
+        (:obj:`True`). A different update while the row is live keeps the first and logs a
+        WARNING on ``ptb_fence.store``. Legacy-safe: on a table without the ``fingerprint``
+        column every existing id is a plain duplicate (optional capability).
 
         Args:
             rows: The rows to insert.
@@ -666,14 +759,26 @@ class PostgresUpdateStore:
         for position, (update_id, _body, _at) in enumerate(rows):
             first.setdefault(update_id, position)
         batch = [rows[position] for position in sorted(first.values())]
-        sql = self._sql.add_many(len(batch))
-        params = [value for row in batch for value in row]
+        prints = [update_fingerprint(body) for _, body, _ in batch]
 
-        def work(cur: Any) -> Set[int]:
-            cur.execute(sql, params)
-            return {int(row[0]) for row in cur.fetchall()}
+        def make_work(fingerprint: bool) -> Callable[[Any], Tuple[Set[int], List[Any]]]:
+            sql = self._sql.add_many(len(batch), fingerprint)
+            params: List[Any] = []
+            for row, fp in zip(batch, prints):
+                params += [*row, fp] if fingerprint else list(row)
 
-        inserted = self._run(work)
+            def work(cur: Any) -> Tuple[Set[int], List[Any]]:
+                cur.execute(sql, params)
+                done = {int(row[0]) for row in cur.fetchall()}
+                if not fingerprint:
+                    return done, []
+                missing = [(u, fp) for (u, _, _), fp in zip(batch, prints) if u not in done]
+                return done, self._conflicts(cur, missing)
+
+            return work
+
+        inserted, conflicts = self._run_fingerprinted(make_work)
+        self._warn(conflicts)
         return [
             first[update_id] == position and update_id in inserted
             for position, (update_id, _body, _at) in enumerate(rows)
@@ -759,6 +864,10 @@ class PostgresUpdateStore:
 
         Returns:
             :obj:`bool`: :obj:`True` when the row matched (even if the lease stayed as it was).
+
+        Raises:
+            ptb_fence.RowLocked: Another open transaction (typically the attempt's own fenced
+                transaction) held the row for more than 200 ms: neither renewed nor refused.
         """
         params = {
             "update_id": update_id,
@@ -766,14 +875,33 @@ class PostgresUpdateStore:
             "lease_until": lease_until,
             "now": now,
         }
-        return self._run_renewal(lambda cur: _returns_row(cur, self._sql.renew, params))
+        return self._renew_one(update_id, self._sql.renew, params)
+
+    def _renew_one(self, update_id: int, sql: str, params: Dict[str, Any]) -> bool:
+        """A single renewal that waits at most 200 ms for a row lock, then :exc:`RowLocked`."""
+
+        def work(cur: Any) -> bool:
+            cur.execute(self._sql.renew_lock_timeout)
+            return _returns_row(cur, sql, params)
+
+        failure: Optional[BaseException] = None
+        try:
+            return self._run_renewal(work)
+        except psycopg2.Error as exc:
+            if getattr(exc, "pgcode", None) != _LOCK_NOT_AVAILABLE:
+                raise
+            failure = exc
+        raise _row_locked(update_id, failure) from failure
 
     def renew_many(
         self, leases: Sequence[Tuple[int, int]], lease_until: int, now: int
-    ) -> List[bool]:
+    ) -> List[Optional[bool]]:
         """Renew several ``(update_id, attempt)`` leases in one statement (optional capability).
 
         As :meth:`renew` for each pair, on the dedicated renewal connection. Legacy-safe.
+        Never waits on a row lock: a row held by another open transaction (a fenced
+        transaction's ``FOR UPDATE``) is skipped (``SKIP LOCKED``) and reported as
+        :obj:`None`, so one long transaction cannot stop the other renewals.
 
         Args:
             leases: The ``(update_id, attempt)`` pairs.
@@ -781,23 +909,25 @@ class PostgresUpdateStore:
             now (:obj:`int`): The current time (epoch milliseconds).
 
         Returns:
-            List[:obj:`bool`]: Per input position, whether that lease matched.
+            List[:obj:`bool` | :obj:`None`]: Per input position: :obj:`True` renewed (matched);
+            :obj:`False` refused (no such attempt, or its lease expired before ``now``);
+            :obj:`None` undecided: the row still matches but another open transaction holds
+            it right now (the lease was not extended; do not treat it as lost).
         """
         leases = [(update_id, attempt) for update_id, attempt in leases]
         if not leases:
             return []
         sql = self._sql.renew_many(len(leases))
-        params: List[Any] = [lease_until]
-        for update_id, attempt in leases:
-            params += [update_id, attempt]
-        params.append(now)
+        params: List[Any] = []
+        for position, (update_id, attempt) in enumerate(leases):
+            params += [position, update_id, attempt]
+        params += [now, lease_until, now]
 
-        def work(cur: Any) -> Set[Tuple[int, int]]:
+        def work(cur: Any) -> List[Optional[bool]]:
             cur.execute(sql, params)
-            return {(int(u), int(a)) for u, a in cur.fetchall()}
+            return _batch_results(cur.fetchall(), len(leases))
 
-        matched = self._run_renewal(work)
-        return [(int(u), int(a)) in matched for u, a in leases]
+        return self._run_renewal(work)
 
     def add_claimed_many(
         self, rows: Sequence[Tuple[int, str, int]], *, lease_until: int
@@ -806,7 +936,8 @@ class PostgresUpdateStore:
 
         For each ``(update_id, body, received_at)``: a new id is inserted as ``processing``
         with ``attempts = 1``, lease ``lease_until`` and a fresh claim id (read back with
-        ``RETURNING``); an existing id (any state, or earlier in ``rows``) is left alone and
+        ``RETURNING``); an existing id (or one earlier in ``rows``) is left alone (unless it
+        holds a different, settled update, which is replaced as in :meth:`add_many`) and
         gives :obj:`None`. Lets the receiving process record and claim a fresh update in one
         statement (optional capability). Needs the ``claim_id`` column.
         """
@@ -815,40 +946,67 @@ class PostgresUpdateStore:
             validate_update_id(row[0])
         if not rows:
             return []
-        work, finish = self._add_claimed_work(rows, lease_until)
-        return finish(self._run(work))
+        inserted, landed, finish = self._run_add_claimed(rows, lease_until, [])
+        return finish(inserted)
 
-    def _add_claimed_work(
-        self, rows: List[Tuple[int, str, int]], lease_until: int
+    def _run_add_claimed(
+        self,
+        rows: List[Tuple[int, str, int]],
+        lease_until: int,
+        settlements: List[Tuple[AttemptIdentity, Settlement]],
     ) -> Tuple[
-        Callable[[Any], Dict[int, AttemptIdentity]],
+        Dict[int, AttemptIdentity],
+        List[bool],
         Callable[[Dict[int, AttemptIdentity]], List[Optional[AttemptIdentity]]],
     ]:
-        """The statement of :meth:`add_claimed_many` (run on a cursor) and how to read it."""
+        """Record-and-claim ``rows`` and settle ``settlements`` in one transaction; log the
+        conflicts (a different update held by a live row) after the commit."""
+        settle_work = self._settle_owned_work(settlements) if settlements else None
         first: Dict[int, int] = {}
         for position, (update_id, _body, _at) in enumerate(rows):
             first.setdefault(update_id, position)
         batch = [rows[position] for position in sorted(first.values())]
-        sql = self._sql.add_claimed_many(len(batch)) if batch else ""
-        params: List[Any] = [int(lease_until)]
-        for update_id, body, received_at in batch:
-            params += [update_id, body, received_at, uuid.uuid4().hex]
+        prints = [update_fingerprint(body) for _, body, _ in batch]
 
-        def work(cur: Any) -> Dict[int, AttemptIdentity]:
-            if not batch:
-                return {}
-            cur.execute(sql, params)
-            return {
-                int(u): AttemptIdentity(int(u), int(a), str(c)) for u, a, c in cur.fetchall()
-            }
+        def make_work(
+            fingerprint: bool,
+        ) -> Callable[[Any], Tuple[Dict[int, AttemptIdentity], List[Any], List[bool]]]:
+            sql = self._sql.add_claimed_many(len(batch), fingerprint) if batch else ""
+            params: List[Any] = [int(lease_until)]
+            for (update_id, body, received_at), fp in zip(batch, prints):
+                params += [update_id, body, received_at, uuid.uuid4().hex]
+                if fingerprint:
+                    params.append(fp)
 
-        def finish(inserted: Dict[int, AttemptIdentity]) -> List[Optional[AttemptIdentity]]:
+            def work(cur: Any) -> Tuple[Dict[int, AttemptIdentity], List[Any], List[bool]]:
+                inserted: Dict[int, AttemptIdentity] = {}
+                conflicts: List[Any] = []
+                if batch:
+                    cur.execute(sql, params)
+                    inserted = {
+                        int(u): AttemptIdentity(int(u), int(a), str(c))
+                        for u, a, c in cur.fetchall()
+                    }
+                    if fingerprint:
+                        missing = [
+                            (u, fp) for (u, _, _), fp in zip(batch, prints) if u not in inserted
+                        ]
+                        conflicts = self._conflicts(cur, missing)
+                landed = settle_work(cur) if settle_work is not None else []
+                return inserted, conflicts, landed
+
+            return work
+
+        inserted, conflicts, landed = self._run_fingerprinted(make_work)
+        self._warn(conflicts)
+
+        def finish(found: Dict[int, AttemptIdentity]) -> List[Optional[AttemptIdentity]]:
             return [
-                inserted.get(update_id) if first[update_id] == position else None
+                found.get(update_id) if first[update_id] == position else None
                 for position, (update_id, _body, _at) in enumerate(rows)
             ]
 
-        return work, finish
+        return inserted, landed, finish
 
     def add_claimed_and_settle_many(
         self,
@@ -863,13 +1021,7 @@ class PostgresUpdateStore:
         rows = list(rows)
         for row in rows:
             validate_update_id(row[0])
-        add_work, finish = self._add_claimed_work(rows, lease_until)
-        settle_work = self._settle_owned_work(list(settlements))
-
-        def work(cur: Any) -> Tuple[Dict[int, AttemptIdentity], List[bool]]:
-            return add_work(cur), settle_work(cur)
-
-        inserted, landed = self._run(work)
+        inserted, landed, finish = self._run_add_claimed(rows, lease_until, list(settlements))
         return finish(inserted), landed
 
     def _settle_params(
@@ -978,6 +1130,10 @@ class PostgresUpdateStore:
 
         Returns:
             :obj:`bool`: :obj:`True` when this exact claim's row matched.
+
+        Raises:
+            ptb_fence.RowLocked: Another open transaction (typically this attempt's own fenced
+                transaction) held the row for more than 200 ms: neither renewed nor refused.
         """
         params = {
             "update_id": identity.update_id,
@@ -986,33 +1142,37 @@ class PostgresUpdateStore:
             "lease_until": lease_until,
             "now": now,
         }
-        return self._run_renewal(lambda cur: _returns_row(cur, self._sql.renew_owned, params))
+        return self._renew_one(identity.update_id, self._sql.renew_owned, params)
 
     def renew_owned_many(
         self, identities: Sequence[AttemptIdentity], lease_until: int, now: int
-    ) -> List[bool]:
+    ) -> List[Optional[bool]]:
         """Renew several fenced leases in one statement (optional capability).
 
-        As :meth:`renew_owned` for each identity, on the dedicated renewal connection.
+        As :meth:`renew_owned` for each identity, on the dedicated renewal connection, and
+        like :meth:`renew_many` it never waits on a row lock.
 
         Returns:
-            List[:obj:`bool`]: Per input position, whether that claim matched.
+            List[:obj:`bool` | :obj:`None`]: Per input position: :obj:`True` renewed;
+            :obj:`False` refused (not this claim, or its lease expired before ``now``);
+            :obj:`None` undecided: the row still matches but is locked by another open
+            transaction right now, typically the attempt's own fenced transaction (the lease
+            was not extended; the caller must not treat it as refused).
         """
         identities = list(identities)
         if not identities:
             return []
         sql = self._sql.renew_owned_many(len(identities))
-        params: List[Any] = [lease_until]
-        for identity in identities:
-            params += [identity.update_id, identity.attempt, identity.claim_id]
-        params.append(now)
+        params: List[Any] = []
+        for position, identity in enumerate(identities):
+            params += [position, identity.update_id, identity.attempt, identity.claim_id]
+        params += [now, lease_until, now]
 
-        def work(cur: Any) -> Set[Tuple[int, int, str]]:
+        def work(cur: Any) -> List[Optional[bool]]:
             cur.execute(sql, params)
-            return {(int(u), int(a), str(c)) for u, a, c in cur.fetchall()}
+            return _batch_results(cur.fetchall(), len(identities))
 
-        matched = self._run_renewal(work)
-        return [(int(i.update_id), int(i.attempt), i.claim_id) in matched for i in identities]
+        return self._run_renewal(work)
 
     def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
         """:obj:`True` only while this exact claim holds a lease unexpired at ``at``.

@@ -45,6 +45,23 @@ def schema_lock_key(table: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+META_TABLE = "ptb_fence_meta"
+"""The table recording which bot owns each update table (``bind_bot``)."""
+
+META_LOCK_KEY = int.from_bytes(
+    hashlib.sha256(b"ptb_fence schema:" + META_TABLE.encode()).digest()[:8], "big", signed=True
+)
+"""The advisory lock key serialising the creation of :data:`META_TABLE`."""
+
+META_SQL = f"""\
+SELECT pg_advisory_xact_lock({META_LOCK_KEY});
+CREATE TABLE IF NOT EXISTS "{META_TABLE}" (
+    table_name TEXT PRIMARY KEY,      -- an update table of this schema
+    bot_id     BIGINT NOT NULL        -- the bot (id from its token) that owns it
+);
+"""
+
+
 def schema_sql(table: str) -> str:
     """The idempotent migration for ``table`` (already validated).
 
@@ -62,18 +79,24 @@ CREATE TABLE IF NOT EXISTS {t} (
     body        TEXT   NOT NULL,      -- the update's JSON text, as received
     state       TEXT   NOT NULL,      -- pending, processing, failed, completed, abandoned
     attempts    INT    NOT NULL DEFAULT 0,
-    due_at      BIGINT,               -- lease expiry / retry time / when it was abandoned
+    due_at      BIGINT,               -- pending: received_at; lease expiry / retry time /
+                                      -- when it was abandoned (never NULL; older tables
+                                      -- declare it NOT NULL)
     received_at BIGINT NOT NULL,      -- epoch milliseconds
     settled_at  BIGINT,               -- NULL: not prunable (incl. unacknowledged exhaustion)
     error       TEXT,                 -- last failure text
-    claim_id    TEXT                  -- opaque token of the current or last claim
+    claim_id    TEXT,                 -- opaque token of the current or last claim
+    fingerprint TEXT                  -- which update the body is (same id, other update?)
 );
 
--- Tables created before fencing lack claim_id.
+-- Tables created before fencing lack claim_id; older ones lack fingerprint.
 ALTER TABLE {t} ADD COLUMN IF NOT EXISTS claim_id TEXT;
+ALTER TABLE {t} ADD COLUMN IF NOT EXISTS fingerprint TEXT;
 
 CREATE INDEX IF NOT EXISTS "{_index_name(table)}" ON {t} (state, due_at);
-"""
+
+-- Which bot owns which update table (one table per bot).
+{META_SQL}"""
 
 
 # Whether the table, its claim_id column and its index all exist (the store then skips the DDL,
@@ -83,12 +106,28 @@ SELECT to_regclass(%(table)s) IS NOT NULL,
        EXISTS (SELECT 1 FROM pg_attribute
                 WHERE attrelid = to_regclass(%(table)s)
                   AND attname = 'claim_id' AND NOT attisdropped),
-       to_regclass(%(index)s) IS NOT NULL
+       EXISTS (SELECT 1 FROM pg_attribute
+                WHERE attrelid = to_regclass(%(table)s)
+                  AND attname = 'fingerprint' AND NOT attisdropped),
+       to_regclass(%(index)s) IS NOT NULL,
+       to_regclass(%(meta)s) IS NOT NULL
 """
 
 _CLAIMABLE = """(state = 'pending'
        OR (state = 'failed' AND due_at <= %(now)s)
        OR (state = 'processing' AND due_at < %(now)s))"""
+
+
+# An existing id (SPEC §12): a different update (another fingerprint) replaces a settled row
+# (completed, or abandoned with settled_at set) exactly like a fresh insert; the same update, a
+# row without a fingerprint, or a live row is left alone (nothing returned).
+_REPLACE_SETTLED = """\
+ON CONFLICT (update_id) DO UPDATE SET
+    body = EXCLUDED.body, state = EXCLUDED.state, attempts = EXCLUDED.attempts,
+    due_at = EXCLUDED.due_at, received_at = EXCLUDED.received_at, settled_at = NULL,
+    error = NULL, claim_id = EXCLUDED.claim_id, fingerprint = EXCLUDED.fingerprint
+WHERE (t.state = 'completed' OR (t.state = 'abandoned' AND t.settled_at IS NOT NULL))
+  AND t.fingerprint IS NOT NULL AND t.fingerprint <> EXCLUDED.fingerprint"""
 
 
 @dataclass(frozen=True)
@@ -119,6 +158,10 @@ class PostgresStatements:
     due_exhaustions: str
     acknowledge_exhaustion: str
     probe: str
+    renew_lock_timeout: str
+    conflicts: str
+    create_meta: str
+    bind_bot: str
 
     @classmethod
     def for_table(cls, table: str) -> "PostgresStatements":
@@ -132,12 +175,17 @@ class PostgresStatements:
             table=table,
             schema=schema_sql(table),
             schema_check=_SCHEMA_CHECK,
-            schema_check_args={"table": t, "index": f'"{_index_name(table)}"'},
+            schema_check_args={
+                "table": t,
+                "index": f'"{_index_name(table)}"',
+                "meta": f'"{META_TABLE}"',
+            },
             schema_lock=f"SELECT pg_advisory_xact_lock({schema_lock_key(table)})",
-            # legacy-safe
+            # legacy-safe. A pending row carries due_at = received_at (SPEC §3; older tables
+            # declare due_at NOT NULL). Pending rows are found by their state.
             add=f"""\
-INSERT INTO {t} (update_id, body, state, attempts, received_at)
-VALUES (%(update_id)s, %(body)s, 'pending', 0, %(received_at)s)
+INSERT INTO {t} (update_id, body, state, attempts, due_at, received_at)
+VALUES (%(update_id)s, %(body)s, 'pending', 0, %(received_at)s, %(received_at)s)
 ON CONFLICT (update_id) DO NOTHING
 RETURNING update_id""",
             # legacy-safe: the base claim without durable_exhaustion leaves claim_id alone.
@@ -245,35 +293,74 @@ WHERE update_id = %(update_id)s AND state = 'abandoned' AND settled_at IS NULL
   AND attempts = %(attempt)s AND claim_id = %(claim_id)s
 RETURNING update_id""",
             probe="SELECT 1",
+            # A single renewal waits at most this long for a row lock (then 55P03).
+            renew_lock_timeout="SET LOCAL lock_timeout = '200ms'",
+            # After an insert that did not happen: stored rows holding a different update.
+            conflicts=f"""\
+SELECT t.update_id, t.fingerprint, t.state, t.settled_at, v.fingerprint
+FROM unnest(%s::BIGINT[], %s::TEXT[]) AS v(update_id, fingerprint)
+JOIN {t} AS t ON t.update_id = v.update_id
+WHERE t.fingerprint IS NOT NULL AND t.fingerprint <> v.fingerprint""",
+            create_meta=META_SQL,
+            # The first binder wins; a no-op DO UPDATE returns the owner in one statement.
+            bind_bot=f"""\
+INSERT INTO "{META_TABLE}" (table_name, bot_id) VALUES (%(table)s, %(bot_id)s)
+ON CONFLICT (table_name) DO UPDATE SET table_name = EXCLUDED.table_name
+RETURNING bot_id""",
         )
 
-    def add_many(self, count: int) -> str:
-        """Insert ``count`` rows in one statement; ``%s`` triples ``(update_id, body, at)``.
+    def add_many(self, count: int, fingerprint: bool = True) -> str:
+        """Insert ``count`` rows in one statement; ``%s`` quadruples ``(update_id, body, at,
+        fingerprint)`` (triples without ``fingerprint``).
 
         The caller removes duplicate ids from the batch first (``ON CONFLICT`` would otherwise
-        pick one of them unpredictably). Legacy-safe.
+        pick one of them unpredictably). With ``fingerprint=False`` (a table without that
+        column) an existing id is always left alone: legacy-safe.
         """
-        values = ",\n       ".join(["(%s::BIGINT, %s::TEXT, %s::BIGINT)"] * count)
-        return f"""\
-INSERT INTO {_quote(self.table)} (update_id, body, state, attempts, received_at)
-SELECT v.update_id, v.body, 'pending', 0, v.received_at
+        if not fingerprint:
+            values = ",\n       ".join(["(%s::BIGINT, %s::TEXT, %s::BIGINT)"] * count)
+            return f"""\
+INSERT INTO {_quote(self.table)} (update_id, body, state, attempts, due_at, received_at)
+SELECT v.update_id, v.body, 'pending', 0, v.received_at, v.received_at
 FROM (VALUES {values}) AS v(update_id, body, received_at)
 ON CONFLICT (update_id) DO NOTHING
 RETURNING update_id"""
-
-    def add_claimed_many(self, count: int) -> str:
-        """Record ``count`` fresh updates already claimed for attempt 1, in one statement.
-
-        Parameters: ``lease_until``, then ``(update_id, body, received_at, claim_id)``
-        quadruples. Existing ids are left alone; returns the inserted
-        ``(update_id, attempts, claim_id)``. Needs the ``claim_id`` column.
-        """
         values = ",\n       ".join(["(%s::BIGINT, %s::TEXT, %s::BIGINT, %s::TEXT)"] * count)
         return f"""\
+INSERT INTO {_quote(self.table)} AS t
+       (update_id, body, state, attempts, due_at, received_at, fingerprint)
+SELECT v.update_id, v.body, 'pending', 0, v.received_at, v.received_at, v.fingerprint
+FROM (VALUES {values}) AS v(update_id, body, received_at, fingerprint)
+{_REPLACE_SETTLED}
+RETURNING update_id"""
+
+    def add_claimed_many(self, count: int, fingerprint: bool = True) -> str:
+        """Record ``count`` fresh updates already claimed for attempt 1, in one statement.
+
+        Parameters: ``lease_until``, then ``(update_id, body, received_at, claim_id,
+        fingerprint)`` quintuples (quadruples without ``fingerprint``). An existing id is left
+        alone, or (with ``fingerprint``) replaced when it holds a different, settled update;
+        returns the inserted ``(update_id, attempts, claim_id)``. Needs the ``claim_id``
+        column.
+        """
+        if not fingerprint:
+            values = ",\n       ".join(["(%s::BIGINT, %s::TEXT, %s::BIGINT, %s::TEXT)"] * count)
+            return f"""\
 INSERT INTO {_quote(self.table)} (update_id, body, state, attempts, due_at, received_at, claim_id)
 SELECT v.update_id, v.body, 'processing', 1, %s::BIGINT, v.received_at, v.claim_id
 FROM (VALUES {values}) AS v(update_id, body, received_at, claim_id)
 ON CONFLICT (update_id) DO NOTHING
+RETURNING update_id, attempts, claim_id"""
+        values = ",\n       ".join(
+            ["(%s::BIGINT, %s::TEXT, %s::BIGINT, %s::TEXT, %s::TEXT)"] * count
+        )
+        return f"""\
+INSERT INTO {_quote(self.table)} AS t
+       (update_id, body, state, attempts, due_at, received_at, claim_id, fingerprint)
+SELECT v.update_id, v.body, 'processing', 1, %s::BIGINT, v.received_at, v.claim_id,
+       v.fingerprint
+FROM (VALUES {values}) AS v(update_id, body, received_at, claim_id, fingerprint)
+{_REPLACE_SETTLED}
 RETURNING update_id, attempts, claim_id"""
 
     def complete_owned_many(self, count: int) -> str:
@@ -290,30 +377,82 @@ WHERE t.update_id = v.update_id AND t.state = 'processing' AND t.attempts = v.at
   AND t.claim_id = v.claim_id AND t.due_at >= v.at
 RETURNING t.update_id, t.attempts, t.claim_id"""
 
+    # -- batched renewals ------------------------------------------------------------------
+    # A renewal must never wait on a row lock: a handler's fenced transaction holds its row
+    # FOR UPDATE (owns(..., connection=conn)) for as long as the transaction is open, and one
+    # waiting statement would stop the renewals of every other attempt of the process. So the
+    # batch is ONE statement in three parts:
+    #
+    # * ``lockable`` locks the candidate rows (matching identity, lease unexpired at now) with
+    #   FOR UPDATE SKIP LOCKED: a row another open transaction holds is skipped, never waited
+    #   for;
+    # * ``renewed`` extends exactly the rows locked by ``lockable`` and returns them;
+    # * the final SELECT answers per input position: renewed -> True; otherwise a plain,
+    #   non-locking read of the same row (the statement's snapshot: the committed version, not
+    #   blocked by the lock) tells whether it still matches the claim with an unexpired lease.
+    #   If it does, the row was skipped only because it is locked right now -> NULL (undecided:
+    #   the caller must not treat it as refused); if not, the renewal is refused -> FALSE.
+    #
+    # A row that a transaction committed between the snapshot and the lock and that no longer
+    # matches is reported NULL too (undecided), never as renewed; the next renewal decides.
     def renew_many(self, count: int) -> str:
         """Renew ``count`` ``(update_id, attempt)`` leases in one statement. Legacy-safe.
 
-        Parameters, in order: ``lease_until``, the pairs, ``now``. Returns the matched
-        ``(update_id, attempts)``.
+        Parameters, in order: the ``(position, update_id, attempt)`` triples, ``now``,
+        ``lease_until``, ``now``. Returns ``(position, renewed, still_matches)`` per input
+        position, in order (see the comment above).
         """
-        values = ", ".join(["(%s::BIGINT, %s::INT)"] * count)
+        values = ", ".join(["(%s::INT, %s::BIGINT, %s::INT)"] * count)
+        t = _quote(self.table)
         return f"""\
-UPDATE {_quote(self.table)} AS t SET due_at = GREATEST(t.due_at, %s)
-FROM (VALUES {values}) AS v(update_id, attempt)
-WHERE t.update_id = v.update_id AND t.state = 'processing' AND t.attempts = v.attempt
-  AND t.due_at >= %s
-RETURNING t.update_id, t.attempts"""
+WITH v(pos, update_id, attempt) AS (VALUES {values}),
+lockable AS (
+    SELECT t.update_id FROM {t} AS t JOIN v ON t.update_id = v.update_id
+    WHERE t.state = 'processing' AND t.attempts = v.attempt AND t.due_at >= %s
+    FOR UPDATE OF t SKIP LOCKED
+),
+renewed AS (
+    UPDATE {t} AS t SET due_at = GREATEST(t.due_at, %s)
+    FROM lockable AS l
+    WHERE t.update_id = l.update_id
+    RETURNING t.update_id, t.attempts
+)
+SELECT v.pos,
+       EXISTS (SELECT 1 FROM renewed AS r
+                WHERE r.update_id = v.update_id AND r.attempts = v.attempt),
+       EXISTS (SELECT 1 FROM {t} AS c
+                WHERE c.update_id = v.update_id AND c.state = 'processing'
+                  AND c.attempts = v.attempt AND c.due_at >= %s)
+FROM v ORDER BY v.pos"""
 
     def renew_owned_many(self, count: int) -> str:
         """Renew ``count`` fenced leases in one statement.
 
-        Parameters, in order: ``lease_until``, the ``(update_id, attempt, claim_id)`` triples,
-        ``now``. Returns the matched ``(update_id, attempts, claim_id)``.
+        Parameters, in order: the ``(position, update_id, attempt, claim_id)`` quadruples,
+        ``now``, ``lease_until``, ``now``. Returns ``(position, renewed, still_matches)`` per
+        input position, in order (see the comment above).
         """
-        values = ", ".join(["(%s::BIGINT, %s::INT, %s::TEXT)"] * count)
+        values = ", ".join(["(%s::INT, %s::BIGINT, %s::INT, %s::TEXT)"] * count)
+        t = _quote(self.table)
         return f"""\
-UPDATE {_quote(self.table)} AS t SET due_at = GREATEST(t.due_at, %s)
-FROM (VALUES {values}) AS v(update_id, attempt, claim_id)
-WHERE t.update_id = v.update_id AND t.state = 'processing' AND t.attempts = v.attempt
-  AND t.claim_id = v.claim_id AND t.due_at >= %s
-RETURNING t.update_id, t.attempts, t.claim_id"""
+WITH v(pos, update_id, attempt, claim_id) AS (VALUES {values}),
+lockable AS (
+    SELECT t.update_id FROM {t} AS t JOIN v ON t.update_id = v.update_id
+    WHERE t.state = 'processing' AND t.attempts = v.attempt AND t.claim_id = v.claim_id
+      AND t.due_at >= %s
+    FOR UPDATE OF t SKIP LOCKED
+),
+renewed AS (
+    UPDATE {t} AS t SET due_at = GREATEST(t.due_at, %s)
+    FROM lockable AS l
+    WHERE t.update_id = l.update_id
+    RETURNING t.update_id, t.attempts, t.claim_id
+)
+SELECT v.pos,
+       EXISTS (SELECT 1 FROM renewed AS r
+                WHERE r.update_id = v.update_id AND r.attempts = v.attempt
+                  AND r.claim_id = v.claim_id),
+       EXISTS (SELECT 1 FROM {t} AS c
+                WHERE c.update_id = v.update_id AND c.state = 'processing'
+                  AND c.attempts = v.attempt AND c.claim_id = v.claim_id AND c.due_at >= %s)
+FROM v ORDER BY v.pos"""

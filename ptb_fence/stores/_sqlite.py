@@ -26,7 +26,9 @@ from typing import (
     cast,
 )
 
-from ptb_fence._errors import SchemaError
+from ptb_fence._errors import SchemaError, TableBotMismatch
+from ptb_fence._fingerprint import update_fingerprint
+from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence._values import (
     Abandoned,
     AttemptIdentity,
@@ -64,6 +66,48 @@ def _is_busy(exc: BaseException) -> bool:
     return "locked" in text or "busy" in text
 
 
+_READONLY = 8  # SQLITE_READONLY (and its extended codes)
+_CANTOPEN = 14  # SQLITE_CANTOPEN: e.g. the -wal/-shm file cannot be created
+_CLOSE_WAIT = 5.0  # seconds close() waits for statements in progress on other threads
+
+
+def _errorcode(exc: BaseException) -> Optional[int]:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code if isinstance(code, int) else None
+
+
+def _is_unwritable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the file (or its directory) cannot be written."""
+    code = _errorcode(exc)
+    if code is not None:
+        return code & 0xFF in (_READONLY, _CANTOPEN)
+    text = str(exc).lower()
+    return "readonly database" in text or "unable to open database file" in text
+
+
+def _is_lock_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` is a plain SQLITE_BUSY: the write lock stayed taken for busy_timeout.
+
+    (Not SQLITE_BUSY_SNAPSHOT, a stale read transaction, which fails at once.)
+    """
+    code = _errorcode(exc)
+    if code is not None:
+        return code in (5, 773)  # SQLITE_BUSY, SQLITE_BUSY_TIMEOUT
+    return str(exc).lower() == "database is locked"
+
+
+class _Slot:
+    """One thread's connection and whether a call is using it right now."""
+
+    __slots__ = ("conn", "thread", "depth", "stale")
+
+    def __init__(self, conn: sqlite3.Connection, thread: "weakref.ref[threading.Thread]") -> None:
+        self.conn = conn
+        self.thread = thread
+        self.depth = 0  # calls of the owning thread inside a statement/transaction on it
+        self.stale = False  # opened read-only: reopen once the current call ends
+
+
 def _rollback(conn: sqlite3.Connection) -> None:
     if conn.in_transaction:
         try:
@@ -82,12 +126,24 @@ def _add_claim_id_column(conn: sqlite3.Connection, sql: SQLiteStatements) -> Non
     If the ``ALTER`` fails (for example because another process added the column first), the
     table is read again and the error is re-raised only if the column is still missing.
     """
+    _add_column(conn, sql, sql.add_claim_id, "claim_id")
+
+
+def _add_column(conn: sqlite3.Connection, sql: SQLiteStatements, alter: str, name: str) -> None:
+    """``alter`` (an ``ADD COLUMN name``), tolerating a concurrent upgrade."""
     try:
-        conn.execute(sql.add_claim_id)
+        conn.execute(alter)
     except sqlite3.DatabaseError:
-        if "claim_id" in _columns(conn, sql):
+        if name in _columns(conn, sql):
             return
         raise
+
+
+def _close_quietly(conn: sqlite3.Connection) -> None:
+    try:
+        conn.close()
+    except sqlite3.Error:  # pragma: no cover - closing is best effort
+        pass
 
 
 def _int(name: str, value: Any) -> int:
@@ -124,7 +180,16 @@ class SQLiteUpdateStore:
     ``BEGIN IMMEDIATE``, so each rule of the store contract is atomic across processes.
 
     Every thread gets its own connection (created on first use, closed by :meth:`close` or once
-    its thread has ended). Times are integer milliseconds since the epoch.
+    its thread has ended; a connection is never closed while a call is using it, and one that
+    was opened while the file was not writable is reopened). Times are integer milliseconds
+    since the epoch.
+
+    **Fenced transactions**: SQLite has one write lock per database. A fenced transaction on
+    the store's file (:meth:`transaction`, or ``owns(..., connection=conn)``) holds it until it
+    ends, so every other write of every process, lease renewals included, waits meanwhile and
+    fails after ``busy_timeout`` with ``database is locked: the write lock of … was held longer
+    than busy_timeout``. **Keep fenced transactions on SQLite well shorter than
+    ``busy_timeout`` (30 s by default) and than the lease.**
 
     Besides the durable contract (:class:`ptb_fence.DurableUpdateStore`), the store offers the
     batched :meth:`add_many`, :meth:`renew_many` and :meth:`renew_owned_many`, and
@@ -168,7 +233,8 @@ class SQLiteUpdateStore:
         "__weakref__",
         "_busy_timeout",
         "_closed",
-        "_connections",
+        "_idle",
+        "_slots",
         "_local",
         "_lock",
         "_path",
@@ -220,8 +286,9 @@ class SQLiteUpdateStore:
         self._path = os.path.abspath(raw)
         self._sql = SQLiteStatements(self._table)
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
         self._local = threading.local()
-        self._connections: List[Tuple["weakref.ref[threading.Thread]", sqlite3.Connection]] = []
+        self._slots: List[_Slot] = []
         self._closed = False
         self._pid = os.getpid()
         try:
@@ -244,16 +311,26 @@ class SQLiteUpdateStore:
     def close(self) -> None:
         """Close every connection the store opened (from all threads). Idempotent.
 
-        After closing, calls raise :exc:`RuntimeError`.
+        A connection another thread is using right now (a statement, or an open
+        :meth:`transaction` block) is never closed under it: that call finishes normally and
+        its thread closes the connection when the call ends. ``close()`` waits up to 5 seconds
+        for such calls, then returns. Calls that start after ``close()`` raise
+        :exc:`RuntimeError`.
         """
+        me = threading.current_thread()
         with self._lock:
             self._closed = True
-            connections, self._connections = self._connections, []
-        for _, conn in connections:
-            try:
-                conn.close()
-            except sqlite3.Error:  # pragma: no cover - closing is best effort
-                pass
+            idle = [slot for slot in self._slots if slot.depth == 0]
+            self._slots = [slot for slot in self._slots if slot.depth > 0]
+        for slot in idle:
+            _close_quietly(slot.conn)
+        deadline = time.monotonic() + _CLOSE_WAIT
+        with self._idle:
+            while any(slot.thread() is not me for slot in self._slots):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break  # their threads close them when their calls end
+                self._idle.wait(remaining)
 
     def __enter__(self) -> "SQLiteUpdateStore":
         """Return the store itself."""
@@ -283,68 +360,135 @@ class SQLiteUpdateStore:
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if _is_unwritable(exc):
+                raise self._unwritable_error(exc) from exc
+            raise
         except BaseException:
             conn.close()
             raise
         return conn
 
     def _reap(self) -> None:
-        """Close the connections of threads that have ended (caller holds ``_lock``)."""
+        """Close the idle connections of threads that have ended (caller holds ``_lock``)."""
         alive = []
-        for ref, conn in self._connections:
-            thread = ref()
-            if thread is not None and thread.is_alive():
-                alive.append((ref, conn))
+        for slot in self._slots:
+            thread = slot.thread()
+            if slot.depth > 0 or (thread is not None and thread.is_alive()):
+                alive.append(slot)
             else:
-                try:
-                    conn.close()
-                except sqlite3.Error:  # pragma: no cover
-                    pass
-        self._connections = alive
+                _close_quietly(slot.conn)
+        self._slots = alive
 
-    def _conn(self) -> sqlite3.Connection:
-        """The calling thread's connection, opened on first use."""
+    def _closed_error(self) -> RuntimeError:
+        return RuntimeError(f"{self!r} is closed; create a new store to use the database again")
+
+    def _slot(self) -> _Slot:
+        """The calling thread's connection slot, opened on first use."""
         if self._closed:
-            raise RuntimeError(
-                f"{self!r} is closed; create a new store to use the database again"
-            )
+            raise self._closed_error()
         if self._pid != os.getpid():
             # Forked child: the parent's connections must not be used (nor closed) here.
             with self._lock:
                 if self._pid != os.getpid():
-                    _INHERITED.extend(conn for _, conn in self._connections)
-                    self._connections = []
+                    _INHERITED.extend(slot.conn for slot in self._slots)
+                    self._slots = []
                     self._local = threading.local()
                     self._pid = os.getpid()
-        conn: Optional[sqlite3.Connection] = getattr(self._local, "conn", None)
-        if conn is None:
+        slot: Optional[_Slot] = getattr(self._local, "slot", None)
+        if slot is None:
             conn = self._connect()
+            slot = _Slot(conn, weakref.ref(threading.current_thread()))
             with self._lock:
                 if self._closed:
                     conn.close()
-                    raise RuntimeError(f"{self!r} is closed")
+                    raise self._closed_error()
                 self._reap()
-                self._connections.append((weakref.ref(threading.current_thread()), conn))
-            self._local.conn = conn
-        return conn
+                self._slots.append(slot)
+            self._local.slot = slot
+        return slot
+
+    @contextmanager
+    def _using(self) -> Iterator[sqlite3.Connection]:
+        """The calling thread's connection, marked in use for the block.
+
+        :meth:`close` never closes a connection in use: the block's end closes it instead.
+        A connection that turned out read-only (opened while the file was not writable) is
+        closed at the block's end and reopened by the thread's next call. SQLite's errors for
+        an unwritable file and for a write lock held past ``busy_timeout`` are re-raised with
+        a message that names the file and what to do.
+        """
+        slot = self._slot()
+        with self._lock:
+            if self._closed:
+                raise self._closed_error()
+            slot.depth += 1
+        failure: Optional[sqlite3.OperationalError] = None
+        try:
+            yield slot.conn
+        except sqlite3.OperationalError as exc:
+            if _is_unwritable(exc):
+                slot.stale = True
+                failure = self._unwritable_error(exc)
+            elif _is_lock_timeout(exc):
+                failure = self._lock_timeout_error(exc)
+            else:
+                raise
+        finally:
+            with self._lock:
+                slot.depth -= 1
+                done = slot.depth == 0 and (self._closed or slot.stale)
+                if done:
+                    if slot in self._slots:
+                        self._slots.remove(slot)
+                    if getattr(self._local, "slot", None) is slot:
+                        self._local.slot = None
+                self._idle.notify_all()
+            if done:
+                _close_quietly(slot.conn)
+        if failure is not None:
+            raise failure from failure.__cause__
+
+    def _unwritable_error(self, exc: sqlite3.OperationalError) -> sqlite3.OperationalError:
+        error = sqlite3.OperationalError(
+            f"cannot write the SQLite database {self._path!r}: {exc}; check that the file and "
+            "its directory are writable by this process (SQLite creates the -wal and -shm "
+            "files next to it). A connection opened while the file was not writable is "
+            "reopened on the next call."
+        )
+        error.__cause__ = exc
+        error.sqlite_errorcode = _errorcode(exc)  # type: ignore[attr-defined]
+        return error
+
+    def _lock_timeout_error(self, exc: sqlite3.OperationalError) -> sqlite3.OperationalError:
+        error = sqlite3.OperationalError(
+            f"database is locked: the write lock of {self._path!r} was held longer than "
+            f"busy_timeout ({self._busy_timeout:g} s) by another transaction (for example a "
+            "long fenced transaction, or another process). Fenced transactions on SQLite hold "
+            "the whole database's write lock and must stay shorter than busy_timeout."
+        )
+        error.__cause__ = exc
+        error.sqlite_errorcode = _errorcode(exc)  # type: ignore[attr-defined]
+        return error
 
     @contextmanager
     def _immediate(self) -> Iterator[sqlite3.Connection]:
         """A write transaction (``BEGIN IMMEDIATE`` … ``COMMIT``) on the thread's connection."""
-        conn = self._conn()
-        if conn.in_transaction:
-            raise RuntimeError(
-                "this thread is inside SQLiteUpdateStore.transaction(): store writes cannot run "
-                "on the same thread until the block ends (pass connection= to owns() or "
-                "settle_owned() to act inside the transaction)"
-            )
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
+        with self._using() as conn:
+            if conn.in_transaction:
+                raise RuntimeError(
+                    "this thread is inside SQLiteUpdateStore.transaction(): store writes cannot "
+                    "run on the same thread until the block ends (pass connection= to owns() or "
+                    "settle_owned() to act inside the transaction)"
+                )
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
 
     def _caller_connection(self, connection: Any) -> sqlite3.Connection:
         """The sqlite3 connection behind a caller's connection or cursor, checked."""
@@ -356,7 +500,8 @@ class SQLiteUpdateStore:
                 "connection must be a sqlite3.Connection (or a cursor of one) open on "
                 f"{self._path!r}, got {connection!r}"
             )
-        if conn is getattr(self._local, "conn", None):
+        slot = getattr(self._local, "slot", None)
+        if slot is not None and conn is slot.conn:
             return cast(sqlite3.Connection, conn)
         databases = conn.execute("PRAGMA database_list").fetchall()
         files = [row[2] for row in databases if row[1] == "main"]
@@ -380,24 +525,47 @@ class SQLiteUpdateStore:
         else:
             conn.execute(self._sql.write_lock)
 
+    def bind_bot(self, bot_id: int) -> None:
+        """Record that the table belongs to bot ``bot_id``; the first binder wins.
+
+        The owner is kept in the table ``ptb_fence_meta`` of the same file (created when
+        missing). Binding the same id again is a no-op; several processes binding a new table
+        at once are safe (``BEGIN IMMEDIATE``).
+
+        Raises:
+            ptb_fence.TableBotMismatch: The table was bound to another bot id first.
+        """
+        bot_id = int(bot_id)
+        params = {"table": self._table, "bot_id": bot_id}
+        with self._immediate() as conn:
+            conn.execute(self._sql.create_meta)
+            conn.execute(self._sql.bind_bot, params)
+            row = conn.execute(self._sql.bot_of, params).fetchone()
+        owner = int(row[0])
+        if owner != bot_id:
+            raise TableBotMismatch(self._table, repr(self._path), owner, bot_id)
+
     # -- schema ----------------------------------------------------------------------------
     def _ensure_schema(self) -> None:
         """Create or upgrade the schema, retrying while other processes hold the lock."""
         deadline = time.monotonic() + self._busy_timeout
         while True:
-            conn = self._conn()
             try:
-                self._init_schema(conn)
+                with self._using() as conn:
+                    try:
+                        self._init_schema(conn)
+                    except BaseException:
+                        _rollback(conn)
+                        raise
                 return
             except sqlite3.OperationalError as exc:
-                _rollback(conn)
                 if not _is_busy(exc) or time.monotonic() >= deadline:
                     raise
             time.sleep(random.uniform(0.005, 0.05))
 
     def _schema_complete(self, conn: sqlite3.Connection) -> bool:
         columns = _columns(conn, self._sql)
-        if not columns or "claim_id" not in columns:
+        if not columns or "claim_id" not in columns or "fingerprint" not in columns:
             return False
         self._check_columns(columns)
         index = conn.execute(
@@ -439,6 +607,8 @@ class SQLiteUpdateStore:
                         self._sql.backfill_claim_id,
                         {"update_id": update_id, "claim_id": _new_claim_id()},
                     )
+            if "fingerprint" not in columns:
+                _add_column(conn, self._sql, self._sql.add_fingerprint, "fingerprint")
             conn.execute(self._sql.create_index)
             conn.execute("COMMIT")
         except BaseException:
@@ -455,15 +625,39 @@ class SQLiteUpdateStore:
             received_at (:obj:`int`): When it was received (epoch milliseconds).
 
         Returns:
-            :obj:`bool`: :obj:`True` if inserted, :obj:`False` if the id exists in any state.
+            :obj:`bool`: :obj:`True` if inserted, :obj:`False` if the id exists. The same
+            update again never changes anything; a different update (another
+            :func:`~ptb_fence._fingerprint.update_fingerprint`) replaces a settled row
+            (completed, or abandoned with ``settled_at`` set) like a fresh insert and returns
+            :obj:`True`; with a live row the first is kept and a WARNING is logged on
+            ``ptb_fence.store`` (SPEC §12).
         """
         validate_update_id(update_id)
         with self._immediate() as conn:
-            cursor = conn.execute(
-                self._sql.add,
-                {"update_id": update_id, "body": body, "received_at": received_at},
-            )
-            return cursor.rowcount == 1
+            return self._add_in(conn, update_id, body, received_at)
+
+    def _add_in(
+        self, conn: sqlite3.Connection, update_id: int, body: str, received_at: int
+    ) -> bool:
+        fingerprint = update_fingerprint(body)
+        params = {
+            "update_id": update_id,
+            "body": body,
+            "received_at": received_at,
+            "fingerprint": fingerprint,
+        }
+        if conn.execute(self._sql.add, params).rowcount == 1:
+            return True
+        self._warn_if_different(conn, update_id, fingerprint)
+        return False
+
+    def _warn_if_different(
+        self, conn: sqlite3.Connection, update_id: int, fingerprint: Optional[str]
+    ) -> None:
+        """After an insert that did not happen: log a different update held by a live row."""
+        row = conn.execute(self._sql.stored_fingerprint, {"update_id": update_id}).fetchone()
+        if row is not None:
+            warn_conflict(update_id, row[0], fingerprint, str(row[1]), row[2])
 
     def add_many(self, rows: Sequence[Tuple[int, str, int]]) -> List[bool]:
         """Insert several ``(update_id, body, received_at)`` rows in one transaction.
@@ -482,11 +676,7 @@ class SQLiteUpdateStore:
             return []
         with self._immediate() as conn:
             return [
-                conn.execute(
-                    self._sql.add,
-                    {"update_id": update_id, "body": body, "received_at": received_at},
-                ).rowcount
-                == 1
+                self._add_in(conn, update_id, body, received_at)
                 for update_id, body, received_at in rows
             ]
 
@@ -497,7 +687,8 @@ class SQLiteUpdateStore:
 
         For each ``(update_id, body, received_at)``: a new id is inserted as ``processing``
         with ``attempts = 1``, lease ``lease_until`` and a fresh claim id (read back with
-        ``RETURNING``); an existing id (any state) is left alone and gives :obj:`None`. Lets the
+        ``RETURNING``); an existing id is left alone and gives :obj:`None` (unless it holds a
+        different, settled update, which is replaced as in :meth:`add`). Lets the
         receiving process record and claim a fresh update in one statement (optional
         capability).
         """
@@ -515,6 +706,7 @@ class SQLiteUpdateStore:
     ) -> List[Optional[AttemptIdentity]]:
         result: List[Optional[AttemptIdentity]] = []
         for update_id, body, received_at in rows:
+            fingerprint = update_fingerprint(body)
             found = conn.execute(
                 self._sql.add_claimed,
                 {
@@ -523,8 +715,11 @@ class SQLiteUpdateStore:
                     "received_at": received_at,
                     "lease_until": lease_until,
                     "claim_id": _new_claim_id(),
+                    "fingerprint": fingerprint,
                 },
             ).fetchall()
+            if not found:
+                self._warn_if_different(conn, update_id, fingerprint)
             result.append(
                 AttemptIdentity(update_id, int(found[0][0]), str(found[0][1])) if found else None
             )
@@ -688,10 +883,11 @@ class SQLiteUpdateStore:
         Pending rows with ``received_at <= pending_before``, failed rows with ``due_at <= now``
         and processing rows whose lease lapsed (``due_at < now``).
         """
-        rows = self._conn().execute(
-            self._sql.due,
-            {"now": now, "pending_before": pending_before, "limit": max(int(limit), 0)},
-        ).fetchall()
+        with self._using() as conn:
+            rows = conn.execute(
+                self._sql.due,
+                {"now": now, "pending_before": pending_before, "limit": max(int(limit), 0)},
+            ).fetchall()
         return [StoredUpdate(int(update_id), body) for update_id, body in rows]
 
     def prune(self, before: int) -> int:
@@ -794,10 +990,10 @@ class SQLiteUpdateStore:
             "at": at,
         }
         if connection is None:
-            conn = self._conn()
-        else:
-            conn = self._caller_connection(connection)
-            self._join(conn)
+            with self._using() as conn:
+                return conn.execute(self._sql.owns, params).fetchone() is not None
+        conn = self._caller_connection(connection)
+        self._join(conn)
         return conn.execute(self._sql.owns, params).fetchone() is not None
 
     def settle_owned(
@@ -863,24 +1059,24 @@ class SQLiteUpdateStore:
         Raises:
             RuntimeError: A transaction is already open on this thread.
         """
-        conn = self._conn()
-        if conn.in_transaction:
-            raise RuntimeError(
-                "SQLiteUpdateStore.transaction() is already open on this thread; nested "
-                "transactions are not supported"
-            )
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            _rollback(conn)
-            raise
-        if conn.in_transaction:
+        with self._using() as conn:
+            if conn.in_transaction:
+                raise RuntimeError(
+                    "SQLiteUpdateStore.transaction() is already open on this thread; nested "
+                    "transactions are not supported"
+                )
+            conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.execute("COMMIT")
+                yield conn
             except BaseException:
                 _rollback(conn)
                 raise
+            if conn.in_transaction:
+                try:
+                    conn.execute("COMMIT")
+                except BaseException:
+                    _rollback(conn)
+                    raise
 
     # -- durable contract ------------------------------------------------------------------
     def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:
@@ -905,10 +1101,11 @@ class SQLiteUpdateStore:
     ) -> List[Exhaustion]:
         """Unacknowledged exhaustions with ``update_id > after_update_id``, by ``update_id``,
         at most ``limit``."""
-        rows = self._conn().execute(
-            self._sql.due_exhaustions,
-            {"after": after_update_id, "limit": max(int(limit), 0)},
-        ).fetchall()
+        with self._using() as conn:
+            rows = conn.execute(
+                self._sql.due_exhaustions,
+                {"after": after_update_id, "limit": max(int(limit), 0)},
+            ).fetchall()
         return [
             Exhaustion(
                 update_id=int(update_id),

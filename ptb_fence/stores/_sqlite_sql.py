@@ -24,7 +24,11 @@ REQUIRED_COLUMNS: Tuple[str, ...] = (
     "settled_at",
     "error",
 )
-"""Columns an existing table must have (``claim_id`` is added when missing)."""
+"""Columns an existing table must have (``claim_id`` and ``fingerprint`` are added when
+missing)."""
+
+META_TABLE = "ptb_fence_meta"
+"""The table recording which bot owns each update table (``bind_bot``)."""
 
 # Claimable at :now — SPEC §3. The bounds are exact: a failed row is due when due_at <= now, a
 # processing row may be taken over only when its lease lapsed, due_at < now (a lease is held
@@ -50,6 +54,11 @@ class SQLiteStatements:
         "ack_exhaustion",
         "add",
         "add_claim_id",
+        "add_fingerprint",
+        "bind_bot",
+        "bot_of",
+        "create_meta",
+        "stored_fingerprint",
         "add_claimed",
         "claim",
         "create_index",
@@ -89,13 +98,15 @@ class SQLiteStatements:
                 received_at INTEGER NOT NULL,
                 settled_at  INTEGER,
                 error       TEXT,
-                claim_id    TEXT
+                claim_id    TEXT,
+                fingerprint TEXT
             )"""
         self.create_index = (
             f'CREATE INDEX IF NOT EXISTS "{table}_state_due_at_idx" ON {t} (state, due_at)'
         )
         self.table_info = f"PRAGMA table_info({t})"
         self.add_claim_id = f"ALTER TABLE {t} ADD COLUMN claim_id TEXT"
+        self.add_fingerprint = f"ALTER TABLE {t} ADD COLUMN fingerprint TEXT"
         # An older table may hold unacknowledged exhaustions without a claim id; give each one
         # so that it can be delivered and acknowledged with an exact identity.
         self.unclaimed_exhaustions = (
@@ -108,18 +119,50 @@ class SQLiteStatements:
         )
 
         # -- base ------------------------------------------------------------------------
+        # A pending row carries due_at = received_at (SPEC §3: due_at is never NULL; older
+        # tables declare it NOT NULL). Pending rows are found by their state, never by due_at.
+        #
+        # An existing id (SPEC §12): a different update (another fingerprint) replaces a
+        # settled row (completed, or abandoned with settled_at set) exactly like a fresh
+        # insert; the same update, a row without a fingerprint, or a live row stays as it is.
+        replace = f"""
+            ON CONFLICT (update_id) DO UPDATE SET
+                body = excluded.body, state = excluded.state, attempts = excluded.attempts,
+                due_at = excluded.due_at, received_at = excluded.received_at,
+                settled_at = NULL, error = NULL, claim_id = excluded.claim_id,
+                fingerprint = excluded.fingerprint
+            WHERE ({t}.state = 'completed'
+                   OR ({t}.state = 'abandoned' AND {t}.settled_at IS NOT NULL))
+              AND {t}.fingerprint IS NOT NULL AND {t}.fingerprint <> excluded.fingerprint"""
         self.add = f"""
-            INSERT INTO {t} (update_id, body, state, attempts, received_at)
-            VALUES (:update_id, :body, 'pending', 0, :received_at)
-            ON CONFLICT (update_id) DO NOTHING"""
+            INSERT INTO {t} (update_id, body, state, attempts, due_at, received_at, fingerprint)
+            VALUES (:update_id, :body, 'pending', 0, :received_at, :received_at, :fingerprint)
+            {replace}"""
+        # Read only when an insert did not happen: is it a different update (WARNING)?
+        self.stored_fingerprint = (
+            f"SELECT fingerprint, state, settled_at FROM {t} WHERE update_id = :update_id"
+        )
 
         # Record a fresh update already claimed for attempt 1 (the receiving process's fast
-        # path); an existing id is left alone and returns nothing.
+        # path); an existing id is left alone and returns nothing (unless replaced, above).
         self.add_claimed = f"""
-            INSERT INTO {t} (update_id, body, state, attempts, due_at, received_at, claim_id)
-            VALUES (:update_id, :body, 'processing', 1, :lease_until, :received_at, :claim_id)
-            ON CONFLICT (update_id) DO NOTHING
+            INSERT INTO {t} (update_id, body, state, attempts, due_at, received_at, claim_id,
+                             fingerprint)
+            VALUES (:update_id, :body, 'processing', 1, :lease_until, :received_at, :claim_id,
+                    :fingerprint)
+            {replace}
             RETURNING attempts, claim_id"""
+
+        # -- which bot owns the table (bind_bot) -------------------------------------------
+        self.create_meta = (
+            f'CREATE TABLE IF NOT EXISTS "{META_TABLE}" '
+            "(table_name TEXT PRIMARY KEY, bot_id INTEGER NOT NULL)"
+        )
+        self.bind_bot = (
+            f'INSERT INTO "{META_TABLE}" (table_name, bot_id) VALUES (:table, :bot_id) '
+            "ON CONFLICT (table_name) DO NOTHING"
+        )
+        self.bot_of = f'SELECT bot_id FROM "{META_TABLE}" WHERE table_name = :table'
 
         # Take (attempts < max) or spend (attempts >= max) in one statement. SET expressions
         # see the row as it was before the update.

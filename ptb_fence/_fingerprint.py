@@ -1,0 +1,107 @@
+"""The fingerprint of an update body: which update it is, independent of its serialization.
+
+The same Telegram update may be recorded from two serializations: the polling batch path
+stores ``json.dumps(raw)`` of Telegram's dict, the ``put`` path stores PTB's
+``update.to_json()``, which drops unknown or ``None`` fields, adds defaults and reorders keys.
+Comparing bodies byte by byte would take these for two different updates (and re-handle a
+completed one). The fingerprint hashes only fields that identify an update and that both
+serializations keep: the update's kind (``message``, ``callback_query`` …) and, inside it,
+the object's identity: a query's or poll's ``id`` (and ``from.id``); else a message's
+``message_id`` and ``chat.id`` (and ``edit_date`` of an edit); else ``date``, ``chat.id``,
+``from.id``, ``user.id`` and ``poll_id`` (those present). A message's ``date`` is not used:
+message ids are unique per chat, and a test helper that stamps "now" on each delivery of one
+message must not make two updates of it. Stores use it to tell "the same
+update again" (a plain duplicate) from "the same ``update_id`` with a different update"
+(SPEC §12).
+
+Only the known update kinds of the Bot API (:data:`KINDS`) count. A body with none of them (a
+future kind, not a JSON object, not a Telegram update) has no fingerprint (:obj:`None`): it
+never replaces a stored row and is never replaced — when in doubt, a completed update is not
+handled twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Dict, List, Optional, Tuple
+
+__all__ = ["KINDS", "update_fingerprint"]
+
+KINDS = frozenset(
+    {
+        "message", "edited_message", "channel_post", "edited_channel_post",
+        "business_connection", "business_message", "edited_business_message",
+        "deleted_business_messages", "message_reaction", "message_reaction_count",
+        "inline_query", "chosen_inline_result", "callback_query", "shipping_query",
+        "pre_checkout_query", "purchased_paid_media", "poll", "poll_answer", "my_chat_member",
+        "chat_member", "chat_join_request", "chat_boost", "removed_chat_boost",
+    }
+)
+"""The update kinds (the optional fields of Telegram's ``Update`` object) a fingerprint uses."""
+
+# What identifies the object inside an update, first match wins (paths inside the kind's object):
+# a query/poll by its id; a message (or reaction) by its chat and message id (message ids are
+# unique per chat, so its date adds nothing; an edit adds edit_date); anything else by date,
+# chat, sender and poll id.
+_BY_ID: Tuple[Tuple[str, ...], ...] = (("id",), ("from", "id"))
+_BY_MESSAGE: Tuple[Tuple[str, ...], ...] = (("message_id",), ("chat", "id"), ("edit_date",))
+_OTHERWISE: Tuple[Tuple[str, ...], ...] = (
+    ("date",),
+    ("chat", "id"),
+    ("from", "id"),
+    ("user", "id"),
+    ("poll_id",),
+)
+
+
+def _get(obj: Any, path: Tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(obj, dict) or key not in obj:
+            return None
+        obj = obj[key]
+    return obj if isinstance(obj, (int, float, str, bool)) else None
+
+
+def _identity(obj: Dict[str, Any]) -> Dict[str, Any]:
+    if _get(obj, ("id",)) is not None:
+        paths = _BY_ID
+    elif _get(obj, ("message_id",)) is not None:
+        paths = _BY_MESSAGE
+    else:
+        paths = _OTHERWISE
+    fields: Dict[str, Any] = {}
+    for path in paths:
+        value = _get(obj, path)
+        if value is not None:
+            fields[".".join(path)] = value
+    return fields
+
+
+def update_fingerprint(body: str) -> Optional[str]:
+    """A short, stable hash saying which update ``body`` is.
+
+    Two serializations of one update (Telegram's raw JSON and PTB's ``Update.to_json()``)
+    give the same fingerprint; two different updates differ (another kind, date, message,
+    chat, sender or query id).
+
+    Args:
+        body (:obj:`str`): The update's JSON text, as a store records it.
+
+    Returns:
+        :obj:`str` | :obj:`None`: 16 hexadecimal characters, or :obj:`None` for a body without
+        a known update kind (it then counts as the same update as any other).
+    """
+    try:
+        data = json.loads(body)
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    kinds = sorted(k for k, v in data.items() if k in KINDS and isinstance(v, dict))
+    if not kinds:
+        return None
+    parts: List[Any] = [[kind, _identity(data[kind])] for kind in kinds]
+    identity = ["update", data.get("update_id"), parts]
+    text = json.dumps(identity, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]

@@ -1,0 +1,94 @@
+"""update_fingerprint: stable across Telegram's raw JSON and PTB's to_json, different updates differ."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, Dict
+
+import pytest
+from telegram import Update
+
+from ptb_fence._fingerprint import update_fingerprint
+
+USER = {"id": 42, "is_bot": False, "first_name": "Ann", "language_code": "en"}
+GROUP = {"id": -1001, "type": "supergroup", "title": "G", "is_forum": None}
+MESSAGE = {
+    "message_id": 7, "date": 1_700_000_000, "chat": GROUP, "from": USER, "text": "hi",
+    "entities": None, "some_future_field": {"x": 1},
+}
+RAW: Dict[str, Dict[str, Any]] = {
+    "message": {"update_id": 1, "message": MESSAGE},
+    "edited_message": {"update_id": 2, "edited_message": dict(MESSAGE, edit_date=1_700_000_100)},
+    "callback_query": {"update_id": 3, "callback_query": {
+        "id": "4382", "from": USER, "chat_instance": "-99", "data": "ok", "message": MESSAGE}},
+    "inline_query": {"update_id": 4, "inline_query": {
+        "id": "77", "from": USER, "query": "cats", "offset": "", "chat_type": "sender"}},
+    "channel_post": {"update_id": 5, "channel_post": {
+        "message_id": 9, "date": 1_700_000_001, "sender_chat": {"id": -1002, "type": "channel"},
+        "chat": {"id": -1002, "type": "channel", "title": "C"}, "text": "news"}},
+    "my_chat_member": {"update_id": 6, "my_chat_member": {
+        "chat": GROUP, "from": USER, "date": 1_700_000_002,
+        "old_chat_member": {"status": "left", "user": USER},
+        "new_chat_member": {"status": "member", "user": USER}}},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RAW))
+def test_raw_json_and_ptb_to_json_have_one_fingerprint(kind: str) -> None:
+    raw = RAW[kind]
+    polled = json.dumps(raw, ensure_ascii=False)
+    put = Update.de_json(copy.deepcopy(raw), None).to_json()  # type: ignore[arg-type]
+    assert polled != put  # the serializations really differ
+    assert update_fingerprint(polled) == update_fingerprint(put)
+    assert update_fingerprint(json.dumps(raw, sort_keys=True, indent=2)) == update_fingerprint(
+        polled
+    )
+
+
+@pytest.mark.parametrize("kind", sorted(RAW))
+def test_a_different_update_with_the_same_id_differs(kind: str) -> None:
+    raw = RAW[kind]
+    other = copy.deepcopy(raw)
+    inner = other[kind]
+    if "id" in inner:
+        inner["id"] = inner["id"] + "1"  # another query
+    elif "message_id" in inner:
+        inner["message_id"] += 1  # another message
+    else:
+        inner["date"] += 1  # another event
+    assert update_fingerprint(json.dumps(raw)) != update_fingerprint(json.dumps(other))
+    elsewhere = copy.deepcopy(raw)
+    if "chat" in elsewhere[kind] and "id" not in elsewhere[kind]:
+        elsewhere[kind]["chat"] = dict(elsewhere[kind]["chat"], id=-5)  # another chat
+        assert update_fingerprint(json.dumps(raw)) != update_fingerprint(json.dumps(elsewhere))
+
+
+def test_one_message_delivered_twice_with_a_new_date_is_the_same_update() -> None:
+    """A message is identified by chat and message id (a helper may stamp a fresh date)."""
+    first = {"update_id": 1, "message": MESSAGE}
+    again = {"update_id": 1, "message": dict(MESSAGE, date=MESSAGE["date"] + 5)}
+    assert update_fingerprint(json.dumps(first)) == update_fingerprint(json.dumps(again))
+    edited = {"update_id": 1, "edited_message": dict(MESSAGE, edit_date=1_700_000_100)}
+    edited_again = {"update_id": 1, "edited_message": dict(MESSAGE, edit_date=1_700_000_200)}
+    assert update_fingerprint(json.dumps(edited)) != update_fingerprint(json.dumps(edited_again))
+
+
+def test_kind_and_bodies_without_a_kind() -> None:
+    message = {"update_id": 1, "message": MESSAGE}
+    edited = {"update_id": 1, "edited_message": MESSAGE}
+    fingerprint = update_fingerprint(json.dumps(message))
+    assert fingerprint is not None and len(fingerprint) == 16
+    assert fingerprint != update_fingerprint(json.dumps(edited))
+    for body in ("x", "{}", '{"update_id": 1}', "[1]", '"\\ud83d"', '{"update_id": 1, "a": {}}'):
+        assert update_fingerprint(body) is None, body
+
+
+def test_unknown_kinds_and_extra_fields_never_make_a_different_update() -> None:
+    """Only known update kinds count: extra or future top-level fields are ignored."""
+    plain = json.dumps({"update_id": 9, "x_a": {"k": 1}})
+    other = json.dumps({"update_id": 9, "x_b": {"k": 2}, "future_kind": {"date": 5}})
+    assert update_fingerprint(plain) is None and update_fingerprint(other) is None
+    message = {"update_id": 9, "message": MESSAGE}
+    extra = dict(message, x_field={"anything": True})
+    assert update_fingerprint(json.dumps(message)) == update_fingerprint(json.dumps(extra))
