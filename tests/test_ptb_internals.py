@@ -309,3 +309,27 @@ def test_deleting_the_application_frees_it_like_plain_ptb() -> None:
     plain = freed_without_gc(lambda: Application.builder().token(TOKEN).build())
     fenced = freed_without_gc(_fenced_app)
     assert fenced == plain
+
+
+@pytest.mark.parametrize(
+    "method", ["run_polling", "run_webhook", "create_task", "process_error", "initialize", "stop"]
+)
+def test_overridden_methods_keep_ptbs_signature(method: str) -> None:
+    plain = Application.builder().token(TOKEN).build()
+    fenced = _fenced_app()
+
+    def shape(bound: Any) -> List[Tuple[str, Any, Any]]:
+        return [(p.name, p.kind, p.default) for p in inspect.signature(bound).parameters.values()]
+
+    assert shape(getattr(fenced, method)) == shape(getattr(plain, method))
+
+
+class PytestApplication(Application[Any, Any, Any, Any, Any, Any]):
+    __slots__ = ()
+
+
+def test_an_application_class_of_the_user_keeps_its_name_in_repr() -> None:
+    app = _fenced_app(Application.builder().token(TOKEN).application_class(PytestApplication))
+    assert isinstance(app, PytestApplication)
+    assert type(app).__name__ == "PytestApplication"
+    assert repr(app).startswith("PytestApplication[bot=")

@@ -194,6 +194,10 @@ class FencedApplicationMixin(_MixinBase):
         _warn_drop_pending(Application.run_webhook, "run_webhook", self, args, kwargs)
         super().run_webhook(*args, **kwargs)
 
+    # the overrides take *args/**kwargs; show PTB's parameters (help(), IDEs, inspect)
+    setattr(run_polling, "__signature__", inspect.signature(Application.run_polling))
+    setattr(run_webhook, "__signature__", inspect.signature(Application.run_webhook))
+
     def _fence_processor(self) -> Any:
         from ptb_fence.ptb._processor import BaseFenceProcessor
 
@@ -267,4 +271,9 @@ def fenced_application_class(cls: type) -> type:
         return cls
     if cls is Application:
         return FencedApplication
-    return type(f"Fenced{cls.__name__}", (FencedApplicationMixin, cls), {"__slots__": ()})
+    # named like the user's class: it stands in for it (repr, logs), and is a subclass of it
+    return type(
+        cls.__name__,
+        (FencedApplicationMixin, cls),
+        {"__slots__": (), "__qualname__": cls.__qualname__, "__module__": cls.__module__},
+    )
