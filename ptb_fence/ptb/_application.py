@@ -105,6 +105,11 @@ def _warn_drop_pending(
 class FencedApplicationMixin(_MixinBase):
     """Mix-in for :class:`telegram.ext.Application` subclasses used with a ptb_fence processor.
 
+    - Gives handlers ``context.attempt``: the ``context_types`` PTB passes to the constructor
+      get a context class derived from the user's one (if any) and
+      :class:`~ptb_fence.ptb.FencedCallbackContext` (``bot_data``/``chat_data``/``user_data``
+      types are kept), whether ``context_types`` were set on the builder before or after
+      ``install``.
     - Attaches the application to its :class:`~ptb_fence.ptb.DurableUpdateProcessor` /
       :class:`~ptb_fence.ptb.FencedUpdateProcessor` (the processor refuses to start without it).
     - Marks the attempt failed when a handler raises: PTB routes handler exceptions to
