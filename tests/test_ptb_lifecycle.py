@@ -194,20 +194,22 @@ def test_application_class_set_after_install(tmp_path: Any) -> None:
         run(scenario(fake))
 
 
-def test_context_types_set_after_install_warn_and_current_attempt_still_works(
+def test_context_types_set_after_install_get_context_attempt(
     tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # the Application (not install()) makes the context type fenced, from the context_types
+    # PTB hands its constructor: so also when they were set after install()
     seen: List[Any] = []
 
     async def on_message(update: Update, context: Any) -> None:
-        seen.append((hasattr(context, "attempt"), current_attempt()))
+        seen.append((context.attempt, current_attempt(), context.hello))
 
     async def scenario(fake: FakeBotApi) -> None:
         processor = FencedUpdateProcessor(MemoryUpdateStore(), **FAST)
         builder = processor.install(Application.builder().token(fake.token).base_url(fake.base_url))
         with caplog.at_level(logging.WARNING, logger="ptb_fence"):
             app = builder.context_types(ContextTypes(context=MyContext)).build()
-        assert any("FencedCallbackContext" in r.getMessage() for r in caplog.records)
+        assert not any("FencedCallbackContext" in r.getMessage() for r in caplog.records)
         app.add_handler(MessageHandler(filters.TEXT, on_message))
         fake.inject_message(chat_id=1, text="x")
         async with polling(app):
@@ -215,7 +217,8 @@ def test_context_types_set_after_install_warn_and_current_attempt_still_works(
 
     with FakeBotApi() as fake:
         run(scenario(fake))
-    assert seen[0][0] is False and isinstance(seen[0][1], Attempt)
+    assert isinstance(seen[0][0], Attempt) and seen[0][1] is seen[0][0]
+    assert seen[0][2] == "hello"
 
 
 def _ptb_fence_threads(baseline: Set[int]) -> List[threading.Thread]:

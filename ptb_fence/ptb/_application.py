@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import inspect
 import logging
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from telegram._utils.defaultvalue import DEFAULT_TRUE
-from telegram.ext import Application, ApplicationHandlerStop, ExtBot
+from telegram.ext import Application, ApplicationHandlerStop, ContextTypes
 
 from ptb_fence.runtime._attempt import _CURRENT
 
@@ -45,56 +46,45 @@ else:
     _MixinBase = object
 
 
-def _runs_as_task(application: Any, block: Any) -> bool:
-    """Whether PTB runs an error handler registered with ``block`` as a task (as PTB decides)."""
-    if not block:
-        return True
-    bot = application.bot
-    return bool(
-        block is DEFAULT_TRUE
-        and isinstance(bot, ExtBot)
-        and bot.defaults
-        and not bot.defaults.block
-    )
+def _outside_attempt_in_own_task(callback: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap an error handler so that it runs outside the attempt when PTB runs it as a task.
 
+    PTB decides (``block`` and ``Defaults(block=...)``); the wrapper only looks at where it
+    runs: in the task that reports the error (blocking: inside the attempt) or in a task of
+    its own (outside it).
+    """
+    reporting_task = asyncio.current_task()
 
-def _outside_attempt(callback: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(callback)
-    async def run_outside_attempt(update: object, context: Any) -> Any:
-        attempt_token = _CURRENT.set(None)
-        state_token = _STATE.set(None)
-        try:
+    async def run(update: object, context: Any) -> Any:
+        if asyncio.current_task() is reporting_task:
             return await callback(update, context)
-        finally:
-            _STATE.reset(state_token)
-            _CURRENT.reset(attempt_token)
+        # a task of its own runs in its own copy of the context: clearing is local to it
+        _CURRENT.set(None)
+        _STATE.set(None)
+        return await callback(update, context)
 
-    return run_outside_attempt
+    return run
 
 
 class _ErrorHandlers(Dict[Any, Any]):
-    """The Application's ``error_handlers`` dict.
+    """The Application's ``error_handlers`` dict (see ``_ptb_internals``, internal 4).
 
     PTB starts non-blocking error handlers with its private ``__create_task``, which
     :meth:`FencedApplicationMixin.create_task` cannot see, so the task would inherit the
-    attempt. While PTB's ``process_error`` reads this dict, those handlers are handed out
-    wrapped so that they run outside the attempt. Everything else sees the plain dict.
+    attempt. While PTB's ``process_error`` reads this dict, the handlers are handed out
+    wrapped so that those run in a task of their own run outside the attempt. Everything
+    else sees the plain dict.
     """
 
-    __slots__ = ("_application",)
-
-    def __init__(self, application: Any, handlers: Any) -> None:
-        super().__init__(handlers)
-        self._application = application
+    __slots__ = ()
 
     def items(self) -> Any:
         if not _IN_PROCESS_ERROR.get():
             return super().items()
         result: List[Tuple[Any, Any]] = []
         for callback, block in super().items():
-            if _runs_as_task(self._application, block):
-                callback = _outside_attempt(callback)
-            result.append((callback, block))
+            result.append((_outside_attempt_in_own_task(callback), block))
         return result
 
 
@@ -117,6 +107,11 @@ def _warn_drop_pending(
 class FencedApplicationMixin(_MixinBase):
     """Mix-in for :class:`telegram.ext.Application` subclasses used with a ptb_fence processor.
 
+    - Gives handlers ``context.attempt``: the ``context_types`` PTB passes to the constructor
+      get a context class derived from the user's one (if any) and
+      :class:`~ptb_fence.ptb.FencedCallbackContext` (``bot_data``/``chat_data``/``user_data``
+      types are kept), whether ``context_types`` were set on the builder before or after
+      ``install``.
     - Attaches the application to its :class:`~ptb_fence.ptb.DurableUpdateProcessor` /
       :class:`~ptb_fence.ptb.FencedUpdateProcessor` (the processor refuses to start without it).
     - Marks the attempt failed when a handler raises: PTB routes handler exceptions to
@@ -135,9 +130,14 @@ class FencedApplicationMixin(_MixinBase):
     __slots__ = ()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        context_types = kwargs.get("context_types")
+        if isinstance(context_types, ContextTypes):
+            from ptb_fence.ptb._context import fenced_context_types
+
+            kwargs["context_types"] = fenced_context_types(context_types)
         super().__init__(*args, **kwargs)
         application: Any = self
-        application.error_handlers = _ErrorHandlers(self, application.error_handlers)
+        application.error_handlers = _ErrorHandlers(application.error_handlers)
         from ptb_fence.ptb._processor import BaseFenceProcessor
 
         processor = getattr(self, "update_processor", None)
@@ -201,6 +201,10 @@ class FencedApplicationMixin(_MixinBase):
         _warn_drop_pending(Application.run_webhook, "run_webhook", self, args, kwargs)
         super().run_webhook(*args, **kwargs)
 
+    # the overrides take *args/**kwargs; show PTB's parameters (help(), IDEs, inspect)
+    setattr(run_polling, "__signature__", inspect.signature(Application.run_polling))
+    setattr(run_webhook, "__signature__", inspect.signature(Application.run_webhook))
+
     def _fence_processor(self) -> Any:
         from ptb_fence.ptb._processor import BaseFenceProcessor
 
@@ -246,14 +250,30 @@ class FencedApplicationMixin(_MixinBase):
     def create_task(
         self, coroutine: Any, update: Optional[object] = None, *, name: Optional[str] = None
     ) -> Any:
-        """Create a task that runs outside the current attempt."""
+        """PTB's :meth:`~telegram.ext.Application.create_task`; the task runs outside the
+        current attempt.
+
+        PTB's own warnings (a task created while the Application is not running) point at the
+        caller's line, as with a plain Application.
+        """
         state_token = _STATE.set(None)
         attempt_token = _CURRENT.set(None)
         try:
-            return super().create_task(coroutine, update=update, name=name)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                task = super().create_task(coroutine, update=update, name=name)
         finally:
             _CURRENT.reset(attempt_token)
             _STATE.reset(state_token)
+        for warning in caught:
+            if warning.filename == __file__:
+                # PTB's stacklevel counts one frame too few through this override
+                warnings.warn(warning.message, warning.category, stacklevel=2)
+            else:
+                warnings.warn_explicit(
+                    warning.message, warning.category, warning.filename, warning.lineno
+                )
+        return task
 
 
 class FencedApplication(FencedApplicationMixin, Application[Any, Any, Any, Any, Any, Any]):
@@ -270,4 +290,9 @@ def fenced_application_class(cls: type) -> type:
         return cls
     if cls is Application:
         return FencedApplication
-    return type(f"Fenced{cls.__name__}", (FencedApplicationMixin, cls), {"__slots__": ()})
+    # named like the user's class: it stands in for it (repr, logs), and is a subclass of it
+    return type(
+        cls.__name__,
+        (FencedApplicationMixin, cls),
+        {"__slots__": (), "__qualname__": cls.__qualname__, "__module__": cls.__module__},
+    )

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from telegram.ext import CallbackContext
+from telegram.ext import CallbackContext, ContextTypes
 
 from ptb_fence.ptb._application import _STATE
 from ptb_fence.runtime._attempt import _CURRENT, Attempt, current_attempt
 
-__all__ = ["AttemptUnavailable", "FencedCallbackContext"]
+__all__ = ["AttemptUnavailable", "FencedCallbackContext", "fenced_context_types"]
 
 
 class AttemptUnavailable(RuntimeError):
@@ -99,3 +99,25 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
         _CURRENT.set(None)
         _STATE.set(None)
         return super().from_job(job, application)
+
+
+def fenced_context_types(context_types: "ContextTypes[Any, Any, Any, Any]") -> Any:
+    """``context_types`` whose context class derives from :class:`FencedCallbackContext`.
+
+    Returned unchanged if it already does; else the same ``bot_data``/``chat_data``/
+    ``user_data`` types with a context class derived from both the user's class and
+    :class:`FencedCallbackContext`.
+    """
+    context = context_types.context
+    if issubclass(context, FencedCallbackContext):
+        return context_types
+    if context is CallbackContext:
+        fenced: type = FencedCallbackContext
+    else:
+        fenced = type(f"Fenced{context.__name__}", (context, FencedCallbackContext), {"__slots__": ()})
+    return ContextTypes(
+        context=fenced,
+        bot_data=context_types.bot_data,
+        chat_data=context_types.chat_data,
+        user_data=context_types.user_data,
+    )

@@ -9,17 +9,19 @@ import inspect
 import json
 import logging
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Dict, Hashable, Optional, Set, Tuple, TypeVar
 
 from telegram import Update
-from telegram.ext import ApplicationBuilder, BaseUpdateProcessor, ContextTypes
+from telegram.ext import ApplicationBuilder, BaseUpdateProcessor
 
 from ptb_fence._protocols import UpdateStore
 from ptb_fence._values import Completed, Exhaustion
 from ptb_fence.ptb._application import _STATE, FencedApplicationMixin, _UpdateState, fenced_application_class
 from ptb_fence.ptb._chat_turns import ChatTurns
 from ptb_fence.ptb._context import FencedCallbackContext
+from ptb_fence.ptb._ptb_internals import builder_application_class
 from ptb_fence.ptb._queue import DurableUpdateQueue, update_body
 from ptb_fence.ptb._request import unwrap_get_updates_request, wrap_get_updates_request
 from ptb_fence.ptb._group_commit import GroupCommit
@@ -61,7 +63,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
     """
 
     __slots__ = (
-        "_application",
+        "_application_ref",
         "_delivering",
         "_delivery_tasks",
         "_executor",
@@ -107,7 +109,8 @@ class BaseFenceProcessor(BaseUpdateProcessor):
         super().__init__(runtime_options.max_concurrent)
         self._handle_exhaustion = handle_exhaustion
         self._queue = DurableUpdateQueue(self)
-        self._application: Any = None
+        # weakly, as PTB's JobQueue holds it: the Application holds this processor
+        self._application_ref: "Optional[weakref.ReferenceType[Any]]" = None
         self._executor: Optional[ThreadPoolExecutor] = None
         self._slots = asyncio.Semaphore(runtime_options.max_concurrent)
         self._turns = ChatTurns()
@@ -171,8 +174,15 @@ class BaseFenceProcessor(BaseUpdateProcessor):
 
     @property
     def application(self) -> Any:
-        """The attached :class:`telegram.ext.Application`, or :obj:`None` before ``build()``."""
+        """The attached :class:`telegram.ext.Application`; :obj:`None` before ``build()`` and
+        once the Application is gone (the processor holds it weakly, as PTB's ``JobQueue``
+        does)."""
         return self._application
+
+    @property
+    def _application(self) -> Any:
+        ref = self._application_ref
+        return None if ref is None else ref()
 
     # -- wiring -----------------------------------------------------------------------------
     def install(self, builder: BuilderType) -> BuilderType:
@@ -200,20 +210,9 @@ class BaseFenceProcessor(BaseUpdateProcessor):
                 f"{type(self).__name__}.install(): the builder has a custom updater, whose "
                 "update_queue would bypass durable recording; remove .updater(...)"
             ) from exc
-        context_types = _default_value(getattr(builder, "_context_types", None))
-        if context_types is None:
-            builder.context_types(ContextTypes(context=FencedCallbackContext))
-        elif not issubclass(context_types.context, FencedCallbackContext):
-            builder.context_types(
-                ContextTypes(
-                    context=_fenced_context_class(context_types.context),
-                    bot_data=context_types.bot_data,
-                    chat_data=context_types.chat_data,
-                    user_data=context_types.user_data,
-                )
-            )
-        app_class = _default_value(getattr(builder, "_application_class", None))
-        kwargs = getattr(builder, "_application_kwargs", None) or {}
+        # the context type is made fenced by the Application class itself, from the
+        # context_types PTB passes it (set before or after install())
+        app_class, kwargs = builder_application_class(builder)
         from telegram.ext import Application
 
         builder.application_class(fenced_application_class(app_class or Application), kwargs)
@@ -229,7 +228,7 @@ class BaseFenceProcessor(BaseUpdateProcessor):
                 "Was .update_queue(...) set on the builder after install()? Remove it: "
                 "processor.install(builder) gives the Application its queue"
             )
-        self._application = application
+        self._application_ref = weakref.ref(application)
         context_class = application.context_types.context
         if self._runtime.attempt_aware and not issubclass(context_class, FencedCallbackContext):
             _LOGGER.warning(
@@ -948,19 +947,6 @@ def _cancel_requested() -> bool:
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)
     return cancelling is None or cancelling() > 0
-
-
-def _default_value(value: Any) -> Any:
-    """The user's value of a builder setting, or None if it still has PTB's default."""
-    from telegram._utils.defaultvalue import DefaultValue
-
-    if value is None or isinstance(value, DefaultValue):
-        return None
-    return value
-
-
-def _fenced_context_class(cls: type) -> type:
-    return type(f"Fenced{cls.__name__}", (cls, FencedCallbackContext), {"__slots__": ()})
 
 
 class DurableUpdateProcessor(BaseFenceProcessor):

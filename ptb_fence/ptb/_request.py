@@ -6,8 +6,9 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any, Optional, Tuple
 
-from telegram._utils.defaultvalue import DEFAULT_NONE
 from telegram.request import BaseRequest, RequestData
+
+from ptb_fence.ptb._ptb_internals import REQUEST_DEFAULT, get_updates_request, set_get_updates_request
 
 if TYPE_CHECKING:
     from ptb_fence.ptb._processor import BaseFenceProcessor
@@ -57,10 +58,10 @@ class RecordingRequest(BaseRequest):
         url: str,
         method: str,
         request_data: Optional[RequestData] = None,
-        read_timeout: Any = DEFAULT_NONE,
-        write_timeout: Any = DEFAULT_NONE,
-        connect_timeout: Any = DEFAULT_NONE,
-        pool_timeout: Any = DEFAULT_NONE,
+        read_timeout: Any = REQUEST_DEFAULT,
+        write_timeout: Any = REQUEST_DEFAULT,
+        connect_timeout: Any = REQUEST_DEFAULT,
+        pool_timeout: Any = REQUEST_DEFAULT,
     ) -> Tuple[int, bytes]:
         """Send the request; record a successful ``getUpdates`` batch before returning it."""
         status, payload = await self._inner.do_request(
@@ -88,12 +89,13 @@ def wrap_get_updates_request(bot: Any, processor: "BaseFenceProcessor") -> bool:
     """Install a :class:`RecordingRequest` around ``bot``'s ``getUpdates`` request.
 
     Returns :obj:`False` (and changes nothing) if the bot does not look as expected; updates
-    are then recorded one by one by the durable queue — slower, equally durable.
+    are then recorded one by one by the durable queue — slower, equally durable. (Why not
+    ``ApplicationBuilder.get_updates_request()``: see ``_ptb_internals``, internal 3.)
     """
-    requests = getattr(bot, "_request", None)
-    if not (isinstance(requests, tuple) and len(requests) == 2):
+    requests = get_updates_request(bot)
+    if requests is None:
         return False
-    get_updates, other = requests
+    get_updates = requests[0]
     if isinstance(get_updates, RecordingRequest):
         owner = get_updates._processor
         if owner is processor:
@@ -107,9 +109,7 @@ def wrap_get_updates_request(bot: Any, processor: "BaseFenceProcessor") -> bool:
         get_updates = get_updates.inner  # left over from an Application that is gone
     if not isinstance(get_updates, BaseRequest):
         return False
-    try:
-        object.__setattr__(bot, "_request", (RecordingRequest(get_updates, processor), other))
-    except (AttributeError, TypeError):  # pragma: no cover - a PTB we do not know
+    if not set_get_updates_request(bot, RecordingRequest(get_updates, processor)):
         _LOGGER.debug("could not wrap the getUpdates request; recording update by update")
         return False
     return True
@@ -118,12 +118,9 @@ def wrap_get_updates_request(bot: Any, processor: "BaseFenceProcessor") -> bool:
 def unwrap_get_updates_request(bot: Any, processor: "BaseFenceProcessor") -> None:
     """Undo :func:`wrap_get_updates_request` (at shutdown), so that the Bot can serve another
     Application and processor."""
-    requests = getattr(bot, "_request", None)
-    if not (isinstance(requests, tuple) and len(requests) == 2):
+    requests = get_updates_request(bot)
+    if requests is None:
         return
-    get_updates, other = requests
+    get_updates = requests[0]
     if isinstance(get_updates, RecordingRequest) and get_updates._processor is processor:
-        try:
-            object.__setattr__(bot, "_request", (get_updates.inner, other))
-        except (AttributeError, TypeError):  # pragma: no cover - a PTB we do not know
-            pass
+        set_get_updates_request(bot, get_updates.inner)

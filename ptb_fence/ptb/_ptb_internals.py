@@ -1,0 +1,101 @@
+"""The private python-telegram-bot internals ptb_fence still relies on, in one place.
+
+Everything else in ``ptb_fence.ptb`` uses PTB's public API. Each remaining reliance below goes
+through a function of this module, and ``tests/test_ptb_internals.py`` checks each one against
+the installed PTB, failing with the name of the internal if a PTB release changes it.
+
+1. ``ApplicationBuilder._application_class`` and ``ApplicationBuilder._application_kwargs``
+   (read by ``install()``): the builder has public setters but no getters. ``install()`` must
+   keep an ``application_class`` (and its kwargs) set *before* it and mix
+   :class:`~ptb_fence.ptb.FencedApplicationMixin` into it; reading the builder is the only way
+   to learn it. (``context_types`` is not read from the builder any more: the mix-in adapts
+   the ``context_types`` argument PTB passes to the Application's constructor.)
+2. ``telegram._utils.defaultvalue.DefaultValue``: how the builder marks the setting of 1. as
+   "not set by the user" (its value is then PTB's default ``Application``).
+3. ``Bot._request``, a ``(getUpdates request, other request)`` tuple, replaced with
+   ``object.__setattr__`` (``Bot`` refuses plain attribute assignment after ``__init__``):
+   ``initialize()`` wraps the getUpdates request in a
+   :class:`~ptb_fence.ptb._request.RecordingRequest` (a whole batch recorded in one commit) and
+   ``shutdown()`` unwraps it. PTB's public ``ApplicationBuilder.get_updates_request()`` cannot
+   do this: the builder has no getter, so ``install()`` could not wrap the request or keep the
+   ``get_updates_*`` settings (timeouts, proxy, pool size) the user gave before ``install()``;
+   once it is set PTB refuses every later ``get_updates_*`` setter and ``.bot(...)``; and a
+   ``Bot`` shared by Applications built one after another must record for the one that runs.
+   If the tuple is not there, ptb_fence records update by update (slower, equally durable).
+4. ``Application.process_error`` takes the handlers it runs from
+   ``application.error_handlers.items()`` (a public attribute; *how* PTB reads it is not
+   documented). PTB runs non-blocking error handlers as tasks with its private
+   ``__create_task``, which an override of the public ``create_task`` cannot see, so they
+   would inherit the attempt. ``error_handlers`` is a ``dict`` subclass that, while
+   ``process_error`` reads it, hands out each callback wrapped so that it runs outside the
+   attempt when it runs in a task of its own. If PTB stops reading ``items()``, error
+   handlers run as tasks would see ``context.attempt`` (the guard test says so).
+5. ``BaseUpdateProcessor.process_update`` is marked ``@final`` and is overridden (see
+   ``_processor.py``): PTB holds its semaphore for a whole update, including a chat's wait
+   for its turn. Guarded by the tests that handle updates concurrently.
+
+Not private, listed because their identity matters: the defaults of the public
+``BaseRequest.do_request`` signature (PTB's "not given" marker), read with :mod:`inspect`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Dict, Optional, Tuple
+
+from telegram.request import BaseRequest
+
+__all__ = [
+    "REQUEST_DEFAULT",
+    "builder_application_class",
+    "get_updates_request",
+    "set_get_updates_request",
+]
+
+REQUEST_DEFAULT: Any = inspect.signature(BaseRequest.do_request).parameters["read_timeout"].default
+"""The default of ``BaseRequest.do_request``'s timeouts ("not given": use the request's own)."""
+
+
+def _is_unset(value: Any) -> bool:
+    """Whether a builder setting still holds PTB's default marker (internal 2.)."""
+    from telegram._utils.defaultvalue import DefaultValue
+
+    return value is None or isinstance(value, DefaultValue)
+
+
+def builder_application_class(builder: Any) -> Tuple[Optional[type], Dict[str, Any]]:
+    """The ``application_class`` and kwargs set on ``builder`` (internal 1.).
+
+    Returns:
+        ``(None, {})`` when the user set none; else the class and its kwargs.
+    """
+    cls = getattr(builder, "_application_class", None)
+    kwargs = getattr(builder, "_application_kwargs", None)
+    if _is_unset(kwargs):
+        kwargs = {}
+    return (None if _is_unset(cls) else cls), dict(kwargs or {})
+
+
+def get_updates_request(bot: Any) -> Optional[Tuple[Any, Any]]:
+    """The ``(getUpdates request, other request)`` pair of ``bot`` (internal 3.), or
+    :obj:`None` if this PTB keeps them otherwise."""
+    requests = getattr(bot, "_request", None)
+    if isinstance(requests, tuple) and len(requests) == 2:
+        return requests
+    return None
+
+
+def set_get_updates_request(bot: Any, request: BaseRequest) -> bool:
+    """Make ``bot`` send ``getUpdates`` through ``request`` (internal 3.).
+
+    Returns:
+        :obj:`False` (changing nothing) if this PTB keeps the requests otherwise.
+    """
+    requests = get_updates_request(bot)
+    if requests is None:
+        return False
+    try:
+        object.__setattr__(bot, "_request", (request, requests[1]))
+    except (AttributeError, TypeError):  # pragma: no cover - a PTB we do not know
+        return False
+    return True
