@@ -383,7 +383,7 @@ class Attempt:
         if not isinstance(reason, str) or not reason:
             raise ValueError("exhaust(reason) needs a non-empty reason text")
         self._raise_if_finished()
-        if not self._runtime.exhaust_attempt(self, reason):
+        if not self._runtime.settle_exhausted(self, reason):
             raise OwnershipLost(self.identity)
 
 

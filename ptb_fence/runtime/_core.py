@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
+from enum import Enum
 from typing import Any, Callable, List, Optional
 
 from ptb_fence._durations import format_duration
@@ -37,14 +38,20 @@ _MAX_RETRY_DELAY_SECONDS = 366 * 86400.0
 """Retry delays from a custom policy are clamped to this (a year; keeps store times finite)."""
 
 
-class Outcome:
-    """How an attempt ended (string constants)."""
+class Outcome(str, Enum):
+    """How an attempt ended. A :obj:`str` enum: ``Outcome.COMPLETED == "completed"``."""
 
     COMPLETED = "completed"
     RETRYING = "retrying"
     ABANDONED = "abandoned"
     EXHAUSTED = "exhausted"
     LOST = "lost"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
 
 
 def _error_text(error: BaseException) -> str:
@@ -98,7 +105,7 @@ class Runtime:
         "_scheduler",
         "_scheduler_lock",
         "attempt_aware",
-        "durable",
+        "delivers_exhaustions",
         "executor",
         "keeper",
         "options",
@@ -138,7 +145,7 @@ class Runtime:
         self.store = store
         self.options = options
         self.attempt_aware = attempt_aware
-        self.durable = handle_exhaustion
+        self.delivers_exhaustions = handle_exhaustion
         self.keeper = LeaseKeeper(self)
         self._cursor: Optional[int] = None
         # an Executor for blocking store work from asyncio (Attempt.run_in_transaction and
@@ -270,13 +277,13 @@ class Runtime:
         now = options.now_ms()
         lease_until = now + options.lease_ms
         try:
-            if self.attempt_aware or self.durable:
+            if self.attempt_aware or self.delivers_exhaustions:
                 identity = self.store.claim_owned(
                     update_id,
                     now=now,
                     lease_until=lease_until,
                     max_attempts=options.max_attempts,
-                    durable_exhaustion=self.durable,
+                    durable_exhaustion=self.delivers_exhaustions,
                 )
                 if identity is None:
                     return None
@@ -309,7 +316,7 @@ class Runtime:
     @property
     def uses_claim_ids(self) -> bool:
         """Whether attempts are claimed with ``claim_owned`` (attempt-aware or durable)."""
-        return self.attempt_aware or self.durable
+        return self.attempt_aware or self.delivers_exhaustions
 
     def adopt(self, identity: Any, lease_until: int, body: Optional[str] = None) -> Attempt:
         """Register an attempt the store already claimed (``add_claimed_many``) and return it."""
@@ -326,16 +333,16 @@ class Runtime:
         self.keeper.register(attempt)
         return attempt
 
-    def _settle(self, attempt: Attempt, settlement: Any) -> bool:
+    def _store_settle(self, attempt: Attempt, settlement: Any) -> bool:
         """Settle; True when it landed (unary settles are assumed to land)."""
         if attempt.fenced:
             return bool(self.store.settle_owned(attempt.identity, settlement))
         self.store.settle(attempt.update_id, attempt.attempt, settlement)
         return True
 
-    def finish(
+    def settle(
         self, attempt: Attempt, error: Optional[BaseException]
-    ) -> "tuple[str, Optional[Exhaustion]]":
+    ) -> "tuple[Outcome, Optional[Exhaustion]]":
         """Settle an attempt after its handler returned (``error`` None) or raised.
 
         Returns the outcome and the :class:`~ptb_fence.Exhaustion` to deliver, if any. The
@@ -347,22 +354,22 @@ class Runtime:
         if attempt.exhausted:
             return Outcome.EXHAUSTED, self._exhaustion_of(attempt)
         if error is None:
-            return self.succeed(attempt), None
-        return self.fail(attempt, error)
+            return self.settle_completed(attempt), None
+        return self.settle_failed(attempt, error)
 
-    def succeed(self, attempt: Attempt) -> str:
+    def settle_completed(self, attempt: Attempt) -> Outcome:
         """Settle a successful attempt as completed; fire ``owner_lost`` if it did not land."""
         if attempt.completed:
             return Outcome.COMPLETED
         if attempt.exhausted:
             return Outcome.EXHAUSTED
         try:
-            landed = self._settle(attempt, Completed(self.options.now_ms()))
+            landed = self._store_settle(attempt, Completed(self.options.now_ms()))
         except Exception as exc:
             return self.completion_failed(attempt, exc)
-        return self.completion_landed(attempt, landed)
+        return self.completion_settled(attempt, landed)
 
-    def completion_landed(self, attempt: Attempt, landed: bool) -> str:
+    def completion_settled(self, attempt: Attempt, landed: bool) -> Outcome:
         """The outcome of a completion settle (also a grouped one): fire ``owner_lost`` if it
         did not land."""
         if not landed:
@@ -376,12 +383,14 @@ class Runtime:
             return Outcome.LOST
         return Outcome.COMPLETED
 
-    def completion_failed(self, attempt: Attempt, error: BaseException) -> str:
+    def completion_failed(self, attempt: Attempt, error: BaseException) -> Outcome:
         """A completion settle raised: report it; the lease and the sweep take over."""
         self.report_store_error(error, "settle", ids=_ids(attempt))
         return Outcome.LOST
 
-    def fail(self, attempt: Attempt, error: BaseException) -> "tuple[str, Optional[Exhaustion]]":
+    def settle_failed(
+        self, attempt: Attempt, error: BaseException
+    ) -> "tuple[Outcome, Optional[Exhaustion]]":
         """Record a failed attempt: retry later, abandon, or exhaust.
 
         Returns the outcome and, when the attempt was exhausted with an exhaustion handler,
@@ -416,7 +425,7 @@ class Runtime:
         outcome = Outcome.LOST  # stays LOST if the store call below raises
         try:
             if delay is None:
-                if self.durable:
+                if self.delivers_exhaustions:
                     landed = bool(self.store.exhaust(attempt.identity, at=now, error=text))
                     if landed:
                         attempt._exhausted_error = text
@@ -424,11 +433,11 @@ class Runtime:
                         exhaustion = self._exhaustion_of(attempt, at=now)
                     outcome = Outcome.EXHAUSTED
                 else:
-                    landed = self._settle(attempt, Abandoned(now, text))
+                    landed = self._store_settle(attempt, Abandoned(now, text))
                     outcome = Outcome.ABANDONED
             else:
                 retry_at = now + int(delay * 1000)
-                landed = self._settle(attempt, Failed(now, retry_at, text))
+                landed = self._store_settle(attempt, Failed(now, retry_at, text))
                 outcome = Outcome.RETRYING
         except Exception as exc:
             self.report_store_error(exc, "settle", ids=_ids(attempt))
@@ -439,7 +448,7 @@ class Runtime:
             retrying = True
             outcome = Outcome.LOST
             exhaustion = None
-        what = outcome
+        what: str = outcome.value
         if outcome == Outcome.RETRYING:
             what = f"retry scheduled in {format_duration(delay or 0.0)}"
             if (delay or 0.0) < options.sweep_every_seconds:
@@ -460,21 +469,21 @@ class Runtime:
             attempt.attempt,
             what,
             text,
-            extra=dict(_ids(attempt), outcome=outcome),
+            extra=dict(_ids(attempt), outcome=outcome.value),
         )
         self._observe("on_failure", error, attempt, retrying)
         return outcome, exhaustion
 
-    def exhaust_attempt(self, attempt: Attempt, reason: str) -> bool:
+    def settle_exhausted(self, attempt: Attempt, reason: str) -> bool:
         """Handler-terminal failure (``Attempt.exhaust``): exhaust or abandon now."""
         now = self.options.now_ms()
         try:
-            if self.durable:
+            if self.delivers_exhaustions:
                 landed = bool(self.store.exhaust(attempt.identity, at=now, error=reason))
                 if landed:
                     attempt._exhausted_at = now
             else:
-                landed = self._settle(attempt, Abandoned(now, reason))
+                landed = self._store_settle(attempt, Abandoned(now, reason))
         except Exception as exc:  # reported, and the handler learns that it did not land
             self.report_store_error(exc, "settle", ids=_ids(attempt))
             raise
@@ -493,7 +502,7 @@ class Runtime:
         return landed
 
     def _exhaustion_of(self, attempt: Attempt, at: Optional[int] = None) -> Optional[Exhaustion]:
-        if not self.durable or attempt._exhausted_error is None:
+        if not self.delivers_exhaustions or attempt._exhausted_error is None:
             return None
         return Exhaustion(
             update_id=attempt.update_id,
@@ -507,6 +516,11 @@ class Runtime:
     def end(self, attempt: Attempt) -> None:
         """The attempt is over: stop renewing it; late renewal results are ignored."""
         self.keeper.unregister(attempt)
+
+    # the names the PTB processor still calls (issue 11: it switches to settle /
+    # completion_settled, then these aliases go)
+    finish = settle
+    completion_landed = completion_settled
 
     # -- exhaustion delivery ----------------------------------------------------------------
     def acknowledge(self, exhaustion: Exhaustion) -> bool:
@@ -561,7 +575,7 @@ class Runtime:
 
     def exhaustion_page(self) -> List[Exhaustion]:
         """The next page of due exhaustions, with a rotating cursor."""
-        if not self.durable:
+        if not self.delivers_exhaustions:
             return []
         page = list(
             self.store.due_exhaustions(limit=EXHAUSTION_PAGE, after_update_id=self._cursor)

@@ -428,7 +428,7 @@ class UpdateIntake:
             if token is not None:
                 _CURRENT.reset(token)
         try:
-            _, exhaustion = runtime.finish(attempt, error)
+            _, exhaustion = runtime.settle(attempt, error)
         finally:
             runtime.end(attempt)
         if exhaustion is not None and self._delivery is not None:
