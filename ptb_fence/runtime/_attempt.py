@@ -8,15 +8,13 @@ import inspect
 import sqlite3
 import threading
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
+from enum import Enum
+from typing import Any, Callable, Iterator, Optional, Protocol, TypeVar
 
 from ptb_fence._errors import AttemptFinished, OwnershipLost, TransactionEnded
 from ptb_fence._values import AttemptIdentity, Completed
 
-if TYPE_CHECKING:
-    from ptb_fence.runtime._core import Runtime
-
-__all__ = ["Attempt", "current_attempt"]
+__all__ = ["Attempt", "Phase", "current_attempt"]
 
 T = TypeVar("T")
 
@@ -37,6 +35,57 @@ _ASYNC_FN = (
     "write nothing: pass a plain function: run_in_transaction runs fn on a worker thread; do "
     "the async work before or after; the transaction was rolled back and nothing was settled"
 )
+
+class Phase(Enum):
+    """Where an :class:`Attempt` is in its life. Transitions (all made by Attempt's methods)::
+
+        RUNNING ──transaction(complete=True)──▶ COMPLETING ──commit──▶ COMPLETED
+           │   ◀──────────── rolled back / failed ─────┘
+           ├──exhaust() landed / exhaustion recorded──▶ EXHAUSTED
+           └──handler returned (begin_settling)──▶ SETTLING ──exhausted──▶ EXHAUSTED
+        any ──end() (left the lease keeper)──▶ ENDED
+
+    COMPLETED and EXHAUSTED are kept as :attr:`Attempt.result` after ENDED.
+    """
+
+    RUNNING = "running"
+    """Claimed; the handler runs; the lease keeper renews it."""
+    COMPLETING = "completing"
+    """A ``transaction(complete=True)`` is settling inside its commit."""
+    COMPLETED = "completed"
+    """A ``transaction(complete=True)`` committed."""
+    SETTLING = "settling"
+    """The handler returned; the runtime settles (a refused renewal is expected)."""
+    EXHAUSTED = "exhausted"
+    """A terminal failure was recorded (handler ``exhaust()`` or the retry policy)."""
+    ENDED = "ended"
+    """Left the lease keeper: nothing more happens to it."""
+
+
+_FINISHED = frozenset({Phase.COMPLETING, Phase.COMPLETED, Phase.EXHAUSTED, Phase.ENDED})
+
+
+class AttemptHost(Protocol):
+    """What an :class:`Attempt` needs from its runtime (a narrow interface: Attempt does not
+    depend on the Runtime class)."""
+
+    @property
+    def store(self) -> Any:
+        """The store the attempt's fenced writes go to."""
+
+    @property
+    def executor(self) -> Any:
+        """An Executor for blocking store work from asyncio, or :obj:`None`."""
+
+    def now_ms(self) -> int:
+        """The current time in store units."""
+
+    def log_transaction_refused(self, attempt: "Attempt") -> None:
+        """Log a fenced transaction refused because the attempt lost its update."""
+
+    def settle_exhausted(self, attempt: "Attempt", reason: str) -> bool:
+        """Record a handler-terminal failure; :obj:`True` when it landed."""
+
 
 _CURRENT: "contextvars.ContextVar[Optional[Attempt]]" = contextvars.ContextVar(
     "ptb_fence_current_attempt", default=None
@@ -73,9 +122,6 @@ class Attempt:
 
     __slots__ = (
         "_body",
-        "_completing",
-        "_completed",
-        "_ended",
         "_exhausted_at",
         "_exhausted_error",
         "_holding",
@@ -83,9 +129,11 @@ class Attempt:
         "_lock",
         "_loop_waiters",
         "_opening",
+        "_phase",
         "_proven_until",
+        "_result",
+        "_resume",
         "_runtime",
-        "_settling",
         "attempt",
         "claim_id",
         "owner_lost",
@@ -94,7 +142,7 @@ class Attempt:
 
     def __init__(
         self,
-        runtime: "Runtime",
+        runtime: AttemptHost,
         update_id: int,
         attempt: int,
         claim_id: Optional[str],
@@ -111,10 +159,9 @@ class Attempt:
         self.owner_lost = threading.Event()
         self._lock = threading.Lock()
         self._proven_until = proven_until
-        self._ended = False
-        self._completing = False
-        self._completed = False
-        self._settling = False  # the runtime is settling it: a refused renewal is expected
+        self._phase = Phase.RUNNING
+        self._result: Optional[Phase] = None  # COMPLETED or EXHAUSTED once reached, kept after ENDED
+        self._resume = Phase.RUNNING  # the phase a failed COMPLETING returns to
         self._opening = 0  # fenced transactions opening or open
         self._holding = 0  # fenced transactions whose ownership check succeeded, still open
         self._exhausted_error: Optional[str] = None
@@ -144,14 +191,61 @@ class Attempt:
         return self._identity is not None
 
     @property
+    def phase(self) -> Phase:
+        """:class:`Phase`: Where this attempt is in its life."""
+        return self._phase
+
+    @property
+    def result(self) -> Optional[Phase]:
+        """:class:`Phase` | :obj:`None`: ``COMPLETED`` or ``EXHAUSTED`` once reached (kept
+        after the attempt ended)."""
+        return self._result
+
+    @property
     def completed(self) -> bool:
         """:obj:`bool`: Whether a ``transaction(complete=True)`` committed this attempt."""
-        return self._completed
+        return self._result is Phase.COMPLETED
 
     @property
     def exhausted(self) -> bool:
         """:obj:`bool`: Whether :meth:`exhaust` recorded a terminal failure for this attempt."""
-        return self._exhausted_error is not None
+        return self._result is Phase.EXHAUSTED
+
+    @property
+    def exhaustion_error(self) -> Optional[str]:
+        """:obj:`str` | :obj:`None`: The recorded terminal failure's text."""
+        return self._exhausted_error
+
+    @property
+    def exhausted_at(self) -> Optional[int]:
+        """:obj:`int` | :obj:`None`: When the terminal failure was recorded (epoch ms)."""
+        return self._exhausted_at
+
+    @property
+    def body(self) -> Optional[str]:
+        """:obj:`str` | :obj:`None`: The stored update text this attempt was claimed with."""
+        return self._body
+
+    @body.setter
+    def body(self, text: Optional[str]) -> None:
+        self._body = text
+
+    @property
+    def proven_until(self) -> int:
+        """:obj:`int`: The end (epoch ms) of the last lease the store confirmed."""
+        return self._proven_until
+
+    @property
+    def finished(self) -> bool:
+        """:obj:`bool`: Completing, completed, exhausted or ended: nothing left to renew."""
+        return self._phase in _FINISHED
+
+    @property
+    def settling(self) -> bool:
+        """:obj:`bool`: The handler returned and the runtime settles (or settled) it."""
+        return self._phase is Phase.SETTLING or (
+            self._phase is Phase.COMPLETING and self._resume is Phase.SETTLING
+        )
 
     @property
     def holds_fence(self) -> bool:
@@ -171,8 +265,73 @@ class Attempt:
         may be locked: the lease keeper does not renew it meanwhile)."""
         return self._opening > 0
 
-    def _finished(self) -> bool:
-        return self._ended or self._completed or self._completing or self.exhausted
+    # -- transitions (the runtime and the lease keeper call these) ---------------------------
+    def begin_settling(self) -> None:
+        """RUNNING → SETTLING: the handler returned; the runtime's settle decides from now on
+        whether the owner was lost (renewals continue meanwhile)."""
+        with self._lock:
+            if self._phase is Phase.RUNNING:
+                self._phase = Phase.SETTLING
+            elif self._phase is Phase.COMPLETING:
+                self._resume = Phase.SETTLING
+
+    def record_exhaustion(self, error: str, at: int) -> None:
+        """→ EXHAUSTED: a terminal failure landed in the store at ``at``."""
+        with self._lock:
+            self._exhausted_error = error
+            self._exhausted_at = at
+            self._result = Phase.EXHAUSTED
+            if self._phase is not Phase.ENDED:
+                self._phase = Phase.EXHAUSTED
+            self._proven_until = min(self._proven_until, at)  # nothing left to renew
+
+    def end(self) -> None:
+        """→ ENDED: the attempt left the lease keeper; late renewal results are ignored."""
+        with self._lock:
+            self._phase = Phase.ENDED
+
+    def _begin_completing(self) -> None:
+        with self._lock:
+            self._resume = self._phase if self._phase is Phase.SETTLING else Phase.RUNNING
+            self._phase = Phase.COMPLETING
+
+    def _end_completing(self, committed: bool) -> None:
+        with self._lock:
+            if committed:
+                self._result = Phase.COMPLETED
+            if self._phase is Phase.COMPLETING:
+                self._phase = Phase.COMPLETED if committed else self._resume
+
+    def renewed(self, ok: Optional[bool], lease_until: int) -> bool:
+        """Apply a renewal result; return :obj:`True` when it proves the update lost.
+
+        ``ok`` :obj:`None` (the row was locked right now) is undecided, as is a refusal while
+        this attempt holds its fence (its own transaction locks the row).
+        """
+        with self._lock:
+            if self.finished:
+                return False
+            if ok:
+                self._proven_until = max(self._proven_until, lease_until)
+                return False
+            return not (ok is None or self.holds_fence)
+
+    def may_report_lost(self) -> bool:
+        """Whether the lease keeper may report this attempt lost now: not finished, not being
+        settled (the settle's result decides) and not holding its fence."""
+        with self._lock:
+            return not (self.finished or self.settling or self.holds_fence)
+
+    # the private names the PTB processor still sets (issue 11: it switches to
+    # ``attempt.body = …`` and ``attempt.begin_settling()``, then these go)
+    @property
+    def _settling(self) -> bool:
+        return self.settling
+
+    @_settling.setter
+    def _settling(self, value: bool) -> None:
+        if value:
+            self.begin_settling()
 
     def _raise_if_finished(self) -> None:
         """Raise :exc:`~ptb_fence.AttemptFinished` if this attempt can no longer write.
@@ -180,15 +339,16 @@ class Attempt:
         A handler mistake, not a takeover: checked before touching the database, nothing
         logged, ``owner_lost`` untouched.
         """
-        if self._completed:
+        if self._result is Phase.COMPLETED:
             raise AttemptFinished(self.identity, _ALREADY_COMPLETED)
-        if self.exhausted:
+        if self._result is Phase.EXHAUSTED:
             raise AttemptFinished(self.identity, _ALREADY_EXHAUSTED)
-        if self._ended or self._settling:  # the runtime settles once the handler returned
-            raise AttemptFinished(self.identity, _HANDLER_RETURNED)
+        if self._phase in (Phase.ENDED, Phase.SETTLING):  # the runtime settles once the
+            raise AttemptFinished(self.identity, _HANDLER_RETURNED)  # handler returned
 
     # -- owner lost -------------------------------------------------------------------------
-    def _fire_owner_lost(self) -> None:
+    def mark_owner_lost(self) -> None:
+        """Set :attr:`owner_lost` and wake its asyncio waiters (idempotent)."""
         with self._lock:
             if self.owner_lost.is_set():
                 return
@@ -225,7 +385,7 @@ class Attempt:
                 ``SELECT … FOR UPDATE``). Without it the answer is advisory only.
         """
         store = self._runtime.store
-        return bool(store.owns(self.identity, self._runtime.options.now_ms(), connection=connection))
+        return bool(store.owns(self.identity, self._runtime.now_ms(), connection=connection))
 
     @contextmanager
     def transaction(self, *, connection: Any = None, complete: bool = False) -> Iterator[Any]:
@@ -279,12 +439,12 @@ class Attempt:
             self._opening += 1
         try:
             with manager as conn:
-                checked_at = runtime.options.now_ms()
+                checked_at = runtime.now_ms()
                 if not store.owns(identity, checked_at, connection=conn):
                     self._raise_if_finished()  # it finished meanwhile (e.g. another thread)
                     runtime.log_transaction_refused(self)
                     # the database's refusal is the authoritative proof of loss
-                    self._fire_owner_lost()
+                    self.mark_owner_lost()
                     raise OwnershipLost(identity)
                 with self._lock:
                     self._holding += 1
@@ -294,7 +454,7 @@ class Attempt:
                 if ended is not None:
                     raise TransactionEnded(identity, ended)
                 if complete:
-                    self._completing = True
+                    self._begin_completing()
                     # Completed at the time of the ownership check, not "now": the check locked
                     # the row (PostgreSQL FOR UPDATE; SQLite the database's write lock; the
                     # memory store its lock) and the lock is held until this commit, so no
@@ -305,18 +465,19 @@ class Attempt:
                         identity, Completed(checked_at), connection=conn
                     )
                     if not settled:
-                        self._fire_owner_lost()
+                        self.mark_owner_lost()
                         raise OwnershipLost(identity)
             # committed
             if complete:
-                self._completed = True
+                self._end_completing(True)
         finally:
             # also when the commit itself failed: the attempt is then not complete
             with self._lock:
                 self._opening -= 1
                 if holding:
                     self._holding -= 1
-                self._completing = False
+            if complete:
+                self._end_completing(False)  # no-op once committed
 
     async def run_in_transaction(
         self, fn: Callable[[Any], T], *, complete: bool = False

@@ -146,7 +146,7 @@ class Runtime:
         self.options = options
         self.attempt_aware = attempt_aware
         self.delivers_exhaustions = handle_exhaustion
-        self.keeper = LeaseKeeper(self)
+        self.keeper = LeaseKeeper(store, options, self.report_store_error)
         self._cursor: Optional[int] = None
         # an Executor for blocking store work from asyncio (Attempt.run_in_transaction and
         # friends); None uses asyncio.to_thread. Set by the PTB processors.
@@ -159,6 +159,10 @@ class Runtime:
         self._scheduler_lock = threading.Lock()
         self._jobs = threading.Condition()
         self._jobs_running: "dict[str, int]" = {}
+
+    def now_ms(self) -> int:
+        """The current time in store units (the options' clock)."""
+        return self.options.now_ms()
 
     # -- observers --------------------------------------------------------------------------
     def _observe(self, name: str, *args: Any) -> None:
@@ -275,7 +279,7 @@ class Runtime:
         """
         options = self.options
         now = options.now_ms()
-        lease_until = now + options.lease_ms
+        lease_until = options.lease_deadline(now)
         try:
             if self.attempt_aware or self.delivers_exhaustions:
                 identity = self.store.claim_owned(
@@ -350,7 +354,7 @@ class Runtime:
         """
         # a renewal refused from now on may just be this settle landing first: the settle's
         # own result decides whether the owner was lost (renewals continue meanwhile)
-        attempt._settling = True
+        attempt.begin_settling()
         if attempt.exhausted:
             return Outcome.EXHAUSTED, self._exhaustion_of(attempt)
         if error is None:
@@ -379,7 +383,7 @@ class Runtime:
                 attempt.attempt,
                 extra=_ids(attempt),
             )
-            attempt._fire_owner_lost()
+            attempt.mark_owner_lost()
             return Outcome.LOST
         return Outcome.COMPLETED
 
@@ -428,8 +432,7 @@ class Runtime:
                 if self.delivers_exhaustions:
                     landed = bool(self.store.exhaust(attempt.identity, at=now, error=text))
                     if landed:
-                        attempt._exhausted_error = text
-                        attempt._exhausted_at = now
+                        attempt.record_exhaustion(text, now)
                         exhaustion = self._exhaustion_of(attempt, at=now)
                     outcome = Outcome.EXHAUSTED
                 else:
@@ -444,7 +447,7 @@ class Runtime:
             landed = False
         retrying = outcome == Outcome.RETRYING
         if not landed:
-            attempt._fire_owner_lost()
+            attempt.mark_owner_lost()
             retrying = True
             outcome = Outcome.LOST
             exhaustion = None
@@ -454,7 +457,7 @@ class Runtime:
             if (delay or 0.0) < options.sweep_every_seconds:
                 if self.retry_soon is not None:
                     try:
-                        self.retry_soon(attempt.update_id, delay or 0.0, attempt._body)
+                        self.retry_soon(attempt.update_id, delay or 0.0, attempt.body)
                     except Exception:  # the sweep still finds it
                         _LOGGER.exception("could not schedule the retry; the sweep takes it")
                 else:
@@ -480,16 +483,13 @@ class Runtime:
         try:
             if self.delivers_exhaustions:
                 landed = bool(self.store.exhaust(attempt.identity, at=now, error=reason))
-                if landed:
-                    attempt._exhausted_at = now
             else:
                 landed = self._store_settle(attempt, Abandoned(now, reason))
         except Exception as exc:  # reported, and the handler learns that it did not land
             self.report_store_error(exc, "settle", ids=_ids(attempt))
             raise
         if landed:
-            attempt._exhausted_error = reason
-            attempt._proven_until = now  # nothing left to renew
+            attempt.record_exhaustion(reason, now)  # nothing left to renew
             _LOGGER.error(
                 "update %s exhausted by its handler at attempt %s: %s",
                 attempt.update_id,
@@ -498,19 +498,20 @@ class Runtime:
                 extra=_ids(attempt),
             )
         else:
-            attempt._fire_owner_lost()
+            attempt.mark_owner_lost()
         return landed
 
     def _exhaustion_of(self, attempt: Attempt, at: Optional[int] = None) -> Optional[Exhaustion]:
-        if not self.delivers_exhaustions or attempt._exhausted_error is None:
+        error = attempt.exhaustion_error
+        if not self.delivers_exhaustions or error is None:
             return None
         return Exhaustion(
             update_id=attempt.update_id,
             attempt=attempt.attempt,
             claim_id=attempt.claim_id,
-            body=attempt._body or "",
-            exhausted_at=at if at is not None else (attempt._exhausted_at or 0),
-            error=attempt._exhausted_error,
+            body=attempt.body or "",
+            exhausted_at=at if at is not None else (attempt.exhausted_at or 0),
+            error=error,
         )
 
     def end(self, attempt: Attempt) -> None:

@@ -11,7 +11,10 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 if TYPE_CHECKING:
     from ptb_fence.runtime._attempt import Attempt
-    from ptb_fence.runtime._core import Runtime
+    from ptb_fence.runtime._options import RuntimeOptions
+
+ReportStoreError = Callable[..., None]
+"""``report(error, step, *, ids=None)``: how the keeper reports a failing renewal."""
 
 __all__ = ["EXECUTOR", "LeaseKeeper", "SCHEDULER_LOGGER", "new_scheduler"]
 
@@ -70,10 +73,12 @@ class LeaseKeeper:
     (:attr:`Attempt.holds_fence`), never reported lost until that transaction ends.
     """
 
-    __slots__ = ("_active", "_lock", "_renewing", "_runtime", "ticks")
+    __slots__ = ("_active", "_lock", "_options", "_renewing", "_report", "_store", "ticks")
 
-    def __init__(self, runtime: "Runtime") -> None:
-        self._runtime = runtime
+    def __init__(self, store: Any, options: "RuntimeOptions", report: ReportStoreError) -> None:
+        self._store = store
+        self._options = options
+        self._report = report
         self._lock = threading.Lock()
         self._active: Dict[Tuple[int, int], "Attempt"] = {}
         # held while a renewal call runs: a slow or hung store (e.g. a dead connection without a
@@ -89,8 +94,7 @@ class LeaseKeeper:
 
     def unregister(self, attempt: "Attempt") -> None:
         """Stop renewing ``attempt``'s lease (it ended); late renewal results are ignored."""
-        with attempt._lock:
-            attempt._ended = True
+        attempt.end()
         with self._lock:
             key = (attempt.update_id, attempt.attempt)
             if self._active.get(key) is attempt:
@@ -116,7 +120,7 @@ class LeaseKeeper:
             self.tick if wrap is None else wrap(self.tick, "ptb_fence lease keeper"),
             "interval",
             executor=EXECUTOR,
-            seconds=self._runtime.options.lease_seconds / 4.0,
+            seconds=self._options.lease_seconds / 4.0,
             id="ptb_fence_lease_keeper",
             name="ptb_fence lease keeper",
         )
@@ -124,17 +128,16 @@ class LeaseKeeper:
     def tick(self) -> None:
         """Renew every active lease once and fire ``owner_lost`` where it is gone."""
         self.ticks += 1
-        attempts = [a for a in self.active() if not a._finished()]
+        attempts = [a for a in self.active() if not a.finished]
         if not attempts:
             return
-        runtime = self._runtime
-        now = runtime.options.now_ms()
-        lease_until = now + runtime.options.lease_ms
+        now = self._options.now_ms()
+        lease_until = self._options.lease_deadline(now)
         live = []
         for attempt in attempts:
             if attempt.holds_fence:
                 continue  # holds its row lock: provably owned; a renewal would wait on it
-            if attempt._proven_until < now:
+            if attempt.proven_until < now:
                 self._lost(attempt, "its last proven lease passed")
             elif not attempt.in_fenced_transaction:
                 live.append(attempt)
@@ -146,10 +149,9 @@ class LeaseKeeper:
             self._renewing.release()
 
     def _renew_all(self, live: List["Attempt"], lease_until: int, now: int) -> None:
-        runtime = self._runtime
         fenced = [a for a in live if a.fenced]
         unary = [a for a in live if not a.fenced]
-        store = runtime.store
+        store = self._store
         if fenced:
             self._renew(
                 fenced,
@@ -182,7 +184,7 @@ class LeaseKeeper:
             try:
                 results = list(batched(keys(attempts), lease_until, now))
             except Exception as exc:
-                self._runtime.report_store_error(exc, "renew")
+                self._report(exc, "renew")
                 self._name_lock_holders(len(attempts))
                 return
             for attempt, ok in zip(attempts, results):
@@ -194,7 +196,7 @@ class LeaseKeeper:
             try:
                 ok = bool(single(attempt))
             except Exception as exc:
-                self._runtime.report_store_error(
+                self._report(
                     exc,
                     "renew",
                     ids={
@@ -225,24 +227,17 @@ class LeaseKeeper:
         )
 
     def _apply(self, attempt: "Attempt", ok: Optional[bool], lease_until: int) -> None:
-        with attempt._lock:
-            if attempt._finished():
-                return
-            if ok:
-                attempt._proven_until = max(attempt._proven_until, lease_until)
-                return
-            if ok is None or attempt.holds_fence:
-                # undecided: the row is locked right now (maybe by this attempt's own fenced
-                # transaction, which proves ownership); the deadline and later ticks decide
-                return
-        self._lost(attempt, "its renewal was refused")
+        # None or a refusal while it holds its fence: undecided (the row is locked right now,
+        # maybe by this attempt's own fenced transaction, which proves ownership); the deadline
+        # and later ticks decide
+        if attempt.renewed(ok, lease_until):
+            self._lost(attempt, "its renewal was refused")
 
     def _lost(self, attempt: "Attempt", why: str) -> None:
-        with attempt._lock:
-            if attempt._finished() or attempt._settling or attempt.holds_fence:
-                # ended, or the runtime's settle decides (and fires it if needed), or it holds
-                # its row lock inside a fenced transaction (provably still the owner)
-                return
+        if not attempt.may_report_lost():
+            # ended, or the runtime's settle decides (and fires it if needed), or it holds
+            # its row lock inside a fenced transaction (provably still the owner)
+            return
         if not attempt.owner_lost.is_set():
             _LOGGER.warning(
                 "owner lost: update %s attempt %s (claim %s): %s",
@@ -257,4 +252,4 @@ class LeaseKeeper:
                     "reason": why,
                 },
             )
-        attempt._fire_owner_lost()
+        attempt.mark_owner_lost()
