@@ -13,8 +13,11 @@ from ptb_fence._errors import (
     TransactionEnded,
 )
 from ptb_fence._protocols import (
+    BatchUpdateStore,
+    BotBoundStore,
     DurableUpdateStore,
     FencedUpdateStore,
+    TransactionalUpdateStore,
     UpdateStore,
     is_durable,
     is_fenced,
@@ -50,6 +53,8 @@ __all__ = [
     "Attempt",
     "AttemptFinished",
     "AttemptIdentity",
+    "BatchUpdateStore",
+    "BotBoundStore",
     "Completed",
     "DurableUpdateStore",
     "Exhaustion",
@@ -65,6 +70,7 @@ __all__ = [
     "StoreBusy",
     "StoredUpdate",
     "TransactionEnded",
+    "TransactionalUpdateStore",
     "UpdateIntake",
     "UpdateStore",
     "__version__",
