@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import logging
 import sqlite3
 import threading
 from contextlib import contextmanager
@@ -13,10 +14,13 @@ from typing import Any, Callable, Iterator, Optional, Protocol, TypeVar
 
 from ptb_fence._errors import AttemptFinished, OwnershipLost, TransactionEnded
 from ptb_fence._values import AttemptIdentity, Completed
+from ptb_fence.runtime._port import StorePort
 
 __all__ = ["Attempt", "Phase", "current_attempt"]
 
 T = TypeVar("T")
+
+_LOGGER = logging.getLogger("ptb_fence.runtime")
 
 _ALREADY_COMPLETED = (
     "attempt already completed: a transaction(complete=True) committed it; open further "
@@ -70,7 +74,7 @@ class AttemptHost(Protocol):
     depend on the Runtime class)."""
 
     @property
-    def store(self) -> Any:
+    def port(self) -> StorePort:
         """The store the attempt's fenced writes go to."""
 
     @property
@@ -384,8 +388,8 @@ class Attempt:
                 database; the check then runs inside the caller's transaction (PostgreSQL:
                 ``SELECT … FOR UPDATE``). Without it the answer is advisory only.
         """
-        store = self._runtime.store
-        return bool(store.owns(self.identity, self._runtime.now_ms(), connection=connection))
+        port = self._runtime.port
+        return port.owns(self.identity, self._runtime.now_ms(), connection=connection)
 
     @contextmanager
     def transaction(self, *, connection: Any = None, complete: bool = False) -> Iterator[Any]:
@@ -419,17 +423,14 @@ class Attempt:
                 itself; ``complete=True`` settled nothing.
         """
         runtime = self._runtime
-        store = runtime.store
+        port = runtime.port
         identity = self.identity
         self._raise_if_finished()
+        # a store whose owns/settle_owned take no connection= cannot settle inside the
+        # caller's commit: it settles right after it (at-least-once completion; see StorePort)
+        inside = port.atomic_completion
         if connection is None:
-            opener = getattr(store, "transaction", None)
-            if opener is None:
-                raise TypeError(
-                    f"{type(store).__name__} has no transaction(); pass connection= (an open "
-                    "DB-API connection to the store's database)"
-                )
-            manager = opener()
+            manager = port.transaction()  # TypeError naming the fix when the store has none
         else:
             manager = _given_connection(connection)
         holding = False
@@ -440,7 +441,7 @@ class Attempt:
         try:
             with manager as conn:
                 checked_at = runtime.now_ms()
-                if not store.owns(identity, checked_at, connection=conn):
+                if not port.owns(identity, checked_at, connection=conn):
                     self._raise_if_finished()  # it finished meanwhile (e.g. another thread)
                     runtime.log_transaction_refused(self)
                     # the database's refusal is the authoritative proof of loss
@@ -453,7 +454,7 @@ class Attempt:
                 ended = _transaction_ended(conn)
                 if ended is not None:
                     raise TransactionEnded(identity, ended)
-                if complete:
+                if complete and inside:
                     self._begin_completing()
                     # Completed at the time of the ownership check, not "now": the check locked
                     # the row (PostgreSQL FOR UPDATE; SQLite the database's write lock; the
@@ -461,15 +462,15 @@ class Attempt:
                     # other claim can have happened since. A competing claim waits for the lock
                     # and then sees the completed row. So a transaction that stayed open past
                     # its lease still completes, exactly once.
-                    settled = store.settle_owned(
-                        identity, Completed(checked_at), connection=conn
-                    )
+                    settled = port.settle_owned(identity, Completed(checked_at), connection=conn)
                     if not settled:
                         self.mark_owner_lost()
                         raise OwnershipLost(identity)
             # committed
-            if complete:
+            if complete and inside:
                 self._end_completing(True)
+            elif complete:
+                self._complete_after_commit(checked_at)
         finally:
             # also when the commit itself failed: the attempt is then not complete
             with self._lock:
@@ -478,6 +479,24 @@ class Attempt:
                     self._holding -= 1
             if complete:
                 self._end_completing(False)  # no-op once committed
+
+    def _complete_after_commit(self, checked_at: int) -> None:
+        """Settle completed right after the caller's commit (a store without ``connection=``
+        on ``settle_owned``): the block's writes are committed whatever happens here."""
+        self._begin_completing()
+        landed = False
+        try:
+            landed = self._runtime.port.settle_owned(self.identity, Completed(checked_at))
+        finally:
+            self._end_completing(landed)
+        if not landed:
+            _LOGGER.warning(
+                "update %s attempt %s: the transaction committed but its completion did not "
+                "land (the store settles after the commit): the update runs again",
+                self.update_id,
+                self.attempt,
+            )
+            self.mark_owner_lost()
 
     async def run_in_transaction(
         self, fn: Callable[[Any], T], *, complete: bool = False

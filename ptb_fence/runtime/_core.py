@@ -15,16 +15,11 @@ from enum import Enum
 from typing import Any, Callable, List, Optional
 
 from ptb_fence._durations import format_duration
-from ptb_fence._protocols import (
-    BASE_METHODS,
-    DURABLE_METHODS,
-    FENCED_METHODS,
-    missing_methods,
-)
 from ptb_fence._values import Abandoned, Completed, Exhaustion, Failed, StoredUpdate
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._lease_keeper import EXECUTOR, LeaseKeeper, new_scheduler
 from ptb_fence.runtime._options import RuntimeOptions
+from ptb_fence.runtime._port import StorePort
 from ptb_fence.runtime._retry import default_retry
 
 __all__ = ["EXHAUSTION_PAGE", "Outcome", "Runtime"]
@@ -94,6 +89,11 @@ class Runtime:
             durable store).
         component (:obj:`str`): Name used in error messages.
 
+    Attributes:
+        store: The user's store as given (for display; the runtime never calls it directly).
+        port (:class:`~ptb_fence.runtime._port.StorePort`): The store behind one typed
+            interface: every store call of the runtime goes through it.
+
     Raises:
         TypeError: The store lacks a method the configuration needs (the message names them).
     """
@@ -109,6 +109,7 @@ class Runtime:
         "executor",
         "keeper",
         "options",
+        "port",
         "retry_soon",
         "store",
     )
@@ -122,31 +123,15 @@ class Runtime:
         handle_exhaustion: bool,
         component: str = "UpdateIntake",
     ) -> None:
-        missing = missing_methods(store, BASE_METHODS)
-        if missing:
-            raise TypeError(
-                f"{component} needs an update store; {type(store).__name__} lacks "
-                f"{', '.join(missing)}"
-            )
-        if attempt_aware:
-            missing = missing_methods(store, FENCED_METHODS)
-            if missing:
-                raise TypeError(
-                    f"{component}: attempt-aware handling needs a fenced store "
-                    f"(FencedUpdateStore); {type(store).__name__} lacks {', '.join(missing)}"
-                )
-        if handle_exhaustion:
-            missing = missing_methods(store, DURABLE_METHODS)
-            if missing:
-                raise TypeError(
-                    f"{component}: handle_exhaustion needs a durable store "
-                    f"(DurableUpdateStore); {type(store).__name__} lacks {', '.join(missing)}"
-                )
+        # the one place the store is probed for its capabilities (decided once, here)
+        self.port = StorePort(
+            store, component=component, fenced=attempt_aware, durable=handle_exhaustion
+        )
         self.store = store
         self.options = options
         self.attempt_aware = attempt_aware
         self.delivers_exhaustions = handle_exhaustion
-        self.keeper = LeaseKeeper(store, options, self.report_store_error)
+        self.keeper = LeaseKeeper(self.port, options, self.report_store_error)
         self._cursor: Optional[int] = None
         # an Executor for blocking store work from asyncio (Attempt.run_in_transaction and
         # friends); None uses asyncio.to_thread. Set by the PTB processors.
@@ -282,7 +267,7 @@ class Runtime:
         lease_until = options.lease_deadline(now)
         try:
             if self.attempt_aware or self.delivers_exhaustions:
-                identity = self.store.claim_owned(
+                identity = self.port.claim_owned(
                     update_id,
                     now=now,
                     lease_until=lease_until,
@@ -295,7 +280,7 @@ class Runtime:
                     self, update_id, identity.attempt, identity.claim_id, lease_until, body
                 )
             else:
-                number = self.store.claim(
+                number = self.port.claim(
                     update_id,
                     now=now,
                     lease_until=lease_until,
@@ -340,8 +325,8 @@ class Runtime:
     def _store_settle(self, attempt: Attempt, settlement: Any) -> bool:
         """Settle; True when it landed (unary settles are assumed to land)."""
         if attempt.fenced:
-            return bool(self.store.settle_owned(attempt.identity, settlement))
-        self.store.settle(attempt.update_id, attempt.attempt, settlement)
+            return bool(self.port.settle_owned(attempt.identity, settlement))
+        self.port.settle(attempt.update_id, attempt.attempt, settlement)
         return True
 
     def settle(
@@ -430,7 +415,7 @@ class Runtime:
         try:
             if delay is None:
                 if self.delivers_exhaustions:
-                    landed = bool(self.store.exhaust(attempt.identity, at=now, error=text))
+                    landed = bool(self.port.exhaust(attempt.identity, at=now, error=text))
                     if landed:
                         attempt.record_exhaustion(text, now)
                         exhaustion = self._exhaustion_of(attempt, at=now)
@@ -482,7 +467,7 @@ class Runtime:
         now = self.options.now_ms()
         try:
             if self.delivers_exhaustions:
-                landed = bool(self.store.exhaust(attempt.identity, at=now, error=reason))
+                landed = bool(self.port.exhaust(attempt.identity, at=now, error=reason))
             else:
                 landed = self._store_settle(attempt, Abandoned(now, reason))
         except Exception as exc:  # reported, and the handler learns that it did not land
@@ -528,7 +513,7 @@ class Runtime:
         """Acknowledge a delivered exhaustion with its exact identity."""
         try:
             ok = bool(
-                self.store.acknowledge_exhaustion(exhaustion.identity, self.options.now_ms())
+                self.port.acknowledge_exhaustion(exhaustion.identity, self.options.now_ms())
             )
         except Exception as exc:
             self.report_store_error(exc, "sweep", ids=_exhaustion_ids(exhaustion))
@@ -572,14 +557,14 @@ class Runtime:
         """Updates to hand over now (pending after the grace period, or all pending)."""
         now = self.options.now_ms()
         grace = 0 if include_fresh else int(self.options.pending_grace_seconds * 1000)
-        return list(self.store.due(now=now, pending_before=now - grace, limit=limit))
+        return list(self.port.due(now=now, pending_before=now - grace, limit=limit))
 
     def exhaustion_page(self) -> List[Exhaustion]:
         """The next page of due exhaustions, with a rotating cursor."""
         if not self.delivers_exhaustions:
             return []
         page = list(
-            self.store.due_exhaustions(limit=EXHAUSTION_PAGE, after_update_id=self._cursor)
+            self.port.due_exhaustions(limit=EXHAUSTION_PAGE, after_update_id=self._cursor)
         )
         if len(page) < EXHAUSTION_PAGE:
             self._cursor = None
@@ -590,4 +575,4 @@ class Runtime:
     def prune(self) -> int:
         """Delete rows settled more than ``retain_seconds`` ago."""
         before = self.options.now_ms() - int(self.options.retain_seconds * 1000)
-        return int(self.store.prune(before))
+        return int(self.port.prune(before))

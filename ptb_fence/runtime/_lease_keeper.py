@@ -12,6 +12,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 if TYPE_CHECKING:
     from ptb_fence.runtime._attempt import Attempt
     from ptb_fence.runtime._options import RuntimeOptions
+    from ptb_fence.runtime._port import StorePort
 
 ReportStoreError = Callable[..., None]
 """``report(error, step, *, ids=None)``: how the keeper reports a failing renewal."""
@@ -75,7 +76,9 @@ class LeaseKeeper:
 
     __slots__ = ("_active", "_lock", "_options", "_renewing", "_report", "_store", "ticks")
 
-    def __init__(self, store: Any, options: "RuntimeOptions", report: ReportStoreError) -> None:
+    def __init__(
+        self, store: "StorePort", options: "RuntimeOptions", report: ReportStoreError
+    ) -> None:
         self._store = store
         self._options = options
         self._report = report
@@ -155,7 +158,7 @@ class LeaseKeeper:
         if fenced:
             self._renew(
                 fenced,
-                getattr(store, "renew_owned_many", None),
+                store.renew_owned_many if store.renews_owned_in_batches else None,
                 lambda batch: [a.identity for a in batch],
                 lambda a: store.renew_owned(a.identity, lease_until, now),
                 lease_until,
@@ -164,7 +167,7 @@ class LeaseKeeper:
         if unary:
             self._renew(
                 unary,
-                getattr(store, "renew_many", None),
+                store.renew_many if store.renews_in_batches else None,
                 lambda batch: [(a.update_id, a.attempt) for a in batch],
                 lambda a: store.renew(a.update_id, a.attempt, lease_until, now),
                 lease_until,
