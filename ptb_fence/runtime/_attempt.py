@@ -4,92 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import inspect
 import logging
-import sqlite3
 import threading
 from contextlib import contextmanager
-from enum import Enum
-from typing import Any, Callable, Iterator, Optional, Protocol, TypeVar
+from typing import Any, Iterator, Optional
 
 from ptb_fence._errors import AttemptFinished, OwnershipLost, TransactionEnded
 from ptb_fence._values import AttemptIdentity, Completed
-from ptb_fence.runtime._port import StorePort
+from ptb_fence.runtime._attempt_async import AsyncForms
+from ptb_fence.runtime._connections import given_connection, transaction_ended
+from ptb_fence.runtime._phase import (
+    _ALREADY_COMPLETED,
+    _ALREADY_EXHAUSTED,
+    _FINISHED,
+    _HANDLER_RETURNED,
+    AttemptHost,
+    Phase,
+)
 
 __all__ = ["Attempt", "Phase", "current_attempt"]
 
-T = TypeVar("T")
 
 _LOGGER = logging.getLogger("ptb_fence.runtime")
-
-_ALREADY_COMPLETED = (
-    "attempt already completed: a transaction(complete=True) committed it; open further "
-    "transactions without complete=True (or before completing)"
-)
-_ALREADY_EXHAUSTED = (
-    "attempt already exhausted: exhaust() recorded its terminal failure; the attempt can no "
-    "longer write"
-)
-_HANDLER_RETURNED = (
-    "attempt ended: the handler returned; the attempt can no longer write (keep fenced writes "
-    "inside the handler)"
-)
-_ASYNC_FN = (
-    "run_in_transaction(fn) got an async function (or fn returned an awaitable), which would "
-    "write nothing: pass a plain function: run_in_transaction runs fn on a worker thread; do "
-    "the async work before or after; the transaction was rolled back and nothing was settled"
-)
-
-class Phase(Enum):
-    """Where an :class:`Attempt` is in its life. Transitions (all made by Attempt's methods)::
-
-        RUNNING ──transaction(complete=True)──▶ COMPLETING ──commit──▶ COMPLETED
-           │   ◀──────────── rolled back / failed ─────┘
-           ├──exhaust() landed / exhaustion recorded──▶ EXHAUSTED
-           └──handler returned (begin_settling)──▶ SETTLING ──exhausted──▶ EXHAUSTED
-        any ──end() (left the lease keeper)──▶ ENDED
-
-    COMPLETED and EXHAUSTED are kept as :attr:`Attempt.result` after ENDED.
-    """
-
-    RUNNING = "running"
-    """Claimed; the handler runs; the lease keeper renews it."""
-    COMPLETING = "completing"
-    """A ``transaction(complete=True)`` is settling inside its commit."""
-    COMPLETED = "completed"
-    """A ``transaction(complete=True)`` committed."""
-    SETTLING = "settling"
-    """The handler returned; the runtime settles (a refused renewal is expected)."""
-    EXHAUSTED = "exhausted"
-    """A terminal failure was recorded (handler ``exhaust()`` or the retry policy)."""
-    ENDED = "ended"
-    """Left the lease keeper: nothing more happens to it."""
-
-
-_FINISHED = frozenset({Phase.COMPLETING, Phase.COMPLETED, Phase.EXHAUSTED, Phase.ENDED})
-
-
-class AttemptHost(Protocol):
-    """What an :class:`Attempt` needs from its runtime (a narrow interface: Attempt does not
-    depend on the Runtime class)."""
-
-    @property
-    def port(self) -> StorePort:
-        """The store the attempt's fenced writes go to."""
-
-    @property
-    def executor(self) -> Any:
-        """An Executor for blocking store work from asyncio, or :obj:`None`."""
-
-    def now_ms(self) -> int:
-        """The current time in store units."""
-
-    def log_transaction_refused(self, attempt: "Attempt") -> None:
-        """Log a fenced transaction refused because the attempt lost its update."""
-
-    def settle_exhausted(self, attempt: "Attempt", reason: str) -> bool:
-        """Record a handler-terminal failure; :obj:`True` when it landed."""
-
 
 _CURRENT: "contextvars.ContextVar[Optional[Attempt]]" = contextvars.ContextVar(
     "ptb_fence_current_attempt", default=None
@@ -105,7 +41,7 @@ def current_attempt() -> "Optional[Attempt]":
     return _CURRENT.get()
 
 
-class Attempt:
+class Attempt(AsyncForms):
     """One attempt at handling one update: its identity and its fenced-write tools.
 
     A handler gets it as ``context.attempt`` (PTB), as the second argument of
@@ -432,7 +368,7 @@ class Attempt:
         if connection is None:
             manager = port.transaction()  # TypeError naming the fix when the store has none
         else:
-            manager = _given_connection(connection)
+            manager = given_connection(connection)
         holding = False
         with self._lock:
             # from here until the transaction ends the lease keeper leaves this attempt's row
@@ -451,7 +387,7 @@ class Attempt:
                     self._holding += 1
                     holding = True
                 yield conn
-                ended = _transaction_ended(conn)
+                ended = transaction_ended(conn)
                 if ended is not None:
                     raise TransactionEnded(identity, ended)
                 if complete and inside:
@@ -498,57 +434,6 @@ class Attempt:
             )
             self.mark_owner_lost()
 
-    async def run_in_transaction(
-        self, fn: Callable[[Any], T], *, complete: bool = False
-    ) -> T:
-        """Run ``fn(connection)`` on a worker thread inside :meth:`transaction`.
-
-        The asyncio form of :meth:`transaction`: it never blocks the event loop.
-
-        Args:
-            fn: Called with the transaction's connection; its result is returned.
-            complete: As in :meth:`transaction`.
-
-        Raises:
-            OwnershipLost: The attempt no longer owns the update; ``fn``'s writes were
-                rolled back.
-            TypeError: ``fn`` is an ``async def`` function (or returned an awaitable): it
-                would write nothing. Pass a plain function; the transaction is rolled back.
-            AttemptFinished: As in :meth:`transaction`.
-            TransactionEnded: As in :meth:`transaction`.
-        """
-        self._raise_if_finished()
-        if inspect.iscoroutinefunction(fn):
-            raise TypeError(_ASYNC_FN)
-
-        def run() -> T:
-            with self.transaction(complete=complete) as conn:
-                result = fn(conn)
-                if inspect.isawaitable(result):
-                    if inspect.iscoroutine(result):
-                        result.close()  # never awaited: no "never awaited" warning either
-                    raise TypeError(_ASYNC_FN)  # rolls the transaction back
-                return result
-
-        return await self._off_loop(run)
-
-    async def _off_loop(self, fn: Callable[[], T]) -> T:
-        """Run blocking ``fn`` on the runtime's thread pool (keeping context variables)."""
-        executor = self._runtime.executor
-        if executor is None:
-            return await asyncio.to_thread(fn)
-        context = contextvars.copy_context()
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, context.run, fn)
-
-    async def owns_async(self, connection: Any = None) -> bool:
-        """The asyncio form of :meth:`owns`: the store call runs off the event loop."""
-        return await self._off_loop(lambda: self.owns(connection))
-
-    async def exhaust_async(self, reason: str) -> None:
-        """The asyncio form of :meth:`exhaust`: the store call runs off the event loop."""
-        await self._off_loop(lambda: self.exhaust(reason))
-
     def exhaust(self, reason: str) -> None:
         """Record a terminal failure now: no more retries; the exhaustion handler is called.
 
@@ -570,54 +455,3 @@ class Attempt:
 def _set_future(future: "asyncio.Future[None]") -> None:
     if not future.done():
         future.set_result(None)
-
-
-def _target(connection: Any) -> Any:
-    """The DB-API connection of a connection or cursor."""
-    return connection if hasattr(connection, "commit") else getattr(connection, "connection", None)
-
-
-def _transaction_ended(connection: Any) -> Optional[str]:
-    """How the block ended its own transaction, or :obj:`None` while it is still open.
-
-    sqlite3 (autocommit outside the block): ``in_transaction`` is false after a commit or
-    rollback, and raises once closed. psycopg2: ``closed`` is non-zero once closed;
-    ``get_transaction_status()`` is IDLE (0) after a commit or rollback, UNKNOWN (4) when the
-    connection is broken. Anything else (the memory store's :obj:`None`, other drivers) cannot
-    be checked and counts as open.
-    """
-    target = None if connection is None else _target(connection)
-    if target is None:
-        return None
-    if isinstance(target, sqlite3.Connection):
-        try:
-            return None if target.in_transaction else "committed or rolled back"
-        except sqlite3.ProgrammingError:
-            return "closed"
-    if getattr(target, "closed", 0):
-        return "closed"
-    status = getattr(target, "get_transaction_status", None)
-    if callable(status):
-        value = status()
-        if value == 0:
-            return "committed or rolled back"
-        if value == 4:
-            return "closed or broken"
-    return None
-
-
-@contextmanager
-def _given_connection(connection: Any) -> Iterator[Any]:
-    """Commit or roll back a caller's connection (or a cursor's connection) around a block."""
-    target = _target(connection)
-    try:
-        yield connection
-    except BaseException:
-        try:
-            target.rollback()
-        except Exception:
-            if _transaction_ended(target) is None:
-                raise  # a closed connection has nothing to roll back
-        raise
-    else:
-        target.commit()
