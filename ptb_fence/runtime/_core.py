@@ -11,15 +11,25 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
-from enum import Enum
 from typing import Any, Callable, List, Optional
 
 from ptb_fence._durations import format_duration
-from ptb_fence._values import Abandoned, Completed, Exhaustion, Failed, StoredUpdate
+from ptb_fence._values import (
+    Abandoned,
+    AttemptIdentity,
+    Completed,
+    Exhaustion,
+    Failed,
+    Settlement,
+    StoredUpdate,
+)
 from ptb_fence.runtime._attempt import Attempt
-from ptb_fence.runtime._lease_keeper import EXECUTOR, LeaseKeeper, new_scheduler
+from ptb_fence.runtime._jobs import Jobs
+from ptb_fence.runtime._lease_keeper import LeaseKeeper
 from ptb_fence.runtime._options import RuntimeOptions
+from ptb_fence.runtime._outcome import Outcome, error_text, exhaustion_ids, ids
 from ptb_fence.runtime._port import StorePort
+from ptb_fence.runtime._recording import RecordingOps
 from ptb_fence.runtime._retry import default_retry
 
 __all__ = ["EXHAUSTION_PAGE", "Outcome", "Runtime"]
@@ -33,51 +43,7 @@ _MAX_RETRY_DELAY_SECONDS = 366 * 86400.0
 """Retry delays from a custom policy are clamped to this (a year; keeps store times finite)."""
 
 
-class Outcome(str, Enum):
-    """How an attempt ended. A :obj:`str` enum: ``Outcome.COMPLETED == "completed"``."""
-
-    COMPLETED = "completed"
-    RETRYING = "retrying"
-    ABANDONED = "abandoned"
-    EXHAUSTED = "exhausted"
-    LOST = "lost"
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
-
-
-def _error_text(error: BaseException) -> str:
-    name = type(error).__name__
-    message = str(error)
-    if not message:
-        text = name
-    elif message.startswith(name):  # e.g. PTB's "Forbidden: bot was blocked by the user"
-        text = message
-    else:
-        text = f"{name}: {message}"
-    return text[:2000]
-
-
-def _ids(attempt: Attempt) -> "dict[str, Any]":
-    return {
-        "update_id": attempt.update_id,
-        "attempt": attempt.attempt,
-        "claim_id": attempt.claim_id or None,
-    }
-
-
-def _exhaustion_ids(exhaustion: Exhaustion) -> "dict[str, Any]":
-    return {
-        "update_id": exhaustion.update_id,
-        "attempt": exhaustion.attempt,
-        "claim_id": exhaustion.claim_id,
-    }
-
-
-class Runtime:
+class Runtime(RecordingOps, Jobs):
     """The shared runtime of one front end (one :class:`~ptb_fence.UpdateIntake` or processor).
 
     Args:
@@ -174,7 +140,7 @@ class Runtime:
             "store error during %s%s: %s",
             step,
             "" if fields["update_id"] is None else f" of update {fields['update_id']}",
-            _error_text(error),
+            error_text(error),
             extra=fields,
         )
         self._observe("on_store_error", error, step)
@@ -186,73 +152,8 @@ class Runtime:
             attempt.update_id,
             attempt.attempt,
             attempt.claim_id,
-            extra=_ids(attempt),
+            extra=ids(attempt),
         )
-
-    # -- scheduling -------------------------------------------------------------------------
-    def start_jobs(self, sweep: Optional[Callable[[], Any]] = None) -> None:
-        """Start a fresh background scheduler with the lease keeper (and ``sweep``) jobs."""
-        with self._scheduler_lock:
-            if self._scheduler is not None:
-                return
-            scheduler = new_scheduler()
-            self.keeper.add_job(scheduler, wrap=self._tracked)
-            if sweep is not None:
-                scheduler.add_job(
-                    self._tracked(sweep, "ptb_fence sweep"),
-                    "interval",
-                    executor=EXECUTOR,
-                    seconds=self.options.sweep_every_seconds,
-                    id="ptb_fence_sweep",
-                    name="ptb_fence sweep",
-                    # the sweep has its own non-blocking lock; extra instances return at once
-                    # instead of APScheduler warning that a run was skipped
-                    max_instances=3,
-                )
-            scheduler.start()
-            self._scheduler = scheduler
-
-    def _tracked(self, fn: Callable[[], Any], name: str) -> Callable[[], Any]:
-        """``fn`` counted while it runs, so :meth:`stop_jobs` can wait for it with a bound."""
-
-        def run() -> Any:
-            with self._jobs:
-                self._jobs_running[name] = self._jobs_running.get(name, 0) + 1
-            try:
-                return fn()
-            finally:
-                with self._jobs:
-                    self._jobs_running[name] -= 1
-                    if not self._jobs_running[name]:
-                        del self._jobs_running[name]
-                    self._jobs.notify_all()
-
-        return run
-
-    def stop_jobs(self, timeout: Optional[float] = None) -> List[str]:
-        """Stop the background scheduler and wait for a running job (tick or sweep) to end.
-
-        Args:
-            timeout: Seconds to wait (:obj:`None`: until the jobs end).
-
-        Returns:
-            The names of the jobs still running after ``timeout`` (empty when all ended).
-        """
-        with self._scheduler_lock:
-            scheduler, self._scheduler = self._scheduler, None
-        if scheduler is not None:
-            try:
-                scheduler.shutdown(wait=timeout is None)
-            except Exception:  # pragma: no cover - already stopped
-                _LOGGER.debug("scheduler shutdown failed", exc_info=True)
-        with self._jobs:
-            self._jobs.wait_for(lambda: not self._jobs_running, timeout)
-            return sorted(self._jobs_running)
-
-    @property
-    def running(self) -> bool:
-        """Whether the background jobs are running."""
-        return self._scheduler is not None
 
     # -- one attempt ------------------------------------------------------------------------
     def claim(self, update_id: int, body: Optional[str] = None) -> Optional[Attempt]:
@@ -297,7 +198,7 @@ class Runtime:
             update_id,
             attempt.attempt,
             attempt.claim_id or "-",
-            extra=_ids(attempt),
+            extra=ids(attempt),
         )
         self.keeper.register(attempt)
         return attempt
@@ -307,7 +208,9 @@ class Runtime:
         """Whether attempts are claimed with ``claim_owned`` (attempt-aware or durable)."""
         return self.attempt_aware or self.delivers_exhaustions
 
-    def adopt(self, identity: Any, lease_until: int, body: Optional[str] = None) -> Attempt:
+    def adopt(
+        self, identity: AttemptIdentity, lease_until: int, body: Optional[str] = None
+    ) -> Attempt:
         """Register an attempt the store already claimed (``add_claimed_many``) and return it."""
         attempt = Attempt(
             self, identity.update_id, identity.attempt, identity.claim_id, lease_until, body
@@ -317,12 +220,12 @@ class Runtime:
             attempt.update_id,
             attempt.attempt,
             attempt.claim_id or "-",
-            extra=_ids(attempt),
+            extra=ids(attempt),
         )
         self.keeper.register(attempt)
         return attempt
 
-    def _store_settle(self, attempt: Attempt, settlement: Any) -> bool:
+    def _store_settle(self, attempt: Attempt, settlement: Settlement) -> bool:
         """Settle; True when it landed (unary settles are assumed to land)."""
         if attempt.fenced:
             return bool(self.port.settle_owned(attempt.identity, settlement))
@@ -366,7 +269,7 @@ class Runtime:
                 "completion of update %s attempt %s did not land: it runs again after the lease",
                 attempt.update_id,
                 attempt.attempt,
-                extra=_ids(attempt),
+                extra=ids(attempt),
             )
             attempt.mark_owner_lost()
             return Outcome.LOST
@@ -374,7 +277,7 @@ class Runtime:
 
     def completion_failed(self, attempt: Attempt, error: BaseException) -> Outcome:
         """A completion settle raised: report it; the lease and the sweep take over."""
-        self.report_store_error(error, "settle", ids=_ids(attempt))
+        self.report_store_error(error, "settle", ids=ids(attempt))
         return Outcome.LOST
 
     def settle_failed(
@@ -409,7 +312,7 @@ class Runtime:
                 # negative means now; infinity (or absurd values) must not overflow the store
                 delay = min(max(delay, 0.0), _MAX_RETRY_DELAY_SECONDS)
         now = options.now_ms()
-        text = _error_text(error)
+        text = error_text(error)
         exhaustion: Optional[Exhaustion] = None
         outcome = Outcome.LOST  # stays LOST if the store call below raises
         try:
@@ -428,7 +331,7 @@ class Runtime:
                 landed = self._store_settle(attempt, Failed(now, retry_at, text))
                 outcome = Outcome.RETRYING
         except Exception as exc:
-            self.report_store_error(exc, "settle", ids=_ids(attempt))
+            self.report_store_error(exc, "settle", ids=ids(attempt))
             landed = False
         retrying = outcome == Outcome.RETRYING
         if not landed:
@@ -457,7 +360,7 @@ class Runtime:
             attempt.attempt,
             what,
             text,
-            extra=dict(_ids(attempt), outcome=outcome.value),
+            extra=dict(ids(attempt), outcome=outcome.value),
         )
         self._observe("on_failure", error, attempt, retrying)
         return outcome, exhaustion
@@ -471,7 +374,7 @@ class Runtime:
             else:
                 landed = self._store_settle(attempt, Abandoned(now, reason))
         except Exception as exc:  # reported, and the handler learns that it did not land
-            self.report_store_error(exc, "settle", ids=_ids(attempt))
+            self.report_store_error(exc, "settle", ids=ids(attempt))
             raise
         if landed:
             attempt.record_exhaustion(reason, now)  # nothing left to renew
@@ -480,7 +383,7 @@ class Runtime:
                 attempt.update_id,
                 attempt.attempt,
                 reason,
-                extra=_ids(attempt),
+                extra=ids(attempt),
             )
         else:
             attempt.mark_owner_lost()
@@ -516,14 +419,14 @@ class Runtime:
                 self.port.acknowledge_exhaustion(exhaustion.identity, self.options.now_ms())
             )
         except Exception as exc:
-            self.report_store_error(exc, "sweep", ids=_exhaustion_ids(exhaustion))
+            self.report_store_error(exc, "sweep", ids=exhaustion_ids(exhaustion))
             return False
         if ok:
             _LOGGER.info(
                 "exhaustion of update %s attempt %s acknowledged",
                 exhaustion.update_id,
                 exhaustion.attempt,
-                extra=_exhaustion_ids(exhaustion),
+                extra=exhaustion_ids(exhaustion),
             )
         return ok
 
@@ -533,7 +436,7 @@ class Runtime:
             "exhaustion handler failed for update %s attempt %s; it stays due: %s",
             exhaustion.update_id,
             exhaustion.attempt,
-            _error_text(error),
+            error_text(error),
             extra={
                 "update_id": exhaustion.update_id,
                 "attempt": exhaustion.attempt,
