@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import logging
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ptb_fence._errors import AttemptFinished, OwnershipLost, TransactionEnded
 from ptb_fence._values import AttemptIdentity, Completed
@@ -21,6 +20,10 @@ from ptb_fence.runtime._phase import (
     AttemptHost,
     Phase,
 )
+
+
+if TYPE_CHECKING:
+    import asyncio  # imported where used: import ptb_fence stays light
 
 __all__ = ["Attempt", "Phase", "current_attempt"]
 
@@ -302,6 +305,8 @@ class Attempt(AsyncForms):
 
     async def wait_owner_lost(self) -> None:
         """Wait (asyncio) until :attr:`owner_lost` is set, without blocking the event loop."""
+        import asyncio
+
         loop = asyncio.get_running_loop()
         future: "asyncio.Future[None]" = loop.create_future()
         with self._lock:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import inspect
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, TypeVar
 
 from ptb_fence.runtime._phase import _ASYNC_FN, AttemptHost
+
+
+if TYPE_CHECKING:
+    import asyncio  # imported where used: import ptb_fence stays light
 
 __all__ = ["AsyncForms"]
 
@@ -67,6 +70,8 @@ class AsyncForms:
 
     async def _off_loop(self, fn: Callable[[], T]) -> T:
         """Run blocking ``fn`` on the runtime's thread pool (keeping context variables)."""
+        import asyncio
+
         executor = self._runtime.executor
         if executor is None:
             return await asyncio.to_thread(fn)

@@ -6,10 +6,9 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from apscheduler.executors.pool import ThreadPoolExecutor as _APSThreadPool
-from apscheduler.schedulers.background import BackgroundScheduler
-
 if TYPE_CHECKING:
+    from apscheduler.schedulers.background import BackgroundScheduler
+
     from ptb_fence.runtime._attempt import Attempt
     from ptb_fence.runtime._options import RuntimeOptions
     from ptb_fence.runtime._port import StorePort
@@ -22,7 +21,7 @@ __all__ = ["EXECUTOR", "LeaseKeeper", "SCHEDULER_LOGGER", "new_scheduler"]
 _LOGGER = logging.getLogger("ptb_fence.lease")
 
 
-def new_scheduler() -> BackgroundScheduler:
+def new_scheduler() -> "BackgroundScheduler":
     """A fresh APScheduler 3 background scheduler: UTC, daemon threads, nothing skipped.
 
     APScheduler's defaults drop late runs (``misfire_grace_time`` of 1 s, ``max_instances=1``);
@@ -35,7 +34,12 @@ def new_scheduler() -> BackgroundScheduler:
     loggers ``ptb_fence.scheduler`` and ``apscheduler.executors.ptb_fence``, which start at
     WARNING unless you configured them (set them to INFO to see every renewal and sweep run).
     Jobs must be added with ``executor=EXECUTOR``.
+
+    APScheduler is imported here, when a runtime starts its jobs, not by ``import ptb_fence``.
     """
+    from apscheduler.executors.pool import ThreadPoolExecutor as _APSThreadPool
+    from apscheduler.schedulers.background import BackgroundScheduler
+
     _quiet_scheduler_loggers()
     return BackgroundScheduler(
         timezone="UTC",
@@ -110,7 +114,7 @@ class LeaseKeeper:
 
     def add_job(
         self,
-        scheduler: BackgroundScheduler,
+        scheduler: "BackgroundScheduler",
         wrap: Optional[Callable[[Callable[[], None], str], Callable[[], Any]]] = None,
     ) -> None:
         """Add the renewal job (every ``lease_seconds / 4``) to ``scheduler``.
