@@ -15,8 +15,11 @@ from ptb_fence._errors import (
     TransactionEnded,
 )
 from ptb_fence._protocols import (
+    BatchUpdateStore,
+    BotBoundStore,
     DurableUpdateStore,
     FencedUpdateStore,
+    TransactionalUpdateStore,
     UpdateStore,
     is_durable,
     is_fenced,
@@ -52,6 +55,8 @@ __all__ = [
     "Attempt",
     "AttemptFinished",
     "AttemptIdentity",
+    "BatchUpdateStore",
+    "BotBoundStore",
     "Completed",
     "DurableUpdateStore",
     "Exhaustion",
@@ -69,6 +74,7 @@ __all__ = [
     "TableBotMismatch",
     "StoredUpdate",
     "TransactionEnded",
+    "TransactionalUpdateStore",
     "UpdateIntake",
     "UpdateStore",
     "__version__",

@@ -1,4 +1,6 @@
-"""The store contract: three capability levels, detected by duck typing.
+"""The store contract: three capability levels, detected by duck typing, plus the optional
+capabilities the runtime uses when a store offers them (:class:`BatchUpdateStore`,
+:class:`TransactionalUpdateStore`, :class:`BotBoundStore`).
 
 Every method is blocking and each rule is one conditional statement on one row. The methods'
 docstrings below state the rules; :func:`ptb_fence.conformance.check_update_store` checks them,
@@ -9,12 +11,25 @@ milliseconds since the epoch.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Protocol, runtime_checkable
+from typing import (
+    Any,
+    ContextManager,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    runtime_checkable,
+)
 
 from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoredUpdate
 
 __all__ = [
     "BASE_METHODS",
+    "BATCH_METHODS",
+    "BatchUpdateStore",
+    "BotBoundStore",
+    "TransactionalUpdateStore",
     "DURABLE_METHODS",
     "DurableUpdateStore",
     "FENCED_METHODS",
@@ -33,6 +48,19 @@ FENCED_METHODS = BASE_METHODS + ("claim_owned", "renew_owned", "owns", "settle_o
 
 DURABLE_METHODS = FENCED_METHODS + ("exhaust", "due_exhaustions", "acknowledge_exhaustion")
 """The methods of :class:`DurableUpdateStore`: the fenced ten plus three."""
+
+BATCH_METHODS = (
+    "add_many",
+    "add_claimed_many",
+    "add_claimed_and_settle_many",
+    "renew_many",
+    "renew_owned_many",
+    "settle_owned_many",
+)
+"""The optional methods of :class:`BatchUpdateStore`; each is independently optional."""
+
+Row = Tuple[int, str, int]
+"""An update to record: ``(update_id, body, received_at)``."""
 
 
 @runtime_checkable
@@ -104,11 +132,16 @@ class FencedUpdateStore(UpdateStore, Protocol):
         """:obj:`True` only while this exact claim holds a lease unexpired at ``at``.
 
         With ``connection`` (the caller's DB-API connection or cursor), the check runs on it,
-        inside the caller's transaction (PostgreSQL: ``SELECT … FOR UPDATE``).
+        inside the caller's transaction (PostgreSQL: ``SELECT … FOR UPDATE``); see
+        :class:`TransactionalUpdateStore` for what the runtime relies on.
         """
 
     def settle_owned(self, identity: AttemptIdentity, settlement: Settlement) -> bool:
-        """As :meth:`settle`, and the claim id must match; returns whether it landed."""
+        """As :meth:`settle`, and the claim id must match; returns whether it landed.
+
+        The ``connection=`` keyword is an optional capability: see
+        :class:`TransactionalUpdateStore`.
+        """
 
 
 @runtime_checkable
@@ -125,6 +158,102 @@ class DurableUpdateStore(FencedUpdateStore, Protocol):
 
     def acknowledge_exhaustion(self, identity: AttemptIdentity, at: int) -> bool:
         """Acknowledge the exhaustion with exactly this identity; it becomes prunable."""
+
+
+class BatchUpdateStore(Protocol):
+    """Optional: several rows per call (one statement and one commit in the SQL stores).
+
+    Each method is independently optional; the runtime uses the ones a store has and falls back
+    to the loop of single calls for the others. Each must equal that loop row by row,
+    refusals included, and land all or nothing (one commit).
+    """
+
+    def add_many(self, rows: Sequence[Row]) -> List[bool]:
+        """``[add(*row) for row in rows]`` in one commit, all or nothing."""
+
+    def add_claimed_many(
+        self, rows: Sequence[Row], *, lease_until: int
+    ) -> List[Optional[AttemptIdentity]]:
+        """Record fresh updates already claimed for attempt 1, in one commit.
+
+        Per row: a new ``update_id`` is inserted as ``processing`` with ``attempts = 1``,
+        ``due_at = lease_until`` and a fresh claim id, and its identity is returned; an existing
+        one returns :obj:`None` and changes nothing — except where :meth:`UpdateStore.add`
+        documents that a *different* update replaces a settled row: then the row is replaced
+        by the claimed one and its identity is returned.
+        """
+
+    def add_claimed_and_settle_many(
+        self,
+        rows: Sequence[Row],
+        *,
+        lease_until: int,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+    ) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
+        """:meth:`add_claimed_many` and :meth:`settle_owned_many` in one commit."""
+
+    def renew_many(
+        self, leases: Sequence[Tuple[int, int]], lease_until: int, now: int
+    ) -> List[Optional[bool]]:
+        """Renew ``(update_id, attempt)`` leases as :meth:`UpdateStore.renew` with ``now``.
+
+        Per position: :obj:`True` renewed, :obj:`False` refused, :obj:`None` the row is locked
+        by another open transaction right now (undecided; PostgreSQL ``FOR UPDATE SKIP
+        LOCKED``): neither renewed nor refused.
+        """
+
+    def renew_owned_many(
+        self, identities: Sequence[AttemptIdentity], lease_until: int, now: int
+    ) -> List[Optional[bool]]:
+        """As :meth:`renew_many` for :meth:`FencedUpdateStore.renew_owned` (claim ids must
+        match); :obj:`None` means locked right now, undecided."""
+
+    def settle_owned_many(
+        self, items: Sequence[Tuple[AttemptIdentity, Settlement]]
+    ) -> List[bool]:
+        """``[settle_owned(i, s) for i, s in items]`` in one commit; per position whether that
+        settlement landed."""
+
+
+@runtime_checkable
+class TransactionalUpdateStore(Protocol):
+    """Optional: fenced writes inside a transaction, for ``Attempt.transaction``.
+
+    Without :meth:`transaction`, ``Attempt.transaction()`` needs ``connection=``. Without the
+    ``connection=`` keyword on :meth:`owns`/:meth:`settle_owned`, a caller's transaction is not
+    fenced by the database: ownership is checked on the store before the block (advisory) and
+    ``complete=True`` settles right *after* the caller's commit — at-least-once completion, not
+    exactly-once (the runtime logs one WARNING naming this at start).
+    """
+
+    def transaction(self) -> ContextManager[Any]:
+        """Open a transaction on a connection of the store's driver and yield the connection
+        (:obj:`None` where there is none, e.g. the memory store); commit on normal exit, roll
+        back on an exception."""
+
+    def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
+        """As :meth:`FencedUpdateStore.owns`. With ``connection`` (the caller's DB-API
+        connection or cursor) the check runs on it, inside the caller's transaction, and holds
+        the row until that transaction ends (PostgreSQL ``SELECT … FOR UPDATE``; SQLite the
+        database's write lock)."""
+
+    def settle_owned(
+        self, identity: AttemptIdentity, settlement: Settlement, *, connection: Any = None
+    ) -> bool:
+        """As :meth:`FencedUpdateStore.settle_owned`. With ``connection`` the statement runs on
+        the caller's connection inside its transaction, so it commits or rolls back with it."""
+
+
+@runtime_checkable
+class BotBoundStore(Protocol):
+    """Optional: a store that records which bot owns its table."""
+
+    def bind_bot(self, bot_id: int) -> None:
+        """Record that the table belongs to bot ``bot_id`` (the first binder wins).
+
+        Raises:
+            ptb_fence.TableBotMismatch: The table belongs to another bot.
+        """
 
 
 def missing_methods(store: object, names: "tuple[str, ...]") -> List[str]:

@@ -859,7 +859,7 @@ def test_transaction_on_a_given_connection_commits_or_rolls_back(intakes, tmp_pa
 
 def test_unary_attempt_has_no_identity() -> None:
     from ptb_fence import RuntimeOptions
-    from ptb_fence.runtime import Runtime
+    from ptb_fence.runtime._core import Runtime
 
     store = StoreWrapper(methods=BASE_METHODS)
     runtime = Runtime(store, RuntimeOptions(clock=FakeClock()), attempt_aware=False, handle_exhaustion=False)

@@ -11,7 +11,7 @@ import pytest
 from ptb_fence import MemoryUpdateStore, RuntimeOptions, UpdateIntake
 from ptb_fence._protocols import BASE_METHODS, FENCED_METHODS
 from ptb_fence._values import Completed
-from ptb_fence.runtime import Runtime
+from ptb_fence.runtime._core import Runtime
 from test_runtime_support import FakeClock, Recorder, StoreDown, StoreWrapper, body, row, wait_until
 
 N = 500
@@ -150,7 +150,7 @@ def test_a_late_renewal_result_after_the_attempt_ended_does_nothing(late_result)
     ticker.start()
     assert entered.wait(5)
     proven_before = attempt._proven_until
-    assert runtime.succeed(attempt) == "completed"
+    assert runtime.settle_completed(attempt) == "completed"
     runtime.end(attempt)
     release.set()
     ticker.join(5)
@@ -242,7 +242,7 @@ def test_a_refusal_racing_the_runtimes_own_settle_does_not_fire_owner_lost(error
     ticker = threading.Thread(target=runtime.keeper.tick)
     ticker.start()
     assert entered.wait(5)
-    outcome, _ = runtime.finish(attempt, error)
+    outcome, _ = runtime.settle(attempt, error)
     assert outcome == ("completed" if error is None else "retrying")
     release.set()  # the refusal arrives before runtime.end(attempt)
     ticker.join(5)

@@ -12,7 +12,7 @@ from typing import Any, Dict, List
 import pytest
 
 from ptb_fence import MemoryUpdateStore, UpdateIntake
-from ptb_fence.runtime import chat_key
+from ptb_fence.runtime._chats import chat_key
 from test_runtime_support import FakeClock, body, intakes, row  # noqa: F401
 
 CHATS, PER_CHAT, MAX = 20, 15, 8

@@ -2,41 +2,33 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
-import inspect
-import sqlite3
+import logging
 import threading
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ptb_fence._errors import AttemptFinished, OwnershipLost, TransactionEnded
 from ptb_fence._values import AttemptIdentity, Completed
+from ptb_fence.runtime._attempt_async import AsyncForms
+from ptb_fence.runtime._connections import given_connection, transaction_ended
+from ptb_fence.runtime._phase import (
+    _ALREADY_COMPLETED,
+    _ALREADY_EXHAUSTED,
+    _FINISHED,
+    _HANDLER_RETURNED,
+    AttemptHost,
+    Phase,
+)
+
 
 if TYPE_CHECKING:
-    from ptb_fence.runtime._core import Runtime
+    import asyncio  # imported where used: import ptb_fence stays light
 
-__all__ = ["Attempt", "current_attempt"]
+__all__ = ["Attempt", "Phase", "current_attempt"]
 
-T = TypeVar("T")
 
-_ALREADY_COMPLETED = (
-    "attempt already completed: a transaction(complete=True) committed it; open further "
-    "transactions without complete=True (or before completing)"
-)
-_ALREADY_EXHAUSTED = (
-    "attempt already exhausted: exhaust() recorded its terminal failure; the attempt can no "
-    "longer write"
-)
-_HANDLER_RETURNED = (
-    "attempt ended: the handler returned; the attempt can no longer write (keep fenced writes "
-    "inside the handler)"
-)
-_ASYNC_FN = (
-    "run_in_transaction(fn) got an async function (or fn returned an awaitable), which would "
-    "write nothing: pass a plain function: run_in_transaction runs fn on a worker thread; do "
-    "the async work before or after; the transaction was rolled back and nothing was settled"
-)
+_LOGGER = logging.getLogger("ptb_fence.runtime")
 
 _CURRENT: "contextvars.ContextVar[Optional[Attempt]]" = contextvars.ContextVar(
     "ptb_fence_current_attempt", default=None
@@ -52,7 +44,7 @@ def current_attempt() -> "Optional[Attempt]":
     return _CURRENT.get()
 
 
-class Attempt:
+class Attempt(AsyncForms):
     """One attempt at handling one update: its identity and its fenced-write tools.
 
     A handler gets it as ``context.attempt`` (PTB), as the second argument of
@@ -73,9 +65,6 @@ class Attempt:
 
     __slots__ = (
         "_body",
-        "_completing",
-        "_completed",
-        "_ended",
         "_exhausted_at",
         "_exhausted_error",
         "_holding",
@@ -83,9 +72,11 @@ class Attempt:
         "_lock",
         "_loop_waiters",
         "_opening",
+        "_phase",
         "_proven_until",
+        "_result",
+        "_resume",
         "_runtime",
-        "_settling",
         "attempt",
         "claim_id",
         "owner_lost",
@@ -94,7 +85,7 @@ class Attempt:
 
     def __init__(
         self,
-        runtime: "Runtime",
+        runtime: AttemptHost,
         update_id: int,
         attempt: int,
         claim_id: Optional[str],
@@ -111,10 +102,9 @@ class Attempt:
         self.owner_lost = threading.Event()
         self._lock = threading.Lock()
         self._proven_until = proven_until
-        self._ended = False
-        self._completing = False
-        self._completed = False
-        self._settling = False  # the runtime is settling it: a refused renewal is expected
+        self._phase = Phase.RUNNING
+        self._result: Optional[Phase] = None  # COMPLETED or EXHAUSTED once reached, kept after ENDED
+        self._resume = Phase.RUNNING  # the phase a failed COMPLETING returns to
         self._opening = 0  # fenced transactions opening or open
         self._holding = 0  # fenced transactions whose ownership check succeeded, still open
         self._exhausted_error: Optional[str] = None
@@ -144,14 +134,61 @@ class Attempt:
         return self._identity is not None
 
     @property
+    def phase(self) -> Phase:
+        """:class:`Phase`: Where this attempt is in its life."""
+        return self._phase
+
+    @property
+    def result(self) -> Optional[Phase]:
+        """:class:`Phase` | :obj:`None`: ``COMPLETED`` or ``EXHAUSTED`` once reached (kept
+        after the attempt ended)."""
+        return self._result
+
+    @property
     def completed(self) -> bool:
         """:obj:`bool`: Whether a ``transaction(complete=True)`` committed this attempt."""
-        return self._completed
+        return self._result is Phase.COMPLETED
 
     @property
     def exhausted(self) -> bool:
         """:obj:`bool`: Whether :meth:`exhaust` recorded a terminal failure for this attempt."""
-        return self._exhausted_error is not None
+        return self._result is Phase.EXHAUSTED
+
+    @property
+    def exhaustion_error(self) -> Optional[str]:
+        """:obj:`str` | :obj:`None`: The recorded terminal failure's text."""
+        return self._exhausted_error
+
+    @property
+    def exhausted_at(self) -> Optional[int]:
+        """:obj:`int` | :obj:`None`: When the terminal failure was recorded (epoch ms)."""
+        return self._exhausted_at
+
+    @property
+    def body(self) -> Optional[str]:
+        """:obj:`str` | :obj:`None`: The stored update text this attempt was claimed with."""
+        return self._body
+
+    @body.setter
+    def body(self, text: Optional[str]) -> None:
+        self._body = text
+
+    @property
+    def proven_until(self) -> int:
+        """:obj:`int`: The end (epoch ms) of the last lease the store confirmed."""
+        return self._proven_until
+
+    @property
+    def finished(self) -> bool:
+        """:obj:`bool`: Completing, completed, exhausted or ended: nothing left to renew."""
+        return self._phase in _FINISHED
+
+    @property
+    def settling(self) -> bool:
+        """:obj:`bool`: The handler returned and the runtime settles (or settled) it."""
+        return self._phase is Phase.SETTLING or (
+            self._phase is Phase.COMPLETING and self._resume is Phase.SETTLING
+        )
 
     @property
     def holds_fence(self) -> bool:
@@ -171,8 +208,73 @@ class Attempt:
         may be locked: the lease keeper does not renew it meanwhile)."""
         return self._opening > 0
 
-    def _finished(self) -> bool:
-        return self._ended or self._completed or self._completing or self.exhausted
+    # -- transitions (the runtime and the lease keeper call these) ---------------------------
+    def begin_settling(self) -> None:
+        """RUNNING → SETTLING: the handler returned; the runtime's settle decides from now on
+        whether the owner was lost (renewals continue meanwhile)."""
+        with self._lock:
+            if self._phase is Phase.RUNNING:
+                self._phase = Phase.SETTLING
+            elif self._phase is Phase.COMPLETING:
+                self._resume = Phase.SETTLING
+
+    def record_exhaustion(self, error: str, at: int) -> None:
+        """→ EXHAUSTED: a terminal failure landed in the store at ``at``."""
+        with self._lock:
+            self._exhausted_error = error
+            self._exhausted_at = at
+            self._result = Phase.EXHAUSTED
+            if self._phase is not Phase.ENDED:
+                self._phase = Phase.EXHAUSTED
+            self._proven_until = min(self._proven_until, at)  # nothing left to renew
+
+    def end(self) -> None:
+        """→ ENDED: the attempt left the lease keeper; late renewal results are ignored."""
+        with self._lock:
+            self._phase = Phase.ENDED
+
+    def _begin_completing(self) -> None:
+        with self._lock:
+            self._resume = self._phase if self._phase is Phase.SETTLING else Phase.RUNNING
+            self._phase = Phase.COMPLETING
+
+    def _end_completing(self, committed: bool) -> None:
+        with self._lock:
+            if committed:
+                self._result = Phase.COMPLETED
+            if self._phase is Phase.COMPLETING:
+                self._phase = Phase.COMPLETED if committed else self._resume
+
+    def renewed(self, ok: Optional[bool], lease_until: int) -> bool:
+        """Apply a renewal result; return :obj:`True` when it proves the update lost.
+
+        ``ok`` :obj:`None` (the row was locked right now) is undecided, as is a refusal while
+        this attempt holds its fence (its own transaction locks the row).
+        """
+        with self._lock:
+            if self.finished:
+                return False
+            if ok:
+                self._proven_until = max(self._proven_until, lease_until)
+                return False
+            return not (ok is None or self.holds_fence)
+
+    def may_report_lost(self) -> bool:
+        """Whether the lease keeper may report this attempt lost now: not finished, not being
+        settled (the settle's result decides) and not holding its fence."""
+        with self._lock:
+            return not (self.finished or self.settling or self.holds_fence)
+
+    # the private names the PTB processor still sets (issue 11: it switches to
+    # ``attempt.body = …`` and ``attempt.begin_settling()``, then these go)
+    @property
+    def _settling(self) -> bool:
+        return self.settling
+
+    @_settling.setter
+    def _settling(self, value: bool) -> None:
+        if value:
+            self.begin_settling()
 
     def _raise_if_finished(self) -> None:
         """Raise :exc:`~ptb_fence.AttemptFinished` if this attempt can no longer write.
@@ -180,15 +282,16 @@ class Attempt:
         A handler mistake, not a takeover: checked before touching the database, nothing
         logged, ``owner_lost`` untouched.
         """
-        if self._completed:
+        if self._result is Phase.COMPLETED:
             raise AttemptFinished(self.identity, _ALREADY_COMPLETED)
-        if self.exhausted:
+        if self._result is Phase.EXHAUSTED:
             raise AttemptFinished(self.identity, _ALREADY_EXHAUSTED)
-        if self._ended or self._settling:  # the runtime settles once the handler returned
-            raise AttemptFinished(self.identity, _HANDLER_RETURNED)
+        if self._phase in (Phase.ENDED, Phase.SETTLING):  # the runtime settles once the
+            raise AttemptFinished(self.identity, _HANDLER_RETURNED)  # handler returned
 
     # -- owner lost -------------------------------------------------------------------------
-    def _fire_owner_lost(self) -> None:
+    def mark_owner_lost(self) -> None:
+        """Set :attr:`owner_lost` and wake its asyncio waiters (idempotent)."""
         with self._lock:
             if self.owner_lost.is_set():
                 return
@@ -202,6 +305,8 @@ class Attempt:
 
     async def wait_owner_lost(self) -> None:
         """Wait (asyncio) until :attr:`owner_lost` is set, without blocking the event loop."""
+        import asyncio
+
         loop = asyncio.get_running_loop()
         future: "asyncio.Future[None]" = loop.create_future()
         with self._lock:
@@ -224,8 +329,8 @@ class Attempt:
                 database; the check then runs inside the caller's transaction (PostgreSQL:
                 ``SELECT … FOR UPDATE``). Without it the answer is advisory only.
         """
-        store = self._runtime.store
-        return bool(store.owns(self.identity, self._runtime.options.now_ms(), connection=connection))
+        port = self._runtime.port
+        return port.owns(self.identity, self._runtime.now_ms(), connection=connection)
 
     @contextmanager
     def transaction(self, *, connection: Any = None, complete: bool = False) -> Iterator[Any]:
@@ -259,19 +364,16 @@ class Attempt:
                 itself; ``complete=True`` settled nothing.
         """
         runtime = self._runtime
-        store = runtime.store
+        port = runtime.port
         identity = self.identity
         self._raise_if_finished()
+        # a store whose owns/settle_owned take no connection= cannot settle inside the
+        # caller's commit: it settles right after it (at-least-once completion; see StorePort)
+        inside = port.atomic_completion
         if connection is None:
-            opener = getattr(store, "transaction", None)
-            if opener is None:
-                raise TypeError(
-                    f"{type(store).__name__} has no transaction(); pass connection= (an open "
-                    "DB-API connection to the store's database)"
-                )
-            manager = opener()
+            manager = port.transaction()  # TypeError naming the fix when the store has none
         else:
-            manager = _given_connection(connection)
+            manager = given_connection(connection)
         holding = False
         with self._lock:
             # from here until the transaction ends the lease keeper leaves this attempt's row
@@ -279,95 +381,63 @@ class Attempt:
             self._opening += 1
         try:
             with manager as conn:
-                checked_at = runtime.options.now_ms()
-                if not store.owns(identity, checked_at, connection=conn):
+                checked_at = runtime.now_ms()
+                if not port.owns(identity, checked_at, connection=conn):
                     self._raise_if_finished()  # it finished meanwhile (e.g. another thread)
                     runtime.log_transaction_refused(self)
                     # the database's refusal is the authoritative proof of loss
-                    self._fire_owner_lost()
+                    self.mark_owner_lost()
                     raise OwnershipLost(identity)
                 with self._lock:
                     self._holding += 1
                     holding = True
                 yield conn
-                ended = _transaction_ended(conn)
+                ended = transaction_ended(conn)
                 if ended is not None:
                     raise TransactionEnded(identity, ended)
-                if complete:
-                    self._completing = True
+                if complete and inside:
+                    self._begin_completing()
                     # Completed at the time of the ownership check, not "now": the check locked
                     # the row (PostgreSQL FOR UPDATE; SQLite the database's write lock; the
                     # memory store its lock) and the lock is held until this commit, so no
                     # other claim can have happened since. A competing claim waits for the lock
                     # and then sees the completed row. So a transaction that stayed open past
                     # its lease still completes, exactly once.
-                    settled = store.settle_owned(
-                        identity, Completed(checked_at), connection=conn
-                    )
+                    settled = port.settle_owned(identity, Completed(checked_at), connection=conn)
                     if not settled:
-                        self._fire_owner_lost()
+                        self.mark_owner_lost()
                         raise OwnershipLost(identity)
             # committed
-            if complete:
-                self._completed = True
+            if complete and inside:
+                self._end_completing(True)
+            elif complete:
+                self._complete_after_commit(checked_at)
         finally:
             # also when the commit itself failed: the attempt is then not complete
             with self._lock:
                 self._opening -= 1
                 if holding:
                     self._holding -= 1
-                self._completing = False
+            if complete:
+                self._end_completing(False)  # no-op once committed
 
-    async def run_in_transaction(
-        self, fn: Callable[[Any], T], *, complete: bool = False
-    ) -> T:
-        """Run ``fn(connection)`` on a worker thread inside :meth:`transaction`.
-
-        The asyncio form of :meth:`transaction`: it never blocks the event loop.
-
-        Args:
-            fn: Called with the transaction's connection; its result is returned.
-            complete: As in :meth:`transaction`.
-
-        Raises:
-            OwnershipLost: The attempt no longer owns the update; ``fn``'s writes were
-                rolled back.
-            TypeError: ``fn`` is an ``async def`` function (or returned an awaitable): it
-                would write nothing. Pass a plain function; the transaction is rolled back.
-            AttemptFinished: As in :meth:`transaction`.
-            TransactionEnded: As in :meth:`transaction`.
-        """
-        self._raise_if_finished()
-        if inspect.iscoroutinefunction(fn):
-            raise TypeError(_ASYNC_FN)
-
-        def run() -> T:
-            with self.transaction(complete=complete) as conn:
-                result = fn(conn)
-                if inspect.isawaitable(result):
-                    if inspect.iscoroutine(result):
-                        result.close()  # never awaited: no "never awaited" warning either
-                    raise TypeError(_ASYNC_FN)  # rolls the transaction back
-                return result
-
-        return await self._off_loop(run)
-
-    async def _off_loop(self, fn: Callable[[], T]) -> T:
-        """Run blocking ``fn`` on the runtime's thread pool (keeping context variables)."""
-        executor = self._runtime.executor
-        if executor is None:
-            return await asyncio.to_thread(fn)
-        context = contextvars.copy_context()
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, context.run, fn)
-
-    async def owns_async(self, connection: Any = None) -> bool:
-        """The asyncio form of :meth:`owns`: the store call runs off the event loop."""
-        return await self._off_loop(lambda: self.owns(connection))
-
-    async def exhaust_async(self, reason: str) -> None:
-        """The asyncio form of :meth:`exhaust`: the store call runs off the event loop."""
-        await self._off_loop(lambda: self.exhaust(reason))
+    def _complete_after_commit(self, checked_at: int) -> None:
+        """Settle completed right after the caller's commit (a store without ``connection=``
+        on ``settle_owned``): the block's writes are committed whatever happens here."""
+        self._begin_completing()
+        landed = False
+        try:
+            landed = self._runtime.port.settle_owned(self.identity, Completed(checked_at))
+        finally:
+            self._end_completing(landed)
+        if not landed:
+            _LOGGER.warning(
+                "update %s attempt %s: the transaction committed but its completion did not "
+                "land (the store settles after the commit): the update runs again",
+                self.update_id,
+                self.attempt,
+            )
+            self.mark_owner_lost()
 
     def exhaust(self, reason: str) -> None:
         """Record a terminal failure now: no more retries; the exhaustion handler is called.
@@ -383,61 +453,10 @@ class Attempt:
         if not isinstance(reason, str) or not reason:
             raise ValueError("exhaust(reason) needs a non-empty reason text")
         self._raise_if_finished()
-        if not self._runtime.exhaust_attempt(self, reason):
+        if not self._runtime.settle_exhausted(self, reason):
             raise OwnershipLost(self.identity)
 
 
 def _set_future(future: "asyncio.Future[None]") -> None:
     if not future.done():
         future.set_result(None)
-
-
-def _target(connection: Any) -> Any:
-    """The DB-API connection of a connection or cursor."""
-    return connection if hasattr(connection, "commit") else getattr(connection, "connection", None)
-
-
-def _transaction_ended(connection: Any) -> Optional[str]:
-    """How the block ended its own transaction, or :obj:`None` while it is still open.
-
-    sqlite3 (autocommit outside the block): ``in_transaction`` is false after a commit or
-    rollback, and raises once closed. psycopg2: ``closed`` is non-zero once closed;
-    ``get_transaction_status()`` is IDLE (0) after a commit or rollback, UNKNOWN (4) when the
-    connection is broken. Anything else (the memory store's :obj:`None`, other drivers) cannot
-    be checked and counts as open.
-    """
-    target = None if connection is None else _target(connection)
-    if target is None:
-        return None
-    if isinstance(target, sqlite3.Connection):
-        try:
-            return None if target.in_transaction else "committed or rolled back"
-        except sqlite3.ProgrammingError:
-            return "closed"
-    if getattr(target, "closed", 0):
-        return "closed"
-    status = getattr(target, "get_transaction_status", None)
-    if callable(status):
-        value = status()
-        if value == 0:
-            return "committed or rolled back"
-        if value == 4:
-            return "closed or broken"
-    return None
-
-
-@contextmanager
-def _given_connection(connection: Any) -> Iterator[Any]:
-    """Commit or roll back a caller's connection (or a cursor's connection) around a block."""
-    target = _target(connection)
-    try:
-        yield connection
-    except BaseException:
-        try:
-            target.rollback()
-        except Exception:
-            if _transaction_ended(target) is None:
-                raise  # a closed connection has nothing to roll back
-        raise
-    else:
-        target.commit()

@@ -6,7 +6,7 @@ import heapq
 import threading
 from typing import Any, Callable, Dict, Hashable, List, Mapping, Set, Tuple
 
-__all__ = ["ChatScheduler", "chat_key"]
+__all__ = ["ChatScheduler", "chat_key", "update_chat_key"]
 
 
 def chat_key(update: Mapping[str, Any]) -> Hashable:
@@ -31,6 +31,19 @@ def chat_key(update: Mapping[str, Any]) -> Hashable:
             if isinstance(user_id, int):
                 return user_id
     return ("update", update.get("update_id"))
+
+
+def update_chat_key(update: Any) -> Hashable:
+    """The ordering key of a python-telegram-bot ``Update``: the same rule as :func:`chat_key`
+    (its effective chat's id, else its effective user's, else its own id), so both front ends
+    order chats alike."""
+    chat = update.effective_chat
+    if chat is not None:
+        return int(chat.id)
+    user = update.effective_user
+    if user is not None:
+        return int(user.id)
+    return ("update", update.update_id)
 
 
 class ChatScheduler:

@@ -14,16 +14,22 @@ import traceback
 from typing import Any, Callable, List, Optional
 
 from ptb_fence._durations import format_duration
-from ptb_fence._protocols import (
-    BASE_METHODS,
-    DURABLE_METHODS,
-    FENCED_METHODS,
-    missing_methods,
+from ptb_fence._values import (
+    Abandoned,
+    AttemptIdentity,
+    Completed,
+    Exhaustion,
+    Failed,
+    Settlement,
+    StoredUpdate,
 )
-from ptb_fence._values import Abandoned, Completed, Exhaustion, Failed, StoredUpdate
 from ptb_fence.runtime._attempt import Attempt
-from ptb_fence.runtime._lease_keeper import EXECUTOR, LeaseKeeper, new_scheduler
+from ptb_fence.runtime._jobs import Jobs
+from ptb_fence.runtime._lease_keeper import LeaseKeeper
 from ptb_fence.runtime._options import RuntimeOptions
+from ptb_fence.runtime._outcome import Outcome, error_text, exhaustion_ids, ids
+from ptb_fence.runtime._port import StorePort
+from ptb_fence.runtime._recording import RecordingOps
 from ptb_fence.runtime._retry import default_retry
 
 __all__ = ["EXHAUSTION_PAGE", "Outcome", "Runtime"]
@@ -37,45 +43,7 @@ _MAX_RETRY_DELAY_SECONDS = 366 * 86400.0
 """Retry delays from a custom policy are clamped to this (a year; keeps store times finite)."""
 
 
-class Outcome:
-    """How an attempt ended (string constants)."""
-
-    COMPLETED = "completed"
-    RETRYING = "retrying"
-    ABANDONED = "abandoned"
-    EXHAUSTED = "exhausted"
-    LOST = "lost"
-
-
-def _error_text(error: BaseException) -> str:
-    name = type(error).__name__
-    message = str(error)
-    if not message:
-        text = name
-    elif message.startswith(name):  # e.g. PTB's "Forbidden: bot was blocked by the user"
-        text = message
-    else:
-        text = f"{name}: {message}"
-    return text[:2000]
-
-
-def _ids(attempt: Attempt) -> "dict[str, Any]":
-    return {
-        "update_id": attempt.update_id,
-        "attempt": attempt.attempt,
-        "claim_id": attempt.claim_id or None,
-    }
-
-
-def _exhaustion_ids(exhaustion: Exhaustion) -> "dict[str, Any]":
-    return {
-        "update_id": exhaustion.update_id,
-        "attempt": exhaustion.attempt,
-        "claim_id": exhaustion.claim_id,
-    }
-
-
-class Runtime:
+class Runtime(RecordingOps, Jobs):
     """The shared runtime of one front end (one :class:`~ptb_fence.UpdateIntake` or processor).
 
     Args:
@@ -86,6 +54,11 @@ class Runtime:
         handle_exhaustion (:obj:`bool`): Terminal failures become durable exhaustions (needs a
             durable store).
         component (:obj:`str`): Name used in error messages.
+
+    Attributes:
+        store: The user's store as given (for display; the runtime never calls it directly).
+        port (:class:`~ptb_fence.runtime._port.StorePort`): The store behind one typed
+            interface: every store call of the runtime goes through it.
 
     Raises:
         TypeError: The store lacks a method the configuration needs (the message names them).
@@ -98,10 +71,11 @@ class Runtime:
         "_scheduler",
         "_scheduler_lock",
         "attempt_aware",
-        "durable",
+        "delivers_exhaustions",
         "executor",
         "keeper",
         "options",
+        "port",
         "retry_soon",
         "store",
     )
@@ -115,31 +89,15 @@ class Runtime:
         handle_exhaustion: bool,
         component: str = "UpdateIntake",
     ) -> None:
-        missing = missing_methods(store, BASE_METHODS)
-        if missing:
-            raise TypeError(
-                f"{component} needs an update store; {type(store).__name__} lacks "
-                f"{', '.join(missing)}"
-            )
-        if attempt_aware:
-            missing = missing_methods(store, FENCED_METHODS)
-            if missing:
-                raise TypeError(
-                    f"{component}: attempt-aware handling needs a fenced store "
-                    f"(FencedUpdateStore); {type(store).__name__} lacks {', '.join(missing)}"
-                )
-        if handle_exhaustion:
-            missing = missing_methods(store, DURABLE_METHODS)
-            if missing:
-                raise TypeError(
-                    f"{component}: handle_exhaustion needs a durable store "
-                    f"(DurableUpdateStore); {type(store).__name__} lacks {', '.join(missing)}"
-                )
+        # the one place the store is probed for its capabilities (decided once, here)
+        self.port = StorePort(
+            store, component=component, fenced=attempt_aware, durable=handle_exhaustion
+        )
         self.store = store
         self.options = options
         self.attempt_aware = attempt_aware
-        self.durable = handle_exhaustion
-        self.keeper = LeaseKeeper(self)
+        self.delivers_exhaustions = handle_exhaustion
+        self.keeper = LeaseKeeper(self.port, options, self.report_store_error)
         self._cursor: Optional[int] = None
         # an Executor for blocking store work from asyncio (Attempt.run_in_transaction and
         # friends); None uses asyncio.to_thread. Set by the PTB processors.
@@ -152,6 +110,10 @@ class Runtime:
         self._scheduler_lock = threading.Lock()
         self._jobs = threading.Condition()
         self._jobs_running: "dict[str, int]" = {}
+
+    def now_ms(self) -> int:
+        """The current time in store units (the options' clock)."""
+        return self.options.now_ms()
 
     # -- observers --------------------------------------------------------------------------
     def _observe(self, name: str, *args: Any) -> None:
@@ -178,7 +140,7 @@ class Runtime:
             "store error during %s%s: %s",
             step,
             "" if fields["update_id"] is None else f" of update {fields['update_id']}",
-            _error_text(error),
+            error_text(error),
             extra=fields,
         )
         self._observe("on_store_error", error, step)
@@ -190,73 +152,8 @@ class Runtime:
             attempt.update_id,
             attempt.attempt,
             attempt.claim_id,
-            extra=_ids(attempt),
+            extra=ids(attempt),
         )
-
-    # -- scheduling -------------------------------------------------------------------------
-    def start_jobs(self, sweep: Optional[Callable[[], Any]] = None) -> None:
-        """Start a fresh background scheduler with the lease keeper (and ``sweep``) jobs."""
-        with self._scheduler_lock:
-            if self._scheduler is not None:
-                return
-            scheduler = new_scheduler()
-            self.keeper.add_job(scheduler, wrap=self._tracked)
-            if sweep is not None:
-                scheduler.add_job(
-                    self._tracked(sweep, "ptb_fence sweep"),
-                    "interval",
-                    executor=EXECUTOR,
-                    seconds=self.options.sweep_every_seconds,
-                    id="ptb_fence_sweep",
-                    name="ptb_fence sweep",
-                    # the sweep has its own non-blocking lock; extra instances return at once
-                    # instead of APScheduler warning that a run was skipped
-                    max_instances=3,
-                )
-            scheduler.start()
-            self._scheduler = scheduler
-
-    def _tracked(self, fn: Callable[[], Any], name: str) -> Callable[[], Any]:
-        """``fn`` counted while it runs, so :meth:`stop_jobs` can wait for it with a bound."""
-
-        def run() -> Any:
-            with self._jobs:
-                self._jobs_running[name] = self._jobs_running.get(name, 0) + 1
-            try:
-                return fn()
-            finally:
-                with self._jobs:
-                    self._jobs_running[name] -= 1
-                    if not self._jobs_running[name]:
-                        del self._jobs_running[name]
-                    self._jobs.notify_all()
-
-        return run
-
-    def stop_jobs(self, timeout: Optional[float] = None) -> List[str]:
-        """Stop the background scheduler and wait for a running job (tick or sweep) to end.
-
-        Args:
-            timeout: Seconds to wait (:obj:`None`: until the jobs end).
-
-        Returns:
-            The names of the jobs still running after ``timeout`` (empty when all ended).
-        """
-        with self._scheduler_lock:
-            scheduler, self._scheduler = self._scheduler, None
-        if scheduler is not None:
-            try:
-                scheduler.shutdown(wait=timeout is None)
-            except Exception:  # pragma: no cover - already stopped
-                _LOGGER.debug("scheduler shutdown failed", exc_info=True)
-        with self._jobs:
-            self._jobs.wait_for(lambda: not self._jobs_running, timeout)
-            return sorted(self._jobs_running)
-
-    @property
-    def running(self) -> bool:
-        """Whether the background jobs are running."""
-        return self._scheduler is not None
 
     # -- one attempt ------------------------------------------------------------------------
     def claim(self, update_id: int, body: Optional[str] = None) -> Optional[Attempt]:
@@ -268,15 +165,15 @@ class Runtime:
         """
         options = self.options
         now = options.now_ms()
-        lease_until = now + options.lease_ms
+        lease_until = options.lease_deadline(now)
         try:
-            if self.attempt_aware or self.durable:
-                identity = self.store.claim_owned(
+            if self.attempt_aware or self.delivers_exhaustions:
+                identity = self.port.claim_owned(
                     update_id,
                     now=now,
                     lease_until=lease_until,
                     max_attempts=options.max_attempts,
-                    durable_exhaustion=self.durable,
+                    durable_exhaustion=self.delivers_exhaustions,
                 )
                 if identity is None:
                     return None
@@ -284,7 +181,7 @@ class Runtime:
                     self, update_id, identity.attempt, identity.claim_id, lease_until, body
                 )
             else:
-                number = self.store.claim(
+                number = self.port.claim(
                     update_id,
                     now=now,
                     lease_until=lease_until,
@@ -301,7 +198,7 @@ class Runtime:
             update_id,
             attempt.attempt,
             attempt.claim_id or "-",
-            extra=_ids(attempt),
+            extra=ids(attempt),
         )
         self.keeper.register(attempt)
         return attempt
@@ -309,9 +206,11 @@ class Runtime:
     @property
     def uses_claim_ids(self) -> bool:
         """Whether attempts are claimed with ``claim_owned`` (attempt-aware or durable)."""
-        return self.attempt_aware or self.durable
+        return self.attempt_aware or self.delivers_exhaustions
 
-    def adopt(self, identity: Any, lease_until: int, body: Optional[str] = None) -> Attempt:
+    def adopt(
+        self, identity: AttemptIdentity, lease_until: int, body: Optional[str] = None
+    ) -> Attempt:
         """Register an attempt the store already claimed (``add_claimed_many``) and return it."""
         attempt = Attempt(
             self, identity.update_id, identity.attempt, identity.claim_id, lease_until, body
@@ -321,21 +220,21 @@ class Runtime:
             attempt.update_id,
             attempt.attempt,
             attempt.claim_id or "-",
-            extra=_ids(attempt),
+            extra=ids(attempt),
         )
         self.keeper.register(attempt)
         return attempt
 
-    def _settle(self, attempt: Attempt, settlement: Any) -> bool:
+    def _store_settle(self, attempt: Attempt, settlement: Settlement) -> bool:
         """Settle; True when it landed (unary settles are assumed to land)."""
         if attempt.fenced:
-            return bool(self.store.settle_owned(attempt.identity, settlement))
-        self.store.settle(attempt.update_id, attempt.attempt, settlement)
+            return bool(self.port.settle_owned(attempt.identity, settlement))
+        self.port.settle(attempt.update_id, attempt.attempt, settlement)
         return True
 
-    def finish(
+    def settle(
         self, attempt: Attempt, error: Optional[BaseException]
-    ) -> "tuple[str, Optional[Exhaustion]]":
+    ) -> "tuple[Outcome, Optional[Exhaustion]]":
         """Settle an attempt after its handler returned (``error`` None) or raised.
 
         Returns the outcome and the :class:`~ptb_fence.Exhaustion` to deliver, if any. The
@@ -343,26 +242,26 @@ class Runtime:
         """
         # a renewal refused from now on may just be this settle landing first: the settle's
         # own result decides whether the owner was lost (renewals continue meanwhile)
-        attempt._settling = True
+        attempt.begin_settling()
         if attempt.exhausted:
             return Outcome.EXHAUSTED, self._exhaustion_of(attempt)
         if error is None:
-            return self.succeed(attempt), None
-        return self.fail(attempt, error)
+            return self.settle_completed(attempt), None
+        return self.settle_failed(attempt, error)
 
-    def succeed(self, attempt: Attempt) -> str:
+    def settle_completed(self, attempt: Attempt) -> Outcome:
         """Settle a successful attempt as completed; fire ``owner_lost`` if it did not land."""
         if attempt.completed:
             return Outcome.COMPLETED
         if attempt.exhausted:
             return Outcome.EXHAUSTED
         try:
-            landed = self._settle(attempt, Completed(self.options.now_ms()))
+            landed = self._store_settle(attempt, Completed(self.options.now_ms()))
         except Exception as exc:
             return self.completion_failed(attempt, exc)
-        return self.completion_landed(attempt, landed)
+        return self.completion_settled(attempt, landed)
 
-    def completion_landed(self, attempt: Attempt, landed: bool) -> str:
+    def completion_settled(self, attempt: Attempt, landed: bool) -> Outcome:
         """The outcome of a completion settle (also a grouped one): fire ``owner_lost`` if it
         did not land."""
         if not landed:
@@ -370,18 +269,20 @@ class Runtime:
                 "completion of update %s attempt %s did not land: it runs again after the lease",
                 attempt.update_id,
                 attempt.attempt,
-                extra=_ids(attempt),
+                extra=ids(attempt),
             )
-            attempt._fire_owner_lost()
+            attempt.mark_owner_lost()
             return Outcome.LOST
         return Outcome.COMPLETED
 
-    def completion_failed(self, attempt: Attempt, error: BaseException) -> str:
+    def completion_failed(self, attempt: Attempt, error: BaseException) -> Outcome:
         """A completion settle raised: report it; the lease and the sweep take over."""
-        self.report_store_error(error, "settle", ids=_ids(attempt))
+        self.report_store_error(error, "settle", ids=ids(attempt))
         return Outcome.LOST
 
-    def fail(self, attempt: Attempt, error: BaseException) -> "tuple[str, Optional[Exhaustion]]":
+    def settle_failed(
+        self, attempt: Attempt, error: BaseException
+    ) -> "tuple[Outcome, Optional[Exhaustion]]":
         """Record a failed attempt: retry later, abandon, or exhaust.
 
         Returns the outcome and, when the attempt was exhausted with an exhaustion handler,
@@ -411,41 +312,40 @@ class Runtime:
                 # negative means now; infinity (or absurd values) must not overflow the store
                 delay = min(max(delay, 0.0), _MAX_RETRY_DELAY_SECONDS)
         now = options.now_ms()
-        text = _error_text(error)
+        text = error_text(error)
         exhaustion: Optional[Exhaustion] = None
         outcome = Outcome.LOST  # stays LOST if the store call below raises
         try:
             if delay is None:
-                if self.durable:
-                    landed = bool(self.store.exhaust(attempt.identity, at=now, error=text))
+                if self.delivers_exhaustions:
+                    landed = bool(self.port.exhaust(attempt.identity, at=now, error=text))
                     if landed:
-                        attempt._exhausted_error = text
-                        attempt._exhausted_at = now
+                        attempt.record_exhaustion(text, now)
                         exhaustion = self._exhaustion_of(attempt, at=now)
                     outcome = Outcome.EXHAUSTED
                 else:
-                    landed = self._settle(attempt, Abandoned(now, text))
+                    landed = self._store_settle(attempt, Abandoned(now, text))
                     outcome = Outcome.ABANDONED
             else:
                 retry_at = now + int(delay * 1000)
-                landed = self._settle(attempt, Failed(now, retry_at, text))
+                landed = self._store_settle(attempt, Failed(now, retry_at, text))
                 outcome = Outcome.RETRYING
         except Exception as exc:
-            self.report_store_error(exc, "settle", ids=_ids(attempt))
+            self.report_store_error(exc, "settle", ids=ids(attempt))
             landed = False
         retrying = outcome == Outcome.RETRYING
         if not landed:
-            attempt._fire_owner_lost()
+            attempt.mark_owner_lost()
             retrying = True
             outcome = Outcome.LOST
             exhaustion = None
-        what = outcome
+        what: str = outcome.value
         if outcome == Outcome.RETRYING:
             what = f"retry scheduled in {format_duration(delay or 0.0)}"
             if (delay or 0.0) < options.sweep_every_seconds:
                 if self.retry_soon is not None:
                     try:
-                        self.retry_soon(attempt.update_id, delay or 0.0, attempt._body)
+                        self.retry_soon(attempt.update_id, delay or 0.0, attempt.body)
                     except Exception:  # the sweep still finds it
                         _LOGGER.exception("could not schedule the retry; the sweep takes it")
                 else:
@@ -460,70 +360,73 @@ class Runtime:
             attempt.attempt,
             what,
             text,
-            extra=dict(_ids(attempt), outcome=outcome),
+            extra=dict(ids(attempt), outcome=outcome.value),
         )
         self._observe("on_failure", error, attempt, retrying)
         return outcome, exhaustion
 
-    def exhaust_attempt(self, attempt: Attempt, reason: str) -> bool:
+    def settle_exhausted(self, attempt: Attempt, reason: str) -> bool:
         """Handler-terminal failure (``Attempt.exhaust``): exhaust or abandon now."""
         now = self.options.now_ms()
         try:
-            if self.durable:
-                landed = bool(self.store.exhaust(attempt.identity, at=now, error=reason))
-                if landed:
-                    attempt._exhausted_at = now
+            if self.delivers_exhaustions:
+                landed = bool(self.port.exhaust(attempt.identity, at=now, error=reason))
             else:
-                landed = self._settle(attempt, Abandoned(now, reason))
+                landed = self._store_settle(attempt, Abandoned(now, reason))
         except Exception as exc:  # reported, and the handler learns that it did not land
-            self.report_store_error(exc, "settle", ids=_ids(attempt))
+            self.report_store_error(exc, "settle", ids=ids(attempt))
             raise
         if landed:
-            attempt._exhausted_error = reason
-            attempt._proven_until = now  # nothing left to renew
+            attempt.record_exhaustion(reason, now)  # nothing left to renew
             _LOGGER.error(
                 "update %s exhausted by its handler at attempt %s: %s",
                 attempt.update_id,
                 attempt.attempt,
                 reason,
-                extra=_ids(attempt),
+                extra=ids(attempt),
             )
         else:
-            attempt._fire_owner_lost()
+            attempt.mark_owner_lost()
         return landed
 
     def _exhaustion_of(self, attempt: Attempt, at: Optional[int] = None) -> Optional[Exhaustion]:
-        if not self.durable or attempt._exhausted_error is None:
+        error = attempt.exhaustion_error
+        if not self.delivers_exhaustions or error is None:
             return None
         return Exhaustion(
             update_id=attempt.update_id,
             attempt=attempt.attempt,
             claim_id=attempt.claim_id,
-            body=attempt._body or "",
-            exhausted_at=at if at is not None else (attempt._exhausted_at or 0),
-            error=attempt._exhausted_error,
+            body=attempt.body or "",
+            exhausted_at=at if at is not None else (attempt.exhausted_at or 0),
+            error=error,
         )
 
     def end(self, attempt: Attempt) -> None:
         """The attempt is over: stop renewing it; late renewal results are ignored."""
         self.keeper.unregister(attempt)
 
+    # the names the PTB processor still calls (issue 11: it switches to settle /
+    # completion_settled, then these aliases go)
+    finish = settle
+    completion_landed = completion_settled
+
     # -- exhaustion delivery ----------------------------------------------------------------
     def acknowledge(self, exhaustion: Exhaustion) -> bool:
         """Acknowledge a delivered exhaustion with its exact identity."""
         try:
             ok = bool(
-                self.store.acknowledge_exhaustion(exhaustion.identity, self.options.now_ms())
+                self.port.acknowledge_exhaustion(exhaustion.identity, self.options.now_ms())
             )
         except Exception as exc:
-            self.report_store_error(exc, "sweep", ids=_exhaustion_ids(exhaustion))
+            self.report_store_error(exc, "sweep", ids=exhaustion_ids(exhaustion))
             return False
         if ok:
             _LOGGER.info(
                 "exhaustion of update %s attempt %s acknowledged",
                 exhaustion.update_id,
                 exhaustion.attempt,
-                extra=_exhaustion_ids(exhaustion),
+                extra=exhaustion_ids(exhaustion),
             )
         return ok
 
@@ -533,7 +436,7 @@ class Runtime:
             "exhaustion handler failed for update %s attempt %s; it stays due: %s",
             exhaustion.update_id,
             exhaustion.attempt,
-            _error_text(error),
+            error_text(error),
             extra={
                 "update_id": exhaustion.update_id,
                 "attempt": exhaustion.attempt,
@@ -557,14 +460,14 @@ class Runtime:
         """Updates to hand over now (pending after the grace period, or all pending)."""
         now = self.options.now_ms()
         grace = 0 if include_fresh else int(self.options.pending_grace_seconds * 1000)
-        return list(self.store.due(now=now, pending_before=now - grace, limit=limit))
+        return list(self.port.due(now=now, pending_before=now - grace, limit=limit))
 
     def exhaustion_page(self) -> List[Exhaustion]:
         """The next page of due exhaustions, with a rotating cursor."""
-        if not self.durable:
+        if not self.delivers_exhaustions:
             return []
         page = list(
-            self.store.due_exhaustions(limit=EXHAUSTION_PAGE, after_update_id=self._cursor)
+            self.port.due_exhaustions(limit=EXHAUSTION_PAGE, after_update_id=self._cursor)
         )
         if len(page) < EXHAUSTION_PAGE:
             self._cursor = None
@@ -575,4 +478,4 @@ class Runtime:
     def prune(self) -> int:
         """Delete rows settled more than ``retain_seconds`` ago."""
         before = self.options.now_ms() - int(self.options.retain_seconds * 1000)
-        return int(self.store.prune(before))
+        return int(self.port.prune(before))

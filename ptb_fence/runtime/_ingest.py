@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Tuple, Union
 
-__all__ = ["InvalidUpdate", "MAX_UPDATE_ID", "check_update_id", "parse_update_body"]
+from ptb_fence._update_ids import MAX_UPDATE_ID, update_id_problem
 
-MAX_UPDATE_ID = 2**63 - 1
-"""The largest ``update_id`` a store can hold (a BIGINT)."""
+__all__ = ["InvalidUpdate", "MAX_UPDATE_ID", "check_update_id", "parse_update_body"]
 
 
 class InvalidUpdate(ValueError):
@@ -25,10 +24,10 @@ def check_update_id(update_id: object) -> int:
     Raises:
         InvalidUpdate: With a short reason.
     """
-    if isinstance(update_id, bool) or not isinstance(update_id, int):
-        raise InvalidUpdate("update_id is missing or not an integer")
-    if update_id < 0 or update_id > MAX_UPDATE_ID:
-        raise InvalidUpdate("update_id is out of range")
+    problem = update_id_problem(update_id)
+    if problem is not None:
+        raise InvalidUpdate(problem)
+    assert isinstance(update_id, int)
     return int(update_id)
 
 

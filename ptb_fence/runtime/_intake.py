@@ -239,7 +239,7 @@ class UpdateIntake:
         except InvalidUpdate as exc:
             _LOGGER.info("invalid update refused: %s", exc)
             return "invalid"
-        added = self._runtime.store.add(update_id, text, self._runtime.options.now_ms())
+        added = self._runtime.record(update_id, text)
         if not added:
             return "duplicate"
         _LOGGER.debug("recorded update %s", update_id, extra={"update_id": update_id})
@@ -428,7 +428,7 @@ class UpdateIntake:
             if token is not None:
                 _CURRENT.reset(token)
         try:
-            _, exhaustion = runtime.finish(attempt, error)
+            _, exhaustion = runtime.settle(attempt, error)
         finally:
             runtime.end(attempt)
         if exhaustion is not None and self._delivery is not None:

@@ -6,19 +6,22 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from apscheduler.executors.pool import ThreadPoolExecutor as _APSThreadPool
-from apscheduler.schedulers.background import BackgroundScheduler
-
 if TYPE_CHECKING:
+    from apscheduler.schedulers.background import BackgroundScheduler
+
     from ptb_fence.runtime._attempt import Attempt
-    from ptb_fence.runtime._core import Runtime
+    from ptb_fence.runtime._options import RuntimeOptions
+    from ptb_fence.runtime._port import StorePort
+
+ReportStoreError = Callable[..., None]
+"""``report(error, step, *, ids=None)``: how the keeper reports a failing renewal."""
 
 __all__ = ["EXECUTOR", "LeaseKeeper", "SCHEDULER_LOGGER", "new_scheduler"]
 
 _LOGGER = logging.getLogger("ptb_fence.lease")
 
 
-def new_scheduler() -> BackgroundScheduler:
+def new_scheduler() -> "BackgroundScheduler":
     """A fresh APScheduler 3 background scheduler: UTC, daemon threads, nothing skipped.
 
     APScheduler's defaults drop late runs (``misfire_grace_time`` of 1 s, ``max_instances=1``);
@@ -31,7 +34,12 @@ def new_scheduler() -> BackgroundScheduler:
     loggers ``ptb_fence.scheduler`` and ``apscheduler.executors.ptb_fence``, which start at
     WARNING unless you configured them (set them to INFO to see every renewal and sweep run).
     Jobs must be added with ``executor=EXECUTOR``.
+
+    APScheduler is imported here, when a runtime starts its jobs, not by ``import ptb_fence``.
     """
+    from apscheduler.executors.pool import ThreadPoolExecutor as _APSThreadPool
+    from apscheduler.schedulers.background import BackgroundScheduler
+
     _quiet_scheduler_loggers()
     return BackgroundScheduler(
         timezone="UTC",
@@ -70,10 +78,14 @@ class LeaseKeeper:
     (:attr:`Attempt.holds_fence`), never reported lost until that transaction ends.
     """
 
-    __slots__ = ("_active", "_lock", "_renewing", "_runtime", "ticks")
+    __slots__ = ("_active", "_lock", "_options", "_renewing", "_report", "_store", "ticks")
 
-    def __init__(self, runtime: "Runtime") -> None:
-        self._runtime = runtime
+    def __init__(
+        self, store: "StorePort", options: "RuntimeOptions", report: ReportStoreError
+    ) -> None:
+        self._store = store
+        self._options = options
+        self._report = report
         self._lock = threading.Lock()
         self._active: Dict[Tuple[int, int], "Attempt"] = {}
         # held while a renewal call runs: a slow or hung store (e.g. a dead connection without a
@@ -89,8 +101,7 @@ class LeaseKeeper:
 
     def unregister(self, attempt: "Attempt") -> None:
         """Stop renewing ``attempt``'s lease (it ended); late renewal results are ignored."""
-        with attempt._lock:
-            attempt._ended = True
+        attempt.end()
         with self._lock:
             key = (attempt.update_id, attempt.attempt)
             if self._active.get(key) is attempt:
@@ -103,7 +114,7 @@ class LeaseKeeper:
 
     def add_job(
         self,
-        scheduler: BackgroundScheduler,
+        scheduler: "BackgroundScheduler",
         wrap: Optional[Callable[[Callable[[], None], str], Callable[[], Any]]] = None,
     ) -> None:
         """Add the renewal job (every ``lease_seconds / 4``) to ``scheduler``.
@@ -116,7 +127,7 @@ class LeaseKeeper:
             self.tick if wrap is None else wrap(self.tick, "ptb_fence lease keeper"),
             "interval",
             executor=EXECUTOR,
-            seconds=self._runtime.options.lease_seconds / 4.0,
+            seconds=self._options.lease_seconds / 4.0,
             id="ptb_fence_lease_keeper",
             name="ptb_fence lease keeper",
         )
@@ -124,17 +135,16 @@ class LeaseKeeper:
     def tick(self) -> None:
         """Renew every active lease once and fire ``owner_lost`` where it is gone."""
         self.ticks += 1
-        attempts = [a for a in self.active() if not a._finished()]
+        attempts = [a for a in self.active() if not a.finished]
         if not attempts:
             return
-        runtime = self._runtime
-        now = runtime.options.now_ms()
-        lease_until = now + runtime.options.lease_ms
+        now = self._options.now_ms()
+        lease_until = self._options.lease_deadline(now)
         live = []
         for attempt in attempts:
             if attempt.holds_fence:
                 continue  # holds its row lock: provably owned; a renewal would wait on it
-            if attempt._proven_until < now:
+            if attempt.proven_until < now:
                 self._lost(attempt, "its last proven lease passed")
             elif not attempt.in_fenced_transaction:
                 live.append(attempt)
@@ -146,14 +156,13 @@ class LeaseKeeper:
             self._renewing.release()
 
     def _renew_all(self, live: List["Attempt"], lease_until: int, now: int) -> None:
-        runtime = self._runtime
         fenced = [a for a in live if a.fenced]
         unary = [a for a in live if not a.fenced]
-        store = runtime.store
+        store = self._store
         if fenced:
             self._renew(
                 fenced,
-                getattr(store, "renew_owned_many", None),
+                store.renew_owned_many if store.renews_owned_in_batches else None,
                 lambda batch: [a.identity for a in batch],
                 lambda a: store.renew_owned(a.identity, lease_until, now),
                 lease_until,
@@ -162,7 +171,7 @@ class LeaseKeeper:
         if unary:
             self._renew(
                 unary,
-                getattr(store, "renew_many", None),
+                store.renew_many if store.renews_in_batches else None,
                 lambda batch: [(a.update_id, a.attempt) for a in batch],
                 lambda a: store.renew(a.update_id, a.attempt, lease_until, now),
                 lease_until,
@@ -182,7 +191,7 @@ class LeaseKeeper:
             try:
                 results = list(batched(keys(attempts), lease_until, now))
             except Exception as exc:
-                self._runtime.report_store_error(exc, "renew")
+                self._report(exc, "renew")
                 self._name_lock_holders(len(attempts))
                 return
             for attempt, ok in zip(attempts, results):
@@ -194,7 +203,7 @@ class LeaseKeeper:
             try:
                 ok = bool(single(attempt))
             except Exception as exc:
-                self._runtime.report_store_error(
+                self._report(
                     exc,
                     "renew",
                     ids={
@@ -225,24 +234,17 @@ class LeaseKeeper:
         )
 
     def _apply(self, attempt: "Attempt", ok: Optional[bool], lease_until: int) -> None:
-        with attempt._lock:
-            if attempt._finished():
-                return
-            if ok:
-                attempt._proven_until = max(attempt._proven_until, lease_until)
-                return
-            if ok is None or attempt.holds_fence:
-                # undecided: the row is locked right now (maybe by this attempt's own fenced
-                # transaction, which proves ownership); the deadline and later ticks decide
-                return
-        self._lost(attempt, "its renewal was refused")
+        # None or a refusal while it holds its fence: undecided (the row is locked right now,
+        # maybe by this attempt's own fenced transaction, which proves ownership); the deadline
+        # and later ticks decide
+        if attempt.renewed(ok, lease_until):
+            self._lost(attempt, "its renewal was refused")
 
     def _lost(self, attempt: "Attempt", why: str) -> None:
-        with attempt._lock:
-            if attempt._finished() or attempt._settling or attempt.holds_fence:
-                # ended, or the runtime's settle decides (and fires it if needed), or it holds
-                # its row lock inside a fenced transaction (provably still the owner)
-                return
+        if not attempt.may_report_lost():
+            # ended, or the runtime's settle decides (and fires it if needed), or it holds
+            # its row lock inside a fenced transaction (provably still the owner)
+            return
         if not attempt.owner_lost.is_set():
             _LOGGER.warning(
                 "owner lost: update %s attempt %s (claim %s): %s",
@@ -257,4 +259,4 @@ class LeaseKeeper:
                     "reason": why,
                 },
             )
-        attempt._fire_owner_lost()
+        attempt.mark_owner_lost()

@@ -146,3 +146,10 @@ class RuntimeOptions:
     def lease_ms(self) -> int:
         """The lease length in milliseconds (at least 1)."""
         return max(1, int(self.lease_seconds * 1000))
+
+    def lease_deadline(self, now: Optional[int] = None) -> int:
+        """The end of a lease taken or renewed at ``now`` (default: now), in epoch ms.
+
+        The one place a lease deadline (``now + lease_ms``) is computed.
+        """
+        return (self.now_ms() if now is None else now) + self.lease_ms

@@ -1,0 +1,60 @@
+"""The caller's DB-API connections around a fenced transaction (sqlite3, psycopg2, others)."""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+__all__ = ["given_connection", "transaction_ended"]
+
+
+def _target(connection: Any) -> Any:
+    """The DB-API connection of a connection or cursor."""
+    return connection if hasattr(connection, "commit") else getattr(connection, "connection", None)
+
+
+def transaction_ended(connection: Any) -> Optional[str]:
+    """How the block ended its own transaction, or :obj:`None` while it is still open.
+
+    sqlite3 (autocommit outside the block): ``in_transaction`` is false after a commit or
+    rollback, and raises once closed. psycopg2: ``closed`` is non-zero once closed;
+    ``get_transaction_status()`` is IDLE (0) after a commit or rollback, UNKNOWN (4) when the
+    connection is broken. Anything else (the memory store's :obj:`None`, other drivers) cannot
+    be checked and counts as open.
+    """
+    target = None if connection is None else _target(connection)
+    if target is None:
+        return None
+    if isinstance(target, sqlite3.Connection):
+        try:
+            return None if target.in_transaction else "committed or rolled back"
+        except sqlite3.ProgrammingError:
+            return "closed"
+    if getattr(target, "closed", 0):
+        return "closed"
+    status = getattr(target, "get_transaction_status", None)
+    if callable(status):
+        value = status()
+        if value == 0:
+            return "committed or rolled back"
+        if value == 4:
+            return "closed or broken"
+    return None
+
+
+@contextmanager
+def given_connection(connection: Any) -> Iterator[Any]:
+    """Commit or roll back a caller's connection (or a cursor's connection) around a block."""
+    target = _target(connection)
+    try:
+        yield connection
+    except BaseException:
+        try:
+            target.rollback()
+        except Exception:
+            if transaction_ended(target) is None:
+                raise  # a closed connection has nothing to roll back
+        raise
+    else:
+        target.commit()

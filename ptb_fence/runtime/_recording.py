@@ -1,0 +1,156 @@
+"""Recording and grouped completion: runtime operations shared by both front ends.
+
+A mixin of :class:`~ptb_fence.runtime._core.Runtime`; every store call goes through its port.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
+
+from ptb_fence._values import AttemptIdentity, Completed, Settlement
+
+if TYPE_CHECKING:
+    from ptb_fence.runtime._attempt import Attempt
+    from ptb_fence.runtime._options import RuntimeOptions
+    from ptb_fence.runtime._outcome import Outcome
+    from ptb_fence.runtime._port import Recorded, Row, StorePort
+
+__all__ = ["Record", "RecordingOps"]
+
+Record = Union["Attempt", bool]
+"""Per recorded update: the :class:`~ptb_fence.Attempt` it was claimed with at ingest (already
+registered with the lease keeper), :obj:`True` (recorded pending) or :obj:`False` (the id
+exists: a duplicate)."""
+
+
+class RecordingOps:
+    """``record``, ``record_many``, ``record_and_complete`` and ``complete_many``."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+        port: StorePort
+        options: RuntimeOptions
+        attempt_aware: bool
+        delivers_exhaustions: bool
+
+        @property
+        def uses_claim_ids(self) -> bool: ...
+
+        def adopt(
+            self, identity: AttemptIdentity, lease_until: int, body: Optional[str] = None
+        ) -> Attempt: ...
+
+        def completion_settled(self, attempt: Attempt, landed: bool) -> Outcome: ...
+
+        def completion_failed(self, attempt: Attempt, error: BaseException) -> Outcome: ...
+
+        def _store_settle(self, attempt: Attempt, settlement: Settlement) -> bool: ...
+
+    def record(self, update_id: int, body: str) -> bool:
+        """Record one update as pending; :obj:`False` when its id exists (a duplicate).
+
+        ``update_id`` must be valid (:func:`ptb_fence._update_ids.is_update_id`); a store
+        error propagates (the update was not recorded: do not acknowledge it to Telegram).
+        """
+        return self.port.add(update_id, body, self.options.now_ms())
+
+    def _rows(self, items: Sequence[Tuple[int, str]], now: int) -> "List[Row]":
+        return [(update_id, body, now) for update_id, body in items]
+
+    def _claims_at_ingest(self, claim: bool) -> bool:
+        return claim and self.uses_claim_ids and self.port.claims_at_ingest
+
+    def _adopt_all(
+        self, recorded: "List[Recorded]", items: Sequence[Tuple[int, str]], lease_until: int
+    ) -> List[Record]:
+        return [
+            value if isinstance(value, bool) else self.adopt(value, lease_until, body)
+            for value, (_, body) in zip(recorded, items)
+        ]
+
+    def record_many(
+        self, items: Sequence[Tuple[int, str]], *, claim: bool = False
+    ) -> List[Record]:
+        """Record ``(update_id, body)`` updates (one commit where the store can).
+
+        With ``claim`` (and a fenced runtime whose store records and claims in one commit,
+        ``port.claims_at_ingest``) fresh updates are claimed for their first attempt in the same
+        commit and returned as registered :class:`~ptb_fence.Attempt` objects; otherwise
+        recorded pending (:obj:`True`). :obj:`False`: a duplicate. A store error propagates.
+        """
+        now = self.options.now_ms()
+        rows = self._rows(items, now)
+        if self._claims_at_ingest(claim):
+            lease_until = self.options.lease_deadline(now)
+            recorded = self.port.record_claimed(
+                rows,
+                lease_until=lease_until,
+                now=now,
+                max_attempts=self.options.max_attempts,
+                durable_exhaustion=self.delivers_exhaustions,
+            )
+            return self._adopt_all(recorded, items, lease_until)
+        return list(self.port.add_many(rows))
+
+    def complete_many(self, attempts: Sequence["Attempt"]) -> "List[Outcome]":
+        """Settle handled attempts as completed (one commit where the store can).
+
+        Per attempt its outcome: ``COMPLETED``, or ``LOST`` when the settle did not land
+        (``owner_lost`` fired) or the store failed (reported as step ``"settle"``).
+        """
+        if not attempts:
+            return []
+        at = self.options.now_ms()
+        fenced = all(attempt.fenced for attempt in attempts)
+        try:
+            if fenced:
+                landed = self.port.settle_owned_many(
+                    [(attempt.identity, Completed(at)) for attempt in attempts]
+                )
+            else:
+                landed = [self._store_settle(attempt, Completed(at)) for attempt in attempts]
+        except Exception as exc:
+            return [self.completion_failed(attempt, exc) for attempt in attempts]
+        return [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
+
+    def record_and_complete(
+        self,
+        items: Sequence[Tuple[int, str]],
+        attempts: Sequence["Attempt"],
+        *,
+        claim: bool = True,
+    ) -> "Tuple[Union[List[Record], BaseException], List[Outcome]]":
+        """:meth:`record_many` and :meth:`complete_many` as one group: one commit where the
+        store can record, claim and settle together (``add_claimed_and_settle_many``).
+
+        Returns the records (or the store error that prevented them: do not acknowledge those
+        updates) and the outcomes of the completions.
+        """
+        if not items or not attempts or not self._claims_at_ingest(claim) or not (
+            self.port.records_and_settles_together and all(a.fenced for a in attempts)
+        ):
+            try:
+                records: "Union[List[Record], BaseException]" = (
+                    self.record_many(items, claim=claim) if items else []
+                )
+            except Exception as exc:
+                records = exc
+            return records, self.complete_many(attempts)
+        now = self.options.now_ms()
+        lease_until = self.options.lease_deadline(now)
+        try:
+            recorded, landed = self.port.record_claimed_and_settle(
+                self._rows(items, now),
+                [(attempt.identity, Completed(now)) for attempt in attempts],
+                lease_until=lease_until,
+                now=now,
+                max_attempts=self.options.max_attempts,
+                durable_exhaustion=self.delivers_exhaustions,
+            )
+        except Exception as exc:
+            return exc, [self.completion_failed(attempt, exc) for attempt in attempts]
+        return (
+            self._adopt_all(recorded, items, lease_until),
+            [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)],
+        )
