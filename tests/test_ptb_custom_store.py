@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-import pytest
 from telegram import Update
 from telegram.ext import MessageHandler, filters
 
@@ -53,11 +52,6 @@ def _domain(path: str) -> List[Tuple[int, int, str]]:
         conn.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11: settle_owned() got an unexpected keyword argument 'connection' until the "
-    "ptb adapter talks to the runtime's store port",
-)
 def test_the_example_store_runs_a_ptb_application_with_fenced_writes(tmp_path: Any) -> None:
     example = _example_module()
     store = example.DictUpdateStore()

@@ -21,9 +21,8 @@ MAX_LINES = 500
 # Private names of the runtime package that ptb/ still uses until the runtime offers public
 # ones (issue 11, runtime half): the attempt context variable, read and set in one place.
 RUNTIME_PRIVATE_ALLOWED = {("_handling", "ptb_fence.runtime._attempt", "_CURRENT")}
-# Attempt's private fields still written by the processor (issue 11 runtime half gives
-# Attempt public transition methods; then this set must become empty).
-ATTEMPT_PRIVATE_ALLOWED = {("_processor", "_body"), ("_processor", "_settling")}
+# Attempt's private fields used from ptb/: none (it has public transition methods).
+ATTEMPT_PRIVATE_ALLOWED: Set[Tuple[str, str]] = set()
 
 
 def _modules() -> Dict[str, ast.Module]:

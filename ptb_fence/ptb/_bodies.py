@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence, Union
 from telegram import Update
 from telegram.error import TelegramError
 
-from ptb_fence.runtime._ingest import MAX_UPDATE_ID
+from ptb_fence._update_ids import is_update_id
 
 __all__ = [
     "IngestError",
@@ -17,7 +17,6 @@ __all__ = [
     "parse_update",
     "raw_body",
     "update_body",
-    "valid_raw_update_id",
     "valid_update_id",
 ]
 
@@ -101,21 +100,11 @@ def parse_update(data: Any, bot: Any) -> Optional[Update]:
     return update
 
 
-def valid_raw_update_id(update_id: Any) -> bool:
-    """Whether ``update_id`` (from a raw ``getUpdates`` answer) is an integer from 0 to
-    2**63-1 (silently: PTB reports what it cannot parse)."""
-    return (
-        isinstance(update_id, int)
-        and not isinstance(update_id, bool)
-        and 0 <= update_id <= MAX_UPDATE_ID
-    )
-
-
 def valid_update_id(update: Update) -> bool:
     """Whether ``update`` has a Telegram ``update_id``; logs a WARNING (nothing is recorded)
     when it has not."""
     update_id = update.update_id
-    if valid_raw_update_id(update_id):
+    if is_update_id(update_id):
         return True
     _LOGGER.warning(
         "dropped an update whose update_id %r is not an integer from 0 to 2**63-1: it is "

@@ -15,15 +15,8 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from telegram import Update
 
-from ptb_fence._values import Completed
-from ptb_fence.ptb._bodies import (
-    ingest_error,
-    parse_update,
-    raw_body,
-    update_body,
-    valid_raw_update_id,
-    valid_update_id,
-)
+from ptb_fence._update_ids import is_update_id
+from ptb_fence.ptb._bodies import ingest_error, parse_update, raw_body, update_body, valid_update_id
 from ptb_fence.ptb._group_commit import GroupCommit
 from ptb_fence.ptb._state import Recorded, SharedState
 from ptb_fence.ptb._threads import StoreThreads
@@ -33,9 +26,6 @@ from ptb_fence.runtime._core import Runtime
 __all__ = ["Ingest"]
 
 _LOGGER = logging.getLogger("ptb_fence.ptb")
-
-Row = Tuple[int, str, int]
-
 
 class Ingest:
     """Records updates for one processor; the durable queue's
@@ -53,9 +43,7 @@ class Ingest:
 
     __slots__ = (
         "_application",
-        "_combined_write",
-        "_fast_claim",
-        "_fast_settle",
+        "_grouped_completion",
         "_name",
         "_redeliver",
         "_runtime",
@@ -86,14 +74,9 @@ class Ingest:
         self._writer: GroupCommit[Tuple[str, Any], Any] = GroupCommit(
             self._write_many, "ptb_fence:write"
         )
-        # which optional store capabilities the hot path uses (decided once)
-        store = runtime.store
-        fenced = runtime.uses_claim_ids
-        self._fast_settle = fenced and callable(getattr(store, "settle_owned_many", None))
-        self._fast_claim = fenced and callable(getattr(store, "add_claimed_many", None))
-        self._combined_write = self._fast_claim and callable(
-            getattr(store, "add_claimed_and_settle_many", None)
-        )
+        # completions are grouped where the store settles many in one commit (decided once,
+        # by the runtime's store port)
+        self._grouped_completion = runtime.uses_claim_ids and runtime.port.settles_in_batches
 
     # -- what the queue and the getUpdates wrapper see ---------------------------------------
     @property
@@ -148,7 +131,9 @@ class Ingest:
         if known is not None:
             return self._state.book(update.update_id, known)
         try:
-            outcome = self._store_rows(self._rows([(update.update_id, update_body(update))]))
+            outcome = self._runtime.record_many(
+                [(update.update_id, update_body(update))], claim=True
+            )
         except Exception as exc:
             raise ingest_error(update.update_id, exc) from exc
         return self._state.book(update.update_id, outcome[0])
@@ -164,7 +149,7 @@ class Ingest:
         items = []
         raws: List[Any] = []
         for raw in result:
-            if isinstance(raw, dict) and valid_raw_update_id(raw.get("update_id")):
+            if isinstance(raw, dict) and is_update_id(raw.get("update_id")):
                 items.append((raw["update_id"], raw_body(raw)))
                 raws.append(raw)
         if not items:
@@ -174,7 +159,7 @@ class Ingest:
         self._state.release_preclaimed(ingested_only=True)
         try:
             outcome = await self._threads.call_handing_on(
-                lambda: self._store_rows(self._rows(items)),
+                lambda: self._runtime.record_many(items, claim=True),
                 lambda landed: self._hand_on_batch(raws, landed),
             )
         except asyncio.CancelledError:
@@ -188,86 +173,32 @@ class Ingest:
     @property
     def completes_in_groups(self) -> bool:
         """Successful fenced attempts are completed together (:meth:`complete`)."""
-        return self._fast_settle
+        return self._grouped_completion
 
     async def complete(self, attempt: Attempt) -> Any:
         """Complete ``attempt`` in one commit with the completions (and fresh updates) that
         arrive at the same time; returns the runtime's outcome."""
         return await self._writer.submit(("done", attempt))
 
-    # -- recording (blocking, on the store threads) ------------------------------------------
-    def _rows(self, items: List[Tuple[int, str]]) -> List[Row]:
-        now = self._runtime.options.now_ms()
-        return [(update_id, body, now) for update_id, body in items]
-
-    def _store_rows(self, rows: List[Row]) -> List[Recorded]:
-        """Record rows (blocking): per row the pre-claimed Attempt, True, or False (exists)."""
-        runtime = self._runtime
-        store = runtime.store
-        if self._fast_claim:
-            lease_until = runtime.options.now_ms() + runtime.options.lease_ms
-            return self._adopt(store.add_claimed_many(rows, lease_until=lease_until), rows, lease_until)
-        if len(rows) > 1 and callable(getattr(store, "add_many", None)):
-            return [bool(added) for added in store.add_many(rows)]
-        return [bool(store.add(*row)) for row in rows]
-
-    def _adopt(self, identities: List[Any], rows: List[Row], lease_until: int) -> List[Recorded]:
-        """Per row: the pre-claimed Attempt (registered with the lease keeper) or False."""
-        return [
-            False if identity is None else self._runtime.adopt(identity, lease_until, row[1])
-            for identity, row in zip(identities, rows)
-        ]
-
+    # -- one group of writes (on the store threads) ----------------------------------------
     async def _write_many(self, items: List[Tuple[str, Any]]) -> List[Any]:
         """One group of writes: ``("add", (update_id, body))`` records a fresh update (result:
-        as :meth:`_store_rows`, or the exception to raise to ``put``), ``("done", attempt)``
-        completes an attempt (result: the outcome). One commit where the store can do both."""
-        runtime = self._runtime
-        store = runtime.store
+        what :meth:`Runtime.record_many` gives for it, or the exception to raise to ``put``),
+        ``("done", attempt)`` completes an attempt (result: the outcome). The runtime does it
+        in one commit where the store can."""
         adds = [(i, payload) for i, (kind, payload) in enumerate(items) if kind == "add"]
         dones = [(i, payload) for i, (kind, payload) in enumerate(items) if kind == "done"]
+        records, outcomes = await self._threads.call(
+            self._runtime.record_and_complete,
+            [payload for _, payload in adds],
+            [attempt for _, attempt in dones],
+            claim=True,
+        )
         results: List[Any] = [None] * len(items)
-        rows = self._rows([payload for _, payload in adds])
-        at = runtime.options.now_ms()
-        settlements = [(attempt.identity, Completed(at)) for _, attempt in dones]
-        if adds and dones and self._combined_write:
-            lease_until = at + runtime.options.lease_ms
-
-            def both() -> "Tuple[List[Any], List[bool]]":
-                added, landed = store.add_claimed_and_settle_many(
-                    rows, lease_until=lease_until, settlements=settlements
-                )
-                return self._adopt(added, rows, lease_until), landed
-
-            try:
-                recorded, landed = await self._threads.call(both)
-            except Exception as exc:
-                for i, _ in adds:
-                    results[i] = exc
-                for i, attempt in dones:
-                    results[i] = runtime.completion_failed(attempt, exc)
-                return results
-            for (i, _), value in zip(adds, recorded):
-                results[i] = value
-            for (i, attempt), ok in zip(dones, landed):
-                results[i] = runtime.completion_landed(attempt, bool(ok))
-            return results
-        if adds:
-            try:
-                recorded = await self._threads.call(self._store_rows, rows)
-            except Exception as exc:
-                recorded = [exc] * len(adds)
-            for (i, _), value in zip(adds, recorded):
-                results[i] = value
-        if dones:
-            try:
-                landed = await self._threads.call(store.settle_owned_many, settlements)
-            except Exception as exc:
-                for i, attempt in dones:
-                    results[i] = runtime.completion_failed(attempt, exc)
-            else:
-                for (i, attempt), ok in zip(dones, landed):
-                    results[i] = runtime.completion_landed(attempt, bool(ok))
+        for n, (i, _) in enumerate(adds):
+            results[i] = records if isinstance(records, BaseException) else records[n]
+        for (i, _), outcome in zip(dones, outcomes):
+            results[i] = outcome
         return results
 
     # -- what landed while its ingest was cancelled ------------------------------------------

@@ -15,7 +15,7 @@ import contextvars
 import inspect
 import logging
 import weakref
-from typing import Any, Awaitable, Callable, Hashable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 from telegram import Update
 from telegram.ext import BaseUpdateProcessor
@@ -36,6 +36,7 @@ from ptb_fence.ptb._state import SharedState
 from ptb_fence.ptb._sweeper import Sweeper
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.ptb._wiring import BuilderType, configure_builder, warn_non_blocking
+from ptb_fence.runtime._chats import update_chat_key
 from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._options import RuntimeOptions
 
@@ -47,16 +48,6 @@ _LOGGER = logging.getLogger("ptb_fence.ptb")
 # including a chat's wait for its turn, so process_update is overridden to skip it; ptb_fence's
 # own slots enforce max_concurrent. (The semaphore cannot just be made large: PTB sizes it from
 # the max_concurrent_updates property, which reports max_concurrent.)
-
-
-def _chat_key(update: Update) -> Hashable:
-    chat = update.effective_chat
-    if chat is not None:
-        return chat.id
-    user = update.effective_user
-    if user is not None:
-        return user.id
-    return ("update", update.update_id)
 
 
 class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
@@ -266,13 +257,10 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
 
     async def _bind_bot(self, application: Any) -> None:
         """Tell a store that records its bot (``bind_bot``) which bot this is."""
-        bind = getattr(self._runtime.store, "bind_bot", None)
-        if not callable(bind):
-            return
         head = str(getattr(application.bot, "token", "")).split(":", 1)[0]
         if not head.isdigit():
             return
-        await self._threads.call(bind, int(head))
+        await self._threads.call(self._runtime.port.bind_bot, int(head))
 
     async def application_stopping(self) -> None:
         """``Application.stop()`` began: queue nothing more (PTB's ``update_queue.join()``
@@ -369,7 +357,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
 
     async def _process(self, update: Update, coroutine: "Awaitable[Any]") -> bool:
         runtime = self._runtime
-        key = _chat_key(update)
+        key = update_chat_key(update)
         exhaustion: Optional[Exhaustion] = None
         await self._turns.acquire(key, update.update_id)
         try:
@@ -397,7 +385,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                             # sequential mode)
                             handled.error = exc
                     if handled.error is not None or attempt.exhausted:
-                        attempt._body = update_body(update)
+                        attempt.body = update_body(update)
                     if (
                         self._ingest.completes_in_groups
                         and handled.error is None
@@ -406,12 +394,12 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                         and not attempt.exhausted
                     ):
                         # grouped with the completions of other updates: one commit for all
-                        attempt._settling = True
+                        attempt.begin_settling()
                         exhaustion = None
                         await self._ingest.complete(attempt)
                     else:
                         _, exhaustion = await self._threads.call(
-                            runtime.finish, attempt, handled.error
+                            runtime.settle, attempt, handled.error
                         )
                 finally:
                     # also when cancelled: stop renewing, so the lease lapses and a sweep

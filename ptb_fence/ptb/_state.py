@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Set, Union
+from typing import Callable, Dict, List, Optional, Set
 
 from ptb_fence.runtime._attempt import Attempt
+from ptb_fence.runtime._recording import Record
 
 __all__ = ["Recorded", "SharedState"]
 
-Recorded = Union[Attempt, bool]
+Recorded = Record
 """What recording one update gave: the pre-claimed :class:`Attempt` (a fenced store claimed
 it at ingest), :obj:`True` (recorded, to be claimed when handled) or :obj:`False` (already
 recorded: a duplicate, not queued again)."""
