@@ -7,9 +7,8 @@ for code that runs outside the update's handling (tasks, jobs, error handlers ru
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-from typing import Iterator, Optional
+from typing import Optional
 
 from ptb_fence.runtime._attempt import _CURRENT, Attempt
 
@@ -37,24 +36,30 @@ def update_state() -> Optional[UpdateState]:
     return _STATE.get()
 
 
-@contextlib.contextmanager
-def handling(state: Optional[UpdateState], attempt: Optional[Attempt]) -> Iterator[None]:
-    """Within the block, this task handles ``state.update`` under ``attempt`` (:obj:`None`
-    for a unary processor, both :obj:`None` for no update); both are reset on the way out."""
-    state_token = _STATE.set(state)
-    attempt_token = _CURRENT.set(attempt)
-    try:
-        yield
-    finally:
-        _CURRENT.reset(attempt_token)
-        _STATE.reset(state_token)
+class handling:  # noqa: N801 - used like a function: ``with handling(state, attempt):``
+    """Within the ``with`` block, this task handles ``state.update`` under ``attempt``
+    (:obj:`None` for a unary processor, both :obj:`None` for no update); both are reset on
+    the way out. (A class, not a generator: it runs twice per update on the hot path.)"""
+
+    __slots__ = ("_attempt", "_attempt_token", "_state", "_state_token")
+
+    def __init__(self, state: Optional[UpdateState], attempt: Optional[Attempt]) -> None:
+        self._state = state
+        self._attempt = attempt
+
+    def __enter__(self) -> None:
+        self._state_token = _STATE.set(self._state)
+        self._attempt_token = _CURRENT.set(self._attempt)
+
+    def __exit__(self, *exc_info: object) -> None:
+        _CURRENT.reset(self._attempt_token)
+        _STATE.reset(self._state_token)
 
 
-@contextlib.contextmanager
-def outside_attempt() -> Iterator[None]:
-    """Within the block, no update is handled and there is no attempt (then restored)."""
-    with handling(None, None):
-        yield
+def outside_attempt() -> handling:
+    """Within the ``with`` block, no update is handled and there is no attempt (then
+    restored)."""
+    return handling(None, None)
 
 
 def leave_attempt() -> None:
