@@ -70,7 +70,8 @@ def test_the_example_store_runs_a_ptb_application_with_fenced_writes(tmp_path: A
     async def on_message(update: Update, context: Any) -> None:
         attempt = context.require_attempt()
         calls[update.update_id] = calls.get(update.update_id, 0) + 1
-        text = update.effective_message.text
+        message = update.effective_message
+        text = message.text if message is not None else None
         if text == "doomed" or (text == "flaky" and attempt.attempt == 1):
             raise RuntimeError(f"{text}: failing on purpose (attempt {attempt.attempt})")
 
