@@ -9,6 +9,7 @@ import urllib.parse
 import uuid
 from contextlib import contextmanager
 from typing import (
+    TYPE_CHECKING,
     Any,
     Callable,
     Dict,
@@ -23,9 +24,6 @@ from typing import (
     Union,
 )
 
-import psycopg2
-import psycopg2.extensions
-import psycopg2.pool
 
 from ptb_fence._errors import RowLocked, SchemaError, StoreBusy, TableBotMismatch
 from ptb_fence._fingerprint import update_fingerprint
@@ -41,6 +39,9 @@ from ptb_fence._values import (
 )
 from ptb_fence.stores._names import validate_table_name, validate_update_id
 from ptb_fence.stores._postgres_sql import META_TABLE, PostgresStatements, schema_sql
+
+if TYPE_CHECKING:  # psycopg2 is imported when a store is created, not with ptb_fence
+    import psycopg2.pool
 
 __all__ = ["PostgresUpdateStore", "postgres_update_store_schema"]
 
@@ -80,6 +81,7 @@ _URI_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*?:([^/?#]*)@")
 
 def _secrets_of(dsn: Optional[str], kwargs: Optional[Dict[str, Any]] = None) -> Set[str]:
     """Every spelling of the password found in ``dsn`` and ``kwargs`` (for redaction)."""
+    import psycopg2.extensions
     found: Set[str] = set()
     if kwargs and kwargs.get("password"):
         found.add(str(kwargs["password"]))
@@ -115,11 +117,15 @@ def _scrubbed(error: BaseException, secrets: Set[str], prefix: str) -> BaseExcep
     try:
         return type(error)(message)
     except Exception:  # pragma: no cover - every psycopg2 error takes a message
+        import psycopg2
+
         return psycopg2.OperationalError(message)
 
 
 def _open_connection(args: Tuple[Any, ...], kwargs: Dict[str, Any], secrets: Set[str]) -> Any:
     """``psycopg2.connect`` whose errors never carry the password (and no chained cause)."""
+    import psycopg2
+
     failure: Optional[BaseException] = None
     try:
         return psycopg2.connect(*args, **kwargs)
@@ -164,6 +170,8 @@ class _DsnPool:
     __slots__ = ("_args", "_kwargs", "_secrets", "capacity", "_cond", "_idle", "_open", "_closed")
 
     def __init__(self, dsn: str, size: int, secrets: Set[str]) -> None:
+        import psycopg2.extensions
+
         self._args: Tuple[Any, ...] = (dsn,)
         self._kwargs: Dict[str, Any] = {}
         if "connect_timeout" not in psycopg2.extensions.parse_dsn(dsn):
@@ -206,6 +214,8 @@ class _DsnPool:
             raise
 
     def release(self, conn: Any, discard: bool) -> None:
+        import psycopg2.extensions
+
         if not discard and not conn.closed:
             status = conn.info.transaction_status
             if status == psycopg2.extensions.TRANSACTION_STATUS_UNKNOWN:
@@ -240,7 +250,7 @@ class _UserPool:
 
     __slots__ = ("_pool", "_secrets", "capacity", "_slots", "_lock", "_closed")
 
-    def __init__(self, pool: psycopg2.pool.AbstractConnectionPool, secrets: Set[str]) -> None:
+    def __init__(self, pool: "psycopg2.pool.AbstractConnectionPool", secrets: Set[str]) -> None:
         self._pool = pool
         self._secrets = secrets
         self.capacity = max(1, int(pool.maxconn))
@@ -255,6 +265,8 @@ class _UserPool:
         return _open_connection(args, kwargs, self._secrets)
 
     def acquire(self, timeout: float) -> Any:
+        import psycopg2.pool
+
         if self._closed:
             raise _closed_error()
         deadline = time.monotonic() + timeout
@@ -412,13 +424,16 @@ class PostgresUpdateStore:
 
     def __init__(
         self,
-        dsn_or_pool: Union[str, psycopg2.pool.AbstractConnectionPool],
+        dsn_or_pool: Union[str, "psycopg2.pool.AbstractConnectionPool"],
         table: str = "telegram_updates",
         create_table: bool = True,
         *,
         pool_size: int = 8,
         pool_timeout: float = 30.0,
     ) -> None:
+        import psycopg2.extensions
+        import psycopg2.pool
+
         self._table = validate_table_name(table)
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
             raise ValueError(f"pool_size must be a positive integer, not {pool_size!r}")
@@ -538,6 +553,8 @@ class PostgresUpdateStore:
 
         Raises :class:`_Broken` when the connection broke before the commit was sent.
         """
+        import psycopg2
+
         failure: Optional[BaseException] = None
         try:
             self._ensure_schema(conn)
@@ -650,6 +667,8 @@ class PostgresUpdateStore:
 
     @staticmethod
     def _check_in_transaction(connection: Any) -> None:
+        import psycopg2.extensions
+
         conn = getattr(connection, "connection", connection)  # a cursor's connection
         if getattr(conn, "autocommit", False) is not True:
             return
@@ -879,6 +898,8 @@ class PostgresUpdateStore:
 
     def _renew_one(self, update_id: int, sql: str, params: Dict[str, Any]) -> bool:
         """A single renewal that waits at most 200 ms for a row lock, then :exc:`RowLocked`."""
+        import psycopg2
+
 
         def work(cur: Any) -> bool:
             cur.execute(self._sql.renew_lock_timeout)
