@@ -242,7 +242,8 @@ class PostgresUpdateStore(PostgresBaseStore):
             "at": at,
         }
         if connection is not None:
-            return self._db.on_caller(connection, self._db.sql.owns_for_update, params, locking=True)
+            sql = self._db.sql.owns_for_update
+            return self._db.on_caller(connection, sql, params, locking=True)
         return self._db.run(lambda cur: returns_row(cur, self._db.sql.owns, params))
 
     def settle_owned(
@@ -362,4 +363,5 @@ class PostgresUpdateStore(PostgresBaseStore):
             "claim_id": identity.claim_id,
             "at": at,
         }
-        return self._db.run(lambda cur: returns_row(cur, self._db.sql.acknowledge_exhaustion, params))
+        sql = self._db.sql.acknowledge_exhaustion
+        return self._db.run(lambda cur: returns_row(cur, sql, params))
