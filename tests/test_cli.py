@@ -33,7 +33,7 @@ from ptb_fence import (
 )
 from ptb_fence.cli import main
 from ptb_fence.cli._format import format_age, parse_duration
-from ptb_fence.cli._sql import AdminStatements
+from ptb_fence.stores._admin_sql import AdminStatements
 from ptb_fence.cli._target import StoreTarget
 
 BODY_MARKER = "cli-body-marker-7f3a"
