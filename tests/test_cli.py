@@ -639,6 +639,10 @@ def check_postgres(db: Fixture, capsys: Any) -> None:
             cur.execute("SELECT count(*) FROM pg_tables WHERE starts_with(tablename, %s)",
                         (prefix,))
             assert cur.fetchone()[0] == 0
+            # the bind-bot rule bound scratch tables: their owner rows are gone too
+            cur.execute("SELECT count(*) FROM ptb_fence_meta WHERE starts_with(table_name, %s)",
+                        (prefix,))
+            assert cur.fetchone()[0] == 0
     finally:
         conn.close()
 

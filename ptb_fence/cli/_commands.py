@@ -36,7 +36,11 @@ from ptb_fence.cli._inspect import STATES, TableInspector
 from ptb_fence.cli._rows import UpdateRow
 from ptb_fence.cli._target import StoreTarget
 from ptb_fence.stores import validate_table_name
-from ptb_fence.stores._admin_sql import POSTGRES_TABLE_STATE
+from ptb_fence.stores._admin_sql import (
+    POSTGRES_FORGET_TABLE,
+    POSTGRES_META_EXISTS,
+    POSTGRES_TABLE_STATE,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -788,6 +792,9 @@ def _drop_scratch_tables(target: StoreTarget, tables: Sequence[str]) -> None:
             for name in tables:
                 validate_table_name(name)
                 cur.execute(f'DROP TABLE IF EXISTS "{name}"')
+                cur.execute(POSTGRES_META_EXISTS)
+                if cur.fetchone()[0]:  # the conformance rule bind-bot binds scratch tables
+                    cur.execute(POSTGRES_FORGET_TABLE, {"table": name})
     finally:
         conn.close()
     _progress(f"dropped {len(tables)} scratch table(s)")

@@ -21,7 +21,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AdminStatements", "POSTGRES_TABLE_STATE"]
+from ptb_fence.stores._postgres_sql import META_TABLE
+
+__all__ = [
+    "AdminStatements",
+    "POSTGRES_FORGET_TABLE",
+    "POSTGRES_META_EXISTS",
+    "POSTGRES_TABLE_STATE",
+]
 
 _ROW_COLUMNS = "update_id, state, attempts, due_at, received_at, settled_at, error, {claim_id}"
 
@@ -33,6 +40,12 @@ POSTGRES_TABLE_STATE = (
 )
 """Whether a PostgreSQL table exists, has ``claim_id``, and how many indexes it has
 (parameter ``q``: the double-quoted table name)."""
+
+POSTGRES_META_EXISTS = f"SELECT to_regclass('\"{META_TABLE}\"') IS NOT NULL"
+"""Whether the table of ``bind_bot`` owners exists (no parameters)."""
+
+POSTGRES_FORGET_TABLE = f'DELETE FROM "{META_TABLE}" WHERE table_name = %(table)s'
+"""Forget which bot owned a dropped table (``bind_bot``'s row; parameter ``table``)."""
 
 
 @dataclass(frozen=True)
