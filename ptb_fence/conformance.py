@@ -87,6 +87,38 @@ Rules (:data:`RULES`; the number is the item of the specification's list of ten 
     are refused, and the renewed lease holds while the refused ones are not revived. An entry
     may be :obj:`None` only for a row locked by another open transaction (the check holds no
     locks, so every entry here must be a real bool).
+``batch-add`` (base, 1; only for a store with ``add_many``)
+    ``add_many`` equals the loop of single ``add`` calls row by row: an existing id (pending or
+    processing) and an id repeated in the batch return :obj:`False` and change nothing (the first
+    body is kept, a live lease is not reset), new ids return :obj:`True` and are pending once;
+    ``add_many([])`` returns ``[]``.
+``bind-bot`` (base, -; only for a store with ``bind_bot``)
+    ``bind_bot`` with the same bot id again is a no-op; another bot id raises
+    :exc:`ptb_fence.TableBotMismatch` (the first binder wins) and the owner stays.
+``batch-claim-at-ingest`` (fenced, 1 and 7; only for a store with ``add_claimed_many``)
+    ``add_claimed_many(rows, lease_until=...)`` equals ``add`` + ``claim_owned`` for attempt 1
+    per new id: a new id returns an identity with attempt 1, a fresh claim id and the given
+    lease (owned up to and including ``lease_until``, not after); an existing id or one repeated
+    in the batch returns :obj:`None` and stays unchanged.
+``batch-settle`` (fenced, 3 and 9; only for a store with ``settle_owned_many``)
+    ``settle_owned_many`` equals the loop of ``settle_owned`` position by position: completed,
+    failed and abandoned settlements of live claims land; a wrong claim id, an expired lease, the
+    same completion repeated in the batch and an unknown id return :obj:`False` and change
+    nothing; ``settle_owned_many([])`` returns ``[]``.
+``combined-write`` (fenced, 9; only for a store with ``add_claimed_and_settle_many``)
+    ``add_claimed_and_settle_many`` returns what ``add_claimed_many`` and ``settle_owned_many``
+    return for the same input (the store makes both land in one commit).
+``transaction`` (fenced, 9; only for a store with ``transaction()``)
+    The block's exception is re-raised unchanged and, when ``settle_owned`` takes
+    ``connection=``, a settle made in it is rolled back; a block that ends normally commits.
+``connection-fence`` (fenced, 9; only with ``transaction()`` and ``connection=`` on ``owns``/``settle_owned``)
+    Inside ``with store.transaction() as conn``: ``owns(identity, at, connection=conn)`` confirms
+    the live claim; ``settle_owned(..., connection=conn)`` rolls back when the block raises and
+    lands when it commits; and while the block holds the row (after ``owns(connection=conn)``), a
+    ``claim_owned`` from another thread with the lease lapsed does not take it: it waits and,
+    after the commit, returns :obj:`None`. A ``transaction()`` that yields :obj:`None` (no
+    connection, like :class:`ptb_fence.MemoryUpdateStore`'s, which holds the store's lock) is
+    checked for the competing claim only.
 ``fence`` (fenced, 9)
     ``owns`` is inclusive at ``due_at`` and :obj:`False` at ``due_at + 1``; a wrong claim id or
     attempt is refused by ``owns``/``renew_owned``/``settle_owned`` and changes nothing; no
@@ -107,11 +139,14 @@ Rules (:data:`RULES`; the number is the item of the specification's list of ten 
 
 from __future__ import annotations
 
+import inspect
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, cast
 
+from ptb_fence._errors import TableBotMismatch
 from ptb_fence._protocols import BASE_METHODS, UpdateStore, is_durable, is_fenced, missing_methods
 from ptb_fence._values import (
     Abandoned,
@@ -327,11 +362,14 @@ class _Probe:
             value = self._call("renew_owned", identity, lease_until, now=now)
         return self._bool("renew_owned", value)
 
-    def owns(self, identity: AttemptIdentity, at: int) -> bool:
-        return self._bool("owns", self._call("owns", identity, at))
+    def owns(self, identity: AttemptIdentity, at: int, **connection: Any) -> bool:
+        return self._bool("owns", self._call("owns", identity, at, **connection))
 
-    def settle_owned(self, identity: AttemptIdentity, settlement: Settlement) -> bool:
-        return self._bool("settle_owned", self._call("settle_owned", identity, settlement))
+    def settle_owned(
+        self, identity: AttemptIdentity, settlement: Settlement, **connection: Any
+    ) -> bool:
+        value = self._call("settle_owned", identity, settlement, **connection)
+        return self._bool("settle_owned", value)
 
     # -- durable contract ------------------------------------------------------------------
     def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:
@@ -1093,6 +1131,302 @@ def _rule_batch_renewal(p: _Probe, fenced: bool, durable: bool) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Optional capabilities (run only when the store has them)
+# ---------------------------------------------------------------------------------------------
+class _Rollback(Exception):
+    """Raised inside ``transaction()`` by the check to see the block roll back."""
+
+
+def _has(store: Any, method: str) -> bool:
+    return callable(getattr(store, method, None))
+
+
+def _takes_connection(store: Any, method: str) -> bool:
+    """Whether ``store.method`` accepts the ``connection=`` keyword (duck typing)."""
+    try:
+        parameters = inspect.signature(getattr(store, method)).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        return False
+    return "connection" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
+
+
+def _bools(p: _Probe, method: str, value: object, count: int) -> List[bool]:
+    ok = isinstance(value, list) and len(value) == count and all(type(v) is bool for v in value)
+    p._type(method, ok, f"a list of {count} real bools, one per input", value)
+    return list(value) if isinstance(value, list) else []
+
+
+def _identities(p: _Probe, method: str, value: object, count: int) -> List[Any]:
+    ok = (
+        isinstance(value, list)
+        and len(value) == count
+        and all(v is None or isinstance(v, AttemptIdentity) for v in value)
+    )
+    p._type(method, ok, f"a list of {count} AttemptIdentity-or-None, one per input", value)
+    items = list(value) if isinstance(value, list) else []
+    for item in items:
+        if item is not None:
+            p._identity(method, item)
+    return items
+
+
+def _rule_batch_add(p: _Probe, fenced: bool, durable: bool) -> None:
+    if not _has(p.store, "add_many"):
+        return
+    p.require(p.add(1, "b1", _T), "add of a new update_id returned False")
+    p.require(p.add(2, "b2", _T), "add of a new update_id returned False")
+    p.require(p.claim(2, now=_T, lease_until=_T + _L) == 1, "claim of a pending update failed")
+    rows = [(1, "b1", _T + 1), (3, "b3", _T), (2, "b2", _T + 1), (3, "b3", _T + 2), (4, "b4", _T)]
+    got = _bools(p, "add_many", p._call("add_many", rows), len(rows))
+    want = [False, True, False, False, True]
+    p.expect(
+        got == want,
+        f"add_many({[(u, b) for u, b, _ in rows]}) returned {got}; the loop of single add calls "
+        f"returns {want} (existing pending; new; existing processing; repeated in the batch; new)",
+    )
+    listed = p.due(now=_T + 1, pending_before=_FAR)
+    p.expect(
+        listed == [(1, "b1"), (3, "b3"), (4, "b4")],
+        f"after add_many, due(now={_at(_T + 1)}) returned {listed}; expected [(1, 'b1'), "
+        "(3, 'b3'), (4, 'b4')]: existing rows unchanged (update 2 keeps its live lease), each "
+        "new row pending once with its first body",
+    )
+    taken = p.claim(2, now=_T + _L, lease_until=_FAR)
+    p.expect(taken is None, f"claim of update 2 at {_at(_T + _L)} returned {taken!r}: add_many "
+             "of an existing id reset its live lease")
+    p.expect(
+        _bools(p, "add_many", p._call("add_many", []), 0) == [],
+        "add_many([]) must return []",
+    )
+
+
+def _rule_batch_claim_at_ingest(p: _Probe, fenced: bool, durable: bool) -> None:
+    if not _has(p.store, "add_claimed_many"):
+        return
+    p.require(p.add(1, "b1", _T), "add of a new update_id returned False")
+    rows = [(1, "b1", _T), (2, "b2", _T), (2, "b2", _T), (3, "b3", _T)]
+    value = p._call("add_claimed_many", rows, lease_until=_T + _L)
+    got = _identities(p, "add_claimed_many", value, len(rows))
+    shape = [None if i is None else (i.update_id, i.attempt) for i in got]
+    p.require(
+        shape == [None, (2, 1), None, (3, 1)],
+        f"add_claimed_many({[(u, b) for u, b, _ in rows]}, lease_until={_at(_T + _L)}) "
+        f"returned {shape} as (update_id, attempt); the loop of add + claim_owned gives "
+        "[None, (2, 1), None, (3, 1)] (existing id untouched; new id claimed for attempt 1; "
+        "repeated in the batch; new id claimed)",
+    )
+    two, three = got[1], got[3]
+    p.expect(two.claim_id != three.claim_id, "add_claimed_many gave two rows the same claim id")
+    for identity in (two, three):
+        p.expect(p.owns(identity, _T + _L), f"owns({identity}) at {_at(_T + _L)} returned False "
+                 "right after add_claimed_many")
+        p.expect(not p.owns(identity, _T + _L + 1), f"owns({identity}) at {_at(_T + _L + 1)} "
+                 f"returned True; add_claimed_many was given lease_until={_at(_T + _L)}")
+    taken = p.claim_owned(2, now=_T + _L, lease_until=_FAR)
+    p.expect(taken is None, f"claim_owned of update 2 at {_at(_T + _L)} took the live lease "
+             f"add_claimed_many gave it (returned {taken!r})")
+    first = p.claim_owned(1, now=_T, lease_until=_T + _L)
+    p.expect(
+        first is not None and first.attempt == 1,
+        f"claim_owned of the existing pending update 1 returned {first!r}; add_claimed_many "
+        "must leave an existing id unchanged (expected attempt 1)",
+    )
+
+
+def _claimed(p: _Probe, update_id: int, lease_until: int) -> AttemptIdentity:
+    p.require(p.add(update_id, "b", _T), "add of a new update_id returned False")
+    identity = p.claim_owned(update_id, now=_T, lease_until=lease_until)
+    p.require(identity is not None, "claim_owned of a pending update returned None")
+    assert identity is not None
+    return identity
+
+
+def _rule_batch_settle(p: _Probe, fenced: bool, durable: bool) -> None:
+    if not _has(p.store, "settle_owned_many"):
+        return
+    a, b, c, d = (_claimed(p, u, _T + _L) for u in (1, 2, 3, 4))
+    e = _claimed(p, 5, _T + 10)
+    wrong = AttemptIdentity(2, b.attempt, _other_claim_id(b.claim_id))
+    at = _T + 20
+    items: List[Tuple[AttemptIdentity, Settlement]] = [
+        (a, Completed(at=at)),
+        (wrong, Completed(at=at)),
+        (c, Failed(at=at, retry_at=_T + 100, error="boom")),
+        (d, Abandoned(at=at, error="gave up")),
+        (e, Completed(at=at)),
+        (a, Completed(at=at)),
+        (AttemptIdentity(99, 1, "x"), Completed(at=at)),
+    ]
+    got = _bools(p, "settle_owned_many", p._call("settle_owned_many", items), len(items))
+    want = [True, False, True, True, False, False, False]
+    p.expect(
+        got == want,
+        f"settle_owned_many returned {got}; the loop of settle_owned gives {want} (completed; "
+        "wrong claim id; failed; abandoned; lease expired at T+10; the same completion again; "
+        "unknown id)",
+    )
+    p.expect(p.owns(b, at), "settle_owned_many with a wrong claim id changed the real claim's row")
+    p.expect(not p.owns(a, at), "a completion landed by settle_owned_many left the lease owned")
+    listed = p.due_ids(now=_T + 100, pending_before=_FAR)
+    p.expect(
+        listed == [3, 5],
+        f"after settle_owned_many, due(now={_at(_T + 100)}) returned {listed}; expected [3, 5] "
+        "(3 failed and due at its retry time, 5 lapsed; 1 completed, 4 abandoned, 2 still "
+        "leased)",
+    )
+    p.expect(
+        _bools(p, "settle_owned_many", p._call("settle_owned_many", []), 0) == [],
+        "settle_owned_many([]) must return []",
+    )
+
+
+def _rule_combined_write(p: _Probe, fenced: bool, durable: bool) -> None:
+    if not _has(p.store, "add_claimed_and_settle_many"):
+        return
+    a = _claimed(p, 1, _T + _L)
+    wrong = AttemptIdentity(1, a.attempt, _other_claim_id(a.claim_id))
+    rows = [(2, "b2", _T), (1, "b", _T)]
+    settlements: List[Tuple[AttemptIdentity, Settlement]] = [
+        (wrong, Completed(at=_T + 5)),
+        (a, Completed(at=_T + 5)),
+    ]
+    value = p._call(
+        "add_claimed_and_settle_many", rows, lease_until=_T + _L, settlements=settlements
+    )
+    ok = isinstance(value, tuple) and len(value) == 2
+    p._type("add_claimed_and_settle_many", ok, "a tuple (identities, landed)", value)
+    p.require(ok, "add_claimed_and_settle_many did not return (identities, landed)")
+    added = _identities(p, "add_claimed_and_settle_many", value[0], len(rows))
+    landed = _bools(p, "add_claimed_and_settle_many", value[1], len(settlements))
+    shape = [None if i is None else (i.update_id, i.attempt) for i in added]
+    p.expect(
+        shape == [(2, 1), None] and landed == [False, True],
+        f"add_claimed_and_settle_many returned {shape} (as (update_id, attempt)) and {landed}; "
+        "add_claimed_many + settle_owned_many give [(2, 1), None] and [False, True]",
+    )
+    if added and added[0] is not None:
+        p.expect(p.owns(added[0], _T + _L), "the row claimed by add_claimed_and_settle_many is "
+                 "not owned by the identity it returned")
+    p.expect(not p.owns(a, _T + 5), "the completion of add_claimed_and_settle_many did not land")
+
+
+def _rule_bind_bot(p: _Probe, fenced: bool, durable: bool) -> None:
+    if not _has(p.store, "bind_bot"):
+        return
+    p._call("bind_bot", 4242)
+    p._call("bind_bot", 4242)  # the same bot again: a no-op
+    try:
+        p.store.bind_bot(4343)
+    except TableBotMismatch:
+        pass
+    except Exception as exc:
+        p.fail(f"bind_bot(4343) after bind_bot(4242) raised {type(exc).__name__}: {exc}; it "
+               "must raise ptb_fence.TableBotMismatch")
+    else:
+        p.fail("bind_bot(4343) after bind_bot(4242) returned; the first binder wins, so it must "
+               "raise ptb_fence.TableBotMismatch")
+    p._call("bind_bot", 4242)  # the owner is unchanged
+
+
+def _rule_transaction(p: _Probe, fenced: bool, durable: bool) -> None:
+    if not _has(p.store, "transaction"):
+        return
+    with_connection = _takes_connection(p.store, "settle_owned")
+    a = _claimed(p, 1, _T + _L)
+    error = _Rollback("raised inside the block by the check")
+    try:
+        with p._call("transaction") as conn:
+            if with_connection and conn is not None:
+                p.settle_owned(a, Completed(at=_T + 5), connection=conn)
+            raise error
+    except _Rollback as exc:
+        p.expect(exc is error, "transaction() replaced the exception raised inside its block")
+    else:
+        p.fail("transaction() swallowed the exception raised inside its block; it must roll "
+               "back and re-raise it")
+    if with_connection:
+        p.expect(p.owns(a, _T + 5), "a settle_owned(connection=conn) inside a transaction() "
+                 "block that raised was not rolled back: the row is no longer owned")
+    with p._call("transaction") as conn:
+        landed = p.settle_owned(a, Completed(at=_T + 5), connection=conn) if with_connection \
+            else p.settle_owned(a, Completed(at=_T + 5))
+        p.expect(landed, "settle_owned inside transaction() returned False for the live claim")
+    p.expect(not p.owns(a, _T + 5), "the settle_owned of a transaction() block that ended "
+             "normally was not committed: the row is still owned")
+    taken = p.claim_owned(1, now=_FAR, lease_until=_FAR + _L)
+    p.expect(taken is None, f"the update completed in a transaction() block was claimed again "
+             f"({taken!r})")
+
+
+def _rule_connection_fence(p: _Probe, fenced: bool, durable: bool) -> None:
+    if not (
+        _has(p.store, "transaction")
+        and _takes_connection(p.store, "owns")
+        and _takes_connection(p.store, "settle_owned")
+    ):
+        return
+    a = _claimed(p, 1, _T + _L)
+    # 1. a settle on the caller's connection rolls back with the caller's transaction (a
+    # transaction() that yields None has no connection to roll back: only its lock is checked)
+    yielded: List[Any] = []
+    try:
+        with p._call("transaction") as conn:
+            yielded.append(conn)
+            if conn is not None:
+                p.expect(p.owns(a, _T + 5, connection=conn), "owns(connection=conn) returned "
+                         "False for the live claim inside transaction()")
+                p.settle_owned(a, Completed(at=_T + 5), connection=conn)
+            raise _Rollback("raised inside the block by the check")
+    except _Rollback:
+        pass
+    if yielded and yielded[0] is not None:
+        p.require(
+            p.owns(a, _T + 5) and p.due_ids(now=_T + _L + 1, pending_before=_T - 1) == [1],
+            "settle_owned(connection=conn) landed although the caller's transaction rolled "
+            "back (it must run on the caller's connection and never commit by itself)",
+        )
+    # 2. while the caller's transaction holds the row, a competing claim does not take it
+    started = threading.Event()
+    result: List[Any] = []
+
+    def compete() -> None:
+        started.set()
+        try:
+            result.append(p.claim_owned(1, now=_T + _L + 1, lease_until=_FAR))
+        except BaseException as exc:  # reported below
+            result.append(exc)
+
+    thread = threading.Thread(target=compete, name="conformance-competing-claim", daemon=True)
+    with p._call("transaction") as conn:
+        p.require(p.owns(a, _T + 5, connection=conn), "owns(connection=conn) returned False for "
+                  "the live claim inside transaction()")
+        thread.start()
+        started.wait(_JOIN_TIMEOUT)
+        time.sleep(0.2)  # let the competing claim reach the store while the row is held
+        landed = p.settle_owned(a, Completed(at=_T + 5), connection=conn)
+        p.expect(landed, "settle_owned(connection=conn) returned False for the claim that "
+                 "owns(connection=conn) had just confirmed")
+    thread.join(_JOIN_TIMEOUT)
+    p.require(not thread.is_alive(), f"a competing claim_owned did not return within "
+              f"{_JOIN_TIMEOUT:g} s after the transaction committed")
+    competitor = result[0] if result else None
+    if isinstance(competitor, _Abort):
+        raise competitor
+    if isinstance(competitor, BaseException):
+        raise _StoreRaised("claim_owned", competitor)
+    p.expect(
+        competitor is None,
+        f"a competing claim_owned (lease lapsed) from another thread took the update while the "
+        f"caller's transaction held it after owns(connection=conn) (returned {competitor!r}); "
+        "the ownership check must lock the row until the caller's transaction ends",
+    )
+    p.expect(not p.owns(a, _T + 5), "the settle_owned(connection=conn) of a committed "
+             "transaction did not land")
+
+
+# ---------------------------------------------------------------------------------------------
 # Rule 9
 # ---------------------------------------------------------------------------------------------
 def _rule_fence(p: _Probe, fenced: bool, durable: bool) -> None:
@@ -1556,6 +1890,69 @@ _TABLE: Tuple[Tuple[ConformanceRule, _RuleFn], ...] = (
             "refusals included; None only for a row locked by another open transaction.",
         ),
         _rule_batch_renewal,
+    ),
+    (
+        ConformanceRule(
+            "batch-add",
+            "base",
+            "add_many (when present) equals the loop of add calls row by row: existing and "
+            "repeated ids are refused and left unchanged, new ids are pending once.",
+        ),
+        _rule_batch_add,
+    ),
+    (
+        ConformanceRule(
+            "bind-bot",
+            "base",
+            "bind_bot (when present) accepts the same bot id again and raises "
+            "TableBotMismatch for another one.",
+        ),
+        _rule_bind_bot,
+    ),
+    (
+        ConformanceRule(
+            "batch-claim-at-ingest",
+            "fenced",
+            "add_claimed_many (when present) equals add + claim_owned for attempt 1 per new id; "
+            "existing and repeated ids give None and stay unchanged.",
+        ),
+        _rule_batch_claim_at_ingest,
+    ),
+    (
+        ConformanceRule(
+            "batch-settle",
+            "fenced",
+            "settle_owned_many (when present) equals the loop of settle_owned calls, refusals "
+            "(wrong claim id, expired lease, repeated, unknown) included.",
+        ),
+        _rule_batch_settle,
+    ),
+    (
+        ConformanceRule(
+            "combined-write",
+            "fenced",
+            "add_claimed_and_settle_many (when present) equals add_claimed_many plus "
+            "settle_owned_many.",
+        ),
+        _rule_combined_write,
+    ),
+    (
+        ConformanceRule(
+            "transaction",
+            "fenced",
+            "transaction() (when present) commits on normal exit and rolls back and re-raises "
+            "on an exception.",
+        ),
+        _rule_transaction,
+    ),
+    (
+        ConformanceRule(
+            "connection-fence",
+            "fenced",
+            "owns/settle_owned(connection=) run inside the caller's transaction: the settle "
+            "rolls back and commits with it, and the row stays held against a competing claim.",
+        ),
+        _rule_connection_fence,
     ),
     (
         ConformanceRule(

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Type
 
 from ptb_fence import (
     AttemptIdentity,
@@ -525,7 +526,133 @@ class BatchRenewNoneStore(MemoryUpdateStore):
         return [True if ok else None for ok in super().renew_many(leases, lease_until, now)]
 
 
+# -- optional capabilities -----------------------------------------------------------------------
+class AddManyOverwritesStore(MemoryUpdateStore):
+    """add_many replaces existing rows (an upsert) instead of refusing them."""
+
+    def add_many(self, rows: Sequence[Tuple[int, str, int]]) -> List[bool]:
+        with self._lock:
+            for update_id, _body, _at in rows:
+                self._rows.pop(update_id, None)
+            return [super().add(u, b, at) or True for u, b, at in rows]
+
+
+class AddClaimedManyClaimsExistingStore(MemoryUpdateStore):
+    """add_claimed_many also claims an id that already existed (for attempt 1)."""
+
+    def add_claimed_many(
+        self, rows: Sequence[Tuple[int, str, int]], *, lease_until: int
+    ) -> List[Optional[AttemptIdentity]]:
+        with self._lock:
+            for update_id, _body, _at in rows:
+                self._rows.pop(update_id, None)
+            return super().add_claimed_many(rows, lease_until=lease_until)
+
+
+class SettleOwnedManyIgnoresClaimIdStore(MemoryUpdateStore):
+    """settle_owned_many settles with the row's claim id, whatever the caller's claim id."""
+
+    def settle_owned_many(
+        self, items: Sequence[Tuple[AttemptIdentity, Settlement]]
+    ) -> List[bool]:
+        with self._lock:
+            return [
+                self.settle_owned(_real_claim_id(self, identity), settlement)
+                for identity, settlement in items
+            ]
+
+
+class CombinedWriteDropsSettlementsStore(MemoryUpdateStore):
+    """add_claimed_and_settle_many records the rows and forgets the settlements."""
+
+    def add_claimed_and_settle_many(
+        self,
+        rows: Sequence[Tuple[int, str, int]],
+        *,
+        lease_until: int,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+    ) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
+        added = self.add_claimed_many(rows, lease_until=lease_until)
+        return added, [True for _ in settlements]
+
+
+class BindBotAcceptsAnyIdStore(MemoryUpdateStore):
+    """bind_bot accepts every bot id (two bots would share one table)."""
+
+    def bind_bot(self, bot_id: int) -> None:
+        return None
+
+
+class TransactionSwallowsErrorsStore(MemoryUpdateStore):
+    """transaction() swallows the exception raised inside its block."""
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        with self._lock:
+            try:
+                yield None
+            except Exception:
+                pass
+
+
+class StagedConnection:
+    """The "connection" of :class:`TransactionalMemoryStore`: settlements wait for the commit."""
+
+    def __init__(self) -> None:
+        self.settles: List[Tuple[AttemptIdentity, Settlement]] = []
+
+
+class TransactionalMemoryStore(MemoryUpdateStore):
+    """A CORRECT memory store whose transaction() yields a connection and really rolls back:
+    ``settle_owned(connection=conn)`` is staged on ``conn`` and applied only at the commit."""
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        with self._lock:
+            conn = StagedConnection()
+            yield conn  # an exception skips the commit below: the staged settles are dropped
+            for identity, settlement in conn.settles:
+                MemoryUpdateStore.settle_owned(self, identity, settlement)
+
+    def settle_owned(
+        self, identity: AttemptIdentity, settlement: Settlement, *, connection: Any = None
+    ) -> bool:
+        if connection is None:
+            return super().settle_owned(identity, settlement)
+        with self._lock:
+            live = self.owns(identity, settlement.at)
+            if live:
+                connection.settles.append((identity, settlement))
+            return live
+
+
+class SettleOwnedCommitsOnItsOwnStore(TransactionalMemoryStore):
+    """settle_owned(connection=conn) ignores the caller's connection and lands at once (as a
+    SQL store committing on its own connection would): it survives the caller's rollback."""
+
+    def settle_owned(
+        self, identity: AttemptIdentity, settlement: Settlement, *, connection: Any = None
+    ) -> bool:
+        return super().settle_owned(identity, settlement)
+
+
+class TransactionWithoutLockStore(MemoryUpdateStore):
+    """transaction() holds nothing: a competing claim takes the row inside the block."""
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        yield None
+
+
 BROKEN: Dict[Type[Any], Sequence[str]] = {
+    AddManyOverwritesStore: ("batch-add",),
+    AddClaimedManyClaimsExistingStore: ("batch-claim-at-ingest",),
+    SettleOwnedManyIgnoresClaimIdStore: ("batch-settle",),
+    CombinedWriteDropsSettlementsStore: ("combined-write",),
+    BindBotAcceptsAnyIdStore: ("bind-bot",),
+    TransactionSwallowsErrorsStore: ("transaction",),
+    SettleOwnedCommitsOnItsOwnStore: ("transaction", "connection-fence"),
+    TransactionWithoutLockStore: ("connection-fence",),
     BatchRenewIgnoresClaimIdStore: ("batch-renewal",),
     BatchRenewNoneStore: ("batch-renewal",),
     ReadThenWriteClaimStore: ("concurrent-claim", "concurrent-claim-owned"),

@@ -33,8 +33,9 @@ from ptb_fence import (
 )
 from ptb_fence.cli import main
 from ptb_fence.cli._format import format_age, parse_duration
-from ptb_fence.cli._sql import AdminStatements
+from ptb_fence.stores._admin_sql import AdminStatements
 from ptb_fence.cli._target import StoreTarget
+from ptb_fence.conformance import RULES
 
 BODY_MARKER = "cli-body-marker-7f3a"
 PASSWORD = "Sup3rSecretPw"
@@ -611,8 +612,9 @@ def test_check_sqlite_uses_scratch_files_only(tmp_path: Any, capsys: Any) -> Non
     url = f"sqlite:///{tmp_path}/mine.db"
     code, out, err = run(capsys, "--store", url, "check")
     assert code == 0, (out, err)
-    assert out.startswith("SQLiteUpdateStore conforms: 12 rules, 0 violations")
-    assert "rule 1/12: one-record-per-update" in err and "rule 12/12" in err
+    assert out.startswith(f"SQLiteUpdateStore conforms: {len(RULES)} rules, 0 violations")
+    n = len(RULES)
+    assert f"rule 1/{n}: one-record-per-update" in err and f"rule {n}/{n}" in err
     assert os.listdir(tmp_path) == []  # nothing of the user's was created or touched
 
 
@@ -627,14 +629,18 @@ def check_postgres(db: Fixture, capsys: Any) -> None:
     before = db.snapshot()
     code, out, err = run(capsys, *db.args("check"))
     assert code == 0, (out, err)
-    assert out.startswith("PostgresUpdateStore conforms: 12 rules, 0 violations")
-    assert "dropped 12 scratch table(s)" in err
+    assert out.startswith(f"PostgresUpdateStore conforms: {len(RULES)} rules, 0 violations")
+    assert f"dropped {len(RULES)} scratch table(s)" in err
     assert db.snapshot() == before
     prefix = re.search(r"scratch tables (ptb_fence_check_[0-9a-f]{12}_)\*", err).group(1)
     conn = psycopg2.connect(db.url)
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT count(*) FROM pg_tables WHERE starts_with(tablename, %s)",
+                        (prefix,))
+            assert cur.fetchone()[0] == 0
+            # the bind-bot rule bound scratch tables: their owner rows are gone too
+            cur.execute("SELECT count(*) FROM ptb_fence_meta WHERE starts_with(table_name, %s)",
                         (prefix,))
             assert cur.fetchone()[0] == 0
     finally:

@@ -306,3 +306,33 @@ def test_the_check_is_framework_free() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
     source = Path(conformance.__file__).read_text(encoding="utf-8")
     assert "telegram" not in re.sub(r'"""[\s\S]*?"""', "", source)
+
+
+# -- optional capabilities (issue 11) -------------------------------------------------------------
+def test_a_transactional_memory_double_conforms_to_the_capability_rules() -> None:
+    """The correct double behind SettleOwnedCommitsOnItsOwnStore: its transaction() yields a
+    connection and really rolls back, so every connection-fence check runs on it."""
+    from broken_stores import TransactionalMemoryStore
+
+    assert check_update_store(TransactionalMemoryStore) == []
+
+
+def test_capability_rules_are_named() -> None:
+    for name in (
+        "batch-add",
+        "batch-claim-at-ingest",
+        "batch-settle",
+        "combined-write",
+        "transaction",
+        "connection-fence",
+        "bind-bot",
+        "batch-renewal",
+    ):
+        assert name in RULE_NAMES, name
+
+
+def test_capability_rules_do_not_blame_a_store_without_the_capabilities() -> None:
+    """A store with only the declared base/fenced methods is never blamed for lacking the
+    optional ones (the capability rules are skipped)."""
+    assert check_update_store(FencedOnlyStore) == []
+    assert check_update_store(BaseOnlyStore) == []

@@ -26,7 +26,7 @@ from ptb_fence import (
     is_durable,
     is_fenced,
 )
-from ptb_fence.stores._sqlite import _add_claim_id_column
+from ptb_fence.stores._sqlite_schema import add_claim_id_column as _add_claim_id_column
 from ptb_fence.stores._sqlite_sql import SQLiteStatements
 
 REPO = str(Path(__file__).resolve().parents[1])

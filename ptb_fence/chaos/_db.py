@@ -6,6 +6,8 @@ import sqlite3
 import urllib.parse
 from typing import Any, List, Optional, Sequence, Tuple
 
+from ptb_fence.stores._admin_sql import AdminStatements
+
 __all__ = ["ChaosDatabase"]
 
 _SQLITE_PREFIX = "sqlite:///"
@@ -64,6 +66,14 @@ class ChaosDatabase:
     def placeholder(self) -> str:
         """:obj:`str`: The driver's placeholder (``?`` or ``%s``)."""
         return "?" if self.is_sqlite else "%s"
+
+    def admin_sql(self) -> AdminStatements:
+        """The store's admin statements for the run's ``updates`` table (no parameters used
+        by the runner, so they run unchanged through :meth:`query`)."""
+        table = self.table("updates")
+        if self.is_sqlite:
+            return AdminStatements.sqlite(table)
+        return AdminStatements.postgres(table)
 
     def sql(self, text: str) -> str:
         """``text`` (written with ``?`` placeholders) in the driver's placeholder style."""

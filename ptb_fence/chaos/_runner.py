@@ -580,10 +580,7 @@ class ChaosRunner:
 
     # -- progress ------------------------------------------------------------------------------
     def _states(self) -> Optional[Dict[str, int]]:
-        rows = self._query(
-            f"SELECT state, count(*), sum(CASE WHEN settled_at IS NULL THEN 1 ELSE 0 END) "
-            f"FROM {self._db.table('updates')} GROUP BY state"
-        )
+        rows = self._query(self._db.admin_sql().state_totals)
         if rows is None:
             return None
         states: Dict[str, int] = {}
@@ -757,10 +754,7 @@ class ChaosRunner:
         q = self._query_patiently
         rows = {
             int(u): (str(state), int(attempts), settled, claim)
-            for u, state, attempts, settled, claim in q(
-                f"SELECT update_id, state, attempts, settled_at, claim_id "
-                f"FROM {db.table('updates')}"
-            )
+            for u, state, attempts, settled, claim in q(db.admin_sql().all_rows)
         }
         domain: Dict[int, int] = {}
         domain_keys: Set[Tuple[int, int, str]] = set()

@@ -36,6 +36,11 @@ from ptb_fence.cli._inspect import STATES, TableInspector
 from ptb_fence.cli._rows import UpdateRow
 from ptb_fence.cli._target import StoreTarget
 from ptb_fence.stores import validate_table_name
+from ptb_fence.stores._admin_sql import (
+    POSTGRES_FORGET_TABLE,
+    POSTGRES_META_EXISTS,
+    POSTGRES_TABLE_STATE,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -671,13 +676,7 @@ def _cmd_schema(ctx: _Context) -> int:
 
 def _pg_table_state(cur: Any, table: str) -> "tuple[bool, bool, int]":
     quoted = f'"{table}"'
-    cur.execute(
-        "SELECT to_regclass(%(q)s) IS NOT NULL, "
-        "EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%(q)s) "
-        "        AND attname = 'claim_id' AND NOT attisdropped), "
-        "(SELECT COUNT(*) FROM pg_index WHERE indrelid = to_regclass(%(q)s))",
-        {"q": quoted},
-    )
+    cur.execute(POSTGRES_TABLE_STATE, {"q": quoted})
     exists, has_claim_id, indexes = cur.fetchone()
     return bool(exists), bool(has_claim_id), int(indexes or 0)
 
@@ -793,6 +792,9 @@ def _drop_scratch_tables(target: StoreTarget, tables: Sequence[str]) -> None:
             for name in tables:
                 validate_table_name(name)
                 cur.execute(f'DROP TABLE IF EXISTS "{name}"')
+                cur.execute(POSTGRES_META_EXISTS)
+                if cur.fetchone()[0]:  # the conformance rule bind-bot binds scratch tables
+                    cur.execute(POSTGRES_FORGET_TABLE, {"table": name})
     finally:
         conn.close()
     _progress(f"dropped {len(tables)} scratch table(s)")

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from ptb_fence.cli._errors import Refused, StoreFailure
 from ptb_fence.cli._format import one_line
 from ptb_fence.cli._rows import StatusReport, UpdateRow
-from ptb_fence.cli._sql import AdminStatements
+from ptb_fence.stores._admin_sql import AdminStatements
 from ptb_fence.cli._target import StoreTarget
 from ptb_fence.stores import validate_table_name
 from ptb_fence.stores._sqlite_sql import REQUIRED_COLUMNS

@@ -1,4 +1,6 @@
-"""The read-only and admin SQL of the ``ptb-fence`` command line, per dialect, in one place.
+"""The read-only and admin SQL of a store table, per dialect, in one place: used by the
+``ptb-fence`` command line and the chaos runner (the table layout itself is written once per
+dialect, in ``_sqlite_sql`` and ``_postgres_sql``).
 
 The command line reads the public table layout (SPEC §3) directly for ``status``, ``list`` and
 ``show`` and changes it directly only for ``retry``; everything else goes through the store's
@@ -19,9 +21,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AdminStatements"]
+from ptb_fence.stores._postgres_sql import META_TABLE
+
+__all__ = [
+    "AdminStatements",
+    "POSTGRES_FORGET_TABLE",
+    "POSTGRES_META_EXISTS",
+    "POSTGRES_TABLE_STATE",
+]
 
 _ROW_COLUMNS = "update_id, state, attempts, due_at, received_at, settled_at, error, {claim_id}"
+
+POSTGRES_TABLE_STATE = (
+    "SELECT to_regclass(%(q)s) IS NOT NULL, "
+    "EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%(q)s) "
+    "        AND attname = 'claim_id' AND NOT attisdropped), "
+    "(SELECT COUNT(*) FROM pg_index WHERE indrelid = to_regclass(%(q)s))"
+)
+"""Whether a PostgreSQL table exists, has ``claim_id``, and how many indexes it has
+(parameter ``q``: the double-quoted table name)."""
+
+POSTGRES_META_EXISTS = f"SELECT to_regclass('\"{META_TABLE}\"') IS NOT NULL"
+"""Whether the table of ``bind_bot`` owners exists (no parameters)."""
+
+POSTGRES_FORGET_TABLE = f'DELETE FROM "{META_TABLE}" WHERE table_name = %(table)s'
+"""Forget which bot owned a dropped table (``bind_bot``'s row; parameter ``table``)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +69,10 @@ class AdminStatements:
     select_row: str
     select_row_for_retry: str
     retry: str
+    state_totals: str
+    """``state, count, unsettled`` per state (no parameters; the chaos runner's progress)."""
+    all_rows: str
+    """``update_id, state, attempts, settled_at, claim_id`` of every row (no parameters)."""
 
     @classmethod
     def sqlite(cls, table: str, *, has_claim_id: bool = True) -> "AdminStatements":
@@ -93,6 +121,11 @@ class AdminStatements:
                   AND state IN ('failed', 'abandoned')
                   AND state = :state AND attempts = :attempts
                 RETURNING update_id""",
+            state_totals=(
+                "SELECT state, count(*), sum(CASE WHEN settled_at IS NULL THEN 1 ELSE 0 END) "
+                f"FROM {t} GROUP BY state"
+            ),
+            all_rows=f"SELECT update_id, state, attempts, settled_at, claim_id FROM {t}",
         )
 
     @classmethod
@@ -137,4 +170,9 @@ class AdminStatements:
                   AND state IN ('failed', 'abandoned')
                   AND state = %(state)s AND attempts = %(attempts)s
                 RETURNING update_id""",
+            state_totals=(
+                "SELECT state, count(*), sum(CASE WHEN settled_at IS NULL THEN 1 ELSE 0 END) "
+                f"FROM {t} GROUP BY state"
+            ),
+            all_rows=f"SELECT update_id, state, attempts, settled_at, claim_id FROM {t}",
         )

@@ -1,0 +1,207 @@
+"""The batched statements of a PostgresUpdateStore: record (plain and claimed at ingest, with
+duplicate-conflict warnings), settle several attempts in one transaction, renewal results."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from ptb_fence._fingerprint import update_fingerprint
+from ptb_fence._values import Abandoned, AttemptIdentity, Completed, Failed, Settlement
+from ptb_fence.stores._duplicates import warn_conflict
+from ptb_fence.stores._names import validate_update_id
+from ptb_fence.stores._pg_executor import PgExecutor, returns_row
+from ptb_fence.stores._postgres_sql import PostgresStatements
+
+__all__ = ["add_claimed", "add_many", "batch_results", "settle_owned_work", "settle_params"]
+
+_Row = Tuple[int, str, int]
+
+
+def batch_results(rows: List[Tuple[Any, ...]], count: int) -> List[Optional[bool]]:
+    """``(position, renewed, still_matches)`` rows -> True / None (row locked) / False."""
+    results: List[Optional[bool]] = [False] * count
+    for position, renewed, matches in rows:
+        results[int(position)] = True if renewed else (None if matches else False)
+    return results
+
+
+def _conflicts(
+    sql: PostgresStatements, cur: Any, missing: List[Tuple[int, Optional[str]]]
+) -> List[Tuple[Any, ...]]:
+    """Rows of ids not inserted that hold a different update (for the WARNING)."""
+    missing = [(u, f) for u, f in missing if f is not None]
+    if not missing:
+        return []
+    cur.execute(sql.conflicts, ([u for u, _ in missing], [f for _, f in missing]))
+    return [tuple(row) for row in cur.fetchall()]
+
+
+def _warn(conflicts: List[Tuple[Any, ...]]) -> None:
+    for update_id, stored, state, settled_at, new in conflicts:
+        warn_conflict(int(update_id), stored, new, str(state), settled_at)
+
+
+def _first_positions(rows: List[_Row]) -> Dict[int, int]:
+    for row in rows:
+        validate_update_id(row[0])
+    first: Dict[int, int] = {}
+    for position, (update_id, _body, _at) in enumerate(rows):
+        first.setdefault(update_id, position)
+    return first
+
+
+def add_many(db: PgExecutor, rows: Sequence[_Row]) -> List[bool]:
+    """Insert ``rows`` in one statement and commit (see ``PostgresUpdateStore.add_many``)."""
+    rows = list(rows)
+    first = _first_positions(rows)
+    if not rows:
+        return []
+    batch = [rows[position] for position in sorted(first.values())]
+    prints = [update_fingerprint(body) for _, body, _ in batch]
+
+    def make_work(fingerprint: bool) -> Callable[[Any], Tuple[Set[int], List[Any]]]:
+        sql = db.sql.add_many(len(batch), fingerprint)
+        params: List[Any] = []
+        for row, fp in zip(batch, prints):
+            params += [*row, fp] if fingerprint else list(row)
+
+        def work(cur: Any) -> Tuple[Set[int], List[Any]]:
+            cur.execute(sql, params)
+            done = {int(row[0]) for row in cur.fetchall()}
+            if not fingerprint:
+                return done, []
+            missing = [(u, fp) for (u, _, _), fp in zip(batch, prints) if u not in done]
+            return done, _conflicts(db.sql, cur, missing)
+
+        return work
+
+    inserted, conflicts = db.run_fingerprinted(make_work)
+    _warn(conflicts)
+    return [
+        first[update_id] == position and update_id in inserted
+        for position, (update_id, _body, _at) in enumerate(rows)
+    ]
+
+
+def add_claimed(
+    db: PgExecutor,
+    rows: Sequence[_Row],
+    lease_until: int,
+    settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
+    """Record-and-claim ``rows`` and settle ``settlements`` in one transaction; log the
+    conflicts (a different update held by a live row) after the commit."""
+    rows = list(rows)
+    first = _first_positions(rows)
+    items = list(settlements)
+    settle_work = settle_owned_work(db.sql, items) if items else None
+    batch = [rows[position] for position in sorted(first.values())]
+    prints = [update_fingerprint(body) for _, body, _ in batch]
+
+    def make_work(
+        fingerprint: bool,
+    ) -> Callable[[Any], Tuple[Dict[int, AttemptIdentity], List[Any], List[bool]]]:
+        sql = db.sql.add_claimed_many(len(batch), fingerprint) if batch else ""
+        params: List[Any] = [int(lease_until)]
+        for (update_id, body, received_at), fp in zip(batch, prints):
+            params += [update_id, body, received_at, uuid.uuid4().hex]
+            if fingerprint:
+                params.append(fp)
+
+        def work(cur: Any) -> Tuple[Dict[int, AttemptIdentity], List[Any], List[bool]]:
+            inserted: Dict[int, AttemptIdentity] = {}
+            conflicts: List[Any] = []
+            if batch:
+                cur.execute(sql, params)
+                inserted = {
+                    int(u): AttemptIdentity(int(u), int(a), str(c)) for u, a, c in cur.fetchall()
+                }
+                if fingerprint:
+                    missing = [
+                        (u, fp) for (u, _, _), fp in zip(batch, prints) if u not in inserted
+                    ]
+                    conflicts = _conflicts(db.sql, cur, missing)
+            landed = settle_work(cur) if settle_work is not None else []
+            return inserted, conflicts, landed
+
+        return work
+
+    inserted, conflicts, landed = db.run_fingerprinted(make_work)
+    _warn(conflicts)
+    claimed = [
+        inserted.get(update_id) if first[update_id] == position else None
+        for position, (update_id, _body, _at) in enumerate(rows)
+    ]
+    return claimed, landed
+
+
+def settle_params(
+    sql: PostgresStatements, update_id: int, attempt: int, settlement: Settlement, owned: bool
+) -> Tuple[str, Dict[str, Any]]:
+    """The statement and parameters that settle ``attempt`` (fenced if ``owned``)."""
+    params: Dict[str, Any] = {"update_id": update_id, "attempt": attempt}
+    if isinstance(settlement, Completed):
+        statement = sql.settle_completed_owned if owned else sql.settle_completed
+        params.update(at=settlement.at)
+    elif isinstance(settlement, Failed):
+        statement = sql.settle_failed_owned if owned else sql.settle_failed
+        params.update(at=settlement.at, retry_at=settlement.retry_at, error=settlement.error)
+    elif isinstance(settlement, Abandoned):
+        statement = sql.settle_abandoned_owned if owned else sql.settle_abandoned
+        params.update(at=settlement.at, error=settlement.error)
+    else:
+        raise TypeError(f"not a settlement: {settlement!r}")
+    return statement, params
+
+
+def settle_owned_work(
+    sql: PostgresStatements, items: List[Tuple[AttemptIdentity, Settlement]]
+) -> Callable[[Any], List[bool]]:
+    """The statements of ``settle_owned_many`` (completions in one statement, failures and
+    abandonments one statement each), to run on a cursor."""
+    completed = [
+        (position, identity, settlement)
+        for position, (identity, settlement) in enumerate(items)
+        if isinstance(settlement, Completed)
+    ]
+    others = [
+        (position, identity, settlement)
+        for position, (identity, settlement) in enumerate(items)
+        if not isinstance(settlement, Completed)
+    ]
+    prepared = []
+    for position, identity, settlement in others:
+        statement, params = settle_params(
+            sql, identity.update_id, identity.attempt, settlement, owned=True
+        )
+        params["claim_id"] = identity.claim_id
+        prepared.append((position, statement, params))
+
+    def work(cur: Any) -> List[bool]:
+        landed = [False] * len(items)
+        if completed:
+            matched: Set[Tuple[int, int, str]] = set()
+            # one statement per distinct identity (VALUES must not repeat a target row)
+            seen: Set[AttemptIdentity] = set()
+            unique = []
+            for position, identity, settlement in completed:
+                if identity not in seen:
+                    seen.add(identity)
+                    unique.append((identity, settlement))
+            values: List[Any] = []
+            for identity, settlement in unique:
+                values += [identity.update_id, identity.attempt, identity.claim_id, settlement.at]
+            cur.execute(sql.complete_owned_many(len(unique)), values)
+            matched = {(int(u), int(a), str(c)) for u, a, c in cur.fetchall()}
+            claimed: Set[Tuple[int, int, str]] = set()
+            for position, identity, _ in completed:
+                key = (identity.update_id, identity.attempt, identity.claim_id)
+                if key in matched and key not in claimed:
+                    claimed.add(key)
+                    landed[position] = True
+        for position, statement, params in prepared:
+            landed[position] = returns_row(cur, statement, params)
+        return landed
+
+    return work

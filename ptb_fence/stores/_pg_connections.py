@@ -1,0 +1,314 @@
+"""PostgreSQL connections: password redaction, the store's pools (waiting for a free
+connection), and the broken-connection marker. psycopg2 is imported only when used."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import urllib.parse
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Set, Tuple, Union
+
+from ptb_fence._errors import StoreBusy
+
+if TYPE_CHECKING:
+    import psycopg2.pool
+
+__all__ = [
+    "Broken",
+    "DsnPool",
+    "Source",
+    "UserPool",
+    "close_quietly",
+    "closed_error",
+    "open_source",
+    "redact",
+    "rollback_quietly",
+    "secrets_of",
+]
+
+DEFAULT_CONNECT_TIMEOUT = 10
+
+
+_KV_PASSWORD = re.compile(r"password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+_URI_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*?:([^/?#]*)@")
+
+
+def secrets_of(dsn: Optional[str], kwargs: Optional[Dict[str, Any]] = None) -> Set[str]:
+    """Every spelling of the password found in ``dsn`` and ``kwargs`` (for redaction)."""
+    import psycopg2.extensions
+    found: Set[str] = set()
+    if kwargs and kwargs.get("password"):
+        found.add(str(kwargs["password"]))
+    if dsn:
+        try:
+            password = psycopg2.extensions.parse_dsn(dsn).get("password")
+        except Exception:  # pragma: no cover - unparsable DSNs are refused earlier
+            password = None
+        if password:
+            found.add(password)
+        for match in _KV_PASSWORD.finditer(dsn):
+            value = match.group(1)
+            found.add(value)
+            found.add(value.strip("'"))
+        uri = _URI_PASSWORD.match(dsn)
+        if uri and uri.group(1):
+            found.add(uri.group(1))
+            found.add(urllib.parse.unquote(uri.group(1)))
+    for value in list(found):
+        found.add(urllib.parse.quote(value, safe=""))
+    return {value for value in found if value}
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def scrubbed(error: BaseException, secrets: Set[str], prefix: str) -> BaseException:
+    """A copy of a connection error whose message cannot contain the password."""
+    message = prefix + redact(str(error).strip(), secrets)
+    try:
+        return type(error)(message)
+    except Exception:  # pragma: no cover - every psycopg2 error takes a message
+        import psycopg2
+
+        return psycopg2.OperationalError(message)
+
+
+def open_connection(args: Tuple[Any, ...], kwargs: Dict[str, Any], secrets: Set[str]) -> Any:
+    """``psycopg2.connect`` whose errors never carry the password (and no chained cause)."""
+    import psycopg2
+
+    failure: Optional[BaseException] = None
+    try:
+        return psycopg2.connect(*args, **kwargs)
+    except psycopg2.Error as exc:
+        failure = exc
+    # Raised outside the except block, so the original error is not kept as __context__.
+    raise scrubbed(failure, secrets, "could not connect to PostgreSQL: ")
+
+
+def close_quietly(conn: Any) -> None:
+    try:
+        conn.close()
+    except Exception:
+        pass
+
+
+def rollback_quietly(conn: Any) -> None:
+    if conn.closed:
+        return
+    try:
+        conn.rollback()
+    except Exception:
+        pass
+
+
+def busy(timeout: float, capacity: int) -> StoreBusy:
+    return StoreBusy(
+        f"no PostgreSQL connection became free within pool_timeout={timeout:g}s: all {capacity} "
+        "connections of the store's pool are in use. Raise pool_size (or the pool's maxconn) "
+        "or pool_timeout, or keep transactions shorter."
+    )
+
+
+def closed_error() -> RuntimeError:
+    return RuntimeError("this PostgresUpdateStore is closed; create a new store to continue")
+
+
+class DsnPool:
+    """A small blocking pool: at most ``size`` connections, callers wait for a free one."""
+
+    __slots__ = ("_args", "_kwargs", "_secrets", "capacity", "_cond", "_idle", "_open", "_closed")
+
+    def __init__(self, dsn: str, size: int, secrets: Set[str]) -> None:
+        import psycopg2.extensions
+
+        self._args: Tuple[Any, ...] = (dsn,)
+        self._kwargs: Dict[str, Any] = {}
+        if "connect_timeout" not in psycopg2.extensions.parse_dsn(dsn):
+            # Bound the wait for an unreachable server (libpq's default is to wait forever).
+            self._kwargs["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT
+        self._secrets = secrets
+        self.capacity = size
+        self._cond = threading.Condition()
+        self._idle: List[Any] = []
+        self._open = 0
+        self._closed = False
+
+    def connect(self) -> Any:
+        return open_connection(self._args, self._kwargs, self._secrets)
+
+    def acquire(self, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise closed_error()
+                while self._idle:
+                    conn = self._idle.pop()
+                    if not conn.closed:
+                        return conn
+                    self._open -= 1
+                if self._open < self.capacity:
+                    self._open += 1
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise busy(timeout, self.capacity)
+                self._cond.wait(remaining)
+        try:
+            return self.connect()
+        except BaseException:
+            with self._cond:
+                self._open -= 1
+                self._cond.notify()
+            raise
+
+    def release(self, conn: Any, discard: bool) -> None:
+        import psycopg2.extensions
+
+        if not discard and not conn.closed:
+            status = conn.info.transaction_status
+            if status == psycopg2.extensions.TRANSACTION_STATUS_UNKNOWN:
+                discard = True
+            elif status != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+                try:
+                    conn.rollback()
+                except Exception:
+                    discard = True
+        with self._cond:
+            keep = not (discard or conn.closed or self._closed)
+            if keep:
+                self._idle.append(conn)
+            else:
+                self._open -= 1
+            self._cond.notify()
+        if not keep:
+            close_quietly(conn)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._open -= len(idle)
+            self._cond.notify_all()
+        for conn in idle:
+            close_quietly(conn)
+
+
+class UserPool:
+    """A caller's psycopg2 pool, made to wait for a free connection instead of failing."""
+
+    __slots__ = ("_pool", "_secrets", "capacity", "_slots", "_lock", "_closed")
+
+    def __init__(self, pool: "psycopg2.pool.AbstractConnectionPool", secrets: Set[str]) -> None:
+        self._pool = pool
+        self._secrets = secrets
+        self.capacity = max(1, int(pool.maxconn))
+        self._slots = threading.BoundedSemaphore(self.capacity)
+        self._lock = threading.Lock()  # SimpleConnectionPool is not thread-safe by itself
+        self._closed = False
+
+    def connect(self) -> Any:
+        # A standalone connection with the pool's own connection arguments (for renewals).
+        args = tuple(getattr(self._pool, "_args", ()))
+        kwargs = dict(getattr(self._pool, "_kwargs", {}))
+        return open_connection(args, kwargs, self._secrets)
+
+    def acquire(self, timeout: float) -> Any:
+        import psycopg2.pool
+
+        if self._closed:
+            raise closed_error()
+        deadline = time.monotonic() + timeout
+        if not self._slots.acquire(timeout=timeout):
+            raise busy(timeout, self.capacity)
+        try:
+            while True:
+                failure: Optional[BaseException] = None
+                try:
+                    with self._lock:
+                        conn = self._pool.getconn()
+                except psycopg2.pool.PoolError as exc:
+                    if "exhausted" not in str(exc):
+                        raise
+                    # Someone else uses the same pool: wait for a connection, bounded.
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise busy(timeout, self.capacity) from None
+                    time.sleep(min(0.02, remaining))
+                    continue
+                except psycopg2.Error as exc:  # the pool failed to open a connection
+                    failure = exc
+                if failure is not None:
+                    raise scrubbed(failure, self._secrets, "could not connect to PostgreSQL: ")
+                if conn.closed:
+                    with self._lock:
+                        self._pool.putconn(conn, close=True)
+                    continue
+                return conn
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def release(self, conn: Any, discard: bool) -> None:
+        try:
+            with self._lock:
+                if not self._pool.closed:
+                    self._pool.putconn(conn, close=discard or bool(conn.closed))
+                else:
+                    close_quietly(conn)
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        # The pool belongs to the caller: leave it open.
+        self._closed = True
+
+
+Source = Union[DsnPool, UserPool]
+
+
+class Broken(Exception):
+    """The connection broke before the commit was sent: nothing was written, safe to retry."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+
+def open_source(dsn_or_pool: Any, pool_size: int) -> Source:
+    """The connection source for a DSN string or a caller's psycopg2 pool.
+
+    Raises:
+        ValueError: For a malformed DSN (its password is not repeated).
+        TypeError: If ``dsn_or_pool`` is neither a string nor a psycopg2 pool.
+    """
+    import psycopg2.extensions
+    import psycopg2.pool
+
+    if isinstance(dsn_or_pool, str):
+        secrets = secrets_of(dsn_or_pool)
+        problem: Optional[str] = None
+        try:
+            psycopg2.extensions.parse_dsn(dsn_or_pool)
+        except psycopg2.Error as exc:
+            problem = redact(str(exc).strip(), secrets)
+        if problem is not None:
+            # A fragment of an unparsable DSN may be part of a password: quote nothing.
+            problem = re.sub(r'"[^"]*"', '"…"', problem)
+            raise ValueError(f"invalid PostgreSQL DSN: {problem}")
+        return DsnPool(dsn_or_pool, pool_size, secrets)
+    if isinstance(dsn_or_pool, psycopg2.pool.AbstractConnectionPool):
+        args = tuple(getattr(dsn_or_pool, "_args", ()))
+        kwargs = dict(getattr(dsn_or_pool, "_kwargs", {}))
+        dsn = args[0] if args and isinstance(args[0], str) else kwargs.get("dsn")
+        return UserPool(dsn_or_pool, secrets_of(dsn, kwargs))
+    raise TypeError(
+        "PostgresUpdateStore needs a DSN string or a psycopg2 connection pool "
+        f"(psycopg2.pool.AbstractConnectionPool), not {type(dsn_or_pool).__name__}"
+    )

@@ -1,0 +1,328 @@
+"""How a PostgresUpdateStore runs its statements: one short transaction on a pooled
+connection (retried on a new one when it broke before the commit), renewals on a dedicated
+connection, statements on the caller's connection, the schema check, and ``transaction()``."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, Optional, TypeVar
+
+from ptb_fence._errors import RowLocked, SchemaError, StoreBusy
+from ptb_fence.stores._pg_connections import (
+    Broken,
+    Source,
+    close_quietly,
+    closed_error,
+    rollback_quietly,
+)
+from ptb_fence.stores._postgres_sql import PostgresStatements
+
+__all__ = ["PgExecutor", "returns_row"]
+
+_T = TypeVar("_T")
+
+_UNDEFINED_COLUMN = "42703"
+_UNDEFINED_TABLE = "42P01"
+_LOCK_NOT_AVAILABLE = "55P03"
+
+
+def returns_row(cur: Any, sql: str, params: Any) -> bool:
+    """Execute ``sql`` on ``cur``; whether it returned a row."""
+    cur.execute(sql, params)
+    return cur.fetchone() is not None
+
+
+def _row_locked(update_id: int) -> RowLocked:
+    return RowLocked(
+        f"the row of update {update_id} is held by an open transaction (a fenced transaction "
+        "of the attempt, or another one) for longer than the renewal waits (200 ms): the lease "
+        "was neither renewed nor refused; renew again later. Keep fenced transactions shorter "
+        "than the lease."
+    )
+
+
+def _check_in_transaction(connection: Any) -> None:
+    import psycopg2.extensions
+
+    conn = getattr(connection, "connection", connection)  # a cursor's connection
+    if getattr(conn, "autocommit", False) is not True:
+        return
+    info = getattr(conn, "info", None)
+    status = getattr(info, "transaction_status", None)
+    if status == psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+        raise ValueError(
+            "owns(..., connection=...) needs a connection inside a transaction: this one is "
+            "in autocommit mode with no transaction open, so the row lock would end with the "
+            "statement. Turn autocommit off or execute BEGIN first."
+        )
+
+
+class PgExecutor:
+    """Runs work (a function of a cursor) for one store table. Thread-safe.
+
+    Args:
+        source: Where pooled connections come from.
+        table: The (validated) table name.
+        create_table: Ensure the schema before first use.
+        pool_timeout: Seconds a caller waits for a free connection.
+    """
+
+    __slots__ = (
+        "closed",
+        "fingerprints",
+        "pool_timeout",
+        "source",
+        "sql",
+        "table",
+        "_renew_conn",
+        "_renew_lock",
+        "_schema_lock",
+        "_schema_ready",
+    )
+
+    def __init__(self, source: Source, table: str, create_table: bool, pool_timeout: float) -> None:
+        self.source = source
+        self.table = table
+        self.sql = PostgresStatements.for_table(table)
+        self.pool_timeout = pool_timeout
+        self.closed = False
+        # Whether the table has the fingerprint column (None: not known yet; False: an older
+        # table managed with create_table=False: ids are plain duplicates, SPEC §12 not applied)
+        self.fingerprints: Optional[bool] = None
+        self._schema_ready = not create_table
+        self._schema_lock = threading.Lock()
+        self._renew_lock = threading.Lock()
+        self._renew_conn: Any = None
+
+    def close(self) -> None:
+        """Close the connections (a pool given by the caller stays open); idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self.source.close()
+        if self._renew_lock.acquire(timeout=5):
+            try:
+                self._drop_renew_conn()
+            finally:
+                self._renew_lock.release()
+        # Otherwise the renewal in progress drops the connection when it finishes.
+
+    def schema_error(self, error: BaseException) -> Optional[SchemaError]:
+        """The :exc:`SchemaError` for a missing column or table, else :obj:`None`."""
+        code = getattr(error, "pgcode", None) or getattr(error, "sqlstate", None)
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if code == _UNDEFINED_COLUMN:
+            return SchemaError(
+                f"table {self.table!r} lacks a column this operation needs ({detail}). A table "
+                "created before fencing has no claim_id column: apply the idempotent migration "
+                f"returned by ptb_fence.postgres_update_store_schema({self.table!r}), or "
+                "construct PostgresUpdateStore with create_table=True to apply it automatically."
+            )
+        if code == _UNDEFINED_TABLE:
+            return SchemaError(
+                f"table {self.table!r} does not exist ({detail}): construct PostgresUpdateStore "
+                "with create_table=True (the default), or apply the migration returned by "
+                f"ptb_fence.postgres_update_store_schema({self.table!r})."
+            )
+        return None
+
+    def _ensure_schema(self, conn: Any) -> None:
+        if self._schema_ready:
+            return
+        with self._schema_lock:
+            if self._schema_ready:
+                return
+            with conn.cursor() as cur:
+                cur.execute(self.sql.schema_lock)
+                cur.execute(self.sql.schema_check, self.sql.schema_check_args)
+                row = cur.fetchone()
+                if row is None or not all(row):
+                    cur.execute(self.sql.schema)
+            conn.commit()
+            self._schema_ready = True
+
+    def _attempt(self, conn: Any, work: Callable[[Any], _T], commit: bool) -> _T:
+        """Run ``work(cursor)`` in a transaction on ``conn`` and commit it (if ``commit``).
+
+        Raises :class:`Broken` when the connection broke before the commit was sent.
+        """
+        import psycopg2
+
+        failure: Optional[BaseException] = None
+        try:
+            self._ensure_schema(conn)
+            with conn.cursor() as cur:
+                result = work(cur)
+        except psycopg2.Error as exc:
+            if conn.closed:
+                raise Broken(exc) from exc
+            rollback_quietly(conn)
+            failure = exc
+        except BaseException:
+            rollback_quietly(conn)
+            raise
+        if failure is not None:
+            schema_error = self.schema_error(failure)
+            if schema_error is not None:
+                raise schema_error from failure
+            raise failure
+        if commit:
+            try:
+                conn.commit()
+            except BaseException:
+                # Broken during the commit: the outcome is unknown, so it is never retried.
+                rollback_quietly(conn)
+                raise
+        return result
+
+    def run(self, work: Callable[[Any], _T], commit: bool = True) -> _T:
+        """Run ``work`` on a pooled connection, retrying on a new one if it was broken."""
+        if self.closed:
+            raise closed_error()
+        tries = self.source.capacity + 1
+        last: Optional[BaseException] = None
+        for _ in range(tries):
+            conn = self.source.acquire(self.pool_timeout)
+            try:
+                result = self._attempt(conn, work, commit)
+            except Broken as broken:
+                self.source.release(conn, discard=True)
+                last = broken.error
+                continue
+            except BaseException:
+                self.source.release(conn, discard=bool(conn.closed))
+                raise
+            if commit:
+                self.source.release(conn, discard=False)
+            return result
+        assert last is not None
+        raise last
+
+    def run_renewal(self, work: Callable[[Any], _T]) -> _T:
+        """Run ``work`` on the dedicated renewal connection (reconnecting if it broke)."""
+        if self.closed:
+            raise closed_error()
+        if not self._renew_lock.acquire(timeout=self.pool_timeout):
+            raise StoreBusy(
+                f"the renewal connection stayed busy for pool_timeout={self.pool_timeout:g}s "
+                "(a renewal is waiting for a row locked by a long transaction?)"
+            )
+        try:
+            last: Optional[BaseException] = None
+            for _ in range(2):
+                if self._renew_conn is None or self._renew_conn.closed:
+                    self._drop_renew_conn()
+                    self._renew_conn = self.source.connect()
+                conn = self._renew_conn
+                try:
+                    return self._attempt(conn, work, True)
+                except Broken as broken:
+                    self._drop_renew_conn()
+                    last = broken.error
+                except BaseException:
+                    if conn.closed:
+                        self._drop_renew_conn()
+                    raise
+            assert last is not None
+            raise last
+        finally:
+            if self.closed:
+                self._drop_renew_conn()
+            self._renew_lock.release()
+
+    def _drop_renew_conn(self) -> None:
+        conn, self._renew_conn = self._renew_conn, None
+        if conn is not None:
+            close_quietly(conn)
+
+    def renew_one(self, update_id: int, sql: str, params: Dict[str, Any]) -> bool:
+        """A single renewal that waits at most 200 ms for a row lock, then :exc:`RowLocked`."""
+        import psycopg2
+
+        def work(cur: Any) -> bool:
+            cur.execute(self.sql.renew_lock_timeout)
+            return returns_row(cur, sql, params)
+
+        failure: Optional[BaseException] = None
+        try:
+            return self.run_renewal(work)
+        except psycopg2.Error as exc:
+            if getattr(exc, "pgcode", None) != _LOCK_NOT_AVAILABLE:
+                raise
+            failure = exc
+        raise _row_locked(update_id) from failure
+
+    def run_fingerprinted(self, make_work: Callable[[bool], Callable[[Any], _T]]) -> _T:
+        """Run ``make_work(True)``; on a table without the fingerprint column (an older table
+        with ``create_table=False``) run ``make_work(False)`` instead, from then on."""
+        if self.fingerprints is not False:
+            try:
+                result = self.run(make_work(True))
+            except SchemaError as exc:
+                if "fingerprint" not in str(exc.__cause__ or ""):
+                    raise
+                self.fingerprints = False
+            else:
+                self.fingerprints = True
+                return result
+        return self.run(make_work(False))
+
+    def on_caller(
+        self, connection: Any, sql: str, params: Dict[str, Any], *, locking: bool = False
+    ) -> bool:
+        """Run a one-row statement on the caller's connection or cursor; never commit.
+
+        With ``locking`` the connection must be inside a transaction (the row lock must
+        outlive the statement): :exc:`ValueError` for autocommit outside one.
+        """
+        if locking:
+            _check_in_transaction(connection)
+        if self.closed:
+            raise closed_error()
+        if not self._schema_ready:
+            self.run(lambda cur: None)  # ensure the schema on a pooled connection first
+        failure: Optional[BaseException] = None
+        try:
+            if callable(getattr(connection, "execute", None)):  # a cursor
+                result = connection.execute(sql, params)
+                reader = result if callable(getattr(result, "fetchone", None)) else connection
+                return reader.fetchone() is not None
+            with connection.cursor() as cur:
+                cur.execute(sql, params)
+                return cur.fetchone() is not None
+        except Exception as exc:
+            failure = exc
+        assert failure is not None
+        schema_error = self.schema_error(failure)
+        if schema_error is not None:
+            raise schema_error from failure
+        raise failure
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """A pooled connection in an open transaction: commit on normal exit, roll back on an
+        exception (re-raised), then return the connection to the pool."""
+
+        def begin(cur: Any) -> Any:
+            cur.execute(self.sql.probe)  # also proves the connection is alive (else: retried)
+            return cur.connection
+
+        conn = self.run(begin, commit=False)
+        released = False
+        try:
+            yield conn
+        except BaseException:
+            rollback_quietly(conn)
+            released = True
+            self.source.release(conn, discard=bool(conn.closed))
+            raise
+        finally:
+            if not released:
+                try:
+                    conn.commit()
+                except BaseException:
+                    rollback_quietly(conn)
+                    self.source.release(conn, discard=bool(conn.closed))
+                    raise
+                self.source.release(conn, discard=False)

@@ -1,0 +1,171 @@
+"""The statements of a SQLiteUpdateStore that several of its methods share: record (plain
+and claimed at ingest, with duplicate-conflict warnings), claim, settle (single and several in
+one transaction), argument checks."""
+
+from __future__ import annotations
+
+import operator
+import sqlite3
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ptb_fence._fingerprint import update_fingerprint
+from ptb_fence._values import Abandoned, AttemptIdentity, Completed, Failed, Settlement
+from ptb_fence.stores._duplicates import warn_conflict
+from ptb_fence.stores._sqlite_connections import SQLiteConnections
+from ptb_fence.stores._sqlite_schema import new_claim_id
+from ptb_fence.stores._sqlite_sql import SQLiteStatements
+
+__all__ = [
+    "add_claimed_in",
+    "add_in",
+    "int_arg",
+    "max_variables",
+    "settle_owned_in",
+    "settle_params",
+    "settle_statement",
+    "take",
+]
+
+_DEFAULT_MAX_VARIABLES = 999  # SQLite's historical SQLITE_MAX_VARIABLE_NUMBER
+
+
+def int_arg(name: str, value: Any) -> int:
+    """``value`` as an int; a clear :exc:`TypeError` otherwise (NULL must never reach SQL)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be an int (epoch milliseconds or a count), got {value!r}"
+        ) from None
+
+
+def max_variables(conn: sqlite3.Connection) -> int:
+    """The connection's limit on host parameters per statement (Python 3.11+ can ask)."""
+    if sys.version_info < (3, 11):  # pragma: no cover - Python 3.10
+        return _DEFAULT_MAX_VARIABLES
+    return conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+
+
+def add_in(
+    sql: SQLiteStatements, conn: sqlite3.Connection, update_id: int, body: str, received_at: int
+) -> bool:
+    """Insert a pending row inside ``conn``'s transaction (SPEC §12 for an existing id)."""
+    fingerprint = update_fingerprint(body)
+    params = {
+        "update_id": update_id,
+        "body": body,
+        "received_at": received_at,
+        "fingerprint": fingerprint,
+    }
+    if conn.execute(sql.add, params).rowcount == 1:
+        return True
+    _warn_if_different(sql, conn, update_id, fingerprint)
+    return False
+
+
+def _warn_if_different(
+    sql: SQLiteStatements, conn: sqlite3.Connection, update_id: int, fingerprint: Optional[str]
+) -> None:
+    """After an insert that did not happen: log a different update held by a live row."""
+    row = conn.execute(sql.stored_fingerprint, {"update_id": update_id}).fetchone()
+    if row is not None:
+        warn_conflict(update_id, row[0], fingerprint, str(row[1]), row[2])
+
+
+def add_claimed_in(
+    sql: SQLiteStatements,
+    conn: sqlite3.Connection,
+    rows: Sequence[Tuple[int, str, int]],
+    lease_until: int,
+) -> List[Optional[AttemptIdentity]]:
+    """Insert ``rows`` claimed for attempt 1 inside ``conn``'s transaction (None: existed)."""
+    result: List[Optional[AttemptIdentity]] = []
+    for update_id, body, received_at in rows:
+        fingerprint = update_fingerprint(body)
+        found = conn.execute(
+            sql.add_claimed,
+            {
+                "update_id": update_id,
+                "body": body,
+                "received_at": received_at,
+                "lease_until": lease_until,
+                "claim_id": new_claim_id(),
+                "fingerprint": fingerprint,
+            },
+        ).fetchall()
+        if not found:
+            _warn_if_different(sql, conn, update_id, fingerprint)
+        result.append(
+            AttemptIdentity(update_id, int(found[0][0]), str(found[0][1])) if found else None
+        )
+    return result
+
+
+def take(
+    conns: SQLiteConnections,
+    sql: SQLiteStatements,
+    update_id: int,
+    now: int,
+    lease_until: int,
+    max_attempts: int,
+    durable_exhaustion: bool,
+) -> Optional[AttemptIdentity]:
+    """Claim ``update_id`` in one write transaction; its identity, or None if not taken."""
+    params = {
+        "update_id": update_id,
+        "now": int_arg("now", now),
+        "lease_until": int_arg("lease_until", lease_until),
+        "max_attempts": int_arg("max_attempts", max_attempts),
+        "durable": 1 if durable_exhaustion else 0,
+        "claim_id": new_claim_id(),
+    }
+    with conns.immediate() as conn:
+        rows = conn.execute(sql.claim, params).fetchall()
+    if not rows or rows[0][0] != "processing":
+        return None
+    _, attempt, claim_id = rows[0]
+    return AttemptIdentity(update_id, int(attempt), str(claim_id))
+
+
+def settle_statement(sql: SQLiteStatements, settlement: Settlement, *, owned: bool) -> str:
+    """The statement that settles an attempt with ``settlement`` (fenced if ``owned``)."""
+    if isinstance(settlement, Completed):
+        return sql.settle_completed_owned if owned else sql.settle_completed
+    if isinstance(settlement, Failed):
+        return sql.settle_failed_owned if owned else sql.settle_failed
+    if isinstance(settlement, Abandoned):
+        return sql.settle_abandoned_owned if owned else sql.settle_abandoned
+    raise TypeError(
+        f"not a settlement: {settlement!r} (use Completed, Failed or Abandoned)"
+    )
+
+
+def settle_params(
+    update_id: int, attempt: int, settlement: Settlement, claim_id: Optional[str]
+) -> Dict[str, Any]:
+    """The parameters of :func:`settle_statement`."""
+    return {
+        "update_id": update_id,
+        "attempt": attempt,
+        "claim_id": claim_id,
+        "at": settlement.at,
+        "retry_at": getattr(settlement, "retry_at", None),
+        "error": getattr(settlement, "error", None),
+    }
+
+
+def settle_owned_in(
+    sql: SQLiteStatements,
+    conn: sqlite3.Connection,
+    items: Sequence[Tuple[AttemptIdentity, Settlement]],
+) -> List[bool]:
+    """Fenced settles inside ``conn``'s transaction; per item, whether it landed."""
+    landed = []
+    for identity, settlement in items:
+        statement = settle_statement(sql, settlement, owned=True)
+        params = settle_params(
+            identity.update_id, identity.attempt, settlement, identity.claim_id
+        )
+        landed.append(bool(conn.execute(statement, params).fetchall()))
+    return landed
