@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import sqlite3
 import threading
 import time
@@ -133,7 +134,8 @@ class FlakyStore:
 
     Every other attribute is the wrapped store's, so the wrapper has the same capability
     level (fenced, durable, transaction, batched recording, ...). Methods named in
-    :attr:`broken` raise too while :attr:`failing`.
+    :attr:`broken` raise too while :attr:`failing` (checked at each call, so also for a
+    method looked up before :attr:`broken` was set).
     """
 
     def __init__(self, inner: Any) -> None:
@@ -186,14 +188,14 @@ class FlakyStore:
                 return result
 
             return recording
-        if name not in self.broken:
-            return target
-
-        def broken_method(*args: Any, **kwargs: Any) -> Any:
-            if self.failing:
+        # decided at call time, not at lookup: the runtime's store port looks its optional
+        # methods up once, when it is built (before a test sets ``broken``)
+        @functools.wraps(target)
+        def maybe_broken(*args: Any, **kwargs: Any) -> Any:
+            if self.failing and name in self.broken:
                 with self._lock:
                     self.failed_calls.append(name)
                 raise sqlite3.OperationalError(f"{name}: database is locked (injected)")
             return target(*args, **kwargs)
 
-        return broken_method
+        return maybe_broken

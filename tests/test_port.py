@@ -10,7 +10,7 @@ import sqlite3
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Set
 
 import pytest
 
@@ -27,10 +27,8 @@ PACKAGE = ROOT / "ptb_fence"
 # the tools that inspect a user's store (conformance check, CLI, chaos runner, test helpers)
 ALLOWED = {"ptb_fence/runtime/_port.py", "ptb_fence/_protocols.py", "ptb_fence/conformance.py"}
 ALLOWED_PACKAGES = ("ptb_fence/cli/", "ptb_fence/chaos/", "ptb_fence/testing/")
-# TODO(issue 11): the PTB processor still probes the store (add_many, add_claimed_many,
-# add_claimed_and_settle_many, settle_owned_many, bind_bot); the PTB engineer switches it to
-# the runtime's operations and removes this exception. Nothing else may be listed here.
-KNOWN_PTB_OFFENDERS = {"ptb_fence/ptb/_processor.py"}
+# Nothing may be listed here: the PTB adapter calls only the runtime (issue 11).
+KNOWN_PTB_OFFENDERS: Set[str] = set()
 
 OPTIONAL_NAMES = set(BATCH_METHODS) | {"transaction", "bind_bot"}
 

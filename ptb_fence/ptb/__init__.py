@@ -3,7 +3,8 @@
 from ptb_fence.ptb._application import FencedApplication, FencedApplicationMixin
 from ptb_fence.ptb._context import AttemptUnavailable, FencedCallbackContext
 from ptb_fence.ptb._processor import BaseFenceProcessor, DurableUpdateProcessor, FencedUpdateProcessor
-from ptb_fence.ptb._queue import DurableUpdateQueue, IngestError, update_body
+from ptb_fence.ptb._bodies import IngestError, update_body
+from ptb_fence.ptb._queue import DurableUpdateQueue
 
 __all__ = [
     "AttemptUnavailable",

@@ -12,26 +12,13 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from telegram.ext import Application, ApplicationHandlerStop, ContextTypes
 
-from ptb_fence.runtime._attempt import _CURRENT
+from ptb_fence.ptb._context import fenced_context_types
+from ptb_fence.ptb._handling import leave_attempt, outside_attempt, update_state
+from ptb_fence.ptb._interfaces import ApplicationBinding
 
 _LOGGER = logging.getLogger("ptb_fence.ptb")
 
 __all__ = ["FencedApplication", "FencedApplicationMixin", "fenced_application_class"]
-
-
-class _UpdateState:
-    """What the processor learns about one update while PTB handles it."""
-
-    __slots__ = ("error", "update")
-
-    def __init__(self, update: object) -> None:
-        self.update = update
-        self.error: Optional[BaseException] = None
-
-
-_STATE: "contextvars.ContextVar[Optional[_UpdateState]]" = contextvars.ContextVar(
-    "ptb_fence_update_state", default=None
-)
 
 
 _IN_PROCESS_ERROR: "contextvars.ContextVar[bool]" = contextvars.ContextVar(
@@ -60,8 +47,7 @@ def _outside_attempt_in_own_task(callback: Callable[..., Any]) -> Callable[..., 
         if asyncio.current_task() is reporting_task:
             return await callback(update, context)
         # a task of its own runs in its own copy of the context: clearing is local to it
-        _CURRENT.set(None)
-        _STATE.set(None)
+        leave_attempt()
         return await callback(update, context)
 
     return run
@@ -132,17 +118,13 @@ class FencedApplicationMixin(_MixinBase):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         context_types = kwargs.get("context_types")
         if isinstance(context_types, ContextTypes):
-            from ptb_fence.ptb._context import fenced_context_types
-
             kwargs["context_types"] = fenced_context_types(context_types)
         super().__init__(*args, **kwargs)
         application: Any = self
         application.error_handlers = _ErrorHandlers(application.error_handlers)
-        from ptb_fence.ptb._processor import BaseFenceProcessor
-
-        processor = getattr(self, "update_processor", None)
-        if isinstance(processor, BaseFenceProcessor):
-            processor._attach(self)
+        processor = self._fence_processor()
+        if processor is not None:
+            processor.attach(self)
 
     async def initialize(self) -> None:
         """Check that the ptb_fence processor and durable queue are in place, then initialize.
@@ -152,10 +134,8 @@ class FencedApplicationMixin(_MixinBase):
                 (``.concurrent_updates(...)`` was set on the builder after ``install()``), or
                 its ``update_queue`` is not the processor's durable queue.
         """
-        from ptb_fence.ptb._processor import BaseFenceProcessor
-
         processor = getattr(self, "update_processor", None)
-        if not isinstance(processor, BaseFenceProcessor):
+        if not isinstance(processor, ApplicationBinding):
             raise RuntimeError(
                 f"{type(self).__name__}: the update processor is {type(processor).__name__}, "
                 "not a ptb_fence processor, so updates would be handled without being "
@@ -174,7 +154,7 @@ class FencedApplicationMixin(_MixinBase):
         await super().start()
         processor = self._fence_processor()
         if processor is not None:
-            processor._end_stop()
+            processor.application_started()
 
     async def stop(self) -> None:
         """Stop the Application in bounded time.
@@ -185,7 +165,7 @@ class FencedApplicationMixin(_MixinBase):
         """
         processor = self._fence_processor()
         if processor is not None and self.running:
-            await processor._begin_stop()
+            await processor.application_stopping()
         await super().stop()
 
     def run_polling(self, *args: Any, **kwargs: Any) -> None:
@@ -205,11 +185,9 @@ class FencedApplicationMixin(_MixinBase):
     setattr(run_polling, "__signature__", inspect.signature(Application.run_polling))
     setattr(run_webhook, "__signature__", inspect.signature(Application.run_webhook))
 
-    def _fence_processor(self) -> Any:
-        from ptb_fence.ptb._processor import BaseFenceProcessor
-
+    def _fence_processor(self) -> Optional[ApplicationBinding]:
         processor = getattr(self, "update_processor", None)
-        return processor if isinstance(processor, BaseFenceProcessor) else None
+        return processor if isinstance(processor, ApplicationBinding) else None
 
     async def process_error(
         self,
@@ -219,7 +197,7 @@ class FencedApplicationMixin(_MixinBase):
         coroutine: Any = None,
     ) -> bool:
         """Mark the current attempt failed, then run PTB's error handling."""
-        state = _STATE.get()
+        state = update_state()
         if (
             state is not None
             and update is state.update
@@ -256,15 +234,9 @@ class FencedApplicationMixin(_MixinBase):
         PTB's own warnings (a task created while the Application is not running) point at the
         caller's line, as with a plain Application.
         """
-        state_token = _STATE.set(None)
-        attempt_token = _CURRENT.set(None)
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                task = super().create_task(coroutine, update=update, name=name)
-        finally:
-            _CURRENT.reset(attempt_token)
-            _STATE.reset(state_token)
+        with outside_attempt(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            task = super().create_task(coroutine, update=update, name=name)
         for warning in caught:
             if warning.filename == __file__:
                 # PTB's stacklevel counts one frame too few through this override

@@ -6,8 +6,8 @@ from typing import Any, Optional
 
 from telegram.ext import CallbackContext, ContextTypes
 
-from ptb_fence.ptb._application import _STATE
-from ptb_fence.runtime._attempt import _CURRENT, Attempt, current_attempt
+from ptb_fence.ptb._handling import leave_attempt
+from ptb_fence.runtime._attempt import Attempt, current_attempt
 
 __all__ = ["AttemptUnavailable", "FencedCallbackContext", "fenced_context_types"]
 
@@ -96,8 +96,7 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
         :func:`ptb_fence.current_attempt` :obj:`None` for the whole job, without touching the
         handler.
         """
-        _CURRENT.set(None)
-        _STATE.set(None)
+        leave_attempt()
         return super().from_job(job, application)
 
 

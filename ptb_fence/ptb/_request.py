@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from telegram.request import BaseRequest, RequestData
 
+from ptb_fence.ptb._interfaces import BatchRecorder
 from ptb_fence.ptb._ptb_internals import REQUEST_DEFAULT, get_updates_request, set_get_updates_request
-
-if TYPE_CHECKING:
-    from ptb_fence.ptb._processor import BaseFenceProcessor
 
 __all__ = ["RecordingRequest", "unwrap_get_updates_request", "wrap_get_updates_request"]
 
@@ -29,16 +27,21 @@ class RecordingRequest(BaseRequest):
     else is delegated unchanged.
     """
 
-    __slots__ = ("_inner", "_processor")
+    __slots__ = ("_inner", "_recorder")
 
-    def __init__(self, inner: BaseRequest, processor: "BaseFenceProcessor") -> None:
+    def __init__(self, inner: BaseRequest, recorder: BatchRecorder) -> None:
         self._inner = inner
-        self._processor = processor
+        self._recorder = recorder
 
     @property
     def inner(self) -> BaseRequest:
         """The wrapped request object."""
         return self._inner
+
+    @property
+    def recorder(self) -> BatchRecorder:
+        """What records the ``getUpdates`` answers (a processor's ingest)."""
+        return self._recorder
 
     @property
     def read_timeout(self) -> Optional[float]:
@@ -73,19 +76,18 @@ class RecordingRequest(BaseRequest):
             connect_timeout=connect_timeout,
             pool_timeout=pool_timeout,
         )
-        live = self._processor._initialized or self._processor._batch_ingest
-        if live and 200 <= status < 300 and url.endswith("/getUpdates"):
+        if self._recorder.records_batches and 200 <= status < 300 and url.endswith("/getUpdates"):
             try:
                 answer = json.loads(payload.decode("utf-8"))
             except (UnicodeDecodeError, ValueError):
                 return status, payload  # PTB reports the bad answer itself
             result = answer.get("result") if isinstance(answer, dict) else None
             if isinstance(result, list) and result:
-                await self._processor._record_batch(result)
+                await self._recorder.record_batch(result)
         return status, payload
 
 
-def wrap_get_updates_request(bot: Any, processor: "BaseFenceProcessor") -> bool:
+def wrap_get_updates_request(bot: Any, recorder: BatchRecorder) -> bool:
     """Install a :class:`RecordingRequest` around ``bot``'s ``getUpdates`` request.
 
     Returns :obj:`False` (and changes nothing) if the bot does not look as expected; updates
@@ -97,30 +99,30 @@ def wrap_get_updates_request(bot: Any, processor: "BaseFenceProcessor") -> bool:
         return False
     get_updates = requests[0]
     if isinstance(get_updates, RecordingRequest):
-        owner = get_updates._processor
-        if owner is processor:
+        owner = get_updates.recorder
+        if owner is recorder:
             return True
-        if owner._initialized:
+        if owner.active:
             raise RuntimeError(
-                f"this Bot's getUpdates is wired to another running {type(owner).__name__} "
+                f"this Bot's getUpdates is wired to another running {owner.processor_name} "
                 "(of another Application): shut that Application down first, or give each "
                 "Application its own Bot"
             )
         get_updates = get_updates.inner  # left over from an Application that is gone
     if not isinstance(get_updates, BaseRequest):
         return False
-    if not set_get_updates_request(bot, RecordingRequest(get_updates, processor)):
+    if not set_get_updates_request(bot, RecordingRequest(get_updates, recorder)):
         _LOGGER.debug("could not wrap the getUpdates request; recording update by update")
         return False
     return True
 
 
-def unwrap_get_updates_request(bot: Any, processor: "BaseFenceProcessor") -> None:
+def unwrap_get_updates_request(bot: Any, recorder: BatchRecorder) -> None:
     """Undo :func:`wrap_get_updates_request` (at shutdown), so that the Bot can serve another
     Application and processor."""
     requests = get_updates_request(bot)
     if requests is None:
         return
     get_updates = requests[0]
-    if isinstance(get_updates, RecordingRequest) and get_updates._processor is processor:
+    if isinstance(get_updates, RecordingRequest) and get_updates.recorder is recorder:
         set_get_updates_request(bot, get_updates.inner)

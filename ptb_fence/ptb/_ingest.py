@@ -1,0 +1,239 @@
+"""Ingest: recording updates before they are acknowledged, and grouped completions.
+
+Records one update put into the durable queue (grouped with the others put at the same time),
+a whole ``getUpdates`` answer in one commit, claimed at ingest with a fenced store that can;
+hands on what landed while its ingest was cancelled; and completes successful fenced
+attempts in groups (one commit for the completions, and the fresh updates, that arrive
+together).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable, List, Optional, Tuple
+
+from telegram import Update
+
+from ptb_fence._update_ids import is_update_id
+from ptb_fence.ptb._bodies import ingest_error, parse_update, raw_body, update_body, valid_update_id
+from ptb_fence.ptb._group_commit import GroupCommit
+from ptb_fence.ptb._state import Recorded, SharedState
+from ptb_fence.ptb._threads import StoreThreads
+from ptb_fence.runtime._attempt import Attempt
+from ptb_fence.runtime._core import Runtime
+
+__all__ = ["Ingest"]
+
+_LOGGER = logging.getLogger("ptb_fence.ptb")
+
+class Ingest:
+    """Records updates for one processor; the durable queue's
+    :class:`~ptb_fence.ptb._interfaces.UpdateRecorder` and the getUpdates wrapper's
+    :class:`~ptb_fence.ptb._interfaces.BatchRecorder`.
+
+    Args:
+        runtime: The processor's runtime.
+        state: The state shared with the processor and its sweeper.
+        threads: The store threads.
+        application: Returns the attached Application (or :obj:`None`).
+        redeliver: Queues an update that is already recorded; :obj:`False` when stopping.
+        processor_name: The class name of the processor (for messages).
+    """
+
+    __slots__ = (
+        "_application",
+        "_grouped_completion",
+        "_name",
+        "_redeliver",
+        "_runtime",
+        "_state",
+        "_threads",
+        "_writer",
+    )
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        state: SharedState,
+        threads: StoreThreads,
+        application: Callable[[], Any],
+        redeliver: Callable[[Update], bool],
+        processor_name: str,
+    ) -> None:
+        self._name = processor_name
+        self._runtime = runtime
+        self._state = state
+        self._threads = threads
+        self._application = application
+        self._redeliver = redeliver
+        # group commits: updates put at the same time (webhook) are recorded together, and
+        # completions that arrive together are settled together
+        # (fresh updates and completions that arrive together share one commit when the store
+        # can do both in one transaction: add_claimed_and_settle_many)
+        self._writer: GroupCommit[Tuple[str, Any], Any] = GroupCommit(
+            self._write_many, "ptb_fence:write"
+        )
+        # completions are grouped where the store settles many in one commit (decided once,
+        # by the runtime's store port)
+        self._grouped_completion = runtime.uses_claim_ids and runtime.port.settles_in_batches
+
+    # -- what the queue and the getUpdates wrapper see ---------------------------------------
+    @property
+    def stopping(self) -> bool:
+        """``Application.stop()`` began: nothing more is queued."""
+        return self._state.stopping
+
+    @property
+    def active(self) -> bool:
+        """The processor is initialized."""
+        return self._state.started
+
+    @property
+    def processor_name(self) -> str:
+        """The class name of the processor (for messages)."""
+        return self._name
+
+    @property
+    def records_batches(self) -> bool:
+        """``getUpdates`` answers are recorded now."""
+        return self._state.started or self._state.batch_ingest
+
+    def unqueue(self, update_id: int) -> None:
+        """A recorded update will not be queued after all (stopping): release it."""
+        self._state.unqueue(update_id)
+
+    async def record(self, update: Update) -> bool:
+        """Record ``update`` (grouped with the updates put at the same time); :obj:`False`
+        for a duplicate or an update without a Telegram ``update_id``."""
+        if not valid_update_id(update):
+            return False
+        known = self._state.take_ingested(update.update_id)
+        if known is not None:
+            return self._state.book(update.update_id, known)
+        try:
+            body = update_body(update)
+            outcome = await self._writer.submit(
+                ("add", (update.update_id, body)),
+                orphan=lambda landed: self._hand_on(update, landed),
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise ingest_error(update.update_id, exc) from exc
+        return self._state.book(update.update_id, outcome)
+
+    def record_blocking(self, update: Update) -> bool:
+        """As :meth:`record`, blocking the calling thread (``put_nowait``)."""
+        if not valid_update_id(update):
+            return False
+        known = self._state.take_ingested(update.update_id)
+        if known is not None:
+            return self._state.book(update.update_id, known)
+        try:
+            outcome = self._runtime.record_many(
+                [(update.update_id, update_body(update))], claim=True
+            )
+        except Exception as exc:
+            raise ingest_error(update.update_id, exc) from exc
+        return self._state.book(update.update_id, outcome[0])
+
+    async def record_batch(self, result: List[Any]) -> None:
+        """Record a whole getUpdates answer in one commit (called by RecordingRequest)."""
+        updater = getattr(self._application(), "updater", None)
+        if updater is not None and not updater.running:
+            # not the Updater's polling (e.g. its last getUpdates in Updater.stop(), or a
+            # manual call): PTB puts none of these, and Telegram keeps them (they are not
+            # confirmed), so recording (and claiming) them would only strand them for a lease
+            return
+        items = []
+        raws: List[Any] = []
+        for raw in result:
+            if isinstance(raw, dict) and is_update_id(raw.get("update_id")):
+                items.append((raw["update_id"], raw_body(raw)))
+                raws.append(raw)
+        if not items:
+            return
+        # anything left from an earlier batch was never put (PTB stopped or dropped it):
+        # stop renewing it so its lease lapses and a sweep takes it
+        self._state.release_preclaimed(ingested_only=True)
+        try:
+            outcome = await self._threads.call_handing_on(
+                lambda: self._runtime.record_many(items, claim=True),
+                lambda landed: self._hand_on_batch(raws, landed),
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise ingest_error([update_id for update_id, _ in items], exc) from exc
+        for (update_id, _), value in zip(items, outcome):
+            self._state.ingested[update_id] = value
+
+    # -- grouped completion ------------------------------------------------------------------
+    @property
+    def completes_in_groups(self) -> bool:
+        """Successful fenced attempts are completed together (:meth:`complete`)."""
+        return self._grouped_completion
+
+    async def complete(self, attempt: Attempt) -> Any:
+        """Complete ``attempt`` in one commit with the completions (and fresh updates) that
+        arrive at the same time; returns the runtime's outcome."""
+        return await self._writer.submit(("done", attempt))
+
+    # -- one group of writes (on the store threads) ----------------------------------------
+    async def _write_many(self, items: List[Tuple[str, Any]]) -> List[Any]:
+        """One group of writes: ``("add", (update_id, body))`` records a fresh update (result:
+        what :meth:`Runtime.record_many` gives for it, or the exception to raise to ``put``),
+        ``("done", attempt)`` completes an attempt (result: the outcome). The runtime does it
+        in one commit where the store can."""
+        adds = [(i, payload) for i, (kind, payload) in enumerate(items) if kind == "add"]
+        dones = [(i, payload) for i, (kind, payload) in enumerate(items) if kind == "done"]
+        records, outcomes = await self._threads.call(
+            self._runtime.record_and_complete,
+            [payload for _, payload in adds],
+            [attempt for _, attempt in dones],
+            claim=True,
+        )
+        results: List[Any] = [None] * len(items)
+        for n, (i, _) in enumerate(adds):
+            results[i] = records if isinstance(records, BaseException) else records[n]
+        for (i, _), outcome in zip(dones, outcomes):
+            results[i] = outcome
+        return results
+
+    # -- what landed while its ingest was cancelled ------------------------------------------
+    def _hand_on_batch(self, raws: List[Any], outcomes: List[Recorded]) -> None:
+        """A getUpdates batch landed but its caller was cancelled (``Updater.stop()``)."""
+        application = self._application()
+        bot = application.bot if application is not None else None
+        for raw, outcome in zip(raws, outcomes):
+            update: Optional[Update] = None
+            if outcome is not False and bot is not None:
+                try:
+                    update = parse_update(raw, bot)
+                except Exception:
+                    _LOGGER.exception("recorded update %s cannot be parsed", raw.get("update_id"))
+            if update is None:
+                if isinstance(outcome, Attempt):
+                    self._runtime.end(outcome)  # its lease lapses; a sweep takes it
+                continue
+            self._hand_on(update, outcome)
+
+    def _hand_on(self, update: Update, outcome: Any) -> None:
+        """A recorded update whose recorder was cancelled: queue it (it is ours to handle),
+        or, while stopping, release it to its lease and the sweep."""
+        if outcome is False or isinstance(outcome, BaseException):
+            return
+        state = self._state
+        if state.stopping or not state.started:
+            if isinstance(outcome, Attempt):
+                self._runtime.end(outcome)
+            return
+        _LOGGER.info(
+            "update %s was recorded while its ingest was cancelled: handing it on",
+            update.update_id,
+            extra={"update_id": update.update_id},
+        )
+        state.book(update.update_id, outcome)
+        if not self._redeliver(update):
+            state.unqueue(update.update_id)

@@ -1,0 +1,83 @@
+"""SharedState: the per-update state the processor, its ingest and its sweeper share."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Set
+
+from ptb_fence.runtime._attempt import Attempt
+from ptb_fence.runtime._recording import Record
+
+__all__ = ["Recorded", "SharedState"]
+
+Recorded = Record
+"""What recording one update gave: the pre-claimed :class:`Attempt` (a fenced store claimed
+it at ingest), :obj:`True` (recorded, to be claimed when handled) or :obj:`False` (already
+recorded: a duplicate, not queued again)."""
+
+
+class SharedState:
+    """Which updates this processor holds, and whether it may queue more.
+
+    Used on the event loop thread only. Guarantees:
+
+    - an ``update_id`` is in :attr:`inflight` from the moment it is booked for the queue until
+      its processing ends (or it is released), so the sweep and the retry timers never queue
+      an update that is already queued or running here;
+    - a pre-claimed :class:`Attempt` held here (in :attr:`ingested` or :attr:`preclaimed`) is
+      either taken by the update's processing or ended with ``end`` (its lease then lapses
+      and a sweep retries the update): none is dropped while its lease keeps being renewed.
+
+    Attributes:
+        inflight: Ids of updates queued or being processed here.
+        ingested: Outcomes of a ``getUpdates`` batch recorded before PTB puts its updates.
+        preclaimed: Attempts claimed at ingest, waiting for their update's processing.
+        started: The processor is initialized (and not shut down).
+        stopping: ``Application.stop()`` began (or shutdown): nothing more is queued.
+        batch_ingest: The Bot's ``getUpdates`` answers are recorded whole.
+    """
+
+    __slots__ = ("_end", "batch_ingest", "inflight", "ingested", "preclaimed", "started", "stopping")
+
+    def __init__(self, end: Callable[[Attempt], None]) -> None:
+        self._end = end
+        self.inflight: Set[int] = set()
+        self.ingested: Dict[int, Recorded] = {}
+        self.preclaimed: Dict[int, Attempt] = {}
+        self.started = False
+        self.stopping = False
+        self.batch_ingest = False
+
+    def book(self, update_id: int, outcome: Recorded) -> bool:
+        """Book one recorded update for processing; :obj:`False` for a duplicate."""
+        if outcome is False:
+            return False
+        if isinstance(outcome, Attempt):
+            self.preclaimed[update_id] = outcome
+        self.inflight.add(update_id)
+        return True
+
+    def take_ingested(self, update_id: int) -> Optional[Recorded]:
+        """The outcome of ``update_id`` if a ``getUpdates`` batch recorded it (once)."""
+        return self.ingested.pop(update_id, None)
+
+    def take_preclaimed(self, update_id: int) -> Optional[Attempt]:
+        """The attempt claimed at ingest for ``update_id``, handed to its processing (once)."""
+        return self.preclaimed.pop(update_id, None)
+
+    def unqueue(self, update_id: int) -> None:
+        """A booked update that will not be queued after all (stopping): release it."""
+        attempt = self.preclaimed.pop(update_id, None)
+        if attempt is not None:
+            self._end(attempt)
+        self.inflight.discard(update_id)
+
+    def release_preclaimed(self, *, ingested_only: bool = False) -> None:
+        """End the pre-claimed attempts held here (all, or only those of :attr:`ingested`,
+        which PTB never put); their leases lapse and a sweep takes the updates."""
+        stale: List[Attempt] = [v for v in self.ingested.values() if isinstance(v, Attempt)]
+        self.ingested.clear()
+        if not ingested_only:
+            stale += list(self.preclaimed.values())
+            self.preclaimed.clear()
+        for attempt in stale:
+            self._end(attempt)

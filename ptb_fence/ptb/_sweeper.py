@@ -1,0 +1,219 @@
+"""Sweeper: hands due updates back to the Application (the sweep loop and the retry timers)
+and starts the delivery of due exhaustions."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any, Callable, List, Optional, Set, Tuple
+
+from telegram import Update
+
+from ptb_fence.ptb._bodies import parse_update
+from ptb_fence.ptb._deliveries import Deliveries
+from ptb_fence.ptb._state import SharedState
+from ptb_fence.ptb._threads import StoreThreads
+from ptb_fence.runtime._core import Runtime
+
+__all__ = ["Sweeper"]
+
+_LOGGER = logging.getLogger("ptb_fence.ptb")
+
+SWEEP_PAGE = 500
+
+
+class Sweeper:
+    """The sweep of one processor.
+
+    Every ``sweep_every_seconds`` (and page after page while full pages keep coming): queue
+    the due updates not in flight here, start delivering the due exhaustions, prune. A retry
+    due before the next sweep is queued at its time by a timer (the runtime calls
+    :meth:`retry_soon`). Nothing is queued once ``Application.stop()`` began: due updates stay
+    in the store for the next start or another process.
+
+    Args:
+        runtime: The processor's runtime.
+        state: The state shared with the processor and its ingest.
+        threads: The store threads.
+        deliveries: Where due exhaustions are delivered.
+        application: Returns the attached Application (or :obj:`None`).
+        redeliver: Queues an update that is already recorded; :obj:`False` when stopping.
+    """
+
+    __slots__ = (
+        "_application",
+        "_deliveries",
+        "_loop",
+        "_redeliver",
+        "_retry_timers",
+        "_runtime",
+        "_state",
+        "_task",
+        "_threads",
+    )
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        state: SharedState,
+        threads: StoreThreads,
+        deliveries: Deliveries,
+        application: Callable[[], Any],
+        redeliver: Callable[[Update], bool],
+    ) -> None:
+        self._runtime = runtime
+        self._state = state
+        self._threads = threads
+        self._deliveries = deliveries
+        self._application = application
+        self._redeliver = redeliver
+        self._task: Optional["asyncio.Task[None]"] = None
+        # a retry due before the next sweep is handed back at its time (same fenced claim)
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._retry_timers: "Set[asyncio.TimerHandle]" = set()
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The event loop on which retry timers run (set at ``initialize``)."""
+        self._loop = loop
+
+    # -- the sweep loop ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the sweep loop (if not running)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="ptb_fence:sweep")
+
+    async def stop(self) -> None:
+        """Stop the sweep loop and cancel the retry timers (the retries stay due)."""
+        self.cancel_retry_timers()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _run(self) -> None:
+        include_fresh = True  # the first sweep takes every pending row at once
+        interval = self._runtime.options.sweep_every_seconds
+        while True:
+            full = False
+            try:
+                _, full = await self.sweep(include_fresh)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                _LOGGER.exception("sweep failed; trying again at the next interval")
+            if full:
+                # more rows are waiting: fetch the next page once these are done
+                await self._wait_drained(interval)
+                continue
+            include_fresh = False
+            await asyncio.sleep(interval)
+
+    async def _wait_drained(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        threshold = max(1, self._runtime.options.max_concurrent)
+        while len(self._state.inflight) > threshold and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+
+    async def sweep(self, include_fresh: bool) -> Tuple[int, bool]:
+        """One sweep; returns the number of updates queued and whether the page was full."""
+        runtime = self._runtime
+        state = self._state
+        application = self._application()
+        handed = 0
+        rows: List[Any]
+        try:
+            rows = await self._threads.call(
+                runtime.due_page, limit=SWEEP_PAGE, include_fresh=include_fresh
+            )
+        except Exception as exc:
+            runtime.report_store_error(exc, "sweep")
+            rows = []
+        for row in rows:
+            if row.update_id in state.inflight:
+                continue
+            if state.stopping:
+                break  # Application.stop() began: the rows stay due for the next start
+            try:
+                update = parse_update(json.loads(row.body), application.bot)
+            except Exception:
+                _LOGGER.exception(
+                    "stored update %s cannot be parsed; left as it is",
+                    row.update_id,
+                    extra={"update_id": row.update_id},
+                )
+                continue
+            if update is None:
+                continue
+            state.inflight.add(row.update_id)
+            if not self._redeliver(update):
+                state.inflight.discard(row.update_id)
+                break
+            handed += 1
+        if self._deliveries.enabled and not state.stopping:
+            try:
+                page = await self._threads.call(runtime.exhaustion_page)
+            except Exception as exc:
+                runtime.report_store_error(exc, "sweep")
+                page = []
+            for exhaustion in page:
+                self._deliveries.start(exhaustion)
+        try:
+            await self._threads.call(runtime.prune)
+        except Exception as exc:
+            runtime.report_store_error(exc, "sweep")
+        if handed:
+            _LOGGER.info("sweep handed %d update(s) back to the Application", handed)
+        return handed, len(rows) >= SWEEP_PAGE and handed > 0
+
+    # -- retries due before the next sweep ---------------------------------------------------
+    def retry_soon(self, update_id: int, delay: float, body: Optional[str]) -> None:
+        """Called by the runtime (on a store thread) for a retry due before the next sweep."""
+        loop = self._loop
+        if body is None or loop is None or self._state.stopping:
+            return  # the sweep takes it
+        try:
+            loop.call_soon_threadsafe(self._start_retry_timer, update_id, delay, body)
+        except RuntimeError:  # the loop is closed: the next start's sweep takes it
+            pass
+
+    def _start_retry_timer(self, update_id: int, delay: float, body: str, tries: int = 0) -> None:
+        if self._state.stopping or not self._state.started or self._loop is None:
+            return
+        handle: "List[asyncio.TimerHandle]" = []
+
+        def fire() -> None:
+            self._retry_timers.discard(handle[0])
+            self._retry_now(update_id, body, tries)
+
+        # a few ms late, so the store sees the retry time as come (due_at <= now)
+        handle.append(self._loop.call_later(delay + 0.005, fire))
+        self._retry_timers.add(handle[0])
+
+    def _retry_now(self, update_id: int, body: str, tries: int) -> None:
+        state = self._state
+        if state.stopping or not state.started:
+            return  # stays due in the store
+        if update_id in state.inflight:
+            # its failed attempt is still finishing here: look again shortly
+            if tries < 200:
+                self._start_retry_timer(update_id, 0.05, body, tries + 1)
+            return
+        try:
+            update = parse_update(json.loads(body), self._application().bot)
+        except Exception:
+            return  # the sweep reports it
+        if update is None:
+            return
+        state.inflight.add(update_id)
+        if not self._redeliver(update):
+            state.inflight.discard(update_id)
+
+    def cancel_retry_timers(self) -> None:
+        """Cancel the retry timers (the retries stay due in the store)."""
+        timers, self._retry_timers = self._retry_timers, set()
+        for timer in timers:
+            timer.cancel()
