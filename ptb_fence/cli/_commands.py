@@ -18,6 +18,7 @@ import time
 import uuid
 from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence
 
+from ptb_fence._update_ids import is_update_id
 from ptb_fence._errors import SchemaError, StoreBusy
 from ptb_fence._values import AttemptIdentity
 from ptb_fence.cli._errors import CommandError, Refused, StoreFailure
@@ -51,7 +52,6 @@ DEFAULT_TABLE = "telegram_updates"
 STORE_ENV = "PTB_FENCE_STORE"
 TABLE_ENV = "PTB_FENCE_TABLE"
 
-_MAX_UPDATE_ID = 2**63 - 1
 _DAY_MS = 86_400_000
 _ERROR_WIDTH = 48
 _FINAL_STATES = ("completed", "abandoned")  # their due_at is a leftover of the last lease
@@ -80,7 +80,7 @@ def _update_id(text: str) -> int:
         value = int(text, 10)
     except (TypeError, ValueError):
         value = -1
-    if not 0 <= value <= _MAX_UPDATE_ID:
+    if not is_update_id(value):
         raise argparse.ArgumentTypeError(
             f"invalid update id {text!r}: an update_id is a whole number from 0 to 2**63-1"
         )

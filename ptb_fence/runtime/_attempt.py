@@ -265,17 +265,6 @@ class Attempt(AsyncForms):
         with self._lock:
             return not (self.finished or self.settling or self.holds_fence)
 
-    # the private names the PTB processor still sets (issue 11: it switches to
-    # ``attempt.body = …`` and ``attempt.begin_settling()``, then these go)
-    @property
-    def _settling(self) -> bool:
-        return self.settling
-
-    @_settling.setter
-    def _settling(self, value: bool) -> None:
-        if value:
-            self.begin_settling()
-
     def _raise_if_finished(self) -> None:
         """Raise :exc:`~ptb_fence.AttemptFinished` if this attempt can no longer write.
 

@@ -406,11 +406,6 @@ class Runtime(RecordingOps, Jobs):
         """The attempt is over: stop renewing it; late renewal results are ignored."""
         self.keeper.unregister(attempt)
 
-    # the names the PTB processor still calls (issue 11: it switches to settle /
-    # completion_settled, then these aliases go)
-    finish = settle
-    completion_landed = completion_settled
-
     # -- exhaustion delivery ----------------------------------------------------------------
     def acknowledge(self, exhaustion: Exhaustion) -> bool:
         """Acknowledge a delivered exhaustion with its exact identity."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from ptb_fence._update_ids import is_update_id
+
 _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
@@ -21,9 +23,6 @@ def validate_table_name(table: object) -> str:
     return table
 
 
-MAX_UPDATE_ID = 2**63 - 1
-
-
 def validate_update_id(update_id: object) -> int:
     """Return ``update_id`` if it can be a Telegram ``update_id``, else raise.
 
@@ -36,6 +35,6 @@ def validate_update_id(update_id: object) -> int:
     """
     if isinstance(update_id, bool) or not isinstance(update_id, int):
         raise TypeError(f"update_id must be an int, got {type(update_id).__name__}")
-    if update_id < 0 or update_id > MAX_UPDATE_ID:
+    if not is_update_id(update_id):
         raise ValueError(f"update_id must be from 0 to 2**63-1, got {update_id}")
     return update_id
