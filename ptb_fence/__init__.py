@@ -35,6 +35,7 @@ from ptb_fence._values import (
 )
 from ptb_fence.runtime import (
     Attempt,
+    AttemptTimeout,
     RuntimeOptions,
     UpdateIntake,
     current_attempt,
@@ -55,6 +56,7 @@ __all__ = [
     "Attempt",
     "AttemptFinished",
     "AttemptIdentity",
+    "AttemptTimeout",
     "BatchUpdateStore",
     "BotBoundStore",
     "Completed",

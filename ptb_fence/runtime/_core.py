@@ -30,6 +30,7 @@ from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._outcome import Outcome, error_text, exhaustion_ids, ids
 from ptb_fence.runtime._port import StorePort
 from ptb_fence.runtime._recording import RecordingOps
+from ptb_fence.runtime._recovery import Recovery
 from ptb_fence.runtime._retry import default_retry
 
 __all__ = ["EXHAUSTION_PAGE", "Outcome", "Runtime"]
@@ -43,7 +44,7 @@ _MAX_RETRY_DELAY_SECONDS = 366 * 86400.0
 """Retry delays from a custom policy are clamped to this (a year; keeps store times finite)."""
 
 
-class Runtime(RecordingOps, Jobs):
+class Runtime(RecordingOps, Jobs, Recovery):
     """The shared runtime of one front end (one :class:`~ptb_fence.UpdateIntake` or processor).
 
     Args:
@@ -452,7 +453,12 @@ class Runtime(RecordingOps, Jobs):
 
     # -- sweep pieces -----------------------------------------------------------------------
     def due_page(self, *, limit: int, include_fresh: bool = False) -> List[StoredUpdate]:
-        """Updates to hand over now (pending after the grace period, or all pending)."""
+        """Updates to hand over now (pending after the grace period, or all pending).
+
+        First makes the claims of provably dead processes claimable
+        (:meth:`~ptb_fence.runtime._recovery.Recovery.take_over_dead`), so they are among
+        them."""
+        self.take_over_dead()
         now = self.options.now_ms()
         grace = 0 if include_fresh else int(self.options.pending_grace_seconds * 1000)
         return list(self.port.due(now=now, pending_before=now - grace, limit=limit))

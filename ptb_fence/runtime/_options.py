@@ -62,6 +62,16 @@ class RuntimeOptions:
             of ``"claim"``, ``"renew"``, ``"settle"``, ``"sweep"``.
         clock: ``clock() -> float`` seconds since the epoch (default :func:`time.time`); the
             store sees ``int(clock() * 1000)``.
+        stop_timeout_seconds (:obj:`float` | :class:`datetime.timedelta`):
+            Once stopping began (``Application.stop()``, :meth:`UpdateIntake.close`), how long
+            running handlers may still finish; then their attempts are released (claimable at
+            once elsewhere, not counted as spent; their fenced writes are refused) and their
+            tasks cancelled (asyncio) or abandoned (threads). Default 10.
+        attempt_timeout_seconds (:obj:`float` | :class:`datetime.timedelta` | :obj:`None`):
+            How long one attempt's handler may run: then it fails with
+            :exc:`~ptb_fence.AttemptTimeout` (retried by the ``retry`` policy) and its fenced
+            writes are refused; an asyncio handler is cancelled, a blocking one is abandoned
+            (its thread runs on). Default :obj:`None` (no limit).
 
     Raises:
         ValueError: A numeric option is not positive, or a duration is neither a number nor a
@@ -80,6 +90,8 @@ class RuntimeOptions:
     on_exhaustion_failure: Optional[Callable[[BaseException, "Exhaustion"], Any]] = None
     on_store_error: Optional[Callable[[BaseException, str], Any]] = None
     clock: Callable[[], float] = time.time
+    stop_timeout_seconds: float = 10.0
+    attempt_timeout_seconds: Optional[float] = None
 
     # The constructor takes durations as ``float | int | timedelta``; the attributes are always
     # float seconds, so code reading them needs no conversion.
@@ -96,6 +108,8 @@ class RuntimeOptions:
         on_exhaustion_failure: Optional[Callable[[BaseException, "Exhaustion"], Any]] = None,
         on_store_error: Optional[Callable[[BaseException, str], Any]] = None,
         clock: Callable[[], float] = time.time,
+        stop_timeout_seconds: Duration = 10.0,
+        attempt_timeout_seconds: Optional[Duration] = None,
     ) -> None:
         values: "dict[str, Any]" = {
             "max_attempts": _positive_int("max_attempts", max_attempts),
@@ -113,6 +127,12 @@ class RuntimeOptions:
             ),
             "on_store_error": _callable_or_none("on_store_error", on_store_error),
             "clock": clock,
+            "stop_timeout_seconds": duration_seconds("stop_timeout_seconds", stop_timeout_seconds),
+            "attempt_timeout_seconds": (
+                None
+                if attempt_timeout_seconds is None
+                else duration_seconds("attempt_timeout_seconds", attempt_timeout_seconds)
+            ),
         }
         if not callable(clock):
             raise TypeError(f"clock must be callable, got {clock!r}")

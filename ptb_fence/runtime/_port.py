@@ -372,6 +372,32 @@ class StorePort:
             return [None if ok is None else bool(ok) for ok in results]
         return [self.renew(update_id, attempt, lease_until, now) for update_id, attempt in leases]
 
+    # -- recovery (no-op fallbacks until the store side lands; same names as fix-a12) --------
+    @property
+    def releases(self) -> bool:
+        """:obj:`bool`: The store gives claims back at once (``release_many``)."""
+        return False
+
+    @property
+    def has_liveness(self) -> bool:
+        """:obj:`bool`: The store holds a liveness signal per instance."""
+        return False
+
+    def release_many(self, identities: Sequence[AttemptIdentity], at: int) -> List[bool]:
+        """Fallback: nothing released (the updates wait for their lease)."""
+        return [False] * len(identities)
+
+    def hold_liveness(self) -> Optional[str]:
+        """Fallback: no instance."""
+        return None
+
+    def release_liveness(self) -> None:
+        """Fallback: nothing to release."""
+
+    def take_over_dead(self, now: int) -> int:
+        """Fallback: nothing taken over."""
+        return 0
+
     # -- transactions and binding -----------------------------------------------------------
     def transaction(self) -> ContextManager[Any]:
         """``store.transaction()``.
