@@ -82,7 +82,7 @@ def bed(request: Any, tmp_path: Any) -> Iterator[Bed]:
     def query(sql: str) -> List[Any]:
         with conn.cursor() as cur:
             cur.execute(sql)
-            return list(cur.fetchall())
+            return list(cur.fetchall()) if cur.description else []
 
     query(f"CREATE TABLE {domain} (update_id BIGINT, attempt INT, claim_id TEXT, pid INT)")
     try:
