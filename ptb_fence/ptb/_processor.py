@@ -124,6 +124,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             self._redeliver,
         )
         runtime.retry_soon = self._sweeper.retry_soon
+        runtime.running_count = lambda: self._running
 
     # -- public properties ------------------------------------------------------------------
     @property

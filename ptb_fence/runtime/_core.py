@@ -67,6 +67,7 @@ class Runtime(RecordingOps, Jobs, Recovery):
 
     __slots__ = (
         "_cursor",
+        "_ingest_lock",
         "_jobs",
         "_jobs_running",
         "_scheduler",
@@ -78,6 +79,7 @@ class Runtime(RecordingOps, Jobs, Recovery):
         "options",
         "port",
         "retry_soon",
+        "running_count",
         "store",
     )
 
@@ -100,6 +102,10 @@ class Runtime(RecordingOps, Jobs, Recovery):
         self.delivers_exhaustions = handle_exhaustion
         self.keeper = LeaseKeeper(self.port, options, self.report_store_error)
         self._cursor: Optional[int] = None
+        self._ingest_lock = threading.Lock()
+        # running_count(): attempts whose handler runs now (set by a front end that claims at
+        # ingest); bounds the claims at ingest (see RecordingOps._claim_budget)
+        self.running_count: Callable[[], int] = lambda: 0
         # an Executor for blocking store work from asyncio (Attempt.run_in_transaction and
         # friends); None uses asyncio.to_thread. Set by the PTB processors.
         self.executor: Any = None

@@ -24,6 +24,12 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
+def _non_negative_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return value
+
+
 def _callable_or_none(name: str, value: Any) -> Any:
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be callable or None, got {value!r}")
@@ -72,9 +78,14 @@ class RuntimeOptions:
             :exc:`~ptb_fence.AttemptTimeout` (retried by the ``retry`` policy) and its fenced
             writes are refused; an asyncio handler is cancelled, a blocking one is abandoned
             (its thread runs on). Default :obj:`None` (no limit).
+        ingest_claim_buffer (:obj:`int`): A fenced store that records and claims in one
+            commit claims at ingest at most ``max_concurrent + ingest_claim_buffer`` minus the
+            claims this process already holds; the rest of a batch is recorded ``pending``
+            (claimable by any process; this one claims them when it gets to them), so a crash
+            strands at most that many for a lease. Default 8.
 
     Raises:
-        ValueError: A numeric option is not positive, or a duration is neither a number nor a
+        ValueError: A numeric option is not positive (``ingest_claim_buffer``: negative), or a duration is neither a number nor a
             ``timedelta`` (the message names the option).
         TypeError: A callback is not callable.
     """
@@ -92,6 +103,7 @@ class RuntimeOptions:
     clock: Callable[[], float] = time.time
     stop_timeout_seconds: float = 10.0
     attempt_timeout_seconds: Optional[float] = None
+    ingest_claim_buffer: int = 8
 
     # The constructor takes durations as ``float | int | timedelta``; the attributes are always
     # float seconds, so code reading them needs no conversion.
@@ -110,6 +122,7 @@ class RuntimeOptions:
         clock: Callable[[], float] = time.time,
         stop_timeout_seconds: Duration = 10.0,
         attempt_timeout_seconds: Optional[Duration] = None,
+        ingest_claim_buffer: int = 8,
     ) -> None:
         values: "dict[str, Any]" = {
             "max_attempts": _positive_int("max_attempts", max_attempts),
@@ -133,6 +146,7 @@ class RuntimeOptions:
                 if attempt_timeout_seconds is None
                 else duration_seconds("attempt_timeout_seconds", attempt_timeout_seconds)
             ),
+            "ingest_claim_buffer": _non_negative_int("ingest_claim_buffer", ingest_claim_buffer),
         }
         if not callable(clock):
             raise TypeError(f"clock must be callable, got {clock!r}")
