@@ -100,7 +100,7 @@ def test_schema_created_with_wal_index_and_claim_id(db: str, store: SQLiteUpdate
         columns = {row[1]: row[2] for row in conn.execute("PRAGMA table_info(telegram_updates)")}
         assert set(columns) == {
             "update_id", "body", "state", "attempts", "due_at", "received_at", "settled_at",
-            "error", "claim_id", "fingerprint",
+            "error", "claim_id", "fingerprint", "instance",
         }
         assert columns["claim_id"] == "TEXT" and columns["fingerprint"] == "TEXT"
         indexed = []
