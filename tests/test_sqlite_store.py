@@ -187,6 +187,7 @@ def test_add_one_record_per_update_id(db: str, store: SQLiteUpdateStore) -> None
         "update_id": BIG, "body": '{"update_id": 1}', "state": "pending", "attempts": 0,
         "due_at": BIG + 1, "received_at": BIG + 1, "settled_at": None, "error": None,
         "claim_id": None, "fingerprint": None,  # no update kind: no fingerprint
+        "instance": None,
     }
     identity = claimed(store, BIG)
     assert store.add(BIG, "x", 1) is False  # processing
