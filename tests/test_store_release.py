@@ -128,3 +128,35 @@ def test_port_liveness_fallbacks() -> None:
     assert isinstance(instance, str) and instance and live.hold_liveness() == instance
     assert live.take_over_dead(T) == 0
     live.release_liveness()
+
+
+def test_postgres_table_migrated_before_liveness_keeps_working(
+    pg_dsn: str, pg_tables: List[str]
+) -> None:
+    """A table with claim_id and fingerprint but without the instance column, managed with
+    create_table=False: claims, release and due work; take_over_dead finds nothing."""
+    import psycopg2
+
+    from ptb_fence import PostgresUpdateStore
+
+    table = fresh_table_name()
+    pg_tables.append(table)
+    conn = psycopg2.connect(pg_dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(
+                f'CREATE TABLE "{table}" (update_id BIGINT PRIMARY KEY, body TEXT NOT NULL, '
+                "state TEXT NOT NULL, attempts INT NOT NULL DEFAULT 0, due_at BIGINT, "
+                "received_at BIGINT NOT NULL, settled_at BIGINT, error TEXT, claim_id TEXT, "
+                "fingerprint TEXT)"
+            )
+    finally:
+        conn.close()
+    with PostgresUpdateStore(pg_dsn, table=table, create_table=False) as store:
+        a = claimed(store, 1)
+        assert store.claim(2, now=T, lease_until=T + L, max_attempts=3) is None  # unknown
+        got = store.add_claimed_many([(3, '{"update_id": 3}', T)], lease_until=T + L)
+        assert got[0] is not None and got[0].attempt == 1
+        assert store.release_many([a], at=T + 1) == [True]
+        assert [u.update_id for u in store.due(now=T + 1, pending_before=T - 1, limit=9)] == [1]
+        assert store.take_over_dead(now=T + 2) == 0
