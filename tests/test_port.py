@@ -15,7 +15,7 @@ from typing import Any, Dict, List
 import pytest
 
 from ptb_fence import Attempt, Exhaustion, MemoryUpdateStore, UpdateIntake
-from ptb_fence._protocols import BATCH_METHODS, DURABLE_METHODS
+from ptb_fence._protocols import BATCH_METHODS, DURABLE_METHODS, LIVENESS_METHODS
 from ptb_fence.runtime._port import StorePort
 
 from test_runtime_support import StoreWrapper, body, wait_until
@@ -32,7 +32,9 @@ ALLOWED_PACKAGES = ("ptb_fence/cli/", "ptb_fence/chaos/", "ptb_fence/testing/")
 # the runtime's operations and removes this exception. Nothing else may be listed here.
 KNOWN_PTB_OFFENDERS = {"ptb_fence/ptb/_processor.py"}
 
-OPTIONAL_NAMES = set(BATCH_METHODS) | {"transaction", "bind_bot"}
+OPTIONAL_NAMES = (
+    set(BATCH_METHODS) | set(LIVENESS_METHODS) | {"transaction", "bind_bot", "release_many"}
+)
 
 
 def _probes(path: Path) -> List[str]:
