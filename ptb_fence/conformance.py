@@ -66,7 +66,8 @@ Rules (:data:`RULES`; the number is the item of the specification's list of ten 
 ``due-listing`` (base, 4)
     ``due`` lists by numeric ``update_id`` (``2**40`` included, bodies exact), at most ``limit``
     rows, pending rows only when ``received_at <= pending_before`` (exact boundary), failed rows
-    from their retry time, processing rows after their lease, never completed rows.
+    from their retry time, processing rows after their lease, never completed rows. (A store
+    with ``release_many`` also lists a released row at once: see ``release``.)
 ``prune`` (base, 5)
     ``prune(before)`` deletes completed and abandoned rows with ``settled_at < before`` only
     (``prune(settled_at)`` deletes nothing, ``prune(settled_at + 1)`` deletes it) and returns the

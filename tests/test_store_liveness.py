@@ -202,3 +202,27 @@ def test_memory_liveness_is_in_process() -> None:
     assert store.take_over_dead(now=1) == 0 and store.owns(mine, 1)
     store.close()
     assert store.hold_liveness() != instance
+
+
+def test_an_older_sqlite_table_gets_the_instance_column(tmp_path: Path) -> None:
+    path = str(tmp_path / "old.db")
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "CREATE TABLE telegram_updates (update_id INTEGER PRIMARY KEY, body TEXT NOT NULL, "
+        "state TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, "
+        "due_at INTEGER, received_at INTEGER NOT NULL, settled_at INTEGER, error TEXT, "
+        "claim_id TEXT, fingerprint TEXT)"
+    )
+    conn.execute("INSERT INTO telegram_updates (update_id, body, due_at, received_at) "
+                 "VALUES (7, 'old', 1, 1)")
+    conn.commit()
+    conn.close()
+    stores = [SQLiteUpdateStore(path), SQLiteUpdateStore(path)]  # the second sees it done
+    try:
+        stores[0].hold_liveness()
+        identity = stores[0].claim_owned(7, now=2, lease_until=LEASE, max_attempts=5)
+        assert identity is not None and identity.attempt == 1
+        assert stores[1].take_over_dead(now=3) == 0
+    finally:
+        for store in stores:
+            store.close()

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 import uuid
-from typing import Any, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from ptb_fence._values import AttemptIdentity
 from ptb_fence.stores._sqlite_connections import SQLiteConnections
@@ -174,25 +174,29 @@ class SQLiteRecovery:
             :obj:`int`: How many rows were made claimable.
         """
         now = int_arg("now", now)
-        me = self._liveness.instance
-        locked: List[Tuple[str, Optional[int]]] = []
+        mine = {"table": self._table, "me": self._liveness.instance}
+        with self._conns.using() as conn:  # a read first: no write lock when nobody is dead
+            if conn.execute(self._sql.instances_table_exists).fetchone() is None:
+                return 0
+            rows = conn.execute(self._sql.instances_of, mine).fetchall()
+        locked: List[Tuple[str, str, Optional[int]]] = []
         count = 0
         try:
+            for instance, lock_path in rows:
+                dead, fd = _lock_if_dead(str(lock_path))
+                if dead:
+                    locked.append((str(instance), str(lock_path), fd))
+            if not locked:
+                return 0
             with self._conns.immediate() as conn:
-                conn.execute(self._sql.create_instances)
-                rows = conn.execute(
-                    self._sql.instances_of, {"table": self._table, "me": me}
-                ).fetchall()
-                for instance, lock_path in rows:
-                    dead, fd = _lock_if_dead(str(lock_path))
-                    if not dead:
-                        continue
-                    locked.append((str(lock_path), fd))
-                    params = {"table": self._table, "instance": instance, "now": now}
+                for instance, _path, _fd in locked:
+                    params: Dict[str, Any] = {
+                        "table": self._table, "instance": instance, "now": now,
+                    }
                     count += len(conn.execute(self._sql.take_over, params).fetchall())
                     conn.execute(self._sql.delete_instance, params)
         finally:
-            for lock_path, fd in locked:
+            for _instance, lock_path, fd in locked:
                 _unlink(lock_path)
                 _close_fd(fd)
         return count

@@ -63,6 +63,7 @@ class SQLiteStatements:
         "delete_instance",
         "insert_instance",
         "instances_of",
+        "instances_table_exists",
         "take_over",
         "bind_bot",
         "bot_of",
@@ -270,6 +271,9 @@ class SQLiteStatements:
         )
         self.delete_instance = (
             f"DELETE FROM {i} WHERE table_name = :table AND instance = :instance"
+        )
+        self.instances_table_exists = (
+            f"SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{INSTANCES_TABLE}'"
         )
         self.instances_of = (
             f"SELECT instance, lock_path FROM {i} "
