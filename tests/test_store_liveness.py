@@ -226,3 +226,33 @@ def test_an_older_sqlite_table_gets_the_instance_column(tmp_path: Path) -> None:
     finally:
         for store in stores:
             store.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_forked_child_does_not_end_or_use_its_parents_instance(tmp_path: Path) -> None:
+    path = str(tmp_path / "fork.db")
+    with SQLiteUpdateStore(path) as parent:
+        instance = parent.hold_liveness()
+        pid = os.fork()
+        if pid == 0:  # the child: closes its copy, claims without the parent's instance
+            code = 1
+            try:
+                parent.add(1, "child", 0)
+                parent.claim_owned(1, now=0, lease_until=LEASE, max_attempts=5)
+                code = 0 if parent.instance is None else 2
+                parent.close()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        where = Where("sqlite", path, "telegram_updates")
+        assert where.instances() == [instance], "the child removed its parent's instance"
+        assert os.path.exists(f"{path}.instances/{instance}.lock")
+        with SQLiteUpdateStore(path) as other:
+            assert other.take_over_dead(now=1) == 0, "the parent was taken for dead"
+        conn = sqlite3.connect(path)
+        try:
+            assert conn.execute("SELECT instance FROM telegram_updates").fetchall() == [(None,)]
+        finally:
+            conn.close()
+        assert parent.instance == instance

@@ -154,7 +154,7 @@ class PostgresBaseStore(PostgresRecovery):
             "max_attempts": max_attempts,
             "durable": bool(durable_exhaustion),
             "claim_id": uuid.uuid4().hex,
-            "instance": self._liveness.instance,
+            "instance": self._liveness.mine(),
         }
 
     def _fetch_one(self, sql: str, params: Any) -> Optional[Tuple[Any, ...]]:

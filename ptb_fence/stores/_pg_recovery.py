@@ -3,6 +3,7 @@ how liveness is proven)."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -15,12 +16,16 @@ from ptb_fence.stores._pg_recovery_sql import RecoveryStatements, instance_key, 
 
 __all__ = ["PgLiveness", "PostgresRecovery"]
 
+# Liveness connections inherited through os.fork() belong to the parent: closing one in the
+# child would end the parent's session (and its lock). They are parked here, never closed.
+_INHERITED: List[Any] = []
+
 
 class PgLiveness:
     """What one store object needs for release and liveness: the statements, and the
     instance it holds (its id, lock key and dedicated connection)."""
 
-    __slots__ = ("claim", "claim_fenced", "conn", "instance", "key", "lock", "sql")
+    __slots__ = ("claim", "claim_fenced", "conn", "instance", "key", "lock", "pid", "sql")
 
     def __init__(self, table: str, claim: str, claim_fenced: str) -> None:
         self.sql = RecoveryStatements(table)
@@ -30,6 +35,18 @@ class PgLiveness:
         self.instance: Optional[str] = None
         self.key = 0
         self.conn: Any = None
+        self.pid = 0
+
+    def mine(self) -> Optional[str]:
+        """The instance this process holds through the store object, if any."""
+        instance = self.instance
+        return instance if instance is not None and self.pid == os.getpid() else None
+
+    def forget_inherited(self) -> None:
+        """In a forked child: drop the parent's instance, never touching its connection."""
+        if self.instance is not None and self.pid != os.getpid():
+            _INHERITED.append(self.conn)
+            self.instance, self.conn = None, None
 
 
 class PostgresRecovery:
@@ -100,6 +117,7 @@ class PostgresRecovery:
         """
         holder = self._liveness
         with holder.lock:
+            holder.forget_inherited()
             if holder.instance is not None:
                 return holder.instance
             self._db.run(lambda cur: None)  # the schema (instances table) before the lock
@@ -123,6 +141,7 @@ class PostgresRecovery:
                     raise schema_error from exc
                 raise
             holder.instance, holder.key, holder.conn = instance, params["lock_key"], conn
+            holder.pid = os.getpid()
             return instance
 
     def release_liveness(self) -> None:
@@ -130,6 +149,7 @@ class PostgresRecovery:
         instance's row, then end its advisory lock by closing its connection. Idempotent."""
         holder = self._liveness
         with holder.lock:
+            holder.forget_inherited()
             if holder.instance is None:
                 return
             instance, conn = holder.instance, holder.conn
@@ -171,5 +191,6 @@ class PostgresRecovery:
 
     @property
     def instance(self) -> Optional[str]:
-        """:obj:`str` | :obj:`None`: The instance id while this object holds liveness."""
-        return self._liveness.instance
+        """:obj:`str` | :obj:`None`: The instance id while this object holds liveness (in
+        this process)."""
+        return self._liveness.mine()

@@ -213,7 +213,7 @@ class PostgresUpdateStore(PostgresBaseStore):
             validate_update_id(row[0])
         if not rows:
             return []
-        return add_claimed(self._db, rows, lease_until, [], self._liveness.instance)[0]
+        return add_claimed(self._db, rows, lease_until, [], self._liveness.mine())[0]
 
     def add_claimed_and_settle_many(
         self,
@@ -225,7 +225,7 @@ class PostgresUpdateStore(PostgresBaseStore):
         """:meth:`add_claimed_many` and :meth:`settle_owned_many` in one transaction (one
         commit): fresh updates and finished attempts that arrive together share a commit
         (optional capability). Needs the ``claim_id`` column."""
-        return add_claimed(self._db, rows, lease_until, settlements, self._liveness.instance)
+        return add_claimed(self._db, rows, lease_until, settlements, self._liveness.mine())
 
     def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
         """:obj:`True` only while this exact claim holds a lease unexpired at ``at``.

@@ -126,7 +126,7 @@ class SQLiteUpdateStore(SQLiteRecovery, SQLiteBaseStore):
         """
         return take(
             self._conns, self._sql, update_id, now, lease_until, max_attempts,
-            durable_exhaustion, self._liveness.instance,
+            durable_exhaustion, self._liveness.mine(),
         )
 
     def renew_owned(
@@ -192,7 +192,7 @@ class SQLiteUpdateStore(SQLiteRecovery, SQLiteBaseStore):
             return []
         lease_until = int_arg("lease_until", lease_until)
         with self._conns.immediate() as conn:
-            return add_claimed_in(self._sql, conn, rows, lease_until, self._liveness.instance)
+            return add_claimed_in(self._sql, conn, rows, lease_until, self._liveness.mine())
 
     def add_claimed_and_settle_many(
         self,
@@ -210,7 +210,7 @@ class SQLiteUpdateStore(SQLiteRecovery, SQLiteBaseStore):
         settlements = list(settlements)
         lease_until = int_arg("lease_until", lease_until)
         with self._conns.immediate() as conn:
-            added = add_claimed_in(self._sql, conn, rows, lease_until, self._liveness.instance)
+            added = add_claimed_in(self._sql, conn, rows, lease_until, self._liveness.mine())
             landed = settle_owned_in(self._sql, conn, settlements)
         return added, landed
 

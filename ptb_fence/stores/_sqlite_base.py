@@ -213,7 +213,7 @@ class SQLiteBaseStore:
         """
         identity = take(
             self._conns, self._sql, update_id, now, lease_until, max_attempts,
-            durable_exhaustion, self._liveness.instance,
+            durable_exhaustion, self._liveness.mine(),
         )
         return None if identity is None else identity.attempt
 

@@ -26,15 +26,29 @@ __all__ = ["FileLiveness", "SQLiteRecovery"]
 
 
 class FileLiveness:
-    """The instance a store object holds: its id and its locked file descriptor."""
+    """The instance a store object holds: its id, its locked file descriptor and the process
+    that holds it (a child made by ``os.fork()`` does not hold its parent's instance)."""
 
-    __slots__ = ("fd", "instance", "lock", "lock_path")
+    __slots__ = ("fd", "instance", "lock", "lock_path", "pid")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.instance: Optional[str] = None
         self.fd: Optional[int] = None
         self.lock_path: Optional[str] = None
+        self.pid = 0
+
+    def mine(self) -> Optional[str]:
+        """The instance this process holds through the store object, if any."""
+        instance = self.instance
+        return instance if instance is not None and self.pid == os.getpid() else None
+
+    def forget_inherited(self) -> None:
+        """In a forked child: drop the parent's instance without touching its row or lock
+        file (closing the inherited descriptor leaves the parent's lock in place)."""
+        if self.instance is not None and self.pid != os.getpid():
+            _close_fd(self.fd)
+            self.instance = self.fd = self.lock_path = None
 
 
 def _close_fd(fd: Optional[int]) -> None:
@@ -118,6 +132,7 @@ class SQLiteRecovery:
         """
         holder = self._liveness
         with holder.lock:
+            holder.forget_inherited()
             if holder.instance is not None:
                 return holder.instance
             instance = uuid.uuid4().hex
@@ -141,6 +156,7 @@ class SQLiteRecovery:
                 _unlink(lock_path)
                 raise
             holder.instance, holder.fd, holder.lock_path = instance, fd, lock_path
+            holder.pid = os.getpid()
             return instance
 
     def release_liveness(self) -> None:
@@ -148,6 +164,7 @@ class SQLiteRecovery:
         instance's row, then drop its file lock and remove the lock file. Idempotent."""
         holder = self._liveness
         with holder.lock:
+            holder.forget_inherited()
             if holder.instance is None:
                 return
             instance, fd, lock_path = holder.instance, holder.fd, holder.lock_path
@@ -174,7 +191,7 @@ class SQLiteRecovery:
             :obj:`int`: How many rows were made claimable.
         """
         now = int_arg("now", now)
-        mine = {"table": self._table, "me": self._liveness.instance}
+        mine = {"table": self._table, "me": self._liveness.instance}  # a parent's too
         with self._conns.using() as conn:  # a read first: no write lock when nobody is dead
             if conn.execute(self._sql.instances_table_exists).fetchone() is None:
                 return 0
@@ -203,5 +220,6 @@ class SQLiteRecovery:
 
     @property
     def instance(self) -> Optional[str]:
-        """:obj:`str` | :obj:`None`: The instance id while this object holds liveness."""
-        return self._liveness.instance
+        """:obj:`str` | :obj:`None`: The instance id while this object holds liveness (in
+        this process)."""
+        return self._liveness.mine()
