@@ -256,3 +256,50 @@ def test_a_forked_child_does_not_end_or_use_its_parents_instance(tmp_path: Path)
         finally:
             conn.close()
         assert parent.instance == instance
+
+
+@pytest.mark.timeout(60)
+def test_postgres_liveness_connection_lost_is_held_again(pg_dsn: str, pg_tables: List[str]) -> None:
+    """The backend of the liveness connection is terminated while the process lives: another
+    process may take its claims over (fence intact); the next take_over_dead of the owner holds
+    the instance again, so it is not taken for dead afterwards."""
+    import psycopg2
+
+    from ptb_fence import PostgresUpdateStore
+
+    table = fresh_table_name()
+    pg_tables.append(table)
+    where = Where("postgres", pg_dsn, table)
+    with PostgresUpdateStore(pg_dsn, table=table) as owner, \
+            PostgresUpdateStore(pg_dsn, table=table) as other:
+        instance = owner.hold_liveness()
+        owner.add(1, "x", 0)
+        mine = owner.claim_owned(1, now=now_ms(), lease_until=now_ms() + LEASE, max_attempts=5)
+        assert mine is not None
+        admin = psycopg2.connect(pg_dsn)
+        admin.autocommit = True
+        try:
+            with admin.cursor() as cur:
+                cur.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_locks "
+                    "WHERE locktype = 'advisory' AND classid = %s::oid AND objid = %s::oid",
+                    (0x70746266, instance_key_u32(instance)),
+                )
+                assert cur.fetchall() == [(True,)]
+        finally:
+            admin.close()
+        assert until(lambda: other.take_over_dead(now=now_ms()), 10.0) == 1
+        assert not owner.owns(mine, now_ms()), "a taken-over claim must be refused"
+        assert owner.take_over_dead(now=now_ms()) == 0  # holds its instance again
+        assert instance in where.instances()
+        owner.add(2, "y", 0)
+        again = owner.claim_owned(2, now=now_ms(), lease_until=now_ms() + LEASE, max_attempts=5)
+        assert again is not None
+        assert other.take_over_dead(now=now_ms()) == 0
+        assert owner.owns(again, now_ms())
+
+
+def instance_key_u32(instance: str) -> int:
+    from ptb_fence.stores._pg_recovery_sql import instance_key
+
+    return instance_key(instance) & 0xFFFFFFFF

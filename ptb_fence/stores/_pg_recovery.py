@@ -108,8 +108,9 @@ class PostgresRecovery:
         backend when the process dies — and records the instance in ``ptb_fence_instances``.
         Claims made through this object from now on record the instance (optional capability,
         see :class:`ptb_fence.LivenessStore`). If that connection breaks while the process
-        lives, other processes see the instance as dead and take its claims over (the fence
-        still refuses its writes); call :meth:`release_liveness` and this again.
+        lives, other processes see the instance as dead and may take its claims over (the
+        fence then refuses its writes); :meth:`take_over_dead` holds the instance again on a
+        new connection first.
 
         Raises:
             ptb_fence.SchemaError: The table was not migrated (``create_table=False``): apply
@@ -122,27 +123,51 @@ class PostgresRecovery:
                 return holder.instance
             self._db.run(lambda cur: None)  # the schema (instances table) before the lock
             instance = uuid.uuid4().hex
-            params: Dict[str, Any] = {
-                "table": self._db.table,
-                "instance": instance,
-                "lock_key": instance_key(instance),
-                "started_at": int(time.time() * 1000),
-            }
-            conn = self._db.source.connect()
-            try:
-                conn.autocommit = True
-                with conn.cursor() as cur:
-                    cur.execute(holder.sql.lock_instance, params)  # before the row is visible
-                    cur.execute(holder.sql.insert_instance, params)
-            except BaseException as exc:
-                close_quietly(conn)
-                schema_error = self._db.schema_error(exc)
-                if schema_error is not None:
-                    raise schema_error from exc
-                raise
-            holder.instance, holder.key, holder.conn = instance, params["lock_key"], conn
+            holder.conn = self._hold(instance)
+            holder.instance, holder.key = instance, instance_key(instance)
             holder.pid = os.getpid()
             return instance
+
+    def _hold(self, instance: str) -> Any:
+        """A new connection holding ``instance``'s advisory lock, its row written."""
+        sql = self._liveness.sql
+        params: Dict[str, Any] = {
+            "table": self._db.table,
+            "instance": instance,
+            "lock_key": instance_key(instance),
+            "started_at": int(time.time() * 1000),
+        }
+        conn = self._db.source.connect()
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute(sql.lock_instance, params)  # before the row is visible
+                cur.execute(sql.insert_instance, params)
+        except BaseException as exc:
+            close_quietly(conn)
+            schema_error = self._db.schema_error(exc)
+            if schema_error is not None:
+                raise schema_error from exc
+            raise
+        return conn
+
+    def _keep_liveness(self) -> None:
+        """If this process holds an instance whose connection broke (the server restarted,
+        the backend was terminated), hold it again on a new connection. Others may have taken
+        its claims over meanwhile (their fenced writes are then refused): nothing more."""
+        holder = self._liveness
+        with holder.lock:
+            if holder.mine() is None:
+                return
+            try:
+                with holder.conn.cursor() as cur:
+                    cur.execute("SELECT 1")
+                    cur.fetchone()
+                return
+            except Exception:
+                close_quietly(holder.conn)
+            assert holder.instance is not None
+            holder.conn = self._hold(holder.instance)
 
     def release_liveness(self) -> None:
         """Stop holding liveness (graceful stop; also done by :meth:`close`): delete the
@@ -180,6 +205,10 @@ class PostgresRecovery:
         now = int(now)
         if not self._db.has_column("instance"):
             return 0
+        try:
+            self._keep_liveness()
+        except Exception:  # the database is unreachable: the statement below says so
+            pass
         params = {"table": self._db.table, "me": self._liveness.instance, "now": now}
         sql = self._liveness.sql.take_over_dead
 

@@ -93,15 +93,16 @@ ON CONFLICT (table_name, instance) DO NOTHING"""
         self.delete_instance = (
             f"DELETE FROM {i} WHERE table_name = %(table)s AND instance = %(instance)s"
         )
-        # One statement: the instances of this table (not the caller's own) whose lock can be
-        # taken are dead; their live leases lapse now (attempts and claim id kept) and their
+        # One statement: the instances of this table (not the caller's own; listed first, so
+        # the lock is tried on their keys only) whose lock can be taken are dead; their live leases lapse now (attempts and claim id kept) and their
         # rows are deleted. The transaction-scoped lock ends with the commit.
         self.take_over_dead = f"""\
-WITH dead AS MATERIALIZED (
-    SELECT instance FROM {i}
-    WHERE table_name = %(table)s
-      AND (%(me)s::TEXT IS NULL OR instance <> %(me)s::TEXT)
-      AND pg_try_advisory_xact_lock({CLASS_ID}, lock_key)
+WITH candidates AS MATERIALIZED (
+    SELECT instance, lock_key FROM {i}
+    WHERE table_name = %(table)s AND (%(me)s::TEXT IS NULL OR instance <> %(me)s::TEXT)
+),
+dead AS MATERIALIZED (
+    SELECT instance FROM candidates WHERE pg_try_advisory_xact_lock({CLASS_ID}, lock_key)
 ),
 taken AS (
     UPDATE {t} SET due_at = LEAST(due_at, %(now)s::BIGINT - 1)
