@@ -303,3 +303,21 @@ def instance_key_u32(instance: str) -> int:
     from ptb_fence.stores._pg_recovery_sql import instance_key
 
     return instance_key(instance) & 0xFFFFFFFF
+
+
+def test_sqlite_lock_file_removed_is_held_again(tmp_path: Path) -> None:
+    """Someone deletes the live instance's lock file: another process takes it for dead (the
+    fence refuses the owner's writes); the owner's next take_over_dead holds it again."""
+    path = str(tmp_path / "gone.db")
+    with SQLiteUpdateStore(path) as owner, SQLiteUpdateStore(path) as other:
+        instance = owner.hold_liveness()
+        owner.add(1, "x", 0)
+        mine = owner.claim_owned(1, now=1, lease_until=LEASE, max_attempts=5)
+        os.unlink(f"{path}.instances/{instance}.lock")
+        assert other.take_over_dead(now=2) == 1
+        assert not owner.owns(mine, 2)
+        assert owner.take_over_dead(now=3) == 0
+        assert os.path.exists(f"{path}.instances/{instance}.lock")
+        owner.add(2, "y", 0)
+        again = owner.claim_owned(2, now=3, lease_until=LEASE, max_attempts=5)
+        assert other.take_over_dead(now=4) == 0 and owner.owns(again, 4)

@@ -136,28 +136,48 @@ class SQLiteRecovery:
             if holder.instance is not None:
                 return holder.instance
             instance = uuid.uuid4().hex
-            directory = self._conns.path + ".instances"
-            os.makedirs(directory, exist_ok=True)
-            lock_path = os.path.join(directory, instance + ".lock")
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                params = {
-                    "table": self._table,
-                    "instance": instance,
-                    "lock_path": lock_path,
-                    "started_at": int(time.time() * 1000),
-                }
-                with self._conns.immediate() as conn:
-                    conn.execute(self._sql.create_instances)
-                    conn.execute(self._sql.insert_instance, params)
-            except BaseException:
-                _close_fd(fd)
-                _unlink(lock_path)
-                raise
-            holder.instance, holder.fd, holder.lock_path = instance, fd, lock_path
-            holder.pid = os.getpid()
+            holder.fd, holder.lock_path = self._hold(instance)
+            holder.instance, holder.pid = instance, os.getpid()
             return instance
+
+    def _hold(self, instance: str) -> Tuple[int, str]:
+        """Lock a new lock file of ``instance``, then write its row (in that order)."""
+        directory = self._conns.path + ".instances"
+        os.makedirs(directory, exist_ok=True)
+        lock_path = os.path.join(directory, instance + ".lock")
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            params = {
+                "table": self._table,
+                "instance": instance,
+                "lock_path": lock_path,
+                "started_at": int(time.time() * 1000),
+            }
+            with self._conns.immediate() as conn:
+                conn.execute(self._sql.create_instances)
+                conn.execute(self._sql.insert_instance, params)
+        except BaseException:
+            _close_fd(fd)
+            _unlink(lock_path)
+            raise
+        return fd, lock_path
+
+    def _keep_liveness(self) -> None:
+        """If this process's lock file was removed (another process took the instance for
+        dead, e.g. after someone deleted the file), hold the instance again."""
+        holder = self._liveness
+        with holder.lock:
+            if holder.mine() is None or holder.fd is None:
+                return
+            try:
+                if os.fstat(holder.fd).st_nlink > 0:
+                    return
+            except OSError:
+                pass
+            _close_fd(holder.fd)
+            assert holder.instance is not None
+            holder.fd, holder.lock_path = self._hold(holder.instance)
 
     def release_liveness(self) -> None:
         """Stop holding liveness (graceful stop; also done by :meth:`close`): delete the
@@ -191,6 +211,7 @@ class SQLiteRecovery:
             :obj:`int`: How many rows were made claimable.
         """
         now = int_arg("now", now)
+        self._keep_liveness()
         mine = {"table": self._table, "me": self._liveness.instance}  # a parent's too
         with self._conns.using() as conn:  # a read first: no write lock when nobody is dead
             if conn.execute(self._sql.instances_table_exists).fetchone() is None:
