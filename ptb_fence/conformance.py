@@ -135,12 +135,12 @@ Rules (:data:`RULES`; the number is the item of the specification's list of ten 
     ``pending_before``); the next claim gets the same attempt number (even with
     ``max_attempts`` equal to it: the attempt was not spent) and a fresh claim id, after which
     the released identity is neither owned nor releasable. ``release_many([])`` returns ``[]``.
-``liveness`` (fenced, -; only for a store with ``hold_liveness``, ``release_liveness`` and ``take_over_dead``)
-    ``hold_liveness()`` returns a non-empty str and the same one again; ``take_over_dead(now=...)``
-    returns an int and never makes a live claim of the caller's own instance claimable; after
-    ``release_liveness()`` (idempotent) the claims made before and a claim made without
-    liveness keep their live leases. (Taking over a dead process's claims needs two processes:
-    the shipped stores test it with real processes and signals.)
+``liveness`` (fenced, -; only with ``hold_liveness``, ``release_liveness``, ``take_over_dead``)
+    ``hold_liveness()`` returns a non-empty str and the same one again;
+    ``take_over_dead(now=...)`` returns an int and never makes a live claim of the caller's own
+    instance claimable; after ``release_liveness()`` (idempotent) the claims made before and a
+    claim made without liveness keep their live leases. (Taking over a dead process's claims
+    needs two processes: the shipped stores test it with real processes and signals.)
 ``durable-exhaustion`` (durable, 10)
     A spent ``claim_owned(..., durable_exhaustion=True)`` becomes a visible exhaustion (listed with
     the last attempt and claim id, ``exhausted_at`` = the spend's ``now``, the body and

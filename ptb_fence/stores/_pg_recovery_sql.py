@@ -94,8 +94,9 @@ ON CONFLICT (table_name, instance) DO NOTHING"""
             f"DELETE FROM {i} WHERE table_name = %(table)s AND instance = %(instance)s"
         )
         # One statement: the instances of this table (not the caller's own; listed first, so
-        # the lock is tried on their keys only) whose lock can be taken are dead; their live leases lapse now (attempts and claim id kept) and their
-        # rows are deleted. The transaction-scoped lock ends with the commit.
+        # the lock is tried on their keys only) whose lock can be taken are dead; their live
+        # leases lapse now (attempts and claim id kept) and their rows are deleted. The
+        # transaction-scoped lock ends with the commit.
         self.take_over_dead = f"""\
 WITH candidates AS MATERIALIZED (
     SELECT instance, lock_key FROM {i}

@@ -1,6 +1,6 @@
 """The schema of a SQLiteUpdateStore table: create it, upgrade an older table (add
-``claim_id``, ``fingerprint`` and ``instance``, keeping its rows), refuse a foreign table; safe while other
-processes do the same."""
+``claim_id``, ``fingerprint`` and ``instance``, keeping its rows), refuse a foreign table;
+safe while other processes do the same."""
 
 from __future__ import annotations
 
