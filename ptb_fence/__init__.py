@@ -17,6 +17,8 @@ from ptb_fence._errors import (
 from ptb_fence._protocols import (
     BatchUpdateStore,
     BotBoundStore,
+    LivenessStore,
+    ReleasingUpdateStore,
     DurableUpdateStore,
     FencedUpdateStore,
     TransactionalUpdateStore,
@@ -59,6 +61,8 @@ __all__ = [
     "AttemptTimeout",
     "BatchUpdateStore",
     "BotBoundStore",
+    "LivenessStore",
+    "ReleasingUpdateStore",
     "Completed",
     "DurableUpdateStore",
     "Exhaustion",

@@ -34,6 +34,9 @@ __all__ = [
     "DurableUpdateStore",
     "FENCED_METHODS",
     "FencedUpdateStore",
+    "LIVENESS_METHODS",
+    "LivenessStore",
+    "ReleasingUpdateStore",
     "UpdateStore",
     "is_durable",
     "is_fenced",
@@ -58,6 +61,9 @@ BATCH_METHODS = (
     "settle_owned_many",
 )
 """The optional methods of :class:`BatchUpdateStore`; each is independently optional."""
+
+LIVENESS_METHODS = ("hold_liveness", "release_liveness", "take_over_dead")
+"""The methods of :class:`LivenessStore` (all three or none)."""
 
 Row = Tuple[int, str, int]
 """An update to record: ``(update_id, body, received_at)``."""
@@ -102,7 +108,11 @@ class UpdateStore(Protocol):
     def due(self, *, now: int, pending_before: int, limit: int) -> List[StoredUpdate]:
         """Rows to hand over: pending with ``received_at <= pending_before``, failed with
         ``due_at <= now``, processing with ``due_at < now``; by ``update_id``; at most
-        ``limit``."""
+        ``limit``.
+
+        A store with :meth:`ReleasingUpdateStore.release_many` also lists every *released*
+        row at once, whatever ``pending_before``: a pending row that carries a claim id (only
+        a release leaves one on a pending row; ``add`` never writes one)."""
 
     def prune(self, before: int) -> int:
         """Delete completed and abandoned rows with ``settled_at < before``; return the count."""
@@ -253,6 +263,57 @@ class BotBoundStore(Protocol):
 
         Raises:
             ptb_fence.TableBotMismatch: The table belongs to another bot.
+        """
+
+
+class ReleasingUpdateStore(Protocol):
+    """Optional: give claimed updates back at once, without spending their attempt."""
+
+    def release_many(self, identities: Sequence[AttemptIdentity], *, at: int) -> List[bool]:
+        """Release the exact claims in ``identities``, in one statement (one commit).
+
+        Per identity whose row is ``processing`` with that attempt and claim id (the lease need
+        not be live): ``state = 'pending'``, ``attempts = attempts - 1`` (the attempt is not
+        counted as spent), ``due_at = at``, ``error`` and ``claim_id`` kept. The row is then
+        claimable at once by any process and listed by ``due`` whatever ``pending_before``;
+        the next claim returns the same attempt number with a fresh claim id, so the released
+        identity is refused by ``owns``/``renew_owned``/``settle_owned`` from the release on.
+
+        Returns:
+            Per input position, whether that claim was released (:obj:`False`: not this claim,
+            not processing, an id repeated in the input, or — PostgreSQL — the row is locked by
+            an open transaction right now).
+        """
+
+
+class LivenessStore(Protocol):
+    """Optional: a store object holds a liveness signal for the process using it, claims
+    made through it record that *instance*, and another process can take over the claims of
+    a provably dead instance before their lease ends.
+
+    "Provably dead" means the signal is gone and only the end of the process ends it
+    (PostgreSQL: a session advisory lock of the instance's connection; SQLite: an OS file
+    lock). A frozen process (SIGSTOP, a long GC pause) still holds it: its claims wait for
+    their lease as before.
+    """
+
+    def hold_liveness(self) -> str:
+        """Start holding this store object's liveness signal (idempotent); return the
+        instance id (opaque, non-empty text). Claims made through this object from now on
+        record it."""
+
+    def release_liveness(self) -> None:
+        """Stop holding the signal (graceful stop; also done by ``close()``) and forget the
+        instance. Idempotent. Rows it claimed keep their lease (release them first)."""
+
+    def take_over_dead(self, *, now: int) -> int:
+        """Make the ``processing`` rows of every provably dead instance claimable at ``now``
+        (``due_at = min(due_at, now - 1)``; attempts and claim id kept: a crashed attempt
+        counts as spent, as after a lapsed lease) and forget those instances. Never touches
+        the caller's own instance or a live (even frozen) one.
+
+        Returns:
+            The number of rows made claimable.
         """
 
 

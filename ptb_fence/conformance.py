@@ -66,7 +66,8 @@ Rules (:data:`RULES`; the number is the item of the specification's list of ten 
 ``due-listing`` (base, 4)
     ``due`` lists by numeric ``update_id`` (``2**40`` included, bodies exact), at most ``limit``
     rows, pending rows only when ``received_at <= pending_before`` (exact boundary), failed rows
-    from their retry time, processing rows after their lease, never completed rows.
+    from their retry time, processing rows after their lease, never completed rows. (A store
+    with ``release_many`` also lists a released row at once: see ``release``.)
 ``prune`` (base, 5)
     ``prune(before)`` deletes completed and abandoned rows with ``settled_at < before`` only
     (``prune(settled_at)`` deletes nothing, ``prune(settled_at + 1)`` deletes it) and returns the
@@ -125,6 +126,21 @@ Rules (:data:`RULES`; the number is the item of the specification's list of ten 
     resurrection after expiry; a reclaim gets attempt + 1 and a different claim id and the old
     identity is refused; after ``prune`` and a new ``add`` of the same ``update_id`` the attempt
     restarts at 1 and the old identity ``(update_id, 1, old claim id)`` is refused.
+``release`` (fenced, 3 and 9; only for a store with ``release_many``)
+    ``release_many(identities, at=...)`` releases exactly the claims that are ``processing``
+    with that attempt and claim id (a lapsed lease included) and returns one real bool per
+    position: a wrong claim id, a completed row and an unknown id are not released. A released
+    identity is refused at once by ``owns``/``renew_owned``/``settle_owned``; ``due`` lists the
+    released rows at once whatever ``pending_before`` (a fresh pending row still waits for
+    ``pending_before``); the next claim gets the same attempt number (even with
+    ``max_attempts`` equal to it: the attempt was not spent) and a fresh claim id, after which
+    the released identity is neither owned nor releasable. ``release_many([])`` returns ``[]``.
+``liveness`` (fenced, -; only with ``hold_liveness``, ``release_liveness``, ``take_over_dead``)
+    ``hold_liveness()`` returns a non-empty str and the same one again;
+    ``take_over_dead(now=...)`` returns an int and never makes a live claim of the caller's own
+    instance claimable; after ``release_liveness()`` (idempotent) the claims made before and a
+    claim made without liveness keep their live leases. (Taking over a dead process's claims
+    needs two processes: the shipped stores test it with real processes and signals.)
 ``durable-exhaustion`` (durable, 10)
     A spent ``claim_owned(..., durable_exhaustion=True)`` becomes a visible exhaustion (listed with
     the last attempt and claim id, ``exhausted_at`` = the spend's ``now``, the body and
@@ -370,6 +386,12 @@ class _Probe:
     ) -> bool:
         value = self._call("settle_owned", identity, settlement, **connection)
         return self._bool("settle_owned", value)
+
+    def release_many_one(self, identity: AttemptIdentity, at: int) -> bool:
+        value = self._call("release_many", [identity], at=at)
+        ok = isinstance(value, list) and len(value) == 1 and type(value[0]) is bool
+        self._type("release_many", ok, "a list of 1 real bool", value)
+        return bool(value[0]) if ok else False
 
     # -- durable contract ------------------------------------------------------------------
     def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:
@@ -1570,6 +1592,91 @@ def _rule_fence(p: _Probe, fenced: bool, durable: bool) -> None:
 # ---------------------------------------------------------------------------------------------
 # Rule 10
 # ---------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------
+# Optional recovery capabilities: release (ReleasingUpdateStore), liveness (LivenessStore)
+# ---------------------------------------------------------------------------------------------
+def _rule_release(p: _Probe, fenced: bool, durable: bool) -> None:
+    if not _has(p.store, "release_many"):
+        return
+    a = _claimed(p, 1, _T + _L)
+    b = _claimed(p, 2, _T + _L)
+    c = _claimed(p, 3, _T + _L)
+    p.require(p.settle_owned(c, Completed(at=_T + 1)), "settle_owned of a live claim failed")
+    d = _claimed(p, 4, _T + 5)  # its lease lapses before the release: still releasable
+    p.require(p.add(5, "b5", _T + 100), "add of a new update_id returned False")
+    wrong = AttemptIdentity(2, b.attempt, _other_claim_id(b.claim_id))
+    at = _T + 10
+    items = [a, wrong, c, AttemptIdentity(99, 1, "x"), b, d]
+    got = _bools(p, "release_many", p._call("release_many", items, at=at), len(items))
+    want = [True, False, False, False, True, True]
+    p.expect(
+        got == want,
+        f"release_many returned {got}; expected {want} (live claim; wrong claim id; completed "
+        "row; unknown id; live claim; processing row with a lapsed lease)",
+    )
+    p.expect(not p.owns(a, at), f"owns({a}) returned True right after its release")
+    p.expect(not p.renew_owned(a, _FAR, now=at), "renew_owned of a released identity returned "
+             "True")
+    p.expect(not p.settle_owned(a, Completed(at=at)), "settle_owned of a released identity "
+             "returned True")
+    listed = p.due_ids(now=at, pending_before=_T - 1)
+    p.expect(
+        listed == [1, 2, 4],
+        f"after release_many, due(now={_at(at)}, pending_before={_at(_T - 1)}) returned "
+        f"{listed}; expected [1, 2, 4]: released rows are listed at once whatever "
+        "pending_before (3 is completed, 5 is a fresh pending row received after "
+        "pending_before)",
+    )
+    again = p.claim_owned(1, now=at + 1, lease_until=_T + _L, max_attempts=1)
+    p.require(
+        again is not None,
+        "claim_owned(max_attempts=1) of a row released after its first attempt returned None: "
+        "the release counted the attempt as spent",
+    )
+    assert again is not None
+    p.expect(
+        again.attempt == a.attempt and again.claim_id != a.claim_id,
+        f"the claim after a release returned {again}; expected the same attempt number "
+        f"{a.attempt} (not counted as spent) with a fresh claim id (released: {a.claim_id!r})",
+    )
+    p.expect(not p.owns(a, at + 1), "the released identity is owned again after a new claim")
+    p.expect(p.owns(again, at + 1), "the claim after a release is not owned")
+    p.expect(not p.release_many_one(a, at + 2), "release_many of an identity released before "
+             "(the row was claimed again since) returned True")
+    p.expect(
+        _bools(p, "release_many", p._call("release_many", [], at=at), 0) == [],
+        "release_many([]) must return []",
+    )
+
+
+def _rule_liveness(p: _Probe, fenced: bool, durable: bool) -> None:
+    if not all(_has(p.store, m) for m in ("hold_liveness", "release_liveness", "take_over_dead")):
+        return
+    first = p._call("hold_liveness")
+    p.require(
+        isinstance(first, str) and first != "",
+        f"hold_liveness() returned {first!r}; it must return a non-empty str instance id",
+    )
+    second = p._call("hold_liveness")
+    p.expect(second == first, f"hold_liveness() again returned {second!r}, not {first!r}: it "
+             "must be idempotent")
+    a = _claimed(p, 1, _T + _L)
+    taken = p._call("take_over_dead", now=_T + 10)
+    p._type("take_over_dead", type(taken) is int, "an int count", taken)
+    p.expect(p.owns(a, _T + 10), "take_over_dead made a claim of the caller's own, live "
+             "instance claimable")
+    p.expect(p.claim_owned(1, now=_T + 10, lease_until=_FAR) is None, "after take_over_dead "
+             "another claim took a live lease of the caller's own instance")
+    p._call("release_liveness")
+    p._call("release_liveness")  # idempotent
+    b = _claimed(p, 2, _T + _L)
+    p._call("take_over_dead", now=_T + 20)
+    p.expect(p.owns(a, _T + 20), "take_over_dead after release_liveness took over a claim "
+             "whose lease is live (a gracefully stopped instance is not dead)")
+    p.expect(p.owns(b, _T + 20), "take_over_dead took over a live claim made without "
+             "liveness")
+
+
 def _describe(exhaustion: Exhaustion) -> str:
     return (
         f"Exhaustion(update_id={exhaustion.update_id}, attempt={exhaustion.attempt}, "
@@ -1962,6 +2069,26 @@ _TABLE: Tuple[Tuple[ConformanceRule, _RuleFn], ...] = (
             "identities from before a prune and re-add are refused.",
         ),
         _rule_fence,
+    ),
+    (
+        ConformanceRule(
+            "release",
+            "fenced",
+            "release_many (when present) gives exact claims back at once without spending the "
+            "attempt: listed by due, reclaimed with the same attempt and a fresh claim id, the "
+            "released identity refused.",
+        ),
+        _rule_release,
+    ),
+    (
+        ConformanceRule(
+            "liveness",
+            "fenced",
+            "hold_liveness/release_liveness/take_over_dead (when present): the instance id is "
+            "stable, and take_over_dead never touches the caller's own or a released "
+            "instance's live claims.",
+        ),
+        _rule_liveness,
     ),
     (
         ConformanceRule(

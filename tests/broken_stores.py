@@ -644,7 +644,53 @@ class TransactionWithoutLockStore(MemoryUpdateStore):
         yield None
 
 
+# -- recovery capabilities (release, liveness) -----------------------------------------------------
+class ReleaseSpendsAttemptStore(MemoryUpdateStore):
+    """release_many gives the row back but counts the attempt as spent (attempts kept)."""
+
+    def release_many(self, identities: Sequence[AttemptIdentity], *, at: int) -> List[bool]:
+        with self._lock:
+            result = super().release_many(identities, at=at)
+            for identity, ok in zip(identities, result):
+                if ok:
+                    self._rows[identity.update_id].attempts += 1
+            return result
+
+
+class ReleaseIgnoresClaimIdStore(MemoryUpdateStore):
+    """release_many releases the row's current claim, whatever the caller's claim id."""
+
+    def release_many(self, identities: Sequence[AttemptIdentity], *, at: int) -> List[bool]:
+        with self._lock:
+            return super().release_many(
+                [_real_claim_id(self, identity) for identity in identities], at=at
+            )
+
+
+class ReleasedWaitsForPendingGraceStore(MemoryUpdateStore):
+    """due lists a released row only once received_at <= pending_before (like a fresh one)."""
+
+    @staticmethod
+    def _released(row: Any) -> bool:
+        return False
+
+
+class TakeOverLiveStore(MemoryUpdateStore):
+    """take_over_dead makes every processing row claimable, live instances' included."""
+
+    def take_over_dead(self, *, now: int) -> int:
+        with self._lock:
+            rows = [r for r in self._rows.values() if r.state == "processing"]
+            for row in rows:
+                row.due_at = now - 1
+            return len(rows)
+
+
 BROKEN: Dict[Type[Any], Sequence[str]] = {
+    ReleaseSpendsAttemptStore: ("release",),
+    ReleaseIgnoresClaimIdStore: ("release",),
+    ReleasedWaitsForPendingGraceStore: ("release",),
+    TakeOverLiveStore: ("liveness",),
     AddManyOverwritesStore: ("batch-add",),
     AddClaimedManyClaimsExistingStore: ("batch-claim-at-ingest",),
     SettleOwnedManyIgnoresClaimIdStore: ("batch-settle",),

@@ -108,7 +108,23 @@ class ExhaustIgnoresLeaseStore(MemoryUpdateStore):
             return True
 
 
+class ReleaseSpendsAttemptStore(MemoryUpdateStore):
+    """``release_many`` gives the row back but keeps its attempt counted as spent."""
+
+    __slots__ = ()
+    DISAGREEMENT = r"^(claim|claim_owned|release_many)\("
+
+    def release_many(self, identities: Any, *, at: int) -> List[bool]:
+        with self._lock:
+            result = super().release_many(identities, at=at)
+            for identity, ok in zip(identities, result):
+                if ok:
+                    self._rows[identity.update_id].attempts += 1
+            return result
+
+
 VARIANTS = [
+    ReleaseSpendsAttemptStore,
     EagerTakeoverStore,
     SettleOwnedIgnoresClaimIdStore,
     InclusivePruneStore,

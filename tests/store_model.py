@@ -152,10 +152,28 @@ class StoreModel:
         """Pending rows received at or before pending_before, plus rows claimable at now."""
         found = [
             (u, row["body"]) for u, row in sorted(self.rows.items())
-            if (row["received_at"] <= pending_before if row["state"] == "pending"
-                else self.claimable(row, now))
+            if (self.released(row) or row["received_at"] <= pending_before
+                if row["state"] == "pending" else self.claimable(row, now))
         ]
         return found[: max(limit, 0)]
+
+    @staticmethod
+    def released(row: Row) -> bool:
+        """A pending row with a claim id was released (``add`` never writes one): ``due``
+        lists it at once, whatever ``pending_before`` (issue 12)."""
+        return row["state"] == "pending" and row["claim_id"] is not None
+
+    def release_many(self, identities: Sequence[Identity], at: int) -> List[bool]:
+        """Each exact processing claim (lease live or not) back to pending, attempt not spent:
+        attempts - 1, due_at = at, error and claim id kept; an identity repeated once."""
+        result = []
+        for update_id, attempt, claim in identities:
+            row = self.rows.get(update_id)
+            ok = self.holds(row, attempt, None, claim) and claim is not ANY_CLAIM
+            if ok and row is not None:
+                row["state"], row["attempts"], row["due_at"] = "pending", attempt - 1, at
+            result.append(ok)
+        return result
 
     def prune(self, before: int) -> int:
         """Delete final rows settled strictly before ``before`` (never an unacknowledged one)."""

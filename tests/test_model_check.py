@@ -495,6 +495,14 @@ class StoreMachine(RuleBasedStateMachine):
                    self.model.renew_owned_many([self.model_identity(i) for i in idents],
                                                lease_until, self.now))
 
+    @rule(picked=st.lists(st.tuples(picks, forgeries), max_size=3))
+    def release_many(self, picked: List[Tuple[int, str]]) -> None:
+        """Issue 12: give claims back (attempt not spent; listed by due at once)."""
+        idents = [self.pick(pick, how) for pick, how in picked]
+        op = f"release_many({self.show(idents)}, at={self.show(self.now)})"
+        self.agree(op, self.call(op, self.store.release_many(idents, at=self.now)),
+                   self.model.release_many([self.model_identity(i) for i in idents], self.now))
+
     @rule(pick=picks, how=forgeries, offset=st.sampled_from([-1, 0, 0, 1]))
     def owns(self, pick: int, how: str, offset: int) -> None:
         ident, at = self.pick(pick, how), self.now + offset

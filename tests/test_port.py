@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Set
 import pytest
 
 from ptb_fence import Attempt, Exhaustion, MemoryUpdateStore, UpdateIntake
-from ptb_fence._protocols import BATCH_METHODS, DURABLE_METHODS
+from ptb_fence._protocols import BATCH_METHODS, DURABLE_METHODS, LIVENESS_METHODS
 from ptb_fence.runtime._port import StorePort
 
 from test_runtime_support import StoreWrapper, body, wait_until
@@ -30,7 +30,9 @@ ALLOWED_PACKAGES = ("ptb_fence/cli/", "ptb_fence/chaos/", "ptb_fence/testing/")
 # Nothing may be listed here: the PTB adapter calls only the runtime (issue 11).
 KNOWN_PTB_OFFENDERS: Set[str] = set()
 
-OPTIONAL_NAMES = set(BATCH_METHODS) | {"transaction", "bind_bot"}
+OPTIONAL_NAMES = (
+    set(BATCH_METHODS) | set(LIVENESS_METHODS) | {"transaction", "bind_bot", "release_many"}
+)
 
 
 def _probes(path: Path) -> List[str]:

@@ -170,6 +170,7 @@ def test_schema_text_is_idempotent_and_complete(pg_dsn: str, pg_table: str) -> N
         "error": "text",
         "claim_id": "text",
         "fingerprint": "text",
+        "instance": "text",
     }
     indexes = execute(pg_dsn, "SELECT indexdef FROM pg_indexes WHERE tablename = %s", (pg_table,))
     assert any("(state, due_at)" in d for (d,) in indexes)

@@ -100,7 +100,7 @@ def test_schema_created_with_wal_index_and_claim_id(db: str, store: SQLiteUpdate
         columns = {row[1]: row[2] for row in conn.execute("PRAGMA table_info(telegram_updates)")}
         assert set(columns) == {
             "update_id", "body", "state", "attempts", "due_at", "received_at", "settled_at",
-            "error", "claim_id", "fingerprint",
+            "error", "claim_id", "fingerprint", "instance",
         }
         assert columns["claim_id"] == "TEXT" and columns["fingerprint"] == "TEXT"
         indexed = []
@@ -187,6 +187,7 @@ def test_add_one_record_per_update_id(db: str, store: SQLiteUpdateStore) -> None
         "update_id": BIG, "body": '{"update_id": 1}', "state": "pending", "attempts": 0,
         "due_at": BIG + 1, "received_at": BIG + 1, "settled_at": None, "error": None,
         "claim_id": None, "fingerprint": None,  # no update kind: no fingerprint
+        "instance": None,
     }
     identity = claimed(store, BIG)
     assert store.add(BIG, "x", 1) is False  # processing

@@ -16,7 +16,14 @@ for a store that has only the methods of SPEC §4:
 - ``owns``/``settle_owned`` without a ``connection=`` keyword → ownership is checked on the
   store (advisory, before the caller's writes) and ``complete=True`` settles right *after* the
   caller's commit: at-least-once completion, not exactly-once (one WARNING at construction);
-- ``bind_bot`` missing → nothing to do.
+- ``bind_bot`` missing → nothing to do;
+- ``release_many`` missing (:class:`~ptb_fence.ReleasingUpdateStore`) → every claim is
+  reported not released (:obj:`False`): the update waits for its lease to lapse
+  (:attr:`StorePort.releases` is :obj:`False`);
+- ``hold_liveness``/``release_liveness``/``take_over_dead`` missing
+  (:class:`~ptb_fence.LivenessStore`, all three needed) → no instance (:obj:`None`), nothing
+  to release, nothing taken over (``0``): a dead process's claims wait for their lease
+  (:attr:`StorePort.has_liveness` is :obj:`False`).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from ptb_fence._protocols import (
     BASE_METHODS,
     DURABLE_METHODS,
     FENCED_METHODS,
+    LIVENESS_METHODS,
     missing_methods,
 )
 from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoredUpdate
@@ -80,11 +88,15 @@ class StorePort:
         "_add_claimed_many",
         "_add_many",
         "_bind_bot",
+        "_hold_liveness",
         "_owns_connection",
+        "_release_liveness",
+        "_release_many",
         "_renew_many",
         "_renew_owned_many",
         "_settle_connection",
         "_settle_owned_many",
+        "_take_over_dead",
         "_transaction",
         "store",
     )
@@ -121,6 +133,11 @@ class StorePort:
         self._settle_owned_many = _optional(store, "settle_owned_many")
         self._transaction = _optional(store, "transaction")
         self._bind_bot = _optional(store, "bind_bot")
+        self._release_many = _optional(store, "release_many")
+        liveness = not missing_methods(store, LIVENESS_METHODS)
+        self._hold_liveness = _optional(store, "hold_liveness") if liveness else None
+        self._release_liveness = _optional(store, "release_liveness") if liveness else None
+        self._take_over_dead = _optional(store, "take_over_dead") if liveness else None
         self._owns_connection = _takes_connection(_optional(store, "owns"))
         self._settle_connection = _takes_connection(_optional(store, "settle_owned"))
         if fenced and not self.atomic_completion:
@@ -170,6 +187,19 @@ class StorePort:
     def has_transaction(self) -> bool:
         """:obj:`bool`: The store opens transactions itself (``transaction()``)."""
         return self._transaction is not None
+
+    @property
+    def releases(self) -> bool:
+        """:obj:`bool`: The store gives claims back at once (``release_many``); otherwise a
+        claim that is not finished waits for its lease."""
+        return self._release_many is not None
+
+    @property
+    def has_liveness(self) -> bool:
+        """:obj:`bool`: The store holds a liveness signal per instance and takes over the
+        claims of dead instances (``hold_liveness``, ``release_liveness``,
+        ``take_over_dead``)."""
+        return self._hold_liveness is not None
 
     @property
     def atomic_completion(self) -> bool:
@@ -372,31 +402,34 @@ class StorePort:
             return [None if ok is None else bool(ok) for ok in results]
         return [self.renew(update_id, attempt, lease_until, now) for update_id, attempt in leases]
 
-    # -- recovery (no-op fallbacks until the store side lands; same names as fix-a12) --------
-    @property
-    def releases(self) -> bool:
-        """:obj:`bool`: The store gives claims back at once (``release_many``)."""
-        return False
-
-    @property
-    def has_liveness(self) -> bool:
-        """:obj:`bool`: The store holds a liveness signal per instance."""
-        return False
-
+    # -- recovery (release, liveness) -------------------------------------------------------
     def release_many(self, identities: Sequence[AttemptIdentity], at: int) -> List[bool]:
-        """Fallback: nothing released (the updates wait for their lease)."""
-        return [False] * len(identities)
+        """``store.release_many(identities, at=at)`` (one statement): per position whether
+        that claim was released; without the capability every position is :obj:`False` (the
+        update waits for its lease)."""
+        identities = list(identities)
+        if self._release_many is None or not identities:
+            return [False] * len(identities)
+        return [bool(ok) for ok in self._release_many(identities, at=at)]
 
     def hold_liveness(self) -> Optional[str]:
-        """Fallback: no instance."""
-        return None
+        """``store.hold_liveness()``: the instance id, or :obj:`None` without the
+        capability."""
+        if self._hold_liveness is None:
+            return None
+        return str(self._hold_liveness())
 
     def release_liveness(self) -> None:
-        """Fallback: nothing to release."""
+        """``store.release_liveness()``; nothing without the capability."""
+        if self._release_liveness is not None:
+            self._release_liveness()
 
     def take_over_dead(self, now: int) -> int:
-        """Fallback: nothing taken over."""
-        return 0
+        """``store.take_over_dead(now=now)``: rows made claimable; ``0`` without the
+        capability."""
+        if self._take_over_dead is None:
+            return 0
+        return int(self._take_over_dead(now=now))
 
     # -- transactions and binding -----------------------------------------------------------
     def transaction(self) -> ContextManager[Any]:

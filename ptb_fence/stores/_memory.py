@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import threading
-import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ptb_fence._errors import TableBotMismatch
 from ptb_fence._fingerprint import update_fingerprint
 from ptb_fence.stores._duplicates import warn_conflict
+from ptb_fence.stores._memory_rows import Liveness, MemoryRecovery
+from ptb_fence.stores._memory_rows import Row as _Row
+from ptb_fence.stores._memory_rows import new_claim_id as _new_claim_id
 from ptb_fence.stores._names import validate_update_id
 from ptb_fence._values import (
     Abandoned,
@@ -25,25 +26,7 @@ from ptb_fence._values import (
 __all__ = ["MemoryUpdateStore"]
 
 
-@dataclass
-class _Row:
-    update_id: int
-    body: str
-    state: str
-    attempts: int
-    due_at: Optional[int]
-    received_at: int
-    settled_at: Optional[int] = None
-    error: Optional[str] = None
-    claim_id: Optional[str] = None
-    fingerprint: Optional[str] = None
-
-
-def _new_claim_id() -> str:
-    return uuid.uuid4().hex
-
-
-class MemoryUpdateStore:
+class MemoryUpdateStore(MemoryRecovery):
     """A thread-safe, in-process store implementing the durable contract.
 
     It is the clearest statement of the rules and makes unit tests fast. Everything it holds is
@@ -52,12 +35,13 @@ class MemoryUpdateStore:
     lock, so an ownership check and a settle inside it are atomic.
     """
 
-    __slots__ = ("_bot_id", "_lock", "_rows")
+    __slots__ = ("_bot_id", "_liveness", "_lock", "_rows")
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._rows: Dict[int, _Row] = {}
         self._bot_id: Optional[int] = None
+        self._liveness = Liveness()
 
     def bind_bot(self, bot_id: int) -> None:
         """Record that this store belongs to bot ``bot_id``; the first binder wins.
@@ -75,7 +59,8 @@ class MemoryUpdateStore:
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
-        """Release resources (nothing to release for the memory store)."""
+        """Release resources: stops holding liveness (nothing else to release)."""
+        self.release_liveness()
 
     def __enter__(self) -> "MemoryUpdateStore":
         return self
@@ -119,6 +104,7 @@ class MemoryUpdateStore:
             row.due_at = lease_until
             row.error = None
             row.claim_id = _new_claim_id()
+            row.instance = self._liveness.instance
             return row
         row.state = "abandoned"
         row.due_at = now
@@ -218,7 +204,7 @@ class MemoryUpdateStore:
                 claim_id = _new_claim_id()
                 self._rows[update_id] = _Row(
                     update_id, body, "processing", 1, lease_until, received_at,
-                    claim_id=claim_id, fingerprint=fingerprint,
+                    claim_id=claim_id, fingerprint=fingerprint, instance=self._liveness.instance,
                 )
                 result.append(AttemptIdentity(update_id, 1, claim_id))
             return result
@@ -263,7 +249,10 @@ class MemoryUpdateStore:
                 self._apply(row, settlement)
 
     def due(self, *, now: int, pending_before: int, limit: int) -> List[StoredUpdate]:
-        """Rows to hand over, by ``update_id``; see :class:`ptb_fence.UpdateStore`."""
+        """Rows to hand over, by ``update_id``; see :class:`ptb_fence.UpdateStore`.
+
+        A released row (pending with a claim id, see :meth:`release_many`) is listed at once,
+        whatever ``pending_before``."""
         with self._lock:
             result: List[StoredUpdate] = []
             if limit <= 0:
@@ -271,7 +260,7 @@ class MemoryUpdateStore:
             for update_id in sorted(self._rows):
                 row = self._rows[update_id]
                 if row.state == "pending":
-                    ok = row.received_at <= pending_before
+                    ok = row.received_at <= pending_before or self._released(row)
                 else:
                     ok = self._claimable(row, now)
                 if ok:

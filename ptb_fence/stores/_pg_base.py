@@ -13,6 +13,7 @@ from ptb_fence.stores._names import validate_table_name, validate_update_id
 from ptb_fence.stores._pg_batches import add_many, batch_results, settle_params
 from ptb_fence.stores._pg_connections import open_source
 from ptb_fence.stores._pg_executor import PgExecutor, returns_row
+from ptb_fence.stores._pg_recovery import PgLiveness, PostgresRecovery
 from ptb_fence.stores._postgres_sql import META_TABLE
 
 if TYPE_CHECKING:  # psycopg2 is imported when a store is created, not with ptb_fence
@@ -23,11 +24,11 @@ __all__ = ["PostgresBaseStore"]
 _S = TypeVar("_S", bound="PostgresBaseStore")
 
 
-class PostgresBaseStore:
+class PostgresBaseStore(PostgresRecovery):
     """The base and batch operations of :class:`ptb_fence.PostgresUpdateStore` (see there for
     the constructor's arguments and the connection rules)."""
 
-    __slots__ = ("_create_table", "_db")
+    __slots__ = ("_create_table", "_db", "_liveness")
 
     def __init__(
         self,
@@ -50,6 +51,7 @@ class PostgresBaseStore:
         source = open_source(dsn_or_pool, pool_size)
         self._create_table = bool(create_table)
         self._db = PgExecutor(source, table, self._create_table, float(pool_timeout))
+        self._liveness = PgLiveness(table, self._db.sql.claim, self._db.sql.claim_fenced)
 
     def __repr__(self) -> str:
         return (
@@ -152,6 +154,7 @@ class PostgresBaseStore:
             "max_attempts": max_attempts,
             "durable": bool(durable_exhaustion),
             "claim_id": uuid.uuid4().hex,
+            "instance": self._liveness.mine(),
         }
 
     def _fetch_one(self, sql: str, params: Any) -> Optional[Tuple[Any, ...]]:
@@ -195,8 +198,7 @@ class PostgresBaseStore:
             ptb_fence.SchemaError: With ``durable_exhaustion`` on a table without ``claim_id``.
         """
         params = self._claim_params(update_id, now, lease_until, max_attempts, durable_exhaustion)
-        sql = self._db.sql.claim_fenced if durable_exhaustion else self._db.sql.claim
-        row = self._fetch_one(sql, params)
+        row = self._fetch_one(self._claim_sql(bool(durable_exhaustion)), params)
         if row is None or row[0] != "processing":
             return None
         return int(row[1])
@@ -285,8 +287,9 @@ class PostgresBaseStore:
     def due(self, *, now: int, pending_before: int, limit: int) -> List[StoredUpdate]:
         """Rows to hand over, ordered by ``update_id``, at most ``limit``. Legacy-safe.
 
-        Pending rows with ``received_at <= pending_before``, failed rows with ``due_at <= now``
-        and processing rows whose lease lapsed (``due_at < now``).
+        Pending rows with ``received_at <= pending_before``, released rows (pending with a
+        claim id, see :meth:`release_many`) whatever ``pending_before``, failed rows with
+        ``due_at <= now`` and processing rows whose lease lapsed (``due_at < now``).
 
         Args:
             now (:obj:`int`): The current time (epoch milliseconds).
@@ -297,9 +300,10 @@ class PostgresBaseStore:
             List[:class:`ptb_fence.StoredUpdate`]: The rows.
         """
         params = {"now": now, "pending_before": pending_before, "limit": max(int(limit), 0)}
+        sql = self._due_sql()
 
         def work(cur: Any) -> List[StoredUpdate]:
-            cur.execute(self._db.sql.due, params)
+            cur.execute(sql, params)
             return [StoredUpdate(int(u), body) for u, body in cur.fetchall()]
 
         return self._db.run(work)

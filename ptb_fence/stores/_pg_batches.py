@@ -89,21 +89,27 @@ def add_claimed(
     rows: Sequence[_Row],
     lease_until: int,
     settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+    instance: Optional[str] = None,
 ) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
-    """Record-and-claim ``rows`` and settle ``settlements`` in one transaction; log the
-    conflicts (a different update held by a live row) after the commit."""
+    """Record-and-claim ``rows`` (recording ``instance`` where the table has that column) and
+    settle ``settlements`` in one transaction; log the conflicts (a different update held by
+    a live row) after the commit."""
     rows = list(rows)
     first = _first_positions(rows)
     items = list(settlements)
     settle_work = settle_owned_work(db.sql, items) if items else None
     batch = [rows[position] for position in sorted(first.values())]
     prints = [update_fingerprint(body) for _, body, _ in batch]
+    with_instance = bool(batch) and db.has_column("instance")
 
     def make_work(
         fingerprint: bool,
     ) -> Callable[[Any], Tuple[Dict[int, AttemptIdentity], List[Any], List[bool]]]:
-        sql = db.sql.add_claimed_many(len(batch), fingerprint) if batch else ""
+        recorded = fingerprint and with_instance
+        sql = db.sql.add_claimed_many(len(batch), fingerprint, recorded) if batch else ""
         params: List[Any] = [int(lease_until)]
+        if recorded:
+            params.append(instance)
         for (update_id, body, received_at), fp in zip(batch, prints):
             params += [update_id, body, received_at, uuid.uuid4().hex]
             if fingerprint:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, Optional, TypeVar
+from typing import Any, Callable, Dict, FrozenSet, Iterator, Optional, TypeVar
 
 from ptb_fence._errors import RowLocked, SchemaError, StoreBusy
 from ptb_fence.stores._pg_connections import (
@@ -16,7 +16,7 @@ from ptb_fence.stores._pg_connections import (
     closed_error,
     rollback_quietly,
 )
-from ptb_fence.stores._postgres_sql import PostgresStatements
+from ptb_fence.stores._postgres_sql import COLUMNS_CHECK, PostgresStatements
 
 __all__ = ["PgExecutor", "returns_row"]
 
@@ -70,6 +70,7 @@ class PgExecutor:
 
     __slots__ = (
         "closed",
+        "_columns",
         "fingerprints",
         "pool_timeout",
         "source",
@@ -94,6 +95,7 @@ class PgExecutor:
         self._schema_lock = threading.Lock()
         self._renew_lock = threading.Lock()
         self._renew_conn: Any = None
+        self._columns: Optional[FrozenSet[str]] = None
 
     def close(self) -> None:
         """Close the connections (a pool given by the caller stays open); idempotent."""
@@ -126,6 +128,18 @@ class PgExecutor:
                 f"ptb_fence.postgres_update_store_schema({self.table!r})."
             )
         return None
+
+    def has_column(self, name: str) -> bool:
+        """Whether the table has the column ``name`` (read once, after the schema is ensured;
+        a table managed with ``create_table=False`` may lack the newer columns)."""
+        if self._columns is None:
+
+            def work(cur: Any) -> FrozenSet[str]:
+                cur.execute(COLUMNS_CHECK, {"table": f'"{self.table}"'})
+                return frozenset(str(row[0]) for row in cur.fetchall())
+
+            self._columns = self.run(work)
+        return name in self._columns
 
     def _ensure_schema(self, conn: Any) -> None:
         if self._schema_ready:

@@ -109,6 +109,14 @@ class PostgresUpdateStore(PostgresBaseStore):
 
     __slots__ = ()
 
+    def close(self) -> None:
+        """Stop holding liveness (:meth:`release_liveness`), then close the store's
+        connections (a pool given by the caller stays open). Idempotent."""
+        try:
+            self.release_liveness()
+        finally:
+            super().close()
+
     # -- fenced contract -------------------------------------------------------------------
     def claim_owned(
         self,
@@ -132,7 +140,7 @@ class PostgresUpdateStore(PostgresBaseStore):
             ptb_fence.SchemaError: On a table without ``claim_id``.
         """
         params = self._claim_params(update_id, now, lease_until, max_attempts, durable_exhaustion)
-        row = self._fetch_one(self._db.sql.claim_fenced, params)
+        row = self._fetch_one(self._claim_sql(True), params)
         if row is None or row[0] != "processing":
             return None
         return AttemptIdentity(update_id=update_id, attempt=int(row[1]), claim_id=str(row[2]))
@@ -205,7 +213,7 @@ class PostgresUpdateStore(PostgresBaseStore):
             validate_update_id(row[0])
         if not rows:
             return []
-        return add_claimed(self._db, rows, lease_until, [])[0]
+        return add_claimed(self._db, rows, lease_until, [], self._liveness.mine())[0]
 
     def add_claimed_and_settle_many(
         self,
@@ -217,7 +225,7 @@ class PostgresUpdateStore(PostgresBaseStore):
         """:meth:`add_claimed_many` and :meth:`settle_owned_many` in one transaction (one
         commit): fresh updates and finished attempts that arrive together share a commit
         (optional capability). Needs the ``claim_id`` column."""
-        return add_claimed(self._db, rows, lease_until, settlements)
+        return add_claimed(self._db, rows, lease_until, settlements, self._liveness.mine())
 
     def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
         """:obj:`True` only while this exact claim holds a lease unexpired at ``at``.

@@ -22,6 +22,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from ptb_fence.stores._pg_recovery_sql import INSTANCES_SQL, INSTANCES_TABLE
+
 __all__ = ["PostgresStatements", "schema_sql"]
 
 
@@ -86,17 +88,21 @@ CREATE TABLE IF NOT EXISTS {t} (
     settled_at  BIGINT,               -- NULL: not prunable (incl. unacknowledged exhaustion)
     error       TEXT,                 -- last failure text
     claim_id    TEXT,                 -- opaque token of the current or last claim
-    fingerprint TEXT                  -- which update the body is (same id, other update?)
+    fingerprint TEXT,                 -- which update the body is (same id, other update?)
+    instance    TEXT                  -- the live instance that made the claim (liveness)
 );
 
--- Tables created before fencing lack claim_id; older ones lack fingerprint.
+-- Tables created before fencing lack claim_id; older ones lack fingerprint and instance.
 ALTER TABLE {t} ADD COLUMN IF NOT EXISTS claim_id TEXT;
 ALTER TABLE {t} ADD COLUMN IF NOT EXISTS fingerprint TEXT;
+ALTER TABLE {t} ADD COLUMN IF NOT EXISTS instance TEXT;
 
 CREATE INDEX IF NOT EXISTS "{_index_name(table)}" ON {t} (state, due_at);
 
 -- Which bot owns which update table (one table per bot).
-{META_SQL}"""
+{META_SQL}
+-- The live instances of the update tables (hold_liveness / take_over_dead).
+{INSTANCES_SQL}"""
 
 
 # Whether the table, its claim_id column and its index all exist (the store then skips the DDL,
@@ -109,9 +115,17 @@ SELECT to_regclass(%(table)s) IS NOT NULL,
        EXISTS (SELECT 1 FROM pg_attribute
                 WHERE attrelid = to_regclass(%(table)s)
                   AND attname = 'fingerprint' AND NOT attisdropped),
+       EXISTS (SELECT 1 FROM pg_attribute
+                WHERE attrelid = to_regclass(%(table)s)
+                  AND attname = 'instance' AND NOT attisdropped),
        to_regclass(%(index)s) IS NOT NULL,
-       to_regclass(%(meta)s) IS NOT NULL
+       to_regclass(%(meta)s) IS NOT NULL,
+       to_regclass(%(instances)s) IS NOT NULL
 """
+
+# Which of the optional columns the table has (for a table managed with create_table=False).
+COLUMNS_CHECK = """SELECT attname FROM pg_attribute
+WHERE attrelid = to_regclass(%(table)s) AND attnum > 0 AND NOT attisdropped"""
 
 _CLAIMABLE = """(state = 'pending'
        OR (state = 'failed' AND due_at <= %(now)s)
@@ -179,6 +193,7 @@ class PostgresStatements:
                 "table": t,
                 "index": f'"{_index_name(table)}"',
                 "meta": f'"{META_TABLE}"',
+                "instances": f'"{INSTANCES_TABLE}"',
             },
             schema_lock=f"SELECT pg_advisory_xact_lock({schema_lock_key(table)})",
             # legacy-safe. A pending row carries due_at = received_at (SPEC §3; older tables
@@ -334,14 +349,17 @@ FROM (VALUES {values}) AS v(update_id, body, received_at, fingerprint)
 {_REPLACE_SETTLED}
 RETURNING update_id"""
 
-    def add_claimed_many(self, count: int, fingerprint: bool = True) -> str:
+    def add_claimed_many(
+        self, count: int, fingerprint: bool = True, instance: bool = False
+    ) -> str:
         """Record ``count`` fresh updates already claimed for attempt 1, in one statement.
 
         Parameters: ``lease_until``, then ``(update_id, body, received_at, claim_id,
         fingerprint)`` quintuples (quadruples without ``fingerprint``). An existing id is left
         alone, or (with ``fingerprint``) replaced when it holds a different, settled update;
         returns the inserted ``(update_id, attempts, claim_id)``. Needs the ``claim_id``
-        column.
+        column. With ``instance`` (and ``fingerprint``) a second parameter after
+        ``lease_until`` is recorded in the ``instance`` column.
         """
         if not fingerprint:
             values = ",\n       ".join(["(%s::BIGINT, %s::TEXT, %s::BIGINT, %s::TEXT)"] * count)
@@ -354,13 +372,20 @@ RETURNING update_id, attempts, claim_id"""
         values = ",\n       ".join(
             ["(%s::BIGINT, %s::TEXT, %s::BIGINT, %s::TEXT, %s::TEXT)"] * count
         )
+        column, value, replace = "", "", _REPLACE_SETTLED
+        if instance:
+            column, value = ", instance", ", %s::TEXT"
+            replace = replace.replace(
+                "fingerprint = EXCLUDED.fingerprint",
+                "fingerprint = EXCLUDED.fingerprint, instance = EXCLUDED.instance",
+            )
         return f"""\
 INSERT INTO {_quote(self.table)} AS t
-       (update_id, body, state, attempts, due_at, received_at, claim_id, fingerprint)
+       (update_id, body, state, attempts, due_at, received_at, claim_id, fingerprint{column})
 SELECT v.update_id, v.body, 'processing', 1, %s::BIGINT, v.received_at, v.claim_id,
-       v.fingerprint
+       v.fingerprint{value}
 FROM (VALUES {values}) AS v(update_id, body, received_at, claim_id, fingerprint)
-{_REPLACE_SETTLED}
+{replace}
 RETURNING update_id, attempts, claim_id"""
 
     def complete_owned_many(self, count: int) -> str:

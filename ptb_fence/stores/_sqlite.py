@@ -15,6 +15,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Set, Tuple
 from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement
 from ptb_fence.stores._names import validate_update_id
 from ptb_fence.stores._sqlite_base import SQLiteBaseStore
+from ptb_fence.stores._sqlite_recovery import SQLiteRecovery
 from ptb_fence.stores._sqlite_writes import (
     add_claimed_in,
     int_arg,
@@ -28,7 +29,7 @@ from ptb_fence.stores._sqlite_writes import (
 __all__ = ["SQLiteUpdateStore"]
 
 
-class SQLiteUpdateStore(SQLiteBaseStore):
+class SQLiteUpdateStore(SQLiteRecovery, SQLiteBaseStore):
     """The embedded default store: one SQLite file, safe from many threads and processes.
 
     The table (and its index on ``(state, due_at)``) is created on construction; a table from an
@@ -89,6 +90,22 @@ class SQLiteUpdateStore(SQLiteBaseStore):
 
     __slots__ = ()
 
+    def close(self) -> None:
+        """Stop holding liveness (:meth:`release_liveness`), then close every connection the
+        store opened (from all threads). Idempotent.
+
+        A connection another thread is using right now (a statement, or an open
+        :meth:`transaction` block) is never closed under it: that call finishes normally and
+        its thread closes the connection when the call ends. ``close()`` waits up to 5 seconds
+        for such calls, then returns. Calls that start after ``close()`` raise
+        :exc:`RuntimeError`.
+        """
+        try:
+            self.release_liveness()
+        except Exception:  # the file may be unwritable or closed: the lock ends with the fd
+            pass
+        super().close()
+
     # -- fenced contract -------------------------------------------------------------------
     def claim_owned(
         self,
@@ -107,7 +124,10 @@ class SQLiteUpdateStore(SQLiteBaseStore):
             :class:`~ptb_fence.AttemptIdentity` | :obj:`None`: The identity, or :obj:`None` when
             the update was not taken.
         """
-        return take(self._conns, self._sql, update_id, now, lease_until, max_attempts, durable_exhaustion)
+        return take(
+            self._conns, self._sql, update_id, now, lease_until, max_attempts,
+            durable_exhaustion, self._liveness.mine(),
+        )
 
     def renew_owned(
         self, identity: AttemptIdentity, lease_until: int, now: Optional[int] = None
@@ -172,7 +192,7 @@ class SQLiteUpdateStore(SQLiteBaseStore):
             return []
         lease_until = int_arg("lease_until", lease_until)
         with self._conns.immediate() as conn:
-            return add_claimed_in(self._sql, conn, rows, lease_until)
+            return add_claimed_in(self._sql, conn, rows, lease_until, self._liveness.mine())
 
     def add_claimed_and_settle_many(
         self,
@@ -190,7 +210,7 @@ class SQLiteUpdateStore(SQLiteBaseStore):
         settlements = list(settlements)
         lease_until = int_arg("lease_until", lease_until)
         with self._conns.immediate() as conn:
-            added = add_claimed_in(self._sql, conn, rows, lease_until)
+            added = add_claimed_in(self._sql, conn, rows, lease_until, self._liveness.mine())
             landed = settle_owned_in(self._sql, conn, settlements)
         return added, landed
 

@@ -12,6 +12,7 @@ from ptb_fence._errors import TableBotMismatch
 from ptb_fence._values import Settlement, StoredUpdate
 from ptb_fence.stores._names import validate_table_name, validate_update_id
 from ptb_fence.stores._sqlite_connections import SQLiteConnections
+from ptb_fence.stores._sqlite_recovery import FileLiveness
 from ptb_fence.stores._sqlite_schema import ensure_schema
 from ptb_fence.stores._sqlite_sql import SQLiteStatements
 from ptb_fence.stores._sqlite_writes import (
@@ -34,7 +35,7 @@ class SQLiteBaseStore:
     """The base and batch operations of :class:`ptb_fence.SQLiteUpdateStore` (see there for
     the constructor's arguments and the connection rules)."""
 
-    __slots__ = ("__weakref__", "_conns", "_sql", "_table")
+    __slots__ = ("__weakref__", "_conns", "_liveness", "_sql", "_table")
 
     def __init__(
         self,
@@ -74,6 +75,7 @@ class SQLiteBaseStore:
                 "SQLite, or use PostgresUpdateStore."
             )
         path = os.path.abspath(raw)
+        self._liveness = FileLiveness()
         self._sql = SQLiteStatements(self._table)
         self._conns = SQLiteConnections(
             path,
@@ -209,7 +211,10 @@ class SQLiteBaseStore:
             :obj:`int` | :obj:`None`: The attempt number, or :obj:`None` for a spend, a live
             lease, a final row or an unknown id.
         """
-        identity = take(self._conns, self._sql, update_id, now, lease_until, max_attempts, durable_exhaustion)
+        identity = take(
+            self._conns, self._sql, update_id, now, lease_until, max_attempts,
+            durable_exhaustion, self._liveness.mine(),
+        )
         return None if identity is None else identity.attempt
 
     def renew(
@@ -269,8 +274,10 @@ class SQLiteBaseStore:
     def due(self, *, now: int, pending_before: int, limit: int) -> List[StoredUpdate]:
         """Rows to hand over, ordered by ``update_id``, at most ``limit``.
 
-        Pending rows with ``received_at <= pending_before``, failed rows with ``due_at <= now``
-        and processing rows whose lease lapsed (``due_at < now``).
+        Pending rows with ``received_at <= pending_before``, released rows (pending with a
+        claim id, see :meth:`~ptb_fence.SQLiteUpdateStore.release_many`) whatever
+        ``pending_before``, failed rows with ``due_at <= now`` and processing rows whose lease
+        lapsed (``due_at < now``).
         """
         with self._conns.using() as conn:
             rows = conn.execute(

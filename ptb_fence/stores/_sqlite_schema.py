@@ -1,6 +1,6 @@
 """The schema of a SQLiteUpdateStore table: create it, upgrade an older table (add
-``claim_id`` and ``fingerprint``, keeping its rows), refuse a foreign table; safe while other
-processes do the same."""
+``claim_id``, ``fingerprint`` and ``instance``, keeping its rows), refuse a foreign table;
+safe while other processes do the same."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ class _Schema:
 
     def _schema_complete(self, conn: sqlite3.Connection) -> bool:
         columns = _columns(conn, self._sql)
-        if not columns or "claim_id" not in columns or "fingerprint" not in columns:
+        if not columns or not {"claim_id", "fingerprint", "instance"} <= columns:
             return False
         self._check_columns(columns)
         index = conn.execute(
@@ -119,6 +119,8 @@ class _Schema:
                     )
             if "fingerprint" not in columns:
                 _add_column(conn, self._sql, self._sql.add_fingerprint, "fingerprint")
+            if "instance" not in columns:
+                _add_column(conn, self._sql, self._sql.add_instance, "instance")
             conn.execute(self._sql.create_index)
             conn.execute("COMMIT")
         except BaseException:

@@ -24,11 +24,14 @@ REQUIRED_COLUMNS: Tuple[str, ...] = (
     "settled_at",
     "error",
 )
-"""Columns an existing table must have (``claim_id`` and ``fingerprint`` are added when
-missing)."""
+"""Columns an existing table must have (``claim_id``, ``fingerprint`` and ``instance`` are
+added when missing)."""
 
 META_TABLE = "ptb_fence_meta"
 """The table recording which bot owns each update table (``bind_bot``)."""
+
+INSTANCES_TABLE = "ptb_fence_instances"
+"""The table of the live instances (``hold_liveness``) of every update table of the file."""
 
 # Claimable at :now — SPEC §3. The bounds are exact: a failed row is due when due_at <= now, a
 # processing row may be taken over only when its lease lapsed, due_at < now (a lease is held
@@ -55,6 +58,13 @@ class SQLiteStatements:
         "add",
         "add_claim_id",
         "add_fingerprint",
+        "add_instance",
+        "create_instances",
+        "delete_instance",
+        "insert_instance",
+        "instances_of",
+        "instances_table_exists",
+        "take_over",
         "bind_bot",
         "bot_of",
         "create_meta",
@@ -99,7 +109,8 @@ class SQLiteStatements:
                 settled_at  INTEGER,
                 error       TEXT,
                 claim_id    TEXT,
-                fingerprint TEXT
+                fingerprint TEXT,
+                instance    TEXT
             )"""
         self.create_index = (
             f'CREATE INDEX IF NOT EXISTS "{table}_state_due_at_idx" ON {t} (state, due_at)'
@@ -107,6 +118,7 @@ class SQLiteStatements:
         self.table_info = f"PRAGMA table_info({t})"
         self.add_claim_id = f"ALTER TABLE {t} ADD COLUMN claim_id TEXT"
         self.add_fingerprint = f"ALTER TABLE {t} ADD COLUMN fingerprint TEXT"
+        self.add_instance = f"ALTER TABLE {t} ADD COLUMN instance TEXT"
         # An older table may hold unacknowledged exhaustions without a claim id; give each one
         # so that it can be delivered and acknowledged with an exact identity.
         self.unclaimed_exhaustions = (
@@ -130,7 +142,7 @@ class SQLiteStatements:
                 body = excluded.body, state = excluded.state, attempts = excluded.attempts,
                 due_at = excluded.due_at, received_at = excluded.received_at,
                 settled_at = NULL, error = NULL, claim_id = excluded.claim_id,
-                fingerprint = excluded.fingerprint
+                fingerprint = excluded.fingerprint, instance = excluded.instance
             WHERE ({t}.state = 'completed'
                    OR ({t}.state = 'abandoned' AND {t}.settled_at IS NOT NULL))
               AND {t}.fingerprint IS NOT NULL AND {t}.fingerprint <> excluded.fingerprint"""
@@ -147,9 +159,9 @@ class SQLiteStatements:
         # path); an existing id is left alone and returns nothing (unless replaced, above).
         self.add_claimed = f"""
             INSERT INTO {t} (update_id, body, state, attempts, due_at, received_at, claim_id,
-                             fingerprint)
+                             fingerprint, instance)
             VALUES (:update_id, :body, 'processing', 1, :lease_until, :received_at, :claim_id,
-                    :fingerprint)
+                    :fingerprint, :instance)
             {replace}
             RETURNING attempts, claim_id"""
 
@@ -181,7 +193,8 @@ class SQLiteStatements:
                                   ELSE :now END,
                 claim_id = CASE WHEN attempts < :max_attempts THEN :claim_id
                                 WHEN :durable THEN COALESCE(claim_id, :claim_id)
-                                ELSE claim_id END
+                                ELSE claim_id END,
+                instance = CASE WHEN attempts < :max_attempts THEN :instance ELSE NULL END
             WHERE update_id = :update_id AND {_CLAIMABLE}
             RETURNING state, attempts, claim_id"""
 
@@ -210,9 +223,11 @@ class SQLiteStatements:
         self.settle_failed_owned = f"UPDATE {t} SET {failed} {owned} RETURNING update_id"
         self.settle_abandoned_owned = f"UPDATE {t} SET {abandoned} {owned} RETURNING update_id"
 
+        # A released row (pending with a claim id: add never writes one) is listed at once.
         self.due = f"""
             SELECT update_id, body FROM {t}
-            WHERE (state = 'pending' AND received_at <= :pending_before)
+            WHERE (state = 'pending' AND (received_at <= :pending_before
+                                          OR claim_id IS NOT NULL))
                OR (state = 'failed' AND due_at <= :now)
                OR (state = 'processing' AND due_at < :now)
             ORDER BY update_id
@@ -242,6 +257,49 @@ class SQLiteStatements:
             WHERE update_id = :update_id AND state = 'abandoned' AND settled_at IS NULL
               AND attempts = :attempt AND claim_id = :claim_id
             RETURNING update_id"""
+
+        # -- liveness (hold_liveness / take_over_dead) -------------------------------------
+        i = f'"{INSTANCES_TABLE}"'
+        self.create_instances = (
+            f"CREATE TABLE IF NOT EXISTS {i} (table_name TEXT NOT NULL, instance TEXT NOT NULL, "
+            "lock_path TEXT NOT NULL, started_at INTEGER NOT NULL, "
+            "PRIMARY KEY (table_name, instance))"
+        )
+        self.insert_instance = (
+            f"INSERT OR REPLACE INTO {i} (table_name, instance, lock_path, started_at) "
+            "VALUES (:table, :instance, :lock_path, :started_at)"
+        )
+        self.delete_instance = (
+            f"DELETE FROM {i} WHERE table_name = :table AND instance = :instance"
+        )
+        self.instances_table_exists = (
+            f"SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{INSTANCES_TABLE}'"
+        )
+        self.instances_of = (
+            f"SELECT instance, lock_path FROM {i} "
+            "WHERE table_name = :table AND (:me IS NULL OR instance <> :me)"
+        )
+        # The dead instance's live leases lapse now; attempts and claim id are kept.
+        self.take_over = f"""
+            UPDATE {t} SET due_at = MIN(COALESCE(due_at, :now - 1), :now - 1)
+            WHERE state = 'processing' AND instance = :instance AND due_at >= :now - 1
+            RETURNING update_id"""
+
+    def release_many(self, count: int) -> str:
+        """``release_many`` for ``count`` identities in one statement.
+
+        Parameters, in order: ``at``, the ``(update_id, attempt, claim_id)`` triples
+        flattened. Returns the released ``(update_id, attempt, claim_id)`` (the attempt that
+        was released, i.e. ``attempts + 1`` after the update).
+        """
+        values = ", ".join(["(?, ?, ?)"] * count)
+        return f"""
+            UPDATE {self.table} AS t
+            SET state = 'pending', attempts = t.attempts - 1, due_at = ?, instance = NULL
+            FROM (VALUES {values}) AS v
+            WHERE t.update_id = v.column1 AND t.attempts = v.column2 AND t.claim_id = v.column3
+              AND t.state = 'processing'
+            RETURNING update_id, attempts + 1, claim_id"""
 
     # -- batched renewals (positional parameters; one statement per chunk) -----------------
     def renew_many(self, count: int) -> str:

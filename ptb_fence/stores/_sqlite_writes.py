@@ -78,8 +78,10 @@ def add_claimed_in(
     conn: sqlite3.Connection,
     rows: Sequence[Tuple[int, str, int]],
     lease_until: int,
+    instance: Optional[str] = None,
 ) -> List[Optional[AttemptIdentity]]:
-    """Insert ``rows`` claimed for attempt 1 inside ``conn``'s transaction (None: existed)."""
+    """Insert ``rows`` claimed for attempt 1 (by ``instance``) inside ``conn``'s transaction
+    (None: existed)."""
     result: List[Optional[AttemptIdentity]] = []
     for update_id, body, received_at in rows:
         fingerprint = update_fingerprint(body)
@@ -92,6 +94,7 @@ def add_claimed_in(
                 "lease_until": lease_until,
                 "claim_id": new_claim_id(),
                 "fingerprint": fingerprint,
+                "instance": instance,
             },
         ).fetchall()
         if not found:
@@ -110,8 +113,10 @@ def take(
     lease_until: int,
     max_attempts: int,
     durable_exhaustion: bool,
+    instance: Optional[str] = None,
 ) -> Optional[AttemptIdentity]:
-    """Claim ``update_id`` in one write transaction; its identity, or None if not taken."""
+    """Claim ``update_id`` (for ``instance``) in one write transaction; its identity, or None
+    if not taken."""
     params = {
         "update_id": update_id,
         "now": int_arg("now", now),
@@ -119,6 +124,7 @@ def take(
         "max_attempts": int_arg("max_attempts", max_attempts),
         "durable": 1 if durable_exhaustion else 0,
         "claim_id": new_claim_id(),
+        "instance": instance,
     }
     with conns.immediate() as conn:
         rows = conn.execute(sql.claim, params).fetchall()

@@ -1,0 +1,140 @@
+"""The SQL of release and liveness in a PostgresUpdateStore (``%(name)s`` placeholders).
+
+The ``instance`` column (the live instance that made a claim) is added by the idempotent
+migration; on a table managed with ``create_table=False`` and not migrated yet the claims
+run the statements without it (the legacy rule of SPEC §5 still holds for the base API).
+
+Liveness: an instance holds a *session* advisory lock ``pg_advisory_lock(CLASS_ID, key)`` on a
+dedicated connection (two-int form in a fixed namespace, so it does not collide with the
+single-bigint locks users take) and has a row in ``ptb_fence_instances``. PostgreSQL ends the
+lock with the backend when the process dies. ``take_over_dead`` tries
+``pg_try_advisory_xact_lock`` on each listed key: success proves the holder gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+__all__ = [
+    "CLASS_ID",
+    "INSTANCES_SQL",
+    "INSTANCES_TABLE",
+    "RecoveryStatements",
+    "instance_key",
+    "with_instance",
+]
+
+CLASS_ID = 0x70746266  # "ptbf": the advisory-lock namespace of ptb_fence instances
+
+INSTANCES_TABLE = "ptb_fence_instances"
+"""The live instances (``hold_liveness``) of every update table of the database."""
+
+INSTANCES_SQL = f"""\
+CREATE TABLE IF NOT EXISTS "{INSTANCES_TABLE}" (
+    table_name TEXT   NOT NULL,       -- an update table of this schema
+    instance   TEXT   NOT NULL,       -- the instance id (hold_liveness)
+    lock_key   INT    NOT NULL,       -- pg_advisory_lock({CLASS_ID}, lock_key) while alive
+    started_at BIGINT NOT NULL,       -- epoch milliseconds
+    PRIMARY KEY (table_name, instance)
+);
+"""
+
+
+def instance_key(instance: str) -> int:
+    """The signed 32-bit advisory-lock key of ``instance`` (second half of the two-int form)."""
+    digest = hashlib.sha256(b"ptb_fence instance:" + instance.encode("utf-8")).digest()
+    return int.from_bytes(digest[:4], "big", signed=True)
+
+
+def with_instance(claim: str) -> str:
+    """A claim statement (``claim`` or ``claim_fenced``) that also records ``%(instance)s`` on a
+    take (and clears it on a spend)."""
+    head, where = claim.split("\nWHERE update_id", 1)
+    return (
+        head
+        + ",\n    instance   = CASE WHEN attempts < %(max_attempts)s THEN %(instance)s::TEXT"
+        + " ELSE NULL END"
+        + "\nWHERE update_id"
+        + where
+    )
+
+
+class RecoveryStatements:
+    """The release and liveness statements of one table (already validated)."""
+
+    __slots__ = (
+        "delete_instance",
+        "due_released",
+        "insert_instance",
+        "lock_instance",
+        "take_over_dead",
+        "table",
+        "unlock_instance",
+    )
+
+    def __init__(self, table: str) -> None:
+        t = f'"{table}"'
+        i = f'"{INSTANCES_TABLE}"'
+        self.table = t
+        # due, with released rows (pending with a claim id: add never writes one) at once.
+        self.due_released = f"""\
+SELECT update_id, body FROM {t}
+WHERE (state = 'pending' AND (received_at <= %(pending_before)s OR claim_id IS NOT NULL))
+   OR (state = 'failed' AND due_at <= %(now)s)
+   OR (state = 'processing' AND due_at < %(now)s)
+ORDER BY update_id
+LIMIT %(limit)s"""
+        self.lock_instance = f"SELECT pg_advisory_lock({CLASS_ID}, %(lock_key)s)"
+        self.unlock_instance = f"SELECT pg_advisory_unlock({CLASS_ID}, %(lock_key)s)"
+        self.insert_instance = f"""\
+INSERT INTO {i} (table_name, instance, lock_key, started_at)
+VALUES (%(table)s, %(instance)s, %(lock_key)s, %(started_at)s)
+ON CONFLICT (table_name, instance) DO NOTHING"""
+        self.delete_instance = (
+            f"DELETE FROM {i} WHERE table_name = %(table)s AND instance = %(instance)s"
+        )
+        # One statement: the instances of this table (not the caller's own; listed first, so
+        # the lock is tried on their keys only) whose lock can be taken are dead; their live
+        # leases lapse now (attempts and claim id kept) and their rows are deleted. The
+        # transaction-scoped lock ends with the commit.
+        self.take_over_dead = f"""\
+WITH candidates AS MATERIALIZED (
+    SELECT instance, lock_key FROM {i}
+    WHERE table_name = %(table)s AND (%(me)s::TEXT IS NULL OR instance <> %(me)s::TEXT)
+),
+dead AS MATERIALIZED (
+    SELECT instance FROM candidates WHERE pg_try_advisory_xact_lock({CLASS_ID}, lock_key)
+),
+taken AS (
+    UPDATE {t} SET due_at = LEAST(due_at, %(now)s::BIGINT - 1)
+    WHERE state = 'processing' AND instance IN (SELECT instance FROM dead)
+      AND due_at >= %(now)s::BIGINT - 1
+    RETURNING update_id
+),
+gone AS (
+    DELETE FROM {i}
+    WHERE table_name = %(table)s AND instance IN (SELECT instance FROM dead)
+)
+SELECT count(*) FROM taken"""
+
+    def release_many(self, count: int, instance: bool) -> str:
+        """Release ``count`` identities in one statement: ``(position, update_id, attempt,
+        claim_id)`` quadruples, then ``at``. A row locked by an open transaction is skipped
+        (not released: its lease holds). Returns the released positions."""
+        values = ", ".join(["(%s::INT, %s::BIGINT, %s::INT, %s::TEXT)"] * count)
+        clear = ", instance = NULL" if instance else ""
+        return f"""\
+WITH v(pos, update_id, attempt, claim_id) AS (VALUES {values}),
+first AS (SELECT DISTINCT ON (update_id, attempt, claim_id) pos, update_id, attempt, claim_id
+          FROM v ORDER BY update_id, attempt, claim_id, pos),
+lockable AS (
+    SELECT t.update_id, f.pos FROM {self.table} AS t JOIN first AS f
+      ON t.update_id = f.update_id AND t.attempts = f.attempt AND t.claim_id = f.claim_id
+    WHERE t.state = 'processing'
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE {self.table} AS t
+SET state = 'pending', attempts = t.attempts - 1, due_at = %s::BIGINT{clear}
+FROM lockable AS l
+WHERE t.update_id = l.update_id
+RETURNING l.pos"""

@@ -1,0 +1,48 @@
+"""A process that holds a store's liveness and claims rows (tests/test_store_liveness.py).
+
+Usage: python liveness_worker.py sqlite|postgres <path-or-dsn> <table> <first_id> <count>
+
+Records and claims ``count`` updates from ``first_id`` with a 120 s lease through a store
+object holding liveness, prints ``READY <instance>`` and waits for a line on stdin: ``exit``
+releases liveness, closes the store and exits 0.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+def main() -> int:
+    kind, where, table, first, count = sys.argv[1:6]
+    if kind == "sqlite":
+        from ptb_fence import SQLiteUpdateStore
+
+        store = SQLiteUpdateStore(where, table=table)
+    else:
+        from ptb_fence import PostgresUpdateStore
+
+        store = PostgresUpdateStore(where, table=table)
+    instance = store.hold_liveness()
+    now = int(time.time() * 1000)
+    rows = [(u, f'{{"update_id": {u}}}', now) for u in range(int(first), int(first) + int(count))]
+    half = len(rows) // 2
+    claimed = store.add_claimed_many(rows[:half], lease_until=now + 120_000)
+    for update_id, body, at in rows[half:]:
+        store.add(update_id, body, at)
+        claimed.append(
+            store.claim_owned(update_id, now=now, lease_until=now + 120_000, max_attempts=5)
+        )
+    assert all(identity is not None for identity in claimed), claimed
+    print(f"READY {instance}", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "exit":
+            break
+    store.release_liveness()
+    store.close()
+    print("BYE", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""Issue 12, store side: liveness of instances, with real processes and signals.
+
+A subprocess holds its store's liveness and claims rows with a 120 s lease. Then:
+(a) SIGKILL: another process's ``take_over_dead(now)`` makes its rows claimable at once;
+(b) SIGSTOP: a frozen process is not dead, nothing is taken over; after SIGCONT it exits
+cleanly; (c) a graceful ``release_liveness()`` removes the instance row. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, List, Tuple
+
+import pytest
+
+from conftest import fresh_table_name
+from ptb_fence import MemoryUpdateStore, SQLiteUpdateStore
+
+WORKER = str(Path(__file__).resolve().parent / "liveness_worker.py")
+COUNT = 6
+LEASE = 120_000
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Where:
+    """One database (SQLite file or PostgreSQL table) that the worker and the test share."""
+
+    def __init__(self, kind: str, location: str, table: str) -> None:
+        self.kind, self.location, self.table = kind, location, table
+
+    def store(self) -> Any:
+        if self.kind == "sqlite":
+            return SQLiteUpdateStore(self.location, table=self.table)
+        from ptb_fence import PostgresUpdateStore
+
+        return PostgresUpdateStore(self.location, table=self.table)
+
+    def instances(self) -> List[str]:
+        query = "SELECT instance FROM ptb_fence_instances WHERE table_name = "
+        if self.kind == "sqlite":
+            conn = sqlite3.connect(self.location)
+            try:
+                return [r[0] for r in conn.execute(query + "?", (self.table,)).fetchall()]
+            finally:
+                conn.close()
+        import psycopg2
+
+        pg = psycopg2.connect(self.location)
+        try:
+            with pg.cursor() as cur:
+                cur.execute(query + "%s", (self.table,))
+                return [r[0] for r in cur.fetchall()]
+        finally:
+            pg.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
+    if request.param == "sqlite":
+        path = str(tmp_path / "live.db")
+        SQLiteUpdateStore(path).close()  # the schema exists before the worker starts
+        yield Where("sqlite", path, "telegram_updates")
+    else:
+        dsn: str = request.getfixturevalue("pg_dsn")
+        tables: List[str] = request.getfixturevalue("pg_tables")
+        table = fresh_table_name()
+        tables.append(table)
+        yield Where("postgres", dsn, table)
+
+
+def start_worker(where: Where, first: int) -> Tuple["subprocess.Popen[str]", str]:
+    proc = subprocess.Popen(
+        [sys.executable, WORKER, where.kind, where.location, where.table, str(first), str(COUNT)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # bounded by the test timeout
+    assert line.startswith("READY "), f"worker said {line!r} (exit code {proc.poll()})"
+    return proc, line.split()[1]
+
+
+def claim_all(store: Any, ids: range) -> List[Any]:
+    at = now_ms()
+    return [
+        store.claim_owned(u, now=at, lease_until=at + LEASE, max_attempts=5) for u in ids
+    ]
+
+
+def until(predicate: Callable[[], Any], seconds: float) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(60)
+def test_killed_instance_is_taken_over_at_once(where: Where) -> None:
+    ids = range(100, 100 + COUNT)
+    proc, instance = start_worker(where, ids[0])
+    with where.store() as store:
+        store.hold_liveness()
+        try:
+            assert instance in where.instances()
+            assert store.take_over_dead(now=now_ms()) == 0, "a live instance was taken over"
+            assert claim_all(store, ids) == [None] * COUNT
+            killed_at = time.monotonic()
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+            taken = until(lambda: store.take_over_dead(now=now_ms()), 10.0)
+            assert taken == COUNT
+            identities = claim_all(store, ids)
+            assert all(i is not None and i.attempt == 2 for i in identities), identities
+            assert time.monotonic() - killed_at < 15, "far sooner than the 120 s lease"
+            assert instance not in where.instances()
+            assert store.take_over_dead(now=now_ms()) == 0
+            # the survivor's own claims are never taken over
+            assert all(store.owns(i, now_ms()) for i in identities)
+        finally:
+            store.release_liveness()
+    if where.kind == "sqlite":
+        assert not os.path.exists(f"{where.location}.instances/{instance}.lock")
+
+
+@pytest.mark.timeout(60)
+def test_frozen_instance_is_not_dead_and_graceful_release_removes_it(where: Where) -> None:
+    ids = range(200, 200 + COUNT)
+    proc, instance = start_worker(where, ids[0])
+    assert proc.stdin is not None and proc.stdout is not None
+    with where.store() as store:
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(0.5)
+            for _ in range(3):
+                assert store.take_over_dead(now=now_ms()) == 0, "a frozen process was taken over"
+            assert claim_all(store, ids) == [None] * COUNT
+            assert instance in where.instances()
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        proc.stdin.write("exit\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "BYE"
+        assert proc.wait(timeout=20) == 0
+        # graceful: the instance row is gone; its claims keep their lease (not dead)
+        assert instance not in where.instances()
+        assert store.take_over_dead(now=now_ms()) == 0
+        assert claim_all(store, ids) == [None] * COUNT
+
+
+def test_claims_record_the_instance_only_while_liveness_is_held(tmp_path: Path) -> None:
+    path = str(tmp_path / "rec.db")
+    with SQLiteUpdateStore(path) as store:
+        store.add(1, "a", 0)
+        store.claim_owned(1, now=0, lease_until=LEASE, max_attempts=5)
+        instance = store.hold_liveness()
+        store.add(2, "b", 0)
+        store.claim(2, now=0, lease_until=LEASE, max_attempts=5)
+        store.add_claimed_many([(3, "c", 0)], lease_until=LEASE)
+        store.add_claimed_and_settle_many([(4, "d", 0)], lease_until=LEASE, settlements=[])
+        store.release_liveness()
+        store.add(5, "e", 0)
+        store.claim_owned(5, now=0, lease_until=LEASE, max_attempts=5)
+    conn = sqlite3.connect(path)
+    try:
+        rows = dict(conn.execute("SELECT update_id, instance FROM telegram_updates"))
+    finally:
+        conn.close()
+    assert rows == {1: None, 2: instance, 3: instance, 4: instance, 5: None}
+
+
+def test_two_store_objects_in_one_process_see_each_other_alive(tmp_path: Path) -> None:
+    path = str(tmp_path / "two.db")
+    with SQLiteUpdateStore(path) as a, SQLiteUpdateStore(path) as b:
+        a.hold_liveness()
+        b.hold_liveness()
+        a.add(1, "x", 0)
+        mine = a.claim_owned(1, now=0, lease_until=LEASE, max_attempts=5)
+        assert b.take_over_dead(now=1) == 0
+        assert a.owns(mine, 1)
+    with SQLiteUpdateStore(path) as c:  # both closed: released gracefully, nothing dead
+        assert c.take_over_dead(now=2) == 0
+
+
+def test_memory_liveness_is_in_process() -> None:
+    store = MemoryUpdateStore()
+    instance = store.hold_liveness()
+    assert store.hold_liveness() == instance
+    store.add(1, "x", 0)
+    mine = store.claim_owned(1, now=0, lease_until=LEASE, max_attempts=5)
+    assert store.take_over_dead(now=1) == 0 and store.owns(mine, 1)
+    store.close()
+    assert store.hold_liveness() != instance
+
+
+def test_an_older_sqlite_table_gets_the_instance_column(tmp_path: Path) -> None:
+    path = str(tmp_path / "old.db")
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "CREATE TABLE telegram_updates (update_id INTEGER PRIMARY KEY, body TEXT NOT NULL, "
+        "state TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, "
+        "due_at INTEGER, received_at INTEGER NOT NULL, settled_at INTEGER, error TEXT, "
+        "claim_id TEXT, fingerprint TEXT)"
+    )
+    conn.execute("INSERT INTO telegram_updates (update_id, body, due_at, received_at) "
+                 "VALUES (7, 'old', 1, 1)")
+    conn.commit()
+    conn.close()
+    stores = [SQLiteUpdateStore(path), SQLiteUpdateStore(path)]  # the second sees it done
+    try:
+        stores[0].hold_liveness()
+        identity = stores[0].claim_owned(7, now=2, lease_until=LEASE, max_attempts=5)
+        assert identity is not None and identity.attempt == 1
+        assert stores[1].take_over_dead(now=3) == 0
+    finally:
+        for store in stores:
+            store.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_forked_child_does_not_end_or_use_its_parents_instance(tmp_path: Path) -> None:
+    path = str(tmp_path / "fork.db")
+    with SQLiteUpdateStore(path) as parent:
+        instance = parent.hold_liveness()
+        pid = os.fork()
+        if pid == 0:  # the child: closes its copy, claims without the parent's instance
+            code = 1
+            try:
+                parent.add(1, "child", 0)
+                parent.claim_owned(1, now=0, lease_until=LEASE, max_attempts=5)
+                code = 0 if parent.instance is None else 2
+                parent.close()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        where = Where("sqlite", path, "telegram_updates")
+        assert where.instances() == [instance], "the child removed its parent's instance"
+        assert os.path.exists(f"{path}.instances/{instance}.lock")
+        with SQLiteUpdateStore(path) as other:
+            assert other.take_over_dead(now=1) == 0, "the parent was taken for dead"
+        conn = sqlite3.connect(path)
+        try:
+            assert conn.execute("SELECT instance FROM telegram_updates").fetchall() == [(None,)]
+        finally:
+            conn.close()
+        assert parent.instance == instance
+
+
+@pytest.mark.timeout(60)
+def test_postgres_liveness_connection_lost_is_held_again(pg_dsn: str, pg_tables: List[str]) -> None:
+    """The backend of the liveness connection is terminated while the process lives: another
+    process may take its claims over (fence intact); the next take_over_dead of the owner holds
+    the instance again, so it is not taken for dead afterwards."""
+    import psycopg2
+
+    from ptb_fence import PostgresUpdateStore
+
+    table = fresh_table_name()
+    pg_tables.append(table)
+    where = Where("postgres", pg_dsn, table)
+    with PostgresUpdateStore(pg_dsn, table=table) as owner, \
+            PostgresUpdateStore(pg_dsn, table=table) as other:
+        instance = owner.hold_liveness()
+        owner.add(1, "x", 0)
+        mine = owner.claim_owned(1, now=now_ms(), lease_until=now_ms() + LEASE, max_attempts=5)
+        assert mine is not None
+        admin = psycopg2.connect(pg_dsn)
+        admin.autocommit = True
+        try:
+            with admin.cursor() as cur:
+                cur.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_locks "
+                    "WHERE locktype = 'advisory' AND classid = %s::oid AND objid = %s::oid",
+                    (0x70746266, instance_key_u32(instance)),
+                )
+                assert cur.fetchall() == [(True,)]
+        finally:
+            admin.close()
+        assert until(lambda: other.take_over_dead(now=now_ms()), 10.0) == 1
+        assert not owner.owns(mine, now_ms()), "a taken-over claim must be refused"
+        assert owner.take_over_dead(now=now_ms()) == 0  # holds its instance again
+        assert instance in where.instances()
+        owner.add(2, "y", 0)
+        again = owner.claim_owned(2, now=now_ms(), lease_until=now_ms() + LEASE, max_attempts=5)
+        assert again is not None
+        assert other.take_over_dead(now=now_ms()) == 0
+        assert owner.owns(again, now_ms())
+
+
+def instance_key_u32(instance: str) -> int:
+    from ptb_fence.stores._pg_recovery_sql import instance_key
+
+    return instance_key(instance) & 0xFFFFFFFF
+
+
+def test_sqlite_lock_file_removed_is_held_again(tmp_path: Path) -> None:
+    """Someone deletes the live instance's lock file: another process takes it for dead (the
+    fence refuses the owner's writes); the owner's next take_over_dead holds it again."""
+    path = str(tmp_path / "gone.db")
+    with SQLiteUpdateStore(path) as owner, SQLiteUpdateStore(path) as other:
+        instance = owner.hold_liveness()
+        owner.add(1, "x", 0)
+        mine = owner.claim_owned(1, now=1, lease_until=LEASE, max_attempts=5)
+        os.unlink(f"{path}.instances/{instance}.lock")
+        assert other.take_over_dead(now=2) == 1
+        assert not owner.owns(mine, 2)
+        assert owner.take_over_dead(now=3) == 0
+        assert os.path.exists(f"{path}.instances/{instance}.lock")
+        owner.add(2, "y", 0)
+        again = owner.claim_owned(2, now=3, lease_until=LEASE, max_attempts=5)
+        assert other.take_over_dead(now=4) == 0 and owner.owns(again, 4)
