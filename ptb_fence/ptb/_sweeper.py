@@ -98,8 +98,10 @@ class Sweeper:
                 await each
 
     def sweep_soon(self) -> None:
-        """Run one sweep on the event loop soon (thread-safe; e.g. after a takeover of a dead
-        process's claims). Nothing once stopping began."""
+        """Run one sweep on the event loop soon (thread-safe), fresh pending rows included:
+        called after a takeover of a dead process's claims, whose pending rows (recorded past
+        its claim budget) would otherwise wait for ``pending_grace_seconds``. Nothing once
+        stopping began."""
         loop = self._loop
         if loop is None or self._state.stopping:
             return
@@ -117,7 +119,7 @@ class Sweeper:
 
     async def _one_sweep(self) -> None:
         try:
-            await self.sweep(False)
+            await self.sweep(True)
         except Exception:
             _LOGGER.exception("sweep failed; trying again at the next interval")
 

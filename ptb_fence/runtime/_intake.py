@@ -163,7 +163,7 @@ class UpdateIntake:
         # this process's liveness signal: its claims are taken over at once elsewhere only
         # once it is gone
         self._runtime.hold_liveness()
-        self._runtime.start_jobs(self._scheduled_sweep, taken_over=self._scheduled_sweep)
+        self._runtime.start_jobs(self._scheduled_sweep, taken_over=self._sweep_taken_over)
         self._sweep(include_fresh=True)
 
     def close(self, timeout: Optional[float] = None) -> None:
@@ -303,6 +303,11 @@ class UpdateIntake:
         # the scheduled sweep never waits for an exhaustion handler: a hanging one must not
         # stop the retries and lapsed-lease takeovers of this process
         self._sweep(include_fresh=False, deliver_inline=False)
+
+    def _sweep_taken_over(self) -> None:
+        # a dead process's claims were taken over: its pending rows (recorded past its claim
+        # budget) are taken now too, not after pending_grace_seconds
+        self._sweep(include_fresh=True, deliver_inline=False)
 
     def _deliver_exhaustions(self, wait: bool) -> List[threading.Event]:
         """Hand one page of due exhaustions (rotating cursor) to the delivery thread.
