@@ -37,6 +37,7 @@ from ptb_fence._values import (
 )
 from ptb_fence.runtime import (
     Attempt,
+    AttemptTimeout,
     RuntimeOptions,
     UpdateIntake,
     current_attempt,
@@ -57,6 +58,7 @@ __all__ = [
     "Attempt",
     "AttemptFinished",
     "AttemptIdentity",
+    "AttemptTimeout",
     "BatchUpdateStore",
     "BotBoundStore",
     "LivenessStore",

@@ -56,6 +56,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--slow", default="", help="text of messages whose handler is slow")
     parser.add_argument("--slow-seconds", type=float, default=3.0)
     parser.add_argument("--fail-once", default="", help="text of messages whose first attempt fails")
+    parser.add_argument("--stop-timeout", type=float, default=None)
+    parser.add_argument("--attempt-timeout", type=float, default=None)
     parser.add_argument(
         "--run-polling",
         action="store_true",
@@ -77,6 +79,16 @@ def make_store(url: str, table: str) -> Any:
 def touch(path: str) -> None:
     with open(path, "w", encoding="utf-8") as file:
         file.write(str(time.time()))
+
+
+def extra_options(args: argparse.Namespace) -> Any:
+    """Recovery options, passed only when given (so the library defaults apply otherwise)."""
+    options = {}
+    if args.stop_timeout is not None:
+        options["stop_timeout_seconds"] = args.stop_timeout
+    if args.attempt_timeout is not None:
+        options["attempt_timeout_seconds"] = args.attempt_timeout
+    return options
 
 
 async def main(args: argparse.Namespace) -> Any:
@@ -111,6 +123,7 @@ async def main(args: argparse.Namespace) -> Any:
         pending_grace_seconds=args.grace,
         max_concurrent=args.max_concurrent,
         retry=lambda error, attempt: args.retry,
+        **extra_options(args),
     )
     app = processor.install(
         Application.builder().token(args.token).base_url(args.base_url)

@@ -36,6 +36,7 @@ def test_runtime_all_is_what_a_user_needs() -> None:
     assert sorted(ptb_fence.runtime.__all__) == sorted(
         [
             "Attempt",
+            "AttemptTimeout",
             "RuntimeOptions",
             "UpdateIntake",
             "current_attempt",

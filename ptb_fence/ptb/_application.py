@@ -160,8 +160,11 @@ class FencedApplicationMixin(_MixinBase):
         """Stop the Application in bounded time.
 
         Before PTB's ``stop()`` waits for the update queue to drain, the processor stops its
-        sweep and queues nothing more: retries and lapsed leases that fall due now stay in
-        the store for the next start (or another process). Updates already queued are handled.
+        sweep and starts nothing more: updates claimed but not started (and anything queued or
+        fetched meanwhile) are released in one call, claimable at once by any process and the
+        attempt not counted; running handlers get ``stop_timeout_seconds`` to finish, then
+        their attempts are released the same way and their tasks cancelled. A chat's queued
+        backlog is not worked through: it is durable and released.
         """
         processor = self._fence_processor()
         if processor is not None and self.running:

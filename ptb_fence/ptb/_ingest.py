@@ -155,7 +155,7 @@ class Ingest:
         if not items:
             return
         # anything left from an earlier batch was never put (PTB stopped or dropped it):
-        # stop renewing it so its lease lapses and a sweep takes it
+        # give it back (claimable at once)
         self._state.release_preclaimed(ingested_only=True)
         try:
             outcome = await self._threads.call_handing_on(
@@ -215,19 +215,19 @@ class Ingest:
                     _LOGGER.exception("recorded update %s cannot be parsed", raw.get("update_id"))
             if update is None:
                 if isinstance(outcome, Attempt):
-                    self._runtime.end(outcome)  # its lease lapses; a sweep takes it
+                    self._state.release([outcome])  # claimable at once (or after its lease)
                 continue
             self._hand_on(update, outcome)
 
     def _hand_on(self, update: Update, outcome: Any) -> None:
         """A recorded update whose recorder was cancelled: queue it (it is ours to handle),
-        or, while stopping, release it to its lease and the sweep."""
+        or, while stopping, release it (claimable at once elsewhere)."""
         if outcome is False or isinstance(outcome, BaseException):
             return
         state = self._state
         if state.stopping or not state.started:
             if isinstance(outcome, Attempt):
-                self._runtime.end(outcome)
+                self._state.release([outcome])
             return
         _LOGGER.info(
             "update %s was recorded while its ingest was cancelled: handing it on",

@@ -27,18 +27,21 @@ from ptb_fence.ptb._bodies import update_body
 from ptb_fence.ptb._chat_turns import ChatTurns
 from ptb_fence.ptb._context import FencedCallbackContext
 from ptb_fence.ptb._deliveries import Deliveries
+from ptb_fence.ptb._handlers import RunningHandlers, cancel_requested
 from ptb_fence.ptb._handling import UpdateState, handling
 from ptb_fence.ptb._ingest import Ingest
 from ptb_fence.ptb._interfaces import ApplicationBinding
 from ptb_fence.ptb._queue import DurableUpdateQueue
 from ptb_fence.ptb._request import unwrap_get_updates_request, wrap_get_updates_request
 from ptb_fence.ptb._state import SharedState
+from ptb_fence.ptb._stopping import Stopping
 from ptb_fence.ptb._sweeper import Sweeper
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.ptb._wiring import BuilderType, configure_builder, warn_non_blocking
 from ptb_fence.runtime._chats import update_chat_key
 from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._options import RuntimeOptions
+from ptb_fence.runtime._recovery import AttemptTimeout
 
 __all__ = ["BaseFenceProcessor", "DurableUpdateProcessor", "FencedUpdateProcessor"]
 
@@ -60,12 +63,14 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         "_application_ref",
         "_deliveries",
         "_handle_exhaustion",
+        "_handlers",
         "_ingest",
         "_queue",
         "_running",
         "_runtime",
         "_slots",
         "_state",
+        "_stopping",
         "_sweeper",
         "_threads",
         "_turns",
@@ -96,8 +101,10 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         self._slots = asyncio.Semaphore(runtime_options.max_concurrent)
         self._turns = ChatTurns()
         self._running = 0
-        self._state = SharedState(runtime.end)
         self._threads = StoreThreads()
+        self._handlers = RunningHandlers()
+        self._stopping = Stopping(runtime, self._threads, self._handlers)
+        self._state = SharedState(self._stopping.release_soon)
         self._ingest = Ingest(
             runtime,
             self._state,
@@ -117,6 +124,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             self._redeliver,
         )
         runtime.retry_soon = self._sweeper.retry_soon
+        runtime.running_count = lambda: self._running
 
     # -- public properties ------------------------------------------------------------------
     @property
@@ -250,8 +258,11 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             raise
         state.inflight.clear()
         state.stopping = False
+        # this process's liveness signal: a sweep elsewhere may take over its claims at once
+        # only when it is gone (the process died)
+        await self._threads.call(self._runtime.hold_liveness)
         self._sweeper.bind_loop(asyncio.get_running_loop())
-        self._runtime.start_jobs()
+        self._runtime.start_jobs(taken_over=self._sweeper.sweep_soon)
         self._sweeper.start()
         state.started = True
 
@@ -263,13 +274,17 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         await self._threads.call(self._runtime.port.bind_bot, int(head))
 
     async def application_stopping(self) -> None:
-        """``Application.stop()`` began: queue nothing more (PTB's ``update_queue.join()``
-        would wait for it forever); recorded updates stay in the store for the next start.
+        """``Application.stop()`` began: queue and start nothing more, give back what was
+        claimed but not started (one ``release_many``: claimable at once elsewhere), give
+        running handlers ``stop_timeout_seconds``, then release and cancel them.
 
+        Recorded updates stay in the store for the next start or another process; PTB's
+        ``update_queue.join()`` then only waits for updates that are skipped at once.
         Called by :class:`~ptb_fence.ptb.FencedApplicationMixin`; not needed in user code.
         """
         self._state.stopping = True
         await self._sweeper.stop()
+        await self._stopping.stop(self._state.take_unstarted())
 
     def application_started(self) -> None:
         """``Application.start()`` ran (again): resume queueing and sweeping.
@@ -281,10 +296,11 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             self._sweeper.start()
 
     async def shutdown(self) -> None:
-        """Stop the sweep and the lease keeper, and release the thread pool.
+        """Stop the sweep and the lease keeper, give back unstarted claims and this
+        process's liveness signal, and release the thread pool.
 
-        Attempts still running are left to their lease (another process, or the next start,
-        takes them over); nothing recorded is lost.
+        Attempts still running (``shutdown`` without ``stop``) are left to their lease;
+        nothing recorded is lost.
         """
         state = self._state
         if not state.started:
@@ -295,10 +311,12 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         await self._deliveries.cancel_all()  # unacknowledged: delivered at the next start
         unwrap_get_updates_request(self._get_application().bot, self._ingest)
         state.batch_ingest = False
+        state.release_preclaimed()
+        await self._stopping.drain()
         await asyncio.get_running_loop().run_in_executor(None, self._runtime.stop_jobs)
+        await self._threads.call(self._runtime.release_liveness)
         self._runtime.executor = None
         self._threads.stop()
-        state.release_preclaimed()
         state.inflight.clear()
 
     # -- sweep ------------------------------------------------------------------------------
@@ -365,25 +383,36 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             slot = contextlib.nullcontext() if _HOLDING_SLOT.get() else self._slots
             async with slot:
                 attempt = self._state.take_preclaimed(update.update_id)
-                if attempt is None:
+                if attempt is None and not self._state.stopping:
                     attempt = await self._threads.call(runtime.claim, update.update_id)
                 if attempt is None:
+                    return False  # not ours, or stopping: it stays in the store
+                if self._state.stopping:
+                    # nothing new starts once stopping began: claimable elsewhere at once
+                    await self._threads.call(runtime.release, [attempt])
                     return False
                 self._running += 1
                 handled = UpdateState(update)
                 try:
+                    timeout = runtime.options.attempt_timeout_seconds
                     with handling(handled, attempt if attempt.fenced else None):
-                        try:
-                            await coroutine
-                        except Exception as exc:
-                            handled.error = exc
-                        except asyncio.CancelledError as exc:
-                            if _cancel_requested():
-                                raise
-                            # raised by handler code while this task was not cancelled: a
-                            # failure (propagating it would kill PTB's update fetcher in
-                            # sequential mode)
-                            handled.error = exc
+                        async with self._handlers.run(attempt, timeout) as run:
+                            try:
+                                await coroutine
+                            except Exception as exc:
+                                handled.error = exc
+                            except asyncio.CancelledError as exc:
+                                if cancel_requested():
+                                    raise
+                                # raised by handler code while this task was not cancelled:
+                                # a failure (propagating it would kill PTB's update fetcher
+                                # in sequential mode)
+                                handled.error = exc
+                    if run.released:
+                        return True  # released by the stop: nothing to settle
+                    if run.timed_out:
+                        assert timeout is not None
+                        handled.error = AttemptTimeout(update.update_id, attempt.attempt, timeout)
                     if handled.error is not None or attempt.exhausted:
                         attempt.body = update_body(update)
                     if (
@@ -417,16 +446,6 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
 _HOLDING_SLOT: "contextvars.ContextVar[bool]" = contextvars.ContextVar(
     "ptb_fence_holding_slot", default=False
 )
-
-
-def _cancel_requested() -> bool:
-    """Whether the current task is being cancelled (as opposed to code raising CancelledError).
-
-    Python 3.10 cannot tell the two apart: there every CancelledError counts as a cancel.
-    """
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)
-    return cancelling is None or cancelling() > 0
 
 
 class DurableUpdateProcessor(BaseFenceProcessor):

@@ -24,8 +24,9 @@ class SharedState:
       its processing ends (or it is released), so the sweep and the retry timers never queue
       an update that is already queued or running here;
     - a pre-claimed :class:`Attempt` held here (in :attr:`ingested` or :attr:`preclaimed`) is
-      either taken by the update's processing or ended with ``end`` (its lease then lapses
-      and a sweep retries the update): none is dropped while its lease keeps being renewed.
+      either taken by the update's processing or given back with ``release`` (claimable at
+      once elsewhere where the store can, else its lease lapses and a sweep retries the
+      update): none is dropped while its lease keeps being renewed.
 
     Attributes:
         inflight: Ids of updates queued or being processed here.
@@ -36,10 +37,10 @@ class SharedState:
         batch_ingest: The Bot's ``getUpdates`` answers are recorded whole.
     """
 
-    __slots__ = ("_end", "batch_ingest", "inflight", "ingested", "preclaimed", "started", "stopping")
+    __slots__ = ("_release", "batch_ingest", "inflight", "ingested", "preclaimed", "started", "stopping")
 
-    def __init__(self, end: Callable[[Attempt], None]) -> None:
-        self._end = end
+    def __init__(self, release: Callable[[List[Attempt]], None]) -> None:
+        self._release = release
         self.inflight: Set[int] = set()
         self.ingested: Dict[int, Recorded] = {}
         self.preclaimed: Dict[int, Attempt] = {}
@@ -68,16 +69,27 @@ class SharedState:
         """A booked update that will not be queued after all (stopping): release it."""
         attempt = self.preclaimed.pop(update_id, None)
         if attempt is not None:
-            self._end(attempt)
+            self._release([attempt])
         self.inflight.discard(update_id)
 
-    def release_preclaimed(self, *, ingested_only: bool = False) -> None:
-        """End the pre-claimed attempts held here (all, or only those of :attr:`ingested`,
-        which PTB never put); their leases lapse and a sweep takes the updates."""
+    def release(self, attempts: List[Attempt]) -> None:
+        """Give back attempts that will not be started (claimable at once where the store
+        can release)."""
+        self._release(attempts)
+
+    def take_unstarted(self, *, ingested_only: bool = False) -> List[Attempt]:
+        """Take the pre-claimed attempts held here (all, or only those of :attr:`ingested`,
+        which PTB never put): they will not be started."""
         stale: List[Attempt] = [v for v in self.ingested.values() if isinstance(v, Attempt)]
         self.ingested.clear()
         if not ingested_only:
             stale += list(self.preclaimed.values())
             self.preclaimed.clear()
-        for attempt in stale:
-            self._end(attempt)
+        return stale
+
+    def release_preclaimed(self, *, ingested_only: bool = False) -> None:
+        """Give back the pre-claimed attempts held here (as :meth:`take_unstarted`), in one
+        ``release``."""
+        stale = self.take_unstarted(ingested_only=ingested_only)
+        if stale:
+            self._release(stale)

@@ -45,6 +45,7 @@ class Sweeper:
     __slots__ = (
         "_application",
         "_deliveries",
+        "_extra",
         "_loop",
         "_redeliver",
         "_retry_timers",
@@ -70,6 +71,7 @@ class Sweeper:
         self._application = application
         self._redeliver = redeliver
         self._task: Optional["asyncio.Task[None]"] = None
+        self._extra: "Set[asyncio.Task[None]]" = set()
         # a retry due before the next sweep is handed back at its time (same fenced claim)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._retry_timers: "Set[asyncio.TimerHandle]" = set()
@@ -88,10 +90,38 @@ class Sweeper:
         """Stop the sweep loop and cancel the retry timers (the retries stay due)."""
         self.cancel_retry_timers()
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
+        tasks = list(self._extra) + ([task] if task is not None else [])
+        for each in tasks:
+            each.cancel()
+        for each in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+                await each
+
+    def sweep_soon(self) -> None:
+        """Run one sweep on the event loop soon (thread-safe), fresh pending rows included:
+        called after a takeover of a dead process's claims, whose pending rows (recorded past
+        its claim budget) would otherwise wait for ``pending_grace_seconds``. Nothing once
+        stopping began."""
+        loop = self._loop
+        if loop is None or self._state.stopping:
+            return
+        try:
+            loop.call_soon_threadsafe(self._start_one_sweep)
+        except RuntimeError:  # the loop is closed
+            pass
+
+    def _start_one_sweep(self) -> None:
+        if self._state.stopping or not self._state.started or self._loop is None:
+            return
+        task = self._loop.create_task(self._one_sweep(), name="ptb_fence:sweep-now")
+        self._extra.add(task)
+        task.add_done_callback(self._extra.discard)
+
+    async def _one_sweep(self) -> None:
+        try:
+            await self.sweep(True)
+        except Exception:
+            _LOGGER.exception("sweep failed; trying again at the next interval")
 
     async def _run(self) -> None:
         include_fresh = True  # the first sweep takes every pending row at once

@@ -30,6 +30,7 @@ from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._outcome import Outcome, error_text, exhaustion_ids, ids
 from ptb_fence.runtime._port import StorePort
 from ptb_fence.runtime._recording import RecordingOps
+from ptb_fence.runtime._recovery import Recovery
 from ptb_fence.runtime._retry import default_retry
 
 __all__ = ["EXHAUSTION_PAGE", "Outcome", "Runtime"]
@@ -43,7 +44,7 @@ _MAX_RETRY_DELAY_SECONDS = 366 * 86400.0
 """Retry delays from a custom policy are clamped to this (a year; keeps store times finite)."""
 
 
-class Runtime(RecordingOps, Jobs):
+class Runtime(RecordingOps, Jobs, Recovery):
     """The shared runtime of one front end (one :class:`~ptb_fence.UpdateIntake` or processor).
 
     Args:
@@ -66,6 +67,7 @@ class Runtime(RecordingOps, Jobs):
 
     __slots__ = (
         "_cursor",
+        "_ingest_lock",
         "_jobs",
         "_jobs_running",
         "_scheduler",
@@ -77,6 +79,7 @@ class Runtime(RecordingOps, Jobs):
         "options",
         "port",
         "retry_soon",
+        "running_count",
         "store",
     )
 
@@ -99,6 +102,10 @@ class Runtime(RecordingOps, Jobs):
         self.delivers_exhaustions = handle_exhaustion
         self.keeper = LeaseKeeper(self.port, options, self.report_store_error)
         self._cursor: Optional[int] = None
+        self._ingest_lock = threading.Lock()
+        # running_count(): attempts whose handler runs now (set by a front end that claims at
+        # ingest); bounds the claims at ingest (see RecordingOps._claim_budget)
+        self.running_count: Callable[[], int] = lambda: 0
         # an Executor for blocking store work from asyncio (Attempt.run_in_transaction and
         # friends); None uses asyncio.to_thread. Set by the PTB processors.
         self.executor: Any = None
@@ -452,7 +459,12 @@ class Runtime(RecordingOps, Jobs):
 
     # -- sweep pieces -----------------------------------------------------------------------
     def due_page(self, *, limit: int, include_fresh: bool = False) -> List[StoredUpdate]:
-        """Updates to hand over now (pending after the grace period, or all pending)."""
+        """Updates to hand over now (pending after the grace period, or all pending).
+
+        First makes the claims of provably dead processes claimable
+        (:meth:`~ptb_fence.runtime._recovery.Recovery.take_over_dead`), so they are among
+        them."""
+        self.take_over_dead()
         now = self.options.now_ms()
         grace = 0 if include_fresh else int(self.options.pending_grace_seconds * 1000)
         return list(self.port.due(now=now, pending_before=now - grace, limit=limit))

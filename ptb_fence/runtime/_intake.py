@@ -17,6 +17,7 @@ from ptb_fence.runtime._chats import ChatScheduler, chat_key
 from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._delivery import ExhaustionDelivery
 from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
+from ptb_fence.runtime._intake_runs import IntakeRun, IntakeRuns
 from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._wakeups import Wakeups
 
@@ -69,6 +70,7 @@ class UpdateIntake:
         "_pool",
         "_refill",
         "_refills",
+        "_runs",
         "_wakeups",
         "_runtime",
         "_started",
@@ -122,6 +124,9 @@ class UpdateIntake:
         # a retry due before the next sweep is handed back at its time (same fenced claim)
         self._wakeups = Wakeups("ptb_fence-retries")
         self._runtime.retry_soon = self._retry_soon
+        self._runs = IntakeRuns(
+            self._runtime, self._wakeups, self._chats.done, self._submit_exhaustion
+        )
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -155,14 +160,22 @@ class UpdateIntake:
                 thread_name_prefix="ptb_fence-worker",
             )
             self._started = True
-        self._runtime.start_jobs(self._scheduled_sweep)
+        # this process's liveness signal: its claims are taken over at once elsewhere only
+        # once it is gone
+        self._runtime.hold_liveness()
+        self._runtime.start_jobs(self._scheduled_sweep, taken_over=self._sweep_taken_over)
         self._sweep(include_fresh=True)
 
     def close(self, timeout: Optional[float] = None) -> None:
-        """Stop taking work and wait for running attempts to finish.
+        """Stop taking work and wait (bounded) for running attempts to finish.
 
         Updates waiting for their turn are left in the store (pending or failed) for the next
-        start or another process. :meth:`accept` still records after ``close()``, so nothing
+        start or another process. Running attempts get ``stop_timeout_seconds`` (or
+        ``timeout``, if shorter) to finish; then they are released in one ``release_many``
+        (claimable at once by any process, the attempt not counted as spent; their fenced
+        writes are refused from then on) and their threads abandoned: they run on until their
+        handler returns (a worker thread cannot be stopped), and keep the interpreter from
+        exiting until then. :meth:`accept` still records after ``close()``, so nothing
         posted late is lost. Does not close the store.
 
         Waits for every thread the intake started: workers, the lease keeper and sweep
@@ -170,10 +183,9 @@ class UpdateIntake:
         due in the store). Close the store only after ``close()`` returned.
 
         Args:
-            timeout: Seconds to wait in all (:obj:`None`: until everything finished). What is
-                still running after it is named in a WARNING; attempts among it lose their
-                lease renewal and their updates are taken over after the lease; wait with
-                :meth:`idle` before closing the store.
+            timeout: Seconds to wait in all (:obj:`None`: attempts get
+                ``stop_timeout_seconds``, the intake's own threads as long as they need). What
+                is still running after it is named in a WARNING.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -190,9 +202,19 @@ class UpdateIntake:
         if pool is not None:
             # queued runs are not cancelled: each sees _closed, skips its update (left in the
             # store) and calls ChatScheduler.done, so idle() still becomes true
-            pool.shutdown(wait=timeout is None)
-            if not self._chats.wait_empty(left()):
-                running.append(f"ptb_fence-worker ({len(self._chats)} attempt(s))")
+            pool.shutdown(wait=False)
+            grace = self._runtime.options.stop_timeout_seconds
+            remaining = left()
+            if not self._chats.wait_empty(grace if remaining is None else min(grace, remaining)):
+                released = self._runs.release_all()
+                if released:
+                    _LOGGER.warning(
+                        "close(): %d handler(s) still running after %s: their updates are "
+                        "released (claimable at once elsewhere; their fenced writes are "
+                        "refused) and their threads abandoned",
+                        released,
+                        format_duration(grace if remaining is None else min(grace, remaining)),
+                    )
         running += self._wakeups.close(left())
         running += self._runtime.stop_jobs(left())
         with self._lock:
@@ -203,6 +225,7 @@ class UpdateIntake:
                 running.append(thread.name)
         if self._delivery is not None:
             running += self._delivery.close(left())
+        self._runtime.release_liveness()
         if running:
             _LOGGER.warning(
                 "close(): still running after %s: %s; attempts lose their lease renewal "
@@ -280,6 +303,11 @@ class UpdateIntake:
         # the scheduled sweep never waits for an exhaustion handler: a hanging one must not
         # stop the retries and lapsed-lease takeovers of this process
         self._sweep(include_fresh=False, deliver_inline=False)
+
+    def _sweep_taken_over(self) -> None:
+        # a dead process's claims were taken over: its pending rows (recorded past its claim
+        # budget) are taken now too, not after pending_grace_seconds
+        self._sweep(include_fresh=True, deliver_inline=False)
 
     def _deliver_exhaustions(self, wait: bool) -> List[threading.Event]:
         """Hand one page of due exhaustions (rotating cursor) to the delivery thread.
@@ -361,15 +389,17 @@ class UpdateIntake:
             self._chats.done(key, update_id)
 
     def _run_update(self, key: Hashable, update_id: int, item: Any) -> None:
+        run: Optional[IntakeRun] = None
         try:
             if not self._closed:
-                self._process(update_id, item[0], item[1])
+                run = self._process(key, update_id, item[0], item[1])
         except BaseException:  # pragma: no cover - _process never raises
             _LOGGER.exception(
                 "unexpected error processing update %s", update_id, extra={"update_id": update_id}
             )
         finally:
-            self._chats.done(key, update_id)
+            if run is None or not run.timed_out:  # a timed-out run passed the turn on already
+                self._chats.done(key, update_id)
             if self._refill and len(self._chats) == 0 and not self._closed:
                 self._refill = False
                 self._start_refill()
@@ -409,11 +439,18 @@ class UpdateIntake:
         # a few ms late, so the store sees the retry time as come (due_at <= now)
         self._wakeups.call_later(delay + 0.005, wake)
 
-    def _process(self, update_id: int, text: str, update: Dict[str, Any]) -> None:
+    def _submit_exhaustion(self, exhaustion: Exhaustion) -> None:
+        if self._delivery is not None:
+            self._delivery.submit([exhaustion])
+
+    def _process(
+        self, key: Hashable, update_id: int, text: str, update: Dict[str, Any]
+    ) -> Optional[IntakeRun]:
         runtime = self._runtime
         attempt = runtime.claim(update_id, text)
         if attempt is None:
-            return
+            return None
+        run = self._runs.begin(key, update_id, attempt)
         token = _CURRENT.set(attempt) if attempt.fenced else None
         error: Optional[BaseException] = None
         try:
@@ -427,10 +464,13 @@ class UpdateIntake:
         finally:
             if token is not None:
                 _CURRENT.reset(token)
+        if not self._runs.returned(run):
+            return run  # timed out or released meanwhile: settled (or released) already
         try:
             _, exhaustion = runtime.settle(attempt, error)
         finally:
             runtime.end(attempt)
-        if exhaustion is not None and self._delivery is not None:
+        if exhaustion is not None:
             # delivered on the delivery thread: this worker releases the chat's turn now
-            self._delivery.submit([exhaustion])
+            self._submit_exhaustion(exhaustion)
+        return run

@@ -11,8 +11,13 @@ from ptb_fence.runtime._lease_keeper import EXECUTOR, new_scheduler
 if TYPE_CHECKING:
     from ptb_fence.runtime._lease_keeper import LeaseKeeper
     from ptb_fence.runtime._options import RuntimeOptions
+    from ptb_fence.runtime._port import StorePort
 
-__all__ = ["Jobs"]
+__all__ = ["Jobs", "TAKEOVER_EVERY_SECONDS"]
+
+TAKEOVER_EVERY_SECONDS = 1.0
+"""How often a runtime whose store has liveness signals looks for dead processes' claims
+(at most; never less often than its sweep)."""
 
 _LOGGER = logging.getLogger("ptb_fence.runtime")
 
@@ -23,6 +28,7 @@ class Jobs:
     __slots__ = ()
 
     if TYPE_CHECKING:
+        port: StorePort
         keeper: LeaseKeeper
         options: RuntimeOptions
         _scheduler: Any
@@ -30,8 +36,19 @@ class Jobs:
         _jobs: threading.Condition
         _jobs_running: "dict[str, int]"
 
-    def start_jobs(self, sweep: Optional[Callable[[], Any]] = None) -> None:
-        """Start a fresh background scheduler with the lease keeper (and ``sweep``) jobs."""
+        def take_over_dead(self) -> int: ...
+
+    def start_jobs(
+        self,
+        sweep: Optional[Callable[[], Any]] = None,
+        taken_over: Optional[Callable[[], Any]] = None,
+    ) -> None:
+        """Start a fresh background scheduler with the lease keeper (and ``sweep``) jobs.
+
+        With a store that has liveness signals, also a takeover watch every
+        :data:`TAKEOVER_EVERY_SECONDS`: it makes the claims of dead processes claimable and,
+        when there were any, calls ``taken_over()`` (the front end sweeps them up at once).
+        """
         with self._scheduler_lock:
             if self._scheduler is not None:
                 return
@@ -49,8 +66,26 @@ class Jobs:
                     # instead of APScheduler warning that a run was skipped
                     max_instances=3,
                 )
+            if self.port.has_liveness:
+                every = min(TAKEOVER_EVERY_SECONDS, self.options.sweep_every_seconds)
+                scheduler.add_job(
+                    self._tracked(self._watch(taken_over), "ptb_fence takeover"),
+                    "interval",
+                    executor=EXECUTOR,
+                    seconds=every,
+                    id="ptb_fence_takeover",
+                    name="ptb_fence takeover",
+                    max_instances=3,
+                )
             scheduler.start()
             self._scheduler = scheduler
+
+    def _watch(self, taken_over: Optional[Callable[[], Any]]) -> Callable[[], None]:
+        def watch() -> None:
+            if self.take_over_dead() and taken_over is not None:
+                taken_over()
+
+        return watch
 
     def _tracked(self, fn: Callable[[], Any], name: str) -> Callable[[], Any]:
         """``fn`` counted while it runs, so :meth:`stop_jobs` can wait for it with a bound."""

@@ -24,6 +24,12 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
+def _non_negative_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return value
+
+
 def _callable_or_none(name: str, value: Any) -> Any:
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be callable or None, got {value!r}")
@@ -62,9 +68,24 @@ class RuntimeOptions:
             of ``"claim"``, ``"renew"``, ``"settle"``, ``"sweep"``.
         clock: ``clock() -> float`` seconds since the epoch (default :func:`time.time`); the
             store sees ``int(clock() * 1000)``.
+        stop_timeout_seconds (:obj:`float` | :class:`datetime.timedelta`):
+            Once stopping began (``Application.stop()``, :meth:`UpdateIntake.close`), how long
+            running handlers may still finish; then their attempts are released (claimable at
+            once elsewhere, not counted as spent; their fenced writes are refused) and their
+            tasks cancelled (asyncio) or abandoned (threads). Default 10.
+        attempt_timeout_seconds (:obj:`float` | :class:`datetime.timedelta` | :obj:`None`):
+            How long one attempt's handler may run: then it fails with
+            :exc:`~ptb_fence.AttemptTimeout` (retried by the ``retry`` policy) and its fenced
+            writes are refused; an asyncio handler is cancelled, a blocking one is abandoned
+            (its thread runs on). Default :obj:`None` (no limit).
+        ingest_claim_buffer (:obj:`int`): A fenced store that records and claims in one
+            commit claims at ingest at most ``max_concurrent + ingest_claim_buffer`` minus the
+            claims this process already holds; the rest of a batch is recorded ``pending``
+            (claimable by any process; this one claims them when it gets to them), so a crash
+            strands at most that many for a lease. Default 8.
 
     Raises:
-        ValueError: A numeric option is not positive, or a duration is neither a number nor a
+        ValueError: A numeric option is not positive (``ingest_claim_buffer``: negative), or a duration is neither a number nor a
             ``timedelta`` (the message names the option).
         TypeError: A callback is not callable.
     """
@@ -80,6 +101,9 @@ class RuntimeOptions:
     on_exhaustion_failure: Optional[Callable[[BaseException, "Exhaustion"], Any]] = None
     on_store_error: Optional[Callable[[BaseException, str], Any]] = None
     clock: Callable[[], float] = time.time
+    stop_timeout_seconds: float = 10.0
+    attempt_timeout_seconds: Optional[float] = None
+    ingest_claim_buffer: int = 8
 
     # The constructor takes durations as ``float | int | timedelta``; the attributes are always
     # float seconds, so code reading them needs no conversion.
@@ -96,6 +120,9 @@ class RuntimeOptions:
         on_exhaustion_failure: Optional[Callable[[BaseException, "Exhaustion"], Any]] = None,
         on_store_error: Optional[Callable[[BaseException, str], Any]] = None,
         clock: Callable[[], float] = time.time,
+        stop_timeout_seconds: Duration = 10.0,
+        attempt_timeout_seconds: Optional[Duration] = None,
+        ingest_claim_buffer: int = 8,
     ) -> None:
         values: "dict[str, Any]" = {
             "max_attempts": _positive_int("max_attempts", max_attempts),
@@ -113,6 +140,13 @@ class RuntimeOptions:
             ),
             "on_store_error": _callable_or_none("on_store_error", on_store_error),
             "clock": clock,
+            "stop_timeout_seconds": duration_seconds("stop_timeout_seconds", stop_timeout_seconds),
+            "attempt_timeout_seconds": (
+                None
+                if attempt_timeout_seconds is None
+                else duration_seconds("attempt_timeout_seconds", attempt_timeout_seconds)
+            ),
+            "ingest_claim_buffer": _non_negative_int("ingest_claim_buffer", ingest_claim_buffer),
         }
         if not callable(clock):
             raise TypeError(f"clock must be callable, got {clock!r}")

@@ -5,12 +5,14 @@ A mixin of :class:`~ptb_fence.runtime._core.Runtime`; every store call goes thro
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
+import threading
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple, Union
 
 from ptb_fence._values import AttemptIdentity, Completed, Settlement
 
 if TYPE_CHECKING:
     from ptb_fence.runtime._attempt import Attempt
+    from ptb_fence.runtime._lease_keeper import LeaseKeeper
     from ptb_fence.runtime._options import RuntimeOptions
     from ptb_fence.runtime._outcome import Outcome
     from ptb_fence.runtime._port import Recorded, Row, StorePort
@@ -33,6 +35,11 @@ class RecordingOps:
         options: RuntimeOptions
         attempt_aware: bool
         delivers_exhaustions: bool
+        keeper: LeaseKeeper
+        running_count: Callable[[], int]
+        _ingest_lock: threading.Lock
+
+        def release(self, attempts: Sequence[Attempt]) -> int: ...
 
         @property
         def uses_claim_ids(self) -> bool: ...
@@ -75,23 +82,48 @@ class RecordingOps:
         """Record ``(update_id, body)`` updates (one commit where the store can).
 
         With ``claim`` (and a fenced runtime whose store records and claims in one commit,
-        ``port.claims_at_ingest``) fresh updates are claimed for their first attempt in the same
-        commit and returned as registered :class:`~ptb_fence.Attempt` objects; otherwise
-        recorded pending (:obj:`True`). :obj:`False`: a duplicate. A store error propagates.
+        ``port.claims_at_ingest``) the first fresh updates, as many as the claim budget allows
+        (``max_concurrent + ingest_claim_buffer`` minus the claims held here), are claimed for
+        their first attempt in the same commit and returned as registered
+        :class:`~ptb_fence.Attempt` objects; the others are recorded pending (:obj:`True`,
+        a second commit). :obj:`False`: a duplicate. A store error propagates (attempts
+        claimed by the first commit are then released).
         """
         now = self.options.now_ms()
         rows = self._rows(items, now)
-        if self._claims_at_ingest(claim):
-            lease_until = self.options.lease_deadline(now)
+        if not self._claims_at_ingest(claim):
+            return list(self.port.add_many(rows))
+        with self._ingest_lock:  # the budget is counted and spent by one recorder at a time
+            options = self.options
+            budget = self._claim_budget()
+            if budget == 0:
+                return list(self.port.add_many(rows))
+            lease_until = options.lease_deadline(now)
             recorded = self.port.record_claimed(
-                rows,
+                rows[:budget],
                 lease_until=lease_until,
                 now=now,
-                max_attempts=self.options.max_attempts,
+                max_attempts=options.max_attempts,
                 durable_exhaustion=self.delivers_exhaustions,
             )
-            return self._adopt_all(recorded, items, lease_until)
-        return list(self.port.add_many(rows))
+            claimed = self._adopt_all(recorded, items[:budget], lease_until)
+        if len(rows) <= budget:
+            return claimed
+        try:
+            rest = list(self.port.add_many(rows[budget:]))
+        except BaseException:
+            self.release([value for value in claimed if not isinstance(value, bool)])
+            raise
+        return claimed + rest
+
+    def _claim_budget(self) -> int:
+        """How many more claims at ingest: ``max_concurrent + ingest_claim_buffer`` minus the
+        claims held here (being renewed) minus the slots still free (the front end may claim
+        for them when it starts an update recorded pending). So claims waiting to start never
+        exceed the buffer, and all claims held never exceed ``max_concurrent + buffer``."""
+        held = len(self.keeper.active())
+        running = min(self.running_count(), held)
+        return max(0, self.options.ingest_claim_buffer - (held - running))
 
     def complete_many(self, attempts: Sequence["Attempt"]) -> "List[Outcome]":
         """Settle handled attempts as completed (one commit where the store can).
@@ -127,8 +159,12 @@ class RecordingOps:
         Returns the records (or the store error that prevented them: do not acknowledge those
         updates) and the outcomes of the completions.
         """
-        if not items or not attempts or not self._claims_at_ingest(claim) or not (
-            self.port.records_and_settles_together and all(a.fenced for a in attempts)
+        if (
+            not items
+            or not attempts
+            or not self._claims_at_ingest(claim)
+            or not (self.port.records_and_settles_together and all(a.fenced for a in attempts))
+            or len(items) > self._claim_budget()  # claims only part: two commits
         ):
             try:
                 records: "Union[List[Record], BaseException]" = (

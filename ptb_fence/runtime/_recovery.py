@@ -1,0 +1,138 @@
+"""Recovery: releasing claims at once, this process's liveness, taking over dead processes.
+
+:class:`Recovery` is a part of :class:`~ptb_fence.runtime._core.Runtime` (a mix-in): the
+front ends call it when stopping begins (:meth:`Recovery.release`), at start and shutdown
+(:meth:`Recovery.hold_liveness`, :meth:`Recovery.release_liveness`) and in every sweep
+(:meth:`Recovery.take_over_dead`). Blocking calls only.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence
+
+from ptb_fence.runtime._attempt import Attempt
+from ptb_fence.runtime._outcome import ids
+
+if TYPE_CHECKING:
+    from ptb_fence.runtime._options import RuntimeOptions
+    from ptb_fence.runtime._port import StorePort
+
+__all__ = ["AttemptTimeout", "Recovery"]
+
+_LOGGER = logging.getLogger("ptb_fence.runtime")
+
+
+class AttemptTimeout(Exception):
+    """An attempt's handler ran longer than ``attempt_timeout_seconds``.
+
+    The attempt fails with this error and is retried by the ``retry`` policy (or exhausted).
+    The handler was cancelled (asyncio) or abandoned (a blocking :class:`~ptb_fence.UpdateIntake`
+    handler: its thread runs on); its fenced writes are refused from then on, because the
+    attempt has been settled.
+
+    Args:
+        update_id (:obj:`int`): The update.
+        attempt (:obj:`int`): The attempt number.
+        seconds (:obj:`float`): The limit that passed.
+    """
+
+    __slots__ = ("attempt", "seconds", "update_id")
+
+    def __init__(self, update_id: int, attempt: int, seconds: float) -> None:
+        self.update_id = update_id
+        self.attempt = attempt
+        self.seconds = seconds
+        super().__init__(
+            f"attempt {attempt} of update {update_id} ran longer than "
+            f"attempt_timeout_seconds={seconds:g}; its handler was stopped and the attempt "
+            "failed (retried by the retry policy)"
+        )
+
+
+class Recovery:
+    """``release``, ``hold_liveness``, ``release_liveness``, ``take_over_dead``."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+        port: StorePort
+        options: RuntimeOptions
+
+        def end(self, attempt: Attempt) -> None: ...
+
+        def report_store_error(
+            self, error: BaseException, step: str, *, ids: "Optional[dict[str, Any]]" = None
+        ) -> None: ...
+
+    def release(self, attempts: Sequence[Attempt]) -> int:
+        """Give ``attempts`` back to the store at once, in one ``release_many`` call.
+
+        Each row becomes claimable now by any process, its attempt not counted as spent; the
+        next claim writes a fresh claim id, so these attempts' fenced writes are refused from
+        now on. Every attempt is ended here (no more renewals). Attempts that cannot be
+        released (unfenced, or a store without ``release_many``) wait for their lease.
+
+        Returns:
+            The number released.
+        """
+        fenced: List[Attempt] = []
+        for attempt in attempts:
+            if attempt.fenced and not attempt.finished:
+                fenced.append(attempt)
+            self.end(attempt)
+        if not fenced:
+            return 0
+        try:
+            released = self.port.release_many(
+                [attempt.identity for attempt in fenced], self.options.now_ms()
+            )
+        except Exception as exc:
+            self.report_store_error(exc, "settle")
+            return 0
+        count = 0
+        for attempt, ok in zip(fenced, released):
+            if ok:
+                count += 1
+                attempt.mark_owner_lost()
+                _LOGGER.debug(
+                    "released update %s attempt %s (claim %s)",
+                    attempt.update_id,
+                    attempt.attempt,
+                    attempt.claim_id,
+                    extra=ids(attempt),
+                )
+        if count:
+            _LOGGER.info("released %d claimed update(s): claimable at once elsewhere", count)
+        return count
+
+    def hold_liveness(self) -> Optional[str]:
+        """Start holding this process's liveness signal (the store's instance id, if any).
+
+        A store failure is reported (step ``"sweep"``) and the process runs on without one:
+        its claims are then taken over only after their lease.
+        """
+        try:
+            return self.port.hold_liveness()
+        except Exception as exc:
+            self.report_store_error(exc, "sweep")
+            return None
+
+    def release_liveness(self) -> None:
+        """Stop holding this process's liveness signal (reported, never raised)."""
+        try:
+            self.port.release_liveness()
+        except Exception as exc:
+            self.report_store_error(exc, "sweep")
+
+    def take_over_dead(self) -> int:
+        """Make the claims of provably dead instances claimable now (reported, never
+        raised); returns how many."""
+        try:
+            count = self.port.take_over_dead(self.options.now_ms())
+        except Exception as exc:
+            self.report_store_error(exc, "sweep")
+            return 0
+        if count:
+            _LOGGER.info("took over %d update(s) of dead process(es)", count)
+        return count
