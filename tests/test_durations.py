@@ -12,7 +12,14 @@ from ptb_fence import MemoryUpdateStore, RuntimeOptions, UpdateIntake
 from ptb_fence._durations import duration_seconds, format_duration
 from ptb_fence.ptb import FencedUpdateProcessor
 
-DURATIONS = ["lease_seconds", "sweep_every_seconds", "pending_grace_seconds", "retain_seconds"]
+DURATIONS = [
+    "lease_seconds",
+    "sweep_every_seconds",
+    "pending_grace_seconds",
+    "retain_seconds",
+    "stop_timeout_seconds",
+    "attempt_timeout_seconds",
+]
 
 
 async def noop(*_: Any) -> None:
@@ -59,6 +66,9 @@ def test_lease_ms_from_timedelta() -> None:
      dt.datetime(2026, 1, 1)],
 )
 def test_bad_durations_name_the_option(name: str, value: Any) -> None:
+    if name == "attempt_timeout_seconds" and value is None:
+        assert RuntimeOptions(attempt_timeout_seconds=None).attempt_timeout_seconds is None
+        return  # None switches the attempt timeout off
     with pytest.raises(ValueError, match=name) as info:
         RuntimeOptions(**{name: value})
     assert "timedelta" in str(info.value)
