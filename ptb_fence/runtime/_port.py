@@ -20,6 +20,8 @@ for a store that has only the methods of SPEC §4:
 - ``release_many`` missing (:class:`~ptb_fence.ReleasingUpdateStore`) → every claim is
   reported not released (:obj:`False`): the update waits for its lease to lapse
   (:attr:`StorePort.releases` is :obj:`False`);
+- ``claim_owned_many``/``claim_due_many`` missing (:class:`~ptb_fence.ClaimingUpdateStore`)
+  → the loop of ``claim_owned`` (see :class:`~ptb_fence.runtime._port_claims.ClaimsPort`);
 - ``hold_liveness``/``release_liveness``/``take_over_dead`` missing
   (:class:`~ptb_fence.LivenessStore`, all three needed) → no instance (:obj:`None`), nothing
   to release, nothing taken over (``0``): a dead process's claims wait for their lease
@@ -40,6 +42,7 @@ from ptb_fence._protocols import (
     missing_methods,
 )
 from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoredUpdate
+from ptb_fence.runtime._port_claims import ClaimsPort
 
 __all__ = ["Recorded", "Row", "StorePort"]
 
@@ -70,7 +73,7 @@ def _takes_connection(method: Optional[Callable[..., Any]]) -> bool:
     )
 
 
-class StorePort:
+class StorePort(ClaimsPort):
     """The user's store behind one typed interface (built once per runtime).
 
     Args:
@@ -88,6 +91,8 @@ class StorePort:
         "_add_claimed_many",
         "_add_many",
         "_bind_bot",
+        "_claim_due_many",
+        "_claim_owned_many",
         "_hold_liveness",
         "_owns_connection",
         "_release_liveness",
@@ -134,6 +139,8 @@ class StorePort:
         self._transaction = _optional(store, "transaction")
         self._bind_bot = _optional(store, "bind_bot")
         self._release_many = _optional(store, "release_many")
+        self._claim_owned_many = _optional(store, "claim_owned_many")
+        self._claim_due_many = _optional(store, "claim_due_many")
         liveness = not missing_methods(store, LIVENESS_METHODS)
         self._hold_liveness = _optional(store, "hold_liveness") if liveness else None
         self._release_liveness = _optional(store, "release_liveness") if liveness else None

@@ -14,6 +14,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement
 from ptb_fence.stores._names import validate_table_name, validate_update_id
 from ptb_fence.stores._pg_base import PostgresBaseStore
+from ptb_fence.stores._pg_claims import PostgresClaims
 from ptb_fence.stores._pg_batches import (
     add_claimed,
     batch_results,
@@ -47,7 +48,7 @@ def postgres_update_store_schema(table: str = "telegram_updates") -> str:
     return schema_sql(validate_table_name(table))
 
 
-class PostgresUpdateStore(PostgresBaseStore):
+class PostgresUpdateStore(PostgresClaims, PostgresBaseStore):
     """A durable, fenced update store in PostgreSQL, for one or several processes or machines.
 
     Thread-safe. Every operation takes a connection from the store's pool for one short
