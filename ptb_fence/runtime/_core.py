@@ -24,6 +24,7 @@ from ptb_fence._values import (
     StoredUpdate,
 )
 from ptb_fence.runtime._attempt import Attempt
+from ptb_fence.runtime._claiming import ClaimingOps
 from ptb_fence.runtime._jobs import Jobs
 from ptb_fence.runtime._lease_keeper import LeaseKeeper
 from ptb_fence.runtime._options import RuntimeOptions
@@ -44,7 +45,7 @@ _MAX_RETRY_DELAY_SECONDS = 366 * 86400.0
 """Retry delays from a custom policy are clamped to this (a year; keeps store times finite)."""
 
 
-class Runtime(RecordingOps, Jobs, Recovery):
+class Runtime(ClaimingOps, RecordingOps, Jobs, Recovery):
     """The shared runtime of one front end (one :class:`~ptb_fence.UpdateIntake` or processor).
 
     Args:
@@ -79,7 +80,6 @@ class Runtime(RecordingOps, Jobs, Recovery):
         "options",
         "port",
         "retry_soon",
-        "running_count",
         "store",
     )
 
@@ -103,9 +103,6 @@ class Runtime(RecordingOps, Jobs, Recovery):
         self.keeper = LeaseKeeper(self.port, options, self.report_store_error)
         self._cursor: Optional[int] = None
         self._ingest_lock = threading.Lock()
-        # running_count(): attempts whose handler runs now (set by a front end that claims at
-        # ingest); bounds the claims at ingest (see RecordingOps._claim_budget)
-        self.running_count: Callable[[], int] = lambda: 0
         # an Executor for blocking store work from asyncio (Attempt.run_in_transaction and
         # friends); None uses asyncio.to_thread. Set by the PTB processors.
         self.executor: Any = None

@@ -17,6 +17,7 @@ from ptb_fence.runtime._chats import ChatScheduler, chat_key
 from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._delivery import ExhaustionDelivery
 from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
+from ptb_fence.runtime._intake_pages import PAGE, claim_and_dispatch, release_items
 from ptb_fence.runtime._intake_runs import IntakeRun, IntakeRuns
 from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._wakeups import Wakeups
@@ -26,8 +27,6 @@ __all__ = ["UpdateIntake"]
 _LOGGER = logging.getLogger("ptb_fence.intake")
 
 AcceptResult = Literal["accepted", "duplicate", "invalid"]
-
-_SWEEP_PAGE = 500
 
 
 class UpdateIntake:
@@ -197,7 +196,7 @@ class UpdateIntake:
                 return
             self._closed = True
             pool, self._pool = self._pool, None
-        self._chats.drop_waiting()
+        release_items(self._runtime, self._chats.drop_waiting())
         running: List[str] = []
         if pool is not None:
             # queued runs are not cancelled: each sees _closed, skips its update (left in the
@@ -333,30 +332,30 @@ class UpdateIntake:
             self._delivery_lock.release()
         return delivery.submit(page)
 
-    def _sweep(self, *, include_fresh: bool, deliver_inline: bool = True) -> int:
+    def _sweep(
+        self, *, include_fresh: bool, deliver_inline: bool = True, page_only: bool = False
+    ) -> int:
         runtime = self._runtime
         if not self._sweep_lock.acquire(blocking=False):
             return 0
         handed = 0
         delivering: List[threading.Event] = []
         try:
-            try:
-                rows = runtime.due_page(limit=_SWEEP_PAGE, include_fresh=include_fresh)
-            except Exception as exc:
-                runtime.report_store_error(exc, "sweep")
-                rows = []
-            for row in rows:
-                if self._closed:
-                    break
-                if self._dispatch_stored(row):
-                    handed += 1
+            if runtime.uses_claim_ids:  # claimed here, a page within the claim budget
+                handed, full = claim_and_dispatch(
+                    runtime, self._dispatch_stored, lambda: self._closed,
+                    include_fresh=include_fresh, take_over=not page_only,
+                )
+            else:
+                handed, full = self._list_and_dispatch(include_fresh)
             # a full page means there may be more: fetch the next when the workers drain
-            self._refill = len(rows) >= _SWEEP_PAGE
-            delivering = self._deliver_exhaustions(wait=deliver_inline)
-            try:
-                runtime.prune()
-            except Exception as exc:
-                runtime.report_store_error(exc, "sweep")
+            self._refill = full
+            if not page_only:
+                delivering = self._deliver_exhaustions(wait=deliver_inline)
+                try:
+                    runtime.prune()
+                except Exception as exc:
+                    runtime.report_store_error(exc, "sweep")
         finally:
             self._sweep_lock.release()
         if deliver_inline:
@@ -366,33 +365,53 @@ class UpdateIntake:
             _LOGGER.info("sweep handed over %d update(s)", handed)
         return handed
 
-    def _dispatch_stored(self, row: StoredUpdate) -> bool:
+    def _list_and_dispatch(self, include_fresh: bool) -> "tuple[int, bool]":
+        runtime = self._runtime
+        handed = 0
+        try:
+            rows = runtime.due_page(limit=PAGE, include_fresh=include_fresh)
+        except Exception as exc:
+            runtime.report_store_error(exc, "sweep")
+            rows = []
+        for row in rows:
+            if self._closed:
+                break
+            if self._dispatch_stored(row):
+                handed += 1
+        return handed, len(rows) >= PAGE
+
+    def _dispatch_stored(self, row: StoredUpdate, attempt: Optional[Attempt] = None) -> bool:
         try:
             update = json.loads(row.body)
             if not isinstance(update, dict):
                 raise ValueError("not an object")
         except (ValueError, RecursionError):
             update = {"update_id": row.update_id}
-        return self._dispatch(row.update_id, row.body, update)
+        return self._dispatch(row.update_id, row.body, update, attempt)
 
-    def _dispatch(self, update_id: int, text: str, update: Dict[str, Any]) -> bool:
-        return self._chats.submit(chat_key(update), update_id, (text, update))
+    def _dispatch(
+        self, update_id: int, text: str, update: Dict[str, Any], attempt: Optional[Attempt] = None
+    ) -> bool:
+        return self._chats.submit(chat_key(update), update_id, (text, update, attempt))
 
     def _start_update(self, key: Hashable, update_id: int, item: Any) -> None:
         pool = self._pool
-        if pool is None:
-            self._chats.done(key, update_id)
-            return
         try:
-            pool.submit(self._run_update, key, update_id, item)
+            if pool is not None:
+                pool.submit(self._run_update, key, update_id, item)
+                return
         except RuntimeError:  # the pool is shutting down
-            self._chats.done(key, update_id)
+            pass
+        release_items(self._runtime, [item])
+        self._chats.done(key, update_id)
 
     def _run_update(self, key: Hashable, update_id: int, item: Any) -> None:
         run: Optional[IntakeRun] = None
         try:
             if not self._closed:
-                run = self._process(key, update_id, item[0], item[1])
+                run = self._process(key, update_id, item[0], item[1], item[2])
+            else:
+                release_items(self._runtime, [item])
         except BaseException:  # pragma: no cover - _process never raises
             _LOGGER.exception(
                 "unexpected error processing update %s", update_id, extra={"update_id": update_id}
@@ -400,7 +419,8 @@ class UpdateIntake:
         finally:
             if run is None or not run.timed_out:  # a timed-out run passed the turn on already
                 self._chats.done(key, update_id)
-            if self._refill and len(self._chats) == 0 and not self._closed:
+            if (self._refill and len(self._chats) <= self._runtime.options.max_concurrent
+                    and not self._closed):
                 self._refill = False
                 self._start_refill()
 
@@ -409,7 +429,7 @@ class UpdateIntake:
 
         def refill() -> None:
             try:
-                self._sweep(include_fresh=True)
+                self._sweep(include_fresh=True, page_only=True)
             finally:
                 with self._lock:
                     self._refills.discard(thread)
@@ -444,10 +464,11 @@ class UpdateIntake:
             self._delivery.submit([exhaustion])
 
     def _process(
-        self, key: Hashable, update_id: int, text: str, update: Dict[str, Any]
+        self, key: Hashable, update_id: int, text: str, update: Dict[str, Any],
+        claimed: Optional[Attempt],
     ) -> Optional[IntakeRun]:
         runtime = self._runtime
-        attempt = runtime.claim(update_id, text)
+        attempt = claimed if claimed is not None else runtime.claim(update_id, text)
         if attempt is None:
             return None
         run = self._runs.begin(key, update_id, attempt)

@@ -6,7 +6,7 @@ A mixin of :class:`~ptb_fence.runtime._core.Runtime`; every store call goes thro
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
 
 from ptb_fence._values import AttemptIdentity, Completed, Settlement
 
@@ -36,10 +36,11 @@ class RecordingOps:
         attempt_aware: bool
         delivers_exhaustions: bool
         keeper: LeaseKeeper
-        running_count: Callable[[], int]
         _ingest_lock: threading.Lock
 
         def release(self, attempts: Sequence[Attempt]) -> int: ...
+
+        def claim_budget(self) -> int: ...
 
         @property
         def uses_claim_ids(self) -> bool: ...
@@ -83,7 +84,7 @@ class RecordingOps:
 
         With ``claim`` (and a fenced runtime whose store records and claims in one commit,
         ``port.claims_at_ingest``) the first fresh updates, as many as the claim budget allows
-        (``max_concurrent + ingest_claim_buffer`` minus the claims held here), are claimed for
+        (:meth:`~ptb_fence.runtime._claiming.ClaimingOps.claim_budget`), are claimed for
         their first attempt in the same commit and returned as registered
         :class:`~ptb_fence.Attempt` objects; the others are recorded pending (:obj:`True`,
         a second commit). :obj:`False`: a duplicate. A store error propagates (attempts
@@ -95,7 +96,7 @@ class RecordingOps:
             return list(self.port.add_many(rows))
         with self._ingest_lock:  # the budget is counted and spent by one recorder at a time
             options = self.options
-            budget = self._claim_budget()
+            budget = self.claim_budget()
             if budget == 0:
                 return list(self.port.add_many(rows))
             lease_until = options.lease_deadline(now)
@@ -115,15 +116,6 @@ class RecordingOps:
             self.release([value for value in claimed if not isinstance(value, bool)])
             raise
         return claimed + rest
-
-    def _claim_budget(self) -> int:
-        """How many more claims at ingest: ``max_concurrent + ingest_claim_buffer`` minus the
-        claims held here (being renewed) minus the slots still free (the front end may claim
-        for them when it starts an update recorded pending). So claims waiting to start never
-        exceed the buffer, and all claims held never exceed ``max_concurrent + buffer``."""
-        held = len(self.keeper.active())
-        running = min(self.running_count(), held)
-        return max(0, self.options.ingest_claim_buffer - (held - running))
 
     def complete_many(self, attempts: Sequence["Attempt"]) -> "List[Outcome]":
         """Settle handled attempts as completed (one commit where the store can).
@@ -164,7 +156,7 @@ class RecordingOps:
             or not attempts
             or not self._claims_at_ingest(claim)
             or not (self.port.records_and_settles_together and all(a.fenced for a in attempts))
-            or len(items) > self._claim_budget()  # claims only part: two commits
+            or len(items) > self.claim_budget()  # claims only part: two commits
         ):
             try:
                 records: "Union[List[Record], BaseException]" = (

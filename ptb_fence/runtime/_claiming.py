@@ -1,0 +1,111 @@
+"""Claims of several updates at once: the budget that bounds the claims a process holds,
+claiming given updates together (a front end starting one update claims the next ones it has
+queued with it) and claiming the next page of due updates (the sweeps).
+
+A mixin of :class:`~ptb_fence.runtime._core.Runtime`; every store call goes through its port
+(``claim_owned_many``/``claim_due_many``: one statement and one commit where the store can).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
+
+from ptb_fence._values import AttemptIdentity
+
+if TYPE_CHECKING:
+    from ptb_fence.runtime._attempt import Attempt
+    from ptb_fence.runtime._lease_keeper import LeaseKeeper
+    from ptb_fence.runtime._options import RuntimeOptions
+    from ptb_fence.runtime._port import StorePort
+
+__all__ = ["ClaimingOps"]
+
+
+class ClaimingOps:
+    """``claim_budget``, ``claim_many`` and ``claim_page``."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+        port: StorePort
+        options: RuntimeOptions
+        delivers_exhaustions: bool
+        keeper: LeaseKeeper
+
+        @property
+        def uses_claim_ids(self) -> bool: ...
+
+        def adopt(
+            self, identity: AttemptIdentity, lease_until: int, body: Optional[str] = None
+        ) -> Attempt: ...
+
+        def claim(self, update_id: int, body: Optional[str] = None) -> Optional[Attempt]: ...
+
+        def take_over_dead(self) -> int: ...
+
+        def report_store_error(
+            self, error: BaseException, step: str, *, ids: "Optional[dict[str, Any]]" = None
+        ) -> None: ...
+
+    def claim_budget(self) -> int:
+        """How many more claims this process may take now: ``max_concurrent +
+        ingest_claim_buffer`` minus the claims it holds (being renewed).
+
+        Every claim at ingest, at the start of an update and by a sweep stays within it, so
+        a process never holds more than ``max_concurrent + ingest_claim_buffer`` claims (a
+        crash strands at most that many for a lease), and claims beyond the free slots —
+        waiting for a slot — never exceed the buffer.
+        """
+        held = len(self.keeper.active())
+        return max(0, self.options.max_concurrent + self.options.ingest_claim_buffer - held)
+
+    def claim_many(self, update_ids: Sequence[int]) -> List[Optional[Attempt]]:
+        """Claim ``update_ids`` for their next attempt together (one commit where the store
+        can, ``claim_owned_many``), each registered with the lease keeper; per position the
+        attempt or :obj:`None` (not taken, as :meth:`claim`). A store error is reported as
+        step ``"claim"`` and nothing is taken. Without claim ids: :meth:`claim` per id."""
+        ids = list(update_ids)
+        if not self.uses_claim_ids or len(ids) < 2:
+            return [self.claim(update_id) for update_id in ids]
+        options = self.options
+        now = options.now_ms()
+        lease_until = options.lease_deadline(now)
+        try:
+            identities = self.port.claim_owned_many(
+                ids,
+                now=now,
+                lease_until=lease_until,
+                max_attempts=options.max_attempts,
+                durable_exhaustion=self.delivers_exhaustions,
+            )
+        except Exception as exc:
+            self.report_store_error(exc, "claim", ids={"update_id": ids[0]})
+            return [None] * len(ids)
+        return [None if i is None else self.adopt(i, lease_until) for i in identities]
+
+    def claim_page(
+        self, *, limit: int, include_fresh: bool = False, take_over: bool = True
+    ) -> List[Tuple[Attempt, str]]:
+        """Claim the next page of due updates (the rows ``due_page`` lists, at most
+        ``limit``) for their next attempt: one statement and one commit where the store can
+        (``claim_due_many``), else ``claim_owned`` per row. Returns ``(attempt, body)`` by
+        ``update_id``, each attempt registered with the lease keeper.
+
+        With ``take_over`` first makes the claims of provably dead processes claimable.
+        Needs claim ids (:attr:`uses_claim_ids`). A store error propagates.
+        """
+        if take_over:
+            self.take_over_dead()
+        options = self.options
+        now = options.now_ms()
+        grace = 0 if include_fresh else int(options.pending_grace_seconds * 1000)
+        lease_until = options.lease_deadline(now)
+        page = self.port.claim_due_many(
+            now=now,
+            pending_before=now - grace,
+            lease_until=lease_until,
+            max_attempts=options.max_attempts,
+            limit=limit,
+            durable_exhaustion=self.delivers_exhaustions,
+        )
+        return [(self.adopt(identity, lease_until, body), body) for identity, body in page]

@@ -1,0 +1,56 @@
+"""How an :class:`~ptb_fence.UpdateIntake` sweep claims due updates: a page at a time within
+the runtime's claim budget (one statement and one commit per page where the store can), each
+update handed to its chat's queue with its claim."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Tuple
+
+from ptb_fence._values import StoredUpdate
+from ptb_fence.runtime._attempt import Attempt
+from ptb_fence.runtime._core import Runtime
+
+__all__ = ["claim_and_dispatch", "release_items"]
+
+PAGE = 500
+"""The most updates one sweep hands over."""
+
+
+def claim_and_dispatch(
+    runtime: Runtime,
+    dispatch: Callable[[StoredUpdate, Optional[Attempt]], bool],
+    closed: Callable[[], bool],
+    *,
+    include_fresh: bool,
+    take_over: bool,
+) -> Tuple[int, bool]:
+    """Claim the next page of due updates (at most the claim budget) and ``dispatch`` each
+    with its attempt; an attempt not dispatched (already queued here, or closing) is
+    released at once. Returns the number handed over and whether the page was full (or the
+    budget spent: look again once claims are settled). A store error is reported as step
+    ``"sweep"``."""
+    limit = min(PAGE, runtime.claim_budget())
+    if limit <= 0:
+        return 0, True
+    try:
+        page = runtime.claim_page(limit=limit, include_fresh=include_fresh, take_over=take_over)
+    except Exception as exc:
+        runtime.report_store_error(exc, "sweep")
+        return 0, False
+    handed = 0
+    stale: List[Attempt] = []
+    for attempt, body in page:
+        if not closed() and dispatch(StoredUpdate(attempt.update_id, body), attempt):
+            handed += 1
+        else:
+            stale.append(attempt)
+    if stale:
+        runtime.release(stale)
+    return handed, len(page) >= limit
+
+
+def release_items(runtime: Runtime, items: List[Any]) -> None:
+    """Release the attempts of queued items ``(text, update, attempt)`` that will not start."""
+    attempts = [item[2] for item in items if item[2] is not None]
+    if attempts:
+        runtime.release(attempts)
