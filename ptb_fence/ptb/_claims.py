@@ -50,9 +50,22 @@ class StartClaims:
         if attempt is not None or state.stopping:
             return attempt
         runtime = self._runtime
-        extras = state.next_pending(runtime.claim_budget() - 1) if runtime.uses_claim_ids else []
-        if not extras:
+        if not runtime.uses_claim_ids:
             return await self._threads.call(runtime.claim, update_id)
+        granted = runtime.reserve_claims(1 + len(state.pending))
+        try:
+            if granted == 0:
+                await self._make_room()
+            extras = state.next_pending(granted - 1)
+            if not extras:
+                return await self._threads.call(runtime.claim, update_id)
+            return await self._claim_with(update_id, extras)
+        finally:
+            runtime.unreserve_claims(granted)
+
+    async def _claim_with(self, update_id: int, extras: List[int]) -> Optional[Attempt]:
+        """Claim ``update_id`` and ``extras`` in one call; book the extras as pre-claimed."""
+        state, runtime = self._state, self._runtime
         done: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
         for extra in extras:
             state.claiming[extra] = done
@@ -66,6 +79,25 @@ class StartClaims:
             self._book(extras, attempts[1:])
             done.set_result(None)
         return attempts[0]
+
+    async def _make_room(self) -> None:
+        """Every claim allowed is held, some waiting for a slot while this update got one
+        (an earlier update waits for its chat, or a later batch was claimed at ingest before
+        this one started): give the highest waiting claim back, so that this update's claim
+        keeps the bound. That update claims again when it starts."""
+        state = self._state
+        if not state.preclaimed:
+            return
+        victim_id = max(state.preclaimed)
+        victim = state.preclaimed.pop(victim_id)
+        state.pending.add(victim_id)
+        done: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
+        state.claiming[victim_id] = done  # its start waits for the release
+        try:
+            await self._threads.call(self._runtime.release, [victim])
+        finally:
+            state.claiming.pop(victim_id, None)
+            done.set_result(None)
 
     def _book(self, extras: List[int], attempts: List[Optional[Attempt]]) -> None:
         state = self._state

@@ -118,8 +118,12 @@ class Sweeper:
         task.add_done_callback(self._extra.discard)
 
     async def _one_sweep(self) -> None:
+        interval = self._runtime.options.sweep_every_seconds
         try:
-            await self.sweep(True)
+            handed, full = await self.sweep(True)
+            while handed and full and not self._state.stopping:  # the next pages
+                await self._wait_drained(interval)
+                handed, full = await self.sweep(True, page_only=True)
         except Exception:
             _LOGGER.exception("sweep failed; trying again at the next interval")
 
@@ -190,8 +194,8 @@ class Sweeper:
 
     async def _claim_page(self, include_fresh: bool, take_over: bool) -> Tuple[int, bool]:
         runtime, state = self._runtime, self._state
-        limit = min(SWEEP_PAGE, runtime.claim_budget())
-        if state.stopping or limit <= 0:
+        limit = 0 if state.stopping else runtime.reserve_claims(SWEEP_PAGE)
+        if limit <= 0:
             return 0, not state.stopping  # no budget: again once claims are settled
         try:
             page = await self._threads.call_handing_on(
@@ -203,6 +207,8 @@ class Sweeper:
         except Exception as exc:
             runtime.report_store_error(exc, "sweep")
             return 0, False
+        finally:
+            runtime.unreserve_claims(limit)
         handed = 0
         stale = []
         for attempt, body in page:

@@ -8,6 +8,7 @@ A mixin of :class:`~ptb_fence.runtime._core.Runtime`; every store call goes thro
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
 from ptb_fence._values import AttemptIdentity
@@ -22,7 +23,7 @@ __all__ = ["ClaimingOps"]
 
 
 class ClaimingOps:
-    """``claim_budget``, ``claim_many`` and ``claim_page``."""
+    """``claim_budget``, ``reserve_claims``, ``claim_many`` and ``claim_page``."""
 
     __slots__ = ()
 
@@ -31,6 +32,8 @@ class ClaimingOps:
         options: RuntimeOptions
         delivers_exhaustions: bool
         keeper: LeaseKeeper
+        reserved: int
+        _claims_lock: threading.Lock
 
         @property
         def uses_claim_ids(self) -> bool: ...
@@ -56,8 +59,23 @@ class ClaimingOps:
         crash strands at most that many for a lease), and claims beyond the free slots —
         waiting for a slot — never exceed the buffer.
         """
-        held = len(self.keeper.active())
+        held = len(self.keeper.active()) + self.reserved
         return max(0, self.options.max_concurrent + self.options.ingest_claim_buffer - held)
+
+    def reserve_claims(self, wanted: int) -> int:
+        """Reserve up to ``wanted`` of the :meth:`claim_budget` for claims about to be taken
+        (thread-safe: recorders, starting updates and sweeps claim at the same time); returns
+        how many. Give the reservation back with :meth:`unreserve_claims` once the claims
+        taken are registered with the lease keeper (or failed)."""
+        with self._claims_lock:
+            granted = max(0, min(int(wanted), self.claim_budget()))
+            self.reserved += granted
+            return granted
+
+    def unreserve_claims(self, count: int) -> None:
+        """End a reservation of ``count`` (:meth:`reserve_claims`)."""
+        with self._claims_lock:
+            self.reserved -= count
 
     def claim_many(self, update_ids: Sequence[int]) -> List[Optional[Attempt]]:
         """Claim ``update_ids`` for their next attempt together (one commit where the store

@@ -67,6 +67,7 @@ class Runtime(ClaimingOps, RecordingOps, Jobs, Recovery):
     """
 
     __slots__ = (
+        "_claims_lock",
         "_cursor",
         "_ingest_lock",
         "_jobs",
@@ -79,6 +80,7 @@ class Runtime(ClaimingOps, RecordingOps, Jobs, Recovery):
         "keeper",
         "options",
         "port",
+        "reserved",
         "retry_soon",
         "store",
     )
@@ -103,6 +105,8 @@ class Runtime(ClaimingOps, RecordingOps, Jobs, Recovery):
         self.keeper = LeaseKeeper(self.port, options, self.report_store_error)
         self._cursor: Optional[int] = None
         self._ingest_lock = threading.Lock()
+        self._claims_lock = threading.Lock()
+        self.reserved = 0  # claims being taken right now (ClaimingOps.reserve_claims)
         # an Executor for blocking store work from asyncio (Attempt.run_in_transaction and
         # friends); None uses asyncio.to_thread. Set by the PTB processors.
         self.executor: Any = None

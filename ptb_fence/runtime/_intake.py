@@ -17,7 +17,7 @@ from ptb_fence.runtime._chats import ChatScheduler, chat_key
 from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._delivery import ExhaustionDelivery
 from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
-from ptb_fence.runtime._intake_pages import PAGE, claim_and_dispatch, release_items
+from ptb_fence.runtime._intake_pages import claim_and_dispatch, list_and_dispatch, release_items
 from ptb_fence.runtime._intake_runs import IntakeRun, IntakeRuns
 from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._wakeups import Wakeups
@@ -337,6 +337,7 @@ class UpdateIntake:
     ) -> int:
         runtime = self._runtime
         if not self._sweep_lock.acquire(blocking=False):
+            self._refill = self._refill or page_only  # the running sweep looks again after
             return 0
         handed = 0
         delivering: List[threading.Event] = []
@@ -347,7 +348,9 @@ class UpdateIntake:
                     include_fresh=include_fresh, take_over=not page_only,
                 )
             else:
-                handed, full = self._list_and_dispatch(include_fresh)
+                handed, full = list_and_dispatch(
+                    runtime, self._dispatch_stored, lambda: self._closed, include_fresh
+                )
             # a full page means there may be more: fetch the next when the workers drain
             self._refill = full
             if not page_only:
@@ -358,27 +361,13 @@ class UpdateIntake:
                     runtime.report_store_error(exc, "sweep")
         finally:
             self._sweep_lock.release()
+        self._maybe_refill()  # its workers may all have finished already
         if deliver_inline:
             for event in delivering:  # outside the lock: scheduled sweeps go on meanwhile
                 event.wait()
         if handed:
             _LOGGER.info("sweep handed over %d update(s)", handed)
         return handed
-
-    def _list_and_dispatch(self, include_fresh: bool) -> "tuple[int, bool]":
-        runtime = self._runtime
-        handed = 0
-        try:
-            rows = runtime.due_page(limit=PAGE, include_fresh=include_fresh)
-        except Exception as exc:
-            runtime.report_store_error(exc, "sweep")
-            rows = []
-        for row in rows:
-            if self._closed:
-                break
-            if self._dispatch_stored(row):
-                handed += 1
-        return handed, len(rows) >= PAGE
 
     def _dispatch_stored(self, row: StoredUpdate, attempt: Optional[Attempt] = None) -> bool:
         try:
@@ -419,13 +408,18 @@ class UpdateIntake:
         finally:
             if run is None or not run.timed_out:  # a timed-out run passed the turn on already
                 self._chats.done(key, update_id)
-            if (self._refill and len(self._chats) <= self._runtime.options.max_concurrent
-                    and not self._closed):
-                self._refill = False
-                self._start_refill()
+            self._maybe_refill()
 
-    def _start_refill(self) -> None:
-        """Sweep for the next page on a thread of its own (close() waits for it)."""
+    def _maybe_refill(self) -> None:
+        """After a full page: once no more than ``max_concurrent`` updates are queued or
+        running here, sweep for the next page on a thread of its own (close() waits for it)."""
+        with self._lock:
+            if not self._refill or self._closed:
+                return
+            runtime = self._runtime
+            if len(self._chats) > runtime.options.max_concurrent or not runtime.claim_budget():
+                return
+            self._refill = False
 
         def refill() -> None:
             try:

@@ -10,7 +10,7 @@ from ptb_fence._values import StoredUpdate
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._core import Runtime
 
-__all__ = ["claim_and_dispatch", "release_items"]
+__all__ = ["claim_and_dispatch", "list_and_dispatch", "release_items"]
 
 PAGE = 500
 """The most updates one sweep hands over."""
@@ -29,7 +29,7 @@ def claim_and_dispatch(
     released at once. Returns the number handed over and whether the page was full (or the
     budget spent: look again once claims are settled). A store error is reported as step
     ``"sweep"``."""
-    limit = min(PAGE, runtime.claim_budget())
+    limit = runtime.reserve_claims(PAGE)
     if limit <= 0:
         return 0, True
     try:
@@ -37,6 +37,8 @@ def claim_and_dispatch(
     except Exception as exc:
         runtime.report_store_error(exc, "sweep")
         return 0, False
+    finally:
+        runtime.unreserve_claims(limit)
     handed = 0
     stale: List[Attempt] = []
     for attempt, body in page:
@@ -47,6 +49,29 @@ def claim_and_dispatch(
     if stale:
         runtime.release(stale)
     return handed, len(page) >= limit
+
+
+def list_and_dispatch(
+    runtime: Runtime,
+    dispatch: Callable[[StoredUpdate], bool],
+    closed: Callable[[], bool],
+    include_fresh: bool,
+) -> Tuple[int, bool]:
+    """Without claim ids: list the next page of due updates and ``dispatch`` each (claimed
+    when it starts). Returns the number handed over and whether the page was full. A store
+    error is reported as step ``"sweep"``."""
+    handed = 0
+    try:
+        rows = runtime.due_page(limit=PAGE, include_fresh=include_fresh)
+    except Exception as exc:
+        runtime.report_store_error(exc, "sweep")
+        rows = []
+    for row in rows:
+        if closed():
+            break
+        if dispatch(row):
+            handed += 1
+    return handed, len(rows) >= PAGE
 
 
 def release_items(runtime: Runtime, items: List[Any]) -> None:

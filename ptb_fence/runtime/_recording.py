@@ -42,6 +42,10 @@ class RecordingOps:
 
         def claim_budget(self) -> int: ...
 
+        def reserve_claims(self, wanted: int) -> int: ...
+
+        def unreserve_claims(self, count: int) -> None: ...
+
         @property
         def uses_claim_ids(self) -> bool: ...
 
@@ -94,11 +98,11 @@ class RecordingOps:
         rows = self._rows(items, now)
         if not self._claims_at_ingest(claim):
             return list(self.port.add_many(rows))
-        with self._ingest_lock:  # the budget is counted and spent by one recorder at a time
+        budget = self.reserve_claims(len(rows))
+        if budget == 0:
+            return list(self.port.add_many(rows))
+        try:
             options = self.options
-            budget = self.claim_budget()
-            if budget == 0:
-                return list(self.port.add_many(rows))
             lease_until = options.lease_deadline(now)
             recorded = self.port.record_claimed(
                 rows[:budget],
@@ -108,6 +112,8 @@ class RecordingOps:
                 durable_exhaustion=self.delivers_exhaustions,
             )
             claimed = self._adopt_all(recorded, items[:budget], lease_until)
+        finally:
+            self.unreserve_claims(budget)
         if len(rows) <= budget:
             return claimed
         try:
@@ -151,13 +157,16 @@ class RecordingOps:
         Returns the records (or the store error that prevented them: do not acknowledge those
         updates) and the outcomes of the completions.
         """
-        if (
-            not items
-            or not attempts
-            or not self._claims_at_ingest(claim)
-            or not (self.port.records_and_settles_together and all(a.fenced for a in attempts))
-            or len(items) > self.claim_budget()  # claims only part: two commits
-        ):
+        together = (
+            items
+            and attempts
+            and self._claims_at_ingest(claim)
+            and self.port.records_and_settles_together
+            and all(a.fenced for a in attempts)
+        )
+        granted = self.reserve_claims(len(items)) if together else 0
+        if not together or granted < len(items):  # claims only part: two commits
+            self.unreserve_claims(granted)
             try:
                 records: "Union[List[Record], BaseException]" = (
                     self.record_many(items, claim=claim) if items else []
@@ -176,9 +185,9 @@ class RecordingOps:
                 max_attempts=self.options.max_attempts,
                 durable_exhaustion=self.delivers_exhaustions,
             )
+            adopted = self._adopt_all(recorded, items, lease_until)
         except Exception as exc:
             return exc, [self.completion_failed(attempt, exc) for attempt in attempts]
-        return (
-            self._adopt_all(recorded, items, lease_until),
-            [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)],
-        )
+        finally:
+            self.unreserve_claims(granted)
+        return adopted, [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
