@@ -8,7 +8,6 @@ A mixin of :class:`~ptb_fence.runtime._core.Runtime`; every store call goes thro
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
 from ptb_fence._values import AttemptIdentity
@@ -18,6 +17,7 @@ if TYPE_CHECKING:
     from ptb_fence.runtime._lease_keeper import LeaseKeeper
     from ptb_fence.runtime._options import RuntimeOptions
     from ptb_fence.runtime._port import StorePort
+    from ptb_fence.runtime._reservations import Reservations
 
 __all__ = ["ClaimingOps"]
 
@@ -32,8 +32,7 @@ class ClaimingOps:
         options: RuntimeOptions
         delivers_exhaustions: bool
         keeper: LeaseKeeper
-        reserved: int
-        _claims_lock: threading.Lock
+        reservations: Reservations
 
         @property
         def uses_claim_ids(self) -> bool: ...
@@ -59,7 +58,7 @@ class ClaimingOps:
         crash strands at most that many for a lease), and claims beyond the free slots —
         waiting for a slot — never exceed the buffer.
         """
-        held = len(self.keeper.active()) + self.reserved
+        held = len(self.keeper.active()) + self.reservations.count
         return max(0, self.options.max_concurrent + self.options.ingest_claim_buffer - held)
 
     def reserve_claims(self, wanted: int) -> int:
@@ -67,15 +66,11 @@ class ClaimingOps:
         (thread-safe: recorders, starting updates and sweeps claim at the same time); returns
         how many. Give the reservation back with :meth:`unreserve_claims` once the claims
         taken are registered with the lease keeper (or failed)."""
-        with self._claims_lock:
-            granted = max(0, min(int(wanted), self.claim_budget()))
-            self.reserved += granted
-            return granted
+        return self.reservations.take(wanted, self.claim_budget)
 
     def unreserve_claims(self, count: int) -> None:
         """End a reservation of ``count`` (:meth:`reserve_claims`)."""
-        with self._claims_lock:
-            self.reserved -= count
+        self.reservations.give_back(count)
 
     def claim_many(self, update_ids: Sequence[int]) -> List[Optional[Attempt]]:
         """Claim ``update_ids`` for their next attempt together (one commit where the store

@@ -32,6 +32,7 @@ from ptb_fence.runtime._outcome import Outcome, error_text, exhaustion_ids, ids
 from ptb_fence.runtime._port import StorePort
 from ptb_fence.runtime._recording import RecordingOps
 from ptb_fence.runtime._recovery import Recovery
+from ptb_fence.runtime._reservations import Reservations
 from ptb_fence.runtime._retry import default_retry
 
 __all__ = ["EXHAUSTION_PAGE", "Outcome", "Runtime"]
@@ -67,7 +68,6 @@ class Runtime(ClaimingOps, RecordingOps, Jobs, Recovery):
     """
 
     __slots__ = (
-        "_claims_lock",
         "_cursor",
         "_ingest_lock",
         "_jobs",
@@ -80,7 +80,7 @@ class Runtime(ClaimingOps, RecordingOps, Jobs, Recovery):
         "keeper",
         "options",
         "port",
-        "reserved",
+        "reservations",
         "retry_soon",
         "store",
     )
@@ -105,8 +105,7 @@ class Runtime(ClaimingOps, RecordingOps, Jobs, Recovery):
         self.keeper = LeaseKeeper(self.port, options, self.report_store_error)
         self._cursor: Optional[int] = None
         self._ingest_lock = threading.Lock()
-        self._claims_lock = threading.Lock()
-        self.reserved = 0  # claims being taken right now (ClaimingOps.reserve_claims)
+        self.reservations = Reservations()  # claims being taken right now
         # an Executor for blocking store work from asyncio (Attempt.run_in_transaction and
         # friends); None uses asyncio.to_thread. Set by the PTB processors.
         self.executor: Any = None
