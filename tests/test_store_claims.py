@@ -230,3 +230,31 @@ def test_pg_page_skips_rows_held_by_an_open_transaction(
         now=NOW, pending_before=NOW, lease_until=NOW + L, max_attempts=3, limit=3
     )
     assert [i.update_id for i, _ in page] == [1, 2]
+
+
+def test_pg_two_processes_claiming_the_same_ids_at_once_never_share_a_row(
+    pg_stores: Tuple[Any, Any, str],
+) -> None:
+    one, two, _ = pg_stores
+    ids = list(range(1, 201))
+    assert all(one.add_many([(u, f"b{u}", T) for u in ids]))
+    got: List[List[Optional[AttemptIdentity]]] = [[], []]
+    start = threading.Barrier(2)
+
+    def claim(index: int, store: Any, order: List[int]) -> None:
+        start.wait()
+        for offset in range(0, len(order), 20):  # overlapping batches, opposite orders
+            got[index] += store.claim_owned_many(
+                order[offset : offset + 20], now=NOW, lease_until=NOW + L, max_attempts=3
+            )
+
+    threads = [
+        threading.Thread(target=claim, args=(0, one, ids)),
+        threading.Thread(target=claim, args=(1, two, ids[::-1])),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    won = [i.update_id for i in got[0] + got[1] if i is not None]
+    assert sorted(won) == ids  # each row claimed exactly once, no deadlock
