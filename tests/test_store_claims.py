@@ -258,3 +258,20 @@ def test_pg_two_processes_claiming_the_same_ids_at_once_never_share_a_row(
         thread.join(60)
     won = [i.update_id for i in got[0] + got[1] if i is not None]
     assert sorted(won) == ids  # each row claimed exactly once, no deadlock
+
+
+def test_the_capability_is_declared_documented_and_shipped() -> None:
+    import inspect
+
+    import ptb_fence
+    from ptb_fence import ClaimingUpdateStore, PostgresUpdateStore
+    from ptb_fence._protocols import CLAIM_METHODS
+
+    assert "ClaimingUpdateStore" in ptb_fence.__all__
+    for name in CLAIM_METHODS:
+        declared = inspect.signature(getattr(ClaimingUpdateStore, name))
+        assert inspect.getdoc(getattr(ClaimingUpdateStore, name)), name
+        for cls in (MemoryUpdateStore, SQLiteUpdateStore, PostgresUpdateStore):
+            shipped = inspect.signature(getattr(cls, name))
+            assert list(shipped.parameters) == list(declared.parameters), (cls, name)
+            assert inspect.getdoc(getattr(cls, name)), (cls, name)
