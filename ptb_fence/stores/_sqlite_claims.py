@@ -10,7 +10,6 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ptb_fence._values import AttemptIdentity
 from ptb_fence.stores._names import validate_update_id
 from ptb_fence.stores._sqlite_connections import SQLiteConnections
-from ptb_fence.stores._sqlite_schema import new_claim_id
 from ptb_fence.stores._sqlite_sql import SQLiteStatements
 from ptb_fence.stores._sqlite_writes import int_arg
 
@@ -67,7 +66,7 @@ class SQLiteClaims:
         distinct = list(dict.fromkeys(ids))
         if not distinct:
             return []
-        params["claims"] = json.dumps([[update_id, new_claim_id()] for update_id in distinct])
+        params["ids"] = json.dumps(distinct)
         with self._conns.immediate() as conn:
             rows = conn.execute(self._sql.claim_owned_many, params).fetchall()
         taken = {

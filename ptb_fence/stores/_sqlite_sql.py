@@ -218,14 +218,13 @@ class SQLiteStatements:
             WHERE update_id = :update_id AND {_CLAIMABLE}
             RETURNING state, attempts, claim_id"""
 
-        # claim_owned_many: the same rule for the ids of a JSON array of [update_id, fresh
-        # claim id] pairs (distinct ids), in one statement.
+        # claim_owned_many: the same rule for the ids of a JSON array (distinct ids), in one
+        # statement; each take writes a fresh random claim id. The rows are found by their
+        # ids (primary key: "+state" keeps the planner off the state index).
         self.claim_owned_many = f"""
-            UPDATE {t} SET {_take_or_spend("v.new_claim_id")}
-            FROM (SELECT json_extract(value, '$[0]') AS update_id,
-                         json_extract(value, '$[1]') AS new_claim_id
-                  FROM json_each(:claims)) AS v
-            WHERE {t}.update_id = v.update_id AND {_CLAIMABLE}
+            UPDATE {t} SET {_take_or_spend("lower(hex(randomblob(16)))")}
+            WHERE update_id IN (SELECT value FROM json_each(:ids))
+              AND {_CLAIMABLE.replace("state =", "+state =")}
             RETURNING update_id, state, attempts, claim_id"""
 
         # claim_due_many: the same rule for the first :limit rows that due() lists (the page),
@@ -234,7 +233,7 @@ class SQLiteStatements:
         self.claim_due_many = f"""
             UPDATE {t} SET {_take_or_spend("lower(hex(randomblob(16)))")}
             WHERE update_id IN (
-                SELECT update_id FROM {t}
+                SELECT update_id FROM {t} NOT INDEXED  -- in update_id order, up to :limit
                 WHERE {_DUE}
                 ORDER BY update_id
                 LIMIT :limit)
