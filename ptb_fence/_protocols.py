@@ -275,11 +275,14 @@ class ClaimingUpdateStore(Protocol):
         max_attempts: int,
         limit: int,
         durable_exhaustion: bool = False,
+        after_update_id: Optional[int] = None,
     ) -> List[Tuple[AttemptIdentity, str]]:
         """Claim the next page of due rows in one statement: the rows
         ``due(now=now, pending_before=pending_before, limit=limit)`` lists (lowest
         ``update_id`` first; released rows whatever ``pending_before``), each as
-        ``claim_owned(update_id, now=now, ...)`` would.
+        ``claim_owned(update_id, now=now, ...)`` would. With ``after_update_id``, only rows
+        with a greater ``update_id`` (a cursor: the next page of a backlog without
+        re-reading the rows before it).
 
         A store with row locks skips rows another open transaction holds right now
         (PostgreSQL ``FOR UPDATE SKIP LOCKED``) instead of waiting: two processes claiming at

@@ -706,7 +706,7 @@ class ClaimDueManyTakesHeldLeaseStore(MemoryUpdateStore):
 
     def claim_due_many(
         self, *, now: int, pending_before: int, lease_until: int, max_attempts: int,
-        limit: int, durable_exhaustion: bool = False,
+        limit: int, durable_exhaustion: bool = False, after_update_id: Optional[int] = None,
     ) -> List[Tuple[AttemptIdentity, str]]:
         with self._lock:
             for row in self._rows.values():
@@ -715,6 +715,7 @@ class ClaimDueManyTakesHeldLeaseStore(MemoryUpdateStore):
             return super().claim_due_many(
                 now=now, pending_before=pending_before, lease_until=lease_until,
                 max_attempts=max_attempts, limit=limit, durable_exhaustion=durable_exhaustion,
+                after_update_id=after_update_id,
             )
 
 

@@ -275,3 +275,15 @@ def test_the_capability_is_declared_documented_and_shipped() -> None:
             shipped = inspect.signature(getattr(cls, name))
             assert list(shipped.parameters) == list(declared.parameters), (cls, name)
             assert inspect.getdoc(getattr(cls, name)), (cls, name)
+
+
+def test_claim_due_many_after_a_cursor_starts_past_it(make: Callable[[], Any]) -> None:
+    store = make()
+    scene(store)
+    kwargs = dict(now=NOW, pending_before=T + 20, lease_until=NOW + L, max_attempts=2)
+    page = store.claim_due_many(limit=2, after_update_id=4, **kwargs)
+    assert [(i.update_id, i.attempt) for i, _ in page] == [(5, 2)]  # and 7: spent
+    page = store.claim_due_many(limit=10, after_update_id=7, **kwargs)
+    assert [(i.update_id, i.attempt) for i, _ in page] == [(10, 1), (11, 1)]
+    page = store.claim_due_many(limit=10, **kwargs)  # from the lowest again
+    assert [(i.update_id, i.attempt) for i, _ in page] == [(1, 1), (4, 2)]

@@ -44,6 +44,7 @@ class Sweeper:
 
     __slots__ = (
         "_application",
+        "_cursor",
         "_deliveries",
         "_extra",
         "_loop",
@@ -71,6 +72,8 @@ class Sweeper:
         self._application = application
         self._redeliver = redeliver
         self._task: Optional["asyncio.Task[None]"] = None
+        # the last update_id of the previous page: a backlog's next page starts after it
+        self._cursor: Optional[int] = None
         self._extra: "Set[asyncio.Task[None]]" = set()
         # a retry due before the next sweep is handed back at its time (same fenced claim)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -197,10 +200,11 @@ class Sweeper:
         limit = 0 if state.stopping else runtime.reserve_claims(SWEEP_PAGE)
         if limit <= 0:
             return 0, not state.stopping  # no budget: again once claims are settled
+        after = None if take_over else self._cursor  # a whole sweep starts at the lowest
         try:
             page = await self._threads.call_handing_on(
                 lambda: runtime.claim_page(
-                    limit=limit, include_fresh=include_fresh, take_over=take_over
+                    limit=limit, include_fresh=include_fresh, take_over=take_over, after=after
                 ),
                 lambda landed: state.release([attempt for attempt, _ in landed]),
             )
@@ -211,6 +215,7 @@ class Sweeper:
             runtime.unreserve_claims(limit)
         handed = 0
         stale = []
+        self._cursor = page[-1][0].update_id if page else None
         for attempt, body in page:
             update_id = attempt.update_id
             if update_id in state.inflight:

@@ -97,14 +97,20 @@ class ClaimingOps:
         return [None if i is None else self.adopt(i, lease_until) for i in identities]
 
     def claim_page(
-        self, *, limit: int, include_fresh: bool = False, take_over: bool = True
+        self,
+        *,
+        limit: int,
+        include_fresh: bool = False,
+        take_over: bool = True,
+        after: Optional[int] = None,
     ) -> List[Tuple[Attempt, str]]:
         """Claim the next page of due updates (the rows ``due_page`` lists, at most
         ``limit``) for their next attempt: one statement and one commit where the store can
         (``claim_due_many``), else ``claim_owned`` per row. Returns ``(attempt, body)`` by
         ``update_id``, each attempt registered with the lease keeper.
 
-        With ``take_over`` first makes the claims of provably dead processes claimable.
+        With ``take_over`` first makes the claims of provably dead processes claimable; with
+        ``after`` only updates with a greater ``update_id`` (the next page of a backlog).
         Needs claim ids (:attr:`uses_claim_ids`). A store error propagates.
         """
         if take_over:
@@ -120,5 +126,6 @@ class ClaimingOps:
             max_attempts=options.max_attempts,
             limit=limit,
             durable_exhaustion=self.delivers_exhaustions,
+            after_update_id=after,
         )
         return [(self.adopt(identity, lease_until, body), body) for identity, body in page]

@@ -59,6 +59,7 @@ class UpdateIntake:
 
     __slots__ = (
         "_chats",
+        "_cursor",
         "_closed",
         "_delivery",
         "_delivery_lock",
@@ -119,6 +120,7 @@ class UpdateIntake:
         self._started = False
         self._closed = False
         self._refill = False
+        self._cursor: Optional[int] = None  # a backlog's next page starts after it
         self._refills: Set[threading.Thread] = set()
         # a retry due before the next sweep is handed back at its time (same fenced claim)
         self._wakeups = Wakeups("ptb_fence-retries")
@@ -343,9 +345,10 @@ class UpdateIntake:
         delivering: List[threading.Event] = []
         try:
             if runtime.uses_claim_ids:  # claimed here, a page within the claim budget
-                handed, full = claim_and_dispatch(
+                handed, full, self._cursor = claim_and_dispatch(
                     runtime, self._dispatch_stored, lambda: self._closed,
                     include_fresh=include_fresh, take_over=not page_only,
+                    after=self._cursor if page_only else None,
                 )
             else:
                 handed, full = list_and_dispatch(

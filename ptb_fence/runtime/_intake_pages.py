@@ -23,20 +23,24 @@ def claim_and_dispatch(
     *,
     include_fresh: bool,
     take_over: bool,
-) -> Tuple[int, bool]:
+    after: Optional[int] = None,
+) -> Tuple[int, bool, Optional[int]]:
     """Claim the next page of due updates (at most the claim budget) and ``dispatch`` each
     with its attempt; an attempt not dispatched (already queued here, or closing) is
-    released at once. Returns the number handed over and whether the page was full (or the
-    budget spent: look again once claims are settled). A store error is reported as step
-    ``"sweep"``."""
+    released at once; with ``after`` only updates with a greater id. Returns the number handed
+    over, whether the page was full (or the budget spent: look again once claims are settled)
+    and the last id of the page (the next page's ``after``). A store error is reported as
+    step ``"sweep"``."""
     limit = runtime.reserve_claims(PAGE)
     if limit <= 0:
-        return 0, True
+        return 0, True, after
     try:
-        page = runtime.claim_page(limit=limit, include_fresh=include_fresh, take_over=take_over)
+        page = runtime.claim_page(
+            limit=limit, include_fresh=include_fresh, take_over=take_over, after=after
+        )
     except Exception as exc:
         runtime.report_store_error(exc, "sweep")
-        return 0, False
+        return 0, False, None
     finally:
         runtime.unreserve_claims(limit)
     handed = 0
@@ -48,7 +52,7 @@ def claim_and_dispatch(
             stale.append(attempt)
     if stale:
         runtime.release(stale)
-    return handed, len(page) >= limit
+    return handed, len(page) >= limit, page[-1][0].update_id if page else None
 
 
 def list_and_dispatch(

@@ -94,9 +94,11 @@ class ClaimsPort:
         max_attempts: int,
         limit: int,
         durable_exhaustion: bool = False,
+        after_update_id: Optional[int] = None,
     ) -> List[Tuple[AttemptIdentity, str]]:
         """``store.claim_due_many`` (one statement and commit for the page) or ``due`` then
-        ``claim_owned`` per row: ``(identity, body)`` of each row taken, by ``update_id``."""
+        ``claim_owned`` per row: ``(identity, body)`` of each row taken, by ``update_id``.
+        The fallback ignores ``after_update_id`` (it starts at the lowest due row)."""
         if limit <= 0:
             return []
         if self._claim_due_many is not None:
@@ -107,6 +109,7 @@ class ClaimsPort:
                 max_attempts=max_attempts,
                 limit=limit,
                 durable_exhaustion=durable_exhaustion,
+                after_update_id=after_update_id,
             )
             return [(identity, str(body)) for identity, body in got]
         taken: List[Tuple[AttemptIdentity, str]] = []

@@ -336,14 +336,19 @@ class MemoryUpdateStore(MemoryRecovery):
         max_attempts: int,
         limit: int,
         durable_exhaustion: bool = False,
+        after_update_id: Optional[int] = None,
     ) -> List[Tuple[AttemptIdentity, str]]:
         """Claim the rows ``due(now=now, pending_before=pending_before, limit=limit)`` lists,
         each as :meth:`claim_owned` would, at once (optional capability, see
         :class:`ptb_fence.ClaimingUpdateStore`); the ``(identity, body)`` of each row taken, by
-        ``update_id`` (a row whose attempts are spent is abandoned and not returned)."""
+        ``update_id`` (a row whose attempts are spent is abandoned and not returned); with
+        ``after_update_id`` only rows with a greater id."""
         with self._lock:
             taken: List[Tuple[AttemptIdentity, str]] = []
-            for row in self.due(now=now, pending_before=pending_before, limit=limit):
+            listed = self.due(now=now, pending_before=pending_before, limit=len(self._rows))
+            after = after_update_id
+            page = [r for r in listed if after is None or r.update_id > after][: max(limit, 0)]
+            for row in page:
                 identity = self.claim_owned(
                     row.update_id, now=now, lease_until=lease_until,
                     max_attempts=max_attempts, durable_exhaustion=durable_exhaustion,

@@ -84,11 +84,13 @@ class PostgresClaims:
         max_attempts: int,
         limit: int,
         durable_exhaustion: bool = False,
+        after_update_id: Optional[int] = None,
     ) -> List[Tuple[AttemptIdentity, str]]:
         """Claim the page of rows ``due(now=now, pending_before=pending_before, limit=limit)``
         lists, each as :meth:`claim_owned` would, in one statement and commit. Rows locked by
         another open transaction right now are skipped (``FOR UPDATE SKIP LOCKED``): two
-        processes claiming at once get disjoint pages.
+        processes claiming at once get disjoint pages. With ``after_update_id`` only rows
+        with a greater id.
 
         Returns:
             List[Tuple[:class:`~ptb_fence.AttemptIdentity`, :obj:`str`]]: The identity and
@@ -101,6 +103,7 @@ class PostgresClaims:
         params = self._claims_params(now, lease_until, max_attempts, durable_exhaustion)
         params["pending_before"] = int(pending_before)
         params["limit"] = limit
+        params["after"] = -(2**63) if after_update_id is None else int(after_update_id)
         params["claim_ids"] = [uuid.uuid4().hex for _ in range(limit)]
         sql = ClaimStatements(self._db.table).claim_due_many(self._db.has_column("instance"))
 

@@ -87,7 +87,7 @@ RETURNING t.update_id, t.state, t.attempts, t.claim_id"""
         return f"""\
 WITH page AS MATERIALIZED (
     SELECT update_id FROM {t}
-    WHERE {_DUE}
+    WHERE update_id > %(after)s AND {_DUE}
     ORDER BY update_id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

@@ -15,6 +15,8 @@ from ptb_fence.stores._sqlite_writes import int_arg
 
 __all__ = ["SQLiteClaims"]
 
+_NO_CURSOR = -(2**63)  # below every update_id: the page starts at the lowest
+
 
 def _claim_params(
     now: int,
@@ -88,9 +90,11 @@ class SQLiteClaims:
         max_attempts: int,
         limit: int,
         durable_exhaustion: bool = False,
+        after_update_id: Optional[int] = None,
     ) -> List[Tuple[AttemptIdentity, str]]:
         """Claim the page of rows ``due(now=now, pending_before=pending_before, limit=limit)``
-        lists, each as :meth:`claim_owned` would, in one statement (one transaction).
+        lists, each as :meth:`claim_owned` would, in one statement (one transaction); with
+        ``after_update_id`` only rows with a greater id.
 
         Returns:
             List[Tuple[:class:`~ptb_fence.AttemptIdentity`, :obj:`str`]]: The identity and
@@ -102,6 +106,7 @@ class SQLiteClaims:
         )
         params["pending_before"] = int_arg("pending_before", pending_before)
         params["limit"] = max(int_arg("limit", limit), 0)
+        params["after"] = _NO_CURSOR if after_update_id is None else int(after_update_id)
         if params["limit"] == 0:
             return []
         with self._conns.immediate() as conn:

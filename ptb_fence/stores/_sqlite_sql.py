@@ -234,7 +234,7 @@ class SQLiteStatements:
             UPDATE {t} SET {_take_or_spend("lower(hex(randomblob(16)))")}
             WHERE update_id IN (
                 SELECT update_id FROM {t} NOT INDEXED  -- in update_id order, up to :limit
-                WHERE {_DUE}
+                WHERE update_id > :after AND {_DUE}
                 ORDER BY update_id
                 LIMIT :limit)
             RETURNING update_id, state, attempts, claim_id, body"""
