@@ -528,25 +528,52 @@ async def _latency_phase(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[st
         run.drop()
 
 
+def pairs_with_plain(cfg: Dict[str, Any]) -> bool:
+    """Whether a row's measured runs alternate with plain PTB polling runs (the polling rows
+    other than ``poll-plain-32`` itself; not while profiling)."""
+    if not cfg["kind"].startswith("poll-") or cfg.get("profile") or not cfg.get("paired", True):
+        return False
+    return not (cfg["kind"] == "poll-plain" and (cfg.get("server") or "fast") == "fast")
+
+
 async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[str, Any]:
-    """Warm-up, ``runs`` measured runs, then the low-load latency phase."""
+    """Warm-up, ``runs`` measured runs, then the low-load latency phase.
+
+    Polling rows (except plain PTB's own) alternate each measured run with a run of plain PTB
+    polling the fast server in this same process (``paired_plain``): the machine's load changes
+    over the minutes between rows, and a ratio of runs seconds apart is steadier than a ratio of
+    rows minutes apart.
+    """
     fake = FakeBotApi().start()
     cfg = dict(cfg, fake=fake)
+    paired = pairs_with_plain(cfg)
+    plain_cfg = dict(cfg, kind="poll-plain", server="fast", store=None, row=cfg["row"] + "/plain")
+    plain_runs: List[Dict[str, Any]] = []
     try:
         n = int(cfg["updates"])
         warm = int(cfg.get("warmup", 0))
         if warm:
             await _throughput_run(cfg, warm, "warmup", counter, measure_server=False)
+            if paired:
+                await _throughput_run(plain_cfg, warm, "plainwarmup", counter, measure_server=False)
         runs = []
         profiler = Profiler(cfg.get("profile") or "", int(cfg.get("profile_top", 30)),
                             cfg["workdir"], bool(cfg.get("profile_gil")))
         with profiler:
             for index in range(int(cfg["runs"])):
+                if paired and index % 2 == 0:
+                    plain_runs.append(
+                        await _throughput_run(plain_cfg, n, f"plain{index}", counter, measure_server=False)
+                    )
                 runs.append(
                     await _throughput_run(
                         cfg, n, f"run{index}", counter, measure_server=True, profiler=profiler
                     )
                 )
+                if paired and index % 2 == 1:
+                    plain_runs.append(
+                        await _throughput_run(plain_cfg, n, f"plain{index}", counter, measure_server=False)
+                    )
         latency = None
         if float(cfg.get("latency_seconds", 0)) > 0 and not cfg["kind"].startswith("poll-"):
             latency = await _latency_phase(cfg, counter)
@@ -568,7 +595,19 @@ async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[s
             driver[k] = driver.get(k, 0) + v
     server = [r["server_commits"] for r in runs if r.get("server_commits") is not None]
     notes = sorted({r["note"] for r in runs if r.get("note")})
+    paired_plain = None
+    if plain_runs:
+        plain_rates = [r["rate"] for r in plain_runs]
+        ratios = [r["rate"] / p["rate"] for r, p in zip(runs, plain_runs)]
+        paired_plain = {
+            "rates": plain_rates,
+            "median": median(plain_rates),
+            "cpu_us_per_update": median([r["cpu_seconds"] / r["n"] * 1e6 for r in plain_runs]),
+            "ratios": ratios,
+            "ratio_median": median(ratios),
+        }
     return {
+        "paired_plain": paired_plain,
         "rates": rates,
         "median": median(rates),
         "seconds": [r["seconds"] for r in runs],
