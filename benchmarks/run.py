@@ -3,10 +3,11 @@
 Usage (from the repository root)::
 
     pip install -e '.[bench]'                   # pgqueuer + asyncpg for the reference rows
-    python benchmarks/run.py                    # full run (about 10 minutes on 2 cores)
-    python benchmarks/run.py --quick            # short run (under about 2 minutes)
+    python benchmarks/run.py                    # full run (24 min measured on a busy 2-core machine)
+    python benchmarks/run.py --quick            # short run (6.5 min measured on the same)
     python benchmarks/run.py --list             # the rows and what they run
     python benchmarks/run.py --only 'fenced-*-32,plain-32' --updates 300 --runs 1
+    python benchmarks/run.py --only 'poll-*' --poll-updates 1000   # the polling rows only
     python benchmarks/run.py --profile fenced-pg-32           # cProfile (all threads) of a row
     python benchmarks/run.py --profile fenced-pg-32 --profiler py-spy [--gil]
 
@@ -133,11 +134,11 @@ QUICK = {
 }
 
 LEGEND = [
-    "  upd/s: handled updates per second, from the first update_queue.put (poll-*: start_polling) until",
-    "    every update is handled and, for ptb_fence rows, completed in the store (Update.de_json of the",
-    "    test updates happens before the clock starts; poll-* rows include PTB's own parsing).",
-    "  x plain: over plain PTB at the same concurrency (poll-*: over poll-plain-32); x pgq: over pgqueuer",
-    "    enqueue+dequeue+complete at the same concurrency.",
+    "  upd/s: handled updates per second, from the first update_queue.put until every update is handled",
+    "    and, for ptb_fence rows, completed in the store (Update.de_json of the test updates happens",
+    "    before the clock starts; the POLLING section below includes PTB's own fetching and parsing).",
+    "  x plain: over plain PTB at the same concurrency; x pgq: over pgqueuer enqueue+dequeue+complete at",
+    "    the same concurrency.",
     "  lat p50/p99: low load, one put at a time; from just before update_queue.put to completion: the",
     "    handler's end for plain/naive (naive: after its commit) and fenced-write (after the transaction",
     "    that also settled the attempt committed); for durable/fenced no-op rows, the return of the store",
