@@ -21,8 +21,7 @@ own (its CPU is not the bot's):
 
 Run it as ``python benchmarks/_fast_server.py '{"count": N, "chats": C}'``: it prints one JSON
 line ``{"token": ..., "base_url": ..., "pid": ...}`` once listening, and serves until its stdin
-is closed. :func:`serve_pages_in_process` is the same server in a thread of the calling process
-(for tests of the server itself).
+is closed.
 """
 
 from __future__ import annotations
@@ -202,50 +201,6 @@ async def _serve(
 def base_url(port: int) -> str:
     """The ``base_url`` to give PTB's ``ApplicationBuilder`` for a server on ``port``."""
     return f"http://127.0.0.1:{port}/bot"
-
-
-class InProcessServer:
-    """The fast server on an event loop in a daemon thread of this process (for tests)."""
-
-    def __init__(self, updates: Sequence[Dict[str, Any]]) -> None:
-        self.pages = Pages(updates)
-        self.stats = {"requests": 0, "getUpdates": 0, "pages": 0}
-        self.port = 0
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._stop: Optional["asyncio.Future[None]"] = None
-        self._thread: Optional[threading.Thread] = None
-
-    def __enter__(self) -> "InProcessServer":
-        started = threading.Event()
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            self._stop = loop.create_future()
-
-            def ready(port: int) -> None:
-                self.port = port
-                started.set()
-
-            loop.run_until_complete(_serve(self.pages, ready, self._stop, self.stats))
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="fast-bot-api", daemon=True)
-        self._thread.start()
-        if not started.wait(10):
-            raise RuntimeError("the fast server did not start")
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        loop, stop = self._loop, self._stop
-        if loop is not None and stop is not None:
-            loop.call_soon_threadsafe(lambda: stop.done() or stop.set_result(None))
-        if self._thread is not None:
-            self._thread.join(10)
-
-    @property
-    def base_url(self) -> str:
-        return base_url(self.port)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
