@@ -15,7 +15,7 @@ import pytest
 
 from ptb_fence.testing import FakeBotApi
 from test_ptb_processes import Bots
-from test_recovery_stop import Bed, _exactly_once, bed, bots  # noqa: F401
+from recovery_support import Bed, _exactly_once, bed, bots  # noqa: F401
 
 BACKLOG = 2000
 BOUND = 4 + 8

@@ -1,7 +1,8 @@
 """Issue 12 item 2: a dead process's claims are taken over in seconds; a frozen one's are not.
 
-Real PTB bot processes (tests/ptb_bot_worker.py) against a FakeBotApi on SQLite and
-PostgreSQL, with the library's default lease (120 s) where the bound is "seconds": only the
+Real bot processes of both front ends (tests/ptb_bot_worker.py: PTB ``Application``;
+tests/intake_worker.py: blocking ``UpdateIntake`` fed by a getUpdates thread) against a
+FakeBotApi on SQLite and PostgreSQL, with the library's default lease (120 s) where the bound is "seconds": only the
 store's liveness check (``take_over_dead``: the dead process's advisory lock or file lock is
 gone) can meet it. A SIGSTOPped process is alive: its claims wait for their (short) lease, and
 its late fenced write is refused. One fenced domain row per update throughout.
@@ -15,7 +16,7 @@ from typing import Any, List
 
 from ptb_fence.testing import FakeBotApi
 from ptb_support import wait_sync
-from test_recovery_stop import DEFAULTS, STOP_TIMEOUT, Bed, _all_handled, _exactly_once, _stop, bed, bots  # noqa: F401
+from recovery_support import DEFAULTS, STOP_TIMEOUT, Bed, _all_handled, _exactly_once, _stop, bed, bots  # noqa: F401
 from test_ptb_processes import Bots
 
 TAKEOVER_BOUND = 5.0
