@@ -42,7 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # the project root, for ``import ptb_fence``
 
 from ptb_fence import UpdateIntake  # noqa: E402
-from worker_support import extra_options, make_store, touch  # noqa: E402
+from worker_support import announce_ready, extra_options, make_store, touch  # noqa: E402
 
 LOGGER = logging.getLogger("intake_worker")
 
@@ -141,7 +141,7 @@ def main(args: argparse.Namespace) -> None:
     if args.poll or args.run_polling:
         poller = threading.Thread(target=poll, args=(args, intake, stopping), name="poller", daemon=True)
         poller.start()
-    touch(os.path.join(args.dir, f"ready.{pid}"))
+    announce_ready(args.dir, pid, store)
     deadline = time.monotonic() + args.max_life
     stop_file = os.path.join(args.dir, "stop")
     while not stopping.wait(0.05):

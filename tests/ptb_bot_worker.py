@@ -35,7 +35,7 @@ from telegram import Update  # noqa: E402
 from telegram.ext import Application, MessageHandler, filters  # noqa: E402
 
 from ptb_fence.ptb import FencedUpdateProcessor  # noqa: E402
-from worker_support import extra_options, make_store, touch  # noqa: E402
+from worker_support import announce_ready, extra_options, make_store, touch  # noqa: E402
 
 
 def parse_args(argv: List[str]) -> argparse.Namespace:
@@ -119,7 +119,7 @@ async def main(args: argparse.Namespace) -> Any:
         if args.poll:
             assert app.updater is not None
             await app.updater.start_polling(poll_interval=0.0, timeout=1)
-        touch(os.path.join(args.dir, f"ready.{pid}"))
+        announce_ready(args.dir, pid, store)
         while not os.path.exists(stop_file) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if app.updater is not None and app.updater.running:

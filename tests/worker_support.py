@@ -6,6 +6,7 @@ Imports nothing of python-telegram-bot, so the blocking worker stays free of asy
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any, Dict
 
@@ -35,3 +36,13 @@ def extra_options(args: argparse.Namespace) -> Dict[str, Any]:
     if args.attempt_timeout is not None:
         options["attempt_timeout_seconds"] = args.attempt_timeout
     return options
+
+
+def announce_ready(directory: str, pid: int, store: Any) -> None:
+    """Write ``instance.<pid>`` (the store's liveness instance, when it holds one: claims record
+    it, so a harness can count each process's claims), then ``ready.<pid>``."""
+    instance = getattr(store, "instance", None)
+    if instance:
+        with open(os.path.join(directory, f"instance.{pid}"), "w", encoding="utf-8") as file:
+            file.write(instance)
+    touch(os.path.join(directory, f"ready.{pid}"))
