@@ -9,17 +9,21 @@ The bot processes are tests/ptb_bot_worker.py (a PTB ``Application``) or tests/i
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sqlite3
 import time
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
 from conftest import fresh_table_name
 from ptb_fence import SQLiteUpdateStore
+from ptb_fence.testing import make_message_update
 from ptb_support import DOMAIN_DDL, rows, wait_sync
 from test_ptb_processes import WORKER, Bots, _by_update, _sqlite_domain
+from worker_support import make_store
 
 INTAKE_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "intake_worker.py")
 
@@ -55,12 +59,35 @@ class Bed:
     """One store (SQLite file or PostgreSQL table) with its domain table."""
 
     def __init__(self, url: str, table: str, domain: str, states: Callable[[], Dict[int, str]],
-                 written: Callable[[], List[Tuple[int, int, str, int]]]) -> None:
+                 written: Callable[[], List[Tuple[int, int, str, int]]],
+                 query: Callable[[str], List[Any]]) -> None:
         self.url = url
         self.table = table
         self.domain = domain
         self.states = states
         self.written = written
+        self.query = query
+
+    def claims(self) -> Dict[Optional[str], int]:
+        """``{instance: rows in processing}``: the claims each live instance holds now."""
+        return {r[0]: r[1] for r in self.query(
+            f"SELECT instance, COUNT(*) FROM {self.table} "  # noqa: S608
+            "WHERE state = 'processing' GROUP BY instance")}
+
+    def record_pending(self, count: int, chats: int) -> List[int]:
+        """Record ``count`` message updates ``pending``, received an hour ago (an outage's
+        backlog), over ``chats`` chats; returns their ids."""
+        store = make_store(self.url, self.table)
+        at = int(time.time() * 1000) - 3_600_000
+        ids = list(range(1, count + 1))
+        try:
+            for first in range(0, count, 500):
+                store.add_many([
+                    (u, json.dumps(make_message_update(u, 1 + u % chats, f"m{u}", message_id=u)), at)
+                    for u in ids[first:first + 500]])
+        finally:
+            store.close()
+        return ids
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -71,9 +98,16 @@ def bed(request: Any, tmp_path: Any) -> Iterator[Bed]:
         with store.transaction() as conn:
             conn.execute(DOMAIN_DDL)
         store.close()
+        def sqlite_query(sql: str) -> List[Any]:
+            conn = sqlite3.connect(path, timeout=10)
+            try:
+                return list(conn.execute(sql))
+            finally:
+                conn.close()
+
         yield Bed("sqlite:///" + path, "telegram_updates", "domain",
                   lambda: {u: r[0] for u, r in rows(path).items()},
-                  lambda: _sqlite_domain(path))
+                  lambda: _sqlite_domain(path), sqlite_query)
         return
     import psycopg2
 
@@ -97,7 +131,7 @@ def bed(request: Any, tmp_path: Any) -> Iterator[Bed]:
     try:
         yield Bed(dsn, table, domain,
                   lambda: {r[0]: r[1] for r in query(f"SELECT update_id, state FROM {table}")},
-                  lambda: query(f"SELECT update_id, attempt, claim_id, pid FROM {domain}"))
+                  lambda: query(f"SELECT update_id, attempt, claim_id, pid FROM {domain}"), query)
     finally:
         conn.close()
 
