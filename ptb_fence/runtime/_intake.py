@@ -180,7 +180,7 @@ class UpdateIntake:
         posted late is lost. Does not close the store.
 
         Waits for every thread the intake started: workers, the lease keeper and sweep
-        jobs, refill sweeps and exhaustion deliveries (queued deliveries are dropped; they stay
+        jobs, refill sweeps and exhaustion deliveries (none starts after close(); the rest stay
         due in the store). Close the store only after ``close()`` returned.
 
         Args:
@@ -468,6 +468,6 @@ class UpdateIntake:
         finally:
             runtime.end(attempt)
         if exhaustion is not None:
-            # delivered on the delivery thread: this worker releases the chat's turn now
+            # delivered on a thread of its own: this worker releases the chat's turn now
             self._submit_exhaustion(exhaustion)
         return run
