@@ -13,15 +13,20 @@ a thread (:class:`~ptb_fence.runtime._delivery.ExhaustionDelivery`), the PTB pro
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
-from typing import TYPE_CHECKING, List, Optional, Set
+from typing import TYPE_CHECKING, Deque, List, Optional, Set
 
 from ptb_fence._durations import format_duration
 from ptb_fence._values import AttemptIdentity, Exhaustion
 
 if TYPE_CHECKING:
     from ptb_fence.runtime._core import Runtime
+
+_REMEMBERED = 1024
+"""Identities acknowledged here that are remembered: a page read just before an acknowledgement
+committed may still list them, and they are not delivered again."""
 
 _PER_SWEEP = 100
 """Deliveries one sweep may lead to (its page and the pages after it): ``EXHAUSTION_PAGE``."""
@@ -46,13 +51,25 @@ class ExhaustionDeliveries:
         limit: Deliveries running at once (:data:`MAX_DELIVERIES`).
     """
 
-    __slots__ = ("_budget", "_delivering", "_fetch", "_lock", "_more", "_runtime", "limit")
+    __slots__ = (
+        "_acknowledged",
+        "_acknowledged_order",
+        "_budget",
+        "_delivering",
+        "_fetch",
+        "_lock",
+        "_more",
+        "_runtime",
+        "limit",
+    )
 
     def __init__(self, runtime: "Runtime", limit: int = MAX_DELIVERIES) -> None:
         self._runtime = runtime
         self._lock = threading.Lock()
         self._fetch = threading.Lock()  # the page cursor moves under it
         self._delivering: Set[AttemptIdentity] = set()
+        self._acknowledged: Set[AttemptIdentity] = set()
+        self._acknowledged_order: Deque[AttemptIdentity] = collections.deque()
         self._budget = 0  # deliveries the current sweep may still lead to
         self._more = False  # the last page was full: more may be due after it
         self.limit = limit
@@ -99,15 +116,23 @@ class ExhaustionDeliveries:
         return page
 
     def admit(self, exhaustions: List[Exhaustion]) -> List[Exhaustion]:
-        """The exhaustions to deliver now: not being delivered in this process already, and
-        no more than the free slots. Each one returned holds a slot until :meth:`finish` or
-        :meth:`abandon`; the others stay due and a later sweep offers them again."""
+        """The exhaustions to deliver now: not being delivered (nor just acknowledged) in this
+        process, and no more than the free slots. Each one returned holds a slot until :meth:`finish` or
+        :meth:`abandon`; the others stay due, fetched again as deliveries end
+        (:meth:`more_due`) or by a later sweep."""
         admitted = []
         with self._lock:
             for exhaustion in exhaustions:
                 if len(self._delivering) >= self.limit:
+                    # more are due than can start: the deliveries that end fetch them
+                    # (:meth:`more_due`), not only the next sweep
+                    self._budget = max(self._budget, _PER_SWEEP)
+                    self._more = True
                     break
-                if exhaustion.identity in self._delivering:
+                if (
+                    exhaustion.identity in self._delivering
+                    or exhaustion.identity in self._acknowledged
+                ):
                     continue
                 self._delivering.add(exhaustion.identity)
                 admitted.append(exhaustion)
@@ -123,13 +148,21 @@ class ExhaustionDeliveries:
         Returns:
             Whether the exhaustion was acknowledged.
         """
+        acknowledged = False
         try:
             if error is not None:
                 self._runtime.exhaustion_failed(error, exhaustion)
                 return False
-            return self._runtime.acknowledge(exhaustion)
+            acknowledged = self._runtime.acknowledge(exhaustion)
+            return acknowledged
         finally:
-            self.abandon(exhaustion)
+            with self._lock:
+                if acknowledged:
+                    self._acknowledged.add(exhaustion.identity)
+                    self._acknowledged_order.append(exhaustion.identity)
+                    if len(self._acknowledged_order) > _REMEMBERED:
+                        self._acknowledged.discard(self._acknowledged_order.popleft())
+                self._delivering.discard(exhaustion.identity)
 
     def abandon(self, exhaustion: Exhaustion) -> None:
         """Free the slot of a delivery that ends undecided (cancelled at stop, closed): the
