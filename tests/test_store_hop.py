@@ -1,0 +1,96 @@
+"""The lean hop from the event loop to the store threads (issue 14, item 2).
+
+A burst of fast calls is served by the few core threads (a bounded number of threads touch the
+GIL at once); calls stuck in something slow never hold the others up for long (a thread more
+starts); context variables travel with each call; errors reach the awaiting task; stopping lets
+the queued calls finish and ends the threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import time
+from typing import List
+
+import pytest
+
+from ptb_fence.runtime._hop import StoreHop
+
+VAR: "contextvars.ContextVar[str]" = contextvars.ContextVar("hop_test", default="unset")
+
+
+def _store_threads(prefix: str) -> List[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(prefix) and t.is_alive()]
+
+
+def test_a_burst_of_fast_calls_runs_on_the_core_threads() -> None:
+    hop = StoreHop(2, 36, "hop-burst")
+    seen: List[str] = []
+
+    def call() -> int:
+        seen.append(threading.current_thread().name)
+        time.sleep(0.0005)  # a short store call
+        return 1
+
+    async def main() -> int:
+        total = 0
+        for _ in range(20):
+            total += sum(await asyncio.gather(*(hop.run(call) for _ in range(32))))
+        return total
+
+    try:
+        assert asyncio.run(main()) == 640
+        # 2 core threads, a few more only if the machine stalled the process (not 32)
+        assert len(set(seen)) <= 8, sorted(set(seen))
+    finally:
+        hop.stop()
+
+
+def test_calls_stuck_in_something_slow_do_not_hold_up_the_others() -> None:
+    hop = StoreHop(2, 8, "hop-stuck")
+    release = threading.Event()
+
+    async def main() -> float:
+        stuck = [hop.run(lambda: release.wait(30)) for _ in range(2)]
+        tasks = [asyncio.ensure_future(s) for s in stuck]
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        assert await asyncio.wait_for(hop.run(lambda: "quick"), 10) == "quick"
+        waited = time.monotonic() - started
+        release.set()
+        assert await asyncio.gather(*tasks) == [True, True]
+        return waited
+
+    try:
+        assert asyncio.run(main()) < 2.0  # a third thread started (5 ms stall, loaded machine)
+        assert hop.threads >= 3
+    finally:
+        release.set()
+        hop.stop()
+
+
+def test_context_errors_and_stop() -> None:
+    hop = StoreHop(1, 2, "hop-ctx")
+
+    def boom() -> None:
+        raise ValueError("from the store thread")
+
+    async def main() -> List[str]:
+        VAR.set("mine")
+        got = await hop.run(VAR.get)
+        with pytest.raises(ValueError, match="from the store thread"):
+            await hop.run(boom)
+        loop = asyncio.get_running_loop()
+        queued = [hop.submit(loop, lambda i=i: time.sleep(0.01) or str(i)) for i in range(5)]
+        hop.stop()
+        with pytest.raises(RuntimeError):
+            hop.submit(loop, lambda: None)
+        return [got] + list(await asyncio.gather(*queued))
+
+    assert asyncio.run(main()) == ["mine", "0", "1", "2", "3", "4"]
+    deadline = time.monotonic() + 5
+    while _store_threads("hop-ctx") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _store_threads("hop-ctx")
