@@ -310,7 +310,7 @@ def _counting_pool(dsn: str, log: List[Tuple[int, str]]) -> Any:
     return psycopg2.pool.ThreadedConnectionPool(1, 4, dsn, connection_factory=CountingConnection)
 
 
-def test_a_complete_fenced_write_on_postgres_is_one_store_statement_before_the_write(
+def test_a_complete_fenced_write_on_postgres_is_four_round_trips(
     pg_dsn: str, pg_tables: List[str], intakes: List[UpdateIntake]  # noqa: F811
 ) -> None:
     log: List[Tuple[int, str]] = []
@@ -336,12 +336,40 @@ def test_a_complete_fenced_write_on_postgres_is_one_store_statement_before_the_w
         at = mine.index(log[write][1])
         ends = [i for i, sql in enumerate(mine[:at]) if sql in ("COMMIT", "ROLLBACK")]
         before, after = mine[(ends[-1] + 1 if ends else 0):at], mine[at + 1:]
-        # the ownership check and the settle: one UPDATE before the write (after the pool's
-        # liveness probe), nothing after it but the COMMIT; psycopg2 sends BEGIN with the first
-        assert [s for s in before if s != "SELECT 1"] == [
-            s for s in before if s.startswith("UPDATE")], before
-        assert len(before) <= 2 and sum(s.startswith("UPDATE") for s in before) == 1, before
+        # the ownership check and the settle: one UPDATE before the write (psycopg2 sends
+        # BEGIN with it: no liveness probe on a pooled connection that is not suspect), nothing
+        # after the write but the COMMIT: BEGIN, UPDATE, INSERT, COMMIT: 4 round trips
+        assert len(before) == 1 and before[0].startswith("UPDATE"), before
         assert after[:1] == ["COMMIT"], after
     finally:
         db.store.close()
         pool.closeall()
+
+
+def test_a_pooled_connection_terminated_while_idle_is_replaced_before_the_transaction(
+    pg_dsn: str, pg_tables: List[str]
+) -> None:
+    import psycopg2
+    import psycopg2.extensions
+
+    app = "ptbf_" + uuid.uuid4().hex[:12]
+    db = _pg_db(pg_dsn, pg_tables,
+                store=psycopg2.extensions.make_dsn(pg_dsn, application_name=app))
+    try:
+        a = db.claimed(31)
+        with db.store.transaction(), db.store.transaction():
+            pass  # two pooled connections, now idle
+        killer = psycopg2.connect(pg_dsn)
+        killer.autocommit = True
+        with killer.cursor() as cur:  # only this store's connections (its application_name)
+            cur.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                        "WHERE application_name = %s", (app,))
+            assert cur.fetchone()[0] >= 2
+        killer.close()
+        time.sleep(0.2)
+        with db.store.transaction() as conn:
+            assert db.store.complete_owned(a, T + 5, connection=conn)
+            db.insert(conn, 31, 1)
+        assert db.row(31)[0] == "completed" and db.notes() == [(31, 1)]
+    finally:
+        db.store.close()
