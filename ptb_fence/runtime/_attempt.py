@@ -333,7 +333,11 @@ class Attempt(AsyncForms):
         for SQLite, a psycopg2 connection for PostgreSQL, :obj:`None` for the memory store) —
         or uses ``connection`` —, checks :meth:`owns` inside it, yields the connection for the
         domain writes, and commits on exit. Do not commit, roll back or close the yielded
-        connection yourself (:exc:`~ptb_fence.TransactionEnded`).
+        connection yourself (:exc:`~ptb_fence.TransactionEnded`). With ``complete=True`` on a
+        store with ``complete_owned`` (:class:`~ptb_fence.CompletingUpdateStore`: the SQLite
+        and PostgreSQL stores) the check and the completion are one conditional statement at
+        the start, which holds the row until the commit; an exception in the block rolls both
+        back, so the attempt still owns its update and fails or is retried as usual.
 
         How long it may stay open: while it is open the ownership check's lock is held
         (PostgreSQL: the update's row; SQLite: the whole database's write lock), the attempt's
