@@ -94,3 +94,54 @@ def test_context_errors_and_stop() -> None:
     while _store_threads("hop-ctx") and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not _store_threads("hop-ctx")
+
+
+def test_a_real_application_runs_32_concurrent_fenced_writes_on_few_store_threads(
+    pg_dsn: str, pg_tables: List[str]
+) -> None:
+    """PTB polling, ``max_concurrent=32``, every handler a fenced write: the writes run on a
+    few store threads (before: one thread per concurrent handler, up to 36)."""
+    import uuid
+
+    from telegram import Update
+    from telegram.ext import MessageHandler, filters
+
+    from ptb_fence import PostgresUpdateStore
+    from ptb_fence.ptb import FencedUpdateProcessor
+    from ptb_fence.testing import FakeBotApi
+    from ptb_support import FAST, build, polling, run, wait_for
+
+    table = "t_" + uuid.uuid4().hex[:16]
+    pg_tables += [table, table + "_notes"]
+    store = PostgresUpdateStore(pg_dsn, table)
+    with store.transaction() as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE {table}_notes (update_id BIGINT PRIMARY KEY)")
+    threads: List[str] = []
+    done: List[int] = []
+
+    async def on_message(update: Update, context: Any) -> None:
+        def write(conn: Any) -> None:
+            threads.append(threading.current_thread().name)
+            with conn.cursor() as cur:
+                cur.execute(f"INSERT INTO {table}_notes VALUES (%s)", (update.update_id,))
+            time.sleep(0.003)
+
+        await context.attempt.run_in_transaction(write, complete=True)
+        done.append(update.update_id)
+
+    async def scenario(fake: FakeBotApi) -> None:
+        processor = FencedUpdateProcessor(store, max_concurrent=32, **FAST)
+        app = build(processor, fake)
+        app.add_handler(MessageHandler(filters.TEXT, on_message))
+        for chat in range(96):
+            fake.inject_message(chat_id=chat + 1, text="x")
+        async with polling(app):
+            await wait_for("96 fenced writes", lambda: len(done) >= 96, 60)
+
+    try:
+        with FakeBotApi() as fake:
+            run(scenario(fake), timeout=90)
+    finally:
+        store.close()
+    assert len(threads) == 96
+    assert len(set(threads)) <= 12, sorted(set(threads))
