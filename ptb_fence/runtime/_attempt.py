@@ -199,9 +199,10 @@ class Attempt(AsyncForms):
         """:obj:`bool`: Whether a fenced transaction of this attempt is open and its ownership
         check succeeded.
 
-        It then holds the row lock (PostgreSQL ``FOR UPDATE``; SQLite the database's write
-        lock), so nobody else can claim the update until that transaction ends: the attempt
-        provably still owns it, even past its lease. The lease keeper neither renews it nor
+        It then holds the row lock (PostgreSQL: its ``FOR UPDATE`` check, or with
+        ``complete=True`` its completing ``UPDATE``; SQLite the database's write lock), so
+        nobody else can claim the update until that transaction ends: the attempt provably
+        still owns it, even past its lease. The lease keeper neither renews it nor
         reports it lost meanwhile.
         """
         return self._holding > 0
