@@ -8,8 +8,7 @@ contracts); its SQL is in ``_postgres_sql``. psycopg2 is imported only when a st
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement
 from ptb_fence.stores._names import validate_table_name, validate_update_id
@@ -337,8 +336,7 @@ class PostgresUpdateStore(PostgresBaseStore):
             return []
         return self._db.run(settle_owned_work(self._db.sql, items))
 
-    @contextmanager
-    def transaction(self) -> Iterator[Any]:
+    def transaction(self) -> ContextManager[Any]:
         """Open a transaction on a pooled psycopg2 connection (optional capability).
 
         Yields the connection (``%s`` placeholders) for the caller's writes; commits on normal
@@ -346,11 +344,10 @@ class PostgresUpdateStore(PostgresBaseStore):
         pool. Do not commit or roll back the yielded connection yourself. Waits for a free
         connection like every other call (:exc:`ptb_fence.StoreBusy` after ``pool_timeout``).
 
-        Yields:
-            A psycopg2 connection inside an open transaction.
+        Returns:
+            A context manager yielding a psycopg2 connection inside an open transaction.
         """
-        with self._db.transaction() as conn:
-            yield conn
+        return self._db.transaction()
 
     # -- durable contract ------------------------------------------------------------------
     def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:

@@ -9,8 +9,7 @@ write transactions, lifecycle), ``_sqlite_schema`` (create and upgrade the table
 from __future__ import annotations
 
 import sqlite3
-from contextlib import contextmanager
-from typing import Any, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, ContextManager, List, Optional, Sequence, Set, Tuple
 
 from ptb_fence._values import AttemptIdentity, Completed, Exhaustion, Settlement
 from ptb_fence.stores._names import validate_update_id
@@ -327,8 +326,7 @@ class SQLiteUpdateStore(SQLiteRecovery, SQLiteBaseStore):
         with self._conns.immediate() as conn:
             return settle_owned_in(self._sql, conn, items)
 
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self) -> ContextManager[sqlite3.Connection]:
         """A write transaction on this thread's connection to the store's file.
 
         Starts ``BEGIN IMMEDIATE``, yields the :class:`sqlite3.Connection` (``?`` placeholders,
@@ -341,8 +339,7 @@ class SQLiteUpdateStore(SQLiteRecovery, SQLiteBaseStore):
         Raises:
             RuntimeError: A transaction is already open on this thread.
         """
-        with self._conns.transaction() as conn:
-            yield conn
+        return self._conns.transaction()
 
     # -- durable contract ------------------------------------------------------------------
     def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:
