@@ -11,9 +11,10 @@ __all__ = ["StoreThreads"]
 
 T = TypeVar("T")
 
-_CORE_THREADS = 4
+_CORE_THREADS = 8
 """Store threads that take calls first (see :class:`~ptb_fence.runtime._hop.StoreHop`): few
-threads competing for the GIL; more start only while every one is stuck in a slow call."""
+threads competing for the GIL (as many as PostgresUpdateStore's default pool has connections);
+more start only while every one is stuck in a slow call."""
 
 
 class StoreThreads:

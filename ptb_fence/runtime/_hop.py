@@ -16,10 +16,11 @@ T = TypeVar("T")
 
 _Job = Tuple[contextvars.Context, Callable[[], Any], "asyncio.AbstractEventLoop", "asyncio.Future[Any]"]
 
-_STALL_SECONDS = 0.005
-"""A queued call with every store thread busy and none finishing for this long gets one more
-thread (up to the limit): a slow call (a long fenced transaction, a lock wait) never holds up
-the others for longer."""
+_STALL_SECONDS = 0.05
+"""Calls queued while every store thread is busy and none finished for this long get threads
+of their own (up to the limit): slow calls (long fenced transactions, lock waits) never hold up
+the others for longer. Shorter than that is ordinary database latency (a commit on a busy
+machine): more threads would only compete for the GIL and the connection pool."""
 
 _SPARE_IDLE_SECONDS = 2.0
 """A thread beyond the core ones ends after idling this long."""
@@ -41,10 +42,10 @@ class StoreHop:
     thread runs the call in the caller's context and hands the result straight to the loop
     (``call_soon_threadsafe``), without a :class:`concurrent.futures.Future` (and its
     ``Condition``) in between. Only ``core`` threads take calls while they keep finishing, so
-    few threads compete for the GIL at once (returning from a database call each needs it); a
-    thread more (up to ``limit``) is started only when every thread is busy and none finished
-    for a few milliseconds (a slow call never holds the others up for longer), and such a
-    thread ends after idling.
+    few threads compete for the GIL at once (returning from a database call each needs it);
+    more (up to ``limit``, one per queued call) start only when every thread is busy and none
+    finished for 50 ms (slow calls never hold the others up for longer), and they end after
+    idling.
 
     Args:
         core: Threads that take calls first (at least 1).
@@ -130,8 +131,9 @@ class StoreHop:
             self._armed = False
             if self._closed or self._queue.empty() or self._idle > 0:
                 return
-            if self._done == done_before and self._threads < self._limit:
-                self._spawn_locked()
+            if self._done == done_before:  # stuck: a thread for each queued call
+                for _ in range(min(self._queue.qsize(), self._limit - self._threads)):
+                    self._spawn_locked()
             if self._threads < self._limit:
                 self._armed = True
                 loop.call_later(_STALL_SECONDS, self._check_stall, loop, self._done)
