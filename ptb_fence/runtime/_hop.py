@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextvars
 import queue
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 if TYPE_CHECKING:
     import asyncio  # imported where used: import ptb_fence stays light
@@ -17,13 +17,15 @@ T = TypeVar("T")
 _Job = Tuple[contextvars.Context, Callable[[], Any], "asyncio.AbstractEventLoop", "asyncio.Future[Any]"]
 
 _STALL_SECONDS = 0.05
-"""Calls queued while every store thread is busy and none finished for this long get threads
-of their own (up to the limit): slow calls (long fenced transactions, lock waits) never hold up
-the others for longer. Shorter than that is ordinary database latency (a commit on a busy
-machine): more threads would only compete for the GIL and the connection pool."""
+"""Calls queued while every store thread is busy and none finished for this long get one
+thread more (again after each such interval, up to the limit): slow calls (long fenced
+transactions, lock waits) do not hold up the others for long. Shorter waits are ordinary
+database latency (a commit on a busy machine): more threads would only compete for the GIL
+and the connection pool."""
 
 _SPARE_IDLE_SECONDS = 2.0
-"""A thread beyond the core ones ends after idling this long."""
+"""A thread beyond the core ones ends after idling this long (or at once after a call when
+none is queued)."""
 
 
 def _resolve(future: "asyncio.Future[Any]", ok: bool, value: Any) -> None:
@@ -39,13 +41,12 @@ class StoreHop:
     """Runs blocking store calls for asyncio callers on a few store threads.
 
     One call costs one :class:`asyncio.Future`, one context copy and one queue entry: the
-    thread runs the call in the caller's context and hands the result straight to the loop
-    (``call_soon_threadsafe``), without a :class:`concurrent.futures.Future` (and its
-    ``Condition``) in between. Only ``core`` threads take calls while they keep finishing, so
+    thread runs the call in the caller's context and hands the result straight to the loop,
+    without a :class:`concurrent.futures.Future` (and its ``Condition``) in between; results
+    that finish while a hand-back is pending go with it (one wake-up of the loop for all). Only ``core`` threads take calls while they keep finishing, so
     few threads compete for the GIL at once (returning from a database call each needs it);
-    more (up to ``limit``, one per queued call) start only when every thread is busy and none
-    finished for 50 ms (slow calls never hold the others up for longer), and they end after
-    idling.
+    one more (up to ``limit``) starts only when every thread is busy and none finished for
+    50 ms (slow calls never hold the others up for long), and it ends once no call is queued.
 
     Args:
         core: Threads that take calls first (at least 1).
@@ -58,6 +59,7 @@ class StoreHop:
         "_closed",
         "_core",
         "_done",
+        "_finished",
         "_idle",
         "_limit",
         "_lock",
@@ -79,6 +81,8 @@ class StoreHop:
         self._started = 0  # threads ever started (for names)
         self._armed = False
         self._closed = False
+        # per loop: results finished on the threads, handed back together (see _hand_back)
+        self._finished: "Dict[asyncio.AbstractEventLoop, List[Tuple[Any, bool, Any]]]" = {}
 
     @property
     def threads(self) -> int:
@@ -131,9 +135,8 @@ class StoreHop:
             self._armed = False
             if self._closed or self._queue.empty() or self._idle > 0:
                 return
-            if self._done == done_before:  # stuck: a thread for each queued call
-                for _ in range(min(self._queue.qsize(), self._limit - self._threads)):
-                    self._spawn_locked()
+            if self._done == done_before:  # stuck: one thread more
+                self._spawn_locked()
             if self._threads < self._limit:
                 self._armed = True
                 loop.call_later(_STALL_SECONDS, self._check_stall, loop, self._done)
@@ -171,11 +174,33 @@ class StoreHop:
                 value, ok = context.run(fn), True
             except BaseException as exc:  # handed to the awaiting task
                 value, ok = exc, False
-            try:
-                loop.call_soon_threadsafe(_resolve, future, ok, value)
-            except RuntimeError:  # the loop is closed: no one awaits the result
-                pass
-            del job, context, fn, loop, future, value
             with lock:
                 self._done += 1
-                self._idle += 1
+                # a thread beyond the core ones lives only while calls are queued
+                leave = spare and self._queue.empty()
+                if leave:
+                    self._threads -= 1
+                else:
+                    self._idle += 1
+                finished = self._finished.get(loop)
+                if finished is None:  # no hand-back to this loop pending: schedule one
+                    self._finished[loop] = [(future, ok, value)]
+                else:  # the pending hand-back takes it along: no wake-up of its own
+                    finished.append((future, ok, value))
+            if finished is None:
+                try:
+                    loop.call_soon_threadsafe(self._hand_back, loop)
+                except RuntimeError:  # the loop is closed: no one awaits the results
+                    with lock:
+                        self._finished.pop(loop, None)
+            del job, context, fn, loop, future, value, finished
+            if leave:
+                return
+
+    def _hand_back(self, loop: "asyncio.AbstractEventLoop") -> None:
+        """On ``loop``: resolve every future finished since the last hand-back (one wake-up
+        of the loop for all the calls that finished meanwhile)."""
+        with self._lock:
+            finished = self._finished.pop(loop, ())
+        for future, ok, value in finished:
+            _resolve(future, ok, value)
