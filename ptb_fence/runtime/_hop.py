@@ -165,6 +165,8 @@ class StoreHop:
             except queue.Empty:
                 job = None
             with lock:
+                if job is None and not self._closed and not self._queue.empty():
+                    continue  # a call came as the idle time ran out: take it (still idle)
                 self._idle -= 1
                 if job is None:
                     self._threads -= 1
