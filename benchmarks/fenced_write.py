@@ -254,6 +254,8 @@ def latency(kind: str, count: int, rate: float) -> Dict[str, Any]:
     workdir = tempfile.mkdtemp(prefix="fenced-write-")
     store = None if kind == "plain" else _store(kind, workdir)
     ended: Dict[int, float] = {}
+    began: Dict[int, float] = {}
+    put: Dict[int, float] = {}
     try:
         app = _application(kind, base_url, 32, store)
 
@@ -261,6 +263,7 @@ def latency(kind: str, count: int, rate: float) -> Dict[str, Any]:
             ended[update.update_id] = time.perf_counter()
 
         async def fenced(update: Update, context: Any) -> None:
+            began[update.update_id] = time.perf_counter()
             write = _insert(kind, store, update.update_id, "x")
             await context.attempt.run_in_transaction(write, complete=True)
             ended[update.update_id] = time.perf_counter()
@@ -271,7 +274,6 @@ def latency(kind: str, count: int, rate: float) -> Dict[str, Any]:
             await app.initialize()
             await app.start()
             await asyncio.sleep(0.3)
-            put: Dict[int, float] = {}
             for i in range(1, count + 1):
                 update = Update.de_json(_update(i, 50), app.bot)
                 put[i] = time.perf_counter()
@@ -291,12 +293,20 @@ def latency(kind: str, count: int, rate: float) -> Dict[str, Any]:
         if store is not None:
             _drop(kind, store)
     warm = values[5:]  # the first few include connection set-up
-    return {
+    out = {
         "kind": kind,
         "n": len(warm),
         "p50_ms": round(_percentile(warm, 0.5), 2),
         "p99_ms": round(_percentile(warm, 0.99), 2),
     }
+    if began:  # put -> handler start (recorded and claimed), and the fenced write itself
+        to_handler = [(began[i] - put[i]) * 1000 for i in sorted(began)][5:]
+        write = [(ended[i] - began[i]) * 1000 for i in sorted(began) if i in ended][5:]
+        out["to_handler_p50_ms"] = round(_percentile(to_handler, 0.5), 2)
+        out["to_handler_p99_ms"] = round(_percentile(to_handler, 0.99), 2)
+        out["write_p50_ms"] = round(_percentile(write, 0.5), 2)
+        out["write_p99_ms"] = round(_percentile(write, 0.99), 2)
+    return out
 
 
 def main(argv: Optional[List[str]] = None) -> None:
