@@ -24,6 +24,7 @@ from ptb_fence._values import (
     StoredUpdate,
 )
 from ptb_fence.runtime._attempt import Attempt
+from ptb_fence.runtime._hop import StoreHop
 from ptb_fence.runtime._jobs import Jobs
 from ptb_fence.runtime._lease_keeper import LeaseKeeper
 from ptb_fence.runtime._options import RuntimeOptions
@@ -106,9 +107,9 @@ class Runtime(RecordingOps, Jobs, Recovery):
         # running_count(): attempts whose handler runs now (set by a front end that claims at
         # ingest); bounds the claims at ingest (see RecordingOps._claim_budget)
         self.running_count: Callable[[], int] = lambda: 0
-        # an Executor for blocking store work from asyncio (Attempt.run_in_transaction and
-        # friends); None uses asyncio.to_thread. Set by the PTB processors.
-        self.executor: Any = None
+        # the store threads for blocking store work from asyncio (Attempt.run_in_transaction
+        # and friends); None uses asyncio.to_thread. Set by the PTB processors.
+        self.executor: Optional[StoreHop] = None
         # retry_soon(update_id, delay_seconds, body): set by a front end that can hand an
         # update back at its retry time; called for a landed retry due before the next sweep
         # (body: the stored text the attempt was claimed with, when known)
