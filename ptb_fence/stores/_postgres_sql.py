@@ -168,6 +168,7 @@ class PostgresStatements:
     prune: str
     owns: str
     owns_for_update: str
+    reopen_completed: str
     exhaust: str
     due_exhaustions: str
     acknowledge_exhaustion: str
@@ -292,6 +293,12 @@ WHERE {live_owned} AND due_at >= %(at)s""",
 SELECT update_id FROM {t}
 WHERE {live_owned} AND due_at >= %(at)s
 FOR UPDATE""",
+            # Undo a completion that the caller's own commit landed by mistake (complete_owned).
+            reopen_completed=f"""\
+UPDATE {t} SET state = 'processing', settled_at = NULL
+WHERE update_id = %(update_id)s AND state = 'completed' AND attempts = %(attempt)s
+  AND claim_id = %(claim_id)s AND settled_at = %(at)s
+RETURNING update_id""",
             exhaust=f"""\
 UPDATE {t} SET state = 'abandoned', due_at = %(at)s, settled_at = NULL, error = %(error)s
 WHERE {live_owned} AND due_at >= %(at)s
