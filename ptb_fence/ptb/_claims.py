@@ -56,6 +56,7 @@ class StartClaims:
         try:
             if granted == 0:
                 await self._make_room()
+                granted = runtime.reserve_claims(1)  # the room made (unless taken meanwhile)
             extras = state.next_pending(granted - 1)
             if not extras:
                 return await self._threads.call(runtime.claim, update_id)
@@ -86,11 +87,17 @@ class StartClaims:
         this one started): give the highest waiting claim back, so that this update's claim
         keeps the bound. That update claims again when it starts."""
         state = self._state
-        if not state.preclaimed:
+        unput = {u: v for u, v in state.ingested.items() if isinstance(v, Attempt)}
+        if state.preclaimed:  # queued here
+            victim_id = max(state.preclaimed)
+            victim = state.preclaimed.pop(victim_id)
+            state.pending.add(victim_id)
+        elif unput:  # recorded in a getUpdates batch, not put yet: it is booked pending
+            victim_id = max(unput)
+            victim = unput[victim_id]
+            state.ingested[victim_id] = True
+        else:
             return
-        victim_id = max(state.preclaimed)
-        victim = state.preclaimed.pop(victim_id)
-        state.pending.add(victim_id)
         done: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
         state.claiming[victim_id] = done  # its start waits for the release
         try:

@@ -61,6 +61,14 @@ class ClaimingOps:
         held = len(self.keeper.active()) + self.reservations.count
         return max(0, self.options.max_concurrent + self.options.ingest_claim_buffer - held)
 
+    def ahead_budget(self, running: int) -> int:
+        """How many claims may be taken ahead of the updates that start without one (a
+        front end whose fresh updates start unclaimed, e.g. ``UpdateIntake.accept``): the
+        claims waiting to start (held minus ``running``) stay within the buffer, so a start's
+        own claim never exceeds the bound."""
+        waiting = len(self.keeper.active()) + self.reservations.count - running
+        return max(0, min(self.claim_budget(), self.options.ingest_claim_buffer - waiting))
+
     def reserve_claims(self, wanted: int) -> int:
         """Reserve up to ``wanted`` of the :meth:`claim_budget` for claims about to be taken
         (thread-safe: recorders, starting updates and sweeps claim at the same time); returns

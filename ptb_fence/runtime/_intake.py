@@ -345,7 +345,7 @@ class UpdateIntake:
                 handed, full, self._cursor = claim_and_dispatch(
                     runtime, self._dispatch_stored, lambda: self._closed,
                     include_fresh=include_fresh, take_over=not page_only,
-                    after=self._cursor if page_only else None,
+                    after=self._cursor if page_only else None, running=lambda: len(self._runs),
                 )
             else:
                 handed, full = list_and_dispatch(
@@ -417,7 +417,9 @@ class UpdateIntake:
             if not self._refill or self._closed:
                 return
             runtime = self._runtime
-            if len(self._chats) > runtime.options.max_concurrent or not runtime.claim_budget():
+            if len(self._chats) > runtime.options.max_concurrent or (
+                runtime.uses_claim_ids and not runtime.ahead_budget(len(self._runs))
+            ):
                 return
             self._refill = False
 

@@ -24,6 +24,7 @@ def claim_and_dispatch(
     include_fresh: bool,
     take_over: bool,
     after: Optional[int] = None,
+    running: Callable[[], int] = lambda: 0,
 ) -> Tuple[int, bool, Optional[int]]:
     """Claim the next page of due updates (at most the claim budget) and ``dispatch`` each
     with its attempt; an attempt not dispatched (already queued here, or closing) is
@@ -31,7 +32,8 @@ def claim_and_dispatch(
     over, whether the page was full (or the budget spent: look again once claims are settled)
     and the last id of the page (the next page's ``after``). A store error is reported as
     step ``"sweep"``."""
-    limit = runtime.reserve_claims(PAGE)
+    # accepted updates start unclaimed: claims ahead stay within the buffer (the bound)
+    limit = runtime.reserve_claims(min(PAGE, runtime.ahead_budget(running())))
     if limit <= 0:
         return 0, True, after
     try:
