@@ -87,17 +87,11 @@ class StartClaims:
         this one started): give the highest waiting claim back, so that this update's claim
         keeps the bound. That update claims again when it starts."""
         state = self._state
-        unput = {u: v for u, v in state.ingested.items() if isinstance(v, Attempt)}
-        if state.preclaimed:  # queued here
-            victim_id = max(state.preclaimed)
-            victim = state.preclaimed.pop(victim_id)
-            state.pending.add(victim_id)
-        elif unput:  # recorded in a getUpdates batch, not put yet: it is booked pending
-            victim_id = max(unput)
-            victim = unput[victim_id]
-            state.ingested[victim_id] = True
-        else:
+        if not state.preclaimed:
             return
+        victim_id = max(state.preclaimed)  # queued here, waiting
+        victim = state.preclaimed.pop(victim_id)
+        state.pending.add(victim_id)
         done: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
         state.claiming[victim_id] = done  # its start waits for the release
         try:
