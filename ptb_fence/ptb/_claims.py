@@ -5,7 +5,8 @@ updates this processor has queued (one commit for several), within the runtime's
 from __future__ import annotations
 
 import asyncio
-from typing import List, Optional
+import contextlib
+from typing import AsyncIterator, List, Optional
 
 from ptb_fence.ptb._state import SharedState
 from ptb_fence.ptb._threads import StoreThreads
@@ -36,6 +37,7 @@ class StartClaims:
         self._runtime = runtime
         self._state = state
         self._threads = threads
+        runtime.reservations.tracks_running = True
 
     async def attempt_for(self, update_id: int) -> Optional[Attempt]:
         """The attempt ``update_id`` starts with; :obj:`None`: not ours (taken elsewhere,
@@ -52,17 +54,25 @@ class StartClaims:
         runtime = self._runtime
         if not runtime.uses_claim_ids:
             return await self._threads.call(runtime.claim, update_id)
-        granted = runtime.reserve_claims(1 + len(state.pending))
+        granted = runtime.reserve_claims(len(state.pending), own=1)
         try:
-            if granted == 0:
-                await self._make_room()
-                granted = runtime.reserve_claims(1)  # the room made (unless taken meanwhile)
-            extras = state.next_pending(granted - 1)
+            extras = state.next_pending(granted)
             if not extras:
                 return await self._threads.call(runtime.claim, update_id)
             return await self._claim_with(update_id, extras)
         finally:
-            runtime.unreserve_claims(granted)
+            runtime.unreserve_claims(1 + granted)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Count an update as holding a slot while in this block (the claim budget's
+        ``running``)."""
+        reservations = self._runtime.reservations
+        reservations.started()
+        try:
+            yield
+        finally:
+            reservations.ended()
 
     async def _claim_with(self, update_id: int, extras: List[int]) -> Optional[Attempt]:
         """Claim ``update_id`` and ``extras`` in one call; book the extras as pre-claimed."""
@@ -80,25 +90,6 @@ class StartClaims:
             self._book(extras, attempts[1:])
             done.set_result(None)
         return attempts[0]
-
-    async def _make_room(self) -> None:
-        """Every claim allowed is held, some waiting for a slot while this update got one
-        (an earlier update waits for its chat, or a later batch was claimed at ingest before
-        this one started): give the highest waiting claim back, so that this update's claim
-        keeps the bound. That update claims again when it starts."""
-        state = self._state
-        if not state.preclaimed:
-            return
-        victim_id = max(state.preclaimed)  # queued here, waiting
-        victim = state.preclaimed.pop(victim_id)
-        state.pending.add(victim_id)
-        done: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
-        state.claiming[victim_id] = done  # its start waits for the release
-        try:
-            await self._threads.call(self._runtime.release, [victim])
-        finally:
-            state.claiming.pop(victim_id, None)
-            done.set_result(None)
 
     def _book(self, extras: List[int], attempts: List[Optional[Attempt]]) -> None:
         state = self._state

@@ -383,7 +383,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         try:
             # the slot may already be held for the whole call (see process_update)
             slot = contextlib.nullcontext() if _HOLDING_SLOT.get() else self._slots
-            async with slot:
+            async with slot, self._claims.running():
                 attempt = await self._claims.attempt_for(update.update_id)
                 if attempt is None:
                     return False  # not ours, or stopping: it stays in the store

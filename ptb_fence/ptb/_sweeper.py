@@ -162,7 +162,7 @@ class Sweeper:
         runtime, state = self._runtime, self._state
         while loop.time() < deadline and (
             len(state.inflight) > threshold
-            or (runtime.uses_claim_ids and runtime.claim_budget() == 0)
+            or (runtime.uses_claim_ids and runtime.ahead_budget() == 0)
         ):
             await state.wait_finished(min(0.5, max(0.0, deadline - loop.time())))
 
@@ -215,7 +215,9 @@ class Sweeper:
             runtime.unreserve_claims(limit)
         handed = 0
         stale = []
-        self._cursor = page[-1][0].update_id if page else None
+        # a short page ends the backlog: the next pages start at the lowest id again, so rows
+        # released or due again below the cursor are not left for a whole sweep
+        self._cursor = page[-1][0].update_id if len(page) >= limit else None
         for attempt, body in page:
             update_id = attempt.update_id
             if update_id in state.inflight:

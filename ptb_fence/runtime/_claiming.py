@@ -61,20 +61,27 @@ class ClaimingOps:
         held = len(self.keeper.active()) + self.reservations.count
         return max(0, self.options.max_concurrent + self.options.ingest_claim_buffer - held)
 
-    def ahead_budget(self, running: int) -> int:
-        """How many claims may be taken ahead of the updates that start without one (a
-        front end whose fresh updates start unclaimed, e.g. ``UpdateIntake.accept``): the
-        claims waiting to start (held minus ``running``) stay within the buffer, so a start's
-        own claim never exceeds the bound."""
+    def ahead_budget(self, running: Optional[int] = None) -> int:
+        """How many claims may be taken ahead of the updates that will start (at ingest, by
+        a sweep, with a starting update): the claims waiting to start (held minus
+        ``running``, the updates holding a slot) stay within the buffer, so the own claim of
+        an update that takes a slot never needs budget and never exceeds the bound.
+        ``running`` defaults to the count the front end keeps in :attr:`reservations`
+        (without one: the :meth:`claim_budget`)."""
+        if running is None:
+            if not self.reservations.tracks_running:
+                return self.claim_budget()
+            running = self.reservations.running
         waiting = len(self.keeper.active()) + self.reservations.count - running
         return max(0, min(self.claim_budget(), self.options.ingest_claim_buffer - waiting))
 
-    def reserve_claims(self, wanted: int) -> int:
-        """Reserve up to ``wanted`` of the :meth:`claim_budget` for claims about to be taken
-        (thread-safe: recorders, starting updates and sweeps claim at the same time); returns
-        how many. Give the reservation back with :meth:`unreserve_claims` once the claims
-        taken are registered with the lease keeper (or failed)."""
-        return self.reservations.take(wanted, self.claim_budget)
+    def reserve_claims(self, wanted: int, *, own: int = 0) -> int:
+        """Reserve ``own`` claims of updates holding a slot (no budget needed) and up to
+        ``wanted`` claims ahead within :meth:`ahead_budget`, atomically (thread-safe:
+        recorders, starting updates and sweeps claim at the same time); returns how many of
+        ``wanted``. End the reservation (``own`` included) with :meth:`unreserve_claims`
+        once the claims taken are registered with the lease keeper (or failed)."""
+        return self.reservations.take(wanted, self.ahead_budget, own=own)
 
     def unreserve_claims(self, count: int) -> None:
         """End a reservation of ``count`` (:meth:`reserve_claims`)."""

@@ -13,19 +13,33 @@ class Reservations:
     """A thread-safe count of reserved claims (see
     :meth:`~ptb_fence.runtime._claiming.ClaimingOps.reserve_claims`)."""
 
-    __slots__ = ("_lock", "count")
+    __slots__ = ("_lock", "count", "running", "tracks_running")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.count = 0
+        self.running = 0  # updates holding a slot (when a front end tracks them)
+        self.tracks_running = False
 
-    def take(self, wanted: int, free: Callable[[], int]) -> int:
-        """Reserve up to ``wanted`` of ``free()`` (the budget, reservations already counted);
-        returns how many."""
+    def take(self, wanted: int, free: Callable[[], int], *, own: int = 0) -> int:
+        """Reserve ``own`` (the claims of updates that hold a slot: they never need budget)
+        and up to ``wanted`` of ``free()`` (the budget, reservations already counted), as
+        one step; returns how many of ``wanted``."""
         with self._lock:
+            self.count += own
             granted = max(0, min(int(wanted), free()))
             self.count += granted
             return granted
+
+    def started(self) -> None:
+        """An update took a slot (it holds, or is about to take, its own claim)."""
+        with self._lock:
+            self.running += 1
+
+    def ended(self) -> None:
+        """An update left its slot."""
+        with self._lock:
+            self.running -= 1
 
     def give_back(self, count: int) -> None:
         """End a reservation of ``count``."""
