@@ -20,6 +20,7 @@ __all__ = [
     "SQLiteChatStatements",
     "chat_index_name",
     "in_turn",
+    "postgres_chat_schema",
 ]
 
 UNSETTLED = "('pending', 'processing', 'failed')"
@@ -93,6 +94,19 @@ class SQLiteChatStatements:
             LIMIT :limit"""
 
 
+def postgres_chat_schema(table: str) -> str:
+    """The idempotent PostgreSQL DDL of chat order for ``table``: the nullable ``chat_key``
+    column and the partial index (part of ``postgres_update_store_schema``)."""
+    t = f'"{table}"'
+    return (
+        "-- strict_chat_order: the chat of each row (NULL: no chat) and the waiting rows\n"
+        "-- of each chat (unsettled only, so the index stays small).\n"
+        f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS chat_key BIGINT;\n"
+        f'CREATE INDEX IF NOT EXISTS "{chat_index_name(table)}" ON {t} (chat_key, update_id)\n'
+        f"    WHERE state IN {UNSETTLED};\n"
+    )
+
+
 class PostgresChatStatements:
     """The chat-order statements of one PostgreSQL table (``%(name)s`` parameters).
 
@@ -104,18 +118,11 @@ class PostgresChatStatements:
             different update (``_postgres_sql``).
     """
 
-    __slots__ = ("check_args", "claim", "due", "due_of_chat", "replace", "schema", "table")
+    __slots__ = ("claim", "due", "due_of_chat", "replace", "table")
 
     def __init__(self, table: str, claim_fenced: str, replace_settled: str) -> None:
         t = f'"{table}"'
         self.table = t
-        index = chat_index_name(table)
-        self.schema = (
-            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS chat_key BIGINT;\n"
-            f'CREATE INDEX IF NOT EXISTS "{index}" ON {t} (chat_key, update_id)\n'
-            f"    WHERE state IN {UNSETTLED};\n"
-        )
-        self.check_args = {"chat_index": f'"{index}"'}
         anchor = "WHERE update_id = %(update_id)s\n"
         if claim_fenced.count(anchor) != 1:  # pragma: no cover - guards the statement's shape
             raise AssertionError("unexpected claim statement")

@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 
-from ptb_fence.stores._pg_recovery_sql import INSTANCES_SQL, INSTANCES_TABLE
+from ptb_fence.stores._chat_order_sql import PostgresChatStatements as _ChatSQL
+from ptb_fence.stores._chat_order_sql import chat_index_name, postgres_chat_schema
+from ptb_fence.stores._pg_recovery_sql import INSTANCES_SQL, INSTANCES_TABLE, with_instance
 
 __all__ = ["PostgresStatements", "schema_sql"]
 
@@ -99,6 +102,7 @@ ALTER TABLE {t} ADD COLUMN IF NOT EXISTS instance TEXT;
 
 CREATE INDEX IF NOT EXISTS "{_index_name(table)}" ON {t} (state, due_at);
 
+{postgres_chat_schema(table)}
 -- Which bot owns which update table (one table per bot).
 {META_SQL}
 -- The live instances of the update tables (hold_liveness / take_over_dead).
@@ -119,6 +123,10 @@ SELECT to_regclass(%(table)s) IS NOT NULL,
                 WHERE attrelid = to_regclass(%(table)s)
                   AND attname = 'instance' AND NOT attisdropped),
        to_regclass(%(index)s) IS NOT NULL,
+       EXISTS (SELECT 1 FROM pg_attribute
+                WHERE attrelid = to_regclass(%(table)s)
+                  AND attname = 'chat_key' AND NOT attisdropped),
+       to_regclass(%(chat_index)s) IS NOT NULL,
        to_regclass(%(meta)s) IS NOT NULL,
        to_regclass(%(instances)s) IS NOT NULL
 """
@@ -177,6 +185,11 @@ class PostgresStatements:
     create_meta: str
     bind_bot: str
 
+    @cached_property
+    def chat(self) -> _ChatSQL:
+        """The chat-order statements (``strict_chat_order``; the claim records the instance)."""
+        return _ChatSQL(self.table, with_instance(self.claim_fenced), _REPLACE_SETTLED)
+
     @classmethod
     def for_table(cls, table: str) -> "PostgresStatements":
         """Build every statement for ``table`` (already validated)."""
@@ -192,6 +205,7 @@ class PostgresStatements:
             schema_check_args={
                 "table": t,
                 "index": f'"{_index_name(table)}"',
+                "chat_index": f'"{chat_index_name(table)}"',
                 "meta": f'"{META_TABLE}"',
                 "instances": f'"{INSTANCES_TABLE}"',
             },
