@@ -17,6 +17,7 @@ from ptb_fence._errors import (
 from ptb_fence._protocols import (
     BatchUpdateStore,
     BotBoundStore,
+    ChatOrderedUpdateStore,
     LivenessStore,
     ReleasingUpdateStore,
     DurableUpdateStore,
@@ -61,6 +62,7 @@ __all__ = [
     "AttemptTimeout",
     "BatchUpdateStore",
     "BotBoundStore",
+    "ChatOrderedUpdateStore",
     "LivenessStore",
     "ReleasingUpdateStore",
     "Completed",
