@@ -34,7 +34,13 @@ class ChatOrderPort:
         return [bool(added) for added in self.store.add_many_in_chats(list(rows))]
 
     def claim_in_chat_order(
-        self, update_id: int, *, now: int, lease_until: int, max_attempts: int, durable: bool
+        self,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
     ) -> Optional[AttemptIdentity]:
         """``store.claim_in_chat_order``: claim only when the row is its chat's turn."""
         identity: Optional[AttemptIdentity] = self.store.claim_in_chat_order(
@@ -42,7 +48,7 @@ class ChatOrderPort:
             now=now,
             lease_until=lease_until,
             max_attempts=max_attempts,
-            durable_exhaustion=durable,
+            durable_exhaustion=durable_exhaustion,
         )
         return identity
 
