@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import Any, Callable, List, Optional, Set, Tuple
+from typing import Any, Callable, Hashable, List, Optional, Set, Tuple
 
 from telegram import Update
 
@@ -232,15 +232,33 @@ class Sweeper:
             if tries < 200:
                 self._start_retry_timer(update_id, 0.05, body, tries + 1)
             return
+        self._hand_over(update_id, body)
+
+    def _hand_over(self, update_id: int, body: str) -> None:
+        """Queue a stored update that is not in flight here (a failure to parse is left to
+        the sweep, which reports it)."""
+        state = self._state
+        if state.stopping or not state.started or update_id in state.inflight:
+            return
         try:
             update = parse_update(json.loads(body), self._application().bot)
         except Exception:
-            return  # the sweep reports it
+            return
         if update is None:
             return
         state.inflight.add(update_id)
         if not self._redeliver(update):
             state.inflight.discard(update_id)
+
+    async def chat_successor(self, key: Hashable, outcome: Any) -> None:
+        """Under ``strict_chat_order``, once ``outcome`` released the chat: queue the chat's
+        next update from the store (:meth:`Runtime.chat_successor`), if it is not in flight
+        here already."""
+        if outcome is None or not self._runtime.strict_chat_order or self._state.stopping:
+            return
+        row = await self._threads.call(self._runtime.chat_successor, key, outcome)
+        if row is not None:
+            self._hand_over(row.update_id, row.body)
 
     def cancel_retry_timers(self) -> None:
         """Cancel the retry timers (the retries stay due in the store)."""
