@@ -132,3 +132,39 @@ def test_strict_order_needs_a_chat_ordered_store() -> None:
         UpdateIntake(StoreWrapper(), handle=lambda u: None, strict_chat_order=True)
     with pytest.raises(TypeError, match="strict_chat_order must be True or False"):
         UpdateIntake(MemoryUpdateStore(), handle=lambda u: None, strict_chat_order=1)
+
+
+def test_an_exhausted_update_releases_its_chat(tmp_path: Path) -> None:
+    """Update 1 fails every time: once exhausted (and delivered), 2 and 3 run, in order."""
+    starts: List[int] = []
+    exhausted: List[int] = []
+
+    def handle(update: Dict[str, Any]) -> None:
+        starts.append(update["update_id"])
+        if update["update_id"] == 1:
+            raise RuntimeError("always")
+
+    store = SQLiteUpdateStore(str(tmp_path / "exhaust.sqlite3"))
+    intake = UpdateIntake(
+        store,
+        handle_attempt=lambda update, attempt: handle(update),
+        handle_exhaustion=lambda exhaustion: exhausted.append(exhaustion.update_id),
+        strict_chat_order=True,
+        max_attempts=2,
+        retry=lambda error, attempt: 0.1,
+        sweep_every_seconds=5,
+    )
+    intake.start()
+    try:
+        for update_id in (1, 2, 3):
+            assert intake.accept(message(update_id, CHAT_A)) == "accepted"
+        deadline = time.monotonic() + 20
+        while len(starts) < 4 or not exhausted:
+            assert time.monotonic() < deadline, (starts, exhausted)
+            time.sleep(0.02)
+        assert intake.idle(10)
+    finally:
+        intake.close()
+        store.close()
+    assert starts == [1, 1, 2, 3]
+    assert exhausted == [1]
