@@ -14,7 +14,7 @@ import heapq
 import threading
 from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Set, Tuple
 
-__all__ = ["ChatOrder", "ChatScheduler", "chat_key", "stored_chat_key", "update_chat_key"]
+__all__ = ["ChatOrder", "chat_key", "stored_chat_key", "update_chat_key"]
 
 
 def chat_key(update: Mapping[str, Any]) -> Hashable:
@@ -149,7 +149,3 @@ class ChatOrder:
         """Wait until nothing is queued or running; :obj:`False` on timeout."""
         with self._cond:
             return self._cond.wait_for(lambda: not self._known, timeout)
-
-
-ChatScheduler = ChatOrder
-"""The former name of :class:`ChatOrder`."""

@@ -51,7 +51,8 @@ class UpdateIntake:
         **options: The options of :class:`~ptb_fence.runtime.RuntimeOptions`
             (``max_attempts``, ``lease_seconds``, ``sweep_every_seconds``,
             ``pending_grace_seconds``, ``retain_seconds``, ``max_concurrent``, ``retry``,
-            ``on_failure``, ``on_exhaustion_failure``, ``on_store_error``, ``clock``).
+            ``on_failure``, ``on_exhaustion_failure``, ``on_store_error``, ``clock``,
+            ``strict_chat_order``, …).
 
     Raises:
         TypeError: Not exactly one of ``handle``/``handle_attempt``, or the store lacks the
@@ -202,7 +203,7 @@ class UpdateIntake:
         running: List[str] = []
         if pool is not None:
             # queued runs are not cancelled: each sees _closed, skips its update (left in the
-            # store) and calls ChatScheduler.done, so idle() still becomes true
+            # store) and calls ChatOrder.done, so idle() still becomes true
             pool.shutdown(wait=False)
             grace = self._runtime.options.stop_timeout_seconds
             remaining = left()
