@@ -45,6 +45,10 @@ class ChatTurns:
             raise
         return True
 
+    def waiting(self, key: Hashable) -> bool:
+        """Whether a task of ``key``'s chat waits for its turn."""
+        return self._order.waiting(key)
+
     def release(self, key: Hashable, update_id: int) -> None:
         """End ``update_id``'s turn and hand it to the chat's waiter with the lowest id."""
         self._order.done(key, update_id)

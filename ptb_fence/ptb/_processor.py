@@ -433,10 +433,9 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                     # retries the update (a renewed-forever lease would strand it)
                     runtime.end(attempt)
                     self._running -= 1
-            # strict_chat_order: the chat's next update from the store, queued behind this turn
-            await self._sweeper.chat_successor(key, outcome)
             return True
-        finally:
+        finally:  # strict_chat_order: the chat's next update from the store (a task)
+            self._sweeper.chat_successor_soon(key, outcome, self._turns.waiting(key))
             self._turns.release(key, update.update_id)
             if exhaustion is not None:
                 # in its own task, after the chat's turn is released: a slow or hanging

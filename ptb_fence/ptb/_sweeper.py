@@ -250,13 +250,25 @@ class Sweeper:
         if not self._redeliver(update):
             state.inflight.discard(update_id)
 
-    async def chat_successor(self, key: Hashable, outcome: Any) -> None:
-        """Under ``strict_chat_order``, once ``outcome`` released the chat: queue the chat's
-        next update from the store (:meth:`Runtime.chat_successor`), if it is not in flight
-        here already."""
-        if outcome is None or not self._runtime.strict_chat_order or self._state.stopping:
+    def chat_successor_soon(self, key: Hashable, outcome: Any, waiting: bool) -> None:
+        """Under ``strict_chat_order``, when the processor is done with an update of ``key``'s
+        chat (``outcome``; :obj:`None`: not claimed) and no other waits here: look up the
+        chat's next update in a task and queue it (:meth:`Runtime.chat_successor`)."""
+        state = self._state
+        if not self._runtime.strict_chat_order or waiting or state.stopping or not state.started:
             return
-        row = await self._threads.call(self._runtime.chat_successor, key, outcome)
+        task = asyncio.get_running_loop().create_task(
+            self._chat_successor(key, outcome), name="ptb_fence:chat-successor"
+        )
+        self._extra.add(task)
+        task.add_done_callback(self._extra.discard)
+
+    async def _chat_successor(self, key: Hashable, outcome: Any) -> None:
+        try:
+            row = await self._threads.call(self._runtime.chat_successor, key, outcome)
+        except Exception:  # pragma: no cover - chat_successor reports store errors itself
+            _LOGGER.exception("looking up the next update of a chat failed")
+            return
         if row is not None:
             self._hand_over(row.update_id, row.body)
 

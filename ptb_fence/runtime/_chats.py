@@ -117,6 +117,11 @@ class ChatOrder:
         if head is not None:
             self._start(key, head[0], head[2])
 
+    def waiting(self, key: Hashable) -> bool:
+        """Whether an update of ``key``'s chat waits here for its turn."""
+        with self._cond:
+            return bool(self._queues.get(key))
+
     def withdraw(self, key: Hashable, update_id: int) -> bool:
         """Take a waiting update out of its chat's queue (e.g. its task was cancelled);
         :obj:`False` if it is not waiting (already started: call :meth:`done` instead)."""

@@ -407,12 +407,13 @@ class UpdateIntake:
                 self._start_refill()
 
     def _turn_done(self, key: Hashable, update_id: int, outcome: Optional[Outcome]) -> None:
-        """Pass the chat's turn on; under ``strict_chat_order``, once ``outcome`` released the
-        chat, first queue its next update from the store (it may have been refused here or
-        recorded elsewhere while this one ran)."""
+        """Pass the chat's turn on; under ``strict_chat_order`` first queue the chat's next
+        update from the store (:meth:`Runtime.chat_successor`; ``outcome`` :obj:`None`: not
+        claimed)."""
         try:
             if not self._closed:
-                successor = self._runtime.chat_successor(key, outcome)
+                waiting = self._chats.waiting(key)
+                successor = self._runtime.chat_successor(key, outcome, waiting=waiting)
                 if successor is not None:
                     self._dispatch_stored(successor)
         finally:
