@@ -1,12 +1,14 @@
 """A bot process for tests/test_chat_order_processes.py: UpdateIntake with strict_chat_order
 handling the pending rows of a shared store, logging each handler run as an interval.
 
-Usage: ``chat_order_worker.py KIND TARGET TABLE LOG [--lax] [--hold SECONDS]``
+Usage: ``chat_order_worker.py KIND TARGET TABLE LOG [--lax] [--hold SECONDS] [--go FILE]``
 
 KIND is ``sqlite`` (TARGET a file; LOG another SQLite file) or ``postgres`` (TARGET a DSN; LOG
 a table name in the same database). The handler writes ``(update_id, chat, pid, started,
 ended)`` (``time.time()``) after it ran. The process exits once no row of TABLE is unsettled
-(or after 50 s), closing the intake first. ``--lax`` runs without strict_chat_order.
+(or after 50 s), closing the intake first. ``--lax`` runs without strict_chat_order. With
+``--go`` it prints ``ready`` once built and starts the intake only when FILE exists (so that
+several processes start together).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main() -> int:
     parser.add_argument("log")
     parser.add_argument("--lax", action="store_true")
     parser.add_argument("--hold", type=float, default=0.005)
+    parser.add_argument("--go")
     args = parser.parse_args()
     local = threading.local()
 
@@ -91,8 +94,12 @@ def main() -> int:
         sweep_every_seconds=0.1,
         pending_grace_seconds=0.1,
     )
-    intake.start()
     print("ready", flush=True)
+    if args.go:
+        wait = time.monotonic() + 30
+        while not os.path.exists(args.go) and time.monotonic() < wait:
+            time.sleep(0.01)
+    intake.start()
     deadline = time.monotonic() + 50
     try:
         while time.monotonic() < deadline and unsettled():

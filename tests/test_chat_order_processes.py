@@ -53,19 +53,27 @@ def record_pending(store: Any) -> Dict[int, int]:
     return chats
 
 
-def run_workers(kind: str, target: str, table: str, log: str, *extra: str) -> None:
+def run_workers(kind: str, target: str, table: str, log: str, go: str, *extra: str) -> None:
+    """Two worker processes, started together once both are built."""
     procs = [
         subprocess.Popen(
-            [sys.executable, WORKER, kind, target, table, log, *extra],
+            [sys.executable, WORKER, kind, target, table, log, "--go", go, *extra],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
         for _ in range(2)
     ]
-    outputs = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=70)
-        outputs.append(out.decode(errors="replace"))
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.strip() == b"ready", line
+        Path(go).touch()
+        outputs = [proc.communicate(timeout=70)[0].decode(errors="replace") for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
     for proc, out in zip(procs, outputs):
         assert proc.returncode == 0, out
 
@@ -107,11 +115,11 @@ def test_two_processes_on_one_sqlite_file(tmp_path: Path) -> None:
     conn.close()
     with SQLiteUpdateStore(target) as store:
         chats = record_pending(store)
-    run_workers("sqlite", target, "telegram_updates", log)
+    run_workers("sqlite", target, "telegram_updates", log, str(tmp_path / "go"))
     check(sqlite_intervals(log), chats)
 
 
-def test_two_processes_on_postgresql(pg_dsn: str, pg_table: str) -> None:
+def test_two_processes_on_postgresql(pg_dsn: str, pg_table: str, tmp_path: Path) -> None:
     import psycopg2
 
     log = pg_table + "_log"
@@ -126,7 +134,7 @@ def test_two_processes_on_postgresql(pg_dsn: str, pg_table: str) -> None:
             )
         with PostgresUpdateStore(pg_dsn, table=pg_table) as store:
             chats = record_pending(store)
-        run_workers("postgres", pg_dsn, pg_table, log)
+        run_workers("postgres", pg_dsn, pg_table, log, str(tmp_path / "go"))
         with conn.cursor() as cur:
             cur.execute(f'SELECT * FROM "{log}"')
             intervals = cur.fetchall()
