@@ -93,9 +93,11 @@ class RuntimeOptions:
             earlier update of the same chat is unsettled (pending, processing, or failed and
             waiting for its retry), in this process or any other sharing the store; an
             exhausted or abandoned update releases its chat. Needs a
-            :class:`~ptb_fence.ChatOrderedUpdateStore`. A failing update then delays its
-            chat by its retry delay; other chats are not held up. Default :obj:`False`
-            (order of first attempts within one process only).
+            :class:`~ptb_fence.ChatOrderedUpdateStore`, and every process sharing the store
+            must use it. Updates are then recorded with their chat and claimed only when it is
+            their chat's turn (never at ingest). A failing update delays its chat by its retry
+            delay; other chats are not held up. Default :obj:`False` (order of first attempts
+            within one process only).
 
     Raises:
         ValueError: A numeric option is not positive (``ingest_claim_buffer``: negative), or a duration is neither a number nor a
