@@ -168,3 +168,57 @@ def test_an_exhausted_update_releases_its_chat(tmp_path: Path) -> None:
         store.close()
     assert starts == [1, 1, 2, 3]
     assert exhausted == [1]
+
+
+def test_an_update_refused_elsewhere_is_handed_over_when_the_chat_is_free(
+    tmp_path: Path,
+) -> None:
+    """Two intakes share one SQLite file (as two processes would). A receives update 1 of a
+    chat and handles it slowly; B receives update 2 of the same chat meanwhile: B must not
+    start it (its claim is refused). Once 1 completed, A hands 2 over at once: no sweep
+    (every 60 s here) and no pending grace (60 s) are waited for."""
+    path = str(tmp_path / "shared.sqlite3")
+    events: List[Tuple[str, int, str, float]] = []
+
+    def handler(name: str) -> Callable[[Dict[str, Any]], None]:
+        def handle(update: Dict[str, Any]) -> None:
+            events.append((name, update["update_id"], "start", time.monotonic()))
+            time.sleep(0.5 if update["update_id"] == 1 else 0.01)
+            events.append((name, update["update_id"], "ok", time.monotonic()))
+
+        return handle
+
+    stores = [SQLiteUpdateStore(path), SQLiteUpdateStore(path)]
+    intakes = [
+        UpdateIntake(
+            store,
+            handle=handler(name),
+            strict_chat_order=True,
+            sweep_every_seconds=60,
+            pending_grace_seconds=60,
+        )
+        for name, store in zip("AB", stores)
+    ]
+    for intake in intakes:
+        intake.start()
+    try:
+        assert intakes[0].accept(message(1, CHAT_A)) == "accepted"
+        deadline = time.monotonic() + 10
+        while not events:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert intakes[1].accept(message(2, CHAT_A)) == "accepted"
+        deadline = time.monotonic() + 10
+        while len([e for e in events if e[2] == "ok"]) < 2:
+            assert time.monotonic() < deadline, events
+            time.sleep(0.01)
+    finally:
+        for intake in intakes:
+            intake.close()
+        for store in stores:
+            store.close()
+    (one_ok,) = [t for _, u, what, t in events if u == 1 and what == "ok"]
+    (two,) = [(name, t) for name, u, what, t in events if u == 2 and what == "start"]
+    assert two[1] >= one_ok, events
+    assert two[1] - one_ok < 2.0, events  # handed over, not left to a sweep
+    assert two[0] == "A", events  # by the process that freed the chat
