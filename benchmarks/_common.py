@@ -457,10 +457,10 @@ def _observe_settle(
 
 
 # -- misc ---------------------------------------------------------------------------------------
-def update_dicts(count: int, first_id: int = 1) -> List[Dict[str, Any]]:
-    """``count`` realistic message updates over :data:`CHATS` chats, ids from ``first_id``."""
+def update_dicts(count: int, first_id: int = 1, chats: int = CHATS) -> List[Dict[str, Any]]:
+    """``count`` realistic message updates over ``chats`` chats (round robin), ids from ``first_id``."""
     return [
-        make_message_update(first_id + i, 1 + i % CHATS, f"message {i}", message_id=1 + i // CHATS)
+        make_message_update(first_id + i, 1 + i % chats, f"message {i}", message_id=1 + i // chats)
         for i in range(count)
     ]
 

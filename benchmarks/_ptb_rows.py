@@ -3,9 +3,15 @@
 Runs inside one child process per row (see ``run.py``). Every run builds a fresh store (a new
 SQLite file, or a new PostgreSQL table that is dropped afterwards), a fresh processor and a
 fresh Application, then feeds it updates the way PTB's polling does: ``await
-app.update_queue.put(update)`` for each ``telegram.Update`` of a batch of up to 100 (the
-``poll-*`` rows poll a :class:`ptb_fence.testing.FakeBotApi` with
-``app.updater.start_polling(poll_interval=0)`` instead).
+app.update_queue.put(update)`` for each ``telegram.Update`` of a batch of up to 100. The
+``poll-*`` rows instead run ``app.updater.start_polling(poll_interval=0)`` against a fake Bot
+API in a process of its own that already holds the updates: the fast server of
+``_fast_server.py`` (pre-serialised pages, keep-alive), or, for the reference row
+``poll-plain-fakebotapi-32``, :class:`ptb_fence.testing.FakeBotApi`.
+
+Every run also measures the CPU time of this (the bot's) process over the timed part
+(``time.process_time``, all threads) and, for polling rows, of the server process
+(``/proc/<pid>/stat``).
 """
 
 from __future__ import annotations
@@ -46,7 +52,19 @@ from _common import (
 
 _LOGGER = logging.getLogger("bench")
 
-PTB_KINDS = ("plain", "durable", "fenced", "fenced-write", "naive", "poll-fenced", "poll-plain")
+PTB_KINDS = ("plain", "durable", "fenced", "fenced-write", "naive")
+"""Handler kinds; a ``poll-`` prefix runs the same kind over polling."""
+
+
+def process_cpu_seconds(pid: int) -> Optional[float]:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class _Run:
@@ -54,7 +72,10 @@ class _Run:
 
     def __init__(self, cfg: Dict[str, Any], tag: str, tracker: CompletionTracker) -> None:
         self.cfg = cfg
-        self.kind: str = cfg["kind"]
+        self.polling: bool = cfg["kind"].startswith("poll-")
+        self.kind: str = cfg["kind"][len("poll-"):] if self.polling else cfg["kind"]
+        self.server_kind: str = cfg.get("server") or "fast"
+        self.server_pid: Optional[int] = None
         self.store_kind: Optional[str] = cfg.get("store")
         self.concurrency: int = cfg["concurrency"]
         self.tracker = tracker
@@ -68,6 +89,7 @@ class _Run:
         self.table: Optional[str] = None
         self.domain_table: Optional[str] = None
         self.naive_table: Optional[str] = None
+        self.naive_path: Optional[str] = None
         self.naive_conns: List[Any] = []
         self.naive_local = threading.local()
         self.naive_lock = threading.Lock()
@@ -77,9 +99,22 @@ class _Run:
 
     # -- setup ------------------------------------------------------------------------------
     def make_store(self) -> None:
-        if self.kind in ("plain", "poll-plain"):
+        if self.kind == "plain":
             return
         suffix = uuid.uuid4().hex[:12]
+        if self.kind == "naive" and self.store_kind == "sqlite":
+            # the same file settings as SQLiteUpdateStore's defaults: WAL, synchronous=NORMAL
+            self.naive_table = "bench_naive"
+            self.naive_path = os.path.join(self.cfg["workdir"], f"{self.tag}-{suffix}-naive.sqlite3")
+            conn = sqlite_connect(self.naive_path)
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute(
+                    "CREATE TABLE bench_naive (update_id INTEGER PRIMARY KEY, body TEXT NOT NULL)"
+                )
+            finally:
+                conn.close()
+            return
         if self.kind == "naive":
             self.naive_table = f"bench_naive_{suffix}"
             conn = pg_connect(self.cfg["dsn"])
@@ -124,21 +159,26 @@ class _Run:
         self.store = CountingStore(raw, self.tracker)
 
     def build_app(self, pending: int = 0) -> None:
-        if self.kind.startswith("poll-"):
+        if self.polling:
             # the fake Bot API runs in a process of its own, already holding the updates
+            spec = json.dumps({"count": pending, "chats": int(self.cfg.get("chats", 200))})
+            if self.server_kind == "fakebotapi":
+                cmd = [sys.executable, self.cfg["run_py"], "--fake-server", spec]
+            else:
+                cmd = [sys.executable, os.path.join(os.path.dirname(self.cfg["run_py"]), "_fast_server.py"), spec]
             self.server = subprocess.Popen(
-                [sys.executable, self.cfg["run_py"], "--fake-server", str(pending)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             )
             assert self.server.stdout is not None
             info = json.loads(self.server.stdout.readline())
             token, base_url = info["token"], info["base_url"]
+            self.server_pid = int(info.get("pid") or self.server.pid)
         else:
             fake = self.cfg["fake"]
             token, base_url = fake.token, fake.base_url
         builder = Application.builder().token(token).base_url(base_url)
         n = self.concurrency
-        if self.kind in ("plain", "naive", "poll-plain"):
+        if self.kind in ("plain", "naive"):
             builder.concurrent_updates(n)
         elif self.kind == "durable":
             store: Any = self.store  # the proxy has the wrapped store's methods (duck typing)
@@ -158,7 +198,7 @@ class _Run:
             if self.handled >= self.expected:
                 self.handled_event.set()
 
-        if kind in ("plain", "poll-plain"):
+        if kind == "plain":
 
             async def noop_plain(update: Update, context: Any) -> None:
                 tracker.mark(update.update_id)
@@ -166,7 +206,7 @@ class _Run:
 
             return noop_plain
 
-        if kind in ("durable", "fenced", "poll-fenced"):
+        if kind in ("durable", "fenced"):
 
             async def noop(update: Update, context: Any) -> None:
                 handled()  # completion is observed on the store's settle
@@ -222,11 +262,30 @@ class _Run:
         return for_attempt_pg
 
     def _naive_insert(self) -> Callable[[int, str], None]:
+        import sqlite3
+
         import psycopg2
+
+        local = self.naive_local
+        if self.naive_path is not None:
+            path = self.naive_path
+
+            def insert_sqlite(update_id: int, body: str) -> None:
+                conn = getattr(local, "conn", None)
+                if conn is None:
+                    # sqlite3.connect is counted by DriverCounter; WAL is already set on the file
+                    conn = sqlite3.connect(path, timeout=30, check_same_thread=False)
+                    conn.execute("PRAGMA synchronous=NORMAL")
+                    local.conn = conn
+                    with self.naive_lock:
+                        self.naive_conns.append(conn)
+                conn.execute("INSERT INTO bench_naive (update_id, body) VALUES (?, ?)", (update_id, body))
+                conn.commit()
+
+            return insert_sqlite
 
         dsn = self.cfg["dsn"]
         sql = f'INSERT INTO "{self.naive_table}" (update_id, body) VALUES (%s, %s)'
-        local = self.naive_local
 
         def insert(update_id: int, body: str) -> None:
             conn = getattr(local, "conn", None)
@@ -276,13 +335,16 @@ class _Run:
                 server.wait()
 
     def drop(self) -> None:
-        if self.path is not None:
+        for path in (self.path, self.naive_path):
+            if path is None:
+                continue
             for suffix in ("", "-wal", "-shm", "-journal"):
                 try:
-                    os.unlink(self.path + suffix)
+                    os.unlink(path + suffix)
                 except FileNotFoundError:
                     pass
-        tables = [t for t in (self.table, self.naive_table) if t]
+        naive_pg_table = None if self.naive_path is not None else self.naive_table
+        tables = [t for t in (self.table, naive_pg_table) if t]
         if self.store_kind == "pg" and self.domain_table:
             tables.append(self.domain_table)
         if tables:
@@ -323,7 +385,7 @@ class _Run:
             ) from None
         if await self.tracker.wait(n, 2.0):
             return time.perf_counter(), None
-        if self.kind in ("plain", "poll-plain", "naive", "fenced-write"):
+        if self.kind in ("plain", "naive", "fenced-write"):
             raise RuntimeError(f"{self.cfg['row']}: handled but not marked complete")
         # handlers ran but the proxy did not see every completion: poll the table
         deadline = time.monotonic() + 60
@@ -344,13 +406,13 @@ async def _throughput_run(
     tracker = CompletionTracker()
     run = _Run(cfg, tag, tracker)
     admin_dsn, bench_db = cfg.get("admin_dsn"), cfg.get("bench_db")
-    pg_row = cfg.get("store") == "pg" or cfg["kind"] == "naive"
+    pg_row = cfg.get("store") == "pg"
     try:
         run.make_store()
         before = (
             server_commits(admin_dsn, bench_db) if (measure_server and pg_row and bench_db) else None
         )
-        polling = run.kind.startswith("poll-")
+        polling = run.polling
         run.build_app(pending=n if polling else 0)
         run.expected = n
         app = run.app
@@ -365,8 +427,10 @@ async def _throughput_run(
             run.store.reset_calls()
         if profiler is not None:
             profiler.resume()
+        server_cpu0 = process_cpu_seconds(run.server_pid) if run.server_pid else None
+        cpu0 = time.process_time()
         t0 = time.perf_counter()
-        if run.kind.startswith("poll-"):
+        if polling:
             await app.updater.start_polling(poll_interval=0.0, timeout=1)
         else:
             for batch in chunks(updates, BATCH):
@@ -374,6 +438,8 @@ async def _throughput_run(
                     await app.update_queue.put(update)
                 await asyncio.sleep(0)  # polling awaits the next getUpdates between batches
         t1, note = await run.wait_all(n, cfg.get("timeout", 300))
+        cpu1 = time.process_time()
+        server_cpu1 = process_cpu_seconds(run.server_pid) if run.server_pid else None
         if profiler is not None:
             profiler.pause()
         counts = counter.snapshot()
@@ -383,7 +449,7 @@ async def _throughput_run(
         after = (
             server_commits(admin_dsn, bench_db) if (before is not None and bench_db) else None
         )
-        if run.kind not in ("plain", "poll-plain", "naive"):
+        if run.kind not in ("plain", "naive"):
             completed = run.completed_in_store()  # a check of the harness itself, not timed
             if completed != n:
                 raise RuntimeError(
@@ -393,6 +459,10 @@ async def _throughput_run(
             "n": n,
             "seconds": t1 - t0,
             "rate": n / (t1 - t0),
+            "cpu_seconds": cpu1 - cpu0,
+            "server_cpu_seconds": (
+                None if server_cpu0 is None or server_cpu1 is None else server_cpu1 - server_cpu0
+            ),
             "driver": counts,
             "calls": calls,
             "server_commits": None if before is None or after is None else after - before,
@@ -458,25 +528,52 @@ async def _latency_phase(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[st
         run.drop()
 
 
+def pairs_with_plain(cfg: Dict[str, Any]) -> bool:
+    """Whether a row's measured runs alternate with plain PTB polling runs (the polling rows
+    other than ``poll-plain-32`` itself; not while profiling)."""
+    if not cfg["kind"].startswith("poll-") or cfg.get("profile") or not cfg.get("paired", True):
+        return False
+    return not (cfg["kind"] == "poll-plain" and (cfg.get("server") or "fast") == "fast")
+
+
 async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[str, Any]:
-    """Warm-up, ``runs`` measured runs, then the low-load latency phase."""
+    """Warm-up, ``runs`` measured runs, then the low-load latency phase.
+
+    Polling rows (except plain PTB's own) alternate each measured run with a run of plain PTB
+    polling the fast server in this same process (``paired_plain``): the machine's load changes
+    over the minutes between rows, and a ratio of runs seconds apart is steadier than a ratio of
+    rows minutes apart.
+    """
     fake = FakeBotApi().start()
     cfg = dict(cfg, fake=fake)
+    paired = pairs_with_plain(cfg)
+    plain_cfg = dict(cfg, kind="poll-plain", server="fast", store=None, row=cfg["row"] + "/plain")
+    plain_runs: List[Dict[str, Any]] = []
     try:
         n = int(cfg["updates"])
         warm = int(cfg.get("warmup", 0))
         if warm:
             await _throughput_run(cfg, warm, "warmup", counter, measure_server=False)
+            if paired:
+                await _throughput_run(plain_cfg, warm, "plainwarmup", counter, measure_server=False)
         runs = []
         profiler = Profiler(cfg.get("profile") or "", int(cfg.get("profile_top", 30)),
                             cfg["workdir"], bool(cfg.get("profile_gil")))
         with profiler:
             for index in range(int(cfg["runs"])):
+                if paired and index % 2 == 0:
+                    plain_runs.append(
+                        await _throughput_run(plain_cfg, n, f"plain{index}", counter, measure_server=False)
+                    )
                 runs.append(
                     await _throughput_run(
                         cfg, n, f"run{index}", counter, measure_server=True, profiler=profiler
                     )
                 )
+                if paired and index % 2 == 1:
+                    plain_runs.append(
+                        await _throughput_run(plain_cfg, n, f"plain{index}", counter, measure_server=False)
+                    )
         latency = None
         if float(cfg.get("latency_seconds", 0)) > 0 and not cfg["kind"].startswith("poll-"):
             latency = await _latency_phase(cfg, counter)
@@ -484,6 +581,11 @@ async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[s
         fake.stop()
     rates = [r["rate"] for r in runs]
     total_n = sum(r["n"] for r in runs)
+    cpu_us = [r["cpu_seconds"] / r["n"] * 1e6 for r in runs]
+    busy = [r["cpu_seconds"] / r["seconds"] for r in runs]
+    server_us = [
+        r["server_cpu_seconds"] / r["n"] * 1e6 for r in runs if r.get("server_cpu_seconds") is not None
+    ]
     calls: Dict[str, int] = {}
     driver: Dict[str, int] = {}
     for r in runs:
@@ -493,10 +595,26 @@ async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[s
             driver[k] = driver.get(k, 0) + v
     server = [r["server_commits"] for r in runs if r.get("server_commits") is not None]
     notes = sorted({r["note"] for r in runs if r.get("note")})
+    paired_plain = None
+    if plain_runs:
+        plain_rates = [r["rate"] for r in plain_runs]
+        ratios = [r["rate"] / p["rate"] for r, p in zip(runs, plain_runs)]
+        paired_plain = {
+            "rates": plain_rates,
+            "median": median(plain_rates),
+            "cpu_us_per_update": median([r["cpu_seconds"] / r["n"] * 1e6 for r in plain_runs]),
+            "ratios": ratios,
+            "ratio_median": median(ratios),
+        }
     return {
+        "paired_plain": paired_plain,
         "rates": rates,
         "median": median(rates),
         "seconds": [r["seconds"] for r in runs],
+        "cpu_us_per_update": median(cpu_us),
+        "cpu_us_per_update_runs": cpu_us,
+        "cpu_busy": median(busy),
+        "server_cpu_us_per_update": median(server_us) if server_us else None,
         "handled": total_n,
         "calls_per_update": {k: v / total_n for k, v in sorted(calls.items())},
         "store_calls_per_update": sum(calls.values()) / total_n if calls else None,

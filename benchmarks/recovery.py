@@ -5,6 +5,8 @@ Usage (from the repository root)::
     python benchmarks/recovery.py            # every scenario, SQLite and PostgreSQL
     python benchmarks/recovery.py --quick    # fewer updates, SQLite and PostgreSQL (smoke)
     python benchmarks/recovery.py --only sigkill-restart --stores sqlite
+    python benchmarks/recovery.py --front intake       # the same with blocking UpdateIntake
+    python benchmarks/recovery.py --only backlog-share --backlog 20000
 
 Each scenario runs real PTB bot processes (``tests/ptb_bot_worker.py``: a
 ``FencedUpdateProcessor`` with the library defaults, lease 120 s and sweep 30 s; handler: 50 ms
@@ -12,9 +14,23 @@ Each scenario runs real PTB bot processes (``tests/ptb_bot_worker.py``: a
 :class:`ptb_fence.testing.FakeBotApi`, ``--updates`` updates over 30 chats; the signal comes
 after about a third of them were handled, and a new process is started right away.
 
+``--front intake`` runs ``tests/intake_worker.py`` instead: a blocking
+:class:`ptb_fence.UpdateIntake` fed by a getUpdates thread, stopped with ``close()`` on
+SIGTERM/SIGINT, the same handler in ``with attempt.transaction(complete=True)``.
+
 Columns: seconds from the signal until every update is handled; updates that waited for a
 lapsed lease (handled more than 90 % of a lease after the signal); lost (not handled within
 ``--cap`` seconds); duplicates (more than one fenced domain row for an update).
+
+``backlog-share`` (not in the default list) records ``--backlog`` updates (default 20,000, over
+30 chats, received an hour ago: an outage) as ``pending`` straight into the store, then starts
+two processes (no polling: their sweeps take the backlog) and samples every 100 ms the rows in
+``processing`` per process (the ``instance`` column of each claim; each worker writes its
+instance id to ``instance.<pid>``) and each process's peak RSS (``VmHWM``). It prints, per
+process, the most claims held at once (the bound is ``max_concurrent + ingest_claim_buffer``
+= 32 + 8), its share of the backlog and its peak RSS, and the seconds until the backlog was
+drained.
+
 PostgreSQL comes from ``PTB_FENCE_POSTGRES_DSN`` (default
 ``postgresql://postgres@127.0.0.1:5432/test``).
 """
@@ -37,12 +53,15 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-WORKER = os.path.join(ROOT, "tests", "ptb_bot_worker.py")
+WORKERS = {"ptb": os.path.join(ROOT, "tests", "ptb_bot_worker.py"),
+           "intake": os.path.join(ROOT, "tests", "intake_worker.py")}
 LEASE = 120.0
 DEFAULTS = ["--lease", "120", "--sweep", "30", "--grace", "60", "--max-life", "600",
             "--max-concurrent", "32", "--slow", "w", "--slow-seconds", "0.05"]
 SCENARIOS = ["sigterm-burst", "sigint-stream", "sigterm-backlog", "sigkill-restart",
              "sigkill-second", "hung-handler"]
+CLAIM_BOUND = 32 + 8
+"""``--max-concurrent`` of :data:`DEFAULTS` + the default ``ingest_claim_buffer``."""
 
 from ptb_fence.testing import FakeBotApi  # noqa: E402
 
@@ -93,6 +112,40 @@ class Store:
         return {r[0]: r[1] for r in self._q(
             f"SELECT update_id, settled_at FROM {self.table} WHERE state = 'completed'")}
 
+    def record_pending(self, count: int, chats: int = 30) -> List[int]:
+        """Record ``count`` message updates ``pending``, received an hour ago (a backlog)."""
+        import json
+
+        from ptb_fence.testing import make_message_update
+
+        if self.kind == "sqlite":
+            from ptb_fence import SQLiteUpdateStore
+
+            store: Any = SQLiteUpdateStore(self.path)
+        else:
+            from ptb_fence import PostgresUpdateStore
+
+            store = PostgresUpdateStore(self.url, self.table)
+        at = int(time.time() * 1000) - 3_600_000
+        ids = list(range(1, count + 1))
+        try:
+            for first in range(0, count, 1000):
+                store.add_many([
+                    (u, json.dumps(make_message_update(u, 1 + u % chats, "w", message_id=u)), at)
+                    for u in ids[first:first + 1000]])
+        finally:
+            store.close()
+        return ids
+
+    def states_by_instance(self) -> Dict[Tuple[str, Optional[str]], int]:
+        """``{(state, instance): rows}``."""
+        return {(r[0], r[1]): r[2] for r in self._q(
+            f"SELECT state, instance, COUNT(*) FROM {self.table} GROUP BY state, instance")}
+
+    def domain_by_pid(self) -> Dict[int, int]:
+        return {r[0]: r[1] for r in self._q(
+            f"SELECT pid, COUNT(DISTINCT update_id) FROM {self.domain} GROUP BY pid")}
+
     def domain_counts(self) -> Dict[int, int]:
         return {r[0]: r[1] for r in self._q(
             f"SELECT update_id, COUNT(*) FROM {self.domain} GROUP BY update_id")}
@@ -107,14 +160,15 @@ class Store:
 class Run:
     """The processes of one scenario."""
 
-    def __init__(self, fake: FakeBotApi, store: Store, workdir: str) -> None:
+    def __init__(self, fake: FakeBotApi, store: Store, workdir: str, front: str = "ptb") -> None:
         self.fake, self.store, self.dir = fake, store, workdir
+        self.worker = WORKERS[front]
         self.procs: List[Any] = []
 
     def spawn(self, *extra: str) -> Any:
         out = open(os.path.join(self.dir, f"out.{len(self.procs)}"), "wb")  # noqa: SIM115
         proc = subprocess.Popen(
-            [sys.executable, WORKER, self.fake.base_url, self.fake.token, self.store.url,
+            [sys.executable, self.worker, self.fake.base_url, self.fake.token, self.store.url,
              self.store.table, "--dir", self.dir, "--domain", self.store.domain, *DEFAULTS,
              *extra], stdout=out, stderr=subprocess.STDOUT)
         out.close()
@@ -145,13 +199,15 @@ def _wait(predicate: Callable[[], Any], timeout: float) -> bool:
     return False
 
 
-def scenario(name: str, kind: str, updates: int, cap: float) -> Tuple[float, int, int, int]:
+def scenario(name: str, kind: str, updates: int, cap: float, front: str = "ptb") -> Any:
     workdir = tempfile.mkdtemp(prefix="ptb_fence_recovery_")
     store = Store(kind, workdir)
     try:
         with FakeBotApi() as fake:
-            run = Run(fake, store, workdir)
+            run = Run(fake, store, workdir, front)
             try:
+                if name == "backlog-share":
+                    return _backlog_share(run, updates, cap)
                 return _scenario(name, run, updates, cap)
             finally:
                 run.end()
@@ -213,25 +269,112 @@ def _scenario(name: str, run: Run, updates: int, cap: float) -> Tuple[float, int
     return took, waited, lost, dups
 
 
+def _peak_rss_mb(pid: int) -> Optional[float]:
+    """The process's peak resident set (``VmHWM``), in MB; :obj:`None` once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as file:
+            for line in file:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+def _backlog_share(run: Run, backlog: int, cap: float) -> Dict[str, Any]:
+    """Two processes work off a recorded backlog; see the module docstring."""
+    store = run.store
+    ids = store.record_pending(backlog)
+    began = time.monotonic()
+    procs = [run.spawn("--max-life", str(cap + 60)) for _ in range(2)]
+    rss: Dict[int, float] = {p.pid: 0.0 for p in procs}
+    by_instance: Dict[Optional[str], int] = {}  # the most rows in processing per instance
+    drained = float("nan")
+    while time.monotonic() - began < cap:
+        for proc in procs:
+            mb = _peak_rss_mb(proc.pid)
+            if mb is not None:
+                rss[proc.pid] = max(rss[proc.pid], mb)
+        counts = store.states_by_instance()
+        for (state, instance), n in counts.items():
+            if state == "processing":
+                by_instance[instance] = max(by_instance.get(instance, 0), n)
+        if sum(n for (state, _), n in counts.items() if state == "completed") >= backlog:
+            drained = time.monotonic() - began
+            break
+        time.sleep(0.1)
+    owners: Dict[Optional[str], int] = {}
+    for proc in procs:
+        path = os.path.join(run.dir, f"instance.{proc.pid}")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as file:
+                owners[file.read().strip()] = proc.pid
+    peak = {p.pid: 0 for p in procs}
+    unknown = 0  # processing rows of no known instance (none expected)
+    for instance, n in by_instance.items():
+        if instance in owners:
+            peak[owners[instance]] = n
+        else:
+            unknown = max(unknown, n)
+    with open(os.path.join(run.dir, "stop"), "w", encoding="utf-8"):
+        pass
+    for proc in procs:
+        proc.wait(60)
+    done = store.completed()
+    by_pid = store.domain_by_pid()
+    return {
+        "drained": drained,
+        "lost": sum(1 for u in ids if u not in done),
+        "dups": sum(1 for c in store.domain_counts().values() if c > 1),
+        "unknown": unknown,
+        "procs": [(p.pid, peak[p.pid], by_pid.get(p.pid, 0) / backlog, rss[p.pid]) for p in procs],
+    }
+
+
+def _print_backlog(kind: str, front: str, backlog: int, result: Dict[str, Any]) -> bool:
+    """Print one backlog-share row per process; returns whether it failed."""
+    failed = bool(result["lost"] or result["dups"])
+    for i, (pid, peak, share, rss) in enumerate(result["procs"]):
+        failed |= peak > CLAIM_BOUND
+        print(f"{'backlog-share':<14} {front:<7} {kind:<9} {backlog:>8} {result['drained']:>9.1f} s "
+              f"{i + 1:>5} {peak:>4}/{CLAIM_BOUND} {share:>6.1%} {rss:>8.1f} MB "
+              f"{result['lost']:>5} {result['dups']:>5} {result['unknown']:>8}", flush=True)
+    return failed
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="60 updates, cap 60 s")
     parser.add_argument("--updates", type=int, default=300)
     parser.add_argument("--cap", type=float, default=200.0, help="seconds to wait for each")
     parser.add_argument("--stores", default="sqlite,postgres")
-    parser.add_argument("--only", default=",".join(SCENARIOS))
+    parser.add_argument("--only", default=",".join(SCENARIOS),
+                        help="scenarios, comma-separated (also: backlog-share)")
+    parser.add_argument("--front", default="ptb", help="ptb, intake or ptb,intake")
+    parser.add_argument("--backlog", type=int, default=20_000, help="backlog-share's backlog")
     args = parser.parse_args(argv)
     if args.quick:
         args.updates, args.cap = 60, 60.0
-    print(f"{'scenario':<18} {'store':<9} {'signal->all handled':>20} {'waited for lease':>17} "
-          f"{'lost':>5} {'dups':>5}")
+    names = args.only.split(",")
     failed = False
-    for name in args.only.split(","):
-        for kind in args.stores.split(","):
-            took, waited, lost, dups = scenario(name, kind, args.updates, args.cap)
-            failed |= bool(lost or dups)
-            print(f"{name:<18} {kind:<9} {took:>18.1f} s {waited:>17} {lost:>5} {dups:>5}",
-                  flush=True)
+    if any(name != "backlog-share" for name in names):
+        print(f"{'scenario':<18} {'front':<7} {'store':<9} {'signal->all handled':>20} "
+              f"{'waited for lease':>17} {'lost':>5} {'dups':>5}")
+    for name in (n for n in names if n != "backlog-share"):
+        for front in args.front.split(","):
+            for kind in args.stores.split(","):
+                took, waited, lost, dups = scenario(name, kind, args.updates, args.cap, front)
+                failed |= bool(lost or dups)
+                print(f"{name:<18} {front:<7} {kind:<9} {took:>18.1f} s {waited:>17} {lost:>5} "
+                      f"{dups:>5}", flush=True)
+    if "backlog-share" in names:
+        print(f"{'scenario':<14} {'front':<7} {'store':<9} {'backlog':>8} {'drained':>11} "
+              f"{'proc':>5} {'max claims':>9} {'share':>6} {'peak RSS':>11} {'lost':>5} "
+              f"{'dups':>5} {'unknown':>8}")
+        for front in args.front.split(","):
+            for kind in args.stores.split(","):
+                result = scenario("backlog-share", kind, args.backlog, args.cap, front)
+                failed |= _print_backlog(kind, front, args.backlog, result)
     return 1 if failed else 0
 
 

@@ -3,10 +3,11 @@
 Usage (from the repository root)::
 
     pip install -e '.[bench]'                   # pgqueuer + asyncpg for the reference rows
-    python benchmarks/run.py                    # full run (about 10 minutes on 2 cores)
-    python benchmarks/run.py --quick            # short run (under about 2 minutes)
+    python benchmarks/run.py                    # full run (24 min measured on a busy 2-core machine)
+    python benchmarks/run.py --quick            # short run (6.5 min measured on the same)
     python benchmarks/run.py --list             # the rows and what they run
     python benchmarks/run.py --only 'fenced-*-32,plain-32' --updates 300 --runs 1
+    python benchmarks/run.py --only 'poll-*' --poll-updates 1000   # the polling rows only
     python benchmarks/run.py --profile fenced-pg-32           # cProfile (all threads) of a row
     python benchmarks/run.py --profile fenced-pg-32 --profiler py-spy [--gil]
 
@@ -23,9 +24,17 @@ and a low-load latency phase. Every run builds a fresh store, processor and Appl
 feeds it ``--updates`` updates the way PTB's polling does: ``await app.update_queue.put(update)``
 for each ``telegram.Update`` (``Update.de_json``) of batches of 100; it ends when every update is
 handled (and, for ptb_fence, completed in the store). The ``poll-*`` rows instead let
-``app.updater.start_polling(poll_interval=0)`` fetch the updates over HTTP from a
-:class:`ptb_fence.testing.FakeBotApi` that runs in a separate process and already holds them
-(the path on which ptb_fence records a whole ``getUpdates`` batch in one commit).
+``app.updater.start_polling(poll_interval=0)`` fetch ``--poll-updates`` updates (3,000 over
+``--poll-chats`` 200 chats) over HTTP from a fake Bot API that runs in a process of its own and
+already holds them (the path on which ptb_fence records a whole ``getUpdates`` batch in one
+commit). That server is ``_fast_server.py``: every ``getUpdates`` page is a complete HTTP
+response built before the clock starts, answered with one write on a keep-alive connection, so
+that PTB's polling (its HTTP client, ``json.loads`` and ``Update.de_json``), not the server, is
+what limits plain PTB's row; the bot process's CPU time per update is printed next to plain
+PTB's. Each polling row's measured runs alternate with plain PTB polling runs in the same
+process, and its ``x plain`` is the median of those paired ratios (steadier than a ratio of rows
+measured minutes apart on a loaded machine). ``poll-plain-fakebotapi-32`` polls :class:`ptb_fence.testing.FakeBotApi` instead, the
+server these rows used before (a reference: it shows how much that server held plain PTB back).
 
 Rows (``--list`` prints them):
 
@@ -38,7 +47,13 @@ Rows (``--list`` prints them):
   ``asyncio.to_thread`` (the naive durable approach; a reference).
 - ``pgqueuer-N``: pgqueuer on the same PostgreSQL: enqueue the same number of jobs (batches of
   100), then dequeue + complete them (``QueueManager.run`` in drain mode).
-- ``poll-plain-32``, ``poll-fenced-{sqlite,pg}-32``: polling a FakeBotApi.
+- ``poll-plain-32``: plain PTB polling the fast server, no-op handler (the polling baseline).
+- ``poll-plain-fakebotapi-32``: the same, polling ``testing.FakeBotApi`` (reference).
+- ``poll-naive-{sqlite,pg}-32``: plain PTB polling; the handler does one INSERT + commit through
+  ``asyncio.to_thread`` (a connection per worker thread; SQLite: WAL, ``synchronous=NORMAL``).
+- ``poll-fenced-{sqlite,pg}-32``: ``FencedUpdateProcessor`` polling, no-op handler.
+- ``poll-fenced-write-{sqlite,pg}-32``: ``FencedUpdateProcessor`` polling; the handler does
+  ``await context.attempt.run_in_transaction(insert, complete=True)``.
 - ``lease-{sqlite,pg}``: ``LeaseKeeper.tick()`` with 1, 100 and 5,000 active attempts.
 - ``backlog-{sqlite,pg}``: 100,000 recorded updates handled after a restart; RSS sampled.
 
@@ -62,7 +77,16 @@ What the columns count:
 - ``srv c/u``: PostgreSQL only: the delta of ``pg_stat_database.xact_commit`` of the private
   database around a whole run (table creation, start, the run, stop) per handled update; it
   counts every transaction, read-only ones too (a cross-check of ``commits/u``).
+- ``CPU us/u``: CPU time of the row's process (the bot: PTB, ptb_fence, the drivers, and the
+  harness's own counting; all threads) over the timed part, per handled update
+  (``time.process_time``). Polling rows also show plain PTB polling's (``plain``), the bot's CPU
+  time over wall time (``bot CPU``; the GIL holds Python code to about one core), and the fake
+  server process's CPU time per update (``srv us/u``, from ``/proc/<pid>/stat``).
 - ``RSS MB``: peak RSS of the row's child process (``ru_maxrss``).
+
+The TARGETS section checks the goals of issue 14 (``[14]``: the polling rows' ratios to
+``poll-plain-32`` and ``poll-naive-pg-32``, the fenced write's CPU per update, commits per update,
+the backlog's rate and RSS growth) and the earlier goals on the ``update_queue.put`` rows.
 """
 
 from __future__ import annotations
@@ -96,6 +120,8 @@ FULL = {
     "warmup": 200,
     "latency_seconds": 2.5,
     "backlog": 100_000,
+    "poll_updates": 3000,
+    "poll_chats": 200,
 }
 QUICK = {
     "updates": 300,
@@ -103,14 +129,16 @@ QUICK = {
     "warmup": 0,  # the median of 3 absorbs a slow first run
     "latency_seconds": 1.0,
     "backlog": 3_000,
+    "poll_updates": 600,
+    "poll_chats": 200,
 }
 
 LEGEND = [
-    "  upd/s: handled updates per second, from the first update_queue.put (poll-*: start_polling) until",
-    "    every update is handled and, for ptb_fence rows, completed in the store (Update.de_json of the",
-    "    test updates happens before the clock starts; poll-* rows include PTB's own parsing).",
-    "  x plain: over plain PTB at the same concurrency (poll-*: over poll-plain-32); x pgq: over pgqueuer",
-    "    enqueue+dequeue+complete at the same concurrency.",
+    "  upd/s: handled updates per second, from the first update_queue.put until every update is handled",
+    "    and, for ptb_fence rows, completed in the store (Update.de_json of the test updates happens",
+    "    before the clock starts; the POLLING section below includes PTB's own fetching and parsing).",
+    "  x plain: over plain PTB at the same concurrency; x pgq: over pgqueuer enqueue+dequeue+complete at",
+    "    the same concurrency.",
     "  lat p50/p99: low load, one put at a time; from just before update_queue.put to completion: the",
     "    handler's end for plain/naive (naive: after its commit) and fenced-write (after the transaction",
     "    that also settled the attempt committed); for durable/fenced no-op rows, the return of the store",
@@ -121,7 +149,23 @@ LEGEND = [
     "    counting cursor.execute and commit()); includes the fenced-write and naive rows' own writes.",
     "  srv c/u: PostgreSQL pg_stat_database.xact_commit delta of the harness's private database over a",
     "    whole run (table creation, start, run, stop; read-only transactions count too), per update.",
+    "  CPU us/u: CPU time of the row's (the bot's) process over the timed part (time.process_time, all",
+    "    threads: PTB, ptb_fence, drivers, and the harness's counting), per handled update.",
     "  RSS MB: peak RSS (ru_maxrss) of the row's own child process.",
+]
+
+POLLING_LEGEND = [
+    "  upd/s: handled updates per second, from start_polling until every update is handled and, for",
+    "    ptb_fence rows, completed in the store; PTB's HTTP client and Update.de_json are inside the clock.",
+    "  x plain, plain upd/s: each row's measured runs alternate with runs of plain PTB polling the fast",
+    "    server in the same process (same update count); x plain is the median of the per-pair ratios,",
+    "    plain upd/s the median of those plain runs (poll-plain-32 is the plain row itself).",
+    "    poll-plain-fakebotapi-32 is plain PTB polling ptb_fence.testing.FakeBotApi, the server these rows",
+    "    used before: its x plain is the old server's throughput over the fast server's.",
+    "  CPU us/u: the bot process's CPU time per update (all threads); plain: the paired plain runs'.",
+    "  bot CPU: the bot process's CPU time over wall time (100% = one core; the GIL caps Python at ~1 core).",
+    "  srv us/u: the fake server process's CPU time per update (it is not the bot's and shares the 2 cores).",
+    "  calls/u, stmts/u, commits/u, srv c/u, RSS MB: as above (naive rows: their own INSERT and commit).",
 ]
 
 
@@ -134,15 +178,19 @@ class Row:
     store: Optional[str]
     concurrency: int
     title: str
+    server: Optional[str] = None
+    """Polling rows: ``fast`` (``_fast_server.py``) or ``fakebotapi`` (``testing.FakeBotApi``)."""
 
     @property
     def needs_pg(self) -> bool:
-        return self.store == "pg" or self.kind in ("naive", "pgqueuer")
+        return self.store == "pg" or self.kind == "pgqueuer"
 
     @property
     def section(self) -> str:
         if self.kind in ("lease", "backlog"):
             return self.kind
+        if self.kind.startswith("poll-"):
+            return "polling"
         return "throughput"
 
 
@@ -163,11 +211,21 @@ def all_rows(concurrencies: Sequence[int]) -> List[Row]:
         rows.append(Row(f"naive-pg-{c}", "naive", "pg", c, f"naive: INSERT+commit per update, {c}"))
     for c in concurrencies:
         rows.append(Row(f"pgqueuer-{c}", "pgqueuer", "pg", c, f"pgqueuer enqueue+dequeue+complete, {c}"))
-    rows.append(Row("poll-plain-32", "poll-plain", None, 32, "plain PTB polling FakeBotApi, 32"))
-    for store in ("sqlite", "pg"):
-        rows.append(
-            Row(f"poll-fenced-{store}-32", "poll-fenced", store, 32, f"Fenced polling FakeBotApi, {store}, 32")
-        )
+    fast = "polling the fast fake Bot API"
+    rows.append(Row("poll-plain-32", "poll-plain", None, 32, f"plain PTB {fast}, no-op, 32", "fast"))
+    rows.append(
+        Row("poll-plain-fakebotapi-32", "poll-plain", None, 32,
+            "plain PTB polling testing.FakeBotApi (the old server; reference), no-op, 32", "fakebotapi")
+    )
+    for kind, what in (
+        ("naive", "naive: to_thread INSERT+commit per update"),
+        ("fenced", "FencedUpdateProcessor, no-op"),
+        ("fenced-write", "Fenced + run_in_transaction(insert, complete=True)"),
+    ):
+        for store in ("sqlite", "pg"):
+            rows.append(
+                Row(f"poll-{kind}-{store}-32", f"poll-{kind}", store, 32, f"{what}, {store}, {fast}, 32", "fast")
+            )
     for store in ("sqlite", "pg"):
         rows.append(Row(f"lease-{store}", "lease", store, 0, f"lease renewal tick, {store}"))
     for store in ("sqlite", "pg"):
@@ -215,20 +273,24 @@ def child_main(cfg: Dict[str, Any]) -> int:
     return 0
 
 
-def fake_server_main(count: int) -> int:
-    """Serve a FakeBotApi holding ``count`` pending updates until stdin closes.
+def fake_server_main(spec: str) -> int:
+    """Serve a FakeBotApi holding ``{"count": N, "chats": C}`` pending updates until stdin closes.
 
-    The ``poll-*`` rows run the fake Bot API in this separate process, as Telegram's servers
-    are not inside the bot's process; it prints ``{"token": ..., "base_url": ...}`` once ready.
+    The reference row ``poll-plain-fakebotapi-32`` runs :class:`ptb_fence.testing.FakeBotApi`
+    in this separate process (the other ``poll-*`` rows run ``_fast_server.py``); it prints
+    ``{"token": ..., "base_url": ..., "pid": ...}`` once ready.
     """
     from _common import update_dicts
 
     from ptb_fence.testing import FakeBotApi
 
+    cfg = json.loads(spec)
     with FakeBotApi() as fake:
-        for update in update_dicts(count):
+        for update in update_dicts(int(cfg["count"]), chats=int(cfg.get("chats", 200))):
             fake.inject(update)
-        sys.stdout.write(json.dumps({"token": fake.token, "base_url": fake.base_url}) + "\n")
+        sys.stdout.write(
+            json.dumps({"token": fake.token, "base_url": fake.base_url, "pid": os.getpid()}) + "\n"
+        )
         sys.stdout.flush()
         sys.stdin.read()  # until the parent closes the pipe
     return 0
@@ -371,7 +433,7 @@ class Report:
         header = (
             f"{'row':<24} {'upd/s median (min-max)':<26} {'x plain':>7} {'x pgq':>6} "
             f"{'lat p50/p99 ms':>15} {'+p50/+p99 ms':>14} {'calls/u':>7} {'stmts/u':>7} "
-            f"{'commits/u':>9} {'srv c/u':>7} {'RSS MB':>6}"
+            f"{'commits/u':>9} {'srv c/u':>7} {'CPU us/u':>8} {'RSS MB':>6}"
         )
         lines = [header, "-" * len(header)]
         for row in self.rows:
@@ -408,6 +470,60 @@ class Report:
                 f"{_fmt_num(result.get('statements_per_update')):>7} "
                 f"{_fmt_num(result.get('commits_per_update')):>9} "
                 f"{_fmt_num(result.get('server_commits_per_update')):>7} "
+                f"{_fmt_num(result.get('cpu_us_per_update'), 0):>8} "
+                f"{result.get('rss_peak_kb', 0) / 1024:>6.0f}"
+            )
+        return lines
+
+    def polling_plain(self, name: str) -> Tuple[Optional[float], Optional[float], Optional[float]]:
+        """(x plain, plain upd/s, plain CPU us/update) for a polling row.
+
+        From the plain PTB polling runs alternated with the row's own runs in its process
+        (``paired_plain``: the median of the per-pair ratios), else from ``poll-plain-32``.
+        """
+        result = self.ok(name)
+        if result is None:
+            return None, None, None
+        paired = result.get("paired_plain")
+        if paired:
+            return paired["ratio_median"], paired["median"], paired["cpu_us_per_update"]
+        plain = self.ok("poll-plain-32")
+        if plain is None:
+            return None, None, None
+        x_plain = None if name == "poll-plain-32" else _ratio(result["median"], plain["median"])
+        return x_plain, plain["median"], plain.get("cpu_us_per_update")
+
+    def polling_table(self) -> List[str]:
+        rows = [r for r in self.rows if r.section == "polling" and r.name in self.results]
+        if not rows:
+            return []
+        header = (
+            f"{'row':<27} {'upd/s median (min-max)':<22} {'x plain':>7} {'plain upd/s':>11} "
+            f"{'CPU us/u':>8} {'plain':>6} {'bot CPU':>7} {'srv us/u':>8} {'calls/u':>7} "
+            f"{'stmts/u':>7} {'commits/u':>9} {'srv c/u':>7} {'RSS MB':>6}"
+        )
+        lines = [header, "-" * len(header)]
+        for row in rows:
+            result = self.results[row.name]
+            if "skipped" in result:
+                lines.append(f"{row.name:<26} skipped: {result['skipped']}")
+                continue
+            if "error" in result:
+                lines.append(f"{row.name:<26} FAILED: {result['error']}")
+                continue
+            rates = result["rates"]
+            rate = f"{_fmt_rate(result['median'])} ({_fmt_rate(min(rates))}-{_fmt_rate(max(rates))})"
+            x_plain, plain_rate, plain_cpu = self.polling_plain(row.name)
+            busy = result.get("cpu_busy")
+            lines.append(
+                f"{row.name:<27} {rate:<22} {_fmt_num(x_plain):>7} {_fmt_rate(plain_rate):>11} "
+                f"{_fmt_num(result.get('cpu_us_per_update'), 0):>8} {_fmt_num(plain_cpu, 0):>6} "
+                f"{'-' if busy is None else f'{busy * 100:.0f}%':>7} "
+                f"{_fmt_num(result.get('server_cpu_us_per_update'), 0):>8} "
+                f"{_fmt_num(result.get('store_calls_per_update')):>7} "
+                f"{_fmt_num(result.get('statements_per_update')):>7} "
+                f"{_fmt_num(result.get('commits_per_update')):>9} "
+                f"{_fmt_num(result.get('server_commits_per_update')):>7} "
                 f"{result.get('rss_peak_kb', 0) / 1024:>6.0f}"
             )
         return lines
@@ -416,7 +532,7 @@ class Report:
         lines = []
         for row in self.rows:
             result = self.ok(row.name)
-            if result is None or row.section != "throughput":
+            if result is None or row.section not in ("throughput", "polling"):
                 continue
             parts = []
             calls = result.get("calls_per_update") or {}
@@ -488,8 +604,87 @@ class Report:
             else:
                 lines.append(f"  {'PASS' if ok else 'FAIL'}  {name}: {detail}")
 
-        # each throughput target is checked on the update_queue.put row and on the polling row
-        for fenced_name, how in (("fenced-pg-32", "update_queue.put"), ("poll-fenced-pg-32", "polling")):
+        def ratio_goal(name: str, num: str, den: str, goal: float, what: str = "") -> None:
+            a, b = self.median(num), self.median(den)
+            r = _ratio(a, b)
+            verdict(
+                name, r, None if r is None else r >= goal,
+                f"{num} or {den} not measured" if r is None or a is None or b is None
+                else f"{num} {a:,.0f} / {den} {b:,.0f} upd/s = {r:.2f}x (goal {goal:g}x){what}",
+            )
+
+        def plain_goal(name: str, num: str, goal: float) -> None:
+            # against plain PTB polling runs alternated with the row's runs (paired), else
+            # against the poll-plain-32 row
+            r, plain_rate, _cpu = self.polling_plain(num)
+            a = self.median(num)
+            result = self.ok(num)
+            paired = None if result is None else result.get("paired_plain")
+            if r is None or a is None or plain_rate is None:
+                verdict(name, None, None, f"{num} or poll-plain-32 not measured")
+                return
+            if paired:
+                row_plain = self.median("poll-plain-32")
+                detail = (
+                    f"{num} {a:,.0f} upd/s = {r:.2f}x plain PTB polling in the same process "
+                    f"(median of {len(paired['ratios'])} paired runs; plain {plain_rate:,.0f} upd/s)"
+                )
+                if row_plain:
+                    detail += f"; vs the poll-plain-32 row ({row_plain:,.0f}): {a / row_plain:.2f}x"
+            else:
+                detail = f"{num} {a:,.0f} / poll-plain-32 {plain_rate:,.0f} upd/s = {r:.2f}x"
+            verdict(name, r, r >= goal, detail + f" (goal {goal:g}x)")
+
+        # issue 14: polling (the path PTB uses) against the fast fake Bot API, ratios in this run
+        plain_goal("[14] fenced write PG polling >= 0.35x plain PTB polling no-op",
+                   "poll-fenced-write-pg-32", 0.35)
+        ratio_goal("[14] fenced write PG polling >= 2.5x naive PG polling",
+                   "poll-fenced-write-pg-32", "poll-naive-pg-32", 2.5)
+        fw = self.ok("poll-fenced-write-pg-32")
+        cpu = None if fw is None else fw.get("cpu_us_per_update")
+        plain_cpu = self.polling_plain("poll-fenced-write-pg-32")[2]
+        verdict(
+            "[14] fenced write PG polling: bot CPU <= 500 us/update", cpu,
+            None if cpu is None else cpu <= 500,
+            "poll-fenced-write-pg-32 not measured" if cpu is None
+            else f"{cpu:,.0f} us/update in the bot process (plain PTB polling: {_fmt_num(plain_cpu, 0)})",
+        )
+        plain_goal("[14] fenced write SQLite polling >= 0.45x plain PTB polling no-op",
+                   "poll-fenced-write-sqlite-32", 0.45)
+        for store in ("pg", "sqlite"):
+            plain_goal(f"[14] fenced no-op {store} polling >= 0.8x plain PTB polling no-op",
+                       f"poll-fenced-{store}-32", 0.8)
+        for store in ("pg", "sqlite"):
+            name = f"poll-fenced-{store}-32"
+            result = self.ok(name)
+            value = None if result is None else result.get("commits_per_update")
+            srv = None if result is None else result.get("server_commits_per_update")
+            verdict(
+                f"[14] fenced no-op {store} polling: <= 1 commit per 20 updates ({name})", value,
+                None if value is None else value <= 0.05,
+                f"{name} not measured" if value is None
+                else f"{value:.3f} commits/update at the driver (1 per {1 / value if value else float('inf'):,.1f} "
+                f"updates; server xact_commit: {_fmt_num(srv, 3)}/update)",
+            )
+        for store in ("pg", "sqlite"):
+            name = f"backlog-{store}"
+            result = self.ok(name)
+            b = None if result is None else result.get("backlog")
+            verdict(
+                f"[14] backlog after a restart, no-op, {store}: >= 3,000 upd/s", None if b is None else b["rate"],
+                None if b is None else b["rate"] >= 3000,
+                f"{name} not measured" if b is None else f"{b['updates']:,} updates at {b['rate']:,.0f} upd/s",
+            )
+            verdict(
+                f"[14] backlog after a restart, {store}: RSS growth <= 30 MB",
+                None if b is None else b["rss_delta_kb"],
+                None if b is None else b["rss_delta_kb"] <= 30 * 1024,
+                f"{name} not measured" if b is None
+                else f"{b['rss_delta_kb'] / 1024:+.1f} MB over {b['updates']:,} updates",
+            )
+
+        # earlier targets, on the update_queue.put rows
+        for fenced_name, how in (("fenced-pg-32", "update_queue.put"),):
             fpg = self.median(fenced_name)
             verdict(
                 f"fenced PG conc-32 no-op >= 5,000 upd/s ({fenced_name}, {how})", fpg,
@@ -520,7 +715,7 @@ class Report:
                 f"fenced PG conc-32 >= 1.5x pgqueuer dequeue+complete ({fenced_name})", r,
                 None if r is None else r >= 1.5, detail,
             )
-        for fenced_name, plain_name in (("fenced-sqlite-32", "plain-32"), ("poll-fenced-sqlite-32", "poll-plain-32")):
+        for fenced_name, plain_name in (("fenced-sqlite-32", "plain-32"),):
             fsq = self.median(fenced_name)
             plain = self.median(plain_name)
             r = _ratio(fsq, plain)
@@ -530,7 +725,7 @@ class Report:
                 f"{fenced_name} or {plain_name} not measured" if r is None or fsq is None or plain is None
                 else f"{fsq:,.0f} / {plain:,.0f} = {r * 100:.0f}%",
             )
-        for name in ("fenced-pg-32", "fenced-pg-1", "poll-fenced-pg-32"):
+        for name in ("fenced-pg-32", "fenced-pg-1"):
             result = self.ok(name)
             value = None if result is None else result.get("commits_per_update")
             srv = None if result is None else result.get("server_commits_per_update")
@@ -595,6 +790,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--latency-seconds", type=float, help="length of the low-load latency phase (0: skip)")
     parser.add_argument("--latency-rate", type=float, default=10.0, help="updates/s of the latency phase")
     parser.add_argument("--backlog", type=int, help="recorded updates of the backlog rows")
+    parser.add_argument("--poll-updates", type=int, help="updates per measured run of the poll-* rows")
+    parser.add_argument("--poll-chats", type=int, help="distinct chats of the poll-* rows' updates")
     parser.add_argument("--lease-sizes", default="1,100,5000", help="active attempts of the lease rows")
     parser.add_argument("--concurrency", default="1,32", help="concurrencies of the throughput rows")
     parser.add_argument(
@@ -613,7 +810,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         help="do not count statements/commits at the driver (to check the counting's overhead)",
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--fake-server", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--fake-server", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.child:
@@ -622,21 +819,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return fake_server_main(args.fake_server)
 
     settings = dict(QUICK if args.quick else FULL)
-    for key in ("updates", "runs", "warmup", "latency_seconds", "backlog"):
+    for key in ("updates", "runs", "warmup", "latency_seconds", "backlog", "poll_updates", "poll_chats"):
         value = getattr(args, key)
         if value is not None:
             settings[key] = value
     settings["updates_seq"] = (
         args.updates_seq if args.updates_seq is not None else max(1, settings["updates"] * 3 // 10)
     )
-    if settings["runs"] < 1 or settings["updates"] < 1 or settings["updates_seq"] < 1:
-        parser.error("--runs, --updates and --updates-seq must be positive")
+    if args.updates is not None and args.poll_updates is None:
+        settings["poll_updates"] = args.updates  # --updates alone sizes every row
+    if min(settings["runs"], settings["updates"], settings["updates_seq"], settings["poll_updates"],
+           settings["poll_chats"]) < 1:
+        parser.error("--runs, --updates, --updates-seq, --poll-updates and --poll-chats must be positive")
     concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
     rows = all_rows(concurrencies)
 
     if args.list:
         for row in rows:
-            print(f"{row.name:<24} {row.title}")
+            print(f"{row.name:<28} {row.title}")
         return 0
 
     selected = rows
@@ -667,6 +867,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"{args.latency_rate:g} updates/s for {settings['latency_seconds']:g} s; SQLite synchronous=NORMAL "
         f"(the default), WAL; PostgresUpdateStore library defaults (pool_size=8); other options defaults"
     )
+    print(
+        f"  polling rows: {settings['poll_updates']:,} updates per run over {settings['poll_chats']} chats, "
+        f"start_polling(poll_interval=0, timeout=1) against a fake Bot API in its own process that "
+        f"holds them all before the clock starts (fast server: pre-serialised getUpdates pages of 100, "
+        f"HTTP/1.1 keep-alive); no latency phase"
+    )
     sys.stdout.flush()
 
     # a SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C: the private database is dropped and
@@ -689,7 +895,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "kind": row.kind,
                 "store": row.store,
                 "concurrency": row.concurrency,
-                "updates": settings["updates"] if row.concurrency != 1 else settings["updates_seq"],
+                "updates": (
+                    settings["poll_updates"] if row.section == "polling"
+                    else settings["updates"] if row.concurrency != 1 else settings["updates_seq"]
+                ),
+                "chats": settings["poll_chats"],
+                "server": row.server,
                 "runs": settings["runs"],
                 "warmup": settings["warmup"],
                 "latency_seconds": settings["latency_seconds"],
@@ -735,6 +946,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(line)
     for line in LEGEND:
         print(line)
+    polling = report.polling_table()
+    if polling:
+        print()
+        print(
+            "POLLING (start_polling against a fake Bot API in its own process; median of runs; "
+            "ratios and CPU in the same run)"
+        )
+        for line in polling:
+            print(line)
+        for line in POLLING_LEGEND:
+            print(line)
     extra = report.breakdown()
     if extra:
         print()

@@ -33,6 +33,8 @@ __all__ = [
     "CHAT_ORDER_METHODS",
     "ChatOrderedUpdateStore",
     "ChatRow",
+    "COMPLETING_METHODS",
+    "CompletingUpdateStore",
     "TransactionalUpdateStore",
     "DURABLE_METHODS",
     "DurableUpdateStore",
@@ -71,6 +73,9 @@ LIVENESS_METHODS = ("hold_liveness", "release_liveness", "take_over_dead")
 
 CHAT_ORDER_METHODS = ("add_many_in_chats", "claim_in_chat_order", "due_in_chat_order")
 """The methods of :class:`ChatOrderedUpdateStore` (all three or none)."""
+
+COMPLETING_METHODS = ("complete_owned", "reopen_completed")
+"""The methods of :class:`CompletingUpdateStore` (both or none)."""
 
 Row = Tuple[int, str, int]
 """An update to record: ``(update_id, body, received_at)``."""
@@ -263,6 +268,45 @@ class TransactionalUpdateStore(Protocol):
     ) -> bool:
         """As :meth:`FencedUpdateStore.settle_owned`. With ``connection`` the statement runs on
         the caller's connection inside its transaction, so it commits or rolls back with it."""
+
+
+class CompletingUpdateStore(Protocol):
+    """Optional (with :class:`TransactionalUpdateStore`): a fenced ``complete=True``
+    transaction checks ownership and settles in ONE conditional statement at its start.
+
+    Without it the runtime checks with ``owns(connection=)`` first and settles with
+    ``settle_owned(connection=)`` last: the same result, one statement more. Both methods run
+    on the caller's connection (or cursor) and never end the caller's transaction.
+    """
+
+    def complete_owned(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        """Inside the caller's open transaction: if this exact claim (update id, attempt and
+        claim id) is ``processing`` with ``due_at >= at`` (a lease ending exactly at ``at``
+        still holds), set it ``completed`` with ``settled_at = at`` (lease and attempts kept)
+        and keep its row held until that transaction ends (PostgreSQL: the row lock of the
+        ``UPDATE``; SQLite: the database's write lock), so a competing claim waits and then
+        sees the completed row. One statement; nothing is committed here.
+
+        The caller's commit lands the completion with the caller's writes; the caller's
+        rollback restores the claim exactly as it was (still owned, same lease), so the
+        attempt can write again, fail or be retried normally.
+
+        Returns:
+            :obj:`bool`: Whether this claim was owned at ``at`` and is now completed in the
+            caller's transaction (:obj:`False`: nothing changed).
+        """
+
+    def reopen_completed(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        """Undo a :meth:`complete_owned` that a caller committed by mistake (the caller's
+        block committed its own transaction): only the row of this exact claim that is
+        ``completed`` with ``settled_at = at`` goes back to ``processing`` (``settled_at``
+        NULL, lease, attempts and claim id kept). Runs on ``connection`` (its transaction
+        ended) and commits at once.
+
+        Returns:
+            :obj:`bool`: Whether that completion was undone (:obj:`False`: the caller's block
+            rolled back, or the row is not that completion).
+        """
 
 
 @runtime_checkable

@@ -120,6 +120,14 @@ Rules (:data:`RULES`; the number is the item of the specification's list of ten 
     after the commit, returns :obj:`None`. A ``transaction()`` that yields :obj:`None` (no
     connection, like :class:`ptb_fence.MemoryUpdateStore`'s, which holds the store's lock) is
     checked for the competing claim only.
+``completing`` (fenced, 9; only with ``transaction()``, ``complete_owned`` and ``reopen_completed``)
+    Inside ``with store.transaction() as conn``: ``complete_owned(identity, at, connection=conn)``
+    completes the live claim with ``at == due_at`` and is rolled back with the block (the claim is
+    owned again, same lease); at ``due_at + 1`` or with a wrong claim id it returns :obj:`False`
+    and changes nothing; while the block holds the completed row a ``claim_owned`` from another
+    thread with the lease lapsed waits and, after the commit, returns :obj:`None`.
+    ``reopen_completed(identity, at, connection=conn)`` turns back exactly that completion (same
+    claim id and ``at``), once, with the claim's lease kept.
 ``fence`` (fenced, 9)
     ``owns`` is inclusive at ``due_at`` and :obj:`False` at ``due_at + 1``; a wrong claim id or
     attempt is refused by ``owns``/``renew_owned``/``settle_owned`` and changes nothing; no
@@ -1462,6 +1470,84 @@ def _rule_connection_fence(p: _Probe, fenced: bool, durable: bool) -> None:
              "transaction did not land")
 
 
+def _rule_completing(p: _Probe, fenced: bool, durable: bool) -> None:
+    if not (
+        _has(p.store, "transaction")
+        and _has(p.store, "complete_owned")
+        and _has(p.store, "reopen_completed")
+    ):
+        return
+
+    def complete(identity: AttemptIdentity, at: int, conn: Any) -> bool:
+        return p._bool("complete_owned", p._call("complete_owned", identity, at, connection=conn))
+
+    def reopen(identity: AttemptIdentity, at: int, conn: Any) -> bool:
+        value = p._call("reopen_completed", identity, at, connection=conn)
+        return p._bool("reopen_completed", value)
+
+    a = _claimed(p, 1, _T + _L)
+    # 1. a lease ending exactly at the check holds; the caller's rollback restores the claim
+    try:
+        with p._call("transaction") as conn:
+            p.require(complete(a, _T + _L, conn), "complete_owned returned False for the live "
+                      f"claim at {_at(_T + _L)}, the end of its lease (due_at == at still holds)")
+            raise _Rollback("raised inside the block by the check")
+    except _Rollback:
+        pass
+    p.require(p.owns(a, _T + _L), "complete_owned landed although the caller's transaction "
+              "rolled back: the rollback must restore the claim (owned, same lease)")
+    # 2. refusals change nothing: the lease ended 1 ms before the check; a stale claim id
+    stale = AttemptIdentity(1, a.attempt, _other_claim_id(a.claim_id))
+    with p._call("transaction") as conn:
+        p.expect(not complete(a, _T + _L + 1, conn), f"complete_owned at {_at(_T + _L + 1)} "
+                 f"returned True for a lease that ended at {_at(_T + _L)}")
+        p.expect(not complete(stale, _T + 5, conn), "complete_owned returned True for a wrong "
+                 "claim id")
+    p.require(p.owns(a, _T + _L), "a refused complete_owned changed the row: the claim is no "
+              "longer owned")
+    # 3. the row stays held against a competing claim until the caller's commit
+    result: List[Any] = []
+    started = threading.Event()
+
+    def compete() -> None:
+        started.set()
+        try:
+            result.append(p.claim_owned(1, now=_T + _L + 1, lease_until=_FAR))
+        except BaseException as exc:  # reported below
+            result.append(exc)
+
+    thread = threading.Thread(target=compete, name="conformance-completing-claim", daemon=True)
+    with p._call("transaction") as conn:
+        p.require(complete(a, _T + 5, conn), "complete_owned returned False for the live claim")
+        thread.start()
+        started.wait(_JOIN_TIMEOUT)
+        time.sleep(0.2)  # let the competing claim reach the store while the row is held
+    thread.join(_JOIN_TIMEOUT)
+    p.require(not thread.is_alive(), "a competing claim_owned did not return within "
+              f"{_JOIN_TIMEOUT:g} s after the transaction committed")
+    competitor = result[0] if result else None
+    if isinstance(competitor, _Abort):
+        raise competitor
+    if isinstance(competitor, BaseException):
+        raise _StoreRaised("claim_owned", competitor)
+    p.expect(competitor is None, f"a competing claim_owned (lease lapsed) took the update "
+             f"completed by complete_owned in the caller's transaction ({competitor!r}): the "
+             "row must stay held until the caller's transaction ends")
+    p.require(not p.owns(a, _T + 5), "the complete_owned of a committed transaction did not land")
+    # 4. reopen_completed undoes exactly that completion, once
+    with p._call("transaction") as conn:
+        p.expect(not reopen(a, _T + 6, conn), "reopen_completed undid a completion made at "
+                 f"another time ({_at(_T + 6)}, completed at {_at(_T + 5)})")
+        p.expect(not reopen(stale, _T + 5, conn), "reopen_completed undid the completion of "
+                 "another claim id")
+    with p._call("transaction") as conn:
+        p.expect(reopen(a, _T + 5, conn), "reopen_completed returned False for the completion "
+                 "complete_owned made")
+    p.expect(p.owns(a, _T + _L), "after reopen_completed the claim is not owned with its lease")
+    with p._call("transaction") as conn:
+        p.expect(not reopen(a, _T + 5, conn), "reopen_completed undid the same completion twice")
+
+
 # ---------------------------------------------------------------------------------------------
 # Rule 9
 # ---------------------------------------------------------------------------------------------
@@ -2157,6 +2243,17 @@ _TABLE: Tuple[Tuple[ConformanceRule, _RuleFn], ...] = (
             "rolls back and commits with it, and the row stays held against a competing claim.",
         ),
         _rule_connection_fence,
+    ),
+    (
+        ConformanceRule(
+            "completing",
+            "fenced",
+            "complete_owned/reopen_completed (when present): complete_owned is inclusive at "
+            "due_at, refuses wrong claim ids and changes nothing then, rolls back with the "
+            "caller's transaction and holds the row against a competing claim until its commit; "
+            "reopen_completed undoes exactly that completion, once.",
+        ),
+        _rule_completing,
     ),
     (
         ConformanceRule(

@@ -14,6 +14,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Type
 
 from ptb_fence import (
     AttemptIdentity,
+    Completed,
     Exhaustion,
     MemoryUpdateStore,
     Settlement,
@@ -626,6 +627,49 @@ class TransactionalMemoryStore(MemoryUpdateStore):
             return live
 
 
+class CompletingMemoryStore(TransactionalMemoryStore):
+    """A CORRECT double with complete_owned/reopen_completed (CompletingUpdateStore): the
+    completion is staged on the connection and lands at the commit."""
+
+    def complete_owned(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        return self.settle_owned(identity, Completed(at), connection=connection)
+
+    def reopen_completed(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        with self._lock:
+            row = self._rows.get(identity.update_id)
+            if (row is None or row.state != "completed" or row.settled_at != at
+                    or row.attempts != identity.attempt or row.claim_id != identity.claim_id):
+                return False
+            row.state, row.settled_at = "processing", None
+            return True
+
+
+class CompleteOwnedCommitsAtOnceStore(CompletingMemoryStore):
+    """complete_owned ignores the caller's connection and lands at once: the caller's rollback
+    (a failing fn) leaves the update completed and its writes lost."""
+
+    def complete_owned(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        return MemoryUpdateStore.settle_owned(self, identity, Completed(at))
+
+
+class CompleteOwnedExclusiveAtLeaseEndStore(CompletingMemoryStore):
+    """complete_owned refuses a lease that ends exactly at the check (due_at > at)."""
+
+    def complete_owned(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        return self.owns(identity, at + 1) and super().complete_owned(
+            identity, at, connection=connection)
+
+
+class ReopenIgnoresTimeStore(CompletingMemoryStore):
+    """reopen_completed turns back any completion of the claim, whatever its time."""
+
+    def reopen_completed(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        row = self._rows.get(identity.update_id)
+        settled = row.settled_at if row is not None else None
+        return super().reopen_completed(identity, at if settled is None else settled,
+                                        connection=connection)
+
+
 class SettleOwnedCommitsOnItsOwnStore(TransactionalMemoryStore):
     """settle_owned(connection=conn) ignores the caller's connection and lands at once (as a
     SQL store committing on its own connection would): it survives the caller's rollback."""
@@ -726,6 +770,9 @@ BROKEN: Dict[Type[Any], Sequence[str]] = {
     TransactionSwallowsErrorsStore: ("transaction",),
     SettleOwnedCommitsOnItsOwnStore: ("transaction", "connection-fence"),
     TransactionWithoutLockStore: ("connection-fence",),
+    CompleteOwnedCommitsAtOnceStore: ("completing",),
+    CompleteOwnedExclusiveAtLeaseEndStore: ("completing",),
+    ReopenIgnoresTimeStore: ("completing",),
     BatchRenewIgnoresClaimIdStore: ("batch-renewal",),
     BatchRenewNoneStore: ("batch-renewal",),
     ReadThenWriteClaimStore: ("concurrent-claim", "concurrent-claim-owned"),

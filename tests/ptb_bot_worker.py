@@ -35,6 +35,7 @@ from telegram import Update  # noqa: E402
 from telegram.ext import Application, MessageHandler, filters  # noqa: E402
 
 from ptb_fence.ptb import FencedUpdateProcessor  # noqa: E402
+from worker_support import announce_ready, extra_options, make_store, touch  # noqa: E402
 
 
 def parse_args(argv: List[str]) -> argparse.Namespace:
@@ -64,31 +65,6 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
         help="run app.run_polling() (stopped by SIGTERM/SIGINT) instead of the stop file",
     )
     return parser.parse_args(argv)
-
-
-def make_store(url: str, table: str) -> Any:
-    if url.startswith("sqlite:///"):
-        from ptb_fence import SQLiteUpdateStore
-
-        return SQLiteUpdateStore(url[len("sqlite:///") - 1 :], table)
-    from ptb_fence import PostgresUpdateStore
-
-    return PostgresUpdateStore(url, table)
-
-
-def touch(path: str) -> None:
-    with open(path, "w", encoding="utf-8") as file:
-        file.write(str(time.time()))
-
-
-def extra_options(args: argparse.Namespace) -> Any:
-    """Recovery options, passed only when given (so the library defaults apply otherwise)."""
-    options = {}
-    if args.stop_timeout is not None:
-        options["stop_timeout_seconds"] = args.stop_timeout
-    if args.attempt_timeout is not None:
-        options["attempt_timeout_seconds"] = args.attempt_timeout
-    return options
 
 
 async def main(args: argparse.Namespace) -> Any:
@@ -143,7 +119,7 @@ async def main(args: argparse.Namespace) -> Any:
         if args.poll:
             assert app.updater is not None
             await app.updater.start_polling(poll_interval=0.0, timeout=1)
-        touch(os.path.join(args.dir, f"ready.{pid}"))
+        announce_ready(args.dir, pid, store)
         while not os.path.exists(stop_file) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if app.updater is not None and app.updater.running:

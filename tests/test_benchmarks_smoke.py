@@ -98,11 +98,62 @@ def test_quick_harness_prints_the_table_with_numbers(pg_dsn: str, tmp_path: Any)
     assert "SKIP  fenced PG conc-32 >= 5x naive (fenced-pg-32)" in targets  # naive-pg-32 not run
 
 
-@pytest.mark.parametrize("row", ["poll-fenced-sqlite-32"])
-def test_polling_row_runs(row: str) -> None:
+POLL_ROWS = (
+    "poll-plain-32", "poll-plain-fakebotapi-32", "poll-naive-sqlite-32", "poll-naive-pg-32",
+    "poll-fenced-sqlite-32", "poll-fenced-pg-32", "poll-fenced-write-sqlite-32",
+    "poll-fenced-write-pg-32",
+)
+
+
+def test_polling_rows_measure_cpu_against_the_fast_server(pg_dsn: str, tmp_path: Any) -> None:
+    """Every polling row runs, prints its CPU us/update next to plain PTB's, and the targets
+    of issue 14 are checked as ratios of rows of the same run."""
+    results_file = tmp_path / "results.json"
     proc = _harness(
-        ["--only", row, "--updates", "200", "--runs", "1", "--warmup", "0"], {}, timeout=60
+        ["--only", ",".join(POLL_ROWS), "--poll-updates", "200", "--runs", "1", "--warmup", "0",
+         "--json", str(results_file)],
+        {"PTB_FENCE_POSTGRES_DSN": pg_dsn}, timeout=240,
     )
-    assert proc.returncode == 0, proc.stderr + proc.stdout
-    cells = _row(proc.stdout, row)
-    assert _RATE.match(cells), cells
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr + out
+    assert "POLLING" in out and "pre-serialised getUpdates pages" in out, out
+    results = json.loads(results_file.read_text())["results"]
+    assert results["poll-plain-32"]["paired_plain"] is None  # the plain row is its own baseline
+    for name in POLL_ROWS:
+        cells = _row(out, name)
+        assert "FAILED" not in cells and "skipped" not in cells, cells
+        assert _RATE.match(cells), cells
+        result = results[name]
+        assert result["handled"] == 200
+        assert result["cpu_us_per_update"] > 0
+        assert result["server_cpu_us_per_update"] is not None  # the server's own process
+        fields = cells.split()
+        # upd/s, (min-max), x plain, plain upd/s, CPU us/u of the row, CPU us/u of plain PTB
+        assert fields[4] == f"{result['cpu_us_per_update']:.0f}", cells
+        if name == "poll-plain-32":
+            assert fields[5] == fields[4], cells
+            continue
+        # the row's runs alternated with plain PTB polling runs in its process
+        paired = result["paired_plain"]
+        assert len(paired["ratios"]) == 1 and paired["cpu_us_per_update"] > 0
+        assert fields[2] == f"{paired['ratio_median']:.2f}", cells
+        assert fields[3] == f"{paired['median']:,.0f}", cells
+        assert fields[5] == f"{paired['cpu_us_per_update']:.0f}", cells
+    for name in ("poll-fenced-sqlite-32", "poll-fenced-pg-32", "poll-fenced-write-sqlite-32",
+                 "poll-fenced-write-pg-32", "poll-naive-sqlite-32", "poll-naive-pg-32"):
+        assert results[name]["commits_per_update"] > 0, name
+    assert results["poll-plain-32"]["commits_per_update"] == 0
+
+    targets = out[out.index("TARGETS"):]
+    for goal in (
+        "fenced write PG polling >= 0.35x plain PTB polling no-op",
+        "fenced write PG polling >= 2.5x naive PG polling",
+        "fenced write PG polling: bot CPU <= 500 us/update",
+        "fenced write SQLite polling >= 0.45x plain PTB polling no-op",
+        "fenced no-op pg polling >= 0.8x plain PTB polling no-op",
+        "fenced no-op sqlite polling >= 0.8x plain PTB polling no-op",
+        "fenced no-op pg polling: <= 1 commit per 20 updates",
+        "fenced no-op sqlite polling: <= 1 commit per 20 updates",
+    ):
+        assert re.search(r"(PASS|FAIL)  \[14\] " + re.escape(goal), targets), (goal, targets)
+    assert "SKIP  [14] backlog after a restart, no-op, pg" in targets  # backlog-pg not run

@@ -317,6 +317,13 @@ def test_a_transactional_memory_double_conforms_to_the_capability_rules() -> Non
     assert check_update_store(TransactionalMemoryStore) == []
 
 
+def test_a_completing_memory_double_conforms_to_the_capability_rules() -> None:
+    """The correct double behind the complete_owned breakers: every completing check runs."""
+    from broken_stores import CompletingMemoryStore
+
+    assert check_update_store(CompletingMemoryStore) == []
+
+
 def test_capability_rules_are_named() -> None:
     for name in (
         "batch-add",
@@ -325,6 +332,7 @@ def test_capability_rules_are_named() -> None:
         "combined-write",
         "transaction",
         "connection-fence",
+        "completing",
         "bind-bot",
         "batch-renewal",
     ):

@@ -101,3 +101,49 @@ def test_a_hanging_exhaustion_handler_blocks_neither_chats_nor_sweeps(tmp_path: 
         release.set()
         intake.close(timeout=10)
         store.close()
+
+
+
+def test_at_most_eight_exhaustion_deliveries_at_once_each_entered_once(tmp_path: Any) -> None:
+    """The delivery decisions shared with the PTB processor (issue 11 item 4): up to 8
+    exhaustion handlers run at once (UpdateIntake delivered one at a time before, so 8 were
+    never entered within 30 s), never a ninth, each exhaustion entered once, all acknowledged
+    once they return."""
+    store = SQLiteUpdateStore(str(tmp_path / "many.db"))
+    release = threading.Event()
+    lock = threading.Lock()
+    entered: List[int] = []
+    running = [0, 0]  # now, most at once
+
+    def handle_exhaustion(exhaustion: Any) -> None:
+        with lock:
+            entered.append(exhaustion.update_id)
+            running[0] += 1
+            running[1] = max(running[1], running[0])
+        try:
+            release.wait(30)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    def fail(update: Dict[str, Any]) -> None:
+        raise ValueError("final failure")
+
+    intake = UpdateIntake(store, handle=fail, handle_exhaustion=handle_exhaustion, max_attempts=1,
+                          sweep_every_seconds=0.1, pending_grace_seconds=0.2, max_concurrent=4)
+    intake.start()
+    try:
+        for update_id in range(1, 21):
+            assert intake.accept(_body(update_id, chat=update_id)) == "accepted"
+        _wait("8 exhaustion handlers at once", lambda: len(entered) >= 8)
+        time.sleep(1.0)  # about ten scheduled sweeps: no ninth delivery while 8 run
+        with lock:
+            assert running[1] == 8 and len(entered) == 8, (running, entered)
+        release.set()
+        _wait("every exhaustion acknowledged", lambda: store.due_exhaustions(limit=50) == [], 10)
+        assert sorted(entered) == list(range(1, 21)), entered  # each entered once
+        assert running[1] == 8
+    finally:
+        release.set()
+        intake.close(timeout=10)
+        store.close()

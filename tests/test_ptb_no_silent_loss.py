@@ -567,3 +567,48 @@ def test_initialize_binds_the_store_to_the_bot(tmp_path: Any) -> None:
         run(scenario())
     finally:
         inner.close()
+
+
+def test_at_most_eight_exhaustion_deliveries_at_once_the_rest_as_they_end(tmp_path: Any) -> None:
+    """The delivery decisions shared with UpdateIntake (issue 11 item 4): 20 exhaustions, at most
+    8 handlers at once, each entered once; when they return, the other 12 are delivered at
+    once, not after the next sweep (30 s here; before, they waited for it)."""
+    store = SQLiteUpdateStore(str(tmp_path / "many.db"))
+    release = asyncio.Event()
+    entered: List[int] = []
+    running = [0, 0]  # now, most at once
+
+    async def on_message(update: Update, context: Any) -> None:
+        raise ValueError("final failure")
+
+    async def handle_exhaustion(exhaustion: Any) -> None:
+        entered.append(exhaustion.update_id)
+        running[0] += 1
+        running[1] = max(running[1], running[0])
+        try:
+            await asyncio.wait_for(release.wait(), 30)
+        finally:
+            running[0] -= 1
+
+    async def scenario(fake: FakeBotApi) -> List[int]:
+        processor = FencedUpdateProcessor(
+            store, handle_exhaustion=handle_exhaustion, max_attempts=1, max_concurrent=4,
+            **{**FAST, "sweep_every_seconds": 30.0},
+        )
+        app = build(processor, fake)
+        app.add_handler(MessageHandler(filters.TEXT, on_message))
+        async with polling(app):
+            ids = [fake.inject_message(chat_id=c, text="x") for c in range(1, 21)]
+            await wait_for("8 exhaustion handlers at once", lambda: len(entered) >= 8)
+            await asyncio.sleep(0.5)
+            assert running[1] == 8 and len(entered) == 8, (running, entered)
+            release.set()
+            await wait_for("every exhaustion acknowledged",
+                           lambda: store.due_exhaustions(limit=50) == [], 8)
+        return ids
+
+    with FakeBotApi() as fake:
+        ids = run(scenario(fake))
+    assert sorted(entered) == sorted(ids), entered  # each entered once
+    assert running[1] == 8
+    store.close()

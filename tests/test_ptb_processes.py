@@ -31,14 +31,15 @@ WORKER = os.path.join(HERE, "ptb_bot_worker.py")
 class Bots:
     """Starts worker processes and makes sure none outlives the test."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, worker: str = WORKER) -> None:
         self.dir = directory
+        self.worker = worker
         self.procs: List[subprocess.Popen] = []  # type: ignore[type-arg]
 
     def spawn(self, fake: FakeBotApi, store: str, table: str, domain: str, *extra: str) -> Any:
         out = open(os.path.join(self.dir, f"out.{len(self.procs)}"), "wb")  # noqa: SIM115
         proc = subprocess.Popen(
-            [sys.executable, WORKER, fake.base_url, fake.token, store, table,
+            [sys.executable, self.worker, fake.base_url, fake.token, store, table,
              "--dir", self.dir, "--domain", domain, *extra],
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -1,7 +1,8 @@
 """Issue 12 item 1: a graceful stop releases what it claimed, and ends in bounded time.
 
-Real PTB bot processes (tests/ptb_bot_worker.py, ``run_polling()``) against a FakeBotApi,
-stopped with SIGTERM/SIGINT, with the library's default lease (120 s): waiting for a lease
+Real bot processes of both front ends (tests/ptb_bot_worker.py: a PTB ``Application`` with
+``run_polling()``; tests/intake_worker.py: a blocking ``UpdateIntake`` fed by a getUpdates
+thread, ``close()`` on the signal) against a FakeBotApi, stopped with SIGTERM/SIGINT, with the library's default lease (120 s): waiting for a lease
 would blow every bound below, so the next process can only meet them if the stopping process
 released its claims. Each committed attempt writes one fenced domain row, so "handled exactly
 once" is one domain row per update.
@@ -9,119 +10,19 @@ once" is one domain row per update.
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import List
 
 import pytest
 
-from conftest import fresh_table_name
-from ptb_fence import SQLiteUpdateStore
 from ptb_fence.testing import FakeBotApi
-from ptb_support import DOMAIN_DDL, rows, wait_sync
-from test_ptb_processes import Bots, _by_update, _sqlite_domain
-
-DEFAULTS = ("--lease", "120", "--sweep", "30", "--grace", "60")
-"""The library defaults for lease, sweep and grace (the worker's own defaults are short)."""
-
-STOP_TIMEOUT = 10.0
-"""The library default of ``stop_timeout_seconds``."""
-
-
-@pytest.fixture
-def bots(tmp_path: Any) -> Iterator[Bots]:
-    directory = tmp_path / "bots"
-    directory.mkdir()
-    bed = Bots(str(directory))
-    yield bed
-    for proc in bed.procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
-
-
-class Bed:
-    """One store (SQLite file or PostgreSQL table) with its domain table."""
-
-    def __init__(self, url: str, table: str, domain: str, states: Callable[[], Dict[int, str]],
-                 written: Callable[[], List[Tuple[int, int, str, int]]]) -> None:
-        self.url = url
-        self.table = table
-        self.domain = domain
-        self.states = states
-        self.written = written
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def bed(request: Any, tmp_path: Any) -> Iterator[Bed]:
-    if request.param == "sqlite":
-        path = str(tmp_path / "bot.db")
-        store = SQLiteUpdateStore(path)
-        with store.transaction() as conn:
-            conn.execute(DOMAIN_DDL)
-        store.close()
-        yield Bed("sqlite:///" + path, "telegram_updates", "domain",
-                  lambda: {u: r[0] for u, r in rows(path).items()},
-                  lambda: _sqlite_domain(path))
-        return
-    import psycopg2
-
-    from ptb_fence import PostgresUpdateStore
-
-    dsn = request.getfixturevalue("pg_dsn")
-    table = request.getfixturevalue("pg_table")
-    tables = request.getfixturevalue("pg_tables")
-    domain = fresh_table_name()
-    tables.append(domain)
-    PostgresUpdateStore(dsn, table).close()
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-
-    def query(sql: str) -> List[Any]:
-        with conn.cursor() as cur:
-            cur.execute(sql)
-            return list(cur.fetchall()) if cur.description else []
-
-    query(f"CREATE TABLE {domain} (update_id BIGINT, attempt INT, claim_id TEXT, pid INT)")
-    try:
-        yield Bed(dsn, table, domain,
-                  lambda: {r[0]: r[1] for r in query(f"SELECT update_id, state FROM {table}")},
-                  lambda: query(f"SELECT update_id, attempt, claim_id, pid FROM {domain}"))
-    finally:
-        conn.close()
-
-
-def _stop(bots: Bots, proc: Any, sig: int, bound: float) -> float:
-    """Send ``sig``; return the seconds until the process exited (fails past ``bound``)."""
-    began = time.monotonic()
-    proc.send_signal(sig)
-    try:
-        proc.wait(bound)
-    except Exception:
-        raise AssertionError(
-            f"bot {proc.pid} still running {bound:.1f} s after {signal.Signals(sig).name}\n"
-            f"{bots.output()}"
-        ) from None
-    return time.monotonic() - began
-
-
-def _all_handled(bots: Bots, bed: Bed, ids: List[int], within: float, what: str) -> None:
-    try:
-        wait_sync(what, lambda: all(bed.states().get(u) == "completed" for u in ids), within)
-    except AssertionError as exc:
-        states = bed.states()
-        late = {u: states.get(u) for u in ids if states.get(u) != "completed"}
-        raise AssertionError(f"{exc}\nnot completed: {late}\n{bots.output()}") from None
-
-
-def _exactly_once(bed: Bed, ids: List[int]) -> Dict[int, List[Tuple[int, int, str, int]]]:
-    written = _by_update(bed.written())
-    assert set(written) == set(ids)
-    assert all(len(v) == 1 for v in written.values()), {u: v for u, v in written.items() if len(v) != 1}
-    return written
-
+from ptb_support import wait_sync
+from recovery_support import (  # noqa: F401 - fixtures
+    DEFAULTS, STOP_TIMEOUT, Bed, _all_handled, _exactly_once, _nothing_leased, _stop, bed, bots,
+)
+from test_ptb_processes import Bots
 
 @pytest.mark.parametrize("mode,sig", [("burst", signal.SIGTERM), ("stream", signal.SIGINT),
                                       ("stream", signal.SIGTERM)])
@@ -159,6 +60,7 @@ def test_signal_releases_claims_so_the_next_process_handles_them_at_once(
             ids += fed
         assert first.returncode == 0, bots.output()
         assert took < STOP_TIMEOUT + 5
+        _nothing_leased(bots, bed)
         second = bots.spawn(fake, bed.url, bed.table, bed.domain, "--run-polling", *DEFAULTS)
         bots.wait_ready(second)
         # far below the 120 s lease: only released claims can be handled this fast
@@ -180,7 +82,8 @@ def test_stop_with_a_handler_that_never_returns_is_bounded(bots: Bots, bed: Bed)
         wait_sync("the hung handler to start", lambda: first.pid in bots.started(hang), 20)
         took = _stop(bots, first, signal.SIGTERM, STOP_TIMEOUT + 5)
         assert first.returncode == 0, bots.output()
-        assert took < STOP_TIMEOUT + 3, took
+        assert took < STOP_TIMEOUT + 5, took  # 13.1 s once under load ~20 (Python 3.10)
+        _nothing_leased(bots, bed)
         second = bots.spawn(fake, bed.url, bed.table, bed.domain, "--run-polling", *DEFAULTS)
         bots.wait_ready(second)
         _all_handled(bots, bed, ids, 20, "the next process handles the released updates")

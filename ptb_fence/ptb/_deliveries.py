@@ -1,4 +1,9 @@
-"""Deliveries: exhaustions handed to ``handle_exhaustion``, each in a task of its own."""
+"""Deliveries: exhaustions handed to ``handle_exhaustion``, each in a task of its own.
+
+The decisions (which are due, which start now, acknowledgement, failure, logging) are
+:class:`~ptb_fence.runtime._exhaustions.ExhaustionDeliveries`, shared with ``UpdateIntake``;
+this module only runs them in tasks (a blocking handler in a daemon thread).
+"""
 
 from __future__ import annotations
 
@@ -6,30 +11,29 @@ import asyncio
 import contextlib
 import inspect
 import threading
-from typing import Any, Callable, Optional, Set, TypeVar
+from typing import Any, Callable, List, Optional, Set, TypeVar
 
 from ptb_fence._values import Exhaustion
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._exhaustions import SLOW_DELIVERY_SECONDS, ExhaustionDeliveries
 
 __all__ = ["Deliveries"]
 
 T = TypeVar("T")
 
-MAX_DELIVERIES = 8  # exhaustion deliveries running at once in one process
-
 
 class Deliveries:
-    """Delivers exhaustions to ``handler`` and acknowledges them once it returned.
+    """Delivers exhaustions to ``handler`` in tasks, as the runtime decides.
 
     At most one delivery of one exhaustion runs at a time in this process, and at most
-    :data:`MAX_DELIVERIES` at once; one that is not started stays due, and a later sweep starts
-    it. A blocking handler runs in a daemon thread: a hanging one holds neither the chat, the
-    sweep, the store threads nor interpreter exit. A failed delivery (or acknowledgement) is
-    reported and left due: it is delivered again.
+    :data:`~ptb_fence.runtime._exhaustions.MAX_DELIVERIES` at once; one that is not started
+    stays due, and a later sweep starts it. A blocking handler runs in a daemon thread: a
+    hanging one holds neither the chat, the sweep, the store threads nor interpreter exit. A
+    failed delivery (or acknowledgement) is reported and left due: it is delivered again.
     """
 
-    __slots__ = ("_delivering", "_handler", "_runtime", "_tasks", "_threads")
+    __slots__ = ("_decisions", "_handler", "_tasks", "_threads")
 
     def __init__(
         self,
@@ -37,10 +41,9 @@ class Deliveries:
         threads: StoreThreads,
         handler: Optional[Callable[[Exhaustion], Any]],
     ) -> None:
-        self._runtime = runtime
+        self._decisions = ExhaustionDeliveries(runtime)
         self._threads = threads
         self._handler = handler
-        self._delivering: Set[Any] = set()  # identities of exhaustions being delivered
         self._tasks: "Set[asyncio.Future[None]]" = set()
 
     @property
@@ -48,18 +51,25 @@ class Deliveries:
         """A ``handle_exhaustion`` was given."""
         return self._handler is not None
 
+    def due(self) -> List[Exhaustion]:
+        """The next page of due exhaustions (store failures reported); blocking."""
+        return self._decisions.due() if self._handler is not None else []
+
     def start(self, exhaustion: Exhaustion) -> None:
-        """Deliver ``exhaustion`` in a task of its own, unless it is being delivered already."""
-        if self._handler is None or exhaustion.identity in self._delivering:
+        """Deliver ``exhaustion`` in a task of its own, if the runtime admits it now."""
+        self.start_many([exhaustion])
+
+    def start_many(self, exhaustions: List[Exhaustion]) -> None:
+        """Deliver each exhaustion the runtime admits now in a task of its own."""
+        if self._handler is None:
             return
-        if len(self._delivering) >= MAX_DELIVERIES:
-            return  # it stays due: a later sweep starts it once a delivery has finished
-        self._delivering.add(exhaustion.identity)
-        task = asyncio.get_running_loop().create_task(
-            self._deliver(exhaustion), name=f"ptb_fence:exhaustion:{exhaustion.update_id}"
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        loop = asyncio.get_running_loop()
+        for exhaustion in self._decisions.admit(exhaustions):
+            task = loop.create_task(
+                self._deliver(exhaustion), name=f"ptb_fence:exhaustion:{exhaustion.update_id}"
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def cancel_all(self) -> None:
         """Cancel the deliveries running (unacknowledged: delivered again at the next start)."""
@@ -71,11 +81,12 @@ class Deliveries:
 
     async def _deliver(self, exhaustion: Exhaustion) -> None:
         handler = self._handler
-        identity = exhaustion.identity
-        if handler is None:
-            self._delivering.discard(identity)
-            return
-        runtime = self._runtime
+        decisions = self._decisions
+        assert handler is not None
+        slow = asyncio.get_running_loop().call_later(
+            SLOW_DELIVERY_SECONDS, decisions.slow, exhaustion, SLOW_DELIVERY_SECONDS
+        )
+        error: Optional[BaseException] = None
         try:
             try:
                 if inspect.iscoroutinefunction(handler):
@@ -85,14 +96,15 @@ class Deliveries:
                     if inspect.isawaitable(result):
                         await result
             except Exception as exc:
-                runtime.exhaustion_failed(exc, exhaustion)
-                return
-            try:
-                await self._threads.call(runtime.acknowledge, exhaustion)
-            except Exception as exc:  # stays due: delivered again by a later sweep
-                runtime.report_store_error(exc, "sweep")
+                error = exc
+            slow.cancel()
+            await self._threads.call(decisions.finish, exhaustion, error)
+            self.start_many(await self._threads.call(decisions.more_due))
+        except BaseException:  # cancelled (stopping): undecided, it stays due
+            decisions.abandon(exhaustion)
+            raise
         finally:
-            self._delivering.discard(identity)
+            slow.cancel()
 
 
 async def _in_daemon_thread(fn: Callable[[Any], T], arg: Any) -> T:

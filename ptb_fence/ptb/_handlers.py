@@ -10,22 +10,59 @@ PTB's ``task_done``) goes on normally in the same task, in sequential mode too.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, List, Optional, Set
+import contextvars
+import sys
+from typing import Any, Awaitable, List, Optional, Set
 
 from ptb_fence.runtime._attempt import Attempt
 
-__all__ = ["HandlerRun", "RunningHandlers", "cancel_requested"]
+__all__ = ["HandlerRun", "RunningHandlers", "cancel_requested", "run_handler"]
 
+_RAISED_BY_HANDLER: "contextvars.ContextVar[bool]" = contextvars.ContextVar(
+    "ptb_fence_cancel_raised_by_handler", default=False
+)
+"""Python 3.10: set by :func:`run_handler` when the CancelledError it raises came from the
+handler's own code (its task was not cancelled); read once by :func:`cancel_requested`."""
 
 
 def cancel_requested() -> bool:
     """Whether the current task is being cancelled (as opposed to code raising CancelledError).
 
-    Python 3.10 cannot tell the two apart: there every CancelledError counts as a cancel.
+    Call it where a CancelledError from :func:`run_handler` is caught. Python 3.11+ asks the
+    task (``cancelling()``); on Python 3.10, which has no such count, :func:`run_handler` ran the
+    handler in a task of its own and marked a CancelledError that the handler raised itself.
     """
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)
-    return cancelling is None or cancelling() > 0
+    if sys.version_info >= (3, 11):  # tasks count cancel requests
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() > 0
+    raised_by_handler = _RAISED_BY_HANDLER.get()
+    _RAISED_BY_HANDLER.set(False)
+    return not raised_by_handler
+
+
+async def run_handler(coroutine: Awaitable[Any]) -> Any:
+    """Await a handler's coroutine in the current task (Python 3.11+).
+
+    Python 3.10 cannot tell a cancellation of the current task from a CancelledError that the
+    handler's code raised (a task there keeps no count of cancel requests), so there the
+    handler runs in a child task (same context) awaited with :func:`asyncio.wait`, which
+    raises only when the current task itself is cancelled: the child is then cancelled too and
+    awaited (its cleanup runs first) before the cancellation goes on. A child that ended
+    cancelled while the current task was not raised CancelledError itself:
+    :func:`cancel_requested` then says so.
+    """
+    if sys.version_info >= (3, 11):
+        return await coroutine
+    child = asyncio.ensure_future(coroutine)
+    try:
+        await asyncio.wait((child,))
+    except asyncio.CancelledError:
+        child.cancel()
+        await asyncio.wait((child,))
+        raise
+    if child.cancelled():
+        _RAISED_BY_HANDLER.set(True)
+    return child.result()
 
 
 _TIMEOUT = "timeout"
@@ -87,9 +124,8 @@ class HandlerRun:
         self._registry.discard(self)
         if self.reason is None:
             return False
-        uncancel = getattr(self._task, "uncancel", None)  # Python 3.11+
-        if uncancel is not None:
-            uncancel()
+        if sys.version_info >= (3, 11) and self._task is not None:
+            self._task.uncancel()
         # our own cancellation ends here; anything else propagates
         return exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
 

@@ -27,7 +27,7 @@ from ptb_fence.ptb._bodies import update_body
 from ptb_fence.ptb._chat_turns import ChatTurns
 from ptb_fence.ptb._context import FencedCallbackContext
 from ptb_fence.ptb._deliveries import Deliveries
-from ptb_fence.ptb._handlers import RunningHandlers, cancel_requested
+from ptb_fence.ptb._handlers import RunningHandlers, cancel_requested, run_handler
 from ptb_fence.ptb._handling import UpdateState, handling
 from ptb_fence.ptb._ingest import Ingest
 from ptb_fence.ptb._interfaces import ApplicationBinding
@@ -396,7 +396,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                     with handling(handled, attempt if attempt.fenced else None):
                         async with self._handlers.run(attempt, timeout) as run:
                             try:
-                                await coroutine
+                                await run_handler(coroutine)
                             except Exception as exc:
                                 handled.error = exc
                             except asyncio.CancelledError as exc:

@@ -184,13 +184,8 @@ class Sweeper:
                 break
             handed += 1
         if self._deliveries.enabled and not state.stopping:
-            try:
-                page = await self._threads.call(runtime.exhaustion_page)
-            except Exception as exc:
-                runtime.report_store_error(exc, "sweep")
-                page = []
-            for exhaustion in page:
-                self._deliveries.start(exhaustion)
+            page = await self._threads.call(self._deliveries.due)
+            self._deliveries.start_many(page)
         try:
             await self._threads.call(runtime.prune)
         except Exception as exc:

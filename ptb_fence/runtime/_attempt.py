@@ -11,7 +11,11 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 from ptb_fence._errors import AttemptFinished, OwnershipLost, TransactionEnded
 from ptb_fence._values import AttemptIdentity, Completed
 from ptb_fence.runtime._attempt_async import AsyncForms
-from ptb_fence.runtime._connections import given_connection, transaction_ended
+from ptb_fence.runtime._connections import (
+    COMMITTED_OR_ROLLED_BACK,
+    given_connection,
+    transaction_ended,
+)
 from ptb_fence.runtime._phase import (
     _ALREADY_COMPLETED,
     _ALREADY_EXHAUSTED,
@@ -195,9 +199,10 @@ class Attempt(AsyncForms):
         """:obj:`bool`: Whether a fenced transaction of this attempt is open and its ownership
         check succeeded.
 
-        It then holds the row lock (PostgreSQL ``FOR UPDATE``; SQLite the database's write
-        lock), so nobody else can claim the update until that transaction ends: the attempt
-        provably still owns it, even past its lease. The lease keeper neither renews it nor
+        It then holds the row lock (PostgreSQL: its ``FOR UPDATE`` check, or with
+        ``complete=True`` its completing ``UPDATE``; SQLite the database's write lock), so
+        nobody else can claim the update until that transaction ends: the attempt provably
+        still owns it, even past its lease. The lease keeper neither renews it nor
         reports it lost meanwhile.
         """
         return self._holding > 0
@@ -329,7 +334,11 @@ class Attempt(AsyncForms):
         for SQLite, a psycopg2 connection for PostgreSQL, :obj:`None` for the memory store) —
         or uses ``connection`` —, checks :meth:`owns` inside it, yields the connection for the
         domain writes, and commits on exit. Do not commit, roll back or close the yielded
-        connection yourself (:exc:`~ptb_fence.TransactionEnded`).
+        connection yourself (:exc:`~ptb_fence.TransactionEnded`). With ``complete=True`` on a
+        store with ``complete_owned`` (:class:`~ptb_fence.CompletingUpdateStore`: the SQLite
+        and PostgreSQL stores) the check and the completion are one conditional statement at
+        the start, which holds the row until the commit; an exception in the block rolls both
+        back, so the attempt still owns its update and fails or is retried as usual.
 
         How long it may stay open: while it is open the ownership check's lock is held
         (PostgreSQL: the update's row; SQLite: the whole database's write lock), the attempt's
@@ -359,6 +368,9 @@ class Attempt(AsyncForms):
         # a store whose owns/settle_owned take no connection= cannot settle inside the
         # caller's commit: it settles right after it (at-least-once completion; see StorePort)
         inside = port.atomic_completion
+        # with the capability, the ownership check IS the settle: one conditional statement at
+        # the start that locks the row until the commit (the rollback restores the claim)
+        first = complete and inside and port.completes_first
         if connection is None:
             manager = port.transaction()  # TypeError naming the fix when the store has none
         else:
@@ -371,7 +383,11 @@ class Attempt(AsyncForms):
         try:
             with manager as conn:
                 checked_at = runtime.now_ms()
-                if not port.owns(identity, checked_at, connection=conn):
+                if first:
+                    owned = port.complete_owned(identity, checked_at, connection=conn)
+                else:
+                    owned = port.owns(identity, checked_at, connection=conn)
+                if not owned:
                     self._raise_if_finished()  # it finished meanwhile (e.g. another thread)
                     runtime.log_transaction_refused(self)
                     # the database's refusal is the authoritative proof of loss
@@ -383,6 +399,8 @@ class Attempt(AsyncForms):
                 yield conn
                 ended = transaction_ended(conn)
                 if ended is not None:
+                    if first and ended == COMMITTED_OR_ROLLED_BACK:
+                        self._reopen(checked_at, conn)  # complete=True settled nothing
                     raise TransactionEnded(identity, ended)
                 if complete and inside:
                     self._begin_completing()
@@ -392,7 +410,9 @@ class Attempt(AsyncForms):
                     # other claim can have happened since. A competing claim waits for the lock
                     # and then sees the completed row. So a transaction that stayed open past
                     # its lease still completes, exactly once.
-                    settled = port.settle_owned(identity, Completed(checked_at), connection=conn)
+                    settled = first or port.settle_owned(
+                        identity, Completed(checked_at), connection=conn
+                    )
                     if not settled:
                         self.mark_owner_lost()
                         raise OwnershipLost(identity)
@@ -409,6 +429,21 @@ class Attempt(AsyncForms):
                     self._holding -= 1
             if complete:
                 self._end_completing(False)  # no-op once committed
+
+    def _reopen(self, checked_at: int, conn: Any) -> None:
+        """The block ended the transaction itself: if it committed, its commit also landed
+        the completion made at the start; undo it (the handler's mistake is reported as
+        :exc:`~ptb_fence.TransactionEnded` and the attempt fails and is retried as usual)."""
+        try:
+            self._runtime.port.reopen_completed(self.identity, checked_at, connection=conn)
+        except Exception:  # the TransactionEnded that follows is the error the handler sees
+            _LOGGER.warning(
+                "update %s attempt %s: the block committed its fenced transaction itself and "
+                "the completion it carried could not be undone",
+                self.update_id,
+                self.attempt,
+                exc_info=True,
+            )
 
     def _complete_after_commit(self, checked_at: int) -> None:
         """Settle completed right after the caller's commit (a store without ``connection=``

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextvars
 import inspect
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, TypeVar
 
@@ -69,15 +68,13 @@ class AsyncForms:
         return await self._off_loop(run)
 
     async def _off_loop(self, fn: Callable[[], T]) -> T:
-        """Run blocking ``fn`` on the runtime's thread pool (keeping context variables)."""
-        import asyncio
+        """Run blocking ``fn`` on the runtime's store threads (keeping context variables)."""
+        hop = self._runtime.executor
+        if hop is None:
+            import asyncio
 
-        executor = self._runtime.executor
-        if executor is None:
             return await asyncio.to_thread(fn)
-        context = contextvars.copy_context()
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, context.run, fn)
+        return await hop.run(fn)
 
     async def owns_async(self, connection: Any = None) -> bool:
         """The asyncio form of :meth:`owns`: the store call runs off the event loop."""

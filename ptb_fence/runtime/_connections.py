@@ -6,7 +6,11 @@ import sqlite3
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
-__all__ = ["given_connection", "transaction_ended"]
+__all__ = ["COMMITTED_OR_ROLLED_BACK", "given_connection", "transaction_ended"]
+
+COMMITTED_OR_ROLLED_BACK = "committed or rolled back"
+"""What :func:`transaction_ended` returns when the block ended the transaction itself (the
+connection is still usable)."""
 
 
 def _target(connection: Any) -> Any:
@@ -28,7 +32,7 @@ def transaction_ended(connection: Any) -> Optional[str]:
         return None
     if isinstance(target, sqlite3.Connection):
         try:
-            return None if target.in_transaction else "committed or rolled back"
+            return None if target.in_transaction else COMMITTED_OR_ROLLED_BACK
         except sqlite3.ProgrammingError:
             return "closed"
     if getattr(target, "closed", 0):
@@ -37,7 +41,7 @@ def transaction_ended(connection: Any) -> Optional[str]:
     if callable(status):
         value = status()
         if value == 0:
-            return "committed or rolled back"
+            return COMMITTED_OR_ROLLED_BACK
         if value == 4:
             return "closed or broken"
     return None

@@ -25,6 +25,7 @@ from ptb_fence._values import (
 )
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._chat_ops import ChatOrderOps
+from ptb_fence.runtime._hop import StoreHop
 from ptb_fence.runtime._jobs import Jobs
 from ptb_fence.runtime._lease_keeper import LeaseKeeper
 from ptb_fence.runtime._options import RuntimeOptions
@@ -111,9 +112,9 @@ class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
         # running_count(): attempts whose handler runs now (set by a front end that claims at
         # ingest); bounds the claims at ingest (see RecordingOps._claim_budget)
         self.running_count: Callable[[], int] = lambda: 0
-        # an Executor for blocking store work from asyncio (Attempt.run_in_transaction and
-        # friends); None uses asyncio.to_thread. Set by the PTB processors.
-        self.executor: Any = None
+        # the store threads for blocking store work from asyncio (Attempt.run_in_transaction
+        # and friends); None uses asyncio.to_thread. Set by the PTB processors.
+        self.executor: Optional[StoreHop] = None
         # retry_soon(update_id, delay_seconds, body): set by a front end that can hand an
         # update back at its retry time; called for a landed retry due before the next sweep
         # (body: the stored text the attempt was claimed with, when known)
@@ -454,15 +455,6 @@ class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
         _LOGGER.debug("exhaustion handler traceback:\n%s", "".join(traceback.format_exception(error)))
         self._observe("on_exhaustion_failure", error, exhaustion)
 
-    def deliver_exhaustion(self, exhaustion: Exhaustion, handler: Callable[[Exhaustion], Any]) -> bool:
-        """Call a blocking exhaustion handler; acknowledge when it returns normally."""
-        try:
-            handler(exhaustion)
-        except Exception as exc:
-            self.exhaustion_failed(exc, exhaustion)
-            return False
-        return self.acknowledge(exhaustion)
-
     # -- sweep pieces -----------------------------------------------------------------------
     def due_page(self, *, limit: int, include_fresh: bool = False) -> List[StoredUpdate]:
         """Updates to hand over now (pending after the grace period, or all pending).
@@ -477,14 +469,12 @@ class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
             return self._due_in_chat_order(now, now - grace, limit)
         return list(self.port.due(now=now, pending_before=now - grace, limit=limit))
 
-    def exhaustion_page(self) -> List[Exhaustion]:
-        """The next page of due exhaustions, with a rotating cursor."""
+    def exhaustion_page(self, limit: int = EXHAUSTION_PAGE) -> List[Exhaustion]:
+        """The next page of at most ``limit`` due exhaustions, with a rotating cursor."""
         if not self.delivers_exhaustions:
             return []
-        page = list(
-            self.port.due_exhaustions(limit=EXHAUSTION_PAGE, after_update_id=self._cursor)
-        )
-        if len(page) < EXHAUSTION_PAGE:
+        page = list(self.port.due_exhaustions(limit=limit, after_update_id=self._cursor))
+        if len(page) < limit:
             self._cursor = None
         else:
             self._cursor = page[-1].update_id

@@ -111,7 +111,8 @@ class UpdateIntake:
         self._sweep_lock = threading.Lock()
         self._delivery_lock = threading.Lock()
         # exhaustion handlers run on their own threads, never on a worker holding a chat's turn
-        # nor on the sweep: a hanging one blocks neither (at most one delivery per exhaustion)
+        # nor on the sweep: a hanging one blocks neither (the runtime's decisions: at most one
+        # delivery per exhaustion, at most MAX_DELIVERIES at once)
         self._delivery = (
             ExhaustionDelivery(self._runtime, handle_exhaustion)
             if handle_exhaustion is not None
@@ -181,7 +182,7 @@ class UpdateIntake:
         posted late is lost. Does not close the store.
 
         Waits for every thread the intake started: workers, the lease keeper and sweep
-        jobs, refill sweeps and exhaustion deliveries (queued deliveries are dropped; they stay
+        jobs, refill sweeps and exhaustion deliveries (none starts after close(); the rest stay
         due in the store). Close the store only after ``close()`` returned.
 
         Args:
@@ -292,7 +293,7 @@ class UpdateIntake:
     def sweep(self) -> int:
         """Run one sweep now: hand over due updates, deliver exhaustions, prune.
 
-        Waits for the exhaustions it hands to the delivery thread (each at most
+        Waits for the exhaustion deliveries it starts (each at most
         ``DELIVERY_WAIT_SECONDS``, 30 s), not for ones already being delivered.
 
         Returns:
@@ -312,25 +313,21 @@ class UpdateIntake:
         self._sweep(include_fresh=True, deliver_inline=False)
 
     def _deliver_exhaustions(self, wait: bool) -> List[threading.Event]:
-        """Hand one page of due exhaustions (rotating cursor) to the delivery thread.
+        """Start deliveries for one page of due exhaustions (rotating cursor).
 
-        Returns one event per exhaustion handed over now (set once delivered, or once the
-        delivery thread stopped waiting for it). Without ``wait``, skipped while a backlog is
-        queued.
+        Returns one event per delivery started now (set once delivered, or once it ran longer
+        than ``DELIVERY_WAIT_SECONDS``). Without ``wait``, skipped while every delivery slot
+        is taken.
         """
         delivery = self._delivery
         if delivery is None or self._closed:
             return []
-        if not wait and delivery.backlog:
+        if not wait and delivery.full:
             return []
         if not self._delivery_lock.acquire(blocking=False):
             return []  # another sweep is fetching a page (it keeps the cursor)
-        runtime = self._runtime
         try:
-            page = runtime.exhaustion_page()
-        except Exception as exc:
-            runtime.report_store_error(exc, "sweep")
-            return []
+            page = delivery.due()
         finally:
             self._delivery_lock.release()
         return delivery.submit(page)
@@ -486,6 +483,6 @@ class UpdateIntake:
         finally:
             runtime.end(attempt)
         if exhaustion is not None:
-            # delivered on the delivery thread: this worker releases the chat's turn now
+            # delivered on a thread of its own: this worker releases the chat's turn now
             self._submit_exhaustion(exhaustion)
         return run

@@ -4,8 +4,9 @@ runtime (a narrow interface)."""
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Optional, Protocol
 
+from ptb_fence.runtime._hop import StoreHop
 from ptb_fence.runtime._port import StorePort
 
 __all__ = ["AttemptHost", "Phase"]
@@ -66,8 +67,9 @@ class AttemptHost(Protocol):
         """The store the attempt's fenced writes go to."""
 
     @property
-    def executor(self) -> Any:
-        """An Executor for blocking store work from asyncio, or :obj:`None`."""
+    def executor(self) -> "Optional[StoreHop]":
+        """The store threads for blocking store work from asyncio, or :obj:`None` (then
+        :func:`asyncio.to_thread`)."""
 
     def now_ms(self) -> int:
         """The current time in store units."""

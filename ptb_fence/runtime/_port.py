@@ -26,7 +26,11 @@ for a store that has only the methods of SPEC §4:
   (:attr:`StorePort.has_liveness` is :obj:`False`);
 - ``add_many_in_chats``/``claim_in_chat_order``/``due_in_chat_order`` missing
   (:class:`~ptb_fence.ChatOrderedUpdateStore`, all three needed) → no fallback:
-  ``strict_chat_order`` refuses the store (:exc:`TypeError` naming the methods).
+  ``strict_chat_order`` refuses the store (:exc:`TypeError` naming the methods);
+- ``complete_owned``/``reopen_completed`` missing (:class:`~ptb_fence.CompletingUpdateStore`,
+  both needed) → a ``complete=True`` transaction checks with ``owns(connection=)`` first and
+  settles with ``settle_owned(connection=)`` last (:attr:`StorePort.completes_first` is
+  :obj:`False`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tupl
 from ptb_fence._protocols import (
     BASE_METHODS,
     CHAT_ORDER_METHODS,
+    COMPLETING_METHODS,
     DURABLE_METHODS,
     FENCED_METHODS,
     LIVENESS_METHODS,
@@ -95,11 +100,13 @@ class StorePort(ChatOrderPort):
         "_add_many",
         "_bind_bot",
         "_chat_order",
+        "_complete_owned",
         "_hold_liveness",
         "_owns_connection",
         "_release_liveness",
         "_release_many",
         "_renew_many",
+        "_reopen_completed",
         "_renew_owned_many",
         "_settle_connection",
         "_settle_owned_many",
@@ -158,6 +165,9 @@ class StorePort(ChatOrderPort):
         self._hold_liveness = _optional(store, "hold_liveness") if liveness else None
         self._release_liveness = _optional(store, "release_liveness") if liveness else None
         self._take_over_dead = _optional(store, "take_over_dead") if liveness else None
+        completing = not missing_methods(store, COMPLETING_METHODS)
+        self._complete_owned = _optional(store, "complete_owned") if completing else None
+        self._reopen_completed = _optional(store, "reopen_completed") if completing else None
         self._owns_connection = _takes_connection(_optional(store, "owns"))
         self._settle_connection = _takes_connection(_optional(store, "settle_owned"))
         if fenced and not self.atomic_completion:
@@ -226,6 +236,12 @@ class StorePort(ChatOrderPort):
         """:obj:`bool`: ``owns`` and ``settle_owned`` take ``connection=``, so
         ``transaction(complete=True)`` settles inside the caller's commit (exactly-once)."""
         return self._owns_connection and self._settle_connection
+
+    @property
+    def completes_first(self) -> bool:
+        """:obj:`bool`: A ``complete=True`` transaction checks ownership and settles in one
+        statement at its start (``complete_owned``; ``reopen_completed`` undoes it)."""
+        return self._complete_owned is not None
 
     # -- base contract ----------------------------------------------------------------------
     def add(self, update_id: int, body: str, received_at: int) -> bool:
@@ -305,6 +321,16 @@ class StorePort(ChatOrderPort):
                 "settle inside the caller's transaction"
             )
         return bool(self.store.settle_owned(identity, settlement, connection=connection))
+
+    def complete_owned(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        """``store.complete_owned`` (check :attr:`completes_first` first)."""
+        assert self._complete_owned is not None
+        return bool(self._complete_owned(identity, at, connection=connection))
+
+    def reopen_completed(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        """``store.reopen_completed`` (check :attr:`completes_first` first)."""
+        assert self._reopen_completed is not None
+        return bool(self._reopen_completed(identity, at, connection=connection))
 
     # -- durable contract -------------------------------------------------------------------
     def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:

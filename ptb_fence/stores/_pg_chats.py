@@ -4,18 +4,32 @@ statements are in :mod:`ptb_fence.stores._chat_order_sql`."""
 from __future__ import annotations
 
 import uuid
+from functools import lru_cache
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from ptb_fence._fingerprint import update_fingerprint
 from ptb_fence._values import AttemptIdentity, StoredUpdate
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._names import validate_update_id
+from ptb_fence.stores._chat_order_sql import PostgresChatStatements
 from ptb_fence.stores._pg_executor import PgExecutor
 from ptb_fence.stores._pg_recovery import PgLiveness
+from ptb_fence.stores._pg_recovery_sql import with_instance
+from ptb_fence.stores._postgres_sql import PostgresStatements
 
 __all__ = ["PostgresChatOrder"]
 
 ChatRow = Tuple[int, str, int, Optional[int]]
+
+
+@lru_cache(maxsize=64)
+def chat_statements(table: str) -> PostgresChatStatements:
+    """The chat-order statements of ``table`` (built once per table): the store's fenced claim
+    (recording the instance) and its replace-a-settled-row clause, with the chat predicate."""
+    sql = PostgresStatements.for_table(table)
+    add_one = sql.add_many(1)
+    replace = add_one[add_one.index("ON CONFLICT"):add_one.index("RETURNING")]
+    return PostgresChatStatements(table, with_instance(sql.claim_fenced), replace)
 
 
 class PostgresChatOrder:
@@ -46,7 +60,7 @@ class PostgresChatOrder:
             return []
         batch = [rows[position] for position in sorted(first.values())]
         prints = [update_fingerprint(body) for _, body, _, _ in batch]
-        sql = self._db.sql.chat.add_many(len(batch))
+        sql = chat_statements(self._db.table).add_many(len(batch))
         params: List[Any] = []
         for (update_id, body, received_at, chat_key), fingerprint in zip(batch, prints):
             chat = None if chat_key is None else int(chat_key)
@@ -91,7 +105,7 @@ class PostgresChatOrder:
             "claim_id": uuid.uuid4().hex,
             "instance": self._liveness.mine(),
         }
-        sql = self._db.sql.chat.claim
+        sql = chat_statements(self._db.table).claim
 
         def work(cur: Any) -> Optional[Tuple[Any, ...]]:
             cur.execute(sql, params)
@@ -114,7 +128,7 @@ class PostgresChatOrder:
             "limit": max(int(limit), 0),
             "chat_key": chat_key,
         }
-        chat = self._db.sql.chat
+        chat = chat_statements(self._db.table)
         sql = chat.due if chat_key is None else chat.due_of_chat
 
         def work(cur: Any) -> List[StoredUpdate]:

@@ -58,6 +58,21 @@ def _check_in_transaction(connection: Any) -> None:
         )
 
 
+def _maybe_broken(conn: Any) -> bool:
+    """Whether a pooled connection may have died while idle: the server ended it (its socket
+    has something to read: the termination notice or end of file), or the socket is gone. A
+    live idle connection has nothing to read, so checking costs no round trip."""
+    import select
+
+    if conn.closed:
+        return True
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
 class PgExecutor:
     """Runs work (a function of a cursor) for one store table. Thread-safe.
 
@@ -319,8 +334,11 @@ class PgExecutor:
         exception (re-raised), then return the connection to the pool."""
 
         def begin(cur: Any) -> Any:
-            cur.execute(self.sql.probe)  # also proves the connection is alive (else: retried)
-            return cur.connection
+            conn = cur.connection
+            if _maybe_broken(conn):
+                cur.execute(self.sql.probe)  # proves it alive, else a new one is tried
+            # else psycopg2 sends BEGIN with the caller's first statement: no round trip here
+            return conn
 
         conn = self.run(begin, commit=False)
         released = False

@@ -96,7 +96,10 @@ ON CONFLICT (table_name, instance) DO NOTHING"""
         # One statement: the instances of this table (not the caller's own; listed first, so
         # the lock is tried on their keys only) whose lock can be taken are dead; their live
         # leases lapse now (attempts and claim id kept) and their rows are deleted. The
-        # transaction-scoped lock ends with the commit.
+        # transaction-scoped lock ends with the commit. It runs every second in every process:
+        # while no instance is dead (the usual case) ``EXISTS (SELECT 1 FROM dead)`` is a
+        # one-time filter that skips the update table entirely, instead of walking every
+        # processing row of the (state, due_at) index (benchmarks/takeover_cost.py).
         self.take_over_dead = f"""\
 WITH candidates AS MATERIALIZED (
     SELECT instance, lock_key FROM {i}
@@ -107,7 +110,8 @@ dead AS MATERIALIZED (
 ),
 taken AS (
     UPDATE {t} SET due_at = LEAST(due_at, %(now)s::BIGINT - 1)
-    WHERE state = 'processing' AND instance IN (SELECT instance FROM dead)
+    WHERE EXISTS (SELECT 1 FROM dead)
+      AND state = 'processing' AND instance IN (SELECT instance FROM dead)
       AND due_at >= %(now)s::BIGINT - 1
     RETURNING update_id
 ),

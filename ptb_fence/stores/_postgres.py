@@ -8,8 +8,7 @@ contracts); its SQL is in ``_postgres_sql``. psycopg2 is imported only when a st
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement
 from ptb_fence.stores._names import validate_table_name, validate_update_id
@@ -47,6 +46,15 @@ def postgres_update_store_schema(table: str = "telegram_updates") -> str:
         ValueError: If ``table`` is not a valid table name (checked before anything else).
     """
     return schema_sql(validate_table_name(table))
+
+
+def _identity_params(identity: AttemptIdentity, at: int) -> Dict[str, Any]:
+    return {
+        "update_id": identity.update_id,
+        "attempt": identity.attempt,
+        "claim_id": identity.claim_id,
+        "at": at,
+    }
 
 
 class PostgresUpdateStore(PostgresChatOrder, PostgresBaseStore):
@@ -245,12 +253,7 @@ class PostgresUpdateStore(PostgresChatOrder, PostgresBaseStore):
             ValueError: If ``connection`` is in autocommit mode outside a transaction.
             ptb_fence.SchemaError: On a table without ``claim_id``.
         """
-        params = {
-            "update_id": identity.update_id,
-            "attempt": identity.attempt,
-            "claim_id": identity.claim_id,
-            "at": at,
-        }
+        params = _identity_params(identity, at)
         if connection is not None:
             sql = self._db.sql.owns_for_update
             return self._db.on_caller(connection, sql, params, locking=True)
@@ -281,6 +284,45 @@ class PostgresUpdateStore(PostgresChatOrder, PostgresBaseStore):
             return self._db.on_caller(connection, sql, params)
         return self._db.run(lambda cur: returns_row(cur, sql, params))
 
+    def complete_owned(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        """Inside the caller's open transaction on ``connection`` (a psycopg2 connection or
+        cursor): complete this exact claim at ``at`` if its lease holds at ``at``
+        (``due_at >= at``), in one ``UPDATE … RETURNING`` whose row lock lasts until the
+        caller's transaction ends (a competing claim waits, then sees the completed row).
+        Nothing is committed: the caller's rollback restores the claim (optional capability,
+        :class:`ptb_fence.CompletingUpdateStore`).
+
+        Returns:
+            :obj:`bool`: Whether the claim was owned at ``at`` and is now completed in the
+            caller's transaction.
+
+        Raises:
+            ValueError: If ``connection`` is in autocommit mode outside a transaction.
+        """
+        params = _identity_params(identity, at)
+        return self._db.on_caller(
+            connection, self._db.sql.settle_completed_owned, params, locking=True
+        )
+
+    def reopen_completed(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        """Undo a :meth:`complete_owned` at ``at`` that the caller committed itself: the row
+        of this exact claim, ``completed`` with ``settled_at = at``, goes back to
+        ``processing`` (lease kept); committed at once on ``connection``.
+
+        Returns:
+            :obj:`bool`: Whether that completion was undone.
+        """
+        conn = getattr(connection, "connection", connection)
+        try:
+            undone = self._db.on_caller(
+                connection, self._db.sql.reopen_completed, _identity_params(identity, at)
+            )
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.commit()
+        return undone
+
     def settle_owned_many(
         self, items: Sequence[Tuple[AttemptIdentity, Settlement]]
     ) -> List[bool]:
@@ -296,8 +338,7 @@ class PostgresUpdateStore(PostgresChatOrder, PostgresBaseStore):
             return []
         return self._db.run(settle_owned_work(self._db.sql, items))
 
-    @contextmanager
-    def transaction(self) -> Iterator[Any]:
+    def transaction(self) -> ContextManager[Any]:
         """Open a transaction on a pooled psycopg2 connection (optional capability).
 
         Yields the connection (``%s`` placeholders) for the caller's writes; commits on normal
@@ -305,11 +346,10 @@ class PostgresUpdateStore(PostgresChatOrder, PostgresBaseStore):
         pool. Do not commit or roll back the yielded connection yourself. Waits for a free
         connection like every other call (:exc:`ptb_fence.StoreBusy` after ``pool_timeout``).
 
-        Yields:
-            A psycopg2 connection inside an open transaction.
+        Returns:
+            A context manager yielding a psycopg2 connection inside an open transaction.
         """
-        with self._db.transaction() as conn:
-            yield conn
+        return self._db.transaction()
 
     # -- durable contract ------------------------------------------------------------------
     def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:

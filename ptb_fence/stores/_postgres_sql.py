@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from functools import cached_property
 
-from ptb_fence.stores._chat_order_sql import PostgresChatStatements as _ChatSQL
 from ptb_fence.stores._chat_order_sql import chat_index_name, postgres_chat_schema
-from ptb_fence.stores._pg_recovery_sql import INSTANCES_SQL, INSTANCES_TABLE, with_instance
+from ptb_fence.stores._pg_recovery_sql import INSTANCES_SQL, INSTANCES_TABLE
 
 __all__ = ["PostgresStatements", "schema_sql"]
 
@@ -176,6 +174,7 @@ class PostgresStatements:
     prune: str
     owns: str
     owns_for_update: str
+    reopen_completed: str
     exhaust: str
     due_exhaustions: str
     acknowledge_exhaustion: str
@@ -184,11 +183,6 @@ class PostgresStatements:
     conflicts: str
     create_meta: str
     bind_bot: str
-
-    @cached_property
-    def chat(self) -> _ChatSQL:
-        """The chat-order statements (``strict_chat_order``; the claim records the instance)."""
-        return _ChatSQL(self.table, with_instance(self.claim_fenced), _REPLACE_SETTLED)
 
     @classmethod
     def for_table(cls, table: str) -> "PostgresStatements":
@@ -306,6 +300,12 @@ WHERE {live_owned} AND due_at >= %(at)s""",
 SELECT update_id FROM {t}
 WHERE {live_owned} AND due_at >= %(at)s
 FOR UPDATE""",
+            # Undo a completion that the caller's own commit landed by mistake (complete_owned).
+            reopen_completed=f"""\
+UPDATE {t} SET state = 'processing', settled_at = NULL
+WHERE update_id = %(update_id)s AND state = 'completed' AND attempts = %(attempt)s
+  AND claim_id = %(claim_id)s AND settled_at = %(at)s
+RETURNING update_id""",
             exhaust=f"""\
 UPDATE {t} SET state = 'abandoned', due_at = %(at)s, settled_at = NULL, error = %(error)s
 WHERE {live_owned} AND due_at >= %(at)s

@@ -9,10 +9,9 @@ write transactions, lifecycle), ``_sqlite_schema`` (create and upgrade the table
 from __future__ import annotations
 
 import sqlite3
-from contextlib import contextmanager
-from typing import Any, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, ContextManager, List, Optional, Sequence, Set, Tuple
 
-from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement
+from ptb_fence._values import AttemptIdentity, Completed, Exhaustion, Settlement
 from ptb_fence.stores._names import validate_update_id
 from ptb_fence.stores._sqlite_base import SQLiteBaseStore
 from ptb_fence.stores._sqlite_chats import SQLiteChatOrder
@@ -269,6 +268,51 @@ class SQLiteUpdateStore(SQLiteChatOrder, SQLiteRecovery, SQLiteBaseStore):
         with self._conns.immediate() as conn:
             return bool(conn.execute(statement, params).fetchall())
 
+    def complete_owned(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        """Inside the caller's transaction on ``connection`` (a :class:`sqlite3.Connection` or
+        cursor on this file; ``BEGIN IMMEDIATE`` first if none is open): complete this exact
+        claim at ``at`` if its lease holds at ``at`` (``due_at >= at``), in one ``UPDATE``
+        that takes the database's write lock until the caller's transaction ends. Nothing is
+        committed: the caller's rollback restores the claim (optional capability,
+        :class:`ptb_fence.CompletingUpdateStore`).
+
+        Returns:
+            :obj:`bool`: Whether the claim was owned at ``at`` and is now completed in the
+            caller's transaction.
+        """
+        conn = self._conns.caller_connection(connection)
+        if not conn.in_transaction:
+            conn.execute("BEGIN IMMEDIATE")
+        params = settle_params(
+            identity.update_id, identity.attempt, Completed(at), identity.claim_id
+        )
+        return bool(conn.execute(self._sql.settle_completed_owned, params).fetchall())
+
+    def reopen_completed(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        """Undo a :meth:`complete_owned` at ``at`` that the caller committed itself: the row
+        of this exact claim, ``completed`` with ``settled_at = at``, goes back to
+        ``processing`` (lease kept); committed at once on ``connection``.
+
+        Returns:
+            :obj:`bool`: Whether that completion was undone.
+        """
+        conn = self._conns.caller_connection(connection)
+        params = {
+            "update_id": identity.update_id,
+            "attempt": identity.attempt,
+            "claim_id": identity.claim_id,
+            "at": at,
+        }
+        if not conn.in_transaction:
+            conn.execute("BEGIN IMMEDIATE")
+        try:
+            undone = bool(conn.execute(self._sql.reopen_completed, params).fetchall())
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.commit()
+        return undone
+
     def settle_owned_many(
         self, items: Sequence[Tuple[AttemptIdentity, Settlement]]
     ) -> List[bool]:
@@ -283,8 +327,7 @@ class SQLiteUpdateStore(SQLiteChatOrder, SQLiteRecovery, SQLiteBaseStore):
         with self._conns.immediate() as conn:
             return settle_owned_in(self._sql, conn, items)
 
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self) -> ContextManager[sqlite3.Connection]:
         """A write transaction on this thread's connection to the store's file.
 
         Starts ``BEGIN IMMEDIATE``, yields the :class:`sqlite3.Connection` (``?`` placeholders,
@@ -297,8 +340,7 @@ class SQLiteUpdateStore(SQLiteChatOrder, SQLiteRecovery, SQLiteBaseStore):
         Raises:
             RuntimeError: A transaction is already open on this thread.
         """
-        with self._conns.transaction() as conn:
-            yield conn
+        return self._conns.transaction()
 
     # -- durable contract ------------------------------------------------------------------
     def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:

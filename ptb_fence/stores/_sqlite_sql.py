@@ -83,6 +83,7 @@ class SQLiteStatements:
         "prune",
         "renew",
         "renew_owned",
+        "reopen_completed",
         "settle_abandoned",
         "settle_abandoned_owned",
         "settle_completed",
@@ -245,6 +246,12 @@ class SQLiteStatements:
 
         # -- fenced ----------------------------------------------------------------------
         self.owns = f"SELECT 1 FROM {t} {owned}"
+        # Undo a completion that the caller's own commit landed by mistake (complete_owned).
+        self.reopen_completed = f"""
+            UPDATE {t} SET state = 'processing', settled_at = NULL
+            WHERE update_id = :update_id AND state = 'completed' AND attempts = :attempt
+              AND claim_id = :claim_id AND settled_at = :at
+            RETURNING update_id"""
         # Changes nothing, but takes the database's write lock inside the caller's transaction.
         self.write_lock = f"UPDATE {t} SET state = state WHERE 0"
 
