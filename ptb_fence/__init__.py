@@ -17,6 +17,7 @@ from ptb_fence._errors import (
 from ptb_fence._protocols import (
     BatchUpdateStore,
     BotBoundStore,
+    ChatOrderedUpdateStore,
     CompletingUpdateStore,
     LivenessStore,
     ReleasingUpdateStore,
@@ -62,6 +63,7 @@ __all__ = [
     "AttemptTimeout",
     "BatchUpdateStore",
     "BotBoundStore",
+    "ChatOrderedUpdateStore",
     "CompletingUpdateStore",
     "LivenessStore",
     "ReleasingUpdateStore",

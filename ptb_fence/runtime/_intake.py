@@ -13,12 +13,13 @@ from ptb_fence._durations import format_duration
 from ptb_fence._protocols import UpdateStore
 from ptb_fence._values import Exhaustion, StoredUpdate
 from ptb_fence.runtime._attempt import _CURRENT, Attempt
-from ptb_fence.runtime._chats import ChatScheduler, chat_key
+from ptb_fence.runtime._chats import ChatOrder, chat_key
 from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._delivery import ExhaustionDelivery
 from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
 from ptb_fence.runtime._intake_runs import IntakeRun, IntakeRuns
 from ptb_fence.runtime._options import RuntimeOptions
+from ptb_fence.runtime._outcome import Outcome
 from ptb_fence.runtime._wakeups import Wakeups
 
 __all__ = ["UpdateIntake"]
@@ -50,7 +51,8 @@ class UpdateIntake:
         **options: The options of :class:`~ptb_fence.runtime.RuntimeOptions`
             (``max_attempts``, ``lease_seconds``, ``sweep_every_seconds``,
             ``pending_grace_seconds``, ``retain_seconds``, ``max_concurrent``, ``retry``,
-            ``on_failure``, ``on_exhaustion_failure``, ``on_store_error``, ``clock``).
+            ``on_failure``, ``on_exhaustion_failure``, ``on_store_error``, ``clock``,
+            ``strict_chat_order``, …).
 
     Raises:
         TypeError: Not exactly one of ``handle``/``handle_attempt``, or the store lacks the
@@ -117,7 +119,7 @@ class UpdateIntake:
             else None
         )
         self._pool: Optional[ThreadPoolExecutor] = None
-        self._chats = ChatScheduler(self._start_update)
+        self._chats = ChatOrder(self._start_update)
         self._started = False
         self._closed = False
         self._refill = False
@@ -126,7 +128,7 @@ class UpdateIntake:
         self._wakeups = Wakeups("ptb_fence-retries")
         self._runtime.retry_soon = self._retry_soon
         self._runs = IntakeRuns(
-            self._runtime, self._wakeups, self._chats.done, self._submit_exhaustion
+            self._runtime, self._wakeups, self._turn_done, self._submit_exhaustion
         )
 
     # -- properties -------------------------------------------------------------------------
@@ -202,7 +204,7 @@ class UpdateIntake:
         running: List[str] = []
         if pool is not None:
             # queued runs are not cancelled: each sees _closed, skips its update (left in the
-            # store) and calls ChatScheduler.done, so idle() still becomes true
+            # store) and calls ChatOrder.done, so idle() still becomes true
             pool.shutdown(wait=False)
             grace = self._runtime.options.stop_timeout_seconds
             remaining = left()
@@ -263,7 +265,7 @@ class UpdateIntake:
         except InvalidUpdate as exc:
             _LOGGER.info("invalid update refused: %s", exc)
             return "invalid"
-        added = self._runtime.record(update_id, text)
+        added = self._runtime.record(update_id, text, chat_key(update))
         if not added:
             return "duplicate"
         _LOGGER.debug("recorded update %s", update_id, extra={"update_id": update_id})
@@ -396,10 +398,23 @@ class UpdateIntake:
             )
         finally:
             if run is None or not run.timed_out:  # a timed-out run passed the turn on already
-                self._chats.done(key, update_id)
+                self._turn_done(key, update_id, None if run is None else run.outcome)
             if self._refill and len(self._chats) == 0 and not self._closed:
                 self._refill = False
                 self._start_refill()
+
+    def _turn_done(self, key: Hashable, update_id: int, outcome: Optional[Outcome]) -> None:
+        """Pass the chat's turn on; under ``strict_chat_order`` first queue the chat's next
+        update from the store (:meth:`Runtime.chat_successor`; ``outcome`` :obj:`None`: not
+        claimed)."""
+        try:
+            if not self._closed:
+                waiting = self._chats.waiting(key)
+                successor = self._runtime.chat_successor(key, outcome, waiting=waiting)
+                if successor is not None:
+                    self._dispatch_stored(successor)
+        finally:
+            self._chats.done(key, update_id)
 
     def _start_refill(self) -> None:
         """Sweep for the next page on a thread of its own (close() waits for it)."""
@@ -464,7 +479,7 @@ class UpdateIntake:
         if not self._runs.returned(run):
             return run  # timed out or released meanwhile: settled (or released) already
         try:
-            _, exhaustion = runtime.settle(attempt, error)
+            run.outcome, exhaustion = runtime.settle(attempt, error)
         finally:
             runtime.end(attempt)
         if exhaustion is not None:

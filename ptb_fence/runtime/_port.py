@@ -24,6 +24,9 @@ for a store that has only the methods of SPEC §4:
   (:class:`~ptb_fence.LivenessStore`, all three needed) → no instance (:obj:`None`), nothing
   to release, nothing taken over (``0``): a dead process's claims wait for their lease
   (:attr:`StorePort.has_liveness` is :obj:`False`);
+- ``add_many_in_chats``/``claim_in_chat_order``/``due_in_chat_order`` missing
+  (:class:`~ptb_fence.ChatOrderedUpdateStore`, all three needed) → no fallback:
+  ``strict_chat_order`` refuses the store (:exc:`TypeError` naming the methods);
 - ``complete_owned``/``reopen_completed`` missing (:class:`~ptb_fence.CompletingUpdateStore`,
   both needed) → a ``complete=True`` transaction checks with ``owns(connection=)`` first and
   settles with ``settle_owned(connection=)`` last (:attr:`StorePort.completes_first` is
@@ -38,6 +41,7 @@ from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tupl
 
 from ptb_fence._protocols import (
     BASE_METHODS,
+    CHAT_ORDER_METHODS,
     COMPLETING_METHODS,
     DURABLE_METHODS,
     FENCED_METHODS,
@@ -45,6 +49,7 @@ from ptb_fence._protocols import (
     missing_methods,
 )
 from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoredUpdate
+from ptb_fence.runtime._port_chats import ChatOrderPort
 
 __all__ = ["Recorded", "Row", "StorePort"]
 
@@ -75,7 +80,7 @@ def _takes_connection(method: Optional[Callable[..., Any]]) -> bool:
     )
 
 
-class StorePort:
+class StorePort(ChatOrderPort):
     """The user's store behind one typed interface (built once per runtime).
 
     Args:
@@ -83,6 +88,7 @@ class StorePort:
         component: Name used in error messages.
         fenced: The configuration needs a fenced store.
         durable: The configuration needs a durable store.
+        chat_order: The configuration needs a chat-ordered store (``strict_chat_order``).
 
     Raises:
         TypeError: The store lacks a method the configuration needs (the message names them).
@@ -93,6 +99,7 @@ class StorePort:
         "_add_claimed_many",
         "_add_many",
         "_bind_bot",
+        "_chat_order",
         "_complete_owned",
         "_hold_liveness",
         "_owns_connection",
@@ -109,7 +116,13 @@ class StorePort:
     )
 
     def __init__(
-        self, store: Any, *, component: str, fenced: bool = False, durable: bool = False
+        self,
+        store: Any,
+        *,
+        component: str,
+        fenced: bool = False,
+        durable: bool = False,
+        chat_order: bool = False,
     ) -> None:
         missing = missing_methods(store, BASE_METHODS)
         if missing:
@@ -131,6 +144,13 @@ class StorePort:
                     f"{component}: handle_exhaustion needs a durable store "
                     f"(DurableUpdateStore); {type(store).__name__} lacks {', '.join(missing)}"
                 )
+        missing = missing_methods(store, FENCED_METHODS + CHAT_ORDER_METHODS)
+        if chat_order and missing:
+            raise TypeError(
+                f"{component}: strict_chat_order needs a store that keeps chat order "
+                f"(ChatOrderedUpdateStore); {type(store).__name__} lacks {', '.join(missing)}"
+            )
+        self._chat_order = not missing
         self.store = store
         self._add_many = _optional(store, "add_many")
         self._add_claimed_many = _optional(store, "add_claimed_many")

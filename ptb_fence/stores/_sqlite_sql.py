@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Tuple
 
+from ptb_fence.stores._chat_order_sql import SQLiteChatStatements
+
 __all__ = ["REQUIRED_COLUMNS", "SQLiteStatements"]
 
 REQUIRED_COLUMNS: Tuple[str, ...] = (
@@ -24,8 +26,8 @@ REQUIRED_COLUMNS: Tuple[str, ...] = (
     "settled_at",
     "error",
 )
-"""Columns an existing table must have (``claim_id``, ``fingerprint`` and ``instance`` are
-added when missing)."""
+"""Columns an existing table must have (``claim_id``, ``fingerprint``, ``instance`` and
+``chat_key`` are added when missing)."""
 
 META_TABLE = "ptb_fence_meta"
 """The table recording which bot owns each update table (``bind_bot``)."""
@@ -67,6 +69,7 @@ class SQLiteStatements:
         "take_over",
         "bind_bot",
         "bot_of",
+        "chat",
         "create_meta",
         "stored_fingerprint",
         "add_claimed",
@@ -111,7 +114,8 @@ class SQLiteStatements:
                 error       TEXT,
                 claim_id    TEXT,
                 fingerprint TEXT,
-                instance    TEXT
+                instance    TEXT,
+                chat_key    INTEGER
             )"""
         self.create_index = (
             f'CREATE INDEX IF NOT EXISTS "{table}_state_due_at_idx" ON {t} (state, due_at)'
@@ -143,7 +147,8 @@ class SQLiteStatements:
                 body = excluded.body, state = excluded.state, attempts = excluded.attempts,
                 due_at = excluded.due_at, received_at = excluded.received_at,
                 settled_at = NULL, error = NULL, claim_id = excluded.claim_id,
-                fingerprint = excluded.fingerprint, instance = excluded.instance
+                fingerprint = excluded.fingerprint, instance = excluded.instance,
+                chat_key = NULL
             WHERE ({t}.state = 'completed'
                    OR ({t}.state = 'abandoned' AND {t}.settled_at IS NOT NULL))
               AND {t}.fingerprint IS NOT NULL AND {t}.fingerprint <> excluded.fingerprint"""
@@ -198,6 +203,8 @@ class SQLiteStatements:
                 instance = CASE WHEN attempts < :max_attempts THEN :instance ELSE NULL END
             WHERE update_id = :update_id AND {_CLAIMABLE}
             RETURNING state, attempts, claim_id"""
+        # the same claim, only for a row that is its chat's turn (strict_chat_order)
+        self.chat = SQLiteChatStatements(table, self.claim)
 
         # A renewal never shortens a lease and, with :now, never revives an expired one.
         self.renew = f"""
