@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Hashable, List, Literal, Optional, Set
 from ptb_fence._durations import format_duration
 from ptb_fence._protocols import UpdateStore
 from ptb_fence._values import Exhaustion, StoredUpdate
-from ptb_fence.runtime._attempt import _CURRENT, Attempt
+from ptb_fence.runtime._attempt import Attempt, enter_attempt, exit_attempt
 from ptb_fence.runtime._chats import ChatOrder, chat_key
 from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._delivery import ExhaustionDelivery
@@ -463,7 +463,7 @@ class UpdateIntake:
         if attempt is None:
             return None
         run = self._runs.begin(key, update_id, attempt)
-        token = _CURRENT.set(attempt) if attempt.fenced else None
+        token = enter_attempt(attempt) if attempt.fenced else None
         error: Optional[BaseException] = None
         try:
             if self._handle_attempt is not None:
@@ -475,7 +475,7 @@ class UpdateIntake:
             error = exc  # attempt too; re-raising would skip settle and end (renewed forever)
         finally:
             if token is not None:
-                _CURRENT.reset(token)
+                exit_attempt(token)
         if not self._runs.returned(run):
             return run  # timed out or released meanwhile: settled (or released) already
         try:
