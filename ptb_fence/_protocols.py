@@ -1,6 +1,7 @@
 """The store contract: three capability levels, detected by duck typing, plus the optional
 capabilities the runtime uses when a store offers them (:class:`BatchUpdateStore`,
-:class:`TransactionalUpdateStore`, :class:`BotBoundStore`).
+:class:`TransactionalUpdateStore`, :class:`BotBoundStore`, :class:`ReleasingUpdateStore`,
+:class:`LivenessStore`, :class:`ChatOrderedUpdateStore`).
 
 Every method is blocking and each rule is one conditional statement on one row. The methods'
 docstrings below state the rules; :func:`ptb_fence.conformance.check_update_store` checks them,
@@ -29,7 +30,10 @@ __all__ = [
     "BATCH_METHODS",
     "BatchUpdateStore",
     "BotBoundStore",
+    "CHAT_ORDER_METHODS",
     "CLAIM_METHODS",
+    "ChatOrderedUpdateStore",
+    "ChatRow",
     "ClaimingUpdateStore",
     "COMPLETING_METHODS",
     "CompletingUpdateStore",
@@ -72,11 +76,18 @@ CLAIM_METHODS = ("claim_owned_many", "claim_due_many")
 LIVENESS_METHODS = ("hold_liveness", "release_liveness", "take_over_dead")
 """The methods of :class:`LivenessStore` (all three or none)."""
 
+CHAT_ORDER_METHODS = ("add_many_in_chats", "claim_in_chat_order", "due_in_chat_order")
+"""The methods of :class:`ChatOrderedUpdateStore` (all three or none)."""
+
 COMPLETING_METHODS = ("complete_owned", "reopen_completed")
 """The methods of :class:`CompletingUpdateStore` (both or none)."""
 
 Row = Tuple[int, str, int]
 """An update to record: ``(update_id, body, received_at)``."""
+
+ChatRow = Tuple[int, str, int, Optional[int]]
+"""An update to record with its chat key: ``(update_id, body, received_at, chat_key)``;
+``chat_key`` :obj:`None` means the update belongs to no chat (it is never ordered)."""
 
 
 @runtime_checkable
@@ -429,6 +440,54 @@ class LivenessStore(Protocol):
         Returns:
             The number of rows made claimable.
         """
+
+
+class ChatOrderedUpdateStore(Protocol):
+    """Optional (all three methods or none): the store keeps the order of each chat, for
+    ``strict_chat_order``.
+
+    A row may carry a *chat key* (an integer), written once when the row is recorded by
+    :meth:`add_many_in_chats`; rows recorded otherwise have none. At time ``now``:
+
+    - a row is *unsettled* while its state is ``pending``, ``processing`` (leased or lapsed)
+      or ``failed`` (waiting for its retry or due); ``completed`` and ``abandoned`` rows are
+      settled, an unacknowledged exhaustion included: an exhausted update releases its chat;
+    - a row with chat key ``k`` is *in turn* at ``now`` when no *other* row with chat key ``k``
+      is unsettled with a smaller ``update_id``, and no other row with chat key ``k`` is
+      ``processing`` with a lease live at ``now`` (``due_at >= now``; a lapsed lease blocks
+      only rows above it). A row without a chat key is always in turn.
+
+    So of each chat at most one row is in turn (its lowest unsettled one, while no attempt of
+    the chat runs). Each check is part of the one conditional statement that claims or lists,
+    so it holds across processes sharing the store (within each claim statement's view: an
+    update recorded *after* a higher one of its chat was claimed is not ordered before it).
+    """
+
+    def add_many_in_chats(self, rows: Sequence[ChatRow]) -> List[bool]:
+        """As :meth:`BatchUpdateStore.add_many` for ``(update_id, body, received_at,
+        chat_key)`` rows, recording each row's chat key (:obj:`None`: no chat). A row that
+        is not inserted (the id exists) keeps the chat key it has; a settled row replaced by a
+        different update (see :meth:`UpdateStore.add`) takes the new one."""
+
+    def claim_in_chat_order(
+        self,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> Optional[AttemptIdentity]:
+        """As :meth:`FencedUpdateStore.claim_owned`, and the row must also be in turn at
+        ``now``; otherwise return :obj:`None` and change nothing (a row whose attempts are
+        spent is abandoned only when it is in turn)."""
+
+    def due_in_chat_order(
+        self, *, now: int, pending_before: int, limit: int, chat_key: Optional[int] = None
+    ) -> List[StoredUpdate]:
+        """As :meth:`UpdateStore.due`, listing only rows in turn at ``now`` (so at most one
+        row per chat key; a chat whose lowest unsettled row is not due lists nothing). With
+        ``chat_key``, only rows of that chat."""
 
 
 def missing_methods(store: object, names: "tuple[str, ...]") -> List[str]:

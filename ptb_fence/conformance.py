@@ -163,6 +163,13 @@ Rules (:data:`RULES`; the number is the item of the specification's list of ten 
     instance claimable; after ``release_liveness()`` (idempotent) the claims made before and a
     claim made without liveness keep their live leases. (Taking over a dead process's claims
     needs two processes: the shipped stores test it with real processes and signals.)
+``chat-order`` (fenced, -; only with ``add_many_in_chats``, ``claim_in_chat_order``, ``due_in_chat_order``)
+    ``add_many_in_chats`` equals ``add_many`` position by position; of each chat key only the
+    lowest unsettled update is claimed (``claim_in_chat_order``) or listed
+    (``due_in_chat_order``): not while a lower update is pending, processing or failed waiting
+    for its retry (listed from ``due_at`` on, inclusive), nor while another update of the chat
+    holds a lease live at ``now`` (inclusive); an abandoned update releases its chat; rows
+    without a chat key never wait; ``chat_key=`` lists one chat only.
 ``durable-exhaustion`` (durable, 10)
     A spent ``claim_owned(..., durable_exhaustion=True)`` becomes a visible exhaustion (listed with
     the last attempt and claim id, ``exhausted_at`` = the spend's ``now``, the body and
@@ -185,7 +192,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, cast
 
 from ptb_fence._errors import TableBotMismatch
-from ptb_fence._protocols import BASE_METHODS, UpdateStore, is_durable, is_fenced, missing_methods
+from ptb_fence._protocols import (
+    BASE_METHODS,
+    CHAT_ORDER_METHODS,
+    UpdateStore,
+    is_durable,
+    is_fenced,
+    missing_methods,
+)
 from ptb_fence._values import (
     Abandoned,
     AttemptIdentity,
@@ -1885,6 +1899,89 @@ def _rule_liveness(p: _Probe, fenced: bool, durable: bool) -> None:
              "liveness")
 
 
+# ---------------------------------------------------------------------------------------------
+# Optional chat order (ChatOrderedUpdateStore)
+# ---------------------------------------------------------------------------------------------
+def _chat_claim(p: _Probe, update_id: int, now: int, lease_until: int) -> Optional[AttemptIdentity]:
+    value = p._call(
+        "claim_in_chat_order", update_id, now=now, lease_until=lease_until, max_attempts=5
+    )
+    if value is not None and not p._identity("claim_in_chat_order", value):
+        raise _Abort
+    return cast(Optional[AttemptIdentity], value)
+
+
+def _chat_due(p: _Probe, now: int, pending_before: int, chat_key: Optional[int] = None) -> List[int]:
+    kwargs: Dict[str, Any] = {"now": now, "pending_before": pending_before, "limit": 100}
+    if chat_key is not None:
+        kwargs["chat_key"] = chat_key
+    value = p._call("due_in_chat_order", **kwargs)
+    ok = isinstance(value, list) and all(
+        isinstance(item, StoredUpdate) and type(item.update_id) is int for item in value
+    )
+    if not p._type("due_in_chat_order", ok, "a list of StoredUpdate", value):
+        raise _Abort
+    return [item.update_id for item in value]
+
+
+def _rule_chat_order(p: _Probe, fenced: bool, durable: bool) -> None:
+    if not all(_has(p.store, m) for m in CHAT_ORDER_METHODS):
+        return
+    rows = [(1, "c1", _T, 7), (2, "c2", _T, 7), (3, "c3", _T, None), (4, "c4", _T, 8),
+            (1, "c1", _T, 7)]
+    got = _bools(p, "add_many_in_chats", p._call("add_many_in_chats", rows), len(rows))
+    p.require(got == [True, True, True, True, False], f"add_many_in_chats returned {got}; "
+              "expected [True, True, True, True, False] (the last repeats update_id 1)")
+    p.require(p.add(5, "c5", _T), "add of a new update_id returned False")  # no chat key
+    at = _T + 1
+    listed = _chat_due(p, at, _T)
+    p.expect(listed == [1, 3, 4, 5], f"due_in_chat_order(now={_at(at)}) returned {listed}; "
+             "expected [1, 3, 4, 5]: 2 waits for 1 (same chat, lower and unsettled)")
+    p.expect(_chat_claim(p, 2, at, _T + _L) is None, "claim_in_chat_order(2) returned an "
+             "identity while update 1 of the same chat is pending")
+    a = _chat_claim(p, 1, at, _T + 50)
+    p.require(a is not None and a.attempt == 1, f"claim_in_chat_order(1) returned {a}; "
+              "expected attempt 1 (the lowest unsettled update of its chat)")
+    assert a is not None
+    p.expect(p.owns(a, _T + 50), "a claim_in_chat_order claim is not owned up to its lease")
+    p.expect(_chat_claim(p, 3, at, _T + _L) is not None, "claim_in_chat_order of an update "
+             "without a chat key returned None")
+    listed = _chat_due(p, _T + 2, _T)
+    p.expect(listed == [4, 5], f"due_in_chat_order while 1 is processing returned {listed}; "
+             "expected [4, 5] (2 waits; 1 and 3 hold live leases)")
+    p.require(p.settle_owned(a, Failed(at=_T + 3, retry_at=_T + 100, error="x")),
+              "settle_owned(Failed) of a live claim returned False")
+    p.expect(_chat_claim(p, 2, _T + 99, _T + _L) is None, "claim_in_chat_order(2) returned an "
+             "identity while update 1 of its chat failed and waits for its retry")
+    for now, want in ((_T + 99, [4, 5]), (_T + 100, [1, 4, 5])):
+        listed = _chat_due(p, now, _T)
+        p.expect(listed == want, f"due_in_chat_order(now={_at(now)}) returned {listed}; "
+                 f"expected {want} (1 failed, due at {_at(_T + 100)} inclusive; 2 waits)")
+    p.expect(_chat_due(p, _T + 100, _T, chat_key=8) == [4], "due_in_chat_order(chat_key=8) "
+             "must list only the rows of chat 8")
+    b = _chat_claim(p, 1, _T + 100, _T + 200)
+    p.require(b is not None and b.attempt == 2, f"claim_in_chat_order(1) at its retry time "
+              f"returned {b}; expected attempt 2")
+    assert b is not None
+    p.require(p.settle_owned(b, Abandoned(at=_T + 101, error="x")), "settle_owned(Abandoned) "
+              "of a live claim returned False")
+    c = _chat_claim(p, 2, _T + 102, _T + 300)
+    p.expect(c is not None, "claim_in_chat_order(2) returned None after update 1 of its chat "
+             "was abandoned (a settled update releases its chat)")
+    # a lower update recorded after a higher one was claimed waits while that attempt's lease
+    # is live (inclusive), not after it lapsed
+    p.require(_bools(p, "add_many_in_chats", p._call("add_many_in_chats", [(20, "c20", _T, 9)]),
+                     1) == [True], "add_many_in_chats of a new update_id returned [False]")
+    d = _chat_claim(p, 20, _T + 1, _T + 400)
+    p.require(d is not None, "claim_in_chat_order(20) of an idle chat returned None")
+    p.require(_bools(p, "add_many_in_chats", p._call("add_many_in_chats", [(19, "c19", _T, 9)]),
+                     1) == [True], "add_many_in_chats of a new update_id returned [False]")
+    p.expect(_chat_claim(p, 19, _T + 400, _FAR) is None, "claim_in_chat_order(19) returned an "
+             "identity while update 20 of its chat holds a lease live at now (due_at == now)")
+    p.expect(_chat_claim(p, 19, _T + 401, _FAR) is not None, "claim_in_chat_order(19) returned "
+             "None after the lease of update 20 (higher) lapsed")
+
+
 def _describe(exhaustion: Exhaustion) -> str:
     return (
         f"Exhaustion(update_id={exhaustion.update_id}, attempt={exhaustion.attempt}, "
@@ -2327,6 +2424,17 @@ _TABLE: Tuple[Tuple[ConformanceRule, _RuleFn], ...] = (
             "instance's live claims.",
         ),
         _rule_liveness,
+    ),
+    (
+        ConformanceRule(
+            "chat-order",
+            "fenced",
+            "add_many_in_chats/claim_in_chat_order/due_in_chat_order (when present): only the "
+            "lowest unsettled update of a chat (pending, processing or failed) is claimed or "
+            "listed, none while an attempt of the chat holds a live lease; settled updates and "
+            "rows without a chat key do not wait.",
+        ),
+        _rule_chat_order,
     ),
     (
         ConformanceRule(

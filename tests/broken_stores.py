@@ -763,9 +763,36 @@ class ClaimDueManyTakesHeldLeaseStore(MemoryUpdateStore):
             )
 
 
+class ChatClaimIgnoresOrderStore(MemoryUpdateStore):
+    """``claim_in_chat_order`` claims like ``claim_owned``: a later update of a chat runs while
+    an earlier one is unsettled."""
+
+    __slots__ = ()
+
+    def claim_in_chat_order(self, update_id: int, **kwargs: Any) -> Any:
+        return self.claim_owned(update_id, **kwargs)
+
+
+class ChatOrderIgnoresLiveLeaseStore(MemoryUpdateStore):
+    """Only lower unsettled rows hold a chat: a higher update's live attempt does not."""
+
+    __slots__ = ()
+
+    def _in_turn(self, row: Any, now: int) -> bool:
+        if row.chat_key is None:
+            return True
+        return not any(
+            o.chat_key == row.chat_key and o.update_id < row.update_id
+            and o.state in ("pending", "processing", "failed")
+            for o in self._rows.values()
+        )
+
+
 BROKEN: Dict[Type[Any], Sequence[str]] = {
     ClaimOwnedManyIgnoresSpendStore: ("batch-claim",),
     ClaimDueManyTakesHeldLeaseStore: ("batch-claim-due",),
+    ChatClaimIgnoresOrderStore: ("chat-order",),
+    ChatOrderIgnoresLiveLeaseStore: ("chat-order",),
     ReleaseSpendsAttemptStore: ("release",),
     ReleaseIgnoresClaimIdStore: ("release",),
     ReleasedWaitsForPendingGraceStore: ("release",),

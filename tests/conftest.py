@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
+import time
 import uuid
 from typing import Iterator
 
@@ -85,3 +88,39 @@ def pg_tables(pg_dsn: str) -> Iterator["list[str]"]:
 def fresh_table_name() -> str:
     """A unique table name (for tests that make several stores)."""
     return "t_" + uuid.uuid4().hex[:16]
+
+
+@pytest.fixture(autouse=True)
+def _one_test_alone_while_postgres_restarts(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under pytest-xdist, a test marked ``restarts_postgres`` runs while no other test runs.
+
+    Every test holds a shared lock on a file of this test run; the restarting test announces
+    itself (a flag file: no new test starts meanwhile, so it cannot starve) and takes the lock
+    exclusively. Without xdist (one process) there is nothing to exclude.
+    """
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        yield
+        return
+    base = os.path.join(tempfile.gettempdir(), f"ptb_fence_tests_{run}")
+    flag = base + ".restarting"
+    exclusive = request.node.get_closest_marker("restarts_postgres") is not None
+    with open(base + ".lock", "a+") as handle:
+        if exclusive:
+            open(flag, "w").close()
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+            finally:
+                os.unlink(flag)
+            return
+        while os.path.exists(flag):
+            time.sleep(0.05)
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -132,6 +132,7 @@ def _postgres_back(dsn: str, timeout: float = 120.0) -> None:
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.restarts_postgres
 def test_chaos_postgres(pg_dsn: str) -> None:
     run_id = "t" + uuid.uuid4().hex[:10]
     try:

@@ -147,3 +147,43 @@ def test_at_most_eight_exhaustion_deliveries_at_once_each_entered_once(tmp_path:
         release.set()
         intake.close(timeout=10)
         store.close()
+
+
+def test_a_failing_exhaustion_handler_is_entered_once_per_sweep(tmp_path: Any) -> None:
+    """Ten exhaustions whose handler raises: one sweep enters it at most once per exhaustion
+    (it stays due for the next sweep): the deliveries that end fetch the next page after the
+    rotating cursor, and a short page ends the sweep's deliveries instead of wrapping round to
+    the same failing exhaustions."""
+    store = SQLiteUpdateStore(str(tmp_path / "failing.db"))
+    lock = threading.Lock()
+    calls: List[int] = []
+
+    def handle_exhaustion(exhaustion: Any) -> None:
+        with lock:
+            calls.append(exhaustion.update_id)
+        raise RuntimeError("delivery keeps failing")
+
+    def fail(update: Dict[str, Any]) -> None:
+        raise ValueError("final failure")
+
+    intake = UpdateIntake(store, handle=fail, handle_exhaustion=handle_exhaustion, max_attempts=1,
+                          sweep_every_seconds=3600, pending_grace_seconds=3600)
+    intake.start()
+    try:
+        for update_id in range(1, 11):
+            assert intake.accept(_body(update_id, chat=update_id)) == "accepted"
+        _wait("ten exhaustions recorded", lambda: len(store.due_exhaustions(limit=50)) == 10)
+        _wait("first deliveries over", lambda: intake.idle(0.1), 10)
+        with lock:
+            calls.clear()
+        intake.sweep()
+        assert intake.idle(10)
+        time.sleep(0.3)  # deliveries started by the ones that ended
+        with lock:
+            counts = {update_id: calls.count(update_id) for update_id in set(calls)}
+        assert sorted(counts) == list(range(1, 11)), counts  # every due one delivered
+        assert max(counts.values()) == 1, counts  # and once
+        assert len(store.due_exhaustions(limit=50)) == 10  # all still due
+    finally:
+        intake.close(timeout=10)
+        store.close()

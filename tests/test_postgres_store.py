@@ -171,9 +171,11 @@ def test_schema_text_is_idempotent_and_complete(pg_dsn: str, pg_table: str) -> N
         "claim_id": "text",
         "fingerprint": "text",
         "instance": "text",
+        "chat_key": "bigint",  # strict_chat_order (issue 13)
     }
     indexes = execute(pg_dsn, "SELECT indexdef FROM pg_indexes WHERE tablename = %s", (pg_table,))
     assert any("(state, due_at)" in d for (d,) in indexes)
+    assert any("(chat_key, update_id)" in d and "WHERE" in d for (d,) in indexes)
 
 
 def test_long_table_names_get_distinct_indexes(pg_dsn: str, pg_tables: List[str]) -> None:

@@ -18,9 +18,9 @@ PACKAGE = "ptb_fence.ptb"
 ROOT = Path(ptb_fence.ptb.__file__).resolve().parent
 MAX_LINES = 500
 
-# Private names of the runtime package that ptb/ still uses until the runtime offers public
-# ones (issue 11, runtime half): the attempt context variable, read and set in one place.
-RUNTIME_PRIVATE_ALLOWED = {("_handling", "ptb_fence.runtime._attempt", "_CURRENT")}
+# Private names of the runtime package that ptb/ uses: none (the attempt context variable is
+# set through runtime._attempt's enter_attempt/exit_attempt).
+RUNTIME_PRIVATE_ALLOWED: Set[Tuple[str, str, str]] = set()
 # Attempt's private fields used from ptb/: none (it has public transition methods).
 ATTEMPT_PRIVATE_ALLOWED: Set[Tuple[str, str]] = set()
 

@@ -100,13 +100,15 @@ def test_schema_created_with_wal_index_and_claim_id(db: str, store: SQLiteUpdate
         columns = {row[1]: row[2] for row in conn.execute("PRAGMA table_info(telegram_updates)")}
         assert set(columns) == {
             "update_id", "body", "state", "attempts", "due_at", "received_at", "settled_at",
-            "error", "claim_id", "fingerprint", "instance",
+            "error", "claim_id", "fingerprint", "instance", "chat_key",
         }
         assert columns["claim_id"] == "TEXT" and columns["fingerprint"] == "TEXT"
+        assert columns["chat_key"] == "INTEGER"
         indexed = []
         for _, name, *_ in conn.execute("PRAGMA index_list(telegram_updates)"):
             indexed.append([r[2] for r in conn.execute(f'PRAGMA index_info("{name}")')])
         assert ["state", "due_at"] in indexed
+        assert ["chat_key", "update_id"] in indexed  # strict_chat_order (issue 13)
     finally:
         conn.close()
     # opening again is idempotent
@@ -187,7 +189,7 @@ def test_add_one_record_per_update_id(db: str, store: SQLiteUpdateStore) -> None
         "update_id": BIG, "body": '{"update_id": 1}', "state": "pending", "attempts": 0,
         "due_at": BIG + 1, "received_at": BIG + 1, "settled_at": None, "error": None,
         "claim_id": None, "fingerprint": None,  # no update kind: no fingerprint
-        "instance": None,
+        "instance": None, "chat_key": None,
     }
     identity = claimed(store, BIG)
     assert store.add(BIG, "x", 1) is False  # processing

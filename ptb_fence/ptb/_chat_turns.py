@@ -1,47 +1,54 @@
-"""ChatTurns: per-chat order for asyncio tasks without holding a concurrency slot."""
+"""ChatTurns: the runtime's per-chat order (:class:`~ptb_fence.runtime._chats.ChatOrder`)
+for asyncio tasks, without holding a concurrency slot while waiting."""
 
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
-from typing import Dict, Hashable, List, Set, Tuple
+from typing import Any, Hashable
+
+from ptb_fence.runtime._chats import ChatOrder
 
 __all__ = ["ChatTurns"]
 
 
 class ChatTurns:
-    """Lets one task per chat key run at a time; waiters are woken in ``update_id`` order."""
+    """Lets one task per chat key run at a time; waiters are woken in ``update_id`` order.
 
-    __slots__ = ("_busy", "_seq", "_waiters")
+    Used on the event loop thread only. A turn is handed on by resolving the waiter's future;
+    a waiter cancelled before its turn leaves the queue, one cancelled as its turn came passes
+    it on.
+    """
+
+    __slots__ = ("_order",)
 
     def __init__(self) -> None:
-        self._busy: Set[Hashable] = set()
-        self._waiters: Dict[Hashable, List[Tuple[int, int, "asyncio.Future[None]"]]] = {}
-        self._seq = itertools.count()
+        self._order = ChatOrder(self._start)
 
-    async def acquire(self, key: Hashable, update_id: int) -> None:
-        """Wait for ``key``'s turn (no other task of the chat running)."""
-        if key not in self._busy:
-            self._busy.add(key)
-            return
+    def _start(self, key: Hashable, update_id: int, future: Any) -> None:
+        if future.done():  # its task was cancelled meanwhile: pass the turn on
+            self._order.done(key, update_id)
+        else:
+            future.set_result(None)
+
+    async def acquire(self, key: Hashable, update_id: int) -> bool:
+        """Wait for ``key``'s turn; :obj:`False` (no turn taken) if ``update_id`` is already
+        waiting or running here."""
         future: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters.setdefault(key, []), (update_id, next(self._seq), future))
+        if not self._order.submit(key, update_id, future):
+            return False
         try:
             await future
         except asyncio.CancelledError:
-            if future.done() and not future.cancelled():
-                # the turn was handed to us while we were being cancelled: pass it on
-                self.release(key)
+            handed = future.done() and not future.cancelled()
+            if not self._order.withdraw(key, update_id) and handed:
+                self._order.done(key, update_id)  # the turn came as we were cancelled
             raise
+        return True
 
-    def release(self, key: Hashable) -> None:
-        """End the current turn of ``key`` and hand it to the waiter with the lowest id."""
-        queue = self._waiters.get(key)
-        while queue:
-            _, _, future = heapq.heappop(queue)
-            if not future.done():
-                future.set_result(None)
-                return
-        self._waiters.pop(key, None)
-        self._busy.discard(key)
+    def waiting(self, key: Hashable) -> bool:
+        """Whether a task of ``key``'s chat waits for its turn."""
+        return self._order.waiting(key)
+
+    def release(self, key: Hashable, update_id: int) -> None:
+        """End ``update_id``'s turn and hand it to the chat's waiter with the lowest id."""
+        self._order.done(key, update_id)

@@ -52,7 +52,7 @@ class StartClaims:
         if attempt is not None or state.stopping:
             return attempt
         runtime = self._runtime
-        if not runtime.uses_claim_ids:
+        if not runtime.claims_ahead:
             return await self._threads.call(runtime.claim, update_id)
         granted = runtime.reserve_claims(len(state.pending), own=1)
         try:

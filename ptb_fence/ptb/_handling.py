@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextvars
 from typing import Optional
 
-from ptb_fence.runtime._attempt import _CURRENT, Attempt
+from ptb_fence.runtime._attempt import Attempt, enter_attempt, exit_attempt
 
 __all__ = ["UpdateState", "handling", "leave_attempt", "outside_attempt", "update_state"]
 
@@ -49,10 +49,10 @@ class handling:  # noqa: N801 - used like a function: ``with handling(state, att
 
     def __enter__(self) -> None:
         self._state_token = _STATE.set(self._state)
-        self._attempt_token = _CURRENT.set(self._attempt)
+        self._attempt_token = enter_attempt(self._attempt)
 
     def __exit__(self, *exc_info: object) -> None:
-        _CURRENT.reset(self._attempt_token)
+        exit_attempt(self._attempt_token)
         _STATE.reset(self._state_token)
 
 
@@ -64,5 +64,5 @@ def outside_attempt() -> handling:
 
 def leave_attempt() -> None:
     """From here on, this context (a task of its own, a job) has no update and no attempt."""
-    _CURRENT.set(None)
+    enter_attempt(None)
     _STATE.set(None)

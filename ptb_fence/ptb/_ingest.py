@@ -21,6 +21,7 @@ from ptb_fence.ptb._group_commit import GroupCommit
 from ptb_fence.ptb._state import Recorded, SharedState
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.runtime._attempt import Attempt
+from ptb_fence.runtime._chats import chat_key, update_chat_key
 from ptb_fence.runtime._core import Runtime
 
 __all__ = ["Ingest"]
@@ -114,7 +115,7 @@ class Ingest:
         try:
             body = update_body(update)
             outcome = await self._writer.submit(
-                ("add", (update.update_id, body)),
+                ("add", (update.update_id, body, update_chat_key(update))),
                 orphan=lambda landed: self._hand_on(update, landed),
             )
         except asyncio.CancelledError:
@@ -132,7 +133,9 @@ class Ingest:
             return self._state.book(update.update_id, known)
         try:
             outcome = self._runtime.record_many(
-                [(update.update_id, update_body(update))], claim=True
+                [(update.update_id, update_body(update))],
+                claim=True,
+                chats=[update_chat_key(update)],
             )
         except Exception as exc:
             raise ingest_error(update.update_id, exc) from exc
@@ -152,6 +155,7 @@ class Ingest:
             if isinstance(raw, dict) and is_update_id(raw.get("update_id")):
                 items.append((raw["update_id"], raw_body(raw)))
                 raws.append(raw)
+        chats = [chat_key(raw) for raw in raws]  # the rule of update_chat_key, on the dict
         if not items:
             return
         # anything left from an earlier batch was never put (PTB stopped or dropped it):
@@ -159,7 +163,7 @@ class Ingest:
         self._state.release_preclaimed(ingested_only=True)
         try:
             outcome = await self._threads.call_handing_on(
-                lambda: self._runtime.record_many(items, claim=True),
+                lambda: self._runtime.record_many(items, claim=True, chats=chats),
                 lambda landed: self._hand_on_batch(raws, landed),
             )
         except asyncio.CancelledError:
@@ -182,7 +186,7 @@ class Ingest:
 
     # -- one group of writes (on the store threads) ----------------------------------------
     async def _write_many(self, items: List[Tuple[str, Any]]) -> List[Any]:
-        """One group of writes: ``("add", (update_id, body))`` records a fresh update (result:
+        """One group of writes: ``("add", (update_id, body, chat))`` records a fresh update (result:
         what :meth:`Runtime.record_many` gives for it, or the exception to raise to ``put``),
         ``("done", attempt)`` completes an attempt (result: the outcome). The runtime does it
         in one commit where the store can."""
@@ -190,9 +194,10 @@ class Ingest:
         dones = [(i, payload) for i, (kind, payload) in enumerate(items) if kind == "done"]
         records, outcomes = await self._threads.call(
             self._runtime.record_and_complete,
-            [payload for _, payload in adds],
+            [(update_id, body) for _, (update_id, body, _) in adds],
             [attempt for _, attempt in dones],
             claim=True,
+            chats=[chat for _, (_, _, chat) in adds],
         )
         results: List[Any] = [None] * len(items)
         for n, (i, _) in enumerate(adds):

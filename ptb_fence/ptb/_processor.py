@@ -48,10 +48,7 @@ __all__ = ["BaseFenceProcessor", "DurableUpdateProcessor", "FencedUpdateProcesso
 
 _LOGGER = logging.getLogger("ptb_fence.ptb")
 
-# PTB's BaseUpdateProcessor.process_update holds its semaphore for all of do_process_update,
-# including a chat's wait for its turn, so process_update is overridden to skip it; ptb_fence's
-# own slots enforce max_concurrent. (The semaphore cannot just be made large: PTB sizes it from
-# the max_concurrent_updates property, which reports max_concurrent.)
+# process_update skips PTB's semaphore (held for a chat's wait too; sized by max_concurrent)
 
 
 class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
@@ -334,8 +331,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         """Call :meth:`do_process_update` without PTB's semaphore.
 
         A chat waiting for its turn must not hold a concurrency permit; ptb_fence's own slots
-        (taken only once it is the chat's turn) enforce ``max_concurrent``. In sequential mode
-        (``max_concurrent=1``) PTB awaits one update at a time anyway.
+        (taken only once it is the chat's turn) enforce ``max_concurrent``.
 
         Objects that are not :class:`telegram.Update` (e.g. a ``TypeHandler`` payload) take a
         slot too; so does the whole call when a subclass overrides :meth:`do_process_update`
@@ -379,7 +375,9 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         runtime = self._runtime
         key = update_chat_key(update)
         exhaustion: Optional[Exhaustion] = None
-        await self._turns.acquire(key, update.update_id)
+        outcome = None
+        if not await self._turns.acquire(key, update.update_id):
+            return False  # already waiting or running here
         try:
             # the slot may already be held for the whole call (see process_update)
             slot = contextlib.nullcontext() if _HOLDING_SLOT.get() else self._slots
@@ -425,9 +423,9 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                         # grouped with the completions of other updates: one commit for all
                         attempt.begin_settling()
                         exhaustion = None
-                        await self._ingest.complete(attempt)
+                        outcome = await self._ingest.complete(attempt)
                     else:
-                        _, exhaustion = await self._threads.call(
+                        outcome, exhaustion = await self._threads.call(
                             runtime.settle, attempt, handled.error
                         )
                 finally:
@@ -436,8 +434,9 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                     runtime.end(attempt)
                     self._running -= 1
             return True
-        finally:
-            self._turns.release(key)
+        finally:  # strict_chat_order: the chat's next update from the store (a task)
+            self._sweeper.chat_successor_soon(key, outcome, self._turns.waiting(key))
+            self._turns.release(key, update.update_id)
             if exhaustion is not None:
                 # in its own task, after the chat's turn is released: a slow or hanging
                 # exhaustion handler holds neither the chat nor the sweep

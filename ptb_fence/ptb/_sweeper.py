@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import Any, Callable, List, Optional, Set, Tuple
+from typing import Any, Callable, Hashable, List, Optional, Set, Tuple
 
 from telegram import Update
 
@@ -162,7 +162,7 @@ class Sweeper:
         runtime, state = self._runtime, self._state
         while loop.time() < deadline and (
             len(state.inflight) > threshold
-            or (runtime.uses_claim_ids and runtime.ahead_budget() == 0)
+            or (runtime.claims_ahead and runtime.ahead_budget() == 0)
         ):
             await state.wait_finished(min(0.5, max(0.0, deadline - loop.time())))
 
@@ -174,7 +174,7 @@ class Sweeper:
         otherwise they are listed and claimed when they start. ``page_only``: only that
         (no take-over, exhaustions or pruning)."""
         runtime = self._runtime
-        if runtime.uses_claim_ids:
+        if runtime.claims_ahead:
             handed, full = await self._claim_page(include_fresh, not page_only)
         else:
             handed, full = await self._list_page(include_fresh)
@@ -312,15 +312,45 @@ class Sweeper:
             if tries < 200:
                 self._start_retry_timer(update_id, 0.05, body, tries + 1)
             return
+        self._hand_over(update_id, body)
+
+    def _hand_over(self, update_id: int, body: str) -> None:
+        """Queue a stored update that is not in flight here (a failure to parse is left to
+        the sweep, which reports it)."""
+        state = self._state
+        if state.stopping or not state.started or update_id in state.inflight:
+            return
         try:
             update = parse_update(json.loads(body), self._application().bot)
         except Exception:
-            return  # the sweep reports it
+            return
         if update is None:
             return
         state.inflight.add(update_id)
         if not self._redeliver(update):
             state.inflight.discard(update_id)
+
+    def chat_successor_soon(self, key: Hashable, outcome: Any, waiting: bool) -> None:
+        """Under ``strict_chat_order``, when the processor is done with an update of ``key``'s
+        chat (``outcome``; :obj:`None`: not claimed) and no other waits here: look up the
+        chat's next update in a task and queue it (:meth:`Runtime.chat_successor`)."""
+        state = self._state
+        if not self._runtime.strict_chat_order or waiting or state.stopping or not state.started:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._chat_successor(key, outcome), name="ptb_fence:chat-successor"
+        )
+        self._extra.add(task)
+        task.add_done_callback(self._extra.discard)
+
+    async def _chat_successor(self, key: Hashable, outcome: Any) -> None:
+        try:
+            row = await self._threads.call(self._runtime.chat_successor, key, outcome)
+        except Exception:  # pragma: no cover - chat_successor reports store errors itself
+            _LOGGER.exception("looking up the next update of a chat failed")
+            return
+        if row is not None:
+            self._hand_over(row.update_id, row.body)
 
     def cancel_retry_timers(self) -> None:
         """Cancel the retry timers (the retries stay due in the store)."""

@@ -29,7 +29,7 @@ from ptb_fence.runtime._phase import (
 if TYPE_CHECKING:
     import asyncio  # imported where used: import ptb_fence stays light
 
-__all__ = ["Attempt", "Phase", "current_attempt"]
+__all__ = ["Attempt", "Phase", "current_attempt", "enter_attempt", "exit_attempt"]
 
 
 _LOGGER = logging.getLogger("ptb_fence.runtime")
@@ -46,6 +46,17 @@ def current_attempt() -> "Optional[Attempt]":
     :func:`asyncio.to_thread` calls made from it.
     """
     return _CURRENT.get()
+
+
+def enter_attempt(attempt: "Optional[Attempt]") -> "contextvars.Token[Optional[Attempt]]":
+    """Make ``attempt`` the :func:`current_attempt` of this context (a front end does this
+    around a handler; :obj:`None`: no attempt). Pass the token to :func:`exit_attempt`."""
+    return _CURRENT.set(attempt)
+
+
+def exit_attempt(token: "contextvars.Token[Optional[Attempt]]") -> None:
+    """Restore the :func:`current_attempt` that :func:`enter_attempt` replaced."""
+    _CURRENT.reset(token)
 
 
 class Attempt(AsyncForms):

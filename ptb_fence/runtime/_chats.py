@@ -1,12 +1,20 @@
-"""Per-chat order: updates of one chat run one after another, in update_id order."""
+"""Per-chat order: updates of one chat run one after another, in update_id order.
+
+One definition of the chat key (:func:`chat_key` for an update dict, :func:`update_chat_key`
+for a python-telegram-bot ``Update``; :func:`stored_chat_key` is what a store records) and one
+in-process turn keeper, :class:`ChatOrder`, used by both front ends: ``UpdateIntake`` starts a
+worker from its ``start`` callback, the PTB processor wakes an asyncio future
+(:class:`ptb_fence.ptb._chat_turns.ChatTurns`). Across processes (``strict_chat_order``) the
+store keeps the order: see :class:`~ptb_fence.runtime._chat_ops.ChatOrderOps`.
+"""
 
 from __future__ import annotations
 
 import heapq
 import threading
-from typing import Any, Callable, Dict, Hashable, List, Mapping, Set, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Set, Tuple
 
-__all__ = ["ChatScheduler", "chat_key", "update_chat_key"]
+__all__ = ["ChatOrder", "chat_key", "stored_chat_key", "update_chat_key"]
 
 
 def chat_key(update: Mapping[str, Any]) -> Hashable:
@@ -46,12 +54,20 @@ def update_chat_key(update: Any) -> Hashable:
     return ("update", update.update_id)
 
 
-class ChatScheduler:
-    """Hands updates to ``start(key, update_id, item)`` one chat at a time.
+def stored_chat_key(key: Hashable) -> Optional[int]:
+    """The chat key a store records for ``key`` (from :func:`chat_key`/
+    :func:`update_chat_key`): the chat's (or user's) id, :obj:`None` for an update of no chat
+    (keyed by its own id), which is never ordered."""
+    return key if isinstance(key, int) and not isinstance(key, bool) else None
+
+
+class ChatOrder:
+    """Hands updates to ``start(key, update_id, item)`` one chat at a time (thread-safe).
 
     A chat waiting for its turn holds no worker: only the head of each chat is started. When
     the started update finishes the caller calls :meth:`done`, which starts the chat's next
-    update (smallest ``update_id`` first).
+    update (smallest ``update_id`` first). ``start`` is called outside the lock, on the thread
+    that called :meth:`submit` or :meth:`done`.
     """
 
     __slots__ = ("_busy", "_cond", "_known", "_queues", "_start")
@@ -100,6 +116,27 @@ class ChatScheduler:
             self._cond.notify_all()
         if head is not None:
             self._start(key, head[0], head[2])
+
+    def waiting(self, key: Hashable) -> bool:
+        """Whether an update of ``key``'s chat waits here for its turn."""
+        with self._cond:
+            return bool(self._queues.get(key))
+
+    def withdraw(self, key: Hashable, update_id: int) -> bool:
+        """Take a waiting update out of its chat's queue (e.g. its task was cancelled);
+        :obj:`False` if it is not waiting (already started: call :meth:`done` instead)."""
+        with self._cond:
+            queue = self._queues.get(key)
+            if not queue:
+                return False
+            kept = [entry for entry in queue if entry[0] != update_id]
+            if len(kept) == len(queue):
+                return False
+            heapq.heapify(kept)
+            self._queues[key] = kept
+            self._known.discard(update_id)
+            self._cond.notify_all()
+            return True
 
     def drop_waiting(self) -> List[Any]:
         """Forget every update still waiting for its chat's turn; return their items."""

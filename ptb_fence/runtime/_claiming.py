@@ -49,6 +49,13 @@ class ClaimingOps:
             self, error: BaseException, step: str, *, ids: "Optional[dict[str, Any]]" = None
         ) -> None: ...
 
+    @property
+    def claims_ahead(self) -> bool:
+        """:obj:`bool`: Updates are claimed in pages and ahead of their start (claim ids and
+        not ``strict_chat_order``, under which an update is claimed alone at its chat's turn
+        and sweeps list in chat order)."""
+        return self.uses_claim_ids and not self.options.strict_chat_order
+
     def claim_budget(self) -> int:
         """How many more claims this process may take now: ``max_concurrent +
         ingest_claim_buffer`` minus the claims it holds (being renewed).
@@ -93,7 +100,7 @@ class ClaimingOps:
         attempt or :obj:`None` (not taken, as :meth:`claim`). A store error is reported as
         step ``"claim"`` and nothing is taken. Without claim ids: :meth:`claim` per id."""
         ids = list(update_ids)
-        if not self.uses_claim_ids or len(ids) < 2:
+        if not self.claims_ahead or len(ids) < 2:
             return [self.claim(update_id) for update_id in ids]
         options = self.options
         now = options.now_ms()

@@ -25,6 +25,7 @@ from ptb_fence._values import (
 )
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._claiming import ClaimingOps
+from ptb_fence.runtime._chat_ops import ChatOrderOps
 from ptb_fence.runtime._hop import StoreHop
 from ptb_fence.runtime._jobs import Jobs
 from ptb_fence.runtime._lease_keeper import LeaseKeeper
@@ -47,7 +48,7 @@ _MAX_RETRY_DELAY_SECONDS = 366 * 86400.0
 """Retry delays from a custom policy are clamped to this (a year; keeps store times finite)."""
 
 
-class Runtime(ClaimingOps, RecordingOps, Jobs, Recovery):
+class Runtime(ClaimingOps, RecordingOps, Jobs, Recovery, ChatOrderOps):
     """The shared runtime of one front end (one :class:`~ptb_fence.UpdateIntake` or processor).
 
     Args:
@@ -97,7 +98,11 @@ class Runtime(ClaimingOps, RecordingOps, Jobs, Recovery):
     ) -> None:
         # the one place the store is probed for its capabilities (decided once, here)
         self.port = StorePort(
-            store, component=component, fenced=attempt_aware, durable=handle_exhaustion
+            store,
+            component=component,
+            fenced=attempt_aware,
+            durable=handle_exhaustion,
+            chat_order=options.strict_chat_order,
         )
         self.store = store
         self.options = options
@@ -175,8 +180,10 @@ class Runtime(ClaimingOps, RecordingOps, Jobs, Recovery):
         now = options.now_ms()
         lease_until = options.lease_deadline(now)
         try:
-            if self.attempt_aware or self.delivers_exhaustions:
-                identity = self.port.claim_owned(
+            if options.strict_chat_order or self.uses_claim_ids:
+                port = self.port  # strict_chat_order: only when it is its chat's turn
+                claim = port.claim_in_chat_order if options.strict_chat_order else port.claim_owned
+                identity = claim(
                     update_id,
                     now=now,
                     lease_until=lease_until,
@@ -185,9 +192,8 @@ class Runtime(ClaimingOps, RecordingOps, Jobs, Recovery):
                 )
                 if identity is None:
                     return None
-                attempt = Attempt(
-                    self, update_id, identity.attempt, identity.claim_id, lease_until, body
-                )
+                claim_id = identity.claim_id if self.uses_claim_ids else None
+                attempt = Attempt(self, update_id, identity.attempt, claim_id, lease_until, body)
             else:
                 number = self.port.claim(
                     update_id,
@@ -459,6 +465,8 @@ class Runtime(ClaimingOps, RecordingOps, Jobs, Recovery):
         self.take_over_dead()
         now = self.options.now_ms()
         grace = 0 if include_fresh else int(self.options.pending_grace_seconds * 1000)
+        if self.options.strict_chat_order:  # only updates whose chat's turn it is
+            return self._due_in_chat_order(now, now - grace, limit)
         return list(self.port.due(now=now, pending_before=now - grace, limit=limit))
 
     def exhaustion_page(self, limit: int = EXHAUSTION_PAGE) -> List[Exhaustion]:

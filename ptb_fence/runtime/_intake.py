@@ -12,14 +12,20 @@ from typing import Any, Callable, Dict, Hashable, List, Literal, Optional, Set
 from ptb_fence._durations import format_duration
 from ptb_fence._protocols import UpdateStore
 from ptb_fence._values import Exhaustion, StoredUpdate
-from ptb_fence.runtime._attempt import _CURRENT, Attempt
-from ptb_fence.runtime._chats import ChatScheduler, chat_key
+from ptb_fence.runtime._attempt import Attempt, enter_attempt, exit_attempt
+from ptb_fence.runtime._chats import ChatOrder, chat_key
 from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._delivery import ExhaustionDelivery
 from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
-from ptb_fence.runtime._intake_pages import claim_and_dispatch, list_and_dispatch, release_items
+from ptb_fence.runtime._intake_pages import (
+    claim_and_dispatch,
+    list_and_dispatch,
+    release_items,
+    retry_soon,
+)
 from ptb_fence.runtime._intake_runs import IntakeRun, IntakeRuns
 from ptb_fence.runtime._options import RuntimeOptions
+from ptb_fence.runtime._outcome import Outcome
 from ptb_fence.runtime._wakeups import Wakeups
 
 __all__ = ["UpdateIntake"]
@@ -49,7 +55,8 @@ class UpdateIntake:
         **options: The options of :class:`~ptb_fence.runtime.RuntimeOptions`
             (``max_attempts``, ``lease_seconds``, ``sweep_every_seconds``,
             ``pending_grace_seconds``, ``retain_seconds``, ``max_concurrent``, ``retry``,
-            ``on_failure``, ``on_exhaustion_failure``, ``on_store_error``, ``clock``).
+            ``on_failure``, ``on_exhaustion_failure``, ``on_store_error``, ``clock``,
+            ``strict_chat_order``, …).
 
     Raises:
         TypeError: Not exactly one of ``handle``/``handle_attempt``, or the store lacks the
@@ -117,7 +124,7 @@ class UpdateIntake:
             else None
         )
         self._pool: Optional[ThreadPoolExecutor] = None
-        self._chats = ChatScheduler(self._start_update)
+        self._chats = ChatOrder(self._start_update)
         self._started = False
         self._closed = False
         self._refill = False
@@ -127,7 +134,7 @@ class UpdateIntake:
         self._wakeups = Wakeups("ptb_fence-retries")
         self._runtime.retry_soon = self._retry_soon
         self._runs = IntakeRuns(
-            self._runtime, self._wakeups, self._chats.done, self._submit_exhaustion
+            self._runtime, self._wakeups, self._turn_done, self._submit_exhaustion
         )
 
     # -- properties -------------------------------------------------------------------------
@@ -203,7 +210,7 @@ class UpdateIntake:
         running: List[str] = []
         if pool is not None:
             # queued runs are not cancelled: each sees _closed, skips its update (left in the
-            # store) and calls ChatScheduler.done, so idle() still becomes true
+            # store) and calls ChatOrder.done, so idle() still becomes true
             pool.shutdown(wait=False)
             grace = self._runtime.options.stop_timeout_seconds
             remaining = left()
@@ -264,7 +271,7 @@ class UpdateIntake:
         except InvalidUpdate as exc:
             _LOGGER.info("invalid update refused: %s", exc)
             return "invalid"
-        added = self._runtime.record(update_id, text)
+        added = self._runtime.record(update_id, text, chat_key(update))
         if not added:
             return "duplicate"
         _LOGGER.debug("recorded update %s", update_id, extra={"update_id": update_id})
@@ -341,7 +348,7 @@ class UpdateIntake:
         handed = 0
         delivering: List[threading.Event] = []
         try:
-            if runtime.uses_claim_ids:  # claimed here, a page within the claim budget
+            if runtime.claims_ahead:  # claimed here, a page within the claim budget
                 handed, full, self._cursor = claim_and_dispatch(
                     runtime, self._dispatch_stored, lambda: self._closed,
                     include_fresh=include_fresh, take_over=not page_only,
@@ -407,8 +414,21 @@ class UpdateIntake:
             )
         finally:
             if run is None or not run.timed_out:  # a timed-out run passed the turn on already
-                self._chats.done(key, update_id)
+                self._turn_done(key, update_id, None if run is None else run.outcome)
             self._maybe_refill()
+
+    def _turn_done(self, key: Hashable, update_id: int, outcome: Optional[Outcome]) -> None:
+        """Pass the chat's turn on; under ``strict_chat_order`` first queue the chat's next
+        update from the store (:meth:`Runtime.chat_successor`; ``outcome`` :obj:`None`: not
+        claimed)."""
+        try:
+            if not self._closed:
+                waiting = self._chats.waiting(key)
+                successor = self._runtime.chat_successor(key, outcome, waiting=waiting)
+                if successor is not None:
+                    self._dispatch_stored(successor)
+        finally:
+            self._chats.done(key, update_id)
 
     def _maybe_refill(self) -> None:
         """After a full page: once no more than ``max_concurrent`` updates are queued or
@@ -418,7 +438,7 @@ class UpdateIntake:
                 return
             runtime = self._runtime
             if len(self._chats) > runtime.options.max_concurrent or (
-                runtime.uses_claim_ids and not runtime.ahead_budget(len(self._runs))
+                runtime.claims_ahead and not runtime.ahead_budget(len(self._runs))
             ):
                 return
             self._refill = False
@@ -438,22 +458,8 @@ class UpdateIntake:
         thread.start()
 
     def _retry_soon(self, update_id: int, delay: float, body: Optional[str]) -> None:
-        if body is None:
-            return  # the sweep takes it
-
-        tries = [0]
-
-        def wake() -> None:
-            if not self._started or self._closed:
-                return
-            if not self._dispatch_stored(StoredUpdate(update_id=update_id, body=body)):
-                # still finishing its failed attempt here: look again shortly
-                tries[0] += 1
-                if tries[0] < 200:
-                    self._wakeups.call_later(0.05, wake)
-
-        # a few ms late, so the store sees the retry time as come (due_at <= now)
-        self._wakeups.call_later(delay + 0.005, wake)
+        alive: Callable[[], bool] = lambda: self._started and not self._closed  # noqa: E731
+        retry_soon(self._wakeups, self._dispatch_stored, alive, update_id, delay, body)
 
     def _submit_exhaustion(self, exhaustion: Exhaustion) -> None:
         if self._delivery is not None:
@@ -468,7 +474,7 @@ class UpdateIntake:
         if attempt is None:
             return None
         run = self._runs.begin(key, update_id, attempt)
-        token = _CURRENT.set(attempt) if attempt.fenced else None
+        token = enter_attempt(attempt) if attempt.fenced else None
         error: Optional[BaseException] = None
         try:
             if self._handle_attempt is not None:
@@ -480,11 +486,11 @@ class UpdateIntake:
             error = exc  # attempt too; re-raising would skip settle and end (renewed forever)
         finally:
             if token is not None:
-                _CURRENT.reset(token)
+                exit_attempt(token)
         if not self._runs.returned(run):
             return run  # timed out or released meanwhile: settled (or released) already
         try:
-            _, exhaustion = runtime.settle(attempt, error)
+            run.outcome, exhaustion = runtime.settle(attempt, error)
         finally:
             runtime.end(attempt)
         if exhaustion is not None:

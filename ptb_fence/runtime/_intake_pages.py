@@ -9,8 +9,9 @@ from typing import Any, Callable, List, Optional, Tuple
 from ptb_fence._values import StoredUpdate
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._wakeups import Wakeups
 
-__all__ = ["claim_and_dispatch", "list_and_dispatch", "release_items"]
+__all__ = ["claim_and_dispatch", "list_and_dispatch", "release_items", "retry_soon"]
 
 PAGE = 500
 """The most updates one sweep hands over."""
@@ -85,3 +86,30 @@ def release_items(runtime: Runtime, items: List[Any]) -> None:
     attempts = [item[2] for item in items if item[2] is not None]
     if attempts:
         runtime.release(attempts)
+
+
+def retry_soon(
+    wakeups: Wakeups,
+    dispatch: Callable[[StoredUpdate], bool],
+    alive: Callable[[], bool],
+    update_id: int,
+    delay: float,
+    body: Optional[str],
+) -> None:
+    """Hand a failed update whose retry is due after ``delay`` to its chat's queue then
+    (``dispatch``), while ``alive()``; without its ``body`` the sweep takes it."""
+    if body is None:
+        return
+    tries = [0]
+
+    def wake() -> None:
+        if not alive():
+            return
+        if not dispatch(StoredUpdate(update_id=update_id, body=body)):
+            # still finishing its failed attempt here: look again shortly
+            tries[0] += 1
+            if tries[0] < 200:
+                wakeups.call_later(0.05, wake)
+
+    # a few ms late, so the store sees the retry time as come (due_at <= now)
+    wakeups.call_later(delay + 0.005, wake)

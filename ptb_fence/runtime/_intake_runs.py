@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional
 
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._outcome import Outcome
 from ptb_fence.runtime._recovery import AttemptTimeout
 from ptb_fence.runtime._wakeups import Wakeups
 
@@ -32,9 +33,10 @@ class IntakeRun:
         key: The chat key.
         update_id: The update.
         attempt: The attempt.
+        outcome: How it was settled (:obj:`None` until then, or when released).
     """
 
-    __slots__ = ("_how", "_lock", "attempt", "key", "update_id")
+    __slots__ = ("_how", "_lock", "attempt", "key", "outcome", "update_id")
 
     def __init__(self, key: Hashable, update_id: int, attempt: Attempt) -> None:
         self.key = key
@@ -42,6 +44,7 @@ class IntakeRun:
         self.attempt = attempt
         self._lock = threading.Lock()
         self._how: Optional[str] = None
+        self.outcome: Optional[Outcome] = None
 
     def finish(self, how: str) -> bool:
         """End the run as ``how``; :obj:`False` if it already ended otherwise."""
@@ -63,7 +66,7 @@ class IntakeRuns:
     Args:
         runtime: The intake's runtime.
         wakeups: Where the attempt timeouts are scheduled.
-        turn_done: ``turn_done(key, update_id)``: pass the chat's turn on.
+        turn_done: ``turn_done(key, update_id, outcome)``: pass the chat's turn on.
         deliver: ``deliver(exhaustion)``: hand an exhaustion to its delivery.
     """
 
@@ -73,7 +76,7 @@ class IntakeRuns:
         self,
         runtime: Runtime,
         wakeups: Wakeups,
-        turn_done: Callable[[Hashable, int], None],
+        turn_done: Callable[[Hashable, int, Optional[Outcome]], None],
         deliver: Callable[[Any], None],
     ) -> None:
         self._runtime = runtime
@@ -123,10 +126,10 @@ class IntakeRuns:
         runtime = self._runtime
         error = AttemptTimeout(run.update_id, run.attempt.attempt, timeout)
         try:
-            _, exhaustion = runtime.settle(run.attempt, error)
+            run.outcome, exhaustion = runtime.settle(run.attempt, error)
         finally:
             runtime.end(run.attempt)
-            self._turn_done(run.key, run.update_id)
+            self._turn_done(run.key, run.update_id, run.outcome)
         if exhaustion is not None:
             self._deliver(exhaustion)
 

@@ -30,6 +30,12 @@ def _non_negative_int(name: str, value: Any) -> int:
     return value
 
 
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def _callable_or_none(name: str, value: Any) -> Any:
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be callable or None, got {value!r}")
@@ -84,11 +90,20 @@ class RuntimeOptions:
             (claimable by any process; this one claims them when it gets to them, several in
             one commit), so a crash strands at most that many for a lease. The sweeps claim
             due updates in pages within the same bound. Default 8.
+        strict_chat_order (:obj:`bool`): An update of a chat is never started while an
+            earlier update of the same chat is unsettled (pending, processing, or failed and
+            waiting for its retry), in this process or any other sharing the store; an
+            exhausted or abandoned update releases its chat. Needs a
+            :class:`~ptb_fence.ChatOrderedUpdateStore`, and every process sharing the store
+            must use it. Updates are then recorded with their chat and claimed only when it is
+            their chat's turn (never at ingest). A failing update delays its chat by its retry
+            delay; other chats are not held up. Default :obj:`False` (order of first attempts
+            within one process only).
 
     Raises:
         ValueError: A numeric option is not positive (``ingest_claim_buffer``: negative), or a duration is neither a number nor a
             ``timedelta`` (the message names the option).
-        TypeError: A callback is not callable.
+        TypeError: A callback is not callable, or ``strict_chat_order`` is not a bool.
     """
 
     max_attempts: int = 5
@@ -105,6 +120,7 @@ class RuntimeOptions:
     stop_timeout_seconds: float = 10.0
     attempt_timeout_seconds: Optional[float] = None
     ingest_claim_buffer: int = 8
+    strict_chat_order: bool = False
 
     # The constructor takes durations as ``float | int | timedelta``; the attributes are always
     # float seconds, so code reading them needs no conversion.
@@ -124,6 +140,7 @@ class RuntimeOptions:
         stop_timeout_seconds: Duration = 10.0,
         attempt_timeout_seconds: Optional[Duration] = None,
         ingest_claim_buffer: int = 8,
+        strict_chat_order: bool = False,
     ) -> None:
         values: "dict[str, Any]" = {
             "max_attempts": _positive_int("max_attempts", max_attempts),
@@ -148,6 +165,7 @@ class RuntimeOptions:
                 else duration_seconds("attempt_timeout_seconds", attempt_timeout_seconds)
             ),
             "ingest_claim_buffer": _non_negative_int("ingest_claim_buffer", ingest_claim_buffer),
+            "strict_chat_order": _bool("strict_chat_order", strict_chat_order),
         }
         if not callable(clock):
             raise TypeError(f"clock must be callable, got {clock!r}")

@@ -26,6 +26,9 @@ for a store that has only the methods of SPEC §4:
   (:class:`~ptb_fence.LivenessStore`, all three needed) → no instance (:obj:`None`), nothing
   to release, nothing taken over (``0``): a dead process's claims wait for their lease
   (:attr:`StorePort.has_liveness` is :obj:`False`);
+- ``add_many_in_chats``/``claim_in_chat_order``/``due_in_chat_order`` missing
+  (:class:`~ptb_fence.ChatOrderedUpdateStore`, all three needed) → no fallback:
+  ``strict_chat_order`` refuses the store (:exc:`TypeError` naming the methods);
 - ``complete_owned``/``reopen_completed`` missing (:class:`~ptb_fence.CompletingUpdateStore`,
   both needed) → a ``complete=True`` transaction checks with ``owns(connection=)`` first and
   settles with ``settle_owned(connection=)`` last (:attr:`StorePort.completes_first` is
@@ -40,6 +43,7 @@ from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tupl
 
 from ptb_fence._protocols import (
     BASE_METHODS,
+    CHAT_ORDER_METHODS,
     COMPLETING_METHODS,
     DURABLE_METHODS,
     FENCED_METHODS,
@@ -48,6 +52,7 @@ from ptb_fence._protocols import (
 )
 from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoredUpdate
 from ptb_fence.runtime._port_claims import ClaimsPort
+from ptb_fence.runtime._port_chats import ChatOrderPort
 
 __all__ = ["Recorded", "Row", "StorePort"]
 
@@ -78,7 +83,7 @@ def _takes_connection(method: Optional[Callable[..., Any]]) -> bool:
     )
 
 
-class StorePort(ClaimsPort):
+class StorePort(ClaimsPort, ChatOrderPort):
     """The user's store behind one typed interface (built once per runtime).
 
     Args:
@@ -86,6 +91,7 @@ class StorePort(ClaimsPort):
         component: Name used in error messages.
         fenced: The configuration needs a fenced store.
         durable: The configuration needs a durable store.
+        chat_order: The configuration needs a chat-ordered store (``strict_chat_order``).
 
     Raises:
         TypeError: The store lacks a method the configuration needs (the message names them).
@@ -96,6 +102,7 @@ class StorePort(ClaimsPort):
         "_add_claimed_many",
         "_add_many",
         "_bind_bot",
+        "_chat_order",
         "_claim_due_many",
         "_claim_owned_many",
         "_complete_owned",
@@ -114,7 +121,13 @@ class StorePort(ClaimsPort):
     )
 
     def __init__(
-        self, store: Any, *, component: str, fenced: bool = False, durable: bool = False
+        self,
+        store: Any,
+        *,
+        component: str,
+        fenced: bool = False,
+        durable: bool = False,
+        chat_order: bool = False,
     ) -> None:
         missing = missing_methods(store, BASE_METHODS)
         if missing:
@@ -122,20 +135,22 @@ class StorePort(ClaimsPort):
                 f"{component} needs an update store; {type(store).__name__} lacks "
                 f"{', '.join(missing)}"
             )
-        if fenced:
-            missing = missing_methods(store, FENCED_METHODS)
+        name = type(store).__name__
+        for wanted, methods, need in (
+            (fenced, FENCED_METHODS, "attempt-aware handling needs a fenced store"),
+            (durable, DURABLE_METHODS, "handle_exhaustion needs a durable store"),
+        ):
+            missing = missing_methods(store, methods) if wanted else []
             if missing:
-                raise TypeError(
-                    f"{component}: attempt-aware handling needs a fenced store "
-                    f"(FencedUpdateStore); {type(store).__name__} lacks {', '.join(missing)}"
-                )
-        if durable:
-            missing = missing_methods(store, DURABLE_METHODS)
-            if missing:
-                raise TypeError(
-                    f"{component}: handle_exhaustion needs a durable store "
-                    f"(DurableUpdateStore); {type(store).__name__} lacks {', '.join(missing)}"
-                )
+                kind = "FencedUpdateStore" if methods is FENCED_METHODS else "DurableUpdateStore"
+                raise TypeError(f"{component}: {need} ({kind}); {name} lacks {', '.join(missing)}")
+        missing = missing_methods(store, FENCED_METHODS + CHAT_ORDER_METHODS)
+        if chat_order and missing:
+            raise TypeError(
+                f"{component}: strict_chat_order needs a store that keeps chat order "
+                f"(ChatOrderedUpdateStore); {type(store).__name__} lacks {', '.join(missing)}"
+            )
+        self._chat_order = not missing
         self.store = store
         self._add_many = _optional(store, "add_many")
         self._add_claimed_many = _optional(store, "add_claimed_many")
@@ -164,8 +179,7 @@ class StorePort(ClaimsPort):
                 "instead of in it, so completion is at-least-once, not exactly-once (a crash "
                 "between the two runs the handler again); add connection= to owns and "
                 "settle_owned for exactly-once",
-                component,
-                type(store).__name__,
+                component, name,
                 "settle_owned" if self._owns_connection else "owns/settle_owned",
             )
 

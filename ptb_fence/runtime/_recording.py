@@ -6,9 +6,10 @@ A mixin of :class:`~ptb_fence.runtime._core.Runtime`; every store call goes thro
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Hashable, List, Optional, Sequence, Tuple, Union
 
 from ptb_fence._values import AttemptIdentity, Completed, Settlement
+from ptb_fence.runtime._chats import stored_chat_key
 
 if TYPE_CHECKING:
     from ptb_fence.runtime._attempt import Attempt
@@ -59,19 +60,29 @@ class RecordingOps:
 
         def _store_settle(self, attempt: Attempt, settlement: Settlement) -> bool: ...
 
-    def record(self, update_id: int, body: str) -> bool:
+    def record(self, update_id: int, body: str, chat: Hashable = None) -> bool:
         """Record one update as pending; :obj:`False` when its id exists (a duplicate).
 
         ``update_id`` must be valid (:func:`ptb_fence._update_ids.is_update_id`); a store
         error propagates (the update was not recorded: do not acknowledge it to Telegram).
+        ``chat``: the update's chat key (:func:`~ptb_fence.runtime._chats.chat_key`), stored
+        under ``strict_chat_order``.
         """
+        if self.options.strict_chat_order:
+            return self.record_many([(update_id, body)], chats=[chat])[0] is True
         return self.port.add(update_id, body, self.options.now_ms())
 
     def _rows(self, items: Sequence[Tuple[int, str]], now: int) -> "List[Row]":
         return [(update_id, body, now) for update_id, body in items]
 
     def _claims_at_ingest(self, claim: bool) -> bool:
-        return claim and self.uses_claim_ids and self.port.claims_at_ingest
+        # under strict_chat_order an update is claimed only when it is its chat's turn
+        return (
+            claim
+            and self.uses_claim_ids
+            and self.port.claims_at_ingest
+            and not self.options.strict_chat_order
+        )
 
     def _adopt_all(
         self, recorded: "List[Recorded]", items: Sequence[Tuple[int, str]], lease_until: int
@@ -82,7 +93,11 @@ class RecordingOps:
         ]
 
     def record_many(
-        self, items: Sequence[Tuple[int, str]], *, claim: bool = False
+        self,
+        items: Sequence[Tuple[int, str]],
+        *,
+        claim: bool = False,
+        chats: Optional[Sequence[Hashable]] = None,
     ) -> List[Record]:
         """Record ``(update_id, body)`` updates (one commit where the store can).
 
@@ -92,9 +107,17 @@ class RecordingOps:
         their first attempt in the same commit and returned as registered
         :class:`~ptb_fence.Attempt` objects; the others are recorded pending (:obj:`True`,
         a second commit). :obj:`False`: a duplicate. A store error propagates (attempts
-        claimed by the first commit are then released).
+        claimed by the first commit are then released). ``chats``: per item its chat key,
+        stored under ``strict_chat_order`` (which never claims at ingest).
         """
         now = self.options.now_ms()
+        if self.options.strict_chat_order:
+            keys = list(chats) if chats is not None else [None] * len(items)
+            return list(
+                self.port.add_many_in_chats(
+                    [(u, body, now, stored_chat_key(key)) for (u, body), key in zip(items, keys)]
+                )
+            )
         rows = self._rows(items, now)
         if not self._claims_at_ingest(claim):
             return list(self.port.add_many(rows))
@@ -150,6 +173,7 @@ class RecordingOps:
         attempts: Sequence["Attempt"],
         *,
         claim: bool = True,
+        chats: Optional[Sequence[Hashable]] = None,
     ) -> "Tuple[Union[List[Record], BaseException], List[Outcome]]":
         """:meth:`record_many` and :meth:`complete_many` as one group: one commit where the
         store can record, claim and settle together (``add_claimed_and_settle_many``).
@@ -169,7 +193,7 @@ class RecordingOps:
             self.unreserve_claims(granted)
             try:
                 records: "Union[List[Record], BaseException]" = (
-                    self.record_many(items, claim=claim) if items else []
+                    self.record_many(items, claim=claim, chats=chats) if items else []
                 )
             except Exception as exc:
                 records = exc

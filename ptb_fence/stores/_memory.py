@@ -9,6 +9,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 from ptb_fence._errors import TableBotMismatch
 from ptb_fence._fingerprint import update_fingerprint
 from ptb_fence.stores._duplicates import warn_conflict
+from ptb_fence.stores._memory_chats import MemoryChatOrder
 from ptb_fence.stores._memory_rows import Liveness, MemoryRecovery
 from ptb_fence.stores._memory_rows import Row as _Row
 from ptb_fence.stores._memory_rows import new_claim_id as _new_claim_id
@@ -26,7 +27,7 @@ from ptb_fence._values import (
 __all__ = ["MemoryUpdateStore"]
 
 
-class MemoryUpdateStore(MemoryRecovery):
+class MemoryUpdateStore(MemoryChatOrder, MemoryRecovery):
     """A thread-safe, in-process store implementing the durable contract.
 
     It is the clearest statement of the rules and makes unit tests fast. Everything it holds is

@@ -27,6 +27,7 @@ class Row:
     claim_id: Optional[str] = None
     fingerprint: Optional[str] = None
     instance: Optional[str] = None
+    chat_key: Optional[int] = None
 
 
 def new_claim_id() -> str:

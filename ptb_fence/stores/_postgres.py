@@ -14,6 +14,7 @@ from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement
 from ptb_fence.stores._names import validate_table_name, validate_update_id
 from ptb_fence.stores._pg_base import PostgresBaseStore
 from ptb_fence.stores._pg_claims import PostgresClaims
+from ptb_fence.stores._pg_chats import PostgresChatOrder
 from ptb_fence.stores._pg_batches import (
     add_claimed,
     batch_results,
@@ -30,7 +31,8 @@ def postgres_update_store_schema(table: str = "telegram_updates") -> str:
     """Return the idempotent SQL migration for a :class:`PostgresUpdateStore` table.
 
     It creates the table if it is missing, adds the ``claim_id`` column to a table created
-    before fencing, and creates the ``(state, due_at)`` index if it is missing. Applying it
+    before fencing (and ``fingerprint``, ``instance`` and ``chat_key`` to older tables), and
+    creates the ``(state, due_at)`` index and the partial chat-order index if they are missing. Applying it
     again changes nothing, and it takes a transaction-scoped advisory lock first, so several
     processes may apply it at once. Apply it (for example with ``psql -1 -f`` or one
     ``cursor.execute``) when you construct the store with ``create_table=False``.
@@ -56,7 +58,7 @@ def _identity_params(identity: AttemptIdentity, at: int) -> Dict[str, Any]:
     }
 
 
-class PostgresUpdateStore(PostgresClaims, PostgresBaseStore):
+class PostgresUpdateStore(PostgresClaims, PostgresChatOrder, PostgresBaseStore):
     """A durable, fenced update store in PostgreSQL, for one or several processes or machines.
 
     Thread-safe. Every operation takes a connection from the store's pool for one short

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from ptb_fence.stores._chat_order_sql import chat_index_name, postgres_chat_schema
 from ptb_fence.stores._pg_recovery_sql import INSTANCES_SQL, INSTANCES_TABLE
 
 __all__ = ["PostgresStatements", "schema_sql"]
@@ -99,6 +100,7 @@ ALTER TABLE {t} ADD COLUMN IF NOT EXISTS instance TEXT;
 
 CREATE INDEX IF NOT EXISTS "{_index_name(table)}" ON {t} (state, due_at);
 
+{postgres_chat_schema(table)}
 -- Which bot owns which update table (one table per bot).
 {META_SQL}
 -- The live instances of the update tables (hold_liveness / take_over_dead).
@@ -119,6 +121,10 @@ SELECT to_regclass(%(table)s) IS NOT NULL,
                 WHERE attrelid = to_regclass(%(table)s)
                   AND attname = 'instance' AND NOT attisdropped),
        to_regclass(%(index)s) IS NOT NULL,
+       EXISTS (SELECT 1 FROM pg_attribute
+                WHERE attrelid = to_regclass(%(table)s)
+                  AND attname = 'chat_key' AND NOT attisdropped),
+       to_regclass(%(chat_index)s) IS NOT NULL,
        to_regclass(%(meta)s) IS NOT NULL,
        to_regclass(%(instances)s) IS NOT NULL
 """
@@ -193,6 +199,7 @@ class PostgresStatements:
             schema_check_args={
                 "table": t,
                 "index": f'"{_index_name(table)}"',
+                "chat_index": f'"{chat_index_name(table)}"',
                 "meta": f'"{META_TABLE}"',
                 "instances": f'"{INSTANCES_TABLE}"',
             },

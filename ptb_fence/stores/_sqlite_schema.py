@@ -1,5 +1,5 @@
 """The schema of a SQLiteUpdateStore table: create it, upgrade an older table (add
-``claim_id``, ``fingerprint`` and ``instance``, keeping its rows), refuse a foreign table;
+``claim_id``, ``fingerprint``, ``instance`` and ``chat_key`` with its index, keeping its rows), refuse a foreign table;
 safe while other processes do the same."""
 
 from __future__ import annotations
@@ -75,14 +75,14 @@ class _Schema:
 
     def _schema_complete(self, conn: sqlite3.Connection) -> bool:
         columns = _columns(conn, self._sql)
-        if not columns or not {"claim_id", "fingerprint", "instance"} <= columns:
+        if not columns or not {"claim_id", "fingerprint", "instance", "chat_key"} <= columns:
             return False
         self._check_columns(columns)
-        index = conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?",
-            (f"{self._table}_state_due_at_idx",),
-        ).fetchone()
-        return index is not None
+        indexes = {
+            str(row[0])
+            for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
+        }
+        return {f"{self._table}_state_due_at_idx", self._sql.chat.index} <= indexes
 
     def _check_columns(self, columns: Set[str]) -> None:
         missing = [c for c in REQUIRED_COLUMNS if c not in columns]
@@ -121,7 +121,10 @@ class _Schema:
                 _add_column(conn, self._sql, self._sql.add_fingerprint, "fingerprint")
             if "instance" not in columns:
                 _add_column(conn, self._sql, self._sql.add_instance, "instance")
+            if "chat_key" not in columns:
+                _add_column(conn, self._sql, self._sql.chat.add_column, "chat_key")
             conn.execute(self._sql.create_index)
+            conn.execute(self._sql.chat.create_index)
             conn.execute("COMMIT")
         except BaseException:
             rollback(conn)

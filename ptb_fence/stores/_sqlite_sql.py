@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Tuple
 
+from ptb_fence.stores._chat_order_sql import SQLiteChatStatements
+
 __all__ = ["REQUIRED_COLUMNS", "SQLiteStatements"]
 
 REQUIRED_COLUMNS: Tuple[str, ...] = (
@@ -24,8 +26,8 @@ REQUIRED_COLUMNS: Tuple[str, ...] = (
     "settled_at",
     "error",
 )
-"""Columns an existing table must have (``claim_id``, ``fingerprint`` and ``instance`` are
-added when missing)."""
+"""Columns an existing table must have (``claim_id``, ``fingerprint``, ``instance`` and
+``chat_key`` are added when missing)."""
 
 META_TABLE = "ptb_fence_meta"
 """The table recording which bot owns each update table (``bind_bot``)."""
@@ -100,6 +102,7 @@ class SQLiteStatements:
         "take_over",
         "bind_bot",
         "bot_of",
+        "chat",
         "create_meta",
         "stored_fingerprint",
         "add_claimed",
@@ -146,7 +149,8 @@ class SQLiteStatements:
                 error       TEXT,
                 claim_id    TEXT,
                 fingerprint TEXT,
-                instance    TEXT
+                instance    TEXT,
+                chat_key    INTEGER
             )"""
         self.create_index = (
             f'CREATE INDEX IF NOT EXISTS "{table}_state_due_at_idx" ON {t} (state, due_at)'
@@ -178,7 +182,8 @@ class SQLiteStatements:
                 body = excluded.body, state = excluded.state, attempts = excluded.attempts,
                 due_at = excluded.due_at, received_at = excluded.received_at,
                 settled_at = NULL, error = NULL, claim_id = excluded.claim_id,
-                fingerprint = excluded.fingerprint, instance = excluded.instance
+                fingerprint = excluded.fingerprint, instance = excluded.instance,
+                chat_key = NULL
             WHERE ({t}.state = 'completed'
                    OR ({t}.state = 'abandoned' AND {t}.settled_at IS NOT NULL))
               AND {t}.fingerprint IS NOT NULL AND {t}.fingerprint <> excluded.fingerprint"""
@@ -218,6 +223,8 @@ class SQLiteStatements:
             UPDATE {t} SET {_take_or_spend(":claim_id")}
             WHERE update_id = :update_id AND {_CLAIMABLE}
             RETURNING state, attempts, claim_id"""
+        # the same claim, only for a row that is its chat's turn (strict_chat_order)
+        self.chat = SQLiteChatStatements(table, self.claim)
 
         # claim_owned_many: the same rule for the ids of a JSON array (distinct ids), in one
         # statement; each take writes a fresh random claim id. The rows are found by their

@@ -114,9 +114,11 @@ def take(
     max_attempts: int,
     durable_exhaustion: bool,
     instance: Optional[str] = None,
+    statement: Optional[str] = None,
 ) -> Optional[AttemptIdentity]:
     """Claim ``update_id`` (for ``instance``) in one write transaction; its identity, or None
-    if not taken."""
+    if not taken. ``statement``: another claim statement with the same parameters (the
+    chat-order claim); default ``sql.claim``."""
     params = {
         "update_id": update_id,
         "now": int_arg("now", now),
@@ -127,7 +129,7 @@ def take(
         "instance": instance,
     }
     with conns.immediate() as conn:
-        rows = conn.execute(sql.claim, params).fetchall()
+        rows = conn.execute(statement or sql.claim, params).fetchall()
     if not rows or rows[0][0] != "processing":
         return None
     _, attempt, claim_id = rows[0]
