@@ -103,5 +103,9 @@ def test_a_polled_batch_is_claimed_several_updates_per_commit_within_the_bound(
     commits = sum(store.calls.values())
     # 12 (4 + 8) are claimed at ingest; the other 88 used to take one claim commit each
     assert claims <= 20, dict(store.calls)
-    assert commits <= 50, dict(store.calls)
+    # claims ahead keep the waiting claims within the buffer (the bound), so the next claim
+    # is taken while earlier updates still run and their settles group less: measured
+    # 46-65 commits (36 when starts claimed past the buffer, which broke the bound; ~115
+    # with one claim commit per update)
+    assert commits <= 80, dict(store.calls)
     assert peak[0] <= 4 + 8, peak[0]
