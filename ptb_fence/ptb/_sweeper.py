@@ -239,8 +239,9 @@ class Sweeper:
                 stale.append(attempt)
                 continue
             handed += 1
-        if stale:
+        if stale:  # claimable at once: the next page starts at the lowest of them
             state.release(stale)
+            self._cursor = min(attempt.update_id for attempt in stale) - 1
         return handed, len(page) >= limit and handed > 0
 
     async def _list_page(self, include_fresh: bool) -> Tuple[int, bool]:

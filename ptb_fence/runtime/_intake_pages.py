@@ -31,7 +31,8 @@ def claim_and_dispatch(
     with its attempt; an attempt not dispatched (already queued here, or closing) is
     released at once; with ``after`` only updates with a greater id. Returns the number handed
     over, whether the page was full (or the budget spent: look again once claims are settled)
-    and the last id of the page (the next page's ``after``). A store error is reported as
+    and the next page's ``after`` (below the lowest released, :obj:`None` after a short
+    page: start at the lowest id). A store error is reported as
     step ``"sweep"``."""
     # accepted updates start unclaimed: claims ahead stay within the buffer (the bound)
     limit = runtime.reserve_claims(min(PAGE, runtime.ahead_budget(running())))
@@ -53,9 +54,11 @@ def claim_and_dispatch(
             handed += 1
         else:
             stale.append(attempt)
-    if stale:
+    if stale:  # claimable at once: the next page starts at the lowest of them
         runtime.release(stale)
-    return handed, len(page) >= limit, page[-1][0].update_id if page else None
+        after = min(attempt.update_id for attempt in stale) - 1
+        return handed, handed > 0 or len(page) >= limit, after
+    return handed, len(page) >= limit, page[-1][0].update_id if len(page) >= limit else None
 
 
 def list_and_dispatch(
