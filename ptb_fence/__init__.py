@@ -16,6 +16,7 @@ from ptb_fence._errors import (
 )
 from ptb_fence._protocols import (
     BatchUpdateStore,
+    ClaimingUpdateStore,
     BotBoundStore,
     ChatOrderedUpdateStore,
     CompletingUpdateStore,
@@ -62,6 +63,7 @@ __all__ = [
     "AttemptIdentity",
     "AttemptTimeout",
     "BatchUpdateStore",
+    "ClaimingUpdateStore",
     "BotBoundStore",
     "ChatOrderedUpdateStore",
     "CompletingUpdateStore",

@@ -138,14 +138,14 @@ class ChatOrder:
             self._cond.notify_all()
             return True
 
-    def drop_waiting(self) -> int:
-        """Forget every update still waiting for its chat's turn; return how many."""
+    def drop_waiting(self) -> List[Any]:
+        """Forget every update still waiting for its chat's turn; return their items."""
         with self._cond:
-            dropped = 0
+            dropped: List[Any] = []
             for key, queue in list(self._queues.items()):
-                for update_id, _, _ in queue:
+                for update_id, _, item in queue:
                     self._known.discard(update_id)
-                    dropped += 1
+                    dropped.append(item)
                 queue.clear()
             self._cond.notify_all()
             return dropped
