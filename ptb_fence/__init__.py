@@ -16,7 +16,6 @@ from ptb_fence._errors import (
 )
 from ptb_fence._protocols import (
     BatchUpdateStore,
-    ClaimingUpdateStore,
     BotBoundStore,
     ChatOrderedUpdateStore,
     CompletingUpdateStore,
@@ -63,7 +62,6 @@ __all__ = [
     "AttemptIdentity",
     "AttemptTimeout",
     "BatchUpdateStore",
-    "ClaimingUpdateStore",
     "BotBoundStore",
     "ChatOrderedUpdateStore",
     "CompletingUpdateStore",

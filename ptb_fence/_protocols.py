@@ -31,10 +31,8 @@ __all__ = [
     "BatchUpdateStore",
     "BotBoundStore",
     "CHAT_ORDER_METHODS",
-    "CLAIM_METHODS",
     "ChatOrderedUpdateStore",
     "ChatRow",
-    "ClaimingUpdateStore",
     "COMPLETING_METHODS",
     "CompletingUpdateStore",
     "TransactionalUpdateStore",
@@ -69,9 +67,6 @@ BATCH_METHODS = (
     "settle_owned_many",
 )
 """The optional methods of :class:`BatchUpdateStore`; each is independently optional."""
-
-CLAIM_METHODS = ("claim_owned_many", "claim_due_many")
-"""The optional methods of :class:`ClaimingUpdateStore`; each is independently optional."""
 
 LIVENESS_METHODS = ("hold_liveness", "release_liveness", "take_over_dead")
 """The methods of :class:`LivenessStore` (all three or none)."""
@@ -244,71 +239,6 @@ class BatchUpdateStore(Protocol):
     ) -> List[bool]:
         """``[settle_owned(i, s) for i, s in items]`` in one commit; per position whether that
         settlement landed."""
-
-
-class ClaimingUpdateStore(Protocol):
-    """Optional: claim several rows for their next attempt in one statement (one commit in
-    the SQL stores). Each method is independently optional; without it the runtime claims
-    row by row with :meth:`FencedUpdateStore.claim_owned`.
-
-    Both apply exactly the rule of ``claim_owned`` to each row, with the same ``now``,
-    ``lease_until``, ``max_attempts`` and ``durable_exhaustion``: a claimable row
-    (``pending``; ``failed`` with ``due_at <= now``; ``processing`` with ``due_at < now`` — a
-    lease is held while ``due_at >= now``) whose ``attempts < max_attempts`` is taken for
-    attempt ``attempts + 1`` with lease ``lease_until`` and a fresh claim id; a claimable row
-    whose attempts are spent is abandoned exactly as ``claim_owned`` abandons it (an
-    unacknowledged exhaustion with ``durable_exhaustion``) and gives no identity. Everything
-    lands in one commit, all or nothing. ``lease_until >= now`` is assumed (a claim made by
-    the call is then live for the rest of it).
-    """
-
-    def claim_owned_many(
-        self,
-        update_ids: Sequence[int],
-        *,
-        now: int,
-        lease_until: int,
-        max_attempts: int,
-        durable_exhaustion: bool = False,
-    ) -> List[Optional[AttemptIdentity]]:
-        """``[claim_owned(u, now=now, ...) for u in update_ids]`` in one statement.
-
-        Returns:
-            Per input position the identity (read back from the row) or :obj:`None`: not
-            claimable at ``now`` (a live lease, a ``failed`` row before its retry time, a
-            completed or abandoned row), attempts spent (the row is abandoned), an unknown id,
-            or an id repeated in ``update_ids`` (claimed at its first position only). A store
-            may lock the rows in ``update_id`` order; a row held by an open transaction is
-            waited for, as ``claim_owned`` waits.
-        """
-
-    def claim_due_many(
-        self,
-        *,
-        now: int,
-        pending_before: int,
-        lease_until: int,
-        max_attempts: int,
-        limit: int,
-        durable_exhaustion: bool = False,
-        after_update_id: Optional[int] = None,
-    ) -> List[Tuple[AttemptIdentity, str]]:
-        """Claim the next page of due rows in one statement: the rows
-        ``due(now=now, pending_before=pending_before, limit=limit)`` lists (lowest
-        ``update_id`` first; released rows whatever ``pending_before``), each as
-        ``claim_owned(update_id, now=now, ...)`` would. With ``after_update_id``, only rows
-        with a greater ``update_id`` (a cursor: the next page of a backlog without
-        re-reading the rows before it).
-
-        A store with row locks skips rows another open transaction holds right now
-        (PostgreSQL ``FOR UPDATE SKIP LOCKED``) instead of waiting: two processes claiming at
-        once get disjoint pages, and neither waits for the other.
-
-        Returns:
-            ``(identity, body)`` of each row taken, by ``update_id``; a row of the page whose
-            attempts are spent is abandoned and not returned (it still counts towards
-            ``limit``). ``[]`` for ``limit <= 0``.
-        """
 
 
 @runtime_checkable

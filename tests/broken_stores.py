@@ -730,39 +730,6 @@ class TakeOverLiveStore(MemoryUpdateStore):
             return len(rows)
 
 
-# -- claims of several rows (ClaimingUpdateStore) ------------------------------------------------
-class ClaimOwnedManyIgnoresSpendStore(MemoryUpdateStore):
-    """claim_owned_many takes a claimable row even when its attempts are spent."""
-
-    def claim_owned_many(
-        self, update_ids: Sequence[int], *, now: int, lease_until: int, max_attempts: int,
-        durable_exhaustion: bool = False,
-    ) -> List[Optional[AttemptIdentity]]:
-        return super().claim_owned_many(
-            update_ids, now=now, lease_until=lease_until, max_attempts=max_attempts + 100,
-            durable_exhaustion=durable_exhaustion,
-        )
-
-
-class ClaimDueManyTakesHeldLeaseStore(MemoryUpdateStore):
-    """claim_due_many takes a processing row whose lease is still held at ``now``
-    (``due_at == now``)."""
-
-    def claim_due_many(
-        self, *, now: int, pending_before: int, lease_until: int, max_attempts: int,
-        limit: int, durable_exhaustion: bool = False, after_update_id: Optional[int] = None,
-    ) -> List[Tuple[AttemptIdentity, str]]:
-        with self._lock:
-            for row in self._rows.values():
-                if row.state == "processing" and row.due_at == now:
-                    row.due_at = now - 1
-            return super().claim_due_many(
-                now=now, pending_before=pending_before, lease_until=lease_until,
-                max_attempts=max_attempts, limit=limit, durable_exhaustion=durable_exhaustion,
-                after_update_id=after_update_id,
-            )
-
-
 class ChatClaimIgnoresOrderStore(MemoryUpdateStore):
     """``claim_in_chat_order`` claims like ``claim_owned``: a later update of a chat runs while
     an earlier one is unsettled."""
@@ -789,8 +756,6 @@ class ChatOrderIgnoresLiveLeaseStore(MemoryUpdateStore):
 
 
 BROKEN: Dict[Type[Any], Sequence[str]] = {
-    ClaimOwnedManyIgnoresSpendStore: ("batch-claim",),
-    ClaimDueManyTakesHeldLeaseStore: ("batch-claim-due",),
     ChatClaimIgnoresOrderStore: ("chat-order",),
     ChatOrderIgnoresLiveLeaseStore: ("chat-order",),
     ReleaseSpendsAttemptStore: ("release",),

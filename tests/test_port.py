@@ -15,12 +15,7 @@ from typing import Any, Dict, List, Set
 import pytest
 
 from ptb_fence import Attempt, Exhaustion, MemoryUpdateStore, UpdateIntake
-from ptb_fence._protocols import (
-    BATCH_METHODS,
-    CLAIM_METHODS,
-    DURABLE_METHODS,
-    LIVENESS_METHODS,
-)
+from ptb_fence._protocols import BATCH_METHODS, DURABLE_METHODS, LIVENESS_METHODS
 from ptb_fence.runtime._port import StorePort
 
 from test_runtime_support import StoreWrapper, body, wait_until
@@ -36,10 +31,7 @@ ALLOWED_PACKAGES = ("ptb_fence/cli/", "ptb_fence/chaos/", "ptb_fence/testing/")
 KNOWN_PTB_OFFENDERS: Set[str] = set()
 
 OPTIONAL_NAMES = (
-    set(BATCH_METHODS)
-    | set(CLAIM_METHODS)
-    | set(LIVENESS_METHODS)
-    | {"transaction", "bind_bot", "release_many"}
+    set(BATCH_METHODS) | set(LIVENESS_METHODS) | {"transaction", "bind_bot", "release_many"}
 )
 
 

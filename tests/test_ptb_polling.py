@@ -152,7 +152,7 @@ def test_refetched_batch_is_recorded_and_handled_once(tmp_path: Any) -> None:
     assert all(table[uid][:2] == ("completed", 1) for uid in ids)
 
 
-_CLAIMS = {"claim", "claim_owned", "claim_owned_many", "claim_due_many"}
+_CLAIMS = {"claim", "claim_owned"}
 _SETTLES = {"settle", "settle_owned", "settle_owned_many"}
 
 
@@ -185,8 +185,7 @@ def test_store_failures_after_ingest_are_reported_and_left_to_the_sweep(tmp_path
         store.broken = set(_CLAIMS)
         store.failing = True
         async with polling(app):
-            # the sweep claims the old rows (a page): refused, reported as its step
-            await wait_for("claims refused", lambda: steps.count("sweep") >= 3)
+            await wait_for("claims refused", lambda: steps.count("claim") >= 3)
             assert handled == []
             store.failing = False
             await wait_for("the old rows handled after recovery", lambda: completed(old), timeout=8)

@@ -211,8 +211,7 @@ def test_spent_attempts_after_a_crash_become_a_delivered_exhaustion(intakes) -> 
         store, intakes, clock, handle=runs.append, handle_exhaustion=delivered, max_attempts=1
     )
     assert intake.idle(5)
-    # lease lapsed: the sweep's claim of its page spends it (nothing handed over)
-    assert run_due(intake, clock, 1.001) == 0
+    assert run_due(intake, clock, 1.001) == 1  # lease lapsed: handed over, spent on claim
     run_due(intake, clock, 0)
     (exhaustion,), = delivered.snapshot()
     assert exhaustion.update_id == 40 and exhaustion.error == "attempts spent"

@@ -25,7 +25,6 @@ from ptb_fence._values import Exhaustion
 from ptb_fence.ptb._application import FencedApplicationMixin
 from ptb_fence.ptb._bodies import update_body
 from ptb_fence.ptb._chat_turns import ChatTurns
-from ptb_fence.ptb._claims import StartClaims
 from ptb_fence.ptb._context import FencedCallbackContext
 from ptb_fence.ptb._deliveries import Deliveries
 from ptb_fence.ptb._handlers import RunningHandlers, cancel_requested, run_handler
@@ -59,7 +58,6 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
 
     __slots__ = (
         "_application_ref",
-        "_claims",
         "_deliveries",
         "_handle_exhaustion",
         "_handlers",
@@ -104,7 +102,6 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         self._handlers = RunningHandlers()
         self._stopping = Stopping(runtime, self._threads, self._handlers)
         self._state = SharedState(self._stopping.release_soon)
-        self._claims = StartClaims(runtime, self._state, self._threads)
         self._ingest = Ingest(
             runtime,
             self._state,
@@ -124,6 +121,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             self._redeliver,
         )
         runtime.retry_soon = self._sweeper.retry_soon
+        runtime.running_count = lambda: self._running
 
     # -- public properties ------------------------------------------------------------------
     @property
@@ -367,7 +365,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                 extra={"update_id": update.update_id},
             )
         finally:
-            self._state.finished(update.update_id)
+            self._state.inflight.discard(update.update_id)
             if not awaited and inspect.iscoroutine(coroutine):
                 coroutine.close()
 
@@ -381,8 +379,10 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         try:
             # the slot may already be held for the whole call (see process_update)
             slot = contextlib.nullcontext() if _HOLDING_SLOT.get() else self._slots
-            async with slot, self._claims.running():
-                attempt = await self._claims.attempt_for(update.update_id)
+            async with slot:
+                attempt = self._state.take_preclaimed(update.update_id)
+                if attempt is None and not self._state.stopping:
+                    attempt = await self._threads.call(runtime.claim, update.update_id)
                 if attempt is None:
                     return False  # not ours, or stopping: it stays in the store
                 if self._state.stopping:

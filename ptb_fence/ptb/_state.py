@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Callable, Dict, List, Optional, Set
 
 from ptb_fence.runtime._attempt import Attempt
@@ -32,38 +31,19 @@ class SharedState:
     Attributes:
         inflight: Ids of updates queued or being processed here.
         ingested: Outcomes of a ``getUpdates`` batch recorded before PTB puts its updates.
-        preclaimed: Attempts claimed ahead (at ingest, with another update's claim, by a
-            sweep), waiting for their update's processing.
-        pending: Ids of updates recorded pending here and queued, not started yet: claimed
-            together with the next update that starts (:meth:`next_pending`).
-        claiming: Ids of pending updates whose claim is in flight, with the future that ends
-            when it is booked.
+        preclaimed: Attempts claimed at ingest, waiting for their update's processing.
         started: The processor is initialized (and not shut down).
         stopping: ``Application.stop()`` began (or shutdown): nothing more is queued.
         batch_ingest: The Bot's ``getUpdates`` answers are recorded whole.
     """
 
-    __slots__ = (
-        "_finished",
-        "_release",
-        "batch_ingest",
-        "claiming",
-        "inflight",
-        "ingested",
-        "pending",
-        "preclaimed",
-        "started",
-        "stopping",
-    )
+    __slots__ = ("_release", "batch_ingest", "inflight", "ingested", "preclaimed", "started", "stopping")
 
     def __init__(self, release: Callable[[List[Attempt]], None]) -> None:
         self._release = release
         self.inflight: Set[int] = set()
         self.ingested: Dict[int, Recorded] = {}
         self.preclaimed: Dict[int, Attempt] = {}
-        self.pending: Set[int] = set()
-        self.claiming: "Dict[int, asyncio.Future[None]]" = {}
-        self._finished: "Optional[asyncio.Event]" = None
         self.started = False
         self.stopping = False
         self.batch_ingest = False
@@ -74,36 +54,8 @@ class SharedState:
             return False
         if isinstance(outcome, Attempt):
             self.preclaimed[update_id] = outcome
-        else:
-            self.pending.add(update_id)
         self.inflight.add(update_id)
         return True
-
-    def next_pending(self, count: int) -> List[int]:
-        """Take up to ``count`` of the queued :attr:`pending` ids, lowest first, to claim
-        them ahead (they leave :attr:`pending`)."""
-        if count <= 0 or not self.pending:
-            return []
-        chosen = sorted(self.pending)[:count]
-        self.pending.difference_update(chosen)
-        return chosen
-
-    def finished(self, update_id: int) -> None:
-        """``update_id``'s processing ended here (or it was never queued after all)."""
-        self.inflight.discard(update_id)
-        self.pending.discard(update_id)
-        if self._finished is not None:
-            self._finished.set()
-
-    async def wait_finished(self, timeout: float) -> None:
-        """Wait until an update finishes here (:meth:`finished`), at most ``timeout``."""
-        if self._finished is None:
-            self._finished = asyncio.Event()
-        self._finished.clear()
-        try:
-            await asyncio.wait_for(self._finished.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
 
     def take_ingested(self, update_id: int) -> Optional[Recorded]:
         """The outcome of ``update_id`` if a ``getUpdates`` batch recorded it (once)."""
@@ -118,7 +70,7 @@ class SharedState:
         attempt = self.preclaimed.pop(update_id, None)
         if attempt is not None:
             self._release([attempt])
-        self.finished(update_id)
+        self.inflight.discard(update_id)
 
     def release(self, attempts: List[Attempt]) -> None:
         """Give back attempts that will not be started (claimable at once where the store
@@ -133,7 +85,6 @@ class SharedState:
         if not ingested_only:
             stale += list(self.preclaimed.values())
             self.preclaimed.clear()
-            self.pending.clear()
         return stale
 
     def release_preclaimed(self, *, ingested_only: bool = False) -> None:

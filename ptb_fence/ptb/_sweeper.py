@@ -44,7 +44,6 @@ class Sweeper:
 
     __slots__ = (
         "_application",
-        "_cursor",
         "_deliveries",
         "_extra",
         "_loop",
@@ -72,8 +71,6 @@ class Sweeper:
         self._application = application
         self._redeliver = redeliver
         self._task: Optional["asyncio.Task[None]"] = None
-        # the last update_id of the previous page: a backlog's next page starts after it
-        self._cursor: Optional[int] = None
         self._extra: "Set[asyncio.Task[None]]" = set()
         # a retry due before the next sweep is handed back at its time (same fenced claim)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -121,35 +118,24 @@ class Sweeper:
         task.add_done_callback(self._extra.discard)
 
     async def _one_sweep(self) -> None:
-        interval = self._runtime.options.sweep_every_seconds
         try:
-            handed, full = await self.sweep(True)
-            while handed and full and not self._state.stopping:  # the next pages
-                await self._wait_drained(interval)
-                handed, full = await self.sweep(True, page_only=True)
+            await self.sweep(True)
         except Exception:
             _LOGGER.exception("sweep failed; trying again at the next interval")
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         include_fresh = True  # the first sweep takes every pending row at once
         interval = self._runtime.options.sweep_every_seconds
-        last_whole = -interval
         while True:
             full = False
-            # a backlog's next pages only claim: take-overs, exhaustions and pruning run at
-            # most once per interval
-            page_only = loop.time() - last_whole < interval
-            if not page_only:
-                last_whole = loop.time()
             try:
-                _, full = await self.sweep(include_fresh, page_only)
+                _, full = await self.sweep(include_fresh)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 _LOGGER.exception("sweep failed; trying again at the next interval")
             if full:
-                # more rows are waiting: fetch the next page once slots free up
+                # more rows are waiting: fetch the next page once these are done
                 await self._wait_drained(interval)
                 continue
             include_fresh = False
@@ -159,93 +145,14 @@ class Sweeper:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         threshold = max(1, self._runtime.options.max_concurrent)
-        runtime, state = self._runtime, self._state
-        while loop.time() < deadline and (
-            len(state.inflight) > threshold
-            or (runtime.claims_ahead and runtime.ahead_budget() == 0)
-        ):
-            await state.wait_finished(min(0.5, max(0.0, deadline - loop.time())))
+        while len(self._state.inflight) > threshold and loop.time() < deadline:
+            await asyncio.sleep(0.01)
 
-    async def sweep(self, include_fresh: bool, page_only: bool = False) -> Tuple[int, bool]:
-        """One sweep; returns the number of updates queued and whether the page was full.
-
-        With claim ids the due updates are claimed here, a page at a time within the claim
-        budget (one commit per page where the store can), and queued with their claims;
-        otherwise they are listed and claimed when they start. ``page_only``: only that
-        (no take-over, exhaustions or pruning)."""
+    async def sweep(self, include_fresh: bool) -> Tuple[int, bool]:
+        """One sweep; returns the number of updates queued and whether the page was full."""
         runtime = self._runtime
-        if runtime.claims_ahead:
-            handed, full = await self._claim_page(include_fresh, not page_only)
-        else:
-            handed, full = await self._list_page(include_fresh)
-        if not page_only:
-            await self._exhaustions_and_prune()
-        if handed:
-            _LOGGER.info("sweep handed %d update(s) back to the Application", handed)
-        return handed, full
-
-    def _parse(self, update_id: int, body: str) -> Optional[Update]:
-        try:
-            return parse_update(json.loads(body), self._application().bot)
-        except Exception:
-            _LOGGER.exception(
-                "stored update %s cannot be parsed; left as it is",
-                update_id,
-                extra={"update_id": update_id},
-            )
-            return None
-
-    async def _claim_page(self, include_fresh: bool, take_over: bool) -> Tuple[int, bool]:
-        runtime, state = self._runtime, self._state
-        limit = 0 if state.stopping else runtime.reserve_claims(SWEEP_PAGE)
-        if limit <= 0:
-            return 0, not state.stopping  # no budget: again once claims are settled
-        after = None if take_over else self._cursor  # a whole sweep starts at the lowest
-        try:
-            page = await self._threads.call_handing_on(
-                lambda: runtime.claim_page(
-                    limit=limit, include_fresh=include_fresh, take_over=take_over, after=after
-                ),
-                lambda landed: state.release([attempt for attempt, _ in landed]),
-            )
-        except Exception as exc:
-            runtime.report_store_error(exc, "sweep")
-            return 0, False
-        finally:
-            runtime.unreserve_claims(limit)
-        handed = 0
-        stale = []
-        # a short page ends the backlog: the next pages start at the lowest id again, so rows
-        # released or due again below the cursor are not left for a whole sweep
-        self._cursor = page[-1][0].update_id if len(page) >= limit else None
-        for attempt, body in page:
-            update_id = attempt.update_id
-            if update_id in state.inflight:
-                if update_id in state.pending:  # queued here, not started: starts with it
-                    state.pending.discard(update_id)
-                    state.preclaimed[update_id] = attempt
-                else:
-                    stale.append(attempt)
-                continue
-            update = None if state.stopping else self._parse(update_id, body)
-            if update is None:
-                stale.append(attempt)  # claimable at once again (or after stopping)
-                continue
-            state.inflight.add(update_id)
-            state.preclaimed[update_id] = attempt
-            if not self._redeliver(update):
-                state.preclaimed.pop(update_id, None)
-                state.finished(update_id)
-                stale.append(attempt)
-                continue
-            handed += 1
-        if stale:  # claimable at once: the next page starts at the lowest of them
-            state.release(stale)
-            self._cursor = min(attempt.update_id for attempt in stale) - 1
-        return handed, len(page) >= limit and handed > 0
-
-    async def _list_page(self, include_fresh: bool) -> Tuple[int, bool]:
-        runtime, state = self._runtime, self._state
+        state = self._state
+        application = self._application()
         handed = 0
         rows: List[Any]
         try:
@@ -260,7 +167,15 @@ class Sweeper:
                 continue
             if state.stopping:
                 break  # Application.stop() began: the rows stay due for the next start
-            update = self._parse(row.update_id, row.body)
+            try:
+                update = parse_update(json.loads(row.body), application.bot)
+            except Exception:
+                _LOGGER.exception(
+                    "stored update %s cannot be parsed; left as it is",
+                    row.update_id,
+                    extra={"update_id": row.update_id},
+                )
+                continue
             if update is None:
                 continue
             state.inflight.add(row.update_id)
@@ -268,10 +183,6 @@ class Sweeper:
                 state.inflight.discard(row.update_id)
                 break
             handed += 1
-        return handed, len(rows) >= SWEEP_PAGE and handed > 0
-
-    async def _exhaustions_and_prune(self) -> None:
-        runtime, state = self._runtime, self._state
         if self._deliveries.enabled and not state.stopping:
             page = await self._threads.call(self._deliveries.due)
             self._deliveries.start_many(page)
@@ -279,6 +190,9 @@ class Sweeper:
             await self._threads.call(runtime.prune)
         except Exception as exc:
             runtime.report_store_error(exc, "sweep")
+        if handed:
+            _LOGGER.info("sweep handed %d update(s) back to the Application", handed)
+        return handed, len(rows) >= SWEEP_PAGE and handed > 0
 
     # -- retries due before the next sweep ---------------------------------------------------
     def retry_soon(self, update_id: int, delay: float, body: Optional[str]) -> None:

@@ -138,14 +138,14 @@ class ChatOrder:
             self._cond.notify_all()
             return True
 
-    def drop_waiting(self) -> List[Any]:
-        """Forget every update still waiting for its chat's turn; return their items."""
+    def drop_waiting(self) -> int:
+        """Forget every update still waiting for its chat's turn; return how many."""
         with self._cond:
-            dropped: List[Any] = []
+            dropped = 0
             for key, queue in list(self._queues.items()):
-                for update_id, _, item in queue:
+                for update_id, _, _ in queue:
                     self._known.discard(update_id)
-                    dropped.append(item)
+                    dropped += 1
                 queue.clear()
             self._cond.notify_all()
             return dropped

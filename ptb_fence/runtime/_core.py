@@ -24,7 +24,6 @@ from ptb_fence._values import (
     StoredUpdate,
 )
 from ptb_fence.runtime._attempt import Attempt
-from ptb_fence.runtime._claiming import ClaimingOps
 from ptb_fence.runtime._chat_ops import ChatOrderOps
 from ptb_fence.runtime._hop import StoreHop
 from ptb_fence.runtime._jobs import Jobs
@@ -34,7 +33,6 @@ from ptb_fence.runtime._outcome import Outcome, error_text, exhaustion_ids, ids
 from ptb_fence.runtime._port import StorePort
 from ptb_fence.runtime._recording import RecordingOps
 from ptb_fence.runtime._recovery import Recovery
-from ptb_fence.runtime._reservations import Reservations
 from ptb_fence.runtime._retry import default_retry
 
 __all__ = ["EXHAUSTION_PAGE", "Outcome", "Runtime"]
@@ -48,7 +46,7 @@ _MAX_RETRY_DELAY_SECONDS = 366 * 86400.0
 """Retry delays from a custom policy are clamped to this (a year; keeps store times finite)."""
 
 
-class Runtime(ClaimingOps, RecordingOps, Jobs, Recovery, ChatOrderOps):
+class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
     """The shared runtime of one front end (one :class:`~ptb_fence.UpdateIntake` or processor).
 
     Args:
@@ -82,8 +80,8 @@ class Runtime(ClaimingOps, RecordingOps, Jobs, Recovery, ChatOrderOps):
         "keeper",
         "options",
         "port",
-        "reservations",
         "retry_soon",
+        "running_count",
         "store",
     )
 
@@ -111,7 +109,9 @@ class Runtime(ClaimingOps, RecordingOps, Jobs, Recovery, ChatOrderOps):
         self.keeper = LeaseKeeper(self.port, options, self.report_store_error)
         self._cursor: Optional[int] = None
         self._ingest_lock = threading.Lock()
-        self.reservations = Reservations()  # claims being taken right now
+        # running_count(): attempts whose handler runs now (set by a front end that claims at
+        # ingest); bounds the claims at ingest (see RecordingOps._claim_budget)
+        self.running_count: Callable[[], int] = lambda: 0
         # the store threads for blocking store work from asyncio (Attempt.run_in_transaction
         # and friends); None uses asyncio.to_thread. Set by the PTB processors.
         self.executor: Optional[StoreHop] = None

@@ -17,12 +17,6 @@ from ptb_fence.runtime._chats import ChatOrder, chat_key
 from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._delivery import ExhaustionDelivery
 from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
-from ptb_fence.runtime._intake_pages import (
-    claim_and_dispatch,
-    list_and_dispatch,
-    release_items,
-    retry_soon,
-)
 from ptb_fence.runtime._intake_runs import IntakeRun, IntakeRuns
 from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._outcome import Outcome
@@ -33,6 +27,8 @@ __all__ = ["UpdateIntake"]
 _LOGGER = logging.getLogger("ptb_fence.intake")
 
 AcceptResult = Literal["accepted", "duplicate", "invalid"]
+
+_SWEEP_PAGE = 500
 
 
 class UpdateIntake:
@@ -66,7 +62,6 @@ class UpdateIntake:
 
     __slots__ = (
         "_chats",
-        "_cursor",
         "_closed",
         "_delivery",
         "_delivery_lock",
@@ -128,7 +123,6 @@ class UpdateIntake:
         self._started = False
         self._closed = False
         self._refill = False
-        self._cursor: Optional[int] = None  # a backlog's next page starts after it
         self._refills: Set[threading.Thread] = set()
         # a retry due before the next sweep is handed back at its time (same fenced claim)
         self._wakeups = Wakeups("ptb_fence-retries")
@@ -206,7 +200,7 @@ class UpdateIntake:
                 return
             self._closed = True
             pool, self._pool = self._pool, None
-        release_items(self._runtime, self._chats.drop_waiting())
+        self._chats.drop_waiting()
         running: List[str] = []
         if pool is not None:
             # queued runs are not cancelled: each sees _closed, skips its update (left in the
@@ -338,37 +332,32 @@ class UpdateIntake:
             self._delivery_lock.release()
         return delivery.submit(page)
 
-    def _sweep(
-        self, *, include_fresh: bool, deliver_inline: bool = True, page_only: bool = False
-    ) -> int:
+    def _sweep(self, *, include_fresh: bool, deliver_inline: bool = True) -> int:
         runtime = self._runtime
         if not self._sweep_lock.acquire(blocking=False):
-            self._refill = self._refill or page_only  # the running sweep looks again after
             return 0
         handed = 0
         delivering: List[threading.Event] = []
         try:
-            if runtime.claims_ahead:  # claimed here, a page within the claim budget
-                handed, full, self._cursor = claim_and_dispatch(
-                    runtime, self._dispatch_stored, lambda: self._closed,
-                    include_fresh=include_fresh, take_over=not page_only,
-                    after=self._cursor if page_only else None, running=lambda: len(self._runs),
-                )
-            else:
-                handed, full = list_and_dispatch(
-                    runtime, self._dispatch_stored, lambda: self._closed, include_fresh
-                )
+            try:
+                rows = runtime.due_page(limit=_SWEEP_PAGE, include_fresh=include_fresh)
+            except Exception as exc:
+                runtime.report_store_error(exc, "sweep")
+                rows = []
+            for row in rows:
+                if self._closed:
+                    break
+                if self._dispatch_stored(row):
+                    handed += 1
             # a full page means there may be more: fetch the next when the workers drain
-            self._refill = full
-            if not page_only:
-                delivering = self._deliver_exhaustions(wait=deliver_inline)
-                try:
-                    runtime.prune()
-                except Exception as exc:
-                    runtime.report_store_error(exc, "sweep")
+            self._refill = len(rows) >= _SWEEP_PAGE
+            delivering = self._deliver_exhaustions(wait=deliver_inline)
+            try:
+                runtime.prune()
+            except Exception as exc:
+                runtime.report_store_error(exc, "sweep")
         finally:
             self._sweep_lock.release()
-        self._maybe_refill()  # its workers may all have finished already
         if deliver_inline:
             for event in delivering:  # outside the lock: scheduled sweeps go on meanwhile
                 event.wait()
@@ -376,38 +365,33 @@ class UpdateIntake:
             _LOGGER.info("sweep handed over %d update(s)", handed)
         return handed
 
-    def _dispatch_stored(self, row: StoredUpdate, attempt: Optional[Attempt] = None) -> bool:
+    def _dispatch_stored(self, row: StoredUpdate) -> bool:
         try:
             update = json.loads(row.body)
             if not isinstance(update, dict):
                 raise ValueError("not an object")
         except (ValueError, RecursionError):
             update = {"update_id": row.update_id}
-        return self._dispatch(row.update_id, row.body, update, attempt)
+        return self._dispatch(row.update_id, row.body, update)
 
-    def _dispatch(
-        self, update_id: int, text: str, update: Dict[str, Any], attempt: Optional[Attempt] = None
-    ) -> bool:
-        return self._chats.submit(chat_key(update), update_id, (text, update, attempt))
+    def _dispatch(self, update_id: int, text: str, update: Dict[str, Any]) -> bool:
+        return self._chats.submit(chat_key(update), update_id, (text, update))
 
     def _start_update(self, key: Hashable, update_id: int, item: Any) -> None:
         pool = self._pool
+        if pool is None:
+            self._chats.done(key, update_id)
+            return
         try:
-            if pool is not None:
-                pool.submit(self._run_update, key, update_id, item)
-                return
+            pool.submit(self._run_update, key, update_id, item)
         except RuntimeError:  # the pool is shutting down
-            pass
-        release_items(self._runtime, [item])
-        self._chats.done(key, update_id)
+            self._chats.done(key, update_id)
 
     def _run_update(self, key: Hashable, update_id: int, item: Any) -> None:
         run: Optional[IntakeRun] = None
         try:
             if not self._closed:
-                run = self._process(key, update_id, item[0], item[1], item[2])
-            else:
-                release_items(self._runtime, [item])
+                run = self._process(key, update_id, item[0], item[1])
         except BaseException:  # pragma: no cover - _process never raises
             _LOGGER.exception(
                 "unexpected error processing update %s", update_id, extra={"update_id": update_id}
@@ -415,7 +399,9 @@ class UpdateIntake:
         finally:
             if run is None or not run.timed_out:  # a timed-out run passed the turn on already
                 self._turn_done(key, update_id, None if run is None else run.outcome)
-            self._maybe_refill()
+            if self._refill and len(self._chats) == 0 and not self._closed:
+                self._refill = False
+                self._start_refill()
 
     def _turn_done(self, key: Hashable, update_id: int, outcome: Optional[Outcome]) -> None:
         """Pass the chat's turn on; under ``strict_chat_order`` first queue the chat's next
@@ -430,22 +416,12 @@ class UpdateIntake:
         finally:
             self._chats.done(key, update_id)
 
-    def _maybe_refill(self) -> None:
-        """After a full page: once no more than ``max_concurrent`` updates are queued or
-        running here, sweep for the next page on a thread of its own (close() waits for it)."""
-        with self._lock:
-            if not self._refill or self._closed:
-                return
-            runtime = self._runtime
-            if len(self._chats) > runtime.options.max_concurrent or (
-                runtime.claims_ahead and not runtime.ahead_budget(len(self._runs))
-            ):
-                return
-            self._refill = False
+    def _start_refill(self) -> None:
+        """Sweep for the next page on a thread of its own (close() waits for it)."""
 
         def refill() -> None:
             try:
-                self._sweep(include_fresh=True, page_only=True)
+                self._sweep(include_fresh=True)
             finally:
                 with self._lock:
                     self._refills.discard(thread)
@@ -458,19 +434,32 @@ class UpdateIntake:
         thread.start()
 
     def _retry_soon(self, update_id: int, delay: float, body: Optional[str]) -> None:
-        alive: Callable[[], bool] = lambda: self._started and not self._closed  # noqa: E731
-        retry_soon(self._wakeups, self._dispatch_stored, alive, update_id, delay, body)
+        if body is None:
+            return  # the sweep takes it
+
+        tries = [0]
+
+        def wake() -> None:
+            if not self._started or self._closed:
+                return
+            if not self._dispatch_stored(StoredUpdate(update_id=update_id, body=body)):
+                # still finishing its failed attempt here: look again shortly
+                tries[0] += 1
+                if tries[0] < 200:
+                    self._wakeups.call_later(0.05, wake)
+
+        # a few ms late, so the store sees the retry time as come (due_at <= now)
+        self._wakeups.call_later(delay + 0.005, wake)
 
     def _submit_exhaustion(self, exhaustion: Exhaustion) -> None:
         if self._delivery is not None:
             self._delivery.submit([exhaustion])
 
     def _process(
-        self, key: Hashable, update_id: int, text: str, update: Dict[str, Any],
-        claimed: Optional[Attempt],
+        self, key: Hashable, update_id: int, text: str, update: Dict[str, Any]
     ) -> Optional[IntakeRun]:
         runtime = self._runtime
-        attempt = claimed if claimed is not None else runtime.claim(update_id, text)
+        attempt = runtime.claim(update_id, text)
         if attempt is None:
             return None
         run = self._runs.begin(key, update_id, attempt)

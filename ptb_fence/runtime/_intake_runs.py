@@ -86,10 +86,6 @@ class IntakeRuns:
         self._lock = threading.Lock()
         self._runs: Dict[int, IntakeRun] = {}
 
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._runs)
-
     def begin(self, key: Hashable, update_id: int, attempt: Attempt) -> IntakeRun:
         """Register a run (and its timeout, if ``attempt_timeout_seconds`` is set)."""
         run = IntakeRun(key, update_id, attempt)

@@ -87,9 +87,8 @@ class RuntimeOptions:
         ingest_claim_buffer (:obj:`int`): A fenced store that records and claims in one
             commit claims at ingest at most ``max_concurrent + ingest_claim_buffer`` minus the
             claims this process already holds; the rest of a batch is recorded ``pending``
-            (claimable by any process; this one claims them when it gets to them, several in
-            one commit), so a crash strands at most that many for a lease. The sweeps claim
-            due updates in pages within the same bound. Default 8.
+            (claimable by any process; this one claims them when it gets to them), so a crash
+            strands at most that many for a lease. Default 8.
         strict_chat_order (:obj:`bool`): An update of a chat is never started while an
             earlier update of the same chat is unsettled (pending, processing, or failed and
             waiting for its retry), in this process or any other sharing the store; an

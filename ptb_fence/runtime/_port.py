@@ -20,8 +20,6 @@ for a store that has only the methods of SPEC §4:
 - ``release_many`` missing (:class:`~ptb_fence.ReleasingUpdateStore`) → every claim is
   reported not released (:obj:`False`): the update waits for its lease to lapse
   (:attr:`StorePort.releases` is :obj:`False`);
-- ``claim_owned_many``/``claim_due_many`` missing (:class:`~ptb_fence.ClaimingUpdateStore`)
-  → the loop of ``claim_owned`` (see :class:`~ptb_fence.runtime._port_claims.ClaimsPort`);
 - ``hold_liveness``/``release_liveness``/``take_over_dead`` missing
   (:class:`~ptb_fence.LivenessStore`, all three needed) → no instance (:obj:`None`), nothing
   to release, nothing taken over (``0``): a dead process's claims wait for their lease
@@ -51,7 +49,6 @@ from ptb_fence._protocols import (
     missing_methods,
 )
 from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoredUpdate
-from ptb_fence.runtime._port_claims import ClaimsPort
 from ptb_fence.runtime._port_chats import ChatOrderPort
 
 __all__ = ["Recorded", "Row", "StorePort"]
@@ -83,7 +80,7 @@ def _takes_connection(method: Optional[Callable[..., Any]]) -> bool:
     )
 
 
-class StorePort(ClaimsPort, ChatOrderPort):
+class StorePort(ChatOrderPort):
     """The user's store behind one typed interface (built once per runtime).
 
     Args:
@@ -103,8 +100,6 @@ class StorePort(ClaimsPort, ChatOrderPort):
         "_add_many",
         "_bind_bot",
         "_chat_order",
-        "_claim_due_many",
-        "_claim_owned_many",
         "_complete_owned",
         "_hold_liveness",
         "_owns_connection",
@@ -135,15 +130,20 @@ class StorePort(ClaimsPort, ChatOrderPort):
                 f"{component} needs an update store; {type(store).__name__} lacks "
                 f"{', '.join(missing)}"
             )
-        name = type(store).__name__
-        for wanted, methods, need in (
-            (fenced, FENCED_METHODS, "attempt-aware handling needs a fenced store"),
-            (durable, DURABLE_METHODS, "handle_exhaustion needs a durable store"),
-        ):
-            missing = missing_methods(store, methods) if wanted else []
+        if fenced:
+            missing = missing_methods(store, FENCED_METHODS)
             if missing:
-                kind = "FencedUpdateStore" if methods is FENCED_METHODS else "DurableUpdateStore"
-                raise TypeError(f"{component}: {need} ({kind}); {name} lacks {', '.join(missing)}")
+                raise TypeError(
+                    f"{component}: attempt-aware handling needs a fenced store "
+                    f"(FencedUpdateStore); {type(store).__name__} lacks {', '.join(missing)}"
+                )
+        if durable:
+            missing = missing_methods(store, DURABLE_METHODS)
+            if missing:
+                raise TypeError(
+                    f"{component}: handle_exhaustion needs a durable store "
+                    f"(DurableUpdateStore); {type(store).__name__} lacks {', '.join(missing)}"
+                )
         missing = missing_methods(store, FENCED_METHODS + CHAT_ORDER_METHODS)
         if chat_order and missing:
             raise TypeError(
@@ -161,8 +161,6 @@ class StorePort(ClaimsPort, ChatOrderPort):
         self._transaction = _optional(store, "transaction")
         self._bind_bot = _optional(store, "bind_bot")
         self._release_many = _optional(store, "release_many")
-        self._claim_owned_many = _optional(store, "claim_owned_many")
-        self._claim_due_many = _optional(store, "claim_due_many")
         liveness = not missing_methods(store, LIVENESS_METHODS)
         self._hold_liveness = _optional(store, "hold_liveness") if liveness else None
         self._release_liveness = _optional(store, "release_liveness") if liveness else None
@@ -179,7 +177,8 @@ class StorePort(ClaimsPort, ChatOrderPort):
                 "instead of in it, so completion is at-least-once, not exactly-once (a crash "
                 "between the two runs the handler again); add connection= to owns and "
                 "settle_owned for exactly-once",
-                component, name,
+                component,
+                type(store).__name__,
                 "settle_owned" if self._owns_connection else "owns/settle_owned",
             )
 

@@ -37,15 +37,10 @@ class RecordingOps:
         attempt_aware: bool
         delivers_exhaustions: bool
         keeper: LeaseKeeper
+        running_count: Callable[[], int]
         _ingest_lock: threading.Lock
 
         def release(self, attempts: Sequence[Attempt]) -> int: ...
-
-        def claim_budget(self) -> int: ...
-
-        def reserve_claims(self, wanted: int, *, own: int = 0) -> int: ...
-
-        def unreserve_claims(self, count: int) -> None: ...
 
         @property
         def uses_claim_ids(self) -> bool: ...
@@ -103,7 +98,7 @@ class RecordingOps:
 
         With ``claim`` (and a fenced runtime whose store records and claims in one commit,
         ``port.claims_at_ingest``) the first fresh updates, as many as the claim budget allows
-        (:meth:`~ptb_fence.runtime._claiming.ClaimingOps.claim_budget`), are claimed for
+        (``max_concurrent + ingest_claim_buffer`` minus the claims held here), are claimed for
         their first attempt in the same commit and returned as registered
         :class:`~ptb_fence.Attempt` objects; the others are recorded pending (:obj:`True`,
         a second commit). :obj:`False`: a duplicate. A store error propagates (attempts
@@ -121,11 +116,11 @@ class RecordingOps:
         rows = self._rows(items, now)
         if not self._claims_at_ingest(claim):
             return list(self.port.add_many(rows))
-        budget = self.reserve_claims(len(rows))
-        if budget == 0:
-            return list(self.port.add_many(rows))
-        try:
+        with self._ingest_lock:  # the budget is counted and spent by one recorder at a time
             options = self.options
+            budget = self._claim_budget()
+            if budget == 0:
+                return list(self.port.add_many(rows))
             lease_until = options.lease_deadline(now)
             recorded = self.port.record_claimed(
                 rows[:budget],
@@ -135,8 +130,6 @@ class RecordingOps:
                 durable_exhaustion=self.delivers_exhaustions,
             )
             claimed = self._adopt_all(recorded, items[:budget], lease_until)
-        finally:
-            self.unreserve_claims(budget)
         if len(rows) <= budget:
             return claimed
         try:
@@ -145,6 +138,15 @@ class RecordingOps:
             self.release([value for value in claimed if not isinstance(value, bool)])
             raise
         return claimed + rest
+
+    def _claim_budget(self) -> int:
+        """How many more claims at ingest: ``max_concurrent + ingest_claim_buffer`` minus the
+        claims held here (being renewed) minus the slots still free (the front end may claim
+        for them when it starts an update recorded pending). So claims waiting to start never
+        exceed the buffer, and all claims held never exceed ``max_concurrent + buffer``."""
+        held = len(self.keeper.active())
+        running = min(self.running_count(), held)
+        return max(0, self.options.ingest_claim_buffer - (held - running))
 
     def complete_many(self, attempts: Sequence["Attempt"]) -> "List[Outcome]":
         """Settle handled attempts as completed (one commit where the store can).
@@ -181,16 +183,13 @@ class RecordingOps:
         Returns the records (or the store error that prevented them: do not acknowledge those
         updates) and the outcomes of the completions.
         """
-        together = (
-            items
-            and attempts
-            and self._claims_at_ingest(claim)
-            and self.port.records_and_settles_together
-            and all(a.fenced for a in attempts)
-        )
-        granted = self.reserve_claims(len(items)) if together else 0
-        if not together or granted < len(items):  # claims only part: two commits
-            self.unreserve_claims(granted)
+        if (
+            not items
+            or not attempts
+            or not self._claims_at_ingest(claim)
+            or not (self.port.records_and_settles_together and all(a.fenced for a in attempts))
+            or len(items) > self._claim_budget()  # claims only part: two commits
+        ):
             try:
                 records: "Union[List[Record], BaseException]" = (
                     self.record_many(items, claim=claim, chats=chats) if items else []
@@ -209,9 +208,9 @@ class RecordingOps:
                 max_attempts=self.options.max_attempts,
                 durable_exhaustion=self.delivers_exhaustions,
             )
-            adopted = self._adopt_all(recorded, items, lease_until)
         except Exception as exc:
             return exc, [self.completion_failed(attempt, exc) for attempt in attempts]
-        finally:
-            self.unreserve_claims(granted)
-        return adopted, [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
+        return (
+            self._adopt_all(recorded, items, lease_until),
+            [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)],
+        )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ptb_fence._errors import TableBotMismatch
 from ptb_fence._fingerprint import update_fingerprint
@@ -301,62 +301,6 @@ class MemoryUpdateStore(MemoryChatOrder, MemoryRecovery):
                 return None
             assert row.claim_id is not None
             return AttemptIdentity(row.update_id, row.attempts, row.claim_id)
-
-    def claim_owned_many(
-        self,
-        update_ids: Sequence[int],
-        *,
-        now: int,
-        lease_until: int,
-        max_attempts: int,
-        durable_exhaustion: bool = False,
-    ) -> List[Optional[AttemptIdentity]]:
-        """:meth:`claim_owned` for each id, at once (optional capability, see
-        :class:`ptb_fence.ClaimingUpdateStore`); an id repeated in ``update_ids`` is claimed at
-        its first position only (:obj:`None` at the later ones)."""
-        with self._lock:
-            seen: Set[int] = set()
-            result: List[Optional[AttemptIdentity]] = []
-            for update_id in update_ids:
-                first = update_id not in seen
-                seen.add(update_id)
-                result.append(
-                    self.claim_owned(
-                        update_id, now=now, lease_until=lease_until,
-                        max_attempts=max_attempts, durable_exhaustion=durable_exhaustion,
-                    ) if first else None
-                )
-            return result
-
-    def claim_due_many(
-        self,
-        *,
-        now: int,
-        pending_before: int,
-        lease_until: int,
-        max_attempts: int,
-        limit: int,
-        durable_exhaustion: bool = False,
-        after_update_id: Optional[int] = None,
-    ) -> List[Tuple[AttemptIdentity, str]]:
-        """Claim the rows ``due(now=now, pending_before=pending_before, limit=limit)`` lists,
-        each as :meth:`claim_owned` would, at once (optional capability, see
-        :class:`ptb_fence.ClaimingUpdateStore`); the ``(identity, body)`` of each row taken, by
-        ``update_id`` (a row whose attempts are spent is abandoned and not returned); with
-        ``after_update_id`` only rows with a greater id."""
-        with self._lock:
-            taken: List[Tuple[AttemptIdentity, str]] = []
-            listed = self.due(now=now, pending_before=pending_before, limit=len(self._rows))
-            after = after_update_id
-            page = [r for r in listed if after is None or r.update_id > after][: max(limit, 0)]
-            for row in page:
-                identity = self.claim_owned(
-                    row.update_id, now=now, lease_until=lease_until,
-                    max_attempts=max_attempts, durable_exhaustion=durable_exhaustion,
-                )
-                if identity is not None:
-                    taken.append((identity, row.body))
-            return taken
 
     def renew_owned(
         self, identity: AttemptIdentity, lease_until: int, now: Optional[int] = None

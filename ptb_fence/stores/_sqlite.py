@@ -14,7 +14,6 @@ from typing import Any, ContextManager, List, Optional, Sequence, Set, Tuple
 from ptb_fence._values import AttemptIdentity, Completed, Exhaustion, Settlement
 from ptb_fence.stores._names import validate_update_id
 from ptb_fence.stores._sqlite_base import SQLiteBaseStore
-from ptb_fence.stores._sqlite_claims import SQLiteClaims
 from ptb_fence.stores._sqlite_chats import SQLiteChatOrder
 from ptb_fence.stores._sqlite_recovery import SQLiteRecovery
 from ptb_fence.stores._sqlite_writes import (
@@ -30,7 +29,7 @@ from ptb_fence.stores._sqlite_writes import (
 __all__ = ["SQLiteUpdateStore"]
 
 
-class SQLiteUpdateStore(SQLiteClaims, SQLiteChatOrder, SQLiteRecovery, SQLiteBaseStore):
+class SQLiteUpdateStore(SQLiteChatOrder, SQLiteRecovery, SQLiteBaseStore):
     """The embedded default store: one SQLite file, safe from many threads and processes.
 
     The table (and its index on ``(state, due_at)``) is created on construction; a table from an
