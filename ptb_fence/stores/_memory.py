@@ -260,15 +260,17 @@ class MemoryUpdateStore(MemoryChatOrder, MemoryRecovery):
                 return result
             for update_id in sorted(self._rows):
                 row = self._rows[update_id]
-                if row.state == "pending":
-                    ok = row.received_at <= pending_before or self._released(row)
-                else:
-                    ok = self._claimable(row, now)
-                if ok:
+                if self._listed_due(row, now, pending_before):
                     result.append(StoredUpdate(update_id, row.body))
                     if len(result) >= limit:
                         break
             return result
+
+    def _listed_due(self, row: _Row, now: int, pending_before: int) -> bool:
+        """Whether :meth:`due` lists ``row`` (also the rows ``due_in_chat_order`` considers)."""
+        if row.state == "pending":
+            return row.received_at <= pending_before or self._released(row)
+        return self._claimable(row, now)
 
     def prune(self, before: int) -> int:
         """Delete completed/abandoned rows settled before ``before``; return the count."""

@@ -33,6 +33,8 @@ class MemoryChatOrder:
             self, update_id: int, now: int, lease_until: int, max_attempts: int, durable: bool
         ) -> Optional[Row]: ...
 
+        def _listed_due(self, row: Row, now: int, pending_before: int) -> bool: ...
+
     def _blockers(self, now: int) -> Dict[int, Tuple[int, int]]:
         """Per chat key: its lowest unsettled ``update_id`` and the id of a row processing
         with a live lease (``-1`` if none)."""
@@ -118,13 +120,7 @@ class MemoryChatOrder:
                 row = self._rows[update_id]
                 if chat_key is not None and row.chat_key != chat_key:
                     continue
-                if row.state == "pending":
-                    due = row.received_at <= pending_before or row.claim_id is not None
-                elif row.state == "failed":
-                    due = row.due_at is not None and row.due_at <= now
-                else:
-                    due = row.state == "processing" and row.due_at is not None and row.due_at < now
-                if not due:
+                if not self._listed_due(row, now, pending_before):
                     continue
                 if row.chat_key is not None:
                     low, live = blockers[row.chat_key]
