@@ -35,30 +35,19 @@ from telegram import Update  # noqa: E402
 from telegram.ext import Application, MessageHandler, filters  # noqa: E402
 
 from ptb_fence.ptb import FencedUpdateProcessor  # noqa: E402
-from worker_support import announce_ready, extra_options, make_store, touch  # noqa: E402
+from worker_support import (  # noqa: E402
+    add_worker_arguments,
+    announce_ready,
+    extra_options,
+    make_store,
+    touch,
+)
 
 
 def parse_args(argv: List[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("base_url")
-    parser.add_argument("token")
-    parser.add_argument("store")
-    parser.add_argument("table")
-    parser.add_argument("--dir", required=True)
-    parser.add_argument("--domain", required=True)
-    parser.add_argument("--poll", action="store_true")
-    parser.add_argument("--hang", default="", help="text of messages whose handler never ends")
-    parser.add_argument("--lease", type=float, default=1.0)
-    parser.add_argument("--sweep", type=float, default=0.1)
-    parser.add_argument("--grace", type=float, default=0.2)
-    parser.add_argument("--max-concurrent", type=int, default=8)
-    parser.add_argument("--max-life", type=float, default=40.0)
-    parser.add_argument("--retry", type=float, default=0.1, help="retry delay in seconds")
-    parser.add_argument("--slow", default="", help="text of messages whose handler is slow")
-    parser.add_argument("--slow-seconds", type=float, default=3.0)
+    add_worker_arguments(parser)
     parser.add_argument("--fail-once", default="", help="text of messages whose first attempt fails")
-    parser.add_argument("--stop-timeout", type=float, default=None)
-    parser.add_argument("--attempt-timeout", type=float, default=None)
     parser.add_argument(
         "--run-polling",
         action="store_true",

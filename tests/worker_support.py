@@ -11,6 +11,28 @@ import time
 from typing import Any, Dict
 
 
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command line both recovery workers (PTB and ``UpdateIntake``) take."""
+    parser.add_argument("base_url")
+    parser.add_argument("token")
+    parser.add_argument("store")
+    parser.add_argument("table")
+    parser.add_argument("--dir", required=True)
+    parser.add_argument("--domain", required=True)
+    parser.add_argument("--poll", action="store_true")
+    parser.add_argument("--hang", default="", help="text of messages whose handler never ends")
+    parser.add_argument("--lease", type=float, default=1.0)
+    parser.add_argument("--sweep", type=float, default=0.1)
+    parser.add_argument("--grace", type=float, default=0.2)
+    parser.add_argument("--max-concurrent", type=int, default=8)
+    parser.add_argument("--max-life", type=float, default=40.0)
+    parser.add_argument("--retry", type=float, default=0.1, help="retry delay in seconds")
+    parser.add_argument("--slow", default="", help="text of messages whose handler is slow")
+    parser.add_argument("--slow-seconds", type=float, default=3.0)
+    parser.add_argument("--stop-timeout", type=float, default=None)
+    parser.add_argument("--attempt-timeout", type=float, default=None)
+
+
 def make_store(url: str, table: str) -> Any:
     """The store of ``url``: ``sqlite:///absolute/path`` or a PostgreSQL DSN."""
     if url.startswith("sqlite:///"):
