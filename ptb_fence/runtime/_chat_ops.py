@@ -68,8 +68,10 @@ class ChatOrderOps:
         the chat's lowest unsettled update if it is due and its turn (pending ones whatever
         ``pending_grace_seconds``). :obj:`None` otherwise, also on a store error (reported as
         step ``"sweep"``; a sweep hands it over later)."""
+        if not self.options.strict_chat_order or waiting:
+            return None  # per settle on the default path: nothing to compute
         chat = stored_chat_key(key)
-        if not self.options.strict_chat_order or chat is None or waiting:
+        if chat is None:
             return None
         if outcome is not None and outcome not in _RELEASES_CHAT:
             return None  # retrying or lost: the chat is still held
