@@ -17,6 +17,7 @@ from ptb_fence._errors import (
 from ptb_fence._protocols import (
     BatchUpdateStore,
     BotBoundStore,
+    ClaimingUpdateStore,
     ChatOrderedUpdateStore,
     CompletingUpdateStore,
     LivenessStore,
@@ -63,6 +64,7 @@ __all__ = [
     "AttemptTimeout",
     "BatchUpdateStore",
     "BotBoundStore",
+    "ClaimingUpdateStore",
     "ChatOrderedUpdateStore",
     "CompletingUpdateStore",
     "LivenessStore",

@@ -1,7 +1,8 @@
 """The store contract: three capability levels, detected by duck typing, plus the optional
 capabilities the runtime uses when a store offers them (:class:`BatchUpdateStore`,
 :class:`TransactionalUpdateStore`, :class:`BotBoundStore`, :class:`ReleasingUpdateStore`,
-:class:`LivenessStore`, :class:`ChatOrderedUpdateStore`).
+:class:`LivenessStore`, :class:`ChatOrderedUpdateStore`, :class:`CompletingUpdateStore`,
+:class:`ClaimingUpdateStore`).
 
 Every method is blocking and each rule is one conditional statement on one row. The methods'
 docstrings below state the rules; :func:`ptb_fence.conformance.check_update_store` checks them,
@@ -33,6 +34,7 @@ __all__ = [
     "CHAT_ORDER_METHODS",
     "ChatOrderedUpdateStore",
     "ChatRow",
+    "ClaimingUpdateStore",
     "COMPLETING_METHODS",
     "CompletingUpdateStore",
     "TransactionalUpdateStore",
@@ -239,6 +241,46 @@ class BatchUpdateStore(Protocol):
     ) -> List[bool]:
         """``[settle_owned(i, s) for i, s in items]`` in one commit; per position whether that
         settlement landed."""
+
+
+class ClaimingUpdateStore(Protocol):
+    """Optional: claim several rows for their next attempt in one statement (one commit in
+    the SQL stores). Without it the runtime claims row by row with
+    :meth:`FencedUpdateStore.claim_owned`.
+
+    :meth:`claim_owned_many` applies exactly the rule of ``claim_owned`` to each row, with the
+    same ``now``, ``lease_until``, ``max_attempts`` and ``durable_exhaustion``: a claimable row
+    (``pending``; ``failed`` with ``due_at <= now``; ``processing`` with ``due_at < now`` — a
+    lease is held while ``due_at >= now``) whose ``attempts < max_attempts`` is taken for
+    attempt ``attempts + 1`` with lease ``lease_until`` and a fresh claim id; a claimable row
+    whose attempts are spent is abandoned exactly as ``claim_owned`` abandons it (an
+    unacknowledged exhaustion with ``durable_exhaustion``) and gives no identity. Everything
+    lands in one commit, all or nothing. ``lease_until >= now`` is assumed (a claim made by
+    the call is then live for the rest of it).
+
+    The runtime uses it for the updates that start together (the slots freed by one grouped
+    completion, a backlog handed over by a sweep): one commit for all their claims.
+    """
+
+    def claim_owned_many(
+        self,
+        update_ids: Sequence[int],
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> List[Optional[AttemptIdentity]]:
+        """``[claim_owned(u, now=now, ...) for u in update_ids]`` in one statement.
+
+        Returns:
+            Per input position the identity (read back from the row) or :obj:`None`: not
+            claimable at ``now`` (a live lease, a ``failed`` row before its retry time, a
+            completed or abandoned row), attempts spent (the row is abandoned), an unknown id,
+            or an id repeated in ``update_ids`` (claimed at its first position only). A store
+            may lock the rows in ``update_id`` order; a row held by an open transaction is
+            waited for, as ``claim_owned`` waits.
+        """
 
 
 @runtime_checkable

@@ -101,6 +101,14 @@ Rules (:data:`RULES`; the number is the item of the specification's list of ten 
     per new id: a new id returns an identity with attempt 1, a fresh claim id and the given
     lease (owned up to and including ``lease_until``, not after); an existing id or one repeated
     in the batch returns :obj:`None` and stays unchanged.
+``batch-claim`` (fenced, 7; only for a store with ``claim_owned_many``)
+    ``claim_owned_many(ids, ...)`` equals the loop of ``claim_owned`` position by position: a
+    pending row, a lapsed lease (attempt + 1) and a failed row at its retry time are taken with
+    fresh, distinct claim ids and the given lease; a live lease, a lease held exactly at
+    ``now``, a failed row 1 ms before its retry time, a completed row, an unknown id and an id
+    repeated in the input give :obj:`None` and change nothing; a claimable row whose attempts
+    are spent gives :obj:`None` and is abandoned (durable: an exhaustion with
+    ``durable_exhaustion=True``). ``claim_owned_many([])`` returns ``[]``.
 ``batch-settle`` (fenced, 3 and 9; only for a store with ``settle_owned_many``)
     ``settle_owned_many`` equals the loop of ``settle_owned`` position by position: completed,
     failed and abandoned settlements of live claims land; a wrong claim id, an expired lease, the
@@ -1279,6 +1287,71 @@ def _rule_batch_claim_at_ingest(p: _Probe, fenced: bool, durable: bool) -> None:
     )
 
 
+def _claim_scene(p: _Probe, now: int) -> None:
+    """Rows 1-8 for the batch-claim rules, seen at ``now`` with ``max_attempts=2``: 1 pending,
+    2 live lease, 3 lease held exactly at ``now``, 4 lapsed lease (attempt 1), 5 failed and due
+    at ``now``, 6 failed and due at ``now + 1``, 7 lapsed lease with its attempts spent, 8
+    completed."""
+    for update_id in range(1, 9):
+        p.require(p.add(update_id, f"b{update_id}", _T), "add of a new update_id returned False")
+    for update_id, lease_until in ((2, _T + _L), (3, now), (4, now - 1), (5, now), (6, now),
+                                   (7, _T + 1), (8, now)):
+        identity = p.claim_owned(update_id, now=_T, lease_until=lease_until)
+        p.require(identity is not None, "claim_owned of a pending update returned None")
+        assert identity is not None
+        if update_id in (5, 6):
+            retry = Failed(at=_T + 1, retry_at=now + (update_id - 5), error="e")
+            p.require(p.settle_owned(identity, retry), "settle_owned of a live claim failed")
+        elif update_id == 8:
+            p.require(p.settle_owned(identity, Completed(at=_T + 1)), "settle_owned failed")
+    again = p.claim_owned(7, now=_T + 2, lease_until=now - 1)
+    p.require(again is not None and again.attempt == 2, "claim_owned of a lapsed lease failed")
+
+
+def _rule_batch_claim(p: _Probe, fenced: bool, durable: bool) -> None:
+    if not _has(p.store, "claim_owned_many"):
+        return
+    now = _T + 10
+    _claim_scene(p, now)
+    ids = [1, 2, 3, 4, 5, 6, 7, 8, 99, 1]
+    kwargs: Dict[str, Any] = {"now": now, "lease_until": now + _L, "max_attempts": 2}
+    got = _identities(p, "claim_owned_many", p._call("claim_owned_many", ids, **kwargs), len(ids))
+    shape = [None if i is None else (i.update_id, i.attempt) for i in got]
+    want = [(1, 1), None, None, (4, 2), (5, 2), None, None, None, None, None]
+    p.require(
+        shape == want,
+        f"claim_owned_many({ids}, now={_at(now)}, lease_until={_at(now + _L)}, max_attempts=2) "
+        f"returned {shape} as (update_id, attempt); the loop of claim_owned gives {want} "
+        "(pending; live lease; lease held at now; lapsed lease; failed due at now; failed due "
+        "at now + 1; attempts spent; completed; unknown; repeated)",
+    )
+    taken = [i for i in got if i is not None]
+    p.expect(len({i.claim_id for i in taken}) == len(taken),
+             "claim_owned_many gave two rows the same claim id")
+    for identity in taken:
+        p.expect(p.owns(identity, now + _L) and not p.owns(identity, now + _L + 1),
+                 f"{identity} taken by claim_owned_many does not own its row exactly up to "
+                 f"lease_until={_at(now + _L)}")
+    listed = p.due_ids(now=now + 1, pending_before=_FAR)
+    p.expect(
+        listed == [3, 6],
+        f"after claim_owned_many, due(now={_at(now + 1)}) returned {listed}; expected [3, 6] "
+        "(3's lease lapsed, 6 due; 1, 4, 5 claimed, 2 leased, 7 spent: abandoned, 8 completed)",
+    )
+    p.expect(
+        _identities(p, "claim_owned_many", p._call("claim_owned_many", [], **kwargs), 0) == [],
+        "claim_owned_many([]) must return []",
+    )
+    if durable:
+        p.require(p.add(9, "b9", _T), "add of a new update_id returned False")
+        p.require(p.claim_owned(9, now=_T, lease_until=_T + 1) is not None, "claim failed")
+        kwargs.update(max_attempts=1, durable_exhaustion=True)
+        spent = p._call("claim_owned_many", [9, 99], **kwargs)
+        p.expect(spent == [None, None], f"claim_owned_many of a spent row returned {spent!r}")
+        p.expect(9 in p.exhaustion_ids(), "claim_owned_many(durable_exhaustion=True) of a "
+                 "spent row did not leave an exhaustion")
+
+
 def _claimed(p: _Probe, update_id: int, lease_until: int) -> AttemptIdentity:
     p.require(p.add(update_id, "b", _T), "add of a new update_id returned False")
     identity = p.claim_owned(update_id, now=_T, lease_until=lease_until)
@@ -2207,6 +2280,16 @@ _TABLE: Tuple[Tuple[ConformanceRule, _RuleFn], ...] = (
             "existing and repeated ids give None and stay unchanged.",
         ),
         _rule_batch_claim_at_ingest,
+    ),
+    (
+        ConformanceRule(
+            "batch-claim",
+            "fenced",
+            "claim_owned_many (when present) equals the loop of claim_owned calls: live and "
+            "exact-boundary leases, early retries, settled, unknown and repeated ids give None; "
+            "spent rows are abandoned.",
+        ),
+        _rule_batch_claim,
     ),
     (
         ConformanceRule(

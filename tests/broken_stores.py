@@ -730,6 +730,20 @@ class TakeOverLiveStore(MemoryUpdateStore):
             return len(rows)
 
 
+# -- claims of several rows (ClaimingUpdateStore) ------------------------------------------------
+class ClaimOwnedManyIgnoresSpendStore(MemoryUpdateStore):
+    """claim_owned_many takes a claimable row even when its attempts are spent."""
+
+    def claim_owned_many(
+        self, update_ids: Sequence[int], *, now: int, lease_until: int, max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> List[Optional[AttemptIdentity]]:
+        return super().claim_owned_many(
+            update_ids, now=now, lease_until=lease_until, max_attempts=max_attempts + 100,
+            durable_exhaustion=durable_exhaustion,
+        )
+
+
 class ChatClaimIgnoresOrderStore(MemoryUpdateStore):
     """``claim_in_chat_order`` claims like ``claim_owned``: a later update of a chat runs while
     an earlier one is unsettled."""
@@ -756,6 +770,7 @@ class ChatOrderIgnoresLiveLeaseStore(MemoryUpdateStore):
 
 
 BROKEN: Dict[Type[Any], Sequence[str]] = {
+    ClaimOwnedManyIgnoresSpendStore: ("batch-claim",),
     ChatClaimIgnoresOrderStore: ("chat-order",),
     ChatOrderIgnoresLiveLeaseStore: ("chat-order",),
     ReleaseSpendsAttemptStore: ("release",),

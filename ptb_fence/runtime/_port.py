@@ -20,6 +20,8 @@ for a store that has only the methods of SPEC §4:
 - ``release_many`` missing (:class:`~ptb_fence.ReleasingUpdateStore`) → every claim is
   reported not released (:obj:`False`): the update waits for its lease to lapse
   (:attr:`StorePort.releases` is :obj:`False`);
+- ``claim_owned_many`` missing (:class:`~ptb_fence.ClaimingUpdateStore`) → the loop of
+  ``claim_owned`` (see :class:`~ptb_fence.runtime._port_claims.ClaimsPort`);
 - ``hold_liveness``/``release_liveness``/``take_over_dead`` missing
   (:class:`~ptb_fence.LivenessStore`, all three needed) → no instance (:obj:`None`), nothing
   to release, nothing taken over (``0``): a dead process's claims wait for their lease
@@ -50,6 +52,7 @@ from ptb_fence._protocols import (
 )
 from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoredUpdate
 from ptb_fence.runtime._port_chats import ChatOrderPort
+from ptb_fence.runtime._port_claims import ClaimsPort
 
 __all__ = ["Recorded", "Row", "StorePort"]
 
@@ -80,7 +83,7 @@ def _takes_connection(method: Optional[Callable[..., Any]]) -> bool:
     )
 
 
-class StorePort(ChatOrderPort):
+class StorePort(ClaimsPort, ChatOrderPort):
     """The user's store behind one typed interface (built once per runtime).
 
     Args:
@@ -100,6 +103,7 @@ class StorePort(ChatOrderPort):
         "_add_many",
         "_bind_bot",
         "_chat_order",
+        "_claim_owned_many",
         "_complete_owned",
         "_hold_liveness",
         "_owns_connection",
@@ -130,20 +134,15 @@ class StorePort(ChatOrderPort):
                 f"{component} needs an update store; {type(store).__name__} lacks "
                 f"{', '.join(missing)}"
             )
-        if fenced:
-            missing = missing_methods(store, FENCED_METHODS)
+        name = type(store).__name__
+        for wanted, methods, need, kind in (
+            (fenced, FENCED_METHODS, "attempt-aware handling", "fenced store (FencedUpdateStore)"),
+            (durable, DURABLE_METHODS, "handle_exhaustion", "durable store (DurableUpdateStore)"),
+        ):
+            missing = missing_methods(store, methods) if wanted else []
             if missing:
-                raise TypeError(
-                    f"{component}: attempt-aware handling needs a fenced store "
-                    f"(FencedUpdateStore); {type(store).__name__} lacks {', '.join(missing)}"
-                )
-        if durable:
-            missing = missing_methods(store, DURABLE_METHODS)
-            if missing:
-                raise TypeError(
-                    f"{component}: handle_exhaustion needs a durable store "
-                    f"(DurableUpdateStore); {type(store).__name__} lacks {', '.join(missing)}"
-                )
+                lacks = ", ".join(missing)
+                raise TypeError(f"{component}: {need} needs a {kind}; {name} lacks {lacks}")
         missing = missing_methods(store, FENCED_METHODS + CHAT_ORDER_METHODS)
         if chat_order and missing:
             raise TypeError(
@@ -161,6 +160,7 @@ class StorePort(ChatOrderPort):
         self._transaction = _optional(store, "transaction")
         self._bind_bot = _optional(store, "bind_bot")
         self._release_many = _optional(store, "release_many")
+        self._claim_owned_many = _optional(store, "claim_owned_many")
         liveness = not missing_methods(store, LIVENESS_METHODS)
         self._hold_liveness = _optional(store, "hold_liveness") if liveness else None
         self._release_liveness = _optional(store, "release_liveness") if liveness else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from ptb_fence._errors import TableBotMismatch
 from ptb_fence._fingerprint import update_fingerprint
@@ -303,6 +303,37 @@ class MemoryUpdateStore(MemoryChatOrder, MemoryRecovery):
                 return None
             assert row.claim_id is not None
             return AttemptIdentity(row.update_id, row.attempts, row.claim_id)
+
+    def claim_owned_many(
+        self,
+        update_ids: Sequence[int],
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> List[Optional[AttemptIdentity]]:
+        """:meth:`claim_owned` for each id, at once (optional capability, see
+        :class:`ptb_fence.ClaimingUpdateStore`); an id repeated in ``update_ids`` is claimed at
+        its first position only (:obj:`None` at the later ones)."""
+        with self._lock:
+            seen: Set[int] = set()
+            result: List[Optional[AttemptIdentity]] = []
+            for update_id in update_ids:
+                first = update_id not in seen
+                seen.add(update_id)
+                result.append(
+                    self.claim_owned(
+                        update_id,
+                        now=now,
+                        lease_until=lease_until,
+                        max_attempts=max_attempts,
+                        durable_exhaustion=durable_exhaustion,
+                    )
+                    if first
+                    else None
+                )
+            return result
 
     def renew_owned(
         self, identity: AttemptIdentity, lease_until: int, now: Optional[int] = None

@@ -14,6 +14,7 @@ from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement
 from ptb_fence.stores._names import validate_table_name, validate_update_id
 from ptb_fence.stores._pg_base import PostgresBaseStore
 from ptb_fence.stores._pg_chats import PostgresChatOrder
+from ptb_fence.stores._pg_claims import PostgresClaims
 from ptb_fence.stores._pg_batches import (
     add_claimed,
     batch_results,
@@ -57,7 +58,7 @@ def _identity_params(identity: AttemptIdentity, at: int) -> Dict[str, Any]:
     }
 
 
-class PostgresUpdateStore(PostgresChatOrder, PostgresBaseStore):
+class PostgresUpdateStore(PostgresClaims, PostgresChatOrder, PostgresBaseStore):
     """A durable, fenced update store in PostgreSQL, for one or several processes or machines.
 
     Thread-safe. Every operation takes a connection from the store's pool for one short

@@ -15,6 +15,7 @@ from ptb_fence._values import AttemptIdentity, Completed, Exhaustion, Settlement
 from ptb_fence.stores._names import validate_update_id
 from ptb_fence.stores._sqlite_base import SQLiteBaseStore
 from ptb_fence.stores._sqlite_chats import SQLiteChatOrder
+from ptb_fence.stores._sqlite_claims import SQLiteClaims
 from ptb_fence.stores._sqlite_recovery import SQLiteRecovery
 from ptb_fence.stores._sqlite_writes import (
     add_claimed_in,
@@ -29,7 +30,7 @@ from ptb_fence.stores._sqlite_writes import (
 __all__ = ["SQLiteUpdateStore"]
 
 
-class SQLiteUpdateStore(SQLiteChatOrder, SQLiteRecovery, SQLiteBaseStore):
+class SQLiteUpdateStore(SQLiteClaims, SQLiteChatOrder, SQLiteRecovery, SQLiteBaseStore):
     """The embedded default store: one SQLite file, safe from many threads and processes.
 
     The table (and its index on ``(state, due_at)``) is created on construction; a table from an

@@ -44,6 +44,30 @@ _CLAIMABLE = """(
         OR (state = 'processing' AND due_at < :now)
     )"""
 
+def _take_or_spend(claim_id: str) -> str:
+    """The SET clause of a claim: take the row for its next attempt (``attempts <
+    :max_attempts``: processing, ``attempts + 1``, lease ``:lease_until``, the fresh claim id
+    ``claim_id`` (an SQL expression), the claiming ``:instance``) or spend it (abandoned,
+    ``'attempts spent'``; settled at ``:now``, or with ``:durable`` an unacknowledged
+    exhaustion keeping its last claim id). SET expressions see the row as it was."""
+    return f"""
+                state = CASE WHEN attempts < :max_attempts
+                             THEN 'processing' ELSE 'abandoned' END,
+                attempts = CASE WHEN attempts < :max_attempts
+                                THEN attempts + 1 ELSE attempts END,
+                due_at = CASE WHEN attempts < :max_attempts
+                              THEN :lease_until ELSE :now END,
+                error = CASE WHEN attempts < :max_attempts
+                             THEN NULL ELSE 'attempts spent' END,
+                settled_at = CASE WHEN attempts < :max_attempts THEN settled_at
+                                  WHEN :durable THEN NULL
+                                  ELSE :now END,
+                claim_id = CASE WHEN attempts < :max_attempts THEN {claim_id}
+                                WHEN :durable THEN COALESCE(claim_id, {claim_id})
+                                ELSE claim_id END,
+                instance = CASE WHEN attempts < :max_attempts THEN :instance ELSE NULL END"""
+
+
 # The exact live attempt at :at (``_live`` of the memory store).
 _LIVE = "state = 'processing' AND attempts = :attempt AND due_at >= :at"
 
@@ -74,6 +98,7 @@ class SQLiteStatements:
         "stored_fingerprint",
         "add_claimed",
         "claim",
+        "claim_owned_many",
         "create_index",
         "create_table",
         "due",
@@ -185,26 +210,20 @@ class SQLiteStatements:
         # Take (attempts < max) or spend (attempts >= max) in one statement. SET expressions
         # see the row as it was before the update.
         self.claim = f"""
-            UPDATE {t} SET
-                state = CASE WHEN attempts < :max_attempts
-                             THEN 'processing' ELSE 'abandoned' END,
-                attempts = CASE WHEN attempts < :max_attempts
-                                THEN attempts + 1 ELSE attempts END,
-                due_at = CASE WHEN attempts < :max_attempts
-                              THEN :lease_until ELSE :now END,
-                error = CASE WHEN attempts < :max_attempts
-                             THEN NULL ELSE 'attempts spent' END,
-                settled_at = CASE WHEN attempts < :max_attempts THEN settled_at
-                                  WHEN :durable THEN NULL
-                                  ELSE :now END,
-                claim_id = CASE WHEN attempts < :max_attempts THEN :claim_id
-                                WHEN :durable THEN COALESCE(claim_id, :claim_id)
-                                ELSE claim_id END,
-                instance = CASE WHEN attempts < :max_attempts THEN :instance ELSE NULL END
+            UPDATE {t} SET {_take_or_spend(":claim_id")}
             WHERE update_id = :update_id AND {_CLAIMABLE}
             RETURNING state, attempts, claim_id"""
         # the same claim, only for a row that is its chat's turn (strict_chat_order)
         self.chat = SQLiteChatStatements(table, self.claim)
+
+        # claim_owned_many: the same rule for the ids of a JSON array (distinct ids), in one
+        # statement; each take writes a fresh random claim id. The rows are found by their
+        # ids (primary key: "+state" keeps the planner off the state index).
+        self.claim_owned_many = f"""
+            UPDATE {t} SET {_take_or_spend("lower(hex(randomblob(16)))")}
+            WHERE update_id IN (SELECT value FROM json_each(:ids))
+              AND {_CLAIMABLE.replace("state =", "+state =")}
+            RETURNING update_id, state, attempts, claim_id"""
 
         # A renewal never shortens a lease and, with :now, never revives an expired one.
         self.renew = f"""
