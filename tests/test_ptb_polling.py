@@ -152,7 +152,7 @@ def test_refetched_batch_is_recorded_and_handled_once(tmp_path: Any) -> None:
     assert all(table[uid][:2] == ("completed", 1) for uid in ids)
 
 
-_CLAIMS = {"claim", "claim_owned"}
+_CLAIMS = {"claim", "claim_owned", "claim_owned_many"}
 _SETTLES = {"settle", "settle_owned", "settle_owned_many"}
 
 

@@ -2,9 +2,9 @@
 
 Records one update put into the durable queue (grouped with the others put at the same time),
 a whole ``getUpdates`` answer in one commit, claimed at ingest with a fenced store that can;
-hands on what landed while its ingest was cancelled; and completes successful fenced
-attempts in groups (one commit for the completions, and the fresh updates, that arrive
-together).
+hands on what landed while its ingest was cancelled; completes successful fenced attempts in
+groups (one commit for the completions, and the fresh updates, that arrive together); and
+claims the updates that start together in one more commit.
 """
 
 from __future__ import annotations
@@ -184,26 +184,58 @@ class Ingest:
         arrive at the same time; returns the runtime's outcome."""
         return await self._writer.submit(("done", attempt))
 
+    # -- grouped claims ----------------------------------------------------------------------
+    async def claim(self, update_id: int) -> Optional[Attempt]:
+        """Claim ``update_id`` for the attempt that starts now: in one commit with the claims
+        that arrive at the same time where the store claims many at once
+        (:attr:`Runtime.claims_in_groups`), else on its own. :obj:`None`: not taken.
+
+        If the caller is cancelled while the claim is in the store, a claim that still landed
+        is released (claimable at once), not left to its lease."""
+        runtime = self._runtime
+        if not runtime.claims_in_groups:
+            return await self._threads.call_handing_on(
+                lambda: runtime.claim(update_id), self._release_orphan
+            )
+        return await self._writer.submit(("claim", update_id), orphan=self._release_orphan)
+
+    def _release_orphan(self, attempt: Optional[Attempt]) -> None:
+        if attempt is not None:
+            self._state.release([attempt])
+
     # -- one group of writes (on the store threads) ----------------------------------------
     async def _write_many(self, items: List[Tuple[str, Any]]) -> List[Any]:
         """One group of writes: ``("add", (update_id, body, chat))`` records a fresh update (result:
         what :meth:`Runtime.record_many` gives for it, or the exception to raise to ``put``),
-        ``("done", attempt)`` completes an attempt (result: the outcome). The runtime does it
-        in one commit where the store can."""
+        ``("done", attempt)`` completes an attempt (result: the outcome), ``("claim",
+        update_id)`` claims an update that starts now (result: the attempt or :obj:`None`).
+        The runtime records and completes in one commit where the store can, then claims in
+        one more."""
         adds = [(i, payload) for i, (kind, payload) in enumerate(items) if kind == "add"]
         dones = [(i, payload) for i, (kind, payload) in enumerate(items) if kind == "done"]
-        records, outcomes = await self._threads.call(
-            self._runtime.record_and_complete,
-            [(update_id, body) for _, (update_id, body, _) in adds],
-            [attempt for _, attempt in dones],
-            claim=True,
-            chats=[chat for _, (_, _, chat) in adds],
-        )
+        claims = [(i, payload) for i, (kind, payload) in enumerate(items) if kind == "claim"]
+        runtime = self._runtime
+
+        def write() -> Tuple[Any, List[Any], List[Optional[Attempt]]]:
+            records: Any = []
+            outcomes: List[Any] = []
+            if adds or dones:
+                records, outcomes = runtime.record_and_complete(
+                    [(update_id, body) for _, (update_id, body, _) in adds],
+                    [attempt for _, attempt in dones],
+                    claim=True,
+                    chats=[chat for _, (_, _, chat) in adds],
+                )
+            return records, outcomes, runtime.claim_many([u for _, u in claims])
+
+        records, outcomes, claimed = await self._threads.call(write)
         results: List[Any] = [None] * len(items)
         for n, (i, _) in enumerate(adds):
             results[i] = records if isinstance(records, BaseException) else records[n]
         for (i, _), outcome in zip(dones, outcomes):
             results[i] = outcome
+        for (i, _), attempt in zip(claims, claimed):
+            results[i] = attempt
         return results
 
     # -- what landed while its ingest was cancelled ------------------------------------------

@@ -382,7 +382,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             async with slot:
                 attempt = self._state.take_preclaimed(update.update_id)
                 if attempt is None and not self._state.stopping:
-                    attempt = await self._threads.call(runtime.claim, update.update_id)
+                    attempt = await self._ingest.claim(update.update_id)
                 if attempt is None:
                     return False  # not ours, or stopping: it stays in the store
                 if self._state.stopping:

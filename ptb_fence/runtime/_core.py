@@ -223,17 +223,24 @@ class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
         return self.attempt_aware or self.delivers_exhaustions
 
     def adopt(
-        self, identity: AttemptIdentity, lease_until: int, body: Optional[str] = None
+        self,
+        identity: AttemptIdentity,
+        lease_until: int,
+        body: Optional[str] = None,
+        *,
+        at_ingest: bool = True,
     ) -> Attempt:
-        """Register an attempt the store already claimed (``add_claimed_many``) and return it."""
+        """Register an attempt the store already claimed (``add_claimed_many`` at ingest, or
+        ``claim_owned_many``) and return it."""
         attempt = Attempt(
             self, identity.update_id, identity.attempt, identity.claim_id, lease_until, body
         )
         _LOGGER.debug(
-            "claimed update %s attempt %s (claim %s) at ingest",
+            "claimed update %s attempt %s (claim %s)%s",
             attempt.update_id,
             attempt.attempt,
             attempt.claim_id or "-",
+            " at ingest" if at_ingest else "",
             extra=ids(attempt),
         )
         self.keeper.register(attempt)

@@ -1,4 +1,5 @@
-"""Recording and grouped completion: runtime operations shared by both front ends.
+"""Recording, grouped claims and grouped completion: runtime operations shared by both front
+ends.
 
 A mixin of :class:`~ptb_fence.runtime._core.Runtime`; every store call goes through its port.
 """
@@ -6,7 +7,7 @@ A mixin of :class:`~ptb_fence.runtime._core.Runtime`; every store call goes thro
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Callable, Hashable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Hashable, List, Optional, Sequence, Tuple, Union
 
 from ptb_fence._values import AttemptIdentity, Completed, Settlement
 from ptb_fence.runtime._chats import stored_chat_key
@@ -27,7 +28,8 @@ exists: a duplicate)."""
 
 
 class RecordingOps:
-    """``record``, ``record_many``, ``record_and_complete`` and ``complete_many``."""
+    """``record``, ``record_many``, ``record_and_complete``, ``claim_many`` and
+    ``complete_many``."""
 
     __slots__ = ()
 
@@ -46,7 +48,12 @@ class RecordingOps:
         def uses_claim_ids(self) -> bool: ...
 
         def adopt(
-            self, identity: AttemptIdentity, lease_until: int, body: Optional[str] = None
+            self,
+            identity: AttemptIdentity,
+            lease_until: int,
+            body: Optional[str] = None,
+            *,
+            at_ingest: bool = True,
         ) -> Attempt: ...
 
         def completion_settled(self, attempt: Attempt, landed: bool) -> Outcome: ...
@@ -54,6 +61,12 @@ class RecordingOps:
         def completion_failed(self, attempt: Attempt, error: BaseException) -> Outcome: ...
 
         def _store_settle(self, attempt: Attempt, settlement: Settlement) -> bool: ...
+
+        def claim(self, update_id: int, body: Optional[str] = None) -> Optional[Attempt]: ...
+
+        def report_store_error(
+            self, error: BaseException, step: str, *, ids: "Optional[dict[str, Any]]" = None
+        ) -> None: ...
 
     def record(self, update_id: int, body: str, chat: Hashable = None) -> bool:
         """Record one update as pending; :obj:`False` when its id exists (a duplicate).
@@ -147,6 +160,48 @@ class RecordingOps:
         held = len(self.keeper.active())
         running = min(self.running_count(), held)
         return max(0, self.options.ingest_claim_buffer - (held - running))
+
+    @property
+    def claims_in_groups(self) -> bool:
+        """:obj:`bool`: :meth:`claim_many` claims in one statement (a fenced runtime, a store
+        with ``claim_owned_many``, no ``strict_chat_order``); otherwise it is the loop of
+        :meth:`claim`, and a front end gains nothing by grouping its claims."""
+        return (
+            self.uses_claim_ids
+            and self.port.claims_many_at_once
+            and not self.options.strict_chat_order
+        )
+
+    def claim_many(self, update_ids: Sequence[int]) -> "List[Optional[Attempt]]":
+        """Claim updates that start now for their next attempt (one commit where the store
+        can: :attr:`claims_in_groups`), each registered with the lease keeper.
+
+        Per position what :meth:`claim` gives: the attempt, or :obj:`None` when it was not
+        taken (a live lease elsewhere, a final row, attempts spent, an id repeated in
+        ``update_ids``) or when the store failed (reported per update as step ``"claim"``;
+        the lease and the sweep take care of the updates).
+        """
+        if not self.claims_in_groups or len(update_ids) < 2:
+            return [self.claim(update_id) for update_id in update_ids]
+        options = self.options
+        now = options.now_ms()
+        lease_until = options.lease_deadline(now)
+        try:
+            identities = self.port.claim_owned_many(
+                update_ids,
+                now=now,
+                lease_until=lease_until,
+                max_attempts=options.max_attempts,
+                durable_exhaustion=self.delivers_exhaustions,
+            )
+        except Exception as exc:
+            for update_id in update_ids:  # as if each had been claimed on its own
+                self.report_store_error(exc, "claim", ids={"update_id": update_id})
+            return [None] * len(update_ids)
+        return [
+            None if identity is None else self.adopt(identity, lease_until, at_ingest=False)
+            for identity in identities
+        ]
 
     def complete_many(self, attempts: Sequence["Attempt"]) -> "List[Outcome]":
         """Settle handled attempts as completed (one commit where the store can).
