@@ -197,7 +197,10 @@ class Ingest:
             return await self._threads.call_handing_on(
                 lambda: runtime.claim(update_id), self._release_orphan
             )
-        return await self._writer.submit(("claim", update_id), orphan=self._release_orphan)
+        attempt: Optional[Attempt] = await self._writer.submit(
+            ("claim", update_id), orphan=self._release_orphan
+        )
+        return attempt
 
     def _release_orphan(self, attempt: Optional[Attempt]) -> None:
         if attempt is not None:
