@@ -28,9 +28,10 @@ class Deliveries:
 
     At most one delivery of one exhaustion runs at a time in this process, and at most
     :data:`~ptb_fence.runtime._exhaustions.MAX_DELIVERIES` at once; one that is not started
-    stays due, and a later sweep starts it. A blocking handler runs in a daemon thread: a
-    hanging one holds neither the chat, the sweep, the store threads nor interpreter exit. A
-    failed delivery (or acknowledgement) is reported and left due: it is delivered again.
+    stays due and waits for a slot: a delivery that ends starts it. A blocking handler runs in
+    a daemon thread: a hanging one holds neither the chat, the sweep, the store threads nor
+    interpreter exit. A failed delivery (or acknowledgement) is reported and left due: it is
+    delivered again.
     """
 
     __slots__ = ("_decisions", "_handler", "_tasks", "_threads")

@@ -5,10 +5,13 @@ order of a rotating cursor; each delivery that ends fetches the next ones, up to
 :data:`_PER_SWEEP` (100) per sweep, so a failing first page can never
 starve the rest and a failing handler is entered at most that often per sweep), which of them
 start now (one delivery per exhaustion identity in a process, at most :data:`MAX_DELIVERIES`
-at once), what the end of a delivery means (acknowledged with its exact identity, or reported
-and left due so that a later sweep delivers it again) and what is logged. The front ends keep only the mechanics: ``UpdateIntake`` runs each delivery on
-a thread (:class:`~ptb_fence.runtime._delivery.ExhaustionDelivery`), the PTB processor in a task
-(:class:`~ptb_fence.ptb._deliveries.Deliveries`). Thread-safe; the store calls block.
+at once; one left out for want of a slot waits here, and a delivery that ends starts it before
+fetching a page: the cursor may be past it already), what the end of a delivery means
+(acknowledged with its exact identity, or reported and left due so that a later sweep delivers
+it again) and what is logged. The front ends keep only the mechanics: ``UpdateIntake`` runs
+each delivery on a thread (:class:`~ptb_fence.runtime._delivery.ExhaustionDelivery`), the PTB
+processor in a task (:class:`~ptb_fence.ptb._deliveries.Deliveries`). Thread-safe; the store
+calls block.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class ExhaustionDeliveries:
         "_lock",
         "_more",
         "_runtime",
+        "_waiting",
         "limit",
     )
 
@@ -72,6 +76,11 @@ class ExhaustionDeliveries:
         self._acknowledged_order: Deque[AttemptIdentity] = collections.deque()
         self._budget = 0  # deliveries the current sweep may still lead to
         self._more = False  # the last page was full: more may be due after it
+        # due, not started for want of a slot (admitted in this order as slots free); the page
+        # cursor may be past them, so the deliveries that end start them, not only a sweep
+        self._waiting: "collections.OrderedDict[AttemptIdentity, Exhaustion]" = (
+            collections.OrderedDict()
+        )
         self.limit = limit
 
     @property
@@ -86,21 +95,33 @@ class ExhaustionDeliveries:
         return self.running >= self.limit
 
     def due(self) -> List[Exhaustion]:
-        """A sweep's page of due exhaustions: as many as there are free slots, from the
-        rotating cursor. Starts the sweep's budget of deliveries (:data:`_PER_SWEEP`). A store
-        failure is reported (step ``"sweep"``) and gives none. Blocking."""
+        """A sweep's exhaustions to start: as many as there are free slots, those waiting for a
+        slot first, then a page from the rotating cursor. Starts the sweep's budget of
+        deliveries (:data:`_PER_SWEEP`). A store failure is reported (step ``"sweep"``) and
+        gives no page. Blocking."""
         with self._fetch:
             self._budget = _PER_SWEEP
-            return self._page()
+            return self._next(page=True)
 
     def more_due(self) -> List[Exhaustion]:
-        """After a delivery ended: the next page of the current sweep, while its budget lasts
-        and its last page was full (else none: the next sweep goes on). Blocking."""
+        """After a delivery ended: those waiting for a slot, then the next page of the current
+        sweep while its budget lasts and its last page was full (else no page: the next sweep
+        goes on). Blocking."""
         with self._fetch:
-            return self._page() if self._more else []
+            return self._next(page=self._more)
 
-    def _page(self) -> List[Exhaustion]:
-        size = min(self.limit - self.running, self._budget)
+    def _next(self, page: bool) -> List[Exhaustion]:
+        with self._lock:
+            free = self.limit - len(self._delivering)
+            waiting = list(self._waiting.values())[: max(free, 0)]
+        if not page:
+            return waiting
+        taken = {exhaustion.identity for exhaustion in waiting}
+        fetched = self._page(free - len(waiting))
+        return waiting + [exhaustion for exhaustion in fetched if exhaustion.identity not in taken]
+
+    def _page(self, free: int) -> List[Exhaustion]:
+        size = min(free, self._budget)
         if size <= 0:
             self._more = self._budget > 0  # slots full: the next ending delivery goes on
             return []
@@ -117,24 +138,26 @@ class ExhaustionDeliveries:
 
     def admit(self, exhaustions: List[Exhaustion]) -> List[Exhaustion]:
         """The exhaustions to deliver now: not being delivered (nor just acknowledged) in this
-        process, and no more than the free slots. Each one returned holds a slot until :meth:`finish` or
-        :meth:`abandon`; the others stay due, fetched again as deliveries end
-        (:meth:`more_due`) or by a later sweep."""
+        process, and no more than the free slots. Each one returned holds a slot until
+        :meth:`finish` or :meth:`abandon`. The others wait for a slot: the deliveries that end
+        start them (:meth:`more_due`), however far the page cursor has moved meanwhile; a slot
+        is held now, so one of them ends after this and looks. Beyond :data:`_REMEMBERED`
+        waiting, the oldest is left to a later sweep (it stays due in the store)."""
         admitted = []
         with self._lock:
+            waiting = self._waiting
             for exhaustion in exhaustions:
-                if len(self._delivering) >= self.limit:
-                    # more are due than can start: the deliveries that end fetch them
-                    # (:meth:`more_due`), not only the next sweep
-                    self._budget = max(self._budget, _PER_SWEEP)
-                    self._more = True
-                    break
-                if (
-                    exhaustion.identity in self._delivering
-                    or exhaustion.identity in self._acknowledged
-                ):
+                identity = exhaustion.identity
+                if identity in self._delivering or identity in self._acknowledged:
+                    waiting.pop(identity, None)  # started or acknowledged since it was left out
                     continue
-                self._delivering.add(exhaustion.identity)
+                if len(self._delivering) >= self.limit:
+                    waiting[identity] = exhaustion
+                    if len(waiting) > _REMEMBERED:
+                        waiting.popitem(last=False)
+                    continue
+                waiting.pop(identity, None)
+                self._delivering.add(identity)
                 admitted.append(exhaustion)
         return admitted
 
@@ -158,6 +181,7 @@ class ExhaustionDeliveries:
         finally:
             with self._lock:
                 if acknowledged:
+                    self._waiting.pop(exhaustion.identity, None)
                     self._acknowledged.add(exhaustion.identity)
                     self._acknowledged_order.append(exhaustion.identity)
                     if len(self._acknowledged_order) > _REMEMBERED:
