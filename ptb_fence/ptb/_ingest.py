@@ -44,6 +44,7 @@ class Ingest:
 
     __slots__ = (
         "_application",
+        "_claims",
         "_grouped_completion",
         "_name",
         "_redeliver",
@@ -74,6 +75,11 @@ class Ingest:
         # can do both in one transaction: add_claimed_and_settle_many)
         self._writer: GroupCommit[Tuple[str, Any], Any] = GroupCommit(
             self._write_many, "ptb_fence:write"
+        )
+        # claims of the updates that start together: one commit per group, in a pipeline of
+        # their own (a group of claims is in the store while a group of completions is)
+        self._claims: GroupCommit[int, Optional[Attempt]] = GroupCommit(
+            self._claim_many, "ptb_fence:claim"
         )
         # completions are grouped where the store settles many in one commit (decided once,
         # by the runtime's store port)
@@ -197,8 +203,8 @@ class Ingest:
             return await self._threads.call_handing_on(
                 lambda: runtime.claim(update_id), self._release_orphan
             )
-        attempt: Optional[Attempt] = await self._writer.submit(
-            ("claim", update_id), orphan=self._release_orphan
+        attempt: Optional[Attempt] = await self._claims.submit(
+            update_id, orphan=self._release_orphan
         )
         return attempt
 
@@ -206,39 +212,30 @@ class Ingest:
         if attempt is not None:
             self._state.release([attempt])
 
-    # -- one group of writes (on the store threads) ----------------------------------------
+    # -- groups of writes (on the store threads) ----------------------------------------------
+    async def _claim_many(self, update_ids: List[int]) -> List[Optional[Attempt]]:
+        """One group of claims (:meth:`Runtime.claim_many`: one commit)."""
+        return await self._threads.call(self._runtime.claim_many, update_ids)
+
     async def _write_many(self, items: List[Tuple[str, Any]]) -> List[Any]:
         """One group of writes: ``("add", (update_id, body, chat))`` records a fresh update (result:
         what :meth:`Runtime.record_many` gives for it, or the exception to raise to ``put``),
-        ``("done", attempt)`` completes an attempt (result: the outcome), ``("claim",
-        update_id)`` claims an update that starts now (result: the attempt or :obj:`None`).
-        The runtime records and completes in one commit where the store can, then claims in
-        one more."""
+        ``("done", attempt)`` completes an attempt (result: the outcome). The runtime does it
+        in one commit where the store can."""
         adds = [(i, payload) for i, (kind, payload) in enumerate(items) if kind == "add"]
         dones = [(i, payload) for i, (kind, payload) in enumerate(items) if kind == "done"]
-        claims = [(i, payload) for i, (kind, payload) in enumerate(items) if kind == "claim"]
-        runtime = self._runtime
-
-        def write() -> Tuple[Any, List[Any], List[Optional[Attempt]]]:
-            records: Any = []
-            outcomes: List[Any] = []
-            if adds or dones:
-                records, outcomes = runtime.record_and_complete(
-                    [(update_id, body) for _, (update_id, body, _) in adds],
-                    [attempt for _, attempt in dones],
-                    claim=True,
-                    chats=[chat for _, (_, _, chat) in adds],
-                )
-            return records, outcomes, runtime.claim_many([u for _, u in claims])
-
-        records, outcomes, claimed = await self._threads.call(write)
+        records, outcomes = await self._threads.call(
+            self._runtime.record_and_complete,
+            [(update_id, body) for _, (update_id, body, _) in adds],
+            [attempt for _, attempt in dones],
+            claim=True,
+            chats=[chat for _, (_, _, chat) in adds],
+        )
         results: List[Any] = [None] * len(items)
         for n, (i, _) in enumerate(adds):
             results[i] = records if isinstance(records, BaseException) else records[n]
         for (i, _), outcome in zip(dones, outcomes):
             results[i] = outcome
-        for (i, _), attempt in zip(claims, claimed):
-            results[i] = attempt
         return results
 
     # -- what landed while its ingest was cancelled ------------------------------------------

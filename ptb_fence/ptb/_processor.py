@@ -39,6 +39,7 @@ from ptb_fence.ptb._sweeper import Sweeper
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.ptb._wiring import BuilderType, configure_builder, warn_non_blocking
 from ptb_fence.runtime._chats import update_chat_key
+from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._recovery import AttemptTimeout
@@ -374,6 +375,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         key = update_chat_key(update)
         exhaustion: Optional[Exhaustion] = None
         outcome = None
+        completing: Optional[Attempt] = None
         if not await self._turns.acquire(key, update.update_id):
             return False  # already waiting or running here
         try:
@@ -420,18 +422,25 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                         and not attempt.completed
                         and not attempt.exhausted
                     ):
-                        # grouped with the completions of other updates: one commit for all
                         attempt.begin_settling()
-                        exhaustion = None
-                        outcome = await self._ingest.complete(attempt)
+                        completing = attempt  # completed below, once the slot is given back
                     else:
                         outcome, exhaustion = await self._threads.call(
                             runtime.settle, attempt, handled.error
                         )
                 finally:
-                    # also when cancelled: stop renewing, so the lease lapses and a sweep
-                    # retries the update (a renewed-forever lease would strand it)
-                    runtime.end(attempt)
+                    if completing is None:
+                        # also when cancelled: stop renewing, so the lease lapses and a sweep
+                        # retries the update (a renewed-forever lease would strand it)
+                        runtime.end(attempt)
+                        self._running -= 1
+            if completing is not None:
+                # grouped with the completions of other updates (one commit); the slot is given
+                # back first, so the update that takes it claims while this is in the store
+                try:
+                    outcome = await self._ingest.complete(completing)
+                finally:
+                    runtime.end(completing)
                     self._running -= 1
             return True
         finally:  # strict_chat_order: the chat's next update from the store (a task)
