@@ -180,10 +180,16 @@ class Ingest:
             self._state.ingested[update_id] = value
 
     # -- grouped completion ------------------------------------------------------------------
-    @property
-    def completes_in_groups(self) -> bool:
-        """Successful fenced attempts are completed together (:meth:`complete`)."""
-        return self._grouped_completion
+    def completes_in_group(self, attempt: Attempt, error: Optional[BaseException]) -> bool:
+        """``attempt`` is completed with :meth:`complete`: its handler succeeded, it is fenced,
+        not completed by its own transaction, not exhausted, and completions are grouped."""
+        return (
+            self._grouped_completion
+            and error is None
+            and attempt.fenced
+            and not attempt.completed
+            and not attempt.exhausted
+        )
 
     async def complete(self, attempt: Attempt) -> Any:
         """Complete ``attempt`` in one commit with the completions (and fresh updates) that

@@ -415,13 +415,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                         handled.error = AttemptTimeout(update.update_id, attempt.attempt, timeout)
                     if handled.error is not None or attempt.exhausted:
                         attempt.body = update_body(update)
-                    if (
-                        self._ingest.completes_in_groups
-                        and handled.error is None
-                        and attempt.fenced
-                        and not attempt.completed
-                        and not attempt.exhausted
-                    ):
+                    if self._ingest.completes_in_group(attempt, handled.error):
                         attempt.begin_settling()
                         completing = attempt  # completed below, once the slot is given back
                     else:
@@ -429,10 +423,8 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                             runtime.settle, attempt, handled.error
                         )
                 finally:
-                    if completing is None:
-                        # also when cancelled: stop renewing, so the lease lapses and a sweep
-                        # retries the update (a renewed-forever lease would strand it)
-                        runtime.end(attempt)
+                    if completing is None:  # also when cancelled: stop renewing (the lease
+                        runtime.end(attempt)  # lapses and a sweep retries; never stranded)
                         self._running -= 1
             if completing is not None:
                 # grouped with the completions of other updates (one commit); the slot is given
