@@ -10,6 +10,7 @@ claims the updates that start together in one more commit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -44,10 +45,12 @@ class Ingest:
 
     __slots__ = (
         "_application",
+        "_claiming",
         "_claims",
         "_grouped_completion",
         "_name",
         "_redeliver",
+        "_room",
         "_runtime",
         "_state",
         "_threads",
@@ -81,6 +84,8 @@ class Ingest:
         self._claims: GroupCommit[int, Optional[Attempt]] = GroupCommit(
             self._claim_many, "ptb_fence:claim"
         )
+        self._claiming = 0  # claims submitted and not yet back
+        self._room: "List[asyncio.Future[None]]" = []  # claims waiting for room
         # completions are grouped where the store settles many in one commit (decided once,
         # by the runtime's store port)
         self._grouped_completion = runtime.uses_claim_ids and runtime.port.settles_in_batches
@@ -193,8 +198,13 @@ class Ingest:
 
     async def complete(self, attempt: Attempt) -> Any:
         """Complete ``attempt`` in one commit with the completions (and fresh updates) that
-        arrive at the same time; returns the runtime's outcome."""
-        return await self._writer.submit(("done", attempt))
+        arrive at the same time, then end it (also when cancelled: no longer renewed, no
+        longer held); returns the runtime's outcome."""
+        try:
+            return await self._writer.submit(("done", attempt))
+        finally:
+            self._runtime.end(attempt)
+            self._ended()
 
     # -- grouped claims ----------------------------------------------------------------------
     async def claim(self, update_id: int) -> Optional[Attempt]:
@@ -209,10 +219,30 @@ class Ingest:
             return await self._threads.call_handing_on(
                 lambda: runtime.claim(update_id), self._release_orphan
             )
-        attempt: Optional[Attempt] = await self._claims.submit(
-            update_id, orphan=self._release_orphan
-        )
+        # the bound: claims held (completions still in the store included) and claims on
+        # their way stay within max_concurrent + ingest_claim_buffer
+        options = runtime.options
+        bound = options.max_concurrent + options.ingest_claim_buffer
+        while runtime.keeper.count() + self._claiming >= bound:
+            room = asyncio.get_running_loop().create_future()
+            self._room.append(room)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(room, 0.05)  # woken by ended() (or looks again)
+        self._claiming += 1
+        try:
+            attempt: Optional[Attempt] = await self._claims.submit(
+                update_id, orphan=self._release_orphan
+            )
+        finally:
+            self._claiming -= 1
         return attempt
+
+    def _ended(self) -> None:
+        """An attempt ended (no longer held): the claims waiting for room look again."""
+        waiting, self._room = self._room, []
+        for room in waiting:
+            if not room.done():
+                room.set_result(None)
 
     def _release_orphan(self, attempt: Optional[Attempt]) -> None:
         if attempt is not None:

@@ -430,9 +430,8 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                 # grouped with the completions of other updates (one commit); the slot is given
                 # back first, so the update that takes it claims while this is in the store
                 try:
-                    outcome = await self._ingest.complete(completing)
+                    outcome = await self._ingest.complete(completing)  # and ends it
                 finally:
-                    runtime.end(completing)
                     self._running -= 1
             return True
         finally:  # strict_chat_order: the chat's next update from the store (a task)

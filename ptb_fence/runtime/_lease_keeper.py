@@ -107,6 +107,11 @@ class LeaseKeeper:
             if self._active.get(key) is attempt:
                 del self._active[key]
 
+    def count(self) -> int:
+        """How many attempts are being renewed (the claims this process holds)."""
+        with self._lock:
+            return len(self._active)
+
     def active(self) -> List["Attempt"]:
         """A snapshot of the attempts being renewed."""
         with self._lock:
