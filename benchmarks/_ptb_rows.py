@@ -185,7 +185,8 @@ class _Run:
             builder = DurableUpdateProcessor(store, max_concurrent=n).install(builder)
         else:
             store = self.store
-            builder = FencedUpdateProcessor(store, max_concurrent=n).install(builder)
+            options = dict(self.cfg.get("processor_options") or {})
+            builder = FencedUpdateProcessor(store, max_concurrent=n, **options).install(builder)
         self.app = builder.build()
         self.app.add_handler(TypeHandler(Update, self._handler()))
 

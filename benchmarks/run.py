@@ -773,6 +773,21 @@ class Report:
         return lines
 
 
+def _processor_options(pairs: List[str]) -> Dict[str, Any]:
+    """``--processor-option NAME=VALUE`` pairs as keyword arguments (VALUE parsed as JSON when
+    it is JSON, else kept as a string)."""
+    options: Dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.isidentifier():
+            raise SystemExit(f"--processor-option wants NAME=VALUE, got {pair!r}")
+        try:
+            options[name] = json.loads(value)
+        except ValueError:
+            options[name] = value
+    return options
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         description="ptb_fence benchmark harness (see the module docstring for what is measured).",
@@ -800,6 +815,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "with max_concurrent_tasks=32)",
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before a row's child is killed")
+    parser.add_argument(
+        "--processor-option", action="append", default=[], metavar="NAME=VALUE",
+        help="an option for the rows' FencedUpdateProcessor (VALUE as JSON, else a string), "
+        "e.g. ingest_claim_buffer=100000; repeatable",
+    )
     parser.add_argument("--profile", metavar="ROW", help="profile one row in its child and print the top costs")
     parser.add_argument("--profiler", choices=("cprofile", "py-spy"), default="cprofile")
     parser.add_argument("--profile-top", type=int, default=30)
@@ -915,6 +935,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "run_py": os.path.abspath(__file__),
                 "driver_count": not args.no_driver_count,
                 "timeout": args.timeout,
+                "processor_options": _processor_options(args.processor_option),
             }
             env_extra = {}
             if row.kind == "pgqueuer":

@@ -113,6 +113,24 @@ def _run_bot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _wait_stopped(pid: int, timeout: float = 2.0) -> None:
+    """Wait until every thread of ``pid`` is stopped (Linux: ``/proc``); elsewhere a short
+    sleep. A thread still running after ``SIGSTOP`` was sent could take SQLite's write lock."""
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.is_dir():
+        time.sleep(0.05)
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks.iterdir()]
+        except (OSError, IndexError):
+            states = []
+        if states and all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.002)
+
+
 # -- the conductor (the demo command) -----------------------------------------------------------
 class _Demo:
     def __init__(self, updates: int, chats: int, workdir: Path) -> None:
@@ -186,6 +204,7 @@ class _Demo:
         """
         for _ in range(100):
             os.kill(proc.pid, signal.SIGSTOP)
+            _wait_stopped(proc.pid)  # kill() returns before every thread has stopped
             conn = sqlite3.connect(self.db, timeout=0.3, isolation_level=None)
             try:
                 conn.execute("BEGIN IMMEDIATE")
