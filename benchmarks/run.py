@@ -546,8 +546,12 @@ class Report:
                 )
             for note in result.get("notes", []):
                 parts.append(note)
+            # one line per distinct warning (every run of a row logs the same ones)
+            warnings_seen: Dict[str, int] = {}
             for warning in result.get("stderr_warnings", []):
-                parts.append("child log: " + warning[:160])
+                warnings_seen[warning[:160]] = warnings_seen.get(warning[:160], 0) + 1
+            for warning, count in warnings_seen.items():
+                parts.append(f"child log ({count}x): {warning}" if count > 1 else "child log: " + warning)
             if parts:
                 lines.append(f"  {row.name}: " + "; ".join(parts))
         return lines
