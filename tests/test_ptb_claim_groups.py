@@ -12,10 +12,7 @@ Before the change: one ``claim_owned`` commit per update recorded pending (about
 
 from __future__ import annotations
 
-import functools
 import sqlite3
-import threading
-from collections import Counter
 from typing import Any, List
 
 from telegram import Update
@@ -24,34 +21,12 @@ from telegram.ext import MessageHandler, filters
 from ptb_fence import SQLiteUpdateStore
 from ptb_fence.ptb import FencedUpdateProcessor
 from ptb_fence.testing import FakeBotApi
+from counting_store import CountingStore
 from ptb_support import build, polling, rows, run, wait_for
 
 CLAIMS = ("claim", "claim_owned", "claim_owned_many")
 MAX_CONCURRENT = 8
 BOUND = MAX_CONCURRENT + 8  # the default ingest_claim_buffer
-
-
-class CountingStore:
-    """Wraps a store (same capabilities: every attribute is the wrapped store's) and counts
-    the calls of its methods."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.calls: "Counter[str]" = Counter()
-        self._lock = threading.Lock()
-
-    def __getattr__(self, name: str) -> Any:
-        target = getattr(self.inner, name)
-        if not callable(target):
-            return target
-
-        @functools.wraps(target)
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            with self._lock:
-                self.calls[name] += 1
-            return target(*args, **kwargs)
-
-        return counted
 
 
 def _processing(path: str) -> int:

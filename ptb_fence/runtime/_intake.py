@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, Hashable, List, Literal, Optional, Set
+from typing import Any, Callable, Dict, Hashable, List, Literal, Optional, Set, Tuple
 
 from ptb_fence._durations import format_duration
 from ptb_fence._protocols import UpdateStore
@@ -20,6 +20,7 @@ from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
 from ptb_fence.runtime._intake_runs import IntakeRun, IntakeRuns
 from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._outcome import Outcome
+from ptb_fence.runtime._thread_group import ThreadGroupCommit
 from ptb_fence.runtime._wakeups import Wakeups
 
 __all__ = ["UpdateIntake"]
@@ -62,6 +63,7 @@ class UpdateIntake:
 
     __slots__ = (
         "_chats",
+        "_claims",
         "_closed",
         "_delivery",
         "_delivery_lock",
@@ -114,9 +116,7 @@ class UpdateIntake:
         # nor on the sweep: a hanging one blocks neither (the runtime's decisions: at most one
         # delivery per exhaustion, at most MAX_DELIVERIES at once)
         self._delivery = (
-            ExhaustionDelivery(self._runtime, handle_exhaustion)
-            if handle_exhaustion is not None
-            else None
+            None if handle_exhaustion is None else ExhaustionDelivery(self._runtime, handle_exhaustion)
         )
         self._pool: Optional[ThreadPoolExecutor] = None
         self._chats = ChatOrder(self._start_update)
@@ -127,6 +127,10 @@ class UpdateIntake:
         # a retry due before the next sweep is handed back at its time (same fenced claim)
         self._wakeups = Wakeups("ptb_fence-retries")
         self._runtime.retry_soon = self._retry_soon
+        # workers that start together claim together (one commit) where the store can
+        self._claims: Optional[ThreadGroupCommit[Tuple[int, str], Optional[Attempt]]] = (
+            ThreadGroupCommit(self._claim_group) if self._runtime.claims_in_groups else None
+        )
         self._runs = IntakeRuns(
             self._runtime, self._wakeups, self._turn_done, self._submit_exhaustion
         )
@@ -451,6 +455,9 @@ class UpdateIntake:
         # a few ms late, so the store sees the retry time as come (due_at <= now)
         self._wakeups.call_later(delay + 0.005, wake)
 
+    def _claim_group(self, items: List[Tuple[int, str]]) -> List[Optional[Attempt]]:
+        return self._runtime.claim_many([i for i, _ in items], [text for _, text in items])
+
     def _submit_exhaustion(self, exhaustion: Exhaustion) -> None:
         if self._delivery is not None:
             self._delivery.submit([exhaustion])
@@ -459,7 +466,9 @@ class UpdateIntake:
         self, key: Hashable, update_id: int, text: str, update: Dict[str, Any]
     ) -> Optional[IntakeRun]:
         runtime = self._runtime
-        attempt = runtime.claim(update_id, text)
+        claims = self._claims  # with the workers starting at the same time: one commit
+        item = (update_id, text)
+        attempt = runtime.claim(*item) if claims is None else claims.submit(item)
         if attempt is None:
             return None
         run = self._runs.begin(key, update_id, attempt)

@@ -172,7 +172,9 @@ class RecordingOps:
             and not self.options.strict_chat_order
         )
 
-    def claim_many(self, update_ids: Sequence[int]) -> "List[Optional[Attempt]]":
+    def claim_many(
+        self, update_ids: Sequence[int], bodies: Optional[Sequence[Optional[str]]] = None
+    ) -> "List[Optional[Attempt]]":
         """Claim updates that start now for their next attempt (one commit where the store
         can: :attr:`claims_in_groups`), each registered with the lease keeper.
 
@@ -181,8 +183,9 @@ class RecordingOps:
         ``update_ids``) or when the store failed (reported per update as step ``"claim"``;
         the lease and the sweep take care of the updates).
         """
+        texts = list(bodies) if bodies is not None else [None] * len(update_ids)
         if not self.claims_in_groups or len(update_ids) < 2:
-            return [self.claim(update_id) for update_id in update_ids]
+            return [self.claim(update_id, text) for update_id, text in zip(update_ids, texts)]
         options = self.options
         now = options.now_ms()
         lease_until = options.lease_deadline(now)
@@ -199,8 +202,8 @@ class RecordingOps:
                 self.report_store_error(exc, "claim", ids={"update_id": update_id})
             return [None] * len(update_ids)
         return [
-            None if identity is None else self.adopt(identity, lease_until, at_ingest=False)
-            for identity in identities
+            None if identity is None else self.adopt(identity, lease_until, text, at_ingest=False)
+            for identity, text in zip(identities, texts)
         ]
 
     def complete_many(self, attempts: Sequence["Attempt"]) -> "List[Outcome]":
