@@ -221,13 +221,16 @@ def _scenario(name: str, run: Run, updates: int, cap: float) -> Tuple[float, int
     backlog = updates * 7 if name == "sigterm-backlog" else updates
     stream = name == "sigint-stream"
     first_n = updates // 3 if stream else backlog
-    ids = [fake.inject_message(chat_id=1 + i % 30, text="w") for i in range(first_n)]
     hang_id: Optional[int] = None
     extra: List[str] = []
     if name == "hung-handler":
+        # first, so it is running when the signal comes (injected last, it was sometimes not
+        # even fetched yet: the stop then had nothing to wait for)
         hang_id = fake.inject_message(chat_id=31, text="hang")
-        ids.append(hang_id)
         extra = ["--hang", "hang"]
+    ids = [fake.inject_message(chat_id=1 + i % 30, text="w") for i in range(first_n)]
+    if hang_id is not None:
+        ids.append(hang_id)
     second: Optional[Any] = None
     if name == "sigkill-second":
         second = run.spawn()
