@@ -457,6 +457,49 @@ def _observe_settle(
 
 
 # -- misc ---------------------------------------------------------------------------------------
+def create_domain_table(store_kind: str, table: str, *, path: str = "", dsn: str = "") -> None:
+    """The fenced-write rows' domain table (one row per update: its attempt and claim id), in
+    the SQLite file ``path`` or on PostgreSQL ``dsn``."""
+    if store_kind == "sqlite":
+        conn = sqlite_connect(path)
+        try:
+            conn.execute(
+                f'CREATE TABLE "{table}" (update_id INTEGER PRIMARY KEY, '
+                "attempt INTEGER NOT NULL, claim_id TEXT NOT NULL)"
+            )
+        finally:
+            conn.close()
+        return
+    pg = pg_connect(dsn)
+    try:
+        with pg.cursor() as cur:
+            cur.execute(
+                f'CREATE TABLE "{table}" (update_id BIGINT PRIMARY KEY, '
+                "attempt INT NOT NULL, claim_id TEXT NOT NULL)"
+            )
+    finally:
+        pg.close()
+
+
+def domain_write(store_kind: str, table: str) -> Callable[[Any], Callable[[Any], None]]:
+    """``for_attempt(attempt) -> write(conn)``: the fenced write of the fenced-write rows, one
+    INSERT of the attempt's identity into ``table`` (for ``run_in_transaction``)."""
+    mark = "?" if store_kind == "sqlite" else "%s"
+    sql = f'INSERT INTO "{table}" (update_id, attempt, claim_id) VALUES ({mark}, {mark}, {mark})'
+
+    def for_attempt(attempt: Any) -> Callable[[Any], None]:
+        def write(conn: Any) -> None:
+            if store_kind == "sqlite":
+                conn.execute(sql, (attempt.update_id, attempt.attempt, attempt.claim_id))
+                return
+            with conn.cursor() as cur:
+                cur.execute(sql, (attempt.update_id, attempt.attempt, attempt.claim_id))
+
+        return write
+
+    return for_attempt
+
+
 def update_dicts(count: int, first_id: int = 1, chats: int = CHATS) -> List[Dict[str, Any]]:
     """``count`` realistic message updates over ``chats`` chats (round robin), ids from ``first_id``."""
     return [

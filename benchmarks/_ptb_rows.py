@@ -41,6 +41,8 @@ from _common import (
     DriverCounter,
     Profiler,
     chunks,
+    create_domain_table,
+    domain_write,
     drop_tables,
     median,
     percentile,
@@ -132,27 +134,12 @@ class _Run:
             raw: Any = SQLiteUpdateStore(self.path)  # synchronous=NORMAL (the default)
             if self.kind == "fenced-write":
                 self.domain_table = "bench_domain"
-                conn = sqlite_connect(self.path)
-                try:
-                    conn.execute(
-                        "CREATE TABLE bench_domain (update_id INTEGER PRIMARY KEY, "
-                        "attempt INTEGER NOT NULL, claim_id TEXT NOT NULL)"
-                    )
-                finally:
-                    conn.close()
+                create_domain_table("sqlite", self.domain_table, path=self.path)
         else:
             self.table = f"bench_{suffix}"
             if self.kind == "fenced-write":
                 self.domain_table = f"bench_domain_{suffix}"
-                conn = pg_connect(self.cfg["dsn"])
-                try:
-                    with conn.cursor() as cur:
-                        cur.execute(
-                            f'CREATE TABLE "{self.domain_table}" (update_id BIGINT PRIMARY KEY, '
-                            "attempt INT NOT NULL, claim_id TEXT NOT NULL)"
-                        )
-                finally:
-                    conn.close()
+                create_domain_table("pg", self.domain_table, dsn=self.cfg["dsn"])
             raw = PostgresUpdateStore(self.cfg["dsn"], self.table)  # library defaults (pool 8)
             raw.due(now=0, pending_before=0, limit=1)  # create the table before counting
         self.raw_store = raw
@@ -236,31 +223,8 @@ class _Run:
         return naive
 
     def _domain_write(self) -> Callable[[Any], Callable[[Any], None]]:
-        table = self.domain_table
-        if self.store_kind == "sqlite":
-
-            def for_attempt_sqlite(attempt: Any) -> Callable[[Any], None]:
-                def write(conn: Any) -> None:
-                    conn.execute(
-                        f"INSERT INTO {table} (update_id, attempt, claim_id) VALUES (?, ?, ?)",
-                        (attempt.update_id, attempt.attempt, attempt.claim_id),
-                    )
-
-                return write
-
-            return for_attempt_sqlite
-
-        def for_attempt_pg(attempt: Any) -> Callable[[Any], None]:
-            def write(conn: Any) -> None:
-                with conn.cursor() as cur:
-                    cur.execute(
-                        f'INSERT INTO "{table}" (update_id, attempt, claim_id) VALUES (%s, %s, %s)',
-                        (attempt.update_id, attempt.attempt, attempt.claim_id),
-                    )
-
-            return write
-
-        return for_attempt_pg
+        assert self.store_kind is not None and self.domain_table is not None
+        return domain_write(self.store_kind, self.domain_table)
 
     def _naive_insert(self) -> Callable[[int, str], None]:
         import sqlite3
@@ -431,8 +395,17 @@ async def _throughput_run(
         server_cpu0 = process_cpu_seconds(run.server_pid) if run.server_pid else None
         cpu0 = time.process_time()
         t0 = time.perf_counter()
+        producers = int(cfg.get("producers") or 1)
         if polling:
             await app.updater.start_polling(poll_interval=0.0, timeout=1)
+        elif producers > 1:
+            # a webhook burst: every producer awaits its own put (as PTB's webhook handler
+            # does per request), all at once; concurrent puts are recorded together
+            async def produce(share: List[Update]) -> None:
+                for update in share:
+                    await app.update_queue.put(update)
+
+            await asyncio.gather(*(produce(updates[i::producers]) for i in range(producers)))
         else:
             for batch in chunks(updates, BATCH):
                 for update in batch:
@@ -576,7 +549,11 @@ async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[s
                         await _throughput_run(plain_cfg, n, f"plain{index}", counter, measure_server=False)
                     )
         latency = None
-        if float(cfg.get("latency_seconds", 0)) > 0 and not cfg["kind"].startswith("poll-"):
+        if (
+            float(cfg.get("latency_seconds", 0)) > 0
+            and not cfg["kind"].startswith("poll-")
+            and int(cfg.get("producers") or 1) == 1  # a burst row's latency is its -32 row's
+        ):
             latency = await _latency_phase(cfg, counter)
     finally:
         fake.stop()

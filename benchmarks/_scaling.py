@@ -24,7 +24,9 @@ from _common import (
     CompletionTracker,
     CountingStore,
     DriverCounter,
+    create_domain_table,
     current_rss_kb,
+    domain_write,
     drop_tables,
     median,
     update_dicts,
@@ -150,7 +152,9 @@ class _RssSampler(threading.Thread):
             self.stop_event.wait(self.interval)
 
 
-async def _backlog_async(cfg: Dict[str, Any], raw: Any, count: int, counter: DriverCounter) -> Dict[str, Any]:
+async def _backlog_async(
+    cfg: Dict[str, Any], raw: Any, count: int, counter: DriverCounter, domain: Optional[str] = None
+) -> Dict[str, Any]:
     tracker = CompletionTracker(keep_times=False)
     store = CountingStore(raw, tracker)
     handled = [0]
@@ -158,11 +162,19 @@ async def _backlog_async(cfg: Dict[str, Any], raw: Any, count: int, counter: Dri
     async def noop(update: Update, context: Any) -> None:
         handled[0] += 1
 
+    if domain is not None:  # backlog-write: the fenced write, completed in its own commit
+        write = domain_write(cfg["store"], domain)
+
+        async def fenced_write(update: Update, context: Any) -> None:
+            await context.attempt.run_in_transaction(write(context.attempt), complete=True)
+            tracker.mark(update.update_id)
+            handled[0] += 1
+
     with FakeBotApi() as fake:
         processor = FencedUpdateProcessor(store)  # library defaults: max_concurrent=32
         builder = Application.builder().token(fake.token).base_url(fake.base_url)
         app = processor.install(builder).build()
-        app.add_handler(TypeHandler(Update, noop))
+        app.add_handler(TypeHandler(Update, noop if domain is None else fenced_write))
         gc.collect()
         rss_start = current_rss_kb()
         sampler = _RssSampler(tracker)
@@ -216,13 +228,19 @@ def measure_backlog(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[str, An
     over the store (no polling) and time until every row is completed; sample RSS."""
     count = int(cfg["backlog"])
     raw, path, table = _new_store(cfg, "backlog")
+    domain = None
+    if cfg["kind"] == "backlog-write":
+        domain = f"bench_domain_{uuid.uuid4().hex[:12]}"
+        create_domain_table(cfg["store"], domain, path=path or "", dsn=cfg.get("dsn") or "")
     try:
         t0 = time.perf_counter()
         _record(raw, count)
         record_seconds = time.perf_counter() - t0
-        result = asyncio.run(_backlog_async(cfg, raw, count, counter))
+        result = asyncio.run(_backlog_async(cfg, raw, count, counter, domain))
         result["record_seconds"] = record_seconds
         return {"backlog": result}
     finally:
         raw.close()
         _drop(cfg, path, table)
+        if domain is not None and table is not None:
+            drop_tables(cfg["dsn"], domain)

@@ -43,6 +43,9 @@ Rows (``--list`` prints them):
 - ``fenced-{sqlite,pg}-N``: ``FencedUpdateProcessor(store, max_concurrent=N)``, no-op handler.
 - ``fenced-write-{sqlite,pg}-N``: as ``fenced``, with one fenced domain INSERT per update through
   ``await context.attempt.run_in_transaction(fn, complete=True)``.
+- ``burst-fenced-{sqlite,pg}-32``: as ``fenced-*-32``, with 32 producer tasks putting at once
+  (each awaits its own ``put``, as PTB's webhook handler does per request): a webhook burst,
+  recorded through group commit.
 - ``naive-pg-N``: plain PTB whose handler does one psycopg2 INSERT + commit per update through
   ``asyncio.to_thread`` (the naive durable approach; a reference).
 - ``pgqueuer-N``: pgqueuer on the same PostgreSQL: enqueue the same number of jobs (batches of
@@ -56,6 +59,8 @@ Rows (``--list`` prints them):
   ``await context.attempt.run_in_transaction(insert, complete=True)``.
 - ``lease-{sqlite,pg}``: ``LeaseKeeper.tick()`` with 1, 100 and 5,000 active attempts.
 - ``backlog-{sqlite,pg}``: 100,000 recorded updates handled after a restart; RSS sampled.
+- ``backlog-write-{sqlite,pg}``: the same backlog, each update handled with the fenced write
+  ``run_in_transaction(insert, complete=True)``.
 
 What the columns count:
 
@@ -180,6 +185,8 @@ class Row:
     title: str
     server: Optional[str] = None
     """Polling rows: ``fast`` (``_fast_server.py``) or ``fakebotapi`` (``testing.FakeBotApi``)."""
+    producers: int = 1
+    """Throughput rows: tasks putting updates at the same time (``burst-*``: 32, a webhook burst)."""
 
     @property
     def needs_pg(self) -> bool:
@@ -187,8 +194,8 @@ class Row:
 
     @property
     def section(self) -> str:
-        if self.kind in ("lease", "backlog"):
-            return self.kind
+        if self.kind in ("lease", "backlog", "backlog-write"):
+            return "backlog" if self.kind == "backlog-write" else self.kind
         if self.kind.startswith("poll-"):
             return "polling"
         return "throughput"
@@ -207,6 +214,12 @@ def all_rows(concurrencies: Sequence[int]) -> List[Row]:
         for store in ("sqlite", "pg"):
             for c in concurrencies:
                 rows.append(Row(f"{kind}-{store}-{c}", kind, store, c, f"{what}, {store}, {c}"))
+    for store in ("sqlite", "pg"):
+        rows.append(
+            Row(f"burst-fenced-{store}-32", "fenced", store, 32,
+                f"FencedUpdateProcessor, no-op, {store}, 32; 32 producers put at once (webhook burst)",
+                producers=32)
+        )
     for c in concurrencies:
         rows.append(Row(f"naive-pg-{c}", "naive", "pg", c, f"naive: INSERT+commit per update, {c}"))
     for c in concurrencies:
@@ -230,6 +243,11 @@ def all_rows(concurrencies: Sequence[int]) -> List[Row]:
         rows.append(Row(f"lease-{store}", "lease", store, 0, f"lease renewal tick, {store}"))
     for store in ("sqlite", "pg"):
         rows.append(Row(f"backlog-{store}", "backlog", store, 32, f"backlog after restart, {store}"))
+    for store in ("sqlite", "pg"):
+        rows.append(
+            Row(f"backlog-write-{store}", "backlog-write", store, 32,
+                f"backlog after restart, handler run_in_transaction(insert, complete=True), {store}")
+        )
     return rows
 
 
@@ -258,7 +276,7 @@ def child_main(cfg: Dict[str, Any]) -> int:
             from _scaling import measure_lease
 
             return measure_lease(cfg, counter)
-        if kind == "backlog":
+        if kind in ("backlog", "backlog-write"):
             from _scaling import measure_backlog
 
             return measure_backlog(cfg, counter)
@@ -578,7 +596,7 @@ class Report:
     def backlog_table(self) -> List[str]:
         lines = []
         for row in self.rows:
-            if row.kind != "backlog" or row.name not in self.results:
+            if row.section != "backlog" or row.name not in self.results:
                 continue
             result = self.results[row.name]
             if "skipped" in result or "error" in result:
@@ -590,7 +608,7 @@ class Report:
             )
             calls = ", ".join(f"{k} {v:.3f}" for k, v in b["store_calls_per_update"].items())
             lines.append(
-                f"  {row.store:<7} {b['updates']:,} updates (recorded in {b['record_seconds']:.1f} s) handled in "
+                f"  {row.name:<20} {b['updates']:,} updates (recorded in {b['record_seconds']:.1f} s) handled in "
                 f"{b['seconds']:.1f} s = {b['rate']:,.0f} upd/s; RSS start {b['rss_start_kb'] / 1024:.0f} MB, "
                 f"peak {b['rss_peak_kb'] / 1024:.0f} MB, delta {b['rss_delta_kb'] / 1024:+.1f} MB, "
                 f"of which after 5% done {b['rss_growth_after_5pct_kb'] / 1024:+.1f} MB "
@@ -686,6 +704,25 @@ class Report:
                 f"{name} not measured" if b is None
                 else f"{b['rss_delta_kb'] / 1024:+.1f} MB over {b['updates']:,} updates",
             )
+
+        for store in ("pg", "sqlite"):
+            name = f"backlog-write-{store}"
+            result = self.ok(name)
+            b = None if result is None else result.get("backlog")
+            verdict(
+                f"[14] backlog after a restart, fenced write, {store}: >= 1,000 upd/s",
+                None if b is None else b["rate"],
+                None if b is None else b["rate"] >= 1000,
+                f"{name} not measured" if b is None else f"{b['updates']:,} updates at {b['rate']:,.0f} upd/s",
+            )
+        burst = self.ok("burst-fenced-pg-32")
+        verdict(
+            "[14] webhook burst, 32 producers, fenced PG: >= 3,000 upd/s (burst-fenced-pg-32)",
+            None if burst is None else burst["median"],
+            None if burst is None else burst["median"] >= 3000,
+            "burst-fenced-pg-32 not measured" if burst is None
+            else f"{burst['median']:,.0f} upd/s, {_fmt_num(burst.get('commits_per_update'))} commits/update",
+        )
 
         # earlier targets, on the update_queue.put rows
         for fenced_name, how in (("fenced-pg-32", "update_queue.put"),):
@@ -919,6 +956,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "kind": row.kind,
                 "store": row.store,
                 "concurrency": row.concurrency,
+                "producers": row.producers,
                 "updates": (
                     settings["poll_updates"] if row.section == "polling"
                     else settings["updates"] if row.concurrency != 1 else settings["updates_seq"]

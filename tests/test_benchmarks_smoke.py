@@ -157,3 +157,29 @@ def test_polling_rows_measure_cpu_against_the_fast_server(pg_dsn: str, tmp_path:
     ):
         assert re.search(r"(PASS|FAIL)  \[14\] " + re.escape(goal), targets), (goal, targets)
     assert "SKIP  [14] backlog after a restart, no-op, pg" in targets  # backlog-pg not run
+
+
+def test_burst_and_backlog_write_rows(pg_dsn: str, tmp_path: Any) -> None:
+    """The webhook-burst row (32 producers putting at once) and the fenced-write backlog row
+    run, count every update once, and their issue-14 targets are checked."""
+    results_file = tmp_path / "results.json"
+    proc = _harness(
+        ["--only", "plain-32,burst-fenced-sqlite-32,backlog-write-sqlite", "--updates", "300",
+         "--runs", "1", "--warmup", "0", "--latency-seconds", "0", "--backlog", "300",
+         "--json", str(results_file)],
+        {"PTB_FENCE_POSTGRES_DSN": pg_dsn}, timeout=240,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr + out
+    results = json.loads(results_file.read_text())["results"]
+    burst = results["burst-fenced-sqlite-32"]
+    assert burst["handled"] == 300
+    # puts that arrive together are recorded together: fewer commits than updates
+    assert 0 < burst["commits_per_update"] < 1.0, burst["commits_per_update"]
+    assert _RATE.match(_row(out, "burst-fenced-sqlite-32")), out
+    backlog = results["backlog-write-sqlite"]["backlog"]
+    assert backlog["updates"] == 300 and backlog["handled"] == 300
+    assert backlog["store_calls_per_update"]["complete_owned"] == 1.0  # one fenced write each
+    targets = out[out.index("TARGETS"):]
+    assert "backlog after a restart, fenced write, sqlite: >= 1,000 upd/s: 300 updates" in targets
+    assert "SKIP  [14] webhook burst, 32 producers, fenced PG" in targets  # the pg row not run
