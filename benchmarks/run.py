@@ -3,8 +3,8 @@
 Usage (from the repository root)::
 
     pip install -e '.[bench]'                   # pgqueuer + asyncpg for the reference rows
-    python benchmarks/run.py                    # full run (24 min measured on a busy 2-core machine)
-    python benchmarks/run.py --quick            # short run (6.5 min measured on the same)
+    python benchmarks/run.py                    # full run (6.6 min measured on a 2-core machine)
+    python benchmarks/run.py --quick            # short run (1.5 min measured on the same)
     python benchmarks/run.py --list             # the rows and what they run
     python benchmarks/run.py --only 'fenced-*-32,plain-32' --updates 300 --runs 1
     python benchmarks/run.py --only 'poll-*' --poll-updates 1000   # the polling rows only
