@@ -596,7 +596,14 @@ class Profiler:
                    "-o", self._spy_out]
             if self.gil:
                 cmd.append("--gil")
-            self._spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # --nonblocking: py-spy must not stop this process to sample it. It is paused with
+            # SIGSTOP outside the timed part (below), and a py-spy paused in the middle of a
+            # sample left this process stopped under ptrace, unable to resume it: a --profile run
+            # hung until its timeout (seen twice in a row)
+            cmd.append("--nonblocking")
+            self._spy = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             time.sleep(1.0)  # let py-spy attach
             self._signal("SIGSTOP")
         return self
