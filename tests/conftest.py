@@ -90,6 +90,20 @@ def fresh_table_name() -> str:
     return "t_" + uuid.uuid4().hex[:16]
 
 
+def new_store(kind: str, request: pytest.FixtureRequest, path: str) -> "object":
+    """A fresh empty store of ``kind`` (``memory``, ``sqlite`` at ``path``, or ``postgres`` in a
+    fresh table dropped after the test, through the ``pg_dsn``/``pg_tables`` fixtures)."""
+    from ptb_fence import MemoryUpdateStore, PostgresUpdateStore, SQLiteUpdateStore
+
+    if kind == "memory":
+        return MemoryUpdateStore()
+    if kind == "sqlite":
+        return SQLiteUpdateStore(path)
+    table = fresh_table_name()
+    request.getfixturevalue("pg_tables").append(table)
+    return PostgresUpdateStore(request.getfixturevalue("pg_dsn"), table=table)
+
+
 @pytest.fixture(autouse=True)
 def _one_test_alone_while_postgres_restarts(request: pytest.FixtureRequest) -> Iterator[None]:
     """Under pytest-xdist, a test marked ``restarts_postgres`` runs while no other test runs.

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, List
 
 import pytest
 
-from conftest import fresh_table_name
+from conftest import new_store
 from counting_store import CountingStore
 from ptb_fence import SQLiteUpdateStore, UpdateIntake
 from test_runtime_support import body
@@ -33,14 +33,7 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Calla
     made: List[Any] = []
 
     def new() -> Any:
-        if request.param == "sqlite":
-            store: Any = SQLiteUpdateStore(str(tmp_path / "updates.db"))
-        else:
-            from ptb_fence import PostgresUpdateStore
-
-            table = fresh_table_name()
-            request.getfixturevalue("pg_tables").append(table)
-            store = PostgresUpdateStore(request.getfixturevalue("pg_dsn"), table=table)
+        store = new_store(request.param, request, str(tmp_path / "updates.db"))
         made.append(store)
         return store
 

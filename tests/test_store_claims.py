@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, List, Optional, Set, Tuple
 import pytest
 
 from broken_stores import FencedOnlyStore
-from conftest import fresh_table_name
+from conftest import fresh_table_name, new_store
 from ptb_fence import AttemptIdentity, Completed, Failed, MemoryUpdateStore, SQLiteUpdateStore
 from ptb_fence.runtime._port import StorePort
 
@@ -26,17 +26,7 @@ def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[]
     made: List[Any] = []
 
     def new() -> Any:
-        if request.param == "memory":
-            store: Any = MemoryUpdateStore()
-        elif request.param == "sqlite":
-            store = SQLiteUpdateStore(str(tmp_path / f"claims{len(made)}.db"))
-        else:
-            from ptb_fence import PostgresUpdateStore
-
-            tables: List[str] = request.getfixturevalue("pg_tables")
-            table = fresh_table_name()
-            tables.append(table)
-            store = PostgresUpdateStore(request.getfixturevalue("pg_dsn"), table=table)
+        store = new_store(request.param, request, str(tmp_path / f"claims{len(made)}.db"))
         made.append(store)
         return store
 
