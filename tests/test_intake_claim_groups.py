@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Iterator, List
+from typing import Any, Iterator
 
 import pytest
 
@@ -29,23 +29,14 @@ MAX_CONCURRENT = 8
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Any]]:
-    made: List[Any] = []
-
-    def new() -> Any:
-        store = new_store(request.param, request, str(tmp_path / "updates.db"))
-        made.append(store)
-        return store
-
-    try:
-        yield new
-    finally:
-        for store in made:
-            store.close()
+def inner(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """An empty real store (closed after the test)."""
+    store: Any = new_store(request.param, request, str(tmp_path / "updates.db"))
+    yield store
+    store.close()
 
 
-def test_a_recorded_backlog_is_claimed_in_groups_and_handled_once(make_store: Any) -> None:
-    inner = make_store()
+def test_a_recorded_backlog_is_claimed_in_groups_and_handled_once(inner: Any) -> None:
     hour_ago = int(time.time() * 1000) - 3_600_000  # an outage: received long ago
     for update_id in range(1, BACKLOG + 1):
         assert inner.add(update_id, body(update_id), hour_ago)
