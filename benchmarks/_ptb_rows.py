@@ -202,7 +202,8 @@ class _Run:
             return noop
 
         if kind == "fenced-write":
-            write = self._domain_write()
+            assert self.store_kind is not None and self.domain_table is not None
+            write = domain_write(self.store_kind, self.domain_table)
 
             async def fenced_write(update: Update, context: Any) -> None:
                 attempt = context.attempt
@@ -221,10 +222,6 @@ class _Run:
             handled()
 
         return naive
-
-    def _domain_write(self) -> Callable[[Any], Callable[[Any], None]]:
-        assert self.store_kind is not None and self.domain_table is not None
-        return domain_write(self.store_kind, self.domain_table)
 
     def _naive_insert(self) -> Callable[[int, str], None]:
         import sqlite3

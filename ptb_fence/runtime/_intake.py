@@ -116,7 +116,9 @@ class UpdateIntake:
         # nor on the sweep: a hanging one blocks neither (the runtime's decisions: at most one
         # delivery per exhaustion, at most MAX_DELIVERIES at once)
         self._delivery = (
-            None if handle_exhaustion is None else ExhaustionDelivery(self._runtime, handle_exhaustion)
+            ExhaustionDelivery(self._runtime, handle_exhaustion)
+            if handle_exhaustion is not None
+            else None
         )
         self._pool: Optional[ThreadPoolExecutor] = None
         self._chats = ChatOrder(self._start_update)
@@ -466,9 +468,8 @@ class UpdateIntake:
         self, key: Hashable, update_id: int, text: str, update: Dict[str, Any]
     ) -> Optional[IntakeRun]:
         runtime = self._runtime
-        claims = self._claims  # with the workers starting at the same time: one commit
-        item = (update_id, text)
-        attempt = runtime.claim(*item) if claims is None else claims.submit(item)
+        claims = self._claims  # workers that start at the same time claim in one commit
+        attempt = runtime.claim(update_id, text) if claims is None else claims.submit((update_id, text))
         if attempt is None:
             return None
         run = self._runs.begin(key, update_id, attempt)
