@@ -544,3 +544,26 @@ def test_missing_settings_are_reported_at_once(runner: Runner, script: str) -> N
 def test_docstrings_install_from_the_repository(script: str) -> None:
     text = (EXAMPLES / script).read_text()
     assert "pip install ptb_fence" not in text
+
+
+def test_webhook_postgres_names_its_webhooks_extra(runner: Runner, tmp_path: Path) -> None:
+    """The docstring installs ``[webhooks]``, ``--help`` names it, and without tornado (the
+    extra not installed) a webhook process says what to install instead of PTB's traceback."""
+    doc = (EXAMPLES / "webhook_postgres.py").read_text()
+    assert "python -m pip install -e '.[webhooks]'" in doc
+    assert "pip install -e .``" not in doc  # no install line without the extra
+    helped = runner.start("webhook_postgres.py", "--help")
+    assert runner.exit_code(helped, timeout=STARTUP) == 0
+    assert "[webhooks]" in runner.log(helped)
+    # a tornado that cannot be imported, as when the extra was not installed
+    shadow = tmp_path / "no_tornado"
+    (shadow / "tornado").mkdir(parents=True)
+    (shadow / "tornado" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'tornado'\", name='tornado')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(shadow), str(ROOT)]
+                                         + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    proc = runner.start("webhook_postgres.py", "--dsn", "postgresql://nobody@127.0.0.1:1/none",
+                        "--base-url", "http://127.0.0.1:1/bot", env=env)
+    assert runner.exit_code(proc, timeout=STARTUP) == 2
+    out = runner.log(proc)
+    assert "python -m pip install -e '.[webhooks]'" in out and "Traceback" not in out, out
