@@ -39,6 +39,17 @@ _QUIET_METHODS = frozenset({"getupdates", "getme", "deletewebhook", "getwebhooki
 _BUTTON = "!button"
 
 
+def _update_id(value: str) -> int:
+    """argparse type of ``--first-update-id``: a positive integer (offset 0 means none)."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
+    return number
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ptb_fence.testing",
@@ -75,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
         "--no-stdin", action="store_true", help="do not read messages from standard input"
     )
     serve.add_argument(
-        "--first-update-id", type=int, default=None, metavar="ID",
+        "--first-update-id", type=_update_id, default=None, metavar="ID",
         help="the first update's id (default: milliseconds since the epoch, so each run's ids "
         "are above the previous run's and a kept database does not take them for "
         "redeliveries)",
