@@ -333,3 +333,31 @@ def test_an_application_class_of_the_user_keeps_its_name_in_repr() -> None:
     assert isinstance(app, PytestApplication)
     assert type(app).__name__ == "PytestApplication"
     assert repr(app).startswith("PytestApplication[bot=")
+
+
+# -- install() refuses a PTB that lacks an internal without fallback ------------------------------
+
+
+class _BuilderWithoutApplicationClass(ApplicationBuilder):  # type: ignore[type-arg]
+    """A builder of a PTB release that keeps its application class elsewhere."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "_application_class":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+def test_install_names_a_missing_internal_and_the_ptb_version() -> None:
+    import telegram
+
+    processor = FencedUpdateProcessor(MemoryUpdateStore())
+    with pytest.raises(RuntimeError) as raised:
+        processor.install(_BuilderWithoutApplicationClass().token(TOKEN))
+    message = str(raised.value)
+    assert "ApplicationBuilder._application_class" in message
+    assert telegram.__version__ in message
+    assert "Install a python-telegram-bot version ptb_fence supports" in message
+
+
+def test_the_installed_ptb_has_every_internal_without_fallback() -> None:
+    assert internals.missing_internals(ApplicationBuilder()) == []

@@ -47,6 +47,8 @@ from telegram.request import BaseRequest
 
 __all__ = [
     "REQUEST_DEFAULT",
+    "missing_internals",
+    "require_internals",
     "builder_application_class",
     "get_updates_request",
     "set_get_updates_request",
@@ -99,3 +101,46 @@ def set_get_updates_request(bot: Any, request: BaseRequest) -> bool:
     except (AttributeError, TypeError):  # pragma: no cover - a PTB we do not know
         return False
     return True
+
+
+def missing_internals(builder: Any) -> "list[str]":
+    """The internals above that this PTB lacks and that have no fallback, one line each.
+
+    Internal 3 records update by update without its tuple and 4 only changes where an error
+    handler running as a task sees ``context.attempt``, so they are guarded by the tests
+    only; 1, 2 and 5 decide whether ``install()`` can fence the Application at all.
+    """
+    from telegram.ext import BaseUpdateProcessor
+
+    missing = [
+        f"ApplicationBuilder.{name} (internal 1)"
+        for name in ("_application_class", "_application_kwargs")
+        if not hasattr(builder, name)
+    ]
+    try:
+        from telegram._utils.defaultvalue import DefaultValue  # noqa: F401
+    except ImportError:
+        missing.append("telegram._utils.defaultvalue.DefaultValue (internal 2)")
+    if not inspect.iscoroutinefunction(getattr(BaseUpdateProcessor, "process_update", None)):
+        missing.append("BaseUpdateProcessor.process_update as a coroutine (internal 5)")
+    return missing
+
+
+def require_internals(builder: Any) -> None:
+    """Refuse to wire ``builder`` when this PTB lacks an internal that has no fallback.
+
+    Raises:
+        RuntimeError: Naming each missing internal and the installed PTB version: install a
+            python-telegram-bot version ptb_fence supports, or a ptb_fence that supports it.
+    """
+    missing = missing_internals(builder)
+    if missing:
+        import telegram
+
+        raise RuntimeError(
+            f"python-telegram-bot {telegram.__version__} lacks what ptb_fence relies on: "
+            + "; ".join(missing)
+            + ". Install a python-telegram-bot version ptb_fence supports (22.x, see setup.cfg) "
+            "or a ptb_fence release that supports this one (ptb_fence/ptb/_ptb_internals.py "
+            "lists each reliance)"
+        )

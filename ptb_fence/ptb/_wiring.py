@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from telegram.ext import Application, ApplicationBuilder, BaseUpdateProcessor
 
 from ptb_fence.ptb._application import fenced_application_class
-from ptb_fence.ptb._ptb_internals import builder_application_class
+from ptb_fence.ptb._ptb_internals import builder_application_class, require_internals
 
 __all__ = ["BuilderType", "configure_builder", "warn_non_blocking"]
 
@@ -26,6 +26,7 @@ def configure_builder(
     (what :meth:`~ptb_fence.ptb.BaseFenceProcessor.install` does)."""
     if not isinstance(builder, ApplicationBuilder):
         raise TypeError(f"install() needs a telegram.ext.ApplicationBuilder, got {builder!r}")
+    require_internals(builder)
     builder.concurrent_updates(processor)
     try:
         builder.update_queue(queue)
