@@ -32,6 +32,9 @@ Deployment (one public URL, any number of processes on any number of machines)::
     # and, optionally, one or more workers without a web server:
     python examples/webhook_postgres.py --no-webhook
 
+PTB's webhook server needs the ``[webhooks]`` extra (tornado): install from a clone of the
+repository with ``python -m pip install -e '.[webhooks]'``.
+
 All processes must use the same DSN, ``--table`` and ``--bookings-table``; the webhook processes
 the same secret and URL (each calls ``setWebhook`` with them at start, which is harmless). Order
 of updates within a chat is kept within one process; updates of one chat that land on different
@@ -45,7 +48,8 @@ webhook URL defaults to ``http://LISTEN:PORT/URL_PATH``). In one terminal::
 
     python -m ptb_fence.testing serve
 
-and in another (install from a clone of the repository with ``python -m pip install -e .``)::
+and in another (install from a clone of the repository with
+``python -m pip install -e '.[webhooks]'``)::
 
     python examples/webhook_postgres.py --dsn postgresql://postgres@127.0.0.1:5432/postgres \\
         --base-url http://127.0.0.1:8081/bot --listen 127.0.0.1 --port 8080 \\
@@ -79,7 +83,17 @@ from ptb_fence.ptb import FencedCallbackContext, FencedUpdateProcessor
 
 LOGGER = logging.getLogger("booking_bot")
 
+WEBHOOKS_INSTALL = "python -m pip install -e '.[webhooks]'"  # from a clone of the repository
 LOCAL_TOKEN = "123456:TEST-TOKEN"  # what ``python -m ptb_fence.testing serve`` accepts
+
+
+def webhooks_installed() -> bool:
+    """Whether PTB's webhook server can run (its ``[webhooks]`` extra, i.e. tornado)."""
+    try:
+        import tornado  # noqa: F401  (only probing)
+    except ImportError:
+        return False
+    return True
 
 
 def is_local(base_url: str) -> bool:
@@ -130,7 +144,10 @@ def table_name(value: str) -> str:
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n", 1)[0],
+        epilog=f"The webhook server needs the [webhooks] extra: {WEBHOOKS_INSTALL}",
+    )
     parser.add_argument(
         "--dsn",
         default=os.environ.get("PTB_FENCE_POSTGRES_DSN"),
@@ -208,6 +225,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("missing settings:\n  " + "\n  ".join(missing) + "\n(offline, pass --base-url "
               "http://127.0.0.1:8081/bot to use `python -m ptb_fence.testing serve`; no token or "
               "secret needed then)", file=sys.stderr)
+        return 2
+    if not args.no_webhook and not webhooks_installed():
+        # PTB would fail only at run_webhook(), after the store was opened, with a traceback
+        print(f"the webhook server needs the [webhooks] extra (tornado): {WEBHOOKS_INSTALL}\n"
+              "(or run with --no-webhook for a sweep-only process)", file=sys.stderr)
         return 2
     assert token is not None
     role = "sweeper" if args.no_webhook else "webhook"

@@ -483,6 +483,47 @@ def test_polling_sqlite_offline_command_as_written(runner: Runner, tmp_path: Pat
     assert query(tmp_path / "offline.sqlite3", "SELECT slot FROM bookings") == [("10:00",)]
 
 
+def test_polling_sqlite_twice_against_two_fresh_serves_with_one_database(
+    runner: Runner, tmp_path: Path
+) -> None:
+    """The docstring's offline commands run twice with the same database, each time against a
+    fresh ``serve``: the second run's messages are new updates and are handled, although a new
+    ``serve`` numbers its messages from the start again. A ``serve`` told to reuse the first
+    run's update ids has its updates taken for redeliveries, and the bot says so at INFO."""
+    serve_cmd, bot_cmd = offline_commands("polling_sqlite.py")
+    db = tmp_path / "offline.sqlite3"
+    first_ids: List[str] = []
+    for slot in ("10:00", "12:00"):
+        port = str(free_port())
+        replace = {"8081": port, "10:00": slot}
+        serve = start_serve(runner, as_run(serve_cmd, replace), port)
+        runner.wait_for("serve to listen", lambda: listening(int(port)), STARTUP, alive=[serve])
+        bot = runner.start(Path(bot_cmd[1]).name, *as_run(bot_cmd, replace)[2:])
+        assert runner.exit_code(bot, timeout=60) == 0, runner.all_logs()  # --exit-after 2
+        runner.wait_for("both replies printed by serve",
+                        lambda: f"Sorry, {slot} is already taken." in runner.log(serve), 10,
+                        alive=[serve])
+        assert runner.stop(serve, signal.SIGTERM) == 0, runner.all_logs()
+        if not first_ids:
+            first_ids = [line.split()[2] for line in runner.log(serve).splitlines()
+                         if line.startswith("<- update ")]
+    assert query(db, "SELECT slot FROM bookings ORDER BY slot") == [("10:00",), ("12:00",)]
+
+    # the first run's ids again (--first-update-id): the bot takes them for redeliveries
+    port = str(free_port())
+    serve = start_serve(runner, as_run(serve_cmd, {"8081": port, "10:00": "14:00"})
+                        + ["--first-update-id", first_ids[0]], port)
+    runner.wait_for("serve to listen", lambda: listening(int(port)), STARTUP, alive=[serve])
+    bot = runner.start(Path(bot_cmd[1]).name, *as_run(bot_cmd, {"8081": port})[2:])
+    runner.wait_for(
+        "the redeliveries logged",
+        lambda: f"update {first_ids[1]} is already recorded" in runner.log(bot), 60,
+        alive=[bot, serve])
+    assert runner.stop(bot, signal.SIGTERM) == 0, runner.all_logs()
+    assert "Booked 14:00" not in runner.log(serve)
+    assert f"update {first_ids[0]} is already recorded" in runner.log(bot)
+
+
 def test_blocking_wsgi_offline_command_as_written(runner: Runner, tmp_path: Path) -> None:
     serve_cmd, bot_cmd = offline_commands("blocking_wsgi.py")
     port, hook_port = str(free_port()), str(free_port())
@@ -544,3 +585,26 @@ def test_missing_settings_are_reported_at_once(runner: Runner, script: str) -> N
 def test_docstrings_install_from_the_repository(script: str) -> None:
     text = (EXAMPLES / script).read_text()
     assert "pip install ptb_fence" not in text
+
+
+def test_webhook_postgres_names_its_webhooks_extra(runner: Runner, tmp_path: Path) -> None:
+    """The docstring installs ``[webhooks]``, ``--help`` names it, and without tornado (the
+    extra not installed) a webhook process says what to install instead of PTB's traceback."""
+    doc = (EXAMPLES / "webhook_postgres.py").read_text()
+    assert "python -m pip install -e '.[webhooks]'" in doc
+    assert "pip install -e .``" not in doc  # no install line without the extra
+    helped = runner.start("webhook_postgres.py", "--help")
+    assert runner.exit_code(helped, timeout=STARTUP) == 0
+    assert "[webhooks]" in runner.log(helped)
+    # a tornado that cannot be imported, as when the extra was not installed
+    shadow = tmp_path / "no_tornado"
+    (shadow / "tornado").mkdir(parents=True)
+    (shadow / "tornado" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'tornado'\", name='tornado')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(shadow), str(ROOT)]
+                                         + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    proc = runner.start("webhook_postgres.py", "--dsn", "postgresql://nobody@127.0.0.1:1/none",
+                        "--base-url", "http://127.0.0.1:1/bot", env=env)
+    assert runner.exit_code(proc, timeout=STARTUP) == 2
+    out = runner.log(proc)
+    assert "python -m pip install -e '.[webhooks]'" in out and "Traceback" not in out, out

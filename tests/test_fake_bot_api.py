@@ -611,3 +611,68 @@ def test_update_builders_parse_as_ptb_updates() -> None:
     message = query.callback_query.message
     assert isinstance(message, Message) and message.from_user is not None
     assert message.from_user.id == 123
+
+
+def test_press_button_of_the_last_keyboard_a_real_ptb_bot_showed(fake: FakeBotApi) -> None:
+    """``press_button`` presses a button of the keyboard the bot showed last in the chat (by
+    callback data, else by text); an edit without ``reply_markup`` removes the keyboard, as in
+    Telegram; ``new_*_update`` build updates with the same id sequence without queueing."""
+    pressed: list[tuple[int, str, bool]] = []
+
+    async def on_press(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        query = update.callback_query
+        assert query is not None and query.data is not None and query.message is not None
+        has_keyboard = getattr(query.message, "reply_markup", None) is not None
+        pressed.append((query.message.message_id, query.data, has_keyboard))
+        await query.answer("ok")
+        if query.data == "done":
+            await query.edit_message_text("finished")  # no reply_markup: keyboard gone
+
+    async def scenario() -> None:
+        app = build_app(fake)
+        app.add_handler(CallbackQueryHandler(on_press))
+        async with polling(app):
+            keyboard = InlineKeyboardMarkup([[InlineKeyboardButton("A", callback_data="a"),
+                                              InlineKeyboardButton("Done", callback_data="done")]])
+            old = await app.bot.send_message(7, "first", reply_markup=keyboard)
+            last = await app.bot.send_message(7, "second", reply_markup=keyboard)
+            assert fake.last_keyboard(7) == {
+                "message_id": last.message_id, "text": "second",
+                "inline_keyboard": [[{"text": "A", "callback_data": "a"},
+                                     {"text": "Done", "callback_data": "done"}]]}
+            fake.press_button(7, "a")
+            fake.press_button(7, "Done")  # by its text
+            # the edit removes the second message's keyboard: the first one's is the last now
+            assert await wait(fake, lambda: len(pressed) == 2 and (
+                fake.last_keyboard(7) or {}).get("message_id") == old.message_id)
+            await app.bot.edit_message_reply_markup(7, old.message_id)
+            assert fake.last_keyboard(7) is None
+
+    run(scenario())
+    assert pressed == [(2, "a", True), (2, "done", True)]
+    assert [a["text"] for a in fake.answered_callback_queries] == ["ok", "ok"]
+    with pytest.raises(LookupError, match="shows no inline keyboard in chat 7"):
+        fake.press_button(7, "a")
+    with pytest.raises(LookupError, match="no inline keyboard in chat 8"):
+        fake.new_button_press_update(8, "a")
+    first = fake.new_message_update(9, "hi")
+    second = fake.inject_message(9, "again")
+    assert second == first["update_id"] + 1  # one sequence, queued or not
+    assert fake.pending_update_ids == [second]  # the built one was not queued
+
+
+def test_press_button_names_the_buttons_it_has() -> None:
+    with FakeBotApi() as fake:
+        status, body = call(fake, "sendMessage", chat_id=3, text="menu", reply_markup={
+            "inline_keyboard": [[{"text": "Go", "callback_data": "go"},
+                                 {"text": "Docs", "url": "https://example.org"}]]})
+        assert status == 200, body
+        with pytest.raises(LookupError, match="buttons with callback data: 'go'"):
+            fake.press_button(3, "Docs")  # a URL button sends no callback query
+        update_id = fake.press_button(3, "go", user_id=99)
+        status, body = call(fake, "getUpdates")
+        (queued,) = body["result"]
+        assert queued["update_id"] == update_id
+        query = queued["callback_query"]
+        assert (query["data"], query["from"]["id"], query["message"]["text"]) == ("go", 99, "menu")
+        assert query["message"]["reply_markup"]["inline_keyboard"][0][0]["callback_data"] == "go"

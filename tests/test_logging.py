@@ -300,3 +300,33 @@ def test_the_cli_logs_retry_and_ack_with_the_identity(tmp_path: Any, captured: A
     (ack,) = records(captured, "ack: exhaustion of update 602", logging.INFO)
     assert_identity(ack, 602, 1, second.claim_id)
     assert_nothing_leaks(captured, BODY_SECRET, TOKEN)
+
+
+def test_redeliveries_dropped_at_ingest_are_logged_at_info_the_first_few_times(
+    tmp_path: Any, captured: Any
+) -> None:
+    """An update whose id is already recorded is not handled again, and says so: the first
+    few at INFO (a bot that drops every new message must be able to see why), then DEBUG."""
+    from ptb_fence import SQLiteUpdateStore
+    from ptb_fence.runtime._recording import REDELIVERIES_AT_INFO
+
+    store = SQLiteUpdateStore(str(tmp_path / "redeliveries.db"))
+    handled: List[int] = []
+    intake = UpdateIntake(store, handle=lambda u: handled.append(u["update_id"]))
+    intake.start()
+    try:
+        assert intake.accept(update(1000)) == "accepted"
+        assert intake.idle(WAIT)
+        for _ in range(REDELIVERIES_AT_INFO + 2):
+            assert intake.accept(update(1000)) == "duplicate"
+        assert intake.idle(WAIT)
+    finally:
+        intake.close()
+        store.close()
+    assert handled == [1000]
+    said = records(captured, "update 1000 is already recorded: not handled again")
+    assert [r.levelno for r in said] == [logging.INFO] * REDELIVERIES_AT_INFO + [logging.DEBUG] * 2
+    assert all(r.name == "ptb_fence.ingest" and r.update_id == 1000 for r in said)
+    assert "further redeliveries are logged at DEBUG" in said[REDELIVERIES_AT_INFO - 1].getMessage()
+    assert "test Bot API restarted against a kept database" in said[0].getMessage()
+    assert_nothing_leaks(captured, BODY_SECRET, TOKEN)

@@ -88,3 +88,34 @@ def test_readme_keeps_the_two_commands() -> None:
     assert "    python -m pip install -e . && python -m ptb_fence demo\n" in README
     assert re.search(r"^ +python -m pip install -e '\.\[test\]' && python -m pytest$", README,
                      re.M)
+
+
+def test_before_production_follows_the_first_bot() -> None:
+    """The traps a real deployment meets come right after the first bot, not deep inside."""
+    titles = re.findall(r"^(\S[^\n]*)\n-+\n", README, re.M)
+    assert titles[titles.index("Your first bot") + 1] == "Before production", titles
+    before = section("Before production")
+    for trap in ("Replies are not fenced yet", "outbox", "PTB persistence is per process",
+                 "every 60 s", "Jobs are in memory", "One table per bot",
+                 "python -m pip install -e '.[webhooks]'"):
+        assert trap in before, trap
+
+
+def test_performance_tables_live_in_benchmarks_readme() -> None:
+    """The guide reads start to finish: README keeps the headline figures and a link; the
+    tables are in benchmarks/README.rst, which renders as reStructuredText without a warning."""
+    performance = section("Performance")
+    assert "benchmarks/README.rst" in performance and len(performance.splitlines()) < 15
+    assert "poll-fenced-pg-32" not in README
+    bench = (ROOT / "benchmarks" / "README.rst").read_text()
+    assert "poll-fenced-pg-32" in bench and "python benchmarks/run.py" in bench
+    assert "include benchmarks/README.rst" in (ROOT / "MANIFEST.in").read_text()
+    docutils_core = pytest.importorskip("docutils.core")
+    import io
+
+    warnings = io.StringIO()
+    docutils_core.publish_string(
+        bench, writer_name="null",
+        settings_overrides={"warning_stream": warnings, "report_level": 2, "halt_level": 5},
+    )
+    assert warnings.getvalue() == ""

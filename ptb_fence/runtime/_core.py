@@ -8,6 +8,7 @@ run handlers (blocking calls only).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import traceback
@@ -72,6 +73,7 @@ class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
         "_ingest_lock",
         "_jobs",
         "_jobs_running",
+        "_redeliveries",
         "_scheduler",
         "_scheduler_lock",
         "attempt_aware",
@@ -109,6 +111,8 @@ class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
         self.keeper = LeaseKeeper(self.port, options, self.report_store_error)
         self._cursor: Optional[int] = None
         self._ingest_lock = threading.Lock()
+        # redeliveries dropped at ingest so far (numbers them: only the first few log at INFO)
+        self._redeliveries = itertools.count()
         # running_count(): attempts whose handler runs now (set by a front end that claims at
         # ingest); bounds the claims at ingest (see RecordingOps._claim_budget)
         self.running_count: Callable[[], int] = lambda: 0

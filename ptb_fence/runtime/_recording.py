@@ -6,6 +6,8 @@ A mixin of :class:`~ptb_fence.runtime._core.Runtime`; every store call goes thro
 
 from __future__ import annotations
 
+import itertools
+import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Hashable, List, Optional, Sequence, Tuple, Union
 
@@ -19,7 +21,14 @@ if TYPE_CHECKING:
     from ptb_fence.runtime._outcome import Outcome
     from ptb_fence.runtime._port import Recorded, Row, StorePort
 
-__all__ = ["Record", "RecordingOps"]
+__all__ = ["REDELIVERIES_AT_INFO", "Record", "RecordingOps"]
+
+_LOGGER = logging.getLogger("ptb_fence.ingest")
+
+REDELIVERIES_AT_INFO = 5
+"""How many redeliveries dropped at ingest one runtime logs at INFO; later ones at DEBUG (a
+redelivery is normal for webhooks, but a bot that drops every new message must be able to see
+why)."""
 
 Record = Union["Attempt", bool]
 """Per recorded update: the :class:`~ptb_fence.Attempt` it was claimed with at ingest (already
@@ -41,6 +50,7 @@ class RecordingOps:
         keeper: LeaseKeeper
         running_count: Callable[[], int]
         _ingest_lock: threading.Lock
+        _redeliveries: "itertools.count[int]"
 
         def release(self, attempts: Sequence[Attempt]) -> int: ...
 
@@ -78,7 +88,41 @@ class RecordingOps:
         """
         if self.options.strict_chat_order:
             return self.record_many([(update_id, body)], chats=[chat])[0] is True
-        return self.port.add(update_id, body, self.options.now_ms())
+        added = self.port.add(update_id, body, self.options.now_ms())
+        if not added:
+            self._dropped_redelivery(update_id)
+        return added
+
+    def _note_redeliveries(
+        self, items: Sequence[Tuple[int, str]], records: Sequence[Record]
+    ) -> None:
+        for (update_id, _), record in zip(items, records):
+            if record is False:
+                self._dropped_redelivery(update_id)
+
+    def _dropped_redelivery(self, update_id: int) -> None:
+        """Say that ``update_id`` was not recorded because its id is already recorded.
+
+        The first :data:`REDELIVERIES_AT_INFO` of this runtime log at INFO: a fake Bot API
+        restarted against a kept database numbers its updates from the start again, and a
+        bot that then drops every new message without a word looks broken. A different update
+        under a recorded id was already logged at WARNING by the store.
+        """
+        seen = next(self._redeliveries)
+        extra = {"update_id": update_id}
+        if seen >= REDELIVERIES_AT_INFO:
+            _LOGGER.debug("update %s is already recorded: not handled again", update_id,
+                          extra=extra)
+            return
+        _LOGGER.info(
+            "update %s is already recorded: not handled again (a redelivery, which is normal; "
+            "if it is a new message, its update id was used before: a test Bot API restarted "
+            "against a kept database, or two bots sharing one table)%s",
+            update_id,
+            "; further redeliveries are logged at DEBUG" if seen == REDELIVERIES_AT_INFO - 1
+            else "",
+            extra=extra,
+        )
 
     def _rows(self, items: Sequence[Tuple[int, str]], now: int) -> "List[Row]":
         return [(update_id, body, now) for update_id, body in items]
@@ -118,6 +162,17 @@ class RecordingOps:
         claimed by the first commit are then released). ``chats``: per item its chat key,
         stored under ``strict_chat_order`` (which never claims at ingest).
         """
+        records = self._record_many(items, claim=claim, chats=chats)
+        self._note_redeliveries(items, records)
+        return records
+
+    def _record_many(
+        self,
+        items: Sequence[Tuple[int, str]],
+        *,
+        claim: bool,
+        chats: Optional[Sequence[Hashable]],
+    ) -> List[Record]:
         now = self.options.now_ms()
         if self.options.strict_chat_order:
             keys = list(chats) if chats is not None else [None] * len(items)
@@ -268,7 +323,6 @@ class RecordingOps:
             )
         except Exception as exc:
             return exc, [self.completion_failed(attempt, exc) for attempt in attempts]
-        return (
-            self._adopt_all(recorded, items, lease_until),
-            [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)],
-        )
+        records = self._adopt_all(recorded, items, lease_until)
+        self._note_redeliveries(items, records)
+        return records, [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]

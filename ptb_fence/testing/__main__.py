@@ -8,7 +8,13 @@ Example (two terminals, no token, no network)::
 The server prints the token and base URL to use, injects each ``--message`` and each line typed
 on stdin as a text message (``@42 text`` sends it from chat 42), forwards them to the webhook
 instead once a bot called ``setWebhook``, and prints every request the bot makes other than
-polling (``sendMessage`` with its text). Ctrl-C or SIGTERM stops it (exit status 0).
+polling (``sendMessage`` with its text and inline keyboard). ``!button DATA`` presses the button
+with that callback data (or text) of the last inline keyboard the bot showed in the chat
+(``@42 !button DATA`` in chat 42). Ctrl-C or SIGTERM stops it (exit status 0).
+
+Update ids start at the milliseconds since the epoch when it started (``--first-update-id`` to
+choose), so a bot that keeps its database across runs of ``serve`` takes each run's messages for
+new updates, not for redeliveries of the previous run's.
 """
 
 from __future__ import annotations
@@ -18,18 +24,30 @@ import json
 import signal
 import sys
 import threading
+import time
 import urllib.error
 from types import FrameType
 from typing import Any, Optional, Sequence, TextIO
 
 from ptb_fence.testing._fake_bot_api import FakeBotApi, post_to_webhook
-from ptb_fence.testing._updates import make_message_update
 
 __all__ = ["main"]
 
 DEFAULT_PORT = 8081
 DEFAULT_TOKEN = "123456:TEST-TOKEN"
 _QUIET_METHODS = frozenset({"getupdates", "getme", "deletewebhook", "getwebhookinfo"})
+_BUTTON = "!button"
+
+
+def _update_id(value: str) -> int:
+    """argparse type of ``--first-update-id``: a positive integer (offset 0 means none)."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
+    return number
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,8 +62,10 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Run the fake Telegram Bot API on a local port for a bot you start yourself "
             "(--base-url http://HOST:PORT/bot, token as printed). Injects each --message and "
-            "each stdin line as a text message ('@42 text' sends from chat 42) and prints what "
-            "the bot sends. Ctrl-C or SIGTERM stops it."
+            "each stdin line as a text message ('@42 text' sends from chat 42; '!button DATA' "
+            "presses the button with that callback data or text of the last inline keyboard "
+            "the bot showed in the chat) and prints what the bot sends. Ctrl-C or SIGTERM "
+            "stops it."
         ),
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
@@ -56,7 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--token", default=DEFAULT_TOKEN, help=f"bot token to accept ({DEFAULT_TOKEN})")
     serve.add_argument(
         "--message", action="append", default=[], metavar="TEXT",
-        help="inject this text message at start (repeatable; '@42 text' for chat 42)",
+        help="inject this text message at start (repeatable; '@42 text' for chat 42, "
+        "'!button DATA' presses a button)",
     )
     serve.add_argument(
         "--chat-id", type=int, default=1, help="chat of injected messages without '@ID' (1)"
@@ -64,13 +85,20 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--no-stdin", action="store_true", help="do not read messages from standard input"
     )
+    serve.add_argument(
+        "--first-update-id", type=_update_id, default=None, metavar="ID",
+        help="the first update's id (default: milliseconds since the epoch, so each run's ids "
+        "are above the previous run's and a kept database does not take them for "
+        "redeliveries)",
+    )
     return parser
 
 
 class _Server:
-    """The running fake server plus its console: injects messages, prints what the bot sent."""
+    """The running fake server plus its console: injects messages and button presses, prints
+    what the bot sent."""
 
-    __slots__ = ("chat_id", "fake", "lock", "next_update_id", "out", "seen", "stop")
+    __slots__ = ("chat_id", "fake", "hinted", "lock", "out", "seen", "stop")
 
     def __init__(self, fake: FakeBotApi, chat_id: int, out: TextIO) -> None:
         self.fake = fake
@@ -79,7 +107,7 @@ class _Server:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.seen = 0
-        self.next_update_id = 1_000_000  # ids of updates posted to a webhook
+        self.hinted = False  # the "!button" hint is printed with the first keyboard only
 
     def say(self, text: str) -> None:
         with self.lock:
@@ -103,18 +131,36 @@ class _Server:
             if not text:
                 self.say(f"! nothing to send after {head!r}")
                 return
-        webhook = self.fake.webhook
-        if webhook.get("url"):
-            self._post(webhook, chat_id, text)
+        if text == _BUTTON or text.startswith(_BUTTON + " "):
+            self._press(chat_id, text[len(_BUTTON):].strip())
             return
-        update_id = self.fake.inject_message(chat_id=chat_id, text=text)
-        self.say(f"<- update {update_id} from chat {chat_id}: {text}")
+        update = self.fake.new_message_update(chat_id, text)
+        self._deliver(update, f"from chat {chat_id}: {text}")
 
-    def _post(self, webhook: "dict[str, Any]", chat_id: int, text: str) -> None:
-        with self.lock:
-            self.next_update_id += 1
-            update_id = self.next_update_id
-        update = make_message_update(update_id, chat_id, text, message_id=update_id)
+    def _press(self, chat_id: int, button: str) -> None:
+        if not button:
+            self.say(f"! say which button: {_BUTTON} CALLBACK_DATA (or the button's text)")
+            return
+        try:
+            update = self.fake.new_button_press_update(chat_id, button)
+        except LookupError as exc:
+            self.say(f"! {exc}")
+            return
+        query = update["callback_query"]
+        self._deliver(
+            update,
+            f"from chat {chat_id}: pressed {query['data']!r} under message "
+            f"{query['message']['message_id']}",
+        )
+
+    def _deliver(self, update: "dict[str, Any]", what: str) -> None:
+        """Queue ``update`` for polling, or post it to the webhook once one is set."""
+        update_id = update["update_id"]
+        webhook = self.fake.webhook
+        if not webhook.get("url"):
+            self.fake.inject(update)
+            self.say(f"<- update {update_id} {what}")
+            return
         secret = webhook.get("secret_token")
         try:
             status = post_to_webhook(
@@ -123,10 +169,8 @@ class _Server:
         except (urllib.error.URLError, OSError) as exc:
             self.say(f"! update {update_id}: webhook {webhook['url']} unreachable: {exc}")
             return
-        self.say(
-            f"<- update {update_id} from chat {chat_id} posted to the webhook "
-            f"(HTTP {status}): {text}"
-        )
+        head, _, rest = what.partition(": ")
+        self.say(f"<- update {update_id} {head} posted to the webhook (HTTP {status}): {rest}")
 
     def report_calls(self) -> None:
         calls = self.fake.calls
@@ -142,9 +186,62 @@ class _Server:
             self.say(f"-> sendMessage to chat {params.get('chat_id')}: {params.get('text')}")
         elif key == "setwebhook":
             self.say(f"-> setWebhook {params.get('url') or '(removed)'}")
+        elif key in ("editmessagetext", "editmessagereplymarkup", "editmessagecaption"):
+            where = (
+                f"inline message {params['inline_message_id']}"
+                if params.get("inline_message_id")
+                else f"message {params.get('message_id')} in chat {params.get('chat_id')}"
+            )
+            text = params.get("text", params.get("caption"))
+            self.say(f"-> {method} {where}" + (f": {text}" if text is not None else ""))
+            if not params.get("inline_message_id") and not _keyboard(params):
+                self.say("   (no inline keyboard now)")
+        elif key == "answercallbackquery":
+            text = params.get("text")
+            shown = f": {text}" if text else " (no text)"
+            if params.get("show_alert"):
+                shown += " (as an alert)"
+            self.say(f"-> answerCallbackQuery {params.get('callback_query_id')}{shown}")
         else:
-            shown = {k: v for k, v in params.items() if not isinstance(v, dict) or "data" not in v}
-            self.say(f"-> {method} {json.dumps(shown, default=str, ensure_ascii=False)}")
+            inline = bool(_keyboard(params))  # printed below, button by button
+            fields = {k: v for k, v in params.items()
+                      if not (k == "reply_markup" and inline)
+                      and (not isinstance(v, dict) or "data" not in v)}
+            self.say(f"-> {method} {json.dumps(fields, default=str, ensure_ascii=False)}")
+        self._report_keyboard(params)
+
+    def _report_keyboard(self, params: "dict[str, Any]") -> None:
+        rows = _keyboard(params)
+        if not rows:
+            return
+        for row in rows:
+            self.say("   " + " ".join(_button_label(button) for button in row))
+        if not self.hinted:
+            self.hinted = True
+            self.say(f"   (press one: {_BUTTON} CALLBACK_DATA, or @CHAT {_BUTTON} ... in "
+                     "another chat)")
+
+
+def _keyboard(params: "dict[str, Any]") -> "list[list[Any]]":
+    """The rows of an inline keyboard in a request's ``reply_markup`` ([] if none)."""
+    markup = params.get("reply_markup")
+    rows = markup.get("inline_keyboard") if isinstance(markup, dict) else None
+    return [row for row in rows if isinstance(row, list)] if isinstance(rows, list) else []
+
+
+def _button_label(button: Any) -> str:
+    """``[text]`` plus what pressing it does: ``-> callback_data``, or its URL."""
+    if not isinstance(button, dict):
+        return f"[{button}]"
+    label = f"[{button.get('text', '')}"
+    if isinstance(button.get("callback_data"), str):
+        if button["callback_data"] != button.get("text"):
+            label += f" -> {button['callback_data']}"
+    elif button.get("url"):
+        label += f" (url {button['url']})"
+    else:
+        label += " (not pressable here)"
+    return label + "]"
 
 
 def _read_stdin(server: _Server, stream: TextIO) -> None:
@@ -159,8 +256,13 @@ def _read_stdin(server: _Server, stream: TextIO) -> None:
 
 def serve(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     """Run ``serve`` until SIGINT/SIGTERM; the exit status."""
+    first_update_id = (
+        args.first_update_id if args.first_update_id is not None else int(time.time() * 1000)
+    )
     try:
-        fake = FakeBotApi(args.token, host=args.host, port=args.port)
+        fake = FakeBotApi(
+            args.token, host=args.host, port=args.port, first_update_id=first_update_id
+        )
     except ValueError as exc:
         print(f"serve: error: {exc}", file=sys.stderr)
         return 2
@@ -187,10 +289,11 @@ def serve(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         server.say(f"  python examples/polling_sqlite.py --base-url {fake.base_url}")
         if fake.token != DEFAULT_TOKEN:
             server.say(f"  (with TELEGRAM_BOT_TOKEN={fake.token})")
+        server.say(f"update ids start at {first_update_id}")
         if not args.no_stdin:
             server.say(
                 f"type a message and press Enter to send it from chat {args.chat_id} "
-                "('@42 text' for chat 42); Ctrl-C stops"
+                f"('@42 text' for chat 42, '{_BUTTON} DATA' presses a button); Ctrl-C stops"
             )
         for text in args.message:
             server.inject(text)

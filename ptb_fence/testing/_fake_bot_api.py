@@ -322,6 +322,10 @@ class FakeBotApi:
     ``answerCallbackQuery``, ``logOut`` and ``close``; any other method answers ``true``. A wrong
     token answers 401 ``Unauthorized`` (PTB raises :exc:`telegram.error.InvalidToken`).
 
+    Messages the bot sends or edits with an inline keyboard are remembered per chat:
+    :meth:`press_button` queues the press of a button of the last one (an edit without
+    ``reply_markup`` removes a keyboard, as in Telegram).
+
     Use it as a context manager, or call :meth:`start` and :meth:`stop`. It can be started again
     after :meth:`stop` on the same port with its state kept, to simulate an outage::
 
@@ -335,7 +339,10 @@ class FakeBotApi:
         token: The bot token the server accepts (``"<digits>:<letters, digits, _ or ->"``).
         host: The interface to listen on.
         port: The TCP port; ``0`` picks a free one.
-        first_update_id: The id :meth:`inject` gives the first update that has none.
+        first_update_id: The id :meth:`inject` gives the first update that has none. Each
+            :class:`FakeBotApi` starts there again: a bot whose store outlives it takes a new
+            one's updates for redeliveries unless this differs (``python -m ptb_fence.testing
+            serve`` starts at the milliseconds since the epoch for that reason).
 
     Attributes:
         on_confirm: Called in the server thread with the ids a ``getUpdates`` offset is about to
@@ -358,6 +365,7 @@ class FakeBotApi:
         "_failures",
         "_hook_errors",
         "_host",
+        "_keyboards",
         "_message_ids",
         "_next_update_id",
         "_pending",
@@ -409,6 +417,9 @@ class FakeBotApi:
         self._failures: dict[str, deque[_Failure]] = {}
         self._delays: dict[str, float] = {}
         self._message_ids: dict[int | str, int] = {}
+        # per chat, the bot's messages that carry an inline keyboard now (message id -> text
+        # and keyboard), the one sent or edited last at the end
+        self._keyboards: dict[int | str, dict[int, dict[str, Any]]] = {}
         self._hook_errors: list[BaseException] = []
         self.on_confirm: Callable[[list[int]], None] | None = None
 
@@ -572,14 +583,42 @@ class FakeBotApi:
             The update's id.
         """
         with self._cond:
-            update = make_message_update(
-                self._next_update_id,
-                chat_id,
-                text,
-                message_id=self._next_message_id(chat_id),
-                user_id=user_id,
-            )
-            return self._inject_locked(update)
+            return self._inject_locked(self._new_message_update(chat_id, text, user_id))
+
+    def new_message_update(
+        self, chat_id: int, text: str, *, user_id: int | None = None
+    ) -> dict[str, Any]:
+        """Build the text message update :meth:`inject_message` would queue, without queueing
+        it (e.g. to post it to a webhook with :func:`post_to_webhook`).
+
+        It takes the next update id and the chat's next message id, as :meth:`inject_message`
+        does, so the ids stay unique whichever way the updates reach the bot.
+
+        Args:
+            chat_id: The chat (as for :meth:`inject_message`).
+            text: The text.
+            user_id: The sender (as for :meth:`inject_message`).
+
+        Returns:
+            The update dict.
+        """
+        with self._cond:
+            return self._new_message_update(chat_id, text, user_id)
+
+    def _new_message_update(
+        self, chat_id: int, text: str, user_id: int | None
+    ) -> dict[str, Any]:
+        # Caller holds self._cond.
+        return make_message_update(
+            self._take_update_id(), chat_id, text,
+            message_id=self._next_message_id(chat_id), user_id=user_id,
+        )
+
+    def _take_update_id(self) -> int:
+        # Caller holds self._cond. An id handed out is never handed out again, queued or not.
+        update_id = self._next_update_id
+        self._next_update_id += 1
+        return update_id
 
     def inject_callback_query(
         self,
@@ -612,6 +651,98 @@ class FakeBotApi:
                 user_id=user_id,
             )
             return self._inject_locked(update)
+
+    def last_keyboard(self, chat_id: int | str) -> dict[str, Any] | None:
+        """The inline keyboard the bot sent or edited last in a chat, if it still shows one.
+
+        Args:
+            chat_id: The chat.
+
+        Returns:
+            ``{"message_id": ..., "text": ..., "inline_keyboard": [[button, ...], ...]}``
+            (copies; ``text`` is the message's text or caption, ``""`` if it has none), or
+            :obj:`None` when no message of the bot in the chat has an inline keyboard.
+        """
+        with self._cond:
+            shown = self._keyboards.get(_chat_key(chat_id))
+            if not shown:
+                return None
+            message_id, info = next(reversed(shown.items()))
+            return {"message_id": message_id, **copy.deepcopy(info)}
+
+    def press_button(
+        self, chat_id: int, button: str, *, user_id: int | None = None
+    ) -> int:
+        """Queue the press of a button of the last inline keyboard the bot showed in a chat.
+
+        Args:
+            chat_id: The chat (see :meth:`last_keyboard`).
+            button: The button's ``callback_data``, or else its text.
+            user_id: Who pressed it (defaults as in :meth:`inject_message`).
+
+        Returns:
+            The update's id.
+
+        Raises:
+            LookupError: If the chat shows no inline keyboard, or it has no such button with
+                ``callback_data`` (the message lists the buttons it has).
+        """
+        with self._cond:
+            return self._inject_locked(self._new_button_press(chat_id, button, user_id))
+
+    def new_button_press_update(
+        self, chat_id: int, button: str, *, user_id: int | None = None
+    ) -> dict[str, Any]:
+        """Build the callback query update :meth:`press_button` would queue, without queueing
+        it (e.g. to post it to a webhook with :func:`post_to_webhook`).
+
+        Args:
+            chat_id: The chat.
+            button: The button's ``callback_data``, or else its text.
+            user_id: Who pressed it.
+
+        Returns:
+            The update dict; its ``callback_query.message`` is the message with the keyboard.
+
+        Raises:
+            LookupError: As :meth:`press_button`.
+        """
+        with self._cond:
+            return self._new_button_press(chat_id, button, user_id)
+
+    def _new_button_press(
+        self, chat_id: int, button: str, user_id: int | None
+    ) -> dict[str, Any]:
+        # Caller holds self._cond.
+        shown = self._keyboards.get(chat_id)
+        if not shown:
+            raise LookupError(f"the bot shows no inline keyboard in chat {chat_id}")
+        message_id, info = next(reversed(shown.items()))
+        buttons = [b for row in info["inline_keyboard"] for b in row if isinstance(b, dict)]
+        pressable = [b for b in buttons if isinstance(b.get("callback_data"), str)]
+        found = next((b for b in pressable if b["callback_data"] == button), None) or next(
+            (b for b in pressable if b.get("text") == button), None
+        )
+        if found is None:
+            names = ", ".join(repr(b["callback_data"]) for b in pressable) or "none"
+            raise LookupError(
+                f"no button {button!r} in chat {chat_id}'s last keyboard (message "
+                f"{message_id}); buttons with callback data: {names}"
+            )
+        update = make_callback_query_update(
+            self._take_update_id(),
+            chat_id,
+            found["callback_data"],
+            bot_id=self._bot_id(),
+            message_id=message_id,
+            user_id=user_id,
+            message_text=info["text"],
+        )
+        message = update["callback_query"]["message"]
+        message["reply_markup"] = {"inline_keyboard": copy.deepcopy(info["inline_keyboard"])}
+        if not info["text"]:
+            del message["text"]
+        return update
 
     # ------------------------------------------------------------------ faults
 
@@ -906,11 +1037,15 @@ class FakeBotApi:
         if key == "sendmediagroup":
             return [self._message_result(params)]
         if key.startswith("send") or key == "forwardmessage":
-            return self._message_result(params)
+            message = self._message_result(params)
+            self._track_keyboard(message, params, edit=False)
+            return message
         if key.startswith("editmessage"):
             if params.get("inline_message_id"):
                 return True
-            return self._message_result(params, message_id=params.get("message_id"))
+            message = self._message_result(params, message_id=params.get("message_id"))
+            self._track_keyboard(message, params, edit=True)
+            return message
         return True  # logOut, close and every other method
 
     def _message_result(
@@ -935,6 +1070,28 @@ class FakeBotApi:
             message["reply_markup"] = markup
         return message
 
+    def _track_keyboard(
+        self, message: dict[str, Any], params: dict[str, Any], *, edit: bool
+    ) -> None:
+        """Remember which of the bot's messages show an inline keyboard (for
+        :meth:`press_button`). As in Telegram, an edit without ``reply_markup`` removes it."""
+        chat = _chat_key(params.get("chat_id"))  # as the chat's message ids are kept
+        message_id = message["message_id"]
+        markup = message.get("reply_markup")
+        with self._cond:
+            shown = self._keyboards.setdefault(chat, {})
+            before = shown.pop(message_id, None)
+            if markup is None:
+                if not shown:
+                    del self._keyboards[chat]
+                return
+            text = message.get("text", message.get("caption"))
+            if text is None:
+                text = before["text"] if edit and before is not None else ""
+            shown[message_id] = {"text": text, "inline_keyboard": markup["inline_keyboard"]}
+            while len(shown) > 20:  # a long chat keeps only its newest keyboards
+                del shown[next(iter(shown))]
+
     def _send_message(self, params: dict[str, Any]) -> dict[str, Any]:
         if params.get("chat_id") in (None, ""):
             raise _ApiError(400, "Bad Request: chat_id is empty")
@@ -945,6 +1102,7 @@ class FakeBotApi:
         with self._cond:
             message_id = self._next_message_id(chat)
         message = self._message_result(params, message_id=message_id)
+        self._track_keyboard(message, params, edit=False)
         with self._cond:
             self._sent.append(dict(params, message_id=message_id))
             self._bump()
