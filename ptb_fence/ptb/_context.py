@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 from telegram.ext import CallbackContext, ContextTypes
 
 from ptb_fence.ptb._handling import leave_attempt
 from ptb_fence.runtime._attempt import Attempt, current_attempt
 
+if TYPE_CHECKING:
+    from telegram.ext import JobQueue
+
 __all__ = ["AttemptUnavailable", "FencedCallbackContext", "fenced_context_types"]
+
+_Context = TypeVar("_Context", bound="FencedCallbackContext")
 
 
 class AttemptUnavailable(RuntimeError):
@@ -35,6 +40,17 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
     """
 
     __slots__ = ()
+
+    if TYPE_CHECKING:
+        # PTB types CallbackContext.job_queue as JobQueue[ST] with ST bound to nothing here,
+        # which a type checker reads as a queue of plain CallbackContexts: a job callback
+        # taking this class (or a subclass) would be refused. The queue holds callbacks
+        # called with this very context class (PTB builds every context from the
+        # Application's one), so type it so; nothing changes at run time.
+        @property
+        def job_queue(  # type: ignore[override]  # narrower than PTB's unbound JobQueue[ST]
+            self: _Context,
+        ) -> "Optional[JobQueue[_Context]]": ...
 
     @property
     def attempt(self) -> Optional[Attempt]:
