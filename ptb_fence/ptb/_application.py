@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from telegram.ext import Application, ApplicationHandlerStop, ContextTypes, Updater
 
-from ptb_fence.ptb._context import fenced_context_types
+from ptb_fence.ptb._context import fenced_context_types, warn_if_unmatched_rerun
 from ptb_fence.ptb._handling import leave_attempt, outside_attempt, update_state
 from ptb_fence.ptb._interfaces import ApplicationBinding
 
@@ -240,6 +240,15 @@ class FencedApplicationMixin(_MixinBase):
     def _fence_processor(self) -> Optional[ApplicationBinding]:
         processor = getattr(self, "update_processor", None)
         return processor if isinstance(processor, ApplicationBinding) else None
+
+    async def process_update(self, update: object) -> None:
+        """PTB's :meth:`~telegram.ext.Application.process_update`; when it ran an update that
+        ran before (attempt 2 or later) and no handler matched it, a WARNING says that per
+        process state (a conversation's) may be stale."""
+        await super().process_update(update)
+        state = update_state()
+        if state is not None and state.update is update:
+            warn_if_unmatched_rerun(state, self)
 
     async def process_error(
         self,

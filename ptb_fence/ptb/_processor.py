@@ -393,7 +393,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                     await self._threads.call(runtime.release, [attempt])
                     return False
                 self._running += 1
-                handled = UpdateState(update)
+                handled = UpdateState(update, attempt)
                 try:
                     timeout = runtime.options.attempt_timeout_seconds
                     with handling(handled, attempt if attempt.fenced else None):
