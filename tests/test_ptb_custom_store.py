@@ -170,9 +170,11 @@ def _run_branch(conn: Any, branch: str, table: str, mark: str, values: Tuple[int
         ("dict", "sqlite3"),
         ("dict", "psycopg2"),
         ("dict", "psycopg2-autocommit"),
+        ("dict", "psycopg2-autocommit-begun"),
         ("sqlite", "sqlite3"),
         ("sqlite", "own"),
         ("postgres", "psycopg2"),
+        ("postgres", "psycopg2-autocommit-begun"),
         ("postgres", "own"),
     ],
 )
@@ -182,7 +184,8 @@ def test_a_fenced_block_that_writes_nothing_completes(
     """A handler whose fenced block only reads, only runs DDL or runs nothing completes on its
     first attempt, like one that writes: whatever the store (one whose ``owns`` ignores the
     caller's connection, SQLite, PostgreSQL) and whatever the connection (the caller's sqlite3
-    connection in its default mode, psycopg2 with or without autocommit, the store's own)."""
+    connection in its default mode, psycopg2 with or without autocommit — in autocommit mode
+    also with a transaction the caller began —, the store's own)."""
     if store_kind == "dict":
         store: Any = _example_module().DictUpdateStore()
     else:
@@ -198,7 +201,14 @@ def test_a_fenced_block_that_writes_nothing_completes(
 
         def connect() -> Any:
             conn = psycopg2.connect(dsn)
-            conn.autocommit = connection_kind == "psycopg2-autocommit"
+            conn.autocommit = connection_kind.startswith("psycopg2-autocommit")
+            return conn
+
+        def open_connection() -> Any:
+            conn = connect()
+            if connection_kind.endswith("-begun"):  # the caller began the transaction itself
+                with conn.cursor() as cur:
+                    cur.execute("BEGIN")
             return conn
 
     else:
@@ -208,6 +218,8 @@ def test_a_fenced_block_that_writes_nothing_completes(
 
         def connect() -> Any:
             return sqlite3.connect(path, timeout=10)  # the default (deferred, legacy) mode
+
+        open_connection = connect
 
     setup = connect()
     _run_branch(setup, "ddl", table, mark, (0, 0, ""))
@@ -230,7 +242,7 @@ def test_a_fenced_block_that_writes_nothing_completes(
                 return
 
             def write() -> None:
-                connection = connect()
+                connection = open_connection()
                 try:
                     with attempt.transaction(connection=connection, complete=True) as tx:
                         _run_branch(tx, branch, table, mark, values)

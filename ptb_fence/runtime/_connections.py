@@ -71,27 +71,29 @@ class GivenConnection:
 
         sqlite3 sends no ``BEGIN`` before a ``SELECT`` or DDL (nor before nothing at all), and
         psycopg2 only before the first statement: without this, a block that only reads looks
-        exactly like one that committed.
+        exactly like one that committed. On a connection in autocommit mode the driver's
+        ``commit()`` and ``rollback()`` do nothing, so the transaction (opened here, by the
+        store's ownership check or by the caller) is ended with ``COMMIT``/``ROLLBACK``
+        statements.
         """
         target = self._target
         if isinstance(target, sqlite3.Connection):
-            if target.in_transaction:
-                return
-            # IMMEDIATE: the write lock now, like the SQLite store's own fenced transactions,
-            # rather than a read lock that fails at once ("database is locked") on its first
-            # write if another connection wrote meanwhile
-            target.execute("BEGIN IMMEDIATE")
             self._explicit = getattr(target, "autocommit", None) is True  # Python 3.12+
+            if not target.in_transaction:
+                # IMMEDIATE: the write lock now, like the SQLite store's own fenced
+                # transactions, rather than a read lock that fails at once ("database is
+                # locked") on its first write if another connection wrote meanwhile
+                target.execute("BEGIN IMMEDIATE")
             return
         status = getattr(target, "get_transaction_status", None)
-        if not callable(status) or status() != 0:  # unknown driver, or already in one
+        if not callable(status):  # an unknown driver: its commit() is trusted
+            return
+        self._explicit = getattr(target, "autocommit", None) is True
+        if status() != 0:  # already in one
             return
         with target.cursor() as cur:
-            if getattr(target, "autocommit", False) is True:
-                cur.execute("BEGIN")
-                self._explicit = True
-            else:
-                cur.execute("SELECT 1")  # psycopg2 sends its BEGIN first
+            # psycopg2 outside autocommit sends its own BEGIN before the first statement
+            cur.execute("BEGIN" if self._explicit else "SELECT 1")
 
     def _end(self, statement: str) -> None:
         if transaction_ended(self._target) is not None:
