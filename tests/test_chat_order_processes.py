@@ -104,7 +104,8 @@ def record_without_chat_keys(kind: str, target: str, table: str, log: str, tmp_p
 def switch_to_strict(kind: str, target: str, table: str, log: str, tmp_path: Path) -> List[str]:
     """The lax process's backlog, then two strict processes handling it."""
     chats = record_without_chat_keys(kind, target, table, log, tmp_path)
-    outputs = run_workers(kind, target, table, log, str(tmp_path / "go"))
+    # handlers long enough for the two processes to overlap on one chat if they could
+    outputs = run_workers(kind, target, table, log, str(tmp_path / "go"), "--hold", "0.02")
     return [json.dumps(chats), *outputs]
 
 
