@@ -58,10 +58,14 @@ class GivenConnection:
 
     def __init__(self, connection: Any) -> None:
         self._connection = connection
-        self._target = _target(connection)
-        # True when begin() sent BEGIN on a connection in autocommit mode: its driver's
-        # commit() and rollback() then do nothing, so COMMIT / ROLLBACK are sent as statements
-        self._explicit = False
+        self._target = target = _target(connection)
+        # a sqlite3 (Python 3.12+) or psycopg2 connection in autocommit mode: its driver's
+        # commit() and rollback() do nothing, so the transaction (opened by begin(), by the
+        # store's ownership check or by the caller) ends with COMMIT / ROLLBACK statements
+        known = isinstance(target, sqlite3.Connection) or callable(
+            getattr(target, "get_transaction_status", None)
+        )
+        self._explicit = known and getattr(target, "autocommit", None) is True
 
     def __enter__(self) -> Any:
         return self._connection
@@ -71,14 +75,10 @@ class GivenConnection:
 
         sqlite3 sends no ``BEGIN`` before a ``SELECT`` or DDL (nor before nothing at all), and
         psycopg2 only before the first statement: without this, a block that only reads looks
-        exactly like one that committed. On a connection in autocommit mode the driver's
-        ``commit()`` and ``rollback()`` do nothing, so the transaction (opened here, by the
-        store's ownership check or by the caller) is ended with ``COMMIT``/``ROLLBACK``
-        statements.
+        exactly like one that committed.
         """
         target = self._target
         if isinstance(target, sqlite3.Connection):
-            self._explicit = getattr(target, "autocommit", None) is True  # Python 3.12+
             if not target.in_transaction:
                 # IMMEDIATE: the write lock now, like the SQLite store's own fenced
                 # transactions, rather than a read lock that fails at once ("database is
@@ -86,10 +86,7 @@ class GivenConnection:
                 target.execute("BEGIN IMMEDIATE")
             return
         status = getattr(target, "get_transaction_status", None)
-        if not callable(status):  # an unknown driver: its commit() is trusted
-            return
-        self._explicit = getattr(target, "autocommit", None) is True
-        if status() != 0:  # already in one
+        if not callable(status) or status() != 0:  # an unknown driver, or already in one
             return
         with target.cursor() as cur:
             # psycopg2 outside autocommit sends its own BEGIN before the first statement
