@@ -95,12 +95,11 @@ class ChatOrderOps:
         try:
             while True:
                 rows = port.unkeyed_in_chats(after_update_id=after, limit=KEYING_PAGE)
-                keys = [
-                    (row.update_id, row.body, key)
-                    for row in rows
-                    for key in (_stored_key_of(row.body),)
-                    if key is not None
-                ]
+                keys = []
+                for row in rows:
+                    key = _stored_key_of(row.body)
+                    if key is not None:  # an update of no chat stays without a key
+                        keys.append((row.update_id, row.body, key))
                 if keys:
                     keyed += port.set_chat_keys(keys)
                 if len(rows) < KEYING_PAGE:
