@@ -173,7 +173,7 @@ def warn_if_unmatched_rerun(handled: UpdateState, application: Any) -> None:
         return
     _LOGGER.warning(
         "update %s attempt %s matched no handler, so it counts as handled (completed): it ran "
-        "before (a retry, or taken over from a process that died or stopped), so conversation "
+        "before (a retry, or taken over after a crash or a lapsed lease), so conversation "
         "or persistence state kept per process (ConversationHandler states; user_data, "
         "chat_data, bot_data without a persistence every process shares) may be stale here: "
         "it may belong to a conversation step this process never saw",
