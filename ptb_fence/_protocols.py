@@ -31,7 +31,9 @@ __all__ = [
     "BATCH_METHODS",
     "BatchUpdateStore",
     "BotBoundStore",
+    "CHAT_KEYING_METHODS",
     "CHAT_ORDER_METHODS",
+    "ChatKey",
     "ChatOrderedUpdateStore",
     "ChatRow",
     "ClaimingUpdateStore",
@@ -76,6 +78,10 @@ LIVENESS_METHODS = ("hold_liveness", "release_liveness", "take_over_dead")
 CHAT_ORDER_METHODS = ("add_many_in_chats", "claim_in_chat_order", "due_in_chat_order")
 """The methods of :class:`ChatOrderedUpdateStore` (all three or none)."""
 
+CHAT_KEYING_METHODS = ("unkeyed_in_chats", "set_chat_keys")
+"""The optional pair of a :class:`ChatOrderedUpdateStore` that keys rows recorded without a
+chat key (both or none)."""
+
 COMPLETING_METHODS = ("complete_owned", "reopen_completed")
 """The methods of :class:`CompletingUpdateStore` (both or none)."""
 
@@ -85,6 +91,9 @@ Row = Tuple[int, str, int]
 ChatRow = Tuple[int, str, int, Optional[int]]
 """An update to record with its chat key: ``(update_id, body, received_at, chat_key)``;
 ``chat_key`` :obj:`None` means the update belongs to no chat (it is never ordered)."""
+
+ChatKey = Tuple[int, str, int]
+"""The chat key of a recorded row: ``(update_id, body, chat_key)``."""
 
 
 @runtime_checkable
@@ -433,6 +442,15 @@ class ChatOrderedUpdateStore(Protocol):
     the chat runs). Each check is part of the one conditional statement that claims or lists,
     so it holds across processes sharing the store (within each claim statement's view: an
     update recorded *after* a higher one of its chat was claimed is not ordered before it).
+
+    Rows recorded without a chat key by a process without ``strict_chat_order`` (or before it
+    was turned on) would never be ordered. A store that also has the optional pair
+    ``unkeyed_in_chats(*, after_update_id=None, limit)`` (the unsettled rows without a chat key,
+    by ``update_id``, after ``after_update_id``, as :class:`~ptb_fence.StoredUpdate`) and
+    ``set_chat_keys(keys)`` (for ``(update_id, body, chat_key)``: set the key of a row that has
+    none, is unsettled and holds exactly ``body``, in one commit; return how many were set)
+    has them keyed from their stored bodies when a ``strict_chat_order`` runtime starts, before
+    its first claim; without the pair it logs a WARNING instead.
     """
 
     def add_many_in_chats(self, rows: Sequence[ChatRow]) -> List[bool]:

@@ -164,6 +164,11 @@ Rules (:data:`RULES`; the number is the item of the specification's list of ten 
     for its retry (listed from ``due_at`` on, inclusive), nor while another update of the chat
     holds a lease live at ``now`` (inclusive); an abandoned update releases its chat; rows
     without a chat key never wait; ``chat_key=`` lists one chat only.
+``chat-keys`` (fenced, -; only with the chat-order methods and ``unkeyed_in_chats``, ``set_chat_keys``)
+    ``unkeyed_in_chats`` lists the unsettled rows without a chat key by ``update_id`` (not a
+    keyed or a settled one), after ``after_update_id``, at most ``limit``; ``set_chat_keys``
+    keys only a row that has no key and holds exactly the given body, returns how many it
+    keyed, and the keyed row then holds its chat like one recorded with the key.
 ``durable-exhaustion`` (durable, 10)
     A spent ``claim_owned(..., durable_exhaustion=True)`` becomes a visible exhaustion (listed with
     the last attempt and claim id, ``exhausted_at`` = the spend's ``now``, the body and
@@ -188,6 +193,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, ca
 from ptb_fence._errors import TableBotMismatch
 from ptb_fence._protocols import (
     BASE_METHODS,
+    CHAT_KEYING_METHODS,
     CHAT_ORDER_METHODS,
     UpdateStore,
     is_durable,
@@ -1933,6 +1939,47 @@ def _rule_chat_order(p: _Probe, fenced: bool, durable: bool) -> None:
              "None after the lease of update 20 (higher) lapsed")
 
 
+def _unkeyed(p: _Probe, **kwargs: Any) -> List[int]:
+    value = p._call("unkeyed_in_chats", **kwargs)
+    ok = isinstance(value, list) and all(isinstance(row, StoredUpdate) for row in value)
+    if not p._type("unkeyed_in_chats", ok, "a list of StoredUpdate", value):
+        return []
+    return [row.update_id for row in value]
+
+
+def _rule_chat_keys(p: _Probe, fenced: bool, durable: bool) -> None:
+    if not all(_has(p.store, m) for m in CHAT_ORDER_METHODS + CHAT_KEYING_METHODS):
+        return
+    for update_id in (1, 2, 4):
+        p.require(p.add(update_id, f"c{update_id}", _T), "add of a new update_id returned False")
+    keyed = p._call("add_many_in_chats", [(3, "c3", _T, 7)])
+    p.require(_bools(p, "add_many_in_chats", keyed, 1) == [True],
+              "add_many_in_chats of a new update_id returned [False]")
+    done = p.claim_owned(4, now=_T, lease_until=_T + _L, max_attempts=5)
+    p.require(done is not None, "claim_owned of a pending update returned None")
+    assert done is not None
+    p.require(p.settle_owned(done, Completed(at=_T + 1)),
+              "settle_owned(Completed) of a live claim returned False")
+    listed = _unkeyed(p, limit=10)
+    p.expect(listed == [1, 2], f"unkeyed_in_chats(limit=10) returned {listed}; expected [1, 2] "
+             "(3 has a chat key, 4 is settled)")
+    listed = _unkeyed(p, after_update_id=1, limit=10)
+    p.expect(listed == [2], f"unkeyed_in_chats(after_update_id=1) returned {listed}; "
+             "expected [2]")
+    listed = _unkeyed(p, limit=1)
+    p.expect(listed == [1], f"unkeyed_in_chats(limit=1) returned {listed}; expected [1]")
+    count = p._call("set_chat_keys", [(1, "c1", 7), (2, "not its body", 7), (4, "c4", 7)])
+    p.expect(type(count) is int and count == 1, f"set_chat_keys returned {count!r}; expected "
+             "1 (2 holds another body, 4 is settled)")
+    listed = _unkeyed(p, limit=10)
+    p.expect(listed == [2], f"unkeyed_in_chats after set_chat_keys returned {listed}; "
+             "expected [2]")
+    p.expect(_chat_claim(p, 3, _T + 2, _T + _L) is None, "claim_in_chat_order(3) returned an "
+             "identity while update 1, keyed into its chat by set_chat_keys, is pending")
+    p.expect(_chat_due(p, _T + 2, _T) == [1, 2], "due_in_chat_order must list 1 (the lowest of "
+             "chat 7, keyed by set_chat_keys) and 2 (no chat key), not 3")
+
+
 def _describe(exhaustion: Exhaustion) -> str:
     return (
         f"Exhaustion(update_id={exhaustion.update_id}, attempt={exhaustion.attempt}, "
@@ -2377,6 +2424,16 @@ _TABLE: Tuple[Tuple[ConformanceRule, _RuleFn], ...] = (
             "rows without a chat key do not wait.",
         ),
         _rule_chat_order,
+    ),
+    (
+        ConformanceRule(
+            "chat-keys",
+            "fenced",
+            "unkeyed_in_chats/set_chat_keys (when present, with chat order): the unsettled "
+            "rows without a chat key are listed, and keyed only while they have none and hold "
+            "the given body; a keyed row then holds its chat.",
+        ),
+        _rule_chat_keys,
     ),
     (
         ConformanceRule(

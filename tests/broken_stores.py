@@ -769,7 +769,20 @@ class ChatOrderIgnoresLiveLeaseStore(MemoryUpdateStore):
         )
 
 
+class ChatKeysOverwriteStore(MemoryUpdateStore):
+    """``set_chat_keys`` keys every row it names, whatever its body and key."""
+
+    __slots__ = ()
+
+    def set_chat_keys(self, keys: Any) -> int:
+        with self._lock:
+            for update_id, _, chat_key in keys:
+                self._rows[update_id].chat_key = int(chat_key)
+        return len(keys)
+
+
 BROKEN: Dict[Type[Any], Sequence[str]] = {
+    ChatKeysOverwriteStore: ("chat-keys",),
     ClaimOwnedManyIgnoresSpendStore: ("batch-claim",),
     ChatClaimIgnoresOrderStore: ("chat-order",),
     ChatOrderIgnoresLiveLeaseStore: ("chat-order",),

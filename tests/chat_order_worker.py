@@ -1,19 +1,23 @@
 """A bot process for tests/test_chat_order_processes.py: UpdateIntake with strict_chat_order
 handling the pending rows of a shared store, logging each handler run as an interval.
 
-Usage: ``chat_order_worker.py KIND TARGET TABLE LOG [--lax] [--hold SECONDS] [--go FILE]``
+Usage: ``chat_order_worker.py KIND TARGET TABLE LOG [--lax] [--hold SECONDS] [--go FILE]
+[--accept FILE --block]``
 
 KIND is ``sqlite`` (TARGET a file; LOG another SQLite file) or ``postgres`` (TARGET a DSN; LOG
 a table name in the same database). The handler writes ``(update_id, chat, pid, started,
 ended)`` (``time.time()``) after it ran. The process exits once no row of TABLE is unsettled
 (or after 50 s), closing the intake first. ``--lax`` runs without strict_chat_order. With
 ``--go`` it prints ``ready`` once built and starts the intake only when FILE exists (so that
-several processes start together).
+several processes start together). With ``--accept`` it starts, records the update bodies of
+FILE (a JSON list) through ``UpdateIntake.accept``, prints ``recorded`` and, with ``--block``,
+handles none of them to the end (its handlers block until the process is killed).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sqlite3
 import sys
@@ -33,6 +37,8 @@ def main() -> int:
     parser.add_argument("--lax", action="store_true")
     parser.add_argument("--hold", type=float, default=0.005)
     parser.add_argument("--go")
+    parser.add_argument("--accept")
+    parser.add_argument("--block", action="store_true")
     args = parser.parse_args()
     local = threading.local()
 
@@ -80,6 +86,8 @@ def main() -> int:
                 conn.close()
 
     def handle(update: Dict[str, Any]) -> None:
+        if args.block:
+            threading.Event().wait()  # until the process is killed
         started = time.time()
         time.sleep(args.hold)
         ended = time.time()
@@ -100,6 +108,11 @@ def main() -> int:
         while not os.path.exists(args.go) and time.monotonic() < wait:
             time.sleep(0.01)
     intake.start()
+    if args.accept:
+        with open(args.accept) as handle_file:
+            for text in json.load(handle_file):
+                assert intake.accept(text) == "accepted"
+        print("recorded", flush=True)
     deadline = time.monotonic() + 50
     try:
         while time.monotonic() < deadline and unsettled():

@@ -12,7 +12,10 @@ runs until ``DIR/stop`` exists (or ``--max-life`` passed), then stops cleanly.
 
 The handler writes one fenced domain row per attempt that commits, with
 ``await context.attempt.run_in_transaction(write, complete=True)``. A message whose text is
-``--hang`` sleeps (after announcing itself) until the process is killed.
+``--hang`` sleeps (after announcing itself) until the process is killed. With
+``--conversation`` the handler is the second step of a ``ConversationHandler`` (per-process
+state, as with no persistence): ``/book`` enters it, the next text message of the chat runs the
+handler above and ends the conversation; other messages match no handler.
 
 Files in ``DIR``: ``ready.<pid>`` once polling/running; ``started.<update_id>.<pid>`` when a
 handler begins; ``log.<pid>`` the process log.
@@ -32,7 +35,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # the project root, for ``import ptb_fence``
 
 from telegram import Update  # noqa: E402
-from telegram.ext import Application, MessageHandler, filters  # noqa: E402
+from telegram.ext import (  # noqa: E402
+    Application,
+    CommandHandler,
+    ConversationHandler,
+    MessageHandler,
+    filters,
+)
 
 from ptb_fence.ptb import FencedUpdateProcessor  # noqa: E402
 from worker_support import (  # noqa: E402
@@ -48,6 +57,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_worker_arguments(parser)
     parser.add_argument("--fail-once", default="", help="text of messages whose first attempt fails")
+    parser.add_argument(
+        "--conversation", action="store_true", help="handle messages as a /book conversation"
+    )
     parser.add_argument(
         "--run-polling",
         action="store_true",
@@ -65,7 +77,7 @@ async def main(args: argparse.Namespace) -> Any:
         f"VALUES ({mark}, {mark}, {mark}, {mark})"
     )
 
-    async def on_message(update: Update, context: Any) -> None:
+    async def on_message(update: Update, context: Any) -> Any:
         attempt = context.attempt
         touch(os.path.join(args.dir, f"started.{update.update_id}.{pid}"))
         if args.hang and update.message.text == args.hang:
@@ -80,6 +92,11 @@ async def main(args: argparse.Namespace) -> Any:
             cur.execute(insert, (update.update_id, attempt.attempt, attempt.claim_id, pid))
 
         await attempt.run_in_transaction(write, complete=True)
+        return ConversationHandler.END
+
+    async def book(update: Update, context: Any) -> int:
+        await context.attempt.run_in_transaction(lambda conn: None, complete=True)
+        return 0
 
     processor = FencedUpdateProcessor(
         store,
@@ -93,7 +110,16 @@ async def main(args: argparse.Namespace) -> Any:
     app = processor.install(
         Application.builder().token(args.token).base_url(args.base_url)
     ).build()
-    app.add_handler(MessageHandler(filters.TEXT, on_message))
+    if args.conversation:
+        app.add_handler(
+            ConversationHandler(
+                entry_points=[CommandHandler("book", book)],
+                states={0: [MessageHandler(filters.TEXT & ~filters.COMMAND, on_message)]},
+                fallbacks=[],
+            )
+        )
+    else:
+        app.add_handler(MessageHandler(filters.TEXT, on_message))
     if args.run_polling:
 
         async def ready(application: Any) -> None:

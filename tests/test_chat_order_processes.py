@@ -53,8 +53,8 @@ def record_pending(store: Any) -> Dict[int, int]:
     return chats
 
 
-def run_workers(kind: str, target: str, table: str, log: str, go: str, *extra: str) -> None:
-    """Two worker processes, started together once both are built."""
+def run_workers(kind: str, target: str, table: str, log: str, go: str, *extra: str) -> List[str]:
+    """Two worker processes, started together once both are built; their outputs."""
     procs = [
         subprocess.Popen(
             [sys.executable, WORKER, kind, target, table, log, "--go", go, *extra],
@@ -76,6 +76,37 @@ def run_workers(kind: str, target: str, table: str, log: str, go: str, *extra: s
                 proc.kill()
     for proc, out in zip(procs, outputs):
         assert proc.returncode == 0, out
+    return outputs
+
+
+def record_without_chat_keys(kind: str, target: str, table: str, log: str, tmp_path: Path) -> Dict[int, int]:
+    """A process without strict_chat_order records CHATS x PER_CHAT updates (ids interleaved
+    across chats) through ``UpdateIntake.accept``, claims the first of some chats (its handlers
+    block) and is killed (SIGKILL); ``{update_id: chat}``."""
+    chats = {1000 + n: 500 + n % CHATS for n in range(CHATS * PER_CHAT)}
+    bodies = tmp_path / "bodies.json"
+    bodies.write_text(json.dumps([body(u, chat) for u, chat in chats.items()]))
+    proc = subprocess.Popen(
+        [sys.executable, WORKER, kind, target, table, log, "--lax", "--block", "--accept", str(bodies)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(2)]
+        assert [line.strip() for line in lines] == [b"ready", b"recorded"], lines
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    return chats
+
+
+def switch_to_strict(kind: str, target: str, table: str, log: str, tmp_path: Path) -> List[str]:
+    """The lax process's backlog, then two strict processes handling it."""
+    chats = record_without_chat_keys(kind, target, table, log, tmp_path)
+    # handlers long enough for the two processes to overlap on one chat if they could
+    outputs = run_workers(kind, target, table, log, str(tmp_path / "go"), "--hold", "0.02")
+    return [json.dumps(chats), *outputs]
 
 
 def check(intervals: List[Tuple[int, int, int, float, float]], chats: Dict[int, int]) -> None:
@@ -139,6 +170,52 @@ def test_two_processes_on_postgresql(pg_dsn: str, pg_table: str, tmp_path: Path)
             cur.execute(f'SELECT * FROM "{log}"')
             intervals = cur.fetchall()
         check(intervals, chats)
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f'DROP TABLE IF EXISTS "{log}"')
+        conn.close()
+
+
+def test_a_lax_backlog_is_ordered_after_the_switch_on_sqlite(tmp_path: Path) -> None:
+    """A process without strict_chat_order records a backlog (claiming some of it) and dies;
+    two processes with strict_chat_order then keep each chat's updates in order, one at a
+    time, across both: the rows recorded without a chat key get their chat's key at start."""
+    target = str(tmp_path / "shared.sqlite3")
+    log = str(tmp_path / "log.sqlite3")
+    conn = sqlite3.connect(log)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("CREATE TABLE intervals (update_id, chat, pid, started, ended)")
+    conn.commit()
+    conn.close()
+    chats_json, *outputs = switch_to_strict("sqlite", target, "telegram_updates", log, tmp_path)
+    chats = {int(k): v for k, v in json.loads(chats_json).items()}
+    check(sqlite_intervals(log), chats)
+    assert "recorded without a chat key" in "".join(outputs), outputs
+
+
+def test_a_lax_backlog_is_ordered_after_the_switch_on_postgresql(
+    pg_dsn: str, pg_table: str, tmp_path: Path
+) -> None:
+    """As on SQLite, on PostgreSQL."""
+    import psycopg2
+
+    log = pg_table + "_log"
+    conn = psycopg2.connect(pg_dsn)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f'DROP TABLE IF EXISTS "{log}"')
+            cur.execute(
+                f'CREATE TABLE "{log}" (update_id BIGINT, chat BIGINT, pid INT, '
+                "started DOUBLE PRECISION, ended DOUBLE PRECISION)"
+            )
+        chats_json, *outputs = switch_to_strict("postgres", pg_dsn, pg_table, log, tmp_path)
+        chats = {int(k): v for k, v in json.loads(chats_json).items()}
+        with conn.cursor() as cur:
+            cur.execute(f'SELECT * FROM "{log}"')
+            intervals = cur.fetchall()
+        check(intervals, chats)
+        assert "recorded without a chat key" in "".join(outputs), outputs
     finally:
         with conn.cursor() as cur:
             cur.execute(f'DROP TABLE IF EXISTS "{log}"')

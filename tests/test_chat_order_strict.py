@@ -222,3 +222,72 @@ def test_an_update_refused_elsewhere_is_handed_over_when_the_chat_is_free(
     assert two[1] >= one_ok, events
     assert two[1] - one_ok < 2.0, events  # handed over, not left to a sweep
     assert two[0] == "A", events  # by the process that freed the chat
+
+
+def no_chat(update_id: int) -> str:
+    """An update of no chat and no user (a poll's new state): never ordered."""
+    return json.dumps(
+        {
+            "update_id": update_id,
+            "poll": {"id": "p", "question": "q", "options": [], "total_voter_count": 0,
+                     "is_closed": False, "is_anonymous": True, "type": "regular",
+                     "allows_multiple_answers": False},
+        }
+    )
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+def test_rows_recorded_without_a_chat_key_get_it_at_a_strict_start(
+    kind: str, tmp_path: Path, request: Any, caplog: Any
+) -> None:
+    """Updates recorded by an intake without strict_chat_order have no chat key; an intake
+    with it keys them from their stored bodies when it starts, before its first claim (the
+    update of no chat stays without one), and says so at WARNING."""
+    from conftest import new_store
+
+    store: Any = new_store(kind, request, str(tmp_path / "order.sqlite3"))
+    lax = UpdateIntake(store, handle=lambda update: None)  # never started: records only
+    for text in (message(1, CHAT_A), message(2, CHAT_A), message(3, CHAT_B), no_chat(4)):
+        assert lax.accept(text) == "accepted"
+    lax.close()
+    assert [row.update_id for row in store.unkeyed_in_chats(limit=10)] == [1, 2, 3, 4]
+    release = threading.Event()
+    started: List[int] = []
+    strict = UpdateIntake(
+        store,
+        handle=lambda update: (started.append(update["update_id"]), release.wait(20)),
+        strict_chat_order=True,
+        sweep_every_seconds=5,
+    )
+    caplog.set_level("WARNING", logger="ptb_fence")
+    try:
+        strict.start()
+        assert [row.update_id for row in store.unkeyed_in_chats(limit=10)] == [4]
+        assert "3 update(s) recorded without a chat key" in caplog.text
+        deadline = time.monotonic() + 20
+        while len(started) < 3:  # 1 (chat A), 3 (chat B), 4 (no chat); 2 waits for 1
+            assert time.monotonic() < deadline, started
+            time.sleep(0.02)
+        time.sleep(0.2)
+        assert sorted(started) == [1, 3, 4], started
+        release.set()
+        assert strict.idle(20)
+        assert sorted(started) == [1, 2, 3, 4]
+    finally:
+        release.set()
+        strict.close()
+        store.close()
+
+
+def test_a_store_that_cannot_key_old_rows_warns_at_a_strict_start(caplog: Any) -> None:
+    from test_runtime_support import ALL_METHODS, StoreWrapper
+
+    from ptb_fence._protocols import CHAT_ORDER_METHODS
+
+    store = StoreWrapper(methods=ALL_METHODS + CHAT_ORDER_METHODS)
+    intake = UpdateIntake(store, handle=lambda update: None, strict_chat_order=True)
+    caplog.set_level("WARNING", logger="ptb_fence")
+    intake.start()
+    intake.close()
+    assert "updates recorded without a chat key" in caplog.text
+    assert "StoreWrapper has no unkeyed_in_chats/set_chat_keys" in caplog.text

@@ -524,6 +524,83 @@ def test_drop_pending_updates_warns(tmp_path: Any, caplog: Any, method: str) -> 
         store.close()
 
 
+@pytest.mark.parametrize("method", ["start_polling", "start_webhook"])
+def test_drop_pending_updates_warns_on_the_updater_form(tmp_path: Any, caplog: Any, method: str) -> None:
+    """``app.updater.start_polling(drop_pending_updates=True)`` (the form of PTB's "Your first
+    bot" with ``async with app``) and ``start_webhook`` warn as run_polling does; run_polling
+    warns once, not once more from its updater; without the argument nothing is said."""
+    import socket
+
+    store = SQLiteUpdateStore(str(tmp_path / "bot.db"))
+
+    async def start(app: Any, drop: bool) -> None:
+        updater = app.updater
+        assert updater is not None
+        if method == "start_polling":
+            await updater.start_polling(poll_interval=0.0, timeout=1, drop_pending_updates=drop)
+        else:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            await updater.start_webhook(
+                listen="127.0.0.1", port=port, url_path="hook", secret_token="s3cret",
+                webhook_url=f"http://127.0.0.1:{port}/hook", drop_pending_updates=drop,
+            )
+        await updater.stop()
+
+    async def scenario(fake: FakeBotApi) -> None:
+        for drop in (False, True):
+            app = build(FencedUpdateProcessor(store, handle_exhaustion=print, **FAST), fake)
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="ptb_fence"):
+                async with app:
+                    await app.start()
+                    await start(app, drop)
+                    await app.stop()
+            warned = [
+                r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "drop_pending_updates" in r.getMessage()
+            ]
+            if drop:
+                assert len(warned) == 1 and f"updater.{method}(drop_pending_updates=True)" in warned[0], warned
+            else:
+                assert warned == [], warned
+
+    try:
+        with FakeBotApi() as fake:
+            run(scenario(fake), timeout=60)
+    finally:
+        store.close()
+
+
+def test_run_polling_warns_about_drop_pending_updates_once(tmp_path: Any, caplog: Any) -> None:
+    """run_polling warns before it starts and its updater does not warn again."""
+    store = SQLiteUpdateStore(str(tmp_path / "bot.db"))
+
+    async def stop_soon(application: Any) -> None:
+        asyncio.get_running_loop().call_later(0.5, application.stop_running)
+
+    try:
+        with FakeBotApi() as fake:
+            processor = FencedUpdateProcessor(store, handle_exhaustion=print, **FAST)
+            app = build(processor, fake, Application.builder().post_init(stop_soon))
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            try:
+                with caplog.at_level(logging.WARNING, logger="ptb_fence"):
+                    app.run_polling(drop_pending_updates=True, stop_signals=None, close_loop=False, poll_interval=0.0, timeout=1)
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
+        warned = [
+            r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and "drop_pending_updates" in r.getMessage()
+        ]
+        assert len(warned) == 1 and "run_polling(drop_pending_updates=True)" in warned[0], warned
+    finally:
+        store.close()
+
+
 # -- item 6 (wiring): bind_bot ------------------------------------------------------------------------
 class _BindingStore:
     """A real store plus ``bind_bot`` (as the stores will have it): records the calls, and

@@ -155,6 +155,52 @@ def test_sigkill_mid_handler_then_restart_loses_nothing(tmp_path: Any, bots: Bot
     assert table[slow][1] == 2
 
 
+def test_a_retry_that_matches_no_handler_after_a_restart_is_a_warning(tmp_path: Any, bots: Bots) -> None:
+    """A ConversationHandler bot (its state per process) is SIGKILLed while handling the
+    second step of a conversation; after the restart that update is retried, matches no handler
+    (the conversation state died with the process) and is settled completed: the log says so at
+    WARNING, with the hint that per-process state may be stale. A first attempt that matches
+    no handler (an ordinary message outside a conversation) stays quiet."""
+    path = str(tmp_path / "bot.db")
+    store = SQLiteUpdateStore(path)
+    with store.transaction() as conn:
+        conn.execute(DOMAIN_DDL)
+    store.close()
+    url = "sqlite:///" + path
+    args = ("--conversation", "--hang", "10:00", "--run-polling")
+    with FakeBotApi() as fake:
+        book = fake.inject_message(chat_id=1, text="/book")
+        first = bots.spawn(fake, url, "telegram_updates", "domain", *args)
+        bots.wait_ready(first)
+        wait_sync("/book completed", lambda: rows(path).get(book, ("",))[0] == "completed", 20)
+        chosen = fake.inject_message(chat_id=1, text="10:00")
+        wait_sync("the second step to start", lambda: first.pid in bots.started(chosen), 20)
+        bots.kill(first)  # mid-conversation: the in-memory conversation state is gone
+        assert rows(path)[chosen][:2] == ("processing", 1)
+        stray = fake.inject_message(chat_id=2, text="hello")  # no conversation: no handler
+        second = bots.spawn(fake, url, "telegram_updates", "domain", *args)
+        bots.wait_ready(second)
+        try:
+            wait_sync(
+                "both completed",
+                lambda: all(rows(path).get(u, ("",))[0] == "completed" for u in (chosen, stray)),
+                25,
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{rows(path)}\n{bots.output()}") from None
+        second.send_signal(signal.SIGTERM)
+        second.wait(20)
+    assert rows(path)[chosen][:2] == ("completed", 2)
+    assert _sqlite_domain(path) == []  # the second step never ran to its write
+    with open(os.path.join(bots.dir, f"log.{second.pid}"), encoding="utf-8") as file:
+        log = file.read()
+    warnings = [line for line in log.splitlines() if " WARNING " in line and "no handler" in line]
+    assert len(warnings) == 1, log
+    assert f"update {chosen} attempt 2" in warnings[0], warnings
+    assert "stale" in warnings[0] and "conversation" in warnings[0], warnings
+    assert f"update {stray} " not in warnings[0]
+
+
 def test_two_processes_share_postgres_and_take_over_a_killed_receiver(
     pg_dsn: str, pg_table: str, pg_tables: List[str], tmp_path: Any, bots: Bots
 ) -> None:

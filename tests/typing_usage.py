@@ -140,3 +140,56 @@ def custom_context(context: FencedCallbackContext) -> Optional[Attempt]:
 async def required_attempt(context: FencedCallbackContext) -> int:
     attempt: Attempt = context.require_attempt()  # never None under mypy --strict
     return attempt.attempt
+
+
+class ReminderContext(FencedCallbackContext):
+    """A user's own context class, derived as the README says."""
+
+
+async def remind(context: FencedCallbackContext) -> None:
+    assert context.job is not None and context.attempt is None
+
+
+async def remind_default(context: ContextTypes.DEFAULT_TYPE) -> None:
+    assert context.job is not None
+
+
+async def remind_mine(context: ReminderContext) -> None:
+    assert context.job is not None
+
+
+async def on_text(update: Update, context: FencedCallbackContext) -> None:
+    assert context.job_queue is not None
+    context.job_queue.run_once(remind, 60, chat_id=update.effective_chat.id if update.effective_chat else None)
+
+
+async def on_text_mine(update: Update, context: ReminderContext) -> None:
+    assert context.job_queue is not None
+    context.job_queue.run_once(remind_mine, 60)
+    context.job_queue.run_repeating(remind, interval=60)
+
+
+def jobs_take_the_fenced_context(store: DurableUpdateStore, token: str) -> None:
+    """Job callbacks annotated with FencedCallbackContext (or the default context type) are
+    accepted by ``context.job_queue`` in a handler, and by the Application's ``job_queue`` once
+    the builder's context type is FencedCallbackContext (as the README says); a subclass of it
+    once it is the builder's context type."""
+    from telegram.ext import MessageHandler, filters
+
+    processor = FencedUpdateProcessor(store)
+    application = processor.install(
+        Application.builder().token(token).context_types(ContextTypes(context=FencedCallbackContext))
+    ).build()
+    queue = application.job_queue
+    assert queue is not None
+    queue.run_once(remind, 60)
+    queue.run_repeating(remind, interval=60)
+    queue.run_once(remind_default, 60)
+    application.add_handler(MessageHandler(filters.TEXT, on_text))
+    application.add_handler(MessageHandler(filters.TEXT, ptb_handler))
+    mine = processor.install(
+        Application.builder().token(token).context_types(ContextTypes(context=ReminderContext))
+    ).build()
+    assert mine.job_queue is not None
+    mine.job_queue.run_once(remind_mine, 60)
+    mine.job_queue.run_once(remind, 60)

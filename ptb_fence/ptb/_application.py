@@ -10,20 +10,31 @@ import logging
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from telegram.ext import Application, ApplicationHandlerStop, ContextTypes
+from telegram.ext import Application, ApplicationHandlerStop, ContextTypes, Updater
 
-from ptb_fence.ptb._context import fenced_context_types
+from ptb_fence.ptb._context import fenced_context_types, warn_if_unmatched_rerun
 from ptb_fence.ptb._handling import leave_attempt, outside_attempt, update_state
 from ptb_fence.ptb._interfaces import ApplicationBinding
 
 _LOGGER = logging.getLogger("ptb_fence.ptb")
 
-__all__ = ["FencedApplication", "FencedApplicationMixin", "fenced_application_class"]
+__all__ = [
+    "FencedApplication",
+    "FencedApplicationMixin",
+    "FencedUpdater",
+    "fenced_application_class",
+]
 
 
 _IN_PROCESS_ERROR: "contextvars.ContextVar[bool]" = contextvars.ContextVar(
     "ptb_fence_in_process_error", default=False
 )
+
+_DROP_WARNED: "contextvars.ContextVar[bool]" = contextvars.ContextVar(
+    "ptb_fence_drop_pending_warned", default=False
+)
+"""Set while ``run_polling``/``run_webhook`` runs: they warned already, their updater does
+not warn again (its tasks inherit the context)."""
 
 if TYPE_CHECKING:
     # The mix-in only ever sits in front of an Application; tell the type checker so, so that
@@ -75,10 +86,10 @@ class _ErrorHandlers(Dict[Any, Any]):
 
 
 def _warn_drop_pending(
-    method: Callable[..., Any], name: str, application: Any, args: Any, kwargs: Any
+    method: Callable[..., Any], name: str, owner: Any, args: Any, kwargs: Any
 ) -> None:
     try:
-        arguments = inspect.signature(method).bind(application, *args, **kwargs).arguments
+        arguments = inspect.signature(method).bind(owner, *args, **kwargs).arguments
     except TypeError:
         return  # PTB reports the bad call itself
     if arguments.get("drop_pending_updates"):
@@ -88,6 +99,33 @@ def _warn_drop_pending(
             "(they are lost); remove the argument",
             name,
         )
+
+
+class FencedUpdater(Updater):
+    """PTB's :class:`telegram.ext.Updater`, warning about ``drop_pending_updates=True`` in
+    :meth:`start_polling` and :meth:`start_webhook` as ``run_polling`` does (the
+    ``async with app: await app.updater.start_polling(...)`` form). The Application of a
+    ptb_fence processor gets one in place of the plain one the builder made."""
+
+    __slots__ = ()
+
+    async def start_polling(self, *args: Any, **kwargs: Any) -> Any:
+        """PTB's :meth:`~telegram.ext.Updater.start_polling`; warns about
+        ``drop_pending_updates=True``."""
+        if not _DROP_WARNED.get():
+            _warn_drop_pending(Updater.start_polling, "updater.start_polling", self, args, kwargs)
+        return await super().start_polling(*args, **kwargs)
+
+    async def start_webhook(self, *args: Any, **kwargs: Any) -> Any:
+        """PTB's :meth:`~telegram.ext.Updater.start_webhook`; warns about
+        ``drop_pending_updates=True``."""
+        if not _DROP_WARNED.get():
+            _warn_drop_pending(Updater.start_webhook, "updater.start_webhook", self, args, kwargs)
+        return await super().start_webhook(*args, **kwargs)
+
+    # the overrides take *args/**kwargs; show PTB's parameters (help(), IDEs, inspect)
+    setattr(start_polling, "__signature__", inspect.signature(Updater.start_polling))
+    setattr(start_webhook, "__signature__", inspect.signature(Updater.start_webhook))
 
 
 class FencedApplicationMixin(_MixinBase):
@@ -119,6 +157,9 @@ class FencedApplicationMixin(_MixinBase):
         context_types = kwargs.get("context_types")
         if isinstance(context_types, ContextTypes):
             kwargs["context_types"] = fenced_context_types(context_types)
+        updater = kwargs.get("updater")
+        if type(updater) is Updater:  # the one the builder made (install refuses one of yours)
+            kwargs["updater"] = FencedUpdater(bot=updater.bot, update_queue=updater.update_queue)
         super().__init__(*args, **kwargs)
         application: Any = self
         application.error_handlers = _ErrorHandlers(application.error_handlers)
@@ -176,13 +217,21 @@ class FencedApplicationMixin(_MixinBase):
         ``drop_pending_updates=True``, which makes Telegram discard every update it still
         holds at each start."""
         _warn_drop_pending(Application.run_polling, "run_polling", self, args, kwargs)
-        super().run_polling(*args, **kwargs)
+        token = _DROP_WARNED.set(True)
+        try:
+            super().run_polling(*args, **kwargs)
+        finally:
+            _DROP_WARNED.reset(token)
 
     def run_webhook(self, *args: Any, **kwargs: Any) -> None:
         """PTB's :meth:`~telegram.ext.Application.run_webhook`; warns about
         ``drop_pending_updates=True`` as :meth:`run_polling` does."""
         _warn_drop_pending(Application.run_webhook, "run_webhook", self, args, kwargs)
-        super().run_webhook(*args, **kwargs)
+        token = _DROP_WARNED.set(True)
+        try:
+            super().run_webhook(*args, **kwargs)
+        finally:
+            _DROP_WARNED.reset(token)
 
     # the overrides take *args/**kwargs; show PTB's parameters (help(), IDEs, inspect)
     setattr(run_polling, "__signature__", inspect.signature(Application.run_polling))
@@ -191,6 +240,15 @@ class FencedApplicationMixin(_MixinBase):
     def _fence_processor(self) -> Optional[ApplicationBinding]:
         processor = getattr(self, "update_processor", None)
         return processor if isinstance(processor, ApplicationBinding) else None
+
+    async def process_update(self, update: object) -> None:
+        """PTB's :meth:`~telegram.ext.Application.process_update`; when it ran an update that
+        ran before (attempt 2 or later) and no handler matched it, a WARNING says that per
+        process state (a conversation's) may be stale."""
+        await super().process_update(update)
+        state = update_state()
+        if state is not None and state.update is update:
+            warn_if_unmatched_rerun(state, self)
 
     async def process_error(
         self,

@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import logging
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 from telegram.ext import CallbackContext, ContextTypes
 
-from ptb_fence.ptb._handling import leave_attempt
+from ptb_fence.ptb._handling import UpdateState, leave_attempt, update_state
 from ptb_fence.runtime._attempt import Attempt, current_attempt
+from ptb_fence.runtime._outcome import ids
 
-__all__ = ["AttemptUnavailable", "FencedCallbackContext", "fenced_context_types"]
+if TYPE_CHECKING:
+    from telegram.ext import JobQueue
+
+__all__ = [
+    "AttemptUnavailable",
+    "FencedCallbackContext",
+    "fenced_context_types",
+    "warn_if_unmatched_rerun",
+]
+
+_LOGGER = logging.getLogger("ptb_fence.ptb")
+
+_Context = TypeVar("_Context", bound="FencedCallbackContext")
 
 
 class AttemptUnavailable(RuntimeError):
@@ -35,6 +49,17 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
     """
 
     __slots__ = ()
+
+    if TYPE_CHECKING:
+        # PTB types CallbackContext.job_queue as JobQueue[ST] with ST bound to nothing here,
+        # which a type checker reads as a queue of plain CallbackContexts: a job callback
+        # taking this class (or a subclass) would be refused. The queue holds callbacks
+        # called with this very context class (PTB builds every context from the
+        # Application's one), so type it so; nothing changes at run time.
+        @property
+        def job_queue(  # type: ignore[override]  # narrower than PTB's unbound JobQueue[ST]
+            self: _Context,
+        ) -> "Optional[JobQueue[_Context]]": ...
 
     @property
     def attempt(self) -> Optional[Attempt]:
@@ -86,6 +111,15 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
         raise AttemptUnavailable(f"context.require_attempt(): no attempt here: {cause}")
 
     @classmethod
+    def from_update(cls, update: object, application: Any) -> Any:
+        """Build the context of a handler of ``update`` (PTB does so once a handler matched
+        it); the processor learns that the update did not go unhandled."""
+        state = update_state()
+        if state is not None and state.update is update:
+            state.matched = True
+        return super().from_update(update, application)
+
+    @classmethod
     def from_job(cls, job: Any, application: Any) -> Any:
         """Build the context of a job, which runs outside any attempt.
 
@@ -119,4 +153,31 @@ def fenced_context_types(context_types: "ContextTypes[Any, Any, Any, Any]") -> A
         bot_data=context_types.bot_data,
         chat_data=context_types.chat_data,
         user_data=context_types.user_data,
+    )
+
+
+def warn_if_unmatched_rerun(handled: UpdateState, application: Any) -> None:
+    """If the update of ``handled`` ran before, here or elsewhere (a retry; a takeover claims
+    a new attempt), and PTB's ``process_update`` just matched no handler for it, log it at
+    WARNING: it counts as handled and is settled completed, and the likely cause is state that
+    lived in the process that ran it before.
+
+    Nothing is logged unless ``application``'s context class derives from
+    :class:`FencedCallbackContext`: matching is seen through its ``from_update``.
+    """
+    attempt = handled.attempt
+    if handled.matched or handled.error is not None or attempt is None or attempt.attempt < 2:
+        return
+    context_class = getattr(getattr(application, "context_types", None), "context", None)
+    if not (isinstance(context_class, type) and issubclass(context_class, FencedCallbackContext)):
+        return
+    _LOGGER.warning(
+        "update %s attempt %s matched no handler, so it counts as handled (completed): it ran "
+        "before (a retry, or taken over after a crash or a lapsed lease), so conversation "
+        "or persistence state kept per process (ConversationHandler states; user_data, "
+        "chat_data, bot_data without a persistence every process shares) may be stale here: "
+        "it may belong to a conversation step this process never saw",
+        attempt.update_id,
+        attempt.attempt,
+        extra=ids(attempt),
     )

@@ -16,14 +16,18 @@ __all__ = ["UpdateState", "handling", "leave_attempt", "outside_attempt", "updat
 
 
 class UpdateState:
-    """What the processor learns about one update while PTB handles it: ``error`` is the
-    first failure reported for it (a handler's exception routed to ``process_error``)."""
+    """What the processor learns about one update while PTB handles it under ``attempt``:
+    ``error`` is the first failure reported for it (a handler's exception routed to
+    ``process_error``); ``matched`` whether a handler took it (PTB built a context for it: it
+    does so only for a handler whose ``check_update`` matched, or to report an error)."""
 
-    __slots__ = ("error", "update")
+    __slots__ = ("attempt", "error", "matched", "update")
 
-    def __init__(self, update: object) -> None:
+    def __init__(self, update: object, attempt: Optional[Attempt] = None) -> None:
         self.update = update
+        self.attempt = attempt
         self.error: Optional[BaseException] = None
+        self.matched = False
 
 
 _STATE: "contextvars.ContextVar[Optional[UpdateState]]" = contextvars.ContextVar(

@@ -259,6 +259,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         # this process's liveness signal: a sweep elsewhere may take over its claims at once
         # only when it is gone (the process died)
         await self._threads.call(self._runtime.hold_liveness)
+        await self._threads.call(self._runtime.key_unkeyed_chats)  # before the first claim
         self._sweeper.bind_loop(asyncio.get_running_loop())
         self._runtime.start_jobs(taken_over=self._sweeper.sweep_soon)
         self._sweeper.start()
@@ -392,7 +393,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                     await self._threads.call(runtime.release, [attempt])
                     return False
                 self._running += 1
-                handled = UpdateState(update)
+                handled = UpdateState(update, attempt)
                 try:
                     timeout = runtime.options.attempt_timeout_seconds
                     with handling(handled, attempt if attempt.fenced else None):

@@ -13,7 +13,7 @@ from ptb_fence._values import AttemptIdentity, Completed
 from ptb_fence.runtime._attempt_async import AsyncForms
 from ptb_fence.runtime._connections import (
     COMMITTED_OR_ROLLED_BACK,
-    given_connection,
+    GivenConnection,
     transaction_ended,
 )
 from ptb_fence.runtime._phase import (
@@ -382,10 +382,11 @@ class Attempt(AsyncForms):
         # with the capability, the ownership check IS the settle: one conditional statement at
         # the start that locks the row until the commit (the rollback restores the claim)
         first = complete and inside and port.completes_first
+        given: Optional[GivenConnection] = None
         if connection is None:
             manager = port.transaction()  # TypeError naming the fix when the store has none
         else:
-            manager = given_connection(connection)
+            manager = given = GivenConnection(connection)
         holding = False
         with self._lock:
             # from here until the transaction ends the lease keeper leaves this attempt's row
@@ -407,9 +408,18 @@ class Attempt(AsyncForms):
                 with self._lock:
                     self._holding += 1
                     holding = True
+                if given is not None:
+                    # a store whose owns does not use the caller's connection left it outside
+                    # a transaction: open one, so the block's reads and writes are one
+                    # transaction and a block that writes nothing is not taken for one that
+                    # committed
+                    given.begin()
+                # what a store's own transaction() yields may still be outside one (a store
+                # that begins lazily): only a transaction open here can have been ended
+                open_here = transaction_ended(conn) is None
                 yield conn
                 ended = transaction_ended(conn)
-                if ended is not None:
+                if ended is not None and (open_here or ended != COMMITTED_OR_ROLLED_BACK):
                     if first and ended == COMMITTED_OR_ROLLED_BACK:
                         self._reopen(checked_at, conn)  # complete=True settled nothing
                     raise TransactionEnded(identity, ended)

@@ -15,11 +15,12 @@ holds no worker and no slot: other chats run at full concurrency.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import TYPE_CHECKING, Any, Hashable, List, Optional
 
 from ptb_fence._values import StoredUpdate
-from ptb_fence.runtime._chats import stored_chat_key
+from ptb_fence.runtime._chats import chat_key, stored_chat_key
 from ptb_fence.runtime._outcome import Outcome
 
 if TYPE_CHECKING:
@@ -32,6 +33,20 @@ _LOGGER = logging.getLogger("ptb_fence.runtime")
 
 _RELEASES_CHAT = (Outcome.COMPLETED, Outcome.ABANDONED, Outcome.EXHAUSTED)
 """Outcomes after which the update no longer holds its chat."""
+
+KEYING_PAGE = 500
+"""Rows read and keyed per commit when a strict runtime keys the rows recorded without a chat
+key."""
+
+
+def _stored_key_of(body: str) -> Optional[int]:
+    """The chat key to record for a stored update body (:obj:`None`: no chat, or not an
+    update dict)."""
+    try:
+        update = json.loads(body)
+    except ValueError:
+        return None
+    return stored_chat_key(chat_key(update)) if isinstance(update, dict) else None
 
 
 class ChatOrderOps:
@@ -51,6 +66,56 @@ class ChatOrderOps:
     def strict_chat_order(self) -> bool:
         """:obj:`bool`: The option ``strict_chat_order`` (the store keeps chat order)."""
         return self.options.strict_chat_order
+
+    def key_unkeyed_chats(self) -> int:
+        """Under ``strict_chat_order``, at start: give the unsettled rows recorded without a
+        chat key (by a process without the option, or before it was turned on) the key of
+        their chat, derived from the stored body as at recording; returns how many.
+
+        Run before this process's first claim: a claim's turn check only sees rows that have
+        their key, so a backlog left unkeyed would run beside its chat's later updates. Rows
+        of no chat stay without one. A store without ``unkeyed_in_chats``/``set_chat_keys``
+        gets a WARNING instead; a store error is reported (step ``"sweep"``) and the rows not
+        keyed yet stay unordered.
+        """
+        if not self.options.strict_chat_order:
+            return 0
+        port = self.port
+        if not port.keys_chats:
+            _LOGGER.warning(
+                "strict_chat_order: %s has no unkeyed_in_chats/set_chat_keys, so updates "
+                "recorded without a chat key (by a process without strict_chat_order, or "
+                "before it was turned on) are not kept in order; let such a backlog drain "
+                "before relying on the order",
+                type(port.store).__name__,
+            )
+            return 0
+        keyed = 0
+        after: Optional[int] = None
+        try:
+            while True:
+                rows = port.unkeyed_in_chats(after_update_id=after, limit=KEYING_PAGE)
+                keys = []
+                for row in rows:
+                    key = _stored_key_of(row.body)
+                    if key is not None:  # an update of no chat stays without a key
+                        keys.append((row.update_id, row.body, key))
+                if keys:
+                    keyed += port.set_chat_keys(keys)
+                if len(rows) < KEYING_PAGE:
+                    break
+                after = rows[-1].update_id
+        except Exception as exc:
+            self.report_store_error(exc, "sweep")
+        if keyed:
+            _LOGGER.warning(
+                "strict_chat_order: %d update(s) recorded without a chat key (by a process "
+                "without strict_chat_order, or before it was turned on) now have their chat's "
+                "key and are kept in order; a process still running without the option "
+                "records more, unordered",
+                keyed,
+            )
+        return keyed
 
     def _due_in_chat_order(self, now: int, pending_before: int, limit: int) -> List[StoredUpdate]:
         return self.port.due_in_chat_order(now=now, pending_before=pending_before, limit=limit)

@@ -172,6 +172,7 @@ class UpdateIntake:
         # this process's liveness signal: its claims are taken over at once elsewhere only
         # once it is gone
         self._runtime.hold_liveness()
+        self._runtime.key_unkeyed_chats()  # before the first claim (strict_chat_order)
         self._runtime.start_jobs(self._scheduled_sweep, taken_over=self._sweep_taken_over)
         self._sweep(include_fresh=True)
 

@@ -29,6 +29,8 @@ for a store that has only the methods of SPEC §4:
 - ``add_many_in_chats``/``claim_in_chat_order``/``due_in_chat_order`` missing
   (:class:`~ptb_fence.ChatOrderedUpdateStore`, all three needed) → no fallback:
   ``strict_chat_order`` refuses the store (:exc:`TypeError` naming the methods);
+- ``unkeyed_in_chats``/``set_chat_keys`` missing (both needed) → rows recorded without a chat
+  key stay unordered (:attr:`StorePort.keys_chats` is :obj:`False`; a WARNING at start);
 - ``complete_owned``/``reopen_completed`` missing (:class:`~ptb_fence.CompletingUpdateStore`,
   both needed) → a ``complete=True`` transaction checks with ``owns(connection=)`` first and
   settles with ``settle_owned(connection=)`` last (:attr:`StorePort.completes_first` is
@@ -43,6 +45,7 @@ from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tupl
 
 from ptb_fence._protocols import (
     BASE_METHODS,
+    CHAT_KEYING_METHODS,
     CHAT_ORDER_METHODS,
     COMPLETING_METHODS,
     DURABLE_METHODS,
@@ -102,6 +105,7 @@ class StorePort(ClaimsPort, ChatOrderPort):
         "_add_claimed_many",
         "_add_many",
         "_bind_bot",
+        "_chat_keying",
         "_chat_order",
         "_claim_owned_many",
         "_complete_owned",
@@ -150,6 +154,7 @@ class StorePort(ClaimsPort, ChatOrderPort):
                 f"(ChatOrderedUpdateStore); {type(store).__name__} lacks {', '.join(missing)}"
             )
         self._chat_order = not missing
+        self._chat_keying = not missing and not missing_methods(store, CHAT_KEYING_METHODS)
         self.store = store
         self._add_many = _optional(store, "add_many")
         self._add_claimed_many = _optional(store, "add_claimed_many")

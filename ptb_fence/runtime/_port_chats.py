@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence
 
-from ptb_fence._protocols import ChatRow
+from ptb_fence._protocols import ChatKey, ChatRow
 from ptb_fence._values import AttemptIdentity, StoredUpdate
 
 __all__ = ["ChatOrderPort"]
@@ -22,12 +22,27 @@ class ChatOrderPort:
 
     store: Any
     _chat_order: bool
+    _chat_keying: bool
 
     @property
     def orders_chats(self) -> bool:
         """:obj:`bool`: The store keeps chat order (``add_many_in_chats``,
         ``claim_in_chat_order``, ``due_in_chat_order``)."""
         return self._chat_order
+
+    @property
+    def keys_chats(self) -> bool:
+        """:obj:`bool`: The store can key rows recorded without a chat key
+        (``unkeyed_in_chats``, ``set_chat_keys``)."""
+        return self._chat_keying
+
+    def unkeyed_in_chats(self, *, after_update_id: Optional[int], limit: int) -> List[StoredUpdate]:
+        """``store.unkeyed_in_chats``: unsettled rows without a chat key, by ``update_id``."""
+        return list(self.store.unkeyed_in_chats(after_update_id=after_update_id, limit=limit))
+
+    def set_chat_keys(self, keys: Sequence[ChatKey]) -> int:
+        """``store.set_chat_keys``: key the rows that still have none (one commit)."""
+        return int(self.store.set_chat_keys(list(keys)))
 
     def add_many_in_chats(self, rows: Sequence[ChatRow]) -> List[bool]:
         """``store.add_many_in_chats``: record rows with their chat keys (one commit)."""

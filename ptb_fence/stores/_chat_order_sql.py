@@ -65,7 +65,17 @@ class SQLiteChatStatements:
             predicate added to its ``WHERE``.
     """
 
-    __slots__ = ("add_column", "claim", "create_index", "due", "due_of_chat", "index", "set_key")
+    __slots__ = (
+        "add_column",
+        "claim",
+        "create_index",
+        "due",
+        "due_of_chat",
+        "fill_key",
+        "index",
+        "set_key",
+        "unkeyed",
+    )
 
     def __init__(self, table: str, claim: str) -> None:
         t = f'"{table}"'
@@ -92,6 +102,15 @@ class SQLiteChatStatements:
               AND {_due('r', ':pending_before', ':now')} AND {in_turn('r', t, ':now')}
             ORDER BY r.update_id
             LIMIT :limit"""
+        self.unkeyed = f"""
+            SELECT update_id, body FROM {t}
+            WHERE chat_key IS NULL AND state IN {UNSETTLED} AND update_id > :after
+            ORDER BY update_id
+            LIMIT :limit"""
+        self.fill_key = f"""
+            UPDATE {t} SET chat_key = :chat_key
+            WHERE update_id = :update_id AND chat_key IS NULL AND state IN {UNSETTLED}
+              AND body = :body"""
 
 
 def postgres_chat_schema(table: str) -> str:
@@ -118,7 +137,7 @@ class PostgresChatStatements:
             different update (``_postgres_sql``).
     """
 
-    __slots__ = ("claim", "due", "due_of_chat", "replace", "table")
+    __slots__ = ("claim", "due", "due_of_chat", "fill_key", "replace", "table", "unkeyed")
 
     def __init__(self, table: str, claim_fenced: str, replace_settled: str) -> None:
         t = f'"{table}"'
@@ -144,6 +163,17 @@ WHERE r.chat_key = %(chat_key)s AND r.state IN {UNSETTLED}
   AND {_due('r', '%(pending_before)s', '%(now)s')} AND {in_turn('r', t, '%(now)s')}
 ORDER BY r.update_id
 LIMIT %(limit)s"""
+        # rows recorded without a chat key (by a process without strict_chat_order), read on
+        # the partial chat index (NULL keys included), and their key set once derived
+        self.unkeyed = f"""\
+SELECT update_id, body FROM {t}
+WHERE chat_key IS NULL AND state IN {UNSETTLED} AND update_id > %(after)s
+ORDER BY update_id
+LIMIT %(limit)s"""
+        self.fill_key = f"""\
+UPDATE {t} SET chat_key = %(chat_key)s
+WHERE update_id = %(update_id)s AND chat_key IS NULL AND state IN {UNSETTLED}
+  AND body = %(body)s"""
 
     def add_many(self, count: int) -> str:
         """Insert ``count`` pending rows with chat keys in one statement; ``%s`` quintuples

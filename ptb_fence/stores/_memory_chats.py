@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
+from ptb_fence._protocols import ChatKey
 from ptb_fence._values import AttemptIdentity, StoredUpdate
 from ptb_fence.stores._memory_rows import Row
 from ptb_fence.stores._names import validate_update_id
@@ -18,7 +19,8 @@ UNSETTLED = ("pending", "processing", "failed")
 
 class MemoryChatOrder:
     """``add_many_in_chats``, ``claim_in_chat_order`` and ``due_in_chat_order`` of
-    :class:`~ptb_fence.MemoryUpdateStore` (a mixin)."""
+    :class:`~ptb_fence.MemoryUpdateStore` (a mixin), and ``unkeyed_in_chats`` and
+    ``set_chat_keys`` for the rows recorded without a chat key."""
 
     __slots__ = ()
 
@@ -130,3 +132,33 @@ class MemoryChatOrder:
                 if len(result) >= limit:
                     break
             return result
+
+    def unkeyed_in_chats(
+        self, *, after_update_id: Optional[int] = None, limit: int
+    ) -> List[StoredUpdate]:
+        """Unsettled rows without a chat key, by ``update_id``, after ``after_update_id``."""
+        with self._lock:
+            after = -1 if after_update_id is None else after_update_id
+            rows = sorted(
+                update_id
+                for update_id, row in self._rows.items()
+                if row.chat_key is None and row.state in UNSETTLED and update_id > after
+            )[: max(int(limit), 0)]
+            return [StoredUpdate(update_id, self._rows[update_id].body) for update_id in rows]
+
+    def set_chat_keys(self, keys: Sequence[ChatKey]) -> int:
+        """For ``(update_id, body, chat_key)``: record the chat key of the row if it has none,
+        is unsettled and holds exactly ``body``. Returns how many were set."""
+        done = 0
+        with self._lock:
+            for update_id, body, chat_key in keys:
+                row = self._rows.get(update_id)
+                if (
+                    row is not None
+                    and row.chat_key is None
+                    and row.state in UNSETTLED
+                    and row.body == body
+                ):
+                    row.chat_key = int(chat_key)
+                    done += 1
+        return done

@@ -8,6 +8,7 @@ from functools import lru_cache
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from ptb_fence._fingerprint import update_fingerprint
+from ptb_fence._protocols import ChatKey
 from ptb_fence._values import AttemptIdentity, StoredUpdate
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._names import validate_update_id
@@ -34,8 +35,9 @@ def chat_statements(table: str) -> PostgresChatStatements:
 
 class PostgresChatOrder:
     """``add_many_in_chats``, ``claim_in_chat_order`` and ``due_in_chat_order`` of
-    :class:`ptb_fence.PostgresUpdateStore` (a mixin). They need the ``chat_key`` column (the
-    migration adds it)."""
+    :class:`ptb_fence.PostgresUpdateStore` (a mixin), and ``unkeyed_in_chats`` and
+    ``set_chat_keys`` for the rows recorded without a chat key. They need the ``chat_key``
+    column (the migration adds it)."""
 
     __slots__ = ()
 
@@ -134,5 +136,42 @@ class PostgresChatOrder:
         def work(cur: Any) -> List[StoredUpdate]:
             cur.execute(sql, params)
             return [StoredUpdate(int(u), body) for u, body in cur.fetchall()]
+
+        return self._db.run(work)
+
+    def unkeyed_in_chats(
+        self, *, after_update_id: Optional[int] = None, limit: int
+    ) -> List[StoredUpdate]:
+        """Unsettled rows (pending, processing, failed) without a chat key, by ``update_id``,
+        after ``after_update_id`` (see :class:`ptb_fence.ChatOrderedUpdateStore`)."""
+        params = {
+            "after": -1 if after_update_id is None else int(after_update_id),
+            "limit": max(int(limit), 0),
+        }
+        sql = chat_statements(self._db.table).unkeyed
+
+        def work(cur: Any) -> List[StoredUpdate]:
+            cur.execute(sql, params)
+            return [StoredUpdate(int(u), body) for u, body in cur.fetchall()]
+
+        return self._db.run(work)
+
+    def set_chat_keys(self, keys: Sequence[ChatKey]) -> int:
+        """For ``(update_id, body, chat_key)``: record the chat key of the row if it has none,
+        is unsettled and holds exactly ``body``; one transaction. Returns how many were set."""
+        params = [
+            {"update_id": int(update_id), "body": body, "chat_key": int(chat_key)}
+            for update_id, body, chat_key in keys
+        ]
+        if not params:
+            return 0
+        sql = chat_statements(self._db.table).fill_key
+
+        def work(cur: Any) -> int:
+            done = 0
+            for values in params:
+                cur.execute(sql, values)
+                done += max(cur.rowcount, 0)
+            return done
 
         return self._db.run(work)

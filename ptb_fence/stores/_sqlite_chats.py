@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
+from ptb_fence._protocols import ChatKey
+
 from ptb_fence._values import AttemptIdentity, StoredUpdate
 from ptb_fence.stores._names import validate_update_id
 from ptb_fence.stores._sqlite_connections import SQLiteConnections
@@ -17,7 +19,8 @@ __all__ = ["SQLiteChatOrder"]
 
 class SQLiteChatOrder:
     """``add_many_in_chats``, ``claim_in_chat_order`` and ``due_in_chat_order`` of
-    :class:`ptb_fence.SQLiteUpdateStore` (a mixin)."""
+    :class:`ptb_fence.SQLiteUpdateStore` (a mixin), and ``unkeyed_in_chats`` and
+    ``set_chat_keys`` for the rows recorded without a chat key."""
 
     __slots__ = ()
 
@@ -84,3 +87,33 @@ class SQLiteChatOrder:
         with self._conns.using() as conn:
             rows = conn.execute(sql, params).fetchall()
         return [StoredUpdate(int(update_id), body) for update_id, body in rows]
+
+    def unkeyed_in_chats(
+        self, *, after_update_id: Optional[int] = None, limit: int
+    ) -> List[StoredUpdate]:
+        """Unsettled rows (pending, processing, failed) without a chat key, by ``update_id``,
+        after ``after_update_id`` (see :class:`ptb_fence.ChatOrderedUpdateStore`)."""
+        params = {
+            "after": -1 if after_update_id is None else int_arg("after_update_id", after_update_id),
+            "limit": max(int(limit), 0),
+        }
+        with self._conns.using() as conn:
+            rows = conn.execute(self._sql.chat.unkeyed, params).fetchall()
+        return [StoredUpdate(int(update_id), body) for update_id, body in rows]
+
+    def set_chat_keys(self, keys: Sequence[ChatKey]) -> int:
+        """For ``(update_id, body, chat_key)``: record the chat key of the row if it has none,
+        is unsettled and holds exactly ``body``; one transaction. Returns how many were set."""
+        keys = list(keys)
+        if not keys:
+            return 0
+        done = 0
+        with self._conns.immediate() as conn:
+            for update_id, body, chat_key in keys:
+                params = {
+                    "update_id": int_arg("update_id", update_id),
+                    "body": body,
+                    "chat_key": int_arg("chat_key", chat_key),
+                }
+                done += conn.execute(self._sql.chat.fill_key, params).rowcount
+        return done
