@@ -305,19 +305,139 @@ def instance_key_u32(instance: str) -> int:
     return instance_key(instance) & 0xFFFFFFFF
 
 
-def test_sqlite_lock_file_removed_is_held_again(tmp_path: Path) -> None:
-    """Someone deletes the live instance's lock file: another process takes it for dead (the
-    fence refuses the owner's writes); the owner's next take_over_dead holds it again."""
+def test_sqlite_lock_file_removed_or_replaced_is_no_proof_and_held_again(tmp_path: Path) -> None:
+    """Someone deletes the live instance's lock file, or puts another file in its place: that
+    proves nothing, so nobody takes its claims over; the owner's next take_over_dead holds
+    the instance again, and once it is really gone it is found dead."""
     path = str(tmp_path / "gone.db")
     with SQLiteUpdateStore(path) as owner, SQLiteUpdateStore(path) as other:
         instance = owner.hold_liveness()
+        lock_file = f"{path}.instances/{instance}.lock"
         owner.add(1, "x", 0)
         mine = owner.claim_owned(1, now=1, lease_until=LEASE, max_attempts=5)
-        os.unlink(f"{path}.instances/{instance}.lock")
-        assert other.take_over_dead(now=2) == 1
-        assert not owner.owns(mine, 2)
+        os.unlink(lock_file)
+        assert other.take_over_dead(now=2) == 0
+        assert owner.owns(mine, 2)
         assert owner.take_over_dead(now=3) == 0
-        assert os.path.exists(f"{path}.instances/{instance}.lock")
-        owner.add(2, "y", 0)
-        again = owner.claim_owned(2, now=3, lease_until=LEASE, max_attempts=5)
-        assert other.take_over_dead(now=4) == 0 and owner.owns(again, 4)
+        assert os.path.exists(lock_file)
+        assert other.take_over_dead(now=4) == 0 and owner.owns(mine, 4)
+        with open(lock_file + ".new", "w", encoding="utf-8"):
+            pass
+        os.rename(lock_file + ".new", lock_file)  # an empty, unlocked file in its place
+        assert other.take_over_dead(now=5) == 0 and owner.owns(mine, 5)
+        assert owner.take_over_dead(now=6) == 0
+        with open(lock_file, encoding="utf-8") as file:
+            assert file.read().strip() == instance
+        assert other.take_over_dead(now=7) == 0 and owner.owns(mine, 7)
+        assert sorted(os.listdir(f"{path}.instances")) == [instance + ".lock"]
+    with SQLiteUpdateStore(path) as third:  # closed: released gracefully, nothing dead
+        assert third.take_over_dead(now=8) == 0
+
+
+@pytest.mark.timeout(60)
+def test_sqlite_instance_seen_through_another_path_to_the_file(tmp_path: Path) -> None:
+    """The owner reaches the database through a path the checking process does not have
+    (another container's mount of the volume; here a symlinked directory, removed once the
+    owner is running): its lock file is found next to the checker's own path to the file."""
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    SQLiteUpdateStore(str(real / "live.db")).close()
+    ids = range(300, 300 + COUNT)
+    proc, instance = start_worker(Where("sqlite", str(link / "live.db"), "telegram_updates"), ids[0])
+    link.unlink()
+    where = Where("sqlite", str(real / "live.db"), "telegram_updates")
+    with where.store() as store:
+        store.hold_liveness()
+        try:
+            for _ in range(3):
+                assert store.take_over_dead(now=now_ms()) == 0, "a live instance was taken over"
+            assert claim_all(store, ids) == [None] * COUNT
+            assert instance in where.instances()
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+            assert until(lambda: store.take_over_dead(now=now_ms()), 10.0) == COUNT
+            assert instance not in where.instances()
+        finally:
+            store.release_liveness()
+    assert not (real / "live.db.instances" / f"{instance}.lock").exists()
+
+
+# Run as another OS user (nobody): everything is imported first, then the process gives up
+# root; it checks for dead instances five times and reports what it saw and logged.
+_OTHER_USER_CHECK = r"""
+import json, logging, os, sys, time
+from ptb_fence import SQLiteUpdateStore
+
+records = []
+
+
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record)
+
+
+logging.getLogger("ptb_fence").addHandler(Keep())
+os.setgroups([])
+os.setgid(65534)
+os.setuid(65534)
+store = SQLiteUpdateStore(sys.argv[1])
+results = []
+for _ in range(5):
+    try:
+        results.append(store.take_over_dead(now=int(time.time() * 1000)))
+    except Exception as exc:
+        results.append(repr(exc))
+store.close()
+print(json.dumps({"results": results,
+                  "logged": [[r.levelname, r.getMessage()] for r in records
+                             if r.levelno >= logging.WARNING]}))
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
+def test_sqlite_liveness_checked_by_another_os_user() -> None:
+    """Bot processes of another OS user share the database: the check needs no write access to
+    their lock files; a lock file it cannot read is skipped (its instance counts as alive,
+    one WARNING) and the other instances are still checked."""
+    import json
+    import shutil
+    import stat
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="ptb_fence_users_")
+    try:
+        os.chmod(directory, 0o777)  # every user may create the database's side files here
+        path = os.path.join(directory, "shared.db")
+        SQLiteUpdateStore(path).close()
+        os.chmod(path, 0o666)
+        where = Where("sqlite", path, "telegram_updates")
+        alive, alive_id = start_worker(where, 400)
+        hidden, hidden_id = start_worker(where, 500)
+        dead, dead_id = start_worker(where, 600)
+        try:
+            # an instance whose lock file this user cannot read (an owner with umask 077)
+            os.chmod(f"{path}.instances/{hidden_id}.lock", 0o600)
+            dead.send_signal(signal.SIGKILL)
+            dead.wait(timeout=10)
+            out = subprocess.run(
+                [sys.executable, "-c", _OTHER_USER_CHECK, path],
+                capture_output=True, text=True, timeout=60,
+            )
+            assert out.returncode == 0, out.stderr
+            report = json.loads(out.stdout)
+            assert report["results"] == [COUNT, 0, 0, 0, 0], report
+            warnings = [m for level, m in report["logged"] if level == "WARNING"]
+            assert len(warnings) == 1 and hidden_id in warnings[0], report["logged"]
+            assert [level for level, _ in report["logged"]] == ["WARNING"], report["logged"]
+            assert sorted(where.instances()) == sorted([alive_id, hidden_id])
+            mode = stat.S_IMODE(os.stat(f"{path}.instances/{alive_id}.lock").st_mode)
+            assert mode & 0o044, oct(mode)  # readable by others
+        finally:
+            for proc in (alive, hidden, dead):
+                proc.kill()
+                proc.wait(timeout=10)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
