@@ -258,14 +258,51 @@ def test_a_forked_child_does_not_end_or_use_its_parents_instance(tmp_path: Path)
         assert parent.instance == instance
 
 
-@pytest.mark.timeout(60)
-def test_postgres_liveness_connection_lost_is_held_again(pg_dsn: str, pg_tables: List[str]) -> None:
-    """The backend of the liveness connection is terminated while the process lives: another
-    process may take its claims over (fence intact); the next take_over_dead of the owner holds
-    the instance again, so it is not taken for dead afterwards."""
+def _terminate_liveness_backend(dsn: str, instance: str) -> None:
+    """End the backend holding ``instance``'s advisory lock (only that one: the server is
+    shared)."""
     import psycopg2
 
+    admin = psycopg2.connect(dsn)
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            cur.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks "
+                "WHERE locktype = 'advisory' AND classid = %s::oid AND objid = %s::oid",
+                (0x70746266, instance_key_u32(instance)),
+            )
+            assert cur.fetchall() == [(True,)]
+    finally:
+        admin.close()
+
+
+def _liveness_lock_held(dsn: str, instance: str) -> bool:
+    import psycopg2
+
+    admin = psycopg2.connect(dsn)
+    try:
+        with admin.cursor() as cur:
+            cur.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                "AND classid = %s::oid AND objid = %s::oid AND granted",
+                (0x70746266, instance_key_u32(instance)),
+            )
+            return bool(cur.fetchone()[0])
+    finally:
+        admin.close()
+
+
+@pytest.mark.timeout(60)
+def test_postgres_liveness_connection_lost_is_no_proof_and_held_again(
+    pg_dsn: str, pg_tables: List[str]
+) -> None:
+    """The backend of the liveness connection is terminated while the process lives and keeps
+    calling take_over_dead (the runtime does, every second): nobody takes its claims over, and
+    its next call holds the instance again. Once it stops (as a dead process does), it is found
+    dead a few seconds later."""
     from ptb_fence import PostgresUpdateStore
+    from ptb_fence.stores._pg_recovery_sql import BEAT_STALE_MS
 
     table = fresh_table_name()
     pg_tables.append(table)
@@ -276,27 +313,58 @@ def test_postgres_liveness_connection_lost_is_held_again(pg_dsn: str, pg_tables:
         owner.add(1, "x", 0)
         mine = owner.claim_owned(1, now=now_ms(), lease_until=now_ms() + LEASE, max_attempts=5)
         assert mine is not None
-        admin = psycopg2.connect(pg_dsn)
-        admin.autocommit = True
-        try:
-            with admin.cursor() as cur:
-                cur.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_locks "
-                    "WHERE locktype = 'advisory' AND classid = %s::oid AND objid = %s::oid",
-                    (0x70746266, instance_key_u32(instance)),
-                )
-                assert cur.fetchall() == [(True,)]
-        finally:
-            admin.close()
-        assert until(lambda: other.take_over_dead(now=now_ms()), 10.0) == 1
-        assert not owner.owns(mine, now_ms()), "a taken-over claim must be refused"
-        assert owner.take_over_dead(now=now_ms()) == 0  # holds its instance again
+        _terminate_liveness_backend(pg_dsn, instance)
+        assert not _liveness_lock_held(pg_dsn, instance)
+        assert other.take_over_dead(now=now_ms()) == 0, "a free lock alone is no proof"
+        until_ = time.monotonic() + BEAT_STALE_MS / 1000 * 2
+        while time.monotonic() < until_:
+            assert owner.take_over_dead(now=now_ms()) == 0
+            assert other.take_over_dead(now=now_ms()) == 0, "a live instance was taken over"
+            time.sleep(0.3)
+        assert _liveness_lock_held(pg_dsn, instance), "not held again"
+        assert owner.owns(mine, now_ms())
         assert instance in where.instances()
-        owner.add(2, "y", 0)
-        again = owner.claim_owned(2, now=now_ms(), lease_until=now_ms() + LEASE, max_attempts=5)
-        assert again is not None
+        # the owner no longer calls take_over_dead and loses its lock again: a dead process
+        _terminate_liveness_backend(pg_dsn, instance)
+        taken = until(lambda: other.take_over_dead(now=now_ms()), BEAT_STALE_MS / 1000 + 10)
+        assert taken == 1
+        assert not owner.owns(mine, now_ms()), "a taken-over claim must be refused"
+        assert instance not in where.instances()
+
+
+@pytest.mark.timeout(30)
+def test_a_forked_child_does_not_end_its_parents_postgres_session(
+    pg_dsn: str, pg_tables: List[str]
+) -> None:
+    """A forked child that closes what it inherited (the store, the parked liveness
+    connection) leaves the parent's liveness session alone."""
+    import gc
+
+    from ptb_fence import PostgresUpdateStore
+    from ptb_fence.stores import _pg_recovery
+
+    table = fresh_table_name()
+    pg_tables.append(table)
+    with PostgresUpdateStore(pg_dsn, table=table) as parent, \
+            PostgresUpdateStore(pg_dsn, table=table) as other:
+        instance = parent.hold_liveness()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = 0 if parent.instance is None else 2
+                parent.close()  # parks the inherited liveness connection
+                for conn in _pg_recovery._INHERITED:
+                    conn.close()  # would send the server a goodbye on the parent's session
+                gc.collect()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        time.sleep(0.5)
+        assert _liveness_lock_held(pg_dsn, instance)
         assert other.take_over_dead(now=now_ms()) == 0
-        assert owner.owns(again, now_ms())
+        assert parent.instance == instance
 
 
 def instance_key_u32(instance: str) -> int:
