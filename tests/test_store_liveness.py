@@ -8,6 +8,7 @@ cleanly; (c) a graceful ``release_liveness()`` removes the instance row. Every w
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import sqlite3
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -77,9 +78,10 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
         yield Where("postgres", dsn, table)
 
 
-def start_worker(where: Where, first: int) -> Tuple["subprocess.Popen[str]", str]:
+def start_worker(where: Where, first: int, *extra: str) -> Tuple["subprocess.Popen[str]", str]:
     proc = subprocess.Popen(
-        [sys.executable, WORKER, where.kind, where.location, where.table, str(first), str(COUNT)],
+        [sys.executable, WORKER, where.kind, where.location, where.table, str(first), str(COUNT),
+         *extra],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -509,3 +511,97 @@ def test_sqlite_liveness_checked_by_another_os_user() -> None:
                 proc.wait(timeout=10)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _postgres_bin() -> Optional[str]:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return os.path.dirname(found[-1]) if found else None
+
+
+def _has_user(name: str) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[Tuple[str, Callable[[float], None]]]:
+    """A PostgreSQL server of this test alone (the shared one is never restarted): its DSN and
+    ``restart(down_seconds)``. Needs root, the ``postgres`` OS user and the server binaries."""
+    import shutil
+    import socket
+    import tempfile
+
+    binaries = _postgres_bin()
+    if os.geteuid() != 0 or binaries is None or not _has_user("postgres"):
+        pytest.skip("needs root, the postgres OS user and /usr/lib/postgresql/*/bin")
+    directory = tempfile.mkdtemp(prefix="ptb_fence_own_pg_")
+    shutil.chown(directory, "postgres")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    data = os.path.join(directory, "data")
+    options = f"-p {port} -k {directory} -c listen_addresses=127.0.0.1"
+
+    def pg_ctl(*args: str) -> None:
+        subprocess.run(
+            [os.path.join(binaries, "pg_ctl"), "-D", data, "-o", options,
+             "-l", os.path.join(directory, "log"), *args],
+            user="postgres", check=True, capture_output=True, timeout=60,
+        )
+
+    subprocess.run([os.path.join(binaries, "initdb"), "-D", data, "-A", "trust", "-U", "postgres"],
+                   user="postgres", check=True, capture_output=True, timeout=120)
+    pg_ctl("-w", "start")
+
+    def restart(down: float) -> None:
+        pg_ctl("-m", "fast", "-w", "stop")
+        time.sleep(down)
+        pg_ctl("-w", "start")
+
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres", restart
+    finally:
+        try:
+            pg_ctl("-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.mark.timeout(180)
+def test_postgres_restart_is_no_proof_of_death(
+    own_postgres: Tuple[str, Callable[[float], None]]
+) -> None:
+    """The server restarts (down longer than an instance may go without refreshing its row):
+    every liveness lock is gone, but a live process (calling take_over_dead, as a running bot
+    does) is not taken for dead; it holds its lock again, and a later SIGKILL is found."""
+    from ptb_fence.stores._pg_recovery_sql import BEAT_STALE_MS
+
+    dsn, restart = own_postgres
+    where = Where("postgres", dsn, "telegram_updates")
+    where.store().close()
+    ids = range(700, 700 + COUNT)
+    proc, instance = start_worker(where, ids[0], "tick")
+    try:
+        with where.store() as store:
+            store.hold_liveness()
+            restart(BEAT_STALE_MS / 1000 + 2)
+            after = time.monotonic()
+            while time.monotonic() - after < BEAT_STALE_MS / 1000 + 3:
+                assert store.take_over_dead(now=now_ms()) == 0, "a live instance was taken over"
+                time.sleep(0.2)
+            assert claim_all(store, ids) == [None] * COUNT
+            assert instance in where.instances()
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+            taken = until(lambda: store.take_over_dead(now=now_ms()), BEAT_STALE_MS / 1000 + 10)
+            assert taken == COUNT
+            assert instance not in where.instances()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
