@@ -280,6 +280,7 @@ class SQLiteRecovery:
                 assert holder.lock_path is not None
                 _unlink(holder.lock_path)
                 holder.close_fd(holder.fd)
+                holder.lock_path = None
             else:  # holding again: the new file is in place and locked; the row is there
                 holder.close_fd(old)
             raise
