@@ -103,8 +103,12 @@ def build(admin: Any, table: str, rows: int, instances: List[str], me: str, ever
         )
         for name in instances:
             cur.execute(
-                f"INSERT INTO {INSTANCES_TABLE} (table_name, instance, lock_key, started_at) "
-                "VALUES (%s, %s, %s, %s)", (table, name, instance_key(name), now))
+                f"INSERT INTO {INSTANCES_TABLE} (table_name, instance, lock_key, started_at, "
+                "seen_at) VALUES (%s, %s, %s, %s, "
+                # refreshed a minute ago (after the server started): the lock is tried on each
+                # (a frozen instance's row looks like this), the dearest case
+                "(extract(epoch FROM statement_timestamp()) * 1000)::BIGINT - 60000)",
+                (table, name, instance_key(name), now))
         cur.execute(f'ANALYZE "{table}"')
 
 

@@ -397,10 +397,13 @@ class LivenessStore(Protocol):
     made through it record that *instance*, and another process can take over the claims of
     a provably dead instance before their lease ends.
 
-    "Provably dead" means the signal is gone and only the end of the process ends it
-    (PostgreSQL: a session advisory lock of the instance's connection; SQLite: an OS file
-    lock). A frozen process (SIGSTOP, a long GC pause) still holds it: its claims wait for
-    their lease as before.
+    "Provably dead" means the signal is gone in a way only the end of the process explains
+    (PostgreSQL: a session advisory lock of the instance's connection that is free while the
+    instance has stopped refreshing its row; SQLite: an OS file lock on a file that names the
+    instance). A live process that lost its signal (a terminated backend, a deleted lock file)
+    holds it again and is never taken for dead meanwhile; a frozen process (SIGSTOP, a long GC
+    pause) still holds it: the claims of both wait for their lease as before. A child made by
+    ``os.fork()`` does not keep its parent's signal.
     """
 
     def hold_liveness(self) -> str:

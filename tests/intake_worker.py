@@ -46,6 +46,7 @@ from worker_support import (  # noqa: E402
     add_worker_arguments,
     announce_ready,
     extra_options,
+    fork_child,
     make_store,
     touch,
 )
@@ -130,6 +131,8 @@ def main(args: argparse.Namespace) -> None:
     if args.poll or args.run_polling:
         poller = threading.Thread(target=poll, args=(args, intake, stopping), name="poller", daemon=True)
         poller.start()
+    if args.fork_child:
+        fork_child(args.dir, pid)
     announce_ready(args.dir, pid, store)
     deadline = time.monotonic() + args.max_life
     stop_file = os.path.join(args.dir, "stop")

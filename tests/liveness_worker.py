@@ -1,16 +1,28 @@
 """A process that holds a store's liveness and claims rows (tests/test_store_liveness.py).
 
-Usage: python liveness_worker.py sqlite|postgres <path-or-dsn> <table> <first_id> <count>
+Usage: python liveness_worker.py sqlite|postgres <path-or-dsn> <table> <first_id> <count> [tick]
 
 Records and claims ``count`` updates from ``first_id`` with a 120 s lease through a store
 object holding liveness, prints ``READY <instance>`` and waits for a line on stdin: ``exit``
-releases liveness, closes the store and exits 0.
+releases liveness, closes the store and exits 0. With ``tick`` it also calls
+``take_over_dead`` every half second, as the runtime of a running bot does (errors, e.g. while
+the server is down, are ignored).
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
+from typing import Any
+
+
+def tick(store: Any, stop: threading.Event) -> None:
+    while not stop.wait(0.5):
+        try:
+            store.take_over_dead(now=int(time.time() * 1000))
+        except Exception:  # noqa: BLE001 - the database may be down: the next tick retries
+            pass
 
 
 def main() -> int:
@@ -35,9 +47,13 @@ def main() -> int:
         )
     assert all(identity is not None for identity in claimed), claimed
     print(f"READY {instance}", flush=True)
+    stop = threading.Event()
+    if sys.argv[6:7] == ["tick"]:
+        threading.Thread(target=tick, args=(store, stop), daemon=True).start()
     for line in sys.stdin:
         if line.strip() == "exit":
             break
+    stop.set()
     store.release_liveness()
     store.close()
     print("BYE", flush=True)

@@ -48,6 +48,7 @@ from worker_support import (  # noqa: E402
     add_worker_arguments,
     announce_ready,
     extra_options,
+    fork_child,
     make_store,
     touch,
 )
@@ -134,6 +135,8 @@ async def main(args: argparse.Namespace) -> Any:
         if args.poll:
             assert app.updater is not None
             await app.updater.start_polling(poll_interval=0.0, timeout=1)
+        if args.fork_child:
+            fork_child(args.dir, pid)
         announce_ready(args.dir, pid, store)
         while not os.path.exists(stop_file) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

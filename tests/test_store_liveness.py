@@ -8,6 +8,7 @@ cleanly; (c) a graceful ``release_liveness()`` removes the instance row. Every w
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import sqlite3
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -77,9 +78,10 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
         yield Where("postgres", dsn, table)
 
 
-def start_worker(where: Where, first: int) -> Tuple["subprocess.Popen[str]", str]:
+def start_worker(where: Where, first: int, *extra: str) -> Tuple["subprocess.Popen[str]", str]:
     proc = subprocess.Popen(
-        [sys.executable, WORKER, where.kind, where.location, where.table, str(first), str(COUNT)],
+        [sys.executable, WORKER, where.kind, where.location, where.table, str(first), str(COUNT),
+         *extra],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -258,14 +260,51 @@ def test_a_forked_child_does_not_end_or_use_its_parents_instance(tmp_path: Path)
         assert parent.instance == instance
 
 
-@pytest.mark.timeout(60)
-def test_postgres_liveness_connection_lost_is_held_again(pg_dsn: str, pg_tables: List[str]) -> None:
-    """The backend of the liveness connection is terminated while the process lives: another
-    process may take its claims over (fence intact); the next take_over_dead of the owner holds
-    the instance again, so it is not taken for dead afterwards."""
+def _terminate_liveness_backend(dsn: str, instance: str) -> None:
+    """End the backend holding ``instance``'s advisory lock (only that one: the server is
+    shared)."""
     import psycopg2
 
+    admin = psycopg2.connect(dsn)
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            cur.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks "
+                "WHERE locktype = 'advisory' AND classid = %s::oid AND objid = %s::oid",
+                (0x70746266, instance_key_u32(instance)),
+            )
+            assert cur.fetchall() == [(True,)]
+    finally:
+        admin.close()
+
+
+def _liveness_lock_held(dsn: str, instance: str) -> bool:
+    import psycopg2
+
+    admin = psycopg2.connect(dsn)
+    try:
+        with admin.cursor() as cur:
+            cur.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                "AND classid = %s::oid AND objid = %s::oid AND granted",
+                (0x70746266, instance_key_u32(instance)),
+            )
+            return bool(cur.fetchone()[0])
+    finally:
+        admin.close()
+
+
+@pytest.mark.timeout(60)
+def test_postgres_liveness_connection_lost_is_no_proof_and_held_again(
+    pg_dsn: str, pg_tables: List[str]
+) -> None:
+    """The backend of the liveness connection is terminated while the process lives and keeps
+    calling take_over_dead (the runtime does, every second): nobody takes its claims over, and
+    its next call holds the instance again. Once it stops (as a dead process does), it is found
+    dead a few seconds later."""
     from ptb_fence import PostgresUpdateStore
+    from ptb_fence.stores._pg_recovery_sql import BEAT_STALE_MS
 
     table = fresh_table_name()
     pg_tables.append(table)
@@ -276,27 +315,58 @@ def test_postgres_liveness_connection_lost_is_held_again(pg_dsn: str, pg_tables:
         owner.add(1, "x", 0)
         mine = owner.claim_owned(1, now=now_ms(), lease_until=now_ms() + LEASE, max_attempts=5)
         assert mine is not None
-        admin = psycopg2.connect(pg_dsn)
-        admin.autocommit = True
-        try:
-            with admin.cursor() as cur:
-                cur.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_locks "
-                    "WHERE locktype = 'advisory' AND classid = %s::oid AND objid = %s::oid",
-                    (0x70746266, instance_key_u32(instance)),
-                )
-                assert cur.fetchall() == [(True,)]
-        finally:
-            admin.close()
-        assert until(lambda: other.take_over_dead(now=now_ms()), 10.0) == 1
-        assert not owner.owns(mine, now_ms()), "a taken-over claim must be refused"
-        assert owner.take_over_dead(now=now_ms()) == 0  # holds its instance again
+        _terminate_liveness_backend(pg_dsn, instance)
+        assert not _liveness_lock_held(pg_dsn, instance)
+        assert other.take_over_dead(now=now_ms()) == 0, "a free lock alone is no proof"
+        until_ = time.monotonic() + BEAT_STALE_MS / 1000 * 2
+        while time.monotonic() < until_:
+            assert owner.take_over_dead(now=now_ms()) == 0
+            assert other.take_over_dead(now=now_ms()) == 0, "a live instance was taken over"
+            time.sleep(0.3)
+        assert _liveness_lock_held(pg_dsn, instance), "not held again"
+        assert owner.owns(mine, now_ms())
         assert instance in where.instances()
-        owner.add(2, "y", 0)
-        again = owner.claim_owned(2, now=now_ms(), lease_until=now_ms() + LEASE, max_attempts=5)
-        assert again is not None
+        # the owner no longer calls take_over_dead and loses its lock again: a dead process
+        _terminate_liveness_backend(pg_dsn, instance)
+        taken = until(lambda: other.take_over_dead(now=now_ms()), BEAT_STALE_MS / 1000 + 10)
+        assert taken == 1
+        assert not owner.owns(mine, now_ms()), "a taken-over claim must be refused"
+        assert instance not in where.instances()
+
+
+@pytest.mark.timeout(30)
+def test_a_forked_child_does_not_end_its_parents_postgres_session(
+    pg_dsn: str, pg_tables: List[str]
+) -> None:
+    """A forked child that closes what it inherited (the store, the parked liveness
+    connection) leaves the parent's liveness session alone."""
+    import gc
+
+    from ptb_fence import PostgresUpdateStore
+    from ptb_fence.stores import _pg_recovery
+
+    table = fresh_table_name()
+    pg_tables.append(table)
+    with PostgresUpdateStore(pg_dsn, table=table) as parent, \
+            PostgresUpdateStore(pg_dsn, table=table) as other:
+        instance = parent.hold_liveness()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = 0 if parent.instance is None else 2
+                parent.close()  # parks the inherited liveness connection
+                for conn in _pg_recovery._INHERITED:
+                    conn.close()  # would send the server a goodbye on the parent's session
+                gc.collect()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        time.sleep(0.5)
+        assert _liveness_lock_held(pg_dsn, instance)
         assert other.take_over_dead(now=now_ms()) == 0
-        assert owner.owns(again, now_ms())
+        assert parent.instance == instance
 
 
 def instance_key_u32(instance: str) -> int:
@@ -305,19 +375,233 @@ def instance_key_u32(instance: str) -> int:
     return instance_key(instance) & 0xFFFFFFFF
 
 
-def test_sqlite_lock_file_removed_is_held_again(tmp_path: Path) -> None:
-    """Someone deletes the live instance's lock file: another process takes it for dead (the
-    fence refuses the owner's writes); the owner's next take_over_dead holds it again."""
+def test_sqlite_lock_file_removed_or_replaced_is_no_proof_and_held_again(tmp_path: Path) -> None:
+    """Someone deletes the live instance's lock file, or puts another file in its place: that
+    proves nothing, so nobody takes its claims over; the owner's next take_over_dead holds
+    the instance again, and once it is really gone it is found dead."""
     path = str(tmp_path / "gone.db")
     with SQLiteUpdateStore(path) as owner, SQLiteUpdateStore(path) as other:
         instance = owner.hold_liveness()
+        lock_file = f"{path}.instances/{instance}.lock"
         owner.add(1, "x", 0)
         mine = owner.claim_owned(1, now=1, lease_until=LEASE, max_attempts=5)
-        os.unlink(f"{path}.instances/{instance}.lock")
-        assert other.take_over_dead(now=2) == 1
-        assert not owner.owns(mine, 2)
+        os.unlink(lock_file)
+        assert other.take_over_dead(now=2) == 0
+        assert owner.owns(mine, 2)
         assert owner.take_over_dead(now=3) == 0
-        assert os.path.exists(f"{path}.instances/{instance}.lock")
-        owner.add(2, "y", 0)
-        again = owner.claim_owned(2, now=3, lease_until=LEASE, max_attempts=5)
-        assert other.take_over_dead(now=4) == 0 and owner.owns(again, 4)
+        assert os.path.exists(lock_file)
+        assert other.take_over_dead(now=4) == 0 and owner.owns(mine, 4)
+        with open(lock_file + ".new", "w", encoding="utf-8"):
+            pass
+        os.rename(lock_file + ".new", lock_file)  # an empty, unlocked file in its place
+        assert other.take_over_dead(now=5) == 0 and owner.owns(mine, 5)
+        assert owner.take_over_dead(now=6) == 0
+        with open(lock_file, encoding="utf-8") as file:
+            assert file.read().strip() == instance
+        assert other.take_over_dead(now=7) == 0 and owner.owns(mine, 7)
+        assert sorted(os.listdir(f"{path}.instances")) == [instance + ".lock"]
+    with SQLiteUpdateStore(path) as third:  # closed: released gracefully, nothing dead
+        assert third.take_over_dead(now=8) == 0
+
+
+@pytest.mark.timeout(60)
+def test_sqlite_instance_seen_through_another_path_to_the_file(tmp_path: Path) -> None:
+    """The owner reaches the database through a path the checking process does not have
+    (another container's mount of the volume; here a symlinked directory, removed once the
+    owner is running): its lock file is found next to the checker's own path to the file."""
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    SQLiteUpdateStore(str(real / "live.db")).close()
+    ids = range(300, 300 + COUNT)
+    proc, instance = start_worker(Where("sqlite", str(link / "live.db"), "telegram_updates"), ids[0])
+    link.unlink()
+    where = Where("sqlite", str(real / "live.db"), "telegram_updates")
+    with where.store() as store:
+        store.hold_liveness()
+        try:
+            for _ in range(3):
+                assert store.take_over_dead(now=now_ms()) == 0, "a live instance was taken over"
+            assert claim_all(store, ids) == [None] * COUNT
+            assert instance in where.instances()
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+            assert until(lambda: store.take_over_dead(now=now_ms()), 10.0) == COUNT
+            assert instance not in where.instances()
+        finally:
+            store.release_liveness()
+    assert not (real / "live.db.instances" / f"{instance}.lock").exists()
+
+
+# Run as another OS user (nobody): everything is imported first, then the process gives up
+# root; it checks for dead instances five times and reports what it saw and logged.
+_OTHER_USER_CHECK = r"""
+import json, logging, os, sys, time
+from ptb_fence import SQLiteUpdateStore
+
+records = []
+
+
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record)
+
+
+logging.getLogger("ptb_fence").addHandler(Keep())
+os.setgroups([])
+os.setgid(65534)
+os.setuid(65534)
+store = SQLiteUpdateStore(sys.argv[1])
+results = []
+for _ in range(5):
+    try:
+        results.append(store.take_over_dead(now=int(time.time() * 1000)))
+    except Exception as exc:
+        results.append(repr(exc))
+store.close()
+print(json.dumps({"results": results,
+                  "logged": [[r.levelname, r.getMessage()] for r in records
+                             if r.levelno >= logging.WARNING]}))
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
+def test_sqlite_liveness_checked_by_another_os_user() -> None:
+    """Bot processes of another OS user share the database: the check needs no write access to
+    their lock files; a lock file it cannot read is skipped (its instance counts as alive,
+    one WARNING) and the other instances are still checked."""
+    import json
+    import shutil
+    import stat
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="ptb_fence_users_")
+    try:
+        os.chmod(directory, 0o777)  # every user may create the database's side files here
+        path = os.path.join(directory, "shared.db")
+        SQLiteUpdateStore(path).close()
+        os.chmod(path, 0o666)
+        where = Where("sqlite", path, "telegram_updates")
+        alive, alive_id = start_worker(where, 400)
+        hidden, hidden_id = start_worker(where, 500)
+        dead, dead_id = start_worker(where, 600)
+        try:
+            # an instance whose lock file this user cannot read (an owner with umask 077)
+            os.chmod(f"{path}.instances/{hidden_id}.lock", 0o600)
+            dead.send_signal(signal.SIGKILL)
+            dead.wait(timeout=10)
+            out = subprocess.run(
+                [sys.executable, "-c", _OTHER_USER_CHECK, path],
+                capture_output=True, text=True, timeout=60,
+            )
+            assert out.returncode == 0, out.stderr
+            report = json.loads(out.stdout)
+            assert report["results"] == [COUNT, 0, 0, 0, 0], report
+            warnings = [m for level, m in report["logged"] if level == "WARNING"]
+            assert len(warnings) == 1 and hidden_id in warnings[0], report["logged"]
+            assert [level for level, _ in report["logged"]] == ["WARNING"], report["logged"]
+            assert sorted(where.instances()) == sorted([alive_id, hidden_id])
+            mode = stat.S_IMODE(os.stat(f"{path}.instances/{alive_id}.lock").st_mode)
+            assert mode & 0o044, oct(mode)  # readable by others
+        finally:
+            for proc in (alive, hidden, dead):
+                proc.kill()
+                proc.wait(timeout=10)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _postgres_bin() -> Optional[str]:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return os.path.dirname(found[-1]) if found else None
+
+
+def _has_user(name: str) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[Tuple[str, Callable[[float], None]]]:
+    """A PostgreSQL server of this test alone (the shared one is never restarted): its DSN and
+    ``restart(down_seconds)``. Needs root, the ``postgres`` OS user and the server binaries."""
+    import shutil
+    import socket
+    import tempfile
+
+    binaries = _postgres_bin()
+    if os.geteuid() != 0 or binaries is None or not _has_user("postgres"):
+        pytest.skip("needs root, the postgres OS user and /usr/lib/postgresql/*/bin")
+    directory = tempfile.mkdtemp(prefix="ptb_fence_own_pg_")
+    shutil.chown(directory, "postgres")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    data = os.path.join(directory, "data")
+    options = f"-p {port} -k {directory} -c listen_addresses=127.0.0.1"
+
+    def pg_ctl(*args: str) -> None:
+        subprocess.run(
+            [os.path.join(binaries, "pg_ctl"), "-D", data, "-o", options,
+             "-l", os.path.join(directory, "log"), *args],
+            user="postgres", check=True, capture_output=True, timeout=60,
+        )
+
+    subprocess.run([os.path.join(binaries, "initdb"), "-D", data, "-A", "trust", "-U", "postgres"],
+                   user="postgres", check=True, capture_output=True, timeout=120)
+    pg_ctl("-w", "start")
+
+    def restart(down: float) -> None:
+        pg_ctl("-m", "fast", "-w", "stop")
+        time.sleep(down)
+        pg_ctl("-w", "start")
+
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres", restart
+    finally:
+        try:
+            pg_ctl("-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.mark.timeout(180)
+def test_postgres_restart_is_no_proof_of_death(
+    own_postgres: Tuple[str, Callable[[float], None]]
+) -> None:
+    """The server restarts (down longer than an instance may go without refreshing its row):
+    every liveness lock is gone, but a live process (calling take_over_dead, as a running bot
+    does) is not taken for dead; it holds its lock again, and a later SIGKILL is found."""
+    from ptb_fence.stores._pg_recovery_sql import BEAT_STALE_MS
+
+    dsn, restart = own_postgres
+    where = Where("postgres", dsn, "telegram_updates")
+    where.store().close()
+    ids = range(700, 700 + COUNT)
+    proc, instance = start_worker(where, ids[0], "tick")
+    try:
+        with where.store() as store:
+            store.hold_liveness()
+            restart(BEAT_STALE_MS / 1000 + 2)
+            after = time.monotonic()
+            while time.monotonic() - after < BEAT_STALE_MS / 1000 + 3:
+                assert store.take_over_dead(now=now_ms()) == 0, "a live instance was taken over"
+                time.sleep(0.2)
+            assert claim_all(store, ids) == [None] * COUNT
+            assert instance in where.instances()
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+            taken = until(lambda: store.take_over_dead(now=now_ms()), BEAT_STALE_MS / 1000 + 10)
+            assert taken == COUNT
+            assert instance not in where.instances()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)

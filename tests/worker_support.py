@@ -31,6 +31,13 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slow-seconds", type=float, default=3.0)
     parser.add_argument("--stop-timeout", type=float, default=None)
     parser.add_argument("--attempt-timeout", type=float, default=None)
+    parser.add_argument("--strict-chat-order", action="store_true")
+    parser.add_argument(
+        "--fork-child",
+        action="store_true",
+        help="once ready, fork a long-lived child (multiprocessing, fork start method); its "
+        "pid is written to DIR/child.<pid>",
+    )
 
 
 def make_store(url: str, table: str) -> Any:
@@ -57,7 +64,27 @@ def extra_options(args: argparse.Namespace) -> Dict[str, Any]:
         options["stop_timeout_seconds"] = args.stop_timeout
     if args.attempt_timeout is not None:
         options["attempt_timeout_seconds"] = args.attempt_timeout
+    if args.strict_chat_order:
+        options["strict_chat_order"] = True
     return options
+
+
+def _sleep_forever() -> None:
+    while True:
+        time.sleep(3600)
+
+
+def fork_child(directory: str, pid: int) -> None:
+    """Start a child with the ``fork`` start method (it inherits every descriptor of this
+    process, as a ``multiprocessing`` helper or a ``ProcessPoolExecutor`` worker does) that
+    sleeps until killed; write its pid to ``child.<pid>``. A daemon: it is ended when this
+    process exits normally, not when it is SIGKILLed."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("fork").Process(target=_sleep_forever, daemon=True)
+    child.start()
+    with open(os.path.join(directory, f"child.{pid}"), "w", encoding="utf-8") as file:
+        file.write(str(child.pid))
 
 
 def announce_ready(directory: str, pid: int, store: Any) -> None:

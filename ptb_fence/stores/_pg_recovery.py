@@ -1,5 +1,13 @@
 """Release and liveness of a PostgresUpdateStore (see ``_pg_recovery_sql`` for the SQL and
-how liveness is proven)."""
+how liveness is proven).
+
+A child made by ``os.fork()`` (``multiprocessing``, ``ProcessPoolExecutor``) inherits the socket
+of the liveness connection; while any process has it open the server keeps the session, and
+with it the lock of a parent that may have died. Right after a fork the child points its copy of
+that descriptor at ``/dev/null`` (``os.register_at_fork``): the parent's session is untouched,
+and whatever libpq would later send on it in the child (its goodbye when the object is freed)
+goes nowhere.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from typing import Any, Dict, List, Optional, Sequence
 
 from ptb_fence._values import AttemptIdentity
@@ -19,13 +28,51 @@ __all__ = ["PgLiveness", "PostgresRecovery"]
 # Liveness connections inherited through os.fork() belong to the parent: closing one in the
 # child would end the parent's session (and its lock). They are parked here, never closed.
 _INHERITED: List[Any] = []
+_HOLDERS: "weakref.WeakSet[PgLiveness]" = weakref.WeakSet()
+
+
+def _detach(conn: Any) -> None:
+    """In a forked child: replace the child's copy of ``conn``'s socket by ``/dev/null``."""
+    try:
+        fd = conn.fileno()
+    except Exception:  # closed: no socket
+        return
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(devnull, fd, inheritable=False)
+    finally:
+        os.close(devnull)
+
+
+def _after_fork_in_child() -> None:
+    for holder in list(_HOLDERS):
+        holder.lock = threading.Lock()  # a parent thread may have held it: not in the child
+        conn = holder.conn
+        if conn is not None and holder.pid != os.getpid():
+            holder.conn = None
+            _INHERITED.append(conn)
+            _detach(conn)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class PgLiveness:
     """What one store object needs for release and liveness: the statements, and the
     instance it holds (its id, lock key and dedicated connection)."""
 
-    __slots__ = ("claim", "claim_fenced", "conn", "instance", "key", "lock", "pid", "sql")
+    __slots__ = (
+        "__weakref__",
+        "beats",
+        "claim",
+        "claim_fenced",
+        "conn",
+        "instance",
+        "key",
+        "lock",
+        "pid",
+        "sql",
+    )
 
     def __init__(self, table: str, claim: str, claim_fenced: str) -> None:
         self.sql = RecoveryStatements(table)
@@ -36,6 +83,8 @@ class PgLiveness:
         self.key = 0
         self.conn: Any = None
         self.pid = 0
+        self.beats: Optional[bool] = None  # whether ptb_fence_instances has seen_at
+        _HOLDERS.add(self)
 
     def mine(self) -> Optional[str]:
         """The instance this process holds through the store object, if any."""
@@ -45,7 +94,8 @@ class PgLiveness:
     def forget_inherited(self) -> None:
         """In a forked child: drop the parent's instance, never touching its connection."""
         if self.instance is not None and self.pid != os.getpid():
-            _INHERITED.append(self.conn)
+            if self.conn is not None:  # (the fork hook parked and detached it already)
+                _INHERITED.append(self.conn)
             self.instance, self.conn = None, None
 
 
@@ -108,9 +158,11 @@ class PostgresRecovery:
         backend when the process dies — and records the instance in ``ptb_fence_instances``.
         Claims made through this object from now on record the instance (optional capability,
         see :class:`ptb_fence.LivenessStore`). If that connection breaks while the process
-        lives, other processes see the instance as dead and may take its claims over (the
-        fence then refuses its writes); :meth:`take_over_dead` holds the instance again on a
-        new connection first.
+        lives (the backend terminated, the server restarted), :meth:`take_over_dead` holds the
+        instance again on a new connection; meanwhile the refreshes of its row that every
+        :meth:`take_over_dead` makes keep others from taking it for dead (they wait for the
+        lease of its claims). A process holding liveness must therefore call
+        :meth:`take_over_dead` at least every second or two (the runtime does, every second).
 
         Raises:
             ptb_fence.SchemaError: The table was not migrated (``create_table=False``): apply
@@ -153,21 +205,27 @@ class PostgresRecovery:
 
     def _keep_liveness(self) -> None:
         """If this process holds an instance whose connection broke (the server restarted,
-        the backend was terminated), hold it again on a new connection. Others may have taken
-        its claims over meanwhile (their fenced writes are then refused): nothing more."""
+        the backend was terminated), hold it again on a new connection. Skipped while another
+        thread does it (a new connection may take up to ``connect_timeout``)."""
         holder = self._liveness
-        with holder.lock:
+        if not holder.lock.acquire(blocking=False):
+            return
+        try:
             if holder.mine() is None:
                 return
-            try:
-                with holder.conn.cursor() as cur:
-                    cur.execute("SELECT 1")
-                    cur.fetchone()
-                return
-            except Exception:
-                close_quietly(holder.conn)
+            if holder.conn is not None:
+                try:
+                    with holder.conn.cursor() as cur:
+                        cur.execute("SELECT 1")
+                        cur.fetchone()
+                    return
+                except Exception:
+                    close_quietly(holder.conn)
+                    holder.conn = None
             assert holder.instance is not None
             holder.conn = self._hold(holder.instance)
+        finally:
+            holder.lock.release()
 
     def release_liveness(self) -> None:
         """Stop holding liveness (graceful stop; also done by :meth:`close`): delete the
@@ -179,6 +237,17 @@ class PostgresRecovery:
                 return
             instance, conn = holder.instance, holder.conn
             holder.instance, holder.conn = None, None
+            if conn is None:  # not held again since its connection broke
+                try:
+                    self._db.run(
+                        lambda cur: cur.execute(
+                            holder.sql.delete_instance,
+                            {"table": self._db.table, "instance": instance},
+                        )
+                    )
+                except Exception:  # unreachable: its row goes stale and is taken for dead
+                    pass
+                return
             try:
                 with conn.cursor() as cur:
                     cur.execute(
@@ -195,31 +264,50 @@ class PostgresRecovery:
         in one statement.
 
         An instance of this table (not this object's own) is dead when its advisory lock can
-        be taken. Its ``processing`` rows get ``due_at = now - 1`` (never later than before;
-        attempts and claim id kept), so any process can claim them at once.
+        be taken and its row was not refreshed for a few seconds since the server started (see
+        ``_pg_recovery_sql``). Its ``processing`` rows get ``due_at = now - 1`` (never later
+        than before; attempts and claim id kept), so any process can claim them at once.
+
+        Also refreshes this object's own instance row and, if its liveness connection broke,
+        holds its lock again on a new one.
 
         Returns:
             :obj:`int`: How many rows were made claimable (``0`` on a table without the
             ``instance`` column).
         """
         now = int(now)
-        if not self._db.has_column("instance"):
+        if not self._db.has_column("instance") or not self._beats():
             return 0
-        try:
-            self._keep_liveness()
-        except Exception:  # the database is unreachable: the statement below says so
-            pass
-        params = {"table": self._db.table, "me": self._liveness.instance, "now": now}
+        params = {"table": self._db.table, "me": self._liveness.mine(), "now": now}
         sql = self._liveness.sql.take_over_dead
 
         def work(cur: Any) -> int:
             cur.execute(sql, params)
             return int(cur.fetchone()[0])
 
-        return self._db.run(work)
+        try:
+            return self._db.run(work)  # the refresh first: holding again may take a while
+        finally:
+            try:
+                self._keep_liveness()
+            except Exception:  # the database is unreachable: the next call tries again
+                pass
+
+    def _beats(self) -> bool:
+        """Whether ``ptb_fence_instances`` has ``seen_at`` (read once). Without it (a schema
+        managed with ``create_table=False``, not migrated) nothing is proven dead."""
+        holder = self._liveness
+        if holder.beats is None:
+            holder.beats = bool(self._db.run(lambda cur: _fetch_one(cur, holder.sql.beats)))
+        return holder.beats
 
     @property
     def instance(self) -> Optional[str]:
         """:obj:`str` | :obj:`None`: The instance id while this object holds liveness (in
         this process)."""
         return self._liveness.mine()
+
+
+def _fetch_one(cur: Any, sql: str) -> Any:
+    cur.execute(sql)
+    return cur.fetchone()[0]

@@ -7,8 +7,16 @@ run the statements without it (the legacy rule of SPEC §5 still holds for the b
 Liveness: an instance holds a *session* advisory lock ``pg_advisory_lock(CLASS_ID, key)`` on a
 dedicated connection (two-int form in a fixed namespace, so it does not collide with the
 single-bigint locks users take) and has a row in ``ptb_fence_instances``. PostgreSQL ends the
-lock with the backend when the process dies. ``take_over_dead`` tries
-``pg_try_advisory_xact_lock`` on each listed key: success proves the holder gone.
+lock with the backend when the process dies.
+
+A free lock alone proves nothing: the backend also ends when it is terminated
+(``pg_terminate_backend``, an idle-connection killer) or the server restarts, while the process
+lives on. So every ``take_over_dead`` of a holder also refreshes its row's ``seen_at`` (the
+server's clock) through the store's pool, and holds its lock again on a new connection when
+that one broke. An instance is dead when its lock can be taken (``pg_try_advisory_xact_lock``)
+*and* its row was not refreshed for :data:`BEAT_STALE_MS` *and* that last refresh came after
+the server started: a live holder that lost its lock keeps refreshing (and holds the lock
+again within a second), and a lock lost in a restart is not taken for a death.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import hashlib
 
 __all__ = [
+    "BEAT_STALE_MS",
     "CLASS_ID",
     "INSTANCES_SQL",
     "INSTANCES_TABLE",
@@ -26,6 +35,14 @@ __all__ = [
 
 CLASS_ID = 0x70746266  # "ptbf": the advisory-lock namespace of ptb_fence instances
 
+BEAT_STALE_MS = 3000
+"""How long an instance whose lock is free must have left its row unrefreshed to be dead. A
+holder refreshes it at every ``take_over_dead`` (the runtime calls it every second); three
+missed refreshes are a death, not a delay."""
+
+NOW_MS = "(extract(epoch FROM statement_timestamp()) * 1000)::BIGINT"
+"""The server's clock, in epoch milliseconds (every ``seen_at`` is written and read by it)."""
+
 INSTANCES_TABLE = "ptb_fence_instances"
 """The live instances (``hold_liveness``) of every update table of the database."""
 
@@ -35,8 +52,10 @@ CREATE TABLE IF NOT EXISTS "{INSTANCES_TABLE}" (
     instance   TEXT   NOT NULL,       -- the instance id (hold_liveness)
     lock_key   INT    NOT NULL,       -- pg_advisory_lock({CLASS_ID}, lock_key) while alive
     started_at BIGINT NOT NULL,       -- epoch milliseconds
+    seen_at    BIGINT,                -- last refresh by its holder (server clock, epoch ms)
     PRIMARY KEY (table_name, instance)
 );
+ALTER TABLE "{INSTANCES_TABLE}" ADD COLUMN IF NOT EXISTS seen_at BIGINT;
 """
 
 
@@ -63,6 +82,7 @@ class RecoveryStatements:
     """The release and liveness statements of one table (already validated)."""
 
     __slots__ = (
+        "beats",
         "delete_instance",
         "due_released",
         "insert_instance",
@@ -87,23 +107,34 @@ LIMIT %(limit)s"""
         self.lock_instance = f"SELECT pg_advisory_lock({CLASS_ID}, %(lock_key)s)"
         self.unlock_instance = f"SELECT pg_advisory_unlock({CLASS_ID}, %(lock_key)s)"
         self.insert_instance = f"""\
-INSERT INTO {i} (table_name, instance, lock_key, started_at)
-VALUES (%(table)s, %(instance)s, %(lock_key)s, %(started_at)s)
-ON CONFLICT (table_name, instance) DO NOTHING"""
+INSERT INTO {i} (table_name, instance, lock_key, started_at, seen_at)
+VALUES (%(table)s, %(instance)s, %(lock_key)s, %(started_at)s, {NOW_MS})
+ON CONFLICT (table_name, instance) DO UPDATE SET seen_at = EXCLUDED.seen_at"""
+        self.beats = f"""\
+SELECT EXISTS (SELECT 1 FROM pg_attribute
+               WHERE attrelid = to_regclass('{i}') AND attname = 'seen_at'
+                 AND NOT attisdropped)"""
         self.delete_instance = (
             f"DELETE FROM {i} WHERE table_name = %(table)s AND instance = %(instance)s"
         )
-        # One statement: the instances of this table (not the caller's own; listed first, so
-        # the lock is tried on their keys only) whose lock can be taken are dead; their live
-        # leases lapse now (attempts and claim id kept) and their rows are deleted. The
-        # transaction-scoped lock ends with the commit. It runs every second in every process:
+        # One statement: the caller's own row is refreshed; the instances of this table (not
+        # the caller's own) not refreshed for BEAT_STALE_MS since the server started are listed
+        # first, so the lock is tried on their keys only; those whose lock can be taken are
+        # dead; their live leases lapse now (attempts and claim id kept) and their rows are
+        # deleted. The transaction-scoped lock ends with the commit. It runs every second in every process:
         # while no instance is dead (the usual case) ``EXISTS (SELECT 1 FROM dead)`` is a
         # one-time filter that skips the update table entirely, instead of walking every
         # processing row of the (state, due_at) index (benchmarks/takeover_cost.py).
         self.take_over_dead = f"""\
-WITH candidates AS MATERIALIZED (
+WITH beat AS (
+    UPDATE {i} SET seen_at = {NOW_MS}
+    WHERE table_name = %(table)s AND instance = %(me)s::TEXT
+),
+candidates AS MATERIALIZED (
     SELECT instance, lock_key FROM {i}
     WHERE table_name = %(table)s AND (%(me)s::TEXT IS NULL OR instance <> %(me)s::TEXT)
+      AND seen_at < {NOW_MS} - {BEAT_STALE_MS}
+      AND seen_at >= (extract(epoch FROM pg_postmaster_start_time()) * 1000)::BIGINT
 ),
 dead AS MATERIALIZED (
     SELECT instance FROM candidates WHERE pg_try_advisory_xact_lock({CLASS_ID}, lock_key)

@@ -126,7 +126,10 @@ SELECT to_regclass(%(table)s) IS NOT NULL,
                   AND attname = 'chat_key' AND NOT attisdropped),
        to_regclass(%(chat_index)s) IS NOT NULL,
        to_regclass(%(meta)s) IS NOT NULL,
-       to_regclass(%(instances)s) IS NOT NULL
+       to_regclass(%(instances)s) IS NOT NULL,
+       EXISTS (SELECT 1 FROM pg_attribute
+                WHERE attrelid = to_regclass(%(instances)s)
+                  AND attname = 'seen_at' AND NOT attisdropped)
 """
 
 # Which of the optional columns the table has (for a table managed with create_table=False).

@@ -1,20 +1,39 @@
 """Release and liveness of a SQLiteUpdateStore.
 
 Liveness on one machine: an instance holds an exclusive OS file lock (``flock``) on its own
-lock file ``<database>.instances/<instance>.lock`` and has a row in the table
-``ptb_fence_instances`` of the same database. The kernel drops the lock when the process ends
-(however it ends), so a lock that can be taken proves the instance dead; a frozen process
-(SIGSTOP) keeps it. The lock is taken before the row is written and the row is deleted before
-the lock is dropped, so a listed instance whose lock is free is dead.
+lock file ``<database>.instances/<instance>.lock``, which names the instance, and has a row in
+the table ``ptb_fence_instances`` of the same database. The kernel drops the lock when the
+process ends (however it ends), so a lock that can be taken proves the instance dead; a frozen
+process (SIGSTOP) keeps it. The lock is taken before the row is written and the row is deleted
+before the lock is dropped, so a listed instance whose lock is free is dead.
+
+Only that is proof. The lock file is looked for next to the checking process's own path to the
+database (symlinks resolved), never at a path its owner stored: processes may reach the file
+through different paths (a container mounting the volume elsewhere). A missing lock file, one
+that names another instance (replaced by someone) or one this process cannot open (another OS
+user's, unreadable) proves nothing: those claims wait for their lease. A live owner whose file
+was removed or replaced locks a new one at its next check, put in place whole (written and
+locked under a temporary name, then renamed), so a checker never finds it unlocked. The check
+opens others' lock files read-only (``flock`` needs no write access) and lock files are
+created readable by others.
+
+A child made by ``os.fork()`` (``multiprocessing``, ``ProcessPoolExecutor``) must not keep its
+parent's lock after the parent died: the child closes its copy of the descriptor right after the
+fork (``os.register_at_fork``); the parent's lock stays, since a ``flock`` ends with the last
+descriptor of the open file.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import logging
 import os
+import stat
 import threading
 import time
 import uuid
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from ptb_fence._values import AttemptIdentity
@@ -22,14 +41,22 @@ from ptb_fence.stores._sqlite_connections import SQLiteConnections
 from ptb_fence.stores._sqlite_sql import SQLiteStatements
 from ptb_fence.stores._sqlite_writes import int_arg, max_variables
 
-__all__ = ["FileLiveness", "SQLiteRecovery"]
+__all__ = ["FileLiveness", "SQLiteRecovery", "lock_directory"]
+
+_LOGGER = logging.getLogger("ptb_fence.store")
+
+# Held while a lock file descriptor is opened and recorded in its holder, or closed and
+# forgotten, and across os.fork(): a child never inherits a descriptor its holder does not name.
+_FORK_GUARD = threading.Lock()
+_HOLDERS: "weakref.WeakSet[FileLiveness]" = weakref.WeakSet()
 
 
 class FileLiveness:
     """The instance a store object holds: its id, its locked file descriptor and the process
-    that holds it (a child made by ``os.fork()`` does not hold its parent's instance)."""
+    that holds it (a child made by ``os.fork()`` does not hold its parent's instance), and the
+    lock files this object could not check (warned about once)."""
 
-    __slots__ = ("fd", "instance", "lock", "lock_path", "pid")
+    __slots__ = ("__weakref__", "fd", "instance", "lock", "lock_path", "pid", "unreadable")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -37,6 +64,8 @@ class FileLiveness:
         self.fd: Optional[int] = None
         self.lock_path: Optional[str] = None
         self.pid = 0
+        self.unreadable: Set[str] = set()
+        _HOLDERS.add(self)
 
     def mine(self) -> Optional[str]:
         """The instance this process holds through the store object, if any."""
@@ -45,10 +74,40 @@ class FileLiveness:
 
     def forget_inherited(self) -> None:
         """In a forked child: drop the parent's instance without touching its row or lock
-        file (closing the inherited descriptor leaves the parent's lock in place)."""
+        file (the inherited descriptor was closed right after the fork)."""
         if self.instance is not None and self.pid != os.getpid():
-            _close_fd(self.fd)
             self.instance = self.fd = self.lock_path = None
+
+    def close_fd(self, fd: Optional[int]) -> None:
+        """Close ``fd``, a descriptor this holder locked (now or before), and forget it."""
+        with _FORK_GUARD:
+            _close_fd(fd)
+            if self.fd == fd:
+                self.fd = None
+
+
+def _after_fork_in_child() -> None:
+    """Close the lock descriptors inherited from the parent (the parent keeps its locks), so
+    that a long-lived child does not keep a dead parent alive."""
+    for holder in list(_HOLDERS):
+        holder.lock = threading.Lock()  # a parent thread may have held it: not in the child
+        if holder.fd is not None:
+            _close_fd(holder.fd)
+            holder.fd = None
+    _FORK_GUARD.release()
+
+
+os.register_at_fork(
+    before=_FORK_GUARD.acquire,
+    after_in_parent=_FORK_GUARD.release,
+    after_in_child=_after_fork_in_child,
+)
+
+
+def lock_directory(database: str) -> str:
+    """The directory of the lock files of ``database``: next to the file, found from this
+    process's path to it with symlinks resolved."""
+    return os.path.realpath(database) + ".instances"
 
 
 def _close_fd(fd: Optional[int]) -> None:
@@ -66,18 +125,77 @@ def _unlink(path: str) -> None:
         pass
 
 
-def _lock_if_dead(lock_path: str) -> Tuple[bool, Optional[int]]:
-    """Whether the instance of ``lock_path`` is dead, and the descriptor now locking it."""
+def _make_directory(directory: str) -> None:
+    """Create the lock directory (when missing) with the permissions of the database's
+    directory, so every OS user that may write the database may also hold liveness."""
     try:
-        fd = os.open(lock_path, os.O_RDWR)
+        os.mkdir(directory)
+    except FileExistsError:
+        return
+    try:
+        os.chmod(directory, stat.S_IMODE(os.stat(os.path.dirname(directory)).st_mode))
+    except OSError:  # pragma: no cover - not the owner: the directory stays as created
+        pass
+
+
+def _new_lock_file(directory: str, instance: str, holder: FileLiveness) -> Optional[int]:
+    """Write and lock a new lock file of ``instance`` under a temporary name, then rename it
+    into place (replacing any file there); record its descriptor in ``holder`` and return the
+    descriptor it replaces (still open: the caller closes it once the new one is in place)."""
+    lock_path = os.path.join(directory, instance + ".lock")
+    temporary = os.path.join(directory, f".{instance}.{uuid.uuid4().hex[:8]}.tmp")
+    with _FORK_GUARD:  # short: no fork sees the descriptor before the holder names it
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, instance.encode("ascii") + b"\n")
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(temporary, lock_path)
+        except BaseException:
+            _close_fd(fd)
+            _unlink(temporary)
+            raise
+        old, holder.fd, holder.lock_path = holder.fd, fd, lock_path
+    return old
+
+
+def _open_for_check(lock_path: str) -> int:
+    """Open a lock file and try its lock without waiting: the descriptor now holding it, or
+    ``-1`` when its process holds it. Read-only (another user's file needs no write access);
+    read-write only where the file system wants it for an exclusive lock (NFS)."""
+    fd = os.open(lock_path, os.O_RDONLY)
+    for attempt in (0, 1):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:  # its process holds it (alive, perhaps frozen)
+            _close_fd(fd)
+            return -1
+        except OSError as exc:
+            _close_fd(fd)
+            if exc.errno != errno.EBADF or attempt:
+                raise
+            fd = os.open(lock_path, os.O_RDWR)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _lock_if_dead(lock_path: str, instance: str) -> Optional[int]:
+    """The descriptor now locking ``instance``'s lock file if that proves it dead: the file
+    is there, names the instance and its lock could be taken. :obj:`None` when it is alive or
+    nothing is proven (no such file, or a file that is not the instance's)."""
+    try:
+        fd = _open_for_check(lock_path)
     except FileNotFoundError:
-        return True, None
+        return None
+    if fd < 0:
+        return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:  # BlockingIOError: its process holds it (alive, perhaps frozen)
+        named = os.pread(fd, 200, 0).strip()
+    except OSError:
+        named = b""
+    if named != instance.encode("ascii", "replace"):
         _close_fd(fd)
-        return False, None
-    return True, fd
+        return None
+    return fd
 
 
 class SQLiteRecovery:
@@ -126,9 +244,10 @@ class SQLiteRecovery:
         """Start holding this store object's liveness (idempotent) and return its instance id.
 
         Takes an exclusive ``flock`` on ``<database>.instances/<instance>.lock`` (the directory
-        is created when missing) and records the instance in ``ptb_fence_instances``. Claims
-        made through this object from now on record the instance (optional capability, see
-        :class:`ptb_fence.LivenessStore`).
+        is created when missing, with the permissions of the database's directory; the file is
+        readable by others and names the instance) and records the instance in
+        ``ptb_fence_instances``. Claims made through this object from now on record the
+        instance (optional capability, see :class:`ptb_fence.LivenessStore`).
         """
         holder = self._liveness
         with holder.lock:
@@ -136,36 +255,40 @@ class SQLiteRecovery:
             if holder.instance is not None:
                 return holder.instance
             instance = uuid.uuid4().hex
-            holder.fd, holder.lock_path = self._hold(instance)
+            self._hold(instance)
             holder.instance, holder.pid = instance, os.getpid()
             return instance
 
-    def _hold(self, instance: str) -> Tuple[int, str]:
+    def _hold(self, instance: str) -> None:
         """Lock a new lock file of ``instance``, then write its row (in that order)."""
-        directory = self._conns.path + ".instances"
-        os.makedirs(directory, exist_ok=True)
-        lock_path = os.path.join(directory, instance + ".lock")
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        holder = self._liveness
+        directory = lock_directory(self._conns.path)
+        _make_directory(directory)
+        old = _new_lock_file(directory, instance, holder)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             params = {
                 "table": self._table,
                 "instance": instance,
-                "lock_path": lock_path,
+                "lock_path": holder.lock_path,  # for people: checkers find it themselves
                 "started_at": int(time.time() * 1000),
             }
             with self._conns.immediate() as conn:
                 conn.execute(self._sql.create_instances)
                 conn.execute(self._sql.insert_instance, params)
         except BaseException:
-            _close_fd(fd)
-            _unlink(lock_path)
+            if old is None:  # a first hold: no instance, no file
+                assert holder.lock_path is not None
+                _unlink(holder.lock_path)
+                holder.close_fd(holder.fd)
+                holder.lock_path = None
+            else:  # holding again: the new file is in place and locked; the row is there
+                holder.close_fd(old)
             raise
-        return fd, lock_path
+        holder.close_fd(old)
 
     def _keep_liveness(self) -> None:
-        """If this process's lock file was removed (another process took the instance for
-        dead, e.g. after someone deleted the file), hold the instance again."""
+        """If this process's lock file was removed or replaced (by someone, or by another
+        process that took the instance for dead), hold the instance again at once."""
         holder = self._liveness
         with holder.lock:
             if holder.mine() is None or holder.fd is None:
@@ -175,9 +298,8 @@ class SQLiteRecovery:
                     return
             except OSError:
                 pass
-            _close_fd(holder.fd)
             assert holder.instance is not None
-            holder.fd, holder.lock_path = self._hold(holder.instance)
+            self._hold(holder.instance)
 
     def release_liveness(self) -> None:
         """Stop holding liveness (graceful stop; also done by :meth:`close`): delete the
@@ -188,7 +310,7 @@ class SQLiteRecovery:
             if holder.instance is None:
                 return
             instance, fd, lock_path = holder.instance, holder.fd, holder.lock_path
-            holder.instance = holder.fd = holder.lock_path = None
+            holder.instance = holder.lock_path = None
             try:
                 with self._conns.immediate() as conn:
                     conn.execute(
@@ -197,13 +319,42 @@ class SQLiteRecovery:
             finally:
                 if lock_path is not None:
                     _unlink(lock_path)
-                _close_fd(fd)
+                holder.close_fd(fd)
+
+    def _dead_instances(self, rows: List[Any]) -> List[Tuple[str, str, int]]:
+        """Of the listed ``(instance, lock_path)`` rows, the provably dead instances: their
+        lock file (next to this process's path to the database), and the descriptor now
+        locking it. A lock file this process cannot open is skipped with one WARNING."""
+        holder = self._liveness
+        directory = lock_directory(self._conns.path)
+        dead: List[Tuple[str, str, int]] = []
+        for row in rows:
+            instance = str(row[0])
+            lock_path = os.path.join(directory, instance + ".lock")
+            try:
+                fd = _lock_if_dead(lock_path, instance)
+            except OSError as exc:
+                if instance not in holder.unreadable:
+                    holder.unreadable.add(instance)
+                    _LOGGER.warning(
+                        "cannot check whether instance %s is alive: %s. Its claims are taken "
+                        "over only when their lease ends. Make the lock files of every process "
+                        "sharing %s readable by every other (the same OS user, or a shared "
+                        "group with umask 002 or 022).",
+                        instance, exc, self._conns.path,
+                    )
+                continue
+            if fd is not None:
+                dead.append((instance, lock_path, fd))
+        return dead
 
     def take_over_dead(self, *, now: int) -> int:
         """Make the live leases of provably dead instances lapse at ``now`` and forget them.
 
-        An instance of this table (not this object's own) is dead when its lock file can be
-        locked (or is gone). Its ``processing`` rows get ``due_at = now - 1`` (never later than
+        An instance of this table (not this object's own) is dead when its lock file, found
+        next to this process's path to the database, names it and can be locked; a missing,
+        replaced or unreadable lock file proves nothing (one WARNING per unreadable file).
+        First holds this object's own instance again if its lock file was removed. Its ``processing`` rows get ``due_at = now - 1`` (never later than
         before; attempts and claim id kept), so any process can claim them at once, and its
         row is deleted — all in one transaction.
 
@@ -217,13 +368,10 @@ class SQLiteRecovery:
             if conn.execute(self._sql.instances_table_exists).fetchone() is None:
                 return 0
             rows = conn.execute(self._sql.instances_of, mine).fetchall()
-        locked: List[Tuple[str, str, Optional[int]]] = []
+        locked: List[Tuple[str, str, int]] = []
         count = 0
         try:
-            for instance, lock_path in rows:
-                dead, fd = _lock_if_dead(str(lock_path))
-                if dead:
-                    locked.append((str(instance), str(lock_path), fd))
+            locked = self._dead_instances(rows)
             if not locked:
                 return 0
             with self._conns.immediate() as conn:
@@ -233,9 +381,10 @@ class SQLiteRecovery:
                     }
                     count += len(conn.execute(self._sql.take_over, params).fetchall())
                     conn.execute(self._sql.delete_instance, params)
-        finally:
-            for _instance, lock_path, fd in locked:
+            for _instance, lock_path, _fd in locked:  # forgotten: its file goes too
                 _unlink(lock_path)
+        finally:
+            for _instance, _path, fd in locked:
                 _close_fd(fd)
         return count
 
