@@ -621,6 +621,9 @@ def test_renew_owned_many_one_statement_per_position(db: str, store: SQLiteUpdat
     assert store.renew_owned_many([], 1, 1) == []
 
 
+@pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="sqlite3.Connection.setlimit is new in Python 3.11"
+)
 def test_batched_renewals_chunk_at_the_variable_limit(db: str, store: SQLiteUpdateStore) -> None:
     identities = []
     for update_id in range(50):
