@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple
 
 from ptb_fence._durations import format_duration
-
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._outcome import Outcome
