@@ -35,6 +35,9 @@ from ptb_fence.testing import FakeBotApi
 from ptb_support import FAST, build, polling, run, wait_for, wait_sync
 
 KINDS = ["sqlite", "postgres"]
+SLOW_LEASE = {**FAST, "lease_seconds": 5.0}
+"""A lease longer than the transactions kept open past the attempt timeout (which is the only
+limit these tests reach)."""
 
 
 def _states(store: Any) -> Dict[int, Tuple[str, int]]:
@@ -185,12 +188,12 @@ def test_ptb_timeout_inside_a_completing_transaction_reports_the_completion(
     async def handler(update: Update, context: Any) -> None:
         runs.append(update.update_id)
         # still in fn when attempt_timeout_seconds passes; the transaction commits after
-        await context.attempt.run_in_transaction(lambda conn: (_nothing(conn), time.sleep(1.2)),
+        await context.attempt.run_in_transaction(lambda conn: (_nothing(conn), time.sleep(1.5)),
                                                  complete=True)
         replied.append(update.update_id)
 
     processor = FencedUpdateProcessor(
-        store, **FAST, attempt_timeout_seconds=0.3, retry=lambda error, n: 0.05,
+        store, **SLOW_LEASE, attempt_timeout_seconds=0.5, retry=lambda error, n: 0.05,
         on_failure=lambda error, attempt, retrying: failures.append((error, retrying)),
     )
 
@@ -210,7 +213,7 @@ def test_ptb_timeout_inside_a_completing_transaction_reports_the_completion(
     assert failures == []
     assert _failures_logged(caplog.records) == []
     (record,) = _completed_then(caplog.records, slow)
-    assert "attempt_timeout_seconds=0.3" in record.getMessage()
+    assert "attempt_timeout_seconds=0.5" in record.getMessage()
     assert "not retried" in record.getMessage()
     store.close()  # type: ignore[attr-defined]
 
@@ -229,11 +232,11 @@ def test_intake_timeout_inside_a_completing_transaction_reports_the_completion(
         runs.append(update["update_id"])
         with attempt.transaction(complete=True) as conn:
             _nothing(conn)
-            time.sleep(1.2)  # attempt_timeout_seconds passes here
+            time.sleep(1.5)  # attempt_timeout_seconds passes here
         after.set()
 
     intake = UpdateIntake(
-        store, handle_attempt=handle, **FAST, attempt_timeout_seconds=0.3,
+        store, handle_attempt=handle, **SLOW_LEASE, attempt_timeout_seconds=0.5,
         retry=lambda error, n: 0.05,
         on_failure=lambda error, attempt, retrying: failures.append((error, retrying)),
     )
@@ -248,5 +251,5 @@ def test_intake_timeout_inside_a_completing_transaction_reports_the_completion(
     assert failures == []
     assert _failures_logged(caplog.records) == []
     (record,) = _completed_then(caplog.records, 1)
-    assert "attempt_timeout_seconds=0.3" in record.getMessage()
+    assert "attempt_timeout_seconds=0.5" in record.getMessage()
     store.close()  # type: ignore[attr-defined]
