@@ -368,8 +368,10 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             )
         finally:
             self._state.inflight.discard(update.update_id)
+            # never run (no "never awaited" warning); not one a handler task still runs
             if not awaited and inspect.iscoroutine(coroutine):
-                coroutine.close()
+                if inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED:
+                    coroutine.close()
 
     async def _process(self, update: Update, coroutine: "Awaitable[Any]") -> bool:
         runtime = self._runtime
