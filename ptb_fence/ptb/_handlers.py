@@ -35,6 +35,7 @@ on without it."""
 
 _TIMEOUT = "timeout"
 _STOP = "stop"
+_WHY = {_TIMEOUT: "attempt_timeout_seconds passed", _STOP: "the stop released its update"}
 
 
 class HandlerRun:
@@ -138,12 +139,6 @@ class HandlerRun:
         self._grace = asyncio.get_running_loop().call_later(
             CANCEL_GRACE_SECONDS, self._ended, task
         )
-
-
-_WHY = {
-    _TIMEOUT: "attempt_timeout_seconds passed",
-    _STOP: "the stop released its update",
-}
 
 
 class RunningHandlers:
