@@ -35,8 +35,9 @@ def _states(store: Any) -> Dict[int, str]:
         return {int(r[0]): str(r[1]) for r in cur.fetchall()}
 
 
-def _workers() -> List[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("ptb_fence-worker")]
+def _workers(before: "set[threading.Thread]") -> "set[threading.Thread]":
+    """The worker threads started since ``before`` (other tests' may still run here)."""
+    return {t for t in threading.enumerate() if t.name.startswith("ptb_fence-worker")} - before
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
@@ -45,6 +46,7 @@ def test_hung_blocking_handlers_do_not_eat_the_worker_pool(
 ) -> None:
     caplog.set_level(logging.INFO, logger="ptb_fence")
     store = new_store(kind, request, str(tmp_path / "bot.db"))
+    before = _workers(set())
     release = threading.Event()
     hung_runs: List[int] = []
     handled: List[int] = []
@@ -92,12 +94,12 @@ def test_hung_blocking_handlers_do_not_eat_the_worker_pool(
         assert "another thread takes its place" in stuck[1]
         assert "fewer handlers run at once" in stuck[2]
         # bounded: at most max_concurrent threads are replaced while stuck (2 + 2)
-        assert len(_workers()) <= 4
+        assert len(_workers(before)) <= 4
     finally:
         release.set()
         intake.close(10)
     # the stuck threads returned and close() ended every worker
-    wait_sync("the stuck threads returned", lambda: not _workers(), 10)
+    wait_sync("the stuck threads returned", lambda: not _workers(before), 10)
     assert any("returned" in r.getMessage() and "0 worker thread(s) still stuck" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
     store.close()  # type: ignore[attr-defined]
