@@ -12,10 +12,13 @@ runs until ``DIR/stop`` exists (or ``--max-life`` passed), then stops cleanly.
 
 The handler writes one fenced domain row per attempt that commits, with
 ``await context.attempt.run_in_transaction(write, complete=True)``. A message whose text is
-``--hang`` sleeps (after announcing itself) until the process is killed. With
-``--conversation`` the handler is the second step of a ``ConversationHandler`` (per-process
-state, as with no persistence): ``/book`` enters it, the next text message of the chat runs the
-handler above and ends the conversation; other messages match no handler.
+``--hang`` sleeps (after announcing itself) until the process is killed. A message whose text
+is ``--stubborn`` ignores cancellation for ``--stubborn-seconds`` the first time it is handled
+(in any process: ``stubborn.<update_id>`` in ``DIR`` marks it), writing ``cancelled.<update_id>``
+when a cancellation reaches it. With ``--conversation`` the handler is the second step of a
+``ConversationHandler`` (per-process state, as with no persistence): ``/book`` enters it, the
+next text message of the chat runs the handler above and ends the conversation; other messages
+match no handler.
 
 Files in ``DIR``: ``ready.<pid>`` once polling/running; ``started.<update_id>.<pid>`` when a
 handler begins; ``log.<pid>`` the process log.
@@ -62,6 +65,10 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
         "--conversation", action="store_true", help="handle messages as a /book conversation"
     )
     parser.add_argument(
+        "--stubborn", default="", help="text of messages whose first handler ignores cancellation"
+    )
+    parser.add_argument("--stubborn-seconds", type=float, default=60.0)
+    parser.add_argument(
         "--run-polling",
         action="store_true",
         help="run app.run_polling() (stopped by SIGTERM/SIGINT) instead of the stop file",
@@ -83,6 +90,15 @@ async def main(args: argparse.Namespace) -> Any:
         touch(os.path.join(args.dir, f"started.{update.update_id}.{pid}"))
         if args.hang and update.message.text == args.hang:
             await asyncio.sleep(3600)  # until SIGKILL
+        marker = os.path.join(args.dir, f"stubborn.{update.update_id}")
+        if args.stubborn and update.message.text == args.stubborn and not os.path.exists(marker):
+            touch(marker)
+            end = time.monotonic() + args.stubborn_seconds
+            while time.monotonic() < end:  # a cleanup that swallows every cancellation
+                try:
+                    await asyncio.sleep(end - time.monotonic())
+                except asyncio.CancelledError:
+                    touch(os.path.join(args.dir, f"cancelled.{update.update_id}"))
         if args.slow and update.message.text == args.slow:
             await asyncio.sleep(args.slow_seconds)
         if args.fail_once and update.message.text == args.fail_once and attempt.attempt == 1:

@@ -15,6 +15,7 @@ from telegram.ext import Application, ApplicationHandlerStop, ContextTypes, Upda
 from ptb_fence.ptb._context import fenced_context_types, warn_if_unmatched_rerun
 from ptb_fence.ptb._handling import leave_attempt, outside_attempt, update_state
 from ptb_fence.ptb._interfaces import ApplicationBinding
+from ptb_fence.runtime._attempt import current_attempt
 
 _LOGGER = logging.getLogger("ptb_fence.ptb")
 
@@ -267,16 +268,19 @@ class FencedApplicationMixin(_MixinBase):
         ):
             state.error = error
             if not self.error_handlers:
-                # PTB would log "No error handlers are registered" with the whole traceback
-                # for every failed attempt; ptb_fence logs the failure once (WARNING, with
-                # update id, attempt, claim id, the error's type and message) when it settles
-                # the attempt, so the traceback goes to DEBUG here
-                _LOGGER.debug(
-                    "handler of update %s raised (traceback; the attempt's outcome is logged "
-                    "when it settles)",
-                    getattr(update, "update_id", None),
-                    exc_info=error,
-                )
+                attempt = current_attempt()
+                if attempt is None or not attempt.completed:
+                    # PTB would log "No error handlers are registered" with the whole
+                    # traceback for every failed attempt; ptb_fence logs the failure once
+                    # (WARNING, with update id, attempt, claim id, the error's type and message)
+                    # when it settles the attempt, so the traceback goes to DEBUG here (for an
+                    # attempt that completed already the settle logs it, also at DEBUG)
+                    _LOGGER.debug(
+                        "handler of update %s raised (traceback; the attempt's outcome is "
+                        "logged when it settles)",
+                        getattr(update, "update_id", None),
+                        exc_info=error,
+                    )
                 return False
         token = _IN_PROCESS_ERROR.set(True)
         try:

@@ -1,76 +1,45 @@
-"""RunningHandlers: the handlers running in this processor, each in a scope that can be ended.
+"""RunningHandlers: the handlers running in this processor, each in a run that can be ended.
 
-A handler runs inside a :class:`HandlerRun` (``async with``). The run ends it by cancelling its
-task when ``attempt_timeout_seconds`` passed (:attr:`HandlerRun.timed_out`) or when a stop
-gave up waiting for it (:attr:`HandlerRun.released`: its attempt was released first). The
-cancellation is swallowed at the end of the scope, so the processor's own code (settling,
-PTB's ``task_done``) goes on normally in the same task, in sequential mode too.
+A handler (PTB's ``process_update`` coroutine for one update) runs in a task of its own, which
+the processor's task waits for through a :class:`HandlerRun`. The run ends it by cancelling
+that task when ``attempt_timeout_seconds`` passed (:attr:`HandlerRun.timed_out`) or when a stop
+gave up waiting for it (:attr:`HandlerRun.released`: its attempt was released first). A
+cancelled handler gets :data:`CANCEL_GRACE_SECONDS` to end (its cleanup runs); one that is
+still running then (it swallowed the cancellation, or its cleanup awaits something long) is
+left to run on, detached and named in a WARNING, and the processor goes on without it: the
+attempt is settled (or was released), its lease no longer renewed, its fenced writes refused,
+and the chat's next update may start. So neither a timeout nor a stop waits for a handler's
+cooperation longer than the grace.
+
+Running the handler in a task of its own also tells a cancellation of the processor's task
+from a ``CancelledError`` that handler code raised itself (a failure), on every Python version.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import sys
+import logging
+import time
 from typing import Any, Awaitable, List, Optional, Set
 
+from ptb_fence._durations import format_duration
 from ptb_fence.runtime._attempt import Attempt
 
-__all__ = ["HandlerRun", "RunningHandlers", "cancel_requested", "run_handler"]
+__all__ = ["CANCEL_GRACE_SECONDS", "HandlerRun", "RunningHandlers"]
 
-_RAISED_BY_HANDLER: "contextvars.ContextVar[bool]" = contextvars.ContextVar(
-    "ptb_fence_cancel_raised_by_handler", default=False
-)
-"""Python 3.10: set by :func:`run_handler` when the CancelledError it raises came from the
-handler's own code (its task was not cancelled); read once by :func:`cancel_requested`."""
+_LOGGER = logging.getLogger("ptb_fence.ptb")
 
-
-def cancel_requested() -> bool:
-    """Whether the current task is being cancelled (as opposed to code raising CancelledError).
-
-    Call it where a CancelledError from :func:`run_handler` is caught. Python 3.11+ asks the
-    task (``cancelling()``); on Python 3.10, which has no such count, :func:`run_handler` ran the
-    handler in a task of its own and marked a CancelledError that the handler raised itself.
-    """
-    if sys.version_info >= (3, 11):  # tasks count cancel requests
-        task = asyncio.current_task()
-        return task is not None and task.cancelling() > 0
-    raised_by_handler = _RAISED_BY_HANDLER.get()
-    _RAISED_BY_HANDLER.set(False)
-    return not raised_by_handler
-
-
-async def run_handler(coroutine: Awaitable[Any]) -> Any:
-    """Await a handler's coroutine in the current task (Python 3.11+).
-
-    Python 3.10 cannot tell a cancellation of the current task from a CancelledError that the
-    handler's code raised (a task there keeps no count of cancel requests), so there the
-    handler runs in a child task (same context) awaited with :func:`asyncio.wait`, which
-    raises only when the current task itself is cancelled: the child is then cancelled too and
-    awaited (its cleanup runs first) before the cancellation goes on. A child that ended
-    cancelled while the current task was not raised CancelledError itself:
-    :func:`cancel_requested` then says so.
-    """
-    if sys.version_info >= (3, 11):
-        return await coroutine
-    child = asyncio.ensure_future(coroutine)
-    try:
-        await asyncio.wait((child,))
-    except asyncio.CancelledError:
-        child.cancel()
-        await asyncio.wait((child,))
-        raise
-    if child.cancelled():
-        _RAISED_BY_HANDLER.set(True)
-    return child.result()
-
+CANCEL_GRACE_SECONDS = 1.0
+"""How long a cancelled handler (attempt timeout, stop) gets to end before the processor goes
+on without it."""
 
 _TIMEOUT = "timeout"
 _STOP = "stop"
+_WHY = {_TIMEOUT: "attempt_timeout_seconds passed", _STOP: "the stop released its update"}
 
 
 class HandlerRun:
-    """The scope of one handler run (see the module docstring).
+    """One handler run (see the module docstring).
 
     Args:
         registry: The processor's running handlers.
@@ -78,7 +47,7 @@ class HandlerRun:
         timeout: ``attempt_timeout_seconds`` (:obj:`None`: no limit).
     """
 
-    __slots__ = ("_done", "_registry", "_task", "_timeout", "_timer", "attempt", "reason")
+    __slots__ = ("_grace", "_registry", "_task", "_timeout", "_timer", "_wake", "attempt", "reason")
 
     def __init__(
         self, registry: "RunningHandlers", attempt: Attempt, timeout: Optional[float]
@@ -86,8 +55,9 @@ class HandlerRun:
         self._registry = registry
         self._timeout = timeout
         self._task: "Optional[asyncio.Task[Any]]" = None
+        self._wake: "Optional[asyncio.Future[None]]" = None
         self._timer: Optional[asyncio.TimerHandle] = None
-        self._done = False
+        self._grace: Optional[asyncio.TimerHandle] = None
         self.attempt = attempt
         self.reason: Optional[str] = None
 
@@ -101,60 +71,147 @@ class HandlerRun:
         """:obj:`bool`: Ended by a stop (its attempt was released)."""
         return self.reason == _STOP
 
-    async def __aenter__(self) -> "HandlerRun":
-        self._task = asyncio.current_task()
+    async def handle(self, coroutine: Awaitable[Any]) -> Optional[BaseException]:
+        """Run ``coroutine`` in a task of its own (the current context is copied into it) and
+        wait until it ends, or until it was ended and did not end within the grace.
+
+        Returns:
+            What the handler raised (an :class:`Exception`, or a ``CancelledError`` that its own
+            code raised): a failure. :obj:`None` when it returned, was ended (see
+            :attr:`reason`) or left running.
+
+        Raises:
+            asyncio.CancelledError: The processor's own task was cancelled (the handler is
+                cancelled too and gets the grace first).
+        """
+        loop = asyncio.get_running_loop()
+        wake = self._wake = loop.create_future()
+        attempt = self.attempt
+        task = self._task = loop.create_task(
+            coroutine,  # type: ignore[arg-type]
+            name=f"ptb_fence:update {attempt.update_id} attempt {attempt.attempt}",
+        )
+        task.add_done_callback(self._ended)
         if self._timeout is not None:
-            self._timer = asyncio.get_running_loop().call_later(
-                self._timeout, self.end, _TIMEOUT
-            )
+            self._timer = loop.call_later(self._timeout, self.end, _TIMEOUT)
         self._registry.add(self)
-        return self
+        try:
+            await wake
+        except asyncio.CancelledError:
+            if not task.done():
+                task.cancel()
+                await asyncio.wait((task,), timeout=CANCEL_GRACE_SECONDS)
+                if not task.done():
+                    self._registry.detach(self, task, "the processor's task was cancelled")
+            raise
+        finally:
+            for timer in (self._timer, self._grace):
+                if timer is not None:
+                    timer.cancel()
+            self._registry.discard(self)
+        if not task.done():  # ended, and still running after the grace
+            self._registry.detach(self, task, _WHY[self.reason or _STOP])
+            return None
+        if task.cancelled():
+            if self.reason is not None:
+                return None  # our own cancellation ended it
+            try:
+                task.result()
+            except asyncio.CancelledError as exc:  # raised by the handler's own code
+                return exc
+        error = task.exception()
+        if error is not None and not isinstance(error, Exception):
+            raise error  # SystemExit, KeyboardInterrupt: not a handler failure
+        return error
+
+    def _ended(self, task: "asyncio.Task[Any]") -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
 
     def end(self, reason: str) -> None:
-        """End the handler now (on the event loop); no-op once it returned."""
-        if self._done or self.reason is not None or self._task is None:
+        """End the handler now (on the event loop): cancel it and give it
+        :data:`CANCEL_GRACE_SECONDS`; no-op once it ended."""
+        task = self._task
+        if self.reason is not None or task is None or task.done():
             return
         self.reason = reason
-        self._task.cancel()
-
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        self._done = True
-        if self._timer is not None:
-            self._timer.cancel()
-        self._registry.discard(self)
-        if self.reason is None:
-            return False
-        if sys.version_info >= (3, 11) and self._task is not None:
-            self._task.uncancel()
-        # our own cancellation ends here; anything else propagates
-        return exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
+        task.cancel()
+        self._grace = asyncio.get_running_loop().call_later(
+            CANCEL_GRACE_SECONDS, self._ended, task
+        )
 
 
 class RunningHandlers:
-    """The :class:`HandlerRun` s of one processor (used on the event loop only)."""
+    """The :class:`HandlerRun` s of one processor and the handler tasks left running (used on
+    the event loop only)."""
 
-    __slots__ = ("_idle", "_runs")
+    __slots__ = ("_detached", "_idle", "_runs")
 
     def __init__(self) -> None:
         self._runs: Set[HandlerRun] = set()
         self._idle: Optional[asyncio.Event] = None
+        # tasks that ignored their cancellation, kept referenced until they end
+        self._detached: "Set[asyncio.Task[Any]]" = set()
 
     def __len__(self) -> int:
         return len(self._runs)
 
     def run(self, attempt: Attempt, timeout: Optional[float]) -> HandlerRun:
-        """A scope for the handler of ``attempt``."""
+        """A run for the handler of ``attempt``."""
         return HandlerRun(self, attempt, timeout)
 
     def add(self, run: HandlerRun) -> None:
-        """Called by :meth:`HandlerRun.__aenter__`."""
+        """Called by :meth:`HandlerRun.handle`."""
         self._runs.add(run)
 
     def discard(self, run: HandlerRun) -> None:
-        """Called by :meth:`HandlerRun.__aexit__`."""
+        """Called by :meth:`HandlerRun.handle`."""
         self._runs.discard(run)
         if not self._runs and self._idle is not None:
             self._idle.set()
+
+    def detach(self, run: HandlerRun, task: "asyncio.Task[Any]", why: str) -> None:
+        """Leave ``task`` (``run``'s handler, cancelled) running; the processor goes on."""
+        attempt = run.attempt
+        _LOGGER.warning(
+            "update %s attempt %s: its handler was cancelled (%s) but ignored its cancellation "
+            "for %s and still runs; the processor goes on without it (the attempt is ended: "
+            "its fenced writes are refused); %d such handler(s) still run",
+            attempt.update_id,
+            attempt.attempt,
+            why,
+            format_duration(CANCEL_GRACE_SECONDS),
+            len(self._detached) + 1,
+            extra={"update_id": attempt.update_id, "attempt": attempt.attempt},
+        )
+        self._detached.add(task)
+        since = time.monotonic()
+
+        def ended(done: "asyncio.Task[Any]") -> None:
+            self._detached.discard(done)
+            if not done.cancelled():
+                done.exception()  # retrieved: no "exception was never retrieved"
+            _LOGGER.info(
+                "the handler of update %s attempt %s that ignored its cancellation ended %s "
+                "later",
+                attempt.update_id,
+                attempt.attempt,
+                format_duration(time.monotonic() - since),
+            )
+
+        task.add_done_callback(ended)
+
+    def report_left_running(self) -> None:
+        """At shutdown: name the handler tasks that ignored their cancellation and still run
+        (they are abandoned with the event loop)."""
+        if self._detached:
+            _LOGGER.warning(
+                "shutdown: %d handler task(s) that ignored their cancellation still run and are "
+                "abandoned (their attempts were settled or released; their fenced writes are "
+                "refused): %s",
+                len(self._detached),
+                ", ".join(sorted(task.get_name() for task in self._detached)),
+            )
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until no handler runs; :obj:`True` when none does."""

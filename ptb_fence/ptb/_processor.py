@@ -27,7 +27,7 @@ from ptb_fence.ptb._bodies import update_body
 from ptb_fence.ptb._chat_turns import ChatTurns
 from ptb_fence.ptb._context import FencedCallbackContext
 from ptb_fence.ptb._deliveries import Deliveries
-from ptb_fence.ptb._handlers import RunningHandlers, cancel_requested, run_handler
+from ptb_fence.ptb._handlers import RunningHandlers
 from ptb_fence.ptb._handling import UpdateState, handling
 from ptb_fence.ptb._ingest import Ingest
 from ptb_fence.ptb._interfaces import ApplicationBinding
@@ -312,6 +312,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         state.batch_ingest = False
         state.release_preclaimed()
         await self._stopping.drain()
+        self._handlers.report_left_running()
         await asyncio.get_running_loop().run_in_executor(None, self._runtime.stop_jobs)
         await self._threads.call(self._runtime.release_liveness)
         self._runtime.executor = None
@@ -368,8 +369,10 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             )
         finally:
             self._state.inflight.discard(update.update_id)
+            # never run (no "never awaited" warning); not one a handler task still runs
             if not awaited and inspect.iscoroutine(coroutine):
-                coroutine.close()
+                if inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED:
+                    coroutine.close()
 
     async def _process(self, update: Update, coroutine: "Awaitable[Any]") -> bool:
         runtime = self._runtime
@@ -396,19 +399,14 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                 handled = UpdateState(update, attempt)
                 try:
                     timeout = runtime.options.attempt_timeout_seconds
+                    run = self._handlers.run(attempt, timeout)
                     with handling(handled, attempt if attempt.fenced else None):
-                        async with self._handlers.run(attempt, timeout) as run:
-                            try:
-                                await run_handler(coroutine)
-                            except Exception as exc:
-                                handled.error = exc
-                            except asyncio.CancelledError as exc:
-                                if cancel_requested():
-                                    raise
-                                # raised by handler code while this task was not cancelled:
-                                # a failure (propagating it would kill PTB's update fetcher
-                                # in sequential mode)
-                                handled.error = exc
+                        # in a task of its own, which a timeout or a stop ends (bounded: see
+                        # _handlers); a CancelledError its code raised is a failure
+                        # (propagating it would kill PTB's update fetcher in sequential mode)
+                        error = await run.handle(coroutine)
+                    if error is not None and handled.error is None:
+                        handled.error = error
                     if run.released:
                         return True  # released by the stop: nothing to settle
                     if run.timed_out:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 import traceback
 from typing import Any, Callable, List, Optional
 
@@ -33,7 +34,7 @@ from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._outcome import Outcome, error_text, exhaustion_ids, ids
 from ptb_fence.runtime._port import StorePort
 from ptb_fence.runtime._recording import RecordingOps
-from ptb_fence.runtime._recovery import Recovery
+from ptb_fence.runtime._recovery import AttemptTimeout, Recovery
 from ptb_fence.runtime._retry import default_retry
 
 __all__ = ["EXHAUSTION_PAGE", "Outcome", "Runtime"]
@@ -315,8 +316,13 @@ class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
         """
         if attempt.exhausted:
             return Outcome.EXHAUSTED, self._exhaustion_of(attempt)
+        if attempt.in_fenced_transaction:
+            # e.g. attempt_timeout_seconds passed while the handler's fenced transaction was
+            # still open on a thread (it cannot be stopped): its commit may still complete the
+            # attempt; a failure settle would wait for its lock anyway
+            self._wait_for_transactions(attempt)
         if attempt.completed:
-            return Outcome.COMPLETED, None
+            return self._completed_then_failed(attempt, error)
         options = self.options
         delay: Optional[float] = None
         if attempt.attempt < options.max_attempts:
@@ -358,6 +364,8 @@ class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
         except Exception as exc:
             self.report_store_error(exc, "settle", ids=ids(attempt))
             landed = False
+        if not landed and attempt.completed:  # its completing transaction committed meanwhile
+            return self._completed_then_failed(attempt, error)
         retrying = outcome == Outcome.RETRYING
         if not landed:
             attempt.mark_owner_lost()
@@ -389,6 +397,43 @@ class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
         )
         self._observe("on_failure", error, attempt, retrying)
         return outcome, exhaustion
+
+    def _wait_for_transactions(self, attempt: Attempt) -> None:
+        """Wait (at most ``lease_seconds``) until no fenced transaction of ``attempt`` is open."""
+        deadline = time.monotonic() + self.options.lease_seconds
+        while attempt.in_fenced_transaction and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def _completed_then_failed(
+        self, attempt: Attempt, error: BaseException
+    ) -> "tuple[Outcome, Optional[Exhaustion]]":
+        """The attempt completed (its fenced transaction committed) and its handler then
+        failed: report that once; it is not retried (no ``on_failure``: nothing failed that the
+        runtime could retry)."""
+        if isinstance(error, AttemptTimeout):
+            what = (
+                f"but its handler ran longer than attempt_timeout_seconds={error.seconds:g} "
+                "and was ended (cancelled, or left running on its thread)"
+            )
+        else:
+            what = f"then the handler raised {error_text(error)}"
+        _LOGGER.warning(
+            "update %s attempt %s completed (its fenced transaction committed), %s: not "
+            "retried; the user may have missed a reply",
+            attempt.update_id,
+            attempt.attempt,
+            what,
+            extra=dict(ids(attempt), outcome=Outcome.COMPLETED.value),
+        )
+        if not isinstance(error, AttemptTimeout):
+            _LOGGER.debug(
+                "update %s attempt %s: what the handler raised after its completion",
+                attempt.update_id,
+                attempt.attempt,
+                exc_info=error,
+                extra=ids(attempt),
+            )
+        return Outcome.COMPLETED, None
 
     def settle_exhausted(self, attempt: Attempt, reason: str) -> bool:
         """Handler-terminal failure (``Attempt.exhaust``): exhaust or abandon now."""

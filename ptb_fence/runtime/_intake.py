@@ -6,7 +6,6 @@ import json
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Hashable, List, Literal, Optional, Set, Tuple
 
 from ptb_fence._durations import format_duration
@@ -17,7 +16,7 @@ from ptb_fence.runtime._chats import ChatOrder, chat_key
 from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._delivery import ExhaustionDelivery
 from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
-from ptb_fence.runtime._intake_runs import IntakeRun, IntakeRuns
+from ptb_fence.runtime._intake_runs import IntakeRun, IntakeRuns, IntakeWorkers
 from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._outcome import Outcome
 from ptb_fence.runtime._thread_group import ThreadGroupCommit
@@ -71,7 +70,6 @@ class UpdateIntake:
         "_handle_attempt",
         "_handle_exhaustion",
         "_lock",
-        "_pool",
         "_refill",
         "_refills",
         "_runs",
@@ -79,6 +77,7 @@ class UpdateIntake:
         "_runtime",
         "_started",
         "_sweep_lock",
+        "_workers",
     )
 
     def __init__(
@@ -120,7 +119,12 @@ class UpdateIntake:
             if handle_exhaustion is not None
             else None
         )
-        self._pool: Optional[ThreadPoolExecutor] = None
+        # a handler past attempt_timeout_seconds stops counting against max_concurrent there
+        self._workers = IntakeWorkers(
+            self._runtime.options.max_concurrent,
+            lambda job: self._run_update(*job),
+            lambda job: self._chats.done(job[0], job[1]),
+        )
         self._chats = ChatOrder(self._start_update)
         self._started = False
         self._closed = False
@@ -134,7 +138,7 @@ class UpdateIntake:
             ThreadGroupCommit(self._claim_group) if self._runtime.claims_in_groups else None
         )
         self._runs = IntakeRuns(
-            self._runtime, self._wakeups, self._turn_done, self._submit_exhaustion
+            self._runtime, self._wakeups, self._workers, self._turn_done, self._submit_exhaustion
         )
 
     # -- properties -------------------------------------------------------------------------
@@ -164,10 +168,7 @@ class UpdateIntake:
                 raise RuntimeError("this UpdateIntake is closed; make a new one")
             if self._started:
                 return
-            self._pool = ThreadPoolExecutor(
-                max_workers=self._runtime.options.max_concurrent,
-                thread_name_prefix="ptb_fence-worker",
-            )
+            self._workers.start()
             self._started = True
         # this process's liveness signal: its claims are taken over at once elsewhere only
         # once it is gone
@@ -206,13 +207,13 @@ class UpdateIntake:
             if self._closed:
                 return
             self._closed = True
-            pool, self._pool = self._pool, None
+            started = self._started
         self._chats.drop_waiting()
         running: List[str] = []
-        if pool is not None:
+        if started:
             # queued runs are not cancelled: each sees _closed, skips its update (left in the
             # store) and calls ChatOrder.done, so idle() still becomes true
-            pool.shutdown(wait=False)
+            self._workers.shutdown()
             grace = self._runtime.options.stop_timeout_seconds
             remaining = left()
             if not self._chats.wait_empty(grace if remaining is None else min(grace, remaining)):
@@ -236,6 +237,7 @@ class UpdateIntake:
         if self._delivery is not None:
             running += self._delivery.close(left())
         self._runtime.release_liveness()
+        running += self._workers.stuck()
         if running:
             _LOGGER.warning(
                 "close(): still running after %s: %s; attempts lose their lease renewal "
@@ -385,13 +387,7 @@ class UpdateIntake:
         return self._chats.submit(chat_key(update), update_id, (text, update))
 
     def _start_update(self, key: Hashable, update_id: int, item: Any) -> None:
-        pool = self._pool
-        if pool is None:
-            self._chats.done(key, update_id)
-            return
-        try:
-            pool.submit(self._run_update, key, update_id, item)
-        except RuntimeError:  # the pool is shutting down
+        if not self._workers.submit((key, update_id, item)):  # not started, or closed
             self._chats.done(key, update_id)
 
     def _run_update(self, key: Hashable, update_id: int, item: Any) -> None:

@@ -1,25 +1,34 @@
-"""IntakeRuns: the attempts running on UpdateIntake's worker threads, each endable once.
+"""IntakeRuns: the attempts running on UpdateIntake's worker threads, each endable once;
+IntakeWorkers: those threads.
 
 A run ends exactly once, whichever comes first: its handler returned (the worker settles it),
 ``attempt_timeout_seconds`` passed (the attempt is settled failed with
 :exc:`~ptb_fence.AttemptTimeout` and ended here, and the chat's turn passes on; the worker
-thread cannot be stopped and runs on, abandoned) or :meth:`UpdateIntake.close` gave up
-waiting (the attempt is released: claimable at once elsewhere). An abandoned handler's fenced
-writes are refused, since its attempt no longer owns the update.
+thread cannot be stopped and runs on, abandoned, and a new worker takes its place) or
+:meth:`UpdateIntake.close` gave up waiting (the attempt is released: claimable at once
+elsewhere). An abandoned handler's fenced writes are refused, since its attempt no longer owns
+the update.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from typing import Any, Callable, Dict, Hashable, List, Optional
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple
 
+from ptb_fence._durations import format_duration
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._outcome import Outcome
 from ptb_fence.runtime._recovery import AttemptTimeout
 from ptb_fence.runtime._wakeups import Wakeups
 
-__all__ = ["IntakeRun", "IntakeRuns"]
+__all__ = ["IntakeRun", "IntakeRuns", "IntakeWorkers"]
+
+_LOGGER = logging.getLogger("ptb_fence.intake")
 
 _RETURNED = "returned"
 _TIMED_OUT = "timed out"
@@ -36,12 +45,13 @@ class IntakeRun:
         outcome: How it was settled (:obj:`None` until then, or when released).
     """
 
-    __slots__ = ("_how", "_lock", "attempt", "key", "outcome", "update_id")
+    __slots__ = ("_how", "_lock", "attempt", "key", "outcome", "thread", "update_id")
 
     def __init__(self, key: Hashable, update_id: int, attempt: Attempt) -> None:
         self.key = key
         self.update_id = update_id
         self.attempt = attempt
+        self.thread = threading.current_thread()  # the worker running the handler
         self._lock = threading.Lock()
         self._how: Optional[str] = None
         self.outcome: Optional[Outcome] = None
@@ -66,21 +76,24 @@ class IntakeRuns:
     Args:
         runtime: The intake's runtime.
         wakeups: Where the attempt timeouts are scheduled.
+        workers: The worker threads (a timed-out run's thread stops counting there).
         turn_done: ``turn_done(key, update_id, outcome)``: pass the chat's turn on.
         deliver: ``deliver(exhaustion)``: hand an exhaustion to its delivery.
     """
 
-    __slots__ = ("_deliver", "_lock", "_runs", "_runtime", "_turn_done", "_wakeups")
+    __slots__ = ("_deliver", "_lock", "_runs", "_runtime", "_turn_done", "_wakeups", "_workers")
 
     def __init__(
         self,
         runtime: Runtime,
         wakeups: Wakeups,
+        workers: "IntakeWorkers",
         turn_done: Callable[[Hashable, int, Optional[Outcome]], None],
         deliver: Callable[[Any], None],
     ) -> None:
         self._runtime = runtime
         self._wakeups = wakeups
+        self._workers = workers
         self._turn_done = turn_done
         self._deliver = deliver
         self._lock = threading.Lock()
@@ -108,7 +121,8 @@ class IntakeRuns:
 
     def _time_out(self, run: IntakeRun, timeout: float) -> None:
         # runs on the wakeup thread: settle on a thread of its own (a store call may block)
-        if not run.finish(_TIMED_OUT):
+        label = f"update {run.update_id} attempt {run.attempt.attempt}"
+        if not self._workers.abandon(run.thread, label, timeout, lambda: run.finish(_TIMED_OUT)):
             return
         threading.Thread(
             target=self._settle_timed_out,
@@ -139,3 +153,150 @@ class IntakeRuns:
         if ended:
             self._runtime.release([run.attempt for run in ended])
         return len(ended)
+
+
+_Job = Tuple[Hashable, int, Any]
+"""``(chat key, update_id, item)``: one update for a worker."""
+
+
+class IntakeWorkers:
+    """UpdateIntake's worker threads: at most ``size`` handlers run at once.
+
+    A handler that passed ``attempt_timeout_seconds`` keeps its thread (a thread cannot be
+    stopped), but from then on it no longer counts against ``size``: its place goes to the next
+    update at once, on a new thread. At most ``size`` stuck threads are replaced this way (the
+    threads never exceed ``2 * size``); beyond that the intake runs fewer handlers at once until
+    a stuck one returns. A stuck thread that returns takes no more work of its own: its place
+    was given away (it stays in the pool as an idle thread).
+
+    Args:
+        size: ``max_concurrent``.
+        run: ``run(job)`` handles one update on the current worker thread.
+        drop: ``drop(job)``: an update that waited for a place when the workers shut down (not
+            started).
+    """
+
+    __slots__ = ("_backlog", "_drop", "_free", "_lock", "_pool", "_run", "_size", "_stuck")
+
+    def __init__(
+        self, size: int, run: Callable[[_Job], None], drop: Callable[[_Job], None]
+    ) -> None:
+        self._size = size
+        self._run = run
+        self._drop = drop
+        self._lock = threading.Lock()
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._free = size  # places not taken by a running (not stuck) handler
+        self._backlog: Deque[_Job] = deque()  # updates waiting for a free place
+        # stuck threads: what they run and since when (monotonic)
+        self._stuck: Dict[threading.Thread, Tuple[str, float]] = {}
+
+    def start(self) -> None:
+        """Make the threads available (they start as work comes)."""
+        with self._lock:
+            self._pool = ThreadPoolExecutor(
+                max_workers=2 * self._size, thread_name_prefix="ptb_fence-worker"
+            )
+
+    def submit(self, job: _Job) -> bool:
+        """Run ``job`` when a place is free; :obj:`False` once shut down (not taken)."""
+        with self._lock:
+            pool = self._pool
+            if pool is None:
+                return False
+            if self._free == 0:
+                self._backlog.append(job)
+                return True
+            self._free -= 1
+        try:
+            pool.submit(self._work, job)
+        except RuntimeError:  # shutting down
+            with self._lock:
+                self._free += 1
+            return False
+        return True
+
+    def _work(self, job: Optional[_Job]) -> None:
+        me = threading.current_thread()
+        while job is not None:
+            try:
+                self._run(job)
+            except BaseException:  # pragma: no cover - run never raises
+                _LOGGER.exception("unexpected error on a worker thread")
+            with self._lock:
+                stuck = self._stuck.pop(me, None)
+                if stuck is None:  # still counted: take the next update, or free the place
+                    job = self._backlog.popleft() if self._backlog else None
+                    if job is None:
+                        self._free += 1
+                left = len(self._stuck)
+            if stuck is not None:
+                _LOGGER.info(
+                    "worker thread %s returned %s after its attempt (%s) timed out; %d worker "
+                    "thread(s) still stuck",
+                    me.name,
+                    format_duration(time.monotonic() - stuck[1]),
+                    stuck[0],
+                    left,
+                )
+                return
+
+    def abandon(
+        self, thread: threading.Thread, label: str, timeout: float, finish: Callable[[], bool]
+    ) -> bool:
+        """``label``'s handler passed its timeout on ``thread``: if ``finish()`` (ending the run
+        as timed out) succeeds, ``thread`` stops counting and its place goes to the next update
+        (a WARNING names the stuck threads). Returns ``finish()``'s result.
+
+        ``finish`` is called under the same lock the worker takes when its handler returns, so
+        the worker and this call agree on who gives the place away.
+        """
+        with self._lock:
+            if not finish():
+                return False
+            self._stuck[thread] = (label, time.monotonic())
+            stuck = len(self._stuck)
+            pool = self._pool
+            job = self._backlog.popleft() if self._backlog and pool is not None else None
+            if job is None:
+                self._free += 1
+        if job is not None and pool is not None:
+            try:
+                pool.submit(self._work, job)
+            except RuntimeError:  # shut down meanwhile
+                self._drop(job)
+        replaced = (
+            "another thread takes its place"
+            if stuck <= self._size
+            else f"more than max_concurrent={self._size} are stuck, so fewer handlers run at "
+            "once until one returns"
+        )
+        _LOGGER.warning(
+            "%s: its handler still runs after attempt_timeout_seconds=%g; worker thread %s no "
+            "longer counts against max_concurrent: %s (%d worker thread(s) stuck in handlers "
+            "that passed their timeout)",
+            label,
+            timeout,
+            thread.name,
+            replaced,
+            stuck,
+        )
+        return True
+
+    def stuck(self) -> List[str]:
+        """The stuck threads, each as ``"<thread> (update … attempt …)"``."""
+        with self._lock:
+            return [f"{thread.name} ({label})" for thread, (label, _) in self._stuck.items()]
+
+    def shutdown(self) -> None:
+        """Take no more work: the updates still waiting for a place are dropped (``drop``).
+
+        Updates already handed to a thread run (they see the intake closed and skip)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+            backlog = list(self._backlog)
+            self._backlog.clear()
+        if pool is not None:
+            pool.shutdown(wait=False)
+        for job in backlog:
+            self._drop(job)

@@ -78,12 +78,17 @@ class RuntimeOptions:
             Once stopping began (``Application.stop()``, :meth:`UpdateIntake.close`), how long
             running handlers may still finish; then their attempts are released (claimable at
             once elsewhere, not counted as spent; their fenced writes are refused) and their
-            tasks cancelled (asyncio) or abandoned (threads). Default 10.
+            tasks cancelled (asyncio; one still running 1 s later is left running, so a PTB
+            stop takes at most this + 1 s plus its store calls) or abandoned (threads).
+            Default 10.
         attempt_timeout_seconds (:obj:`float` | :class:`datetime.timedelta` | :obj:`None`):
             How long one attempt's handler may run: then it fails with
-            :exc:`~ptb_fence.AttemptTimeout` (retried by the ``retry`` policy) and its fenced
-            writes are refused; an asyncio handler is cancelled, a blocking one is abandoned
-            (its thread runs on). Default :obj:`None` (no limit).
+            :exc:`~ptb_fence.AttemptTimeout` (retried by the ``retry`` policy, or exhausted),
+            its lease is no longer renewed and its fenced writes are refused; an asyncio
+            handler is cancelled (and left running if it has not ended 1 s later), a blocking
+            one is abandoned (its thread runs on, no longer counted against
+            ``max_concurrent``). An attempt that completed stays completed. Default
+            :obj:`None` (no limit).
         ingest_claim_buffer (:obj:`int`): A fenced store that records and claims in one
             commit claims at ingest at most ``max_concurrent + ingest_claim_buffer`` minus the
             claims this process already holds; the rest of a batch is recorded ``pending``

@@ -45,8 +45,8 @@ class AttemptTimeout(Exception):
         self.seconds = seconds
         super().__init__(
             f"attempt {attempt} of update {update_id} ran longer than "
-            f"attempt_timeout_seconds={seconds:g}; its handler was stopped and the attempt "
-            "failed (retried by the retry policy)"
+            f"attempt_timeout_seconds={seconds:g}: the attempt failed (its handler was "
+            "cancelled, or left running on a blocking worker thread whose writes are refused)"
         )
 
 
