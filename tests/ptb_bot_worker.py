@@ -38,6 +38,7 @@ from ptb_fence.ptb import FencedUpdateProcessor  # noqa: E402
 from worker_support import (  # noqa: E402
     add_worker_arguments,
     announce_ready,
+    crash_if,
     extra_options,
     make_store,
     touch,
@@ -68,6 +69,7 @@ async def main(args: argparse.Namespace) -> Any:
     async def on_message(update: Update, context: Any) -> None:
         attempt = context.attempt
         touch(os.path.join(args.dir, f"started.{update.update_id}.{pid}"))
+        crash_if(args, update.message.text)
         if args.hang and update.message.text == args.hang:
             await asyncio.sleep(3600)  # until SIGKILL
         if args.slow and update.message.text == args.slow:

@@ -21,6 +21,7 @@ from ptb_fence._values import AttemptIdentity
 from ptb_fence.stores._sqlite_connections import SQLiteConnections
 from ptb_fence.stores._sqlite_sql import SQLiteStatements
 from ptb_fence.stores._sqlite_writes import int_arg, max_variables
+from ptb_fence.stores._suspects import SuspectClaims
 
 __all__ = ["FileLiveness", "SQLiteRecovery"]
 
@@ -81,8 +82,9 @@ def _lock_if_dead(lock_path: str) -> Tuple[bool, Optional[int]]:
 
 
 class SQLiteRecovery:
-    """``release_many``, ``hold_liveness``, ``release_liveness`` and ``take_over_dead`` of
-    :class:`ptb_fence.SQLiteUpdateStore` (a mixin; see the module docstring)."""
+    """``release_many``, ``hold_liveness``, ``release_liveness``, ``take_over_dead``,
+    ``claimed_suspect`` and ``mark_isolated`` of :class:`ptb_fence.SQLiteUpdateStore` (a
+    mixin; see the module docstring)."""
 
     __slots__ = ()
 
@@ -90,6 +92,7 @@ class SQLiteRecovery:
     _sql: SQLiteStatements
     _table: str
     _liveness: FileLiveness
+    _suspects: SuspectClaims
 
     def release_many(self, identities: Sequence[AttemptIdentity], *, at: int) -> List[bool]:
         """Give the exact claims back in one statement (one transaction): each row that is
@@ -200,12 +203,16 @@ class SQLiteRecovery:
                 _close_fd(fd)
 
     def take_over_dead(self, *, now: int) -> int:
-        """Make the live leases of provably dead instances lapse at ``now`` and forget them.
+        """Make the claims of provably dead instances claimable at ``now`` and forget them.
 
         An instance of this table (not this object's own) is dead when its lock file can be
-        locked (or is gone). Its ``processing`` rows get ``due_at = now - 1`` (never later than
-        before; attempts and claim id kept), so any process can claim them at once, and its
-        row is deleted — all in one transaction.
+        locked (or is gone). Of its ``processing`` rows, one whose claim was marked isolated
+        (:meth:`mark_isolated`: its handler ran alone there, so the crash is its own) gets
+        ``due_at = now - 1`` (never later than before; attempts and claim id kept); every
+        other row is given back (``pending``, ``attempts - 1``, ``due_at = now``, claim id
+        kept; listed by ``due`` at once) and becomes suspect. Any process can claim them at
+        once; the instance's row is deleted — all in one transaction (optional capabilities,
+        see :class:`ptb_fence.LivenessStore` and :class:`ptb_fence.IsolatingUpdateStore`).
 
         Returns:
             :obj:`int`: How many rows were made claimable.
@@ -238,6 +245,33 @@ class SQLiteRecovery:
                 _unlink(lock_path)
                 _close_fd(fd)
         return count
+
+    def claimed_suspect(self, identity: AttemptIdentity) -> bool:
+        """Whether ``identity``, claimed through this object in this process, took a suspect
+        row (a row whose earlier claim a dead instance held, given back by
+        :meth:`take_over_dead`). Read back by the claim statement itself: no statement here;
+        answered once per claim (optional capability, see
+        :class:`ptb_fence.IsolatingUpdateStore`)."""
+        return self._suspects.take(identity)
+
+    def mark_isolated(self, identity: AttemptIdentity, *, at: int) -> bool:
+        """Record, committed, that the handler of this exact live claim starts now alone in its
+        process (``isolated_claim = claim_id``), so that :meth:`take_over_dead` counts its
+        attempt as spent if the process dies (optional capability, see
+        :class:`ptb_fence.IsolatingUpdateStore`).
+
+        Returns:
+            :obj:`bool`: Whether it landed (the row is ``processing`` with this attempt and
+            claim id and ``due_at >= at``).
+        """
+        params = {
+            "update_id": identity.update_id,
+            "attempt": identity.attempt,
+            "claim_id": identity.claim_id,
+            "at": int_arg("at", at),
+        }
+        with self._conns.immediate() as conn:
+            return bool(conn.execute(self._sql.mark_isolated, params).fetchall())
 
     @property
     def instance(self) -> Optional[str]:
