@@ -17,6 +17,7 @@ import signal
 import time
 from typing import Any, List
 
+import pytest
 from ptb_fence.testing import FakeBotApi
 from recovery_support import DEFAULTS, STOP_TIMEOUT, Bed, _exactly_once, _stop, bed, bots  # noqa: F401
 from test_ptb_processes import Bots
@@ -39,7 +40,10 @@ def _settled(bed: Bed, ids: List[int]) -> bool:
     return all(states.get(u) in ("completed", "abandoned") for u in ids)
 
 
-def test_a_crash_looping_update_exhausts_alone(bots: Bots, bed: Bed) -> None:
+@pytest.mark.parametrize("order", ["lax", "strict"])
+def test_a_crash_looping_update_exhausts_alone(bots: Bots, bed: Bed, order: str) -> None:
+    """With ``strict_chat_order`` one healthy update is in the poison's chat, behind it: it
+    waits for the poison's exhaustion, then runs."""
     store = make_store(bed.url, bed.table)
     try:
         store.due(now=0, pending_before=0, limit=1)  # the schema, before the first crash
@@ -47,10 +51,13 @@ def test_a_crash_looping_update_exhausts_alone(bots: Bots, bed: Bed) -> None:
         store.close()
     with FakeBotApi() as fake:
         poison = fake.inject_message(chat_id=9, text="crash")
-        healthy = [fake.inject_message(chat_id=1 + i, text=f"m{i}") for i in range(5)]
+        chats = [1, 2, 3, 4, 9 if order == "strict" else 5]
+        healthy = [fake.inject_message(chat_id=c, text=f"m{c}") for c in chats]
         ids = [poison] + healthy
         args = ("--run-polling", *DEFAULTS, "--crash", "crash",
                 "--max-attempts", str(MAX_ATTEMPTS), "--stop-timeout", "2")
+        if order == "strict":
+            args += ("--strict-chat-order",)
         proc: Any = bots.spawn(fake, bed.url, bed.table, bed.domain, *args)
         restarts = 0
         began = time.monotonic()

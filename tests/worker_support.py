@@ -33,6 +33,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-timeout", type=float, default=None)
     parser.add_argument("--attempt-timeout", type=float, default=None)
     parser.add_argument("--max-attempts", type=int, default=None)
+    parser.add_argument("--strict-chat-order", action="store_true")
     parser.add_argument(
         "--crash", default="", help="text of messages whose handler SIGKILLs its own process"
     )
@@ -71,6 +72,8 @@ def extra_options(args: argparse.Namespace) -> Dict[str, Any]:
         options["attempt_timeout_seconds"] = args.attempt_timeout
     if args.max_attempts is not None:
         options["max_attempts"] = args.max_attempts
+    if args.strict_chat_order:
+        options["strict_chat_order"] = True
     return options
 
 
