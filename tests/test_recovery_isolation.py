@@ -5,7 +5,7 @@ SIGKILLed (tests/liveness_worker.py: it claims six rows, the first one marked is
 No other handler of the process runs while a suspect's handler runs; updates that are not
 suspect still run together; the crash cost the suspects nothing but the one whose claim was
 marked isolated; ``close()`` gives a suspect that waits for the running handlers back at once,
-its attempt not spent.
+its attempt not spent. The same for a PTB bot process stopped by SIGTERM.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ import time
 from typing import Any, Dict, List, Tuple
 
 from ptb_fence import UpdateIntake
-from ptb_fence.testing import make_message_update
+from ptb_fence.testing import FakeBotApi, make_message_update
 from ptb_support import wait_sync
+from recovery_support import STOP_TIMEOUT, Bed, _stop, bed  # noqa: F401
+from test_ptb_processes import Bots, bots  # noqa: F401
 from test_store_liveness import COUNT, Where, start_worker, where  # noqa: F401
 
 SUSPECTS = range(300, 300 + COUNT)
@@ -122,3 +124,35 @@ def test_close_gives_a_waiting_suspect_back(where: Where) -> None:  # noqa: F811
     assert {u: states[u] for u in SUSPECTS} == {
         u: ("pending", 1 if u == SUSPECTS[0] else 0) for u in SUSPECTS
     }, states
+
+
+def test_sigterm_gives_a_waiting_suspect_back_ptb(bots: Bots, bed: Bed) -> None:  # noqa: F811
+    """A PTB bot (``run_polling()``) runs a slow handler; the sweep takes a dead process's
+    claims over and the suspects wait to run alone; SIGTERM gives them back at once, their
+    attempt not spent, within ``stop_timeout_seconds``."""
+    kind = "sqlite" if bed.url.startswith("sqlite:///") else "postgres"
+    location = bed.url[len("sqlite:///") - 1:] if kind == "sqlite" else bed.url
+    with FakeBotApi() as fake:
+        slow = fake.inject_message(chat_id=1, text="slow")
+        bot = bots.spawn(fake, bed.url, bed.table, bed.domain, "--run-polling", "--lease", "120",
+                         "--sweep", "0.2", "--grace", "60", "--slow", "slow",
+                         "--slow-seconds", "60", "--stop-timeout", "1")
+        bots.wait_ready(bot)
+        wait_sync("the slow handler running", lambda: bot.pid in bots.started(slow), 20)
+        _kill_holder(Where(kind, location, bed.table))
+
+        def claimed_here() -> bool:
+            got = dict(bed.query(f"SELECT update_id, attempts FROM {bed.table} "  # noqa: S608
+                                 "WHERE state = 'processing'"))
+            return all(got.get(u) == (2 if u == SUSPECTS[0] else 1) for u in SUSPECTS)
+
+        wait_sync("the suspects taken over and claimed", claimed_here, 20)
+        time.sleep(0.5)  # they wait to run alone: none starts beside the slow handler
+        assert not any(bots.started(u) for u in SUSPECTS)
+        took = _stop(bots, bot, signal.SIGTERM, STOP_TIMEOUT)
+        assert took < STOP_TIMEOUT, took
+    got = {int(u): (s, int(a)) for u, s, a in bed.query(
+        f"SELECT update_id, state, attempts FROM {bed.table}")}  # noqa: S608
+    assert {u: got[u] for u in SUSPECTS} == {
+        u: ("pending", 1 if u == SUSPECTS[0] else 0) for u in SUSPECTS
+    }, (got, bots.output())
