@@ -1,8 +1,8 @@
 """The store contract: three capability levels, detected by duck typing, plus the optional
 capabilities the runtime uses when a store offers them (:class:`BatchUpdateStore`,
 :class:`TransactionalUpdateStore`, :class:`BotBoundStore`, :class:`ReleasingUpdateStore`,
-:class:`LivenessStore`, :class:`ChatOrderedUpdateStore`, :class:`CompletingUpdateStore`,
-:class:`ClaimingUpdateStore`).
+:class:`LivenessStore`, :class:`IsolatingUpdateStore`, :class:`ChatOrderedUpdateStore`,
+:class:`CompletingUpdateStore`, :class:`ClaimingUpdateStore`).
 
 Every method is blocking and each rule is one conditional statement on one row. The methods'
 docstrings below state the rules; :func:`ptb_fence.conformance.check_update_store` checks them,
@@ -44,6 +44,8 @@ __all__ = [
     "DurableUpdateStore",
     "FENCED_METHODS",
     "FencedUpdateStore",
+    "ISOLATING_METHODS",
+    "IsolatingUpdateStore",
     "LIVENESS_METHODS",
     "LivenessStore",
     "ReleasingUpdateStore",
@@ -74,6 +76,9 @@ BATCH_METHODS = (
 
 LIVENESS_METHODS = ("hold_liveness", "release_liveness", "take_over_dead")
 """The methods of :class:`LivenessStore` (all three or none)."""
+
+ISOLATING_METHODS = ("claimed_suspect", "mark_isolated")
+"""The methods of :class:`IsolatingUpdateStore` (both or none)."""
 
 CHAT_ORDER_METHODS = ("add_many_in_chats", "claim_in_chat_order", "due_in_chat_order")
 """The methods of :class:`ChatOrderedUpdateStore` (all three or none)."""
@@ -417,12 +422,59 @@ class LivenessStore(Protocol):
 
     def take_over_dead(self, *, now: int) -> int:
         """Make the ``processing`` rows of every provably dead instance claimable at ``now``
-        (``due_at = min(due_at, now - 1)``; attempts and claim id kept: a crashed attempt
-        counts as spent, as after a lapsed lease) and forget those instances. Never touches
-        the caller's own instance or a live (even frozen) one.
+        and forget those instances. Never touches the caller's own instance or a live (even
+        frozen) one.
+
+        Without :class:`IsolatingUpdateStore` every such row keeps its attempts and claim id
+        (``due_at = min(due_at, now - 1)``): a crashed attempt counts as spent, as after a
+        lapsed lease. With it, only a row whose current claim was marked isolated
+        (:meth:`IsolatingUpdateStore.mark_isolated`: its handler ran alone in the dead
+        process) is handled so; every other row is given back as
+        :meth:`ReleasingUpdateStore.release_many` gives it (``pending``, ``attempts - 1``,
+        ``due_at = now``, claim id kept) and becomes *suspect* (see there).
 
         Returns:
             The number of rows made claimable.
+        """
+
+
+class IsolatingUpdateStore(Protocol):
+    """Optional (both methods or none; used with :class:`LivenessStore`): a crash is charged
+    only to the attempt whose handler ran alone in the process that died.
+
+    Several handlers start together in one process, so when it dies nobody knows which one
+    killed it. With this capability ``take_over_dead`` counts a dead instance's attempt as
+    spent only when that exact claim was marked *isolated*; the attempts of the other rows are
+    given back and those rows become *suspect*. A row marked isolated is suspect as well: a
+    row stays suspect until it is replaced by a different update. The runtime runs the attempt
+    of a suspect row alone in its process (no other handler of the process runs meanwhile) and
+    marks its claim isolated right before its handler starts. So a handler that keeps killing
+    its process spends its own attempts only, and every other update claimed with it is
+    handled.
+
+    Suspect rows are rare (only a dead instance makes them): a claim of a row that is not
+    suspect costs no statement more.
+    """
+
+    def claimed_suspect(self, identity: AttemptIdentity) -> bool:
+        """Whether ``identity``, a claim made through this store object in this process, took a
+        suspect row.
+
+        Answered from what the claim statement read back (no statement): each claim is
+        answered once, then forgotten; an identity this object did not claim (or already
+        answered) is :obj:`False`. A claim of a fresh row (``add_claimed_many``) is never
+        suspect.
+        """
+
+    def mark_isolated(self, identity: AttemptIdentity, *, at: int) -> bool:
+        """Record, in one statement committed before returning, that the handler of this exact
+        claim starts now with no other handler running in its process: the row that is
+        ``processing`` with that update id, attempt and claim id and a lease live at ``at``
+        (``due_at >= at``) gets ``isolated_claim = claim_id``; nothing else changes.
+
+        Returns:
+            :obj:`bool`: Whether it landed (:obj:`False`: not this claim, not processing, or
+            its lease ended before ``at``).
         """
 
 

@@ -157,6 +157,15 @@ Rules (:data:`RULES`; the number is the item of the specification's list of ten 
     instance claimable; after ``release_liveness()`` (idempotent) the claims made before and a
     claim made without liveness keep their live leases. (Taking over a dead process's claims
     needs two processes: the shipped stores test it with real processes and signals.)
+``isolation`` (fenced, -; only with ``claimed_suspect`` and ``mark_isolated``)
+    ``claimed_suspect`` of a claim of a fresh row, of an unknown identity and of a claim already
+    answered returns :obj:`False`. ``mark_isolated(identity, at=...)`` lands (:obj:`True`) for
+    the exact live claim up to and including ``at == due_at``, and returns :obj:`False` at
+    ``due_at + 1``, with a wrong claim id or attempt, for a completed row and for an unknown
+    id; a landed mark changes nothing else (the claim is still owned and settles). The next
+    claim of a marked row (after its lease) is suspect: ``claimed_suspect`` returns
+    :obj:`True` for it, once. (A dead instance's rows becoming suspect needs two processes: the
+    shipped stores test it with real processes and signals.)
 ``chat-order`` (fenced, -; only with ``add_many_in_chats``, ``claim_in_chat_order``, ``due_in_chat_order``)
     ``add_many_in_chats`` equals ``add_many`` position by position; of each chat key only the
     lowest unsettled update is claimed (``claim_in_chat_order``) or listed
@@ -1856,6 +1865,47 @@ def _rule_liveness(p: _Probe, fenced: bool, durable: bool) -> None:
              "liveness")
 
 
+def _rule_isolation(p: _Probe, fenced: bool, durable: bool) -> None:
+    if not all(_has(p.store, m) for m in ("claimed_suspect", "mark_isolated")):
+        return
+
+    def suspect(identity: AttemptIdentity) -> bool:
+        return p._bool("claimed_suspect", p._call("claimed_suspect", identity))
+
+    def mark(identity: AttemptIdentity, at: int) -> bool:
+        return p._bool("mark_isolated", p._call("mark_isolated", identity, at=at))
+
+    lease = _T + _L
+    a = _claimed(p, 1, lease)
+    p.expect(not suspect(a), f"claimed_suspect({a}) of a fresh row's claim returned True")
+    p.expect(not suspect(AttemptIdentity(99, 1, "x")), "claimed_suspect of an identity the "
+             "store never returned returned True")
+    wrong = AttemptIdentity(1, a.attempt, _other_claim_id(a.claim_id))
+    p.expect(not mark(wrong, _T + 1), "mark_isolated with a wrong claim id returned True")
+    p.expect(not mark(AttemptIdentity(1, a.attempt + 1, a.claim_id), _T + 1),
+             "mark_isolated with a wrong attempt returned True")
+    p.expect(not mark(AttemptIdentity(99, 1, "x"), _T + 1), "mark_isolated of an unknown id "
+             "returned True")
+    p.expect(not mark(a, lease + 1), f"mark_isolated at {_at(lease + 1)}, after the lease "
+             f"(due_at {_at(lease)}), returned True")
+    p.expect(mark(a, lease), f"mark_isolated of the live claim at {_at(lease)} (= due_at: the "
+             "lease still holds) returned False")
+    p.expect(p.owns(a, lease), "the claim is no longer owned after mark_isolated")
+    b = _claimed(p, 2, lease)
+    p.require(p.settle_owned(b, Completed(at=_T + 1)), "settle_owned of a live claim failed")
+    p.expect(not mark(b, _T + 2), "mark_isolated of a completed row returned True")
+    # a marked row stays suspect: its next claim (after the lease) runs alone again
+    again = p.claim_owned(1, now=lease + 1, lease_until=_FAR)
+    p.require(again is not None, "claim_owned of a lapsed lease returned None")
+    assert again is not None
+    p.expect(suspect(again), f"claimed_suspect({again}) returned False: the row was marked "
+             "isolated, so it is suspect")
+    p.expect(not suspect(again), f"claimed_suspect({again}) returned True twice: each claim "
+             "is answered once")
+    p.expect(p.settle_owned(again, Completed(at=lease + 2)), "settle_owned of the claim of a "
+             "marked row failed")
+
+
 # ---------------------------------------------------------------------------------------------
 # Optional chat order (ChatOrderedUpdateStore)
 # ---------------------------------------------------------------------------------------------
@@ -2413,6 +2463,17 @@ _TABLE: Tuple[Tuple[ConformanceRule, _RuleFn], ...] = (
             "instance's live claims.",
         ),
         _rule_liveness,
+    ),
+    (
+        ConformanceRule(
+            "isolation",
+            "fenced",
+            "claimed_suspect/mark_isolated (when present): mark_isolated lands only for the "
+            "exact live claim (inclusive at due_at) and changes nothing else; claimed_suspect "
+            "is False for fresh and unknown claims, True once for the next claim of a marked "
+            "row.",
+        ),
+        _rule_isolation,
     ),
     (
         ConformanceRule(

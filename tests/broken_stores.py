@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Type
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Type
 
 from ptb_fence import (
     AttemptIdentity,
@@ -730,6 +730,55 @@ class TakeOverLiveStore(MemoryUpdateStore):
             return len(rows)
 
 
+# -- isolation of suspect rows (IsolatingUpdateStore) ---------------------------------------------
+class IsolatingMemoryStore(MemoryUpdateStore):
+    """A correct test double of IsolatingUpdateStore on the memory store (which has no dead
+    instances, so only marked rows are suspect): the marks are kept beside the rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._marked: Dict[int, str] = {}
+        self._suspect_claims: Set[AttemptIdentity] = set()
+
+    def claim_owned(self, update_id: int, **kwargs: Any) -> Optional[AttemptIdentity]:
+        identity = super().claim_owned(update_id, **kwargs)
+        if identity is not None and update_id in self._marked:
+            self._suspect_claims.add(identity)
+        return identity
+
+    def claimed_suspect(self, identity: AttemptIdentity) -> bool:
+        if identity not in self._suspect_claims:
+            return False
+        self._suspect_claims.discard(identity)
+        return True
+
+    def _may_mark(self, identity: AttemptIdentity, at: int) -> bool:
+        row = self._rows.get(identity.update_id)
+        return row is not None and self._live(row, identity.attempt, at, identity.claim_id)
+
+    def mark_isolated(self, identity: AttemptIdentity, *, at: int) -> bool:
+        with self._lock:
+            if not self._may_mark(identity, at):
+                return False
+            self._marked[identity.update_id] = identity.claim_id
+            return True
+
+
+class MarkIsolatedIgnoresLeaseStore(IsolatingMemoryStore):
+    """mark_isolated lands for a claim whose lease ended (it must hold at ``at``)."""
+
+    def _may_mark(self, identity: AttemptIdentity, at: int) -> bool:
+        row = self._rows.get(identity.update_id)
+        return row is not None and self._live(row, identity.attempt, None, identity.claim_id)
+
+
+class SuspectForgottenStore(IsolatingMemoryStore):
+    """claimed_suspect never says True: a marked row's next attempt would not run alone."""
+
+    def claimed_suspect(self, identity: AttemptIdentity) -> bool:
+        return False
+
+
 # -- claims of several rows (ClaimingUpdateStore) ------------------------------------------------
 class ClaimOwnedManyIgnoresSpendStore(MemoryUpdateStore):
     """claim_owned_many takes a claimable row even when its attempts are spent."""
@@ -790,6 +839,8 @@ BROKEN: Dict[Type[Any], Sequence[str]] = {
     ReleaseIgnoresClaimIdStore: ("release",),
     ReleasedWaitsForPendingGraceStore: ("release",),
     TakeOverLiveStore: ("liveness",),
+    MarkIsolatedIgnoresLeaseStore: ("isolation",),
+    SuspectForgottenStore: ("isolation",),
     AddManyOverwritesStore: ("batch-add",),
     AddClaimedManyClaimsExistingStore: ("batch-claim-at-ingest",),
     SettleOwnedManyIgnoresClaimIdStore: ("batch-settle",),

@@ -45,6 +45,7 @@ from ptb_fence import UpdateIntake  # noqa: E402
 from worker_support import (  # noqa: E402
     add_worker_arguments,
     announce_ready,
+    crash_if,
     extra_options,
     fork_child,
     make_store,
@@ -100,6 +101,7 @@ def main(args: argparse.Namespace) -> None:
         update_id = update["update_id"]
         text = (update.get("message") or {}).get("text")
         touch(os.path.join(args.dir, f"started.{update_id}.{pid}"))
+        crash_if(args, text)
         if args.hang and text == args.hang:
             while True:  # never returns: close() abandons this thread
                 time.sleep(3600)

@@ -50,6 +50,7 @@ from ptb_fence.ptb import FencedUpdateProcessor  # noqa: E402
 from worker_support import (  # noqa: E402
     add_worker_arguments,
     announce_ready,
+    crash_if,
     extra_options,
     fork_child,
     make_store,
@@ -88,6 +89,7 @@ async def main(args: argparse.Namespace) -> Any:
     async def on_message(update: Update, context: Any) -> Any:
         attempt = context.attempt
         touch(os.path.join(args.dir, f"started.{update.update_id}.{pid}"))
+        crash_if(args, update.message.text)
         if args.hang and update.message.text == args.hang:
             await asyncio.sleep(3600)  # until SIGKILL
         marker = os.path.join(args.dir, f"stubborn.{update.update_id}")

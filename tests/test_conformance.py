@@ -146,6 +146,12 @@ def test_broken_store_is_reported_by_the_named_rule(
         assert rule in reported, f"{broken.__name__}: {rule} missing in {violations}"
 
 
+def test_a_correct_isolating_store_conforms() -> None:
+    from broken_stores import IsolatingMemoryStore
+
+    assert check_update_store(IsolatingMemoryStore) == []
+
+
 def test_read_then_write_claim_has_several_winners() -> None:
     violations = check_update_store(ReadThenWriteClaimStore)
     concurrent = [v for v in violations if v.startswith("concurrent-claim: ")]

@@ -172,6 +172,7 @@ def test_schema_text_is_idempotent_and_complete(pg_dsn: str, pg_table: str) -> N
         "fingerprint": "text",
         "instance": "text",
         "chat_key": "bigint",  # strict_chat_order (issue 13)
+        "isolated_claim": "text",  # suspect rows, isolated claims (IsolatingUpdateStore)
     }
     indexes = execute(pg_dsn, "SELECT indexdef FROM pg_indexes WHERE tablename = %s", (pg_table,))
     assert any("(state, due_at)" in d for (d,) in indexes)
@@ -808,6 +809,29 @@ def test_create_table_upgrades_a_legacy_table(pg_dsn: str, pg_table: str) -> Non
     with PostgresUpdateStore(pg_dsn, pg_table) as s:
         identity = s.claim_owned(1, now=T, lease_until=T + 5, max_attempts=3)
         assert identity is not None and identity.attempt == 1
+
+
+def test_table_without_isolated_claim_until_migrated(pg_dsn: str, pg_table: str) -> None:
+    """A table migrated before ``isolated_claim`` existed, managed with create_table=False:
+    everything works, no claim is suspect and nothing is marked (a crash counts against every
+    claim of the dead process, as before) until the migration adds the column."""
+    execute(pg_dsn, postgres_update_store_schema(pg_table))
+    execute(pg_dsn, f'ALTER TABLE "{pg_table}" DROP COLUMN isolated_claim')
+    with PostgresUpdateStore(pg_dsn, pg_table, create_table=False) as s:
+        s.hold_liveness()
+        assert s.add_many([(1, "a", T), (2, "b", T), (3, "c", T)]) == [True] * 3
+        identity = claimed(s, 1, T, T + 900)
+        assert s.claimed_suspect(identity) is False
+        assert s.mark_isolated(identity, at=T) is False
+        (two, three) = s.claim_owned_many([2, 3], now=T, lease_until=T + 900, max_attempts=5)
+        assert two is not None and three is not None and not s.claimed_suspect(two)
+        assert s.claim(3, now=T + 901, lease_until=T + 1900, max_attempts=5) == 2
+        assert s.take_over_dead(now=T + 10) == 0
+        assert s.settle_owned(identity, Completed(T + 20)) is True
+    execute(pg_dsn, postgres_update_store_schema(pg_table))
+    with PostgresUpdateStore(pg_dsn, pg_table, create_table=False) as s:
+        assert s.mark_isolated(two, at=T + 30) is True
+        assert s.settle_owned(two, Completed(T + 40)) is True
 
 
 def test_missing_table_without_create_table(pg_dsn: str, pg_table: str) -> None:

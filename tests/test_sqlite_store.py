@@ -100,7 +100,7 @@ def test_schema_created_with_wal_index_and_claim_id(db: str, store: SQLiteUpdate
         columns = {row[1]: row[2] for row in conn.execute("PRAGMA table_info(telegram_updates)")}
         assert set(columns) == {
             "update_id", "body", "state", "attempts", "due_at", "received_at", "settled_at",
-            "error", "claim_id", "fingerprint", "instance", "chat_key",
+            "error", "claim_id", "fingerprint", "instance", "chat_key", "isolated_claim",
         }
         assert columns["claim_id"] == "TEXT" and columns["fingerprint"] == "TEXT"
         assert columns["chat_key"] == "INTEGER"
@@ -189,7 +189,7 @@ def test_add_one_record_per_update_id(db: str, store: SQLiteUpdateStore) -> None
         "update_id": BIG, "body": '{"update_id": 1}', "state": "pending", "attempts": 0,
         "due_at": BIG + 1, "received_at": BIG + 1, "settled_at": None, "error": None,
         "claim_id": None, "fingerprint": None,  # no update kind: no fingerprint
-        "instance": None, "chat_key": None,
+        "instance": None, "chat_key": None, "isolated_claim": None,
     }
     identity = claimed(store, BIG)
     assert store.add(BIG, "x", 1) is False  # processing
@@ -875,6 +875,7 @@ def test_older_table_gets_claim_id_and_keeps_its_rows(db: str) -> None:
         columns = [row[1] for row in conn.execute("PRAGMA table_info(telegram_updates)")]
         conn.close()
         assert columns.count("claim_id") == 1
+        assert columns.count("isolated_claim") == 1  # suspect rows (IsolatingUpdateStore)
         assert raw_row(db, 1)["body"] == "a"
         assert raw_row(db, 3)["settled_at"] == 60
         # the old pending row works with fenced claims

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import time
 from typing import Any, Dict
 
@@ -31,12 +32,16 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slow-seconds", type=float, default=3.0)
     parser.add_argument("--stop-timeout", type=float, default=None)
     parser.add_argument("--attempt-timeout", type=float, default=None)
+    parser.add_argument("--max-attempts", type=int, default=None)
     parser.add_argument("--strict-chat-order", action="store_true")
     parser.add_argument(
         "--fork-child",
         action="store_true",
         help="once ready, fork a long-lived child (multiprocessing, fork start method); its "
         "pid is written to DIR/child.<pid>",
+    )
+    parser.add_argument(
+        "--crash", default="", help="text of messages whose handler SIGKILLs its own process"
     )
 
 
@@ -57,6 +62,13 @@ def touch(path: str) -> None:
         file.write(str(time.time()))
 
 
+def crash_if(args: argparse.Namespace, text: object) -> None:
+    """With ``--crash`` matching ``text``: die at once, as a segfault or the OOM killer would
+    (no cleanup, no release, the liveness signal dropped by the kernel)."""
+    if args.crash and text == args.crash:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def extra_options(args: argparse.Namespace) -> Dict[str, Any]:
     """Recovery options, passed only when given (so the library defaults apply otherwise)."""
     options: Dict[str, Any] = {}
@@ -64,6 +76,8 @@ def extra_options(args: argparse.Namespace) -> Dict[str, Any]:
         options["stop_timeout_seconds"] = args.stop_timeout
     if args.attempt_timeout is not None:
         options["attempt_timeout_seconds"] = args.attempt_timeout
+    if args.max_attempts is not None:
+        options["max_attempts"] = args.max_attempts
     if args.strict_chat_order:
         options["strict_chat_order"] = True
     return options

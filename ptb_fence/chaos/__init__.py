@@ -36,14 +36,17 @@ What a run does:
   attempts and handler runs, every exhaustion delivered with its exact identity and acknowledged,
   no rolled-back or fenced-out write visible, no worker crashed.
 - A trigger logs every claim of the store's table in the claim's own transaction
-  (``chaos_<run>_claims``). The claim log must match the ``attempts`` counters, and every handler
-  run must belong to a logged claim. A claim may legitimately never reach its handler when its
+  (``chaos_<run>_claims``). The attempt numbers in the claim log must be exactly 1 to the
+  ``attempts`` counter, and every handler run must belong to a logged claim. An attempt given
+  back (released at a stop, or taken over from a SIGKILLed worker whose handlers did not run
+  alone) is claimed again with the same number; each earlier claim of a repeated number must lie
+  at most ``lease`` + 1.5 s before a fault, otherwise the run fails. A claim may legitimately never reach its handler when its
   worker is SIGKILLed right after it, or when the connection breaks while the claim commits (the
   runtime cannot know that it landed; the lease lapses and the next attempt takes over): such a
   claim counts as an attempt without a run, is shown in the table, and must lie at most
   ``lease`` + 1.5 s before a SIGKILL, a backend termination or the restart, otherwise the run
-  fails. For an always-failing update, runs plus such claims must make exactly
-  ``max_attempts``. Every fault is also logged to ``faults.jsonl`` in the work directory.
+  fails. For an always-failing update, the attempt numbers that ran plus those of such claims
+  must be exactly 1 to ``max_attempts``. Every fault is also logged to ``faults.jsonl`` in the work directory.
 - It prints the table of results and exits 0 when all of these hold, 1 otherwise (naming the
   failed criterion), 2 on bad arguments.
 

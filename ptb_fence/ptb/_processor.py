@@ -31,6 +31,7 @@ from ptb_fence.ptb._handlers import RunningHandlers
 from ptb_fence.ptb._handling import UpdateState, handling
 from ptb_fence.ptb._ingest import Ingest
 from ptb_fence.ptb._interfaces import ApplicationBinding
+from ptb_fence.ptb._isolation import AsyncIsolationGate
 from ptb_fence.ptb._queue import DurableUpdateQueue
 from ptb_fence.ptb._request import unwrap_get_updates_request, wrap_get_updates_request
 from ptb_fence.ptb._state import SharedState
@@ -48,8 +49,6 @@ __all__ = ["BaseFenceProcessor", "DurableUpdateProcessor", "FencedUpdateProcesso
 
 _LOGGER = logging.getLogger("ptb_fence.ptb")
 
-# process_update skips PTB's semaphore (held for a chat's wait too; sized by max_concurrent)
-
 
 class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
     """Shared machinery of :class:`DurableUpdateProcessor` and :class:`FencedUpdateProcessor`.
@@ -60,6 +59,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
     __slots__ = (
         "_application_ref",
         "_deliveries",
+        "_gate",
         "_handle_exhaustion",
         "_handlers",
         "_ingest",
@@ -98,6 +98,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         self._application_ref: "Optional[weakref.ReferenceType[Any]]" = None
         self._slots = asyncio.Semaphore(runtime_options.max_concurrent)
         self._turns = ChatTurns()
+        self._gate = AsyncIsolationGate(lambda: self._state.stopping)  # see _isolation
         self._running = 0
         self._threads = StoreThreads()
         self._handlers = RunningHandlers()
@@ -391,10 +392,8 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                     attempt = await self._ingest.claim(update.update_id)
                 if attempt is None:
                     return False  # not ours, or stopping: it stays in the store
-                if self._state.stopping:
-                    # nothing new starts once stopping began: claimable elsewhere at once
-                    await self._threads.call(runtime.release, [attempt])
-                    return False
+                if not await self._gate.admit(attempt, runtime, self._threads):
+                    return False  # given back: stopping began, or see AsyncIsolationGate.admit
                 self._running += 1
                 handled = UpdateState(update, attempt)
                 try:
@@ -422,6 +421,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                             runtime.settle, attempt, handled.error
                         )
                 finally:
+                    self._gate.leave(attempt.runs_alone)
                     if completing is None:  # also when cancelled: stop renewing (the lease
                         runtime.end(attempt)  # lapses and a sweep retries; never stranded)
                         self._running -= 1

@@ -92,6 +92,7 @@ class Attempt(AsyncForms):
         "_result",
         "_resume",
         "_runtime",
+        "_suspect",
         "attempt",
         "claim_id",
         "owner_lost",
@@ -125,6 +126,9 @@ class Attempt(AsyncForms):
         self._exhausted_error: Optional[str] = None
         self._exhausted_at: Optional[int] = None
         self._body = body
+        # the claim of a suspect row (taken over from a process that died): the attempt runs
+        # alone in this process and is marked isolated first (see the front ends)
+        self._suspect: Optional[AttemptIdentity] = None
         self._loop_waiters: "list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]" = []
 
     def __repr__(self) -> str:
@@ -147,6 +151,24 @@ class Attempt(AsyncForms):
     def fenced(self) -> bool:
         """:obj:`bool`: Whether this attempt carries a persisted claim id."""
         return self._identity is not None
+
+    @property
+    def runs_alone(self) -> bool:
+        """:obj:`bool`: This attempt took a *suspect* row (a process that died held an earlier
+        claim of it, see :class:`~ptb_fence.IsolatingUpdateStore`): its handler runs with no
+        other handler of this process, and a crash during it counts against it alone."""
+        return self._suspect is not None
+
+    @property
+    def suspect_claim(self) -> Optional[AttemptIdentity]:
+        """:class:`~ptb_fence.AttemptIdentity` | :obj:`None`: The claim to mark isolated
+        before the handler starts (set only when :attr:`runs_alone`; also for unary handling,
+        whose attempts carry no claim id)."""
+        return self._suspect
+
+    @suspect_claim.setter
+    def suspect_claim(self, identity: Optional[AttemptIdentity]) -> None:
+        self._suspect = identity
 
     @property
     def phase(self) -> Phase:

@@ -199,6 +199,7 @@ class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
                     return None
                 claim_id = identity.claim_id if self.uses_claim_ids else None
                 attempt = Attempt(self, update_id, identity.attempt, claim_id, lease_until, body)
+                self._note_suspect(attempt, identity)
             else:
                 number = self.port.claim(
                     update_id,
@@ -240,6 +241,7 @@ class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
         attempt = Attempt(
             self, identity.update_id, identity.attempt, identity.claim_id, lease_until, body
         )
+        self._note_suspect(attempt, identity)
         _LOGGER.debug(
             "claimed update %s attempt %s (claim %s)%s",
             attempt.update_id,
@@ -250,6 +252,45 @@ class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
         )
         self.keeper.register(attempt)
         return attempt
+
+    def _note_suspect(self, attempt: Attempt, identity: AttemptIdentity) -> None:
+        """Make ``attempt`` run alone if its claim took a suspect row (a dict lookup in the
+        store object, no statement)."""
+        if self.port.claimed_suspect(identity):
+            attempt.suspect_claim = identity
+            _LOGGER.info(
+                "update %s attempt %s runs alone: a process that died had claimed it (the "
+                "crash may have been its own)",
+                attempt.update_id,
+                attempt.attempt,
+                extra=ids(attempt),
+            )
+
+    def mark_isolated(self, attempt: Attempt) -> bool:
+        """Before the handler of a suspect attempt starts alone: record it in the store (one
+        committed statement), so that a crash now counts against this attempt only.
+
+        Returns :obj:`False` when it did not land (the claim was lost meanwhile, or the store
+        failed: reported as step ``"claim"``): then the handler must not start; give the
+        attempt back with :meth:`~ptb_fence.runtime._recovery.Recovery.release`.
+        """
+        identity = attempt.suspect_claim
+        if identity is None:
+            return True
+        try:
+            landed = self.port.mark_isolated(identity, self.options.now_ms())
+        except Exception as exc:
+            self.report_store_error(exc, "claim", ids=ids(attempt))
+            return False
+        if not landed:
+            _LOGGER.warning(
+                "update %s attempt %s lost its claim before its handler could start alone; "
+                "it runs later",
+                attempt.update_id,
+                attempt.attempt,
+                extra=ids(attempt),
+            )
+        return landed
 
     def _store_settle(self, attempt: Attempt, settlement: Settlement) -> bool:
         """Settle; True when it landed (unary settles are assumed to land)."""

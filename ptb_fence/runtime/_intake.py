@@ -17,6 +17,7 @@ from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._delivery import ExhaustionDelivery
 from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
 from ptb_fence.runtime._intake_runs import IntakeRun, IntakeRuns, IntakeWorkers
+from ptb_fence.runtime._isolation import IsolationGate
 from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._outcome import Outcome
 from ptb_fence.runtime._thread_group import ThreadGroupCommit
@@ -66,6 +67,7 @@ class UpdateIntake:
         "_closed",
         "_delivery",
         "_delivery_lock",
+        "_gate",
         "_handle",
         "_handle_attempt",
         "_handle_exhaustion",
@@ -137,8 +139,15 @@ class UpdateIntake:
         self._claims: Optional[ThreadGroupCommit[Tuple[int, str], Optional[Attempt]]] = (
             ThreadGroupCommit(self._claim_group) if self._runtime.claims_in_groups else None
         )
+        # an attempt of a suspect row runs alone in this process (see _isolation)
+        self._gate = IsolationGate()
         self._runs = IntakeRuns(
-            self._runtime, self._wakeups, self._workers, self._turn_done, self._submit_exhaustion
+            self._runtime,
+            self._wakeups,
+            self._workers,
+            self._turn_done,
+            self._submit_exhaustion,
+            self._gate,
         )
 
     # -- properties -------------------------------------------------------------------------
@@ -208,6 +217,7 @@ class UpdateIntake:
                 return
             self._closed = True
             started = self._started
+        self._gate.close()  # a worker waiting to run alone gives its update back
         self._chats.drop_waiting()
         running: List[str] = []
         if started:
@@ -469,7 +479,15 @@ class UpdateIntake:
         attempt = runtime.claim(update_id, text) if claims is None else claims.submit((update_id, text))
         if attempt is None:
             return None
-        run = self._runs.begin(key, update_id, attempt)
+        alone = attempt.runs_alone
+        if not self._gate.enter(alone):  # closing, or the running handlers did not end
+            runtime.release([attempt])  # its attempt not spent: claimable at once
+            return None
+        if alone and not runtime.mark_isolated(attempt):
+            self._gate.leave(alone)
+            runtime.release([attempt])
+            return None
+        run = self._runs.begin(key, update_id, attempt, alone)  # leaves the gate when it ends
         token = enter_attempt(attempt) if attempt.fenced else None
         error: Optional[BaseException] = None
         try:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple
 from ptb_fence._durations import format_duration
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._isolation import IsolationGate
 from ptb_fence.runtime._outcome import Outcome
 from ptb_fence.runtime._recovery import AttemptTimeout
 from ptb_fence.runtime._wakeups import Wakeups
@@ -42,16 +43,18 @@ class IntakeRun:
         key: The chat key.
         update_id: The update.
         attempt: The attempt.
+        alone: It runs alone (it entered the isolation gate so).
         outcome: How it was settled (:obj:`None` until then, or when released).
     """
 
-    __slots__ = ("_how", "_lock", "attempt", "key", "outcome", "thread", "update_id")
+    __slots__ = ("_how", "_lock", "alone", "attempt", "key", "outcome", "thread", "update_id")
 
-    def __init__(self, key: Hashable, update_id: int, attempt: Attempt) -> None:
+    def __init__(self, key: Hashable, update_id: int, attempt: Attempt, alone: bool) -> None:
         self.key = key
         self.update_id = update_id
         self.attempt = attempt
         self.thread = threading.current_thread()  # the worker running the handler
+        self.alone = alone
         self._lock = threading.Lock()
         self._how: Optional[str] = None
         self.outcome: Optional[Outcome] = None
@@ -79,9 +82,12 @@ class IntakeRuns:
         workers: The worker threads (a timed-out run's thread stops counting there).
         turn_done: ``turn_done(key, update_id, outcome)``: pass the chat's turn on.
         deliver: ``deliver(exhaustion)``: hand an exhaustion to its delivery.
+        gate: The isolation gate every run entered; a run leaves it when it ends.
     """
 
-    __slots__ = ("_deliver", "_lock", "_runs", "_runtime", "_turn_done", "_wakeups", "_workers")
+    __slots__ = (
+        "_deliver", "_gate", "_lock", "_runs", "_runtime", "_turn_done", "_wakeups", "_workers"
+    )
 
     def __init__(
         self,
@@ -90,7 +96,9 @@ class IntakeRuns:
         workers: "IntakeWorkers",
         turn_done: Callable[[Hashable, int, Optional[Outcome]], None],
         deliver: Callable[[Any], None],
+        gate: IsolationGate,
     ) -> None:
+        self._gate = gate
         self._runtime = runtime
         self._wakeups = wakeups
         self._workers = workers
@@ -99,9 +107,10 @@ class IntakeRuns:
         self._lock = threading.Lock()
         self._runs: Dict[int, IntakeRun] = {}
 
-    def begin(self, key: Hashable, update_id: int, attempt: Attempt) -> IntakeRun:
-        """Register a run (and its timeout, if ``attempt_timeout_seconds`` is set)."""
-        run = IntakeRun(key, update_id, attempt)
+    def begin(self, key: Hashable, update_id: int, attempt: Attempt, alone: bool) -> IntakeRun:
+        """Register a run that entered the isolation gate (``alone`` or not), and its
+        timeout if ``attempt_timeout_seconds`` is set."""
+        run = IntakeRun(key, update_id, attempt, alone)
         with self._lock:
             self._runs[update_id] = run
         timeout = self._runtime.options.attempt_timeout_seconds
@@ -112,7 +121,15 @@ class IntakeRuns:
     def returned(self, run: IntakeRun) -> bool:
         """The handler returned: :obj:`True` if the worker settles it (it was not ended)."""
         self._forget(run)
-        return run.finish(_RETURNED)
+        return self._end(run, _RETURNED)
+
+    def _end(self, run: IntakeRun, how: str) -> bool:
+        """End ``run`` as ``how`` (once) and leave the isolation gate: a handler abandoned
+        here (timed out, released) no longer holds an attempt that must run alone."""
+        if not run.finish(how):
+            return False
+        self._gate.leave(run.alone)
+        return True
 
     def _forget(self, run: IntakeRun) -> None:
         with self._lock:
@@ -122,7 +139,9 @@ class IntakeRuns:
     def _time_out(self, run: IntakeRun, timeout: float) -> None:
         # runs on the wakeup thread: settle on a thread of its own (a store call may block)
         label = f"update {run.update_id} attempt {run.attempt.attempt}"
-        if not self._workers.abandon(run.thread, label, timeout, lambda: run.finish(_TIMED_OUT)):
+        if not self._workers.abandon(
+            run.thread, label, timeout, lambda: self._end(run, _TIMED_OUT)
+        ):
             return
         threading.Thread(
             target=self._settle_timed_out,
@@ -149,7 +168,7 @@ class IntakeRuns:
         with self._lock:
             runs = list(self._runs.values())
             self._runs.clear()
-        ended: List[IntakeRun] = [run for run in runs if run.finish(_RELEASED)]
+        ended: List[IntakeRun] = [run for run in runs if self._end(run, _RELEASED)]
         if ended:
             self._runtime.release([run.attempt for run in ended])
         return len(ended)

@@ -31,6 +31,10 @@ for a store that has only the methods of SPEC §4:
   ``strict_chat_order`` refuses the store (:exc:`TypeError` naming the methods);
 - ``unkeyed_in_chats``/``set_chat_keys`` missing (both needed) → rows recorded without a chat
   key stay unordered (:attr:`StorePort.keys_chats` is :obj:`False`; a WARNING at start);
+- ``claimed_suspect``/``mark_isolated`` missing (:class:`~ptb_fence.IsolatingUpdateStore`,
+  both needed) → no claim is suspect, nothing to mark: every attempt runs with the others and
+  a crash counts against every claim of the process that died
+  (:attr:`StorePort.isolates` is :obj:`False`);
 - ``complete_owned``/``reopen_completed`` missing (:class:`~ptb_fence.CompletingUpdateStore`,
   both needed) → a ``complete=True`` transaction checks with ``owns(connection=)`` first and
   settles with ``settle_owned(connection=)`` last (:attr:`StorePort.completes_first` is
@@ -50,6 +54,7 @@ from ptb_fence._protocols import (
     COMPLETING_METHODS,
     DURABLE_METHODS,
     FENCED_METHODS,
+    ISOLATING_METHODS,
     LIVENESS_METHODS,
     missing_methods,
 )
@@ -108,8 +113,10 @@ class StorePort(ClaimsPort, ChatOrderPort):
         "_chat_keying",
         "_chat_order",
         "_claim_owned_many",
+        "_claimed_suspect",
         "_complete_owned",
         "_hold_liveness",
+        "_mark_isolated",
         "_owns_connection",
         "_release_liveness",
         "_release_many",
@@ -170,6 +177,9 @@ class StorePort(ClaimsPort, ChatOrderPort):
         self._hold_liveness = _optional(store, "hold_liveness") if liveness else None
         self._release_liveness = _optional(store, "release_liveness") if liveness else None
         self._take_over_dead = _optional(store, "take_over_dead") if liveness else None
+        isolating = not missing_methods(store, ISOLATING_METHODS)
+        self._claimed_suspect = _optional(store, "claimed_suspect") if isolating else None
+        self._mark_isolated = _optional(store, "mark_isolated") if isolating else None
         completing = not missing_methods(store, COMPLETING_METHODS)
         self._complete_owned = _optional(store, "complete_owned") if completing else None
         self._reopen_completed = _optional(store, "reopen_completed") if completing else None
@@ -235,6 +245,12 @@ class StorePort(ClaimsPort, ChatOrderPort):
         claims of dead instances (``hold_liveness``, ``release_liveness``,
         ``take_over_dead``)."""
         return self._hold_liveness is not None
+
+    @property
+    def isolates(self) -> bool:
+        """:obj:`bool`: The store tells which claims took a suspect row and records that an
+        attempt's handler starts alone (``claimed_suspect``, ``mark_isolated``)."""
+        return self._claimed_suspect is not None
 
     @property
     def atomic_completion(self) -> bool:
@@ -462,6 +478,20 @@ class StorePort(ClaimsPort, ChatOrderPort):
         if self._release_many is None or not identities:
             return [False] * len(identities)
         return [bool(ok) for ok in self._release_many(identities, at=at)]
+
+    def claimed_suspect(self, identity: AttemptIdentity) -> bool:
+        """``store.claimed_suspect(identity)`` (no statement: the claim read it back);
+        :obj:`False` without the capability."""
+        if self._claimed_suspect is None:
+            return False
+        return bool(self._claimed_suspect(identity))
+
+    def mark_isolated(self, identity: AttemptIdentity, at: int) -> bool:
+        """``store.mark_isolated(identity, at=at)`` (one committed statement); :obj:`False`
+        without the capability."""
+        if self._mark_isolated is None:
+            return False
+        return bool(self._mark_isolated(identity, at=at))
 
     def hold_liveness(self) -> Optional[str]:
         """``store.hold_liveness()``: the instance id, or :obj:`None` without the

@@ -15,6 +15,7 @@ from ptb_fence.stores._pg_connections import open_source
 from ptb_fence.stores._pg_executor import PgExecutor, returns_row
 from ptb_fence.stores._pg_recovery import PgLiveness, PostgresRecovery
 from ptb_fence.stores._postgres_sql import META_TABLE
+from ptb_fence.stores._suspects import SuspectClaims
 
 if TYPE_CHECKING:  # psycopg2 is imported when a store is created, not with ptb_fence
     import psycopg2.pool
@@ -28,7 +29,7 @@ class PostgresBaseStore(PostgresRecovery):
     """The base and batch operations of :class:`ptb_fence.PostgresUpdateStore` (see there for
     the constructor's arguments and the connection rules)."""
 
-    __slots__ = ("_create_table", "_db", "_liveness")
+    __slots__ = ("_create_table", "_db", "_liveness", "_suspects")
 
     def __init__(
         self,
@@ -52,6 +53,7 @@ class PostgresBaseStore(PostgresRecovery):
         self._create_table = bool(create_table)
         self._db = PgExecutor(source, table, self._create_table, float(pool_timeout))
         self._liveness = PgLiveness(table, self._db.sql.claim, self._db.sql.claim_fenced)
+        self._suspects = SuspectClaims()
 
     def __repr__(self) -> str:
         return (
@@ -198,7 +200,7 @@ class PostgresBaseStore(PostgresRecovery):
             ptb_fence.SchemaError: With ``durable_exhaustion`` on a table without ``claim_id``.
         """
         params = self._claim_params(update_id, now, lease_until, max_attempts, durable_exhaustion)
-        row = self._fetch_one(self._claim_sql(bool(durable_exhaustion)), params)
+        row = self._fetch_one(self._claim_sql(bool(durable_exhaustion), counted=True), params)
         if row is None or row[0] != "processing":
             return None
         return int(row[1])

@@ -15,7 +15,8 @@ from ptb_fence.stores._names import validate_update_id
 from ptb_fence.stores._chat_order_sql import PostgresChatStatements
 from ptb_fence.stores._pg_executor import PgExecutor
 from ptb_fence.stores._pg_recovery import PgLiveness
-from ptb_fence.stores._pg_recovery_sql import with_instance
+from ptb_fence.stores._pg_recovery_sql import with_instance, with_suspect
+from ptb_fence.stores._suspects import SuspectClaims
 from ptb_fence.stores._postgres_sql import PostgresStatements
 
 __all__ = ["PostgresChatOrder"]
@@ -24,13 +25,15 @@ ChatRow = Tuple[int, str, int, Optional[int]]
 
 
 @lru_cache(maxsize=64)
-def chat_statements(table: str) -> PostgresChatStatements:
+def chat_statements(table: str, suspect: bool = False) -> PostgresChatStatements:
     """The chat-order statements of ``table`` (built once per table): the store's fenced claim
-    (recording the instance) and its replace-a-settled-row clause, with the chat predicate."""
+    (recording the instance; with ``suspect`` reading back whether the row is suspect) and its
+    replace-a-settled-row clause, with the chat predicate."""
     sql = PostgresStatements.for_table(table)
     add_one = sql.add_many(1)
     replace = add_one[add_one.index("ON CONFLICT"):add_one.index("RETURNING")]
-    return PostgresChatStatements(table, with_instance(sql.claim_fenced), replace)
+    claim = with_instance(sql.claim_fenced)
+    return PostgresChatStatements(table, with_suspect(claim) if suspect else claim, replace)
 
 
 class PostgresChatOrder:
@@ -43,6 +46,7 @@ class PostgresChatOrder:
 
     _db: PgExecutor
     _liveness: PgLiveness
+    _suspects: SuspectClaims
 
     def add_many_in_chats(self, rows: Sequence[ChatRow]) -> List[bool]:
         """Insert ``(update_id, body, received_at, chat_key)`` rows as pending in one
@@ -107,7 +111,8 @@ class PostgresChatOrder:
             "claim_id": uuid.uuid4().hex,
             "instance": self._liveness.mine(),
         }
-        sql = chat_statements(self._db.table).claim
+        suspect = self._db.has_column("isolated_claim")
+        sql = chat_statements(self._db.table, suspect).claim
 
         def work(cur: Any) -> Optional[Tuple[Any, ...]]:
             cur.execute(sql, params)
@@ -117,7 +122,10 @@ class PostgresChatOrder:
         row = self._db.run(work)
         if row is None or row[0] != "processing":
             return None
-        return AttemptIdentity(update_id=update_id, attempt=int(row[1]), claim_id=str(row[2]))
+        identity = AttemptIdentity(update_id=update_id, attempt=int(row[1]), claim_id=str(row[2]))
+        if suspect and row[3]:
+            self._suspects.note(identity)
+        return identity
 
     def due_in_chat_order(
         self, *, now: int, pending_before: int, limit: int, chat_key: Optional[int] = None

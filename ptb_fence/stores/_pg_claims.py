@@ -10,6 +10,7 @@ from ptb_fence._values import AttemptIdentity
 from ptb_fence.stores._names import validate_update_id
 from ptb_fence.stores._pg_claims_sql import ClaimStatements
 from ptb_fence.stores._pg_executor import PgExecutor
+from ptb_fence.stores._suspects import SuspectClaims
 
 __all__ = ["PostgresClaims"]
 
@@ -23,6 +24,7 @@ class PostgresClaims:
 
     _db: PgExecutor
     _liveness: Any
+    _suspects: SuspectClaims
 
     def _claims_params(
         self, now: int, lease_until: int, max_attempts: int, durable_exhaustion: bool
@@ -61,15 +63,19 @@ class PostgresClaims:
         params = self._claims_params(now, lease_until, max_attempts, durable_exhaustion)
         params["update_ids"] = distinct
         params["claim_ids"] = [uuid.uuid4().hex for _ in distinct]
-        sql = ClaimStatements(self._db.table).claim_owned_many(self._db.has_column("instance"))
+        instance = self._db.has_column("instance")
+        suspect = instance and self._db.has_column("isolated_claim")
+        sql = ClaimStatements(self._db.table).claim_owned_many(instance, suspect)
 
         def work(cur: Any) -> List[Tuple[Any, ...]]:
             cur.execute(sql, params)
             return list(cur.fetchall())
 
-        taken = {
-            int(u): AttemptIdentity(int(u), int(a), str(c))
-            for u, state, a, c in self._db.run(work)
-            if state == "processing"
-        }
+        taken: Dict[int, AttemptIdentity] = {}
+        for row in self._db.run(work):
+            if row[1] == "processing":
+                identity = AttemptIdentity(int(row[0]), int(row[2]), str(row[3]))
+                taken[identity.update_id] = identity
+                if suspect and row[4]:
+                    self._suspects.note(identity)
         return [taken.pop(update_id, None) for update_id in ids]

@@ -48,11 +48,13 @@ class ClaimStatements:
     def __init__(self, table: str) -> None:
         self.table = f'"{table}"'
 
-    def claim_owned_many(self, instance: bool) -> str:
+    def claim_owned_many(self, instance: bool, suspect: bool = False) -> str:
         """``claim_owned`` for the distinct ids of ``%(update_ids)s`` with the fresh claim ids
         ``%(claim_ids)s`` (same length). Returns ``update_id, state, attempts, claim_id`` of
-        every row it changed (``state = 'abandoned'``: spent, not taken)."""
+        every row it changed (``state = 'abandoned'``: spent, not taken), with ``suspect``
+        a fifth column: whether the row is suspect (``isolated_claim`` not NULL)."""
         t = self.table
+        suspect_column = ", t.isolated_claim IS NOT NULL" if suspect else ""
         return f"""\
 WITH v(update_id, new_claim_id) AS (
     SELECT * FROM unnest(%(update_ids)s::BIGINT[], %(claim_ids)s::TEXT[])
@@ -67,4 +69,4 @@ UPDATE {t} AS t SET
 {_take_or_spend("v.new_claim_id", instance)}
 FROM locked JOIN v ON v.update_id = locked.update_id
 WHERE t.update_id = locked.update_id AND {_CLAIMABLE}
-RETURNING t.update_id, t.state, t.attempts, t.claim_id"""
+RETURNING t.update_id, t.state, t.attempts, t.claim_id{suspect_column}"""

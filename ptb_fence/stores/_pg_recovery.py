@@ -21,7 +21,13 @@ from typing import Any, Dict, List, Optional, Sequence
 from ptb_fence._values import AttemptIdentity
 from ptb_fence.stores._pg_connections import close_quietly
 from ptb_fence.stores._pg_executor import PgExecutor
-from ptb_fence.stores._pg_recovery_sql import RecoveryStatements, instance_key, with_instance
+from ptb_fence.stores._pg_recovery_sql import (
+    RecoveryStatements,
+    instance_key,
+    with_instance,
+    with_suspect,
+)
+from ptb_fence.stores._suspects import SuspectClaims
 
 __all__ = ["PgLiveness", "PostgresRecovery"]
 
@@ -57,6 +63,19 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _counted(claim: str, claim_id: str) -> str:
+    """``claim`` that also marks its take isolated (``isolated_claim = claim_id``, the SQL
+    expression ``claim_id``)."""
+    head, where = claim.split("\nWHERE update_id", 1)
+    return (
+        head
+        + ",\n    isolated_claim = CASE WHEN attempts < %(max_attempts)s THEN "
+        + claim_id
+        + " ELSE isolated_claim END\nWHERE update_id"
+        + where
+    )
+
+
 class PgLiveness:
     """What one store object needs for release and liveness: the statements, and the
     instance it holds (its id, lock key and dedicated connection)."""
@@ -66,6 +85,9 @@ class PgLiveness:
         "beats",
         "claim",
         "claim_fenced",
+        "claim_counted",
+        "claim_fenced_counted",
+        "claim_fenced_suspect",
         "conn",
         "instance",
         "key",
@@ -78,6 +100,10 @@ class PgLiveness:
         self.sql = RecoveryStatements(table)
         self.claim = with_instance(claim)
         self.claim_fenced = with_instance(claim_fenced)
+        self.claim_fenced_suspect = with_suspect(self.claim_fenced)
+        # claim id NULL (a legacy unary claim writes none): isolated_claim NULL matches it
+        self.claim_counted = _counted(self.claim, "claim_id")
+        self.claim_fenced_counted = _counted(self.claim_fenced, "%(claim_id)s::TEXT")
         self.lock = threading.Lock()
         self.instance: Optional[str] = None
         self.key = 0
@@ -100,18 +126,30 @@ class PgLiveness:
 
 
 class PostgresRecovery:
-    """``release_many``, ``hold_liveness``, ``release_liveness`` and ``take_over_dead`` of
-    :class:`ptb_fence.PostgresUpdateStore` (a mixin)."""
+    """``release_many``, ``hold_liveness``, ``release_liveness``, ``take_over_dead``,
+    ``claimed_suspect`` and ``mark_isolated`` of :class:`ptb_fence.PostgresUpdateStore` (a
+    mixin)."""
 
     __slots__ = ()
 
     _db: PgExecutor
     _liveness: PgLiveness
+    _suspects: SuspectClaims
 
-    def _claim_sql(self, fenced: bool) -> str:
-        """The claim statement: recording the instance where the table has that column."""
+    def _claim_sql(self, fenced: bool, counted: bool = False) -> str:
+        """The claim statement: recording the instance where the table has that column and,
+        where it has ``isolated_claim``, either reading back whether the row is suspect
+        (``claim_owned``) or, ``counted`` (the base ``claim``: unary handling never runs an
+        attempt alone), marking the take isolated at once, so that a crash during it counts
+        as it always did."""
+        liveness = self._liveness
         if self._db.has_column("instance"):
-            return self._liveness.claim_fenced if fenced else self._liveness.claim
+            if self._db.has_column("isolated_claim"):
+                if counted:
+                    return liveness.claim_fenced_counted if fenced else liveness.claim_counted
+                if fenced:
+                    return liveness.claim_fenced_suspect
+            return liveness.claim_fenced if fenced else liveness.claim
         return self._db.sql.claim_fenced if fenced else self._db.sql.claim
 
     def _due_sql(self) -> str:
@@ -260,13 +298,20 @@ class PostgresRecovery:
                 close_quietly(conn)
 
     def take_over_dead(self, *, now: int) -> int:
-        """Make the live leases of provably dead instances lapse at ``now`` and forget them,
+        """Make the claims of provably dead instances claimable at ``now`` and forget them,
         in one statement.
 
         An instance of this table (not this object's own) is dead when its advisory lock can
         be taken and its row was not refreshed for a few seconds since the server started (see
-        ``_pg_recovery_sql``). Its ``processing`` rows get ``due_at = now - 1`` (never later
-        than before; attempts and claim id kept), so any process can claim them at once.
+        ``_pg_recovery_sql``). Of its ``processing`` rows, one whose claim was marked isolated
+        (:meth:`mark_isolated`: its handler ran alone there, so the crash is its own) gets
+        ``due_at = now - 1`` (never later than before; attempts and claim id kept); every
+        other row is given back (``pending``, ``attempts - 1``, ``due_at = now``, claim id
+        kept; listed by ``due`` at once) and becomes suspect. Any process can claim them at
+        once (optional capabilities, see :class:`ptb_fence.LivenessStore` and
+        :class:`ptb_fence.IsolatingUpdateStore`). On a table without the ``isolated_claim``
+        column (``create_table=False``, not migrated) every row keeps its attempts (a crash
+        counts against every update its process had claimed).
 
         Also refreshes this object's own instance row and, if its liveness connection broke,
         holds its lock again on a new one.
@@ -279,7 +324,11 @@ class PostgresRecovery:
         if not self._db.has_column("instance") or not self._beats():
             return 0
         params = {"table": self._db.table, "me": self._liveness.mine(), "now": now}
-        sql = self._liveness.sql.take_over_dead
+        statements = self._liveness.sql
+        if self._db.has_column("isolated_claim"):
+            sql = statements.take_over_dead_isolating
+        else:
+            sql = statements.take_over_dead
 
         def work(cur: Any) -> int:
             cur.execute(sql, params)
@@ -300,6 +349,41 @@ class PostgresRecovery:
         if holder.beats is None:
             holder.beats = bool(self._db.run(lambda cur: _fetch_one(cur, holder.sql.beats)))
         return holder.beats
+
+    def claimed_suspect(self, identity: AttemptIdentity) -> bool:
+        """Whether ``identity``, claimed through this object in this process, took a suspect
+        row (a row whose earlier claim a dead instance held, given back by
+        :meth:`take_over_dead`). Read back by the claim statement itself: no statement here;
+        answered once per claim (optional capability, see
+        :class:`ptb_fence.IsolatingUpdateStore`)."""
+        return self._suspects.take(identity)
+
+    def mark_isolated(self, identity: AttemptIdentity, *, at: int) -> bool:
+        """Record, committed, that the handler of this exact live claim starts now alone in its
+        process (``isolated_claim = claim_id``), so that :meth:`take_over_dead` counts its
+        attempt as spent if the process dies (optional capability, see
+        :class:`ptb_fence.IsolatingUpdateStore`).
+
+        Returns:
+            :obj:`bool`: Whether it landed (the row is ``processing`` with this attempt and
+            claim id and ``due_at >= at``); :obj:`False` on a table without the
+            ``isolated_claim`` column (it has no suspect rows).
+        """
+        if not self._db.has_column("isolated_claim"):
+            return False
+        params = {
+            "update_id": identity.update_id,
+            "attempt": identity.attempt,
+            "claim_id": identity.claim_id,
+            "at": int(at),
+        }
+        sql = self._liveness.sql.mark_isolated
+
+        def work(cur: Any) -> bool:
+            cur.execute(sql, params)
+            return cur.fetchone() is not None
+
+        return self._db.run(work)
 
     @property
     def instance(self) -> Optional[str]:

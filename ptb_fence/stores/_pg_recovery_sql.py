@@ -1,8 +1,10 @@
 """The SQL of release and liveness in a PostgresUpdateStore (``%(name)s`` placeholders).
 
-The ``instance`` column (the live instance that made a claim) is added by the idempotent
+The ``instance`` column (the live instance that made a claim) and the ``isolated_claim``
+column (suspect rows, see :class:`ptb_fence.IsolatingUpdateStore`) are added by the idempotent
 migration; on a table managed with ``create_table=False`` and not migrated yet the claims
-run the statements without it (the legacy rule of SPEC §5 still holds for the base API).
+run the statements without them (the legacy rule of SPEC §5 still holds for the base API) and
+``take_over_dead`` counts every crashed attempt as spent.
 
 Liveness: an instance holds a *session* advisory lock ``pg_advisory_lock(CLASS_ID, key)`` on a
 dedicated connection (two-int form in a fixed namespace, so it does not collide with the
@@ -31,6 +33,7 @@ __all__ = [
     "RecoveryStatements",
     "instance_key",
     "with_instance",
+    "with_suspect",
 ]
 
 CLASS_ID = 0x70746266  # "ptbf": the advisory-lock namespace of ptb_fence instances
@@ -78,6 +81,15 @@ def with_instance(claim: str) -> str:
     )
 
 
+def with_suspect(claim: str) -> str:
+    """A fenced claim statement that also reads back whether the row is suspect (a fourth
+    column, ``isolated_claim IS NOT NULL``; the claim does not change that column)."""
+    tail = "RETURNING state, attempts, claim_id"
+    if not claim.endswith(tail):  # pragma: no cover - guards the statement's shape
+        raise AssertionError("unexpected claim statement")
+    return claim + ", isolated_claim IS NOT NULL"
+
+
 class RecoveryStatements:
     """The release and liveness statements of one table (already validated)."""
 
@@ -87,7 +99,9 @@ class RecoveryStatements:
         "due_released",
         "insert_instance",
         "lock_instance",
+        "mark_isolated",
         "take_over_dead",
+        "take_over_dead_isolating",
         "table",
         "unlock_instance",
     )
@@ -151,6 +165,43 @@ gone AS (
     WHERE table_name = %(table)s AND instance IN (SELECT instance FROM dead)
 )
 SELECT count(*) FROM taken"""
+        # The same on a table with isolated_claim: a claim marked isolated (its handler ran
+        # alone in the dead process, so the crash is its own) keeps its attempt and claim id
+        # and its lease lapses now; every other claim is given back as release_many gives it
+        # (the attempt not spent: any handler of the process may have killed it) and the row
+        # becomes suspect (isolated_claim not NULL, equal to no claim id): its next attempt
+        # runs alone.
+        # (NOT DISTINCT: a legacy unary claim writes no claim id and marks NULL = NULL)
+        isolated = "isolated_claim IS NOT DISTINCT FROM claim_id"
+        self.take_over_dead_isolating = self.take_over_dead.replace(
+            """\
+    UPDATE {t} SET due_at = LEAST(due_at, %(now)s::BIGINT - 1)
+    WHERE EXISTS (SELECT 1 FROM dead)
+      AND state = 'processing' AND instance IN (SELECT instance FROM dead)
+      AND due_at >= %(now)s::BIGINT - 1
+""".format(t=t),
+            f"""\
+    UPDATE {t} SET
+        state = CASE WHEN {isolated} THEN state ELSE 'pending' END,
+        attempts = CASE WHEN {isolated} THEN attempts ELSE attempts - 1 END,
+        due_at = CASE WHEN {isolated} THEN LEAST(due_at, %(now)s::BIGINT - 1)
+                      ELSE %(now)s::BIGINT END,
+        instance = CASE WHEN {isolated} THEN instance ELSE NULL END,
+        isolated_claim = CASE WHEN {isolated} THEN isolated_claim
+                              ELSE COALESCE(isolated_claim, '') END
+    WHERE EXISTS (SELECT 1 FROM dead)
+      AND state = 'processing' AND instance IN (SELECT instance FROM dead)
+""",
+        )
+        if self.take_over_dead_isolating == self.take_over_dead:  # pragma: no cover
+            raise AssertionError("unexpected take_over_dead statement")
+        # The handler of this exact live claim starts alone in its process (claims of
+        # suspect rows only).
+        self.mark_isolated = f"""\
+UPDATE {t} SET isolated_claim = claim_id
+WHERE update_id = %(update_id)s AND state = 'processing' AND attempts = %(attempt)s
+  AND claim_id = %(claim_id)s AND due_at >= %(at)s
+RETURNING update_id"""
 
     def release_many(self, count: int, instance: bool) -> str:
         """Release ``count`` identities in one statement: ``(position, update_id, attempt,

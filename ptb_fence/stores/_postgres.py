@@ -154,7 +154,10 @@ class PostgresUpdateStore(PostgresClaims, PostgresChatOrder, PostgresBaseStore):
         row = self._fetch_one(self._claim_sql(True), params)
         if row is None or row[0] != "processing":
             return None
-        return AttemptIdentity(update_id=update_id, attempt=int(row[1]), claim_id=str(row[2]))
+        identity = AttemptIdentity(update_id=update_id, attempt=int(row[1]), claim_id=str(row[2]))
+        if len(row) > 3 and row[3]:  # a suspect row (IsolatingUpdateStore)
+            self._suspects.note(identity)
+        return identity
 
     def renew_owned(
         self, identity: AttemptIdentity, lease_until: int, now: Optional[int] = None

@@ -90,13 +90,18 @@ CREATE TABLE IF NOT EXISTS {t} (
     error       TEXT,                 -- last failure text
     claim_id    TEXT,                 -- opaque token of the current or last claim
     fingerprint TEXT,                 -- which update the body is (same id, other update?)
-    instance    TEXT                  -- the live instance that made the claim (liveness)
+    instance    TEXT,                 -- the live instance that made the claim (liveness)
+    isolated_claim TEXT               -- NULL: never taken over from a dead process; else
+                                      -- suspect, and = claim_id while that claim's handler
+                                      -- runs alone in its process
 );
 
--- Tables created before fencing lack claim_id; older ones lack fingerprint and instance.
+-- Tables created before fencing lack claim_id; older ones lack fingerprint, instance and
+-- isolated_claim.
 ALTER TABLE {t} ADD COLUMN IF NOT EXISTS claim_id TEXT;
 ALTER TABLE {t} ADD COLUMN IF NOT EXISTS fingerprint TEXT;
 ALTER TABLE {t} ADD COLUMN IF NOT EXISTS instance TEXT;
+ALTER TABLE {t} ADD COLUMN IF NOT EXISTS isolated_claim TEXT;
 
 CREATE INDEX IF NOT EXISTS "{_index_name(table)}" ON {t} (state, due_at);
 
@@ -120,6 +125,9 @@ SELECT to_regclass(%(table)s) IS NOT NULL,
        EXISTS (SELECT 1 FROM pg_attribute
                 WHERE attrelid = to_regclass(%(table)s)
                   AND attname = 'instance' AND NOT attisdropped),
+       EXISTS (SELECT 1 FROM pg_attribute
+                WHERE attrelid = to_regclass(%(table)s)
+                  AND attname = 'isolated_claim' AND NOT attisdropped),
        to_regclass(%(index)s) IS NOT NULL,
        EXISTS (SELECT 1 FROM pg_attribute
                 WHERE attrelid = to_regclass(%(table)s)

@@ -127,7 +127,7 @@ class SQLiteUpdateStore(SQLiteClaims, SQLiteChatOrder, SQLiteRecovery, SQLiteBas
         """
         return take(
             self._conns, self._sql, update_id, now, lease_until, max_attempts,
-            durable_exhaustion, self._liveness.mine(),
+            durable_exhaustion, self._liveness.mine(), suspects=self._suspects,
         )
 
     def renew_owned(

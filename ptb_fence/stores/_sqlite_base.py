@@ -15,6 +15,7 @@ from ptb_fence.stores._sqlite_connections import SQLiteConnections
 from ptb_fence.stores._sqlite_recovery import FileLiveness
 from ptb_fence.stores._sqlite_schema import ensure_schema
 from ptb_fence.stores._sqlite_sql import SQLiteStatements
+from ptb_fence.stores._suspects import SuspectClaims
 from ptb_fence.stores._sqlite_writes import (
     add_in,
     max_variables,
@@ -35,7 +36,7 @@ class SQLiteBaseStore:
     """The base and batch operations of :class:`ptb_fence.SQLiteUpdateStore` (see there for
     the constructor's arguments and the connection rules)."""
 
-    __slots__ = ("__weakref__", "_conns", "_liveness", "_sql", "_table")
+    __slots__ = ("__weakref__", "_conns", "_liveness", "_sql", "_suspects", "_table")
 
     def __init__(
         self,
@@ -76,6 +77,7 @@ class SQLiteBaseStore:
             )
         path = os.path.abspath(raw)
         self._liveness = FileLiveness()
+        self._suspects = SuspectClaims()
         self._sql = SQLiteStatements(self._table)
         self._conns = SQLiteConnections(
             path,
@@ -213,7 +215,7 @@ class SQLiteBaseStore:
         """
         identity = take(
             self._conns, self._sql, update_id, now, lease_until, max_attempts,
-            durable_exhaustion, self._liveness.mine(),
+            durable_exhaustion, self._liveness.mine(), self._sql.claim_counted,
         )
         return None if identity is None else identity.attempt
 

@@ -13,6 +13,7 @@ from ptb_fence.stores._sqlite_connections import SQLiteConnections
 from ptb_fence.stores._sqlite_recovery import FileLiveness
 from ptb_fence.stores._sqlite_sql import SQLiteStatements
 from ptb_fence.stores._sqlite_writes import add_in, int_arg, take
+from ptb_fence.stores._suspects import SuspectClaims
 
 __all__ = ["SQLiteChatOrder"]
 
@@ -27,6 +28,7 @@ class SQLiteChatOrder:
     _conns: SQLiteConnections
     _sql: SQLiteStatements
     _liveness: FileLiveness
+    _suspects: SuspectClaims
 
     def add_many_in_chats(
         self, rows: Sequence[Tuple[int, str, int, Optional[int]]]
@@ -70,6 +72,7 @@ class SQLiteChatOrder:
         return take(
             self._conns, self._sql, update_id, now, lease_until, max_attempts,
             durable_exhaustion, self._liveness.mine(), self._sql.chat.claim,
+            suspects=self._suspects,
         )
 
     def due_in_chat_order(

@@ -11,6 +11,7 @@ from ptb_fence.stores._names import validate_update_id
 from ptb_fence.stores._sqlite_connections import SQLiteConnections
 from ptb_fence.stores._sqlite_sql import SQLiteStatements
 from ptb_fence.stores._sqlite_writes import int_arg
+from ptb_fence.stores._suspects import SuspectClaims
 
 __all__ = ["SQLiteClaims"]
 
@@ -40,6 +41,7 @@ class SQLiteClaims:
     _conns: SQLiteConnections
     _sql: SQLiteStatements
     _liveness: Any
+    _suspects: SuspectClaims
 
     def claim_owned_many(
         self,
@@ -68,11 +70,13 @@ class SQLiteClaims:
         params["ids"] = json.dumps(distinct)
         with self._conns.immediate() as conn:
             rows = conn.execute(self._sql.claim_owned_many, params).fetchall()
-        taken = {
-            int(update_id): AttemptIdentity(int(update_id), int(attempts), str(claim_id))
-            for update_id, state, attempts, claim_id in rows
-            if state == "processing"
-        }
+        taken: Dict[int, AttemptIdentity] = {}
+        for update_id, state, attempts, claim_id, suspect in rows:
+            if state == "processing":
+                identity = AttemptIdentity(int(update_id), int(attempts), str(claim_id))
+                taken[identity.update_id] = identity
+                if suspect:
+                    self._suspects.note(identity)
         result: List[Optional[AttemptIdentity]] = []
         for update_id in ids:
             result.append(taken.pop(update_id, None))

@@ -40,6 +40,7 @@ from ptb_fence._values import AttemptIdentity
 from ptb_fence.stores._sqlite_connections import SQLiteConnections
 from ptb_fence.stores._sqlite_sql import SQLiteStatements
 from ptb_fence.stores._sqlite_writes import int_arg, max_variables
+from ptb_fence.stores._suspects import SuspectClaims
 
 __all__ = ["FileLiveness", "SQLiteRecovery", "lock_directory"]
 
@@ -199,8 +200,9 @@ def _lock_if_dead(lock_path: str, instance: str) -> Optional[int]:
 
 
 class SQLiteRecovery:
-    """``release_many``, ``hold_liveness``, ``release_liveness`` and ``take_over_dead`` of
-    :class:`ptb_fence.SQLiteUpdateStore` (a mixin; see the module docstring)."""
+    """``release_many``, ``hold_liveness``, ``release_liveness``, ``take_over_dead``,
+    ``claimed_suspect`` and ``mark_isolated`` of :class:`ptb_fence.SQLiteUpdateStore` (a
+    mixin; see the module docstring)."""
 
     __slots__ = ()
 
@@ -208,6 +210,7 @@ class SQLiteRecovery:
     _sql: SQLiteStatements
     _table: str
     _liveness: FileLiveness
+    _suspects: SuspectClaims
 
     def release_many(self, identities: Sequence[AttemptIdentity], *, at: int) -> List[bool]:
         """Give the exact claims back in one statement (one transaction): each row that is
@@ -349,14 +352,19 @@ class SQLiteRecovery:
         return dead
 
     def take_over_dead(self, *, now: int) -> int:
-        """Make the live leases of provably dead instances lapse at ``now`` and forget them.
+        """Make the claims of provably dead instances claimable at ``now`` and forget them.
 
         An instance of this table (not this object's own) is dead when its lock file, found
         next to this process's path to the database, names it and can be locked; a missing,
         replaced or unreadable lock file proves nothing (one WARNING per unreadable file).
-        First holds this object's own instance again if its lock file was removed. Its ``processing`` rows get ``due_at = now - 1`` (never later than
-        before; attempts and claim id kept), so any process can claim them at once, and its
-        row is deleted — all in one transaction.
+        First holds this object's own instance again if its lock file was removed. Of a dead
+        instance's ``processing`` rows, one whose claim was marked isolated
+        (:meth:`mark_isolated`: its handler ran alone there, so the crash is its own) gets
+        ``due_at = now - 1`` (never later than before; attempts and claim id kept); every
+        other row is given back (``pending``, ``attempts - 1``, ``due_at = now``, claim id
+        kept; listed by ``due`` at once) and becomes suspect. Any process can claim them at
+        once; the instance's row is deleted — all in one transaction (optional capabilities,
+        see :class:`ptb_fence.LivenessStore` and :class:`ptb_fence.IsolatingUpdateStore`).
 
         Returns:
             :obj:`int`: How many rows were made claimable.
@@ -387,6 +395,33 @@ class SQLiteRecovery:
             for _instance, _path, fd in locked:
                 _close_fd(fd)
         return count
+
+    def claimed_suspect(self, identity: AttemptIdentity) -> bool:
+        """Whether ``identity``, claimed through this object in this process, took a suspect
+        row (a row whose earlier claim a dead instance held, given back by
+        :meth:`take_over_dead`). Read back by the claim statement itself: no statement here;
+        answered once per claim (optional capability, see
+        :class:`ptb_fence.IsolatingUpdateStore`)."""
+        return self._suspects.take(identity)
+
+    def mark_isolated(self, identity: AttemptIdentity, *, at: int) -> bool:
+        """Record, committed, that the handler of this exact live claim starts now alone in its
+        process (``isolated_claim = claim_id``), so that :meth:`take_over_dead` counts its
+        attempt as spent if the process dies (optional capability, see
+        :class:`ptb_fence.IsolatingUpdateStore`).
+
+        Returns:
+            :obj:`bool`: Whether it landed (the row is ``processing`` with this attempt and
+            claim id and ``due_at >= at``).
+        """
+        params = {
+            "update_id": identity.update_id,
+            "attempt": identity.attempt,
+            "claim_id": identity.claim_id,
+            "at": int_arg("at", at),
+        }
+        with self._conns.immediate() as conn:
+            return bool(conn.execute(self._sql.mark_isolated, params).fetchall())
 
     @property
     def instance(self) -> Optional[str]:

@@ -1,5 +1,6 @@
 """The schema of a SQLiteUpdateStore table: create it, upgrade an older table (add
-``claim_id``, ``fingerprint``, ``instance`` and ``chat_key`` with its index, keeping its rows), refuse a foreign table;
+``claim_id``, ``fingerprint``, ``instance``, ``chat_key`` with its index and ``isolated_claim``,
+keeping its rows), refuse a foreign table;
 safe while other processes do the same."""
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from ptb_fence.stores._sqlite_connections import SQLiteConnections, is_busy, rol
 from ptb_fence.stores._sqlite_sql import REQUIRED_COLUMNS, SQLiteStatements
 
 __all__ = ["add_claim_id_column", "ensure_schema", "new_claim_id"]
+
+
+_NEWER_COLUMNS = frozenset(("claim_id", "fingerprint", "instance", "chat_key", "isolated_claim"))
+"""Columns added to an older table when it is opened."""
 
 
 def new_claim_id() -> str:
@@ -75,7 +80,7 @@ class _Schema:
 
     def _schema_complete(self, conn: sqlite3.Connection) -> bool:
         columns = _columns(conn, self._sql)
-        if not columns or not {"claim_id", "fingerprint", "instance", "chat_key"} <= columns:
+        if not columns or not _NEWER_COLUMNS <= columns:
             return False
         self._check_columns(columns)
         indexes = {
@@ -123,6 +128,8 @@ class _Schema:
                 _add_column(conn, self._sql, self._sql.add_instance, "instance")
             if "chat_key" not in columns:
                 _add_column(conn, self._sql, self._sql.chat.add_column, "chat_key")
+            if "isolated_claim" not in columns:
+                _add_column(conn, self._sql, self._sql.add_isolated_claim, "isolated_claim")
             conn.execute(self._sql.create_index)
             conn.execute(self._sql.chat.create_index)
             conn.execute("COMMIT")

@@ -26,8 +26,8 @@ REQUIRED_COLUMNS: Tuple[str, ...] = (
     "settled_at",
     "error",
 )
-"""Columns an existing table must have (``claim_id``, ``fingerprint``, ``instance`` and
-``chat_key`` are added when missing)."""
+"""Columns an existing table must have (``claim_id``, ``fingerprint``, ``instance``,
+``chat_key`` and ``isolated_claim`` are added when missing)."""
 
 META_TABLE = "ptb_fence_meta"
 """The table recording which bot owns each update table (``bind_bot``)."""
@@ -85,6 +85,8 @@ class SQLiteStatements:
         "add_claim_id",
         "add_fingerprint",
         "add_instance",
+        "add_isolated_claim",
+        "mark_isolated",
         "create_instances",
         "delete_instance",
         "insert_instance",
@@ -98,6 +100,7 @@ class SQLiteStatements:
         "stored_fingerprint",
         "add_claimed",
         "claim",
+        "claim_counted",
         "claim_owned_many",
         "create_index",
         "create_table",
@@ -140,7 +143,8 @@ class SQLiteStatements:
                 claim_id    TEXT,
                 fingerprint TEXT,
                 instance    TEXT,
-                chat_key    INTEGER
+                chat_key    INTEGER,
+                isolated_claim TEXT
             )"""
         self.create_index = (
             f'CREATE INDEX IF NOT EXISTS "{table}_state_due_at_idx" ON {t} (state, due_at)'
@@ -149,6 +153,7 @@ class SQLiteStatements:
         self.add_claim_id = f"ALTER TABLE {t} ADD COLUMN claim_id TEXT"
         self.add_fingerprint = f"ALTER TABLE {t} ADD COLUMN fingerprint TEXT"
         self.add_instance = f"ALTER TABLE {t} ADD COLUMN instance TEXT"
+        self.add_isolated_claim = f"ALTER TABLE {t} ADD COLUMN isolated_claim TEXT"
         # An older table may hold unacknowledged exhaustions without a claim id; give each one
         # so that it can be delivered and acknowledged with an exact identity.
         self.unclaimed_exhaustions = (
@@ -173,7 +178,7 @@ class SQLiteStatements:
                 due_at = excluded.due_at, received_at = excluded.received_at,
                 settled_at = NULL, error = NULL, claim_id = excluded.claim_id,
                 fingerprint = excluded.fingerprint, instance = excluded.instance,
-                chat_key = NULL
+                chat_key = NULL, isolated_claim = NULL
             WHERE ({t}.state = 'completed'
                    OR ({t}.state = 'abandoned' AND {t}.settled_at IS NOT NULL))
               AND {t}.fingerprint IS NOT NULL AND {t}.fingerprint <> excluded.fingerprint"""
@@ -212,7 +217,16 @@ class SQLiteStatements:
         self.claim = f"""
             UPDATE {t} SET {_take_or_spend(":claim_id")}
             WHERE update_id = :update_id AND {_CLAIMABLE}
-            RETURNING state, attempts, claim_id"""
+            RETURNING state, attempts, claim_id, isolated_claim IS NOT NULL"""
+        # The base claim (unary handling, whose runtime never runs an attempt alone) marks its
+        # take as isolated at once: a crash during it counts (take_over_dead), as it always did.
+        self.claim_counted = self.claim.replace(
+            "\n            WHERE update_id = :update_id",
+            """,
+                isolated_claim = CASE WHEN attempts < :max_attempts
+                                      THEN :claim_id ELSE isolated_claim END
+            WHERE update_id = :update_id""",
+        )
         # the same claim, only for a row that is its chat's turn (strict_chat_order)
         self.chat = SQLiteChatStatements(table, self.claim)
 
@@ -223,7 +237,7 @@ class SQLiteStatements:
             UPDATE {t} SET {_take_or_spend("lower(hex(randomblob(16)))")}
             WHERE update_id IN (SELECT value FROM json_each(:ids))
               AND {_CLAIMABLE.replace("state =", "+state =")}
-            RETURNING update_id, state, attempts, claim_id"""
+            RETURNING update_id, state, attempts, claim_id, isolated_claim IS NOT NULL"""
 
         # A renewal never shortens a lease and, with :now, never revives an expired one.
         self.renew = f"""
@@ -312,10 +326,28 @@ class SQLiteStatements:
             f"SELECT instance, lock_path FROM {i} "
             "WHERE table_name = :table AND (:me IS NULL OR instance <> :me)"
         )
-        # The dead instance's live leases lapse now; attempts and claim id are kept.
+        # The dead instance's claims: a claim marked isolated (its handler ran alone in the
+        # dead process, so the crash is its own) keeps its attempt and claim id and its lease
+        # lapses now; every other claim is given back as release_many gives it (the attempt
+        # not spent: any handler of the process may have killed it) and the row becomes
+        # suspect (isolated_claim not NULL, equal to no claim id): its next attempt runs alone.
+        isolated = "isolated_claim = claim_id"
         self.take_over = f"""
-            UPDATE {t} SET due_at = MIN(COALESCE(due_at, :now - 1), :now - 1)
-            WHERE state = 'processing' AND instance = :instance AND due_at >= :now - 1
+            UPDATE {t} SET
+                state = CASE WHEN {isolated} THEN state ELSE 'pending' END,
+                attempts = CASE WHEN {isolated} THEN attempts ELSE attempts - 1 END,
+                due_at = CASE WHEN {isolated} THEN MIN(COALESCE(due_at, :now - 1), :now - 1)
+                              ELSE :now END,
+                instance = CASE WHEN {isolated} THEN instance ELSE NULL END,
+                isolated_claim = CASE WHEN {isolated} THEN isolated_claim
+                                      ELSE COALESCE(isolated_claim, '') END
+            WHERE state = 'processing' AND instance = :instance
+            RETURNING update_id"""
+        # The handler of this exact live claim starts alone in its process (claims of
+        # suspect rows only).
+        self.mark_isolated = f"""
+            UPDATE {t} SET isolated_claim = claim_id
+            WHERE update_id = :update_id AND {_LIVE} AND claim_id = :claim_id
             RETURNING update_id"""
 
     def release_many(self, count: int) -> str:

@@ -15,6 +15,7 @@ from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._sqlite_connections import SQLiteConnections
 from ptb_fence.stores._sqlite_schema import new_claim_id
 from ptb_fence.stores._sqlite_sql import SQLiteStatements
+from ptb_fence.stores._suspects import SuspectClaims
 
 __all__ = [
     "add_claimed_in",
@@ -115,10 +116,12 @@ def take(
     durable_exhaustion: bool,
     instance: Optional[str] = None,
     statement: Optional[str] = None,
+    suspects: Optional[SuspectClaims] = None,
 ) -> Optional[AttemptIdentity]:
     """Claim ``update_id`` (for ``instance``) in one write transaction; its identity, or None
     if not taken. ``statement``: another claim statement with the same parameters (the
-    chat-order claim); default ``sql.claim``."""
+    chat-order claim); default ``sql.claim``. A claim of a suspect row is noted in
+    ``suspects``."""
     params = {
         "update_id": update_id,
         "now": int_arg("now", now),
@@ -132,8 +135,11 @@ def take(
         rows = conn.execute(statement or sql.claim, params).fetchall()
     if not rows or rows[0][0] != "processing":
         return None
-    _, attempt, claim_id = rows[0]
-    return AttemptIdentity(update_id, int(attempt), str(claim_id))
+    _, attempt, claim_id, suspect = rows[0]
+    identity = AttemptIdentity(update_id, int(attempt), str(claim_id))
+    if suspect and suspects is not None:
+        suspects.note(identity)
+    return identity
 
 
 def settle_statement(sql: SQLiteStatements, settlement: Settlement, *, owned: bool) -> str:
