@@ -254,9 +254,10 @@ def test_webhook_postgres_two_processes_sweeper_takes_over_a_killed_webhook(
     common = [
         "--dsn", pg_dsn, "--table", pg_table, "--bookings-table", bookings_table,
         "--base-url", fake.base_url,
-        # short lease for a quick takeover; the sweeper waits 5 s before it takes a *pending*
-        # update, so the webhook process handles what it receives
-        "--lease-seconds", "1.5", "--sweep-every", "0.3", "--pending-grace", "5",
+        # a lease far longer than finding a dead process takes (about 3 s on PostgreSQL), so
+        # the takeover is the dead-process path; the sweeper waits 5 s before it takes a
+        # *pending* update, so the webhook process handles what it receives
+        "--lease-seconds", "15", "--sweep-every", "0.3", "--pending-grace", "5",
     ]
     webhook = runner.start("webhook_postgres.py", *common, "--listen", "127.0.0.1",
                            "--port", str(port), env=env, name="webhook")
@@ -280,7 +281,7 @@ def test_webhook_postgres_two_processes_sweeper_takes_over_a_killed_webhook(
                     alive=[webhook, sweeper])
 
     # Update 510: the webhook process hangs in the handler ("typing…" never answers), is
-    # killed, and the sweep-only process takes the update over once the lease lapses.
+    # killed, and the sweep-only process takes the update over once it finds the webhook dead.
     fake.delay("sendChatAction", 30)
     calls_before = len(fake.calls_to("sendChatAction"))
     assert post(510, 20, "/book 20:00") == 200

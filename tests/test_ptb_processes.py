@@ -227,7 +227,11 @@ def test_two_processes_share_postgres_and_take_over_a_killed_receiver(
         cur.execute(f"CREATE TABLE {domain} (update_id BIGINT, attempt INT, claim_id TEXT, pid INT)")
     try:
         with FakeBotApi() as fake:
-            receiver = bots.spawn(fake, pg_dsn, pg_table, domain, "--poll", "--hang", "slow")
+            # a lease far longer than finding a dead process takes (about 3 s on PostgreSQL):
+            # the takeover is the dead-process path, which gives the crashed attempts back
+            receiver = bots.spawn(
+                fake, pg_dsn, pg_table, domain, "--poll", "--hang", "slow", "--lease", "15"
+            )
             worker = bots.spawn(fake, pg_dsn, pg_table, domain)
             bots.wait_ready(receiver, worker)
             ids = [fake.inject_message(chat_id=1 + i % 6, text=f"m{i}") for i in range(20)]
@@ -244,7 +248,8 @@ def test_two_processes_share_postgres_and_take_over_a_killed_receiver(
             def states() -> Dict[int, str]:
                 return {r[0]: r[1] for r in query(f"SELECT update_id, state FROM {pg_table}")}
 
-            # the other process takes the lapsed leases over (nobody polls right now)
+            # the other process finds the receiver dead and takes its claims over (nobody
+            # polls right now)
             try:
                 wait_sync("the worker takes the hung updates over",
                           lambda: all(states().get(u) == "completed" for u in hung), 15)

@@ -463,7 +463,9 @@ def test_plain_transaction_is_rerun_once_after_sigkill(bed: Bed) -> None:
     right after it is re-run once (at least once); the idempotency check inside the fenced
     transaction keeps it at one domain row."""
     bed.add([1, 2], chat=5)
-    a = bed.spawn("--mode", "plain", "--kill-after-commit", "1", "--lease", "0.6",
+    # A's lease is far longer than finding a dead process takes (about 3 s on PostgreSQL): B
+    # takes over through the dead-process path, which gives the crashed attempt back
+    a = bed.spawn("--mode", "plain", "--kill-after-commit", "1", "--lease", "15",
                   "--sweep", "60", "--grace", "60")
     a.wait(15)
     assert a.returncode == -signal.SIGKILL, bed.output(a)
@@ -494,12 +496,12 @@ def test_plain_transaction_is_rerun_once_after_sigkill(bed: Bed) -> None:
 
 
 def test_worker_killed_mid_handler_loses_nothing(bed: Bed) -> None:
-    """SIGKILL a worker while handlers run; a second process takes everything over after the
-    lease: every update handled, exactly one domain row each."""
+    """SIGKILL a worker while handlers run; a second process finds it dead and takes everything
+    over (long before the lease): every update handled, exactly one domain row each."""
     ids = list(range(1, 21))
     bed.add(ids)
     a = bed.spawn("--mode", "complete", "--sleep", "0.3", "--max-concurrent", "4",
-                  "--lease", "1", "--sweep", "60", "--grace", "60")
+                  "--lease", "15", "--sweep", "60", "--grace", "60")
 
     def in_flight() -> "set[int]":
         events = [e for e in bed.events() if e["pid"] == a.pid]
@@ -536,9 +538,10 @@ def test_worker_killed_mid_handler_loses_nothing(bed: Bed) -> None:
 def test_worker_killed_inside_fenced_transaction(bed: Bed) -> None:
     """SIGKILL while the handler holds its fenced transaction open (SQLite write lock /
     PostgreSQL row lock) after its domain write: the database rolls it back and releases the
-    lock, and a second process takes the update over after the lease."""
+    lock, and a second process finds A dead and takes the update over (long before the
+    lease)."""
     bed.add([1])
-    a = bed.spawn("--mode", "complete", "--pause-in-tx", "--lease", "0.6", "--sweep", "60",
+    a = bed.spawn("--mode", "complete", "--pause-in-tx", "--lease", "15", "--sweep", "60",
                   "--grace", "60")
     wait_for("A to be inside its transaction",
              lambda: glob.glob(os.path.join(bed.dir, f"intx.1.{a.pid}")), 15)
