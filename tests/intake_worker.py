@@ -106,6 +106,9 @@ def main(args: argparse.Namespace) -> None:
             time.sleep(args.slow_seconds)
         with attempt.transaction(complete=True) as conn:
             conn.cursor().execute(insert, (update_id, attempt.attempt, attempt.claim_id, pid))
+            if args.txn and text == args.txn:
+                touch(os.path.join(args.dir, f"in_txn.{update_id}.{pid}"))
+                time.sleep(args.txn_seconds)  # the fenced transaction stays open meanwhile
 
     intake = UpdateIntake(
         store,

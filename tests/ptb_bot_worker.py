@@ -9,6 +9,8 @@ Usage::
 ``FencedUpdateProcessor(...).install(Application.builder()...)``; with ``--poll`` it polls the
 fake server, without it it only runs the Application (its sweep hands over due updates). It
 runs until ``DIR/stop`` exists (or ``--max-life`` passed), then stops cleanly.
+A message whose text is ``--txn`` keeps its fenced transaction open ``--txn-seconds`` (after
+its write, announcing itself with ``in_txn.<update_id>.<pid>``).
 
 The handler writes one fenced domain row per attempt that commits, with
 ``await context.attempt.run_in_transaction(write, complete=True)``. A message whose text is
@@ -78,6 +80,9 @@ async def main(args: argparse.Namespace) -> Any:
         def write(conn: Any) -> None:
             cur = conn.cursor()
             cur.execute(insert, (update.update_id, attempt.attempt, attempt.claim_id, pid))
+            if args.txn and update.message.text == args.txn:
+                touch(os.path.join(args.dir, f"in_txn.{update.update_id}.{pid}"))
+                time.sleep(args.txn_seconds)  # the fenced transaction stays open meanwhile
 
         await attempt.run_in_transaction(write, complete=True)
 

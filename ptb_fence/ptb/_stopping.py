@@ -1,28 +1,36 @@
-"""Stopping: what a processor gives back when ``Application.stop()`` begins, in bounded time.
+"""Stopping: how a processor ends its work when ``Application.stop()`` begins, in bounded time.
 
-Once stopping begins nothing new starts. The attempts claimed but not started (claimed at
-ingest, queued, or recorded while stopping) are released in one ``release_many``: claimable
-at once by any process, the attempt not counted as spent. Running handlers get
-``stop_timeout_seconds`` to finish; then their attempts are released the same way (their
-fenced writes are refused from then on) and their tasks cancelled.
+Once stopping begins nothing new is queued. The updates already in the queue (and the
+running handlers) get ``stop_timeout_seconds`` to be handled, as PTB's ``stop()`` promises
+("after processing any pending updates"). At that deadline nothing more starts: what is
+still claimed but not started is released in one ``release_many`` (claimable at once by any
+process, the attempt not counted as spent); the handlers still running are cancelled and
+their attempts released the same way, their open fenced transactions ended first (a row that
+its own transaction locks cannot be released).
+
+Every store call of the stop is waited for only until :data:`STOP_MARGIN_SECONDS` after that
+deadline (a server that does not answer — frozen, partitioned — must not hold the process):
+the call goes on on its store thread, and what it did not give back is covered by its lease.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import List, Set
+from typing import Callable, List, Optional, Set, TypeVar
 
 from ptb_fence.ptb._handlers import RunningHandlers
 from ptb_fence.ptb._state import SharedState
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._recovery import STOP_MARGIN_SECONDS
 
-__all__ = ["Stopping"]
+__all__ = ["STOP_MARGIN_SECONDS", "Stopping"]
 
 _LOGGER = logging.getLogger("ptb_fence.ptb")
 
+T = TypeVar("T")
 
 class Stopping:
     """The stop of one processor.
@@ -64,29 +72,65 @@ class Stopping:
     async def _release(self, attempts: List[Attempt]) -> int:
         return await self._threads.call(self._runtime.release, attempts)
 
-    async def stop(self, unstarted: List[Attempt]) -> None:
-        """Stopping began: release ``unstarted`` (one call), give the running handlers
-        ``stop_timeout_seconds``, then release what still runs (one call) and cancel it."""
-        if unstarted:
-            await self._release(unstarted)
-        timeout = self._runtime.options.stop_timeout_seconds
-        if await self._handlers.wait_idle(timeout):
-            return
-        runs = self._handlers.snapshot()
-        if not runs:
-            return
-        _LOGGER.warning(
-            "%d handler(s) still running %.3g s after stopping began "
-            "(stop_timeout_seconds): releasing their updates (claimable at once elsewhere; "
-            "their fenced writes are refused from now on) and cancelling them",
-            len(runs),
-            timeout,
-        )
-        await self._release([run.attempt for run in runs])
-        self._handlers.end_released(runs)
+    async def call_until(self, fn: Callable[[], T], until: float, what: str) -> Optional[T]:
+        """``fn()`` on a store thread, waited for until the loop time ``until``; :obj:`None`
+        (logged as a WARNING naming ``what``) when it did not return by then: it goes on on
+        its store thread (a daemon thread: it never keeps the process alive)."""
+        loop = asyncio.get_running_loop()
+        hop = self._threads.executor
+        if hop is None:  # not started (or shut down): nothing to give back through it
+            return None
+        future = hop.submit(loop, fn)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), max(until - loop.time(), 0.0))
+        except asyncio.TimeoutError:
+            _LOGGER.warning(
+                "%s: the store did not answer in time; going on without it (what it did not "
+                "give back is claimable elsewhere once its lease ran out)",
+                what,
+            )
+            return None
 
-    async def drain(self) -> None:
+    async def stop(self, state: SharedState) -> None:
+        """Stopping began (``state.stopping`` is set and :attr:`SharedState.finishing`
+        holds the updates queued or running): handle them within ``stop_timeout_seconds``,
+        then release what is left and cancel what still runs."""
+        runtime = self._runtime
+        loop = asyncio.get_running_loop()
+        timeout = runtime.options.stop_timeout_seconds
+        deadline = loop.time() + timeout
+        final = deadline + STOP_MARGIN_SECONDS
+        # getUpdates answers PTB never put in the queue: they will not start here
+        unqueued = state.take_unstarted(ingested_only=True)
+        if unqueued:
+            await self.call_until(
+                lambda: runtime.release(unqueued), final, "releasing unqueued updates"
+            )
+        finished = await state.wait_finished(deadline - loop.time())
+        if finished and await self._handlers.wait_idle(max(deadline - loop.time(), 0.0)):
+            return
+        # the deadline: nothing more starts; what is claimed and waits is given back
+        unstarted = state.take_unstarted()
+        runs = self._handlers.snapshot()
+        if runs:
+            _LOGGER.warning(
+                "%d handler(s) still running %.3g s after stopping began "
+                "(stop_timeout_seconds): cancelling them and releasing their updates "
+                "(their open fenced transactions are ended first)",
+                len(runs),
+                timeout,
+            )
+        attempts = unstarted + [run.attempt for run in runs]
+        self._handlers.end_released(runs)
+        if attempts:
+            grace = max(final - loop.time() - 0.5, 0.0)
+            await self.call_until(
+                lambda: runtime.give_back(attempts, grace), final, "releasing updates at the stop"
+            )
+
+    async def drain(self, until: float) -> None:
         """Wait for the releases started with :meth:`release_soon` (before the store threads
-        stop)."""
-        while self._pending:
-            await asyncio.gather(*list(self._pending), return_exceptions=True)
+        stop), until the loop time ``until``."""
+        loop = asyncio.get_running_loop()
+        while self._pending and loop.time() < until:
+            await asyncio.wait(list(self._pending), timeout=max(until - loop.time(), 0.0))

@@ -14,6 +14,7 @@ from ptb_fence.runtime._attempt_async import AsyncForms
 from ptb_fence.runtime._connections import (
     COMMITTED_OR_ROLLED_BACK,
     given_connection,
+    interrupt,
     transaction_ended,
 )
 from ptb_fence.runtime._phase import (
@@ -80,6 +81,7 @@ class Attempt(AsyncForms):
 
     __slots__ = (
         "_body",
+        "_connections",
         "_exhausted_at",
         "_exhausted_error",
         "_holding",
@@ -122,6 +124,9 @@ class Attempt(AsyncForms):
         self._resume = Phase.RUNNING  # the phase a failed COMPLETING returns to
         self._opening = 0  # fenced transactions opening or open
         self._holding = 0  # fenced transactions whose ownership check succeeded, still open
+        # the store's own connections of the fenced transactions open now (a stop that gives
+        # up waiting ends them: see interrupt_transactions)
+        self._connections: "list[Any]" = []
         self._exhausted_error: Optional[str] = None
         self._exhausted_at: Optional[int] = None
         self._body = body
@@ -407,7 +412,16 @@ class Attempt(AsyncForms):
                 with self._lock:
                     self._holding += 1
                     holding = True
-                yield conn
+                    if connection is None and conn is not None:
+                        self._connections.append(conn)
+                try:
+                    yield conn
+                finally:
+                    # before the commit: once the store took the connection back it may serve
+                    # other calls, which an interrupt must never touch
+                    if connection is None and conn is not None:
+                        with self._lock:
+                            self._connections.remove(conn)
                 ended = transaction_ended(conn)
                 if ended is not None:
                     if first and ended == COMMITTED_OR_ROLLED_BACK:
@@ -440,6 +454,19 @@ class Attempt(AsyncForms):
                     self._holding -= 1
             if complete:
                 self._end_completing(False)  # no-op once committed
+
+    def interrupt_transactions(self) -> int:
+        """End this attempt's open fenced transactions at once (rolled back), where the
+        store's driver allows it; returns how many were interrupted.
+
+        Used by a stop that gave up waiting for the attempt (its update is released next): a
+        transaction on one of the store's own PostgreSQL connections has its connection cut,
+        so the server rolls it back and unlocks the row, and the block's next statement or its
+        commit fails. Transactions on a caller's connection, SQLite's and the memory store's
+        are left to end by themselves.
+        """
+        with self._lock:
+            return sum(1 for conn in self._connections if interrupt(conn))
 
     def _reopen(self, checked_at: int, conn: Any) -> None:
         """The block ended the transaction itself: if it committed, its commit also landed

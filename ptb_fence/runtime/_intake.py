@@ -20,6 +20,7 @@ from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
 from ptb_fence.runtime._intake_runs import IntakeRun, IntakeRuns
 from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._outcome import Outcome
+from ptb_fence.runtime._recovery import STOP_MARGIN_SECONDS
 from ptb_fence.runtime._thread_group import ThreadGroupCommit
 from ptb_fence.runtime._wakeups import Wakeups
 
@@ -214,16 +215,21 @@ class UpdateIntake:
             pool.shutdown(wait=False)
             grace = self._runtime.options.stop_timeout_seconds
             remaining = left()
-            if not self._chats.wait_empty(grace if remaining is None else min(grace, remaining)):
-                released = self._runs.release_all()
-                if released:
+            waited = grace if remaining is None else min(grace, remaining)
+            if not self._chats.wait_empty(waited):
+                running_now = self._runs.count()
+                if running_now:
                     _LOGGER.warning(
-                        "close(): %d handler(s) still running after %s: their updates are "
-                        "released (claimable at once elsewhere; their fenced writes are "
-                        "refused) and their threads abandoned",
-                        released,
-                        format_duration(grace if remaining is None else min(grace, remaining)),
+                        "close(): %d handler(s) still running after %s: releasing their "
+                        "updates (their open fenced transactions are ended first) and "
+                        "abandoning their threads",
+                        running_now,
+                        format_duration(waited),
                     )
+                remaining = left()
+                self._runs.release_all(
+                    STOP_MARGIN_SECONDS if remaining is None else min(STOP_MARGIN_SECONDS, remaining)
+                )
         running += self._wakeups.close(left())
         running += self._runtime.stop_jobs(left())
         with self._lock:

@@ -101,6 +101,11 @@ class IntakeRuns:
         self._forget(run)
         return run.finish(_RETURNED)
 
+    def count(self) -> int:
+        """How many runs are going now."""
+        with self._lock:
+            return len(self._runs)
+
     def _forget(self, run: IntakeRun) -> None:
         with self._lock:
             if self._runs.get(run.update_id) is run:
@@ -129,13 +134,15 @@ class IntakeRuns:
         if exhaustion is not None:
             self._deliver(exhaustion)
 
-    def release_all(self) -> int:
-        """Release every run still going (one ``release_many``); their worker threads are
-        abandoned. Returns how many runs were ended here."""
+    def release_all(self, grace: float) -> int:
+        """Release every run still going (:meth:`Runtime.give_back
+        <ptb_fence.runtime._recovery.Recovery.give_back>`: their open fenced transactions are
+        ended first, at most about ``grace`` seconds); their worker threads are abandoned.
+        Returns how many runs were ended here."""
         with self._lock:
             runs = list(self._runs.values())
             self._runs.clear()
         ended: List[IntakeRun] = [run for run in runs if run.finish(_RELEASED)]
         if ended:
-            self._runtime.release([run.attempt for run in ended])
+            self._runtime.give_back([run.attempt for run in ended], grace)
         return len(ended)

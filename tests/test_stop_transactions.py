@@ -1,0 +1,71 @@
+"""A graceful stop while a fenced transaction is open: the update is committed or given back.
+
+Real bot processes of both front ends (tests/ptb_bot_worker.py under ``run_polling()``,
+tests/intake_worker.py with ``close()``) on PostgreSQL with the library's default lease
+(120 s). A handler keeps its fenced transaction (``run_in_transaction`` /
+``attempt.transaction``, ``complete=True``) open for a few seconds; SIGTERM arrives in the
+middle of it. The row is locked by that transaction, so it cannot be released while the
+transaction is open: the stop must let it end (committed: the update is done) or end it
+(rolled back: then released), never leave the row to its lease. A second process must find
+the update completed or handle it far below the lease, and the stopped process's log must
+not claim a release that did not happen.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+from typing import Any, Iterator, List
+
+import pytest
+
+from ptb_fence.testing import FakeBotApi
+from ptb_support import wait_sync
+from recovery_support import (  # noqa: F401 - fixtures
+    DEFAULTS, Bed, _all_handled, _exactly_once, _nothing_leased, _stop, bots, make_bed,
+)
+from test_ptb_processes import Bots
+
+
+@pytest.fixture(params=["postgres"])
+def bed(request: Any, tmp_path: Any) -> Iterator[Bed]:
+    """The PostgreSQL store of tests/recovery_support.py."""
+    yield from make_bed(request, tmp_path)
+
+
+def _log_lines(bots: Bots, pid: int) -> List[str]:
+    with open(os.path.join(bots.dir, f"log.{pid}"), encoding="utf-8") as file:
+        return file.read().splitlines()
+
+
+@pytest.mark.parametrize("txn_seconds,stop_timeout", [(3.0, 10.0), (8.0, 1.0)])
+def test_sigterm_during_an_open_fenced_transaction_commits_or_releases_it(
+    bots: Bots, bed: Bed, txn_seconds: float, stop_timeout: float
+) -> None:
+    with FakeBotApi() as fake:
+        slow = fake.inject_message(chat_id=1, text="txn")
+        ids = [slow] + [fake.inject_message(chat_id=2 + i, text=f"m{i}") for i in range(4)]
+        first = bots.spawn(fake, bed.url, bed.table, bed.domain, "--run-polling", *DEFAULTS,
+                           "--txn", "txn", "--txn-seconds", str(txn_seconds),
+                           "--stop-timeout", str(stop_timeout))
+        bots.wait_ready(first)
+        wait_sync("the fenced transaction to be open",
+                  lambda: glob.glob(os.path.join(bots.dir, f"in_txn.{slow}.{first.pid}")), 20)
+        # bounded: the transaction's end or the stop's deadline, plus a margin
+        took = _stop(bots, first, signal.SIGTERM, min(txn_seconds, stop_timeout) + 8)
+        assert first.returncode == 0, bots.output()
+        _nothing_leased(bots, bed)  # committed or released: no row is left to its lease
+        second = bots.spawn(fake, bed.url, bed.table, bed.domain, "--run-polling", *DEFAULTS)
+        bots.wait_ready(second)
+        # far below the 120 s lease
+        _all_handled(bots, bed, ids, 20, "every update completed after the stop")
+        _stop(bots, second, signal.SIGTERM, 15)
+    written = _exactly_once(bed, ids)
+    lines = _log_lines(bots, first.pid)
+    released = [line for line in lines if "released" in line and "not released" not in line]
+    if written[slow][0][3] == first.pid:  # its transaction committed during the stop
+        assert not any(f"update {slow} " in line for line in released), "\n".join(lines)
+    else:  # rolled back and released: the next process ran it, the attempt not counted
+        assert written[slow][0][1] == 1, written[slow]
+    assert took < min(txn_seconds, stop_timeout) + 8, took
