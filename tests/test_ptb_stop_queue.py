@@ -108,3 +108,52 @@ def test_what_is_left_after_stop_timeout_is_released_and_handled_by_the_next_sta
 
     took = run(main(), timeout=90)
     assert took < 1.0 + 3.0, took
+
+
+@pytest.mark.parametrize("processor_kind", sorted(PROCESSORS))
+@pytest.mark.parametrize("handler_block", [True, False])
+def test_stop_handles_a_queued_update_whose_handler_fails(
+    processor_kind: str, handler_block: bool
+) -> None:
+    """PTB's own ``test_non_blocking_error_handler`` (tests/ext/test_application.py) with a
+    ptb_fence processor: ``put`` then ``stop()`` in a task; the update's handler runs (and
+    fails) during the stop, the blocking error handler at once, the non-blocking one when it
+    is let go."""
+    from ptb_fence import MemoryUpdateStore
+    from telegram.ext import TypeHandler
+
+    seen: Dict[str, Any] = {"count": None, "received": None}
+
+    async def raising(update: object, context: Any) -> None:
+        raise RuntimeError("err")
+
+    async def main() -> None:
+        event = asyncio.Event()
+
+        async def async_error_handler(update: object, context: Any) -> None:
+            await event.wait()
+            seen["received"] = "done"
+
+        async def normal_error_handler(update: object, context: Any) -> None:
+            seen["count"] = 42
+
+        with FakeBotApi() as fake:
+            app = build(PROCESSORS[processor_kind](MemoryUpdateStore()), fake)
+            app.add_error_handler(async_error_handler, block=False)
+            app.add_error_handler(normal_error_handler)
+            app.add_handler(TypeHandler(object, raising, block=handler_block))
+            async with app:
+                await app.start()
+                await app.update_queue.put(_update(app, 7, 1, "hi"))
+                stopping = asyncio.create_task(app.stop())
+                deadline = time.monotonic() + 10  # PTB's test waits 0.05 s; this machine is busy
+                while seen["count"] is None and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                assert seen["count"] == 42
+                assert seen["received"] is None
+                event.set()
+                await stopping
+                await asyncio.sleep(0.05)
+                assert seen["received"] == "done"
+
+    run(main(), timeout=60)
