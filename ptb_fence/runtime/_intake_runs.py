@@ -10,16 +10,19 @@ writes are refused, since its attempt no longer owns the update.
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Callable, Dict, Hashable, List, Optional
 
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._outcome import Outcome
-from ptb_fence.runtime._recovery import AttemptTimeout
+from ptb_fence.runtime._recovery import STOP_MARGIN_SECONDS, AttemptTimeout
 from ptb_fence.runtime._wakeups import Wakeups
 
 __all__ = ["IntakeRun", "IntakeRuns"]
+
+_LOGGER = logging.getLogger("ptb_fence.intake")
 
 _RETURNED = "returned"
 _TIMED_OUT = "timed out"
@@ -144,5 +147,22 @@ class IntakeRuns:
             self._runs.clear()
         ended: List[IntakeRun] = [run for run in runs if run.finish(_RELEASED)]
         if ended:
-            self._runtime.give_back([run.attempt for run in ended], grace)
+            attempts = [run.attempt for run in ended]
+            # on a daemon thread waited for a bounded time: a database that does not answer
+            # must not hold close() (what is not given back is covered by its lease)
+            giving = threading.Thread(
+                target=self._runtime.give_back,
+                args=(attempts, grace),
+                name="ptb_fence-give-back",
+                daemon=True,
+            )
+            giving.start()
+            giving.join(grace + STOP_MARGIN_SECONDS)
+            if giving.is_alive():
+                _LOGGER.warning(
+                    "close(): releasing %d update(s): the store did not answer in time; going "
+                    "on without it (what it did not give back is claimable elsewhere once its "
+                    "lease ran out)",
+                    len(attempts),
+                )
         return len(ended)
