@@ -129,9 +129,11 @@ def test_sigterm_while_postgres_does_not_answer_exits_in_bounded_time(
     bots: Bots, bed: Bed, proxy: FreezableProxy
 ) -> None:
     options = ("--lease", "4", "--sweep", "0.5", "--grace", "0.5", "--max-concurrent", "2",
-               "--slow", "slow", "--slow-seconds", "1.5", "--stop-timeout", str(STOP_TIMEOUT))
+               "--slow", "slow", "--slow-seconds", "1.5", "--fail-once", "slow",
+               "--stop-timeout", str(STOP_TIMEOUT))
     with FakeBotApi() as fake:
-        # two slow handlers running (max_concurrent=2) and the rest claimed, waiting
+        # two slow handlers running (max_concurrent=2) and the rest claimed, waiting; the slow
+        # ones fail after their sleep, so their settle waits for the silent store
         ids = [fake.inject_message(chat_id=1 + i, text="slow" if i < 2 else f"m{i}") for i in range(8)]
         first = bots.spawn(fake, _through(bed.url, proxy.port), bed.table, bed.domain,
                            "--run-polling", *options)

@@ -34,7 +34,7 @@ from ptb_fence.ptb._interfaces import ApplicationBinding
 from ptb_fence.ptb._queue import DurableUpdateQueue
 from ptb_fence.ptb._request import unwrap_get_updates_request, wrap_get_updates_request
 from ptb_fence.ptb._state import SharedState
-from ptb_fence.ptb._stopping import STOP_MARGIN_SECONDS, Stopping
+from ptb_fence.ptb._stopping import STOP_MARGIN_SECONDS, Stopping, uncancel_current_task
 from ptb_fence.ptb._sweeper import Sweeper
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.ptb._wiring import BuilderType, configure_builder, warn_non_blocking
@@ -378,6 +378,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                 _LOGGER.exception("processing a non-update object failed")
             return
         awaited = False
+        task = self._stopping.processing()
         try:
             awaited = await self._process(update, coroutine)
         except Exception:
@@ -386,7 +387,14 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                 update.update_id,
                 extra={"update_id": update.update_id},
             )
+        except asyncio.CancelledError:
+            if not self._stopping.abandoned(task):
+                raise
+            # the stop gave up waiting for this update's store call: end normally (PTB's
+            # update_queue.join() waits for this task_done; a raise would skip it)
+            uncancel_current_task()
         finally:
+            self._stopping.processed(task)
             self._state.done(update.update_id)
             if not awaited and inspect.iscoroutine(coroutine):
                 coroutine.close()

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, List, Optional, Set, TypeVar
+import sys
+import weakref
+from typing import Any, Callable, List, Optional, Set, TypeVar
 
 from ptb_fence.ptb._handlers import RunningHandlers
 from ptb_fence.ptb._state import SharedState
@@ -26,7 +28,7 @@ from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._recovery import STOP_MARGIN_SECONDS
 
-__all__ = ["STOP_MARGIN_SECONDS", "Stopping"]
+__all__ = ["STOP_MARGIN_SECONDS", "Stopping", "uncancel_current_task"]
 
 _LOGGER = logging.getLogger("ptb_fence.ptb")
 
@@ -41,7 +43,7 @@ class Stopping:
         handlers: The processor's running handlers.
     """
 
-    __slots__ = ("_handlers", "_pending", "_runtime", "_threads")
+    __slots__ = ("_abandoned", "_handlers", "_pending", "_processing", "_runtime", "_threads")
 
     def __init__(
         self, runtime: Runtime, threads: StoreThreads, handlers: RunningHandlers
@@ -50,6 +52,30 @@ class Stopping:
         self._threads = threads
         self._handlers = handlers
         self._pending: "Set[asyncio.Task[int]]" = set()
+        # the tasks processing an update now (PTB's update_queue.join() waits for each), and
+        # those a stop cancelled because they still waited for the store past its margin
+        self._processing: "Set[asyncio.Task[Any]]" = set()
+        self._abandoned: "weakref.WeakSet[asyncio.Task[Any]]" = weakref.WeakSet()
+
+    def processing(self) -> "Optional[asyncio.Task[Any]]":
+        """Count the current task as processing an update (until :meth:`processed`)."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._processing.add(task)
+        return task
+
+    def processed(self, task: "Optional[asyncio.Task[Any]]") -> None:
+        """The task's processing of an update ended."""
+        if task is not None:
+            self._processing.discard(task)
+
+    def abandoned(self, task: "Optional[asyncio.Task[Any]]") -> bool:
+        """Whether the stop cancelled ``task`` (it waited for the store past the stop's
+        margin); the cancellation is then the stop's own, not the caller's (once)."""
+        if task is None or task not in self._abandoned:
+            return False
+        self._abandoned.discard(task)
+        return True
 
     def release_soon(self, attempts: List[Attempt]) -> None:
         """Release ``attempts`` on a store thread (called on the event loop; see
@@ -108,6 +134,7 @@ class Stopping:
             )
         finished = await state.wait_finished(deadline - loop.time())
         if finished and await self._handlers.wait_idle(max(deadline - loop.time(), 0.0)):
+            await self._abandon_stragglers(final)
             return
         # the deadline: nothing more starts; what is claimed and waits is given back
         unstarted = state.take_unstarted()
@@ -127,6 +154,31 @@ class Stopping:
             await self.call_until(
                 lambda: runtime.give_back(attempts, grace), final, "releasing updates at the stop"
             )
+        await self._abandon_stragglers(final)
+
+    async def _abandon_stragglers(self, until: float) -> None:
+        """Wait until the loop time ``until`` for the updates still being processed (their
+        settles, completions and releases), then cancel those still waiting: a database that
+        does not answer must not keep PTB's ``update_queue.join()`` waiting. What they did
+        not write is covered by its lease."""
+        loop = asyncio.get_running_loop()
+        current = asyncio.current_task()
+        tasks = [task for task in self._processing if task is not current]
+        if not tasks:
+            return
+        _, late = await asyncio.wait(tasks, timeout=max(until - loop.time(), 0.0))
+        if not late:
+            return
+        _LOGGER.warning(
+            "%d update(s) still being processed %.3g s after stop_timeout_seconds (waiting for "
+            "the store, or for a slot held by one that does): cancelling their processing "
+            "(what they did not write is claimable elsewhere once its lease ran out)",
+            len(late),
+            STOP_MARGIN_SECONDS,
+        )
+        for task in late:
+            self._abandoned.add(task)
+            task.cancel()
 
     async def drain(self, until: float) -> None:
         """Wait for the releases started with :meth:`release_soon` (before the store threads
@@ -134,3 +186,11 @@ class Stopping:
         loop = asyncio.get_running_loop()
         while self._pending and loop.time() < until:
             await asyncio.wait(list(self._pending), timeout=max(until - loop.time(), 0.0))
+
+
+def uncancel_current_task() -> None:
+    """Undo one cancel request of the current task (Python 3.11+; Python 3.10 keeps no
+    count): called where a cancellation made by the processor itself is swallowed."""
+    task = asyncio.current_task()
+    if sys.version_info >= (3, 11) and task is not None:
+        task.uncancel()
