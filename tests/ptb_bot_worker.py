@@ -49,7 +49,6 @@ from worker_support import (  # noqa: E402
 def parse_args(argv: List[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_worker_arguments(parser)
-    parser.add_argument("--fail-once", default="", help="text of messages whose first attempt fails")
     parser.add_argument(
         "--run-polling",
         action="store_true",

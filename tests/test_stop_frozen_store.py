@@ -124,7 +124,6 @@ BOUND = STOP_TIMEOUT + 13.0
 10.5 s with ``stop_timeout_seconds=2``; without the bounds the bot never exits while frozen."""
 
 
-@pytest.mark.parametrize("bots", ["ptb"], indirect=True)
 def test_sigterm_while_postgres_does_not_answer_exits_in_bounded_time(
     bots: Bots, bed: Bed, proxy: FreezableProxy
 ) -> None:

@@ -194,8 +194,10 @@ class UpdateIntake:
 
         Args:
             timeout: Seconds to wait in all (:obj:`None`: attempts get
-                ``stop_timeout_seconds``, the intake's own threads as long as they need). What
-                is still running after it is named in a WARNING.
+                ``stop_timeout_seconds``, then the intake's own store work — giving back what
+                is left, the last lease renewal, sweep and refill runs — at most 2 s more, so a
+                database that does not answer cannot hold ``close()``; exhaustion deliveries
+                as long as they need). What is still running after it is named in a WARNING.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -226,16 +228,21 @@ class UpdateIntake:
                         running_now,
                         format_duration(waited),
                     )
-                remaining = left()
-                self._runs.release_all(
-                    STOP_MARGIN_SECONDS if remaining is None else min(STOP_MARGIN_SECONDS, remaining)
-                )
-        running += self._wakeups.close(left())
-        running += self._runtime.stop_jobs(left())
+        # the intake's own store work (giving back, the last job runs) is bounded even without
+        # a timeout: a database that does not answer must not hold close()
+        margin_until = time.monotonic() + STOP_MARGIN_SECONDS
+
+        def internal() -> float:
+            until = margin_until if deadline is None else min(margin_until, deadline)
+            return max(0.0, until - time.monotonic())
+
+        self._runs.release_all(internal())
+        running += self._wakeups.close(internal())
+        running += self._runtime.stop_jobs(internal())
         with self._lock:
             refills = list(self._refills)
         for thread in refills:
-            thread.join(left())
+            thread.join(internal())
             if thread.is_alive():
                 running.append(thread.name)
         if self._delivery is not None:
@@ -243,10 +250,9 @@ class UpdateIntake:
         self._runtime.release_liveness()
         if running:
             _LOGGER.warning(
-                "close(): still running after %s: %s; attempts lose their lease renewal "
-                "and are taken over after the lease; close the store only after they end "
-                "(idle())",
-                format_duration(timeout or 0.0),
+                "close(): still running when close() returned: %s; attempts lose their lease "
+                "renewal and are taken over after the lease; close the store only after they "
+                "end (idle())",
                 ", ".join(running),
             )
 

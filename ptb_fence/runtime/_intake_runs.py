@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._outcome import Outcome
-from ptb_fence.runtime._recovery import STOP_MARGIN_SECONDS, AttemptTimeout
+from ptb_fence.runtime._recovery import AttemptTimeout
 from ptb_fence.runtime._wakeups import Wakeups
 
 __all__ = ["IntakeRun", "IntakeRuns"]
@@ -137,10 +137,10 @@ class IntakeRuns:
         if exhaustion is not None:
             self._deliver(exhaustion)
 
-    def release_all(self, grace: float) -> int:
+    def release_all(self, seconds: float) -> int:
         """Release every run still going (:meth:`Runtime.give_back
         <ptb_fence.runtime._recovery.Recovery.give_back>`: their open fenced transactions are
-        ended first, at most about ``grace`` seconds); their worker threads are abandoned.
+        ended first), waiting at most ``seconds``; their worker threads are abandoned.
         Returns how many runs were ended here."""
         with self._lock:
             runs = list(self._runs.values())
@@ -152,12 +152,12 @@ class IntakeRuns:
             # must not hold close() (what is not given back is covered by its lease)
             giving = threading.Thread(
                 target=self._runtime.give_back,
-                args=(attempts, grace),
+                args=(attempts, max(seconds - 0.5, 0.0)),
                 name="ptb_fence-give-back",
                 daemon=True,
             )
             giving.start()
-            giving.join(grace + STOP_MARGIN_SECONDS)
+            giving.join(seconds)
             if giving.is_alive():
                 _LOGGER.warning(
                     "close(): releasing %d update(s): the store did not answer in time; going "
