@@ -69,3 +69,62 @@ def test_sigterm_during_an_open_fenced_transaction_commits_or_releases_it(
     else:  # rolled back and released: the next process ran it, the attempt not counted
         assert written[slow][0][1] == 1, written[slow]
     assert took < min(txn_seconds, stop_timeout) + 8, took
+
+
+def test_a_transaction_the_stop_cannot_end_is_logged_as_not_released(
+    pg_dsn: str, pg_table: str, pg_tables: List[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fenced transaction on the caller's own connection cannot be ended by the stop: its
+    row stays locked, so it is not released, and the log says so (with the lease's end)
+    instead of "released"; the transaction then commits by itself and completes the update."""
+    import json
+    import logging
+    import threading
+    import time
+
+    import psycopg2
+
+    from conftest import fresh_table_name
+    from ptb_fence import PostgresUpdateStore, UpdateIntake
+
+    domain = fresh_table_name()
+    pg_tables.append(domain)
+    store = PostgresUpdateStore(pg_dsn, pg_table)
+    own = psycopg2.connect(pg_dsn)
+    in_txn = threading.Event()
+    finished = threading.Event()
+    with own, own.cursor() as cur:
+        cur.execute(f"CREATE TABLE {domain} (update_id BIGINT, attempt INT)")
+
+    def handle(update: Any, attempt: Any) -> None:
+        try:
+            with attempt.transaction(connection=own, complete=True) as conn:
+                conn.cursor().execute(f"INSERT INTO {domain} VALUES (%s, %s)",  # noqa: S608
+                                      (update["update_id"], attempt.attempt))
+                in_txn.set()
+                time.sleep(4)  # past stop_timeout_seconds and the stop's margin
+        finally:
+            finished.set()
+
+    intake = UpdateIntake(store, handle_attempt=handle, stop_timeout_seconds=0.5)
+    intake.start()
+    try:
+        body = {"update_id": 77, "message": {"message_id": 1, "date": 0,
+                                             "chat": {"id": 1, "type": "private"}, "text": "x"}}
+        assert intake.accept(json.dumps(body)) == "accepted"
+        assert in_txn.wait(10)
+        with caplog.at_level(logging.INFO, logger="ptb_fence"):
+            intake.close()
+        messages = [record.getMessage() for record in caplog.records]
+        assert any("update 77 attempt 1 was not released" in m and "lease covers it" in m
+                   for m in messages), messages
+        assert not any(m.startswith("released ") for m in messages), messages
+        assert finished.wait(10)
+        with own, own.cursor() as cur:
+            cur.execute(f"SELECT state FROM {pg_table} WHERE update_id = 77")  # noqa: S608
+            assert cur.fetchone()[0] == "completed"  # it still owned the update: committed
+            cur.execute(f"SELECT count(*) FROM {domain}")  # noqa: S608
+            assert cur.fetchone()[0] == 1
+    finally:
+        own.close()
+        store.close()

@@ -142,8 +142,9 @@ class Stopping:
         if runs:
             _LOGGER.warning(
                 "%d handler(s) still running %.3g s after stopping began "
-                "(stop_timeout_seconds): cancelling them and releasing their updates "
-                "(their open fenced transactions are ended first)",
+                "(stop_timeout_seconds): cancelling them and releasing their updates where "
+                "possible (open fenced transactions are ended first; what is not released is "
+                "logged)",
                 len(runs),
                 timeout,
             )

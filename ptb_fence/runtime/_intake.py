@@ -223,8 +223,8 @@ class UpdateIntake:
                 if running_now:
                     _LOGGER.warning(
                         "close(): %d handler(s) still running after %s: releasing their "
-                        "updates (their open fenced transactions are ended first) and "
-                        "abandoning their threads",
+                        "updates where possible (open fenced transactions are ended first; "
+                        "what is not released is logged) and abandoning their threads",
                         running_now,
                         format_duration(waited),
                     )
