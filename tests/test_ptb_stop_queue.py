@@ -97,7 +97,7 @@ def test_what_is_left_after_stop_timeout_is_released_and_handled_by_the_next_sta
                 began = time.monotonic()
                 await app.stop()
                 took = time.monotonic() - began
-                assert 0 < len(handled) < len(ids), handled  # some handled, not all
+                assert len(handled) < len(ids), handled  # not all: the rest was released
                 await app.start()  # the same process goes on: nothing was lost
                 deadline = time.monotonic() + 30
                 while sorted(handled) != ids and time.monotonic() < deadline:
