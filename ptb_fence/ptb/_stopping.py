@@ -34,6 +34,7 @@ _LOGGER = logging.getLogger("ptb_fence.ptb")
 
 T = TypeVar("T")
 
+
 class Stopping:
     """The stop of one processor.
 

@@ -12,7 +12,6 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
-
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._outcome import ids
 
@@ -29,8 +28,8 @@ STOP_MARGIN_SECONDS = 2.0
 is left, ending open fenced transactions), and how long the PTB processor's ``shutdown``
 waits for its own (the lease keeper's last tick, the liveness signal). So
 ``Application.stop()`` returns within ``stop_timeout_seconds`` + 2 s and ``run_polling()``
-exits within ``stop_timeout_seconds`` + 4 s (plus the time the store's ``close()`` takes),
-even when the database does not answer."""
+within ``stop_timeout_seconds`` + 5 s (then the store's ``close()``), even when the database
+does not answer; ``UpdateIntake.close()`` gives its own store work the same 2 s."""
 
 
 class AttemptTimeout(Exception):
