@@ -34,7 +34,7 @@ from ptb_fence.ptb._interfaces import ApplicationBinding
 from ptb_fence.ptb._queue import DurableUpdateQueue
 from ptb_fence.ptb._request import unwrap_get_updates_request, wrap_get_updates_request
 from ptb_fence.ptb._state import SharedState
-from ptb_fence.ptb._stopping import STOP_MARGIN_SECONDS, Stopping, uncancel_current_task
+from ptb_fence.ptb._stopping import Stopping
 from ptb_fence.ptb._sweeper import Sweeper
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.ptb._wiring import BuilderType, configure_builder, warn_non_blocking
@@ -274,19 +274,13 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
     async def application_stopping(self) -> None:
         """``Application.stop()`` began: queue nothing more, handle the updates already in
         the queue and let running handlers finish, within ``stop_timeout_seconds``; then
-        release what is left (one ``release_many``: claimable at once elsewhere) and cancel
-        the handlers still running.
+        release what is left and cancel the handlers still running (see ``_stopping``).
 
-        Updates put after this began, and those the deadline leaves, stay in the store for
-        the next start or another process; PTB's ``update_queue.join()`` then only waits for
-        updates that are skipped at once. Called by
-        :class:`~ptb_fence.ptb.FencedApplicationMixin`; not needed in user code.
+        Called by :class:`~ptb_fence.ptb.FencedApplicationMixin`; not needed in user code.
         """
-        state = self._state
-        state.stopping = True
-        state.begin_finishing()
+        self._state.begin_stopping()
         await self._sweeper.stop()
-        await self._stopping.stop(state)
+        await self._stopping.stop(self._state)
 
     def application_started(self) -> None:
         """``Application.start()`` ran (again): resume queueing and sweeping.
@@ -314,26 +308,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         unwrap_get_updates_request(self._get_application().bot, self._ingest)
         state.batch_ingest = False
         state.release_preclaimed()
-        # bounded, like the stop: a database that does not answer must not hold the process
-        # (what is not given back is covered by its lease; a liveness row left behind is
-        # recognised as dead by the others)
-        loop = asyncio.get_running_loop()
-        until = loop.time() + STOP_MARGIN_SECONDS
-        await self._stopping.drain(until)
-        stuck = await loop.run_in_executor(
-            None, self._runtime.stop_jobs, max(until - loop.time(), 0.0)
-        )
-        if stuck:
-            _LOGGER.warning(
-                "shutdown: still running after %.3g s: %s (waiting for the store?); going on",
-                STOP_MARGIN_SECONDS,
-                ", ".join(stuck),
-            )
-        await self._stopping.call_until(
-            self._runtime.release_liveness,
-            max(until, loop.time() + 0.5),
-            "giving back this process's liveness signal",
-        )
+        await self._stopping.shutdown()  # bounded, also when the database does not answer
         self._runtime.executor = None
         self._threads.stop()
         state.inflight.clear()
@@ -387,12 +362,9 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                 update.update_id,
                 extra={"update_id": update.update_id},
             )
-        except asyncio.CancelledError:
-            if not self._stopping.abandoned(task):
+        except asyncio.CancelledError:  # by the stop (its store call hung)? then end normally:
+            if not self._stopping.end_abandoned(task):  # PTB's join() waits for task_done
                 raise
-            # the stop gave up waiting for this update's store call: end normally (PTB's
-            # update_queue.join() waits for this task_done; a raise would skip it)
-            uncancel_current_task()
         finally:
             self._stopping.processed(task)
             self._state.done(update.update_id)
@@ -411,13 +383,12 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             # the slot may already be held for the whole call (see process_update)
             slot = contextlib.nullcontext() if _HOLDING_SLOT.get() else self._slots
             async with slot:
-                may_start = self._state.may_start
                 attempt = self._state.take_preclaimed(update.update_id)
-                if attempt is None and may_start(update.update_id):
+                if attempt is None and self._state.may_start(update.update_id):
                     attempt = await self._ingest.claim(update.update_id)
                 if attempt is None:
                     return False  # not ours, or stopping: it stays in the store
-                if not may_start(update.update_id):
+                if not self._state.may_start(update.update_id):
                     # the stop no longer waits for it: claimable elsewhere at once
                     await self._threads.call(runtime.release, [attempt])
                     return False

@@ -68,8 +68,10 @@ class SharedState:
         stopping began and the stop still waits for it."""
         return not self.stopping or update_id in self.finishing
 
-    def begin_finishing(self) -> None:
-        """Stopping began: the updates queued or being processed now may still start."""
+    def begin_stopping(self) -> None:
+        """Stopping began: queue nothing more; the updates queued or being processed now may
+        still start (:attr:`finishing`)."""
+        self.stopping = True
         self.finishing = set(self.inflight)
 
     def done(self, update_id: int) -> None:

@@ -28,7 +28,7 @@ from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._core import Runtime
 from ptb_fence.runtime._recovery import STOP_MARGIN_SECONDS
 
-__all__ = ["STOP_MARGIN_SECONDS", "Stopping", "uncancel_current_task"]
+__all__ = ["STOP_MARGIN_SECONDS", "Stopping"]
 
 _LOGGER = logging.getLogger("ptb_fence.ptb")
 
@@ -70,12 +70,15 @@ class Stopping:
         if task is not None:
             self._processing.discard(task)
 
-    def abandoned(self, task: "Optional[asyncio.Task[Any]]") -> bool:
-        """Whether the stop cancelled ``task`` (it waited for the store past the stop's
-        margin); the cancellation is then the stop's own, not the caller's (once)."""
+    def end_abandoned(self, task: "Optional[asyncio.Task[Any]]") -> bool:
+        """Called where ``task`` (the current task) caught a CancelledError: :obj:`True` if
+        the stop cancelled it (it waited for the store past the stop's margin; the cancel
+        request is withdrawn, the task ends normally), :obj:`False` if someone else did (the
+        caller re-raises)."""
         if task is None or task not in self._abandoned:
             return False
         self._abandoned.discard(task)
+        uncancel_current_task()
         return True
 
     def release_soon(self, attempts: List[Attempt]) -> None:
@@ -182,12 +185,31 @@ class Stopping:
             self._abandoned.add(task)
             task.cancel()
 
-    async def drain(self, until: float) -> None:
-        """Wait for the releases started with :meth:`release_soon` (before the store threads
-        stop), until the loop time ``until``."""
+    async def shutdown(self) -> None:
+        """The processor's shutdown, before its store threads stop: wait for the releases
+        started with :meth:`release_soon`, stop the runtime's jobs and give back the liveness
+        signal, all within :data:`STOP_MARGIN_SECONDS` (a database that does not answer must
+        not hold the process: what is not given back is covered by its lease, and a liveness
+        row left behind is recognised as dead once the process is gone)."""
         loop = asyncio.get_running_loop()
+        until = loop.time() + STOP_MARGIN_SECONDS
         while self._pending and loop.time() < until:
             await asyncio.wait(list(self._pending), timeout=max(until - loop.time(), 0.0))
+        runtime = self._runtime
+        stuck = await loop.run_in_executor(
+            None, runtime.stop_jobs, max(until - loop.time(), 0.0)
+        )
+        if stuck:
+            _LOGGER.warning(
+                "shutdown: still running after %.3g s: %s (waiting for the store?); going on",
+                STOP_MARGIN_SECONDS,
+                ", ".join(stuck),
+            )
+        await self.call_until(
+            runtime.release_liveness,
+            max(until, loop.time() + 0.5),
+            "giving back this process's liveness signal",
+        )
 
 
 def uncancel_current_task() -> None:

@@ -124,9 +124,7 @@ class Attempt(AsyncForms):
         self._resume = Phase.RUNNING  # the phase a failed COMPLETING returns to
         self._opening = 0  # fenced transactions opening or open
         self._holding = 0  # fenced transactions whose ownership check succeeded, still open
-        # the store's own connections of the fenced transactions open now (a stop that gives
-        # up waiting ends them: see interrupt_transactions)
-        self._connections: "list[Any]" = []
+        self._connections: "list[Any]" = []  # the store's own, of open fenced transactions
         self._exhausted_error: Optional[str] = None
         self._exhausted_at: Optional[int] = None
         self._body = body
@@ -409,17 +407,16 @@ class Attempt(AsyncForms):
                     # the database's refusal is the authoritative proof of loss
                     self.mark_owner_lost()
                     raise OwnershipLost(identity)
+                own = connection is None and conn is not None  # a stop may interrupt it
                 with self._lock:
                     self._holding += 1
                     holding = True
-                    if connection is None and conn is not None:
+                    if own:
                         self._connections.append(conn)
                 try:
                     yield conn
-                finally:
-                    # before the commit: once the store took the connection back it may serve
-                    # other calls, which an interrupt must never touch
-                    if connection is None and conn is not None:
+                finally:  # before the commit: then the pool may lend it to other calls
+                    if own:
                         with self._lock:
                             self._connections.remove(conn)
                 ended = transaction_ended(conn)
@@ -456,15 +453,11 @@ class Attempt(AsyncForms):
                 self._end_completing(False)  # no-op once committed
 
     def interrupt_transactions(self) -> int:
-        """End this attempt's open fenced transactions at once (rolled back), where the
-        store's driver allows it; returns how many were interrupted.
-
-        Used by a stop that gave up waiting for the attempt (its update is released next): a
-        transaction on one of the store's own PostgreSQL connections has its connection cut,
-        so the server rolls it back and unlocks the row, and the block's next statement or its
-        commit fails. Transactions on a caller's connection, SQLite's and the memory store's
-        are left to end by themselves.
-        """
+        """End this attempt's open fenced transactions on the store's own PostgreSQL
+        connections at once (a stop gave up waiting; the update is released next): the
+        connection is cut, the server rolls back and unlocks the row, the block's next
+        statement or commit fails. Others (a caller's connection, SQLite, the memory store)
+        end by themselves. Returns how many were interrupted."""
         with self._lock:
             return sum(1 for conn in self._connections if interrupt(conn))
 
