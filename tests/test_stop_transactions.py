@@ -128,3 +128,57 @@ def test_a_transaction_the_stop_cannot_end_is_logged_as_not_released(
     finally:
         own.close()
         store.close()
+
+
+def test_close_with_a_timeout_during_an_open_fenced_transaction_releases_the_update(
+    pg_dsn: str, pg_table: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``UpdateIntake.close(timeout)`` while a handler's fenced transaction (on the store's
+    own connection) is open: the transaction is rolled back, the update released at once (a
+    second intake handles it far below the 120 s lease), and the log says "released"."""
+    import json
+    import logging
+    import threading
+    import time
+
+    from ptb_fence import PostgresUpdateStore, UpdateIntake
+
+    first_store, second_store = PostgresUpdateStore(pg_dsn, pg_table), PostgresUpdateStore(pg_dsn, pg_table)
+    in_txn = threading.Event()
+    handled: List[int] = []
+
+    def slow(update: Any, attempt: Any) -> None:
+        with attempt.transaction(complete=True):
+            in_txn.set()
+            time.sleep(6)
+
+    def quick(update: Any, attempt: Any) -> None:
+        with attempt.transaction(complete=True):
+            handled.append(attempt.attempt)
+
+    body = {"update_id": 78, "message": {"message_id": 1, "date": 0,
+                                         "chat": {"id": 1, "type": "private"}, "text": "x"}}
+    first = UpdateIntake(first_store, handle_attempt=slow)  # default stop_timeout (10 s)
+    first.start()
+    try:
+        assert first.accept(json.dumps(body)) == "accepted"
+        assert in_txn.wait(10)
+        began = time.monotonic()
+        with caplog.at_level(logging.INFO, logger="ptb_fence"):
+            first.close(timeout=1.0)
+        took = time.monotonic() - began
+        assert took < 1.0 + 2.5, took
+        messages = [record.getMessage() for record in caplog.records]
+        assert any(m.startswith("released 1 claimed update") for m in messages), messages
+        second = UpdateIntake(second_store, handle_attempt=quick)
+        second.start()
+        try:
+            deadline = time.monotonic() + 15
+            while not handled and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert handled == [1]  # released: the stopped attempt was not counted
+        finally:
+            second.close()
+    finally:
+        first_store.close()
+        second_store.close()

@@ -194,10 +194,12 @@ class UpdateIntake:
 
         Args:
             timeout: Seconds to wait in all (:obj:`None`: attempts get
-                ``stop_timeout_seconds``, then the intake's own store work — giving back what
-                is left, the last lease renewal, sweep and refill runs — at most 2 s more, so a
-                database that does not answer cannot hold ``close()``; exhaustion deliveries
-                as long as they need). What is still running after it is named in a WARNING.
+                ``stop_timeout_seconds``, then the intake's own store work — the last lease
+                renewal, sweep and refill runs — at most 2 s more, so a database that does
+                not answer cannot hold ``close()``; exhaustion deliveries as long as they
+                need). Giving back the attempts still running may take up to 2 s beyond it
+                (milliseconds when the store answers). What is still running after it is
+                named in a WARNING.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -228,15 +230,16 @@ class UpdateIntake:
                         running_now,
                         format_duration(waited),
                     )
-        # the intake's own store work (giving back, the last job runs) is bounded even without
-        # a timeout: a database that does not answer must not hold close()
+        # giving back what still runs takes milliseconds when the store answers; it gets the
+        # margin even past ``timeout`` (a release cut short would strand the update for its
+        # lease), and no more: a database that does not answer must not hold close()
+        self._runs.release_all(STOP_MARGIN_SECONDS)
         margin_until = time.monotonic() + STOP_MARGIN_SECONDS
 
-        def internal() -> float:
+        def internal() -> float:  # the intake's own threads: bounded even without a timeout
             until = margin_until if deadline is None else min(margin_until, deadline)
             return max(0.0, until - time.monotonic())
 
-        self._runs.release_all(internal())
         running += self._wakeups.close(internal())
         running += self._runtime.stop_jobs(internal())
         with self._lock:
