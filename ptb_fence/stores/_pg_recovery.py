@@ -164,9 +164,9 @@ class PostgresRecovery:
             if holder.mine() is None:
                 return
             try:
-                # bounded: a server that does not answer must not keep holder.lock (a stop
-                # waits for it to give the liveness signal back)
-                with cut_after(holder.conn, _RELEASE_SECONDS), holder.conn.cursor() as cur:
+                # not cut after a time: a slow server must not cost a live process its lock (a
+                # stop that finds this check stuck cuts the connection itself)
+                with holder.conn.cursor() as cur:
                     cur.execute("SELECT 1")
                     cur.fetchone()
                 return
