@@ -107,8 +107,13 @@ def main(args: argparse.Namespace) -> None:
                 time.sleep(3600)
         if args.slow and text == args.slow:
             time.sleep(args.slow_seconds)
+        if args.fail_once and text == args.fail_once and attempt.attempt == 1:
+            raise RuntimeError("failing the first attempt (--fail-once)")
         with attempt.transaction(complete=True) as conn:
             conn.cursor().execute(insert, (update_id, attempt.attempt, attempt.claim_id, pid))
+            if args.txn and text == args.txn:
+                touch(os.path.join(args.dir, f"in_txn.{update_id}.{pid}"))
+                time.sleep(args.txn_seconds)  # the fenced transaction stays open meanwhile
 
     intake = UpdateIntake(
         store,
@@ -142,7 +147,9 @@ def main(args: argparse.Namespace) -> None:
         if os.path.exists(stop_file) or time.monotonic() > deadline:
             stopping.set()
     if poller is not None:
-        poller.join(15)
+        # bounded: an accept() waiting for a database that does not answer must not hold the
+        # stop (the poller is a daemon thread; what it did not record is not confirmed)
+        poller.join(2)
     began = time.monotonic()
     intake.close()
     took = time.monotonic() - began

@@ -9,6 +9,8 @@ Usage::
 ``FencedUpdateProcessor(...).install(Application.builder()...)``; with ``--poll`` it polls the
 fake server, without it it only runs the Application (its sweep hands over due updates). It
 runs until ``DIR/stop`` exists (or ``--max-life`` passed), then stops cleanly.
+A message whose text is ``--txn`` keeps its fenced transaction open ``--txn-seconds`` (after
+its write, announcing itself with ``in_txn.<update_id>.<pid>``).
 
 The handler writes one fenced domain row per attempt that commits, with
 ``await context.attempt.run_in_transaction(write, complete=True)``. A message whose text is
@@ -61,7 +63,6 @@ from worker_support import (  # noqa: E402
 def parse_args(argv: List[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_worker_arguments(parser)
-    parser.add_argument("--fail-once", default="", help="text of messages whose first attempt fails")
     parser.add_argument(
         "--conversation", action="store_true", help="handle messages as a /book conversation"
     )
@@ -109,6 +110,9 @@ async def main(args: argparse.Namespace) -> Any:
         def write(conn: Any) -> None:
             cur = conn.cursor()
             cur.execute(insert, (update.update_id, attempt.attempt, attempt.claim_id, pid))
+            if args.txn and update.message.text == args.txn:
+                touch(os.path.join(args.dir, f"in_txn.{update.update_id}.{pid}"))
+                time.sleep(args.txn_seconds)  # the fenced transaction stays open meanwhile
 
         await attempt.run_in_transaction(write, complete=True)
         return ConversationHandler.END

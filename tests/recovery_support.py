@@ -92,6 +92,11 @@ class Bed:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def bed(request: Any, tmp_path: Any) -> Iterator[Bed]:
+    yield from make_bed(request, tmp_path)
+
+
+def make_bed(request: Any, tmp_path: Any) -> Iterator[Bed]:
+    """The :class:`Bed` of ``request.param`` (``"sqlite"`` or ``"postgres"``), for a fixture."""
     if request.param == "sqlite":
         path = str(tmp_path / "bot.db")
         store = SQLiteUpdateStore(path)

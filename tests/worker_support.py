@@ -30,6 +30,10 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retry", type=float, default=0.1, help="retry delay in seconds")
     parser.add_argument("--slow", default="", help="text of messages whose handler is slow")
     parser.add_argument("--slow-seconds", type=float, default=3.0)
+    parser.add_argument("--fail-once", default="", help="text of messages whose first attempt fails")
+    parser.add_argument("--txn", default="", help="text of messages whose fenced transaction is slow")
+    parser.add_argument("--txn-seconds", type=float, default=3.0,
+                        help="how long the --txn messages' fenced transaction stays open")
     parser.add_argument("--stop-timeout", type=float, default=None)
     parser.add_argument("--attempt-timeout", type=float, default=None)
     parser.add_argument("--max-attempts", type=int, default=None)

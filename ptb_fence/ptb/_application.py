@@ -202,11 +202,13 @@ class FencedApplicationMixin(_MixinBase):
         """Stop the Application in bounded time.
 
         Before PTB's ``stop()`` waits for the update queue to drain, the processor stops its
-        sweep and starts nothing more: updates claimed but not started (and anything queued or
-        fetched meanwhile) are released in one call, claimable at once by any process and the
-        attempt not counted; running handlers get ``stop_timeout_seconds`` to finish, then
-        their attempts are released the same way and their tasks cancelled. A chat's queued
-        backlog is not worked through: it is durable and released.
+        sweep and queues nothing more (updates put from now on are recorded and left to the
+        next start or another process); the updates already in the queue are handled and
+        running handlers finish, within ``stop_timeout_seconds``. Then what is claimed but not
+        started is released in one call (claimable at once by any process, the attempt not
+        counted) and the handlers still running are cancelled and their attempts released the
+        same way (their open fenced transactions on PostgreSQL are rolled back first). Every
+        store call of the stop is bounded, also when the database does not answer.
         """
         processor = self._fence_processor()
         if processor is not None and self.running:

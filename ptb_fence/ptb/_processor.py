@@ -274,17 +274,15 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         await self._threads.call(self._runtime.port.bind_bot, int(head))
 
     async def application_stopping(self) -> None:
-        """``Application.stop()`` began: queue and start nothing more, give back what was
-        claimed but not started (one ``release_many``: claimable at once elsewhere), give
-        running handlers ``stop_timeout_seconds``, then release and cancel them.
+        """``Application.stop()`` began: queue nothing more, handle the updates already in
+        the queue and let running handlers finish, within ``stop_timeout_seconds``; then
+        release what is left and cancel the handlers still running (see ``_stopping``).
 
-        Recorded updates stay in the store for the next start or another process; PTB's
-        ``update_queue.join()`` then only waits for updates that are skipped at once.
         Called by :class:`~ptb_fence.ptb.FencedApplicationMixin`; not needed in user code.
         """
-        self._state.stopping = True
+        self._state.begin_stopping()
         await self._sweeper.stop()
-        await self._stopping.stop(self._state.take_unstarted())
+        await self._stopping.stop(self._state)
 
     def application_started(self) -> None:
         """``Application.start()`` ran (again): resume queueing and sweeping.
@@ -312,10 +310,8 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         unwrap_get_updates_request(self._get_application().bot, self._ingest)
         state.batch_ingest = False
         state.release_preclaimed()
-        await self._stopping.drain()
         self._handlers.report_left_running()
-        await asyncio.get_running_loop().run_in_executor(None, self._runtime.stop_jobs)
-        await self._threads.call(self._runtime.release_liveness)
+        await self._stopping.shutdown()  # bounded, also when the database does not answer
         self._runtime.executor = None
         self._threads.stop()
         state.inflight.clear()
@@ -360,6 +356,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                 _LOGGER.exception("processing a non-update object failed")
             return
         awaited = False
+        task = self._stopping.processing()
         try:
             awaited = await self._process(update, coroutine)
         except Exception:
@@ -368,10 +365,13 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                 update.update_id,
                 extra={"update_id": update.update_id},
             )
+        except asyncio.CancelledError:  # by the stop (its store call hung)? then end normally:
+            if not self._stopping.end_abandoned(task):  # PTB's join() waits for task_done
+                raise
         finally:
-            self._state.inflight.discard(update.update_id)
-            # never run (no "never awaited" warning); not one a handler task still runs
-            if not awaited and inspect.iscoroutine(coroutine):
+            self._stopping.processed(task)
+            self._state.done(update.update_id)  # below: close a coroutine never run (no
+            if not awaited and inspect.iscoroutine(coroutine):  # warning), not a task's
                 if inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED:
                     coroutine.close()
 
@@ -388,10 +388,13 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             slot = contextlib.nullcontext() if _HOLDING_SLOT.get() else self._slots
             async with slot:
                 attempt = self._state.take_preclaimed(update.update_id)
-                if attempt is None and not self._state.stopping:
+                if attempt is None and self._state.may_start(update.update_id):
                     attempt = await self._ingest.claim(update.update_id)
                 if attempt is None:
                     return False  # not ours, or stopping: it stays in the store
+                if not self._state.may_start(update.update_id):  # the stop no longer waits:
+                    await self._threads.call(runtime.release, [attempt])  # claimable elsewhere
+                    return False
                 if not await self._gate.admit(attempt, runtime, self._threads):
                     return False  # given back: stopping began, or see AsyncIsolationGate.admit
                 self._running += 1

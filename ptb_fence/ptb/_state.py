@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Callable, Dict, List, Optional, Set
 
 from ptb_fence.runtime._attempt import Attempt
@@ -34,10 +35,22 @@ class SharedState:
         preclaimed: Attempts claimed at ingest, waiting for their update's processing.
         started: The processor is initialized (and not shut down).
         stopping: ``Application.stop()`` began (or shutdown): nothing more is queued.
+        finishing: Ids of the updates queued or being processed when stopping began: they
+            may still start until the stop's deadline (:meth:`may_start`).
         batch_ingest: The Bot's ``getUpdates`` answers are recorded whole.
     """
 
-    __slots__ = ("_release", "batch_ingest", "inflight", "ingested", "preclaimed", "started", "stopping")
+    __slots__ = (
+        "_finished",
+        "_release",
+        "batch_ingest",
+        "finishing",
+        "inflight",
+        "ingested",
+        "preclaimed",
+        "started",
+        "stopping",
+    )
 
     def __init__(self, release: Callable[[List[Attempt]], None]) -> None:
         self._release = release
@@ -46,7 +59,44 @@ class SharedState:
         self.preclaimed: Dict[int, Attempt] = {}
         self.started = False
         self.stopping = False
+        self.finishing: Set[int] = set()
+        self._finished: Optional[asyncio.Event] = None
         self.batch_ingest = False
+
+    def may_start(self, update_id: int) -> bool:
+        """Whether the update's handling may start now: not stopping, or it was queued when
+        stopping began and the stop still waits for it."""
+        return not self.stopping or update_id in self.finishing
+
+    def begin_stopping(self) -> None:
+        """Stopping began: queue nothing more; the updates queued or being processed now may
+        still start (:attr:`finishing`)."""
+        self.stopping = True
+        self.finishing = set(self.inflight)
+
+    def done(self, update_id: int) -> None:
+        """The processing of ``update_id`` ended (or it will not be queued after all)."""
+        self.inflight.discard(update_id)
+        finishing = self.finishing
+        if finishing:
+            finishing.discard(update_id)
+            if not finishing and self._finished is not None:
+                self._finished.set()
+
+    async def wait_finished(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until every update of :attr:`finishing` was
+        processed; :obj:`True` when they were. Then (either way) nothing more may start."""
+        try:
+            if self.finishing:
+                self._finished = asyncio.Event()
+                try:
+                    await asyncio.wait_for(self._finished.wait(), max(timeout, 0.0))
+                except asyncio.TimeoutError:
+                    pass
+            return not self.finishing
+        finally:
+            self._finished = None
+            self.finishing = set()
 
     def book(self, update_id: int, outcome: Recorded) -> bool:
         """Book one recorded update for processing; :obj:`False` for a duplicate."""
@@ -70,7 +120,7 @@ class SharedState:
         attempt = self.preclaimed.pop(update_id, None)
         if attempt is not None:
             self._release([attempt])
-        self.inflight.discard(update_id)
+        self.done(update_id)
 
     def release(self, attempts: List[Attempt]) -> None:
         """Give back attempts that will not be started (claimable at once where the store

@@ -14,6 +14,7 @@ from ptb_fence.runtime._attempt_async import AsyncForms
 from ptb_fence.runtime._connections import (
     COMMITTED_OR_ROLLED_BACK,
     GivenConnection,
+    interrupt,
     transaction_ended,
 )
 from ptb_fence.runtime._phase import (
@@ -80,6 +81,7 @@ class Attempt(AsyncForms):
 
     __slots__ = (
         "_body",
+        "_connections",
         "_exhausted_at",
         "_exhausted_error",
         "_holding",
@@ -123,6 +125,7 @@ class Attempt(AsyncForms):
         self._resume = Phase.RUNNING  # the phase a failed COMPLETING returns to
         self._opening = 0  # fenced transactions opening or open
         self._holding = 0  # fenced transactions whose ownership check succeeded, still open
+        self._connections: "list[Any]" = []  # the store's own, of open fenced transactions
         self._exhausted_error: Optional[str] = None
         self._exhausted_at: Optional[int] = None
         self._body = body
@@ -427,9 +430,12 @@ class Attempt(AsyncForms):
                     # the database's refusal is the authoritative proof of loss
                     self.mark_owner_lost()
                     raise OwnershipLost(identity)
+                own = connection is None and conn is not None  # a stop may interrupt it
                 with self._lock:
                     self._holding += 1
                     holding = True
+                    if own:
+                        self._connections.append(conn)
                 if given is not None:
                     # a store whose owns does not use the caller's connection left it outside
                     # a transaction: open one, so the block's reads and writes are one
@@ -439,7 +445,12 @@ class Attempt(AsyncForms):
                 # what a store's own transaction() yields may still be outside one (a store
                 # that begins lazily): only a transaction open here can have been ended
                 open_here = transaction_ended(conn) is None
-                yield conn
+                try:
+                    yield conn
+                finally:  # before the commit: then the pool may lend it to other calls
+                    if own:
+                        with self._lock:
+                            self._connections.remove(conn)
                 ended = transaction_ended(conn)
                 if ended is not None and (open_here or ended != COMMITTED_OR_ROLLED_BACK):
                     if first and ended == COMMITTED_OR_ROLLED_BACK:
@@ -472,6 +483,15 @@ class Attempt(AsyncForms):
                     self._holding -= 1
             if complete:
                 self._end_completing(False)  # no-op once committed
+
+    def interrupt_transactions(self) -> int:
+        """End this attempt's open fenced transactions on the store's own PostgreSQL
+        connections at once (a stop gave up waiting; the update is released next): the
+        connection is cut, the server rolls back and unlocks the row, the block's next
+        statement or commit fails. Others (a caller's connection, SQLite, the memory store)
+        end by themselves. Returns how many were interrupted."""
+        with self._lock:
+            return sum(1 for conn in self._connections if interrupt(conn))
 
     def _reopen(self, checked_at: int, conn: Any) -> None:
         """The block ended the transaction itself: if it committed, its commit also landed

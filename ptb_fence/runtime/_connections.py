@@ -5,7 +5,9 @@ from __future__ import annotations
 import sqlite3
 from typing import Any, Optional
 
-__all__ = ["COMMITTED_OR_ROLLED_BACK", "GivenConnection", "transaction_ended"]
+from ptb_fence._sockets import cut
+
+__all__ = ["COMMITTED_OR_ROLLED_BACK", "GivenConnection", "interrupt", "transaction_ended"]
 
 COMMITTED_OR_ROLLED_BACK = "committed or rolled back"
 """What :func:`transaction_ended` returns when the block ended the transaction itself (the
@@ -117,3 +119,20 @@ class GivenConnection:
             self._end("COMMIT")
         else:
             target.commit()
+
+
+def interrupt(connection: Any) -> bool:
+    """End the transaction open on a psycopg2 connection from another thread, at once.
+
+    Cuts the connection's socket (:func:`ptb_fence._sockets.cut`): the server rolls the
+    transaction back (its row locks go with it) and the thread using the connection gets an
+    error at its next statement or commit instead of writing. Returns :obj:`False` for
+    connections it cannot interrupt (sqlite3, whose lock only its own thread can end; other
+    drivers; an already closed connection).
+    """
+    target = None if connection is None else _target(connection)
+    if target is None or isinstance(target, sqlite3.Connection):
+        return False
+    if not callable(getattr(target, "get_transaction_status", None)):
+        return False  # not psycopg2: leave it alone
+    return cut(target)

@@ -20,6 +20,7 @@ from ptb_fence.runtime._intake_runs import IntakeRun, IntakeRuns, IntakeWorkers
 from ptb_fence.runtime._isolation import IsolationGate
 from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._outcome import Outcome
+from ptb_fence.runtime._recovery import STOP_MARGIN_SECONDS
 from ptb_fence.runtime._thread_group import ThreadGroupCommit
 from ptb_fence.runtime._wakeups import Wakeups
 
@@ -204,8 +205,12 @@ class UpdateIntake:
 
         Args:
             timeout: Seconds to wait in all (:obj:`None`: attempts get
-                ``stop_timeout_seconds``, the intake's own threads as long as they need). What
-                is still running after it is named in a WARNING.
+                ``stop_timeout_seconds``, then the intake's own store work — the last lease
+                renewal, sweep and refill runs — at most 2 s more, so a database that does
+                not answer cannot hold ``close()``; exhaustion deliveries as long as they
+                need). Giving back the attempts still running may take up to 2 s beyond it
+                (milliseconds when the store answers). What is still running after it is
+                named in a WARNING.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -226,22 +231,33 @@ class UpdateIntake:
             self._workers.shutdown()
             grace = self._runtime.options.stop_timeout_seconds
             remaining = left()
-            if not self._chats.wait_empty(grace if remaining is None else min(grace, remaining)):
-                released = self._runs.release_all()
-                if released:
+            waited = grace if remaining is None else min(grace, remaining)
+            if not self._chats.wait_empty(waited):
+                running_now = self._runs.count()
+                if running_now:
                     _LOGGER.warning(
-                        "close(): %d handler(s) still running after %s: their updates are "
-                        "released (claimable at once elsewhere; their fenced writes are "
-                        "refused) and their threads abandoned",
-                        released,
-                        format_duration(grace if remaining is None else min(grace, remaining)),
+                        "close(): %d handler(s) still running after %s: releasing their "
+                        "updates where possible (open fenced transactions are ended first; "
+                        "what is not released is logged) and abandoning their threads",
+                        running_now,
+                        format_duration(waited),
                     )
-        running += self._wakeups.close(left())
-        running += self._runtime.stop_jobs(left())
+        # giving back what still runs takes milliseconds when the store answers; it gets the
+        # margin even past ``timeout`` (a release cut short would strand the update for its
+        # lease), and no more: a database that does not answer must not hold close()
+        self._runs.release_all(STOP_MARGIN_SECONDS)
+        margin_until = time.monotonic() + STOP_MARGIN_SECONDS
+
+        def internal() -> float:  # the intake's own threads: bounded even without a timeout
+            until = margin_until if deadline is None else min(margin_until, deadline)
+            return max(0.0, until - time.monotonic())
+
+        running += self._wakeups.close(internal())
+        running += self._runtime.stop_jobs(internal())
         with self._lock:
             refills = list(self._refills)
         for thread in refills:
-            thread.join(left())
+            thread.join(internal())
             if thread.is_alive():
                 running.append(thread.name)
         if self._delivery is not None:
@@ -250,10 +266,9 @@ class UpdateIntake:
         running += self._workers.stuck()
         if running:
             _LOGGER.warning(
-                "close(): still running after %s: %s; attempts lose their lease renewal "
-                "and are taken over after the lease; close the store only after they end "
-                "(idle())",
-                format_duration(timeout or 0.0),
+                "close(): still running when close() returned: %s; attempts lose their lease "
+                "renewal and are taken over after the lease; close the store only after they "
+                "end (idle())",
                 ", ".join(running),
             )
 

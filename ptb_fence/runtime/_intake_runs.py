@@ -31,6 +31,8 @@ __all__ = ["IntakeRun", "IntakeRuns", "IntakeWorkers"]
 
 _LOGGER = logging.getLogger("ptb_fence.intake")
 
+_LOGGER = logging.getLogger("ptb_fence.intake")
+
 _RETURNED = "returned"
 _TIMED_OUT = "timed out"
 _RELEASED = "released"
@@ -131,6 +133,11 @@ class IntakeRuns:
         self._gate.leave(run.alone)
         return True
 
+    def count(self) -> int:
+        """How many runs are going now."""
+        with self._lock:
+            return len(self._runs)
+
     def _forget(self, run: IntakeRun) -> None:
         with self._lock:
             if self._runs.get(run.update_id) is run:
@@ -162,15 +169,34 @@ class IntakeRuns:
         if exhaustion is not None:
             self._deliver(exhaustion)
 
-    def release_all(self) -> int:
-        """Release every run still going (one ``release_many``); their worker threads are
-        abandoned. Returns how many runs were ended here."""
+    def release_all(self, seconds: float) -> int:
+        """Release every run still going (:meth:`Runtime.give_back
+        <ptb_fence.runtime._recovery.Recovery.give_back>`: their open fenced transactions are
+        ended first), waiting at most ``seconds``; their worker threads are abandoned.
+        Returns how many runs were ended here."""
         with self._lock:
             runs = list(self._runs.values())
             self._runs.clear()
         ended: List[IntakeRun] = [run for run in runs if self._end(run, _RELEASED)]
         if ended:
-            self._runtime.release([run.attempt for run in ended])
+            attempts = [run.attempt for run in ended]
+            # on a daemon thread waited for a bounded time: a database that does not answer
+            # must not hold close() (what is not given back is covered by its lease)
+            giving = threading.Thread(
+                target=self._runtime.give_back,
+                args=(attempts, max(seconds - 0.5, 0.0)),
+                name="ptb_fence-give-back",
+                daemon=True,
+            )
+            giving.start()
+            giving.join(seconds)
+            if giving.is_alive():
+                _LOGGER.warning(
+                    "close(): releasing %d update(s): the store did not answer in time; going "
+                    "on without it (what it did not give back is claimable elsewhere once its "
+                    "lease ran out)",
+                    len(attempts),
+                )
         return len(ended)
 
 

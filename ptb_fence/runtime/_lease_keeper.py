@@ -37,15 +37,23 @@ def new_scheduler() -> "BackgroundScheduler":
 
     APScheduler is imported here, when a runtime starts its jobs, not by ``import ptb_fence``.
     """
-    from apscheduler.executors.pool import ThreadPoolExecutor as _APSThreadPool
+    from apscheduler.executors.pool import BasePoolExecutor
     from apscheduler.schedulers.background import BackgroundScheduler
+
+    from ptb_fence.runtime._daemon_pool import DaemonThreadPool
+
+    class _DaemonExecutor(BasePoolExecutor):  # type: ignore[misc]
+        # the jobs call the store: their threads must never keep the process alive (see
+        # DaemonThreadPool)
+        def __init__(self) -> None:
+            super().__init__(DaemonThreadPool(4, "ptb_fence-jobs"))
 
     _quiet_scheduler_loggers()
     return BackgroundScheduler(
         timezone="UTC",
         daemon=True,
         logger=logging.getLogger(SCHEDULER_LOGGER),
-        executors={EXECUTOR: _APSThreadPool(max_workers=4)},
+        executors={EXECUTOR: _DaemonExecutor()},
         job_defaults={"misfire_grace_time": None, "coalesce": True, "max_instances": 4},
     )
 

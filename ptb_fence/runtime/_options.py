@@ -76,10 +76,12 @@ class RuntimeOptions:
             store sees ``int(clock() * 1000)``.
         stop_timeout_seconds (:obj:`float` | :class:`datetime.timedelta`):
             Once stopping began (``Application.stop()``, :meth:`UpdateIntake.close`), how long
-            running handlers may still finish; then their attempts are released (claimable at
-            once elsewhere, not counted as spent; their fenced writes are refused) and their
-            tasks cancelled (asyncio; one still running 1 s later is left running, so a PTB
-            stop takes at most this + 1 s plus its store calls) or abandoned (threads).
+            running handlers (and, in a PTB Application, the updates already queued) may still
+            finish; then their attempts are released (claimable at once elsewhere, not counted
+            as spent; their fenced writes are refused, open fenced transactions on the store's
+            PostgreSQL connections are rolled back) and their tasks cancelled (asyncio; one
+            still running 1 s later is left running) or abandoned (threads). A PTB stop ends
+            within this + 5 s, also when the database does not answer.
             Default 10.
         attempt_timeout_seconds (:obj:`float` | :class:`datetime.timedelta` | :obj:`None`):
             How long one attempt's handler may run: then it fails with

@@ -9,6 +9,7 @@ front ends call it when stopping begins (:meth:`Recovery.release`), at start and
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
 from ptb_fence.runtime._attempt import Attempt
@@ -18,9 +19,17 @@ if TYPE_CHECKING:
     from ptb_fence.runtime._options import RuntimeOptions
     from ptb_fence.runtime._port import StorePort
 
-__all__ = ["AttemptTimeout", "Recovery"]
+__all__ = ["STOP_MARGIN_SECONDS", "AttemptTimeout", "Recovery", "clock_text"]
 
 _LOGGER = logging.getLogger("ptb_fence.runtime")
+
+STOP_MARGIN_SECONDS = 2.0
+"""How long after ``stop_timeout_seconds`` a stop waits for its store work (giving back what
+is left, ending open fenced transactions), and how long the PTB processor's ``shutdown``
+waits for its own (the lease keeper's last tick, the liveness signal). So
+``Application.stop()`` returns within ``stop_timeout_seconds`` + 2 s and ``run_polling()``
+within ``stop_timeout_seconds`` + 5 s (then the store's ``close()``), even when the database
+does not answer; ``UpdateIntake.close()`` gives its own store work the same 2 s."""
 
 
 class AttemptTimeout(Exception):
@@ -106,6 +115,80 @@ class Recovery:
             _LOGGER.info("released %d claimed update(s): claimable at once elsewhere", count)
         return count
 
+    def give_back(self, attempts: Sequence[Attempt], grace: float) -> List[Attempt]:
+        """Release the attempts a stop gave up waiting for; their open fenced transactions
+        are ended first. Blocking: at most about ``grace`` seconds (plus one store call).
+
+        A row that its attempt's own open fenced transaction locks cannot be released (the
+        release skips locked rows). So the store's own PostgreSQL connections of such
+        transactions are cut (:meth:`Attempt.interrupt_transactions`: rolled back by the
+        server) and the release is tried again until the row is free, the attempt settled, or
+        ``grace`` passed. Each attempt is ended here (no more renewals).
+
+        Logs what was released (INFO) and, one WARNING each, what was not and that its lease
+        covers it. Returns the attempts not released whose update may still be claimed by
+        them (their lease runs out by itself).
+        """
+        deadline = time.monotonic() + grace
+        pending: List[Attempt] = []
+        left: List[Attempt] = []
+        for attempt in attempts:
+            if attempt.result is None:  # not completed nor exhausted
+                (pending if attempt.fenced else left).append(attempt)
+            self.end(attempt)
+        released = 0
+        failure: Optional[BaseException] = None
+        while pending:
+            for attempt in pending:
+                if attempt.in_fenced_transaction:
+                    attempt.interrupt_transactions()
+            try:
+                results = self.port.release_many(
+                    [attempt.identity for attempt in pending], self.options.now_ms()
+                )
+            except Exception as exc:
+                failure = exc
+                break
+            locked: List[Attempt] = []
+            for attempt, ok in zip(pending, results):
+                if ok:
+                    released += 1
+                    attempt.mark_owner_lost()
+                    _LOGGER.debug(
+                        "released update %s attempt %s (claim %s)",
+                        attempt.update_id,
+                        attempt.attempt,
+                        attempt.claim_id,
+                        extra=ids(attempt),
+                    )
+                elif attempt.in_fenced_transaction and attempt.result is None:
+                    locked.append(attempt)  # its own transaction still holds the row
+                # else: settled meanwhile (committed), or no longer its claim: nothing to do
+            pending = locked
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        if released:
+            _LOGGER.info("released %d claimed update(s): claimable at once elsewhere", released)
+        if failure is not None:
+            self.report_store_error(failure, "settle")
+        locked_why = (
+            "its fenced transaction was still open (the row is locked)"
+            if failure is None
+            else "the release failed"
+        )
+        for attempt in pending + left:
+            _LOGGER.warning(
+                "update %s attempt %s was not released (%s): its lease covers it; it is "
+                "claimable elsewhere from %s",
+                attempt.update_id,
+                attempt.attempt,
+                locked_why if attempt.fenced else "an attempt without a claim id cannot be released",
+                clock_text(attempt.proven_until),
+                extra=ids(attempt),
+            )
+        return pending + left
+
     def hold_liveness(self) -> Optional[str]:
         """Start holding this process's liveness signal (the store's instance id, if any).
 
@@ -136,3 +219,9 @@ class Recovery:
         if count:
             _LOGGER.info("took over %d update(s) of dead process(es)", count)
         return count
+
+
+def clock_text(epoch_ms: int) -> str:
+    """``epoch_ms`` as local wall-clock time with milliseconds (for log messages)."""
+    seconds = epoch_ms / 1000.0
+    return time.strftime("%H:%M:%S", time.localtime(seconds)) + f".{int(epoch_ms % 1000):03d}"

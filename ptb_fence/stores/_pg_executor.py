@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Dict, FrozenSet, Iterator, Optional, TypeVar
 
 from ptb_fence._errors import RowLocked, SchemaError, StoreBusy
+from ptb_fence._sockets import cut
 from ptb_fence.stores._pg_connections import (
     Broken,
     Source,
@@ -118,7 +119,14 @@ class PgExecutor:
             return
         self.closed = True
         self.source.close()
-        if self._renew_lock.acquire(timeout=5):
+        acquired = self._renew_lock.acquire(timeout=1)
+        if not acquired:
+            # a renewal still waits for the server (one that does not answer: frozen,
+            # partitioned): cut its connection so that it ends now; bounded either way (a
+            # renewal still connecting ends within its connect_timeout by itself)
+            cut(self._renew_conn)
+            acquired = self._renew_lock.acquire(timeout=1)
+        if acquired:
             try:
                 self._drop_renew_conn()
             finally:

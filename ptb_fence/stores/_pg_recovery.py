@@ -18,6 +18,7 @@ import uuid
 import weakref
 from typing import Any, Dict, List, Optional, Sequence
 
+from ptb_fence._sockets import cut, cut_after
 from ptb_fence._values import AttemptIdentity
 from ptb_fence.stores._pg_connections import close_quietly
 from ptb_fence.stores._pg_executor import PgExecutor
@@ -30,6 +31,9 @@ from ptb_fence.stores._pg_recovery_sql import (
 from ptb_fence.stores._suspects import SuspectClaims
 
 __all__ = ["PgLiveness", "PostgresRecovery"]
+
+_RELEASE_SECONDS = 2.0
+"""How long ``release_liveness`` waits for the server to delete the instance's row."""
 
 # Liveness connections inherited through os.fork() belong to the parent: closing one in the
 # child would end the parent's session (and its lock). They are parked here, never closed.
@@ -253,6 +257,8 @@ class PostgresRecovery:
                 return
             if holder.conn is not None:
                 try:
+                    # not cut after a time: a slow server must not cost a live process its lock
+                    # (a stop that finds this check stuck cuts the connection itself)
                     with holder.conn.cursor() as cur:
                         cur.execute("SELECT 1")
                         cur.fetchone()
@@ -269,7 +275,15 @@ class PostgresRecovery:
         """Stop holding liveness (graceful stop; also done by :meth:`close`): delete the
         instance's row, then end its advisory lock by closing its connection. Idempotent."""
         holder = self._liveness
-        with holder.lock:
+        if not holder.lock.acquire(timeout=1.0):
+            # a liveness check is stuck on a server that does not answer: end it
+            if holder.pid == os.getpid():
+                cut(holder.conn)
+            if not holder.lock.acquire(timeout=1.0):
+                # still held (reconnecting, bounded by connect_timeout): give up; the lock
+                # ends with this process, and the row left behind is then recognised as dead
+                return
+        try:
             holder.forget_inherited()
             if holder.instance is None:
                 return
@@ -287,7 +301,9 @@ class PostgresRecovery:
                     pass
                 return
             try:
-                with conn.cursor() as cur:
+                # bounded: a server that does not answer must not hold a stopping process
+                # (the row left behind is recognised as dead, its lock gone with the socket)
+                with cut_after(conn, _RELEASE_SECONDS), conn.cursor() as cur:
                     cur.execute(
                         holder.sql.delete_instance,
                         {"table": self._db.table, "instance": instance},
@@ -296,6 +312,8 @@ class PostgresRecovery:
                 pass
             finally:
                 close_quietly(conn)
+        finally:
+            holder.lock.release()
 
     def take_over_dead(self, *, now: int) -> int:
         """Make the claims of provably dead instances claimable at ``now`` and forget them,
