@@ -3,9 +3,9 @@
 The asyncio twin of :class:`ptb_fence.runtime._isolation.IsolationGate` (see there for why):
 the attempt of a suspect row waits until the handlers running now have ended, and no handler
 starts until it has ended (a waiting suspect holds new starts). Everything else enters at once
-without awaiting while no suspect waits or runs. Once the processor is stopping nothing enters
-(a waiter sees it at the next change: a handler ending, or its own deadline). Used on the event
-loop only.
+without awaiting while no suspect waits or runs. An update the stop no longer lets start does
+not enter (a waiter sees it at the next change: a handler ending, or its own deadline). Used on
+the event loop only.
 """
 
 from __future__ import annotations
@@ -26,37 +26,40 @@ class AsyncIsolationGate:
 
     __slots__ = ("_alone", "_changed", "_running", "_stopping", "_waiting_alone")
 
-    def __init__(self, stopping: Callable[[], bool]) -> None:
+    def __init__(self, refused: Callable[[int], bool]) -> None:
         self._running = 0  # handlers running together
         self._alone = False  # a handler runs alone
         self._waiting_alone = 0  # handlers waiting to run alone (new starts wait for them)
-        self._stopping = stopping  # nothing enters once it says True
+        self._stopping = refused  # refused(update_id): the stop no longer lets it start
         self._changed: Optional[asyncio.Event] = None  # set (and replaced) on every change
 
-    async def enter(self, alone: bool, timeout: Optional[float] = ALONE_WAIT_SECONDS) -> bool:
-        """Wait for the right to start a handler (``alone``: with no other one running).
+    async def enter(
+        self, alone: bool, update_id: int, timeout: Optional[float] = ALONE_WAIT_SECONDS
+    ) -> bool:
+        """Wait for the right to start ``update_id``'s handler (``alone``: with no other one
+        running).
 
         Returns:
-            :obj:`False` when stopping began or, alone, when ``timeout`` seconds passed first;
-            the handler must not start then.
+            :obj:`False` when the stop no longer lets the update start or, alone, when
+            ``timeout`` seconds passed first; the handler must not start then.
         """
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         if not alone:
-            while (self._alone or self._waiting_alone) and not self._stopping():
+            while (self._alone or self._waiting_alone) and not self._stopping(update_id):
                 await self._wait(None)
-            if self._stopping():
+            if self._stopping(update_id):
                 return False
             self._running += 1
             return True
         self._waiting_alone += 1
         try:
-            while (self._alone or self._running) and not self._stopping():
+            while (self._alone or self._running) and not self._stopping(update_id):
                 left = None if deadline is None else deadline - loop.time()
                 if left is not None and left <= 0:
                     return False
                 await self._wait(left)
-            if self._stopping():
+            if self._stopping(update_id):
                 return False
             self._alone = True
             return True
@@ -69,13 +72,13 @@ class AsyncIsolationGate:
         marking it isolated in the store). The caller calls :meth:`leave` once the handler ended.
 
         Returns:
-            :obj:`False` when the handler must not start: stopping began, the handlers running
+            :obj:`False` when the handler must not start: the stop no longer lets it, the handlers running
             here did not end in time, or the claim was lost. The attempt was then given back
             (its attempt not spent) and ended.
         """
         alone = attempt.runs_alone
         try:
-            entered = await self.enter(alone)
+            entered = await self.enter(alone, attempt.update_id)
             if entered and alone and not await threads.call(runtime.mark_isolated, attempt):
                 self.leave(alone)
                 entered = False

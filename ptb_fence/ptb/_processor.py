@@ -98,7 +98,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         self._application_ref: "Optional[weakref.ReferenceType[Any]]" = None
         self._slots = asyncio.Semaphore(runtime_options.max_concurrent)
         self._turns = ChatTurns()
-        self._gate = AsyncIsolationGate(lambda: self._state.stopping)  # see _isolation
+        self._gate = AsyncIsolationGate(lambda u: not self._state.may_start(u))  # _isolation
         self._running = 0
         self._threads = StoreThreads()
         self._handlers = RunningHandlers()
@@ -392,11 +392,8 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                     attempt = await self._ingest.claim(update.update_id)
                 if attempt is None:
                     return False  # not ours, or stopping: it stays in the store
-                if not self._state.may_start(update.update_id):  # the stop no longer waits:
-                    await self._threads.call(runtime.release, [attempt])  # claimable elsewhere
-                    return False
                 if not await self._gate.admit(attempt, runtime, self._threads):
-                    return False  # given back: stopping began, or see AsyncIsolationGate.admit
+                    return False  # given back: the stop no longer waits for it, or see admit
                 self._running += 1
                 handled = UpdateState(update, attempt)
                 try:
