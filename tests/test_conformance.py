@@ -302,6 +302,21 @@ def test_rules_are_named_and_documented() -> None:
     assert [r.level for r in RULES].index("durable") == len(RULES) - 1
 
 
+def test_every_declared_rule_runs_once() -> None:
+    """A rule declared in a family module but missing from the run order would never run."""
+    import importlib
+    import pkgutil
+
+    from ptb_fence.conformance._rule import RuleCheck
+
+    declared = []
+    for info in pkgutil.iter_modules(conformance.__path__):
+        if info.name.startswith("_") and info.name != "__main__":
+            module = importlib.import_module(f"ptb_fence.conformance.{info.name}")
+            declared += [v.rule for v in vars(module).values() if isinstance(v, RuleCheck)]
+    assert sorted(declared, key=lambda r: r.name) == sorted(RULES, key=lambda r: r.name)
+
+
 def test_the_check_is_framework_free() -> None:
     code = (
         "import sys\n"
