@@ -330,7 +330,7 @@ def test_the_check_is_framework_free() -> None:
         assert "telegram" not in re.sub(r'"""[\s\S]*?"""', "", source), path
 
 
-# -- optional capabilities (issue 11) -------------------------------------------------------------
+# -- optional capabilities: rules for the methods a store may lack --------------------------------
 def test_a_transactional_memory_double_conforms_to_the_capability_rules() -> None:
     """The correct double behind SettleOwnedCommitsOnItsOwnStore: its transaction() yields a
     connection and really rolls back, so every connection-fence check runs on it."""
