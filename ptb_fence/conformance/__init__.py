@@ -1,0 +1,202 @@
+"""The public conformance check for update stores.
+
+:func:`check_update_store` runs the rules of the ``ptb_fence`` store contract against any
+store and returns what it violates. The three stores that ship with ``ptb_fence`` pass it; authors
+of custom stores (another database, another driver, an ORM) run it in their own test suite::
+
+    from ptb_fence.conformance import check_update_store
+
+    def test_my_store_conforms(tmp_path):
+        counter = iter(range(1_000_000))
+
+        def make():
+            # A FRESH, EMPTY store on every call: one table/file/schema per call.
+            return MyUpdateStore(f"{tmp_path}/store-{next(counter)}.db")
+
+        assert check_update_store(make) == []
+
+How it works:
+
+* ``make`` is called once per rule and must return a new, **empty** store each time (rows from
+  an earlier rule would change what a later rule sees). After the rule the store's ``close()`` is
+  called when it has one. The check does not clean up files or tables; do that in your fixture.
+* The capability level is detected by duck typing on the first store (:func:`ptb_fence.is_fenced`,
+  :func:`ptb_fence.is_durable`): base rules run for every store, fenced rules (and the fenced tails
+  of base rules) only for a fenced store, durable rules only for a durable store. A base store is
+  never blamed for lacking fenced or durable methods.
+* Each violation is one string ``"<rule>: <what happened>"``. A rule stops at the first exception
+  the store raises, reported as ``"<rule>: raised <ExcType>: <message> (from store.<method>)"``,
+  and the check goes on with the next rule. An empty list means the store conforms.
+* Besides the behaviour, every rule checks the returned types: booleans must be real
+  :obj:`bool` objects (``type(x) is bool``; ``1`` or ``0`` are reported), attempt numbers and
+  :meth:`~ptb_fence.UpdateStore.prune` counts :obj:`int`, claim ids non-empty :obj:`str`, and
+  :meth:`~ptb_fence.UpdateStore.due`/``due_exhaustions``/``claim_owned`` return
+  :class:`~ptb_fence.StoredUpdate`/:class:`~ptb_fence.Exhaustion`/
+  :class:`~ptb_fence.AttemptIdentity` objects.
+* Times are fixed epoch milliseconds around ``T = 1_700_000_000_000``; messages write them as
+  ``T+60001``. The whole check takes well under a second for an in-memory store; the
+  concurrency rules use 8 real threads released together by a :class:`threading.Barrier`.
+* It imports nothing from ``telegram``: it can run wherever the store runs.
+
+``ptb-fence check --store URL`` (or ``python -m ptb_fence.conformance --store URL``, the same
+command) runs the check on the shipped store for that URL: on scratch files (SQLite) or scratch
+tables in that database (PostgreSQL), never on your table.
+
+The rules come in families, listed below with what each rule checks: the base contract (one
+record per update, the lease, attempt ownership, retry and spend, the due listing, pruning),
+concurrent claims, lease renewal, the batched forms of the store methods, the table's bot, the
+fence (also inside the caller's transaction), recovery (releasing claims, liveness, isolation),
+chat order and durable exhaustion. Each heading says the level a rule needs and the stores it
+runs for; rules for an optional method return at once when the store lacks it. :data:`RULES`
+holds them in the order they run.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ptb_fence._protocols import BASE_METHODS, UpdateStore, is_durable, is_fenced, missing_methods
+from ptb_fence.conformance import (
+    _base,
+    _batches,
+    _bot,
+    _chat_order,
+    _durable,
+    _fence,
+    _races,
+    _recovery,
+    _renewal,
+)
+from ptb_fence.conformance._probe import Abort, Probe, StoreRaised
+from ptb_fence.conformance._rule import LEVELS, ConformanceRule, RuleCheck
+
+__all__ = ["RULES", "ConformanceRule", "check_update_store"]
+
+_CHECKS: Tuple[RuleCheck, ...] = (
+    _base.rule_one_record,
+    _base.rule_lease,
+    _base.rule_ownership,
+    _base.rule_retry_and_spend,
+    _base.rule_due_listing,
+    _base.rule_prune,
+    _races.rule_concurrent_claim,
+    _races.rule_concurrent_claim_owned,
+    _renewal.rule_renewal,
+    _renewal.rule_batch_renewal,
+    _batches.rule_batch_add,
+    _bot.rule_bind_bot,
+    _batches.rule_batch_claim_at_ingest,
+    _batches.rule_batch_claim,
+    _batches.rule_batch_settle,
+    _batches.rule_combined_write,
+    _fence.rule_transaction,
+    _fence.rule_connection_fence,
+    _fence.rule_completing,
+    _fence.rule_fence,
+    _recovery.rule_release,
+    _recovery.rule_liveness,
+    _recovery.rule_isolation,
+    _chat_order.rule_chat_order,
+    _chat_order.rule_chat_keys,
+    _durable.rule_durable_exhaustion,
+)
+"""The declared rules in the order they run: the base rules first (the first detects the
+store's level), the durable rule last."""
+
+RULES: Tuple[ConformanceRule, ...] = tuple(check.rule for check in _CHECKS)
+"""Tuple[:class:`ConformanceRule`, ...]: The rules of :func:`check_update_store`, in the order
+they run. Their names prefix the violations."""
+
+
+def _rules_by_family(checks: Tuple[RuleCheck, ...]) -> str:
+    """The rule list of this module's documentation: each family (the first line of its
+    module's docstring) with its rules, families in the order their first rule runs."""
+    families: List[str] = []
+    by_family: Dict[str, List[RuleCheck]] = {}
+    for check in checks:
+        family = check.run.__module__
+        if family not in by_family:
+            families.append(family)
+            by_family[family] = []
+        by_family[family].append(check)
+    out: List[str] = []
+    for family in families:
+        title = (sys.modules[family].__doc__ or "").strip().split("\n\n", 1)[0]
+        if title:
+            out += ["", ".. rubric:: " + " ".join(title.split()).rstrip(".")]
+        for check in by_family[family]:
+            rule = check.rule
+            out += ["", f"``{rule.name}`` ({rule.level}, {check.applies})"]
+            out += ["    " + line if line else "" for line in check.details.splitlines()]
+    return "\n".join(out) + "\n"
+
+
+if __doc__ is not None:  # None under python -OO
+    __doc__ += _rules_by_family(_CHECKS)
+
+
+def _close(store: Any) -> None:
+    close = getattr(store, "close", None)
+    if callable(close):
+        close()
+
+
+def _raised(rule: str, error: BaseException, where: str) -> str:
+    return f"{rule}: raised {type(error).__name__}: {error} ({where})"
+
+
+def check_update_store(make: Callable[[], UpdateStore]) -> List[str]:
+    """Check a store against the rules of the store contract (see the module docstring).
+
+    Args:
+        make (Callable[[], :class:`ptb_fence.UpdateStore`]): Returns a new, empty store on every
+            call. It is called once per rule that runs; each store is closed (when it has
+            ``close()``) after its rule.
+
+    Returns:
+        List[:obj:`str`]: The violations, each ``"<rule>: <what happened>"`` with a rule name from
+        :data:`RULES`; an empty list means the store conforms. A rule that raises is reported as
+        ``"<rule>: raised <ExcType>: <message> (from store.<method>)"`` and the check goes on with
+        the next rule. Fenced rules run only for a fenced store and durable rules only for a
+        durable store (detected on the first store).
+    """
+    violations: List[str] = []
+    level: Optional[int] = None
+    for declared in _CHECKS:
+        rule = declared.rule
+        needed = LEVELS.index(rule.level)
+        if level is not None and needed > level:
+            continue
+        try:
+            store: Any = make()
+        except Exception as exc:
+            violations.append(_raised(rule.name, exc, "from make()"))
+            continue
+        try:
+            if level is None:
+                missing = missing_methods(store, BASE_METHODS)
+                if missing:
+                    violations.append(
+                        f"{rule.name}: the store lacks the base method(s) {', '.join(missing)}; "
+                        "it is not an UpdateStore (see ptb_fence.UpdateStore)"
+                    )
+                    return violations
+                level = 2 if is_durable(store) else 1 if is_fenced(store) else 0
+                if needed > level:  # pragma: no cover - the first rule is a base rule
+                    continue
+            probe = Probe(store, rule.name, violations)
+            try:
+                declared.run(probe, level >= 1, level >= 2)
+            except Abort:
+                pass
+            except StoreRaised as exc:
+                violations.append(_raised(rule.name, exc.error, f"from store.{exc.method}"))
+            except Exception as exc:
+                violations.append(_raised(rule.name, exc, "in the check"))
+        finally:
+            try:
+                _close(store)
+            except Exception as exc:
+                violations.append(_raised(rule.name, exc, "from store.close"))
+    return violations
