@@ -13,7 +13,9 @@ from ptb_fence._values import AttemptIdentity, Completed
 from ptb_fence.runtime._attempt_async import AsyncForms
 from ptb_fence.runtime._connections import (
     COMMITTED_OR_ROLLED_BACK,
-    GivenConnection,
+    CallerConnection,
+    caller_connection,
+    dbapi_connection,
     interrupt,
     transaction_ended,
 )
@@ -360,6 +362,8 @@ class Attempt(AsyncForms):
                 ``SELECT … FOR UPDATE``). Without it the answer is advisory only.
         """
         port = self._runtime.port
+        if connection is not None:
+            connection = dbapi_connection(connection)
         return port.owns(self.identity, self._runtime.now_ms(), connection=connection)
 
     @contextmanager
@@ -407,11 +411,11 @@ class Attempt(AsyncForms):
         # with the capability, the ownership check IS the settle: one conditional statement at
         # the start that locks the row until the commit (the rollback restores the claim)
         first = complete and inside and port.completes_first
-        given: Optional[GivenConnection] = None
+        given: Optional[CallerConnection] = None
         if connection is None:
             manager = port.transaction()  # TypeError naming the fix when the store has none
         else:
-            manager = given = GivenConnection(connection)
+            manager = given = caller_connection(connection)  # TypeError for unknown objects
         holding = False
         with self._lock:
             # from here until the transaction ends the lease keeper leaves this attempt's row
@@ -444,17 +448,18 @@ class Attempt(AsyncForms):
                     given.begin()
                 # what a store's own transaction() yields may still be outside one (a store
                 # that begins lazily): only a transaction open here can have been ended
-                open_here = transaction_ended(conn) is None
+                open_here = (transaction_ended(conn) if given is None else given.ended()) is None
                 try:
-                    yield conn
+                    yield conn if given is None else given.yielded
                 finally:  # before the commit: then the pool may lend it to other calls
                     if own:
                         with self._lock:
                             self._connections.remove(conn)
-                ended = transaction_ended(conn)
+                ended = transaction_ended(conn) if given is None else given.ended()
                 if ended is not None and (open_here or ended != COMMITTED_OR_ROLLED_BACK):
                     if first and ended == COMMITTED_OR_ROLLED_BACK:
-                        self._reopen(checked_at, conn)  # complete=True settled nothing
+                        # complete=True settled nothing
+                        self._reopen(checked_at, given.store_connection() if given else conn)
                     raise TransactionEnded(identity, ended)
                 if complete and inside:
                     self._begin_completing()

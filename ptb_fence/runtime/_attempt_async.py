@@ -34,7 +34,7 @@ class AsyncForms:
         def exhaust(self, reason: str) -> None: ...
 
     async def run_in_transaction(
-        self, fn: Callable[[Any], T], *, complete: bool = False
+        self, fn: Callable[[Any], T], *, connection: Any = None, complete: bool = False
     ) -> T:
         """Run ``fn(connection)`` on a worker thread inside :meth:`transaction`.
 
@@ -42,6 +42,9 @@ class AsyncForms:
 
         Args:
             fn: Called with the transaction's connection; its result is returned.
+            connection: As in :meth:`transaction` (e.g. a SQLAlchemy ``Session``, or
+                ``django.db.connection``, which on the worker thread is that thread's
+                connection); ``fn`` receives it.
             complete: As in :meth:`transaction`.
 
         Raises:
@@ -57,7 +60,7 @@ class AsyncForms:
             raise TypeError(_ASYNC_FN)
 
         def run() -> T:
-            with self.transaction(complete=complete) as conn:
+            with self.transaction(connection=connection, complete=complete) as conn:
                 result = fn(conn)
                 if inspect.isawaitable(result):
                     if inspect.iscoroutine(result):

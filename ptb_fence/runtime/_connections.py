@@ -1,13 +1,28 @@
-"""The caller's DB-API connections around a fenced transaction (sqlite3, psycopg2, others)."""
+"""The caller's connections around a fenced transaction (DB-API drivers; SQLAlchemy and
+Django through :mod:`ptb_fence.contrib`)."""
 
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from ptb_fence._sockets import cut
 
-__all__ = ["COMMITTED_OR_ROLLED_BACK", "GivenConnection", "interrupt", "transaction_ended"]
+__all__ = [
+    "COMMITTED_OR_ROLLED_BACK",
+    "CallerConnection",
+    "GivenConnection",
+    "caller_connection",
+    "dbapi_connection",
+    "interrupt",
+    "transaction_ended",
+]
+
+ACCEPTED = (
+    "connection= takes a DB-API connection or cursor (sqlite3, psycopg2, psycopg 3, or "
+    "another DB-API 2 driver's), a SQLAlchemy Connection or Session, or a Django connection "
+    "(django.db.connection)"
+)
 
 COMMITTED_OR_ROLLED_BACK = "committed or rolled back"
 """What :func:`transaction_ended` returns when the block ended the transaction itself (the
@@ -19,12 +34,34 @@ def _target(connection: Any) -> Any:
     return connection if hasattr(connection, "commit") else getattr(connection, "connection", None)
 
 
+def _pg_status(target: Any) -> Optional[int]:
+    """A PostgreSQL connection's transaction status (0 idle, 1 active, 2 in a transaction, 3
+    failed, 4 unknown/broken): psycopg2's ``get_transaction_status()``, psycopg 3's
+    ``info.transaction_status``; :obj:`None` for other drivers."""
+    status = getattr(target, "get_transaction_status", None)
+    if callable(status):
+        return int(status())
+    if _root(type(target)) == "psycopg":
+        return int(target.info.transaction_status)
+    return None
+
+
+def _root(kind: type) -> str:
+    """The top-level package of a class or of its first base class from a known library
+    (``sqlite3``, ``psycopg2``, ``psycopg``, ``sqlalchemy``, ``django``), else ``""``."""
+    for klass in kind.__mro__:
+        root = (getattr(klass, "__module__", None) or "").split(".")[0]
+        if root in ("sqlite3", "psycopg2", "psycopg", "sqlalchemy", "django"):
+            return root
+    return ""
+
+
 def transaction_ended(connection: Any) -> Optional[str]:
     """How the block ended its own transaction, or :obj:`None` while it is still open.
 
     sqlite3 (autocommit outside the block): ``in_transaction`` is false after a commit or
-    rollback, and raises once closed. psycopg2: ``closed`` is non-zero once closed;
-    ``get_transaction_status()`` is IDLE (0) after a commit or rollback, UNKNOWN (4) when the
+    rollback, and raises once closed. psycopg2 and psycopg 3: ``closed`` is true once closed;
+    the transaction status is IDLE (0) after a commit or rollback, UNKNOWN (4) when the
     connection is broken. Anything else (the memory store's :obj:`None`, other drivers) cannot
     be checked and counts as open.
     """
@@ -38,14 +75,85 @@ def transaction_ended(connection: Any) -> Optional[str]:
             return "closed"
     if getattr(target, "closed", 0):
         return "closed"
-    status = getattr(target, "get_transaction_status", None)
-    if callable(status):
-        value = status()
-        if value == 0:
-            return COMMITTED_OR_ROLLED_BACK
-        if value == 4:
-            return "closed or broken"
+    value = _pg_status(target)
+    if value == 0:
+        return COMMITTED_OR_ROLLED_BACK
+    if value == 4:
+        return "closed or broken"
     return None
+
+
+class CallerConnection(Protocol):
+    """A caller's connection around a fenced transaction (see :func:`caller_connection`).
+
+    Entering opens (or joins) the caller's transaction and returns the DB-API connection (or
+    cursor) the store's ``owns``/``settle_owned`` run on; leaving commits it (through the
+    library that owns it) or, on an exception, rolls it back.
+    """
+
+    @property
+    def yielded(self) -> Any:
+        """What the block receives (the object the caller passed)."""
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> Optional[bool]: ...
+
+    def begin(self) -> None:
+        """Make sure a transaction is open after the ownership check."""
+
+    def ended(self) -> Optional[str]:
+        """How the block ended the transaction itself, or :obj:`None` while it is open."""
+
+    def store_connection(self) -> Any:
+        """A DB-API connection on which the store may undo a completion and commit."""
+
+
+def caller_connection(connection: Any) -> CallerConnection:
+    """Wrap what a caller passed as ``connection=`` for a fenced transaction.
+
+    DB-API connections and cursors (sqlite3, psycopg2, psycopg 3, other DB-API 2 drivers)
+    are used as they are; a SQLAlchemy ``Connection`` or ``Session`` and a Django connection
+    go through :mod:`ptb_fence.contrib` (imported only here, so ``import ptb_fence`` never
+    imports SQLAlchemy or Django).
+
+    Raises:
+        TypeError: Anything else, naming what is accepted.
+    """
+    root = _root(type(connection))
+    if root == "sqlalchemy":
+        from ptb_fence.contrib.sqlalchemy import SQLAlchemyTransaction
+
+        return SQLAlchemyTransaction(connection)
+    if root == "django":
+        from ptb_fence.contrib.django import DjangoTransaction
+
+        return DjangoTransaction(connection)
+    target = _target(connection)
+    if root in ("sqlite3", "psycopg2", "psycopg") or _is_dbapi(target):
+        return GivenConnection(connection)
+    kind = type(connection)
+    raise TypeError(f"{ACCEPTED}; got {kind.__module__}.{kind.__qualname__}")
+
+
+def dbapi_connection(connection: Any) -> Any:
+    """The DB-API connection (or cursor) for ``owns(connection=...)``: a SQLAlchemy
+    ``Connection`` or ``Session`` and a Django connection give theirs (a Session begins its
+    transaction); anything else is passed on as it is (the store checks it)."""
+    root = _root(type(connection))
+    if root == "sqlalchemy":
+        from ptb_fence.contrib.sqlalchemy import dbapi_of
+
+        return dbapi_of(connection)
+    if root == "django":
+        from ptb_fence.contrib.django import dbapi_of as django_dbapi_of
+
+        return django_dbapi_of(connection)
+    return connection
+
+
+def _is_dbapi(target: Any) -> bool:
+    return all(callable(getattr(target, name, None)) for name in ("cursor", "commit", "rollback"))
 
 
 class GivenConnection:
@@ -58,15 +166,26 @@ class GivenConnection:
 
     __slots__ = ("_connection", "_explicit", "_target")
 
+    @property
+    def yielded(self) -> Any:
+        """The connection or cursor the caller passed (what the block receives)."""
+        return self._connection
+
+    def ended(self) -> Optional[str]:
+        """:func:`transaction_ended` of the connection."""
+        return transaction_ended(self._target)
+
+    def store_connection(self) -> Any:
+        """The connection or cursor the caller passed."""
+        return self._connection
+
     def __init__(self, connection: Any) -> None:
         self._connection = connection
         self._target = target = _target(connection)
-        # a sqlite3 (Python 3.12+) or psycopg2 connection in autocommit mode: its driver's
-        # commit() and rollback() do nothing, so the transaction (opened by begin(), by the
-        # store's ownership check or by the caller) ends with COMMIT / ROLLBACK statements
-        known = isinstance(target, sqlite3.Connection) or callable(
-            getattr(target, "get_transaction_status", None)
-        )
+        # a sqlite3 (Python 3.12+), psycopg2 or psycopg 3 connection in autocommit mode: its
+        # driver's commit() and rollback() do nothing, so the transaction (opened by begin(),
+        # by the store's ownership check or by the caller) ends with COMMIT / ROLLBACK
+        known = isinstance(target, sqlite3.Connection) or _pg_status(target) is not None
         self._explicit = known and getattr(target, "autocommit", None) is True
 
     def __enter__(self) -> Any:
@@ -87,11 +206,10 @@ class GivenConnection:
                 # locked") on its first write if another connection wrote meanwhile
                 target.execute("BEGIN IMMEDIATE")
             return
-        status = getattr(target, "get_transaction_status", None)
-        if not callable(status) or status() != 0:  # an unknown driver, or already in one
+        if _pg_status(target) != 0:  # an unknown driver, or already in one
             return
         with target.cursor() as cur:
-            # psycopg2 outside autocommit sends its own BEGIN before the first statement
+            # psycopg outside autocommit sends its own BEGIN before the first statement
             cur.execute("BEGIN" if self._explicit else "SELECT 1")
 
     def _end(self, statement: str) -> None:

@@ -1,0 +1,152 @@
+"""A SQLAlchemy 2.x ``Connection`` or ``Session`` as ``connection=`` of a fenced transaction.
+
+The fenced transaction is SQLAlchemy's own: the store's ownership check (PostgreSQL
+``FOR UPDATE``) and ``complete=True``'s settle run on its DB-API connection, next to the
+block's ORM writes, and SQLAlchemy commits them together when the block ends (a Session is
+flushed and committed, a Connection's transaction committed) or rolls them back on an
+exception or a lost update.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Optional
+
+from ptb_fence.runtime._connections import (
+    COMMITTED_OR_ROLLED_BACK,
+    GivenConnection,
+    transaction_ended,
+)
+
+__all__ = ["SQLAlchemyTransaction", "dbapi_of"]
+
+_BEGUN = (
+    "attempt.transaction(connection=...) begins and commits the SQLAlchemy transaction "
+    "itself, so that the ownership check, your writes and complete=True land in one commit "
+    "that it sees; {what}: call it outside that block, with the {kind} not in a transaction "
+    "begun by you (session.begin(), connection.begin() or an earlier statement on a "
+    "Connection: commit or roll back first)"
+)
+
+
+def _orm() -> Any:
+    # imported by name: type-checking ptb_fence needs neither SQLAlchemy nor its types
+    return importlib.import_module("sqlalchemy.orm")
+
+
+def _session_or_connection(given: Any) -> Any:
+    """A Session (also behind a ``scoped_session``) or a Connection; TypeError otherwise."""
+    orm = _orm()
+    connection_type = importlib.import_module("sqlalchemy.engine").Connection
+    if isinstance(given, orm.scoped_session):
+        given = given()
+    if isinstance(given, (orm.Session, connection_type)):
+        return given
+    raise TypeError(
+        "connection= takes a SQLAlchemy Connection (engine.connect()) or Session, got "
+        f"{type(given).__module__}.{type(given).__qualname__}"
+    )
+
+
+def dbapi_of(given: Any) -> Any:
+    """The DB-API connection under a SQLAlchemy Connection or Session (a Session begins its
+    transaction if it has none)."""
+    connection = _session_or_connection(given)
+    if isinstance(connection, _orm().Session):
+        connection = connection.connection()
+    return connection.connection.dbapi_connection
+
+
+class SQLAlchemyTransaction:
+    """One fenced transaction in a SQLAlchemy Session's or Connection's transaction.
+
+    Entering begins it (a Session joins the transaction it began by itself, e.g. for an
+    earlier query; an explicit ``session.begin()`` block or a Connection already in a
+    transaction is refused: the commit would not be this block's) and returns the DB-API
+    connection for the store; leaving commits through SQLAlchemy, or rolls back.
+
+    Args:
+        given: A ``sqlalchemy.orm.Session`` (or ``scoped_session``) or a
+            ``sqlalchemy.engine.Connection``.
+
+    Raises:
+        TypeError: ``given`` is another SQLAlchemy object (e.g. an ``Engine``).
+    """
+
+    __slots__ = ("_given", "_session", "_connection", "_transaction", "_raw")
+
+    def __init__(self, given: Any) -> None:
+        self._given = given
+        target = _session_or_connection(given)
+        self._session: Any = target if isinstance(target, _orm().Session) else None
+        self._connection: Any = None if self._session is not None else target
+        self._transaction: Any = None
+        self._raw: Any = None
+
+    @property
+    def yielded(self) -> Any:
+        """The Session or Connection the caller passed."""
+        return self._given
+
+    def __enter__(self) -> Any:
+        session = self._session
+        if session is not None:
+            current = session.get_transaction()
+            if session.get_nested_transaction() is not None or (
+                current is not None
+                and current.origin is not _orm().SessionTransactionOrigin.AUTOBEGIN
+            ):
+                raise ValueError(_BEGUN.format(what="the Session is inside session.begin()",
+                                               kind="Session"))
+            self._raw = session.connection().connection.dbapi_connection
+            self._transaction = session.get_transaction()
+        else:
+            connection = self._connection
+            if connection.in_transaction():
+                raise ValueError(_BEGUN.format(what="the Connection is already in a "
+                                               "transaction", kind="Connection"))
+            self._transaction = connection.begin()
+            self._raw = connection.connection.dbapi_connection
+        return self._raw
+
+    def begin(self) -> None:
+        """Open the DB-API transaction now (SQLAlchemy's drivers begin lazily), so a block
+        that writes nothing is not taken for one that committed."""
+        GivenConnection(self._raw).begin()
+
+    def ended(self) -> Optional[str]:
+        """Whether the block committed or rolled back (through SQLAlchemy or its DB-API
+        connection) or closed the transaction itself."""
+        if self._session is not None:
+            if self._session.get_transaction() is not self._transaction:
+                return COMMITTED_OR_ROLLED_BACK
+        elif self._connection.closed:
+            return "closed"
+        if not self._transaction.is_active:
+            return COMMITTED_OR_ROLLED_BACK
+        return transaction_ended(self._raw)
+
+    def store_connection(self) -> Any:
+        """A DB-API connection of the Session or Connection (to undo a completion that the
+        block's own commit landed)."""
+        return dbapi_of(self._given)
+
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
+        transaction = self._transaction
+        if kind is None:
+            try:
+                if self._session is not None:
+                    self._session.commit()  # flushes the ORM writes first
+                else:
+                    transaction.commit()
+                return
+            except BaseException:
+                self._rollback()
+                raise
+        self._rollback()
+
+    def _rollback(self) -> None:
+        if self._session is not None:
+            self._session.rollback()
+        elif self._transaction.is_active:
+            self._transaction.rollback()
