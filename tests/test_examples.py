@@ -609,3 +609,64 @@ def test_webhook_postgres_names_its_webhooks_extra(runner: Runner, tmp_path: Pat
     assert runner.exit_code(proc, timeout=STARTUP) == 2
     out = runner.log(proc)
     assert "python -m pip install -e '.[webhooks]'" in out and "Traceback" not in out, out
+
+
+# -- examples/sqlalchemy_booking.py and examples/django_booking.py (Using an ORM) -------------
+def _orm_database(kind: str, tmp_path: Path, request: Any) -> "tuple[List[str], Callable[[str], List[Any]], str, str]":
+    """The example's database arguments, a query function, and the two table names."""
+    table, bookings = "t_" + os.urandom(8).hex(), "b_" + os.urandom(8).hex()
+    if kind == "sqlite":
+        db = tmp_path / "orm.sqlite3"
+        return (["--db", str(db), "--table", table, "--bookings-table", bookings],
+                lambda sql: query(db, sql), table, bookings)
+    import psycopg2
+
+    dsn: str = request.getfixturevalue("pg_dsn")
+    request.getfixturevalue("pg_tables").extend([table, bookings])  # dropped afterwards
+
+    def pg_query(sql: str) -> List[Any]:
+        conn = psycopg2.connect(dsn)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql)
+                return list(cur.fetchall())
+        finally:
+            conn.close()
+
+    driver = ["--driver", kind.split("+")[1]] if "+" in kind else []
+    return (["--dsn", dsn, "--table", table, "--bookings-table", bookings, *driver],
+            pg_query, table, bookings)
+
+
+@pytest.mark.parametrize("script,kind", [
+    ("sqlalchemy_booking.py", "sqlite"),
+    ("sqlalchemy_booking.py", "postgres+psycopg2"),
+    ("sqlalchemy_booking.py", "postgres+psycopg"),
+    ("django_booking.py", "sqlite"),
+    ("django_booking.py", "postgres"),
+])
+def test_orm_examples_book_once_in_one_commit_with_the_completion(
+    runner: Runner, fake: FakeBotApi, tmp_path: Path, request: Any, script: str, kind: str
+) -> None:
+    """Each booking's first attempt crashes after its ORM write (``--crash-once``): the write
+    is rolled back with the completion, the retry books. One booking, both updates completed,
+    one "Booked" and one "taken" reply."""
+    args, run_query, table, bookings = _orm_database(kind, tmp_path, request)
+    first = fake.inject_message(chat_id=1, text="/book 10:00")
+    second = fake.inject_message(chat_id=2, text="/book 10:00")
+    bot = runner.start(script, *args, "--base-url", fake.base_url, "--exit-after", "2",
+                       "--crash-once", env={"TELEGRAM_BOT_TOKEN": fake.token})
+    assert runner.exit_code(bot, timeout=60) == 0, runner.all_logs()
+    log = runner.log(bot)
+    assert "crashing after the ORM write" in log and "stopped after 2 update(s)" in log
+
+    assert sorted(texts_to(fake, 1) + texts_to(fake, 2)) == [
+        "Booked 10:00 for you.", "Sorry, 10:00 is already taken."], fake.sent_messages
+    booked = run_query(f"SELECT slot, update_id, attempt FROM {bookings}")
+    assert len(booked) == 1 and booked[0][0] == "10:00", booked
+    assert booked[0][1] in (first, second)
+    assert booked[0][2] >= 2  # attempt 1's flushed write was rolled back with its completion
+    winner = 1 if booked[0][1] == first else 2
+    assert texts_to(fake, winner) == ["Booked 10:00 for you."]
+    states = dict((r[0], r[1]) for r in run_query(f"SELECT update_id, state FROM {table}"))
+    assert states == {first: "completed", second: "completed"}
