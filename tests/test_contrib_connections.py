@@ -318,3 +318,34 @@ def test_a_psycopg3_connection_is_fenced_and_its_own_commit_is_detected(
         for intake in intakes:
             intake.close()
         store.close()
+
+
+def test_the_adapters_import_nothing_until_used(tmp_path: Any) -> None:
+    """``import ptb_fence`` and a fenced transaction on a sqlite3 connection import neither
+    SQLAlchemy, Django nor psycopg 3 (they are test-only dependencies)."""
+    import json
+    import subprocess
+    import sys
+
+    script = f"""
+import json, sqlite3, sys
+from ptb_fence import SQLiteUpdateStore, UpdateIntake
+path = {str(tmp_path / "light.db")!r}
+store = SQLiteUpdateStore(path)
+done = []
+def handle_attempt(update, attempt):
+    conn = sqlite3.connect(path, timeout=10)
+    with attempt.transaction(connection=conn, complete=True):
+        pass
+    conn.close()
+    done.append(attempt.completed)
+intake = UpdateIntake(store, handle_attempt=handle_attempt)
+intake.start()
+intake.accept('{{"update_id": 1, "message": {{"message_id": 1, "date": 1, "chat": {{"id": 1, "type": "private"}}, "text": "hi"}}}}')
+assert intake.idle(20)
+intake.close(); store.close()
+print(json.dumps([done, sorted(m for m in ("sqlalchemy", "django", "psycopg", "ptb_fence.contrib") if m in sys.modules)]))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [[True], []]

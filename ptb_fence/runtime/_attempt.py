@@ -358,7 +358,9 @@ class Attempt(AsyncForms):
 
         Args:
             connection: The caller's open DB-API connection (or cursor) to the store's
-                database; the check then runs inside the caller's transaction (PostgreSQL:
+                database, or a SQLAlchemy ``Connection``/``Session`` or Django connection on
+                it (their DB-API connection is used; a Session begins its transaction); the
+                check then runs inside the caller's transaction (PostgreSQL:
                 ``SELECT … FOR UPDATE``). Without it the answer is advisory only.
         """
         port = self._runtime.port
@@ -389,8 +391,22 @@ class Attempt(AsyncForms):
         every process (renewals, claims, records) waits meanwhile, at most the store's
         ``busy_timeout``, then fails and is reported: keep fenced transactions short.
 
+        ``connection`` may be what the handler holds, on the store's database:
+
+        - a DB-API connection or cursor (sqlite3, psycopg2, psycopg 3, another driver's); it
+          is committed (or rolled back) on exit;
+        - a SQLAlchemy 2 ``Session`` (or ``scoped_session``) or ``Connection``: the check and
+          the settle run on its DB-API connection, in its transaction, and on exit the Session
+          is flushed and committed (a Connection's transaction committed) by SQLAlchemy. The
+          block receives the Session or Connection. A Session inside ``session.begin()`` or
+          a Connection already in a transaction is refused (:exc:`ValueError`): their commit
+          would come later, after the attempt counted as completed;
+        - a Django connection (``django.db.connection``): the transaction is a
+          ``transaction.atomic()`` block that Django commits on exit; refused inside another
+          ``atomic()`` block (:exc:`ValueError`).
+
         Args:
-            connection: Use this open DB-API connection instead of one of the store's.
+            connection: Use this connection (see above) instead of one of the store's.
             complete: Also settle the attempt as completed in the same commit, so a crash
                 after the commit never re-runs the handler.
 
@@ -400,6 +416,8 @@ class Attempt(AsyncForms):
                 returned (a mistake in the handler, not a lost lease); nothing was opened.
             TransactionEnded: The block committed, rolled back or closed the connection
                 itself; ``complete=True`` settled nothing.
+            TypeError: ``connection`` is none of the above (the message names what is
+                accepted); nothing was opened.
         """
         runtime = self._runtime
         port = runtime.port
