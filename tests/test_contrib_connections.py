@@ -233,6 +233,13 @@ def test_an_explicit_session_begin_is_refused_before_anything_runs(
                         raise AssertionError("not reached")
                 except ValueError as exc:
                     seen["error"] = str(exc)
+        with env.engine.connect() as connection:
+            connection.execute(sa.select(1))  # "commit as you go": a transaction is open
+            try:
+                with attempt.transaction(connection=connection, complete=True):
+                    raise AssertionError("not reached")
+            except ValueError as exc:
+                seen["connection_error"] = str(exc)
         with Session(env.engine) as session:
             with attempt.transaction(connection=session, complete=True):
                 session.add(env.Booking(update_id=update["update_id"], attempt=attempt.attempt))
@@ -241,6 +248,7 @@ def test_an_explicit_session_begin_is_refused_before_anything_runs(
     intake.accept(body(45))
     assert intake.idle(20)
     assert "session.begin()" in seen["error"] and "outside" in seen["error"]
+    assert "Connection is already in a transaction" in seen["connection_error"]
     assert env.bookings() == [(45, 1)] and env.state(45) == "completed"
 
 
@@ -256,6 +264,10 @@ def test_unknown_objects_are_a_type_error_naming_what_is_accepted(
                     raise AssertionError("not reached")
             except TypeError as exc:
                 errors.append(str(exc))
+        try:
+            attempt.owns(connection=object())
+        except TypeError as exc:
+            errors.append(str(exc))
         with Session(env.engine) as session:
             with attempt.transaction(connection=session, complete=True):
                 pass  # writes nothing: not an ended transaction
@@ -263,7 +275,8 @@ def test_unknown_objects_are_a_type_error_naming_what_is_accepted(
     intake, _ = _intake(env, intakes, handle_attempt)
     intake.accept(body(46))
     assert intake.idle(20)
-    assert len(errors) == 3, errors
+    assert len(errors) == 4, errors
+    assert errors[3] == errors[0]  # owns(connection=...) says the same
     assert "SQLAlchemy Connection" in errors[0] and "Session" in errors[0]
     assert "Django" in errors[0] and "psycopg 3" in errors[0] and "builtins.object" in errors[0]
     assert "Engine" in errors[1] and "engine.connect()" in errors[1]

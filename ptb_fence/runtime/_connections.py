@@ -129,9 +129,14 @@ def caller_connection(connection: Any) -> CallerConnection:
         from ptb_fence.contrib.django import DjangoTransaction
 
         return DjangoTransaction(connection)
-    target = _target(connection)
-    if root in ("sqlite3", "psycopg2", "psycopg") or _is_dbapi(target):
-        return GivenConnection(connection)
+    return GivenConnection(_checked(connection, root))
+
+
+def _checked(connection: Any, root: str) -> Any:
+    """``connection`` if it is a DB-API connection or cursor; TypeError naming what is
+    accepted otherwise (never the store's SQL failing on it later)."""
+    if root in ("sqlite3", "psycopg2", "psycopg") or _is_dbapi(_target(connection)):
+        return connection
     kind = type(connection)
     raise TypeError(f"{ACCEPTED}; got {kind.__module__}.{kind.__qualname__}")
 
@@ -139,7 +144,11 @@ def caller_connection(connection: Any) -> CallerConnection:
 def dbapi_connection(connection: Any) -> Any:
     """The DB-API connection (or cursor) for ``owns(connection=...)``: a SQLAlchemy
     ``Connection`` or ``Session`` and a Django connection give theirs (a Session begins its
-    transaction); anything else is passed on as it is (the store checks it)."""
+    transaction); DB-API connections and cursors are passed on as they are.
+
+    Raises:
+        TypeError: Anything else, naming what is accepted.
+    """
     root = _root(type(connection))
     if root == "sqlalchemy":
         from ptb_fence.contrib.sqlalchemy import dbapi_of
@@ -149,7 +158,7 @@ def dbapi_connection(connection: Any) -> Any:
         from ptb_fence.contrib.django import dbapi_of as django_dbapi_of
 
         return django_dbapi_of(connection)
-    return connection
+    return _checked(connection, root)
 
 
 def _is_dbapi(target: Any) -> bool:
