@@ -362,3 +362,27 @@ print(json.dumps([done, sorted(m for m in ("sqlalchemy", "django", "psycopg", "p
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=60, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [[True], []]
+
+
+def test_run_in_transaction_takes_a_session(env: Env, intakes: List[UpdateIntake]) -> None:  # noqa: F811
+    """The asyncio form: ``fn`` runs on a worker thread with the Session, committed by
+    SQLAlchemy together with the completion."""
+    import asyncio
+
+    seen: Dict[str, Any] = {}
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        def write(session: Session) -> int:
+            session.add(env.Booking(update_id=update["update_id"], attempt=attempt.attempt))
+            return 7
+
+        with Session(env.engine) as session:
+            seen["result"] = asyncio.run(
+                attempt.run_in_transaction(write, connection=session, complete=True))
+        seen["completed"] = attempt.completed
+
+    intake, _ = _intake(env, intakes, handle_attempt)
+    intake.accept(body(48))
+    assert intake.idle(20)
+    assert seen == {"result": 7, "completed": True}
+    assert env.bookings() == [(48, 1)] and env.state(48) == "completed"
