@@ -92,9 +92,11 @@ class SQLAlchemyTransaction:
         session = self._session
         if session is not None:
             current = session.get_transaction()
+            # origin (AUTOBEGIN, BEGIN, BEGIN_NESTED) tells a transaction the Session began
+            # by itself from one begun by the caller, whose block would commit it
+            origin = getattr(getattr(current, "origin", None), "name", "AUTOBEGIN")
             if session.get_nested_transaction() is not None or (
-                current is not None
-                and current.origin is not _orm().SessionTransactionOrigin.AUTOBEGIN
+                current is not None and origin != "AUTOBEGIN"
             ):
                 raise ValueError(_BEGUN.format(what="the Session is inside session.begin()",
                                                kind="Session"))
