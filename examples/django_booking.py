@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""A booking bot with the Django ORM: a blocking long-polling loop and :class:`ptb_fence.UpdateIntake`.
+"""A booking bot with the Django ORM: blocking long polling and :class:`ptb_fence.UpdateIntake`.
 
 ``/book 10:30`` books the slot ``10:30``. The main thread long-polls Telegram's ``getUpdates``
 and hands every update to the intake, which commits it to the update store *before* the next
@@ -114,7 +114,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("set TELEGRAM_BOT_TOKEN, or pass --base-url http://127.0.0.1:8081/bot to use "
               "`python -m ptb_fence.testing serve`", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     base = f"{args.base_url.rstrip('/')}{token}/"
 

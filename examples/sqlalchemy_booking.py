@@ -112,21 +112,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("set TELEGRAM_BOT_TOKEN, or pass --base-url http://127.0.0.1:8081/bot to use "
               "`python -m ptb_fence.testing serve`", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "apscheduler"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     Booking.__table__.name = args.bookings_table  # type: ignore[attr-defined]
     if args.dsn:
         store = PostgresUpdateStore(args.dsn, args.table)
-        engine = sa.create_engine(args.dsn.replace("postgresql://", f"postgresql+{args.driver}://", 1))
+        url = args.dsn.replace("postgresql://", f"postgresql+{args.driver}://", 1)
+        engine = sa.create_engine(url)
     else:
         store = SQLiteUpdateStore(args.db, args.table)
         engine = sa.create_engine(f"sqlite:///{args.db}", connect_args={"timeout": 30})
     Base.metadata.create_all(engine)  # a project would use Alembic
 
     processor = FencedUpdateProcessor(store)
-    application = processor.install(Application.builder().token(token).base_url(args.base_url)).build()
+    builder = Application.builder().token(token).base_url(args.base_url)
+    application = processor.install(builder).build()
     handled = [0]
 
     def one_done() -> None:

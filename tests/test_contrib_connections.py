@@ -96,7 +96,8 @@ def env(request: Any, tmp_path: Any) -> Iterator[Env]:
         store.close()
 
 
-def _intake(env: Env, made: List[UpdateIntake], handle_attempt: Any) -> Tuple[UpdateIntake, FakeClock]:
+def _intake(env: Env, made: List[UpdateIntake],
+            handle_attempt: Any) -> Tuple[UpdateIntake, FakeClock]:
     clock = FakeClock()
     intake = UpdateIntake(env.store, clock=clock, handle_attempt=handle_attempt)
     made.append(intake)
@@ -314,7 +315,8 @@ def test_a_psycopg3_connection_is_fenced_and_its_own_commit_is_detected(
                 seen["completed"] = attempt.completed
 
     try:
-        intake, _ = _intake(Env(store, None, str, None), intakes, handle_attempt)  # type: ignore[arg-type]
+        no_engine: Any = None
+        intake, _ = _intake(Env(store, no_engine, str, None), intakes, handle_attempt)
         intake.accept(body(47))
         assert intake.idle(20)
         with psycopg.connect(pg_dsn) as check:
@@ -354,17 +356,20 @@ def handle_attempt(update, attempt):
     done.append(attempt.completed)
 intake = UpdateIntake(store, handle_attempt=handle_attempt)
 intake.start()
-intake.accept('{{"update_id": 1, "message": {{"message_id": 1, "date": 1, "chat": {{"id": 1, "type": "private"}}, "text": "hi"}}}}')
+intake.accept({body(1)!r})
 assert intake.idle(20)
 intake.close(); store.close()
-print(json.dumps([done, sorted(m for m in ("sqlalchemy", "django", "psycopg", "ptb_fence.contrib") if m in sys.modules)]))
+heavy = ("sqlalchemy", "django", "psycopg", "ptb_fence.contrib")
+print(json.dumps([done, sorted(m for m in heavy if m in sys.modules)]))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=60, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [[True], []]
 
 
-def test_run_in_transaction_takes_a_session(env: Env, intakes: List[UpdateIntake]) -> None:  # noqa: F811
+def test_run_in_transaction_takes_a_session(
+    env: Env, intakes: List[UpdateIntake]  # noqa: F811
+) -> None:
     """The asyncio form: ``fn`` runs on a worker thread with the Session, committed by
     SQLAlchemy together with the completion."""
     import asyncio

@@ -32,7 +32,8 @@ _MODEL: List[Any] = []
 
 
 @pytest.fixture(scope="module")
-def django_setup(tmp_path_factory: pytest.TempPathFactory, pg_dsn: str) -> Iterator[Tuple[Any, str]]:
+def django_setup(tmp_path_factory: pytest.TempPathFactory,
+                 pg_dsn: str) -> Iterator[Tuple[Any, str]]:
     from django.conf import settings
 
     sqlite_path = str(tmp_path_factory.mktemp("django") / "bot.sqlite3")
@@ -76,7 +77,8 @@ class Env:
         from django.db import connections
 
         try:
-            return sorted(self.Booking.objects.using(self.alias).values_list("update_id", "attempt"))
+            rows = self.Booking.objects.using(self.alias).values_list("update_id", "attempt")
+            return sorted(rows)
         finally:
             connections[self.alias].close()
 
