@@ -42,9 +42,11 @@ class AsyncForms:
 
         Args:
             fn: Called with the transaction's connection; its result is returned.
-            connection: As in :meth:`transaction` (e.g. a SQLAlchemy ``Session``, or
-                ``django.db.connection``, which on the worker thread is that thread's
-                connection); ``fn`` receives it.
+            connection: As in :meth:`transaction` (e.g. a SQLAlchemy ``Session``); ``fn``
+                receives it. For Django call :meth:`transaction` in a function you run
+                with :func:`asyncio.to_thread` instead, and close that thread's connection
+                there (``django.db.close_old_connections()``): Django connections belong to
+                the thread that opened them.
             complete: As in :meth:`transaction`.
 
         Raises:
