@@ -129,7 +129,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     django.setup()
     from django.db import close_old_connections, connection, models
 
-    class Booking(models.Model):
+    class Booking(models.Model):  # type: ignore[misc]  # Django ships no type hints
         slot = models.CharField(max_length=5, unique=True)  # one booking per slot
         chat_id = models.BigIntegerField()
         update_id = models.BigIntegerField()

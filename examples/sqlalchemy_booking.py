@@ -47,9 +47,9 @@ from typing import List, Optional
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from telegram import Update
-from telegram.ext import Application, CommandHandler
+from telegram.ext import Application, CommandHandler, ContextTypes
 
-from ptb_fence import Attempt, PostgresUpdateStore, SQLiteUpdateStore
+from ptb_fence import Attempt, PostgresUpdateStore, SQLiteUpdateStore, UpdateStore
 from ptb_fence.ptb import FencedCallbackContext, FencedUpdateProcessor
 
 LOGGER = logging.getLogger("sqlalchemy_booking")
@@ -118,6 +118,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     Booking.__table__.name = args.bookings_table  # type: ignore[attr-defined]
+    store: UpdateStore
     if args.dsn:
         store = PostgresUpdateStore(args.dsn, args.table)
         url = args.dsn.replace("postgresql://", f"postgresql+{args.driver}://", 1)
@@ -128,7 +129,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     Base.metadata.create_all(engine)  # a project would use Alembic
 
     processor = FencedUpdateProcessor(store)
-    builder = Application.builder().token(token).base_url(args.base_url)
+    builder = (
+        Application.builder()
+        .token(token)
+        .base_url(args.base_url)
+        .context_types(ContextTypes(context=FencedCallbackContext))  # handlers' type
+    )
     application = processor.install(builder).build()
     handled = [0]
 
