@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from typing import Dict, List, Optional, Sequence, Set
+from typing import List, Optional, Sequence, Set, Tuple
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -137,6 +137,21 @@ def run(
     """Run PTB's offline tests in ``dest`` (all of :data:`TEST_FILES`, or ``test_ids``) with
     every Application wired through ``processor`` over ``store``; return the ids of failing
     and erroring tests."""
+    return run_with_summary(
+        dest, processor=processor, store=store, plain=plain, timeout=timeout, test_ids=test_ids
+    )[0]
+
+
+def run_with_summary(
+    dest: pathlib.Path,
+    *,
+    processor: str = "fenced",
+    store: str = "memory",
+    plain: bool = False,
+    timeout: float = 1800,
+    test_ids: Optional[Sequence[str]] = None,
+) -> Tuple[Set[str], str]:
+    """:func:`run`, and pytest's closing line ("N passed, M failed, ...")."""
     env = dict(os.environ)
     for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
         env.pop(name, None)
@@ -165,7 +180,8 @@ def run(
             f"PTB's tests did not run (exit {result.returncode}):\n{result.stdout[-3000:]}"
             f"\n{result.stderr[-3000:]}"
         )
-    return failures
+    closing = [line.strip("= ") for line in result.stdout.splitlines() if " passed" in line]
+    return failures, (closing[-1] if closing else "")
 
 
 def expected_failures(processor: str = "fenced", store: str = "memory") -> Set[str]:
@@ -207,12 +223,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "prepare":
         prepare(args.dest, args.sdist)
         return 0
-    failures = run(args.dest, processor=args.processor, store=args.store, plain=args.plain)
+    failures, closing = run_with_summary(
+        args.dest, processor=args.processor, store=args.store, plain=args.plain
+    )
     expected = expected_failures(args.processor, args.store)
     for test_id in sorted(failures):
         print(test_id + ("" if test_id in expected else "   <- not expected"))
     for test_id in sorted(expected - failures):
         print(test_id + "   <- expected, passed")
+    print(f"{'plain' if args.plain else args.processor + ' x ' + args.store}: {closing}")
     return 0
 
 
