@@ -26,8 +26,8 @@ from ptb_fence import (
     is_durable,
     is_fenced,
 )
-from ptb_fence.stores._sqlite_schema import add_claim_id_column as _add_claim_id_column
-from ptb_fence.stores._sqlite_sql import SQLiteStatements
+from ptb_fence.stores.sqlite._schema import add_claim_id_column as _add_claim_id_column
+from ptb_fence.stores.sqlite._sql import SQLiteStatements
 
 REPO = str(Path(__file__).resolve().parents[1])
 BIG = 2**40  # ids and epoch-ms times beyond 32 bits must round-trip exactly

@@ -7,6 +7,7 @@ import urllib.parse
 from typing import Any, List, Optional, Sequence, Tuple
 
 from ptb_fence.stores._admin_sql import AdminStatements
+from ptb_fence.stores.sqlite._sql import sqlite_admin_statements
 
 __all__ = ["ChaosDatabase"]
 
@@ -72,7 +73,7 @@ class ChaosDatabase:
         by the runner, so they run unchanged through :meth:`query`)."""
         table = self.table("updates")
         if self.is_sqlite:
-            return AdminStatements.sqlite(table)
+            return sqlite_admin_statements(table)
         return AdminStatements.postgres(table)
 
     def sql(self, text: str) -> str:

@@ -11,7 +11,7 @@ from ptb_fence.cli._rows import StatusReport, UpdateRow
 from ptb_fence.stores._admin_sql import AdminStatements
 from ptb_fence.cli._target import StoreTarget
 from ptb_fence.stores import validate_table_name
-from ptb_fence.stores._sqlite_sql import REQUIRED_COLUMNS
+from ptb_fence.stores.sqlite._sql import REQUIRED_COLUMNS, sqlite_admin_statements
 
 __all__ = ["STATES", "TableInspector"]
 
@@ -57,7 +57,7 @@ class TableInspector:
                 )
             self.has_claim_id = "claim_id" in columns
             if target.is_sqlite:
-                self._sql = AdminStatements.sqlite(self.table, has_claim_id=self.has_claim_id)
+                self._sql = sqlite_admin_statements(self.table, has_claim_id=self.has_claim_id)
             else:
                 self._sql = AdminStatements.postgres(self.table, has_claim_id=self.has_claim_id)
         except BaseException:
@@ -124,7 +124,7 @@ class TableInspector:
     def _columns(self) -> Optional[Set[str]]:
         try:
             if self.target.is_sqlite:
-                probe = AdminStatements.sqlite(self.table)
+                probe = sqlite_admin_statements(self.table)
                 if not self._query(probe.table_exists, {"table": self.table}):
                     return None
                 return {str(r[1]) for r in self._query(probe.columns)}

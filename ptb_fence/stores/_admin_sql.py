@@ -1,8 +1,9 @@
-"""The read-only and admin SQL of a store table, per dialect, in one place: used by the
-``ptb-fence`` command line and the chaos runner (the table layout itself is written once per
-dialect, in ``_sqlite_sql`` and ``_postgres_sql``).
+"""The read-only and admin SQL of a store table, as one shape for every dialect: used by the
+``ptb-fence`` command line and the chaos runner. Each dialect builds it next to the rest of
+its SQL (:func:`ptb_fence.stores.sqlite._sql.sqlite_admin_statements`, and
+:meth:`AdminStatements.postgres`).
 
-The command line reads the public table layout (SPEC §3) directly for ``status``, ``list`` and
+The command line reads the public table layout directly for ``status``, ``list`` and
 ``show`` and changes it directly only for ``retry``; everything else goes through the store's
 public methods. Table names are validated with :func:`ptb_fence.stores.validate_table_name`
 before they reach this module and are always double-quoted, as the stores do.
@@ -25,12 +26,13 @@ from ptb_fence.stores._postgres_sql import META_TABLE
 
 __all__ = [
     "AdminStatements",
+    "ROW_COLUMNS",
     "POSTGRES_FORGET_TABLE",
     "POSTGRES_META_EXISTS",
     "POSTGRES_TABLE_STATE",
 ]
 
-_ROW_COLUMNS = "update_id, state, attempts, due_at, received_at, settled_at, error, {claim_id}"
+ROW_COLUMNS = "update_id, state, attempts, due_at, received_at, settled_at, error, {claim_id}"
 
 POSTGRES_TABLE_STATE = (
     "SELECT to_regclass(%(q)s) IS NOT NULL, "
@@ -50,8 +52,8 @@ POSTGRES_FORGET_TABLE = f'DELETE FROM "{META_TABLE}" WHERE table_name = %(table)
 
 @dataclass(frozen=True)
 class AdminStatements:
-    """The statements of one table in one dialect. Build with :meth:`sqlite` or
-    :meth:`postgres`.
+    """The statements of one table in one dialect. Build with
+    :func:`ptb_fence.stores.sqlite._sql.sqlite_admin_statements` or :meth:`postgres`.
 
     ``claim_id`` is read as ``NULL`` when the table has no such column (a PostgreSQL table
     created before fencing and not migrated yet).
@@ -75,64 +77,10 @@ class AdminStatements:
     """``update_id, state, attempts, settled_at, claim_id`` of every row (no parameters)."""
 
     @classmethod
-    def sqlite(cls, table: str, *, has_claim_id: bool = True) -> "AdminStatements":
-        """The SQLite statements for ``table`` (already validated)."""
-        t = f'"{table}"'
-        cols = _ROW_COLUMNS.format(claim_id="claim_id" if has_claim_id else "NULL")
-        row = f"SELECT {cols}, body FROM {t} WHERE update_id = :update_id"
-        return cls(
-            dialect="sqlite",
-            begin_read="BEGIN",
-            begin_write="BEGIN IMMEDIATE",
-            # SQLite table names are case-insensitive
-            table_exists=(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :table "
-                "COLLATE NOCASE"
-            ),
-            columns=f"PRAGMA table_info({t})",
-            counts=f"SELECT state, COUNT(*) FROM {t} GROUP BY state ORDER BY state",
-            oldest_pending=(
-                f"SELECT update_id, received_at FROM {t} WHERE state = 'pending' "
-                "ORDER BY received_at, update_id LIMIT 1"
-            ),
-            due_now=f"""
-                SELECT
-                  COALESCE(SUM(CASE WHEN state = 'failed' AND due_at <= :now
-                                    THEN 1 ELSE 0 END), 0),
-                  COALESCE(SUM(CASE WHEN state = 'processing' AND due_at < :now
-                                    THEN 1 ELSE 0 END), 0),
-                  COALESCE(SUM(CASE WHEN state = 'abandoned' AND settled_at IS NULL
-                                    THEN 1 ELSE 0 END), 0)
-                FROM {t}""",
-            list_rows=f"""
-                SELECT {cols} FROM {t}
-                WHERE (:state IS NULL OR state = :state)
-                  AND (:after IS NULL OR update_id > :after)
-                ORDER BY update_id
-                LIMIT :limit""",
-            select_row=row,
-            # BEGIN IMMEDIATE already holds the write lock: the row cannot change before the
-            # UPDATE below
-            select_row_for_retry=row,
-            retry=f"""
-                UPDATE {t}
-                SET state = 'pending', attempts = 0, due_at = received_at, settled_at = NULL
-                WHERE update_id = :update_id
-                  AND state IN ('failed', 'abandoned')
-                  AND state = :state AND attempts = :attempts
-                RETURNING update_id""",
-            state_totals=(
-                "SELECT state, count(*), sum(CASE WHEN settled_at IS NULL THEN 1 ELSE 0 END) "
-                f"FROM {t} GROUP BY state"
-            ),
-            all_rows=f"SELECT update_id, state, attempts, settled_at, claim_id FROM {t}",
-        )
-
-    @classmethod
     def postgres(cls, table: str, *, has_claim_id: bool = True) -> "AdminStatements":
         """The PostgreSQL statements for ``table`` (already validated)."""
         t = f'"{table}"'
-        cols = _ROW_COLUMNS.format(claim_id="claim_id" if has_claim_id else "NULL")
+        cols = ROW_COLUMNS.format(claim_id="claim_id" if has_claim_id else "NULL")
         row = f"SELECT {cols}, body FROM {t} WHERE update_id = %(update_id)s"
         return cls(
             dialect="postgresql",

@@ -1,4 +1,4 @@
-"""The chat-order SQL of the SQLite and PostgreSQL stores (:class:`~ptb_fence.ChatOrderedUpdateStore`).
+"""The chat-order predicates shared by the SQLite and PostgreSQL stores, and PostgreSQL's chat-order statements (:class:`~ptb_fence.ChatOrderedUpdateStore`).
 
 A row is *in turn* at ``now`` when no other row of its chat (same ``chat_key``) is unsettled
 (``pending``, ``processing``, ``failed``) with a smaller ``update_id``, and none is
@@ -17,8 +17,8 @@ import hashlib
 __all__ = [
     "UNSETTLED",
     "PostgresChatStatements",
-    "SQLiteChatStatements",
     "chat_index_name",
+    "due_predicate",
     "in_turn",
     "postgres_chat_schema",
 ]
@@ -47,70 +47,13 @@ def in_turn(row: str, table: str, now: str) -> str:
                OR (o.state = 'processing' AND o.due_at >= {now}))))"""
 
 
-def _due(row: str, pending: str, now: str) -> str:
+def due_predicate(row: str, pending: str, now: str) -> str:
     # as the stores' due: pending after the grace period (or released: a claim id), failed
     # and due, processing with a lapsed lease
     return f"""(({row}.state = 'pending' AND ({row}.received_at <= {pending}
                                           OR {row}.claim_id IS NOT NULL))
         OR ({row}.state = 'failed' AND {row}.due_at <= {now})
         OR ({row}.state = 'processing' AND {row}.due_at < {now}))"""
-
-
-class SQLiteChatStatements:
-    """The chat-order statements of one SQLite table (named parameters).
-
-    Args:
-        table: The validated table name.
-        claim: The table's claim statement (``SQLiteStatements.claim``), which gets the
-            predicate added to its ``WHERE``.
-    """
-
-    __slots__ = (
-        "add_column",
-        "claim",
-        "create_index",
-        "due",
-        "due_of_chat",
-        "fill_key",
-        "index",
-        "set_key",
-        "unkeyed",
-    )
-
-    def __init__(self, table: str, claim: str) -> None:
-        t = f'"{table}"'
-        self.index = chat_index_name(table)
-        self.add_column = f"ALTER TABLE {t} ADD COLUMN chat_key INTEGER"
-        self.create_index = (
-            f'CREATE INDEX IF NOT EXISTS "{self.index}" ON {t} (chat_key, update_id) '
-            f"WHERE state IN {UNSETTLED}"
-        )
-        # inside the transaction of the insert that just landed (rowcount 1)
-        self.set_key = f"UPDATE {t} SET chat_key = :chat_key WHERE update_id = :update_id"
-        anchor = "WHERE update_id = :update_id AND"
-        if claim.count(anchor) != 1:  # pragma: no cover - guards the statement's shape
-            raise AssertionError("unexpected claim statement")
-        self.claim = claim.replace(anchor, f"{anchor} {in_turn(t, t, ':now')} AND")
-        self.due = f"""
-            SELECT r.update_id, r.body FROM {t} AS r
-            WHERE {_due('r', ':pending_before', ':now')} AND {in_turn('r', t, ':now')}
-            ORDER BY r.update_id
-            LIMIT :limit"""
-        self.due_of_chat = f"""
-            SELECT r.update_id, r.body FROM {t} AS r
-            WHERE r.chat_key = :chat_key AND r.state IN {UNSETTLED}
-              AND {_due('r', ':pending_before', ':now')} AND {in_turn('r', t, ':now')}
-            ORDER BY r.update_id
-            LIMIT :limit"""
-        self.unkeyed = f"""
-            SELECT update_id, body FROM {t}
-            WHERE chat_key IS NULL AND state IN {UNSETTLED} AND update_id > :after
-            ORDER BY update_id
-            LIMIT :limit"""
-        self.fill_key = f"""
-            UPDATE {t} SET chat_key = :chat_key
-            WHERE update_id = :update_id AND chat_key IS NULL AND state IN {UNSETTLED}
-              AND body = :body"""
 
 
 def postgres_chat_schema(table: str) -> str:
@@ -154,13 +97,13 @@ class PostgresChatStatements:
         )
         self.due = f"""\
 SELECT r.update_id, r.body FROM {t} AS r
-WHERE {_due('r', '%(pending_before)s', '%(now)s')} AND {in_turn('r', t, '%(now)s')}
+WHERE {due_predicate('r', '%(pending_before)s', '%(now)s')} AND {in_turn('r', t, '%(now)s')}
 ORDER BY r.update_id
 LIMIT %(limit)s"""
         self.due_of_chat = f"""\
 SELECT r.update_id, r.body FROM {t} AS r
 WHERE r.chat_key = %(chat_key)s AND r.state IN {UNSETTLED}
-  AND {_due('r', '%(pending_before)s', '%(now)s')} AND {in_turn('r', t, '%(now)s')}
+  AND {due_predicate('r', '%(pending_before)s', '%(now)s')} AND {in_turn('r', t, '%(now)s')}
 ORDER BY r.update_id
 LIMIT %(limit)s"""
         # rows recorded without a chat key (by a process without strict_chat_order), read on
