@@ -1,4 +1,4 @@
-"""What the once-per-second ``take_over_dead`` sweep costs on PostgreSQL (issue 12).
+"""What the once-per-second ``take_over_dead`` sweep costs on PostgreSQL.
 
 Usage (from the repository root)::
 
@@ -34,7 +34,7 @@ import psycopg2  # noqa: E402
 import psycopg2.extensions  # noqa: E402
 
 from ptb_fence import PostgresUpdateStore  # noqa: E402
-from ptb_fence.stores._pg_recovery_sql import CLASS_ID, INSTANCES_TABLE, RecoveryStatements, instance_key  # noqa: E402
+from ptb_fence.stores.postgres._sql import CLASS_ID, INSTANCES_TABLE, RecoveryStatements, instance_key  # noqa: E402
 
 DSN = os.environ.get("PTB_FENCE_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 COUNT: Dict[str, int] = {"statements": 0}

@@ -33,7 +33,8 @@ from ptb_fence import (
 )
 from ptb_fence.cli import main
 from ptb_fence.cli._format import format_age, parse_duration
-from ptb_fence.stores._admin_sql import AdminStatements
+from ptb_fence.stores.postgres._sql import postgres_admin_statements
+from ptb_fence.stores.sqlite._sql import sqlite_admin_statements
 from ptb_fence.cli._target import StoreTarget
 from ptb_fence.conformance import RULES
 
@@ -495,7 +496,7 @@ def test_the_retry_statement_alone_never_matches_a_live_lease_or_a_stale_read(
         (1005, "failed", 5),  # state changed since the read
     ]
     if db.kind == "sqlite":
-        sql = AdminStatements.sqlite(db.table)
+        sql = sqlite_admin_statements(db.table)
         conn = sqlite3.connect(db.url[len("sqlite:///"):], isolation_level=None)
         try:
             for update_id, state, attempts in cases:
@@ -506,7 +507,7 @@ def test_the_retry_statement_alone_never_matches_a_live_lease_or_a_stale_read(
         finally:
             conn.close()
     else:
-        sql = AdminStatements.postgres(db.table)
+        sql = postgres_admin_statements(db.table)
         conn = psycopg2.connect(db.url)
         try:
             with conn.cursor() as cur:

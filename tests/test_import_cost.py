@@ -1,5 +1,5 @@
-"""Issue 11 item 7: ``import ptb_fence`` does not import APScheduler (nor, once the stores are
-lazy, psycopg2) until a runtime (or a PostgreSQL store) is created."""
+"""``import ptb_fence`` does not import APScheduler nor psycopg2 until a runtime (or a
+PostgreSQL store) is created."""
 
 from __future__ import annotations
 
@@ -24,10 +24,8 @@ def test_import_ptb_fence_is_light() -> None:
     loaded = _loaded_after("import ptb_fence")
     assert loaded["apscheduler"] is False
     assert loaded["telegram"] is False
-    # TODO(issue 11): psycopg2 still loads through ptb_fence.stores (PostgresUpdateStore is
-    # imported eagerly); once the stores engineer makes it lazy, assert False here too.
-    if loaded["psycopg2"]:
-        import ptb_fence.stores._postgres as postgres_module  # noqa: F401 - documents the path
+    # psycopg2 is imported when a PostgresUpdateStore is created, not with ptb_fence
+    assert loaded["psycopg2"] is False
 
 
 def test_a_started_runtime_loads_apscheduler() -> None:

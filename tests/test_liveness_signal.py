@@ -40,7 +40,7 @@ def _cut_liveness_signal(bed: Bed, instance: str) -> None:
     if bed.url.startswith("sqlite:///"):
         os.unlink(f"{bed.url[len('sqlite://'):]}.instances/{instance}.lock")
         return
-    from ptb_fence.stores._pg_recovery_sql import CLASS_ID, instance_key
+    from ptb_fence.stores.postgres._sql import CLASS_ID, instance_key
 
     # Only the backend holding this instance's advisory lock: the server is shared.
     terminated = bed.query(

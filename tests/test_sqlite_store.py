@@ -26,8 +26,8 @@ from ptb_fence import (
     is_durable,
     is_fenced,
 )
-from ptb_fence.stores._sqlite_schema import add_claim_id_column as _add_claim_id_column
-from ptb_fence.stores._sqlite_sql import SQLiteStatements
+from ptb_fence.stores.sqlite._schema import add_claim_id_column as _add_claim_id_column
+from ptb_fence.stores.sqlite._sql import SQLiteStatements
 
 REPO = str(Path(__file__).resolve().parents[1])
 BIG = 2**40  # ids and epoch-ms times beyond 32 bits must round-trip exactly
@@ -108,7 +108,7 @@ def test_schema_created_with_wal_index_and_claim_id(db: str, store: SQLiteUpdate
         for _, name, *_ in conn.execute("PRAGMA index_list(telegram_updates)"):
             indexed.append([r[2] for r in conn.execute(f'PRAGMA index_info("{name}")')])
         assert ["state", "due_at"] in indexed
-        assert ["chat_key", "update_id"] in indexed  # strict_chat_order (issue 13)
+        assert ["chat_key", "update_id"] in indexed  # strict_chat_order
     finally:
         conn.close()
     # opening again is idempotent
@@ -894,7 +894,7 @@ def test_older_table_gets_claim_id_and_keeps_its_rows(db: str) -> None:
 def test_older_table_with_due_at_not_null_accepts_every_insert_path(
     db: str, with_claim_id: bool
 ) -> None:
-    """SPEC §3: a pending row carries due_at = received_at (older tables say NOT NULL)."""
+    """A pending row carries due_at = received_at (older tables say NOT NULL)."""
     conn = sqlite3.connect(db)
     conn.execute(OLD_SCHEMA.format(table="telegram_updates"))
     if with_claim_id:

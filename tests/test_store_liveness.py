@@ -1,4 +1,4 @@
-"""Issue 12, store side: liveness of instances, with real processes and signals.
+"""Liveness of store instances, with real processes and signals.
 
 A subprocess holds its store's liveness and claims rows with a 120 s lease. Then:
 (a) SIGKILL: another process's ``take_over_dead(now)`` makes its rows claimable at once;
@@ -310,7 +310,7 @@ def test_postgres_liveness_connection_lost_is_no_proof_and_held_again(
     its next call holds the instance again. Once it stops (as a dead process does), it is found
     dead a few seconds later."""
     from ptb_fence import PostgresUpdateStore
-    from ptb_fence.stores._pg_recovery_sql import BEAT_STALE_MS
+    from ptb_fence.stores.postgres._sql import BEAT_STALE_MS
 
     table = fresh_table_name()
     pg_tables.append(table)
@@ -349,7 +349,7 @@ def test_a_forked_child_does_not_end_its_parents_postgres_session(
     import gc
 
     from ptb_fence import PostgresUpdateStore
-    from ptb_fence.stores import _pg_recovery
+    from ptb_fence.stores.postgres import _liveness
 
     table = fresh_table_name()
     pg_tables.append(table)
@@ -362,7 +362,7 @@ def test_a_forked_child_does_not_end_its_parents_postgres_session(
             try:
                 code = 0 if parent.instance is None else 2
                 parent.close()  # parks the inherited liveness connection
-                for conn in _pg_recovery._INHERITED:
+                for conn in _liveness._INHERITED:
                     conn.close()  # would send the server a goodbye on the parent's session
                 gc.collect()
             finally:
@@ -376,7 +376,7 @@ def test_a_forked_child_does_not_end_its_parents_postgres_session(
 
 
 def instance_key_u32(instance: str) -> int:
-    from ptb_fence.stores._pg_recovery_sql import instance_key
+    from ptb_fence.stores.postgres._sql import instance_key
 
     return instance_key(instance) & 0xFFFFFFFF
 
@@ -585,7 +585,7 @@ def test_postgres_restart_is_no_proof_of_death(
     """The server restarts (down longer than an instance may go without refreshing its row):
     every liveness lock is gone, but a live process (calling take_over_dead, as a running bot
     does) is not taken for dead; it holds its lock again, and a later SIGKILL is found."""
-    from ptb_fence.stores._pg_recovery_sql import BEAT_STALE_MS
+    from ptb_fence.stores.postgres._sql import BEAT_STALE_MS
 
     dsn, restart = own_postgres
     where = Where("postgres", dsn, "telegram_updates")

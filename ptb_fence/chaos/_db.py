@@ -7,6 +7,8 @@ import urllib.parse
 from typing import Any, List, Optional, Sequence, Tuple
 
 from ptb_fence.stores._admin_sql import AdminStatements
+from ptb_fence.stores.postgres._sql import postgres_admin_statements
+from ptb_fence.stores.sqlite._sql import sqlite_admin_statements
 
 __all__ = ["ChaosDatabase"]
 
@@ -72,8 +74,8 @@ class ChaosDatabase:
         by the runner, so they run unchanged through :meth:`query`)."""
         table = self.table("updates")
         if self.is_sqlite:
-            return AdminStatements.sqlite(table)
-        return AdminStatements.postgres(table)
+            return sqlite_admin_statements(table)
+        return postgres_admin_statements(table)
 
     def sql(self, text: str) -> str:
         """``text`` (written with ``?`` placeholders) in the driver's placeholder style."""

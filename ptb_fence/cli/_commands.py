@@ -37,7 +37,7 @@ from ptb_fence.cli._inspect import STATES, TableInspector
 from ptb_fence.cli._rows import UpdateRow
 from ptb_fence.cli._target import StoreTarget
 from ptb_fence.stores import validate_table_name
-from ptb_fence.stores._admin_sql import (
+from ptb_fence.stores.postgres._sql import (
     POSTGRES_FORGET_TABLE,
     POSTGRES_META_EXISTS,
     POSTGRES_TABLE_STATE,

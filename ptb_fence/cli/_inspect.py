@@ -8,15 +8,15 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 from ptb_fence.cli._errors import Refused, StoreFailure
 from ptb_fence.cli._format import one_line
 from ptb_fence.cli._rows import StatusReport, UpdateRow
-from ptb_fence.stores._admin_sql import AdminStatements
 from ptb_fence.cli._target import StoreTarget
 from ptb_fence.stores import validate_table_name
-from ptb_fence.stores._sqlite_sql import REQUIRED_COLUMNS
+from ptb_fence.stores.postgres._sql import postgres_admin_statements
+from ptb_fence.stores.sqlite._sql import REQUIRED_COLUMNS, sqlite_admin_statements
 
 __all__ = ["STATES", "TableInspector"]
 
 STATES: Tuple[str, ...] = ("pending", "processing", "failed", "completed", "abandoned")
-"""The states of a row (SPEC §3), in lifecycle order."""
+"""The states of a row, in lifecycle order."""
 
 
 class TableInspector:
@@ -57,9 +57,9 @@ class TableInspector:
                 )
             self.has_claim_id = "claim_id" in columns
             if target.is_sqlite:
-                self._sql = AdminStatements.sqlite(self.table, has_claim_id=self.has_claim_id)
+                self._sql = sqlite_admin_statements(self.table, has_claim_id=self.has_claim_id)
             else:
-                self._sql = AdminStatements.postgres(self.table, has_claim_id=self.has_claim_id)
+                self._sql = postgres_admin_statements(self.table, has_claim_id=self.has_claim_id)
         except BaseException:
             self.close()
             raise
@@ -124,11 +124,11 @@ class TableInspector:
     def _columns(self) -> Optional[Set[str]]:
         try:
             if self.target.is_sqlite:
-                probe = AdminStatements.sqlite(self.table)
+                probe = sqlite_admin_statements(self.table)
                 if not self._query(probe.table_exists, {"table": self.table}):
                     return None
                 return {str(r[1]) for r in self._query(probe.columns)}
-            probe = AdminStatements.postgres(self.table)
+            probe = postgres_admin_statements(self.table)
             quoted = {"quoted": f'"{self.table}"'}
             try:
                 if not self._query(probe.table_exists, quoted)[0][0]:

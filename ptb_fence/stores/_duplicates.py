@@ -1,4 +1,4 @@
-"""What every store does with an ``update_id`` that arrives again (SPEC §12), in one place.
+"""What every store does with an ``update_id`` that arrives again, in one place.
 
 * The same update again (same fingerprint, see :func:`ptb_fence._fingerprint.update_fingerprint`,
   or either side without a fingerprint): a plain duplicate; nothing changes.

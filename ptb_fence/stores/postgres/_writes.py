@@ -10,8 +10,8 @@ from ptb_fence._fingerprint import update_fingerprint
 from ptb_fence._values import Abandoned, AttemptIdentity, Completed, Failed, Settlement
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._names import validate_update_id
-from ptb_fence.stores._pg_executor import PgExecutor, returns_row
-from ptb_fence.stores._postgres_sql import PostgresStatements
+from ptb_fence.stores.postgres._executor import PgExecutor, returns_row
+from ptb_fence.stores.postgres._sql import PostgresStatements
 
 __all__ = ["add_claimed", "add_many", "batch_results", "settle_owned_work", "settle_params"]
 

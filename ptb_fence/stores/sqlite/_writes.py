@@ -12,9 +12,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ptb_fence._fingerprint import update_fingerprint
 from ptb_fence._values import Abandoned, AttemptIdentity, Completed, Failed, Settlement
 from ptb_fence.stores._duplicates import warn_conflict
-from ptb_fence.stores._sqlite_connections import SQLiteConnections
-from ptb_fence.stores._sqlite_schema import new_claim_id
-from ptb_fence.stores._sqlite_sql import SQLiteStatements
+from ptb_fence.stores.sqlite._connections import SQLiteConnections
+from ptb_fence.stores.sqlite._schema import new_claim_id
+from ptb_fence.stores.sqlite._sql import SQLiteStatements
 from ptb_fence.stores._suspects import SuspectClaims
 
 __all__ = [
@@ -51,7 +51,7 @@ def max_variables(conn: sqlite3.Connection) -> int:
 def add_in(
     sql: SQLiteStatements, conn: sqlite3.Connection, update_id: int, body: str, received_at: int
 ) -> bool:
-    """Insert a pending row inside ``conn``'s transaction (SPEC §12 for an existing id)."""
+    """Insert a pending row inside ``conn``'s transaction (an existing id: see ``_duplicates``)."""
     fingerprint = update_fingerprint(body)
     params = {
         "update_id": update_id,

@@ -1,19 +1,18 @@
-"""MemoryUpdateStore: the executable statement of the store rules."""
+"""MemoryUpdateStore: the executable statement of the store rules, whole in one class.
+
+Sections: lifecycle, helpers, the base, fenced and durable contracts, chat order, release
+and liveness."""
 
 from __future__ import annotations
 
 import threading
+import uuid
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from ptb_fence._errors import TableBotMismatch
 from ptb_fence._fingerprint import update_fingerprint
-from ptb_fence.stores._duplicates import warn_conflict
-from ptb_fence.stores._memory_chats import MemoryChatOrder
-from ptb_fence.stores._memory_rows import Liveness, MemoryRecovery
-from ptb_fence.stores._memory_rows import Row as _Row
-from ptb_fence.stores._memory_rows import new_claim_id as _new_claim_id
-from ptb_fence.stores._names import validate_update_id
+from ptb_fence._protocols import ChatKey
 from ptb_fence._values import (
     Abandoned,
     AttemptIdentity,
@@ -23,11 +22,26 @@ from ptb_fence._values import (
     Settlement,
     StoredUpdate,
 )
+from ptb_fence.stores._duplicates import warn_conflict
+from ptb_fence.stores._names import validate_update_id
+from ptb_fence.stores.memory._rows import Row, new_claim_id
 
 __all__ = ["MemoryUpdateStore"]
 
+UNSETTLED = ("pending", "processing", "failed")
+"""The states of a row that holds its chat (completed and abandoned rows release it)."""
 
-class MemoryUpdateStore(MemoryChatOrder, MemoryRecovery):
+
+class Liveness:
+    """The instance a memory store holds (:obj:`None`: not holding liveness)."""
+
+    __slots__ = ("instance",)
+
+    def __init__(self) -> None:
+        self.instance: Optional[str] = None
+
+
+class MemoryUpdateStore:
     """A thread-safe, in-process store implementing the durable contract.
 
     It is the clearest statement of the rules and makes unit tests fast. Everything it holds is
@@ -40,7 +54,7 @@ class MemoryUpdateStore(MemoryChatOrder, MemoryRecovery):
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._rows: Dict[int, _Row] = {}
+        self._rows: Dict[int, Row] = {}
         self._bot_id: Optional[int] = None
         self._liveness = Liveness()
 
@@ -71,7 +85,7 @@ class MemoryUpdateStore(MemoryChatOrder, MemoryRecovery):
 
     # -- helpers ---------------------------------------------------------------------------
     @staticmethod
-    def _claimable(row: _Row, now: int) -> bool:
+    def _claimable(row: Row, now: int) -> bool:
         if row.state == "pending":
             return True
         if row.state == "failed":
@@ -81,7 +95,7 @@ class MemoryUpdateStore(MemoryChatOrder, MemoryRecovery):
         return False
 
     @staticmethod
-    def _live(row: _Row, attempt: int, at: Optional[int], claim_id: Optional[str]) -> bool:
+    def _live(row: Row, attempt: int, at: Optional[int], claim_id: Optional[str]) -> bool:
         if row.state != "processing" or row.attempts != attempt:
             return False
         if claim_id is not None and row.claim_id != claim_id:
@@ -95,7 +109,7 @@ class MemoryUpdateStore(MemoryChatOrder, MemoryRecovery):
         lease_until: int,
         max_attempts: int,
         durable_exhaustion: bool,
-    ) -> Optional[_Row]:
+    ) -> Optional[Row]:
         row = self._rows.get(update_id)
         if row is None or not self._claimable(row, now):
             return None
@@ -104,7 +118,7 @@ class MemoryUpdateStore(MemoryChatOrder, MemoryRecovery):
             row.attempts += 1
             row.due_at = lease_until
             row.error = None
-            row.claim_id = _new_claim_id()
+            row.claim_id = new_claim_id()
             row.instance = self._liveness.instance
             return row
         row.state = "abandoned"
@@ -113,13 +127,13 @@ class MemoryUpdateStore(MemoryChatOrder, MemoryRecovery):
         if durable_exhaustion:
             row.settled_at = None
             if row.claim_id is None:
-                row.claim_id = _new_claim_id()
+                row.claim_id = new_claim_id()
         else:
             row.settled_at = now
         return None
 
     @staticmethod
-    def _apply(row: _Row, settlement: Settlement) -> None:
+    def _apply(row: Row, settlement: Settlement) -> None:
         if isinstance(settlement, Completed):
             row.state = "completed"
             row.settled_at = settlement.at
@@ -141,7 +155,7 @@ class MemoryUpdateStore(MemoryChatOrder, MemoryRecovery):
 
         A new id, or a different update where the stored row is settled (it is replaced), may
         be inserted; the same update again is a plain duplicate; a different update while the
-        stored row is live keeps the first and logs a WARNING (SPEC §12).
+        stored row is live keeps the first and logs a WARNING .
         """
         fingerprint = update_fingerprint(body)
         row = self._rows.get(update_id)
@@ -168,7 +182,7 @@ class MemoryUpdateStore(MemoryChatOrder, MemoryRecovery):
             admitted, fingerprint = self._admit(update_id, body)
             if not admitted:
                 return False
-            self._rows[update_id] = _Row(
+            self._rows[update_id] = Row(
                 update_id, body, "pending", 0, received_at, received_at, fingerprint=fingerprint
             )
             return True
@@ -202,8 +216,8 @@ class MemoryUpdateStore(MemoryChatOrder, MemoryRecovery):
                 if not admitted:
                     result.append(None)
                     continue
-                claim_id = _new_claim_id()
-                self._rows[update_id] = _Row(
+                claim_id = new_claim_id()
+                self._rows[update_id] = Row(
                     update_id, body, "processing", 1, lease_until, received_at,
                     claim_id=claim_id, fingerprint=fingerprint, instance=self._liveness.instance,
                 )
@@ -266,7 +280,7 @@ class MemoryUpdateStore(MemoryChatOrder, MemoryRecovery):
                         break
             return result
 
-    def _listed_due(self, row: _Row, now: int, pending_before: int) -> bool:
+    def _listed_due(self, row: Row, now: int, pending_before: int) -> bool:
         """Whether :meth:`due` lists ``row`` (also the rows ``due_in_chat_order`` considers)."""
         if row.state == "pending":
             return row.received_at <= pending_before or self._released(row)
@@ -463,3 +477,186 @@ class MemoryUpdateStore(MemoryChatOrder, MemoryRecovery):
                 return False
             row.settled_at = at
             return True
+
+    # -- chat order ------------------------------------------------------------------------
+    def _blockers(self, now: int) -> Dict[int, Tuple[int, int]]:
+        """Per chat key: its lowest unsettled ``update_id`` and the id of a row processing
+        with a live lease (``-1`` if none)."""
+        chats: Dict[int, Tuple[int, int]] = {}
+        for row in self._rows.values():
+            if row.chat_key is None or row.state not in UNSETTLED:
+                continue
+            low, live = chats.get(row.chat_key, (row.update_id, -1))
+            low = min(low, row.update_id)
+            if row.state == "processing" and row.due_at is not None and row.due_at >= now:
+                live = row.update_id
+            chats[row.chat_key] = (low, live)
+        return chats
+
+    def _in_turn(self, row: Row, now: int) -> bool:
+        """No other row of the chat unsettled below ``row``, none with a live lease."""
+        if row.chat_key is None:
+            return True
+        for other in self._rows.values():
+            if (
+                other.chat_key != row.chat_key
+                or other.update_id == row.update_id
+                or other.state not in UNSETTLED
+            ):
+                continue
+            if other.update_id < row.update_id:
+                return False
+            if other.state == "processing" and other.due_at is not None and other.due_at >= now:
+                return False
+        return True
+
+    def add_many_in_chats(
+        self, rows: Sequence[Tuple[int, str, int, Optional[int]]]
+    ) -> List[bool]:
+        """Insert ``(update_id, body, received_at, chat_key)`` rows as pending, recording each
+        chat key (see :class:`ptb_fence.ChatOrderedUpdateStore`); per row whether it was
+        inserted (the rules of ``add``)."""
+        rows = list(rows)
+        for row in rows:
+            validate_update_id(row[0])
+        with self._lock:
+            result: List[bool] = []
+            for update_id, body, received_at, chat_key in rows:
+                admitted, fingerprint = self._admit(update_id, body)
+                if admitted:
+                    self._rows[update_id] = Row(
+                        update_id, body, "pending", 0, received_at, received_at,
+                        fingerprint=fingerprint,
+                        chat_key=None if chat_key is None else int(chat_key),
+                    )
+                result.append(admitted)
+            return result
+
+    def claim_in_chat_order(
+        self,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> Optional[AttemptIdentity]:
+        """As ``claim_owned``, only when the row is in turn at ``now``."""
+        with self._lock:
+            row = self._rows.get(update_id)
+            if row is None or not self._in_turn(row, now):
+                return None
+            taken = self._take(update_id, now, lease_until, max_attempts, durable_exhaustion)
+            if taken is None or taken.claim_id is None:
+                return None
+            return AttemptIdentity(update_id, taken.attempts, taken.claim_id)
+
+    def due_in_chat_order(
+        self, *, now: int, pending_before: int, limit: int, chat_key: Optional[int] = None
+    ) -> List[StoredUpdate]:
+        """As ``due``, only rows in turn at ``now`` (with ``chat_key``: of that chat)."""
+        with self._lock:
+            result: List[StoredUpdate] = []
+            if limit <= 0:
+                return result
+            blockers = self._blockers(now)
+            for update_id in sorted(self._rows):
+                row = self._rows[update_id]
+                if chat_key is not None and row.chat_key != chat_key:
+                    continue
+                if not self._listed_due(row, now, pending_before):
+                    continue
+                if row.chat_key is not None:
+                    low, live = blockers[row.chat_key]
+                    if low != update_id or live not in (-1, update_id):
+                        continue
+                result.append(StoredUpdate(update_id, row.body))
+                if len(result) >= limit:
+                    break
+            return result
+
+    def unkeyed_in_chats(
+        self, *, after_update_id: Optional[int] = None, limit: int
+    ) -> List[StoredUpdate]:
+        """Unsettled rows without a chat key, by ``update_id``, after ``after_update_id``."""
+        with self._lock:
+            after = -1 if after_update_id is None else after_update_id
+            rows = sorted(
+                update_id
+                for update_id, row in self._rows.items()
+                if row.chat_key is None and row.state in UNSETTLED and update_id > after
+            )[: max(int(limit), 0)]
+            return [StoredUpdate(update_id, self._rows[update_id].body) for update_id in rows]
+
+    def set_chat_keys(self, keys: Sequence[ChatKey]) -> int:
+        """For ``(update_id, body, chat_key)``: record the chat key of the row if it has none,
+        is unsettled and holds exactly ``body``. Returns how many were set."""
+        done = 0
+        with self._lock:
+            for update_id, body, chat_key in keys:
+                row = self._rows.get(update_id)
+                if (
+                    row is not None
+                    and row.chat_key is None
+                    and row.state in UNSETTLED
+                    and row.body == body
+                ):
+                    row.chat_key = int(chat_key)
+                    done += 1
+        return done
+
+    # -- release and liveness --------------------------------------------------------------
+    @staticmethod
+    def _released(row: Row) -> bool:
+        """A pending row with a claim id was released (``add`` never writes one)."""
+        return row.state == "pending" and row.claim_id is not None
+
+    def release_many(self, identities: Sequence[AttemptIdentity], *, at: int) -> List[bool]:
+        """Give the exact claims back: pending, ``attempts - 1``, ``due_at = at``, error and
+        claim id kept; claimable and listed by ``due`` at once (optional capability, see
+        :class:`ptb_fence.ReleasingUpdateStore`).
+
+        Returns:
+            List[:obj:`bool`]: Per input position, whether that claim was released.
+        """
+        at = int(at)
+        result: List[bool] = []
+        with self._lock:
+            for identity in identities:
+                row = self._rows.get(identity.update_id)
+                ok = (
+                    row is not None
+                    and row.state == "processing"
+                    and row.attempts == identity.attempt
+                    and row.claim_id == identity.claim_id
+                )
+                if ok and row is not None:
+                    row.state = "pending"
+                    row.attempts -= 1
+                    row.due_at = at
+                    row.instance = None
+                result.append(ok)
+        return result
+
+    def hold_liveness(self) -> str:
+        """Start holding this store's liveness (idempotent); returns the instance id. Claims
+        made through the store from now on record it (optional capability, see
+        :class:`ptb_fence.LivenessStore`)."""
+        with self._lock:
+            if self._liveness.instance is None:
+                self._liveness.instance = uuid.uuid4().hex
+            return self._liveness.instance
+
+    def release_liveness(self) -> None:
+        """Stop holding liveness and forget the instance (idempotent)."""
+        with self._lock:
+            self._liveness.instance = None
+
+    def take_over_dead(self, *, now: int) -> int:
+        """Make the processing rows of dead instances claimable at ``now``.
+
+        In memory every registered instance is alive until it is released, so there is never
+        a dead one: returns ``0``.
+        """
+        int(now)
+        return 0

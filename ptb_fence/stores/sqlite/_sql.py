@@ -1,4 +1,7 @@
-"""The SQL of :class:`ptb_fence.SQLiteUpdateStore`: each rule reads as one statement.
+"""All the SQL of :class:`ptb_fence.SQLiteUpdateStore`: each rule reads as one statement.
+
+Sections: the store's statements, its chat-order statements, and the read-only and admin
+statements of the command line and the chaos runner.
 
 Every rule of the store contract is ONE conditional statement on one row: the ``WHERE`` clause is
 the rule's precondition, and ``RETURNING`` reads back what the statement wrote, so there is never
@@ -12,9 +15,15 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from ptb_fence.stores._chat_order_sql import SQLiteChatStatements
+from ptb_fence.stores._admin_sql import ROW_COLUMNS, AdminStatements
+from ptb_fence.stores._chat_order_sql import UNSETTLED, chat_index_name, due_predicate, in_turn
 
-__all__ = ["REQUIRED_COLUMNS", "SQLiteStatements"]
+__all__ = [
+    "REQUIRED_COLUMNS",
+    "SQLiteChatStatements",
+    "SQLiteStatements",
+    "sqlite_admin_statements",
+]
 
 REQUIRED_COLUMNS: Tuple[str, ...] = (
     "update_id",
@@ -35,7 +44,7 @@ META_TABLE = "ptb_fence_meta"
 INSTANCES_TABLE = "ptb_fence_instances"
 """The table of the live instances (``hold_liveness``) of every update table of the file."""
 
-# Claimable at :now — SPEC §3. The bounds are exact: a failed row is due when due_at <= now, a
+# Claimable at :now. The bounds are exact: a failed row is due when due_at <= now, a
 # processing row may be taken over only when its lease lapsed, due_at < now (a lease is held
 # while due_at >= t, inclusive).
 _CLAIMABLE = """(
@@ -166,10 +175,10 @@ class SQLiteStatements:
         )
 
         # -- base ------------------------------------------------------------------------
-        # A pending row carries due_at = received_at (SPEC §3: due_at is never NULL; older
+        # A pending row carries due_at = received_at (due_at is never NULL; older
         # tables declare it NOT NULL). Pending rows are found by their state, never by due_at.
         #
-        # An existing id (SPEC §12): a different update (another fingerprint) replaces a
+        # An existing id: a different update (another fingerprint) replaces a
         # settled row (completed, or abandoned with settled_at set) exactly like a fresh
         # insert; the same update, a row without a fingerprint, or a live row stays as it is.
         replace = f"""
@@ -395,3 +404,117 @@ class SQLiteStatements:
             WHERE t.update_id = v.column1 AND t.attempts = v.column2 AND t.claim_id = v.column3
               AND t.state = 'processing' AND t.due_at >= ?
             RETURNING update_id, attempts, claim_id"""
+
+
+# -- chat order ----------------------------------------------------------------------------
+class SQLiteChatStatements:
+    """The chat-order statements of one SQLite table (named parameters).
+
+    Args:
+        table: The validated table name.
+        claim: The table's claim statement (``SQLiteStatements.claim``), which gets the
+            predicate added to its ``WHERE``.
+    """
+
+    __slots__ = (
+        "add_column",
+        "claim",
+        "create_index",
+        "due",
+        "due_of_chat",
+        "fill_key",
+        "index",
+        "set_key",
+        "unkeyed",
+    )
+
+    def __init__(self, table: str, claim: str) -> None:
+        t = f'"{table}"'
+        self.index = chat_index_name(table)
+        self.add_column = f"ALTER TABLE {t} ADD COLUMN chat_key INTEGER"
+        self.create_index = (
+            f'CREATE INDEX IF NOT EXISTS "{self.index}" ON {t} (chat_key, update_id) '
+            f"WHERE state IN {UNSETTLED}"
+        )
+        # inside the transaction of the insert that just landed (rowcount 1)
+        self.set_key = f"UPDATE {t} SET chat_key = :chat_key WHERE update_id = :update_id"
+        anchor = "WHERE update_id = :update_id AND"
+        if claim.count(anchor) != 1:  # pragma: no cover - guards the statement's shape
+            raise AssertionError("unexpected claim statement")
+        self.claim = claim.replace(anchor, f"{anchor} {in_turn(t, t, ':now')} AND")
+        self.due = f"""
+            SELECT r.update_id, r.body FROM {t} AS r
+            WHERE {due_predicate('r', ':pending_before', ':now')} AND {in_turn('r', t, ':now')}
+            ORDER BY r.update_id
+            LIMIT :limit"""
+        self.due_of_chat = f"""
+            SELECT r.update_id, r.body FROM {t} AS r
+            WHERE r.chat_key = :chat_key AND r.state IN {UNSETTLED}
+              AND {due_predicate('r', ':pending_before', ':now')} AND {in_turn('r', t, ':now')}
+            ORDER BY r.update_id
+            LIMIT :limit"""
+        self.unkeyed = f"""
+            SELECT update_id, body FROM {t}
+            WHERE chat_key IS NULL AND state IN {UNSETTLED} AND update_id > :after
+            ORDER BY update_id
+            LIMIT :limit"""
+        self.fill_key = f"""
+            UPDATE {t} SET chat_key = :chat_key
+            WHERE update_id = :update_id AND chat_key IS NULL AND state IN {UNSETTLED}
+              AND body = :body"""
+
+
+# -- command line and chaos runner --------------------------------------------------------
+def sqlite_admin_statements(table: str, *, has_claim_id: bool = True) -> AdminStatements:
+    """The read-only and admin statements of the command line and the chaos runner for the
+    SQLite table ``table`` (already validated; see :class:`~ptb_fence.stores._admin_sql.AdminStatements`)."""
+    t = f'"{table}"'
+    cols = ROW_COLUMNS.format(claim_id="claim_id" if has_claim_id else "NULL")
+    row = f"SELECT {cols}, body FROM {t} WHERE update_id = :update_id"
+    return AdminStatements(
+        dialect="sqlite",
+        begin_read="BEGIN",
+        begin_write="BEGIN IMMEDIATE",
+        # SQLite table names are case-insensitive
+        table_exists=(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :table "
+            "COLLATE NOCASE"
+        ),
+        columns=f"PRAGMA table_info({t})",
+        counts=f"SELECT state, COUNT(*) FROM {t} GROUP BY state ORDER BY state",
+        oldest_pending=(
+            f"SELECT update_id, received_at FROM {t} WHERE state = 'pending' "
+            "ORDER BY received_at, update_id LIMIT 1"
+        ),
+        due_now=f"""
+            SELECT
+              COALESCE(SUM(CASE WHEN state = 'failed' AND due_at <= :now
+                                THEN 1 ELSE 0 END), 0),
+              COALESCE(SUM(CASE WHEN state = 'processing' AND due_at < :now
+                                THEN 1 ELSE 0 END), 0),
+              COALESCE(SUM(CASE WHEN state = 'abandoned' AND settled_at IS NULL
+                                THEN 1 ELSE 0 END), 0)
+            FROM {t}""",
+        list_rows=f"""
+            SELECT {cols} FROM {t}
+            WHERE (:state IS NULL OR state = :state)
+              AND (:after IS NULL OR update_id > :after)
+            ORDER BY update_id
+            LIMIT :limit""",
+        select_row=row,
+        # BEGIN IMMEDIATE already holds the write lock: the row cannot change before the
+        # UPDATE below
+        select_row_for_retry=row,
+        retry=f"""
+            UPDATE {t}
+            SET state = 'pending', attempts = 0, due_at = received_at, settled_at = NULL
+            WHERE update_id = :update_id
+              AND state IN ('failed', 'abandoned')
+              AND state = :state AND attempts = :attempts
+            RETURNING update_id""",
+        state_totals=(
+            "SELECT state, count(*), sum(CASE WHEN settled_at IS NULL THEN 1 ELSE 0 END) "
+            f"FROM {t} GROUP BY state"
+        ),
+        all_rows=f"SELECT update_id, state, attempts, settled_at, claim_id FROM {t}",
+    )

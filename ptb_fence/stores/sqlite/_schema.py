@@ -13,8 +13,8 @@ import warnings
 from typing import Set
 
 from ptb_fence._errors import SchemaError
-from ptb_fence.stores._sqlite_connections import SQLiteConnections, is_busy, rollback
-from ptb_fence.stores._sqlite_sql import REQUIRED_COLUMNS, SQLiteStatements
+from ptb_fence.stores.sqlite._connections import SQLiteConnections, is_busy, rollback
+from ptb_fence.stores.sqlite._sql import REQUIRED_COLUMNS, SQLiteStatements
 
 __all__ = ["add_claim_id_column", "ensure_schema", "new_claim_id"]
 

@@ -1,4 +1,8 @@
-"""Every SQL statement of :class:`ptb_fence.PostgresUpdateStore`, in one place.
+"""All the SQL of :class:`ptb_fence.PostgresUpdateStore`, in one place.
+
+Sections: the table and the store's statements; the claim of several rows; release and
+liveness; chat order; the read-only and admin statements of the command line and the chaos
+runner.
 
 Statements use psycopg2's ``%(name)s`` placeholders (``%s`` for the batched ones, whose ``VALUES``
 list depends on the batch size). Table names are validated by
@@ -15,19 +19,66 @@ Every rule is one conditional statement on one row; the ``WHERE`` clause is the 
 * claimable at ``now``: ``pending``; ``failed`` with ``due_at <= now``; ``processing`` with
   ``due_at < now`` (a lease is held while ``due_at >= t``);
 * live at ``t``: ``processing``, same attempt (and same claim id when fenced), ``due_at >= t``.
+
+**The claim of several rows** (``claim_owned_many``) is one ``UPDATE`` applying the rule of
+``claim_owned`` (take when attempts remain, else spend) to several given rows. It needs the
+``claim_id`` column; ``instance`` is written where the table has it. The rows are locked first,
+in ``update_id`` order, so two calls over overlapping ids never deadlock.
+
+**Release and liveness.** The ``instance`` column (the live instance that made a claim) and
+the ``isolated_claim`` column (suspect rows, see :class:`ptb_fence.IsolatingUpdateStore`) are
+added by the idempotent migration; on a table managed with ``create_table=False`` and not
+migrated yet the claims run the statements without them (the legacy rule still holds for the
+base API) and ``take_over_dead`` counts every crashed attempt as spent.
+
+Liveness: an instance holds a *session* advisory lock ``pg_advisory_lock(CLASS_ID, key)`` on a
+dedicated connection (two-int form in a fixed namespace, so it does not collide with the
+single-bigint locks users take) and has a row in ``ptb_fence_instances``. PostgreSQL ends the
+lock with the backend when the process dies.
+
+A free lock alone proves nothing: the backend also ends when it is terminated
+(``pg_terminate_backend``, an idle-connection killer) or the server restarts, while the process
+lives on. So every ``take_over_dead`` of a holder also refreshes its row's ``seen_at`` (the
+server's clock) through the store's pool, and holds its lock again on a new connection when
+that one broke. An instance is dead when its lock can be taken (``pg_try_advisory_xact_lock``)
+*and* its row was not refreshed for :data:`BEAT_STALE_MS` *and* that last refresh came after
+the server started: a live holder that lost its lock keeps refreshing (and holds the lock
+again within a second), and a lock lost in a restart is not taken for a death.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import lru_cache
 
-from ptb_fence.stores._chat_order_sql import chat_index_name, postgres_chat_schema
-from ptb_fence.stores._pg_recovery_sql import INSTANCES_SQL, INSTANCES_TABLE
+from ptb_fence.stores._admin_sql import ROW_COLUMNS, AdminStatements
+from ptb_fence.stores._chat_order_sql import UNSETTLED, chat_index_name, due_predicate, in_turn
 
-__all__ = ["PostgresStatements", "schema_sql"]
+__all__ = [
+    "BEAT_STALE_MS",
+    "CLASS_ID",
+    "COLUMNS_CHECK",
+    "INSTANCES_SQL",
+    "INSTANCES_TABLE",
+    "META_TABLE",
+    "POSTGRES_FORGET_TABLE",
+    "POSTGRES_META_EXISTS",
+    "POSTGRES_TABLE_STATE",
+    "ClaimStatements",
+    "PostgresChatStatements",
+    "PostgresStatements",
+    "RecoveryStatements",
+    "chat_statements",
+    "instance_key",
+    "postgres_admin_statements",
+    "postgres_chat_schema",
+    "schema_sql",
+    "with_instance",
+    "with_suspect",
+]
 
-
+# -- the table and the store's statements --------------------------------------------------
 def _quote(table: str) -> str:
     return f'"{table}"'
 
@@ -149,7 +200,7 @@ _CLAIMABLE = """(state = 'pending'
        OR (state = 'processing' AND due_at < %(now)s))"""
 
 
-# An existing id (SPEC §12): a different update (another fingerprint) replaces a settled row
+# An existing id: a different update (another fingerprint) replaces a settled row
 # (completed, or abandoned with settled_at set) exactly like a fresh insert; the same update, a
 # row without a fingerprint, or a live row is left alone (nothing returned).
 _REPLACE_SETTLED = """\
@@ -215,7 +266,7 @@ class PostgresStatements:
                 "instances": f'"{INSTANCES_TABLE}"',
             },
             schema_lock=f"SELECT pg_advisory_xact_lock({schema_lock_key(table)})",
-            # legacy-safe. A pending row carries due_at = received_at (SPEC §3; older tables
+            # legacy-safe. A pending row carries due_at = received_at (never NULL; older tables
             # declare due_at NOT NULL). Pending rows are found by their state.
             add=f"""\
 INSERT INTO {t} (update_id, body, state, attempts, due_at, received_at)
@@ -506,3 +557,408 @@ SELECT v.pos,
                 WHERE c.update_id = v.update_id AND c.state = 'processing'
                   AND c.attempts = v.attempt AND c.claim_id = v.claim_id AND c.due_at >= %s)
 FROM v ORDER BY v.pos"""
+
+
+# -- the claim of several rows -------------------------------------------------------------
+def _take_or_spend(claim_id: str, instance: bool) -> str:
+    """The SET clause of a claim: take (``attempts < max_attempts``: processing, the next
+    attempt, the lease, the fresh claim id ``claim_id`` — an SQL expression —, the instance)
+    or spend (abandoned; settled at ``now``, or with ``durable`` an unacknowledged exhaustion
+    keeping its last claim id). SET expressions see the row as it was."""
+    take = "attempts < %(max_attempts)s"
+    clause = f"""\
+    state      = CASE WHEN {take} THEN 'processing' ELSE 'abandoned' END,
+    attempts   = CASE WHEN {take} THEN attempts + 1 ELSE attempts END,
+    due_at     = CASE WHEN {take} THEN %(lease_until)s::BIGINT ELSE %(now)s::BIGINT END,
+    error      = CASE WHEN {take} THEN NULL ELSE 'attempts spent' END,
+    settled_at = CASE WHEN {take} THEN settled_at
+                      WHEN %(durable)s THEN NULL
+                      ELSE %(now)s::BIGINT END,
+    claim_id   = CASE WHEN {take} THEN {claim_id}
+                      WHEN %(durable)s THEN COALESCE(claim_id, {claim_id})
+                      ELSE claim_id END"""
+    if instance:
+        clause += f",\n    instance   = CASE WHEN {take} THEN %(instance)s::TEXT ELSE NULL END"
+    return clause
+
+
+class ClaimStatements:
+    """The multi-row claim statement of one table (already validated)."""
+
+    __slots__ = ("table",)
+
+    def __init__(self, table: str) -> None:
+        self.table = f'"{table}"'
+
+    def claim_owned_many(self, instance: bool, suspect: bool = False) -> str:
+        """``claim_owned`` for the distinct ids of ``%(update_ids)s`` with the fresh claim ids
+        ``%(claim_ids)s`` (same length). Returns ``update_id, state, attempts, claim_id`` of
+        every row it changed (``state = 'abandoned'``: spent, not taken), with ``suspect``
+        a fifth column: whether the row is suspect (``isolated_claim`` not NULL)."""
+        t = self.table
+        suspect_column = ", t.isolated_claim IS NOT NULL" if suspect else ""
+        return f"""\
+WITH v(update_id, new_claim_id) AS (
+    SELECT * FROM unnest(%(update_ids)s::BIGINT[], %(claim_ids)s::TEXT[])
+),
+locked AS MATERIALIZED (
+    SELECT r.update_id FROM {t} AS r JOIN v ON r.update_id = v.update_id
+    WHERE {_CLAIMABLE}
+    ORDER BY r.update_id
+    FOR UPDATE OF r
+)
+UPDATE {t} AS t SET
+{_take_or_spend("v.new_claim_id", instance)}
+FROM locked JOIN v ON v.update_id = locked.update_id
+WHERE t.update_id = locked.update_id AND {_CLAIMABLE}
+RETURNING t.update_id, t.state, t.attempts, t.claim_id{suspect_column}"""
+
+
+# -- release and liveness ------------------------------------------------------------------
+CLASS_ID = 0x70746266  # "ptbf": the advisory-lock namespace of ptb_fence instances
+
+BEAT_STALE_MS = 3000
+"""How long an instance whose lock is free must have left its row unrefreshed to be dead. A
+holder refreshes it at every ``take_over_dead`` (the runtime calls it every second); three
+missed refreshes are a death, not a delay."""
+
+NOW_MS = "(extract(epoch FROM statement_timestamp()) * 1000)::BIGINT"
+"""The server's clock, in epoch milliseconds (every ``seen_at`` is written and read by it)."""
+
+INSTANCES_TABLE = "ptb_fence_instances"
+"""The live instances (``hold_liveness``) of every update table of the database."""
+
+INSTANCES_SQL = f"""\
+CREATE TABLE IF NOT EXISTS "{INSTANCES_TABLE}" (
+    table_name TEXT   NOT NULL,       -- an update table of this schema
+    instance   TEXT   NOT NULL,       -- the instance id (hold_liveness)
+    lock_key   INT    NOT NULL,       -- pg_advisory_lock({CLASS_ID}, lock_key) while alive
+    started_at BIGINT NOT NULL,       -- epoch milliseconds
+    seen_at    BIGINT,                -- last refresh by its holder (server clock, epoch ms)
+    PRIMARY KEY (table_name, instance)
+);
+ALTER TABLE "{INSTANCES_TABLE}" ADD COLUMN IF NOT EXISTS seen_at BIGINT;
+"""
+
+
+def instance_key(instance: str) -> int:
+    """The signed 32-bit advisory-lock key of ``instance`` (second half of the two-int form)."""
+    digest = hashlib.sha256(b"ptb_fence instance:" + instance.encode("utf-8")).digest()
+    return int.from_bytes(digest[:4], "big", signed=True)
+
+
+def with_instance(claim: str) -> str:
+    """A claim statement (``claim`` or ``claim_fenced``) that also records ``%(instance)s`` on a
+    take (and clears it on a spend)."""
+    head, where = claim.split("\nWHERE update_id", 1)
+    return (
+        head
+        + ",\n    instance   = CASE WHEN attempts < %(max_attempts)s THEN %(instance)s::TEXT"
+        + " ELSE NULL END"
+        + "\nWHERE update_id"
+        + where
+    )
+
+
+def with_suspect(claim: str) -> str:
+    """A fenced claim statement that also reads back whether the row is suspect (a fourth
+    column, ``isolated_claim IS NOT NULL``; the claim does not change that column)."""
+    tail = "RETURNING state, attempts, claim_id"
+    if not claim.endswith(tail):  # pragma: no cover - guards the statement's shape
+        raise AssertionError("unexpected claim statement")
+    return claim + ", isolated_claim IS NOT NULL"
+
+
+class RecoveryStatements:
+    """The release and liveness statements of one table (already validated)."""
+
+    __slots__ = (
+        "beats",
+        "delete_instance",
+        "due_released",
+        "insert_instance",
+        "lock_instance",
+        "mark_isolated",
+        "take_over_dead",
+        "take_over_dead_isolating",
+        "table",
+        "unlock_instance",
+    )
+
+    def __init__(self, table: str) -> None:
+        t = f'"{table}"'
+        i = f'"{INSTANCES_TABLE}"'
+        self.table = t
+        # due, with released rows (pending with a claim id: add never writes one) at once.
+        self.due_released = f"""\
+SELECT update_id, body FROM {t}
+WHERE (state = 'pending' AND (received_at <= %(pending_before)s OR claim_id IS NOT NULL))
+   OR (state = 'failed' AND due_at <= %(now)s)
+   OR (state = 'processing' AND due_at < %(now)s)
+ORDER BY update_id
+LIMIT %(limit)s"""
+        self.lock_instance = f"SELECT pg_advisory_lock({CLASS_ID}, %(lock_key)s)"
+        self.unlock_instance = f"SELECT pg_advisory_unlock({CLASS_ID}, %(lock_key)s)"
+        self.insert_instance = f"""\
+INSERT INTO {i} (table_name, instance, lock_key, started_at, seen_at)
+VALUES (%(table)s, %(instance)s, %(lock_key)s, %(started_at)s, {NOW_MS})
+ON CONFLICT (table_name, instance) DO UPDATE SET seen_at = EXCLUDED.seen_at"""
+        self.beats = f"""\
+SELECT EXISTS (SELECT 1 FROM pg_attribute
+               WHERE attrelid = to_regclass('{i}') AND attname = 'seen_at'
+                 AND NOT attisdropped)"""
+        self.delete_instance = (
+            f"DELETE FROM {i} WHERE table_name = %(table)s AND instance = %(instance)s"
+        )
+        # One statement: the caller's own row is refreshed; the instances of this table (not
+        # the caller's own) not refreshed for BEAT_STALE_MS since the server started are listed
+        # first, so the lock is tried on their keys only; those whose lock can be taken are
+        # dead; their live leases lapse now (attempts and claim id kept) and their rows are
+        # deleted. The transaction-scoped lock ends with the commit. It runs every second in every process:
+        # while no instance is dead (the usual case) ``EXISTS (SELECT 1 FROM dead)`` is a
+        # one-time filter that skips the update table entirely, instead of walking every
+        # processing row of the (state, due_at) index (benchmarks/takeover_cost.py).
+        self.take_over_dead = f"""\
+WITH beat AS (
+    UPDATE {i} SET seen_at = {NOW_MS}
+    WHERE table_name = %(table)s AND instance = %(me)s::TEXT
+),
+candidates AS MATERIALIZED (
+    SELECT instance, lock_key FROM {i}
+    WHERE table_name = %(table)s AND (%(me)s::TEXT IS NULL OR instance <> %(me)s::TEXT)
+      AND seen_at < {NOW_MS} - {BEAT_STALE_MS}
+      AND seen_at >= (extract(epoch FROM pg_postmaster_start_time()) * 1000)::BIGINT
+),
+dead AS MATERIALIZED (
+    SELECT instance FROM candidates WHERE pg_try_advisory_xact_lock({CLASS_ID}, lock_key)
+),
+taken AS (
+    UPDATE {t} SET due_at = LEAST(due_at, %(now)s::BIGINT - 1)
+    WHERE EXISTS (SELECT 1 FROM dead)
+      AND state = 'processing' AND instance IN (SELECT instance FROM dead)
+      AND due_at >= %(now)s::BIGINT - 1
+    RETURNING update_id
+),
+gone AS (
+    DELETE FROM {i}
+    WHERE table_name = %(table)s AND instance IN (SELECT instance FROM dead)
+)
+SELECT count(*) FROM taken"""
+        # The same on a table with isolated_claim: a claim marked isolated (its handler ran
+        # alone in the dead process, so the crash is its own) keeps its attempt and claim id
+        # and its lease lapses now; every other claim is given back as release_many gives it
+        # (the attempt not spent: any handler of the process may have killed it) and the row
+        # becomes suspect (isolated_claim not NULL, equal to no claim id): its next attempt
+        # runs alone.
+        # (NOT DISTINCT: a legacy unary claim writes no claim id and marks NULL = NULL)
+        isolated = "isolated_claim IS NOT DISTINCT FROM claim_id"
+        self.take_over_dead_isolating = self.take_over_dead.replace(
+            """\
+    UPDATE {t} SET due_at = LEAST(due_at, %(now)s::BIGINT - 1)
+    WHERE EXISTS (SELECT 1 FROM dead)
+      AND state = 'processing' AND instance IN (SELECT instance FROM dead)
+      AND due_at >= %(now)s::BIGINT - 1
+""".format(t=t),
+            f"""\
+    UPDATE {t} SET
+        state = CASE WHEN {isolated} THEN state ELSE 'pending' END,
+        attempts = CASE WHEN {isolated} THEN attempts ELSE attempts - 1 END,
+        due_at = CASE WHEN {isolated} THEN LEAST(due_at, %(now)s::BIGINT - 1)
+                      ELSE %(now)s::BIGINT END,
+        instance = CASE WHEN {isolated} THEN instance ELSE NULL END,
+        isolated_claim = CASE WHEN {isolated} THEN isolated_claim
+                              ELSE COALESCE(isolated_claim, '') END
+    WHERE EXISTS (SELECT 1 FROM dead)
+      AND state = 'processing' AND instance IN (SELECT instance FROM dead)
+""",
+        )
+        if self.take_over_dead_isolating == self.take_over_dead:  # pragma: no cover
+            raise AssertionError("unexpected take_over_dead statement")
+        # The handler of this exact live claim starts alone in its process (claims of
+        # suspect rows only).
+        self.mark_isolated = f"""\
+UPDATE {t} SET isolated_claim = claim_id
+WHERE update_id = %(update_id)s AND state = 'processing' AND attempts = %(attempt)s
+  AND claim_id = %(claim_id)s AND due_at >= %(at)s
+RETURNING update_id"""
+
+    def release_many(self, count: int, instance: bool) -> str:
+        """Release ``count`` identities in one statement: ``(position, update_id, attempt,
+        claim_id)`` quadruples, then ``at``. A row locked by an open transaction is skipped
+        (not released: its lease holds). Returns the released positions."""
+        values = ", ".join(["(%s::INT, %s::BIGINT, %s::INT, %s::TEXT)"] * count)
+        clear = ", instance = NULL" if instance else ""
+        return f"""\
+WITH v(pos, update_id, attempt, claim_id) AS (VALUES {values}),
+first AS (SELECT DISTINCT ON (update_id, attempt, claim_id) pos, update_id, attempt, claim_id
+          FROM v ORDER BY update_id, attempt, claim_id, pos),
+lockable AS (
+    SELECT t.update_id, f.pos FROM {self.table} AS t JOIN first AS f
+      ON t.update_id = f.update_id AND t.attempts = f.attempt AND t.claim_id = f.claim_id
+    WHERE t.state = 'processing'
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE {self.table} AS t
+SET state = 'pending', attempts = t.attempts - 1, due_at = %s::BIGINT{clear}
+FROM lockable AS l
+WHERE t.update_id = l.update_id
+RETURNING l.pos"""
+
+
+# -- chat order ----------------------------------------------------------------------------
+def postgres_chat_schema(table: str) -> str:
+    """The idempotent PostgreSQL DDL of chat order for ``table``: the nullable ``chat_key``
+    column and the partial index (part of ``postgres_update_store_schema``)."""
+    t = f'"{table}"'
+    return (
+        "-- strict_chat_order: the chat of each row (NULL: no chat) and the waiting rows\n"
+        "-- of each chat (unsettled only, so the index stays small).\n"
+        f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS chat_key BIGINT;\n"
+        f'CREATE INDEX IF NOT EXISTS "{chat_index_name(table)}" ON {t} (chat_key, update_id)\n'
+        f"    WHERE state IN {UNSETTLED};\n"
+    )
+
+
+class PostgresChatStatements:
+    """The chat-order statements of one PostgreSQL table (``%(name)s`` parameters).
+
+    Args:
+        table: The validated table name.
+        claim_fenced: The table's fenced claim (``PostgresStatements.claim_fenced``), which
+            gets the predicate added to its ``WHERE``.
+        replace_settled: The ``ON CONFLICT`` clause that replaces a settled row by a
+            different update (``PostgresStatements.add_many``).
+    """
+
+    __slots__ = ("claim", "due", "due_of_chat", "fill_key", "replace", "table", "unkeyed")
+
+    def __init__(self, table: str, claim_fenced: str, replace_settled: str) -> None:
+        t = f'"{table}"'
+        self.table = t
+        anchor = "WHERE update_id = %(update_id)s\n"
+        if claim_fenced.count(anchor) != 1:  # pragma: no cover - guards the statement's shape
+            raise AssertionError("unexpected claim statement")
+        self.claim = claim_fenced.replace(
+            anchor, f"{anchor}  AND {in_turn(t, t, '%(now)s')}\n"
+        )
+        self.replace = replace_settled.replace(
+            "fingerprint = EXCLUDED.fingerprint",
+            "fingerprint = EXCLUDED.fingerprint, chat_key = EXCLUDED.chat_key",
+        )
+        self.due = f"""\
+SELECT r.update_id, r.body FROM {t} AS r
+WHERE {due_predicate('r', '%(pending_before)s', '%(now)s')} AND {in_turn('r', t, '%(now)s')}
+ORDER BY r.update_id
+LIMIT %(limit)s"""
+        self.due_of_chat = f"""\
+SELECT r.update_id, r.body FROM {t} AS r
+WHERE r.chat_key = %(chat_key)s AND r.state IN {UNSETTLED}
+  AND {due_predicate('r', '%(pending_before)s', '%(now)s')} AND {in_turn('r', t, '%(now)s')}
+ORDER BY r.update_id
+LIMIT %(limit)s"""
+        # rows recorded without a chat key (by a process without strict_chat_order), read on
+        # the partial chat index (NULL keys included), and their key set once derived
+        self.unkeyed = f"""\
+SELECT update_id, body FROM {t}
+WHERE chat_key IS NULL AND state IN {UNSETTLED} AND update_id > %(after)s
+ORDER BY update_id
+LIMIT %(limit)s"""
+        self.fill_key = f"""\
+UPDATE {t} SET chat_key = %(chat_key)s
+WHERE update_id = %(update_id)s AND chat_key IS NULL AND state IN {UNSETTLED}
+  AND body = %(body)s"""
+
+    def add_many(self, count: int) -> str:
+        """Insert ``count`` pending rows with chat keys in one statement; ``%s`` quintuples
+        ``(update_id, body, received_at, fingerprint, chat_key)``. Returns the inserted ids."""
+        values = ",\n       ".join(
+            ["(%s::BIGINT, %s::TEXT, %s::BIGINT, %s::TEXT, %s::BIGINT)"] * count
+        )
+        return f"""\
+INSERT INTO {self.table} AS t
+       (update_id, body, state, attempts, due_at, received_at, fingerprint, chat_key)
+SELECT v.update_id, v.body, 'pending', 0, v.received_at, v.received_at, v.fingerprint,
+       v.chat_key
+FROM (VALUES {values}) AS v(update_id, body, received_at, fingerprint, chat_key)
+{self.replace}
+RETURNING update_id"""
+
+
+@lru_cache(maxsize=64)
+def chat_statements(table: str, suspect: bool = False) -> PostgresChatStatements:
+    """The chat-order statements of ``table`` (built once per table): the store's fenced claim
+    (recording the instance; with ``suspect`` reading back whether the row is suspect) and its
+    replace-a-settled-row clause, with the chat predicate."""
+    sql = PostgresStatements.for_table(table)
+    add_one = sql.add_many(1)
+    replace = add_one[add_one.index("ON CONFLICT"):add_one.index("RETURNING")]
+    claim = with_instance(sql.claim_fenced)
+    return PostgresChatStatements(table, with_suspect(claim) if suspect else claim, replace)
+
+
+# -- command line and chaos runner ---------------------------------------------------------
+POSTGRES_TABLE_STATE = (
+    "SELECT to_regclass(%(q)s) IS NOT NULL, "
+    "EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%(q)s) "
+    "        AND attname = 'claim_id' AND NOT attisdropped), "
+    "(SELECT COUNT(*) FROM pg_index WHERE indrelid = to_regclass(%(q)s))"
+)
+"""Whether a PostgreSQL table exists, has ``claim_id``, and how many indexes it has
+(parameter ``q``: the double-quoted table name)."""
+
+POSTGRES_META_EXISTS = f"SELECT to_regclass('\"{META_TABLE}\"') IS NOT NULL"
+"""Whether the table of ``bind_bot`` owners exists (no parameters)."""
+
+POSTGRES_FORGET_TABLE = f'DELETE FROM "{META_TABLE}" WHERE table_name = %(table)s'
+"""Forget which bot owned a dropped table (``bind_bot``'s row; parameter ``table``)."""
+
+
+def postgres_admin_statements(table: str, *, has_claim_id: bool = True) -> AdminStatements:
+    """The read-only and admin statements of the command line and the chaos runner for the
+    PostgreSQL table ``table`` (already validated; see
+    :class:`~ptb_fence.stores._admin_sql.AdminStatements`)."""
+    t = f'"{table}"'
+    cols = ROW_COLUMNS.format(claim_id="claim_id" if has_claim_id else "NULL")
+    row = f"SELECT {cols}, body FROM {t} WHERE update_id = %(update_id)s"
+    return AdminStatements(
+        dialect="postgresql",
+        begin_read="SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY",
+        begin_write="SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE",
+        table_exists="SELECT to_regclass(%(quoted)s) IS NOT NULL",
+        columns=(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%(quoted)s) "
+            "AND attnum > 0 AND NOT attisdropped"
+        ),
+        counts=f"SELECT state, COUNT(*) FROM {t} GROUP BY state ORDER BY state",
+        oldest_pending=(
+            f"SELECT update_id, received_at FROM {t} WHERE state = 'pending' "
+            "ORDER BY received_at, update_id LIMIT 1"
+        ),
+        due_now=f"""
+            SELECT
+              COUNT(*) FILTER (WHERE state = 'failed' AND due_at <= %(now)s),
+              COUNT(*) FILTER (WHERE state = 'processing' AND due_at < %(now)s),
+              COUNT(*) FILTER (WHERE state = 'abandoned' AND settled_at IS NULL)
+            FROM {t}""",
+        list_rows=f"""
+            SELECT {cols} FROM {t}
+            WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+              AND (%(after)s::bigint IS NULL OR update_id > %(after)s::bigint)
+            ORDER BY update_id
+            LIMIT %(limit)s""",
+        select_row=row,
+        # the row lock makes a competing claim wait for this transaction
+        select_row_for_retry=row + " FOR UPDATE",
+        retry=f"""
+            UPDATE {t}
+            SET state = 'pending', attempts = 0, due_at = received_at, settled_at = NULL
+            WHERE update_id = %(update_id)s
+              AND state IN ('failed', 'abandoned')
+              AND state = %(state)s AND attempts = %(attempts)s
+            RETURNING update_id""",
+        state_totals=(
+            "SELECT state, count(*), sum(CASE WHEN settled_at IS NULL THEN 1 ELSE 0 END) "
+            f"FROM {t} GROUP BY state"
+        ),
+        all_rows=f"SELECT update_id, state, attempts, settled_at, claim_id FROM {t}",
+    )

@@ -10,14 +10,14 @@ from typing import Any, Callable, Dict, FrozenSet, Iterator, Optional, TypeVar
 
 from ptb_fence._errors import RowLocked, SchemaError, StoreBusy
 from ptb_fence._sockets import cut
-from ptb_fence.stores._pg_connections import (
+from ptb_fence.stores.postgres._connections import (
     Broken,
     Source,
     close_quietly,
     closed_error,
     rollback_quietly,
 )
-from ptb_fence.stores._postgres_sql import COLUMNS_CHECK, PostgresStatements
+from ptb_fence.stores.postgres._sql import COLUMNS_CHECK, PostgresStatements
 
 __all__ = ["PgExecutor", "returns_row"]
 
@@ -105,7 +105,7 @@ class PgExecutor:
         self.pool_timeout = pool_timeout
         self.closed = False
         # Whether the table has the fingerprint column (None: not known yet; False: an older
-        # table managed with create_table=False: ids are plain duplicates, SPEC §12 not applied)
+        # table managed with create_table=False: ids are plain duplicates, no settled row replaced)
         self.fingerprints: Optional[bool] = None
         self._schema_ready = not create_table
         self._schema_lock = threading.Lock()

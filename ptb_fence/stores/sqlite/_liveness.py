@@ -1,0 +1,198 @@
+"""The lock-file liveness of a SQLiteUpdateStore: the holder of an instance, the fork hooks
+that keep a forked child from holding its parent's lock, and the lock-file steps.
+
+Liveness on one machine: an instance holds an exclusive OS file lock (``flock``) on its own
+lock file ``<database>.instances/<instance>.lock``, which names the instance, and has a row in
+the table ``ptb_fence_instances`` of the same database. The kernel drops the lock when the
+process ends (however it ends), so a lock that can be taken proves the instance dead; a frozen
+process (SIGSTOP) keeps it. The lock is taken before the row is written and the row is deleted
+before the lock is dropped, so a listed instance whose lock is free is dead.
+
+Only that is proof. The lock file is looked for next to the checking process's own path to the
+database (symlinks resolved), never at a path its owner stored: processes may reach the file
+through different paths (a container mounting the volume elsewhere). A missing lock file, one
+that names another instance (replaced by someone) or one this process cannot open (another OS
+user's, unreadable) proves nothing: those claims wait for their lease. A live owner whose file
+was removed or replaced locks a new one at its next check, put in place whole (written and
+locked under a temporary name, then renamed), so a checker never finds it unlocked. The check
+opens others' lock files read-only (``flock`` needs no write access) and lock files are
+created readable by others.
+
+A child made by ``os.fork()`` (``multiprocessing``, ``ProcessPoolExecutor``) must not keep its
+parent's lock after the parent died: the child closes its copy of the descriptor right after the
+fork (``os.register_at_fork``); the parent's lock stays, since a ``flock`` ends with the last
+descriptor of the open file.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import threading
+import uuid
+import weakref
+from typing import Optional, Set
+
+__all__ = [
+    "FileLiveness",
+    "close_fd",
+    "lock_directory",
+    "lock_if_dead",
+    "make_directory",
+    "new_lock_file",
+    "unlink",
+]
+
+# Held while a lock file descriptor is opened and recorded in its holder, or closed and
+# forgotten, and across os.fork(): a child never inherits a descriptor its holder does not name.
+_FORK_GUARD = threading.Lock()
+_HOLDERS: "weakref.WeakSet[FileLiveness]" = weakref.WeakSet()
+
+
+class FileLiveness:
+    """The instance a store object holds: its id, its locked file descriptor and the process
+    that holds it (a child made by ``os.fork()`` does not hold its parent's instance), and the
+    lock files this object could not check (warned about once)."""
+
+    __slots__ = ("__weakref__", "fd", "instance", "lock", "lock_path", "pid", "unreadable")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.instance: Optional[str] = None
+        self.fd: Optional[int] = None
+        self.lock_path: Optional[str] = None
+        self.pid = 0
+        self.unreadable: Set[str] = set()
+        _HOLDERS.add(self)
+
+    def mine(self) -> Optional[str]:
+        """The instance this process holds through the store object, if any."""
+        instance = self.instance
+        return instance if instance is not None and self.pid == os.getpid() else None
+
+    def forget_inherited(self) -> None:
+        """In a forked child: drop the parent's instance without touching its row or lock
+        file (the inherited descriptor was closed right after the fork)."""
+        if self.instance is not None and self.pid != os.getpid():
+            self.instance = self.fd = self.lock_path = None
+
+    def close_fd(self, fd: Optional[int]) -> None:
+        """Close ``fd``, a descriptor this holder locked (now or before), and forget it."""
+        with _FORK_GUARD:
+            close_fd(fd)
+            if self.fd == fd:
+                self.fd = None
+
+
+def _after_fork_in_child() -> None:
+    """Close the lock descriptors inherited from the parent (the parent keeps its locks), so
+    that a long-lived child does not keep a dead parent alive."""
+    for holder in list(_HOLDERS):
+        holder.lock = threading.Lock()  # a parent thread may have held it: not in the child
+        if holder.fd is not None:
+            close_fd(holder.fd)
+            holder.fd = None
+    _FORK_GUARD.release()
+
+
+os.register_at_fork(
+    before=_FORK_GUARD.acquire,
+    after_in_parent=_FORK_GUARD.release,
+    after_in_child=_after_fork_in_child,
+)
+
+
+def lock_directory(database: str) -> str:
+    """The directory of the lock files of ``database``: next to the file, found from this
+    process's path to it with symlinks resolved."""
+    return os.path.realpath(database) + ".instances"
+
+
+def close_fd(fd: Optional[int]) -> None:
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:  # pragma: no cover - already closed
+            pass
+
+
+def unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def make_directory(directory: str) -> None:
+    """Create the lock directory (when missing) with the permissions of the database's
+    directory, so every OS user that may write the database may also hold liveness."""
+    try:
+        os.mkdir(directory)
+    except FileExistsError:
+        return
+    try:
+        os.chmod(directory, stat.S_IMODE(os.stat(os.path.dirname(directory)).st_mode))
+    except OSError:  # pragma: no cover - not the owner: the directory stays as created
+        pass
+
+
+def new_lock_file(directory: str, instance: str, holder: FileLiveness) -> Optional[int]:
+    """Write and lock a new lock file of ``instance`` under a temporary name, then rename it
+    into place (replacing any file there); record its descriptor in ``holder`` and return the
+    descriptor it replaces (still open: the caller closes it once the new one is in place)."""
+    lock_path = os.path.join(directory, instance + ".lock")
+    temporary = os.path.join(directory, f".{instance}.{uuid.uuid4().hex[:8]}.tmp")
+    with _FORK_GUARD:  # short: no fork sees the descriptor before the holder names it
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, instance.encode("ascii") + b"\n")
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(temporary, lock_path)
+        except BaseException:
+            close_fd(fd)
+            unlink(temporary)
+            raise
+        old, holder.fd, holder.lock_path = holder.fd, fd, lock_path
+    return old
+
+
+def _open_for_check(lock_path: str) -> int:
+    """Open a lock file and try its lock without waiting: the descriptor now holding it, or
+    ``-1`` when its process holds it. Read-only (another user's file needs no write access);
+    read-write only where the file system wants it for an exclusive lock (NFS)."""
+    fd = os.open(lock_path, os.O_RDONLY)
+    for attempt in (0, 1):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:  # its process holds it (alive, perhaps frozen)
+            close_fd(fd)
+            return -1
+        except OSError as exc:
+            close_fd(fd)
+            if exc.errno != errno.EBADF or attempt:
+                raise
+            fd = os.open(lock_path, os.O_RDWR)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def lock_if_dead(lock_path: str, instance: str) -> Optional[int]:
+    """The descriptor now locking ``instance``'s lock file if that proves it dead: the file
+    is there, names the instance and its lock could be taken. :obj:`None` when it is alive or
+    nothing is proven (no such file, or a file that is not the instance's)."""
+    try:
+        fd = _open_for_check(lock_path)
+    except FileNotFoundError:
+        return None
+    if fd < 0:
+        return None
+    try:
+        named = os.pread(fd, 200, 0).strip()
+    except OSError:
+        named = b""
+    if named != instance.encode("ascii", "replace"):
+        close_fd(fd)
+        return None
+    return fd
