@@ -47,7 +47,18 @@ class HandlerRun:
         timeout: ``attempt_timeout_seconds`` (:obj:`None`: no limit).
     """
 
-    __slots__ = ("_grace", "_registry", "_task", "_timeout", "_timer", "_wake", "attempt", "reason")
+    __slots__ = (
+        "_grace",
+        "_outcome",
+        "_registry",
+        "_returned",
+        "_task",
+        "_timeout",
+        "_timer",
+        "_wake",
+        "attempt",
+        "reason",
+    )
 
     def __init__(
         self, registry: "RunningHandlers", attempt: Attempt, timeout: Optional[float]
@@ -58,6 +69,8 @@ class HandlerRun:
         self._wake: "Optional[asyncio.Future[None]]" = None
         self._timer: Optional[asyncio.TimerHandle] = None
         self._grace: Optional[asyncio.TimerHandle] = None
+        self._returned = False  # the handler's coroutine ended (see _guarded)
+        self._outcome: Optional[BaseException] = None  # what it raised
         self.attempt = attempt
         self.reason: Optional[str] = None
 
@@ -88,7 +101,7 @@ class HandlerRun:
         wake = self._wake = loop.create_future()
         attempt = self.attempt
         task = self._task = loop.create_task(
-            coroutine,  # type: ignore[arg-type]
+            self._guarded(coroutine),
             name=f"ptb_fence:update {attempt.update_id} attempt {attempt.attempt}",
         )
         task.add_done_callback(self._ended)
@@ -109,10 +122,18 @@ class HandlerRun:
                 if timer is not None:
                     timer.cancel()
             self._registry.discard(self)
+        if self._returned:
+            error = self._outcome
+            if isinstance(error, asyncio.CancelledError):
+                # our own cancellation ended it, or its code raised it itself (a failure)
+                return None if self.reason is not None else error
+            if error is not None and not isinstance(error, Exception):
+                raise error  # SystemExit, KeyboardInterrupt: not a handler failure
+            return error
         if not task.done():  # ended, and still running after the grace
             self._registry.detach(self, task, _WHY[self.reason or _STOP])
             return None
-        if task.cancelled():
+        if task.cancelled():  # cancelled before its first step
             if self.reason is not None:
                 return None  # our own cancellation ended it
             try:
@@ -124,7 +145,24 @@ class HandlerRun:
             raise error  # SystemExit, KeyboardInterrupt: not a handler failure
         return error
 
-    def _ended(self, task: "asyncio.Task[Any]") -> None:
+    async def _guarded(self, coroutine: Awaitable[Any]) -> None:
+        """The handler's task: run ``coroutine``, note how it ended and wake the processor
+        from inside the task. Woken by the task's end instead, the processor would resume a
+        loop iteration later than the code the handler woke (e.g. the next ``update_queue.put``
+        of a webhook), and that code would go to the store before this update's completion
+        could join it in one commit."""
+        try:
+            await coroutine
+        except asyncio.CancelledError as exc:
+            self._outcome = exc
+            raise
+        except BaseException as exc:  # noqa: B036 - handed to handle(), which decides
+            self._outcome = exc
+        finally:
+            self._returned = True
+            self._ended(None)
+
+    def _ended(self, task: "Optional[asyncio.Task[Any]]") -> None:
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
 

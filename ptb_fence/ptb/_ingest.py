@@ -123,6 +123,10 @@ class Ingest:
         known = self._state.take_ingested(update.update_id)
         if known is not None:
             return self._state.book(update.update_id, known)
+        # one loop iteration first: a handler that woke this put (a webhook answering after
+        # the previous update was handled) has its processing finish meanwhile, so its slot is
+        # free and its completion goes to the store in the same commit as this record
+        await asyncio.sleep(0)
         try:
             body = update_body(update)
             outcome = await self._writer.submit(
