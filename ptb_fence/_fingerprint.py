@@ -12,7 +12,7 @@ the object's identity: a query's or poll's ``id`` (and ``from.id``); else a mess
 message ids are unique per chat, and a test helper that stamps "now" on each delivery of one
 message must not make two updates of it. Stores use it to tell "the same
 update again" (a plain duplicate) from "the same ``update_id`` with a different update"
-(SPEC §12).
+(a settled old row is replaced, an unsettled one kept and the event logged at WARNING).
 
 Only the known update kinds of the Bot API (:data:`KINDS`) count. A body with none of them (a
 future kind, not a JSON object, not a Telegram update) has no fingerprint (:obj:`None`): it

@@ -12,7 +12,8 @@ __all__ = ["StatusReport", "UpdateRow"]
 
 @dataclass(frozen=True)
 class UpdateRow:
-    """One row of the update table (SPEC §3); times are epoch milliseconds."""
+    """One row of the update table (its public layout, README "Stores"); times are epoch
+    milliseconds."""
 
     update_id: int
     state: str

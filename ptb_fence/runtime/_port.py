@@ -4,7 +4,8 @@ The one place that probes a store for its optional capabilities (:mod:`ptb_fence
 :class:`~ptb_fence.BatchUpdateStore`, :class:`~ptb_fence.TransactionalUpdateStore`,
 :class:`~ptb_fence.BotBoundStore`). It decides once, at construction, which calls exist, and
 always offers the batch and transaction operations, falling back to the loop of single calls
-for a store that has only the methods of SPEC §4:
+for a store that has only the base, fenced and durable methods (:class:`~ptb_fence.UpdateStore`,
+:class:`~ptb_fence.FencedUpdateStore`, :class:`~ptb_fence.DurableUpdateStore`):
 
 - batch calls → the loop of single calls (not one commit: a failure part way leaves the
   earlier rows written; each row is still correct on its own);
