@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Optional
 
-from ptb_fence.runtime._connections import GivenConnection, transaction_ended
+from ptb_fence._dbapi import GivenConnection, transaction_ended
 
 __all__ = ["DjangoTransaction", "dbapi_of"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Optional
 
-from ptb_fence.runtime._connections import (
+from ptb_fence._dbapi import (
     COMMITTED_OR_ROLLED_BACK,
     GivenConnection,
     transaction_ended,
