@@ -53,8 +53,9 @@ FALLBACK_TEST_DEPS = (
 # PTB's tests group also builds wheels, parses the online docs and measures coverage: not needed.
 _SKIPPED_TEST_DEPS = ("build", "beautifulsoup4", "pytest-cov", "pytest-xdist")
 EXPECTED = HERE / "ptb_upstream_expected_failures.txt"
-_RESULT = re.compile(r"^(FAILED|ERROR) (\S+)")
-_TAGS = re.compile(r"^\[([a-z,]+)\]\s+(\S+)$")
+# a test id may hold spaces (parametrize ids such as "invalid data"); a message follows " - "
+_RESULT = re.compile(r"^(FAILED|ERROR) (.+?)(?: - .*)?$")
+_TAGS = re.compile(r"^\[([a-z,]+)\]\s+(.+)$")
 
 
 def ptb_version() -> str:

@@ -15,6 +15,7 @@ listed one that passes, so the list stays true.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pathlib
 
@@ -37,6 +38,14 @@ def test_ptb_offline_tests_fail_only_where_documented(processor: str, store: str
     dest = pathlib.Path(str(_PATH))
     missing = [name for name in TEST_FILES if not (dest / name).is_file()]
     assert not missing, f"{dest} is not a prepared PTB checkout (missing {missing})"
+    # one wiring at a time (xdist workers take them in parallel otherwise): PTB's webhook tests
+    # bind ports of their own choosing, and two runs at once fail on each other's ports
+    with open(dest / ".run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _check(dest, processor, store)
+
+
+def _check(dest: pathlib.Path, processor: str, store: str) -> None:
     failures = run(dest, processor=processor, store=store)
     expected = expected_failures(processor, store)
     unexpected = sorted(failures - expected)
