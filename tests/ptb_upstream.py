@@ -54,7 +54,7 @@ FALLBACK_TEST_DEPS = (
 _SKIPPED_TEST_DEPS = ("build", "beautifulsoup4", "pytest-cov", "pytest-xdist")
 EXPECTED = HERE / "ptb_upstream_expected_failures.txt"
 # a test id may hold spaces (parametrize ids such as "invalid data"); a message follows " - "
-_RESULT = re.compile(r"^(FAILED|ERROR) (.+?)(?: - .*)?$")
+_RESULT = re.compile(r"^(FAILED|ERROR) (tests/\S.*?)(?: - .*)?$")  # not "ERROR    <log line>"
 _TAGS = re.compile(r"^\[([a-z,]+)\]\s+(.+)$")
 
 
