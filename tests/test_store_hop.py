@@ -75,6 +75,29 @@ def test_calls_stuck_in_something_slow_do_not_hold_up_the_others() -> None:
         hop.stop()
 
 
+def test_a_call_queued_behind_calls_that_share_one_idle_thread_is_not_stranded() -> None:
+    # one core thread idle, two slow calls queued in the same loop step: both see the same
+    # idle thread; a call made afterwards still runs while both slow calls wait
+    hop = StoreHop(2, 8, "hop-share")
+    release = threading.Event()
+
+    async def main() -> str:
+        loop = asyncio.get_running_loop()
+        assert await hop.run(lambda: "warm") == "warm"  # one thread, now idle
+        slow = [hop.submit(loop, lambda: release.wait(30)) for _ in range(2)]
+        await asyncio.sleep(0.1)
+        name = await asyncio.wait_for(hop.run(lambda: threading.current_thread().name), 10)
+        release.set()
+        assert await asyncio.gather(*slow) == [True, True]
+        return name
+
+    try:
+        assert asyncio.run(main()).startswith("hop-share_")
+    finally:
+        release.set()
+        hop.stop()
+
+
 def test_context_errors_and_stop() -> None:
     hop = StoreHop(1, 2, "hop-ctx")
 

@@ -103,11 +103,17 @@ class StoreHop:
         future: "asyncio.Future[T]" = loop.create_future()
         self._queue.put((contextvars.copy_context(), fn, loop, future))
         with self._lock:
-            if self._idle > 0:
+            # An idle thread counts as taking one queued call, not this one: a thread that
+            # just took a call from the queue is still counted idle for a moment, so several
+            # calls can see the same idle thread. Only as many idle threads as queued calls
+            # make the stall check unnecessary.
+            if self._idle >= self._queue.qsize():
                 return future
             if self._threads < self._core:
                 self._spawn_locked()
-            elif self._threads < self._limit and not self._armed:
+            if self._threads < self._limit and not self._armed:
+                # also after starting a core thread: it may take an earlier queued call, and
+                # this one must not wait for a stuck call to finish
                 self._armed = True
                 loop.call_later(_STALL_SECONDS, self._check_stall, loop, self._done)
         return future
@@ -133,10 +139,12 @@ class StoreHop:
     def _check_stall(self, loop: "asyncio.AbstractEventLoop", done_before: int) -> None:
         with self._lock:
             self._armed = False
-            if self._closed or self._queue.empty() or self._idle > 0:
+            if self._closed or self._queue.empty():
                 return
-            if self._done == done_before:  # stuck: one thread more
-                self._spawn_locked()
+            # ``_idle`` may still count a thread that has just taken a call: keep checking
+            # while calls are queued, and start a thread only when none finished meanwhile
+            if self._done == done_before and self._idle < self._queue.qsize():
+                self._spawn_locked()  # stuck: one thread more
             if self._threads < self._limit:
                 self._armed = True
                 loop.call_later(_STALL_SECONDS, self._check_stall, loop, self._done)
