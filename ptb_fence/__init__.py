@@ -43,11 +43,10 @@ from ptb_fence.runtime import (
     Attempt,
     AttemptTimeout,
     RuntimeOptions,
-    UpdateIntake,
     current_attempt,
     default_retry,
-    webhook_app,
 )
+from ptb_fence.blocking import UpdateIntake, webhook_app
 from ptb_fence.stores import (
     MemoryUpdateStore,
     PostgresUpdateStore,

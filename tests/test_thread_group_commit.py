@@ -10,7 +10,7 @@ from typing import List
 
 import pytest
 
-from ptb_fence.runtime._thread_group import ThreadGroupCommit
+from ptb_fence.blocking._thread_group import ThreadGroupCommit
 
 
 def _run_threads(n: int, target) -> None:  # noqa: ANN001

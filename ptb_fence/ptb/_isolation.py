@@ -1,6 +1,6 @@
 """AsyncIsolationGate: the handlers of one processor run together, or one runs alone.
 
-The asyncio twin of :class:`ptb_fence.runtime._isolation.IsolationGate` (see there for why):
+The asyncio twin of :class:`ptb_fence.blocking._isolation.IsolationGate` (see there for why):
 the attempt of a suspect row waits until the handlers running now have ended, and no handler
 starts until it has ended (a waiting suspect holds new starts). Everything else enters at once
 without awaiting while no suspect waits or runs. An update the stop no longer lets start does
@@ -16,7 +16,7 @@ from typing import Callable, Optional
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._core import Runtime
-from ptb_fence.runtime._isolation import ALONE_WAIT_SECONDS
+from ptb_fence.runtime._recovery import ALONE_WAIT_SECONDS
 
 __all__ = ["AsyncIsolationGate"]
 

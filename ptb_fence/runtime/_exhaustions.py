@@ -9,7 +9,7 @@ at once; one left out for want of a slot waits here, and a delivery that ends st
 fetching a page: the cursor may be past it already), what the end of a delivery means
 (acknowledged with its exact identity, or reported and left due so that a later sweep delivers
 it again) and what is logged. The front ends keep only the mechanics: ``UpdateIntake`` runs
-each delivery on a thread (:class:`~ptb_fence.runtime._delivery.ExhaustionDelivery`), the PTB
+each delivery on a thread (:class:`~ptb_fence.blocking._delivery.ExhaustionDelivery`), the PTB
 processor in a task (:class:`~ptb_fence.ptb._deliveries.Deliveries`). Thread-safe; the store
 calls block.
 """

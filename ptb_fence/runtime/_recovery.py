@@ -32,6 +32,11 @@ within ``stop_timeout_seconds`` + 5 s (then the store's ``close()``), even when 
 does not answer; ``UpdateIntake.close()`` gives its own store work the same 2 s."""
 
 
+ALONE_WAIT_SECONDS = 10.0
+"""How long an attempt that must run alone waits for the running handlers to end (new starts
+are held meanwhile) before it is given back for a later sweep."""
+
+
 class AttemptTimeout(Exception):
     """An attempt's handler ran longer than ``attempt_timeout_seconds``.
 

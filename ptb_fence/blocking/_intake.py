@@ -14,15 +14,15 @@ from ptb_fence._values import Exhaustion, StoredUpdate
 from ptb_fence.runtime._attempt import Attempt, enter_attempt, exit_attempt
 from ptb_fence.runtime._chats import ChatOrder, chat_key
 from ptb_fence.runtime._core import Runtime
-from ptb_fence.runtime._delivery import ExhaustionDelivery
+from ptb_fence.blocking._delivery import ExhaustionDelivery
 from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
-from ptb_fence.runtime._intake_runs import IntakeRun, IntakeRuns, IntakeWorkers
-from ptb_fence.runtime._isolation import IsolationGate
+from ptb_fence.blocking._intake_runs import IntakeRun, IntakeRuns, IntakeWorkers
+from ptb_fence.blocking._isolation import IsolationGate
 from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._outcome import Outcome
 from ptb_fence.runtime._recovery import STOP_MARGIN_SECONDS
-from ptb_fence.runtime._thread_group import ThreadGroupCommit
-from ptb_fence.runtime._wakeups import Wakeups
+from ptb_fence.blocking._thread_group import ThreadGroupCommit
+from ptb_fence.blocking._wakeups import Wakeups
 
 __all__ = ["UpdateIntake"]
 

@@ -8,7 +8,7 @@ until the handlers running now have ended, and no other handler starts until it 
 its own and counts against it alone. Everything else enters together, a lock and a counter, no
 store call.
 
-The wait of a suspect is bounded (:data:`ALONE_WAIT_SECONDS`): a handler that never ends
+The wait of a suspect is bounded (:data:`~ptb_fence.runtime._recovery.ALONE_WAIT_SECONDS`): a handler that never ends
 (without ``attempt_timeout_seconds``) must not stop the process; the suspect is then given back
 (its attempt not spent) and runs at a later sweep.
 """
@@ -19,11 +19,10 @@ import threading
 import time
 from typing import Optional
 
-__all__ = ["ALONE_WAIT_SECONDS", "IsolationGate"]
+from ptb_fence.runtime._recovery import ALONE_WAIT_SECONDS
 
-ALONE_WAIT_SECONDS = 10.0
-"""How long an attempt that must run alone waits for the running handlers to end (new starts
-are held meanwhile) before it is given back for a later sweep."""
+__all__ = ["IsolationGate"]
+
 
 
 class IsolationGate:

@@ -22,10 +22,10 @@ from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple
 from ptb_fence._durations import format_duration
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._core import Runtime
-from ptb_fence.runtime._isolation import IsolationGate
+from ptb_fence.blocking._isolation import IsolationGate
 from ptb_fence.runtime._outcome import Outcome
 from ptb_fence.runtime._recovery import AttemptTimeout
-from ptb_fence.runtime._wakeups import Wakeups
+from ptb_fence.blocking._wakeups import Wakeups
 
 __all__ = ["IntakeRun", "IntakeRuns", "IntakeWorkers"]
 
