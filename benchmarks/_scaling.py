@@ -17,7 +17,7 @@ from telegram.ext import Application, TypeHandler
 
 from ptb_fence import PostgresUpdateStore, RuntimeOptions, SQLiteUpdateStore
 from ptb_fence.ptb import FencedUpdateProcessor
-from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._runtime import Runtime
 from ptb_fence.testing import FakeBotApi
 
 from _common import (

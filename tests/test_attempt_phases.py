@@ -11,7 +11,7 @@ import pytest
 
 from ptb_fence import AttemptFinished, MemoryUpdateStore, RuntimeOptions
 from ptb_fence.runtime._attempt import Phase
-from ptb_fence.runtime._core import Outcome, Runtime
+from ptb_fence.runtime._runtime import Outcome, Runtime
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ptb_fence"
 

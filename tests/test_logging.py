@@ -308,7 +308,7 @@ def test_redeliveries_dropped_at_ingest_are_logged_at_info_the_first_few_times(
     """An update whose id is already recorded is not handled again, and says so: the first
     few at INFO (a bot that drops every new message must be able to see why), then DEBUG."""
     from ptb_fence import SQLiteUpdateStore
-    from ptb_fence.runtime._recording import REDELIVERIES_AT_INFO
+    from ptb_fence.runtime._runtime import REDELIVERIES_AT_INFO
 
     store = SQLiteUpdateStore(str(tmp_path / "redeliveries.db"))
     handled: List[int] = []

@@ -87,7 +87,7 @@ def test_a_processor_not_wired_with_install_is_refused_at_initialize() -> None:
         )
         with pytest.raises(RuntimeError, match="install"):
             await app.initialize()
-        assert not processor.runtime.running
+        assert not processor.runtime.jobs.running
         # the durable queue alone (no FencedApplication) is refused too
         processor2 = FencedUpdateProcessor(MemoryUpdateStore(), **FAST)
         app2 = (
@@ -179,7 +179,7 @@ def test_application_class_set_after_install(tmp_path: Any) -> None:
         app = builder.application_class(PlainLater).build()
         with pytest.raises(RuntimeError, match="FencedApplication"):
             await app.initialize()
-        assert not processor.runtime.running
+        assert not processor.runtime.jobs.running
 
         processor = FencedUpdateProcessor(MemoryUpdateStore(), **FAST)
         builder = processor.install(Application.builder().token(fake.token).base_url(fake.base_url))
@@ -250,7 +250,7 @@ def test_initialize_twice_restart_and_shutdown_stops_everything(tmp_path: Any) -
         await app.initialize()
         await app.initialize()
         await processor.initialize()  # PTB may call it again; a no-op
-        assert processor.runtime.running
+        assert processor.runtime.jobs.running
         sweeps = [t for t in asyncio.all_tasks() if t.get_name() == "ptb_fence:sweep"]
         assert len(sweeps) == 1
         first = fake.inject_message(chat_id=1, text="one")
@@ -262,13 +262,13 @@ def test_initialize_twice_restart_and_shutdown_stops_everything(tmp_path: Any) -
         await app.stop()
         await app.shutdown()
         await app.shutdown()  # twice is fine
-        assert not processor.runtime.running
+        assert not processor.runtime.jobs.running
         assert not [t for t in asyncio.all_tasks() if t.get_name() == "ptb_fence:sweep"]
         # updates recorded while the bot is down are handled at the next start
         second = fake.inject_message(chat_id=2, text="two")
         async with polling(app):
             await wait_for("second handled", lambda: second in handled)
-        assert not processor.runtime.running
+        assert not processor.runtime.jobs.running
 
     with FakeBotApi() as fake:
         run(scenario(fake))
@@ -304,7 +304,7 @@ def test_run_polling_with_hooks_set_after_install(tmp_path: Any) -> None:
 
         async def post_init(app: Application) -> None:
             hooks.append("post_init")
-            assert app.update_processor.runtime.running  # type: ignore[attr-defined]
+            assert app.update_processor.runtime.jobs.running  # type: ignore[attr-defined]
             asyncio.get_running_loop().create_task(watcher(app))
 
         async def post_stop(app: Application) -> None:
@@ -330,7 +330,7 @@ def test_run_polling_with_hooks_set_after_install(tmp_path: Any) -> None:
         uid: ("completed", 2 if uid == ids[0] else 1) for uid in ids
     }
     assert sorted(seen) == sorted([(uid, 1) for uid in ids] + [(ids[0], 2)])
-    assert not processor.runtime.running
+    assert not processor.runtime.jobs.running
     assert wait_sync("ptb_fence threads to end", lambda: not _ptb_fence_threads(baseline), 3)
 
 

@@ -1,5 +1,5 @@
 """The layout of ``ptb_fence.ptb`` (issue 11 item 5): its modules import one way, none uses
-another module's private names, each stays small, and the Application mix-in binds to the
+another module's private names, and the Application mix-in binds to the
 processor through public methods.
 
 Imports are read with :mod:`ast`, counting those inside functions and under
@@ -16,7 +16,6 @@ import ptb_fence.ptb
 
 PACKAGE = "ptb_fence.ptb"
 ROOT = Path(ptb_fence.ptb.__file__).resolve().parent
-MAX_LINES = 500
 
 # Private names of the runtime package that ptb/ uses: none (the attempt context variable is
 # set through runtime._attempt's enter_attempt/exit_attempt).
@@ -114,15 +113,6 @@ def test_no_ptb_module_uses_another_modules_private_names() -> None:
     assert not misuse, "private names used across modules of ptb_fence/ptb: " + ", ".join(
         f"{module}: {owner}{attr}" for module, owner, attr in misuse
     )
-
-
-def test_ptb_modules_stay_small() -> None:
-    sizes = {
-        path.name: len(path.read_text(encoding="utf-8").splitlines())
-        for path in ROOT.glob("*.py")
-    }
-    too_big = {name: lines for name, lines in sizes.items() if lines >= MAX_LINES}
-    assert not too_big, f"ptb_fence/ptb modules of {MAX_LINES} lines or more: {too_big}"
 
 
 def test_the_application_mixin_binds_through_public_methods() -> None:

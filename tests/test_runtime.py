@@ -605,7 +605,7 @@ def test_start_sweep_failure_does_not_stop_start(intakes) -> None:  # noqa: F811
     runs: List[int] = []
     intake = make(store, intakes, clock, handle=lambda u: runs.append(u["update_id"]), on_store_error=errors)
     assert [s for _, s in errors.snapshot()] == ["sweep"]
-    assert intake.runtime.running
+    assert intake.runtime.jobs.running
     del store.fail["due"]
     assert run_due(intake, clock, 61) == 1
     assert runs == [170]
@@ -646,7 +646,7 @@ def test_close_waits_for_running_attempts_and_accept_still_records(intakes) -> N
     closer.join(5)
     assert not closer.is_alive()
     assert row(store, 1).state == "completed"
-    assert not intake.runtime.running
+    assert not intake.runtime.jobs.running
     assert intake.accept(body(2)) == "accepted"  # still recorded after close
     assert row(store, 2).state == "pending"
     with pytest.raises(RuntimeError, match="closed"):
@@ -861,7 +861,7 @@ def test_transaction_on_a_given_connection_commits_or_rolls_back(intakes, tmp_pa
 
 def test_unary_attempt_has_no_identity() -> None:
     from ptb_fence import RuntimeOptions
-    from ptb_fence.runtime._core import Runtime
+    from ptb_fence.runtime._runtime import Runtime
 
     store = StoreWrapper(methods=BASE_METHODS)
     runtime = Runtime(store, RuntimeOptions(clock=FakeClock()), attempt_aware=False, handle_exhaustion=False)

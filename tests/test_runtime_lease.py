@@ -11,7 +11,7 @@ import pytest
 from ptb_fence import MemoryUpdateStore, RuntimeOptions, UpdateIntake
 from ptb_fence._protocols import BASE_METHODS, FENCED_METHODS
 from ptb_fence._values import Completed
-from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._runtime import Runtime
 from test_runtime_support import FakeClock, Recorder, StoreDown, StoreWrapper, body, row, wait_until
 
 N = 500
@@ -76,11 +76,11 @@ def test_scheduled_ticks_make_one_call_each() -> None:
     store, clock = StoreWrapper(), FakeClock()
     runtime = runtime_with(store, clock, lease_seconds=0.2)
     claim_all(runtime, store, clock, N)
-    runtime.start_jobs()
+    runtime.jobs.start()
     try:
         assert wait_until(lambda: runtime.keeper.ticks >= 3, 5)
     finally:
-        runtime.stop_jobs()
+        runtime.jobs.stop()
     assert store.count("renew_owned_many") == runtime.keeper.ticks
     assert store.count("renew_owned") == 0
 
@@ -173,11 +173,11 @@ def test_owner_lost_wakes_asyncio_waiters_from_the_keeper_thread() -> None:
         await asyncio.wait_for(attempt.wait_owner_lost(), 5)
         return time.monotonic() - started
 
-    runtime.start_jobs()
+    runtime.jobs.start()
     try:
         waited = asyncio.run(main())
     finally:
-        runtime.stop_jobs()
+        runtime.jobs.stop()
     assert attempt.owner_lost.is_set()
     assert waited < 2
 
@@ -186,10 +186,10 @@ def test_owner_lost_wakes_asyncio_waiters_from_the_keeper_thread() -> None:
 def test_scheduler_job_config_and_a_fresh_scheduler_per_start() -> None:
     store, clock = StoreWrapper(), FakeClock()
     runtime = runtime_with(store, clock, lease_seconds=2, sweep_every_seconds=7)
-    runtime.start_jobs(lambda: None)
+    runtime.jobs.start(lambda: None)
     try:
-        first = runtime._scheduler
-        assert runtime.running and first.running
+        first = runtime.jobs._scheduler
+        assert runtime.jobs.running and first.running
         assert str(first.timezone) == "UTC"
         assert first._daemon is True
         keeper = first.get_job("ptb_fence_lease_keeper")
@@ -200,28 +200,28 @@ def test_scheduler_job_config_and_a_fresh_scheduler_per_start() -> None:
         assert keeper.trigger.interval.total_seconds() == 0.5  # lease / 4
         assert sweep.trigger.interval.total_seconds() == 7
         assert str(keeper.trigger.timezone) == "UTC"
-        runtime.start_jobs(lambda: None)  # idempotent
-        assert runtime._scheduler is first
+        runtime.jobs.start(lambda: None)  # idempotent
+        assert runtime.jobs._scheduler is first
     finally:
-        runtime.stop_jobs()
-    assert not runtime.running and not first.running
-    runtime.start_jobs(lambda: None)
+        runtime.jobs.stop()
+    assert not runtime.jobs.running and not first.running
+    runtime.jobs.start(lambda: None)
     try:
-        second = runtime._scheduler
+        second = runtime.jobs._scheduler
         assert second is not first and second.running
         assert second.get_job("ptb_fence_lease_keeper") is not None
         assert second.get_job("ptb_fence_sweep") is not None
     finally:
-        runtime.stop_jobs()
+        runtime.jobs.stop()
 
 
 def test_intake_close_stops_the_scheduler() -> None:
     intake = UpdateIntake(MemoryUpdateStore(), handle=lambda u: None, clock=FakeClock())
     intake.start()
-    scheduler = intake.runtime._scheduler
+    scheduler = intake.runtime.jobs._scheduler
     assert scheduler.running
     intake.close()
-    assert not scheduler.running and not intake.runtime.running
+    assert not scheduler.running and not intake.runtime.jobs.running
 
 
 @pytest.mark.parametrize("error", [None, ValueError("handler failed")])

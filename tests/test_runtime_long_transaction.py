@@ -28,7 +28,7 @@ from ptb_fence import (
     SQLiteUpdateStore,
     UpdateIntake,
 )
-from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._runtime import Runtime
 from test_runtime_support import FakeClock, Recorder, StoreWrapper, body, row
 
 

@@ -6,7 +6,7 @@ from enum import Enum
 
 import ptb_fence.runtime
 from ptb_fence import MemoryUpdateStore, RuntimeOptions
-from ptb_fence.runtime._core import Outcome, Runtime
+from ptb_fence.runtime._runtime import Outcome, Runtime
 
 
 def test_outcome_is_a_str_enum() -> None:
@@ -38,12 +38,21 @@ def test_runtime_all_is_what_a_user_needs() -> None:
             "Attempt",
             "AttemptTimeout",
             "RuntimeOptions",
-            "UpdateIntake",
             "current_attempt",
             "default_retry",
             "is_permanent_telegram_error",
-            "webhook_app",
         ]
     )
     for name in ptb_fence.runtime.__all__:
         assert getattr(ptb_fence.runtime, name) is not None
+
+
+def test_the_blocking_front_end_is_its_own_package() -> None:
+    """The core (``ptb_fence.runtime``) knows no front end; the blocking one lives in
+    ``ptb_fence.blocking`` and is exported from ``ptb_fence`` as before."""
+    import ptb_fence
+    import ptb_fence.blocking
+
+    assert sorted(ptb_fence.blocking.__all__) == ["UpdateIntake", "webhook_app"]
+    assert ptb_fence.UpdateIntake is ptb_fence.blocking.UpdateIntake
+    assert ptb_fence.webhook_app is ptb_fence.blocking.webhook_app

@@ -8,7 +8,7 @@ from typing import Any, Dict, List
 from ptb_fence import Attempt, MemoryUpdateStore, RuntimeOptions, UpdateIntake
 from ptb_fence._protocols import DURABLE_METHODS
 from ptb_fence._update_ids import MAX_UPDATE_ID, is_update_id
-from ptb_fence.runtime._core import Outcome, Runtime
+from ptb_fence.runtime._runtime import Outcome, Runtime
 
 from test_runtime_support import FakeClock, StoreWrapper, body, row
 

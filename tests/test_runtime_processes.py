@@ -297,7 +297,7 @@ def test_owner_loss_stalled_lease_keeper(bed: Bed) -> None:
                 )
         except OwnershipLost as exc:
             seen["refused"] = exc.identity
-            intakes["a"].runtime.start_jobs()  # the keeper wakes up again
+            intakes["a"].runtime.jobs.start()  # the keeper wakes up again
             seen["fired"] = attempt.owner_lost.wait(5)
             raise
         seen["committed"] = True
@@ -324,7 +324,7 @@ def test_owner_loss_stalled_lease_keeper(bed: Bed) -> None:
         a.start()
         assert a.accept(body(7, 70)) == "accepted"
         assert started.wait(10)
-        a.runtime.stop_jobs()  # the lease keeper stalls (GC pause, blocked thread, ...)
+        a.runtime.jobs.stop()  # the lease keeper stalls (GC pause, blocked thread, ...)
         b.start()
         assert done_b.wait(10), "B never took the update over"
         assert bed.rows()[7] == ("completed", 2, seen["b"].claim_id)

@@ -15,7 +15,7 @@ from ptb_fence._values import AttemptIdentity, Exhaustion
 from ptb_fence.runtime._exhaustions import SLOW_DELIVERY_SECONDS, ExhaustionDeliveries
 
 if TYPE_CHECKING:
-    from ptb_fence.runtime._core import Runtime
+    from ptb_fence.runtime._runtime import Runtime
 
 __all__ = ["DELIVERY_WAIT_SECONDS", "ExhaustionDelivery"]
 

@@ -13,7 +13,7 @@ from ptb_fence._protocols import UpdateStore
 from ptb_fence._values import Exhaustion, StoredUpdate
 from ptb_fence.runtime._attempt import Attempt, enter_attempt, exit_attempt
 from ptb_fence.runtime._chats import ChatOrder, chat_key
-from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._runtime import Runtime
 from ptb_fence.blocking._delivery import ExhaustionDelivery
 from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
 from ptb_fence.blocking._intake_runs import IntakeRun, IntakeRuns, IntakeWorkers
@@ -182,9 +182,9 @@ class UpdateIntake:
             self._started = True
         # this process's liveness signal: its claims are taken over at once elsewhere only
         # once it is gone
-        self._runtime.hold_liveness()
-        self._runtime.key_unkeyed_chats()  # before the first claim (strict_chat_order)
-        self._runtime.start_jobs(self._scheduled_sweep, taken_over=self._sweep_taken_over)
+        self._runtime.recovery.hold_liveness()
+        self._runtime.chat_order.key_unkeyed()  # before the first claim (strict_chat_order)
+        self._runtime.jobs.start(self._scheduled_sweep, taken_over=self._sweep_taken_over)
         self._sweep(include_fresh=True)
 
     def close(self, timeout: Optional[float] = None) -> None:
@@ -253,7 +253,7 @@ class UpdateIntake:
             return max(0.0, until - time.monotonic())
 
         running += self._wakeups.close(internal())
-        running += self._runtime.stop_jobs(internal())
+        running += self._runtime.jobs.stop(internal())
         with self._lock:
             refills = list(self._refills)
         for thread in refills:
@@ -262,7 +262,7 @@ class UpdateIntake:
                 running.append(thread.name)
         if self._delivery is not None:
             running += self._delivery.close(left())
-        self._runtime.release_liveness()
+        self._runtime.recovery.release_liveness()
         running += self._workers.stuck()
         if running:
             _LOGGER.warning(
@@ -433,12 +433,12 @@ class UpdateIntake:
 
     def _turn_done(self, key: Hashable, update_id: int, outcome: Optional[Outcome]) -> None:
         """Pass the chat's turn on; under ``strict_chat_order`` first queue the chat's next
-        update from the store (:meth:`Runtime.chat_successor`; ``outcome`` :obj:`None`: not
+        update from the store (:meth:`StoreChatOrder.successor <ptb_fence.runtime._store_chat_order.StoreChatOrder.successor>`; ``outcome`` :obj:`None`: not
         claimed)."""
         try:
             if not self._closed:
                 waiting = self._chats.waiting(key)
-                successor = self._runtime.chat_successor(key, outcome, waiting=waiting)
+                successor = self._runtime.chat_order.successor(key, outcome, waiting=waiting)
                 if successor is not None:
                     self._dispatch_stored(successor)
         finally:
@@ -496,11 +496,11 @@ class UpdateIntake:
             return None
         alone = attempt.runs_alone
         if not self._gate.enter(alone):  # closing, or the running handlers did not end
-            runtime.release([attempt])  # its attempt not spent: claimable at once
+            runtime.recovery.release([attempt])  # its attempt not spent: claimable at once
             return None
         if alone and not runtime.mark_isolated(attempt):
             self._gate.leave(alone)
-            runtime.release([attempt])
+            runtime.recovery.release([attempt])
             return None
         run = self._runs.begin(key, update_id, attempt, alone)  # leaves the gate when it ends
         token = enter_attempt(attempt) if attempt.fenced else None

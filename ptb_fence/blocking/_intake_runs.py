@@ -21,7 +21,7 @@ from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple
 
 from ptb_fence._durations import format_duration
 from ptb_fence.runtime._attempt import Attempt
-from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._runtime import Runtime
 from ptb_fence.blocking._isolation import IsolationGate
 from ptb_fence.runtime._outcome import Outcome
 from ptb_fence.runtime._recovery import AttemptTimeout
@@ -170,7 +170,7 @@ class IntakeRuns:
             self._deliver(exhaustion)
 
     def release_all(self, seconds: float) -> int:
-        """Release every run still going (:meth:`Runtime.give_back
+        """Release every run still going (:meth:`Recovery.give_back
         <ptb_fence.runtime._recovery.Recovery.give_back>`: their open fenced transactions are
         ended first), waiting at most ``seconds``; their worker threads are abandoned.
         Returns how many runs were ended here."""
@@ -183,7 +183,7 @@ class IntakeRuns:
             # on a daemon thread waited for a bounded time: a database that does not answer
             # must not hold close() (what is not given back is covered by its lease)
             giving = threading.Thread(
-                target=self._runtime.give_back,
+                target=self._runtime.recovery.give_back,
                 args=(attempts, max(seconds - 0.5, 0.0)),
                 name="ptb_fence-give-back",
                 daemon=True,

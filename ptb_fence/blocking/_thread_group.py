@@ -42,7 +42,7 @@ class ThreadGroupCommit(Generic[In, Out]):
 
     Args:
         run_many: Takes a list of items and returns one result per item, in order (e.g.
-            :meth:`Runtime.claim_many <ptb_fence.runtime._core.Runtime.claim_many>`).
+            :meth:`Runtime.claim_many <ptb_fence.runtime._runtime.Runtime.claim_many>`).
         max_group: The most items in one call.
     """
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, List, Optional, Set, TypeVar
 
 from ptb_fence._values import Exhaustion
 from ptb_fence.ptb._threads import StoreThreads
-from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._runtime import Runtime
 from ptb_fence.runtime._exhaustions import SLOW_DELIVERY_SECONDS, ExhaustionDeliveries
 
 __all__ = ["Deliveries"]

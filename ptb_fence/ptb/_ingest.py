@@ -23,7 +23,7 @@ from ptb_fence.ptb._state import Recorded, SharedState
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._chats import chat_key, update_chat_key
-from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._runtime import Runtime
 
 __all__ = ["Ingest"]
 

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.runtime._attempt import Attempt
-from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._runtime import Runtime
 from ptb_fence.runtime._recovery import ALONE_WAIT_SECONDS
 
 __all__ = ["AsyncIsolationGate"]
@@ -86,7 +86,7 @@ class AsyncIsolationGate:
             runtime.end(attempt)
             raise
         if not entered:
-            await threads.call(runtime.release, [attempt])
+            await threads.call(runtime.recovery.release, [attempt])
         return entered
 
     async def _wait(self, timeout: Optional[float]) -> None:

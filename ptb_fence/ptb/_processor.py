@@ -41,7 +41,7 @@ from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.ptb._wiring import BuilderType, configure_builder, warn_non_blocking
 from ptb_fence.runtime._chats import update_chat_key
 from ptb_fence.runtime._attempt import Attempt
-from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._runtime import Runtime
 from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._recovery import AttemptTimeout
 
@@ -259,10 +259,10 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         state.stopping = False
         # this process's liveness signal: a sweep elsewhere may take over its claims at once
         # only when it is gone (the process died)
-        await self._threads.call(self._runtime.hold_liveness)
-        await self._threads.call(self._runtime.key_unkeyed_chats)  # before the first claim
+        await self._threads.call(self._runtime.recovery.hold_liveness)
+        await self._threads.call(self._runtime.chat_order.key_unkeyed)  # before the first claim
         self._sweeper.bind_loop(asyncio.get_running_loop())
-        self._runtime.start_jobs(taken_over=self._sweeper.sweep_soon)
+        self._runtime.jobs.start(taken_over=self._sweeper.sweep_soon)
         self._sweeper.start()
         state.started = True
 

@@ -6,7 +6,7 @@ import asyncio
 from typing import Callable, Dict, List, Optional, Set
 
 from ptb_fence.runtime._attempt import Attempt
-from ptb_fence.runtime._recording import Record
+from ptb_fence.runtime._runtime import Record
 
 __all__ = ["Recorded", "SharedState"]
 

@@ -25,7 +25,7 @@ from ptb_fence.ptb._handlers import RunningHandlers
 from ptb_fence.ptb._state import SharedState
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.runtime._attempt import Attempt
-from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._runtime import Runtime
 from ptb_fence.runtime._recovery import STOP_MARGIN_SECONDS
 
 __all__ = ["STOP_MARGIN_SECONDS", "Stopping"]
@@ -100,7 +100,7 @@ class Stopping:
         task.add_done_callback(self._pending.discard)
 
     async def _release(self, attempts: List[Attempt]) -> int:
-        return await self._threads.call(self._runtime.release, attempts)
+        return await self._threads.call(self._runtime.recovery.release, attempts)
 
     async def call_until(self, fn: Callable[[], T], until: float, what: str) -> Optional[T]:
         """``fn()`` on a store thread, waited for until the loop time ``until``; :obj:`None`
@@ -134,7 +134,7 @@ class Stopping:
         unqueued = state.take_unstarted(ingested_only=True)
         if unqueued:
             await self.call_until(
-                lambda: runtime.release(unqueued), final, "releasing unqueued updates"
+                lambda: runtime.recovery.release(unqueued), final, "releasing unqueued updates"
             )
         finished = await state.wait_finished(deadline - loop.time())
         if finished and await self._handlers.wait_idle(max(deadline - loop.time(), 0.0)):
@@ -157,7 +157,7 @@ class Stopping:
         if attempts:
             grace = max(final - loop.time() - 0.5, 0.0)
             await self.call_until(
-                lambda: runtime.give_back(attempts, grace), final, "releasing updates at the stop"
+                lambda: runtime.recovery.give_back(attempts, grace), final, "releasing updates at the stop"
             )
         await self._abandon_stragglers(final)
 
@@ -197,7 +197,7 @@ class Stopping:
             await asyncio.wait(list(self._pending), timeout=max(until - loop.time(), 0.0))
         runtime = self._runtime
         stuck = await loop.run_in_executor(
-            None, runtime.stop_jobs, max(until - loop.time(), 0.0)
+            None, runtime.jobs.stop, max(until - loop.time(), 0.0)
         )
         if stuck:
             _LOGGER.warning(
@@ -206,7 +206,7 @@ class Stopping:
                 ", ".join(stuck),
             )
         await self.call_until(
-            runtime.release_liveness,
+            runtime.recovery.release_liveness,
             max(until, loop.time() + 0.5),
             "giving back this process's liveness signal",
         )

@@ -15,7 +15,7 @@ from ptb_fence.ptb._bodies import parse_update
 from ptb_fence.ptb._deliveries import Deliveries
 from ptb_fence.ptb._state import SharedState
 from ptb_fence.ptb._threads import StoreThreads
-from ptb_fence.runtime._core import Runtime
+from ptb_fence.runtime._runtime import Runtime
 
 __all__ = ["Sweeper"]
 
@@ -248,9 +248,9 @@ class Sweeper:
     def chat_successor_soon(self, key: Hashable, outcome: Any, waiting: bool) -> None:
         """Under ``strict_chat_order``, when the processor is done with an update of ``key``'s
         chat (``outcome``; :obj:`None`: not claimed) and no other waits here: look up the
-        chat's next update in a task and queue it (:meth:`Runtime.chat_successor`)."""
+        chat's next update in a task and queue it (:meth:`StoreChatOrder.successor <ptb_fence.runtime._store_chat_order.StoreChatOrder.successor>`)."""
         state = self._state
-        if not self._runtime.strict_chat_order or waiting or state.stopping or not state.started:
+        if not self._runtime.chat_order.strict or waiting or state.stopping or not state.started:
             return
         task = asyncio.get_running_loop().create_task(
             self._chat_successor(key, outcome), name="ptb_fence:chat-successor"
@@ -260,7 +260,7 @@ class Sweeper:
 
     async def _chat_successor(self, key: Hashable, outcome: Any) -> None:
         try:
-            row = await self._threads.call(self._runtime.chat_successor, key, outcome)
+            row = await self._threads.call(self._runtime.chat_order.successor, key, outcome)
         except Exception:  # pragma: no cover - chat_successor reports store errors itself
             _LOGGER.exception("looking up the next update of a chat failed")
             return

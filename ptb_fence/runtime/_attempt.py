@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import contextvars
+import inspect
 import logging
 import threading
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
 
 from ptb_fence._errors import AttemptFinished, OwnershipLost, TransactionEnded
 from ptb_fence._values import AttemptIdentity, Completed
-from ptb_fence.runtime._attempt_async import AsyncForms
 from ptb_fence.runtime._connections import (
     COMMITTED_OR_ROLLED_BACK,
     CallerConnection,
@@ -21,6 +21,7 @@ from ptb_fence.runtime._connections import (
 )
 from ptb_fence.runtime._phase import (
     _ALREADY_COMPLETED,
+    _ASYNC_FN,
     _ALREADY_EXHAUSTED,
     _FINISHED,
     _HANDLER_RETURNED,
@@ -36,6 +37,8 @@ __all__ = ["Attempt", "Phase", "current_attempt", "enter_attempt", "exit_attempt
 
 
 _LOGGER = logging.getLogger("ptb_fence.runtime")
+
+T = TypeVar("T")
 
 _CURRENT: "contextvars.ContextVar[Optional[Attempt]]" = contextvars.ContextVar(
     "ptb_fence_current_attempt", default=None
@@ -62,7 +65,7 @@ def exit_attempt(token: "contextvars.Token[Optional[Attempt]]") -> None:
     _CURRENT.reset(token)
 
 
-class Attempt(AsyncForms):
+class Attempt:
     """One attempt at handling one update: its identity and its fenced-write tools.
 
     A handler gets it as ``context.attempt`` (PTB), as the second argument of
@@ -565,6 +568,63 @@ class Attempt(AsyncForms):
         self._raise_if_finished()
         if not self._runtime.settle_exhausted(self, reason):
             raise OwnershipLost(self.identity)
+
+    # -- asyncio forms: the blocking store calls run off the event loop ---------------------
+    async def run_in_transaction(
+        self, fn: Callable[[Any], T], *, connection: Any = None, complete: bool = False
+    ) -> T:
+        """Run ``fn(connection)`` on a worker thread inside :meth:`transaction`.
+
+        The asyncio form of :meth:`transaction`: it never blocks the event loop.
+
+        Args:
+            fn: Called with the transaction's connection; its result is returned.
+            connection: As in :meth:`transaction` (e.g. a SQLAlchemy ``Session``); ``fn``
+                receives it. For Django call :meth:`transaction` in a function you run
+                with :func:`asyncio.to_thread` instead, and close that thread's connection
+                there (``django.db.close_old_connections()``): Django connections belong to
+                the thread that opened them.
+            complete: As in :meth:`transaction`.
+
+        Raises:
+            OwnershipLost: The attempt no longer owns the update; ``fn``'s writes were
+                rolled back.
+            TypeError: ``fn`` is an ``async def`` function (or returned an awaitable): it
+                would write nothing. Pass a plain function; the transaction is rolled back.
+            AttemptFinished: As in :meth:`transaction`.
+            TransactionEnded: As in :meth:`transaction`.
+        """
+        self._raise_if_finished()
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError(_ASYNC_FN)
+
+        def run() -> T:
+            with self.transaction(connection=connection, complete=complete) as conn:
+                result = fn(conn)
+                if inspect.isawaitable(result):
+                    if inspect.iscoroutine(result):
+                        result.close()  # never awaited: no "never awaited" warning either
+                    raise TypeError(_ASYNC_FN)  # rolls the transaction back
+                return result
+
+        return await self._off_loop(run)
+
+    async def _off_loop(self, fn: Callable[[], T]) -> T:
+        """Run blocking ``fn`` on the runtime's store threads (keeping context variables)."""
+        hop = self._runtime.executor
+        if hop is None:
+            import asyncio
+
+            return await asyncio.to_thread(fn)
+        return await hop.run(fn)
+
+    async def owns_async(self, connection: Any = None) -> bool:
+        """The asyncio form of :meth:`owns`: the store call runs off the event loop."""
+        return await self._off_loop(lambda: self.owns(connection))
+
+    async def exhaust_async(self, reason: str) -> None:
+        """The asyncio form of :meth:`exhaust`: the store call runs off the event loop."""
+        await self._off_loop(lambda: self.exhaust(reason))
 
 
 def _set_future(future: "asyncio.Future[None]") -> None:

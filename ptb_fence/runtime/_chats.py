@@ -5,7 +5,7 @@ for a python-telegram-bot ``Update``; :func:`stored_chat_key` is what a store re
 in-process turn keeper, :class:`ChatOrder`, used by both front ends: ``UpdateIntake`` starts a
 worker from its ``start`` callback, the PTB processor wakes an asyncio future
 (:class:`ptb_fence.ptb._chat_turns.ChatTurns`). Across processes (``strict_chat_order``) the
-store keeps the order: see :class:`~ptb_fence.runtime._chat_ops.ChatOrderOps`.
+store keeps the order: see :class:`~ptb_fence.runtime._store_chat_order.StoreChatOrder`.
 """
 
 from __future__ import annotations

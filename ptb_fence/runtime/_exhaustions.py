@@ -25,7 +25,7 @@ from ptb_fence._durations import format_duration
 from ptb_fence._values import AttemptIdentity, Exhaustion
 
 if TYPE_CHECKING:
-    from ptb_fence.runtime._core import Runtime
+    from ptb_fence.runtime._runtime import Runtime
 
 _REMEMBERED = 1024
 """Identities acknowledged here that are remembered: a page read just before an acknowledgement

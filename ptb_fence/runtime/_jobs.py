@@ -1,4 +1,5 @@
-"""The runtime's background jobs: the lease keeper's tick and a sweep (a mixin of Runtime)."""
+"""BackgroundJobs: the runtime's scheduler jobs (the lease keeper's tick, a sweep, the takeover
+watch), started and stopped together, each counted while it runs so a stop can wait for it."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ from ptb_fence.runtime._lease_keeper import EXECUTOR, new_scheduler
 if TYPE_CHECKING:
     from ptb_fence.runtime._lease_keeper import LeaseKeeper
     from ptb_fence.runtime._options import RuntimeOptions
-    from ptb_fence.runtime._port import StorePort
 
-__all__ = ["Jobs", "TAKEOVER_EVERY_SECONDS"]
+__all__ = ["BackgroundJobs", "TAKEOVER_EVERY_SECONDS"]
 
 TAKEOVER_EVERY_SECONDS = 1.0
 """How often a runtime whose store has liveness signals looks for dead processes' claims
@@ -22,52 +22,62 @@ TAKEOVER_EVERY_SECONDS = 1.0
 _LOGGER = logging.getLogger("ptb_fence.runtime")
 
 
-class Jobs:
-    """``start_jobs``, ``stop_jobs`` and ``running``."""
+class BackgroundJobs:
+    """The background scheduler of one runtime and the jobs on it.
 
-    __slots__ = ()
+    Args:
+        keeper: The lease keeper whose tick runs as a job.
+        options: The runtime's options (``sweep_every_seconds``).
+        take_over_dead: Makes dead processes' claims claimable, returns how many; run every
+            :data:`TAKEOVER_EVERY_SECONDS` (:obj:`None`: the store has no liveness signals).
+    """
 
-    if TYPE_CHECKING:
-        port: StorePort
-        keeper: LeaseKeeper
-        options: RuntimeOptions
-        _scheduler: Any
-        _scheduler_lock: threading.Lock
-        _jobs: threading.Condition
-        _jobs_running: "dict[str, int]"
+    __slots__ = ("_counts", "_jobs", "_keeper", "_lock", "_options", "_scheduler", "_take_over_dead")
 
-        def take_over_dead(self) -> int: ...
+    def __init__(
+        self,
+        keeper: "LeaseKeeper",
+        options: "RuntimeOptions",
+        take_over_dead: Optional[Callable[[], int]],
+    ) -> None:
+        self._keeper = keeper
+        self._options = options
+        self._take_over_dead = take_over_dead
+        self._scheduler: Any = None
+        self._lock = threading.Lock()  # start/stop
+        self._jobs = threading.Condition()  # guards _counts
+        self._counts: "dict[str, int]" = {}  # jobs running now, by name
 
-    def start_jobs(
+    def start(
         self,
         sweep: Optional[Callable[[], Any]] = None,
         taken_over: Optional[Callable[[], Any]] = None,
     ) -> None:
         """Start a fresh background scheduler with the lease keeper (and ``sweep``) jobs.
 
-        With a store that has liveness signals, also a takeover watch every
-        :data:`TAKEOVER_EVERY_SECONDS`: it makes the claims of dead processes claimable and,
-        when there were any, calls ``taken_over()`` (the front end sweeps them up at once).
+        With a store that has liveness signals (``take_over_dead``), also a takeover watch
+        every :data:`TAKEOVER_EVERY_SECONDS`: it makes the claims of dead processes claimable
+        and, when there were any, calls ``taken_over()`` (the front end sweeps them up at once).
         """
-        with self._scheduler_lock:
+        with self._lock:
             if self._scheduler is not None:
                 return
             scheduler = new_scheduler()
-            self.keeper.add_job(scheduler, wrap=self._tracked)
+            self._keeper.add_job(scheduler, wrap=self._tracked)
             if sweep is not None:
                 scheduler.add_job(
                     self._tracked(sweep, "ptb_fence sweep"),
                     "interval",
                     executor=EXECUTOR,
-                    seconds=self.options.sweep_every_seconds,
+                    seconds=self._options.sweep_every_seconds,
                     id="ptb_fence_sweep",
                     name="ptb_fence sweep",
                     # the sweep has its own non-blocking lock; extra instances return at once
                     # instead of APScheduler warning that a run was skipped
                     max_instances=3,
                 )
-            if self.port.has_liveness:
-                every = min(TAKEOVER_EVERY_SECONDS, self.options.sweep_every_seconds)
+            if self._take_over_dead is not None:
+                every = min(TAKEOVER_EVERY_SECONDS, self._options.sweep_every_seconds)
                 scheduler.add_job(
                     self._tracked(self._watch(taken_over), "ptb_fence takeover"),
                     "interval",
@@ -81,30 +91,33 @@ class Jobs:
             self._scheduler = scheduler
 
     def _watch(self, taken_over: Optional[Callable[[], Any]]) -> Callable[[], None]:
+        take_over_dead = self._take_over_dead
+        assert take_over_dead is not None
+
         def watch() -> None:
-            if self.take_over_dead() and taken_over is not None:
+            if take_over_dead() and taken_over is not None:
                 taken_over()
 
         return watch
 
     def _tracked(self, fn: Callable[[], Any], name: str) -> Callable[[], Any]:
-        """``fn`` counted while it runs, so :meth:`stop_jobs` can wait for it with a bound."""
+        """``fn`` counted while it runs, so :meth:`stop` can wait for it with a bound."""
 
         def run() -> Any:
             with self._jobs:
-                self._jobs_running[name] = self._jobs_running.get(name, 0) + 1
+                self._counts[name] = self._counts.get(name, 0) + 1
             try:
                 return fn()
             finally:
                 with self._jobs:
-                    self._jobs_running[name] -= 1
-                    if not self._jobs_running[name]:
-                        del self._jobs_running[name]
+                    self._counts[name] -= 1
+                    if not self._counts[name]:
+                        del self._counts[name]
                     self._jobs.notify_all()
 
         return run
 
-    def stop_jobs(self, timeout: Optional[float] = None) -> List[str]:
+    def stop(self, timeout: Optional[float] = None) -> List[str]:
         """Stop the background scheduler and wait for a running job (tick or sweep) to end.
 
         Args:
@@ -113,7 +126,7 @@ class Jobs:
         Returns:
             The names of the jobs still running after ``timeout`` (empty when all ended).
         """
-        with self._scheduler_lock:
+        with self._lock:
             scheduler, self._scheduler = self._scheduler, None
         if scheduler is not None:
             try:
@@ -121,8 +134,8 @@ class Jobs:
             except Exception:  # pragma: no cover - already stopped
                 _LOGGER.debug("scheduler shutdown failed", exc_info=True)
         with self._jobs:
-            self._jobs.wait_for(lambda: not self._jobs_running, timeout)
-            return sorted(self._jobs_running)
+            self._jobs.wait_for(lambda: not self._counts, timeout)
+            return sorted(self._counts)
 
     @property
     def running(self) -> bool:

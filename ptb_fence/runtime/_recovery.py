@@ -1,9 +1,10 @@
 """Recovery: releasing claims at once, this process's liveness, taking over dead processes.
 
-:class:`Recovery` is a part of :class:`~ptb_fence.runtime._core.Runtime` (a mix-in): the
-front ends call it when stopping begins (:meth:`Recovery.release`), at start and shutdown
-(:meth:`Recovery.hold_liveness`, :meth:`Recovery.release_liveness`) and in every sweep
-(:meth:`Recovery.take_over_dead`). Blocking calls only.
+:class:`Recovery` is a collaborator of :class:`~ptb_fence.runtime._runtime.Runtime`
+(``runtime.recovery``): the front ends call it when stopping begins (:meth:`Recovery.release`,
+:meth:`Recovery.give_back`), at start and shutdown (:meth:`Recovery.hold_liveness`,
+:meth:`Recovery.release_liveness`); the runtime's sweep and takeover watch call
+:meth:`Recovery.take_over_dead`. Blocking calls only.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._outcome import ids
 
 if TYPE_CHECKING:
+    from ptb_fence.runtime._lease_keeper import LeaseKeeper, ReportStoreError
     from ptb_fence.runtime._options import RuntimeOptions
     from ptb_fence.runtime._port import StorePort
 
@@ -65,19 +67,29 @@ class AttemptTimeout(Exception):
 
 
 class Recovery:
-    """``release``, ``hold_liveness``, ``release_liveness``, ``take_over_dead``."""
+    """Gives claims back at once, holds this process's liveness signal and takes over the
+    claims of dead processes.
 
-    __slots__ = ()
+    Args:
+        port: The store port.
+        options: The runtime's options (its clock).
+        keeper: The lease keeper; an attempt given back is no longer renewed.
+        report: How a store error is reported (the runtime's ``report_store_error``).
+    """
 
-    if TYPE_CHECKING:
-        port: StorePort
-        options: RuntimeOptions
+    __slots__ = ("_keeper", "_options", "_port", "_report")
 
-        def end(self, attempt: Attempt) -> None: ...
-
-        def report_store_error(
-            self, error: BaseException, step: str, *, ids: "Optional[dict[str, Any]]" = None
-        ) -> None: ...
+    def __init__(
+        self,
+        port: "StorePort",
+        options: "RuntimeOptions",
+        keeper: "LeaseKeeper",
+        report: "ReportStoreError",
+    ) -> None:
+        self._port = port
+        self._options = options
+        self._keeper = keeper
+        self._report = report
 
     def release(self, attempts: Sequence[Attempt]) -> int:
         """Give ``attempts`` back to the store at once, in one ``release_many`` call.
@@ -94,15 +106,15 @@ class Recovery:
         for attempt in attempts:
             if attempt.fenced and not attempt.finished:
                 fenced.append(attempt)
-            self.end(attempt)
+            self._keeper.unregister(attempt)
         if not fenced:
             return 0
         try:
-            released = self.port.release_many(
-                [attempt.identity for attempt in fenced], self.options.now_ms()
+            released = self._port.release_many(
+                [attempt.identity for attempt in fenced], self._options.now_ms()
             )
         except Exception as exc:
-            self.report_store_error(exc, "settle")
+            self._report(exc, "settle")
             return 0
         count = 0
         for attempt, ok in zip(fenced, released):
@@ -140,7 +152,7 @@ class Recovery:
         for attempt in attempts:
             if attempt.result is None:  # not completed nor exhausted
                 (pending if attempt.fenced else left).append(attempt)
-            self.end(attempt)
+            self._keeper.unregister(attempt)
         released = 0
         failure: Optional[BaseException] = None
         while pending:
@@ -148,8 +160,8 @@ class Recovery:
                 if attempt.in_fenced_transaction:
                     attempt.interrupt_transactions()
             try:
-                results = self.port.release_many(
-                    [attempt.identity for attempt in pending], self.options.now_ms()
+                results = self._port.release_many(
+                    [attempt.identity for attempt in pending], self._options.now_ms()
                 )
             except Exception as exc:
                 failure = exc
@@ -176,7 +188,7 @@ class Recovery:
         if released:
             _LOGGER.info("released %d claimed update(s): claimable at once elsewhere", released)
         if failure is not None:
-            self.report_store_error(failure, "settle")
+            self._report(failure, "settle")
         locked_why = (
             "its fenced transaction was still open (the row is locked)"
             if failure is None
@@ -201,25 +213,25 @@ class Recovery:
         its claims are then taken over only after their lease.
         """
         try:
-            return self.port.hold_liveness()
+            return self._port.hold_liveness()
         except Exception as exc:
-            self.report_store_error(exc, "sweep")
+            self._report(exc, "sweep")
             return None
 
     def release_liveness(self) -> None:
         """Stop holding this process's liveness signal (reported, never raised)."""
         try:
-            self.port.release_liveness()
+            self._port.release_liveness()
         except Exception as exc:
-            self.report_store_error(exc, "sweep")
+            self._report(exc, "sweep")
 
     def take_over_dead(self) -> int:
         """Make the claims of provably dead instances claimable now (reported, never
         raised); returns how many."""
         try:
-            count = self.port.take_over_dead(self.options.now_ms())
+            count = self._port.take_over_dead(self._options.now_ms())
         except Exception as exc:
-            self.report_store_error(exc, "sweep")
+            self._report(exc, "sweep")
             return 0
         if count:
             _LOGGER.info("took over %d update(s) of dead process(es)", count)

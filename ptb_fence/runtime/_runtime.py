@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import traceback
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Hashable, List, Optional, Sequence, Tuple, Union
 
 from ptb_fence._durations import format_duration
 from ptb_fence._values import (
@@ -26,20 +26,21 @@ from ptb_fence._values import (
     StoredUpdate,
 )
 from ptb_fence.runtime._attempt import Attempt
-from ptb_fence.runtime._chat_ops import ChatOrderOps
+from ptb_fence.runtime._chats import stored_chat_key
 from ptb_fence.runtime._hop import StoreHop
-from ptb_fence.runtime._jobs import Jobs
+from ptb_fence.runtime._jobs import BackgroundJobs
 from ptb_fence.runtime._lease_keeper import LeaseKeeper
 from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._outcome import Outcome, error_text, exhaustion_ids, ids
-from ptb_fence.runtime._port import StorePort
-from ptb_fence.runtime._recording import RecordingOps
+from ptb_fence.runtime._port import Recorded, Row, StorePort
 from ptb_fence.runtime._recovery import AttemptTimeout, Recovery
 from ptb_fence.runtime._retry import default_retry
+from ptb_fence.runtime._store_chat_order import StoreChatOrder
 
-__all__ = ["EXHAUSTION_PAGE", "Outcome", "Runtime"]
+__all__ = ["EXHAUSTION_PAGE", "REDELIVERIES_AT_INFO", "Outcome", "Record", "Runtime"]
 
 _LOGGER = logging.getLogger("ptb_fence.runtime")
+_INGEST_LOGGER = logging.getLogger("ptb_fence.ingest")
 
 EXHAUSTION_PAGE = 100
 """Exhaustions delivered per sweep page."""
@@ -47,8 +48,18 @@ EXHAUSTION_PAGE = 100
 _MAX_RETRY_DELAY_SECONDS = 366 * 86400.0
 """Retry delays from a custom policy are clamped to this (a year; keeps store times finite)."""
 
+REDELIVERIES_AT_INFO = 5
+"""How many redeliveries dropped at ingest one runtime logs at INFO; later ones at DEBUG (a
+redelivery is normal for webhooks, but a bot that drops every new message must be able to see
+why)."""
 
-class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
+Record = Union[Attempt, bool]
+"""Per recorded update: the :class:`~ptb_fence.Attempt` it was claimed with at ingest (already
+registered with the lease keeper), :obj:`True` (recorded pending) or :obj:`False` (the id
+exists: a duplicate)."""
+
+
+class Runtime:
     """The shared runtime of one front end (one :class:`~ptb_fence.UpdateIntake` or processor).
 
     Args:
@@ -64,6 +75,14 @@ class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
         store: The user's store as given (for display; the runtime never calls it directly).
         port (:class:`~ptb_fence.runtime._port.StorePort`): The store behind one typed
             interface: every store call of the runtime goes through it.
+        keeper (:class:`~ptb_fence.runtime._lease_keeper.LeaseKeeper`): Renews the leases of
+            the attempts running here.
+        recovery (:class:`~ptb_fence.runtime._recovery.Recovery`): Gives claims back, holds
+            the liveness signal, takes over dead processes' claims.
+        chat_order (:class:`~ptb_fence.runtime._store_chat_order.StoreChatOrder`): Chat order
+            across processes (``strict_chat_order``).
+        jobs (:class:`~ptb_fence.runtime._jobs.BackgroundJobs`): The scheduler jobs (lease
+            renewal, the front end's sweep, the takeover watch).
 
     Raises:
         TypeError: The store lacks a method the configuration needs (the message names them).
@@ -72,17 +91,16 @@ class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
     __slots__ = (
         "_cursor",
         "_ingest_lock",
-        "_jobs",
-        "_jobs_running",
         "_redeliveries",
-        "_scheduler",
-        "_scheduler_lock",
         "attempt_aware",
+        "chat_order",
         "delivers_exhaustions",
         "executor",
+        "jobs",
         "keeper",
         "options",
         "port",
+        "recovery",
         "retry_soon",
         "running_count",
         "store",
@@ -115,7 +133,7 @@ class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
         # redeliveries dropped at ingest so far (numbers them: only the first few log at INFO)
         self._redeliveries = itertools.count()
         # running_count(): attempts whose handler runs now (set by a front end that claims at
-        # ingest); bounds the claims at ingest (see RecordingOps._claim_budget)
+        # ingest); bounds the claims at ingest (see _claim_budget)
         self.running_count: Callable[[], int] = lambda: 0
         # the store threads for blocking store work from asyncio (Attempt.run_in_transaction
         # and friends); None uses asyncio.to_thread. Set by the PTB processors.
@@ -124,10 +142,13 @@ class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
         # update back at its retry time; called for a landed retry due before the next sweep
         # (body: the stored text the attempt was claimed with, when known)
         self.retry_soon: Optional[Callable[[int, float, Optional[str]], None]] = None
-        self._scheduler: Any = None
-        self._scheduler_lock = threading.Lock()
-        self._jobs = threading.Condition()
-        self._jobs_running: "dict[str, int]" = {}
+        self.recovery = Recovery(self.port, options, self.keeper, self.report_store_error)
+        self.chat_order = StoreChatOrder(self.port, options, self.report_store_error)
+        self.jobs = BackgroundJobs(
+            self.keeper,
+            options,
+            self.recovery.take_over_dead if self.port.has_liveness else None,
+        )
 
     def now_ms(self) -> int:
         """The current time in store units (the options' clock)."""
@@ -552,18 +573,270 @@ class Runtime(RecordingOps, Jobs, Recovery, ChatOrderOps):
         _LOGGER.debug("exhaustion handler traceback:\n%s", "".join(traceback.format_exception(error)))
         self._observe("on_exhaustion_failure", error, exhaustion)
 
+    # -- recording, and claims and completions in groups ----------------------------------
+    def record(self, update_id: int, body: str, chat: Hashable = None) -> bool:
+        """Record one update as pending; :obj:`False` when its id exists (a duplicate).
+
+        ``update_id`` must be valid (:func:`ptb_fence._update_ids.is_update_id`); a store
+        error propagates (the update was not recorded: do not acknowledge it to Telegram).
+        ``chat``: the update's chat key (:func:`~ptb_fence.runtime._chats.chat_key`), stored
+        under ``strict_chat_order``.
+        """
+        if self.options.strict_chat_order:
+            return self.record_many([(update_id, body)], chats=[chat])[0] is True
+        added = self.port.add(update_id, body, self.options.now_ms())
+        if not added:
+            self._dropped_redelivery(update_id)
+        return added
+
+    def _note_redeliveries(
+        self, items: Sequence[Tuple[int, str]], records: Sequence[Record]
+    ) -> None:
+        for (update_id, _), record in zip(items, records):
+            if record is False:
+                self._dropped_redelivery(update_id)
+
+    def _dropped_redelivery(self, update_id: int) -> None:
+        """Say that ``update_id`` was not recorded because its id is already recorded.
+
+        The first :data:`REDELIVERIES_AT_INFO` of this runtime log at INFO: a fake Bot API
+        restarted against a kept database numbers its updates from the start again, and a
+        bot that then drops every new message without a word looks broken. A different update
+        under a recorded id was already logged at WARNING by the store.
+        """
+        seen = next(self._redeliveries)
+        extra = {"update_id": update_id}
+        if seen >= REDELIVERIES_AT_INFO:
+            _INGEST_LOGGER.debug("update %s is already recorded: not handled again", update_id,
+                          extra=extra)
+            return
+        _INGEST_LOGGER.info(
+            "update %s is already recorded: not handled again (a redelivery, which is normal; "
+            "if it is a new message, its update id was used before: a test Bot API restarted "
+            "against a kept database, or two bots sharing one table)%s",
+            update_id,
+            "; further redeliveries are logged at DEBUG" if seen == REDELIVERIES_AT_INFO - 1
+            else "",
+            extra=extra,
+        )
+
+    def _rows(self, items: Sequence[Tuple[int, str]], now: int) -> List[Row]:
+        return [(update_id, body, now) for update_id, body in items]
+
+    def _claims_at_ingest(self, claim: bool) -> bool:
+        # under strict_chat_order an update is claimed only when it is its chat's turn
+        return (
+            claim
+            and self.uses_claim_ids
+            and self.port.claims_at_ingest
+            and not self.options.strict_chat_order
+        )
+
+    def _adopt_all(
+        self, recorded: List[Recorded], items: Sequence[Tuple[int, str]], lease_until: int
+    ) -> List[Record]:
+        return [
+            value if isinstance(value, bool) else self.adopt(value, lease_until, body)
+            for value, (_, body) in zip(recorded, items)
+        ]
+
+    def record_many(
+        self,
+        items: Sequence[Tuple[int, str]],
+        *,
+        claim: bool = False,
+        chats: Optional[Sequence[Hashable]] = None,
+    ) -> List[Record]:
+        """Record ``(update_id, body)`` updates (one commit where the store can).
+
+        With ``claim`` (and a fenced runtime whose store records and claims in one commit,
+        ``port.claims_at_ingest``) the first fresh updates, as many as the claim budget allows
+        (``max_concurrent + ingest_claim_buffer`` minus the claims held here), are claimed for
+        their first attempt in the same commit and returned as registered
+        :class:`~ptb_fence.Attempt` objects; the others are recorded pending (:obj:`True`,
+        a second commit). :obj:`False`: a duplicate. A store error propagates (attempts
+        claimed by the first commit are then released). ``chats``: per item its chat key,
+        stored under ``strict_chat_order`` (which never claims at ingest).
+        """
+        records = self._record_many(items, claim=claim, chats=chats)
+        self._note_redeliveries(items, records)
+        return records
+
+    def _record_many(
+        self,
+        items: Sequence[Tuple[int, str]],
+        *,
+        claim: bool,
+        chats: Optional[Sequence[Hashable]],
+    ) -> List[Record]:
+        now = self.options.now_ms()
+        if self.options.strict_chat_order:
+            keys = list(chats) if chats is not None else [None] * len(items)
+            return list(
+                self.port.add_many_in_chats(
+                    [(u, body, now, stored_chat_key(key)) for (u, body), key in zip(items, keys)]
+                )
+            )
+        rows = self._rows(items, now)
+        if not self._claims_at_ingest(claim):
+            return list(self.port.add_many(rows))
+        with self._ingest_lock:  # the budget is counted and spent by one recorder at a time
+            options = self.options
+            budget = self._claim_budget()
+            if budget == 0:
+                return list(self.port.add_many(rows))
+            lease_until = options.lease_deadline(now)
+            recorded = self.port.record_claimed(
+                rows[:budget],
+                lease_until=lease_until,
+                now=now,
+                max_attempts=options.max_attempts,
+                durable_exhaustion=self.delivers_exhaustions,
+            )
+            claimed = self._adopt_all(recorded, items[:budget], lease_until)
+        if len(rows) <= budget:
+            return claimed
+        try:
+            rest = list(self.port.add_many(rows[budget:]))
+        except BaseException:
+            self.recovery.release([value for value in claimed if not isinstance(value, bool)])
+            raise
+        return claimed + rest
+
+    def _claim_budget(self) -> int:
+        """How many more claims at ingest: ``max_concurrent + ingest_claim_buffer`` minus the
+        claims held here (being renewed) minus the slots still free (the front end may claim
+        for them when it starts an update recorded pending). So claims waiting to start never
+        exceed the buffer, and all claims held never exceed ``max_concurrent + buffer``."""
+        held = len(self.keeper.active())
+        running = min(self.running_count(), held)
+        return max(0, self.options.ingest_claim_buffer - (held - running))
+
+    @property
+    def claims_in_groups(self) -> bool:
+        """:obj:`bool`: :meth:`claim_many` claims in one statement (a fenced runtime, a store
+        with ``claim_owned_many``, no ``strict_chat_order``); otherwise it is the loop of
+        :meth:`claim`, and a front end gains nothing by grouping its claims."""
+        return (
+            self.uses_claim_ids
+            and self.port.claims_many_at_once
+            and not self.options.strict_chat_order
+        )
+
+    def claim_many(
+        self, update_ids: Sequence[int], bodies: Optional[Sequence[Optional[str]]] = None
+    ) -> "List[Optional[Attempt]]":
+        """Claim updates that start now for their next attempt (one commit where the store
+        can: :attr:`claims_in_groups`), each registered with the lease keeper.
+
+        Per position what :meth:`claim` gives: the attempt, or :obj:`None` when it was not
+        taken (a live lease elsewhere, a final row, attempts spent, an id repeated in
+        ``update_ids``) or when the store failed (reported per update as step ``"claim"``;
+        the lease and the sweep take care of the updates).
+        """
+        texts = list(bodies) if bodies is not None else [None] * len(update_ids)
+        if not self.claims_in_groups or len(update_ids) < 2:
+            return [self.claim(update_id, text) for update_id, text in zip(update_ids, texts)]
+        options = self.options
+        now = options.now_ms()
+        lease_until = options.lease_deadline(now)
+        try:
+            identities = self.port.claim_owned_many(
+                update_ids,
+                now=now,
+                lease_until=lease_until,
+                max_attempts=options.max_attempts,
+                durable_exhaustion=self.delivers_exhaustions,
+            )
+        except Exception as exc:
+            for update_id in update_ids:  # as if each had been claimed on its own
+                self.report_store_error(exc, "claim", ids={"update_id": update_id})
+            return [None] * len(update_ids)
+        return [
+            None if identity is None else self.adopt(identity, lease_until, text, at_ingest=False)
+            for identity, text in zip(identities, texts)
+        ]
+
+    def complete_many(self, attempts: Sequence["Attempt"]) -> "List[Outcome]":
+        """Settle handled attempts as completed (one commit where the store can).
+
+        Per attempt its outcome: ``COMPLETED``, or ``LOST`` when the settle did not land
+        (``owner_lost`` fired) or the store failed (reported as step ``"settle"``).
+        """
+        if not attempts:
+            return []
+        at = self.options.now_ms()
+        fenced = all(attempt.fenced for attempt in attempts)
+        try:
+            if fenced:
+                landed = self.port.settle_owned_many(
+                    [(attempt.identity, Completed(at)) for attempt in attempts]
+                )
+            else:
+                landed = [self._store_settle(attempt, Completed(at)) for attempt in attempts]
+        except Exception as exc:
+            return [self.completion_failed(attempt, exc) for attempt in attempts]
+        return [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
+
+    def record_and_complete(
+        self,
+        items: Sequence[Tuple[int, str]],
+        attempts: Sequence["Attempt"],
+        *,
+        claim: bool = True,
+        chats: Optional[Sequence[Hashable]] = None,
+    ) -> "Tuple[Union[List[Record], BaseException], List[Outcome]]":
+        """:meth:`record_many` and :meth:`complete_many` as one group: one commit where the
+        store can record, claim and settle together (``add_claimed_and_settle_many``).
+
+        Returns the records (or the store error that prevented them: do not acknowledge those
+        updates) and the outcomes of the completions.
+        """
+        if (
+            not items
+            or not attempts
+            or not self._claims_at_ingest(claim)
+            or not (self.port.records_and_settles_together and all(a.fenced for a in attempts))
+            or len(items) > self._claim_budget()  # claims only part: two commits
+        ):
+            try:
+                records: "Union[List[Record], BaseException]" = (
+                    self.record_many(items, claim=claim, chats=chats) if items else []
+                )
+            except Exception as exc:
+                records = exc
+            return records, self.complete_many(attempts)
+        now = self.options.now_ms()
+        lease_until = self.options.lease_deadline(now)
+        try:
+            recorded, landed = self.port.record_claimed_and_settle(
+                self._rows(items, now),
+                [(attempt.identity, Completed(now)) for attempt in attempts],
+                lease_until=lease_until,
+                now=now,
+                max_attempts=self.options.max_attempts,
+                durable_exhaustion=self.delivers_exhaustions,
+            )
+        except Exception as exc:
+            return exc, [self.completion_failed(attempt, exc) for attempt in attempts]
+        records = self._adopt_all(recorded, items, lease_until)
+        self._note_redeliveries(items, records)
+        return records, [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
+
     # -- sweep pieces -----------------------------------------------------------------------
     def due_page(self, *, limit: int, include_fresh: bool = False) -> List[StoredUpdate]:
         """Updates to hand over now (pending after the grace period, or all pending).
 
         First makes the claims of provably dead processes claimable
-        (:meth:`~ptb_fence.runtime._recovery.Recovery.take_over_dead`), so they are among
+        (:meth:`Recovery.take_over_dead <ptb_fence.runtime._recovery.Recovery.take_over_dead>`), so they are among
         them."""
-        self.take_over_dead()
+        self.recovery.take_over_dead()
         now = self.options.now_ms()
         grace = 0 if include_fresh else int(self.options.pending_grace_seconds * 1000)
         if self.options.strict_chat_order:  # only updates whose chat's turn it is
-            return self._due_in_chat_order(now, now - grace, limit)
+            return list(
+                self.port.due_in_chat_order(now=now, pending_before=now - grace, limit=limit)
+            )
         return list(self.port.due(now=now, pending_before=now - grace, limit=limit))
 
     def exhaustion_page(self, limit: int = EXHAUSTION_PAGE) -> List[Exhaustion]:

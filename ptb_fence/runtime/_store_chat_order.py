@@ -1,13 +1,14 @@
 """Chat order across processes (``strict_chat_order``): runtime operations shared by both
 front ends.
 
-A mixin of :class:`~ptb_fence.runtime._core.Runtime`. Under ``strict_chat_order`` the store
+:class:`StoreChatOrder` is a collaborator of :class:`~ptb_fence.runtime._runtime.Runtime`
+(``runtime.chat_order``). Under ``strict_chat_order`` the store
 keeps each chat's order (:class:`~ptb_fence.ChatOrderedUpdateStore`): updates are recorded
 with their chat key (never claimed at ingest), a claim takes an update only when it is its
 chat's turn (no earlier update of the chat unsettled, no attempt of the chat running
 anywhere), a sweep lists only such updates, and when a process is done with an update of a
 chat (settled for good, or not claimed) and holds no other update of that chat, it looks up
-the chat's next update at once (:meth:`ChatOrderOps.chat_successor`): a chat whose update was
+the chat's next update at once (:meth:`StoreChatOrder.successor`): a chat whose update was
 refused elsewhere does not wait for a sweep. In one process the front ends also run one update per chat at a time
 (:class:`~ptb_fence.runtime._chats.ChatOrder`). A chat waiting (for its turn or for a retry)
 holds no worker and no slot: other chats run at full concurrency.
@@ -24,10 +25,11 @@ from ptb_fence.runtime._chats import chat_key, stored_chat_key
 from ptb_fence.runtime._outcome import Outcome
 
 if TYPE_CHECKING:
+    from ptb_fence.runtime._lease_keeper import ReportStoreError
     from ptb_fence.runtime._options import RuntimeOptions
     from ptb_fence.runtime._port import StorePort
 
-__all__ = ["ChatOrderOps"]
+__all__ = ["KEYING_PAGE", "StoreChatOrder"]
 
 _LOGGER = logging.getLogger("ptb_fence.runtime")
 
@@ -49,25 +51,31 @@ def _stored_key_of(body: str) -> Optional[int]:
     return stored_chat_key(chat_key(update)) if isinstance(update, dict) else None
 
 
-class ChatOrderOps:
-    """``strict_chat_order``: ordered claims and sweeps, and the successor of a chat."""
+class StoreChatOrder:
+    """``strict_chat_order`` across processes: keying a backlog recorded without chat keys,
+    and the successor of a chat.
 
-    __slots__ = ()
+    Args:
+        port: The store port.
+        options: The runtime's options (``strict_chat_order``, the clock).
+        report: How a store error is reported (the runtime's ``report_store_error``).
+    """
 
-    if TYPE_CHECKING:
-        port: StorePort
-        options: RuntimeOptions
+    __slots__ = ("_options", "_port", "_report")
 
-        def report_store_error(
-            self, error: BaseException, step: str, *, ids: "Optional[dict[str, Any]]" = None
-        ) -> None: ...
+    def __init__(
+        self, port: "StorePort", options: "RuntimeOptions", report: "ReportStoreError"
+    ) -> None:
+        self._port = port
+        self._options = options
+        self._report = report
 
     @property
-    def strict_chat_order(self) -> bool:
+    def strict(self) -> bool:
         """:obj:`bool`: The option ``strict_chat_order`` (the store keeps chat order)."""
-        return self.options.strict_chat_order
+        return self._options.strict_chat_order
 
-    def key_unkeyed_chats(self) -> int:
+    def key_unkeyed(self) -> int:
         """Under ``strict_chat_order``, at start: give the unsettled rows recorded without a
         chat key (by a process without the option, or before it was turned on) the key of
         their chat, derived from the stored body as at recording; returns how many.
@@ -78,9 +86,9 @@ class ChatOrderOps:
         gets a WARNING instead; a store error is reported (step ``"sweep"``) and the rows not
         keyed yet stay unordered.
         """
-        if not self.options.strict_chat_order:
+        if not self._options.strict_chat_order:
             return 0
-        port = self.port
+        port = self._port
         if not port.keys_chats:
             _LOGGER.warning(
                 "strict_chat_order: %s has no unkeyed_in_chats/set_chat_keys, so updates "
@@ -106,7 +114,7 @@ class ChatOrderOps:
                     break
                 after = rows[-1].update_id
         except Exception as exc:
-            self.report_store_error(exc, "sweep")
+            self._report(exc, "sweep")
         if keyed:
             _LOGGER.warning(
                 "strict_chat_order: %d update(s) recorded without a chat key (by a process "
@@ -117,10 +125,7 @@ class ChatOrderOps:
             )
         return keyed
 
-    def _due_in_chat_order(self, now: int, pending_before: int, limit: int) -> List[StoredUpdate]:
-        return self.port.due_in_chat_order(now=now, pending_before=pending_before, limit=limit)
-
-    def chat_successor(
+    def successor(
         self, key: Hashable, outcome: Optional[Outcome], *, waiting: bool = False
     ) -> Optional[StoredUpdate]:
         """The next update of ``key``'s chat to hand over now, under ``strict_chat_order``.
@@ -133,19 +138,19 @@ class ChatOrderOps:
         the chat's lowest unsettled update if it is due and its turn (pending ones whatever
         ``pending_grace_seconds``). :obj:`None` otherwise, also on a store error (reported as
         step ``"sweep"``; a sweep hands it over later)."""
-        if not self.options.strict_chat_order or waiting:
+        if not self._options.strict_chat_order or waiting:
             return None  # per settle on the default path: nothing to compute
         chat = stored_chat_key(key)
         if chat is None:
             return None
         if outcome is not None and outcome not in _RELEASES_CHAT:
             return None  # retrying or lost: the chat is still held
-        now = self.options.now_ms()
+        now = self._options.now_ms()
         try:
-            rows = self.port.due_in_chat_order(
+            rows = self._port.due_in_chat_order(
                 now=now, pending_before=now, limit=1, chat_key=chat
             )
         except Exception as exc:
-            self.report_store_error(exc, "sweep")
+            self._report(exc, "sweep")
             return None
         return rows[0] if rows else None
