@@ -13,7 +13,8 @@ from ptb_fence._protocols import UpdateStore
 from ptb_fence._values import Exhaustion, StoredUpdate
 from ptb_fence.runtime._attempt import Attempt, enter_attempt, exit_attempt
 from ptb_fence.runtime._chats import ChatOrder, chat_key
-from ptb_fence.runtime._runtime import Runtime
+from ptb_fence.runtime._runtime import FrontEndHooks, Runtime
+from ptb_fence.runtime._sweep import recheck_delay, retry_delay
 from ptb_fence.blocking._delivery import ExhaustionDelivery
 from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
 from ptb_fence.blocking._intake_runs import IntakeRun, IntakeRuns, IntakeWorkers
@@ -29,8 +30,6 @@ __all__ = ["UpdateIntake"]
 _LOGGER = logging.getLogger("ptb_fence.intake")
 
 AcceptResult = Literal["accepted", "duplicate", "invalid"]
-
-_SWEEP_PAGE = 500
 
 
 class UpdateIntake:
@@ -107,6 +106,7 @@ class UpdateIntake:
             attempt_aware=handle_attempt is not None,
             handle_exhaustion=handle_exhaustion is not None,
             component="UpdateIntake",
+            hooks=FrontEndHooks(retry_soon=self._retry_soon),
         )
         self._handle = handle
         self._handle_attempt = handle_attempt
@@ -135,7 +135,6 @@ class UpdateIntake:
         self._refills: Set[threading.Thread] = set()
         # a retry due before the next sweep is handed back at its time (same fenced claim)
         self._wakeups = Wakeups("ptb_fence-retries")
-        self._runtime.retry_soon = self._retry_soon
         # workers that start together claim together (one commit) where the store can
         self._claims: Optional[ThreadGroupCommit[Tuple[int, str], Optional[Attempt]]] = (
             ThreadGroupCommit(self._claim_group) if self._runtime.claims_in_groups else None
@@ -373,30 +372,21 @@ class UpdateIntake:
         handed = 0
         delivering: List[threading.Event] = []
         try:
-            try:
-                rows = runtime.due_page(limit=_SWEEP_PAGE, include_fresh=include_fresh)
-            except Exception as exc:
-                runtime.report_store_error(exc, "sweep")
-                rows = []
-            for row in rows:
+            page = runtime.sweep_page(include_fresh=include_fresh)
+            for row in page.rows:
                 if self._closed:
                     break
                 if self._dispatch_stored(row):
                     handed += 1
-            # a full page means there may be more: fetch the next when the workers drain
-            self._refill = len(rows) >= _SWEEP_PAGE
+            # more may be due: the next page follows when the workers drain
+            self._refill = page.more(handed)
             delivering = self._deliver_exhaustions(wait=deliver_inline)
-            try:
-                runtime.prune()
-            except Exception as exc:
-                runtime.report_store_error(exc, "sweep")
+            runtime.sweep_done(handed)
         finally:
             self._sweep_lock.release()
         if deliver_inline:
             for event in delivering:  # outside the lock: scheduled sweeps go on meanwhile
                 event.wait()
-        if handed:
-            _LOGGER.info("sweep handed over %d update(s)", handed)
         return handed
 
     def _dispatch_stored(self, row: StoredUpdate) -> bool:
@@ -472,12 +462,12 @@ class UpdateIntake:
                 return
             if not self._dispatch_stored(StoredUpdate(update_id=update_id, body=body)):
                 # still finishing its failed attempt here: look again shortly
+                again = recheck_delay(tries[0])
                 tries[0] += 1
-                if tries[0] < 200:
-                    self._wakeups.call_later(0.05, wake)
+                if again is not None:
+                    self._wakeups.call_later(again, wake)
 
-        # a few ms late, so the store sees the retry time as come (due_at <= now)
-        self._wakeups.call_later(delay + 0.005, wake)
+        self._wakeups.call_later(retry_delay(delay), wake)
 
     def _claim_group(self, items: List[Tuple[int, str]]) -> List[Optional[Attempt]]:
         return self._runtime.claim_many([i for i, _ in items], [text for _, text in items])

@@ -41,7 +41,8 @@ from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.ptb._wiring import BuilderType, configure_builder, warn_non_blocking
 from ptb_fence.runtime._chats import update_chat_key
 from ptb_fence.runtime._attempt import Attempt
-from ptb_fence.runtime._runtime import Runtime
+from ptb_fence.runtime._hop import StoreHop
+from ptb_fence.runtime._runtime import FrontEndHooks, Runtime
 from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._recovery import AttemptTimeout
 
@@ -91,6 +92,11 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             attempt_aware=attempt_aware,
             handle_exhaustion=handle_exhaustion is not None,
             component=type(self).__name__,
+            hooks=FrontEndHooks(
+                retry_soon=self._retry_soon,
+                running_count=self._running_count,
+                executor=self._executor,
+            ),
         )
         super().__init__(runtime_options.max_concurrent)
         self._handle_exhaustion = handle_exhaustion
@@ -122,8 +128,16 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             self._get_application,
             self._redeliver,
         )
-        runtime.retry_soon = self._sweeper.retry_soon
-        runtime.running_count = lambda: self._running
+
+    # -- the runtime's hooks into this front end ---------------------------------------------
+    def _retry_soon(self, update_id: int, delay: float, body: Optional[str]) -> None:
+        self._sweeper.retry_soon(update_id, delay, body)
+
+    def _running_count(self) -> int:
+        return self._running
+
+    def _executor(self) -> Optional[StoreHop]:
+        return self._threads.executor
 
     # -- public properties ------------------------------------------------------------------
     @property
@@ -246,11 +260,10 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             )
         # per Application: undone at shutdown; refused if another running processor has it
         state.batch_ingest = wrap_get_updates_request(application.bot, self._ingest)
-        self._runtime.executor = self._threads.start(self._runtime.options.max_concurrent + 4)
+        self._threads.start(self._runtime.options.max_concurrent + 4)
         try:
             await self._bind_bot(application)
         except BaseException:
-            self._runtime.executor = None
             self._threads.stop()
             unwrap_get_updates_request(application.bot, self._ingest)
             state.batch_ingest = False
@@ -312,7 +325,6 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         state.release_preclaimed()
         self._handlers.report_left_running()
         await self._stopping.shutdown()  # bounded, also when the database does not answer
-        self._runtime.executor = None
         self._threads.stop()
         state.inflight.clear()
 

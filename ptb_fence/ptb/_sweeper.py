@@ -16,12 +16,11 @@ from ptb_fence.ptb._deliveries import Deliveries
 from ptb_fence.ptb._state import SharedState
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.runtime._runtime import Runtime
+from ptb_fence.runtime._sweep import recheck_delay, retry_delay
 
 __all__ = ["Sweeper"]
 
 _LOGGER = logging.getLogger("ptb_fence.ptb")
-
-SWEEP_PAGE = 500
 
 
 class Sweeper:
@@ -154,15 +153,8 @@ class Sweeper:
         state = self._state
         application = self._application()
         handed = 0
-        rows: List[Any]
-        try:
-            rows = await self._threads.call(
-                runtime.due_page, limit=SWEEP_PAGE, include_fresh=include_fresh
-            )
-        except Exception as exc:
-            runtime.report_store_error(exc, "sweep")
-            rows = []
-        for row in rows:
+        page = await self._threads.call(runtime.sweep_page, include_fresh=include_fresh)
+        for row in page.rows:
             if row.update_id in state.inflight:
                 continue
             if state.stopping:
@@ -184,15 +176,10 @@ class Sweeper:
                 break
             handed += 1
         if self._deliveries.enabled and not state.stopping:
-            page = await self._threads.call(self._deliveries.due)
-            self._deliveries.start_many(page)
-        try:
-            await self._threads.call(runtime.prune)
-        except Exception as exc:
-            runtime.report_store_error(exc, "sweep")
-        if handed:
-            _LOGGER.info("sweep handed %d update(s) back to the Application", handed)
-        return handed, len(rows) >= SWEEP_PAGE and handed > 0
+            due = await self._threads.call(self._deliveries.due)
+            self._deliveries.start_many(due)
+        await self._threads.call(runtime.sweep_done, handed)
+        return handed, page.more(handed)
 
     # -- retries due before the next sweep ---------------------------------------------------
     def retry_soon(self, update_id: int, delay: float, body: Optional[str]) -> None:
@@ -214,8 +201,7 @@ class Sweeper:
             self._retry_timers.discard(handle[0])
             self._retry_now(update_id, body, tries)
 
-        # a few ms late, so the store sees the retry time as come (due_at <= now)
-        handle.append(self._loop.call_later(delay + 0.005, fire))
+        handle.append(self._loop.call_later(retry_delay(delay), fire))
         self._retry_timers.add(handle[0])
 
     def _retry_now(self, update_id: int, body: str, tries: int) -> None:
@@ -224,8 +210,9 @@ class Sweeper:
             return  # stays due in the store
         if update_id in state.inflight:
             # its failed attempt is still finishing here: look again shortly
-            if tries < 200:
-                self._start_retry_timer(update_id, 0.05, body, tries + 1)
+            again = recheck_delay(tries)
+            if again is not None:
+                self._start_retry_timer(update_id, again, body, tries + 1)
             return
         self._hand_over(update_id, body)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._outcome import ids

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import traceback
-from typing import Any, Callable, Hashable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Hashable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ptb_fence._durations import format_duration
 from ptb_fence._values import (
@@ -36,8 +36,9 @@ from ptb_fence.runtime._port import Recorded, Row, StorePort
 from ptb_fence.runtime._recovery import AttemptTimeout, Recovery
 from ptb_fence.runtime._retry import default_retry
 from ptb_fence.runtime._store_chat_order import StoreChatOrder
+from ptb_fence.runtime._sweep import SWEEP_PAGE, SweepPage
 
-__all__ = ["EXHAUSTION_PAGE", "REDELIVERIES_AT_INFO", "Outcome", "Record", "Runtime"]
+__all__ = ["EXHAUSTION_PAGE", "REDELIVERIES_AT_INFO", "FrontEndHooks", "Outcome", "Record", "Runtime"]
 
 _LOGGER = logging.getLogger("ptb_fence.runtime")
 _INGEST_LOGGER = logging.getLogger("ptb_fence.ingest")
@@ -59,6 +60,34 @@ registered with the lease keeper), :obj:`True` (recorded pending) or :obj:`False
 exists: a duplicate)."""
 
 
+def _none_running() -> int:
+    return 0
+
+
+def _no_executor() -> Optional[StoreHop]:
+    return None
+
+
+class FrontEndHooks(NamedTuple):
+    """How the runtime calls back into its front end; given to :class:`Runtime` at
+    construction (each front end passes its own, the defaults do nothing).
+
+    Attributes:
+        retry_soon: ``retry_soon(update_id, delay_seconds, body)``: hand the update back at
+            its retry time (called on a store thread for a landed retry due before the next
+            sweep; ``body``: the stored text the attempt was claimed with, when known).
+            :obj:`None`: the next sweep takes every retry.
+        running_count: Attempts whose handler runs now (bounds the claims at ingest).
+        executor: The store threads for blocking store work from asyncio
+            (``Attempt.run_in_transaction`` and friends) while the front end runs;
+            :obj:`None`: :func:`asyncio.to_thread`.
+    """
+
+    retry_soon: Optional[Callable[[int, float, Optional[str]], None]] = None
+    running_count: Callable[[], int] = _none_running
+    executor: Callable[[], Optional[StoreHop]] = _no_executor
+
+
 class Runtime:
     """The shared runtime of one front end (one :class:`~ptb_fence.UpdateIntake` or processor).
 
@@ -70,6 +99,7 @@ class Runtime:
         handle_exhaustion (:obj:`bool`): Terminal failures become durable exhaustions (needs a
             durable store).
         component (:obj:`str`): Name used in error messages.
+        hooks (:class:`FrontEndHooks`): How the runtime calls back into its front end.
 
     Attributes:
         store: The user's store as given (for display; the runtime never calls it directly).
@@ -95,14 +125,12 @@ class Runtime:
         "attempt_aware",
         "chat_order",
         "delivers_exhaustions",
-        "executor",
+        "_hooks",
         "jobs",
         "keeper",
         "options",
         "port",
         "recovery",
-        "retry_soon",
-        "running_count",
         "store",
     )
 
@@ -114,6 +142,7 @@ class Runtime:
         attempt_aware: bool,
         handle_exhaustion: bool,
         component: str = "UpdateIntake",
+        hooks: FrontEndHooks = FrontEndHooks(),
     ) -> None:
         # the one place the store is probed for its capabilities (decided once, here)
         self.port = StorePort(
@@ -132,16 +161,7 @@ class Runtime:
         self._ingest_lock = threading.Lock()
         # redeliveries dropped at ingest so far (numbers them: only the first few log at INFO)
         self._redeliveries = itertools.count()
-        # running_count(): attempts whose handler runs now (set by a front end that claims at
-        # ingest); bounds the claims at ingest (see _claim_budget)
-        self.running_count: Callable[[], int] = lambda: 0
-        # the store threads for blocking store work from asyncio (Attempt.run_in_transaction
-        # and friends); None uses asyncio.to_thread. Set by the PTB processors.
-        self.executor: Optional[StoreHop] = None
-        # retry_soon(update_id, delay_seconds, body): set by a front end that can hand an
-        # update back at its retry time; called for a landed retry due before the next sweep
-        # (body: the stored text the attempt was claimed with, when known)
-        self.retry_soon: Optional[Callable[[int, float, Optional[str]], None]] = None
+        self._hooks = hooks
         self.recovery = Recovery(self.port, options, self.keeper, self.report_store_error)
         self.chat_order = StoreChatOrder(self.port, options, self.report_store_error)
         self.jobs = BackgroundJobs(
@@ -149,6 +169,12 @@ class Runtime:
             options,
             self.recovery.take_over_dead if self.port.has_liveness else None,
         )
+
+    @property
+    def executor(self) -> Optional[StoreHop]:
+        """The front end's store threads for blocking store work from asyncio, while it runs
+        (:obj:`None`: :func:`asyncio.to_thread`)."""
+        return self._hooks.executor()
 
     def now_ms(self) -> int:
         """The current time in store units (the options' clock)."""
@@ -438,9 +464,10 @@ class Runtime:
         if outcome == Outcome.RETRYING:
             what = f"retry scheduled in {format_duration(delay or 0.0)}"
             if (delay or 0.0) < options.sweep_every_seconds:
-                if self.retry_soon is not None:
+                retry_soon = self._hooks.retry_soon
+                if retry_soon is not None:
                     try:
-                        self.retry_soon(attempt.update_id, delay or 0.0, attempt.body)
+                        retry_soon(attempt.update_id, delay or 0.0, attempt.body)
                     except Exception:  # the sweep still finds it
                         _LOGGER.exception("could not schedule the retry; the sweep takes it")
                 else:
@@ -709,7 +736,7 @@ class Runtime:
         for them when it starts an update recorded pending). So claims waiting to start never
         exceed the buffer, and all claims held never exceed ``max_concurrent + buffer``."""
         held = len(self.keeper.active())
-        running = min(self.running_count(), held)
+        running = min(self._hooks.running_count(), held)
         return max(0, self.options.ingest_claim_buffer - (held - running))
 
     @property
@@ -838,6 +865,27 @@ class Runtime:
                 self.port.due_in_chat_order(now=now, pending_before=now - grace, limit=limit)
             )
         return list(self.port.due(now=now, pending_before=now - grace, limit=limit))
+
+    def sweep_page(self, *, include_fresh: bool) -> SweepPage:
+        """The due updates one sweep hands over (:data:`~ptb_fence.runtime._sweep.SWEEP_PAGE`
+        at most, see :meth:`due_page`). A store error is reported (step ``"sweep"``) and
+        gives an empty page: the next sweep tries again."""
+        try:
+            rows = self.due_page(limit=SWEEP_PAGE, include_fresh=include_fresh)
+        except Exception as exc:
+            self.report_store_error(exc, "sweep")
+            rows = []
+        return SweepPage(rows, len(rows) >= SWEEP_PAGE)
+
+    def sweep_done(self, handed: int) -> None:
+        """The end of a sweep that handed ``handed`` updates over: prune (a store error is
+        reported, step ``"sweep"``) and log what was handed over (INFO)."""
+        try:
+            self.prune()
+        except Exception as exc:
+            self.report_store_error(exc, "sweep")
+        if handed:
+            _LOGGER.info("sweep handed %d update(s) over to the handlers", handed)
 
     def exhaustion_page(self, limit: int = EXHAUSTION_PAGE) -> List[Exhaustion]:
         """The next page of at most ``limit`` due exhaustions, with a rotating cursor."""

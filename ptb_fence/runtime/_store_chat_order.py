@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Hashable, List, Optional
+from typing import TYPE_CHECKING, Hashable, Optional
 
 from ptb_fence._values import StoredUpdate
 from ptb_fence.runtime._chats import chat_key, stored_chat_key
