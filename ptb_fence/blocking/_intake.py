@@ -13,7 +13,7 @@ from ptb_fence._protocols import UpdateStore
 from ptb_fence._values import Exhaustion, StoredUpdate
 from ptb_fence.runtime._attempt import Attempt, enter_attempt, exit_attempt
 from ptb_fence.runtime._chats import ChatOrder, chat_key
-from ptb_fence.runtime._runtime import FrontEndHooks, Runtime
+from ptb_fence.runtime._runtime import FrontEndHooks, Record, Runtime
 from ptb_fence.runtime._sweep import recheck_delay, retry_delay
 from ptb_fence.blocking._delivery import ExhaustionDelivery
 from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
@@ -64,6 +64,7 @@ class UpdateIntake:
     __slots__ = (
         "_chats",
         "_claims",
+        "_completions",
         "_closed",
         "_delivery",
         "_delivery_lock",
@@ -73,6 +74,7 @@ class UpdateIntake:
         "_handle_exhaustion",
         "_lock",
         "_refill",
+        "_records",
         "_refills",
         "_runs",
         "_wakeups",
@@ -135,6 +137,14 @@ class UpdateIntake:
         self._refills: Set[threading.Thread] = set()
         # a retry due before the next sweep is handed back at its time (same fenced claim)
         self._wakeups = Wakeups("ptb_fence-retries")
+        # updates accepted together are recorded together, and workers that finish together
+        # complete together (one commit each where the store can)
+        self._records: ThreadGroupCommit[Tuple[int, str, Hashable], Record] = ThreadGroupCommit(
+            self._record_group
+        )
+        self._completions: ThreadGroupCommit[Attempt, Outcome] = ThreadGroupCommit(
+            self._runtime.complete_many
+        )
         # workers that start together claim together (one commit) where the store can
         self._claims: Optional[ThreadGroupCommit[Tuple[int, str], Optional[Attempt]]] = (
             ThreadGroupCommit(self._claim_group) if self._runtime.claims_in_groups else None
@@ -298,7 +308,8 @@ class UpdateIntake:
         except InvalidUpdate as exc:
             _LOGGER.info("invalid update refused: %s", exc)
             return "invalid"
-        added = self._runtime.record(update_id, text, chat_key(update))
+        # threads that accept at the same time record in one commit (webhook servers)
+        added = self._records.submit((update_id, text, chat_key(update))) is True
         if not added:
             return "duplicate"
         _LOGGER.debug("recorded update %s", update_id, extra={"update_id": update_id})
@@ -469,6 +480,12 @@ class UpdateIntake:
 
         self._wakeups.call_later(retry_delay(delay), wake)
 
+    def _record_group(self, items: List[Tuple[int, str, Hashable]]) -> List[Record]:
+        return self._runtime.record_many(
+            [(update_id, text) for update_id, text, _ in items],
+            chats=[chat for _, _, chat in items],
+        )
+
     def _claim_group(self, items: List[Tuple[int, str]]) -> List[Optional[Attempt]]:
         return self._runtime.claim_many([i for i, _ in items], [text for _, text in items])
 
@@ -508,8 +525,14 @@ class UpdateIntake:
                 exit_attempt(token)
         if not self._runs.returned(run):
             return run  # timed out or released meanwhile: settled (or released) already
+        exhaustion: Optional[Exhaustion] = None
         try:
-            run.outcome, exhaustion = runtime.settle(attempt, error)
+            if runtime.completes_in_group(attempt, error):
+                # one commit with the completions of the workers that finish at the same time
+                attempt.begin_settling()
+                run.outcome = self._completions.submit(attempt)
+            else:
+                run.outcome, exhaustion = runtime.settle(attempt, error)
         finally:
             runtime.end(attempt)
         if exhaustion is not None:

@@ -14,6 +14,7 @@ from typing import Callable, Generic, List, Optional, Sequence, TypeVar
 __all__ = ["ThreadGroupCommit"]
 
 MAX_GROUP = 256
+"""The most items in one call (as :data:`ptb_fence.ptb._group_commit.MAX_GROUP`)."""
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -38,7 +39,8 @@ class ThreadGroupCommit(Generic[In, Out]):
     A thread that submits while no group is in flight sends its item at once; items submitted
     while a group is in flight wait and go together in the next call, which the first of them
     makes (the lead passes from thread to thread, so no thread works for others forever).
-    Every thread returns its own result or raises the exception of its group's call.
+    Every thread returns its own result or raises the exception of its group's call; a result
+    that is an exception is raised to that item's thread alone.
 
     Args:
         run_many: Takes a list of items and returns one result per item, in order (e.g.
@@ -72,6 +74,8 @@ class ThreadGroupCommit(Generic[In, Out]):
             self._send_group()
         if waiter.error is not None:
             raise waiter.error
+        if isinstance(waiter.result, BaseException):
+            raise waiter.result
         return waiter.result  # type: ignore[return-value]
 
     def _send_group(self) -> None:

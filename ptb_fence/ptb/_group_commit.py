@@ -1,4 +1,8 @@
-"""Group commit: work items that arrive together go to the store in one call (one commit)."""
+"""Group commit: work items that arrive together go to the store in one call (one commit).
+
+Its blocking twin is :class:`ptb_fence.blocking._thread_group.ThreadGroupCommit`; one test spec
+(``tests/test_group_commit_twins.py``) holds both to the same behaviour.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ from typing import Awaitable, Callable, Generic, List, Optional, Sequence, Tuple
 
 __all__ = ["GroupCommit"]
 
-MAX_BATCH = 256
+MAX_GROUP = 256
+"""The most items in one call."""
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -57,7 +62,7 @@ class GroupCommit(Generic[In, Out]):
         try:
             while self._pending:
                 await asyncio.sleep(0)  # items of this loop iteration join the group
-                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+                batch, self._pending = self._pending[:MAX_GROUP], self._pending[MAX_GROUP:]
                 try:
                     results = list(await self._run_many([item for item, _, _ in batch]))
                 except Exception as exc:

@@ -86,9 +86,6 @@ class Ingest:
         )
         self._claiming = 0  # claims submitted and not yet back
         self._room: "List[asyncio.Future[None]]" = []  # claims waiting for room
-        # completions are grouped where the store settles many in one commit (decided once,
-        # by the runtime's store port)
-        self._grouped_completion = runtime.uses_claim_ids and runtime.port.settles_in_batches
 
     # -- what the queue and the getUpdates wrapper see ---------------------------------------
     @property
@@ -189,20 +186,10 @@ class Ingest:
             self._state.ingested[update_id] = value
 
     # -- grouped completion ------------------------------------------------------------------
-    def completes_in_group(self, attempt: Attempt, error: Optional[BaseException]) -> bool:
-        """``attempt`` is completed with :meth:`complete`: its handler succeeded, it is fenced,
-        not completed by its own transaction, not exhausted, and completions are grouped."""
-        return (
-            self._grouped_completion
-            and error is None
-            and attempt.fenced
-            and not attempt.completed
-            and not attempt.exhausted
-        )
-
     async def complete(self, attempt: Attempt) -> Any:
-        """Complete ``attempt`` in one commit with the completions (and fresh updates) that
-        arrive at the same time, then end it (also when cancelled: no longer renewed, no
+        """Complete ``attempt`` (one that :meth:`Runtime.completes_in_group
+        <ptb_fence.runtime._runtime.Runtime.completes_in_group>`) in one commit with the
+        completions (and fresh updates) that arrive at the same time, then end it (also when cancelled: no longer renewed, no
         longer held); returns the runtime's outcome."""
         try:
             return await self._writer.submit(("done", attempt))

@@ -425,7 +425,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                         handled.error = AttemptTimeout(update.update_id, attempt.attempt, timeout)
                     if handled.error is not None or attempt.exhausted:
                         attempt.body = update_body(update)
-                    if self._ingest.completes_in_group(attempt, handled.error):
+                    if runtime.completes_in_group(attempt, handled.error):
                         attempt.begin_settling()
                         completing = attempt  # completed below, once the slot is given back
                     else:

@@ -784,6 +784,20 @@ class Runtime:
             for identity, text in zip(identities, texts)
         ]
 
+    def completes_in_group(self, attempt: Attempt, error: Optional[BaseException]) -> bool:
+        """Whether a front end completes ``attempt`` with :meth:`complete_many`, grouped with
+        the completions that arrive at the same time (one commit): its handler succeeded
+        (``error`` :obj:`None`), it is fenced, not completed by its own transaction, not
+        exhausted, and the store settles many in one commit. Otherwise :meth:`settle`."""
+        return (
+            error is None
+            and self.uses_claim_ids
+            and self.port.settles_in_batches
+            and attempt.fenced
+            and not attempt.completed
+            and not attempt.exhausted
+        )
+
     def complete_many(self, attempts: Sequence["Attempt"]) -> "List[Outcome]":
         """Settle handled attempts as completed (one commit where the store can).
 
