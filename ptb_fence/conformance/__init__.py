@@ -56,7 +56,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ptb_fence._protocols import BASE_METHODS, UpdateStore, is_durable, is_fenced, missing_methods
+from ptb_fence.contract import BASE_METHODS, UpdateStore, is_durable, is_fenced, missing_methods
 from ptb_fence.conformance import (
     _base,
     _batches,

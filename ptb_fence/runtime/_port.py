@@ -1,6 +1,6 @@
 """StorePort: the user's store wrapped once, with every operation the runtime uses.
 
-The one place that probes a store for its optional capabilities (:mod:`ptb_fence._protocols`:
+The one place that probes a store for its optional capabilities (:mod:`ptb_fence.contract`:
 :class:`~ptb_fence.BatchUpdateStore`, :class:`~ptb_fence.TransactionalUpdateStore`,
 :class:`~ptb_fence.BotBoundStore`). It decides once, at construction, which calls exist, and
 always offers the batch and transaction operations, falling back to the loop of single calls
@@ -48,7 +48,7 @@ import inspect
 import logging
 from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tuple, Union
 
-from ptb_fence._protocols import (
+from ptb_fence.contract import (
     BASE_METHODS,
     CHAT_KEYING_METHODS,
     CHAT_ORDER_METHODS,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence
 
-from ptb_fence._protocols import ChatKey, ChatRow
+from ptb_fence.contract import ChatKey, ChatRow
 from ptb_fence._values import AttemptIdentity, StoredUpdate
 
 __all__ = ["ChatOrderPort"]

@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from ptb_fence._errors import TableBotMismatch
 from ptb_fence._fingerprint import update_fingerprint
-from ptb_fence._protocols import ChatKey
+from ptb_fence.contract import ChatKey
 from ptb_fence._values import (
     Abandoned,
     AttemptIdentity,

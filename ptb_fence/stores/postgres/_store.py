@@ -29,7 +29,7 @@ from typing import (
 
 from ptb_fence._errors import TableBotMismatch
 from ptb_fence._fingerprint import update_fingerprint
-from ptb_fence._protocols import ChatKey
+from ptb_fence.contract import ChatKey
 from ptb_fence._sockets import cut, cut_after
 from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoredUpdate
 from ptb_fence.stores._duplicates import warn_conflict

@@ -29,7 +29,7 @@ from typing import (
 )
 
 from ptb_fence._errors import TableBotMismatch
-from ptb_fence._protocols import ChatKey
+from ptb_fence.contract import ChatKey
 from ptb_fence._values import AttemptIdentity, Completed, Exhaustion, Settlement, StoredUpdate
 from ptb_fence.stores._names import validate_table_name, validate_update_id
 from ptb_fence.stores._suspects import SuspectClaims
