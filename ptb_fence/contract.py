@@ -662,7 +662,7 @@ CAPABILITY_GROUPS: Tuple[CapabilityGroup, ...] = (
 methods it needs (the README's capability table)."""
 
 
-def _takes_connection(method: Optional[Callable[..., Any]]) -> bool:
+def takes_connection(method: Optional[Callable[..., Any]]) -> bool:
     """Whether ``method`` accepts ``connection=`` (by name or through ``**kwargs``)."""
     if method is None:
         return False
@@ -735,7 +735,7 @@ class StoreCapabilities:
                     + "; ".join(f"{g.name}: {_forms(g.needs, store)}" for g in wanted)
                 )
         connection = all(
-            _takes_connection(getattr(store, method, None)) for method in ("owns", "settle_owned")
+            takes_connection(getattr(store, method, None)) for method in ("owns", "settle_owned")
         )
         return cls(name, frozenset(groups), "fenced" in groups and connection)
 
