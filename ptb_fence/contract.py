@@ -582,7 +582,11 @@ def missing_methods(store: object, names: "tuple[str, ...]") -> List[str]:
 
 
 def is_fenced(store: object) -> bool:
-    """Return :obj:`True` if ``store`` has every method of :class:`FencedUpdateStore`."""
+    """Return :obj:`True` if ``store`` has every method of :class:`FencedUpdateStore`.
+
+    A store with batch forms instead of some single-row ones (``claim_owned_many`` for
+    ``claim_owned``, ...) is fenced for the runtime (``"fenced" in StoreCapabilities.of(store)``)
+    but not a :class:`FencedUpdateStore`: this answers the Protocol's question only."""
     return not missing_methods(store, FENCED_METHODS)
 
 
