@@ -7,6 +7,7 @@ They subclass (or wrap) :class:`ptb_fence.MemoryUpdateStore` and are used by
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from contextlib import contextmanager
@@ -14,6 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Ty
 
 from ptb_fence import (
     AttemptIdentity,
+    ClaimTerms,
     Completed,
     Exhaustion,
     MemoryUpdateStore,
@@ -784,12 +786,10 @@ class ClaimOwnedManyIgnoresSpendStore(MemoryUpdateStore):
     """claim_owned_many takes a claimable row even when its attempts are spent."""
 
     def claim_owned_many(
-        self, update_ids: Sequence[int], *, now: int, lease_until: int, max_attempts: int,
-        durable_exhaustion: bool = False,
+        self, update_ids: Sequence[int], terms: ClaimTerms
     ) -> List[Optional[AttemptIdentity]]:
         return super().claim_owned_many(
-            update_ids, now=now, lease_until=lease_until, max_attempts=max_attempts + 100,
-            durable_exhaustion=durable_exhaustion,
+            update_ids, dataclasses.replace(terms, max_attempts=terms.max_attempts + 100)
         )
 
 

@@ -25,7 +25,7 @@ PACKAGE = ROOT / "ptb_fence"
 
 # modules that probe stores legitimately: the port itself, the protocol helpers it uses, and
 # the tools that inspect a user's store (conformance check, CLI, chaos runner, test helpers)
-ALLOWED = {"ptb_fence/runtime/_port.py", "ptb_fence/_protocols.py"}
+ALLOWED = {"ptb_fence/runtime/_port.py", "ptb_fence/contract.py"}
 ALLOWED_PACKAGES = (
     "ptb_fence/cli/",
     "ptb_fence/chaos/",

@@ -22,6 +22,7 @@ import pytest
 from ptb_fence import (
     Abandoned,
     AttemptIdentity,
+    ClaimTerms,
     Completed,
     Exhaustion,
     Failed,
@@ -823,7 +824,7 @@ def test_table_without_isolated_claim_until_migrated(pg_dsn: str, pg_table: str)
         identity = claimed(s, 1, T, T + 900)
         assert s.claimed_suspect(identity) is False
         assert s.mark_isolated(identity, at=T) is False
-        (two, three) = s.claim_owned_many([2, 3], now=T, lease_until=T + 900, max_attempts=5)
+        (two, three) = s.claim_owned_many([2, 3], ClaimTerms(T, T + 900, 5))
         assert two is not None and three is not None and not s.claimed_suspect(two)
         assert s.claim(3, now=T + 901, lease_until=T + 1900, max_attempts=5) == 2
         assert s.take_over_dead(now=T + 10) == 0

@@ -12,7 +12,14 @@ import pytest
 
 from broken_stores import FencedOnlyStore
 from conftest import fresh_table_name, new_store
-from ptb_fence import AttemptIdentity, Completed, Failed, MemoryUpdateStore, SQLiteUpdateStore
+from ptb_fence import (
+    AttemptIdentity,
+    ClaimTerms,
+    Completed,
+    Failed,
+    MemoryUpdateStore,
+    SQLiteUpdateStore,
+)
 from ptb_fence.runtime._port import StorePort
 
 T = 1_700_000_000_000
@@ -76,7 +83,7 @@ def test_claim_owned_many_equals_the_loop_of_claim_owned(
     scene(loop)
     ids = [1, 2, 3, 4, 5, 6, 7, 8, 99, 1, 10]
     kwargs = dict(now=NOW, lease_until=NOW + L, max_attempts=2, durable_exhaustion=durable)
-    got = batch.claim_owned_many(ids, **kwargs)
+    got = batch.claim_owned_many(ids, ClaimTerms(**kwargs))
     seen: Set[int] = set()
     want: List[Optional[AttemptIdentity]] = []
     for update_id in ids:
@@ -93,7 +100,7 @@ def test_claim_owned_many_equals_the_loop_of_claim_owned(
     # 7 was spent: abandoned (an exhaustion only with durable_exhaustion), never claimable
     assert (7, "exhausted") in state(batch) if durable else 7 not in dict(state(batch))
     assert batch.claim_owned(7, now=T + 10**9, lease_until=T + 10**9, max_attempts=9) is None
-    assert batch.claim_owned_many([], now=NOW, lease_until=NOW + L, max_attempts=2) == []
+    assert batch.claim_owned_many([], ClaimTerms(NOW, NOW + L, 2)) == []
 
 
 def test_the_port_falls_back_to_claim_owned_row_by_row() -> None:
@@ -139,7 +146,7 @@ def test_pg_two_processes_claiming_the_same_ids_at_once_never_share_a_row(
         start.wait()
         for offset in range(0, len(order), 20):  # overlapping batches, opposite orders
             got[index] += store.claim_owned_many(
-                order[offset : offset + 20], now=NOW, lease_until=NOW + L, max_attempts=3
+                order[offset : offset + 20], ClaimTerms(NOW, NOW + L, 3)
             )
 
     threads = [

@@ -9,7 +9,7 @@ import time
 from typing import Any, Callable, Dict, Hashable, List, Literal, Optional, Set, Tuple
 
 from ptb_fence._durations import format_duration
-from ptb_fence._protocols import UpdateStore
+from ptb_fence.contract import UpdateStore
 from ptb_fence._values import Exhaustion, StoredUpdate
 from ptb_fence.runtime._attempt import Attempt, enter_attempt, exit_attempt
 from ptb_fence.runtime._chats import ChatOrder, chat_key

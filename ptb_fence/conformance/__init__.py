@@ -20,10 +20,14 @@ How it works:
 * ``make`` is called once per rule and must return a new, **empty** store each time (rows from
   an earlier rule would change what a later rule sees). After the rule the store's ``close()`` is
   called when it has one. The check does not clean up files or tables; do that in your fixture.
-* The capability level is detected by duck typing on the first store (:func:`ptb_fence.is_fenced`,
-  :func:`ptb_fence.is_durable`): base rules run for every store, fenced rules (and the fenced tails
-  of base rules) only for a fenced store, durable rules only for a durable store. A base store is
-  never blamed for lacking fenced or durable methods.
+* The capability level is detected by duck typing on the first store
+  (:class:`ptb_fence.StoreCapabilities`): base rules run for every store, fenced rules (and the
+  fenced tails of base rules) only for a fenced store, durable rules only for a durable store. A
+  base store is never blamed for lacking fenced or durable methods; a store with part of a
+  capability group (e.g. two of the three liveness methods) gets one violation naming the
+  methods. A fenced store may offer the batch forms (``claim_owned_many``, ``renew_owned_many``,
+  ``settle_owned_many``) instead of the single-row ones: its rules call them with a batch of
+  one.
 * Each violation is one string ``"<rule>: <what happened>"``. A rule stops at the first exception
   the store raises, reported as ``"<rule>: raised <ExcType>: <message> (from store.<method>)"``,
   and the check goes on with the next rule. An empty list means the store conforms.
@@ -56,7 +60,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ptb_fence._protocols import BASE_METHODS, UpdateStore, is_durable, is_fenced, missing_methods
+from ptb_fence.contract import BASE_METHODS, StoreCapabilities, UpdateStore, missing_methods
 from ptb_fence.conformance import (
     _base,
     _batches,
@@ -159,7 +163,11 @@ def check_update_store(make: Callable[[], UpdateStore]) -> List[str]:
         :data:`RULES`; an empty list means the store conforms. A rule that raises is reported as
         ``"<rule>: raised <ExcType>: <message> (from store.<method>)"`` and the check goes on with
         the next rule. Fenced rules run only for a fenced store and durable rules only for a
-        durable store (detected on the first store).
+        durable store (detected on the first store, :class:`ptb_fence.StoreCapabilities`: the
+        batch forms count, so a store with ``claim_owned_many``, ``renew_owned_many`` and
+        ``settle_owned_many`` instead of the single-row forms is fenced, its rules run through
+        batches of one). A store with part of a capability group gets one violation naming the
+        methods it has and lacks, and nothing else is checked.
     """
     violations: List[str] = []
     level: Optional[int] = None
@@ -182,7 +190,12 @@ def check_update_store(make: Callable[[], UpdateStore]) -> List[str]:
                         "it is not an UpdateStore (see ptb_fence.UpdateStore)"
                     )
                     return violations
-                level = 2 if is_durable(store) else 1 if is_fenced(store) else 0
+                try:
+                    capabilities = StoreCapabilities.of(store)
+                except TypeError as exc:  # part of a capability group: the message names it
+                    violations.append(f"{rule.name}: {exc}")
+                    return violations
+                level = 2 if "durable" in capabilities else 1 if "fenced" in capabilities else 0
                 if needed > level:  # pragma: no cover - the first rule is a base rule
                     continue
             probe = Probe(store, rule.name, violations)

@@ -7,9 +7,10 @@ position, refusals included. Each rule runs only for a store with its method.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import List, Tuple
 
 from ptb_fence._values import Abandoned, AttemptIdentity, Completed, Failed, Settlement
+from ptb_fence.contract import ClaimTerms
 from ptb_fence.conformance._probe import (
     FAR,
     L,
@@ -155,8 +156,8 @@ def rule_batch_claim(p: Probe, fenced: bool, durable: bool) -> None:
     now = T + 10
     _claim_scene(p, now)
     ids = [1, 2, 3, 4, 5, 6, 7, 8, 99, 1]
-    kwargs: Dict[str, Any] = {"now": now, "lease_until": now + L, "max_attempts": 2}
-    got = identity_list(p, "claim_owned_many", p.call("claim_owned_many", ids, **kwargs), len(ids))
+    terms = ClaimTerms(now=now, lease_until=now + L, max_attempts=2)
+    got = identity_list(p, "claim_owned_many", p.claim_owned_many(ids, terms), len(ids))
     shape = [None if i is None else (i.update_id, i.attempt) for i in got]
     want = [(1, 1), None, None, (4, 2), (5, 2), None, None, None, None, None]
     p.require(
@@ -180,14 +181,14 @@ def rule_batch_claim(p: Probe, fenced: bool, durable: bool) -> None:
         "(3's lease lapsed, 6 due; 1, 4, 5 claimed, 2 leased, 7 spent: abandoned, 8 completed)",
     )
     p.expect(
-        identity_list(p, "claim_owned_many", p.call("claim_owned_many", [], **kwargs), 0) == [],
+        identity_list(p, "claim_owned_many", p.claim_owned_many([], terms), 0) == [],
         "claim_owned_many([]) must return []",
     )
     if durable:
         p.require(p.add(9, "b9", T), "add of a new update_id returned False")
         p.require(p.claim_owned(9, now=T, lease_until=T + 1) is not None, "claim failed")
-        kwargs.update(max_attempts=1, durable_exhaustion=True)
-        spent = p.call("claim_owned_many", [9, 99], **kwargs)
+        terms = ClaimTerms(now=now, lease_until=now + L, max_attempts=1, durable_exhaustion=True)
+        spent = p.claim_owned_many([9, 99], terms)
         p.expect(spent == [None, None], f"claim_owned_many of a spent row returned {spent!r}")
         p.expect(9 in p.exhaustion_ids(), "claim_owned_many(durable_exhaustion=True) of a "
                  "spent row did not leave an exhaustion")

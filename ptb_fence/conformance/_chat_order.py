@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, cast
 
-from ptb_fence._protocols import CHAT_KEYING_METHODS, CHAT_ORDER_METHODS
+from ptb_fence.contract import CHAT_KEYING_METHODS, CHAT_ORDER_METHODS
 from ptb_fence._values import Abandoned, AttemptIdentity, Completed, Failed, StoredUpdate
 from ptb_fence.conformance._probe import FAR, L, T, Abort, Probe, bool_list, has_method, stamp
 from ptb_fence.conformance._rule import rule

@@ -7,12 +7,12 @@ fenced store; ``transaction()``, ``owns``/``settle_owned(connection=...)`` and
 
 from __future__ import annotations
 
-import inspect
 import threading
 import time
 from typing import Any, List
 
 from ptb_fence._values import AttemptIdentity, Completed
+from ptb_fence.contract import takes_connection
 from ptb_fence.conformance._probe import (
     FAR,
     JOIN_TIMEOUT,
@@ -34,14 +34,9 @@ class _Rollback(Exception):
 
 
 def _takes_connection(store: Any, method: str) -> bool:
-    """Whether ``store.method`` accepts the ``connection=`` keyword (duck typing)."""
-    try:
-        parameters = inspect.signature(getattr(store, method)).parameters
-    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
-        return False
-    return "connection" in parameters or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-    )
+    """Whether ``store.method`` exists and accepts the ``connection=`` keyword (duck typing;
+    a store with only the batch form of ``settle_owned`` has no such keyword)."""
+    return takes_connection(getattr(store, method, None))
 
 
 @rule(

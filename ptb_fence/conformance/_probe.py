@@ -13,6 +13,7 @@ import uuid
 from typing import Any, Dict, List, Optional, Set, Tuple, cast
 
 from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoredUpdate
+from ptb_fence.contract import ClaimTerms, takes_claim_keywords
 
 T = 1_700_000_000_000
 """The check's time origin (epoch milliseconds)."""
@@ -177,7 +178,7 @@ class Probe:
         self.check_type("prune", type(value) is int, "an int count", value)
         return cast(int, value)
 
-    # -- fenced contract -------------------------------------------------------------------
+    # -- fenced contract (a store with only the batch form is called with a batch of one) --
     def claim_owned(
         self,
         update_id: int,
@@ -187,15 +188,44 @@ class Probe:
         max_attempts: int = 5,
         durable_exhaustion: Optional[bool] = None,
     ) -> Optional[AttemptIdentity]:
-        kwargs = _claim_terms(now, lease_until, max_attempts, durable_exhaustion)
-        value = self.call("claim_owned", update_id, **kwargs)
+        if not has_method(self.store, "claim_owned"):
+            terms = ClaimTerms(now, lease_until, max_attempts, bool(durable_exhaustion))
+            value = self.claim_owned_many([update_id], terms)
+            ok = isinstance(value, list) and len(value) == 1
+            self.check_type("claim_owned_many", ok, "a list of 1 identity-or-None", value)
+            value = value[0] if ok else None
+        else:
+            kwargs = _claim_terms(now, lease_until, max_attempts, durable_exhaustion)
+            value = self.call("claim_owned", update_id, **kwargs)
         if value is not None and not self.check_identity("claim_owned", value):
             raise Abort
         return cast(Optional[AttemptIdentity], value)
 
+    def claim_owned_many(self, update_ids: List[int], terms: ClaimTerms) -> Any:
+        """``claim_owned_many`` in the form the store has: :class:`~ptb_fence.ClaimTerms`, or
+        the earlier keywords."""
+        if takes_claim_keywords(getattr(self.store, "claim_owned_many")):
+            return self.call(
+                "claim_owned_many",
+                update_ids,
+                now=terms.now,
+                lease_until=terms.lease_until,
+                max_attempts=terms.max_attempts,
+                durable_exhaustion=terms.durable_exhaustion,
+            )
+        return self.call("claim_owned_many", update_ids, terms)
+
     def renew_owned(
         self, identity: AttemptIdentity, lease_until: int, now: Optional[int] = None
     ) -> bool:
+        if not has_method(self.store, "renew_owned"):
+            # the batch form always takes now; a time before every lease checks no expiry,
+            # as renew_owned without now
+            since = -(2**62) if now is None else now
+            value = self.call("renew_owned_many", [identity], lease_until, since)
+            ok = isinstance(value, list) and len(value) == 1 and type(value[0]) is bool
+            self.check_type("renew_owned_many", ok, "a list of 1 real bool", value)
+            return bool(value[0]) if ok else False
         if now is None:
             value = self.call("renew_owned", identity, lease_until)
         else:
@@ -208,6 +238,11 @@ class Probe:
     def settle_owned(
         self, identity: AttemptIdentity, settlement: Settlement, **connection: Any
     ) -> bool:
+        if not connection and not has_method(self.store, "settle_owned"):
+            value = self.call("settle_owned_many", [(identity, settlement)])
+            ok = isinstance(value, list) and len(value) == 1 and type(value[0]) is bool
+            self.check_type("settle_owned_many", ok, "a list of 1 real bool", value)
+            return bool(value[0]) if ok else False
         value = self.call("settle_owned", identity, settlement, **connection)
         return self.real_bool("settle_owned", value)
 

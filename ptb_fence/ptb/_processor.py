@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable, Optional
 from telegram import Update
 from telegram.ext import BaseUpdateProcessor
 
-from ptb_fence._protocols import UpdateStore
+from ptb_fence.contract import UpdateStore
 from ptb_fence._values import Exhaustion
 from ptb_fence.ptb._application import FencedApplicationMixin
 from ptb_fence.ptb._bodies import update_body

@@ -1,11 +1,14 @@
 """StorePort: the user's store wrapped once, with every operation the runtime uses.
 
-The one place that probes a store for its optional capabilities (:mod:`ptb_fence._protocols`:
-:class:`~ptb_fence.BatchUpdateStore`, :class:`~ptb_fence.TransactionalUpdateStore`,
-:class:`~ptb_fence.BotBoundStore`). It decides once, at construction, which calls exist, and
-always offers the batch and transaction operations, falling back to the loop of single calls
-for a store that has only the base, fenced and durable methods (:class:`~ptb_fence.UpdateStore`,
-:class:`~ptb_fence.FencedUpdateStore`, :class:`~ptb_fence.DurableUpdateStore`):
+The one place that probes a store for its capabilities (:class:`~ptb_fence.StoreCapabilities`,
+logged once at INFO; a store with part of a capability group is refused there with a
+:exc:`TypeError` naming the methods). It decides once, at construction, which calls exist, and
+always offers both the single-row and the batch form of each operation: the single-row claim,
+renewal and settlement of a fenced store that has only the batch forms (``claim_owned_many``,
+``renew_owned_many``, ``settle_owned_many``) are a batch of one, and a store that has only the
+base, fenced and durable single-row methods (:class:`~ptb_fence.UpdateStore`,
+:class:`~ptb_fence.FencedUpdateStore`, :class:`~ptb_fence.DurableUpdateStore`) gets these
+fallbacks:
 
 - batch calls → the loop of single calls (not one commit: a failure part way leaves the
   earlier rows written; each row is still correct on its own);
@@ -22,7 +25,8 @@ for a store that has only the base, fenced and durable methods (:class:`~ptb_fen
   reported not released (:obj:`False`): the update waits for its lease to lapse
   (:attr:`StorePort.releases` is :obj:`False`);
 - ``claim_owned_many`` missing (:class:`~ptb_fence.ClaimingUpdateStore`) → the loop of
-  ``claim_owned`` (see :class:`~ptb_fence.runtime._port_claims.ClaimsPort`);
+  ``claim_owned`` (an id repeated in the input is claimed at its first position only); a
+  ``claim_owned_many`` of the earlier keyword form is called with keywords;
 - ``hold_liveness``/``release_liveness``/``take_over_dead`` missing
   (:class:`~ptb_fence.LivenessStore`, all three needed) → no instance (:obj:`None`), nothing
   to release, nothing taken over (``0``): a dead process's claims wait for their lease
@@ -40,28 +44,30 @@ for a store that has only the base, fenced and durable methods (:class:`~ptb_fen
   both needed) → a ``complete=True`` transaction checks with ``owns(connection=)`` first and
   settles with ``settle_owned(connection=)`` last (:attr:`StorePort.completes_first` is
   :obj:`False`).
+
+Sections of :class:`StorePort`: construction and the flags decided once, the base contract,
+the fenced contract (single-row forms over the batch forms where needed), the durable contract,
+batches, claims of several rows, chat order, recovery (release, liveness, isolation),
+transactions and binding.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
-from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, ContextManager, List, Optional, Sequence, Set, Tuple, Union
 
-from ptb_fence._protocols import (
-    BASE_METHODS,
-    CHAT_KEYING_METHODS,
-    CHAT_ORDER_METHODS,
-    COMPLETING_METHODS,
-    DURABLE_METHODS,
-    FENCED_METHODS,
-    ISOLATING_METHODS,
-    LIVENESS_METHODS,
-    missing_methods,
-)
 from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoredUpdate
-from ptb_fence.runtime._port_chats import ChatOrderPort
-from ptb_fence.runtime._port_claims import ClaimsPort
+from ptb_fence.contract import (
+    BASE_METHODS,
+    CAPABILITY_GROUPS,
+    ChatKey,
+    ChatRow,
+    ClaimTerms,
+    StoreCapabilities,
+    takes_connection,
+    missing_methods,
+    takes_claim_keywords,
+)
 
 __all__ = ["Recorded", "Row", "StorePort"]
 
@@ -80,19 +86,17 @@ def _optional(store: object, name: str) -> Optional[Callable[..., Any]]:
     return method if callable(method) else None
 
 
-def _takes_connection(method: Optional[Callable[..., Any]]) -> bool:
-    if method is None:
-        return False
-    try:
-        parameters = inspect.signature(method).parameters.values()
-    except (TypeError, ValueError):  # pragma: no cover - a builtin without a signature
-        return False
-    return any(
-        p.name == "connection" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters
-    )
+def _lacking(store: object, group: str) -> str:
+    """The operations of ``group`` the store has in no form (``a (or b)`` per operation)."""
+    (wanted,) = [g for g in CAPABILITY_GROUPS if g.name == group]
+    names: List[str] = []
+    for forms in wanted.needs:
+        if len(missing_methods(store, forms)) == len(forms):
+            names.append(forms[0] + "".join(f" (or {other})" for other in forms[1:]))
+    return ", ".join(names)
 
 
-class StorePort(ClaimsPort, ChatOrderPort):
+class StorePort:
     """The user's store behind one typed interface (built once per runtime).
 
     Args:
@@ -111,8 +115,8 @@ class StorePort(ClaimsPort, ChatOrderPort):
         "_add_claimed_many",
         "_add_many",
         "_bind_bot",
-        "_chat_keying",
-        "_chat_order",
+        "_claim_keywords",
+        "_claim_owned",
         "_claim_owned_many",
         "_claimed_suspect",
         "_complete_owned",
@@ -122,12 +126,15 @@ class StorePort(ClaimsPort, ChatOrderPort):
         "_release_liveness",
         "_release_many",
         "_renew_many",
-        "_reopen_completed",
+        "_renew_owned",
         "_renew_owned_many",
+        "_reopen_completed",
         "_settle_connection",
+        "_settle_owned",
         "_settle_owned_many",
         "_take_over_dead",
         "_transaction",
+        "capabilities",
         "store",
     )
 
@@ -140,52 +147,71 @@ class StorePort(ClaimsPort, ChatOrderPort):
         durable: bool = False,
         chat_order: bool = False,
     ) -> None:
+        name = type(store).__name__
         missing = missing_methods(store, BASE_METHODS)
         if missing:
             raise TypeError(
-                f"{component} needs an update store; {type(store).__name__} lacks "
-                f"{', '.join(missing)}"
+                f"{component} needs an update store; {name} lacks {', '.join(missing)}"
             )
-        name = type(store).__name__
-        for wanted, methods, need, kind in (
-            (fenced, FENCED_METHODS, "attempt-aware handling", "fenced store (FencedUpdateStore)"),
-            (durable, DURABLE_METHODS, "handle_exhaustion", "durable store (DurableUpdateStore)"),
+        try:
+            capabilities = StoreCapabilities.of(store)
+        except TypeError as exc:
+            raise TypeError(f"{component}: {exc}") from None
+        for wanted, group, need, kind in (
+            (fenced, "fenced", "attempt-aware handling", "fenced store (FencedUpdateStore)"),
+            (durable, "durable", "handle_exhaustion", "durable store (DurableUpdateStore)"),
         ):
-            missing = missing_methods(store, methods) if wanted else []
-            if missing:
-                lacks = ", ".join(missing)
+            if wanted and group not in capabilities:
+                lacks = ", ".join(
+                    lacking for lacking in (_lacking(store, "fenced"), _lacking(store, group))
+                    if lacking
+                )
                 raise TypeError(f"{component}: {need} needs a {kind}; {name} lacks {lacks}")
-        missing = missing_methods(store, FENCED_METHODS + CHAT_ORDER_METHODS)
-        if chat_order and missing:
+        if chat_order and "chat_order" not in capabilities:
+            lacks = ", ".join(
+                lacking for lacking in (_lacking(store, "fenced"), _lacking(store, "chat_order"))
+                if lacking
+            )
             raise TypeError(
                 f"{component}: strict_chat_order needs a store that keeps chat order "
-                f"(ChatOrderedUpdateStore); {type(store).__name__} lacks {', '.join(missing)}"
+                f"(ChatOrderedUpdateStore); {name} lacks {lacks}"
             )
-        self._chat_order = not missing
-        self._chat_keying = not missing and not missing_methods(store, CHAT_KEYING_METHODS)
         self.store = store
-        self._add_many = _optional(store, "add_many")
-        self._add_claimed_many = _optional(store, "add_claimed_many")
-        self._add_claimed_and_settle_many = _optional(store, "add_claimed_and_settle_many")
-        self._renew_many = _optional(store, "renew_many")
-        self._renew_owned_many = _optional(store, "renew_owned_many")
-        self._settle_owned_many = _optional(store, "settle_owned_many")
-        self._transaction = _optional(store, "transaction")
-        self._bind_bot = _optional(store, "bind_bot")
-        self._release_many = _optional(store, "release_many")
-        self._claim_owned_many = _optional(store, "claim_owned_many")
-        liveness = not missing_methods(store, LIVENESS_METHODS)
-        self._hold_liveness = _optional(store, "hold_liveness") if liveness else None
-        self._release_liveness = _optional(store, "release_liveness") if liveness else None
-        self._take_over_dead = _optional(store, "take_over_dead") if liveness else None
-        isolating = not missing_methods(store, ISOLATING_METHODS)
-        self._claimed_suspect = _optional(store, "claimed_suspect") if isolating else None
-        self._mark_isolated = _optional(store, "mark_isolated") if isolating else None
-        completing = not missing_methods(store, COMPLETING_METHODS)
-        self._complete_owned = _optional(store, "complete_owned") if completing else None
-        self._reopen_completed = _optional(store, "reopen_completed") if completing else None
-        self._owns_connection = _takes_connection(_optional(store, "owns"))
-        self._settle_connection = _takes_connection(_optional(store, "settle_owned"))
+        self.capabilities = capabilities
+        has = capabilities.groups.__contains__
+
+        def method(group: str, method_name: str) -> Optional[Callable[..., Any]]:
+            # a method of a group the store does not have whole is never called
+            return _optional(store, method_name) if has(group) else None
+
+        self._add_many = method("add_many", "add_many")
+        self._add_claimed_many = method("add_claimed_many", "add_claimed_many")
+        self._add_claimed_and_settle_many = method(
+            "add_claimed_and_settle_many", "add_claimed_and_settle_many"
+        )
+        self._renew_many = method("renew_many", "renew_many")
+        self._claim_owned = method("fenced", "claim_owned")
+        self._renew_owned = method("fenced", "renew_owned")
+        self._settle_owned = method("fenced", "settle_owned")
+        self._claim_owned_many = method("claim_owned_many", "claim_owned_many")
+        self._renew_owned_many = method("renew_owned_many", "renew_owned_many")
+        self._settle_owned_many = method("settle_owned_many", "settle_owned_many")
+        self._claim_keywords = self._claim_owned_many is not None and takes_claim_keywords(
+            self._claim_owned_many
+        )
+        self._transaction = method("transaction", "transaction")
+        self._bind_bot = method("bind_bot", "bind_bot")
+        self._release_many = method("release", "release_many")
+        self._hold_liveness = method("liveness", "hold_liveness")
+        self._release_liveness = method("liveness", "release_liveness")
+        self._take_over_dead = method("liveness", "take_over_dead")
+        self._claimed_suspect = method("isolation", "claimed_suspect")
+        self._mark_isolated = method("isolation", "mark_isolated")
+        self._complete_owned = method("completing", "complete_owned")
+        self._reopen_completed = method("completing", "reopen_completed")
+        self._owns_connection = takes_connection(_optional(store, "owns"))
+        self._settle_connection = takes_connection(self._settle_owned)
+        _LOGGER.info("%s: store capabilities: %s", component, capabilities)
         if fenced and not self.atomic_completion:
             _LOGGER.warning(
                 "%s: %s.%s has no connection= keyword (TransactionalUpdateStore): "
@@ -194,7 +220,7 @@ class StorePort(ClaimsPort, ChatOrderPort):
                 "between the two runs the handler again); add connection= to owns and "
                 "settle_owned for exactly-once",
                 component,
-                type(store).__name__,
+                name,
                 "settle_owned" if self._owns_connection else "owns/settle_owned",
             )
 
@@ -260,6 +286,23 @@ class StorePort(ClaimsPort, ChatOrderPort):
         return self._owns_connection and self._settle_connection
 
     @property
+    def claims_many_at_once(self) -> bool:
+        """:obj:`bool`: ``claim_owned_many`` is one statement (one commit) in the store."""
+        return self._claim_owned_many is not None
+
+    @property
+    def orders_chats(self) -> bool:
+        """:obj:`bool`: The store keeps chat order (``add_many_in_chats``,
+        ``claim_in_chat_order``, ``due_in_chat_order``)."""
+        return "chat_order" in self.capabilities
+
+    @property
+    def keys_chats(self) -> bool:
+        """:obj:`bool`: The store can key rows recorded without a chat key
+        (``unkeyed_in_chats``, ``set_chat_keys``)."""
+        return "chat_keys" in self.capabilities
+
+    @property
     def completes_first(self) -> bool:
         """:obj:`bool`: A ``complete=True`` transaction checks ownership and settles in one
         statement at its start (``complete_owned``; ``reopen_completed`` undoes it)."""
@@ -295,7 +338,7 @@ class StorePort(ClaimsPort, ChatOrderPort):
         """``store.prune``."""
         return int(self.store.prune(before))
 
-    # -- fenced contract --------------------------------------------------------------------
+    # -- fenced contract (a single-row form over the batch form where the store has only that)
     def claim_owned(
         self,
         update_id: int,
@@ -305,8 +348,11 @@ class StorePort(ClaimsPort, ChatOrderPort):
         max_attempts: int,
         durable_exhaustion: bool = False,
     ) -> Optional[AttemptIdentity]:
-        """``store.claim_owned``."""
-        identity: Optional[AttemptIdentity] = self.store.claim_owned(
+        """``store.claim_owned``, or ``store.claim_owned_many`` of one id."""
+        terms = ClaimTerms(now, lease_until, max_attempts, durable_exhaustion)
+        if self._claim_owned is None:
+            return self._claim_batch([update_id], terms)[0]
+        identity: Optional[AttemptIdentity] = self._claim_owned(
             update_id,
             now=now,
             lease_until=lease_until,
@@ -316,8 +362,11 @@ class StorePort(ClaimsPort, ChatOrderPort):
         return identity
 
     def renew_owned(self, identity: AttemptIdentity, lease_until: int, now: int) -> bool:
-        """``store.renew_owned``."""
-        return bool(self.store.renew_owned(identity, lease_until, now))
+        """``store.renew_owned``, or ``store.renew_owned_many`` of one identity (a row locked
+        right now, undecided there, is reported not renewed)."""
+        if self._renew_owned is None:
+            return bool(self.renew_owned_many([identity], lease_until, now)[0])
+        return bool(self._renew_owned(identity, lease_until, now))
 
     def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
         """``store.owns``; ``connection`` is passed only to a store that takes it (otherwise
@@ -336,13 +385,16 @@ class StorePort(ClaimsPort, ChatOrderPort):
                 (check :attr:`atomic_completion` first).
         """
         if connection is None:
-            return bool(self.store.settle_owned(identity, settlement))
+            if self._settle_owned is None:  # the store settles in batches only
+                return self.settle_owned_many([(identity, settlement)])[0]
+            return bool(self._settle_owned(identity, settlement))
         if not self._settle_connection:
             raise TypeError(
                 f"{type(self.store).__name__}.settle_owned() takes no connection=; it cannot "
                 "settle inside the caller's transaction"
             )
-        return bool(self.store.settle_owned(identity, settlement, connection=connection))
+        assert self._settle_owned is not None  # _settle_connection: the store has it
+        return bool(self._settle_owned(identity, settlement, connection=connection))
 
     def complete_owned(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
         """``store.complete_owned`` (check :attr:`completes_first` first)."""
@@ -469,6 +521,100 @@ class StorePort(ClaimsPort, ChatOrderPort):
             results = self._renew_many(list(leases), lease_until, now)
             return [None if ok is None else bool(ok) for ok in results]
         return [self.renew(update_id, attempt, lease_until, now) for update_id, attempt in leases]
+
+    # -- claims of several rows (ClaimingUpdateStore) ------------------------------------------
+    def claim_owned_many(
+        self,
+        update_ids: Sequence[int],
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> List[Optional[AttemptIdentity]]:
+        """``store.claim_owned_many`` (one commit) or the loop of ``claim_owned``: per
+        position the identity or :obj:`None` (an id repeated in the input is claimed at its
+        first position only)."""
+        ids = list(update_ids)
+        terms = ClaimTerms(now, lease_until, max_attempts, durable_exhaustion)
+        if self._claim_owned_many is not None and (len(ids) > 1 or self._claim_owned is None):
+            return self._claim_batch(ids, terms)
+        seen: Set[int] = set()
+        result: List[Optional[AttemptIdentity]] = []
+        for update_id in ids:
+            identity = None
+            if update_id not in seen:
+                seen.add(update_id)
+                identity = self.claim_owned(
+                    update_id,
+                    now=now,
+                    lease_until=lease_until,
+                    max_attempts=max_attempts,
+                    durable_exhaustion=durable_exhaustion,
+                )
+            result.append(identity)
+        return result
+
+    def _claim_batch(
+        self, update_ids: List[int], terms: ClaimTerms
+    ) -> List[Optional[AttemptIdentity]]:
+        """``store.claim_owned_many`` in the form the store has (terms, or the earlier
+        keywords)."""
+        assert self._claim_owned_many is not None
+        if self._claim_keywords:
+            got = self._claim_owned_many(
+                update_ids,
+                now=terms.now,
+                lease_until=terms.lease_until,
+                max_attempts=terms.max_attempts,
+                durable_exhaustion=terms.durable_exhaustion,
+            )
+        else:
+            got = self._claim_owned_many(update_ids, terms)
+        return list(got)
+
+    # -- chat order (ChatOrderedUpdateStore; no fallback: strict_chat_order refuses a store
+    #    without it at construction) ------------------------------------------------------------
+    def unkeyed_in_chats(self, *, after_update_id: Optional[int], limit: int) -> List[StoredUpdate]:
+        """``store.unkeyed_in_chats``: unsettled rows without a chat key, by ``update_id``."""
+        return list(self.store.unkeyed_in_chats(after_update_id=after_update_id, limit=limit))
+
+    def set_chat_keys(self, keys: Sequence[ChatKey]) -> int:
+        """``store.set_chat_keys``: key the rows that still have none (one commit)."""
+        return int(self.store.set_chat_keys(list(keys)))
+
+    def add_many_in_chats(self, rows: Sequence[ChatRow]) -> List[bool]:
+        """``store.add_many_in_chats``: record rows with their chat keys (one commit)."""
+        return [bool(added) for added in self.store.add_many_in_chats(list(rows))]
+
+    def claim_in_chat_order(
+        self,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> Optional[AttemptIdentity]:
+        """``store.claim_in_chat_order``: claim only when the row is its chat's turn."""
+        identity: Optional[AttemptIdentity] = self.store.claim_in_chat_order(
+            update_id,
+            now=now,
+            lease_until=lease_until,
+            max_attempts=max_attempts,
+            durable_exhaustion=durable_exhaustion,
+        )
+        return identity
+
+    def due_in_chat_order(
+        self, *, now: int, pending_before: int, limit: int, chat_key: Optional[int] = None
+    ) -> List[StoredUpdate]:
+        """``store.due_in_chat_order``: due rows that are their chat's turn (with
+        ``chat_key``: of that chat only)."""
+        rows = self.store.due_in_chat_order(
+            now=now, pending_before=pending_before, limit=limit, chat_key=chat_key
+        )
+        return list(rows)
 
     # -- recovery (release, liveness) -------------------------------------------------------
     def release_many(self, identities: Sequence[AttemptIdentity], at: int) -> List[bool]:

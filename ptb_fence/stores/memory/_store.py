@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from ptb_fence._errors import TableBotMismatch
 from ptb_fence._fingerprint import update_fingerprint
-from ptb_fence._protocols import ChatKey
+from ptb_fence.contract import ChatKey, ClaimTerms
 from ptb_fence._values import (
     Abandoned,
     AttemptIdentity,
@@ -102,21 +102,15 @@ class MemoryUpdateStore:
             return False
         return at is None or (row.due_at is not None and row.due_at >= at)
 
-    def _take(
-        self,
-        update_id: int,
-        now: int,
-        lease_until: int,
-        max_attempts: int,
-        durable_exhaustion: bool,
-    ) -> Optional[Row]:
+    def _take(self, update_id: int, terms: ClaimTerms) -> Optional[Row]:
+        now = terms.now
         row = self._rows.get(update_id)
         if row is None or not self._claimable(row, now):
             return None
-        if row.attempts < max_attempts:
+        if row.attempts < terms.max_attempts:
             row.state = "processing"
             row.attempts += 1
-            row.due_at = lease_until
+            row.due_at = terms.lease_until
             row.error = None
             row.claim_id = new_claim_id()
             row.instance = self._liveness.instance
@@ -124,7 +118,7 @@ class MemoryUpdateStore:
         row.state = "abandoned"
         row.due_at = now
         row.error = "attempts spent"
-        if durable_exhaustion:
+        if terms.durable_exhaustion:
             row.settled_at = None
             if row.claim_id is None:
                 row.claim_id = new_claim_id()
@@ -234,8 +228,9 @@ class MemoryUpdateStore:
         durable_exhaustion: bool = False,
     ) -> Optional[int]:
         """Take the row for a new attempt; see :class:`ptb_fence.UpdateStore`."""
+        terms = ClaimTerms(now, lease_until, max_attempts, durable_exhaustion)
         with self._lock:
-            row = self._take(update_id, now, lease_until, max_attempts, durable_exhaustion)
+            row = self._take(update_id, terms)
             return None if row is None else row.attempts
 
     def renew(
@@ -311,42 +306,31 @@ class MemoryUpdateStore:
         durable_exhaustion: bool = False,
     ) -> Optional[AttemptIdentity]:
         """As :meth:`claim`, returning the attempt's identity."""
-        with self._lock:
-            row = self._take(update_id, now, lease_until, max_attempts, durable_exhaustion)
-            if row is None:
-                return None
-            assert row.claim_id is not None
-            return AttemptIdentity(row.update_id, row.attempts, row.claim_id)
+        terms = ClaimTerms(now, lease_until, max_attempts, durable_exhaustion)
+        return self._claim_all([update_id], terms)[0]
 
     def claim_owned_many(
-        self,
-        update_ids: Sequence[int],
-        *,
-        now: int,
-        lease_until: int,
-        max_attempts: int,
-        durable_exhaustion: bool = False,
+        self, update_ids: Sequence[int], terms: ClaimTerms
     ) -> List[Optional[AttemptIdentity]]:
         """:meth:`claim_owned` for each id, at once (optional capability, see
         :class:`ptb_fence.ClaimingUpdateStore`); an id repeated in ``update_ids`` is claimed at
         its first position only (:obj:`None` at the later ones)."""
+        return self._claim_all(update_ids, terms)
+
+    def _claim_all(
+        self, update_ids: Sequence[int], terms: ClaimTerms
+    ) -> List[Optional[AttemptIdentity]]:
         with self._lock:
             seen: Set[int] = set()
             result: List[Optional[AttemptIdentity]] = []
             for update_id in update_ids:
-                first = update_id not in seen
+                row = None if update_id in seen else self._take(update_id, terms)
                 seen.add(update_id)
-                result.append(
-                    self.claim_owned(
-                        update_id,
-                        now=now,
-                        lease_until=lease_until,
-                        max_attempts=max_attempts,
-                        durable_exhaustion=durable_exhaustion,
-                    )
-                    if first
-                    else None
-                )
+                if row is not None:
+                    assert row.claim_id is not None
+                    result.append(AttemptIdentity(row.update_id, row.attempts, row.claim_id))
+                else:
+                    result.append(None)
             return result
 
     def renew_owned(
@@ -546,7 +530,9 @@ class MemoryUpdateStore:
             row = self._rows.get(update_id)
             if row is None or not self._in_turn(row, now):
                 return None
-            taken = self._take(update_id, now, lease_until, max_attempts, durable_exhaustion)
+            taken = self._take(
+                update_id, ClaimTerms(now, lease_until, max_attempts, durable_exhaustion)
+            )
             if taken is None or taken.claim_id is None:
                 return None
             return AttemptIdentity(update_id, taken.attempts, taken.claim_id)

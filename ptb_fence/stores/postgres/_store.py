@@ -29,7 +29,7 @@ from typing import (
 
 from ptb_fence._errors import TableBotMismatch
 from ptb_fence._fingerprint import update_fingerprint
-from ptb_fence._protocols import ChatKey
+from ptb_fence.contract import ChatKey, ClaimTerms
 from ptb_fence._sockets import cut, cut_after
 from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoredUpdate
 from ptb_fence.stores._duplicates import warn_conflict
@@ -277,23 +277,19 @@ class PostgresUpdateStore:
         """
         return add_many(self._db, rows)
 
-    def _claim_params(
-        self,
-        update_id: int,
-        now: int,
-        lease_until: int,
-        max_attempts: int,
-        durable_exhaustion: bool,
-    ) -> Dict[str, Any]:
-        return {
-            "update_id": update_id,
-            "now": now,
-            "lease_until": lease_until,
-            "max_attempts": max_attempts,
-            "durable": bool(durable_exhaustion),
-            "claim_id": uuid.uuid4().hex,
+    def _claim_params(self, terms: ClaimTerms, update_id: Optional[int] = None) -> Dict[str, Any]:
+        """The parameters of a claim statement; with ``update_id``, of the claim of that one
+        row (with its fresh claim id)."""
+        params: Dict[str, Any] = {
+            "now": int(terms.now),
+            "lease_until": int(terms.lease_until),
+            "max_attempts": int(terms.max_attempts),
+            "durable": bool(terms.durable_exhaustion),
             "instance": self._liveness.mine(),
         }
+        if update_id is not None:
+            params.update(update_id=update_id, claim_id=uuid.uuid4().hex)
+        return params
 
     def _fetch_one(self, sql: str, params: Any) -> Optional[Tuple[Any, ...]]:
         def work(cur: Any) -> Optional[Tuple[Any, ...]]:
@@ -357,7 +353,8 @@ class PostgresUpdateStore:
         Raises:
             ptb_fence.SchemaError: With ``durable_exhaustion`` on a table without ``claim_id``.
         """
-        params = self._claim_params(update_id, now, lease_until, max_attempts, durable_exhaustion)
+        terms = ClaimTerms(now, lease_until, max_attempts, durable_exhaustion)
+        params = self._claim_params(terms, update_id)
         row = self._fetch_one(self._claim_sql(bool(durable_exhaustion), counted=True), params)
         if row is None or row[0] != "processing":
             return None
@@ -508,8 +505,8 @@ class PostgresUpdateStore:
         Raises:
             ptb_fence.SchemaError: On a table without ``claim_id``.
         """
-        params = self._claim_params(update_id, now, lease_until, max_attempts, durable_exhaustion)
-        row = self._fetch_one(self._claim_sql(True), params)
+        terms = ClaimTerms(now, lease_until, max_attempts, durable_exhaustion)
+        row = self._fetch_one(self._claim_sql(True), self._claim_params(terms, update_id))
         if row is None or row[0] != "processing":
             return None
         identity = AttemptIdentity(update_id=update_id, attempt=int(row[1]), claim_id=str(row[2]))
@@ -517,25 +514,8 @@ class PostgresUpdateStore:
             self._suspects.note(identity)
         return identity
 
-    def _claims_params(
-        self, now: int, lease_until: int, max_attempts: int, durable_exhaustion: bool
-    ) -> Dict[str, Any]:
-        return {
-            "now": int(now),
-            "lease_until": int(lease_until),
-            "max_attempts": int(max_attempts),
-            "durable": bool(durable_exhaustion),
-            "instance": self._liveness.mine(),
-        }
-
     def claim_owned_many(
-        self,
-        update_ids: Sequence[int],
-        *,
-        now: int,
-        lease_until: int,
-        max_attempts: int,
-        durable_exhaustion: bool = False,
+        self, update_ids: Sequence[int], terms: ClaimTerms
     ) -> List[Optional[AttemptIdentity]]:
         """:meth:`claim_owned` for each id in one statement and commit (the rows are locked
         in ``update_id`` order; a row held by an open transaction is waited for, as
@@ -551,7 +531,7 @@ class PostgresUpdateStore:
         distinct = list(dict.fromkeys(ids))
         if not distinct:
             return []
-        params = self._claims_params(now, lease_until, max_attempts, durable_exhaustion)
+        params = self._claim_params(terms)
         params["update_ids"] = distinct
         params["claim_ids"] = [uuid.uuid4().hex for _ in distinct]
         instance = self._db.has_column("instance")
@@ -887,15 +867,8 @@ class PostgresUpdateStore:
         """As :meth:`claim_owned`, in the same one ``UPDATE``, only when the row is its chat's
         turn at ``now`` (optional capability, see :class:`ptb_fence.ChatOrderedUpdateStore`).
         """
-        params = {
-            "update_id": update_id,
-            "now": now,
-            "lease_until": lease_until,
-            "max_attempts": max_attempts,
-            "durable": bool(durable_exhaustion),
-            "claim_id": uuid.uuid4().hex,
-            "instance": self._liveness.mine(),
-        }
+        terms = ClaimTerms(now, lease_until, max_attempts, durable_exhaustion)
+        params = self._claim_params(terms, update_id)
         suspect = self._db.has_column("isolated_claim")
         sql = chat_statements(self._db.table, suspect).claim
 

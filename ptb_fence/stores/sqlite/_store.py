@@ -29,7 +29,7 @@ from typing import (
 )
 
 from ptb_fence._errors import TableBotMismatch
-from ptb_fence._protocols import ChatKey
+from ptb_fence.contract import ChatKey, ClaimTerms
 from ptb_fence._values import AttemptIdentity, Completed, Exhaustion, Settlement, StoredUpdate
 from ptb_fence.stores._names import validate_table_name, validate_update_id
 from ptb_fence.stores._suspects import SuspectClaims
@@ -48,6 +48,7 @@ from ptb_fence.stores.sqlite._sql import SQLiteStatements
 from ptb_fence.stores.sqlite._writes import (
     add_claimed_in,
     add_in,
+    claim_params,
     int_arg,
     max_variables,
     settle_owned_in,
@@ -64,22 +65,6 @@ _MIN_SQLITE = (3, 35, 0)  # UPDATE … RETURNING (3.35), UPDATE … FROM (3.33)
 _SYNCHRONOUS = ("NORMAL", "FULL")
 
 _S = TypeVar("_S", bound="SQLiteUpdateStore")
-
-
-def _claim_params(
-    now: int,
-    lease_until: int,
-    max_attempts: int,
-    durable_exhaustion: bool,
-    instance: Optional[str],
-) -> Dict[str, Any]:
-    return {
-        "now": int_arg("now", now),
-        "lease_until": int_arg("lease_until", lease_until),
-        "max_attempts": int_arg("max_attempts", max_attempts),
-        "durable": 1 if durable_exhaustion else 0,
-        "instance": instance,
-    }
 
 
 class SQLiteUpdateStore:
@@ -323,9 +308,10 @@ class SQLiteUpdateStore:
             :obj:`int` | :obj:`None`: The attempt number, or :obj:`None` for a spend, a live
             lease, a final row or an unknown id.
         """
+        terms = ClaimTerms(now, lease_until, max_attempts, durable_exhaustion)
         identity = take(
-            self._conns, self._sql, update_id, now, lease_until, max_attempts,
-            durable_exhaustion, self._liveness.mine(), self._sql.claim_counted,
+            self._conns, self._sql, update_id, terms, self._liveness.mine(),
+            self._sql.claim_counted,
         )
         return None if identity is None else identity.attempt
 
@@ -427,19 +413,14 @@ class SQLiteUpdateStore:
             :class:`~ptb_fence.AttemptIdentity` | :obj:`None`: The identity, or :obj:`None` when
             the update was not taken.
         """
+        terms = ClaimTerms(now, lease_until, max_attempts, durable_exhaustion)
         return take(
-            self._conns, self._sql, update_id, now, lease_until, max_attempts,
-            durable_exhaustion, self._liveness.mine(), suspects=self._suspects,
+            self._conns, self._sql, update_id, terms, self._liveness.mine(),
+            suspects=self._suspects,
         )
 
     def claim_owned_many(
-        self,
-        update_ids: Sequence[int],
-        *,
-        now: int,
-        lease_until: int,
-        max_attempts: int,
-        durable_exhaustion: bool = False,
+        self, update_ids: Sequence[int], terms: ClaimTerms
     ) -> List[Optional[AttemptIdentity]]:
         """:meth:`claim_owned` for each id in one statement (one transaction).
 
@@ -450,9 +431,7 @@ class SQLiteUpdateStore:
             an id repeated in ``update_ids``.
         """
         ids = [validate_update_id(update_id) for update_id in update_ids]
-        params = _claim_params(
-            now, lease_until, max_attempts, durable_exhaustion, self._liveness.mine()
-        )
+        params = claim_params(terms, self._liveness.mine())
         distinct = list(dict.fromkeys(ids))
         if not distinct:
             return []
@@ -779,10 +758,10 @@ class SQLiteUpdateStore:
         """As :meth:`claim_owned`, in the same one statement, only when the row is its chat's
         turn at ``now`` (optional capability, see :class:`ptb_fence.ChatOrderedUpdateStore`).
         """
+        terms = ClaimTerms(now, lease_until, max_attempts, durable_exhaustion)
         return take(
-            self._conns, self._sql, update_id, now, lease_until, max_attempts,
-            durable_exhaustion, self._liveness.mine(), self._sql.chat.claim,
-            suspects=self._suspects,
+            self._conns, self._sql, update_id, terms, self._liveness.mine(),
+            self._sql.chat.claim, suspects=self._suspects,
         )
 
     def due_in_chat_order(

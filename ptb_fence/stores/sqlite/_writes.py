@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ptb_fence._fingerprint import update_fingerprint
 from ptb_fence._values import Abandoned, AttemptIdentity, Completed, Failed, Settlement
+from ptb_fence.contract import ClaimTerms
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores.sqlite._connections import SQLiteConnections
 from ptb_fence.stores.sqlite._schema import new_claim_id
@@ -18,6 +19,7 @@ from ptb_fence.stores.sqlite._sql import SQLiteStatements
 from ptb_fence.stores._suspects import SuspectClaims
 
 __all__ = [
+    "claim_params",
     "add_claimed_in",
     "add_in",
     "int_arg",
@@ -106,14 +108,22 @@ def add_claimed_in(
     return result
 
 
+def claim_params(terms: ClaimTerms, instance: Optional[str]) -> Dict[str, Any]:
+    """The parameters every claim statement takes (checked integers; ``durable`` as 0/1)."""
+    return {
+        "now": int_arg("now", terms.now),
+        "lease_until": int_arg("lease_until", terms.lease_until),
+        "max_attempts": int_arg("max_attempts", terms.max_attempts),
+        "durable": 1 if terms.durable_exhaustion else 0,
+        "instance": instance,
+    }
+
+
 def take(
     conns: SQLiteConnections,
     sql: SQLiteStatements,
     update_id: int,
-    now: int,
-    lease_until: int,
-    max_attempts: int,
-    durable_exhaustion: bool,
+    terms: ClaimTerms,
     instance: Optional[str] = None,
     statement: Optional[str] = None,
     suspects: Optional[SuspectClaims] = None,
@@ -122,15 +132,8 @@ def take(
     if not taken. ``statement``: another claim statement with the same parameters (the
     chat-order claim); default ``sql.claim``. A claim of a suspect row is noted in
     ``suspects``."""
-    params = {
-        "update_id": update_id,
-        "now": int_arg("now", now),
-        "lease_until": int_arg("lease_until", lease_until),
-        "max_attempts": int_arg("max_attempts", max_attempts),
-        "durable": 1 if durable_exhaustion else 0,
-        "claim_id": new_claim_id(),
-        "instance": instance,
-    }
+    params = claim_params(terms, instance)
+    params.update(update_id=update_id, claim_id=new_claim_id())
     with conns.immediate() as conn:
         rows = conn.execute(statement or sql.claim, params).fetchall()
     if not rows or rows[0][0] != "processing":

@@ -1,0 +1,761 @@
+"""The store contract: three capability levels, detected by duck typing, plus the optional
+capabilities the runtime uses when a store offers them (:class:`BatchUpdateStore`,
+:class:`TransactionalUpdateStore`, :class:`BotBoundStore`, :class:`ReleasingUpdateStore`,
+:class:`LivenessStore`, :class:`IsolatingUpdateStore`, :class:`ChatOrderedUpdateStore`,
+:class:`CompletingUpdateStore`, :class:`ClaimingUpdateStore`).
+
+The contract is batch-first: where an operation has a batch form (``claim_owned_many``,
+``renew_owned_many``, ``settle_owned_many``) a store may offer that form alone and the runtime
+derives the single-row call from it. :data:`CAPABILITY_GROUPS` lists which methods each
+capability needs; a group is all or nothing (:class:`StoreCapabilities` refuses a store that
+has part of one). The six base methods are the one group every store has, unchanged.
+
+Every method is blocking and each rule is one conditional statement on one row. The methods'
+docstrings below state the rules; :func:`ptb_fence.conformance.check_update_store` checks them,
+boundaries included (a lease is held while ``due_at >= now``; a failed row is due when
+``due_at <= now``; ``prune`` deletes only when ``settled_at < before``). Times are integer
+milliseconds since the epoch.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import (
+    Any,
+    Callable,
+    ContextManager,
+    FrozenSet,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    runtime_checkable,
+)
+
+from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoredUpdate
+
+__all__ = [
+    "BASE_METHODS",
+    "BATCH_METHODS",
+    "BatchUpdateStore",
+    "BotBoundStore",
+    "CAPABILITY_GROUPS",
+    "CHAT_KEYING_METHODS",
+    "CHAT_ORDER_METHODS",
+    "ChatKey",
+    "ChatOrderedUpdateStore",
+    "ChatRow",
+    "CapabilityGroup",
+    "ClaimTerms",
+    "ClaimingUpdateStore",
+    "COMPLETING_METHODS",
+    "CompletingUpdateStore",
+    "TransactionalUpdateStore",
+    "DURABLE_METHODS",
+    "DurableUpdateStore",
+    "FENCED_METHODS",
+    "FencedUpdateStore",
+    "ISOLATING_METHODS",
+    "IsolatingUpdateStore",
+    "LIVENESS_METHODS",
+    "LivenessStore",
+    "ReleasingUpdateStore",
+    "StoreCapabilities",
+    "UpdateStore",
+    "is_durable",
+    "is_fenced",
+    "missing_methods",
+]
+
+BASE_METHODS = ("add", "claim", "renew", "settle", "due", "prune")
+"""The six methods of the base contract, :class:`UpdateStore`. This contract never grows."""
+
+FENCED_METHODS = BASE_METHODS + ("claim_owned", "renew_owned", "owns", "settle_owned")
+"""The methods of :class:`FencedUpdateStore`: the base six plus four."""
+
+DURABLE_METHODS = FENCED_METHODS + ("exhaust", "due_exhaustions", "acknowledge_exhaustion")
+"""The methods of :class:`DurableUpdateStore`: the fenced ten plus three."""
+
+BATCH_METHODS = (
+    "add_many",
+    "add_claimed_many",
+    "add_claimed_and_settle_many",
+    "renew_many",
+    "renew_owned_many",
+    "settle_owned_many",
+)
+"""The optional methods of :class:`BatchUpdateStore`; each is independently optional."""
+
+LIVENESS_METHODS = ("hold_liveness", "release_liveness", "take_over_dead")
+"""The methods of :class:`LivenessStore` (all three or none)."""
+
+ISOLATING_METHODS = ("claimed_suspect", "mark_isolated")
+"""The methods of :class:`IsolatingUpdateStore` (both or none)."""
+
+CHAT_ORDER_METHODS = ("add_many_in_chats", "claim_in_chat_order", "due_in_chat_order")
+"""The methods of :class:`ChatOrderedUpdateStore` (all three or none)."""
+
+CHAT_KEYING_METHODS = ("unkeyed_in_chats", "set_chat_keys")
+"""The optional pair of a :class:`ChatOrderedUpdateStore` that keys rows recorded without a
+chat key (both or none)."""
+
+COMPLETING_METHODS = ("complete_owned", "reopen_completed")
+"""The methods of :class:`CompletingUpdateStore` (both or none)."""
+
+Row = Tuple[int, str, int]
+"""An update to record: ``(update_id, body, received_at)``."""
+
+ChatRow = Tuple[int, str, int, Optional[int]]
+"""An update to record with its chat key: ``(update_id, body, received_at, chat_key)``;
+``chat_key`` :obj:`None` means the update belongs to no chat (it is never ordered)."""
+
+ChatKey = Tuple[int, str, int]
+"""The chat key of a recorded row: ``(update_id, body, chat_key)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimTerms:
+    """The terms every claim of one call is made on: what :meth:`UpdateStore.claim` takes as
+    keywords, as one value for the batch claims (:meth:`ClaimingUpdateStore.claim_owned_many`).
+
+    A store author reads the fields; the runtime builds the value once per claim call.
+
+    Args:
+        now (:obj:`int`): The claim time (epoch milliseconds): a row is claimable at ``now``
+            (``pending``; ``failed`` with ``due_at <= now``; ``processing`` with
+            ``due_at < now``).
+        lease_until (:obj:`int`): The lease of a claim made (``due_at``); ``>= now``.
+        max_attempts (:obj:`int`): A claimable row whose ``attempts`` reached this is spent:
+            abandoned instead of claimed.
+        durable_exhaustion (:obj:`bool`): A spent row becomes an unacknowledged exhaustion
+            (``settled_at`` NULL) instead of ordinary settled history. Defaults to
+            :obj:`False`.
+    """
+
+    now: int
+    lease_until: int
+    max_attempts: int
+    durable_exhaustion: bool = False
+
+
+@runtime_checkable
+class UpdateStore(Protocol):
+    """The base store contract: the original six methods.
+
+    Times are integer milliseconds since the epoch.
+    """
+
+    def add(self, update_id: int, body: str, received_at: int) -> bool:
+        """Insert a pending row; :obj:`False` if ``update_id`` exists in any state."""
+
+    def claim(
+        self,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> Optional[int]:
+        """Take a claimable row for a new attempt and return the attempt number.
+
+        If the row is claimable but its attempts are spent, abandon it (an unacknowledged
+        exhaustion when ``durable_exhaustion``) and return :obj:`None`. Return :obj:`None` as well
+        for a live lease, a final row or an unknown id.
+        """
+
+    def renew(
+        self, update_id: int, attempt: int, lease_until: int, now: Optional[int] = None
+    ) -> bool:
+        """Extend the lease of ``attempt`` to at least ``lease_until``; never shortens it and,
+        with ``now``, never revives an expired one. :obj:`True` when the row matched."""
+
+    def settle(self, update_id: int, attempt: int, settlement: Settlement) -> None:
+        """Record the result of ``attempt`` if it still holds an unexpired lease at
+        ``settlement.at``; otherwise do nothing."""
+
+    def due(self, *, now: int, pending_before: int, limit: int) -> List[StoredUpdate]:
+        """Rows to hand over: pending with ``received_at <= pending_before``, failed with
+        ``due_at <= now``, processing with ``due_at < now``; by ``update_id``; at most
+        ``limit``.
+
+        A store with :meth:`ReleasingUpdateStore.release_many` also lists every *released*
+        row at once, whatever ``pending_before``: a pending row that carries a claim id (only
+        a release leaves one on a pending row; ``add`` never writes one)."""
+
+    def prune(self, before: int) -> int:
+        """Delete completed and abandoned rows with ``settled_at < before``; return the count."""
+
+
+@runtime_checkable
+class FencedUpdateStore(UpdateStore, Protocol):
+    """The fenced contract: the base six plus claims with a persisted, unique claim id."""
+
+    def claim_owned(
+        self,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> Optional[AttemptIdentity]:
+        """As :meth:`claim`, returning the identity with the claim id read back from the row."""
+
+    def renew_owned(
+        self, identity: AttemptIdentity, lease_until: int, now: Optional[int] = None
+    ) -> bool:
+        """As :meth:`renew`, and the claim id must match."""
+
+    def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
+        """:obj:`True` only while this exact claim holds a lease unexpired at ``at``.
+
+        With ``connection`` (the caller's DB-API connection or cursor), the check runs on it,
+        inside the caller's transaction (PostgreSQL: ``SELECT … FOR UPDATE``); see
+        :class:`TransactionalUpdateStore` for what the runtime relies on.
+        """
+
+    def settle_owned(self, identity: AttemptIdentity, settlement: Settlement) -> bool:
+        """As :meth:`settle`, and the claim id must match; returns whether it landed.
+
+        The ``connection=`` keyword is an optional capability: see
+        :class:`TransactionalUpdateStore`.
+        """
+
+
+@runtime_checkable
+class DurableUpdateStore(FencedUpdateStore, Protocol):
+    """The durable contract: fenced, plus terminal failures kept until acknowledged."""
+
+    def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:
+        """Turn the exact live claim into an unacknowledged exhaustion."""
+
+    def due_exhaustions(
+        self, *, limit: int, after_update_id: Optional[int] = None
+    ) -> List[Exhaustion]:
+        """Unacknowledged exhaustions with ``update_id > after_update_id``, by ``update_id``."""
+
+    def acknowledge_exhaustion(self, identity: AttemptIdentity, at: int) -> bool:
+        """Acknowledge the exhaustion with exactly this identity; it becomes prunable."""
+
+
+class BatchUpdateStore(Protocol):
+    """Optional: several rows per call (one statement and one commit in the SQL stores).
+
+    Each method is independently optional; the runtime uses the ones a store has and falls back
+    to the loop of single calls for the others. Each must equal that loop row by row,
+    refusals included, and land all or nothing (one commit). :meth:`renew_owned_many` and
+    :meth:`settle_owned_many` are also the batch forms of
+    :meth:`FencedUpdateStore.renew_owned` and :meth:`FencedUpdateStore.settle_owned`: a store
+    with the batch form needs no single one (see :data:`CAPABILITY_GROUPS`).
+    """
+
+    def add_many(self, rows: Sequence[Row]) -> List[bool]:
+        """``[add(*row) for row in rows]`` in one commit, all or nothing."""
+
+    def add_claimed_many(
+        self, rows: Sequence[Row], *, lease_until: int
+    ) -> List[Optional[AttemptIdentity]]:
+        """Record fresh updates already claimed for attempt 1, in one commit.
+
+        Per row: a new ``update_id`` is inserted as ``processing`` with ``attempts = 1``,
+        ``due_at = lease_until`` and a fresh claim id, and its identity is returned; an existing
+        one returns :obj:`None` and changes nothing — except where :meth:`UpdateStore.add`
+        documents that a *different* update replaces a settled row: then the row is replaced
+        by the claimed one and its identity is returned.
+        """
+
+    def add_claimed_and_settle_many(
+        self,
+        rows: Sequence[Row],
+        *,
+        lease_until: int,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+    ) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
+        """:meth:`add_claimed_many` and :meth:`settle_owned_many` in one commit."""
+
+    def renew_many(
+        self, leases: Sequence[Tuple[int, int]], lease_until: int, now: int
+    ) -> List[Optional[bool]]:
+        """Renew ``(update_id, attempt)`` leases as :meth:`UpdateStore.renew` with ``now``.
+
+        Per position: :obj:`True` renewed, :obj:`False` refused, :obj:`None` the row is locked
+        by another open transaction right now (undecided; PostgreSQL ``FOR UPDATE SKIP
+        LOCKED``): neither renewed nor refused.
+        """
+
+    def renew_owned_many(
+        self, identities: Sequence[AttemptIdentity], lease_until: int, now: int
+    ) -> List[Optional[bool]]:
+        """As :meth:`renew_many` for :meth:`FencedUpdateStore.renew_owned` (claim ids must
+        match); :obj:`None` means locked right now, undecided."""
+
+    def settle_owned_many(
+        self, items: Sequence[Tuple[AttemptIdentity, Settlement]]
+    ) -> List[bool]:
+        """``[settle_owned(i, s) for i, s in items]`` in one commit; per position whether that
+        settlement landed."""
+
+
+class ClaimingUpdateStore(Protocol):
+    """Optional: claim several rows for their next attempt in one statement (one commit in
+    the SQL stores). It is also the batch form of :meth:`FencedUpdateStore.claim_owned`: a
+    store with it needs no ``claim_owned`` (the runtime claims one row as a batch of one);
+    without it the runtime claims row by row with ``claim_owned``.
+
+    :meth:`claim_owned_many` applies exactly the rule of ``claim_owned`` to each row, on the
+    same :class:`ClaimTerms`: a claimable row (``pending``; ``failed`` with ``due_at <= now``;
+    ``processing`` with ``due_at < now`` — a lease is held while ``due_at >= now``) whose
+    ``attempts < max_attempts`` is taken for attempt ``attempts + 1`` with lease
+    ``lease_until`` and a fresh claim id; a claimable row whose attempts are spent is abandoned
+    exactly as ``claim_owned`` abandons it (an unacknowledged exhaustion with
+    ``durable_exhaustion``) and gives no identity. Everything lands in one commit, all or
+    nothing. ``lease_until >= now`` is assumed (a claim made by the call is then live for the
+    rest of it).
+
+    A store written for the earlier form, ``claim_owned_many(update_ids, *, now, lease_until,
+    max_attempts, durable_exhaustion=False)`` (keywords, told apart by its ``now`` parameter),
+    keeps working: the runtime calls it that way.
+
+    The runtime uses it for the updates that start together (the slots freed by one grouped
+    completion, a backlog handed over by a sweep): one commit for all their claims.
+    """
+
+    def claim_owned_many(
+        self, update_ids: Sequence[int], terms: ClaimTerms
+    ) -> List[Optional[AttemptIdentity]]:
+        """``[claim_owned(u, **terms) for u in update_ids]`` in one statement.
+
+        Returns:
+            Per input position the identity (read back from the row) or :obj:`None`: not
+            claimable at ``terms.now`` (a live lease, a ``failed`` row before its retry time, a
+            completed or abandoned row), attempts spent (the row is abandoned), an unknown id,
+            or an id repeated in ``update_ids`` (claimed at its first position only). A store
+            may lock the rows in ``update_id`` order; a row held by an open transaction is
+            waited for, as ``claim_owned`` waits.
+        """
+
+
+@runtime_checkable
+class TransactionalUpdateStore(Protocol):
+    """Optional: fenced writes inside a transaction, for ``Attempt.transaction``.
+
+    Without :meth:`transaction`, ``Attempt.transaction()`` needs ``connection=``. Without the
+    ``connection=`` keyword on :meth:`owns`/:meth:`settle_owned`, a caller's transaction is not
+    fenced by the database: ownership is checked on the store before the block (advisory) and
+    ``complete=True`` settles right *after* the caller's commit — at-least-once completion, not
+    exactly-once (the runtime logs one WARNING naming this at start).
+    """
+
+    def transaction(self) -> ContextManager[Any]:
+        """Open a transaction on a connection of the store's driver and yield the connection
+        (:obj:`None` where there is none, e.g. the memory store); commit on normal exit, roll
+        back on an exception."""
+
+    def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
+        """As :meth:`FencedUpdateStore.owns`. With ``connection`` (the caller's DB-API
+        connection or cursor) the check runs on it, inside the caller's transaction, and holds
+        the row until that transaction ends (PostgreSQL ``SELECT … FOR UPDATE``; SQLite the
+        database's write lock)."""
+
+    def settle_owned(
+        self, identity: AttemptIdentity, settlement: Settlement, *, connection: Any = None
+    ) -> bool:
+        """As :meth:`FencedUpdateStore.settle_owned`. With ``connection`` the statement runs on
+        the caller's connection inside its transaction, so it commits or rolls back with it."""
+
+
+class CompletingUpdateStore(Protocol):
+    """Optional (with :class:`TransactionalUpdateStore`): a fenced ``complete=True``
+    transaction checks ownership and settles in ONE conditional statement at its start.
+
+    Without it the runtime checks with ``owns(connection=)`` first and settles with
+    ``settle_owned(connection=)`` last: the same result, one statement more. Both methods run
+    on the caller's connection (or cursor) and never end the caller's transaction.
+    """
+
+    def complete_owned(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        """Inside the caller's open transaction: if this exact claim (update id, attempt and
+        claim id) is ``processing`` with ``due_at >= at`` (a lease ending exactly at ``at``
+        still holds), set it ``completed`` with ``settled_at = at`` (lease and attempts kept)
+        and keep its row held until that transaction ends (PostgreSQL: the row lock of the
+        ``UPDATE``; SQLite: the database's write lock), so a competing claim waits and then
+        sees the completed row. One statement; nothing is committed here.
+
+        The caller's commit lands the completion with the caller's writes; the caller's
+        rollback restores the claim exactly as it was (still owned, same lease), so the
+        attempt can write again, fail or be retried normally.
+
+        Returns:
+            :obj:`bool`: Whether this claim was owned at ``at`` and is now completed in the
+            caller's transaction (:obj:`False`: nothing changed).
+        """
+
+    def reopen_completed(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        """Undo a :meth:`complete_owned` that a caller committed by mistake (the caller's
+        block committed its own transaction): only the row of this exact claim that is
+        ``completed`` with ``settled_at = at`` goes back to ``processing`` (``settled_at``
+        NULL, lease, attempts and claim id kept). Runs on ``connection`` (its transaction
+        ended) and commits at once.
+
+        Returns:
+            :obj:`bool`: Whether that completion was undone (:obj:`False`: the caller's block
+            rolled back, or the row is not that completion).
+        """
+
+
+@runtime_checkable
+class BotBoundStore(Protocol):
+    """Optional: a store that records which bot owns its table."""
+
+    def bind_bot(self, bot_id: int) -> None:
+        """Record that the table belongs to bot ``bot_id`` (the first binder wins).
+
+        Raises:
+            ptb_fence.TableBotMismatch: The table belongs to another bot.
+        """
+
+
+class ReleasingUpdateStore(Protocol):
+    """Optional: give claimed updates back at once, without spending their attempt."""
+
+    def release_many(self, identities: Sequence[AttemptIdentity], *, at: int) -> List[bool]:
+        """Release the exact claims in ``identities``, in one statement (one commit).
+
+        Per identity whose row is ``processing`` with that attempt and claim id (the lease need
+        not be live): ``state = 'pending'``, ``attempts = attempts - 1`` (the attempt is not
+        counted as spent), ``due_at = at``, ``error`` and ``claim_id`` kept. The row is then
+        claimable at once by any process and listed by ``due`` whatever ``pending_before``;
+        the next claim returns the same attempt number with a fresh claim id, so the released
+        identity is refused by ``owns``/``renew_owned``/``settle_owned`` from the release on.
+
+        Returns:
+            Per input position, whether that claim was released (:obj:`False`: not this claim,
+            not processing, an id repeated in the input, or — PostgreSQL — the row is locked by
+            an open transaction right now).
+        """
+
+
+class LivenessStore(Protocol):
+    """Optional: a store object holds a liveness signal for the process using it, claims
+    made through it record that *instance*, and another process can take over the claims of
+    a provably dead instance before their lease ends.
+
+    "Provably dead" means the signal is gone in a way only the end of the process explains
+    (PostgreSQL: a session advisory lock of the instance's connection that is free while the
+    instance has stopped refreshing its row; SQLite: an OS file lock on a file that names the
+    instance). A live process that lost its signal (a terminated backend, a deleted lock file)
+    holds it again and is never taken for dead meanwhile; a frozen process (SIGSTOP, a long GC
+    pause) still holds it: the claims of both wait for their lease as before. A child made by
+    ``os.fork()`` does not keep its parent's signal.
+    """
+
+    def hold_liveness(self) -> str:
+        """Start holding this store object's liveness signal (idempotent); return the
+        instance id (opaque, non-empty text). Claims made through this object from now on
+        record it."""
+
+    def release_liveness(self) -> None:
+        """Stop holding the signal (graceful stop; also done by ``close()``) and forget the
+        instance. Idempotent. Rows it claimed keep their lease (release them first)."""
+
+    def take_over_dead(self, *, now: int) -> int:
+        """Make the ``processing`` rows of every provably dead instance claimable at ``now``
+        and forget those instances. Never touches the caller's own instance or a live (even
+        frozen) one.
+
+        Without :class:`IsolatingUpdateStore` every such row keeps its attempts and claim id
+        (``due_at = min(due_at, now - 1)``): a crashed attempt counts as spent, as after a
+        lapsed lease. With it, only a row whose current claim was marked isolated
+        (:meth:`IsolatingUpdateStore.mark_isolated`: its handler ran alone in the dead
+        process) is handled so; every other row is given back as
+        :meth:`ReleasingUpdateStore.release_many` gives it (``pending``, ``attempts - 1``,
+        ``due_at = now``, claim id kept) and becomes *suspect* (see there).
+
+        Returns:
+            The number of rows made claimable.
+        """
+
+
+class IsolatingUpdateStore(Protocol):
+    """Optional (both methods or none; used with :class:`LivenessStore`): a crash is charged
+    only to the attempt whose handler ran alone in the process that died.
+
+    Several handlers start together in one process, so when it dies nobody knows which one
+    killed it. With this capability ``take_over_dead`` counts a dead instance's attempt as
+    spent only when that exact claim was marked *isolated*; the attempts of the other rows are
+    given back and those rows become *suspect*. A row marked isolated is suspect as well: a
+    row stays suspect until it is replaced by a different update. The runtime runs the attempt
+    of a suspect row alone in its process (no other handler of the process runs meanwhile) and
+    marks its claim isolated right before its handler starts. So a handler that keeps killing
+    its process spends its own attempts only, and every other update claimed with it is
+    handled.
+
+    Suspect rows are rare (only a dead instance makes them): a claim of a row that is not
+    suspect costs no statement more.
+    """
+
+    def claimed_suspect(self, identity: AttemptIdentity) -> bool:
+        """Whether ``identity``, a claim made through this store object in this process, took a
+        suspect row.
+
+        Answered from what the claim statement read back (no statement): each claim is
+        answered once, then forgotten; an identity this object did not claim (or already
+        answered) is :obj:`False`. A claim of a fresh row (``add_claimed_many``) is never
+        suspect.
+        """
+
+    def mark_isolated(self, identity: AttemptIdentity, *, at: int) -> bool:
+        """Record, in one statement committed before returning, that the handler of this exact
+        claim starts now with no other handler running in its process: the row that is
+        ``processing`` with that update id, attempt and claim id and a lease live at ``at``
+        (``due_at >= at``) gets ``isolated_claim = claim_id``; nothing else changes.
+
+        Returns:
+            :obj:`bool`: Whether it landed (:obj:`False`: not this claim, not processing, or
+            its lease ended before ``at``).
+        """
+
+
+class ChatOrderedUpdateStore(Protocol):
+    """Optional (all three methods or none): the store keeps the order of each chat, for
+    ``strict_chat_order``.
+
+    A row may carry a *chat key* (an integer), written once when the row is recorded by
+    :meth:`add_many_in_chats`; rows recorded otherwise have none. At time ``now``:
+
+    - a row is *unsettled* while its state is ``pending``, ``processing`` (leased or lapsed)
+      or ``failed`` (waiting for its retry or due); ``completed`` and ``abandoned`` rows are
+      settled, an unacknowledged exhaustion included: an exhausted update releases its chat;
+    - a row with chat key ``k`` is *in turn* at ``now`` when no *other* row with chat key ``k``
+      is unsettled with a smaller ``update_id``, and no other row with chat key ``k`` is
+      ``processing`` with a lease live at ``now`` (``due_at >= now``; a lapsed lease blocks
+      only rows above it). A row without a chat key is always in turn.
+
+    So of each chat at most one row is in turn (its lowest unsettled one, while no attempt of
+    the chat runs). Each check is part of the one conditional statement that claims or lists,
+    so it holds across processes sharing the store (within each claim statement's view: an
+    update recorded *after* a higher one of its chat was claimed is not ordered before it).
+
+    Rows recorded without a chat key by a process without ``strict_chat_order`` (or before it
+    was turned on) would never be ordered. A store that also has the optional pair
+    ``unkeyed_in_chats(*, after_update_id=None, limit)`` (the unsettled rows without a chat key,
+    by ``update_id``, after ``after_update_id``, as :class:`~ptb_fence.StoredUpdate`) and
+    ``set_chat_keys(keys)`` (for ``(update_id, body, chat_key)``: set the key of a row that has
+    none, is unsettled and holds exactly ``body``, in one commit; return how many were set)
+    has them keyed from their stored bodies when a ``strict_chat_order`` runtime starts, before
+    its first claim; without the pair it logs a WARNING instead.
+    """
+
+    def add_many_in_chats(self, rows: Sequence[ChatRow]) -> List[bool]:
+        """As :meth:`BatchUpdateStore.add_many` for ``(update_id, body, received_at,
+        chat_key)`` rows, recording each row's chat key (:obj:`None`: no chat). A row that
+        is not inserted (the id exists) keeps the chat key it has; a settled row replaced by a
+        different update (see :meth:`UpdateStore.add`) takes the new one."""
+
+    def claim_in_chat_order(
+        self,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> Optional[AttemptIdentity]:
+        """As :meth:`FencedUpdateStore.claim_owned`, and the row must also be in turn at
+        ``now``; otherwise return :obj:`None` and change nothing (a row whose attempts are
+        spent is abandoned only when it is in turn)."""
+
+    def due_in_chat_order(
+        self, *, now: int, pending_before: int, limit: int, chat_key: Optional[int] = None
+    ) -> List[StoredUpdate]:
+        """As :meth:`UpdateStore.due`, listing only rows in turn at ``now`` (so at most one
+        row per chat key; a chat whose lowest unsettled row is not due lists nothing). With
+        ``chat_key``, only rows of that chat."""
+
+
+def missing_methods(store: object, names: "tuple[str, ...]") -> List[str]:
+    """Return the names in ``names`` that ``store`` lacks or that are not callable."""
+    return [name for name in names if not callable(getattr(store, name, None))]
+
+
+def is_fenced(store: object) -> bool:
+    """Return :obj:`True` if ``store`` has every method of :class:`FencedUpdateStore`.
+
+    A store with batch forms instead of some single-row ones (``claim_owned_many`` for
+    ``claim_owned``, ...) is fenced for the runtime (``"fenced" in StoreCapabilities.of(store)``)
+    but not a :class:`FencedUpdateStore`: this answers the Protocol's question only."""
+    return not missing_methods(store, FENCED_METHODS)
+
+
+def is_durable(store: object) -> bool:
+    """Return :obj:`True` if ``store`` has every method of :class:`DurableUpdateStore`."""
+    return not missing_methods(store, DURABLE_METHODS)
+
+
+# -- capabilities ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class CapabilityGroup:
+    """One capability of the store contract and the methods it needs, all or nothing.
+
+    Args:
+        name (:obj:`str`): The capability's name, as :class:`StoreCapabilities` lists it.
+        needs (Tuple[Tuple[:obj:`str`, ...], ...]): Per operation, the methods that provide it:
+            any one of them is enough (the single-row form first, then its batch forms).
+        feature (:obj:`str`): What the runtime does with the capability.
+        requires (Tuple[:obj:`str`, ...]): The groups a store with this one must have too.
+    """
+
+    name: str
+    needs: Tuple[Tuple[str, ...], ...]
+    feature: str
+    requires: Tuple[str, ...] = ()
+
+    @property
+    def methods(self) -> Tuple[str, ...]:
+        """Tuple[:obj:`str`, ...]: Every method name the group mentions, in order."""
+        return tuple(name for forms in self.needs for name in forms)
+
+
+def _group(name: str, needs: str, feature: str, requires: Tuple[str, ...] = ()) -> CapabilityGroup:
+    """``needs``: operations separated by spaces, the forms of one operation by ``|``."""
+    operations = tuple(tuple(forms.split("|")) for forms in needs.split())
+    return CapabilityGroup(name, operations, feature, requires)
+
+
+CAPABILITY_GROUPS: Tuple[CapabilityGroup, ...] = (
+    _group("base", "add claim renew settle due prune",
+           "every store: record, claim, renew, settle, hand over and prune (the unary handler)"),
+    _group("fenced",
+           "claim_owned|claim_owned_many renew_owned|renew_owned_many owns "
+           "settle_owned|settle_owned_many",
+           "attempt-aware handling and exhaustion handling: claims with a persisted claim id"),
+    _group("durable", "exhaust due_exhaustions acknowledge_exhaustion",
+           "handle_exhaustion: terminal failures kept until acknowledged", ("fenced",)),
+    _group("add_many", "add_many", "one commit for the updates recorded together"),
+    _group("renew_many", "renew_many", "one statement per renewal round (unary attempts)"),
+    _group("claim_owned_many", "claim_owned_many",
+           "one commit for the claims of updates that start together", ("fenced",)),
+    _group("renew_owned_many", "renew_owned_many",
+           "one statement per renewal round (fenced attempts)", ("fenced",)),
+    _group("settle_owned_many", "settle_owned_many",
+           "one commit for the completions that end together", ("fenced",)),
+    _group("add_claimed_many", "add_claimed_many",
+           "claim at ingest: record and claim fresh updates in one commit", ("fenced",)),
+    _group("add_claimed_and_settle_many", "add_claimed_and_settle_many",
+           "record, claim and settle in one commit", ("fenced",)),
+    _group("transaction", "transaction", "attempt.transaction() without connection="),
+    _group("completing", "complete_owned reopen_completed",
+           "a complete=True transaction owns and settles in one statement at its start",
+           ("fenced",)),
+    _group("bind_bot", "bind_bot", "one table, one bot: the table records its bot"),
+    _group("release", "release_many",
+           "a graceful stop gives unfinished claims back at once", ("fenced",)),
+    _group("liveness", "hold_liveness release_liveness take_over_dead",
+           "the claims of a dead process are taken over before their lease ends"),
+    _group("isolation", "claimed_suspect mark_isolated",
+           "a crash is charged only to the attempt that ran alone"),
+    _group("chat_order", "add_many_in_chats claim_in_chat_order due_in_chat_order",
+           "strict_chat_order", ("fenced",)),
+    _group("chat_keys", "unkeyed_in_chats set_chat_keys",
+           "strict_chat_order keys rows recorded without a chat key", ("chat_order",)),
+)
+"""Tuple[:class:`CapabilityGroup`, ...]: Every capability of the store contract with the
+methods it needs (the README's capability table)."""
+
+
+def takes_connection(method: Optional[Callable[..., Any]]) -> bool:
+    """Whether ``method`` accepts ``connection=`` (by name or through ``**kwargs``)."""
+    if method is None:
+        return False
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # pragma: no cover - a builtin without a signature
+        return False
+    return any(
+        p.name == "connection" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters
+    )
+
+
+def takes_claim_keywords(method: Callable[..., Any]) -> bool:
+    """Whether a batch claim is the earlier keyword form (it has a parameter ``now``) rather
+    than the :class:`ClaimTerms` form; a method whose signature cannot be read takes terms."""
+    try:
+        return "now" in inspect.signature(method).parameters
+    except (TypeError, ValueError):  # pragma: no cover - a builtin without a signature
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCapabilities:
+    """What a store offers, decided once from its methods (:meth:`of`); the runtime logs it at
+    start.
+
+    Args:
+        store (:obj:`str`): The store's type name.
+        groups (FrozenSet[:obj:`str`]): The names of the :data:`CAPABILITY_GROUPS` the store has
+            whole.
+        caller_transactions (:obj:`bool`): ``owns`` and ``settle_owned`` take ``connection=``, so
+            a ``complete=True`` transaction settles inside the caller's commit (exactly-once;
+            :class:`TransactionalUpdateStore`).
+    """
+
+    store: str
+    groups: FrozenSet[str]
+    caller_transactions: bool = False
+
+    @classmethod
+    def of(cls, store: object) -> "StoreCapabilities":
+        """Probe ``store`` for every capability group.
+
+        Raises:
+            TypeError: The store has part of a group but not all of it, or a group without a
+                group it requires; the message names the methods it has and the ones it lacks.
+        """
+        name = type(store).__name__
+        groups = set()
+        for group in CAPABILITY_GROUPS:
+            # an operation is there when any of its forms is (single row or batch)
+            have = [forms for forms in group.needs
+                    if len(missing_methods(store, forms)) < len(forms)]
+            if len(have) == len(group.needs):
+                groups.add(group.name)
+            elif have:
+                lacking = [forms for forms in group.needs if forms not in have]
+                raise TypeError(
+                    f"{name} has {_forms(have, store)} but not {_forms(lacking, store)}: the "
+                    f"{group.name} capability ({group.feature}) needs all of "
+                    f"{_forms(group.needs, store)}, or none"
+                )
+        for group in CAPABILITY_GROUPS:
+            absent = [required for required in group.requires if required not in groups]
+            if group.name in groups and absent:
+                wanted = [g for g in CAPABILITY_GROUPS if g.name in absent]
+                raise TypeError(
+                    f"{name} has the {group.name} capability ({', '.join(group.methods)}) "
+                    f"without {', '.join(absent)}: it needs "
+                    + "; ".join(f"{g.name}: {_forms(g.needs, store)}" for g in wanted)
+                )
+        connection = all(
+            takes_connection(getattr(store, method, None)) for method in ("owns", "settle_owned")
+        )
+        return cls(name, frozenset(groups), "fenced" in groups and connection)
+
+    def __contains__(self, group: object) -> bool:
+        return group in self.groups
+
+    def __str__(self) -> str:
+        names = [group.name for group in CAPABILITY_GROUPS if group.name in self.groups]
+        extra = "; owns/settle_owned take connection=" if self.caller_transactions else ""
+        return f"{self.store}: {', '.join(names) or 'none'}{extra}"
+
+
+def _forms(operations: Sequence[Tuple[str, ...]], store: object) -> str:
+    """Name operations for a message: the form the store has, else every form (``a or b``)."""
+    names = []
+    for forms in operations:
+        present = [name for name in forms if not missing_methods(store, (name,))]
+        names.append(present[0] if present else " or ".join(forms))
+    return ", ".join(names)
