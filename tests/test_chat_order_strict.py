@@ -282,7 +282,7 @@ def test_rows_recorded_without_a_chat_key_get_it_at_a_strict_start(
 def test_a_store_that_cannot_key_old_rows_warns_at_a_strict_start(caplog: Any) -> None:
     from test_runtime_support import ALL_METHODS, StoreWrapper
 
-    from ptb_fence._protocols import CHAT_ORDER_METHODS
+    from ptb_fence.contract import CHAT_ORDER_METHODS
 
     store = StoreWrapper(methods=ALL_METHODS + CHAT_ORDER_METHODS)
     intake = UpdateIntake(store, handle=lambda update: None, strict_chat_order=True)

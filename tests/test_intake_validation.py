@@ -9,7 +9,7 @@ from typing import Any, List
 import pytest
 
 from ptb_fence import MemoryUpdateStore, UpdateIntake
-from ptb_fence._protocols import BASE_METHODS, FENCED_METHODS
+from ptb_fence.contract import BASE_METHODS, FENCED_METHODS
 from test_runtime_support import FakeClock, StoreDown, StoreWrapper, body, intakes, row  # noqa: F401
 
 NUMERIC = (

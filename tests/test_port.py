@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Set
 import pytest
 
 from ptb_fence import Attempt, Exhaustion, MemoryUpdateStore, UpdateIntake
-from ptb_fence._protocols import BATCH_METHODS, DURABLE_METHODS, LIVENESS_METHODS
+from ptb_fence.contract import BATCH_METHODS, DURABLE_METHODS, LIVENESS_METHODS
 from ptb_fence.runtime._port import StorePort
 
 from test_runtime_support import StoreWrapper, body, wait_until

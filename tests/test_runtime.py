@@ -20,7 +20,7 @@ from ptb_fence import (
     UpdateIntake,
     current_attempt,
 )
-from ptb_fence._protocols import BASE_METHODS
+from ptb_fence.contract import BASE_METHODS
 from test_runtime_support import (  # noqa: F401
     FakeClock,
     Recorder,

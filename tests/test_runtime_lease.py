@@ -9,7 +9,7 @@ from typing import Any, List
 import pytest
 
 from ptb_fence import MemoryUpdateStore, RuntimeOptions, UpdateIntake
-from ptb_fence._protocols import BASE_METHODS, FENCED_METHODS
+from ptb_fence.contract import BASE_METHODS, FENCED_METHODS
 from ptb_fence._values import Completed
 from ptb_fence.runtime._runtime import Runtime
 from test_runtime_support import FakeClock, Recorder, StoreDown, StoreWrapper, body, row, wait_until

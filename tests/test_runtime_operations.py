@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 from ptb_fence import Attempt, MemoryUpdateStore, RuntimeOptions, UpdateIntake
-from ptb_fence._protocols import DURABLE_METHODS
+from ptb_fence.contract import DURABLE_METHODS
 from ptb_fence._update_ids import MAX_UPDATE_ID, is_update_id
 from ptb_fence.runtime._runtime import Outcome, Runtime
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 import pytest
 
 from ptb_fence import MemoryUpdateStore, UpdateIntake, is_durable, is_fenced
-from ptb_fence._protocols import BASE_METHODS, DURABLE_METHODS, FENCED_METHODS
+from ptb_fence.contract import BASE_METHODS, DURABLE_METHODS, FENCED_METHODS
 
 EXTRA_METHODS = ("add_many", "renew_many", "renew_owned_many", "transaction", "close")
 """The optional capabilities (see notes/HELPERS.md)."""

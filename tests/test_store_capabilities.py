@@ -11,7 +11,7 @@ from ptb_fence import (
     MemoryUpdateStore,
     TransactionalUpdateStore,
 )
-from ptb_fence._protocols import BATCH_METHODS
+from ptb_fence.contract import BATCH_METHODS
 
 
 def test_capabilities_are_exported_and_documented() -> None:
