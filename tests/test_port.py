@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Set
 import pytest
 
 from ptb_fence import Attempt, Exhaustion, MemoryUpdateStore, UpdateIntake
-from ptb_fence.contract import BATCH_METHODS, DURABLE_METHODS, LIVENESS_METHODS
+from ptb_fence.contract import BATCH_METHODS, DURABLE_METHODS, LIVENESS_METHODS, ClaimTerms
 from ptb_fence.runtime._port import StorePort
 
 from test_runtime_support import StoreWrapper, body, wait_until
@@ -194,11 +194,7 @@ def test_batch_fallbacks_row_by_row() -> None:
     for port, inner in _ports():
         inner.add(5, body(5), 0)
         recorded = port.record_claimed(
-            [(4, body(4), 0), (5, body(5), 0)],
-            lease_until=10_000,
-            now=0,
-            max_attempts=3,
-            durable_exhaustion=True,
+            [(4, body(4), 0), (5, body(5), 0)], ClaimTerms(0, 10_000, 3, True)
         )
         identity = recorded[0]
         assert recorded[1] is False

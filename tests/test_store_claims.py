@@ -111,7 +111,7 @@ def test_the_port_falls_back_to_claim_owned_row_by_row() -> None:
         assert port.claims_many_at_once is (store is native)
         for update_id in (1, 2, 3, 4):
             assert port.add(update_id, f"b{update_id}", T)
-        many = port.claim_owned_many([2, 2, 9, 4], now=T, lease_until=T + L, max_attempts=3)
+        many = port.claim_owned_many([2, 2, 9, 4], ClaimTerms(T, T + L, 3))
         assert many[0] is not None and port.owns(many[0], T + L)
         results.append(shape(many))
     assert results[0] == results[1] == [(2, 1), None, None, (4, 1)]

@@ -267,8 +267,7 @@ def test_a_keyword_form_claim_owned_many_is_called_with_keywords() -> None:
     port = StorePort(store, component="t", fenced=True)
     for update_id in (1, 2, 3):
         assert port.add(update_id, body(update_id), T)
-    got = port.claim_owned_many([1, 2, 3], now=T, lease_until=T + L, max_attempts=3,
-                                durable_exhaustion=True)
+    got = port.claim_owned_many([1, 2, 3], ClaimTerms(T, T + L, 3, True))
     assert [i.update_id for i in got if i is not None] == [1, 2, 3]
     assert store.keyword_calls == [
         {"ids": [1, 2, 3], "terms": ClaimTerms(T, T + L, 3, True)}
@@ -287,7 +286,7 @@ def test_the_port_makes_single_row_calls_batches_of_one() -> None:
     store = BatchOnlyStore()
     port = StorePort(store, component="t", fenced=True, durable=True)
     assert port.add(7, body(7), T)
-    identity = port.claim_owned(7, now=T, lease_until=T + L, max_attempts=3)
+    identity = port.claim_owned(7, ClaimTerms(T, T + L, 3))
     assert identity is not None and identity.attempt == 1
     assert port.renew_owned(identity, T + 2 * L, T + 1) is True
     assert port.owns(identity, T + 2 * L) and not port.owns(identity, T + 2 * L + 1)

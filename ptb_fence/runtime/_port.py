@@ -96,6 +96,17 @@ def _lacking(store: object, group: str) -> str:
     return ", ".join(names)
 
 
+
+def _keywords(terms: ClaimTerms) -> "dict[str, Any]":
+    """``terms`` as the keywords of the single-row claims of the contract (``claim_owned``,
+    ``claim_in_chat_order``, and a batch claim written before :class:`ClaimTerms`)."""
+    return {
+        "now": terms.now,
+        "lease_until": terms.lease_until,
+        "max_attempts": terms.max_attempts,
+        "durable_exhaustion": terms.durable_exhaustion,
+    }
+
 class StorePort:
     """The user's store behind one typed interface (built once per runtime).
 
@@ -313,12 +324,13 @@ class StorePort:
         """``store.add``."""
         return bool(self.store.add(update_id, body, received_at))
 
-    def claim(
-        self, update_id: int, *, now: int, lease_until: int, max_attempts: int
-    ) -> Optional[int]:
-        """``store.claim``."""
+    def claim(self, update_id: int, terms: ClaimTerms) -> Optional[int]:
+        """``store.claim`` (a base store: ``durable_exhaustion`` is not its to take)."""
         number = self.store.claim(
-            update_id, now=now, lease_until=lease_until, max_attempts=max_attempts
+            update_id,
+            now=terms.now,
+            lease_until=terms.lease_until,
+            max_attempts=terms.max_attempts,
         )
         return None if number is None else int(number)
 
@@ -339,26 +351,11 @@ class StorePort:
         return int(self.store.prune(before))
 
     # -- fenced contract (a single-row form over the batch form where the store has only that)
-    def claim_owned(
-        self,
-        update_id: int,
-        *,
-        now: int,
-        lease_until: int,
-        max_attempts: int,
-        durable_exhaustion: bool = False,
-    ) -> Optional[AttemptIdentity]:
+    def claim_owned(self, update_id: int, terms: ClaimTerms) -> Optional[AttemptIdentity]:
         """``store.claim_owned``, or ``store.claim_owned_many`` of one id."""
-        terms = ClaimTerms(now, lease_until, max_attempts, durable_exhaustion)
         if self._claim_owned is None:
             return self._claim_batch([update_id], terms)[0]
-        identity: Optional[AttemptIdentity] = self._claim_owned(
-            update_id,
-            now=now,
-            lease_until=lease_until,
-            max_attempts=max_attempts,
-            durable_exhaustion=durable_exhaustion,
-        )
+        identity: Optional[AttemptIdentity] = self._claim_owned(update_id, **_keywords(terms))
         return identity
 
     def renew_owned(self, identity: AttemptIdentity, lease_until: int, now: int) -> bool:
@@ -428,15 +425,7 @@ class StorePort:
             return [bool(added) for added in self._add_many(list(rows))]
         return [self.add(*row) for row in rows]
 
-    def record_claimed(
-        self,
-        rows: Sequence[Row],
-        *,
-        lease_until: int,
-        now: int,
-        max_attempts: int,
-        durable_exhaustion: bool,
-    ) -> List[Recorded]:
+    def record_claimed(self, rows: Sequence[Row], terms: ClaimTerms) -> List[Recorded]:
         """Record fresh rows claimed for their first attempt.
 
         Per row: the identity (recorded and claimed here), :obj:`True` (recorded but not
@@ -445,55 +434,33 @@ class StorePort:
         is ``add`` then ``claim_owned`` with ``max_attempts``/``durable_exhaustion`` per row.
         """
         if self._add_claimed_many is not None:
-            identities = self._add_claimed_many(list(rows), lease_until=lease_until)
+            identities = self._add_claimed_many(list(rows), lease_until=terms.lease_until)
             return [False if identity is None else identity for identity in identities]
-        return [
-            self._add_then_claim(row, lease_until, now, max_attempts, durable_exhaustion)
-            for row in rows
-        ]
+        return [self._add_then_claim(row, terms) for row in rows]
 
-    def _add_then_claim(
-        self, row: Row, lease_until: int, now: int, max_attempts: int, durable: bool
-    ) -> Recorded:
+    def _add_then_claim(self, row: Row, terms: ClaimTerms) -> Recorded:
         if not self.add(*row):
             return False
-        identity = self.claim_owned(
-            row[0],
-            now=now,
-            lease_until=lease_until,
-            max_attempts=max_attempts,
-            durable_exhaustion=durable,
-        )
+        identity = self.claim_owned(row[0], terms)
         return True if identity is None else identity
 
     def record_claimed_and_settle(
         self,
         rows: Sequence[Row],
         settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
-        *,
-        lease_until: int,
-        now: int,
-        max_attempts: int,
-        durable_exhaustion: bool,
+        terms: ClaimTerms,
     ) -> Tuple[List[Recorded], List[bool]]:
         """:meth:`record_claimed` and :meth:`settle_owned_many`: one commit with
         ``add_claimed_and_settle_many``, else the two calls one after the other."""
         if self._add_claimed_and_settle_many is not None:
             identities, landed = self._add_claimed_and_settle_many(
-                list(rows), lease_until=lease_until, settlements=list(settlements)
+                list(rows), lease_until=terms.lease_until, settlements=list(settlements)
             )
             return (
                 [False if identity is None else identity for identity in identities],
                 [bool(ok) for ok in landed],
             )
-        recorded = self.record_claimed(
-            rows,
-            lease_until=lease_until,
-            now=now,
-            max_attempts=max_attempts,
-            durable_exhaustion=durable_exhaustion,
-        )
-        return recorded, self.settle_owned_many(settlements)
+        return self.record_claimed(rows, terms), self.settle_owned_many(settlements)
 
     def settle_owned_many(
         self, items: Sequence[Tuple[AttemptIdentity, Settlement]]
@@ -524,19 +491,12 @@ class StorePort:
 
     # -- claims of several rows (ClaimingUpdateStore) ------------------------------------------
     def claim_owned_many(
-        self,
-        update_ids: Sequence[int],
-        *,
-        now: int,
-        lease_until: int,
-        max_attempts: int,
-        durable_exhaustion: bool = False,
+        self, update_ids: Sequence[int], terms: ClaimTerms
     ) -> List[Optional[AttemptIdentity]]:
         """``store.claim_owned_many`` (one commit) or the loop of ``claim_owned``: per
         position the identity or :obj:`None` (an id repeated in the input is claimed at its
         first position only)."""
         ids = list(update_ids)
-        terms = ClaimTerms(now, lease_until, max_attempts, durable_exhaustion)
         if self._claim_owned_many is not None and (len(ids) > 1 or self._claim_owned is None):
             return self._claim_batch(ids, terms)
         seen: Set[int] = set()
@@ -545,13 +505,7 @@ class StorePort:
             identity = None
             if update_id not in seen:
                 seen.add(update_id)
-                identity = self.claim_owned(
-                    update_id,
-                    now=now,
-                    lease_until=lease_until,
-                    max_attempts=max_attempts,
-                    durable_exhaustion=durable_exhaustion,
-                )
+                identity = self.claim_owned(update_id, terms)
             result.append(identity)
         return result
 
@@ -562,13 +516,7 @@ class StorePort:
         keywords)."""
         assert self._claim_owned_many is not None
         if self._claim_keywords:
-            got = self._claim_owned_many(
-                update_ids,
-                now=terms.now,
-                lease_until=terms.lease_until,
-                max_attempts=terms.max_attempts,
-                durable_exhaustion=terms.durable_exhaustion,
-            )
+            got = self._claim_owned_many(update_ids, **_keywords(terms))
         else:
             got = self._claim_owned_many(update_ids, terms)
         return list(got)
@@ -588,21 +536,11 @@ class StorePort:
         return [bool(added) for added in self.store.add_many_in_chats(list(rows))]
 
     def claim_in_chat_order(
-        self,
-        update_id: int,
-        *,
-        now: int,
-        lease_until: int,
-        max_attempts: int,
-        durable_exhaustion: bool = False,
+        self, update_id: int, terms: ClaimTerms
     ) -> Optional[AttemptIdentity]:
         """``store.claim_in_chat_order``: claim only when the row is its chat's turn."""
         identity: Optional[AttemptIdentity] = self.store.claim_in_chat_order(
-            update_id,
-            now=now,
-            lease_until=lease_until,
-            max_attempts=max_attempts,
-            durable_exhaustion=durable_exhaustion,
+            update_id, **_keywords(terms)
         )
         return identity
 

@@ -16,6 +16,7 @@ import traceback
 from typing import Any, Callable, Hashable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ptb_fence._durations import format_duration
+from ptb_fence.contract import ClaimTerms
 from ptb_fence._values import (
     Abandoned,
     AttemptIdentity,
@@ -176,6 +177,17 @@ class Runtime:
         (:obj:`None`: :func:`asyncio.to_thread`)."""
         return self._hooks.executor()
 
+    def claim_terms(self, now: Optional[int] = None) -> ClaimTerms:
+        """The terms of the claims made now (or at ``now``): the lease from the options, their
+        ``max_attempts``, and durable exhaustion when this runtime delivers exhaustions."""
+        at = self.options.now_ms() if now is None else now
+        return ClaimTerms(
+            at,
+            self.options.lease_deadline(at),
+            self.options.max_attempts,
+            self.delivers_exhaustions,
+        )
+
     def now_ms(self) -> int:
         """The current time in store units (the options' clock)."""
         return self.options.now_ms()
@@ -229,31 +241,20 @@ class Runtime:
         take care of the update).
         """
         options = self.options
-        now = options.now_ms()
-        lease_until = options.lease_deadline(now)
+        terms = self.claim_terms()
+        lease_until = terms.lease_until
         try:
             if options.strict_chat_order or self.uses_claim_ids:
                 port = self.port  # strict_chat_order: only when it is its chat's turn
                 claim = port.claim_in_chat_order if options.strict_chat_order else port.claim_owned
-                identity = claim(
-                    update_id,
-                    now=now,
-                    lease_until=lease_until,
-                    max_attempts=options.max_attempts,
-                    durable_exhaustion=self.delivers_exhaustions,
-                )
+                identity = claim(update_id, terms)
                 if identity is None:
                     return None
                 claim_id = identity.claim_id if self.uses_claim_ids else None
                 attempt = Attempt(self, update_id, identity.attempt, claim_id, lease_until, body)
                 self._note_suspect(attempt, identity)
             else:
-                number = self.port.claim(
-                    update_id,
-                    now=now,
-                    lease_until=lease_until,
-                    max_attempts=options.max_attempts,
-                )
+                number = self.port.claim(update_id, terms)
                 if number is None:
                     return None
                 attempt = Attempt(self, update_id, number, None, lease_until, body)
@@ -708,19 +709,12 @@ class Runtime:
         if not self._claims_at_ingest(claim):
             return list(self.port.add_many(rows))
         with self._ingest_lock:  # the budget is counted and spent by one recorder at a time
-            options = self.options
             budget = self._claim_budget()
             if budget == 0:
                 return list(self.port.add_many(rows))
-            lease_until = options.lease_deadline(now)
-            recorded = self.port.record_claimed(
-                rows[:budget],
-                lease_until=lease_until,
-                now=now,
-                max_attempts=options.max_attempts,
-                durable_exhaustion=self.delivers_exhaustions,
-            )
-            claimed = self._adopt_all(recorded, items[:budget], lease_until)
+            terms = self.claim_terms(now)
+            recorded = self.port.record_claimed(rows[:budget], terms)
+            claimed = self._adopt_all(recorded, items[:budget], terms.lease_until)
         if len(rows) <= budget:
             return claimed
         try:
@@ -764,17 +758,10 @@ class Runtime:
         texts = list(bodies) if bodies is not None else [None] * len(update_ids)
         if not self.claims_in_groups or len(update_ids) < 2:
             return [self.claim(update_id, text) for update_id, text in zip(update_ids, texts)]
-        options = self.options
-        now = options.now_ms()
-        lease_until = options.lease_deadline(now)
+        terms = self.claim_terms()
+        lease_until = terms.lease_until
         try:
-            identities = self.port.claim_owned_many(
-                update_ids,
-                now=now,
-                lease_until=lease_until,
-                max_attempts=options.max_attempts,
-                durable_exhaustion=self.delivers_exhaustions,
-            )
+            identities = self.port.claim_owned_many(update_ids, terms)
         except Exception as exc:
             for update_id in update_ids:  # as if each had been claimed on its own
                 self.report_store_error(exc, "claim", ids={"update_id": update_id})
@@ -847,20 +834,17 @@ class Runtime:
             except Exception as exc:
                 records = exc
             return records, self.complete_many(attempts)
-        now = self.options.now_ms()
-        lease_until = self.options.lease_deadline(now)
+        terms = self.claim_terms()
+        now = terms.now
         try:
             recorded, landed = self.port.record_claimed_and_settle(
                 self._rows(items, now),
                 [(attempt.identity, Completed(now)) for attempt in attempts],
-                lease_until=lease_until,
-                now=now,
-                max_attempts=self.options.max_attempts,
-                durable_exhaustion=self.delivers_exhaustions,
+                terms,
             )
         except Exception as exc:
             return exc, [self.completion_failed(attempt, exc) for attempt in attempts]
-        records = self._adopt_all(recorded, items, lease_until)
+        records = self._adopt_all(recorded, items, terms.lease_until)
         self._note_redeliveries(items, records)
         return records, [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
 
