@@ -6,17 +6,11 @@ import fcntl
 import os
 import tempfile
 import time
-import uuid
 from typing import Iterator
 
 import pytest
 
-DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
-
-
-def postgres_dsn() -> str:
-    """The DSN tests use (``PTB_FENCE_POSTGRES_DSN`` or the local default)."""
-    return os.environ.get("PTB_FENCE_POSTGRES_DSN", DEFAULT_DSN)
+from store_support import drop_table, fresh_table_name, postgres_dsn
 
 
 def _postgres_problem() -> "str | None":
@@ -56,24 +50,12 @@ def pg_dsn() -> str:
     return postgres_dsn()
 
 
-def _drop_table(dsn: str, table: str) -> None:
-    import psycopg2
-
-    conn = psycopg2.connect(dsn)
-    try:
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute(f'DROP TABLE IF EXISTS "{table}" CASCADE')
-    finally:
-        conn.close()
-
-
 @pytest.fixture
 def pg_table(pg_dsn: str) -> Iterator[str]:
     """A fresh table name for this test, dropped afterwards."""
-    table = "t_" + uuid.uuid4().hex[:16]
+    table = fresh_table_name()
     yield table
-    _drop_table(pg_dsn, table)
+    drop_table(pg_dsn, table)
 
 
 @pytest.fixture
@@ -82,26 +64,7 @@ def pg_tables(pg_dsn: str) -> Iterator["list[str]"]:
     tables: "list[str]" = []
     yield tables
     for table in tables:
-        _drop_table(pg_dsn, table)
-
-
-def fresh_table_name() -> str:
-    """A unique table name (for tests that make several stores)."""
-    return "t_" + uuid.uuid4().hex[:16]
-
-
-def new_store(kind: str, request: pytest.FixtureRequest, path: str) -> "object":
-    """A fresh empty store of ``kind`` (``memory``, ``sqlite`` at ``path``, or ``postgres`` in a
-    fresh table dropped after the test, through the ``pg_dsn``/``pg_tables`` fixtures)."""
-    from ptb_fence import MemoryUpdateStore, PostgresUpdateStore, SQLiteUpdateStore
-
-    if kind == "memory":
-        return MemoryUpdateStore()
-    if kind == "sqlite":
-        return SQLiteUpdateStore(path)
-    table = fresh_table_name()
-    request.getfixturevalue("pg_tables").append(table)
-    return PostgresUpdateStore(request.getfixturevalue("pg_dsn"), table=table)
+        drop_table(pg_dsn, table)
 
 
 @pytest.fixture(autouse=True)

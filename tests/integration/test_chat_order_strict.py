@@ -243,7 +243,7 @@ def test_rows_recorded_without_a_chat_key_get_it_at_a_strict_start(
     """Updates recorded by an intake without strict_chat_order have no chat key; an intake
     with it keys them from their stored bodies when it starts, before its first claim (the
     update of no chat stays without one), and says so at WARNING."""
-    from conftest import new_store
+    from store_support import new_store
 
     store: Any = new_store(kind, request, str(tmp_path / "order.sqlite3"))
     lax = UpdateIntake(store, handle=lambda update: None)  # never started: records only

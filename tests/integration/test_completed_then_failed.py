@@ -28,7 +28,7 @@ from telegram import Update
 from telegram.error import NetworkError
 from telegram.ext import MessageHandler, filters
 
-from conftest import new_store
+from store_support import new_store
 from ptb_fence import AttemptFinished, UpdateIntake
 from ptb_fence.ptb import FencedUpdateProcessor
 from ptb_fence.testing import FakeBotApi

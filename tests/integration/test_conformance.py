@@ -26,7 +26,7 @@ from broken_stores import (
     IntBooleansStore,
     ReadThenWriteClaimStore,
 )
-from conftest import fresh_table_name
+from store_support import fresh_table_name
 from ptb_fence import MemoryUpdateStore
 from ptb_fence.conformance import RULES, check_update_store
 

@@ -18,7 +18,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from conftest import new_store
+from store_support import new_store
 from ptb_fence import AttemptTimeout, UpdateIntake
 from ptb_support import wait_sync
 

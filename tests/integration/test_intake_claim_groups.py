@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from conftest import new_store
+from store_support import new_store
 from counting_store import CountingStore
 from ptb_fence import SQLiteUpdateStore, UpdateIntake
 from runtime_support import body

@@ -21,7 +21,7 @@ import pytest
 from telegram import Update
 from telegram.ext import MessageHandler, filters
 
-from conftest import fresh_table_name, new_store
+from store_support import fresh_table_name, new_store
 from ptb_fence import Exhaustion, is_durable, is_fenced
 from ptb_fence.ptb import FencedUpdateProcessor
 from ptb_fence.testing import FakeBotApi

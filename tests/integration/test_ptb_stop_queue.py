@@ -17,7 +17,7 @@ import pytest
 from telegram import Update
 from telegram.ext import MessageHandler, filters
 
-from conftest import new_store
+from store_support import new_store
 from ptb_fence.ptb import DurableUpdateProcessor, FencedUpdateProcessor
 from ptb_fence.testing import FakeBotApi, make_message_update
 from ptb_support import build, run

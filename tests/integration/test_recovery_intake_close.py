@@ -29,7 +29,7 @@ def stores(request: Any, tmp_path: Any) -> Iterator[Tuple[Any, Any, str, str]]:
         mark = "?"
         domain = "domain"
     else:
-        from conftest import fresh_table_name
+        from store_support import fresh_table_name
 
         dsn = request.getfixturevalue("pg_dsn")
         table = request.getfixturevalue("pg_table")

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, List, Optional, Set, Tuple
 import pytest
 
 from broken_stores import FencedOnlyStore
-from conftest import fresh_table_name, new_store
+from store_support import fresh_table_name, new_store
 from ptb_fence import AttemptIdentity, Completed, Failed, MemoryUpdateStore, SQLiteUpdateStore
 from ptb_fence.runtime._port import StorePort
 

@@ -16,7 +16,7 @@ from ptb_fence import (
     PostgresUpdateStore,
     SQLiteUpdateStore,
 )
-from tests.conftest import fresh_table_name
+from store_support import fresh_table_name
 
 NOW = 1_700_000_000_000
 LEASE = NOW + 60_000
@@ -51,7 +51,7 @@ def make_store(request: Any, tmp_path: Any) -> Iterator[Callable[[], Any]]:
     for store in stores:
         store.close()
     if tables:
-        from tests.conftest import _drop_table
+        from store_support import drop_table as _drop_table
 
         _drop_table(request.getfixturevalue("pg_dsn"), tables[0])
 

@@ -9,7 +9,7 @@ from typing import Any, Iterator, List
 import pytest
 
 from broken_stores import FencedOnlyStore
-from conftest import fresh_table_name
+from store_support import fresh_table_name
 from ptb_fence import AttemptIdentity, Completed, MemoryUpdateStore, SQLiteUpdateStore
 from ptb_fence.runtime._port import StorePort
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from conftest import fresh_table_name
+from store_support import fresh_table_name
 from ptb_fence import SQLiteUpdateStore
 from ptb_fence.testing import make_message_update
 from ptb_support import DOMAIN_DDL, rows, wait_sync

@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
-from conftest import fresh_table_name
+from store_support import fresh_table_name
 from ptb_fence import SQLiteUpdateStore
 from ptb_fence.testing import FakeBotApi
 from ptb_support import DOMAIN_DDL, rows, wait_sync

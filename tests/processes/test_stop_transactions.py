@@ -84,7 +84,7 @@ def test_a_transaction_the_stop_cannot_end_is_logged_as_not_released(
 
     import psycopg2
 
-    from conftest import fresh_table_name
+    from store_support import fresh_table_name
     from ptb_fence import PostgresUpdateStore, UpdateIntake
 
     domain = fresh_table_name()

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import pytest
 
-from conftest import fresh_table_name
+from store_support import fresh_table_name
 from ptb_fence import MemoryUpdateStore, SQLiteUpdateStore
 
 WORKER = str(Path(__file__).resolve().parent / "liveness_worker.py")
