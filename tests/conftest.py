@@ -1,4 +1,9 @@
-"""Shared fixtures: real PostgreSQL (own table per test), SQLite files, clocks."""
+"""Shared fixtures: real PostgreSQL (own table per test), the store of each kind, intakes.
+
+Tests live by layer: ``unit/`` (in memory, no database server, socket or process),
+``integration/`` (real stores incl. PostgreSQL, threads, PTB Applications against FakeBotApi),
+``processes/`` (real processes; marked ``slow``). Helpers they import are in ``support/``.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,12 @@ import fcntl
 import os
 import tempfile
 import time
-from typing import Iterator
+from typing import Any, Callable, Iterator, List
 
 import pytest
 
-from store_support import drop_table, fresh_table_name, postgres_dsn
+from ptb_fence import MemoryUpdateStore, PostgresUpdateStore, SQLiteUpdateStore, UpdateIntake
+from store_support import STORE_KINDS, drop_table, fresh_table_name, new_store, postgres_dsn
 
 
 def _postgres_problem() -> "str | None":
@@ -65,6 +71,88 @@ def pg_tables(pg_dsn: str) -> Iterator["list[str]"]:
     yield tables
     for table in tables:
         drop_table(pg_dsn, table)
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """The store a test runs on: ``memory``, ``sqlite`` or ``postgres``.
+
+    A test using ``store``, ``shared_stores`` or ``fresh_stores`` runs once per kind (the
+    PostgreSQL run skips, or fails with PTB_FENCE_REQUIRE_POSTGRES=1, when the server is not
+    reachable: see ``pg_dsn``). For fewer kinds, parametrize it:
+    ``@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])``.
+    """
+    return str(request.param)
+
+
+@pytest.fixture
+def shared_stores(
+    store_kind: str, request: pytest.FixtureRequest, tmp_path: Any
+) -> Iterator[Callable[[], Any]]:
+    """Opens stores of ``store_kind`` on one database, all closed after the test.
+
+    Each call is a new instance on the same SQLite file (``tmp_path/updates.db``) or the same
+    PostgreSQL table (this test's ``pg_table``), as processes sharing a database have; a memory
+    store is its own database, so every call returns the same instance.
+    """
+    opened: List[Any] = []
+    if store_kind == "memory":
+        shared = MemoryUpdateStore()
+        opened.append(shared)
+
+        def make() -> Any:
+            return shared
+
+    elif store_kind == "sqlite":
+        path = str(tmp_path / "updates.db")
+
+        def make() -> Any:
+            opened.append(SQLiteUpdateStore(path))
+            return opened[-1]
+
+    else:
+        dsn = request.getfixturevalue("pg_dsn")
+        table = request.getfixturevalue("pg_table")
+
+        def make() -> Any:
+            opened.append(PostgresUpdateStore(dsn, table=table))
+            return opened[-1]
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(shared_stores: Callable[[], Any]) -> Any:
+    """An empty store of ``store_kind`` (the first of ``shared_stores``), closed after the test."""
+    return shared_stores()
+
+
+@pytest.fixture
+def fresh_stores(
+    store_kind: str, request: pytest.FixtureRequest, tmp_path: Any
+) -> Iterator[Callable[[], Any]]:
+    """Makes empty stores of ``store_kind``, each its own database (a new SQLite file in
+    ``tmp_path``, a new PostgreSQL table dropped after the test); all closed after the test."""
+    made: List[Any] = []
+
+    def make() -> Any:
+        made.append(new_store(store_kind, request, str(tmp_path / f"fresh{len(made)}.db")))
+        return made[-1]
+
+    yield make
+    for store in made:
+        store.close()
+
+
+@pytest.fixture
+def intakes() -> Iterator[List[UpdateIntake]]:
+    """A list of intakes closed after the test (append each one you make)."""
+    made: List[UpdateIntake] = []
+    yield made
+    for intake in made:
+        intake.close()
 
 
 @pytest.fixture(autouse=True)

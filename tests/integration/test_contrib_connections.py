@@ -25,7 +25,7 @@ from ptb_fence import (
     TransactionEnded,
     UpdateIntake,
 )
-from runtime_support import FakeClock, body, intakes  # noqa: F401
+from runtime_support import FakeClock, body
 
 
 class Env:
@@ -113,7 +113,7 @@ def _retry_now(intake: UpdateIntake, clock: FakeClock) -> None:
 
 
 def test_a_session_commits_the_orm_write_and_the_completion_together(
-    env: Env, intakes: List[UpdateIntake]  # noqa: F811
+    env: Env, intakes: List[UpdateIntake]
 ) -> None:
     seen: Dict[str, Any] = {}
 
@@ -141,7 +141,7 @@ def test_a_session_commits_the_orm_write_and_the_completion_together(
 
 
 def test_a_connection_commits_its_core_write_and_the_completion_together(
-    env: Env, intakes: List[UpdateIntake]  # noqa: F811
+    env: Env, intakes: List[UpdateIntake]
 ) -> None:
     seen: Dict[str, Any] = {}
 
@@ -162,7 +162,7 @@ def test_a_connection_commits_its_core_write_and_the_completion_together(
 
 
 def test_a_stale_attempts_orm_write_is_rolled_back_with_ownership_lost(
-    env: Env, intakes: List[UpdateIntake]  # noqa: F811
+    env: Env, intakes: List[UpdateIntake]
 ) -> None:
     seen: Dict[str, Any] = {}
     holder: Dict[str, Any] = {}
@@ -196,7 +196,7 @@ def test_a_stale_attempts_orm_write_is_rolled_back_with_ownership_lost(
 
 
 def test_a_session_commit_inside_the_block_is_transaction_ended(
-    env: Env, intakes: List[UpdateIntake]  # noqa: F811
+    env: Env, intakes: List[UpdateIntake]
 ) -> None:
     seen: Dict[str, Any] = {}
 
@@ -222,7 +222,7 @@ def test_a_session_commit_inside_the_block_is_transaction_ended(
 
 
 def test_an_explicit_session_begin_is_refused_before_anything_runs(
-    env: Env, intakes: List[UpdateIntake]  # noqa: F811
+    env: Env, intakes: List[UpdateIntake]
 ) -> None:
     seen: Dict[str, Any] = {}
 
@@ -254,7 +254,7 @@ def test_an_explicit_session_begin_is_refused_before_anything_runs(
 
 
 def test_unknown_objects_are_a_type_error_naming_what_is_accepted(
-    env: Env, intakes: List[UpdateIntake]  # noqa: F811
+    env: Env, intakes: List[UpdateIntake]
 ) -> None:
     errors: List[str] = []
 
@@ -289,7 +289,7 @@ def test_unknown_objects_are_a_type_error_naming_what_is_accepted(
 @pytest.mark.parametrize("autocommit", [False, True])
 @pytest.mark.parametrize("how", ["commit", "rollback", "nothing"])
 def test_a_psycopg3_connection_is_fenced_and_its_own_commit_is_detected(
-    pg_dsn: str, pg_tables: List[str], intakes: List[UpdateIntake], how: str,  # noqa: F811
+    pg_dsn: str, pg_tables: List[str], intakes: List[UpdateIntake], how: str,
     autocommit: bool,
 ) -> None:
     table, notes = "t_" + uuid.uuid4().hex[:16], "n_" + uuid.uuid4().hex[:16]
@@ -368,7 +368,7 @@ print(json.dumps([done, sorted(m for m in heavy if m in sys.modules)]))
 
 
 def test_run_in_transaction_takes_a_session(
-    env: Env, intakes: List[UpdateIntake]  # noqa: F811
+    env: Env, intakes: List[UpdateIntake]
 ) -> None:
     """The asyncio form: ``fn`` runs on a worker thread with the Session, committed by
     SQLAlchemy together with the completion."""

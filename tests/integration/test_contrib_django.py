@@ -23,7 +23,7 @@ from ptb_fence import (
     TransactionEnded,
     UpdateIntake,
 )
-from runtime_support import FakeClock, body, intakes  # noqa: F401
+from runtime_support import FakeClock, body
 
 django = pytest.importorskip("django")
 
@@ -127,7 +127,7 @@ def _run(env: Env, made: List[UpdateIntake], handle: Any, update_id: int,
 
 
 def test_a_django_connection_commits_the_orm_write_and_the_completion_together(
-    env: Env, intakes: List[UpdateIntake]  # noqa: F811
+    env: Env, intakes: List[UpdateIntake]
 ) -> None:
     seen: Dict[str, Any] = {}
 
@@ -144,7 +144,7 @@ def test_a_django_connection_commits_the_orm_write_and_the_completion_together(
 
 
 def test_inside_another_atomic_block_is_refused(
-    env: Env, intakes: List[UpdateIntake]  # noqa: F811
+    env: Env, intakes: List[UpdateIntake]
 ) -> None:
     from django.db import transaction
 
@@ -170,7 +170,7 @@ def test_inside_another_atomic_block_is_refused(
 
 
 def test_a_raw_commit_inside_the_block_is_transaction_ended(
-    env: Env, intakes: List[UpdateIntake]  # noqa: F811
+    env: Env, intakes: List[UpdateIntake]
 ) -> None:
     seen: Dict[str, Any] = {}
 
@@ -191,7 +191,7 @@ def test_a_raw_commit_inside_the_block_is_transaction_ended(
 
 
 def test_a_stale_attempts_django_write_is_rolled_back_with_ownership_lost(
-    env: Env, intakes: List[UpdateIntake]  # noqa: F811
+    env: Env, intakes: List[UpdateIntake]
 ) -> None:
     clock = FakeClock()
     seen: Dict[str, Any] = {}

@@ -27,7 +27,7 @@ from ptb_fence import (
     SQLiteUpdateStore,
     UpdateIntake,
 )
-from runtime_support import FakeClock, body, intakes  # noqa: F401
+from runtime_support import FakeClock, body
 
 T = 1_700_000_000_000
 L = 60_000
@@ -218,7 +218,7 @@ def test_a_competing_claim_waits_for_the_row_and_sees_it_completed(db: Db) -> No
 
 # -- through the runtime: a failing fn rolls the completion back; the attempt is retried --------
 def test_a_failing_fn_restores_the_claim_and_the_attempt_is_retried(
-    db: Db, intakes: List[UpdateIntake]  # noqa: F811
+    db: Db, intakes: List[UpdateIntake]
 ) -> None:
     clock = FakeClock()
     seen: Dict[str, Any] = {}
@@ -253,7 +253,7 @@ def test_a_failing_fn_restores_the_claim_and_the_attempt_is_retried(
 
 
 def test_a_refused_check_writes_nothing_and_raises_ownership_lost(
-    db: Db, intakes: List[UpdateIntake]  # noqa: F811
+    db: Db, intakes: List[UpdateIntake]
 ) -> None:
     clock = FakeClock()
     seen: Dict[str, Any] = {}
@@ -311,7 +311,7 @@ def _counting_pool(dsn: str, log: List[Tuple[int, str]]) -> Any:
 
 
 def test_a_complete_fenced_write_on_postgres_is_four_round_trips(
-    pg_dsn: str, pg_tables: List[str], intakes: List[UpdateIntake]  # noqa: F811
+    pg_dsn: str, pg_tables: List[str], intakes: List[UpdateIntake]
 ) -> None:
     log: List[Tuple[int, str]] = []
     pool = _counting_pool(pg_dsn, log)

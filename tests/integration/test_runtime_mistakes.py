@@ -32,12 +32,11 @@ from ptb_fence import (
     TransactionEnded,
     UpdateIntake,
 )
-from runtime_support import (  # noqa: F401
+from runtime_support import (
     FakeClock,
     Recorder,
     StoreWrapper,
     body,
-    intakes,
     row,
 )
 
@@ -120,7 +119,7 @@ def backend(request: Any, tmp_path: Any) -> Iterator[Backend]:
         made.store.close()
 
 
-def _make(store: Any, intakes: List[UpdateIntake], clock: FakeClock, **kwargs: Any) -> UpdateIntake:  # noqa: F811
+def _make(store: Any, intakes: List[UpdateIntake], clock: FakeClock, **kwargs: Any) -> UpdateIntake:
     intake = UpdateIntake(store, clock=clock, **kwargs)
     intakes.append(intake)
     intake.start()
@@ -145,7 +144,7 @@ def _takeover_warnings(caplog: Any) -> List[str]:
 
 # -- item 8: async fn ----------------------------------------------------------------------------
 def test_run_in_transaction_with_an_async_fn_raises_and_settles_nothing(
-    backend: Backend, intakes: List[UpdateIntake]  # noqa: F811
+    backend: Backend, intakes: List[UpdateIntake]
 ) -> None:
     clock = FakeClock()
     seen: Dict[int, Any] = {}
@@ -202,7 +201,7 @@ def _end_transaction(conn: Any, how: str) -> None:
 @pytest.mark.parametrize("how", ["commit", "rollback"])
 @pytest.mark.parametrize("complete", [True, False])
 def test_fn_ending_the_fenced_transaction_itself_is_loud(
-    backend: Backend, intakes: List[UpdateIntake], how: str, complete: bool, caplog: Any  # noqa: F811
+    backend: Backend, intakes: List[UpdateIntake], how: str, complete: bool, caplog: Any
 ) -> None:
     clock = FakeClock()
     seen: Dict[int, Any] = {}
@@ -242,7 +241,7 @@ def test_fn_ending_the_fenced_transaction_itself_is_loud(
 
 
 def test_a_given_postgres_connection_closed_inside_the_block_is_loud(
-    pg_dsn: str, pg_tables: List[str], intakes: List[UpdateIntake]  # noqa: F811
+    pg_dsn: str, pg_tables: List[str], intakes: List[UpdateIntake]
 ) -> None:
     backend = _pg_backend(pg_dsn, pg_tables)
     clock = FakeClock()
@@ -274,7 +273,7 @@ def test_a_given_postgres_connection_closed_inside_the_block_is_loud(
 
 # -- item 10: mistakes that read like a lost lease -----------------------------------------------
 def test_a_second_complete_and_use_after_the_handler_returned_are_attempt_finished(
-    backend: Backend, intakes: List[UpdateIntake], caplog: Any  # noqa: F811
+    backend: Backend, intakes: List[UpdateIntake], caplog: Any
 ) -> None:
     caplog.set_level(logging.DEBUG)
     clock = FakeClock()
@@ -339,7 +338,7 @@ def test_a_second_complete_and_use_after_the_handler_returned_are_attempt_finish
 
 
 def test_using_the_attempt_after_the_handler_returned_is_attempt_ended(
-    backend: Backend, intakes: List[UpdateIntake], caplog: Any  # noqa: F811
+    backend: Backend, intakes: List[UpdateIntake], caplog: Any
 ) -> None:
     caplog.set_level(logging.DEBUG)
     clock = FakeClock()
@@ -372,7 +371,7 @@ def test_using_the_attempt_after_the_handler_returned_is_attempt_ended(
     assert backend.state(11) == "completed"
 
 
-def test_attempt_finished_is_raised_before_touching_the_store(intakes: List[UpdateIntake]) -> None:  # noqa: F811
+def test_attempt_finished_is_raised_before_touching_the_store(intakes: List[UpdateIntake]) -> None:
     store, clock = StoreWrapper(), FakeClock()
     kept: List[Any] = []
 
@@ -508,7 +507,7 @@ def test_ptb_second_complete_is_attempt_finished_not_a_takeover(tmp_path: Any, c
 
 
 def test_a_given_sqlite_connection_committed_inside_the_block_is_loud(
-    tmp_path: Any, intakes: List[UpdateIntake]  # noqa: F811
+    tmp_path: Any, intakes: List[UpdateIntake]
 ) -> None:
     backend = _sqlite_backend(tmp_path)
     path = str(tmp_path / "mistakes.db")

@@ -13,7 +13,7 @@ import pytest
 
 from ptb_fence import MemoryUpdateStore, UpdateIntake
 from ptb_fence.runtime._chats import chat_key
-from runtime_support import FakeClock, body, intakes, row  # noqa: F401
+from runtime_support import FakeClock, body, row
 
 CHATS, PER_CHAT, MAX = 20, 15, 8
 
@@ -68,7 +68,7 @@ def check(tracker: Tracker) -> None:
     assert 1 < tracker.peak <= MAX
 
 
-def test_per_chat_order_for_a_backlog_handled_at_start(intakes) -> None:  # noqa: F811
+def test_per_chat_order_for_a_backlog_handled_at_start(intakes) -> None:
     store, tracker = MemoryUpdateStore(), Tracker()
     intake = UpdateIntake(store, handle=tracker, max_concurrent=MAX, clock=FakeClock())
     intakes.append(intake)
@@ -79,7 +79,7 @@ def test_per_chat_order_for_a_backlog_handled_at_start(intakes) -> None:  # noqa
     check(tracker)
 
 
-def test_per_chat_order_for_live_updates_from_many_threads(intakes) -> None:  # noqa: F811
+def test_per_chat_order_for_live_updates_from_many_threads(intakes) -> None:
     store, tracker = MemoryUpdateStore(), Tracker()
     intake = UpdateIntake(store, handle=tracker, max_concurrent=MAX, clock=FakeClock())
     intakes.append(intake)
@@ -102,7 +102,7 @@ def test_per_chat_order_for_live_updates_from_many_threads(intakes) -> None:  # 
     check(tracker)
 
 
-def test_a_slow_chat_does_not_block_the_others(intakes) -> None:  # noqa: F811
+def test_a_slow_chat_does_not_block_the_others(intakes) -> None:
     store = MemoryUpdateStore()
     release = threading.Event()
     entered = threading.Event()
@@ -140,7 +140,7 @@ def test_a_slow_chat_does_not_block_the_others(intakes) -> None:  # noqa: F811
     assert all(row(store, uid).state == "completed" for uid in [1, 2, 3, 4, 5] + others)
 
 
-def test_a_sweep_does_not_hand_over_an_update_already_queued_here(intakes) -> None:  # noqa: F811
+def test_a_sweep_does_not_hand_over_an_update_already_queued_here(intakes) -> None:
     store, clock = MemoryUpdateStore(), FakeClock()
     release, entered = threading.Event(), threading.Event()
     runs: List[int] = []
@@ -182,7 +182,7 @@ def test_chat_key(update: Dict[str, Any], key: Any) -> None:
     assert chat_key(update) == key
 
 
-def test_waiting_updates_of_a_chat_run_in_update_id_order(intakes) -> None:  # noqa: F811
+def test_waiting_updates_of_a_chat_run_in_update_id_order(intakes) -> None:
     store = MemoryUpdateStore()
     release, entered = threading.Event(), threading.Event()
     runs: List[int] = []

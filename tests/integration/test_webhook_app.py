@@ -13,7 +13,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import pytest
 
 from ptb_fence import MemoryUpdateStore, UpdateIntake, webhook_app
-from runtime_support import FakeClock, StoreDown, StoreWrapper, body, intakes, row  # noqa: F401
+from runtime_support import FakeClock, StoreDown, StoreWrapper, body, row
 
 SECRET = "s3cr3t_Token-42"
 
@@ -60,7 +60,7 @@ class Server:
 
 
 @pytest.fixture
-def served(intakes) -> Iterator[Tuple[Server, StoreWrapper, UpdateIntake, List[Any]]]:  # noqa: F811
+def served(intakes) -> Iterator[Tuple[Server, StoreWrapper, UpdateIntake, List[Any]]]:
     store = StoreWrapper()
     runs: List[Any] = []
     intake = UpdateIntake(store, handle=runs.append, clock=FakeClock())
@@ -282,7 +282,7 @@ def test_an_intake_without_accept_is_refused() -> None:
         webhook_app(object(), secret_token=SECRET)
 
 
-def test_concurrent_posts_of_the_same_update_record_it_once(intakes) -> None:  # noqa: F811
+def test_concurrent_posts_of_the_same_update_record_it_once(intakes) -> None:
     from socketserver import ThreadingMixIn
 
     class ThreadingServer(ThreadingMixIn, WSGIServer):

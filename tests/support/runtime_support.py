@@ -11,11 +11,9 @@ import json
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
-import pytest
-
-from ptb_fence import MemoryUpdateStore, UpdateIntake
+from ptb_fence import MemoryUpdateStore
 from ptb_fence._protocols import DURABLE_METHODS
 
 EXTRA_METHODS = ("add_many", "renew_many", "renew_owned_many", "transaction", "close")
@@ -144,12 +142,3 @@ class Recorder:
     def snapshot(self) -> List[Any]:
         with self._lock:
             return list(self.items)
-
-
-@pytest.fixture
-def intakes() -> Iterator[List[UpdateIntake]]:
-    """A list of intakes closed after the test (append each one you make)."""
-    made: List[UpdateIntake] = []
-    yield made
-    for intake in made:
-        intake.close()

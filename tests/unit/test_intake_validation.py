@@ -10,7 +10,7 @@ import pytest
 
 from ptb_fence import MemoryUpdateStore, UpdateIntake
 from ptb_fence._protocols import BASE_METHODS, FENCED_METHODS
-from runtime_support import FakeClock, StoreDown, StoreWrapper, body, intakes, row  # noqa: F401
+from runtime_support import FakeClock, StoreDown, StoreWrapper, body, row
 
 NUMERIC = (
     "max_attempts",
@@ -153,7 +153,7 @@ INVALID = [
 
 
 @pytest.fixture
-def wrapped(intakes) -> Any:  # noqa: F811, ANN001
+def wrapped(intakes) -> Any:  # noqa: ANN001
     store = StoreWrapper()
     runs: List[Any] = []
     intake = UpdateIntake(store, handle=runs.append, clock=FakeClock())
@@ -212,7 +212,7 @@ def test_a_store_error_in_add_propagates_and_nothing_is_stored(wrapped: Any) -> 
     assert [u["update_id"] for u in runs] == [9]
 
 
-def test_accept_before_start_records_and_start_handles(intakes) -> None:  # noqa: F811
+def test_accept_before_start_records_and_start_handles(intakes) -> None:
     store, runs = MemoryUpdateStore(), []
     intake = UpdateIntake(store, handle=runs.append, clock=FakeClock())
     intakes.append(intake)

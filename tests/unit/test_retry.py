@@ -18,7 +18,7 @@ from telegram.error import (
 
 from ptb_fence import MemoryUpdateStore, UpdateIntake, default_retry
 from ptb_fence.runtime import is_permanent_telegram_error
-from runtime_support import FakeClock, Recorder, body, intakes, row  # noqa: F401
+from runtime_support import FakeClock, Recorder, body, row
 
 # PTB 22.8 warns when a RetryAfter is *constructed* (its message reads ``retry_after``); that is
 # PTB's own business. Reading it in default_retry must stay silent (checked below).
@@ -102,7 +102,7 @@ def _intake(store, intakes, clock, **kwargs):  # noqa: ANN001, ANN202
     return intake
 
 
-def test_retry_after_sets_the_retry_time_in_the_store(intakes) -> None:  # noqa: F811, ANN001
+def test_retry_after_sets_the_retry_time_in_the_store(intakes) -> None:  # noqa: ANN001
     store, clock = MemoryUpdateStore(), FakeClock()
     failures = Recorder()
 
@@ -120,7 +120,7 @@ def test_retry_after_sets_the_retry_time_in_the_store(intakes) -> None:  # noqa:
     assert isinstance(error, RetryAfter) and attempt.attempt == 1 and retrying is True
 
 
-def test_custom_retry_is_used(intakes) -> None:  # noqa: F811, ANN001
+def test_custom_retry_is_used(intakes) -> None:  # noqa: ANN001
     store, clock = MemoryUpdateStore(), FakeClock()
     seen = Recorder()
     runs = []
@@ -150,7 +150,7 @@ def test_custom_retry_is_used(intakes) -> None:  # noqa: F811, ANN001
     assert r.settled_at is not None
 
 
-def test_permanent_refusal_in_the_pipeline_exhausts_after_one_attempt(intakes) -> None:  # noqa: F811, ANN001
+def test_permanent_refusal_in_the_pipeline_exhausts_after_one_attempt(intakes) -> None:  # noqa: ANN001
     store, clock = MemoryUpdateStore(), FakeClock()
     delivered = Recorder()
 
@@ -176,7 +176,7 @@ def test_permanent_refusal_in_the_pipeline_exhausts_after_one_attempt(intakes) -
         pytest.param(lambda e, n: -3, True, id="returns-negative"),
     ],
 )
-def test_a_broken_retry_policy_does_not_break_the_pipeline(intakes, bad_policy, at_once) -> None:  # noqa: F811, ANN001
+def test_a_broken_retry_policy_does_not_break_the_pipeline(intakes, bad_policy, at_once) -> None:  # noqa: ANN001
     store, clock = MemoryUpdateStore(), FakeClock()
     failures, store_errors = Recorder(), Recorder()
     runs = []

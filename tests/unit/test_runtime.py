@@ -21,13 +21,12 @@ from ptb_fence import (
     current_attempt,
 )
 from ptb_fence._protocols import BASE_METHODS
-from runtime_support import (  # noqa: F401
+from runtime_support import (
     FakeClock,
     Recorder,
     StoreDown,
     StoreWrapper,
     body,
-    intakes,
     row,
     wait_until,
 )
@@ -52,7 +51,7 @@ def run_due(intake: UpdateIntake, clock: FakeClock, seconds: float) -> int:
 
 
 # -- retries ----------------------------------------------------------------------------------
-def test_flaky_handler_succeeds_on_attempt_3(intakes) -> None:  # noqa: F811
+def test_flaky_handler_succeeds_on_attempt_3(intakes) -> None:
     store, clock = MemoryUpdateStore(), FakeClock()
     seen: List[Attempt] = []
     failures = Recorder()
@@ -86,7 +85,7 @@ def test_flaky_handler_succeeds_on_attempt_3(intakes) -> None:  # noqa: F811
     assert not any(a.owner_lost.is_set() for a in seen)
 
 
-def test_unary_handler_on_a_base_only_store(intakes) -> None:  # noqa: F811
+def test_unary_handler_on_a_base_only_store(intakes) -> None:
     store, clock = StoreWrapper(methods=BASE_METHODS), FakeClock()
     runs: List[int] = []
     seen_attempt: List[Any] = []
@@ -108,7 +107,7 @@ def test_unary_handler_on_a_base_only_store(intakes) -> None:  # noqa: F811
 
 
 # -- exhaustion -------------------------------------------------------------------------------
-def test_always_failing_handler_runs_max_attempts_then_one_exhaustion(intakes) -> None:  # noqa: F811
+def test_always_failing_handler_runs_max_attempts_then_one_exhaustion(intakes) -> None:
     store, clock = MemoryUpdateStore(), FakeClock()
     seen: List[Attempt] = []
     delivered = Recorder()
@@ -143,7 +142,7 @@ def test_always_failing_handler_runs_max_attempts_then_one_exhaustion(intakes) -
 
 
 def test_failing_exhaustion_handler_stays_due_survives_restart_and_is_never_pruned(
-    intakes,  # noqa: F811
+    intakes,
 ) -> None:
     store, clock = MemoryUpdateStore(), FakeClock()
     calls: List[Any] = []
@@ -199,7 +198,7 @@ def test_failing_exhaustion_handler_stays_due_survives_restart_and_is_never_prun
     assert store.prune(HUGE) == 1
 
 
-def test_spent_attempts_after_a_crash_become_a_delivered_exhaustion(intakes) -> None:  # noqa: F811
+def test_spent_attempts_after_a_crash_become_a_delivered_exhaustion(intakes) -> None:
     store, clock = MemoryUpdateStore(), FakeClock()
     store.add(40, body(40), clock.ms())
     # another process claimed the last attempt and died
@@ -220,7 +219,7 @@ def test_spent_attempts_after_a_crash_become_a_delivered_exhaustion(intakes) -> 
     assert store.due_exhaustions(limit=10) == []
 
 
-def test_attempt_exhaust_stops_retries_and_delivers_the_reason(intakes) -> None:  # noqa: F811
+def test_attempt_exhaust_stops_retries_and_delivers_the_reason(intakes) -> None:
     store, clock = MemoryUpdateStore(), FakeClock()
     runs: List[int] = []
     delivered = Recorder()
@@ -248,7 +247,7 @@ def test_attempt_exhaust_stops_retries_and_delivers_the_reason(intakes) -> None:
     assert store.due_exhaustions(limit=10) == []
 
 
-def test_attempt_exhaust_without_exhaustion_handler_abandons(intakes) -> None:  # noqa: F811
+def test_attempt_exhaust_without_exhaustion_handler_abandons(intakes) -> None:
     store, clock = MemoryUpdateStore(), FakeClock()
     runs: List[int] = []
 
@@ -266,7 +265,7 @@ def test_attempt_exhaust_without_exhaustion_handler_abandons(intakes) -> None:  
 
 
 # -- owner loss -------------------------------------------------------------------------------
-def test_owner_loss_after_the_lease_passed_and_a_takeover(intakes) -> None:  # noqa: F811
+def test_owner_loss_after_the_lease_passed_and_a_takeover(intakes) -> None:
     """A handler blocked past its lease: owner_lost fires, its fenced writes are refused."""
     store, clock = MemoryUpdateStore(), FakeClock()
     entered, taken_over = threading.Event(), threading.Event()
@@ -315,7 +314,7 @@ def test_owner_loss_after_the_lease_passed_and_a_takeover(intakes) -> None:  # n
     assert (r.state, r.attempts, r.claim_id) == ("processing", 2, other.claim_id)
 
 
-def test_owner_loss_in_real_time_when_renewals_fail(intakes) -> None:  # noqa: F811
+def test_owner_loss_in_real_time_when_renewals_fail(intakes) -> None:
     """Real time: renewals raise, so the last proven lease (0.2 s) passes and owner_lost fires."""
     store = StoreWrapper()
     store_errors = Recorder()
@@ -360,7 +359,7 @@ def test_owner_loss_in_real_time_when_renewals_fail(intakes) -> None:  # noqa: F
 
 
 # -- fenced transactions ----------------------------------------------------------------------
-def test_transaction_complete_settles_in_the_same_commit(intakes) -> None:  # noqa: F811
+def test_transaction_complete_settles_in_the_same_commit(intakes) -> None:
     store, clock = StoreWrapper(), FakeClock()
     runs: List[Attempt] = []
     writes: List[Any] = []
@@ -388,7 +387,7 @@ def test_transaction_complete_settles_in_the_same_commit(intakes) -> None:  # no
     assert len(runs) == 2
 
 
-def test_transaction_body_error_rolls_back_and_propagates(intakes) -> None:  # noqa: F811
+def test_transaction_body_error_rolls_back_and_propagates(intakes) -> None:
     store, clock = MemoryUpdateStore(), FakeClock()
     results: dict = {}
 
@@ -411,7 +410,7 @@ def test_transaction_body_error_rolls_back_and_propagates(intakes) -> None:  # n
     assert row(store, 100).state == "completed"  # settled by the runtime afterwards
 
 
-def test_current_attempt_in_handler_and_copied_context_threads(intakes) -> None:  # noqa: F811
+def test_current_attempt_in_handler_and_copied_context_threads(intakes) -> None:
     store, clock = MemoryUpdateStore(), FakeClock()
     results: dict = {}
 
@@ -434,7 +433,7 @@ def test_current_attempt_in_handler_and_copied_context_threads(intakes) -> None:
     assert current_attempt() is None
 
 
-def test_run_in_transaction_from_asyncio(intakes) -> None:  # noqa: F811
+def test_run_in_transaction_from_asyncio(intakes) -> None:
     store, clock = StoreWrapper(), FakeClock()
     results: dict = {}
 
@@ -471,7 +470,7 @@ def test_run_in_transaction_from_asyncio(intakes) -> None:  # noqa: F811
 
 
 # -- store errors -----------------------------------------------------------------------------
-def test_claim_error_is_reported_and_the_update_is_handled_after_recovery(intakes) -> None:  # noqa: F811
+def test_claim_error_is_reported_and_the_update_is_handled_after_recovery(intakes) -> None:
     store, clock = StoreWrapper(), FakeClock()
     errors = Recorder()
     runs: List[int] = []
@@ -493,7 +492,7 @@ def test_claim_error_is_reported_and_the_update_is_handled_after_recovery(intake
     assert runs == [130] and row(store, 130).state == "completed"
 
 
-def test_settle_error_after_success_is_reported_and_the_update_runs_again(intakes) -> None:  # noqa: F811
+def test_settle_error_after_success_is_reported_and_the_update_runs_again(intakes) -> None:
     store, clock = StoreWrapper(), FakeClock()
     errors = Recorder()
     runs: List[int] = []
@@ -517,7 +516,7 @@ def test_settle_error_after_success_is_reported_and_the_update_runs_again(intake
 
 
 @pytest.mark.parametrize("durable", [False, True])
-def test_settle_error_after_failure_is_reported_and_nothing_is_lost(intakes, durable) -> None:  # noqa: F811
+def test_settle_error_after_failure_is_reported_and_nothing_is_lost(intakes, durable) -> None:
     store, clock = StoreWrapper(), FakeClock()
     errors, failures = Recorder(), Recorder()
     runs: List[Attempt] = []
@@ -558,7 +557,7 @@ def test_settle_error_after_failure_is_reported_and_nothing_is_lost(intakes, dur
         assert len(runs) == 2 and row(store, 150).state == "completed"
 
 
-def test_sweep_errors_are_reported_and_nothing_is_lost(intakes) -> None:  # noqa: F811
+def test_sweep_errors_are_reported_and_nothing_is_lost(intakes) -> None:
     store, clock = StoreWrapper(), FakeClock()
     errors = Recorder()
     delivered: List[Any] = []
@@ -597,7 +596,7 @@ def test_sweep_errors_are_reported_and_nothing_is_lost(intakes) -> None:  # noqa
     assert row(store, 160).state == "completed"
 
 
-def test_start_sweep_failure_does_not_stop_start(intakes) -> None:  # noqa: F811
+def test_start_sweep_failure_does_not_stop_start(intakes) -> None:
     store, clock = StoreWrapper(), FakeClock()
     errors = Recorder()
     store.add(170, body(170), clock.ms())
@@ -612,7 +611,7 @@ def test_start_sweep_failure_does_not_stop_start(intakes) -> None:  # noqa: F811
 
 
 # -- intake lifecycle -------------------------------------------------------------------------
-def test_updates_accepted_before_start_are_handled_at_start(intakes) -> None:  # noqa: F811
+def test_updates_accepted_before_start_are_handled_at_start(intakes) -> None:
     store, clock = MemoryUpdateStore(), FakeClock()
     runs: List[int] = []
     intake = UpdateIntake(store, handle=lambda u: runs.append(u["update_id"]), clock=clock)
@@ -627,7 +626,7 @@ def test_updates_accepted_before_start_are_handled_at_start(intakes) -> None:  #
     assert all(row(store, u).state == "completed" for u in (1, 2, 3))
 
 
-def test_close_waits_for_running_attempts_and_accept_still_records(intakes) -> None:  # noqa: F811
+def test_close_waits_for_running_attempts_and_accept_still_records(intakes) -> None:
     store, clock = MemoryUpdateStore(), FakeClock()
     entered, release = threading.Event(), threading.Event()
 
@@ -653,7 +652,7 @@ def test_close_waits_for_running_attempts_and_accept_still_records(intakes) -> N
         intake.start()
 
 
-def test_close_leaves_waiting_updates_in_the_store_and_ends_idle(intakes) -> None:  # noqa: F811
+def test_close_leaves_waiting_updates_in_the_store_and_ends_idle(intakes) -> None:
     store, clock = MemoryUpdateStore(), FakeClock()
     release, entered = threading.Event(), threading.Event()
     runs: List[int] = []
@@ -686,7 +685,7 @@ def test_close_leaves_waiting_updates_in_the_store_and_ends_idle(intakes) -> Non
 @pytest.mark.parametrize(
     "error", [SystemExit(3), asyncio.CancelledError(), KeyboardInterrupt()], ids=repr
 )
-def test_a_handler_raising_a_base_exception_is_a_failed_attempt(intakes, error) -> None:  # noqa: F811
+def test_a_handler_raising_a_base_exception_is_a_failed_attempt(intakes, error) -> None:
     store, clock = MemoryUpdateStore(), FakeClock()
     runs: List[int] = []
     failures = Recorder()
@@ -707,7 +706,7 @@ def test_a_handler_raising_a_base_exception_is_a_failed_attempt(intakes, error) 
     assert row(store, 1).state == "completed" and runs == [1, 1]
 
 
-def test_exhaustions_are_delivered_in_rotating_pages(intakes) -> None:  # noqa: F811
+def test_exhaustions_are_delivered_in_rotating_pages(intakes) -> None:
     """A failing first page cannot starve later exhaustions: 100 per sweep (at most 8 at once),
     rotating cursor."""
     store, clock = MemoryUpdateStore(), FakeClock()
@@ -739,7 +738,7 @@ def test_exhaustions_are_delivered_in_rotating_pages(intakes) -> None:  # noqa: 
     assert [e.update_id for e in store.due_exhaustions(limit=500)] == list(range(1, 101))
 
 
-def test_a_store_error_in_attempt_exhaust_is_reported(intakes) -> None:  # noqa: F811
+def test_a_store_error_in_attempt_exhaust_is_reported(intakes) -> None:
     store, clock = StoreWrapper(), FakeClock()
     errors = Recorder()
     results: dict = {}
@@ -765,7 +764,7 @@ def test_a_store_error_in_attempt_exhaust_is_reported(intakes) -> None:  # noqa:
     assert (StoreDown, "settle") in [(type(e), s) for e, s in errors.snapshot()]
 
 
-def test_a_second_intake_takes_over_a_handler_blocked_past_its_lease(intakes) -> None:  # noqa: F811
+def test_a_second_intake_takes_over_a_handler_blocked_past_its_lease(intakes) -> None:
     """Two intakes ("processes") on one store: only the owner's fenced write lands."""
     store, clock = MemoryUpdateStore(), FakeClock()
     entered, taken_over = threading.Event(), threading.Event()
@@ -800,7 +799,7 @@ def test_a_second_intake_takes_over_a_handler_blocked_past_its_lease(intakes) ->
     assert (r.state, r.attempts) == ("completed", 2)
 
 
-def test_sweep_prunes_settled_rows_after_retain_seconds(intakes) -> None:  # noqa: F811
+def test_sweep_prunes_settled_rows_after_retain_seconds(intakes) -> None:
     store, clock = MemoryUpdateStore(), FakeClock()
     intake = make(store, intakes, clock, handle=lambda u: None, retain_seconds=100)
     intake.accept(body(1))
@@ -813,7 +812,7 @@ def test_sweep_prunes_settled_rows_after_retain_seconds(intakes) -> None:  # noq
     assert intake.accept(body(1)) == "accepted"  # the id can be recorded again
 
 
-def test_transaction_on_a_given_connection_commits_or_rolls_back(intakes, tmp_path) -> None:  # noqa: F811, ANN001
+def test_transaction_on_a_given_connection_commits_or_rolls_back(intakes, tmp_path) -> None:  # noqa: ANN001
     import sqlite3
 
     path = str(tmp_path / "domain.db")
@@ -873,7 +872,7 @@ def test_unary_attempt_has_no_identity() -> None:
     runtime.end(attempt)
 
 
-def test_a_backlog_larger_than_a_sweep_page_is_handled_at_start(intakes) -> None:  # noqa: F811
+def test_a_backlog_larger_than_a_sweep_page_is_handled_at_start(intakes) -> None:
     store, clock = MemoryUpdateStore(), FakeClock()
     store.add_many([(uid, body(uid, chat=uid % 50), clock.ms()) for uid in range(1, 1201)])
     seen: List[int] = []
@@ -889,7 +888,7 @@ def test_a_backlog_larger_than_a_sweep_page_is_handled_at_start(intakes) -> None
     assert store.due(now=HUGE, pending_before=HUGE, limit=10) == []
 
 
-def test_a_completion_that_does_not_land_fires_owner_lost_and_runs_again(intakes) -> None:  # noqa: F811
+def test_a_completion_that_does_not_land_fires_owner_lost_and_runs_again(intakes) -> None:
     store, clock = MemoryUpdateStore(), FakeClock()
     seen: List[Attempt] = []
 
