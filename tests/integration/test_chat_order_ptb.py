@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Tuple
+from typing import Any, List, Tuple
 
 import pytest
 from telegram import Update
 from telegram.ext import MessageHandler, filters
 
-from ptb_fence import PostgresUpdateStore, SQLiteUpdateStore
+from ptb_fence import SQLiteUpdateStore
 from ptb_fence.ptb import DurableUpdateProcessor, FencedUpdateProcessor
 from ptb_fence.testing import FakeBotApi
 
@@ -25,16 +25,6 @@ from ptb_support import FAST, build, polling, run, wait_for
 
 CHAT_A = 100
 CHAT_B = 200
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def make_store(request: Any, tmp_path: Path) -> Iterator[Callable[[], Any]]:
-    if request.param == "sqlite":
-        yield lambda: SQLiteUpdateStore(str(tmp_path / "order.sqlite3"))
-        return
-    pg_dsn = request.getfixturevalue("pg_dsn")
-    table = request.getfixturevalue("pg_table")
-    yield lambda: PostgresUpdateStore(pg_dsn, table=table)
 
 
 def scenario(store: Any, processor_class: Any, strict: bool) -> Tuple[List[Any], List[int]]:
@@ -84,15 +74,10 @@ def at(events: List[Any], update_id: int, what: str, nth: int = 0) -> float:
     return [t for u, _, w, t in events if u == update_id and w == what][nth]
 
 
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
 @pytest.mark.parametrize("processor_class", [FencedUpdateProcessor, DurableUpdateProcessor])
-def test_fail_once_keeps_the_chat_in_order(
-    make_store: Callable[[], Any], processor_class: Any
-) -> None:
-    store = make_store()
-    try:
-        events, ids = scenario(store, processor_class, True)
-    finally:
-        store.close()
+def test_fail_once_keeps_the_chat_in_order(store: Any, processor_class: Any) -> None:
+    events, ids = scenario(store, processor_class, True)
     a1, a2, a3, b1, b2 = ids
     assert starts(events, CHAT_A) == [a1, a1, a2, a3], events
     assert starts(events, CHAT_B) == [b1, b2], events

@@ -11,11 +11,11 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 
-from ptb_fence import MemoryUpdateStore, PostgresUpdateStore, SQLiteUpdateStore, UpdateIntake
+from ptb_fence import MemoryUpdateStore, SQLiteUpdateStore, UpdateIntake
 
 CHAT_A = 100
 CHAT_B = 200
@@ -34,16 +34,6 @@ def message(update_id: int, chat_id: int) -> str:
             },
         }
     )
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def make_store(request: Any, tmp_path: Path) -> Iterator[Callable[[], Any]]:
-    if request.param == "sqlite":
-        yield lambda: SQLiteUpdateStore(str(tmp_path / "order.sqlite3"))
-        return
-    pg_dsn = request.getfixturevalue("pg_dsn")
-    table = request.getfixturevalue("pg_table")
-    yield lambda: PostgresUpdateStore(pg_dsn, table=table)
 
 
 class Recorder:
@@ -103,13 +93,10 @@ def run_intake(store: Any, strict: bool, recorder: Recorder) -> None:
         intake.close()
 
 
-def test_fail_once_keeps_the_chat_in_order(make_store: Callable[[], Any]) -> None:
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
+def test_fail_once_keeps_the_chat_in_order(store: Any) -> None:
     recorder = Recorder(hold=0.05)
-    store = make_store()
-    try:
-        run_intake(store, True, recorder)
-    finally:
-        store.close()
+    run_intake(store, True, recorder)
     assert recorder.starts(CHAT_A) == [1, 1, 2, 3], recorder.events
     assert recorder.starts(CHAT_B) == [4, 5], recorder.events
     # update 2 starts only after update 1 succeeded on its retry
@@ -236,16 +223,10 @@ def no_chat(update_id: int) -> str:
     )
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
-def test_rows_recorded_without_a_chat_key_get_it_at_a_strict_start(
-    kind: str, tmp_path: Path, request: Any, caplog: Any
-) -> None:
+def test_rows_recorded_without_a_chat_key_get_it_at_a_strict_start(store: Any, caplog: Any) -> None:
     """Updates recorded by an intake without strict_chat_order have no chat key; an intake
     with it keys them from their stored bodies when it starts, before its first claim (the
     update of no chat stays without one), and says so at WARNING."""
-    from store_support import new_store
-
-    store: Any = new_store(kind, request, str(tmp_path / "order.sqlite3"))
     lax = UpdateIntake(store, handle=lambda update: None)  # never started: records only
     for text in (message(1, CHAT_A), message(2, CHAT_A), message(3, CHAT_B), no_chat(4)):
         assert lax.accept(text) == "accepted"
@@ -276,7 +257,6 @@ def test_rows_recorded_without_a_chat_key_get_it_at_a_strict_start(
     finally:
         release.set()
         strict.close()
-        store.close()
 
 
 def test_a_store_that_cannot_key_old_rows_warns_at_a_strict_start(caplog: Any) -> None:

@@ -157,6 +157,7 @@ def postgres_db(dsn: str, table: str) -> Iterator[Fixture]:
         store.close()
 
 
+# Not conftest's store: the command line needs a populated table it reaches by URL.
 @pytest.fixture(params=["sqlite", "postgres"])
 def db(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Fixture]:
     """A populated table in SQLite (a file in tmp_path) or PostgreSQL (a fresh table)."""

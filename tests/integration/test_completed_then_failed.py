@@ -28,7 +28,6 @@ from telegram import Update
 from telegram.error import NetworkError
 from telegram.ext import MessageHandler, filters
 
-from store_support import new_store
 from ptb_fence import AttemptFinished, UpdateIntake
 from ptb_fence.ptb import FencedUpdateProcessor
 from ptb_fence.testing import FakeBotApi
@@ -67,14 +66,12 @@ def _failures_logged(records: List[logging.LogRecord]) -> List[str]:
             and " failed (" in r.getMessage()]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("store_kind", KINDS)
 @pytest.mark.parametrize("error_handler", [False, True], ids=["no-error-handler", "error-handler"])
 def test_ptb_handler_raising_after_its_completion_is_reported_once(
-    kind: str, error_handler: bool, request: pytest.FixtureRequest, tmp_path: Any,
-    caplog: pytest.LogCaptureFixture,
+    store: Any, error_handler: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="ptb_fence")
-    store = new_store(kind, request, str(tmp_path / "bot.db"))
     runs: List[int] = []
     failures: List[Any] = []
     seen_by_error_handler: List[BaseException] = []
@@ -128,15 +125,13 @@ def test_ptb_handler_raising_after_its_completion_is_reported_once(
     assert sorted(type(r.exc_info[1]).__name__ for r in tracebacks) == ["AttemptFinished", "NetworkError"]
     if error_handler:
         assert sorted(type(e).__name__ for e in seen_by_error_handler) == ["AttemptFinished", "NetworkError"]
-    store.close()  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("store_kind", KINDS)
 def test_intake_handler_raising_after_its_completion_is_reported_once(
-    kind: str, request: pytest.FixtureRequest, tmp_path: Any, caplog: pytest.LogCaptureFixture
+    store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="ptb_fence")
-    store = new_store(kind, request, str(tmp_path / "bot.db"))
     runs: List[int] = []
     failures: List[Any] = []
 
@@ -172,15 +167,13 @@ def test_intake_handler_raising_after_its_completion_is_reported_once(
                   and r.name.startswith("ptb_fence")]
     assert sorted(type(r.exc_info[1]).__name__ for r in tracebacks) == ["AttemptFinished", "NetworkError"]
     assert isinstance([r for r in tracebacks if "update 2" in r.getMessage()][0].exc_info[1], AttemptFinished)
-    store.close()  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("store_kind", KINDS)
 def test_ptb_timeout_inside_a_completing_transaction_reports_the_completion(
-    kind: str, request: pytest.FixtureRequest, tmp_path: Any, caplog: pytest.LogCaptureFixture
+    store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="ptb_fence")
-    store = new_store(kind, request, str(tmp_path / "bot.db"))
     runs: List[int] = []
     replied: List[int] = []
     failures: List[Any] = []
@@ -215,15 +208,13 @@ def test_ptb_timeout_inside_a_completing_transaction_reports_the_completion(
     (record,) = _completed_then(caplog.records, slow)
     assert "attempt_timeout_seconds=0.5" in record.getMessage()
     assert "not retried" in record.getMessage()
-    store.close()  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("store_kind", KINDS)
 def test_intake_timeout_inside_a_completing_transaction_reports_the_completion(
-    kind: str, request: pytest.FixtureRequest, tmp_path: Any, caplog: pytest.LogCaptureFixture
+    store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="ptb_fence")
-    store = new_store(kind, request, str(tmp_path / "bot.db"))
     runs: List[int] = []
     failures: List[Any] = []
     after = threading.Event()
@@ -252,4 +243,3 @@ def test_intake_timeout_inside_a_completing_transaction_reports_the_completion(
     assert _failures_logged(caplog.records) == []
     (record,) = _completed_then(caplog.records, 1)
     assert "attempt_timeout_seconds=0.5" in record.getMessage()
-    store.close()  # type: ignore[attr-defined]

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Sequence, Type
+from typing import Any, Callable, List, Sequence, Type
 
 import pytest
 
@@ -26,7 +26,6 @@ from broken_stores import (
     IntBooleansStore,
     ReadThenWriteClaimStore,
 )
-from store_support import fresh_table_name
 from ptb_fence import MemoryUpdateStore
 from ptb_fence.conformance import RULES, check_update_store
 
@@ -90,36 +89,13 @@ def test_memory_store_conforms_quickly() -> None:
     assert elapsed < 2.0, f"the check took {elapsed:.2f} s for the memory store"
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def real_store_make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Counting]:
-    if request.param == "sqlite":
-        from ptb_fence import SQLiteUpdateStore
-
-        counter = iter(range(1000))
-
-        def make_sqlite() -> Any:
-            return SQLiteUpdateStore(str(tmp_path / f"conformance-{next(counter)}.db"))
-
-        yield Counting(make_sqlite)
-    else:
-        from ptb_fence import PostgresUpdateStore
-
-        dsn: str = request.getfixturevalue("pg_dsn")
-        tables: List[str] = request.getfixturevalue("pg_tables")  # dropped afterwards
-
-        def make_postgres() -> Any:
-            table = fresh_table_name()
-            tables.append(table)
-            return PostgresUpdateStore(dsn, table=table)
-
-        yield Counting(make_postgres)
-
-
 @pytest.mark.timeout(120)
-def test_real_store_conforms(real_store_make: Counting) -> None:
-    violations = check_update_store(real_store_make)
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
+def test_real_store_conforms(fresh_stores: Callable[[], Any]) -> None:
+    make = Counting(fresh_stores)
+    violations = check_update_store(make)
     assert violations == [], "\n".join(violations)
-    assert len(real_store_make.stores) == len(RULES)
+    assert len(make.stores) == len(RULES)
 
 
 def test_the_shipped_stores_are_durable() -> None:

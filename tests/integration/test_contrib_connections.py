@@ -54,6 +54,7 @@ def _model(table: str) -> Any:
     return Booking
 
 
+# Not conftest's store: each kind is a user's connection (SQLAlchemy, psycopg 2 or 3) as well.
 @pytest.fixture(params=["sqlite", "postgres+psycopg2", "postgres+psycopg"])
 def env(request: Any, tmp_path: Any) -> Iterator[Env]:
     booking_table = "b_" + uuid.uuid4().hex[:12]

@@ -98,6 +98,7 @@ def _pg_db(dsn: str, tables: List[str], store: Any = None) -> Db:
     return Db("postgres", made, lambda: psycopg2.connect(dsn), table, notes)
 
 
+# Not conftest's store: a store plus a notes table in the same database and a raw connection.
 @pytest.fixture(params=["sqlite", "postgres"])
 def db(request: Any, tmp_path: Any) -> Iterator[Db]:
     if request.param == "sqlite":

@@ -18,8 +18,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from store_support import new_store
-from ptb_fence import AttemptTimeout, UpdateIntake
+from ptb_fence import AttemptTimeout, SQLiteUpdateStore, UpdateIntake
 from ptb_support import wait_sync
 
 
@@ -40,12 +39,11 @@ def _workers(before: "set[threading.Thread]") -> "set[threading.Thread]":
     return {t for t in threading.enumerate() if t.name.startswith("ptb_fence-worker")} - before
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
 def test_hung_blocking_handlers_do_not_eat_the_worker_pool(
-    kind: str, request: pytest.FixtureRequest, tmp_path: Any, caplog: pytest.LogCaptureFixture
+    store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="ptb_fence")
-    store = new_store(kind, request, str(tmp_path / "bot.db"))
     before = _workers(set())
     release = threading.Event()
     hung_runs: List[int] = []
@@ -102,15 +100,14 @@ def test_hung_blocking_handlers_do_not_eat_the_worker_pool(
     wait_sync("the stuck threads returned", lambda: not _workers(before), 10)
     assert any("returned" in r.getMessage() and "0 worker thread(s) still stuck" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
-    store.close()  # type: ignore[attr-defined]
 
 
 def test_a_stuck_thread_that_returns_takes_work_again_when_it_was_not_replaced(
-    tmp_path: Any, request: pytest.FixtureRequest
+    tmp_path: Any,
 ) -> None:
     """max_concurrent=1: the first stuck thread is replaced, the second is not (the bound);
     once it returns it takes work again, so the intake is back to one worker."""
-    store = new_store("sqlite", request, str(tmp_path / "bot.db"))
+    store = SQLiteUpdateStore(str(tmp_path / "bot.db"))
     releases = {1: threading.Event(), 2: threading.Event()}
     handled: List[int] = []
 

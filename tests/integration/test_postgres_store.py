@@ -109,6 +109,8 @@ def kill(dsn: str, app: str) -> int:
     return len(killed)
 
 
+# This module tests one store class: its own ``store`` (PostgreSQL on this test's pg_table,
+# which the tests also read raw) replaces conftest's, so no test here runs per store kind.
 @pytest.fixture
 def store(pg_dsn: str, pg_table: str) -> Iterator[PostgresUpdateStore]:
     with PostgresUpdateStore(pg_dsn, pg_table) as s:

@@ -17,7 +17,6 @@ import pytest
 from telegram import Update
 from telegram.ext import MessageHandler, filters
 
-from store_support import new_store
 from ptb_fence.ptb import DurableUpdateProcessor, FencedUpdateProcessor
 from ptb_fence.testing import FakeBotApi, make_message_update
 from ptb_support import build, run
@@ -32,9 +31,8 @@ def _update(app: Any, update_id: int, chat: int, text: str) -> Update:
 @pytest.mark.parametrize("processor_kind", sorted(PROCESSORS))
 @pytest.mark.parametrize("store_kind", ["memory", "sqlite", "postgres"])
 def test_updates_queued_before_stop_are_handled_before_it_returns(
-    request: pytest.FixtureRequest, tmp_path: Any, store_kind: str, processor_kind: str
+    store: Any, processor_kind: str
 ) -> None:
-    store: Any = new_store(store_kind, request, str(tmp_path / "bot.db"))
     handled: Dict[int, int] = {}
 
     async def on_message(update: Update, context: Any) -> None:
@@ -59,10 +57,7 @@ def test_updates_queued_before_stop_are_handled_before_it_returns(
                 assert all(count == 1 for count in handled.values()), handled
             return took
 
-    try:
-        took = run(main(), timeout=60)
-    finally:
-        store.close()
+    took = run(main(), timeout=60)
     assert took < 10.0, took  # stop_timeout_seconds (the default, 10 s) was not needed
 
 

@@ -20,6 +20,7 @@ from ptb_fence import AttemptFinished, OwnershipLost, PostgresUpdateStore, SQLit
 DDL = "CREATE TABLE IF NOT EXISTS {name} (update_id BIGINT NOT NULL, attempt INTEGER NOT NULL, claim_id TEXT NOT NULL)"
 
 
+# Not conftest's store: two stores on one table plus a domain table and its SQL placeholder.
 @pytest.fixture(params=["sqlite", "postgres"])
 def stores(request: Any, tmp_path: Any) -> Iterator[Tuple[Any, Any, str, str]]:
     """Two stores on one table, the domain table's name and the placeholder."""

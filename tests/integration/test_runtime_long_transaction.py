@@ -79,32 +79,19 @@ def test_an_undecided_renewal_neither_renews_nor_fires_owner_lost() -> None:
 
 
 # -- an attempt holding its own fenced transaction --------------------------------------------------
-def _sqlite(tmp_path: Any) -> Any:
-    return SQLiteUpdateStore(str(tmp_path / "long.db"))
-
-
 def _postgres(dsn: str, tables: List[str]) -> Any:
     table = "t_" + uuid.uuid4().hex[:16]
     tables.append(table)
     return PostgresUpdateStore(dsn, table)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def real_store(request: Any, tmp_path: Any) -> Any:
-    if request.param == "sqlite":
-        store = _sqlite(tmp_path)
-    else:
-        store = _postgres(request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_tables"))
-    yield store
-    store.close()
-
-
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
 def test_complete_true_held_past_the_lease_completes_and_is_never_reported_lost(
-    real_store: Any,
+    store: Any,
 ) -> None:
     clock = FakeClock()
-    runtime = _runtime(real_store, clock, lease_seconds=10)
-    assert real_store.add(1, body(1), clock.ms())
+    runtime = _runtime(store, clock, lease_seconds=10)
+    assert store.add(1, body(1), clock.ms())
     attempt = runtime.claim(1)
     assert attempt is not None
     checked_at = clock.ms()
@@ -117,16 +104,17 @@ def test_complete_true_held_past_the_lease_completes_and_is_never_reported_lost(
     assert not attempt.holds_fence
     assert attempt.completed and not attempt.owner_lost.is_set()
     # settled at the time of its ownership check: the row lock was held from then on
-    completed = real_store.due(now=clock.ms() + 10**9, pending_before=clock.ms() + 10**9, limit=5)
+    completed = store.due(now=clock.ms() + 10**9, pending_before=clock.ms() + 10**9, limit=5)
     assert completed == []
     runtime.end(attempt)
-    assert _settled_at(real_store, 1) == checked_at
+    assert _settled_at(store, 1) == checked_at
 
 
-def test_a_plain_transaction_held_past_the_lease_is_lost_after_it_commits(real_store: Any) -> None:
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
+def test_a_plain_transaction_held_past_the_lease_is_lost_after_it_commits(store: Any) -> None:
     clock = FakeClock()
-    runtime = _runtime(real_store, clock, lease_seconds=10)
-    assert real_store.add(1, body(1), clock.ms())
+    runtime = _runtime(store, clock, lease_seconds=10)
+    assert store.add(1, body(1), clock.ms())
     attempt = runtime.claim(1)
     assert attempt is not None
     with attempt.transaction():

@@ -107,6 +107,7 @@ def _pg_backend(dsn: str, tables: List[str]) -> Backend:
     return Backend("postgres", store, insert, query, table, notes)
 
 
+# Not conftest's store: a store plus a notes table in the same database, written in the fence.
 @pytest.fixture(params=["sqlite", "postgres"])
 def backend(request: Any, tmp_path: Any) -> Iterator[Backend]:
     if request.param == "sqlite":

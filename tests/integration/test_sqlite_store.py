@@ -39,6 +39,8 @@ def db(tmp_path: Path) -> str:
     return str(tmp_path / "updates.sqlite3")
 
 
+# This module tests one store class: its own ``store`` (the SQLite file at ``db``, which the
+# tests also read raw) replaces conftest's, so no test here runs per store kind.
 @pytest.fixture
 def store(db: str) -> Iterator[SQLiteUpdateStore]:
     with SQLiteUpdateStore(db) as s:

@@ -5,36 +5,17 @@ the port's per-row fallback; PostgreSQL row locks under two concurrent claimers.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, List, Optional, Set, Tuple
 
 import pytest
 
 from broken_stores import FencedOnlyStore
-from store_support import fresh_table_name, new_store
 from ptb_fence import AttemptIdentity, Completed, Failed, MemoryUpdateStore, SQLiteUpdateStore
 from ptb_fence.runtime._port import StorePort
 
 T = 1_700_000_000_000
 L = 60_000
 NOW = T + 10
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def make(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Any]]:
-    """Makes empty stores of one kind (each its own table or file)."""
-    made: List[Any] = []
-
-    def new() -> Any:
-        store = new_store(request.param, request, str(tmp_path / f"claims{len(made)}.db"))
-        made.append(store)
-        return store
-
-    try:
-        yield new
-    finally:
-        for store in made:
-            store.close()
 
 
 def scene(store: Any) -> None:
@@ -69,9 +50,9 @@ def state(store: Any) -> List[Tuple[int, str]]:
 
 @pytest.mark.parametrize("durable", [False, True])
 def test_claim_owned_many_equals_the_loop_of_claim_owned(
-    make: Callable[[], Any], durable: bool
+    fresh_stores: Callable[[], Any], durable: bool
 ) -> None:
-    batch, loop = make(), make()
+    batch, loop = fresh_stores(), fresh_stores()
     scene(batch)
     scene(loop)
     ids = [1, 2, 3, 4, 5, 6, 7, 8, 99, 1, 10]
@@ -111,25 +92,11 @@ def test_the_port_falls_back_to_claim_owned_row_by_row() -> None:
 
 
 # -- PostgreSQL: row locks -----------------------------------------------------------------------
-@pytest.fixture
-def pg_stores(pg_dsn: str, pg_tables: List[str]) -> Iterator[Tuple[Any, Any, str]]:
-    from ptb_fence import PostgresUpdateStore
-
-    table = fresh_table_name()
-    pg_tables.append(table)
-    one = PostgresUpdateStore(pg_dsn, table=table)
-    two = PostgresUpdateStore(pg_dsn, table=table)
-    try:
-        yield one, two, table
-    finally:
-        one.close()
-        two.close()
-
-
+@pytest.mark.parametrize("store_kind", ["postgres"])
 def test_pg_two_processes_claiming_the_same_ids_at_once_never_share_a_row(
-    pg_stores: Tuple[Any, Any, str],
+    shared_stores: Callable[[], Any],
 ) -> None:
-    one, two, _ = pg_stores
+    one, two = shared_stores(), shared_stores()  # two connections to one table
     ids = list(range(1, 201))
     assert all(one.add_many([(u, f"b{u}", T) for u in ids]))
     got: List[List[Optional[AttemptIdentity]]] = [[], []]

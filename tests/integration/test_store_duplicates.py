@@ -9,8 +9,7 @@ import copy
 import json
 import logging
 import threading
-from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, List
 
 import psycopg2
 import pytest
@@ -44,33 +43,6 @@ def body(update_id: int, date: int = 1_700_000_000, text: str = "hi") -> str:
 Factory = Callable[[], Any]
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def make(request: Any, tmp_path: Path) -> Iterator[Factory]:
-    """Opens stores on one shared database (each call: a new store instance)."""
-    opened: List[Any] = []
-    if request.param == "memory":
-        shared = MemoryUpdateStore()
-        factory: Factory = lambda: shared  # noqa: E731
-    elif request.param == "sqlite":
-        path = str(tmp_path / "dup.sqlite3")
-
-        def factory() -> Any:
-            store = SQLiteUpdateStore(path)
-            opened.append(store)
-            return store
-    else:
-        dsn = request.getfixturevalue("pg_dsn")
-        table = request.getfixturevalue("pg_table")
-
-        def factory() -> Any:
-            store = PostgresUpdateStore(dsn, table)
-            opened.append(store)
-            return store
-    yield factory
-    for store in opened:
-        store.close()
-
-
 def row_of(store: Any, update_id: int) -> Dict[str, Any]:
     """The row through the store's public API (due/exhaustions) is not enough: read it raw."""
     if isinstance(store, MemoryUpdateStore):
@@ -102,8 +74,8 @@ def settled_states(store: Any) -> Dict[str, int]:
     return {"completed": 1, "abandoned": 2, "acknowledged": 3}
 
 
-def test_same_update_again_changes_nothing(make: Factory) -> None:
-    store = make()
+def test_same_update_again_changes_nothing(shared_stores: Factory) -> None:
+    store = shared_stores()
     settled_states(store)
     before = {u: row_of(store, u) for u in (1, 2, 3)}
     for update_id in (1, 2, 3):
@@ -119,8 +91,8 @@ def test_same_update_again_changes_nothing(make: Factory) -> None:
 
 
 @pytest.mark.parametrize("path", ["add", "add_many", "add_claimed_many", "add_claimed_and_settle"])
-def test_settled_row_is_replaced_by_a_different_update(make: Factory, path: str) -> None:
-    store = make()
+def test_settled_row_is_replaced_by_a_different_update(shared_stores: Factory, path: str) -> None:
+    store = shared_stores()
     for update_id in settled_states(store).values():
         new = body(update_id, date=1_800_000_000, text="new")
         received = T + 1000 + update_id
@@ -151,8 +123,8 @@ def test_settled_row_is_replaced_by_a_different_update(make: Factory, path: str)
         assert store.add(update_id, new, T + 5000) is False
 
 
-def test_live_row_keeps_the_first_and_warns(make: Factory, caplog: Any) -> None:
-    store = make()
+def test_live_row_keeps_the_first_and_warns(shared_stores: Factory, caplog: Any) -> None:
+    store = shared_stores()
     for update_id in (1, 2, 3, 4):
         assert store.add(update_id, body(update_id), T)
     # 1 pending; 2 processing; 3 failed; 4 unacknowledged exhaustion
@@ -181,11 +153,11 @@ def test_live_row_keeps_the_first_and_warns(make: Factory, caplog: Any) -> None:
 
 
 # -- one table per bot ------------------------------------------------------------------------
-def test_bind_bot_first_binder_wins(make: Factory) -> None:
-    store = make()
+def test_bind_bot_first_binder_wins(shared_stores: Factory) -> None:
+    store = shared_stores()
     store.bind_bot(111)
     store.bind_bot(111)  # the same bot again: a no-op
-    other = make()
+    other = shared_stores()
     other.bind_bot(111)
     with pytest.raises(ptb_fence.TableBotMismatch) as info:
         other.bind_bot(222)
@@ -197,8 +169,8 @@ def test_bind_bot_first_binder_wins(make: Factory) -> None:
 
 
 @pytest.mark.parametrize("same", [True, False])
-def test_bind_bot_race(make: Factory, same: bool) -> None:
-    stores = [make() for _ in range(6)]
+def test_bind_bot_race(shared_stores: Factory, same: bool) -> None:
+    stores = [shared_stores() for _ in range(6)]
     barrier = threading.Barrier(len(stores))
     outcome: List[Any] = [None] * len(stores)
 

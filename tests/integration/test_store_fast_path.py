@@ -3,61 +3,18 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterator, List
+from typing import Any, List
 
 import pytest
 
-from ptb_fence import (
-    Abandoned,
-    AttemptIdentity,
-    Completed,
-    Failed,
-    MemoryUpdateStore,
-    PostgresUpdateStore,
-    SQLiteUpdateStore,
-)
-from store_support import fresh_table_name
+from ptb_fence import Abandoned, AttemptIdentity, Completed, Failed
 
 NOW = 1_700_000_000_000
 LEASE = NOW + 60_000
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def make_store(request: Any, tmp_path: Any) -> Iterator[Callable[[], Any]]:
-    stores: List[Any] = []
-    tables: List[str] = []
-    if request.param == "memory":
-
-        def make() -> Any:
-            stores.append(MemoryUpdateStore())
-            return stores[-1]
-
-    elif request.param == "sqlite":
-        path = str(tmp_path / "fast.db")
-
-        def make() -> Any:
-            stores.append(SQLiteUpdateStore(path))
-            return stores[-1]
-
-    else:
-        dsn = request.getfixturevalue("pg_dsn")
-        tables.append(fresh_table_name())
-
-        def make() -> Any:
-            stores.append(PostgresUpdateStore(dsn, table=tables[0]))
-            return stores[-1]
-
-    yield make
-    for store in stores:
-        store.close()
-    if tables:
-        from store_support import drop_table as _drop_table
-
-        _drop_table(request.getfixturevalue("pg_dsn"), tables[0])
-
-
-def test_add_claimed_many_records_and_claims_fresh_ids_only(make_store: Any) -> None:
-    store = make_store()
+def test_add_claimed_many_records_and_claims_fresh_ids_only(shared_stores: Any) -> None:
+    store = shared_stores()
     assert store.add(5, '{"update_id": 5}', NOW) is True
     result = store.add_claimed_many(
         [(1, '{"update_id": 1}', NOW), (2, '{"update_id": 2}', NOW), (1, "{}", NOW), (5, "{}", NOW)],
@@ -87,10 +44,8 @@ def test_add_claimed_many_records_and_claims_fresh_ids_only(make_store: Any) -> 
     assert store.add_claimed_many([], lease_until=LEASE) == []
 
 
-def test_add_claimed_many_races_across_connections(make_store: Any) -> None:
-    stores = [make_store() for _ in range(4)]
-    if isinstance(stores[0], MemoryUpdateStore):
-        stores = [stores[0]] * 4
+def test_add_claimed_many_races_across_connections(shared_stores: Any) -> None:
+    stores = [shared_stores() for _ in range(4)]  # four connections (memory: one store)
     wins: List[AttemptIdentity] = []
     lock = threading.Lock()
     barrier = threading.Barrier(len(stores))
@@ -109,8 +64,8 @@ def test_add_claimed_many_races_across_connections(make_store: Any) -> None:
     assert sorted(w.update_id for w in wins) == list(range(50))
 
 
-def test_settle_owned_many_lands_each_exact_live_claim_once(make_store: Any) -> None:
-    store = make_store()
+def test_settle_owned_many_lands_each_exact_live_claim_once(shared_stores: Any) -> None:
+    store = shared_stores()
     a, b, c, d = store.add_claimed_many(
         [(i, f'{{"update_id": {i}}}', NOW) for i in (1, 2, 3, 4)], lease_until=LEASE
     )
@@ -135,8 +90,8 @@ def test_settle_owned_many_lands_each_exact_live_claim_once(make_store: Any) -> 
 
 
 @pytest.mark.parametrize("bad", [None, "5", 1.0, True, float("nan"), -1, 2**63, [1]])
-def test_every_way_in_refuses_impossible_update_ids(make_store: Any, bad: Any) -> None:
-    store = make_store()
+def test_every_way_in_refuses_impossible_update_ids(shared_stores: Any, bad: Any) -> None:
+    store = shared_stores()
     with pytest.raises((TypeError, ValueError)):
         store.add(bad, "{}", NOW)
     with pytest.raises((TypeError, ValueError)):
@@ -148,8 +103,8 @@ def test_every_way_in_refuses_impossible_update_ids(make_store: Any, bad: Any) -
     assert store.add(1, "{}", NOW) is True
 
 
-def test_add_claimed_and_settle_many_is_one_transaction_of_both(make_store: Any) -> None:
-    store = make_store()
+def test_add_claimed_and_settle_many_is_one_transaction_of_both(shared_stores: Any) -> None:
+    store = shared_stores()
     (old,) = store.add_claimed_many([(1, '{"update_id": 1}', NOW)], lease_until=LEASE)
     added, landed = store.add_claimed_and_settle_many(
         [(2, '{"update_id": 2}', NOW), (1, "{}", NOW)],

@@ -3,38 +3,15 @@ attempt) on the three stores, and the port's fallback for a store without it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Iterator, List
-
-import pytest
+from typing import Any, List
 
 from broken_stores import FencedOnlyStore
 from store_support import fresh_table_name
-from ptb_fence import AttemptIdentity, Completed, MemoryUpdateStore, SQLiteUpdateStore
+from ptb_fence import AttemptIdentity, Completed, MemoryUpdateStore
 from ptb_fence.runtime._port import StorePort
 
 T = 1_700_000_000_000
 L = 60_000
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    if request.param == "memory":
-        made: Any = MemoryUpdateStore()
-    elif request.param == "sqlite":
-        made = SQLiteUpdateStore(str(tmp_path / "release.db"))
-    else:
-        from ptb_fence import PostgresUpdateStore
-
-        dsn: str = request.getfixturevalue("pg_dsn")
-        tables: List[str] = request.getfixturevalue("pg_tables")
-        table = fresh_table_name()
-        tables.append(table)
-        made = PostgresUpdateStore(dsn, table=table)
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def claimed(store: Any, update_id: int, lease_until: int = T + L) -> AttemptIdentity:

@@ -43,6 +43,7 @@ def bounded(call: Callable[[], Any], on_timeout: Callable[[], None]) -> Any:
     return out
 
 
+# PostgreSQL only, on this test's pg_table (the tests lock its rows from their own connections).
 @pytest.fixture
 def pg(pg_dsn: str, pg_table: str) -> Iterator[PostgresUpdateStore]:
     with PostgresUpdateStore(pg_dsn, pg_table) as store:

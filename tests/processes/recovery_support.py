@@ -92,6 +92,7 @@ class Bed:
         return ids
 
 
+# Not conftest's store: the bot processes reach the database by URL and table name.
 @pytest.fixture(params=["sqlite", "postgres"])
 def bed(request: Any, tmp_path: Any) -> Iterator[Bed]:
     yield from make_bed(request, tmp_path)

@@ -215,6 +215,7 @@ class Bed:
         self.store.close()
 
 
+# Not conftest's store: the worker processes reach the database by URL and table name.
 @pytest.fixture(params=["sqlite", "postgres"])
 def bed(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Bed]:
     if request.param == "postgres":

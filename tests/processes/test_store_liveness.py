@@ -64,6 +64,7 @@ class Where:
             pg.close()
 
 
+# Not conftest's store: the worker process reaches the database by path or DSN and table.
 @pytest.fixture(params=["sqlite", "postgres"])
 def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
     if request.param == "sqlite":
