@@ -1,4 +1,4 @@
-"""Issue 13: strict_chat_order in one process, through a real PTB Application (FakeBotApi as
+"""``strict_chat_order`` in one process, through a real PTB Application (FakeBotApi as
 Telegram, polling), FencedUpdateProcessor and DurableUpdateProcessor, SQLite and PostgreSQL.
 
 One chat, updates 1, 2, 3; the first fails once (retry 0.2 s): with strict order the handler

@@ -1,4 +1,4 @@
-"""Issue 13: strict_chat_order in one process, through UpdateIntake (blocking front end).
+"""``strict_chat_order`` in one process, through UpdateIntake (blocking front end).
 
 One chat, updates 1, 2, 3; update 1 fails once (retry 0.2 s). Without strict order the
 handler runs 1, 2, 3, 1; with it 1, 1, 2, 3 — and another chat is not held up meanwhile (it

@@ -172,7 +172,8 @@ def test_ptb_polling_handles_every_update_replies_and_confirms_by_offset(
 
 
 def test_ptb_confirms_a_batch_before_it_is_handled(fake: FakeBotApi) -> None:
-    """The durability gap (SPEC §1): the next getUpdates confirms what a handler still holds."""
+    """The durability gap ptb_fence closes: the next getUpdates confirms what a handler still
+    holds."""
     recorder = Recorder()
     seen_at_confirm: list[tuple[list[int], list[int]]] = []
     fake.on_confirm = lambda ids: seen_at_confirm.append((ids, recorder.handled_ids()))

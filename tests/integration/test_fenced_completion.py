@@ -1,5 +1,5 @@
 """A ``complete=True`` fenced transaction checks ownership and settles in ONE conditional
-statement at its start (issue 14, item 1): ``complete_owned`` of the SQLite and PostgreSQL
+statement at its start: ``complete_owned`` of the SQLite and PostgreSQL
 stores (:class:`ptb_fence.CompletingUpdateStore`).
 
 Boundaries of that statement on real SQLite files and real PostgreSQL tables: a lease ending

@@ -1,4 +1,4 @@
-"""Hostile input at intake (SPEC §3, §9, §10, §11).
+"""Hostile input at intake: refused clearly or recorded once, never stored as garbage or lost.
 
 - Property-based fuzzing (hypothesis) of ``UpdateIntake.accept`` (bytes and str bodies, SQLite
   and memory stores), of ``webhook_app`` called directly with crafted environs (bodies, secrets,
@@ -416,7 +416,7 @@ BAD_LENGTHS = ["abc", "-1", "+5", "1_0", "0x10", "1e3", "5 5", "\u0665", "\u00b2
 def requests(draw: Any) -> Tuple[Dict[str, Any], SpyInput, Body, Tuple[int, ...]]:
     """A crafted environ, its input stream, the body, and the acceptable status codes.
 
-    The expected statuses follow SPEC §9 step by step: method, secret (before reading),
+    The expected statuses follow the webhook's checks in order: method, secret (before reading),
     Content-Length, size bound, validity.
     """
     big = Body("big", b'{"update_id": 1, "x": "' + b"a" * (1 << 20) + b'"}')  # a valid update, 1 MiB+

@@ -1,4 +1,4 @@
-"""Issue 14 item 2 for the blocking front end: UpdateIntake's workers that start together claim
+"""Grouped claims in the blocking front end: UpdateIntake's workers that start together claim
 together (``claim_owned_many``, one statement and one commit per group), so a recorded backlog
 is claimed in groups, not one commit per update; every update is still handled exactly once.
 (Workers that start at different times, e.g. after handlers of different lengths, still claim

@@ -1,4 +1,4 @@
-"""A hanging exhaustion handler never blocks a chat nor the sweep (issue 10, item 4).
+"""A hanging exhaustion handler never blocks a chat nor the sweep.
 
 Real SQLite file, real clock, real UpdateIntake: the exhaustion handler blocks on an event. Later
 updates of the same chat and of other chats are handled meanwhile; the handler is entered
@@ -105,7 +105,7 @@ def test_a_hanging_exhaustion_handler_blocks_neither_chats_nor_sweeps(tmp_path: 
 
 
 def test_at_most_eight_exhaustion_deliveries_at_once_each_entered_once(tmp_path: Any) -> None:
-    """The delivery decisions shared with the PTB processor (issue 11 item 4): up to 8
+    """The delivery decisions shared with the PTB processor: up to 8
     exhaustion handlers run at once (UpdateIntake delivered one at a time before, so 8 were
     never entered within 30 s), never a ninth, each exhaustion entered once, all acknowledged
     once they return."""

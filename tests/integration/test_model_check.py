@@ -3,16 +3,16 @@
 A hypothesis :class:`~hypothesis.stateful.RuleBasedStateMachine` drives one store with random
 sequences of every store operation (the durable contract plus ``add_many``, ``renew_many`` and
 ``renew_owned_many``; ``owns``/``settle_owned`` also on the caller's connection inside
-``store.transaction()``, committed or rolled back) under a moving clock, and compares every
-answer with :class:`store_model.StoreModel`, an independent statement of SPEC §3–§4. After every
-step it also compares the full ``due()`` list, the full ``due_exhaustions()`` list and, for the
-SQL stores, the whole table (its layout is public, SPEC §3/§8).
+``store.transaction()``, committed or rolled back) under a moving clock, and compares every answer
+with :class:`store_model.StoreModel`, an independent statement of the data model and the store
+contract. After every step it also compares the full ``due()`` list, the full ``due_exhaustions()``
+list and, for the SQL stores, the whole table (its layout is public).
 
 * the clock moves by small steps (including 0) and jumps exactly to a lease's or a retry's
   ``due_at``, a ``received_at`` or a ``settled_at``, and one millisecond either side, so every
-  inclusive/strict boundary of §3 is hit;
+  inclusive/strict boundary of the data model is hit;
 * update ids come from a small pool, so prune-and-re-add (attempt restarting at 1) happens
-  (``recycle`` does SPEC §6 rule 9 in one step);
+  (``recycle`` prunes a settled row and records and claims its id again in one step);
 * every identity the store ever returned is kept, so stale claims are retried, and identities
   are also forged (foreign claim id, attempt ± 1, claim id of another claim, other update);
 * arguments are chosen from the state (mostly a row that exists, a claim that holds its lease,
@@ -457,8 +457,8 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(t=targets, lease=lease_offsets, how=forgeries)
     def recycle(self, t: int, lease: int, how: str) -> None:
-        """SPEC §6 rule 9 in one step: prune a settled row, record its id again, claim it
-        (attempt 1 again), then try an identity from the id's previous life."""
+        """In one step: prune a settled row, record its id again, claim it (attempt 1 again), then
+        try an identity from the id's previous life (a fence never adopts a later claim)."""
         settled = [(u, int(r["settled_at"])) for u, r in sorted(self.model.rows.items())
                    if r["settled_at"] is not None]
         if not settled:
@@ -497,7 +497,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(picked=st.lists(st.tuples(picks, forgeries), max_size=3))
     def release_many(self, picked: List[Tuple[int, str]]) -> None:
-        """Issue 12: give claims back (attempt not spent; listed by due at once)."""
+        """Give claims back (attempt not spent; listed by due at once)."""
         idents = [self.pick(pick, how) for pick, how in picked]
         op = f"release_many({self.show(idents)}, at={self.show(self.now)})"
         self.agree(op, self.call(op, self.store.release_many(idents, at=self.now)),

@@ -173,7 +173,7 @@ def test_schema_text_is_idempotent_and_complete(pg_dsn: str, pg_table: str) -> N
         "claim_id": "text",
         "fingerprint": "text",
         "instance": "text",
-        "chat_key": "bigint",  # strict_chat_order (issue 13)
+        "chat_key": "bigint",  # strict_chat_order
         "isolated_claim": "text",  # suspect rows, isolated claims (IsolatingUpdateStore)
     }
     indexes = execute(pg_dsn, "SELECT indexdef FROM pg_indexes WHERE tablename = %s", (pg_table,))
@@ -209,7 +209,7 @@ def test_store_is_durable_and_reprs_without_secrets(pg_dsn: str, pg_table: str) 
         assert not hasattr(s, "__dict__")
 
 
-# -- base rules (SPEC §4, boundaries §3) -----------------------------------------------------
+# -- base rules of the store contract, their boundaries --------------------------------------
 def test_add_records_once_in_every_state(store: PostgresUpdateStore, pg_dsn: str) -> None:
     t = store.table
     assert store.add(T, '{"update_id": 1}', T) is True
@@ -783,7 +783,7 @@ def test_legacy_table_without_claim_id(pg_dsn: str, pg_table: str) -> None:
 
 
 def test_original_table_with_claim_id_and_due_at_not_null(pg_dsn: str, pg_table: str) -> None:
-    """SPEC §3: every insert path writes due_at = received_at for a pending row."""
+    """Every insert path writes due_at = received_at for a pending row."""
     legacy_table(pg_dsn, pg_table, claim_id=True)
     with PostgresUpdateStore(pg_dsn, pg_table, create_table=False) as s:
         assert s.add(1, "a", T + 1) is True

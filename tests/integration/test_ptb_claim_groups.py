@@ -1,8 +1,7 @@
-"""Issue 14 item 2 and the polling regression of issue 12's bounded claim-at-ingest: the
-updates of a polled ``getUpdates`` batch that were recorded pending (past the claim budget)
-are claimed several per commit as they start (``claim_owned_many``), not one commit each, and
-the bound holds: a process never holds more than ``max_concurrent + ingest_claim_buffer``
-claims.
+"""Grouped claims under polling, with claim-at-ingest bounded: the updates of a polled
+``getUpdates`` batch that were recorded pending (past the claim budget) are claimed several per
+commit as they start (``claim_owned_many``), not one commit each, and the bound holds: a process
+never holds more than ``max_concurrent + ingest_claim_buffer`` claims.
 
 A real PTB Application polls :class:`ptb_fence.testing.FakeBotApi`; the store is a real
 SQLiteUpdateStore behind a wrapper that counts the calls of its methods (each write method is

@@ -1,5 +1,4 @@
-"""A store written only to the declared contract runs a real PTB Application end to end
-(issue 11 item 3).
+"""A store written only to the declared contract runs a real PTB Application end to end.
 
 ``examples/custom_store.py``'s ``DictUpdateStore`` has the base, fenced and durable methods and
 nothing else (no batch methods, no ``transaction()``, no ``connection=`` on ``settle_owned``).

@@ -1,8 +1,9 @@
-"""Issue 10 ("no silent loss"), PTB adapter part: one regression test (or more) per item.
+"""No silent loss through the PTB adapter: each way an update could vanish or stall unnoticed
+has a regression test.
 
 Real PTB Applications against :class:`ptb_fence.testing.FakeBotApi`, real SQLite files and
 PostgreSQL tables. Store *test doubles* (wrappers that delegate to a real store and can hold a
-write back) are used where an item needs a write in flight; ptb_fence itself is not patched.
+write back) are used where a scenario needs a write in flight; ptb_fence itself is not patched.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def _count_handled(handled: Dict[int, int]) -> Any:
     return on_message
 
 
-# -- item 5: a lone UTF-16 surrogate ---------------------------------------------------------
+# -- a lone UTF-16 surrogate -----------------------------------------------------------------
 def _surrogate_scenario(store: Any) -> None:
     handled: Dict[int, int] = {}
 
@@ -132,7 +133,7 @@ def test_a_failing_batch_names_the_culprit_update(tmp_path: Any, caplog: Any) ->
         store.inner.close()
 
 
-# -- item 13: a cancelled ingest ---------------------------------------------------------------
+# -- a cancelled ingest ------------------------------------------------------------------------
 def test_polling_stopped_mid_write_then_restarted_handles_the_update_once(
     tmp_path: Any, caplog: Any
 ) -> None:
@@ -230,7 +231,7 @@ def test_put_cancelled_mid_write_hands_the_update_on(tmp_path: Any, caplog: Any)
         store.inner.close()
 
 
-# -- item 9: builder calls after install --------------------------------------------------------
+# -- builder calls after install ----------------------------------------------------------------
 def test_concurrent_updates_after_install_is_refused(tmp_path: Any) -> None:
     store = SQLiteUpdateStore(str(tmp_path / "bot.db"))
 
@@ -264,7 +265,7 @@ def test_update_queue_after_install_is_refused(tmp_path: Any) -> None:
         store.close()
 
 
-# -- item 15: one Bot, two Applications ---------------------------------------------------------
+# -- one Bot, two Applications ------------------------------------------------------------------
 def test_a_bot_reused_by_a_second_application_is_wired_to_the_new_processor(tmp_path: Any) -> None:
     store = SQLiteUpdateStore(str(tmp_path / "bot.db"))
     handled: Dict[int, int] = {}
@@ -307,7 +308,7 @@ def test_a_bot_wired_to_a_running_processor_is_refused(tmp_path: Any) -> None:
         store.close()
 
 
-# -- item 14: max_concurrent for everything ----------------------------------------------------
+# -- max_concurrent for everything -------------------------------------------------------------
 class _Gauge:
     def __init__(self) -> None:
         self.now = 0
@@ -387,7 +388,7 @@ def test_a_subclass_overriding_do_process_update_is_still_capped(tmp_path: Any) 
         store.close()
 
 
-# -- item 4: a hanging exhaustion handler --------------------------------------------------------
+# -- a hanging exhaustion handler ----------------------------------------------------------------
 def _retry_unless_boom(error: BaseException, attempt: int) -> Optional[float]:
     return None if str(error) == "boom" else 0.05
 
@@ -469,7 +470,7 @@ def test_a_hanging_exhaustion_handler_blocks_neither_sweep_nor_chat(tmp_path: An
         store.close()
 
 
-# -- item 11: startup warnings ----------------------------------------------------------------------
+# -- startup warnings -------------------------------------------------------------------------------
 def test_no_exhaustion_handler_warns_at_initialize(tmp_path: Any, caplog: Any) -> None:
     store = SQLiteUpdateStore(str(tmp_path / "bot.db"))
 
@@ -601,7 +602,7 @@ def test_run_polling_warns_about_drop_pending_updates_once(tmp_path: Any, caplog
         store.close()
 
 
-# -- item 6 (wiring): bind_bot ------------------------------------------------------------------------
+# -- one table per bot (wiring): bind_bot -------------------------------------------------------------
 class _BindingStore:
     """A real store plus ``bind_bot`` (as the stores will have it): records the calls, and
     refuses every bot but :attr:`owner`."""
@@ -647,7 +648,7 @@ def test_initialize_binds_the_store_to_the_bot(tmp_path: Any) -> None:
 
 
 def test_at_most_eight_exhaustion_deliveries_at_once_the_rest_as_they_end(tmp_path: Any) -> None:
-    """The delivery decisions shared with UpdateIntake (issue 11 item 4): 20 exhaustions, at most
+    """The delivery decisions shared with UpdateIntake: 20 exhaustions, at most
     8 handlers at once, each entered once; when they return, the other 12 are delivered at
     once, not after the next sweep (30 s here; before, they waited for it)."""
     store = SQLiteUpdateStore(str(tmp_path / "many.db"))

@@ -1,4 +1,4 @@
-"""Issue 10 item 10 (context part): ``context.require_attempt()`` returns the Attempt or
+"""``context.require_attempt()`` returns the Attempt or
 raises :class:`ptb_fence.ptb.AttemptUnavailable` naming the cause (a unary
 DurableUpdateProcessor, a job, or code outside the update's attempt: ``block=False`` handlers
 and ``create_task`` tasks). Real Applications against FakeBotApi and a SQLite file."""

@@ -1,4 +1,4 @@
-"""Issue 12 item 4: ``attempt_timeout_seconds`` ends a hung attempt; it fails with
+"""``attempt_timeout_seconds`` ends a hung attempt; it fails with
 :exc:`ptb_fence.AttemptTimeout`, is retried by policy, and its fenced writes are refused.
 
 A real PTB Application against FakeBotApi (asyncio: the handler is cancelled) and a real

@@ -1,4 +1,4 @@
-"""Issue 12 item 1 for UpdateIntake: close() ends in bounded time and releases what runs.
+"""UpdateIntake's graceful stop: close() ends in bounded time and releases what runs.
 
 Two real intakes share a store (SQLite file, PostgreSQL table) with the default lease (120 s):
 the first one's handler never returns by itself; ``close()`` returns within

@@ -1,11 +1,13 @@
-"""A long fenced transaction abandons nothing (issue 10, item 1, runtime part).
+"""A long fenced transaction abandons nothing (the runtime's side of a renewal that meets a
+locked row; the stores' side is in test_store_renew_locks.py).
 
 * A renewal result ``None`` (PostgreSQL ``SKIP LOCKED``: the row is locked right now) is
   undecided: neither renewed nor refused.
 * An attempt inside its own fenced transaction (ownership checked; it holds the row lock) is
   never reported lost by the keeper, is not renewed meanwhile (its lock would make the renewal
   wait), and ``transaction(complete=True)`` completes even when it stayed open past the lease.
-* The issue's scenario, reduced, on PostgreSQL (real connections) and the SQLite analogue.
+* One long ``transaction(complete=True)`` among healthy handlers (real time), on PostgreSQL
+  (real connections) and the SQLite analogue: no update is abandoned.
 
 Nothing of ptb_fence is patched; the undecided case uses a test double of the store.
 """
@@ -145,7 +147,7 @@ def _settled_at(store: Any, update_id: int) -> Optional[int]:
     return None if found is None else int(found[0])
 
 
-# -- the issue's scenario, reduced (real time) ------------------------------------------------------
+# -- one long transaction among healthy handlers (real time) ----------------------------------------
 class Scenario:
     """One long ``transaction(complete=True)`` and healthy handlers sleeping outside one."""
 

@@ -1,12 +1,11 @@
-"""Handler mistakes are loud and distinct (issue 10, items 8 and 10).
+"""Handler mistakes are loud and distinct.
 
 * ``run_in_transaction`` with an ``async def fn``: a ``TypeError`` naming the fix, the
-  transaction rolled back, nothing settled (item 8).
+  transaction rolled back, nothing settled.
 * ``fn`` committing, rolling back or closing the fenced transaction itself: ``TransactionEnded``,
-  nothing settled by ``complete=True`` (item 8).
+  nothing settled by ``complete=True``.
 * A second ``complete=True``, or using the attempt after the handler returned:
-  ``AttemptFinished`` with its own message, never an ``OwnershipLost`` or a takeover WARNING
-  (item 10).
+  ``AttemptFinished`` with its own message, never an ``OwnershipLost`` or a takeover WARNING.
 
 Real SQLite files and real PostgreSQL tables; nothing of ptb_fence is patched.
 """
@@ -143,7 +142,7 @@ def _takeover_warnings(caplog: Any) -> List[str]:
     ]
 
 
-# -- item 8: async fn ----------------------------------------------------------------------------
+# -- an async fn ---------------------------------------------------------------------------------
 def test_run_in_transaction_with_an_async_fn_raises_and_settles_nothing(
     backend: Backend, intakes: List[UpdateIntake]
 ) -> None:
@@ -194,7 +193,7 @@ def test_run_in_transaction_with_an_async_fn_raises_and_settles_nothing(
     assert backend.notes() == [(7, 2)]
 
 
-# -- item 8: fn ends the transaction itself ------------------------------------------------------
+# -- fn ends the transaction itself --------------------------------------------------------------
 def _end_transaction(conn: Any, how: str) -> None:
     getattr(conn, how)()
 
@@ -272,7 +271,7 @@ def test_a_given_postgres_connection_closed_inside_the_block_is_loud(
         backend.store.close()
 
 
-# -- item 10: mistakes that read like a lost lease -----------------------------------------------
+# -- mistakes that read like a lost lease --------------------------------------------------------
 def test_a_second_complete_and_use_after_the_handler_returned_are_attempt_finished(
     backend: Backend, intakes: List[UpdateIntake], caplog: Any
 ) -> None:
@@ -392,7 +391,7 @@ def test_attempt_finished_is_raised_before_touching_the_store(intakes: List[Upda
     assert row(store, 12).state == "completed"
 
 
-# -- item 8 through a real PTB Application -------------------------------------------------------
+# -- an async fn through a real PTB Application --------------------------------------------------
 def test_ptb_handler_passing_an_async_fn_gets_a_type_error_and_the_update_is_not_completed(
     tmp_path: Any,
 ) -> None:

@@ -1,4 +1,4 @@
-"""Issue 14 item 2, store side: the claim of several rows in one statement
+"""The claim of several rows in one statement
 (``claim_owned_many``) on the three stores, equal row by row to the loop of ``claim_owned``;
 the port's per-row fallback; PostgreSQL row locks under two concurrent claimers."""
 

@@ -1,4 +1,4 @@
-"""Same update_id with a different body, and one table per bot (issue 10, item 6).
+"""Same update_id with a different body (never silent), and one table per bot.
 
 Every test runs on the three stores: memory, a real SQLite file and real PostgreSQL.
 """

@@ -1,4 +1,4 @@
-"""The lean hop from the event loop to the store threads (issue 14, item 2).
+"""The lean hop from the event loop to the store threads.
 
 A burst of fast calls is served by the few core threads (a bounded number of threads touch the
 GIL at once); calls stuck in something slow never hold the others up for long (a thread more

@@ -1,4 +1,4 @@
-"""Issue 12, store side: ``release_many`` (give claims back at once without spending the
+"""Graceful stop, store side: ``release_many`` (give claims back at once without spending the
 attempt) on the three stores, and the port's fallback for a store without it."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A renewal never waits on a row lock (issue 10, item 1), on real PostgreSQL and SQLite."""
+"""A renewal never waits on a row lock (a fenced transaction holding its row must not stall the
+lease keeper), on real PostgreSQL and SQLite."""
 
 from __future__ import annotations
 
@@ -147,7 +148,7 @@ def test_sqlite_long_transaction_gives_a_clear_busy_timeout_error(tmp_path: Path
 
 
 def test_pg_close_under_load_never_closes_a_connection_in_use(pg_dsn: str, pg_table: str) -> None:
-    """Item 2 (PostgreSQL): close() while threads run statements and renewals: every call
+    """PostgreSQL: close() while threads run statements and renewals: every call
     either completes or raises the store's clear 'closed' error, never a closed-connection
     error from psycopg2."""
     for round_ in range(3):

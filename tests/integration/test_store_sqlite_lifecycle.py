@@ -73,7 +73,7 @@ print("ok", flush=True)
 
 @pytest.mark.timeout(300)
 def test_close_under_load_never_crashes_the_process(tmp_path: Path) -> None:
-    """Item 2: close() while many threads run statements: no SIGSEGV, calls after raise."""
+    """close() while many threads run statements: no SIGSEGV, calls after raise."""
     for run in range(3):
         path = str(tmp_path / f"race{run}.sqlite3")
         proc = subprocess.run(
@@ -140,7 +140,7 @@ def immutable(path: str) -> Iterator[None]:
 def test_connection_opened_on_an_unwritable_file_recovers_once_it_is_writable(
     tmp_path: Path,
 ) -> None:
-    """Item 7: a thread whose connection was opened read-only writes again after the fix."""
+    """Read-only file: a thread whose connection was opened read-only writes again after the fix."""
     path = str(tmp_path / "ro.sqlite3")
     store = SQLiteUpdateStore(path)
     try:
@@ -173,7 +173,7 @@ def test_connection_opened_on_an_unwritable_file_recovers_once_it_is_writable(
 
 
 def test_read_only_directory_with_an_existing_database_names_the_path(tmp_path: Path) -> None:
-    """Item 7: an existing file in a directory where -wal/-shm cannot be created."""
+    """Read-only directory: an existing file in a directory where -wal/-shm cannot be created."""
     folder = tmp_path / "ro_dir"
     folder.mkdir()
     path = str(folder / "db.sqlite3")

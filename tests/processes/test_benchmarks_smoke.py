@@ -106,8 +106,8 @@ POLL_ROWS = (
 
 
 def test_polling_rows_measure_cpu_against_the_fast_server(pg_dsn: str, tmp_path: Any) -> None:
-    """Every polling row runs, prints its CPU us/update next to plain PTB's, and the targets
-    of issue 14 are checked as ratios of rows of the same run."""
+    """Every polling row runs, prints its CPU us/update next to plain PTB's, and the CPU
+    targets are checked as ratios of rows of the same run."""
     results_file = tmp_path / "results.json"
     proc = _harness(
         ["--only", ",".join(POLL_ROWS), "--poll-updates", "200", "--runs", "1", "--warmup", "0",
@@ -161,7 +161,7 @@ def test_polling_rows_measure_cpu_against_the_fast_server(pg_dsn: str, tmp_path:
 
 def test_burst_and_backlog_write_rows(pg_dsn: str, tmp_path: Any) -> None:
     """The webhook-burst row (32 producers putting at once) and the fenced-write backlog row
-    run, count every update once, and their issue-14 targets are checked."""
+    run, count every update once, and their targets are checked."""
     results_file = tmp_path / "results.json"
     proc = _harness(
         ["--only", "plain-32,burst-fenced-sqlite-32,backlog-write-sqlite", "--updates", "300",

@@ -1,5 +1,6 @@
-"""Smoke test of benchmarks/chat_order.py (issue 13) at tiny settings: the table is printed
-with a default and a strict row, every update was handled, none out of order (exit code 0)."""
+"""Smoke test of benchmarks/chat_order.py (the cost of strict chat order) at tiny settings: the
+table is printed with a default and a strict row, every update was handled, none out of order
+(exit code 0)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 13: strict_chat_order across two processes sharing one store (two processes on one
+"""``strict_chat_order`` across two processes sharing one store (two processes on one
 SQLite file, two on PostgreSQL).
 
 20 chats x 15 updates are recorded pending (interleaved ids, as Telegram numbers them); two bot

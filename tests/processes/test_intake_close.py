@@ -1,5 +1,5 @@
-"""UpdateIntake.close() waits for (or bounds and names) every thread it started (issue 10,
-item 2): a following store.close() never races a delivery or a sweep of the intake.
+"""UpdateIntake.close() waits for (or bounds and names) every thread it started:
+a following store.close() never races a delivery or a sweep of the intake.
 
 Runs tests/processes/close_worker.py in a real subprocess; its exit code says what went wrong.
 """

@@ -1,4 +1,4 @@
-"""``import ptb_fence`` does not import psycopg2 until a PostgreSQL store is created (issue 11)."""
+"""``import ptb_fence`` does not import psycopg2 until a PostgreSQL store is created."""
 
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""Issue 10 item 3: ``Application.stop()`` (and SIGTERM under ``run_polling``) ends in bounded
+"""``Application.stop()`` (and SIGTERM under ``run_polling``) ends in bounded
 time even when the sweep finds a due retry while the Application is stopping.
 
 A real bot process (tests/processes/ptb_bot_worker.py ``--run-polling``) against a FakeBotApi in

@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/recovery.py (issue 12 item 5) at tiny settings.
+"""Smoke test of benchmarks/recovery.py (recovery after crashes and stops) at tiny settings.
 
 Runs the real harness as a subprocess on SQLite: two signal scenarios with both front ends (PTB
 and UpdateIntake), a few dozen updates, and the backlog-share scenario with a small backlog;

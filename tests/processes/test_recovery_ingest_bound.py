@@ -1,4 +1,4 @@
-"""Issue 12 item 3: claim-at-ingest is bounded by ``max_concurrent + ingest_claim_buffer``.
+"""Claim-at-ingest is bounded by ``max_concurrent + ingest_claim_buffer``.
 
 A 2,000-update backlog waits at a FakeBotApi; real PTB bot processes
 (tests/processes/ptb_bot_worker.py) with ``max_concurrent=4`` and the default buffer (8) work it

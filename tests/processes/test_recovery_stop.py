@@ -1,4 +1,4 @@
-"""Issue 12 item 1: a graceful stop releases what it claimed, and ends in bounded time.
+"""A graceful stop releases what it claimed, and ends in bounded time.
 
 Real bot processes of both front ends (tests/processes/ptb_bot_worker.py: a PTB ``Application`` with
 ``run_polling()``; tests/processes/intake_worker.py: a blocking ``UpdateIntake`` fed by a getUpdates

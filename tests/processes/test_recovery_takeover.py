@@ -1,4 +1,4 @@
-"""Issue 12 item 2: a dead process's claims are taken over in seconds; a frozen one's are not.
+"""A dead process's claims are taken over in seconds; a frozen one's are not.
 
 Real bot processes of both front ends (tests/processes/ptb_bot_worker.py: PTB ``Application``;
 tests/processes/intake_worker.py: blocking ``UpdateIntake`` fed by a getUpdates thread) against a
@@ -20,7 +20,7 @@ from recovery_support import DEFAULTS, STOP_TIMEOUT, Bed, _all_handled, _exactly
 from test_ptb_processes import Bots
 
 TAKEOVER_BOUND = 20.0
-"""Seconds from SIGKILL until every update is handled, asserted. The issue's goal is 5 s (met
+"""Seconds from SIGKILL until every update is handled, asserted. The goal is 5 s (met
 with room on an idle machine: 2.7-4.4 s in benchmarks/recovery.py); 20 s keeps the test stable
 on a loaded 2-core machine and still fails by far with the old behaviour (the 120 s lease)."""
 

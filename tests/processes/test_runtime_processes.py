@@ -350,7 +350,7 @@ def test_paused_inside_fenced_transaction_writes_once(bed: Bed) -> None:
     A's transaction ends (SQLite: the write lock; PostgreSQL: the FOR UPDATE row lock), so B
     cannot take it in between; after SIGCONT A completes (settled at the time of its ownership
     check: nobody could claim the row since), and B, whose claim waited for the lock, finds the
-    update completed and never runs it. Written once, by A (issue 10, item 1)."""
+    update completed and never runs it. Written once, by A."""
     bed.add([1])
     a = bed.spawn("--mode", "complete", "--pause-in-tx", "--lease", "0.8", "--sweep", "60",
                   "--grace", "60")

@@ -1,10 +1,11 @@
-"""A small reference model of the store contract (SPEC §3–§4), written from the SPEC alone.
+"""A small reference model of the store contract (the data model and the three capability levels),
+written from the specification alone.
 
-It imports nothing from :mod:`ptb_fence`: rows are plain dicts keyed by ``update_id``, claim ids
-are model tokens (``"m1"``, ``"m2"``, …) that the model-based check maps to the store's real
-claim ids. Every public method is one rule of the contract; the four boundaries of §3 are the
-two predicates :meth:`StoreModel.claimable` and :meth:`StoreModel.holds` plus the literal
-comparisons in :meth:`StoreModel.due` and :meth:`StoreModel.prune`.
+It imports nothing from :mod:`ptb_fence`: rows are plain dicts keyed by ``update_id``, claim ids are
+model tokens (``"m1"``, ``"m2"``, …) that the model-based check maps to the store's real claim ids.
+Every public method is one rule of the contract; the four boundaries of the data model are the two
+predicates :meth:`StoreModel.claimable` and :meth:`StoreModel.holds` plus the literal comparisons in
+:meth:`StoreModel.due` and :meth:`StoreModel.prune`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class StoreModel:
     Args:
         base_claim_writes_claim_id: Whether the base ``claim`` (without ``durable_exhaustion``)
             writes a fresh claim id on a take. True for the memory and SQLite stores; False for
-            PostgreSQL, whose base claim never references the column (legacy rule, SPEC §5).
+            PostgreSQL, whose base claim never references the column (a legacy rule of that store).
     """
 
     def __init__(self, *, base_claim_writes_claim_id: bool = True) -> None:
@@ -35,7 +36,7 @@ class StoreModel:
         self._issued += 1
         return f"m{self._issued}"
 
-    # -- §3: the boundaries ----------------------------------------------------------------
+    # -- the data model's boundaries -------------------------------------------------------
     @staticmethod
     def claimable(row: Row, now: int) -> bool:
         """pending; failed with due_at <= now; processing with due_at < now (lease lapsed)."""
@@ -62,7 +63,7 @@ class StoreModel:
     def add(self, update_id: int, body: str, received_at: int) -> bool:
         """Insert a pending row with 0 attempts; False if the id exists in any state.
 
-        (SPEC §12 lets a different update replace a settled row; the check's bodies carry no
+        (A different update may replace a settled row; the check's bodies carry no
         update kind, so they have no fingerprint and are always the same update.)"""
         if update_id in self.rows:
             return False  # in any state
@@ -160,7 +161,7 @@ class StoreModel:
     @staticmethod
     def released(row: Row) -> bool:
         """A pending row with a claim id was released (``add`` never writes one): ``due``
-        lists it at once, whatever ``pending_before`` (issue 12)."""
+        lists it at once, whatever ``pending_before``."""
         return row["state"] == "pending" and row["claim_id"] is not None
 
     def release_many(self, identities: Sequence[Identity], at: int) -> List[bool]:
@@ -235,7 +236,7 @@ class StoreModel:
         row["settled_at"] = at  # now ordinary prunable history
         return True
 
-    # -- the whole table (public layout, SPEC §3/§8) ----------------------------------------
+    # -- the whole table (its layout is public) ---------------------------------------------
     def snapshot(self) -> List[Tuple[Any, ...]]:
         """(update_id, body, state, attempts, due_at, received_at, settled_at, error, claim)."""
         return [

@@ -1,4 +1,4 @@
-"""Issue 11 item 5: Attempt owns its life cycle (an explicit phase, transition methods) and no
+"""Attempt owns its life cycle (an explicit phase, transition methods) and no
 module outside ``runtime/_attempt.py`` touches an attempt's private state."""
 
 from __future__ import annotations

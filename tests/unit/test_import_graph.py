@@ -1,4 +1,4 @@
-"""Issue 11 item 5: the import graph of ptb_fence/ has no cycles.
+"""The import graph of ptb_fence/ has no cycles.
 
 Built with ``ast`` from the source: module-level and function-level imports both count;
 imports under ``if TYPE_CHECKING:`` do not (they never run). Importing ``a.b.c`` counts as an
@@ -16,7 +16,7 @@ from typing import Dict, Iterator, List, Set
 
 PACKAGE = Path(__file__).resolve().parents[2] / "ptb_fence"
 
-# No package may be listed here (the PTB adapter's circle is gone since issue 11).
+# No package may be listed here (the PTB adapter's former import cycle is gone).
 KNOWN_CYCLE_PACKAGES: Set[str] = set()
 
 

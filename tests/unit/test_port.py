@@ -1,5 +1,6 @@
-"""Issue 11 item 2: one port. The store is probed for its optional capabilities in one place
-(``runtime/_port.py``), and a store with only SPEC §4's methods works end to end."""
+"""One port: the store is probed for its optional capabilities in one place
+(``runtime/_port.py``), and a store with only the required methods (base, fenced, durable) works
+end to end."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ ALLOWED_PACKAGES = (
     "ptb_fence/conformance/",
     "ptb_fence/testing/",
 )
-# Nothing may be listed here: the PTB adapter calls only the runtime (issue 11).
+# Nothing may be listed here: the PTB adapter calls only the runtime.
 KNOWN_PTB_OFFENDERS: Set[str] = set()
 
 OPTIONAL_NAMES = (
@@ -76,7 +77,7 @@ def test_the_probe_finder_finds_probes() -> None:
     assert _probes(PACKAGE / "runtime" / "_port.py")
 
 
-# -- a store with only SPEC §4's methods ------------------------------------------------------
+# -- a store with only the required methods ---------------------------------------------------
 def _custom_store_module() -> Any:
     spec = importlib.util.spec_from_file_location("custom_store", ROOT / "examples" / "custom_store.py")
     assert spec is not None and spec.loader is not None

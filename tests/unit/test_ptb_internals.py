@@ -1,5 +1,5 @@
 """PTB's public API where it exists, guards on the private internals that remain, and
-PTB-like behaviour where users can see it (issue 15 item 9).
+PTB-like behaviour where users can see it.
 
 The guards check the installed python-telegram-bot itself: when one fails, a PTB release
 changed an internal listed in ``ptb_fence/ptb/_ptb_internals.py``; the assertion message names

@@ -1,4 +1,4 @@
-"""The layout of ``ptb_fence.ptb`` (issue 11 item 5): its modules import one way, none uses
+"""The layout of ``ptb_fence.ptb``: its modules import one way, none uses
 another module's private names, each stays small, and the Application mix-in binds to the
 processor through public methods.
 

@@ -26,7 +26,8 @@ PUBLIC_MODULES = (
     "ptb_fence.cli",
 )
 
-# SPEC §4/§5/§8/§9: the names importable from ``ptb_fence`` itself
+# The specified names importable from ``ptb_fence`` itself (store contract, stores, attempt
+# context, blocking front end)
 SPEC_TOP_LEVEL = (
     "AttemptIdentity",
     "StoredUpdate",
@@ -50,7 +51,7 @@ SPEC_TOP_LEVEL = (
     "webhook_app",
 )
 
-# SPEC §4: value types, their fields in order, and a keyword construction
+# The store contract's value types, their fields in order, and a keyword construction
 VALUE_TYPES: Dict[str, Tuple[Tuple[str, ...], Dict[str, Any]]] = {
     "AttemptIdentity": (
         ("update_id", "attempt", "claim_id"),
@@ -76,7 +77,7 @@ VALUE_TYPES: Dict[str, Tuple[Tuple[str, ...], Dict[str, Any]]] = {
     "Abandoned": (("at", "error"), {"at": 1_700_000_000_000, "error": "gave up"}),
 }
 
-# SPEC §4: the three capability levels
+# The store contract's three capability levels
 BASE_METHODS = {"add", "claim", "renew", "settle", "due", "prune"}
 FENCED_METHODS = BASE_METHODS | {"claim_owned", "renew_owned", "owns", "settle_owned"}
 DURABLE_METHODS = FENCED_METHODS | {"exhaust", "due_exhaustions", "acknowledge_exhaustion"}

@@ -1,4 +1,4 @@
-"""Issue 11 item 6: one meaning per word, one verb per transition, a trimmed runtime surface."""
+"""One meaning per word, one verb per transition, a trimmed runtime surface."""
 
 from __future__ import annotations
 

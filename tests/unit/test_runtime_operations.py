@@ -1,4 +1,4 @@
-"""Issue 11 item 4 (runtime side): recording, grouped completion and chat order are runtime
+"""Recording, grouped completion and chat order are runtime
 operations shared by both front ends; lease deadlines and update-id validity in one place."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 11 item 1: the optional store capabilities the runtime uses are declared Protocols."""
+"""The optional store capabilities the runtime uses are declared Protocols."""
 
 from __future__ import annotations
 
