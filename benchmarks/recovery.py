@@ -8,13 +8,13 @@ Usage (from the repository root)::
     python benchmarks/recovery.py --front intake       # the same with blocking UpdateIntake
     python benchmarks/recovery.py --only backlog-share --backlog 20000
 
-Each scenario runs real PTB bot processes (``tests/ptb_bot_worker.py``: a
+Each scenario runs real PTB bot processes (``tests/processes/ptb_bot_worker.py``: a
 ``FencedUpdateProcessor`` with the library defaults, lease 120 s and sweep 30 s; handler: 50 ms
 + one fenced INSERT with ``run_in_transaction(..., complete=True)``) against a
 :class:`ptb_fence.testing.FakeBotApi`, ``--updates`` updates over 30 chats; the signal comes
 after about a third of them were handled, and a new process is started right away.
 
-``--front intake`` runs ``tests/intake_worker.py`` instead: a blocking
+``--front intake`` runs ``tests/processes/intake_worker.py`` instead: a blocking
 :class:`ptb_fence.UpdateIntake` fed by a getUpdates thread, stopped with ``close()`` on
 SIGTERM/SIGINT, the same handler in ``with attempt.transaction(complete=True)``.
 
@@ -53,8 +53,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-WORKERS = {"ptb": os.path.join(ROOT, "tests", "ptb_bot_worker.py"),
-           "intake": os.path.join(ROOT, "tests", "intake_worker.py")}
+WORKERS = {"ptb": os.path.join(ROOT, "tests", "processes", "ptb_bot_worker.py"),
+           "intake": os.path.join(ROOT, "tests", "processes", "intake_worker.py")}
 LEASE = 120.0
 DEFAULTS = ["--lease", "120", "--sweep", "30", "--grace", "60", "--max-life", "600",
             "--max-concurrent", "32", "--slow", "w", "--slow-seconds", "0.05"]

@@ -1,4 +1,9 @@
-"""Shared fixtures: real PostgreSQL (own table per test), SQLite files, clocks."""
+"""Shared fixtures: real PostgreSQL (own table per test), the store of each kind, intakes.
+
+Tests live by layer: ``unit/`` (in memory, no database server, socket or process),
+``integration/`` (real stores incl. PostgreSQL, threads, PTB Applications against FakeBotApi),
+``processes/`` (real processes; marked ``slow``). Helpers they import are in ``support/``.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +11,12 @@ import fcntl
 import os
 import tempfile
 import time
-import uuid
-from typing import Iterator
+from typing import Any, Callable, Iterator, List
 
 import pytest
 
-DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
-
-
-def postgres_dsn() -> str:
-    """The DSN tests use (``PTB_FENCE_POSTGRES_DSN`` or the local default)."""
-    return os.environ.get("PTB_FENCE_POSTGRES_DSN", DEFAULT_DSN)
+from ptb_fence import MemoryUpdateStore, PostgresUpdateStore, SQLiteUpdateStore, UpdateIntake
+from store_support import STORE_KINDS, drop_table, fresh_table_name, new_store, postgres_dsn
 
 
 def _postgres_problem() -> "str | None":
@@ -56,24 +56,12 @@ def pg_dsn() -> str:
     return postgres_dsn()
 
 
-def _drop_table(dsn: str, table: str) -> None:
-    import psycopg2
-
-    conn = psycopg2.connect(dsn)
-    try:
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute(f'DROP TABLE IF EXISTS "{table}" CASCADE')
-    finally:
-        conn.close()
-
-
 @pytest.fixture
 def pg_table(pg_dsn: str) -> Iterator[str]:
     """A fresh table name for this test, dropped afterwards."""
-    table = "t_" + uuid.uuid4().hex[:16]
+    table = fresh_table_name()
     yield table
-    _drop_table(pg_dsn, table)
+    drop_table(pg_dsn, table)
 
 
 @pytest.fixture
@@ -82,26 +70,89 @@ def pg_tables(pg_dsn: str) -> Iterator["list[str]"]:
     tables: "list[str]" = []
     yield tables
     for table in tables:
-        _drop_table(pg_dsn, table)
+        drop_table(pg_dsn, table)
 
 
-def fresh_table_name() -> str:
-    """A unique table name (for tests that make several stores)."""
-    return "t_" + uuid.uuid4().hex[:16]
+@pytest.fixture(params=STORE_KINDS)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """The store a test runs on: ``memory``, ``sqlite`` or ``postgres``.
+
+    A test using ``store``, ``shared_stores`` or ``fresh_stores`` runs once per kind (the
+    PostgreSQL run skips, or fails with PTB_FENCE_REQUIRE_POSTGRES=1, when the server is not
+    reachable: see ``pg_dsn``). For fewer kinds, parametrize it:
+    ``@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])``.
+    """
+    return str(request.param)
 
 
-def new_store(kind: str, request: pytest.FixtureRequest, path: str) -> "object":
-    """A fresh empty store of ``kind`` (``memory``, ``sqlite`` at ``path``, or ``postgres`` in a
-    fresh table dropped after the test, through the ``pg_dsn``/``pg_tables`` fixtures)."""
-    from ptb_fence import MemoryUpdateStore, PostgresUpdateStore, SQLiteUpdateStore
+@pytest.fixture
+def shared_stores(
+    store_kind: str, request: pytest.FixtureRequest, tmp_path: Any
+) -> Iterator[Callable[[], Any]]:
+    """Opens stores of ``store_kind`` on one database, all closed after the test.
 
-    if kind == "memory":
-        return MemoryUpdateStore()
-    if kind == "sqlite":
-        return SQLiteUpdateStore(path)
-    table = fresh_table_name()
-    request.getfixturevalue("pg_tables").append(table)
-    return PostgresUpdateStore(request.getfixturevalue("pg_dsn"), table=table)
+    Each call is a new instance on the same SQLite file (``tmp_path/updates.db``) or the same
+    PostgreSQL table (this test's ``pg_table``), as processes sharing a database have; a memory
+    store is its own database, so every call returns the same instance.
+    """
+    opened: List[Any] = []
+    if store_kind == "memory":
+        shared = MemoryUpdateStore()
+        opened.append(shared)
+
+        def make() -> Any:
+            return shared
+
+    elif store_kind == "sqlite":
+        path = str(tmp_path / "updates.db")
+
+        def make() -> Any:
+            opened.append(SQLiteUpdateStore(path))
+            return opened[-1]
+
+    else:
+        dsn = request.getfixturevalue("pg_dsn")
+        table = request.getfixturevalue("pg_table")
+
+        def make() -> Any:
+            opened.append(PostgresUpdateStore(dsn, table=table))
+            return opened[-1]
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(shared_stores: Callable[[], Any]) -> Any:
+    """An empty store of ``store_kind`` (the first of ``shared_stores``), closed after the test."""
+    return shared_stores()
+
+
+@pytest.fixture
+def fresh_stores(
+    store_kind: str, request: pytest.FixtureRequest, tmp_path: Any
+) -> Iterator[Callable[[], Any]]:
+    """Makes empty stores of ``store_kind``, each its own database (a new SQLite file in
+    ``tmp_path``, a new PostgreSQL table dropped after the test); all closed after the test."""
+    made: List[Any] = []
+
+    def make() -> Any:
+        made.append(new_store(store_kind, request, str(tmp_path / f"fresh{len(made)}.db")))
+        return made[-1]
+
+    yield make
+    for store in made:
+        store.close()
+
+
+@pytest.fixture
+def intakes() -> Iterator[List[UpdateIntake]]:
+    """A list of intakes closed after the test (append each one you make)."""
+    made: List[UpdateIntake] = []
+    yield made
+    for intake in made:
+        intake.close()
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """Group commit: work items that arrive together go to the store in one call (one commit).
 
 Its blocking twin is :class:`ptb_fence.blocking._thread_group.ThreadGroupCommit`; one test spec
-(``tests/test_group_commit_twins.py``) holds both to the same behaviour.
+(``tests/unit/test_group_commit_twins.py``) holds both to the same behaviour.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The private python-telegram-bot internals ptb_fence still relies on, in one place.
 
 Everything else in ``ptb_fence.ptb`` uses PTB's public API. Each remaining reliance below goes
-through a function of this module, and ``tests/test_ptb_internals.py`` checks each one against
+through a function of this module, and ``tests/unit/test_ptb_internals.py`` checks each one against
 the installed PTB, failing with the name of the internal if a PTB release changes it.
 
 1. ``ApplicationBuilder._application_class`` and ``ApplicationBuilder._application_kwargs``

@@ -1,0 +1,394 @@
+"""``connection=`` takes what users hold: a SQLAlchemy Session or Connection, a psycopg 3
+connection (and a Django connection, run by tests/processes/test_examples.py through
+examples/django_booking.py); anything else is a TypeError naming what is accepted.
+
+Real stores (a SQLite file, the shared PostgreSQL) and real UpdateIntakes: the ORM writes,
+the fenced ownership check and ``complete=True``'s settle land in one SQLAlchemy commit; a
+stale attempt's ORM write is rolled back with ``OwnershipLost``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from typing import Any, Callable, Dict, Iterator, List, Tuple
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from ptb_fence import (
+    OwnershipLost,
+    PostgresUpdateStore,
+    SQLiteUpdateStore,
+    TransactionEnded,
+    UpdateIntake,
+)
+from runtime_support import FakeClock, body
+
+
+class Env:
+    """A store and a SQLAlchemy engine on the same database, with a ``bookings`` table."""
+
+    def __init__(self, store: Any, engine: sa.engine.Engine, state: Callable[[int], str],
+                 booking: Any, dsn: str = "") -> None:
+        self.store, self.engine, self.state, self.Booking, self.dsn = (
+            store, engine, state, booking, dsn)
+
+    def bookings(self) -> List[Tuple[int, int]]:
+        with Session(self.engine) as s:
+            return sorted((b.update_id, b.attempt) for b in s.scalars(sa.select(self.Booking)))
+
+
+def _model(table: str) -> Any:
+    class Base(DeclarativeBase):
+        pass
+
+    class Booking(Base):
+        __tablename__ = table
+        id: Mapped[int] = mapped_column(primary_key=True)
+        update_id: Mapped[int] = mapped_column(unique=True)
+        attempt: Mapped[int]
+
+    return Booking
+
+
+# Not conftest's store: each kind is a user's connection (SQLAlchemy, psycopg 2 or 3) as well.
+@pytest.fixture(params=["sqlite", "postgres+psycopg2", "postgres+psycopg"])
+def env(request: Any, tmp_path: Any) -> Iterator[Env]:
+    booking_table = "b_" + uuid.uuid4().hex[:12]
+    Booking = _model(booking_table)
+    if request.param == "sqlite":
+        path = str(tmp_path / "bot.db")
+        store: Any = SQLiteUpdateStore(path)
+        engine = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 10})
+
+        def state(uid: int) -> str:
+            check = sqlite3.connect(path, timeout=10)
+            try:
+                found = check.execute(
+                    "SELECT state FROM telegram_updates WHERE update_id = ?", (uid,)).fetchall()
+            finally:
+                check.close()
+            return str(found[0][0]) if found else "missing"
+
+        dsn = ""
+    else:
+        dsn = request.getfixturevalue("pg_dsn")
+        tables: List[str] = request.getfixturevalue("pg_tables")
+        table = "t_" + uuid.uuid4().hex[:16]
+        tables += [table, booking_table]
+        store = PostgresUpdateStore(dsn, table)
+        driver = request.param.split("+")[1]
+        engine = sa.create_engine(dsn.replace("postgresql://", f"postgresql+{driver}://", 1))
+
+        def state(uid: int) -> str:
+            with psycopg.connect(dsn) as check:
+                found = check.execute(
+                    f"SELECT state FROM {table} WHERE update_id = %s", (uid,)).fetchall()
+            return str(found[0][0]) if found else "missing"
+
+    Booking.metadata.create_all(engine)
+    try:
+        yield Env(store, engine, state, Booking, dsn)
+    finally:
+        engine.dispose()
+        store.close()
+
+
+def _intake(env: Env, made: List[UpdateIntake],
+            handle_attempt: Any) -> Tuple[UpdateIntake, FakeClock]:
+    clock = FakeClock()
+    intake = UpdateIntake(env.store, clock=clock, handle_attempt=handle_attempt)
+    made.append(intake)
+    intake.start()
+    return intake, clock
+
+
+def _retry_now(intake: UpdateIntake, clock: FakeClock) -> None:
+    assert intake.idle(20)
+    clock.advance(3600)
+    intake.sweep()
+    assert intake.idle(20)
+
+
+def test_a_session_commits_the_orm_write_and_the_completion_together(
+    env: Env, intakes: List[UpdateIntake]
+) -> None:
+    seen: Dict[str, Any] = {}
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        uid = update["update_id"]
+        with Session(env.engine) as session:
+            session.scalars(sa.select(env.Booking)).all()  # a read first: the session autobegins
+            with attempt.transaction(connection=session, complete=True) as tx:
+                seen["yielded"] = tx
+                session.add(env.Booking(update_id=uid, attempt=attempt.attempt))
+                if attempt.attempt == 1:
+                    session.flush()  # the write reached the database, then the handler crashes
+                    raise RuntimeError("crash after the ORM write")
+            seen["session"] = session
+            seen["completed"] = attempt.completed
+
+    intake, clock = _intake(env, intakes, handle_attempt)
+    intake.accept(body(41))
+    assert intake.idle(20)
+    # the crash rolled back the flushed ORM write and the completion made at the start
+    assert env.bookings() == [] and env.state(41) == "failed"
+    _retry_now(intake, clock)
+    assert seen["yielded"] is seen["session"] and seen["completed"] is True
+    assert env.bookings() == [(41, 2)] and env.state(41) == "completed"
+
+
+def test_a_connection_commits_its_core_write_and_the_completion_together(
+    env: Env, intakes: List[UpdateIntake]
+) -> None:
+    seen: Dict[str, Any] = {}
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        with env.engine.connect() as connection:
+            with attempt.transaction(connection=connection, complete=True) as tx:
+                seen["same"] = tx is connection
+                tx.execute(sa.insert(env.Booking).values(update_id=update["update_id"],
+                                                         attempt=attempt.attempt))
+            seen["owns"] = attempt.owns(connection=connection)  # the completed update
+            connection.rollback()
+
+    intake, _ = _intake(env, intakes, handle_attempt)
+    intake.accept(body(42))
+    assert intake.idle(20)
+    assert seen == {"same": True, "owns": False}
+    assert env.bookings() == [(42, 1)] and env.state(42) == "completed"
+
+
+def test_a_stale_attempts_orm_write_is_rolled_back_with_ownership_lost(
+    env: Env, intakes: List[UpdateIntake]
+) -> None:
+    seen: Dict[str, Any] = {}
+    holder: Dict[str, Any] = {}
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        uid = update["update_id"]
+        if attempt.attempt > 1:
+            return
+        clock: FakeClock = holder["clock"]
+        clock.advance(3600)  # far past its lease: another process takes the update over
+        now = clock.ms()
+        seen["other"] = env.store.claim_owned(uid, now=now, lease_until=now + 600_000,
+                                              max_attempts=5)
+        with Session(env.engine) as session:
+            try:
+                with attempt.transaction(connection=session, complete=True):
+                    session.add(env.Booking(update_id=uid, attempt=attempt.attempt))
+            except OwnershipLost as exc:
+                seen["error"] = exc
+            seen["pending"] = list(session.new)
+
+    intake, clock = _intake(env, intakes, handle_attempt)
+    holder["clock"] = clock
+    intake.accept(body(43))
+    assert intake.idle(20)
+    assert seen["other"] is not None and seen["other"].attempt == 2
+    assert isinstance(seen.get("error"), OwnershipLost), seen
+    assert seen["pending"] == []  # the session was rolled back
+    assert env.bookings() == []
+    assert env.state(43) == "processing"  # the takeover still holds it
+
+
+def test_a_session_commit_inside_the_block_is_transaction_ended(
+    env: Env, intakes: List[UpdateIntake]
+) -> None:
+    seen: Dict[str, Any] = {}
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        with Session(env.engine) as session:
+            try:
+                with attempt.transaction(connection=session, complete=True):
+                    session.add(env.Booking(update_id=update["update_id"],
+                                            attempt=attempt.attempt))
+                    session.commit()
+            except TransactionEnded as exc:
+                seen["error"] = exc
+            seen["completed"] = attempt.completed
+        raise RuntimeError("stop here")
+
+    intake, _ = _intake(env, intakes, handle_attempt)
+    intake.accept(body(44))
+    assert intake.idle(20)
+    assert isinstance(seen.get("error"), TransactionEnded), seen
+    assert seen["completed"] is False
+    assert env.state(44) == "failed"  # the completion the early commit carried was undone
+    assert env.bookings() == [(44, 1)]  # the escaped write (the handler's mistake)
+
+
+def test_an_explicit_session_begin_is_refused_before_anything_runs(
+    env: Env, intakes: List[UpdateIntake]
+) -> None:
+    seen: Dict[str, Any] = {}
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        with Session(env.engine) as session:
+            with session.begin():
+                try:
+                    with attempt.transaction(connection=session, complete=True):
+                        raise AssertionError("not reached")
+                except ValueError as exc:
+                    seen["error"] = str(exc)
+        with env.engine.connect() as connection:
+            connection.execute(sa.select(1))  # "commit as you go": a transaction is open
+            try:
+                with attempt.transaction(connection=connection, complete=True):
+                    raise AssertionError("not reached")
+            except ValueError as exc:
+                seen["connection_error"] = str(exc)
+        with Session(env.engine) as session:
+            with attempt.transaction(connection=session, complete=True):
+                session.add(env.Booking(update_id=update["update_id"], attempt=attempt.attempt))
+
+    intake, _ = _intake(env, intakes, handle_attempt)
+    intake.accept(body(45))
+    assert intake.idle(20)
+    assert "session.begin()" in seen["error"] and "outside" in seen["error"]
+    assert "Connection is already in a transaction" in seen["connection_error"]
+    assert env.bookings() == [(45, 1)] and env.state(45) == "completed"
+
+
+def test_unknown_objects_are_a_type_error_naming_what_is_accepted(
+    env: Env, intakes: List[UpdateIntake]
+) -> None:
+    errors: List[str] = []
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        for wrong in (object(), env.engine, "dbname=test"):
+            try:
+                with attempt.transaction(connection=wrong, complete=True):
+                    raise AssertionError("not reached")
+            except TypeError as exc:
+                errors.append(str(exc))
+        try:
+            attempt.owns(connection=object())
+        except TypeError as exc:
+            errors.append(str(exc))
+        with Session(env.engine) as session:
+            with attempt.transaction(connection=session, complete=True):
+                pass  # writes nothing: not an ended transaction
+
+    intake, _ = _intake(env, intakes, handle_attempt)
+    intake.accept(body(46))
+    assert intake.idle(20)
+    assert len(errors) == 4, errors
+    assert errors[3] == errors[0]  # owns(connection=...) says the same
+    assert "SQLAlchemy Connection" in errors[0] and "Session" in errors[0]
+    assert "Django" in errors[0] and "psycopg 3" in errors[0] and "builtins.object" in errors[0]
+    assert "Engine" in errors[1] and "engine.connect()" in errors[1]
+    assert all("UPDATE" not in e and "SELECT" not in e for e in errors)  # never the store's SQL
+    assert env.state(46) == "completed"
+
+
+# -- psycopg 3 --------------------------------------------------------------------------------
+@pytest.mark.parametrize("autocommit", [False, True])
+@pytest.mark.parametrize("how", ["commit", "rollback", "nothing"])
+def test_a_psycopg3_connection_is_fenced_and_its_own_commit_is_detected(
+    pg_dsn: str, pg_tables: List[str], intakes: List[UpdateIntake], how: str,
+    autocommit: bool,
+) -> None:
+    table, notes = "t_" + uuid.uuid4().hex[:16], "n_" + uuid.uuid4().hex[:16]
+    pg_tables += [table, notes]
+    with psycopg.connect(pg_dsn, autocommit=True) as setup:
+        setup.execute(f"CREATE TABLE {notes} (update_id BIGINT NOT NULL)")
+    store = PostgresUpdateStore(pg_dsn, table)
+    seen: Dict[str, Any] = {}
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        with psycopg.connect(pg_dsn, autocommit=autocommit) as conn:
+            if autocommit:
+                conn.execute("BEGIN")  # as for psycopg2: the row lock needs a transaction
+            try:
+                with attempt.transaction(connection=conn, complete=True) as tx:
+                    if how != "nothing":
+                        tx.execute(f"INSERT INTO {notes} VALUES (%s)", (update["update_id"],))
+                        getattr(tx, how)()
+            except TransactionEnded as exc:
+                seen["error"] = exc
+                raise
+            finally:
+                seen["completed"] = attempt.completed
+
+    try:
+        no_engine: Any = None
+        intake, _ = _intake(Env(store, no_engine, str, None), intakes, handle_attempt)
+        intake.accept(body(47))
+        assert intake.idle(20)
+        with psycopg.connect(pg_dsn) as check:
+            state = check.execute(f"SELECT state FROM {table}").fetchone()
+            written = check.execute(f"SELECT count(*) FROM {notes}").fetchone()
+        if how == "nothing":
+            assert "error" not in seen and seen["completed"] is True
+            assert state == ("completed",)
+        else:
+            assert isinstance(seen.get("error"), TransactionEnded), seen
+            assert seen["completed"] is False and state == ("failed",)
+            assert written == ((1,) if how == "commit" else (0,))
+    finally:
+        for intake in intakes:
+            intake.close()
+        store.close()
+
+
+def test_the_adapters_import_nothing_until_used(tmp_path: Any) -> None:
+    """``import ptb_fence`` and a fenced transaction on a sqlite3 connection import neither
+    SQLAlchemy, Django nor psycopg 3 (they are test-only dependencies)."""
+    import json
+    import subprocess
+    import sys
+
+    script = f"""
+import json, sqlite3, sys
+from ptb_fence import SQLiteUpdateStore, UpdateIntake
+path = {str(tmp_path / "light.db")!r}
+store = SQLiteUpdateStore(path)
+done = []
+def handle_attempt(update, attempt):
+    conn = sqlite3.connect(path, timeout=10)
+    with attempt.transaction(connection=conn, complete=True):
+        pass
+    conn.close()
+    done.append(attempt.completed)
+intake = UpdateIntake(store, handle_attempt=handle_attempt)
+intake.start()
+intake.accept({body(1)!r})
+assert intake.idle(20)
+intake.close(); store.close()
+heavy = ("sqlalchemy", "django", "psycopg", "ptb_fence.contrib")
+print(json.dumps([done, sorted(m for m in heavy if m in sys.modules)]))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [[True], []]
+
+
+def test_run_in_transaction_takes_a_session(
+    env: Env, intakes: List[UpdateIntake]
+) -> None:
+    """The asyncio form: ``fn`` runs on a worker thread with the Session, committed by
+    SQLAlchemy together with the completion."""
+    import asyncio
+
+    seen: Dict[str, Any] = {}
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        def write(session: Session) -> int:
+            session.add(env.Booking(update_id=update["update_id"], attempt=attempt.attempt))
+            return 7
+
+        with Session(env.engine) as session:
+            seen["result"] = asyncio.run(
+                attempt.run_in_transaction(write, connection=session, complete=True))
+        seen["completed"] = attempt.completed
+
+    intake, _ = _intake(env, intakes, handle_attempt)
+    intake.accept(body(48))
+    assert intake.idle(20)
+    assert seen == {"result": 7, "completed": True}
+    assert env.bookings() == [(48, 1)] and env.state(48) == "completed"

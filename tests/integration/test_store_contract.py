@@ -1,0 +1,359 @@
+"""The batch-first store contract: ClaimTerms in the batch claim of the three stores, capability
+groups all or nothing (a partial group is refused with its names, by the runtime and by the
+conformance check), the capabilities logged once at start, a fenced store with only the batch
+forms run end to end through the port's single-row conveniences, and a store with the earlier
+keyword form of ``claim_owned_many`` still called that way."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+import threading
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import pytest
+
+from ptb_fence import (
+    Attempt,
+    AttemptIdentity,
+    ClaimTerms,
+    Completed,
+    Exhaustion,
+    MemoryUpdateStore,
+    Settlement,
+    SQLiteUpdateStore,
+    StoreCapabilities,
+    UpdateIntake,
+)
+from ptb_fence.conformance import check_update_store
+from ptb_fence.contract import BASE_METHODS, CAPABILITY_GROUPS, DURABLE_METHODS, FENCED_METHODS
+from ptb_fence.runtime._port import StorePort
+
+from runtime_support import StoreWrapper, body, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+T = 1_700_000_000_000
+L = 60_000
+
+
+# -- stores ------------------------------------------------------------------------------------
+class BatchOnlyStore:
+    """A durable store written batch-first: the base six, ``owns``, the durable three and the
+    batch forms of the fenced claim, renewal and settlement, but no ``claim_owned``,
+    ``renew_owned`` or ``settle_owned``. Each call is delegated to a memory store and counted."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryUpdateStore()
+        self.calls: Dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self.calls[name] = self.calls.get(name, 0) + 1
+
+    def add(self, update_id: int, body: str, received_at: int) -> bool:
+        self._count("add")
+        return self.inner.add(update_id, body, received_at)
+
+    def claim(self, update_id: int, **terms: Any) -> Optional[int]:
+        self._count("claim")
+        return self.inner.claim(update_id, **terms)
+
+    def renew(self, update_id: int, attempt: int, lease_until: int, now: Any = None) -> bool:
+        self._count("renew")
+        return self.inner.renew(update_id, attempt, lease_until, now)
+
+    def settle(self, update_id: int, attempt: int, settlement: Settlement) -> None:
+        self._count("settle")
+        self.inner.settle(update_id, attempt, settlement)
+
+    def due(self, *, now: int, pending_before: int, limit: int) -> Any:
+        return self.inner.due(now=now, pending_before=pending_before, limit=limit)
+
+    def prune(self, before: int) -> int:
+        return self.inner.prune(before)
+
+    def owns(self, identity: AttemptIdentity, at: int) -> bool:
+        self._count("owns")
+        return self.inner.owns(identity, at)
+
+    def claim_owned_many(
+        self, update_ids: Sequence[int], terms: ClaimTerms
+    ) -> List[Optional[AttemptIdentity]]:
+        self._count("claim_owned_many")
+        assert isinstance(terms, ClaimTerms)
+        return self.inner.claim_owned_many(update_ids, terms)
+
+    def renew_owned_many(
+        self, identities: Sequence[AttemptIdentity], lease_until: int, now: int
+    ) -> List[bool]:
+        self._count("renew_owned_many")
+        return self.inner.renew_owned_many(identities, lease_until, now)
+
+    def settle_owned_many(
+        self, items: Sequence[Tuple[AttemptIdentity, Settlement]]
+    ) -> List[bool]:
+        self._count("settle_owned_many")
+        return self.inner.settle_owned_many(items)
+
+    def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:
+        return self.inner.exhaust(identity, at=at, error=error)
+
+    def due_exhaustions(self, *, limit: int, after_update_id: Optional[int] = None) -> Any:
+        return self.inner.due_exhaustions(limit=limit, after_update_id=after_update_id)
+
+    def acknowledge_exhaustion(self, identity: AttemptIdentity, at: int) -> bool:
+        return self.inner.acknowledge_exhaustion(identity, at)
+
+
+class KeywordClaimStore(MemoryUpdateStore):
+    """A custom store of the earlier contract: ``claim_owned_many`` with keywords."""
+
+    __slots__ = ("keyword_calls",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keyword_calls: List[Dict[str, Any]] = []
+
+    def claim_owned_many(  # type: ignore[override]
+        self,
+        update_ids: Sequence[int],
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> List[Optional[AttemptIdentity]]:
+        terms = ClaimTerms(now, lease_until, max_attempts, durable_exhaustion)
+        self.keyword_calls.append({"ids": list(update_ids), "terms": terms})
+        return super().claim_owned_many(update_ids, terms)
+
+
+class PartialLivenessStore(MemoryUpdateStore):
+    """Two of the three liveness methods: ``take_over_dead`` is hidden."""
+
+    __slots__ = ()
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "take_over_dead":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+# -- partial groups are refused ------------------------------------------------------------------
+def test_a_partial_liveness_group_is_refused_by_the_runtime_naming_the_methods() -> None:
+    with pytest.raises(TypeError) as caught:
+        UpdateIntake(PartialLivenessStore(), handle=lambda update: None)
+    message = str(caught.value)
+    assert "has hold_liveness, release_liveness but not take_over_dead" in message
+    assert "liveness capability" in message and message.startswith("UpdateIntake: ")
+
+
+def test_a_partial_fenced_group_names_the_missing_operation_with_its_batch_form() -> None:
+    store = StoreWrapper(methods=BASE_METHODS + ("claim_owned", "owns", "settle_owned"))
+    with pytest.raises(TypeError) as caught:
+        StorePort(store, component="t")
+    message = str(caught.value)
+    assert "has claim_owned, owns, settle_owned but not renew_owned or renew_owned_many" in message
+    assert "fenced capability" in message
+
+
+def test_a_group_without_the_group_it_needs_is_refused() -> None:
+    store = StoreWrapper(methods=BASE_METHODS + ("release_many",))
+    with pytest.raises(TypeError, match="has the release capability .*without fenced"):
+        StorePort(store, component="t")
+
+
+def test_whole_groups_and_absent_groups_are_accepted() -> None:
+    assert "liveness" in StorePort(MemoryUpdateStore(), component="t").capabilities
+    base_only = StorePort(StoreWrapper(methods=BASE_METHODS), component="t").capabilities
+    assert base_only.groups == frozenset({"base"})
+    fenced = StorePort(StoreWrapper(methods=FENCED_METHODS), component="t").capabilities
+    assert fenced.groups == frozenset({"base", "fenced"})
+
+
+def test_the_conformance_check_reports_a_partial_group_and_stops() -> None:
+    violations = check_update_store(PartialLivenessStore)
+    assert len(violations) == 1, violations
+    assert "has hold_liveness, release_liveness but not take_over_dead" in violations[0]
+
+
+# -- capabilities are logged once at start ---------------------------------------------------------
+def test_the_capabilities_are_logged_once_at_start(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="ptb_fence.runtime"):
+        intake = UpdateIntake(
+            MemoryUpdateStore(), handle_attempt=lambda update, attempt: None,
+            handle_exhaustion=lambda exhaustion: None,
+        )
+        intake.close()
+        UpdateIntake(StoreWrapper(methods=BASE_METHODS), handle=lambda update: None).close()
+    lines = [r for r in caplog.records if "store capabilities" in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.INFO, logging.INFO]
+    memory, wrapped = (r.getMessage() for r in lines)
+    assert memory.startswith("UpdateIntake: store capabilities: MemoryUpdateStore: base, fenced, ")
+    assert "durable" in memory and "liveness" in memory and "connection=" in memory
+    assert "isolation" not in memory  # the memory store does not isolate
+    assert wrapped == "UpdateIntake: store capabilities: StoreWrapper: base"
+
+
+def test_store_capabilities_is_a_frozen_value() -> None:
+    capabilities = StoreCapabilities.of(MemoryUpdateStore())
+    assert capabilities == StoreCapabilities.of(MemoryUpdateStore())
+    with pytest.raises(AttributeError):
+        capabilities.groups = frozenset()  # type: ignore[misc]
+    assert not hasattr(capabilities, "__dict__")  # slots
+
+
+# -- ClaimTerms in the three stores --------------------------------------------------------------
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def make_store(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[[], Any]]:
+    opened: List[Any] = []
+
+    def make() -> Any:
+        if request.param == "memory":
+            store: Any = MemoryUpdateStore()
+        elif request.param == "sqlite":
+            store = SQLiteUpdateStore(str(tmp_path / f"u{len(opened)}.db"))
+        else:
+            from ptb_fence import PostgresUpdateStore
+
+            dsn = request.getfixturevalue("pg_dsn")
+            tables = request.getfixturevalue("pg_tables")
+            from store_support import fresh_table_name
+
+            table = fresh_table_name()
+            tables.append(table)
+            store = PostgresUpdateStore(dsn, table=table)
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+def test_the_three_stores_claim_on_claim_terms(make_store: Callable[[], Any]) -> None:
+    store = make_store()
+    parameters = inspect.signature(store.claim_owned_many).parameters
+    assert list(parameters) == ["update_ids", "terms"]
+    for update_id in (1, 2):
+        assert store.add(update_id, f"b{update_id}", T)
+    first = store.claim_owned_many([1, 2, 1], ClaimTerms(now=T, lease_until=T + L, max_attempts=1))
+    assert [(i.update_id, i.attempt) if i else None for i in first] == [(1, 1), (2, 1), None]
+    assert first[0] is not None and store.owns(first[0], T + L) and not store.owns(first[0], T + L + 1)
+    # both leases lapse: spent (max_attempts=1), durable: they become exhaustions
+    spent = store.claim_owned_many(
+        [1, 2], ClaimTerms(now=T + L + 1, lease_until=T + 2 * L, max_attempts=1,
+                           durable_exhaustion=True)
+    )
+    assert spent == [None, None]
+    assert sorted(e.update_id for e in store.due_exhaustions(limit=10)) == [1, 2]
+
+
+def test_claim_terms_is_frozen_with_slots() -> None:
+    terms = ClaimTerms(1, 2, 3)
+    assert terms.durable_exhaustion is False
+    with pytest.raises(AttributeError):
+        terms.now = 5  # type: ignore[misc]
+    assert not hasattr(terms, "__dict__")
+
+
+def test_a_keyword_form_claim_owned_many_is_called_with_keywords() -> None:
+    store = KeywordClaimStore()
+    port = StorePort(store, component="t", fenced=True)
+    for update_id in (1, 2, 3):
+        assert port.add(update_id, body(update_id), T)
+    got = port.claim_owned_many([1, 2, 3], ClaimTerms(T, T + L, 3, True))
+    assert [i.update_id for i in got if i is not None] == [1, 2, 3]
+    assert store.keyword_calls == [
+        {"ids": [1, 2, 3], "terms": ClaimTerms(T, T + L, 3, True)}
+    ]
+    assert check_update_store(KeywordClaimStore) == []
+
+
+# -- a batch-only store end to end ------------------------------------------------------------------
+def test_a_batch_only_store_conforms() -> None:
+    capabilities = StoreCapabilities.of(BatchOnlyStore())
+    assert {"fenced", "durable", "claim_owned_many", "settle_owned_many"} <= capabilities.groups
+    assert check_update_store(BatchOnlyStore) == []
+
+
+def test_the_port_makes_single_row_calls_batches_of_one() -> None:
+    store = BatchOnlyStore()
+    port = StorePort(store, component="t", fenced=True, durable=True)
+    assert port.add(7, body(7), T)
+    identity = port.claim_owned(7, ClaimTerms(T, T + L, 3))
+    assert identity is not None and identity.attempt == 1
+    assert port.renew_owned(identity, T + 2 * L, T + 1) is True
+    assert port.owns(identity, T + 2 * L) and not port.owns(identity, T + 2 * L + 1)
+    assert port.settle_owned(identity, Completed(T + 5)) is True
+    assert port.settle_owned(identity, Completed(T + 6)) is False  # already settled
+    assert store.calls == {
+        "add": 1, "claim_owned_many": 1, "renew_owned_many": 1, "owns": 2,
+        "settle_owned_many": 2,
+    }
+
+
+def test_a_batch_only_store_runs_attempts_retries_and_exhaustions_end_to_end() -> None:
+    store = BatchOnlyStore()
+    runs: Dict[int, int] = {}
+    exhaustions: List[Exhaustion] = []
+    lock = threading.Lock()
+
+    def handle_attempt(update: Dict[str, Any], attempt: Attempt) -> None:
+        update_id = update["update_id"]
+        with lock:
+            runs[update_id] = runs.get(update_id, 0) + 1
+        if update_id == 2:
+            raise RuntimeError("always fails")
+        if update_id == 3 and attempt.attempt == 1:
+            raise RuntimeError("fails once")
+
+    with UpdateIntake(
+        store,
+        handle_attempt=handle_attempt,
+        handle_exhaustion=exhaustions.append,
+        max_attempts=2,
+        retry=lambda error, attempt: 0.0,
+        sweep_every_seconds=0.2,
+        pending_grace_seconds=0.1,
+    ) as intake:
+        for update_id in range(1, 9):
+            assert intake.accept(body(update_id)) == "accepted"
+        assert wait_until(lambda: len(exhaustions) == 1 and runs.get(3) == 2, 20)
+        assert intake.idle(10)
+    assert runs == {1: 1, 2: 2, 3: 2, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1}
+    assert exhaustions[0].update_id == 2 and "always fails" in exhaustions[0].error
+    inner = store.inner
+    assert inner.due(now=T * 10, pending_before=T * 10, limit=10) == []
+    assert inner.due_exhaustions(limit=10) == []  # acknowledged
+    # every fenced claim and settlement went through the batch forms
+    assert store.calls["claim_owned_many"] >= 1 and store.calls["settle_owned_many"] >= 1
+    assert "claim" not in store.calls and "settle" not in store.calls
+
+
+# -- the README's capability table is the contract's ---------------------------------------------
+def test_the_readme_capability_table_lists_every_group_with_its_methods() -> None:
+    text = (ROOT / "README.rst").read_text(encoding="utf-8")
+    start = text.index("**Capability table**")
+    table = text[start : text.index("\n\n", text.index("capability ", start) + 200)]
+    rows: Dict[str, str] = {}
+    current = ""
+    for line in table.splitlines()[4:]:
+        if line.startswith("="):
+            continue
+        name, methods = line[:32].strip(), line[32:90].strip()
+        if name:
+            current = name
+            rows[current] = methods
+        else:
+            rows[current] += " " + methods
+    assert list(rows) == [group.name for group in CAPABILITY_GROUPS]
+    for group in CAPABILITY_GROUPS:
+        listed = re.findall(r"[a-z_]+", rows[group.name])
+        assert listed == list(group.methods), group.name
+    assert set(DURABLE_METHODS) <= {m for g in CAPABILITY_GROUPS for m in g.methods}

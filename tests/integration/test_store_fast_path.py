@@ -1,0 +1,118 @@
+"""Optional fast-path capabilities of every store: add_claimed_many and settle_owned_many."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, List
+
+import pytest
+
+from ptb_fence import Abandoned, AttemptIdentity, Completed, Failed
+
+NOW = 1_700_000_000_000
+LEASE = NOW + 60_000
+
+
+def test_add_claimed_many_records_and_claims_fresh_ids_only(shared_stores: Any) -> None:
+    store = shared_stores()
+    assert store.add(5, '{"update_id": 5}', NOW) is True
+    result = store.add_claimed_many(
+        [(1, '{"update_id": 1}', NOW), (2, '{"update_id": 2}', NOW), (1, "{}", NOW), (5, "{}", NOW)],
+        lease_until=LEASE,
+    )
+    assert [r if r is None else (r.update_id, r.attempt) for r in result] == [
+        (1, 1),
+        (2, 1),
+        None,
+        None,
+    ]
+    first, second = result[0], result[1]
+    assert isinstance(first.claim_id, str) and first.claim_id and first.claim_id != second.claim_id
+    # the claim is live until the lease, inclusive, and the body is the first one given
+    assert store.owns(first, LEASE) is True
+    assert store.owns(first, LEASE + 1) is False
+    assert store.claim_owned(1, now=LEASE, lease_until=LEASE + 10, max_attempts=5) is None
+    taken = store.claim_owned(1, now=LEASE + 1, lease_until=LEASE + 100, max_attempts=5)
+    assert taken is not None and taken.attempt == 2 and taken.claim_id != first.claim_id
+    assert [u.body for u in store.due(now=LEASE + 200, pending_before=NOW, limit=10)] == [
+        '{"update_id": 1}',
+        '{"update_id": 2}',
+        '{"update_id": 5}',
+    ]
+    # a pre-claimed row is not pending: it is not listed before its lease lapses
+    assert [u.update_id for u in store.due(now=NOW, pending_before=NOW, limit=10)] == [5]
+    assert store.add_claimed_many([], lease_until=LEASE) == []
+
+
+def test_add_claimed_many_races_across_connections(shared_stores: Any) -> None:
+    stores = [shared_stores() for _ in range(4)]  # four connections (memory: one store)
+    wins: List[AttemptIdentity] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(len(stores))
+
+    def worker(store: Any) -> None:
+        barrier.wait(timeout=10)
+        got = store.add_claimed_many([(i, "{}", NOW) for i in range(50)], lease_until=LEASE)
+        with lock:
+            wins.extend(r for r in got if r is not None)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(w.update_id for w in wins) == list(range(50))
+
+
+def test_settle_owned_many_lands_each_exact_live_claim_once(shared_stores: Any) -> None:
+    store = shared_stores()
+    a, b, c, d = store.add_claimed_many(
+        [(i, f'{{"update_id": {i}}}', NOW) for i in (1, 2, 3, 4)], lease_until=LEASE
+    )
+    forged = AttemptIdentity(4, 1, "not-the-claim")
+    landed = store.settle_owned_many(
+        [
+            (a, Completed(NOW + 5)),
+            (b, Failed(NOW + 5, NOW + 100, "boom")),
+            (c, Abandoned(NOW + 5, "gave up")),
+            (a, Completed(NOW + 6)),  # the same attempt again: already settled
+            (forged, Completed(NOW + 5)),  # wrong claim id
+            (d, Completed(LEASE + 1)),  # after the lease
+        ]
+    )
+    assert landed == [True, True, True, False, False, False]
+    assert all(type(x) is bool for x in landed)
+    assert store.owns(d, LEASE) is True  # d untouched
+    due = store.due(now=NOW + 100, pending_before=NOW, limit=10)
+    assert [u.update_id for u in due] == [2]
+    assert store.prune(NOW + 6) == 2  # completed 1 and abandoned 3
+    assert store.settle_owned_many([]) == []
+
+
+@pytest.mark.parametrize("bad", [None, "5", 1.0, True, float("nan"), -1, 2**63, [1]])
+def test_every_way_in_refuses_impossible_update_ids(shared_stores: Any, bad: Any) -> None:
+    store = shared_stores()
+    with pytest.raises((TypeError, ValueError)):
+        store.add(bad, "{}", NOW)
+    with pytest.raises((TypeError, ValueError)):
+        store.add_many([(1, "{}", NOW), (bad, "{}", NOW)])
+    with pytest.raises((TypeError, ValueError)):
+        store.add_claimed_many([(bad, "{}", NOW)], lease_until=LEASE)
+    # nothing was written, not even the valid row of the refused batch
+    assert store.due(now=NOW, pending_before=NOW, limit=10) == []
+    assert store.add(1, "{}", NOW) is True
+
+
+def test_add_claimed_and_settle_many_is_one_transaction_of_both(shared_stores: Any) -> None:
+    store = shared_stores()
+    (old,) = store.add_claimed_many([(1, '{"update_id": 1}', NOW)], lease_until=LEASE)
+    added, landed = store.add_claimed_and_settle_many(
+        [(2, '{"update_id": 2}', NOW), (1, "{}", NOW)],
+        lease_until=LEASE,
+        settlements=[(old, Completed(NOW + 1)), (AttemptIdentity(1, 1, "forged"), Completed(NOW))],
+    )
+    assert [a if a is None else (a.update_id, a.attempt) for a in added] == [(2, 1), None]
+    assert landed == [True, False]
+    assert store.owns(added[0], LEASE) is True
+    assert store.prune(NOW + 2) == 1  # update 1 completed at NOW + 1
+    assert store.add_claimed_and_settle_many([], lease_until=LEASE, settlements=[]) == ([], [])

@@ -1,0 +1,158 @@
+"""Suspect updates run alone: a blocking ``UpdateIntake`` over a real SQLite file or
+PostgreSQL table, the suspects made by a real process that held their claims and was
+SIGKILLed (tests/processes/liveness_worker.py: it claims six rows, the first one marked isolated).
+
+No other handler of the process runs while a suspect's handler runs; updates that are not
+suspect still run together; the crash cost the suspects nothing but the one whose claim was
+marked isolated; ``close()`` gives a suspect that waits for the running handlers back at once,
+its attempt not spent. The same for a PTB bot process stopped by SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from typing import Any, Dict, List, Tuple
+
+from ptb_fence import UpdateIntake
+from ptb_fence.testing import FakeBotApi, make_message_update
+from ptb_support import wait_sync
+from recovery_support import STOP_TIMEOUT, Bed, _stop, bed  # noqa: F401
+from test_ptb_processes import Bots, bots  # noqa: F401
+from test_store_liveness import COUNT, Where, start_worker, where  # noqa: F401
+
+SUSPECTS = range(300, 300 + COUNT)
+FRESH = range(400, 406)
+
+
+def _kill_holder(where: Where) -> None:
+    """A process claims the six suspects-to-be and dies holding them."""
+    proc, _instance = start_worker(where, SUSPECTS[0])
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+
+
+def _attempts(where: Where) -> Dict[int, Tuple[str, int]]:
+    store = where.store()
+    try:
+        conn_rows: List[Any] = []
+        with store.transaction() as conn:
+            cur = conn.cursor()
+            cur.execute(f'SELECT update_id, state, attempts FROM "{where.table}"')  # noqa: S608
+            conn_rows = list(cur.fetchall())
+        return {int(u): (str(s), int(a)) for u, s, a in conn_rows}
+    finally:
+        store.close()
+
+
+def test_suspects_run_alone_fresh_updates_together(where: Where) -> None:  # noqa: F811
+    _kill_holder(where)
+    lock = threading.Lock()
+    running: List[int] = []
+    overlaps: List[Tuple[int, List[int]]] = []  # (starting update, what ran then)
+    attempts: Dict[int, int] = {}
+
+    def handle(update: Dict[str, Any], attempt: Any) -> None:
+        update_id = update["update_id"]
+        with lock:
+            overlaps.append((update_id, list(running)))
+            running.append(update_id)
+            attempts[update_id] = attempt.attempt
+        time.sleep(0.1)
+        with lock:
+            running.remove(update_id)
+            overlaps.append((update_id, list(running)))
+
+    store = where.store()
+    intake = UpdateIntake(store, handle_attempt=handle, max_concurrent=8)
+    try:
+        intake.start()  # takes the dead process's claims over: six suspects
+        for u in FRESH:
+            intake.accept(json.dumps(make_message_update(u, u, "m", message_id=u)))
+        wait_sync("every update handled", lambda: len(attempts) == COUNT + len(FRESH), 60)
+        assert intake.idle(30)
+    finally:
+        intake.close()
+        store.close()
+    for update_id, others in overlaps:
+        if update_id in SUSPECTS:
+            assert others == [] or others == [update_id], (update_id, others)
+        else:
+            assert not set(others) & set(SUSPECTS), (update_id, others)
+    # the first claim was marked isolated in the dead process: its crash counted
+    assert [attempts[u] for u in SUSPECTS] == [2] + [1] * (COUNT - 1), attempts
+    assert all(attempts[u] == 1 for u in FRESH), attempts
+    states = _attempts(where)
+    assert all(states[u][0] == "completed" for u in list(SUSPECTS) + list(FRESH)), states
+
+
+def test_close_gives_a_waiting_suspect_back(where: Where) -> None:  # noqa: F811
+    go = threading.Event()
+    started: List[int] = []
+
+    def handle(update: Dict[str, Any], attempt: Any) -> None:
+        started.append(update["update_id"])
+        if update["update_id"] == FRESH[0]:
+            go.wait(30)  # runs while the suspects are taken over and claimed
+
+    store = where.store()
+    intake = UpdateIntake(store, handle_attempt=handle, max_concurrent=8,
+                          stop_timeout_seconds=0.5)
+    try:
+        intake.start()
+        intake.accept(json.dumps(make_message_update(FRESH[0], 1, "m", message_id=1)))
+        wait_sync("the blocking handler started", lambda: FRESH[0] in started, 20)
+        _kill_holder(where)
+        intake.sweep()  # takes the dead process's claims over; the suspects wait to run alone
+        wait_sync(
+            "the suspects claimed here",
+            lambda: all(_attempts(where)[u][0] == "processing" for u in SUSPECTS)
+            and all(_attempts(where)[u][1] == (2 if u == SUSPECTS[0] else 1) for u in SUSPECTS),
+            20,
+        )
+        began = time.monotonic()
+        intake.close(timeout=5)
+        assert time.monotonic() - began < 5
+    finally:
+        go.set()
+        store.close()
+    assert started == [FRESH[0]]  # no suspect ran beside the blocking handler
+    states = _attempts(where)
+    # given back, their attempt not spent: pending with the attempts they had
+    assert {u: states[u] for u in SUSPECTS} == {
+        u: ("pending", 1 if u == SUSPECTS[0] else 0) for u in SUSPECTS
+    }, states
+
+
+def test_sigterm_gives_a_waiting_suspect_back_ptb(bots: Bots, bed: Bed) -> None:  # noqa: F811
+    """A PTB bot (``run_polling()``) runs a slow handler; the sweep takes a dead process's
+    claims over and the suspects wait to run alone; SIGTERM gives them back at once, their
+    attempt not spent, within ``stop_timeout_seconds``."""
+    kind = "sqlite" if bed.url.startswith("sqlite:///") else "postgres"
+    location = bed.url[len("sqlite:///") - 1:] if kind == "sqlite" else bed.url
+    with FakeBotApi() as fake:
+        slow = fake.inject_message(chat_id=1, text="slow")
+        bot = bots.spawn(fake, bed.url, bed.table, bed.domain, "--run-polling", "--lease", "120",
+                         "--sweep", "0.2", "--grace", "60", "--slow", "slow",
+                         "--slow-seconds", "60", "--stop-timeout", "1")
+        bots.wait_ready(bot)
+        wait_sync("the slow handler running", lambda: bot.pid in bots.started(slow), 20)
+        _kill_holder(Where(kind, location, bed.table))
+
+        def claimed_here() -> bool:
+            got = dict(bed.query(f"SELECT update_id, attempts FROM {bed.table} "  # noqa: S608
+                                 "WHERE state = 'processing'"))
+            return all(got.get(u) == (2 if u == SUSPECTS[0] else 1) for u in SUSPECTS)
+
+        wait_sync("the suspects taken over and claimed", claimed_here, 20)
+        time.sleep(0.5)  # they wait to run alone: none starts beside the slow handler
+        assert not any(bots.started(u) for u in SUSPECTS)
+        took = _stop(bots, bot, signal.SIGTERM, STOP_TIMEOUT)
+        assert took < STOP_TIMEOUT, took
+    got = {int(u): (s, int(a)) for u, s, a in bed.query(
+        f"SELECT update_id, state, attempts FROM {bed.table}")}  # noqa: S608
+    assert {u: got[u] for u in SUSPECTS} == {
+        u: ("pending", 1 if u == SUSPECTS[0] else 0) for u in SUSPECTS
+    }, (got, bots.output())

@@ -1,0 +1,887 @@
+"""Deliberately broken stores: each breaks one requirement of the store contract.
+
+They subclass (or wrap) :class:`ptb_fence.MemoryUpdateStore` and are used by
+``tests/integration/test_conformance.py`` to show that
+:func:`ptb_fence.conformance.check_update_store` bites. ``BROKEN`` maps every broken store to the
+rule names that must report it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Type
+
+from ptb_fence import (
+    AttemptIdentity,
+    ClaimTerms,
+    Completed,
+    Exhaustion,
+    MemoryUpdateStore,
+    Settlement,
+    StoredUpdate,
+)
+
+
+def _real_claim_id(store: MemoryUpdateStore, identity: AttemptIdentity) -> AttemptIdentity:
+    """The identity with the claim id currently in the row (ignores the caller's claim id)."""
+    row = store._rows.get(identity.update_id)  # noqa: SLF001 - deliberately breaking the store
+    claim_id = row.claim_id if row is not None and row.claim_id else identity.claim_id
+    return AttemptIdentity(identity.update_id, identity.attempt, claim_id)
+
+
+# -- concurrency ---------------------------------------------------------------------------------
+class ReadThenWriteClaimStore(MemoryUpdateStore):
+    """claim/claim_owned check the row, sleep, then write without re-checking (no lock held)."""
+
+    def _racey_take(
+        self,
+        update_id: int,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool,
+    ) -> Optional[Tuple[int, str]]:
+        with self._lock:
+            row = self._rows.get(update_id)
+            claimable = row is not None and self._claimable(row, now)
+        if not claimable or row is None:
+            return None
+        time.sleep(0.003)  # the window in which every other claimer reads the same row
+        with self._lock:
+            if row.attempts >= max_attempts:
+                row.state, row.due_at, row.error = "abandoned", now, "attempts spent"
+                row.settled_at = None if durable_exhaustion else now
+                return None
+            row.state = "processing"
+            row.attempts += 1
+            row.due_at = lease_until
+            row.error = None
+            row.claim_id = uuid.uuid4().hex
+            return row.attempts, row.claim_id
+
+    def claim(
+        self,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> Optional[int]:
+        taken = self._racey_take(update_id, now, lease_until, max_attempts, durable_exhaustion)
+        return None if taken is None else taken[0]
+
+    def claim_owned(
+        self,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> Optional[AttemptIdentity]:
+        taken = self._racey_take(update_id, now, lease_until, max_attempts, durable_exhaustion)
+        return None if taken is None else AttemptIdentity(update_id, taken[0], taken[1])
+
+
+# -- claim id ignored ----------------------------------------------------------------------------
+class RenewOwnedIgnoresClaimIdStore(MemoryUpdateStore):
+    """renew_owned checks only (update_id, attempt)."""
+
+    def renew_owned(
+        self, identity: AttemptIdentity, lease_until: int, now: Optional[int] = None
+    ) -> bool:
+        return self.renew(identity.update_id, identity.attempt, lease_until, now)
+
+
+class SettleOwnedIgnoresClaimIdStore(MemoryUpdateStore):
+    """settle_owned checks only (update_id, attempt)."""
+
+    def settle_owned(
+        self, identity: AttemptIdentity, settlement: Settlement, *, connection: Any = None
+    ) -> bool:
+        with self._lock:
+            return super().settle_owned(_real_claim_id(self, identity), settlement)
+
+
+class ExhaustIgnoresClaimIdStore(MemoryUpdateStore):
+    """exhaust checks only (update_id, attempt)."""
+
+    def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:
+        with self._lock:
+            return super().exhaust(_real_claim_id(self, identity), at=at, error=error)
+
+
+class AcknowledgeIgnoresClaimIdStore(MemoryUpdateStore):
+    """acknowledge_exhaustion checks only (update_id, attempt)."""
+
+    def acknowledge_exhaustion(self, identity: AttemptIdentity, at: int) -> bool:
+        with self._lock:
+            return super().acknowledge_exhaustion(_real_claim_id(self, identity), at)
+
+
+class OwnsIgnoresClaimIdStore(MemoryUpdateStore):
+    """owns checks only (update_id, attempt)."""
+
+    def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
+        with self._lock:
+            return super().owns(_real_claim_id(self, identity), at)
+
+
+class SettleOwnedAlwaysTrueStore(MemoryUpdateStore):
+    """settle_owned says it landed even when it did not."""
+
+    def settle_owned(
+        self, identity: AttemptIdentity, settlement: Settlement, *, connection: Any = None
+    ) -> bool:
+        super().settle_owned(identity, settlement)
+        return True
+
+
+class ReusedClaimIdStore(MemoryUpdateStore):
+    """The claim id is derived from the update_id, so it repeats after prune and re-add."""
+
+    def claim_owned(
+        self,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> Optional[AttemptIdentity]:
+        with self._lock:
+            got = super().claim_owned(
+                update_id,
+                now=now,
+                lease_until=lease_until,
+                max_attempts=max_attempts,
+                durable_exhaustion=durable_exhaustion,
+            )
+            if got is None:
+                return None
+            self._rows[update_id].claim_id = f"claim-{update_id}"
+            return AttemptIdentity(update_id, got.attempt, f"claim-{update_id}")
+
+
+# -- raising --------------------------------------------------------------------------------------
+class DueRaisesStore(MemoryUpdateStore):
+    """due raises RuntimeError."""
+
+    def due(self, *, now: int, pending_before: int, limit: int) -> List[StoredUpdate]:
+        raise RuntimeError("due is broken")
+
+
+class DueRaisesAndReadThenWriteClaimStore(ReadThenWriteClaimStore):
+    """due raises, and claim is read-then-write (to see that later rules still run)."""
+
+    def due(self, *, now: int, pending_before: int, limit: int) -> List[StoredUpdate]:
+        raise RuntimeError("due is broken")
+
+
+# -- boundaries -----------------------------------------------------------------------------------
+class TakeoverAtDueAtStore(MemoryUpdateStore):
+    """A lease is taken over at now == due_at (should be due_at < now)."""
+
+    @staticmethod
+    def _claimable(row: Any, now: int) -> bool:
+        if row.state == "processing":
+            return row.due_at is not None and row.due_at <= now
+        return MemoryUpdateStore._claimable(row, now)  # noqa: SLF001
+
+
+class FailedDueLateStore(MemoryUpdateStore):
+    """A failed row becomes due only after its retry time (should be due_at <= now)."""
+
+    @staticmethod
+    def _claimable(row: Any, now: int) -> bool:
+        if row.state == "failed":
+            return row.due_at is not None and row.due_at < now
+        return MemoryUpdateStore._claimable(row, now)  # noqa: SLF001
+
+
+class InclusivePruneStore(MemoryUpdateStore):
+    """prune deletes settled_at <= before (should be settled_at < before)."""
+
+    def prune(self, before: int) -> int:
+        return super().prune(before + 1)
+
+
+class PruneDeletesFailedStore(MemoryUpdateStore):
+    """prune also deletes failed rows."""
+
+    def prune(self, before: int) -> int:
+        with self._lock:
+            doomed = [u for u, r in self._rows.items() if r.state == "failed"]
+            for update_id in doomed:
+                del self._rows[update_id]
+            return len(doomed) + super().prune(before)
+
+
+class ShorteningRenewStore(MemoryUpdateStore):
+    """renew/renew_owned set due_at = lease_until, even when that is earlier."""
+
+    def renew(
+        self, update_id: int, attempt: int, lease_until: int, now: Optional[int] = None
+    ) -> bool:
+        with self._lock:
+            row = self._rows.get(update_id)
+            if row is None or not self._live(row, attempt, now, None):
+                return False
+            row.due_at = lease_until
+            return True
+
+    def renew_owned(
+        self, identity: AttemptIdentity, lease_until: int, now: Optional[int] = None
+    ) -> bool:
+        with self._lock:
+            row = self._rows.get(identity.update_id)
+            if row is None or not self._live(row, identity.attempt, now, identity.claim_id):
+                return False
+            row.due_at = lease_until
+            return True
+
+
+class RenewRevivesStore(MemoryUpdateStore):
+    """renew ignores now, so it revives an expired lease."""
+
+    def renew(
+        self, update_id: int, attempt: int, lease_until: int, now: Optional[int] = None
+    ) -> bool:
+        return super().renew(update_id, attempt, lease_until, None)
+
+
+class SettleIgnoresExpiryStore(MemoryUpdateStore):
+    """settle lands even after the lease expired."""
+
+    def settle(self, update_id: int, attempt: int, settlement: Settlement) -> None:
+        with self._lock:
+            row = self._rows.get(update_id)
+            if row is not None and self._live(row, attempt, None, None):
+                self._apply(row, settlement)
+
+
+class OwnsExclusiveStore(MemoryUpdateStore):
+    """owns is False at at == due_at (should be inclusive)."""
+
+    def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
+        return super().owns(identity, at + 1)
+
+
+class ExhaustIgnoresExpiryStore(MemoryUpdateStore):
+    """exhaust turns an expired attempt into an exhaustion."""
+
+    def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:
+        with self._lock:
+            row = self._rows.get(identity.update_id)
+            if row is None or not self._live(row, identity.attempt, None, identity.claim_id):
+                return False
+            row.state, row.due_at, row.settled_at, row.error = "abandoned", at, None, error
+            return True
+
+
+class PendingBeforeStrictStore(MemoryUpdateStore):
+    """due lists a pending row only when received_at < pending_before (should be <=)."""
+
+    def due(self, *, now: int, pending_before: int, limit: int) -> List[StoredUpdate]:
+        return super().due(now=now, pending_before=pending_before - 1, limit=limit)
+
+
+class DueByTextStore(MemoryUpdateStore):
+    """due orders by the update_id's text ("100" before "7")."""
+
+    def due(self, *, now: int, pending_before: int, limit: int) -> List[StoredUpdate]:
+        rows = super().due(now=now, pending_before=pending_before, limit=10**9)
+        return sorted(rows, key=lambda r: str(r.update_id))[:limit]
+
+
+class DueIgnoresLimitStore(MemoryUpdateStore):
+    """due returns every row, whatever the limit."""
+
+    def due(self, *, now: int, pending_before: int, limit: int) -> List[StoredUpdate]:
+        return super().due(now=now, pending_before=pending_before, limit=10**9)
+
+
+class UpsertAddStore(MemoryUpdateStore):
+    """add overwrites an existing row (resets it to pending) and returns True."""
+
+    def add(self, update_id: int, body: str, received_at: int) -> bool:
+        with self._lock:
+            self._rows.pop(update_id, None)
+            return super().add(update_id, body, received_at)
+
+
+class IntBooleansStore(MemoryUpdateStore):
+    """add returns 1/0 instead of True/False."""
+
+    def add(self, update_id: int, body: str, received_at: int) -> bool:
+        return int(super().add(update_id, body, received_at))  # type: ignore[return-value]
+
+
+class EmptyClaimIdStore(MemoryUpdateStore):
+    """claim_owned returns an empty claim id."""
+
+    def claim_owned(self, update_id: int, **kwargs: Any) -> Optional[AttemptIdentity]:
+        got = super().claim_owned(update_id, **kwargs)
+        if got is None:
+            return None
+        with self._lock:
+            self._rows[update_id].claim_id = ""
+        return AttemptIdentity(got.update_id, got.attempt, "")
+
+
+class SpendKeepsLiveLeaseClaimableStore(MemoryUpdateStore):
+    """A claim with attempts spent abandons the row even while its lease is live."""
+
+    def claim(
+        self,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> Optional[int]:
+        with self._lock:
+            row = self._rows.get(update_id)
+            if row is not None and row.state == "processing" and row.attempts >= max_attempts:
+                row.state, row.due_at, row.error = "abandoned", now, "attempts spent"
+                row.settled_at = None if durable_exhaustion else now
+                return None
+            return super().claim(
+                update_id,
+                now=now,
+                lease_until=lease_until,
+                max_attempts=max_attempts,
+                durable_exhaustion=durable_exhaustion,
+            )
+
+
+class SpendIgnoresDurableFlagStore(MemoryUpdateStore):
+    """A spend always settles the row, so durable exhaustion is lost."""
+
+    def _take(
+        self,
+        update_id: int,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool,
+    ) -> Any:
+        return super()._take(update_id, now, lease_until, max_attempts, False)
+
+
+class AcknowledgeTwiceStore(MemoryUpdateStore):
+    """acknowledge_exhaustion returns True for an already acknowledged row too."""
+
+    def acknowledge_exhaustion(self, identity: AttemptIdentity, at: int) -> bool:
+        with self._lock:
+            row = self._rows.get(identity.update_id)
+            if (
+                row is not None
+                and row.state == "abandoned"
+                and row.attempts == identity.attempt
+                and row.claim_id == identity.claim_id
+            ):
+                if row.settled_at is None:
+                    row.settled_at = at
+                return True
+            return False
+
+
+class InclusiveCursorStore(MemoryUpdateStore):
+    """due_exhaustions includes the row at after_update_id (should be strictly after)."""
+
+    def due_exhaustions(
+        self, *, limit: int, after_update_id: Optional[int] = None
+    ) -> List[Exhaustion]:
+        after = None if after_update_id is None else after_update_id - 1
+        return super().due_exhaustions(limit=limit, after_update_id=after)
+
+
+class BaseSpendWithoutClaimIdStore(MemoryUpdateStore):
+    """Base claim writes no claim id and a durable spend writes none either (legacy bug)."""
+
+    def claim(
+        self,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> Optional[int]:
+        with self._lock:
+            row = self._rows.get(update_id)
+            old = None if row is None else row.claim_id
+            got = super().claim(
+                update_id,
+                now=now,
+                lease_until=lease_until,
+                max_attempts=max_attempts,
+                durable_exhaustion=durable_exhaustion,
+            )
+            if row is not None:
+                row.claim_id = old
+            return got
+
+    def due_exhaustions(
+        self, *, limit: int, after_update_id: Optional[int] = None
+    ) -> List[Exhaustion]:
+        with self._lock:
+            result = []
+            for update_id in sorted(self._rows):
+                row = self._rows[update_id]
+                if after_update_id is not None and update_id <= after_update_id:
+                    continue
+                if row.state == "abandoned" and row.settled_at is None:
+                    result.append(
+                        Exhaustion(
+                            update_id=update_id,
+                            attempt=row.attempts,
+                            claim_id=row.claim_id,  # type: ignore[arg-type]
+                            body=row.body,
+                            exhausted_at=row.due_at,  # type: ignore[arg-type]
+                            error=row.error,
+                        )
+                    )
+            return result[:limit]
+
+
+class CloseRaisesStore(MemoryUpdateStore):
+    """close raises."""
+
+    def close(self) -> None:
+        raise OSError("close is broken")
+
+
+# -- capability levels ----------------------------------------------------------------------------
+class BaseOnlyStore:
+    """Only the six base methods (delegating to a memory store)."""
+
+    def __init__(self, inner: Optional[MemoryUpdateStore] = None) -> None:
+        self._inner = inner if inner is not None else MemoryUpdateStore()
+
+    def add(self, update_id: int, body: str, received_at: int) -> bool:
+        return self._inner.add(update_id, body, received_at)
+
+    def claim(self, update_id: int, **kwargs: Any) -> Optional[int]:
+        return self._inner.claim(update_id, **kwargs)
+
+    def renew(self, update_id: int, attempt: int, lease_until: int, now: Any = None) -> bool:
+        return self._inner.renew(update_id, attempt, lease_until, now)
+
+    def settle(self, update_id: int, attempt: int, settlement: Settlement) -> None:
+        self._inner.settle(update_id, attempt, settlement)
+
+    def due(self, **kwargs: Any) -> List[StoredUpdate]:
+        return self._inner.due(**kwargs)
+
+    def prune(self, before: int) -> int:
+        return self._inner.prune(before)
+
+
+class FencedOnlyStore(BaseOnlyStore):
+    """The ten fenced methods, no durable ones (delegating to a memory store)."""
+
+    def claim_owned(self, update_id: int, **kwargs: Any) -> Optional[AttemptIdentity]:
+        return self._inner.claim_owned(update_id, **kwargs)
+
+    def renew_owned(self, identity: AttemptIdentity, lease_until: int, now: Any = None) -> bool:
+        return self._inner.renew_owned(identity, lease_until, now)
+
+    def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
+        return self._inner.owns(identity, at)
+
+    def settle_owned(self, identity: AttemptIdentity, settlement: Settlement) -> bool:
+        return self._inner.settle_owned(identity, settlement)
+
+
+class BaseOnlyTakeoverAtDueAtStore(BaseOnlyStore):
+    """Base-only wrapper around a store that takes a lease over at now == due_at."""
+
+    def __init__(self) -> None:
+        super().__init__(TakeoverAtDueAtStore())
+
+
+class FencedOnlySettleOwnedIgnoresClaimIdStore(FencedOnlyStore):
+    """Fenced-only wrapper whose settle_owned ignores the claim id."""
+
+    def __init__(self) -> None:
+        super().__init__(SettleOwnedIgnoresClaimIdStore())
+
+
+class BatchRenewIgnoresClaimIdStore(MemoryUpdateStore):
+    """renew_owned_many renews every processing row of the id, whatever the claim id."""
+
+    def renew_owned_many(self, identities: Any, lease_until: int, now: int) -> Any:
+        return [
+            self.renew(i.update_id, i.attempt, lease_until, now) for i in identities
+        ]
+
+
+class BatchRenewNoneStore(MemoryUpdateStore):
+    """renew_many answers None (\"locked\") for refused rows although nothing is locked."""
+
+    def renew_many(self, leases: Any, lease_until: int, now: int) -> Any:
+        return [True if ok else None for ok in super().renew_many(leases, lease_until, now)]
+
+
+# -- optional capabilities -----------------------------------------------------------------------
+class AddManyOverwritesStore(MemoryUpdateStore):
+    """add_many replaces existing rows (an upsert) instead of refusing them."""
+
+    def add_many(self, rows: Sequence[Tuple[int, str, int]]) -> List[bool]:
+        with self._lock:
+            for update_id, _body, _at in rows:
+                self._rows.pop(update_id, None)
+            return [super().add(u, b, at) or True for u, b, at in rows]
+
+
+class AddClaimedManyClaimsExistingStore(MemoryUpdateStore):
+    """add_claimed_many also claims an id that already existed (for attempt 1)."""
+
+    def add_claimed_many(
+        self, rows: Sequence[Tuple[int, str, int]], *, lease_until: int
+    ) -> List[Optional[AttemptIdentity]]:
+        with self._lock:
+            for update_id, _body, _at in rows:
+                self._rows.pop(update_id, None)
+            return super().add_claimed_many(rows, lease_until=lease_until)
+
+
+class SettleOwnedManyIgnoresClaimIdStore(MemoryUpdateStore):
+    """settle_owned_many settles with the row's claim id, whatever the caller's claim id."""
+
+    def settle_owned_many(
+        self, items: Sequence[Tuple[AttemptIdentity, Settlement]]
+    ) -> List[bool]:
+        with self._lock:
+            return [
+                self.settle_owned(_real_claim_id(self, identity), settlement)
+                for identity, settlement in items
+            ]
+
+
+class CombinedWriteDropsSettlementsStore(MemoryUpdateStore):
+    """add_claimed_and_settle_many records the rows and forgets the settlements."""
+
+    def add_claimed_and_settle_many(
+        self,
+        rows: Sequence[Tuple[int, str, int]],
+        *,
+        lease_until: int,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+    ) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
+        added = self.add_claimed_many(rows, lease_until=lease_until)
+        return added, [True for _ in settlements]
+
+
+class BindBotAcceptsAnyIdStore(MemoryUpdateStore):
+    """bind_bot accepts every bot id (two bots would share one table)."""
+
+    def bind_bot(self, bot_id: int) -> None:
+        return None
+
+
+class TransactionSwallowsErrorsStore(MemoryUpdateStore):
+    """transaction() swallows the exception raised inside its block."""
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        with self._lock:
+            try:
+                yield None
+            except Exception:
+                pass
+
+
+class StagedConnection:
+    """The "connection" of :class:`TransactionalMemoryStore`: settlements wait for the commit."""
+
+    def __init__(self) -> None:
+        self.settles: List[Tuple[AttemptIdentity, Settlement]] = []
+
+
+class TransactionalMemoryStore(MemoryUpdateStore):
+    """A CORRECT memory store whose transaction() yields a connection and really rolls back:
+    ``settle_owned(connection=conn)`` is staged on ``conn`` and applied only at the commit."""
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        with self._lock:
+            conn = StagedConnection()
+            yield conn  # an exception skips the commit below: the staged settles are dropped
+            for identity, settlement in conn.settles:
+                MemoryUpdateStore.settle_owned(self, identity, settlement)
+
+    def settle_owned(
+        self, identity: AttemptIdentity, settlement: Settlement, *, connection: Any = None
+    ) -> bool:
+        if connection is None:
+            return super().settle_owned(identity, settlement)
+        with self._lock:
+            live = self.owns(identity, settlement.at)
+            if live:
+                connection.settles.append((identity, settlement))
+            return live
+
+
+class CompletingMemoryStore(TransactionalMemoryStore):
+    """A CORRECT double with complete_owned/reopen_completed (CompletingUpdateStore): the
+    completion is staged on the connection and lands at the commit."""
+
+    def complete_owned(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        return self.settle_owned(identity, Completed(at), connection=connection)
+
+    def reopen_completed(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        with self._lock:
+            row = self._rows.get(identity.update_id)
+            if (row is None or row.state != "completed" or row.settled_at != at
+                    or row.attempts != identity.attempt or row.claim_id != identity.claim_id):
+                return False
+            row.state, row.settled_at = "processing", None
+            return True
+
+
+class CompleteOwnedCommitsAtOnceStore(CompletingMemoryStore):
+    """complete_owned ignores the caller's connection and lands at once: the caller's rollback
+    (a failing fn) leaves the update completed and its writes lost."""
+
+    def complete_owned(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        return MemoryUpdateStore.settle_owned(self, identity, Completed(at))
+
+
+class CompleteOwnedExclusiveAtLeaseEndStore(CompletingMemoryStore):
+    """complete_owned refuses a lease that ends exactly at the check (due_at > at)."""
+
+    def complete_owned(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        return self.owns(identity, at + 1) and super().complete_owned(
+            identity, at, connection=connection)
+
+
+class ReopenIgnoresTimeStore(CompletingMemoryStore):
+    """reopen_completed turns back any completion of the claim, whatever its time."""
+
+    def reopen_completed(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        row = self._rows.get(identity.update_id)
+        settled = row.settled_at if row is not None else None
+        return super().reopen_completed(identity, at if settled is None else settled,
+                                        connection=connection)
+
+
+class SettleOwnedCommitsOnItsOwnStore(TransactionalMemoryStore):
+    """settle_owned(connection=conn) ignores the caller's connection and lands at once (as a
+    SQL store committing on its own connection would): it survives the caller's rollback."""
+
+    def settle_owned(
+        self, identity: AttemptIdentity, settlement: Settlement, *, connection: Any = None
+    ) -> bool:
+        return super().settle_owned(identity, settlement)
+
+
+class TransactionWithoutLockStore(MemoryUpdateStore):
+    """transaction() holds nothing: a competing claim takes the row inside the block."""
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        yield None
+
+
+# -- recovery capabilities (release, liveness) -----------------------------------------------------
+class ReleaseSpendsAttemptStore(MemoryUpdateStore):
+    """release_many gives the row back but counts the attempt as spent (attempts kept)."""
+
+    def release_many(self, identities: Sequence[AttemptIdentity], *, at: int) -> List[bool]:
+        with self._lock:
+            result = super().release_many(identities, at=at)
+            for identity, ok in zip(identities, result):
+                if ok:
+                    self._rows[identity.update_id].attempts += 1
+            return result
+
+
+class ReleaseIgnoresClaimIdStore(MemoryUpdateStore):
+    """release_many releases the row's current claim, whatever the caller's claim id."""
+
+    def release_many(self, identities: Sequence[AttemptIdentity], *, at: int) -> List[bool]:
+        with self._lock:
+            return super().release_many(
+                [_real_claim_id(self, identity) for identity in identities], at=at
+            )
+
+
+class ReleasedWaitsForPendingGraceStore(MemoryUpdateStore):
+    """due lists a released row only once received_at <= pending_before (like a fresh one)."""
+
+    @staticmethod
+    def _released(row: Any) -> bool:
+        return False
+
+
+class TakeOverLiveStore(MemoryUpdateStore):
+    """take_over_dead makes every processing row claimable, live instances' included."""
+
+    def take_over_dead(self, *, now: int) -> int:
+        with self._lock:
+            rows = [r for r in self._rows.values() if r.state == "processing"]
+            for row in rows:
+                row.due_at = now - 1
+            return len(rows)
+
+
+# -- isolation of suspect rows (IsolatingUpdateStore) ---------------------------------------------
+class IsolatingMemoryStore(MemoryUpdateStore):
+    """A correct test double of IsolatingUpdateStore on the memory store (which has no dead
+    instances, so only marked rows are suspect): the marks are kept beside the rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._marked: Dict[int, str] = {}
+        self._suspect_claims: Set[AttemptIdentity] = set()
+
+    def claim_owned(self, update_id: int, **kwargs: Any) -> Optional[AttemptIdentity]:
+        identity = super().claim_owned(update_id, **kwargs)
+        if identity is not None and update_id in self._marked:
+            self._suspect_claims.add(identity)
+        return identity
+
+    def claimed_suspect(self, identity: AttemptIdentity) -> bool:
+        if identity not in self._suspect_claims:
+            return False
+        self._suspect_claims.discard(identity)
+        return True
+
+    def _may_mark(self, identity: AttemptIdentity, at: int) -> bool:
+        row = self._rows.get(identity.update_id)
+        return row is not None and self._live(row, identity.attempt, at, identity.claim_id)
+
+    def mark_isolated(self, identity: AttemptIdentity, *, at: int) -> bool:
+        with self._lock:
+            if not self._may_mark(identity, at):
+                return False
+            self._marked[identity.update_id] = identity.claim_id
+            return True
+
+
+class MarkIsolatedIgnoresLeaseStore(IsolatingMemoryStore):
+    """mark_isolated lands for a claim whose lease ended (it must hold at ``at``)."""
+
+    def _may_mark(self, identity: AttemptIdentity, at: int) -> bool:
+        row = self._rows.get(identity.update_id)
+        return row is not None and self._live(row, identity.attempt, None, identity.claim_id)
+
+
+class SuspectForgottenStore(IsolatingMemoryStore):
+    """claimed_suspect never says True: a marked row's next attempt would not run alone."""
+
+    def claimed_suspect(self, identity: AttemptIdentity) -> bool:
+        return False
+
+
+# -- claims of several rows (ClaimingUpdateStore) ------------------------------------------------
+class ClaimOwnedManyIgnoresSpendStore(MemoryUpdateStore):
+    """claim_owned_many takes a claimable row even when its attempts are spent."""
+
+    def claim_owned_many(
+        self, update_ids: Sequence[int], terms: ClaimTerms
+    ) -> List[Optional[AttemptIdentity]]:
+        return super().claim_owned_many(
+            update_ids, dataclasses.replace(terms, max_attempts=terms.max_attempts + 100)
+        )
+
+
+class ChatClaimIgnoresOrderStore(MemoryUpdateStore):
+    """``claim_in_chat_order`` claims like ``claim_owned``: a later update of a chat runs while
+    an earlier one is unsettled."""
+
+    __slots__ = ()
+
+    def claim_in_chat_order(self, update_id: int, **kwargs: Any) -> Any:
+        return self.claim_owned(update_id, **kwargs)
+
+
+class ChatOrderIgnoresLiveLeaseStore(MemoryUpdateStore):
+    """Only lower unsettled rows hold a chat: a higher update's live attempt does not."""
+
+    __slots__ = ()
+
+    def _in_turn(self, row: Any, now: int) -> bool:
+        if row.chat_key is None:
+            return True
+        return not any(
+            o.chat_key == row.chat_key and o.update_id < row.update_id
+            and o.state in ("pending", "processing", "failed")
+            for o in self._rows.values()
+        )
+
+
+class ChatKeysOverwriteStore(MemoryUpdateStore):
+    """``set_chat_keys`` keys every row it names, whatever its body and key."""
+
+    __slots__ = ()
+
+    def set_chat_keys(self, keys: Any) -> int:
+        with self._lock:
+            for update_id, _, chat_key in keys:
+                self._rows[update_id].chat_key = int(chat_key)
+        return len(keys)
+
+
+BROKEN: Dict[Type[Any], Sequence[str]] = {
+    ChatKeysOverwriteStore: ("chat-keys",),
+    ClaimOwnedManyIgnoresSpendStore: ("batch-claim",),
+    ChatClaimIgnoresOrderStore: ("chat-order",),
+    ChatOrderIgnoresLiveLeaseStore: ("chat-order",),
+    ReleaseSpendsAttemptStore: ("release",),
+    ReleaseIgnoresClaimIdStore: ("release",),
+    ReleasedWaitsForPendingGraceStore: ("release",),
+    TakeOverLiveStore: ("liveness",),
+    MarkIsolatedIgnoresLeaseStore: ("isolation",),
+    SuspectForgottenStore: ("isolation",),
+    AddManyOverwritesStore: ("batch-add",),
+    AddClaimedManyClaimsExistingStore: ("batch-claim-at-ingest",),
+    SettleOwnedManyIgnoresClaimIdStore: ("batch-settle",),
+    CombinedWriteDropsSettlementsStore: ("combined-write",),
+    BindBotAcceptsAnyIdStore: ("bind-bot",),
+    TransactionSwallowsErrorsStore: ("transaction",),
+    SettleOwnedCommitsOnItsOwnStore: ("transaction", "connection-fence"),
+    TransactionWithoutLockStore: ("connection-fence",),
+    CompleteOwnedCommitsAtOnceStore: ("completing",),
+    CompleteOwnedExclusiveAtLeaseEndStore: ("completing",),
+    ReopenIgnoresTimeStore: ("completing",),
+    BatchRenewIgnoresClaimIdStore: ("batch-renewal",),
+    BatchRenewNoneStore: ("batch-renewal",),
+    ReadThenWriteClaimStore: ("concurrent-claim", "concurrent-claim-owned"),
+    RenewOwnedIgnoresClaimIdStore: ("fence",),
+    SettleOwnedIgnoresClaimIdStore: ("attempt-ownership", "fence"),
+    ExhaustIgnoresClaimIdStore: ("durable-exhaustion",),
+    AcknowledgeIgnoresClaimIdStore: ("durable-exhaustion",),
+    OwnsIgnoresClaimIdStore: ("attempt-ownership", "fence"),
+    SettleOwnedAlwaysTrueStore: ("attempt-ownership", "fence"),
+    ReusedClaimIdStore: ("fence",),
+    TakeoverAtDueAtStore: ("lease", "renewal-never-shortens"),
+    FailedDueLateStore: ("retry-and-spend",),
+    InclusivePruneStore: ("prune", "retry-and-spend", "durable-exhaustion"),
+    PruneDeletesFailedStore: ("prune",),
+    ShorteningRenewStore: ("renewal-never-shortens",),
+    RenewRevivesStore: ("lease",),
+    SettleIgnoresExpiryStore: ("attempt-ownership",),
+    OwnsExclusiveStore: ("fence",),
+    ExhaustIgnoresExpiryStore: ("durable-exhaustion",),
+    PendingBeforeStrictStore: ("due-listing",),
+    DueByTextStore: ("due-listing",),
+    DueIgnoresLimitStore: ("due-listing",),
+    UpsertAddStore: ("one-record-per-update",),
+    IntBooleansStore: ("one-record-per-update",),
+    EmptyClaimIdStore: ("fence",),
+    SpendKeepsLiveLeaseClaimableStore: ("retry-and-spend",),
+    SpendIgnoresDurableFlagStore: ("durable-exhaustion",),
+    AcknowledgeTwiceStore: ("durable-exhaustion",),
+    InclusiveCursorStore: ("durable-exhaustion",),
+    BaseSpendWithoutClaimIdStore: ("durable-exhaustion",),
+}
+"""Every broken store and the rules that must report it."""
