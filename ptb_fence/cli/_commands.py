@@ -1,8 +1,9 @@
 """The ``ptb-fence`` commands: argument parsing and one function per command.
 
-Exit statuses: ``0`` success; ``1`` the conformance check found violations; ``2`` bad input or a
-refused action (a one-line message on stderr; nothing was changed); ``3`` the store could not be
-reached or failed; ``130`` interrupted.
+Exit statuses: ``0`` success; ``1`` the conformance check found violations, or ``health`` found
+the table unhealthy; ``2`` bad input or a refused action (a one-line message on stderr; nothing
+was changed); ``3`` the store could not be reached or failed (``health`` reports that as
+unhealthy, ``1``); ``130`` interrupted.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
 
 from ptb_fence._update_ids import is_update_id
 from ptb_fence._errors import SchemaError, StoreBusy
@@ -32,6 +33,16 @@ from ptb_fence.cli._format import (
     pretty_body,
     render_pairs,
     render_table,
+)
+from ptb_fence.cli._health import (
+    DEFAULT_MAX_EXHAUSTIONS,
+    DEFAULT_MAX_EXHAUSTION_AGE_MS,
+    DEFAULT_MAX_FAILED_AGE_MS,
+    DEFAULT_MAX_LAPSED_AGE_MS,
+    DEFAULT_MAX_PENDING_AGE_MS,
+    DEFAULT_TIMEOUT_MS,
+    HealthThresholds,
+    probe,
 )
 from ptb_fence.cli._inspect import STATES, TableInspector
 from ptb_fence.cli._rows import UpdateRow
@@ -98,6 +109,16 @@ def _positive_int(what: str) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except (TypeError, ValueError):
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: a whole number >= 0")
+    return value
 
 
 def _claim_id(text: str) -> str:
@@ -168,8 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         description=(
             "Inspect and operate a ptb_fence update table (SQLite or PostgreSQL). Exit status: "
-            "0 ok, 1 check found violations, 2 bad input or refused (nothing changed), "
-            "3 store unreachable or failed."
+            "0 ok, 1 check found violations or health found the table unhealthy, 2 bad input "
+            "or refused (nothing changed), 3 store unreachable or failed (for health: 1)."
         ),
         epilog="`python -m ptb_fence demo` runs the offline demo bot instead.",
     )
@@ -190,6 +211,47 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = command("status", "counts per state, oldest pending age, what is due now")
     sub.add_argument("--json", action="store_true", help="print JSON")
+
+    sub = command(
+        "health",
+        "probe the table for a health check: exit 0 healthy, 1 unhealthy, 2 bad arguments",
+    )
+    sub.description = (
+        "Read the table once (read-only) and judge it. Exit status 0: healthy; 1: unhealthy, "
+        "each failing check named with its figure and threshold -- an unreachable store, a "
+        "missing table or no answer within --timeout is unhealthy too (exit 1, the check "
+        "'store'), not exit 3 as for the other commands; 2: bad arguments. DURATION: 90s, 15m, "
+        "12h, 7d (also ms, w)."
+    )
+    sub.add_argument("--json", action="store_true", help="print one JSON object")
+    sub.add_argument(
+        "--max-pending-age", type=_duration, default=DEFAULT_MAX_PENDING_AGE_MS,
+        metavar="DURATION",
+        help="unhealthy if an update has been pending for longer (default 5m)",
+    )
+    sub.add_argument(
+        "--max-failed-age", type=_duration, default=DEFAULT_MAX_FAILED_AGE_MS,
+        metavar="DURATION",
+        help="unhealthy if a failed update's retry has been due for longer (default 5m)",
+    )
+    sub.add_argument(
+        "--max-lapsed-age", type=_duration, default=DEFAULT_MAX_LAPSED_AGE_MS,
+        metavar="DURATION",
+        help="unhealthy if a lease lapsed longer ago and was not taken over (default 5m)",
+    )
+    sub.add_argument(
+        "--max-exhaustions", type=_count, default=DEFAULT_MAX_EXHAUSTIONS, metavar="N",
+        help="unhealthy if more than N exhaustions are unacknowledged (default 100; 0: any)",
+    )
+    sub.add_argument(
+        "--max-exhaustion-age", type=_duration, default=DEFAULT_MAX_EXHAUSTION_AGE_MS,
+        metavar="DURATION",
+        help="unhealthy if an exhaustion has been unacknowledged for longer (default 1h)",
+    )
+    sub.add_argument(
+        "--timeout", type=_duration, default=DEFAULT_TIMEOUT_MS, metavar="DURATION",
+        help="unhealthy if the store does not answer within DURATION (default 5s)",
+    )
 
     sub = command("list", "rows by update_id (no bodies)")
     sub.add_argument("--state", type=_state, help=f"only rows in this state ({', '.join(STATES)})")
@@ -343,6 +405,54 @@ def _cmd_status(ctx: _Context) -> int:
         _out()
         _out(f"see them with `{PROG} exhaustions`")
     return 0
+
+
+# -- health ------------------------------------------------------------------------------------
+def _cmd_health(ctx: _Context) -> int:
+    args = ctx.args
+    table = ctx.validate_table()
+    target = ctx.target  # a bad --store is a usage error (exit 2), raised before any probe
+    thresholds = HealthThresholds(
+        max_pending_age=args.max_pending_age,
+        max_failed_age=args.max_failed_age,
+        max_lapsed_age=args.max_lapsed_age,
+        max_exhaustion_age=args.max_exhaustion_age,
+        max_exhaustions=args.max_exhaustions,
+        timeout=args.timeout,
+    )
+    report = probe(target, table, thresholds)
+    failed = report.failed
+    if args.json:
+        _json(
+            {
+                "healthy": report.healthy,
+                "store": target.display,
+                "table": table,
+                "now": report.now,
+                "now_utc": iso_time(report.now),
+                "checks": [check.as_json() for check in report.checks],
+            }
+        )
+        return 0 if report.healthy else 1
+    if report.healthy:
+        verdict = f"healthy: all {len(report.checks)} checks passed"
+    elif len(report.checks) == 1:
+        verdict = "unhealthy: the store check failed; the table checks were not run"
+    else:
+        verdict = (
+            f"unhealthy: {len(failed)} of {len(report.checks)} checks failed: "
+            + ", ".join(check.name for check in failed)
+        )
+    _out(verdict)
+    pairs: List[Tuple[str, Any]] = [("store", target.display), ("table", table)]
+    if report.now is not None:
+        pairs.append(("now", format_time(report.now, millis=True)))
+    _out(render_pairs(pairs))
+    _out()
+    width = max(len(check.name) for check in report.checks)
+    for check in sorted(report.checks, key=lambda c: c.ok):  # the failing ones first
+        _out(f"{'ok' if check.ok else 'FAIL':<4}  {check.name:<{width}}  {check.message}")
+    return 0 if report.healthy else 1
 
 
 # -- list / show -------------------------------------------------------------------------------
@@ -803,6 +913,7 @@ def _drop_scratch_tables(target: StoreTarget, tables: Sequence[str]) -> None:
 # -- dispatch ----------------------------------------------------------------------------------
 _COMMANDS: Dict[str, Callable[[_Context], int]] = {
     "status": _cmd_status,
+    "health": _cmd_health,
     "list": _cmd_list,
     "show": _cmd_show,
     "exhaustions": _cmd_exhaustions,
@@ -868,9 +979,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv: The arguments without the program name; :obj:`None` uses ``sys.argv[1:]``.
 
     Returns:
-        :obj:`int`: The exit status: ``0`` ok, ``1`` the conformance check found violations,
-        ``2`` bad input or a refused action (nothing changed), ``3`` the store could not be
-        reached or failed, ``130`` interrupted.
+        :obj:`int`: The exit status: ``0`` ok, ``1`` the conformance check found violations
+        or ``health`` found the table unhealthy (an unreachable store included), ``2`` bad
+        input or a refused action (nothing changed), ``3`` the store could not be reached or
+        failed, ``130`` interrupted.
     """
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:

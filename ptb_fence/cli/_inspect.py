@@ -1,4 +1,4 @@
-"""TableInspector: direct SQL on the public table layout (status, list, show, retry)."""
+"""TableInspector: direct SQL on the public table layout (status, health, list, show, retry)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ptb_fence.cli._errors import Refused, StoreFailure
 from ptb_fence.cli._format import one_line
-from ptb_fence.cli._rows import StatusReport, UpdateRow
+from ptb_fence.cli._rows import HealthFigures, Oldest, StatusReport, UpdateRow
 from ptb_fence.cli._target import StoreTarget
 from ptb_fence.stores import validate_table_name
 from ptb_fence.stores.postgres._sql import postgres_admin_statements
@@ -27,6 +27,9 @@ class TableInspector:
     Args:
         target (:class:`StoreTarget`): The database.
         table (:obj:`str`): The table name (validated here before any SQL runs).
+        conn (optional): A connection to ``target`` already opened by the caller (with
+            :meth:`StoreTarget.connect_sqlite` or :meth:`StoreTarget.connect_postgres`); the
+            inspector owns it from now on and closes it. By default it opens its own.
 
     Raises:
         ptb_fence.cli._errors.Refused: Bad table name, no such file or table, or a table
@@ -36,15 +39,18 @@ class TableInspector:
 
     __slots__ = ("_conn", "_sql", "has_claim_id", "table", "target")
 
-    def __init__(self, target: StoreTarget, table: str) -> None:
+    def __init__(self, target: StoreTarget, table: str, *, conn: Any = None) -> None:
+        self._conn: Any = conn
         try:
             self.table = validate_table_name(table)
         except ValueError as exc:
+            self.close()
             raise Refused(str(exc)) from None
         self.target = target
-        self._conn: Any = (
-            target.connect_sqlite() if target.is_sqlite else target.connect_postgres()
-        )
+        if self._conn is None:
+            self._conn = (
+                target.connect_sqlite() if target.is_sqlite else target.connect_postgres()
+            )
         try:
             columns = self._columns()
             if columns is None:
@@ -160,6 +166,28 @@ class TableInspector:
             )
 
         result: StatusReport = self._read(work)
+        return result
+
+    def health(self, now: int) -> HealthFigures:
+        """The oldest pending row, the oldest due retry, the oldest lapsed lease and the
+        unacknowledged exhaustions at ``now`` (what ``ptb-fence health`` judges)."""
+        at = {"now": now}
+
+        def oldest(sql: str, params: Optional[Dict[str, Any]] = None) -> Optional[Oldest]:
+            found = self._query(sql, params)
+            return Oldest(int(found[0][0]), int(found[0][1])) if found else None
+
+        def work() -> HealthFigures:
+            return HealthFigures(
+                now=now,
+                oldest_pending=oldest(self._sql.oldest_pending),
+                oldest_failed_due=oldest(self._sql.oldest_failed_due, at),
+                oldest_lapsed_lease=oldest(self._sql.oldest_lapsed_lease, at),
+                oldest_exhaustion=oldest(self._sql.oldest_exhaustion),
+                unacknowledged_exhaustions=int(self._query(self._sql.exhaustion_count)[0][0]),
+            )
+
+        result: HealthFigures = self._read(work)
         return result
 
     def rows(

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, NamedTuple, Optional
 
 from ptb_fence.cli._format import iso_time
 
-__all__ = ["StatusReport", "UpdateRow"]
+__all__ = ["HealthFigures", "Oldest", "StatusReport", "UpdateRow"]
 
 
 @dataclass(frozen=True)
@@ -96,3 +96,30 @@ class StatusReport:
         if self.oldest_pending_received_at is None:
             return None
         return max(self.now - self.oldest_pending_received_at, 0)
+
+
+class Oldest(NamedTuple):
+    """The oldest row of one kind: its ``update_id`` and the time its age counts from (epoch
+    milliseconds)."""
+
+    update_id: int
+    since: int
+
+
+@dataclass(frozen=True)
+class HealthFigures:
+    """What ``ptb-fence health`` judges, read in one consistent snapshot at ``now``.
+
+    Each ``Oldest`` is :obj:`None` when no row is of that kind.
+    """
+
+    now: int
+    oldest_pending: Optional[Oldest] = None
+    """The pending row received longest ago (``since``: ``received_at``)."""
+    oldest_failed_due: Optional[Oldest] = None
+    """The failed row whose retry has been due longest (``since``: ``due_at``)."""
+    oldest_lapsed_lease: Optional[Oldest] = None
+    """The processing row whose lease lapsed longest ago (``since``: ``due_at``)."""
+    oldest_exhaustion: Optional[Oldest] = None
+    """The oldest unacknowledged exhaustion (``since``: ``due_at``, when it was exhausted)."""
+    unacknowledged_exhaustions: int = 0

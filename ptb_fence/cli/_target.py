@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sqlite3
@@ -186,8 +187,12 @@ class StoreTarget:
         """:obj:`bool`: Whether the target is a SQLite file."""
         return self.kind == "sqlite"
 
-    def connect_sqlite(self) -> sqlite3.Connection:
+    def connect_sqlite(self, timeout: Optional[float] = None) -> sqlite3.Connection:
         """Open the existing SQLite file (never creates one); autocommit mode.
+
+        Args:
+            timeout (:obj:`float`, optional): Seconds to wait for a lock held by a writer
+                (default 10).
 
         Raises:
             ptb_fence.cli._errors.Refused: The file does not exist.
@@ -206,15 +211,20 @@ class StoreTarget:
             )
         _require_sqlite_header(self.path)
         uri = "file:" + urllib.parse.quote(self.path) + "?mode=rw"
+        wait = 10.0 if timeout is None else timeout
         try:
-            conn = sqlite3.connect(uri, uri=True, timeout=10.0, isolation_level=None)
-            conn.execute("PRAGMA busy_timeout = 10000")
+            conn = sqlite3.connect(uri, uri=True, timeout=wait, isolation_level=None)
+            conn.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
         except sqlite3.Error as exc:
             raise StoreFailure(f"cannot open the SQLite database {self.path}: {exc}") from None
         return conn
 
-    def connect_postgres(self) -> Any:
+    def connect_postgres(self, timeout: Optional[float] = None) -> Any:
         """Open a psycopg2 connection (transactions on, ``connect_timeout`` 10 s by default).
+
+        Args:
+            timeout (:obj:`float`, optional): The ``connect_timeout`` in seconds, used even when
+                the DSN sets one (libpq's minimum is 2 s; by default the DSN's, else 10 s).
 
         Raises:
             ptb_fence.cli._errors.StoreFailure: The server cannot be reached; the message never
@@ -225,7 +235,10 @@ class StoreTarget:
 
         assert self.dsn is not None
         kwargs: Dict[str, Any] = {}
-        if "connect_timeout" not in psycopg2.extensions.parse_dsn(self.dsn):
+        if timeout is not None:
+            # whole seconds only; libpq takes anything below 2 as 2
+            kwargs["connect_timeout"] = max(2, math.ceil(timeout))
+        elif "connect_timeout" not in psycopg2.extensions.parse_dsn(self.dsn):
             kwargs["connect_timeout"] = _CONNECT_TIMEOUT
         failure: Optional[str] = None
         try:

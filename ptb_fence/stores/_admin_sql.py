@@ -3,8 +3,8 @@
 its SQL (:func:`ptb_fence.stores.sqlite._sql.sqlite_admin_statements` and
 :func:`ptb_fence.stores.postgres._sql.postgres_admin_statements`).
 
-The command line reads the public table layout directly for ``status``, ``list`` and
-``show`` and changes it directly only for ``retry``; everything else goes through the store's
+The command line reads the public table layout directly for ``status``, ``health``, ``list``
+and ``show`` and changes it directly only for ``retry``; everything else goes through the store's
 public methods. Table names are validated with :func:`ptb_fence.stores.validate_table_name`
 before they reach this module and are always double-quoted, as the stores do.
 
@@ -45,6 +45,15 @@ class AdminStatements:
     counts: str
     oldest_pending: str
     due_now: str
+    oldest_failed_due: str
+    """``update_id, due_at`` of the failed row whose retry has been due longest (``now``)."""
+    oldest_lapsed_lease: str
+    """``update_id, due_at`` of the processing row whose lease lapsed longest ago (``now``)."""
+    oldest_exhaustion: str
+    """``update_id, due_at`` of the oldest unacknowledged exhaustion (``due_at`` is when it
+    was exhausted; no parameters)."""
+    exhaustion_count: str
+    """The number of unacknowledged exhaustions (no parameters)."""
     list_rows: str
     select_row: str
     select_row_for_retry: str

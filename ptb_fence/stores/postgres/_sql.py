@@ -940,6 +940,22 @@ def postgres_admin_statements(table: str, *, has_claim_id: bool = True) -> Admin
               COUNT(*) FILTER (WHERE state = 'processing' AND due_at < %(now)s),
               COUNT(*) FILTER (WHERE state = 'abandoned' AND settled_at IS NULL)
             FROM {t}""",
+        # the (state, due_at) index answers each of these without reading other states
+        oldest_failed_due=(
+            f"SELECT update_id, due_at FROM {t} WHERE state = 'failed' AND due_at <= %(now)s "
+            "ORDER BY due_at, update_id LIMIT 1"
+        ),
+        oldest_lapsed_lease=(
+            f"SELECT update_id, due_at FROM {t} WHERE state = 'processing' AND due_at < %(now)s "
+            "ORDER BY due_at, update_id LIMIT 1"
+        ),
+        oldest_exhaustion=(
+            f"SELECT update_id, due_at FROM {t} WHERE state = 'abandoned' "
+            "AND settled_at IS NULL ORDER BY due_at, update_id LIMIT 1"
+        ),
+        exhaustion_count=(
+            f"SELECT COUNT(*) FROM {t} WHERE state = 'abandoned' AND settled_at IS NULL"
+        ),
         list_rows=f"""
             SELECT {cols} FROM {t}
             WHERE (%(state)s::text IS NULL OR state = %(state)s::text)

@@ -495,6 +495,22 @@ def sqlite_admin_statements(table: str, *, has_claim_id: bool = True) -> AdminSt
               COALESCE(SUM(CASE WHEN state = 'abandoned' AND settled_at IS NULL
                                 THEN 1 ELSE 0 END), 0)
             FROM {t}""",
+        # the (state, due_at) index answers each of these without reading other states
+        oldest_failed_due=(
+            f"SELECT update_id, due_at FROM {t} WHERE state = 'failed' AND due_at <= :now "
+            "ORDER BY due_at, update_id LIMIT 1"
+        ),
+        oldest_lapsed_lease=(
+            f"SELECT update_id, due_at FROM {t} WHERE state = 'processing' AND due_at < :now "
+            "ORDER BY due_at, update_id LIMIT 1"
+        ),
+        oldest_exhaustion=(
+            f"SELECT update_id, due_at FROM {t} WHERE state = 'abandoned' "
+            "AND settled_at IS NULL ORDER BY due_at, update_id LIMIT 1"
+        ),
+        exhaustion_count=(
+            f"SELECT COUNT(*) FROM {t} WHERE state = 'abandoned' AND settled_at IS NULL"
+        ),
         list_rows=f"""
             SELECT {cols} FROM {t}
             WHERE (:state IS NULL OR state = :state)
