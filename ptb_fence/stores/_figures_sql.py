@@ -66,9 +66,8 @@ def _time(value: Any) -> Optional[int]:
 
 
 def figures_of(row: Sequence[Any]) -> StoreFigures:
-    """The :class:`~ptb_fence.StoreFigures` of the row :func:`figures_sql` returned (drivers
-    give counts and times as ``int``, PostgreSQL's ``COUNT`` as a Python ``int`` too; ``int()``
-    keeps any driver's integer type out of the value)."""
+    """The :class:`~ptb_fence.StoreFigures` of the one row :func:`figures_sql` returns, each
+    value a plain :obj:`int` (or :obj:`None`) whatever integer type the driver gives."""
     unsettled, oldest, waiting, exhausted, chat, since = row
     return StoreFigures(
         unsettled=int(unsettled),
