@@ -21,6 +21,7 @@ from ptb_fence.contract import (
     ClaimingUpdateStore,
     ChatOrderedUpdateStore,
     CompletingUpdateStore,
+    FiguresStore,
     IsolatingUpdateStore,
     LivenessStore,
     ReleasingUpdateStore,
@@ -39,6 +40,7 @@ from ptb_fence._values import (
     Exhaustion,
     Failed,
     Settlement,
+    StoreFigures,
     StoredUpdate,
 )
 from ptb_fence.runtime import (
@@ -78,6 +80,7 @@ __all__ = [
     "Exhaustion",
     "Failed",
     "FencedUpdateStore",
+    "FiguresStore",
     "MemoryUpdateStore",
     "OwnershipLost",
     "PostgresUpdateStore",
@@ -87,6 +90,7 @@ __all__ = [
     "Settlement",
     "StoreBusy",
     "StoreCapabilities",
+    "StoreFigures",
     "RowLocked",
     "TableBotMismatch",
     "StoredUpdate",

@@ -16,6 +16,7 @@ __all__ = [
     "Exhaustion",
     "Failed",
     "Settlement",
+    "StoreFigures",
     "StoredUpdate",
 ]
 
@@ -76,6 +77,44 @@ class Exhaustion:
     def identity(self) -> AttemptIdentity:
         """:class:`AttemptIdentity`: The exact identity that acknowledges this exhaustion."""
         return AttemptIdentity(self.update_id, self.attempt, self.claim_id)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFigures:
+    """What a store counts for operators (read by the runtime's sweep, at most every few
+    seconds, never per scrape of a metrics endpoint).
+
+    A row is *unsettled* while its state is ``pending``, ``processing`` (leased or lapsed) or
+    ``failed``; an *unacknowledged exhaustion* is an ``abandoned`` row whose ``settled_at`` is
+    NULL. Completed rows and acknowledged (or ordinarily abandoned) rows count nowhere. See
+    :class:`ptb_fence.FiguresStore` for the exact rules. Times are epoch milliseconds.
+
+    Args:
+        unsettled (:obj:`int`): How many rows are unsettled.
+        oldest_unsettled_received_at (:obj:`int` | :obj:`None`): The smallest ``received_at`` of
+            the unsettled rows; :obj:`None` when there are none.
+        exhaustions_waiting (:obj:`int`): How many unacknowledged exhaustions wait for their
+            acknowledgement.
+        oldest_exhaustion_at (:obj:`int` | :obj:`None`): The smallest ``due_at`` (when the
+            update was exhausted, :attr:`Exhaustion.exhausted_at`) of those; :obj:`None` when
+            there are none.
+        held_chat (:obj:`int` | :obj:`None`, optional): A store that keeps chat order
+            (:class:`ptb_fence.ChatOrderedUpdateStore`): of the chat keys with two or more
+            unsettled rows (a chat whose later updates wait behind its oldest one), the one
+            whose oldest unsettled row (smallest ``received_at``) is the oldest; on a tie the
+            smaller chat key. :obj:`None` when no chat has two unsettled rows, and always for
+            a store without chat keys. Defaults to :obj:`None`.
+        held_chat_since (:obj:`int` | :obj:`None`, optional): The ``received_at`` of that
+            chat's oldest unsettled row; :obj:`None` exactly when ``held_chat`` is. Defaults to
+            :obj:`None`.
+    """
+
+    unsettled: int
+    oldest_unsettled_received_at: Optional[int]
+    exhaustions_waiting: int
+    oldest_exhaustion_at: Optional[int]
+    held_chat: Optional[int] = None
+    held_chat_since: Optional[int] = None
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 capabilities the runtime uses when a store offers them (:class:`BatchUpdateStore`,
 :class:`TransactionalUpdateStore`, :class:`BotBoundStore`, :class:`ReleasingUpdateStore`,
 :class:`LivenessStore`, :class:`IsolatingUpdateStore`, :class:`ChatOrderedUpdateStore`,
-:class:`CompletingUpdateStore`, :class:`ClaimingUpdateStore`).
+:class:`CompletingUpdateStore`, :class:`ClaimingUpdateStore`, :class:`FiguresStore`).
 
 The contract is batch-first: where an operation has a batch form (``claim_owned_many``,
 ``renew_owned_many``, ``settle_owned_many``) a store may offer that form alone and the runtime
@@ -34,7 +34,7 @@ from typing import (
     runtime_checkable,
 )
 
-from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoredUpdate
+from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoreFigures, StoredUpdate
 
 __all__ = [
     "BASE_METHODS",
@@ -57,6 +57,8 @@ __all__ = [
     "DurableUpdateStore",
     "FENCED_METHODS",
     "FencedUpdateStore",
+    "FIGURES_METHODS",
+    "FiguresStore",
     "ISOLATING_METHODS",
     "IsolatingUpdateStore",
     "LIVENESS_METHODS",
@@ -103,6 +105,9 @@ chat key (both or none)."""
 
 COMPLETING_METHODS = ("complete_owned", "reopen_completed")
 """The methods of :class:`CompletingUpdateStore` (both or none)."""
+
+FIGURES_METHODS = ("figures",)
+"""The method of :class:`FiguresStore`."""
 
 Row = Tuple[int, str, int]
 """An update to record: ``(update_id, body, received_at)``."""
@@ -576,6 +581,41 @@ class ChatOrderedUpdateStore(Protocol):
         ``chat_key``, only rows of that chat."""
 
 
+class FiguresStore(Protocol):
+    """Optional: the store counts, for operators, what waits in it (:class:`StoreFigures`).
+
+    The runtime's sweep reads the figures at most every few seconds (never per scrape of a
+    metrics endpoint): the age of the oldest unsettled update, the exhaustions waiting for
+    their acknowledgement, and under ``strict_chat_order`` the chat held longest by one update.
+    """
+
+    def figures(self) -> StoreFigures:
+        """Count the waiting rows; blocking, read-only (one read transaction, or one
+        statement, in the SQL stores: the figures are one consistent view), no arguments.
+
+        - ``unsettled``: the rows whose state is ``pending``, ``processing`` (leased or lapsed:
+          there is no ``now``) or ``failed``; ``oldest_unsettled_received_at`` is the smallest
+          ``received_at`` of those (:obj:`None` when there are none). ``completed`` and
+          ``abandoned`` rows never count here, an unacknowledged exhaustion included.
+        - ``exhaustions_waiting``: the ``abandoned`` rows whose ``settled_at`` is NULL (what
+          :meth:`DurableUpdateStore.due_exhaustions` lists); an acknowledged exhaustion, or a
+          row abandoned with ``settled_at`` set, does not count. ``oldest_exhaustion_at`` is the
+          smallest ``due_at`` of those (when it was exhausted; :obj:`None` when there are none).
+        - ``held_chat``: only a store with a chat key per row (:class:`ChatOrderedUpdateStore`);
+          rows without a chat key are ignored. Of the chat keys that two or more unsettled rows
+          carry (a chat whose later updates wait behind its oldest one), the one whose
+          smallest ``received_at`` among its unsettled rows is the smallest; on a tie, the
+          smaller chat key. ``held_chat_since`` is that smallest ``received_at``. Both are
+          :obj:`None` when no chat key is carried by two unsettled rows, and always for a store
+          without chat keys.
+
+        Times are epoch milliseconds; the counts and times are :obj:`int`.
+
+        Returns:
+            :class:`StoreFigures`: The figures.
+        """
+
+
 def missing_methods(store: object, names: "tuple[str, ...]") -> List[str]:
     """Return the names in ``names`` that ``store`` lacks or that are not callable."""
     return [name for name in names if not callable(getattr(store, name, None))]
@@ -661,6 +701,9 @@ CAPABILITY_GROUPS: Tuple[CapabilityGroup, ...] = (
            "strict_chat_order", ("fenced",)),
     _group("chat_keys", "unkeyed_in_chats set_chat_keys",
            "strict_chat_order keys rows recorded without a chat key", ("chat_order",)),
+    _group("figures", "figures",
+           "operators' figures: the oldest unsettled update, the exhaustions waiting, the "
+           "chat held longest"),
 )
 """Tuple[:class:`CapabilityGroup`, ...]: Every capability of the store contract with the
 methods it needs (the README's capability table)."""

@@ -43,12 +43,15 @@ fallbacks:
 - ``complete_owned``/``reopen_completed`` missing (:class:`~ptb_fence.CompletingUpdateStore`,
   both needed) → a ``complete=True`` transaction checks with ``owns(connection=)`` first and
   settles with ``settle_owned(connection=)`` last (:attr:`StorePort.completes_first` is
+  :obj:`False`);
+- ``figures`` missing (:class:`~ptb_fence.FiguresStore`) → :meth:`StorePort.figures` is
+  :obj:`None`: the store counts nothing for operators (:attr:`StorePort.has_figures` is
   :obj:`False`).
 
 Sections of :class:`StorePort`: construction and the flags decided once, the base contract,
 the fenced contract (single-row forms over the batch forms where needed), the durable contract,
 batches, claims of several rows, chat order, recovery (release, liveness, isolation),
-transactions and binding.
+transactions and binding, figures.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, ContextManager, List, Optional, Sequence, Set, Tuple, Union
 
-from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoredUpdate
+from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoreFigures, StoredUpdate
 from ptb_fence.contract import (
     BASE_METHODS,
     CAPABILITY_GROUPS,
@@ -131,6 +134,7 @@ class StorePort:
         "_claim_owned_many",
         "_claimed_suspect",
         "_complete_owned",
+        "_figures",
         "_hold_liveness",
         "_mark_isolated",
         "_owns_connection",
@@ -220,6 +224,7 @@ class StorePort:
         self._mark_isolated = method("isolation", "mark_isolated")
         self._complete_owned = method("completing", "complete_owned")
         self._reopen_completed = method("completing", "reopen_completed")
+        self._figures = method("figures", "figures")
         self._owns_connection = takes_connection(_optional(store, "owns"))
         self._settle_connection = takes_connection(self._settle_owned)
         _LOGGER.info("%s: store capabilities: %s", component, capabilities)
@@ -318,6 +323,11 @@ class StorePort:
         """:obj:`bool`: A ``complete=True`` transaction checks ownership and settles in one
         statement at its start (``complete_owned``; ``reopen_completed`` undoes it)."""
         return self._complete_owned is not None
+
+    @property
+    def has_figures(self) -> bool:
+        """:obj:`bool`: The store counts what waits in it for operators (``figures``)."""
+        return self._figures is not None
 
     # -- base contract ----------------------------------------------------------------------
     def add(self, update_id: int, body: str, received_at: int) -> bool:
@@ -616,3 +626,22 @@ class StorePort:
         """``store.bind_bot`` where the store records its bot; otherwise nothing."""
         if self._bind_bot is not None:
             self._bind_bot(bot_id)
+
+    # -- figures (FiguresStore) -------------------------------------------------------------
+    def figures(self) -> Optional[StoreFigures]:
+        """``store.figures()``: what waits in the store (one read-only look); :obj:`None`
+        without the capability.
+
+        Raises:
+            TypeError: The store returned something else than a
+                :class:`~ptb_fence.StoreFigures` (the message names the store).
+        """
+        if self._figures is None:
+            return None
+        figures = self._figures()
+        if not isinstance(figures, StoreFigures):
+            raise TypeError(
+                f"{type(self.store).__name__}.figures() returned {type(figures).__name__} "
+                f"{figures!r}; it must return a ptb_fence.StoreFigures"
+            )
+        return figures

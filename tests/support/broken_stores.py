@@ -21,6 +21,7 @@ from ptb_fence import (
     Exhaustion,
     MemoryUpdateStore,
     Settlement,
+    StoreFigures,
     StoredUpdate,
 )
 
@@ -831,7 +832,106 @@ class ChatKeysOverwriteStore(MemoryUpdateStore):
         return len(keys)
 
 
+# -- figures -------------------------------------------------------------------------------------
+class FiguresCountCompletedStore(MemoryUpdateStore):
+    """``figures`` counts completed rows as unsettled (and their ``received_at``)."""
+
+    __slots__ = ()
+
+    def figures(self) -> StoreFigures:
+        with self._lock:
+            received = [r.received_at for r in self._rows.values()
+                        if r.state in ("pending", "processing", "failed", "completed")]
+            return dataclasses.replace(
+                super().figures(), unsettled=len(received),
+                oldest_unsettled_received_at=min(received, default=None),
+            )
+
+
+class FiguresIgnoreFailedStore(MemoryUpdateStore):
+    """``figures`` counts only pending and processing rows: a failed row waiting for its retry
+    is missed."""
+
+    __slots__ = ()
+
+    def figures(self) -> StoreFigures:
+        with self._lock:
+            received = [r.received_at for r in self._rows.values()
+                        if r.state in ("pending", "processing")]
+            return dataclasses.replace(
+                super().figures(), unsettled=len(received),
+                oldest_unsettled_received_at=min(received, default=None),
+            )
+
+
+class FiguresOldestByUpdateIdStore(MemoryUpdateStore):
+    """``figures`` takes the oldest unsettled row to be the one with the lowest ``update_id``."""
+
+    __slots__ = ()
+
+    def figures(self) -> StoreFigures:
+        with self._lock:
+            waiting = sorted(u for u, r in self._rows.items()
+                             if r.state in ("pending", "processing", "failed"))
+            oldest = self._rows[waiting[0]].received_at if waiting else None
+            return dataclasses.replace(super().figures(), oldest_unsettled_received_at=oldest)
+
+
+class FiguresCountAcknowledgedStore(MemoryUpdateStore):
+    """``figures`` counts every abandoned row as an exhaustion waiting, whatever its
+    ``settled_at``: acknowledged exhaustions too."""
+
+    __slots__ = ()
+
+    def figures(self) -> StoreFigures:
+        with self._lock:
+            ended = [r.due_at for r in self._rows.values()
+                     if r.state == "abandoned" and r.due_at is not None]
+            return dataclasses.replace(
+                super().figures(), exhaustions_waiting=len(ended),
+                oldest_exhaustion_at=min(ended, default=None),
+            )
+
+
+class FiguresHeldSingleChatStore(MemoryUpdateStore):
+    """``figures`` holds the chat with the oldest unsettled row even when that row is the
+    chat's only one (nothing waits behind it)."""
+
+    __slots__ = ()
+
+    def figures(self) -> StoreFigures:
+        with self._lock:
+            keyed = [(r.received_at, r.chat_key) for r in self._rows.values()
+                     if r.chat_key is not None and r.state in ("pending", "processing", "failed")]
+            since, chat = min(keyed, default=(None, None))
+            return dataclasses.replace(super().figures(), held_chat=chat, held_chat_since=since)
+
+
+
+class FiguresHeldSmallestChatStore(MemoryUpdateStore):
+    """``figures`` holds the smallest chat key with two or more unsettled rows, not the one
+    whose oldest unsettled row is the oldest."""
+
+    __slots__ = ()
+
+    def figures(self) -> StoreFigures:
+        with self._lock:
+            chats: Dict[int, List[int]] = {}
+            for r in self._rows.values():
+                if r.chat_key is not None and r.state in ("pending", "processing", "failed"):
+                    chats.setdefault(r.chat_key, []).append(r.received_at)
+            held = min((key for key, times in chats.items() if len(times) >= 2), default=None)
+            since = None if held is None else min(chats[held])
+            return dataclasses.replace(super().figures(), held_chat=held, held_chat_since=since)
+
+
 BROKEN: Dict[Type[Any], Sequence[str]] = {
+    FiguresHeldSmallestChatStore: ("figures",),
+    FiguresCountCompletedStore: ("figures",),
+    FiguresIgnoreFailedStore: ("figures",),
+    FiguresOldestByUpdateIdStore: ("figures",),
+    FiguresCountAcknowledgedStore: ("figures",),
+    FiguresHeldSingleChatStore: ("figures",),
     ChatKeysOverwriteStore: ("chat-keys",),
     ClaimOwnedManyIgnoresSpendStore: ("batch-claim",),
     ChatClaimIgnoresOrderStore: ("chat-order",),

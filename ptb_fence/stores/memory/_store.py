@@ -1,7 +1,7 @@
 """MemoryUpdateStore: the executable statement of the store rules, whole in one class.
 
 Sections: lifecycle, helpers, the base, fenced and durable contracts, chat order, release
-and liveness."""
+and liveness, figures."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from ptb_fence._values import (
     Exhaustion,
     Failed,
     Settlement,
+    StoreFigures,
     StoredUpdate,
 )
 from ptb_fence.stores._duplicates import warn_conflict
@@ -646,3 +647,35 @@ class MemoryUpdateStore:
         """
         int(now)
         return 0
+
+    # -- figures ---------------------------------------------------------------------------
+    def figures(self) -> StoreFigures:
+        """What waits in the store, for operators (optional capability, see
+        :class:`ptb_fence.FiguresStore`): the unsettled rows and the oldest ``received_at``
+        among them, the unacknowledged exhaustions and the oldest ``due_at`` among them, and
+        the chat held longest by one update (of the chats with two or more unsettled rows, the
+        one whose oldest unsettled row is the oldest; ties: the smaller chat key)."""
+        received: List[int] = []  # of the unsettled rows
+        exhausted: List[int] = []  # due_at of the unacknowledged exhaustions
+        chats: Dict[int, Tuple[int, int]] = {}  # chat key: (unsettled rows, oldest received_at)
+        with self._lock:  # one consistent view, as one statement of the SQL stores
+            for row in self._rows.values():
+                if row.state in UNSETTLED:
+                    received.append(row.received_at)
+                    if row.chat_key is not None:
+                        count, since = chats.get(row.chat_key, (0, row.received_at))
+                        chats[row.chat_key] = (count + 1, min(since, row.received_at))
+                elif row.state == "abandoned" and row.settled_at is None:
+                    assert row.due_at is not None  # an abandoned row records when it ended
+                    exhausted.append(row.due_at)
+        held = min(
+            ((since, key) for key, (count, since) in chats.items() if count >= 2), default=None
+        )
+        return StoreFigures(
+            unsettled=len(received),
+            oldest_unsettled_received_at=min(received, default=None),
+            exhaustions_waiting=len(exhausted),
+            oldest_exhaustion_at=min(exhausted, default=None),
+            held_chat=None if held is None else held[1],
+            held_chat_since=None if held is None else held[0],
+        )

@@ -54,6 +54,7 @@ from functools import lru_cache
 
 from ptb_fence.stores._admin_sql import ROW_COLUMNS, AdminStatements
 from ptb_fence.stores._chat_order_sql import UNSETTLED, chat_index_name, due_predicate, in_turn
+from ptb_fence.stores._figures_sql import figures_sql
 
 __all__ = [
     "BEAT_STALE_MS",
@@ -245,6 +246,8 @@ class PostgresStatements:
     conflicts: str
     create_meta: str
     bind_bot: str
+    figures: str
+    figures_unkeyed: str
 
     @classmethod
     def for_table(cls, table: str) -> "PostgresStatements":
@@ -398,6 +401,11 @@ WHERE t.fingerprint IS NOT NULL AND t.fingerprint <> v.fingerprint""",
 INSERT INTO "{META_TABLE}" (table_name, bot_id) VALUES (%(table)s, %(bot_id)s)
 ON CONFLICT (table_name) DO UPDATE SET table_name = EXCLUDED.table_name
 RETURNING bot_id""",
+            # legacy-safe (no claim_id). One read-only transaction of one SELECT that reads
+            # only the waiting rows through the indexes; the second form for a table that has
+            # no chat_key column yet (create_table=False, not migrated).
+            figures="SET TRANSACTION READ ONLY;" + figures_sql(t),
+            figures_unkeyed="SET TRANSACTION READ ONLY;" + figures_sql(t, chat_keys=False),
         )
 
     def add_many(self, count: int, fingerprint: bool = True) -> str:

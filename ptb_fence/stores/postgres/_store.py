@@ -2,7 +2,7 @@
 class.
 
 Sections: construction and lifecycle, the base contract, the fenced contract, the durable
-contract, chat order, release and liveness. Its collaborators: the connection pools
+contract, chat order, release and liveness, figures. Its collaborators: the connection pools
 (``_connections``), the executor that runs statements in short transactions with retries
 (``_executor``), the batched writes (``_writes``), the liveness holder (``_liveness``) and all
 its SQL (``_sql``). psycopg2 is imported only when a store is created.
@@ -31,8 +31,9 @@ from ptb_fence._errors import TableBotMismatch
 from ptb_fence._fingerprint import update_fingerprint
 from ptb_fence.contract import ChatKey, ClaimTerms
 from ptb_fence._sockets import cut, cut_after
-from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoredUpdate
+from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoreFigures, StoredUpdate
 from ptb_fence.stores._duplicates import warn_conflict
+from ptb_fence.stores._figures_sql import figures_of
 from ptb_fence.stores._names import validate_table_name, validate_update_id
 from ptb_fence.stores._suspects import SuspectClaims
 from ptb_fence.stores.postgres._connections import close_quietly, open_source
@@ -1191,3 +1192,22 @@ class PostgresUpdateStore:
         """:obj:`str` | :obj:`None`: The instance id while this object holds liveness (in
         this process)."""
         return self._liveness.mine()
+
+    # -- figures ---------------------------------------------------------------------------
+    def figures(self) -> StoreFigures:
+        """What waits in the table, for operators, in one read-only transaction of one
+        ``SELECT`` (optional capability, see :class:`ptb_fence.FiguresStore`): the unsettled
+        rows and the oldest ``received_at`` among them, the unacknowledged exhaustions and the
+        oldest ``due_at`` among them, and the chat held longest by one update. It reads only
+        the waiting rows (and the abandoned ones) through the table's indexes, never the
+        completed history. Legacy-safe: it needs no ``claim_id``, and on a table without the
+        ``chat_key`` column ``held_chat`` is :obj:`None`."""
+        sql = self._db.sql.figures if self._db.has_column("chat_key") else (
+            self._db.sql.figures_unkeyed
+        )
+
+        def work(cur: Any) -> StoreFigures:
+            cur.execute(sql)
+            return figures_of(cur.fetchone())
+
+        return self._db.run(work)

@@ -17,6 +17,7 @@ from typing import Tuple
 
 from ptb_fence.stores._admin_sql import ROW_COLUMNS, AdminStatements
 from ptb_fence.stores._chat_order_sql import UNSETTLED, chat_index_name, due_predicate, in_turn
+from ptb_fence.stores._figures_sql import figures_sql
 
 __all__ = [
     "REQUIRED_COLUMNS",
@@ -116,6 +117,7 @@ class SQLiteStatements:
         "due",
         "due_exhaustions",
         "exhaust",
+        "figures",
         "owns",
         "prune",
         "renew",
@@ -313,6 +315,9 @@ class SQLiteStatements:
             WHERE update_id = :update_id AND state = 'abandoned' AND settled_at IS NULL
               AND attempts = :attempt AND claim_id = :claim_id
             RETURNING update_id"""
+
+        # -- figures (read-only; the waiting rows only, through the indexes) ----------------
+        self.figures = figures_sql(t)
 
         # -- liveness (hold_liveness / take_over_dead) -------------------------------------
         i = f'"{INSTANCES_TABLE}"'

@@ -2,7 +2,7 @@
 whole in one class.
 
 Sections: construction and lifecycle, the base contract, the fenced contract, the durable
-contract, chat order, release and liveness. Its collaborators: the per-thread connections
+contract, chat order, release and liveness, figures. Its collaborators: the per-thread connections
 (``_connections``), the schema steps (``_schema``), the statements several methods share
 (``_writes``), the lock-file liveness holder (``_liveness``) and all its SQL (``_sql``).
 """
@@ -30,7 +30,15 @@ from typing import (
 
 from ptb_fence._errors import TableBotMismatch
 from ptb_fence.contract import ChatKey, ClaimTerms
-from ptb_fence._values import AttemptIdentity, Completed, Exhaustion, Settlement, StoredUpdate
+from ptb_fence._values import (
+    AttemptIdentity,
+    Completed,
+    Exhaustion,
+    Settlement,
+    StoreFigures,
+    StoredUpdate,
+)
+from ptb_fence.stores._figures_sql import figures_of
 from ptb_fence.stores._names import validate_table_name, validate_update_id
 from ptb_fence.stores._suspects import SuspectClaims
 from ptb_fence.stores.sqlite._connections import SQLiteConnections
@@ -1029,3 +1037,15 @@ class SQLiteUpdateStore:
         """:obj:`str` | :obj:`None`: The instance id while this object holds liveness (in
         this process)."""
         return self._liveness.mine()
+
+    # -- figures ---------------------------------------------------------------------------
+    def figures(self) -> StoreFigures:
+        """What waits in the table, for operators, in one read-only ``SELECT`` (one snapshot;
+        optional capability, see :class:`ptb_fence.FiguresStore`): the unsettled rows and the
+        oldest ``received_at`` among them, the unacknowledged exhaustions and the oldest
+        ``due_at`` among them, and the chat held longest by one update. It reads only the
+        waiting rows (and the abandoned ones) through the table's indexes, never the completed
+        history."""
+        with self._conns.using() as conn:
+            row = conn.execute(self._sql.figures).fetchone()
+        return figures_of(row)
