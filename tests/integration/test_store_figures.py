@@ -13,6 +13,7 @@ import random
 import re
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Set, Tuple, Type
 
@@ -28,7 +29,7 @@ from broken_stores import (
     FiguresIgnoreFailedStore,
     FiguresOldestByUpdateIdStore,
 )
-from conftest import new_store
+from store_support import new_store
 from ptb_fence import (
     Abandoned,
     AttemptIdentity,
@@ -46,7 +47,7 @@ from ptb_fence.contract import BASE_METHODS, CAPABILITY_GROUPS, FIGURES_METHODS
 from ptb_fence.runtime._port import StorePort
 from ptb_fence.stores._figures_sql import figures_sql
 
-from test_runtime_support import ALL_METHODS, StoreWrapper
+from runtime_support import ALL_METHODS, StoreWrapper
 
 T = 1_700_000_000_000
 KINDS = ["memory", "sqlite", "postgres"]
@@ -216,9 +217,18 @@ def test_figures_are_one_view_while_another_thread_moves_rows(
     done = threading.Event()
     errors: List[BaseException] = []
 
+    views: List[StoreFigures] = []
+
     def writer() -> None:
         try:
             for update_id in range(1, rows + 1):
+                if update_id % 10 == 0:
+                    # let the reader in now and then: a fast store (memory) could otherwise
+                    # move every row before the reader's first view (the GIL decides)
+                    seen = len(views)
+                    deadline = time.monotonic() + 10
+                    while len(views) == seen and time.monotonic() < deadline:
+                        time.sleep(0.0005)
                 identity = store.claim_owned(update_id, now=T + 1_000, lease_until=T + 60_000,
                                              max_attempts=5)
                 assert identity is not None
@@ -229,7 +239,6 @@ def test_figures_are_one_view_while_another_thread_moves_rows(
             done.set()
 
     thread = threading.Thread(target=writer)
-    views: List[StoreFigures] = []
     thread.start()
     try:
         while not done.is_set():
