@@ -76,6 +76,13 @@ class _Run:
         self.cfg = cfg
         self.polling: bool = cfg["kind"].startswith("poll-")
         self.kind: str = cfg["kind"][len("poll-"):] if self.polling else cfg["kind"]
+        # "<kind>-metrics": the same row with ptb_fence.metrics registered and scraped
+        self.metrics = self.kind.endswith("-metrics")
+        if self.metrics:
+            self.kind = self.kind[: -len("-metrics")]
+        self.scraper: Optional[threading.Thread] = None
+        self.scraping = threading.Event()
+        self.scrapes = 0
         self.server_kind: str = cfg.get("server") or "fast"
         self.server_pid: Optional[int] = None
         self.store_kind: Optional[str] = cfg.get("store")
@@ -173,9 +180,30 @@ class _Run:
         else:
             store = self.store
             options = dict(self.cfg.get("processor_options") or {})
-            builder = FencedUpdateProcessor(store, max_concurrent=n, **options).install(builder)
+            processor = FencedUpdateProcessor(store, max_concurrent=n, **options)
+            builder = processor.install(builder)
+            if self.metrics:
+                self._scrape_metrics(processor)
         self.app = builder.build()
         self.app.add_handler(TypeHandler(Update, self._handler()))
+
+    def _scrape_metrics(self, processor: Any) -> None:
+        """Register the processor's metrics and scrape them every second on a thread of their
+        own, as a Prometheus server would (it typically scrapes every 15 s: this is harsher)."""
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        from ptb_fence.metrics import register
+
+        registry = CollectorRegistry()
+        register(processor, registry)
+
+        def scrape() -> None:
+            while not self.scraping.wait(1.0):
+                generate_latest(registry)
+                self.scrapes += 1
+
+        self.scraper = threading.Thread(target=scrape, name="bench-scraper", daemon=True)
+        self.scraper.start()
 
     def _handler(self) -> Callable[[Any, Any], Any]:
         tracker = self.tracker
@@ -277,6 +305,9 @@ class _Run:
             self.app = None
 
     def close(self) -> None:
+        self.scraping.set()
+        if self.scraper is not None:
+            self.scraper.join(5)
         for conn in self.naive_conns:
             try:
                 conn.close()

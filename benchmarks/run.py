@@ -240,6 +240,12 @@ def all_rows(concurrencies: Sequence[int]) -> List[Row]:
                 Row(f"poll-{kind}-{store}-32", f"poll-{kind}", store, 32, f"{what}, {store}, {fast}, 32", "fast")
             )
     for store in ("sqlite", "pg"):
+        rows.append(
+            Row(f"poll-fenced-metrics-{store}-32", "poll-fenced-metrics", store, 32,
+                f"FencedUpdateProcessor, no-op, {store}, {fast}, 32; ptb_fence.metrics "
+                "registered and scraped every second", "fast")
+        )
+    for store in ("sqlite", "pg"):
         rows.append(Row(f"lease-{store}", "lease", store, 0, f"lease renewal tick, {store}"))
     for store in ("sqlite", "pg"):
         rows.append(Row(f"backlog-{store}", "backlog", store, 32, f"backlog after restart, {store}"))
@@ -676,6 +682,19 @@ class Report:
         for store in ("pg", "sqlite"):
             plain_goal(f"[14] fenced no-op {store} polling >= 0.8x plain PTB polling no-op",
                        f"poll-fenced-{store}-32", 0.8)
+        for store in ("pg", "sqlite"):
+            # each row's runs are paired with plain PTB runs in its own process: the ratio of
+            # the two rows' x-plain figures cancels the load that changed between the rows
+            on, off = f"poll-fenced-metrics-{store}-32", f"poll-fenced-{store}-32"
+            r_on, r_off = self.polling_plain(on)[0], self.polling_plain(off)[0]
+            r = _ratio(r_on, r_off)
+            verdict(
+                f"metrics on >= 0.95x metrics off, fenced no-op {store} polling", r,
+                None if r is None else r >= 0.95,
+                f"{on} or {off} not measured" if r is None
+                else f"{on} {r_on:.2f}x plain / {off} {r_off:.2f}x plain = {r:.2f}x (goal 0.95x; "
+                f"scraped every second)",
+            )
         for store in ("pg", "sqlite"):
             name = f"poll-fenced-{store}-32"
             result = self.ok(name)

@@ -43,6 +43,9 @@ from ptb_fence._values import (
     StoreFigures,
     StoredUpdate,
 )
+from ptb_fence.runtime._alarms import Health
+from ptb_fence.runtime._options import AlarmThresholds
+from ptb_fence.runtime._stats import HistogramSnapshot, Stats
 from ptb_fence.runtime import (
     Attempt,
     AttemptTimeout,
@@ -62,6 +65,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Abandoned",
+    "AlarmThresholds",
     "Attempt",
     "AttemptFinished",
     "AttemptIdentity",
@@ -81,6 +85,8 @@ __all__ = [
     "Failed",
     "FencedUpdateStore",
     "FiguresStore",
+    "Health",
+    "HistogramSnapshot",
     "MemoryUpdateStore",
     "OwnershipLost",
     "PostgresUpdateStore",
@@ -91,6 +97,7 @@ __all__ = [
     "StoreBusy",
     "StoreCapabilities",
     "StoreFigures",
+    "Stats",
     "RowLocked",
     "TableBotMismatch",
     "StoredUpdate",

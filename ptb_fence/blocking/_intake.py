@@ -13,7 +13,9 @@ from ptb_fence.contract import UpdateStore
 from ptb_fence._values import Exhaustion, StoredUpdate
 from ptb_fence.runtime._attempt import Attempt, enter_attempt, exit_attempt
 from ptb_fence.runtime._chats import ChatOrder, chat_key
+from ptb_fence.runtime._alarms import Health
 from ptb_fence.runtime._runtime import FrontEndHooks, Record, Runtime
+from ptb_fence.runtime._stats import Stats
 from ptb_fence.runtime._sweep import recheck_delay, retry_delay
 from ptb_fence.blocking._delivery import ExhaustionDelivery
 from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
@@ -108,7 +110,7 @@ class UpdateIntake:
             attempt_aware=handle_attempt is not None,
             handle_exhaustion=handle_exhaustion is not None,
             component="UpdateIntake",
-            hooks=FrontEndHooks(retry_soon=self._retry_soon),
+            hooks=FrontEndHooks(retry_soon=self._retry_soon, running_count=self._running_count),
         )
         self._handle = handle
         self._handle_attempt = handle_attempt
@@ -176,6 +178,22 @@ class UpdateIntake:
         """The shared runtime (lease keeper, decisions)."""
         return self._runtime
 
+    def stats(self) -> Stats:
+        """What this intake counted since it was created, and how things stand now: a frozen
+        :class:`~ptb_fence.Stats` snapshot (cheap: no store call), for your own metrics
+        system; :mod:`ptb_fence.metrics` exposes the same to Prometheus."""
+        return self._runtime.snapshot()
+
+    def healthy(self) -> Health:
+        """Whether this intake is healthy now, for a readiness endpoint: started, the store
+        answering, the lease keeper on time, a sweep recent, recording not failing. The
+        :class:`~ptb_fence.Health` value is true when healthy and names each problem
+        otherwise (no store call)."""
+        return self._runtime.health()
+
+    def _running_count(self) -> int:
+        return self._runs.count()
+
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
         """Start workers, the lease keeper and the periodic sweep; take every pending row.
@@ -194,6 +212,7 @@ class UpdateIntake:
         self._runtime.recovery.hold_liveness()
         self._runtime.chat_order.key_unkeyed()  # before the first claim (strict_chat_order)
         self._runtime.jobs.start(self._scheduled_sweep, taken_over=self._sweep_taken_over)
+        self._runtime.alarms.started()
         self._sweep(include_fresh=True)
 
     def close(self, timeout: Optional[float] = None) -> None:
@@ -231,6 +250,7 @@ class UpdateIntake:
                 return
             self._closed = True
             started = self._started
+        self._runtime.alarms.stopped()
         self._gate.close()  # a worker waiting to run alone gives its update back
         self._chats.drop_waiting()
         running: List[str] = []
@@ -307,6 +327,7 @@ class UpdateIntake:
             update_id, text, update = parse_update_body(body)
         except InvalidUpdate as exc:
             _LOGGER.info("invalid update refused: %s", exc)
+            self._runtime.stats.invalid()
             return "invalid"
         # threads that accept at the same time record in one commit (webhook servers)
         added = self._records.submit((update_id, text, chat_key(update))) is True
@@ -512,6 +533,7 @@ class UpdateIntake:
         run = self._runs.begin(key, update_id, attempt, alone)  # leaves the gate when it ends
         token = enter_attempt(attempt) if attempt.fenced else None
         error: Optional[BaseException] = None
+        started = time.perf_counter()
         try:
             if self._handle_attempt is not None:
                 self._handle_attempt(update, attempt)
@@ -523,6 +545,7 @@ class UpdateIntake:
         finally:
             if token is not None:
                 exit_attempt(token)
+            runtime.stats.handler_time(time.perf_counter() - started)
         if not self._runs.returned(run):
             return run  # timed out or released meanwhile: settled (or released) already
         exhaustion: Optional[Exhaustion] = None

@@ -116,6 +116,7 @@ class Ingest:
         """Record ``update`` (grouped with the updates put at the same time); :obj:`False`
         for a duplicate or an update without a Telegram ``update_id``."""
         if not valid_update_id(update):
+            self._runtime.stats.invalid()
             return False
         known = self._state.take_ingested(update.update_id)
         if known is not None:
@@ -139,6 +140,7 @@ class Ingest:
     def record_blocking(self, update: Update) -> bool:
         """As :meth:`record`, blocking the calling thread (``put_nowait``)."""
         if not valid_update_id(update):
+            self._runtime.stats.invalid()
             return False
         known = self._state.take_ingested(update.update_id)
         if known is not None:
@@ -167,6 +169,8 @@ class Ingest:
             if isinstance(raw, dict) and is_update_id(raw.get("update_id")):
                 items.append((raw["update_id"], raw_body(raw)))
                 raws.append(raw)
+            else:
+                self._runtime.stats.invalid()
         chats = [chat_key(raw) for raw in raws]  # the rule of update_chat_key, on the dict
         if not items:
             return

@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import inspect
 import logging
+import time
 import weakref
 from typing import Any, Awaitable, Callable, Optional
 
@@ -42,9 +43,11 @@ from ptb_fence.ptb._wiring import BuilderType, configure_builder, warn_non_block
 from ptb_fence.runtime._chats import update_chat_key
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._hop import StoreHop
+from ptb_fence.runtime._alarms import Health
 from ptb_fence.runtime._runtime import FrontEndHooks, Runtime
 from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._recovery import AttemptTimeout
+from ptb_fence.runtime._stats import Stats
 
 __all__ = ["BaseFenceProcessor", "DurableUpdateProcessor", "FencedUpdateProcessor"]
 
@@ -166,6 +169,19 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         """The shared runtime (options, lease keeper)."""
         return self._runtime
 
+    def stats(self) -> Stats:
+        """What this processor counted since it was created, and how things stand now: a
+        frozen :class:`~ptb_fence.Stats` snapshot (cheap: no store call), for your own
+        metrics system; :mod:`ptb_fence.metrics` exposes the same to Prometheus."""
+        return self._runtime.snapshot()
+
+    def healthy(self) -> Health:
+        """Whether this processor is healthy now, for a readiness endpoint: running, the store
+        answering, the lease keeper on time, a sweep recent, recording not failing. The
+        :class:`~ptb_fence.Health` value is true when healthy and names each problem
+        otherwise (no store call)."""
+        return self._runtime.health()
+
     @property
     def application(self) -> Any:
         """The attached :class:`telegram.ext.Application`; :obj:`None` before ``build()`` and
@@ -276,6 +292,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         await self._threads.call(self._runtime.chat_order.key_unkeyed)  # before the first claim
         self._sweeper.bind_loop(asyncio.get_running_loop())
         self._runtime.jobs.start(taken_over=self._sweeper.sweep_soon)
+        self._runtime.alarms.started()
         self._sweeper.start()
         state.started = True
 
@@ -318,6 +335,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             return
         state.started = False
         state.stopping = True
+        self._runtime.alarms.stopped()
         await self._sweeper.stop()
         await self._deliveries.cancel_all()  # unacknowledged: delivered at the next start
         unwrap_get_updates_request(self._get_application().bot, self._ingest)
@@ -411,11 +429,13 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                 try:
                     timeout = runtime.options.attempt_timeout_seconds
                     run = self._handlers.run(attempt, timeout)
+                    started = time.perf_counter()
                     with handling(handled, attempt if attempt.fenced else None):
                         # in a task of its own, which a timeout or a stop ends (bounded: see
                         # _handlers); a CancelledError its code raised is a failure
                         # (propagating it would kill PTB's update fetcher in sequential mode)
                         error = await run.handle(coroutine)
+                    runtime.stats.handler_time(time.perf_counter() - started)
                     if error is not None and handled.error is None:
                         handled.error = error
                     if run.released:

@@ -6,6 +6,8 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
+from ptb_fence.runtime._stats import RuntimeStats
+
 if TYPE_CHECKING:
     from apscheduler.schedulers.background import BackgroundScheduler
 
@@ -86,14 +88,28 @@ class LeaseKeeper:
     (:attr:`Attempt.holds_fence`), never reported lost until that transaction ends.
     """
 
-    __slots__ = ("_active", "_lock", "_options", "_renewing", "_report", "_store", "ticks")
+    __slots__ = (
+        "_active",
+        "_lock",
+        "_options",
+        "_renewing",
+        "_report",
+        "_stats",
+        "_store",
+        "ticks",
+    )
 
     def __init__(
-        self, store: "StorePort", options: "RuntimeOptions", report: ReportStoreError
+        self,
+        store: "StorePort",
+        options: "RuntimeOptions",
+        report: ReportStoreError,
+        stats: "Optional[RuntimeStats]" = None,
     ) -> None:
         self._store = store
         self._options = options
         self._report = report
+        self._stats = stats if stats is not None else RuntimeStats()
         self._lock = threading.Lock()
         self._active: Dict[Tuple[int, int], "Attempt"] = {}
         # held while a renewal call runs: a slow or hung store (e.g. a dead connection without a
@@ -148,6 +164,7 @@ class LeaseKeeper:
     def tick(self) -> None:
         """Renew every active lease once and fire ``owner_lost`` where it is gone."""
         self.ticks += 1
+        self._stats.renewal_tick()
         attempts = [a for a in self.active() if not a.finished]
         if not attempts:
             return
@@ -202,7 +219,9 @@ class LeaseKeeper:
     ) -> None:
         if batched is not None:
             try:
-                results = list(batched(keys(attempts), lease_until, now))
+                results = list(
+                    self._stats.timed("renew", batched, keys(attempts), lease_until, now)
+                )
             except Exception as exc:
                 self._report(exc, "renew")
                 self._name_lock_holders(len(attempts))
@@ -214,7 +233,7 @@ class LeaseKeeper:
             return
         for attempt in attempts:
             try:
-                ok = bool(single(attempt))
+                ok = bool(self._stats.timed("renew", single, attempt))
             except Exception as exc:
                 self._report(
                     exc,
@@ -251,6 +270,7 @@ class LeaseKeeper:
         # maybe by this attempt's own fenced transaction, which proves ownership); the deadline
         # and later ticks decide
         if attempt.renewed(ok, lease_until):
+            self._stats.renewal_refused()
             self._lost(attempt, "its renewal was refused")
 
     def _lost(self, attempt: "Attempt", why: str) -> None:

@@ -42,6 +42,57 @@ def _callable_or_none(name: str, value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class AlarmThresholds:
+    """When ptb_fence logs an alarm (a WARNING under the ``ptb_fence.alarms`` logger), given as
+    the ``alarms=`` option; ``alarms=None`` turns them off.
+
+    Each condition logs once, then again every ``interval_seconds`` while it holds, and once
+    (INFO) when it clears. All durations are seconds.
+
+    Args:
+        ingest_failing_seconds (:obj:`float`): Recording updates has failed (store errors) for
+            this long. The alarm says how long Telegram still keeps the oldest update not
+            recorded (24 h after its ``date``). Defaults to 60.
+        oldest_unsettled_seconds (:obj:`float`): The oldest update not settled yet (pending,
+            running or failed) was received this long ago. Defaults to 600 (10 minutes).
+        chat_held_seconds (:obj:`float`): Under ``strict_chat_order``: a chat's later updates
+            wait behind an update received this long ago (a failing update holds its chat).
+            Defaults to 300.
+        exhaustion_unacknowledged_seconds (:obj:`float`): An exhaustion has waited this long
+            for its acknowledgement. Defaults to 3600.
+        interval_seconds (:obj:`float`): The quiet time between two alarms of one condition.
+            Defaults to 300.
+    """
+
+    ingest_failing_seconds: float = 60.0
+    oldest_unsettled_seconds: float = 600.0
+    chat_held_seconds: float = 300.0
+    exhaustion_unacknowledged_seconds: float = 3600.0
+    interval_seconds: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "ingest_failing_seconds",
+            "oldest_unsettled_seconds",
+            "chat_held_seconds",
+            "exhaustion_unacknowledged_seconds",
+            "interval_seconds",
+        ):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not value >= 0
+                or value == float("inf")
+            ):
+                raise ValueError(
+                    f"AlarmThresholds.{name} must be a finite number of seconds >= 0, "
+                    f"got {value!r}"
+                )
+
+
+
 @dataclass(frozen=True, init=False)
 class RuntimeOptions:
     """The options of the runtime, validated on construction.
@@ -105,11 +156,17 @@ class RuntimeOptions:
             their chat's turn (never at ingest). A failing update delays its chat by its retry
             delay; other chats are not held up. Default :obj:`False` (order of first attempts
             within one process only).
+        alarms (:class:`~ptb_fence.AlarmThresholds` | :obj:`None`): When to log an alarm (a
+            WARNING under ``ptb_fence.alarms``, once per condition per interval): recording
+            failing, the oldest unsettled update too old, a chat held too long, exhaustions
+            unacknowledged too long. :obj:`None` turns the alarms off. Default
+            ``AlarmThresholds()``.
 
     Raises:
         ValueError: A numeric option is not positive (``ingest_claim_buffer``: negative), or a duration is neither a number nor a
             ``timedelta`` (the message names the option).
-        TypeError: A callback is not callable, or ``strict_chat_order`` is not a bool.
+        TypeError: A callback is not callable, ``strict_chat_order`` is not a bool, or
+            ``alarms`` is not an :class:`~ptb_fence.AlarmThresholds`.
     """
 
     max_attempts: int = 5
@@ -127,6 +184,7 @@ class RuntimeOptions:
     attempt_timeout_seconds: Optional[float] = None
     ingest_claim_buffer: int = 8
     strict_chat_order: bool = False
+    alarms: Optional[AlarmThresholds] = AlarmThresholds()
 
     # The constructor takes durations as ``float | int | timedelta``; the attributes are always
     # float seconds, so code reading them needs no conversion.
@@ -147,6 +205,7 @@ class RuntimeOptions:
         attempt_timeout_seconds: Optional[Duration] = None,
         ingest_claim_buffer: int = 8,
         strict_chat_order: bool = False,
+        alarms: Optional[AlarmThresholds] = AlarmThresholds(),
     ) -> None:
         values: "dict[str, Any]" = {
             "max_attempts": _positive_int("max_attempts", max_attempts),
@@ -172,7 +231,12 @@ class RuntimeOptions:
             ),
             "ingest_claim_buffer": _non_negative_int("ingest_claim_buffer", ingest_claim_buffer),
             "strict_chat_order": _bool("strict_chat_order", strict_chat_order),
+            "alarms": alarms,
         }
+        if alarms is not None and not isinstance(alarms, AlarmThresholds):
+            raise TypeError(
+                f"alarms must be an AlarmThresholds (or None to turn them off), got {alarms!r}"
+            )
         if not callable(clock):
             raise TypeError(f"clock must be callable, got {clock!r}")
         for name, value in values.items():

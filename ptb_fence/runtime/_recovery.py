@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ptb_fence.runtime._lease_keeper import LeaseKeeper, ReportStoreError
     from ptb_fence.runtime._options import RuntimeOptions
     from ptb_fence.runtime._port import StorePort
+    from ptb_fence.runtime._stats import RuntimeStats
 
 __all__ = ["STOP_MARGIN_SECONDS", "AttemptTimeout", "Recovery", "clock_text"]
 
@@ -75,9 +76,10 @@ class Recovery:
         options: The runtime's options (its clock).
         keeper: The lease keeper; an attempt given back is no longer renewed.
         report: How a store error is reported (the runtime's ``report_store_error``).
+        stats: Where released attempts and store call durations are counted.
     """
 
-    __slots__ = ("_keeper", "_options", "_port", "_report")
+    __slots__ = ("_keeper", "_options", "_port", "_report", "_stats")
 
     def __init__(
         self,
@@ -85,11 +87,13 @@ class Recovery:
         options: "RuntimeOptions",
         keeper: "LeaseKeeper",
         report: "ReportStoreError",
+        stats: "RuntimeStats",
     ) -> None:
         self._port = port
         self._options = options
         self._keeper = keeper
         self._report = report
+        self._stats = stats
 
     def release(self, attempts: Sequence[Attempt]) -> int:
         """Give ``attempts`` back to the store at once, in one ``release_many`` call.
@@ -110,8 +114,11 @@ class Recovery:
         if not fenced:
             return 0
         try:
-            released = self._port.release_many(
-                [attempt.identity for attempt in fenced], self._options.now_ms()
+            released = self._stats.timed(
+                "release",
+                self._port.release_many,
+                [attempt.identity for attempt in fenced],
+                self._options.now_ms(),
             )
         except Exception as exc:
             self._report(exc, "settle")
@@ -129,6 +136,7 @@ class Recovery:
                     extra=ids(attempt),
                 )
         if count:
+            self._stats.attempt_ended("released", count)
             _LOGGER.info("released %d claimed update(s): claimable at once elsewhere", count)
         return count
 
@@ -160,8 +168,11 @@ class Recovery:
                 if attempt.in_fenced_transaction:
                     attempt.interrupt_transactions()
             try:
-                results = self._port.release_many(
-                    [attempt.identity for attempt in pending], self._options.now_ms()
+                results = self._stats.timed(
+                    "release",
+                    self._port.release_many,
+                    [attempt.identity for attempt in pending],
+                    self._options.now_ms(),
                 )
             except Exception as exc:
                 failure = exc
@@ -186,6 +197,7 @@ class Recovery:
                 break
             time.sleep(0.05)
         if released:
+            self._stats.attempt_ended("released", released)
             _LOGGER.info("released %d claimed update(s): claimable at once elsewhere", released)
         if failure is not None:
             self._report(failure, "settle")
@@ -213,7 +225,7 @@ class Recovery:
         its claims are then taken over only after their lease.
         """
         try:
-            return self._port.hold_liveness()
+            return self._stats.timed("liveness", self._port.hold_liveness)
         except Exception as exc:
             self._report(exc, "sweep")
             return None
@@ -221,7 +233,7 @@ class Recovery:
     def release_liveness(self) -> None:
         """Stop holding this process's liveness signal (reported, never raised)."""
         try:
-            self._port.release_liveness()
+            self._stats.timed("liveness", self._port.release_liveness)
         except Exception as exc:
             self._report(exc, "sweep")
 
@@ -229,7 +241,7 @@ class Recovery:
         """Make the claims of provably dead instances claimable now (reported, never
         raised); returns how many."""
         try:
-            count = self._port.take_over_dead(self._options.now_ms())
+            count = self._stats.timed("liveness", self._port.take_over_dead, self._options.now_ms())
         except Exception as exc:
             self._report(exc, "sweep")
             return 0

@@ -36,6 +36,8 @@ from ptb_fence.runtime._outcome import Outcome, error_text, exhaustion_ids, ids
 from ptb_fence.runtime._port import Recorded, Row, StorePort
 from ptb_fence.runtime._recovery import AttemptTimeout, Recovery
 from ptb_fence.runtime._retry import default_retry
+from ptb_fence.runtime._alarms import Alarms, Health, oldest_date
+from ptb_fence.runtime._stats import RuntimeStats, Stats
 from ptb_fence.runtime._store_chat_order import StoreChatOrder
 from ptb_fence.runtime._sweep import SWEEP_PAGE, SweepPage
 
@@ -46,6 +48,10 @@ _INGEST_LOGGER = logging.getLogger("ptb_fence.ingest")
 
 EXHAUSTION_PAGE = 100
 """Exhaustions delivered per sweep page."""
+
+FIGURES_EVERY_SECONDS = 10.0
+"""The sweep reads the store's figures (unsettled updates, the oldest one's age, exhaustions
+waiting) at most this often: a count on the store, never per metrics scrape."""
 
 _MAX_RETRY_DELAY_SECONDS = 366 * 86400.0
 """Retry delays from a custom policy are clamped to this (a year; keeps store times finite)."""
@@ -127,11 +133,13 @@ class Runtime:
         "chat_order",
         "delivers_exhaustions",
         "_hooks",
+        "alarms",
         "jobs",
         "keeper",
         "options",
         "port",
         "recovery",
+        "stats",
         "store",
     )
 
@@ -157,14 +165,18 @@ class Runtime:
         self.options = options
         self.attempt_aware = attempt_aware
         self.delivers_exhaustions = handle_exhaustion
-        self.keeper = LeaseKeeper(self.port, options, self.report_store_error)
+        self.stats = RuntimeStats()
+        self.keeper = LeaseKeeper(self.port, options, self.report_store_error, self.stats)
         self._cursor: Optional[int] = None
         self._ingest_lock = threading.Lock()
         # redeliveries dropped at ingest so far (numbers them: only the first few log at INFO)
         self._redeliveries = itertools.count()
         self._hooks = hooks
-        self.recovery = Recovery(self.port, options, self.keeper, self.report_store_error)
+        self.recovery = Recovery(
+            self.port, options, self.keeper, self.report_store_error, self.stats
+        )
         self.chat_order = StoreChatOrder(self.port, options, self.report_store_error)
+        self.alarms = Alarms(self.stats, options)
         self.jobs = BackgroundJobs(
             self.keeper,
             options,
@@ -213,6 +225,7 @@ class Runtime:
         fields: "dict[str, Any]" = {"update_id": None, "attempt": None, "claim_id": None}
         fields.update(ids or {})
         fields["step"] = step
+        self.stats.store_error(step)
         _LOGGER.error(
             "store error during %s%s: %s",
             step,
@@ -247,14 +260,14 @@ class Runtime:
             if options.strict_chat_order or self.uses_claim_ids:
                 port = self.port  # strict_chat_order: only when it is its chat's turn
                 claim = port.claim_in_chat_order if options.strict_chat_order else port.claim_owned
-                identity = claim(update_id, terms)
+                identity = self.stats.timed("claim", claim, update_id, terms)
                 if identity is None:
                     return None
                 claim_id = identity.claim_id if self.uses_claim_ids else None
                 attempt = Attempt(self, update_id, identity.attempt, claim_id, lease_until, body)
                 self._note_suspect(attempt, identity)
             else:
-                number = self.port.claim(update_id, terms)
+                number = self.stats.timed("claim", self.port.claim, update_id, terms)
                 if number is None:
                     return None
                 attempt = Attempt(self, update_id, number, None, lease_until, body)
@@ -268,6 +281,7 @@ class Runtime:
             attempt.claim_id or "-",
             extra=ids(attempt),
         )
+        self.stats.attempt_started()
         self.keeper.register(attempt)
         return attempt
 
@@ -298,6 +312,7 @@ class Runtime:
             " at ingest" if at_ingest else "",
             extra=ids(attempt),
         )
+        self.stats.attempt_started()
         self.keeper.register(attempt)
         return attempt
 
@@ -326,7 +341,9 @@ class Runtime:
         if identity is None:
             return True
         try:
-            landed = self.port.mark_isolated(identity, self.options.now_ms())
+            landed = self.stats.timed(
+                "claim", self.port.mark_isolated, identity, self.options.now_ms()
+            )
         except Exception as exc:
             self.report_store_error(exc, "claim", ids=ids(attempt))
             return False
@@ -342,9 +359,10 @@ class Runtime:
 
     def _store_settle(self, attempt: Attempt, settlement: Settlement) -> bool:
         """Settle; True when it landed (unary settles are assumed to land)."""
+        timed = self.stats.timed
         if attempt.fenced:
-            return bool(self.port.settle_owned(attempt.identity, settlement))
-        self.port.settle(attempt.update_id, attempt.attempt, settlement)
+            return bool(timed("settle", self.port.settle_owned, attempt.identity, settlement))
+        timed("settle", self.port.settle, attempt.update_id, attempt.attempt, settlement)
         return True
 
     def settle(
@@ -355,6 +373,23 @@ class Runtime:
         Returns the outcome and the :class:`~ptb_fence.Exhaustion` to deliver, if any. The
         caller then calls :meth:`end`.
         """
+        outcome, exhaustion = self._settle(attempt, error)
+        self._count_ended([outcome], error)
+        return outcome, exhaustion
+
+    def _count_ended(
+        self, outcomes: Sequence[Outcome], error: Optional[BaseException] = None
+    ) -> None:
+        for outcome in outcomes:
+            if outcome == Outcome.RETRYING:
+                label = "timed_out" if isinstance(error, AttemptTimeout) else "failed"
+            else:
+                label = outcome.value
+            self.stats.attempt_ended(label)
+
+    def _settle(
+        self, attempt: Attempt, error: Optional[BaseException]
+    ) -> "tuple[Outcome, Optional[Exhaustion]]":
         # a renewal refused from now on may just be this settle landing first: the settle's
         # own result decides whether the owner was lost (renewals continue meanwhile)
         attempt.begin_settling()
@@ -438,7 +473,11 @@ class Runtime:
         try:
             if delay is None:
                 if self.delivers_exhaustions:
-                    landed = bool(self.port.exhaust(attempt.identity, at=now, error=text))
+                    landed = bool(
+                        self.stats.timed(
+                            "settle", self.port.exhaust, attempt.identity, at=now, error=text
+                        )
+                    )
                     if landed:
                         attempt.record_exhaustion(text, now)
                         exhaustion = self._exhaustion_of(attempt, at=now)
@@ -530,7 +569,11 @@ class Runtime:
         now = self.options.now_ms()
         try:
             if self.delivers_exhaustions:
-                landed = bool(self.port.exhaust(attempt.identity, at=now, error=reason))
+                landed = bool(
+                    self.stats.timed(
+                        "settle", self.port.exhaust, attempt.identity, at=now, error=reason
+                    )
+                )
             else:
                 landed = self._store_settle(attempt, Abandoned(now, reason))
         except Exception as exc:  # reported, and the handler learns that it did not land
@@ -571,7 +614,12 @@ class Runtime:
         """Acknowledge a delivered exhaustion with its exact identity."""
         try:
             ok = bool(
-                self.port.acknowledge_exhaustion(exhaustion.identity, self.options.now_ms())
+                self.stats.timed(
+                    "exhaustions",
+                    self.port.acknowledge_exhaustion,
+                    exhaustion.identity,
+                    self.options.now_ms(),
+                )
             )
         except Exception as exc:
             self.report_store_error(exc, "sweep", ids=exhaustion_ids(exhaustion))
@@ -612,17 +660,29 @@ class Runtime:
         """
         if self.options.strict_chat_order:
             return self.record_many([(update_id, body)], chats=[chat])[0] is True
-        added = self.port.add(update_id, body, self.options.now_ms())
-        if not added:
-            self._dropped_redelivery(update_id)
+        try:
+            added = self.stats.timed("record", self.port.add, update_id, body, self.options.now_ms())
+        except Exception:
+            self._ingest_failed([(update_id, body)])
+            raise
+        self._note_redeliveries([(update_id, body)], [added])
         return added
 
     def _note_redeliveries(
         self, items: Sequence[Tuple[int, str]], records: Sequence[Record]
     ) -> None:
+        duplicates = 0
         for (update_id, _), record in zip(items, records):
             if record is False:
+                duplicates += 1
                 self._dropped_redelivery(update_id)
+        self.stats.recorded(len(records) - duplicates, duplicates)
+
+    def _ingest_failed(self, items: Sequence[Tuple[int, str]]) -> None:
+        """Count a recording that failed (its updates were not recorded) and remember the
+        oldest Telegram ``date`` among them: Telegram keeps an unconfirmed update for 24 h."""
+        self.stats.ingest_failed(oldest_date(body for _, body in items))
+        self.alarms.check()
 
     def _dropped_redelivery(self, update_id: int) -> None:
         """Say that ``update_id`` was not recorded because its id is already recorded.
@@ -686,7 +746,11 @@ class Runtime:
         claimed by the first commit are then released). ``chats``: per item its chat key,
         stored under ``strict_chat_order`` (which never claims at ingest).
         """
-        records = self._record_many(items, claim=claim, chats=chats)
+        try:
+            records = self._record_many(items, claim=claim, chats=chats)
+        except Exception:
+            self._ingest_failed(items)
+            raise
         self._note_redeliveries(items, records)
         return records
 
@@ -701,24 +765,26 @@ class Runtime:
         if self.options.strict_chat_order:
             keys = list(chats) if chats is not None else [None] * len(items)
             return list(
-                self.port.add_many_in_chats(
+                self.stats.timed(
+                    "record",
+                    self.port.add_many_in_chats,
                     [(u, body, now, stored_chat_key(key)) for (u, body), key in zip(items, keys)]
                 )
             )
         rows = self._rows(items, now)
         if not self._claims_at_ingest(claim):
-            return list(self.port.add_many(rows))
+            return list(self.stats.timed("record", self.port.add_many, rows))
         with self._ingest_lock:  # the budget is counted and spent by one recorder at a time
             budget = self._claim_budget()
             if budget == 0:
-                return list(self.port.add_many(rows))
+                return list(self.stats.timed("record", self.port.add_many, rows))
             terms = self.claim_terms(now)
-            recorded = self.port.record_claimed(rows[:budget], terms)
+            recorded = self.stats.timed("record", self.port.record_claimed, rows[:budget], terms)
             claimed = self._adopt_all(recorded, items[:budget], terms.lease_until)
         if len(rows) <= budget:
             return claimed
         try:
-            rest = list(self.port.add_many(rows[budget:]))
+            rest = list(self.stats.timed("record", self.port.add_many, rows[budget:]))
         except BaseException:
             self.recovery.release([value for value in claimed if not isinstance(value, bool)])
             raise
@@ -761,7 +827,7 @@ class Runtime:
         terms = self.claim_terms()
         lease_until = terms.lease_until
         try:
-            identities = self.port.claim_owned_many(update_ids, terms)
+            identities = self.stats.timed("claim", self.port.claim_owned_many, update_ids, terms)
         except Exception as exc:
             for update_id in update_ids:  # as if each had been claimed on its own
                 self.report_store_error(exc, "claim", ids={"update_id": update_id})
@@ -791,14 +857,21 @@ class Runtime:
         Per attempt its outcome: ``COMPLETED``, or ``LOST`` when the settle did not land
         (``owner_lost`` fired) or the store failed (reported as step ``"settle"``).
         """
+        outcomes = self._complete_many(attempts)
+        self._count_ended(outcomes)
+        return outcomes
+
+    def _complete_many(self, attempts: Sequence["Attempt"]) -> "List[Outcome]":
         if not attempts:
             return []
         at = self.options.now_ms()
         fenced = all(attempt.fenced for attempt in attempts)
         try:
             if fenced:
-                landed = self.port.settle_owned_many(
-                    [(attempt.identity, Completed(at)) for attempt in attempts]
+                landed = self.stats.timed(
+                    "settle",
+                    self.port.settle_owned_many,
+                    [(attempt.identity, Completed(at)) for attempt in attempts],
                 )
             else:
                 landed = [self._store_settle(attempt, Completed(at)) for attempt in attempts]
@@ -837,16 +910,23 @@ class Runtime:
         terms = self.claim_terms()
         now = terms.now
         try:
-            recorded, landed = self.port.record_claimed_and_settle(
+            recorded, landed = self.stats.timed(
+                "record",
+                self.port.record_claimed_and_settle,
                 self._rows(items, now),
                 [(attempt.identity, Completed(now)) for attempt in attempts],
                 terms,
             )
         except Exception as exc:
-            return exc, [self.completion_failed(attempt, exc) for attempt in attempts]
+            self._ingest_failed(items)
+            failed = [self.completion_failed(attempt, exc) for attempt in attempts]
+            self._count_ended(failed)
+            return exc, failed
         records = self._adopt_all(recorded, items, terms.lease_until)
         self._note_redeliveries(items, records)
-        return records, [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
+        outcomes = [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
+        self._count_ended(outcomes)
+        return records, outcomes
 
     # -- sweep pieces -----------------------------------------------------------------------
     def due_page(self, *, limit: int, include_fresh: bool = False) -> List[StoredUpdate]:
@@ -860,9 +940,19 @@ class Runtime:
         grace = 0 if include_fresh else int(self.options.pending_grace_seconds * 1000)
         if self.options.strict_chat_order:  # only updates whose chat's turn it is
             return list(
-                self.port.due_in_chat_order(now=now, pending_before=now - grace, limit=limit)
+                self.stats.timed(
+                    "sweep",
+                    self.port.due_in_chat_order,
+                    now=now,
+                    pending_before=now - grace,
+                    limit=limit,
+                )
             )
-        return list(self.port.due(now=now, pending_before=now - grace, limit=limit))
+        return list(
+            self.stats.timed(
+                "sweep", self.port.due, now=now, pending_before=now - grace, limit=limit
+            )
+        )
 
     def sweep_page(self, *, include_fresh: bool) -> SweepPage:
         """The due updates one sweep hands over (:data:`~ptb_fence.runtime._sweep.SWEEP_PAGE`
@@ -873,23 +963,60 @@ class Runtime:
         except Exception as exc:
             self.report_store_error(exc, "sweep")
             rows = []
+        else:
+            self.stats.swept()
         return SweepPage(rows, len(rows) >= SWEEP_PAGE)
 
     def sweep_done(self, handed: int) -> None:
-        """The end of a sweep that handed ``handed`` updates over: prune (a store error is
-        reported, step ``"sweep"``) and log what was handed over (INFO)."""
+        """The end of a sweep that handed ``handed`` updates over: prune, read the store's
+        figures for the operators (at most every :data:`FIGURES_EVERY_SECONDS`), raise the
+        alarms that are due (a store error is reported, step ``"sweep"``) and log what was
+        handed over (INFO)."""
         try:
             self.prune()
         except Exception as exc:
             self.report_store_error(exc, "sweep")
+        self._read_figures()
+        self.alarms.check()
         if handed:
             _LOGGER.info("sweep handed %d update(s) over to the handlers", handed)
+
+    def _read_figures(self) -> None:
+        if not self.port.has_figures:
+            return
+        read_at = self.stats.figures_read_at
+        if read_at is not None and time.time() - read_at < FIGURES_EVERY_SECONDS:
+            return
+        try:
+            figures = self.stats.timed("figures", self.port.figures)
+        except Exception as exc:
+            self.report_store_error(exc, "sweep")
+            return
+        if figures is not None:
+            self.stats.figures(figures)
+
+    # -- what operators see -----------------------------------------------------------------
+    def snapshot(self) -> Stats:
+        """What this runtime counted, and how things stand now (see :class:`Stats`)."""
+        return self.stats.snapshot(
+            running=self._hooks.running_count(),
+            claims_held=len(self.keeper.active()),
+            now_ms=self.options.now_ms(),
+        )
+
+    def health(self) -> Health:
+        """Whether this process is healthy now, for a readiness probe (see :class:`Health`)."""
+        return self.alarms.health(running=self.jobs.running)
 
     def exhaustion_page(self, limit: int = EXHAUSTION_PAGE) -> List[Exhaustion]:
         """The next page of at most ``limit`` due exhaustions, with a rotating cursor."""
         if not self.delivers_exhaustions:
             return []
-        page = list(self.port.due_exhaustions(limit=limit, after_update_id=self._cursor))
+        page = list(
+            self.stats.timed(
+                "exhaustions", self.port.due_exhaustions, limit=limit, after_update_id=self._cursor
+            )
+        )
         if len(page) < limit:
             self._cursor = None
         else:
@@ -899,4 +1026,4 @@ class Runtime:
     def prune(self) -> int:
         """Delete rows settled more than ``retain_seconds`` ago."""
         before = self.options.now_ms() - int(self.options.retain_seconds * 1000)
-        return int(self.port.prune(before))
+        return int(self.stats.timed("prune", self.port.prune, before))

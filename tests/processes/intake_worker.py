@@ -49,6 +49,8 @@ from worker_support import (  # noqa: E402
     announce_ready,
     crash_if,
     extra_options,
+    fail_if,
+    serve_metrics,
     fork_child,
     make_store,
     touch,
@@ -109,8 +111,7 @@ def main(args: argparse.Namespace) -> None:
                 time.sleep(3600)
         if args.slow and text == args.slow:
             time.sleep(args.slow_seconds)
-        if args.fail_once and text == args.fail_once and attempt.attempt == 1:
-            raise RuntimeError("failing the first attempt (--fail-once)")
+        fail_if(args, text, attempt.attempt)
         with attempt.transaction(complete=True) as conn:
             conn.cursor().execute(insert, (update_id, attempt.attempt, attempt.claim_id, pid))
             if args.txn and text == args.txn:
@@ -127,6 +128,7 @@ def main(args: argparse.Namespace) -> None:
         retry=lambda error, attempt: args.retry,
         **extra_options(args),
     )
+    serve_metrics(args, intake)
     stopping = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:

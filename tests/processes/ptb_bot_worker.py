@@ -56,6 +56,8 @@ from worker_support import (  # noqa: E402
     announce_ready,
     crash_if,
     extra_options,
+    fail_if,
+    serve_metrics,
     fork_child,
     make_store,
     touch,
@@ -106,8 +108,7 @@ async def main(args: argparse.Namespace) -> Any:
                     touch(os.path.join(args.dir, f"cancelled.{update.update_id}"))
         if args.slow and update.message.text == args.slow:
             await asyncio.sleep(args.slow_seconds)
-        if args.fail_once and update.message.text == args.fail_once and attempt.attempt == 1:
-            raise RuntimeError("failing the first attempt (--fail-once)")
+        fail_if(args, update.message.text, attempt.attempt)
 
         def write(conn: Any) -> None:
             cur = conn.cursor()
@@ -132,6 +133,7 @@ async def main(args: argparse.Namespace) -> Any:
         retry=lambda error, attempt: args.retry,
         **extra_options(args),
     )
+    serve_metrics(args, processor)
     app = processor.install(
         Application.builder().token(args.token).base_url(args.base_url)
     ).build()

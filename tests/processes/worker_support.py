@@ -32,6 +32,18 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slow", default="", help="text of messages whose handler is slow")
     parser.add_argument("--slow-seconds", type=float, default=3.0)
     parser.add_argument("--fail-once", default="", help="text of messages whose first attempt fails")
+    parser.add_argument("--fail-always", default="", help="text of messages whose every attempt fails")
+    parser.add_argument(
+        "--exhaustions",
+        action="store_true",
+        help="pass handle_exhaustion (it logs each one): a final failure becomes an exhaustion",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="expose ptb_fence.metrics on 127.0.0.1:PORT (prometheus_client.start_http_server)",
+    )
     parser.add_argument("--txn", default="", help="text of messages whose fenced transaction is slow")
     parser.add_argument("--txn-seconds", type=float, default=3.0,
                         help="how long the --txn messages' fenced transaction stays open")
@@ -48,6 +60,27 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--crash", default="", help="text of messages whose handler SIGKILLs its own process"
     )
+
+
+def fail_if(args: argparse.Namespace, text: object, attempt: int) -> None:
+    """``--fail-once``/``--fail-always``: make this attempt's handler fail."""
+    if args.fail_once and text == args.fail_once and attempt == 1:
+        raise RuntimeError("failing the first attempt (--fail-once)")
+    if args.fail_always and text == args.fail_always:
+        raise RuntimeError("failing every attempt (--fail-always)")
+
+
+def serve_metrics(args: argparse.Namespace, source: Any) -> None:
+    """``--metrics-port``: register ``source``'s metrics and serve them on 127.0.0.1."""
+    if not args.metrics_port:
+        return
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from ptb_fence.metrics import register
+
+    registry = CollectorRegistry()
+    register(source, registry)
+    start_http_server(args.metrics_port, addr="127.0.0.1", registry=registry)
 
 
 def make_store(url: str, table: str) -> Any:
@@ -85,6 +118,13 @@ def extra_options(args: argparse.Namespace) -> Dict[str, Any]:
         options["max_attempts"] = args.max_attempts
     if args.strict_chat_order:
         options["strict_chat_order"] = True
+    if args.exhaustions:
+        import logging
+
+        def handle_exhaustion(exhaustion: Any) -> None:
+            logging.getLogger("worker").info("exhaustion of update %s", exhaustion.update_id)
+
+        options["handle_exhaustion"] = handle_exhaustion
     return options
 
 

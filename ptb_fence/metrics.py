@@ -1,0 +1,249 @@
+"""Prometheus metrics of a processor or an :class:`~ptb_fence.UpdateIntake` (the ``[metrics]``
+extra: ``pip install 'ptb_fence[metrics]'``).
+
+One call registers them; expose the registry as you already do (one line)::
+
+    from prometheus_client import start_http_server
+    from ptb_fence.metrics import register
+
+    register(processor)            # or an UpdateIntake
+    start_http_server(9100)        # or mount prometheus_client's WSGI/ASGI app in your server
+
+The figures are read from ``stats()`` at scrape time (counters kept by the runtime, no store
+call); what only the store knows (unsettled updates, the oldest one's age, exhaustions waiting)
+is what the sweep last read. ``prometheus_client`` is imported by :func:`register`, never by
+``import ptb_fence``.
+
+.. list-table::
+   :header-rows: 1
+
+   * - Name
+     - Type
+     - Labels
+     - Meaning
+   * - ``ptb_fence_updates_recorded_total``
+     - counter
+     - 
+     - Updates recorded by this process
+   * - ``ptb_fence_updates_duplicate_total``
+     - counter
+     - 
+     - Redeliveries not recorded again
+   * - ``ptb_fence_updates_invalid_total``
+     - counter
+     - 
+     - Bodies refused as not a Telegram update
+   * - ``ptb_fence_ingest_errors_total``
+     - counter
+     - 
+     - Recordings that failed (those updates were not acknowledged)
+   * - ``ptb_fence_attempts_started_total``
+     - counter
+     - 
+     - Attempts claimed by this process
+   * - ``ptb_fence_attempts_ended_total``
+     - counter
+     - ``outcome``
+     - Ended attempts: completed, failed, timed_out, exhausted, abandoned, lost, released
+   * - ``ptb_fence_attempts_running``
+     - gauge
+     - 
+     - Handlers running now
+   * - ``ptb_fence_claims_held``
+     - gauge
+     - 
+     - Claims held and renewed now
+   * - ``ptb_fence_lease_renewal_failures_total``
+     - counter
+     - 
+     - Renewals that failed or were refused
+   * - ``ptb_fence_store_errors_total``
+     - counter
+     - ``step``
+     - Store errors: ingest, claim, renew, settle, sweep
+   * - ``ptb_fence_handler_duration_seconds``
+     - histogram
+     - 
+     - Handler durations
+   * - ``ptb_fence_store_call_duration_seconds``
+     - histogram
+     - ``operation``
+     - Store calls: record, claim, renew, settle, sweep, exhaustions, prune, release, liveness, figures
+   * - ``ptb_fence_unsettled_updates``
+     - gauge
+     - 
+     - Updates pending, running or failed in the store
+   * - ``ptb_fence_oldest_unsettled_update_age_seconds``
+     - gauge
+     - 
+     - Age of the oldest of them
+   * - ``ptb_fence_exhaustions_waiting``
+     - gauge
+     - 
+     - Unacknowledged exhaustions in the store
+
+The last three are present once the sweep has read the store (a store with the ``figures``
+capability: the shipped ones).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Union
+
+from ptb_fence.runtime._stats import HistogramSnapshot, Stats
+
+__all__ = ["StatsCollector", "register"]
+
+StatsSource = Union[Callable[[], Stats], Any]
+"""A processor or an :class:`~ptb_fence.UpdateIntake` (anything with ``stats()``), or a
+callable returning :class:`~ptb_fence.Stats`."""
+
+_EXTRA = "ptb_fence.metrics needs prometheus_client: pip install 'ptb_fence[metrics]'"
+
+
+def _import_core() -> Any:
+    try:
+        import prometheus_client.core as core
+    except ImportError as exc:  # pragma: no cover - the extra is installed in the tests
+        raise ImportError(_EXTRA) from exc
+    return core
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+class StatsCollector:
+    """A ``prometheus_client`` collector of one source's :class:`~ptb_fence.Stats` (made by
+    :func:`register`; unregister it with ``registry.unregister(collector)``).
+
+    Args:
+        source: A processor or an :class:`~ptb_fence.UpdateIntake`, or a callable returning
+            :class:`~ptb_fence.Stats`.
+        labels: Constant labels on every metric (e.g. ``{"bot": "shop"}``: several bots in one
+            registry).
+    """
+
+    __slots__ = ("_core", "_labels", "_read")
+
+    def __init__(self, source: StatsSource, labels: Optional[Mapping[str, str]] = None) -> None:
+        stats = getattr(source, "stats", None)
+        read: Callable[[], Stats]
+        if callable(stats):
+            read = stats
+        elif callable(source):
+            read = source
+        else:
+            raise TypeError(
+                "register() needs a processor, an UpdateIntake (anything with stats()) or a "
+                f"callable returning ptb_fence.Stats, got {source!r}"
+            )
+        self._read = read
+        self._labels = dict(labels or {})
+        self._core = _import_core()
+
+    def describe(self) -> List[Any]:
+        """The metric families as of now (``prometheus_client`` reads their names at
+        registration, so a second registration of the same names is refused)."""
+        return list(self.collect())
+
+    def collect(self) -> Iterator[Any]:
+        """The metric families of one scrape (``prometheus_client`` calls this)."""
+        stats = self._read()
+        core = self._core
+        names = sorted(self._labels)
+        values = [self._labels[name] for name in names]
+
+        def counter(name: str, doc: str, value: float) -> Any:
+            family = core.CounterMetricFamily(f"ptb_fence_{name}", doc, labels=names)
+            family.add_metric(values, value)
+            return family
+
+        def gauge(name: str, doc: str, value: float) -> Any:
+            family = core.GaugeMetricFamily(f"ptb_fence_{name}", doc, labels=names)
+            family.add_metric(values, value)
+            return family
+
+        def by(kind: Any, name: str, doc: str, label: str, pairs: Mapping[str, float]) -> Any:
+            family = kind(f"ptb_fence_{name}", doc, labels=names + [label])
+            for key, value in sorted(pairs.items()):
+                family.add_metric(values + [key], value)
+            return family
+
+        def histogram(
+            name: str, doc: str, label: Optional[str], series: Mapping[str, HistogramSnapshot]
+        ) -> Any:
+            family = core.HistogramMetricFamily(
+                f"ptb_fence_{name}", doc, labels=names + ([label] if label else [])
+            )
+            for key, snap in sorted(series.items()):
+                family.add_metric(
+                    values + ([key] if label else []),
+                    [(_le(bound), count) for bound, count in snap.buckets],
+                    snap.sum,
+                )
+            return family
+
+        yield counter("updates_recorded", "Updates recorded by this process.",
+                      stats.updates_recorded)
+        yield counter("updates_duplicate", "Redeliveries not recorded again (id known).",
+                      stats.updates_duplicate)
+        yield counter("updates_invalid", "Bodies refused as not a Telegram update.",
+                      stats.updates_invalid)
+        yield counter("ingest_errors", "Recordings that failed with a store error.",
+                      stats.ingest_errors)
+        yield counter("attempts_started", "Attempts claimed by this process.",
+                      stats.attempts_started)
+        yield by(core.CounterMetricFamily, "attempts_ended", "Ended attempts by outcome.",
+                 "outcome", stats.attempts_ended)
+        yield gauge("attempts_running", "Handlers running now.", stats.attempts_running)
+        yield gauge("claims_held", "Claims held and renewed by this process now.",
+                    stats.claims_held)
+        yield counter("lease_renewal_failures", "Lease renewals that failed or were refused.",
+                      stats.lease_renewal_failures)
+        yield by(core.CounterMetricFamily, "store_errors", "Store errors by step.", "step",
+                 stats.store_errors)
+        yield histogram("handler_duration_seconds", "Handler durations.", None,
+                        {"": stats.handler_seconds})
+        yield histogram("store_call_duration_seconds", "Store call durations by operation.",
+                        "operation", stats.store_seconds)
+        if stats.unsettled is not None:
+            yield gauge("unsettled_updates", "Updates pending, running or failed in the store.",
+                        stats.unsettled)
+        if stats.oldest_unsettled_age_seconds is not None:
+            yield gauge("oldest_unsettled_update_age_seconds",
+                        "Age of the oldest unsettled update in the store.",
+                        stats.oldest_unsettled_age_seconds)
+        if stats.exhaustions_waiting is not None:
+            yield gauge("exhaustions_waiting", "Unacknowledged exhaustions in the store.",
+                        stats.exhaustions_waiting)
+
+
+def register(
+    source: StatsSource,
+    registry: Any = None,
+    *,
+    labels: Optional[Mapping[str, str]] = None,
+) -> StatsCollector:
+    """Register the metrics of ``source`` on ``registry`` and return the collector.
+
+    Args:
+        source: A processor (``FencedUpdateProcessor``, ``DurableUpdateProcessor``) or an
+            :class:`~ptb_fence.UpdateIntake`, or a callable returning
+            :class:`~ptb_fence.Stats`.
+        registry: A ``prometheus_client.CollectorRegistry`` (default: the global
+            ``prometheus_client.REGISTRY``).
+        labels: Constant labels on every metric, to tell several bots apart in one registry
+            (registering two sources with the same labels is refused by ``prometheus_client``).
+
+    Raises:
+        ImportError: ``prometheus_client`` is not installed (install ``ptb_fence[metrics]``).
+        TypeError: ``source`` has no ``stats()`` and is not callable.
+    """
+    collector = StatsCollector(source, labels)
+    if registry is None:
+        from prometheus_client import REGISTRY
+
+        registry = REGISTRY
+    registry.register(collector)
+    return collector

@@ -1,0 +1,374 @@
+"""RuntimeStats: what one runtime counts for operators, and the frozen snapshot it gives.
+
+The front ends and the runtime report events here (an update recorded, an attempt started or
+ended, a handler's duration, a store call's duration, a failed renewal); ``stats()`` of a
+processor or an :class:`~ptb_fence.UpdateIntake` returns a :class:`Stats` snapshot, and
+:mod:`ptb_fence.metrics` turns the same snapshot into Prometheus metrics at scrape time. What
+only the store knows (how many updates are unsettled, the oldest one's age, exhaustions waiting)
+is read by the sweep (:class:`~ptb_fence.StoreFigures`), never per scrape.
+
+Counting costs a lock and a few additions per event: cheap next to the store call each event
+stands for.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+import types
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
+
+from ptb_fence._values import StoreFigures
+
+__all__ = [
+    "ATTEMPT_OUTCOMES",
+    "HANDLER_BUCKETS",
+    "HistogramSnapshot",
+    "RuntimeStats",
+    "STORE_BUCKETS",
+    "STORE_OPERATIONS",
+    "Stats",
+]
+
+ATTEMPT_OUTCOMES = (
+    "completed",
+    "failed",
+    "timed_out",
+    "exhausted",
+    "abandoned",
+    "lost",
+    "released",
+)
+"""How an attempt ended (each ended attempt counts once, under one of these):
+``completed``; ``failed`` (a retry is scheduled); ``timed_out`` (ran past
+``attempt_timeout_seconds``, a retry is scheduled); ``exhausted`` (a durable exhaustion);
+``abandoned`` (its last attempt failed, no exhaustion handler); ``lost`` (its claim was lost:
+another process owns the update now); ``released`` (given back unfinished at a stop, its attempt
+not spent)."""
+
+STORE_OPERATIONS = (
+    "record",
+    "claim",
+    "renew",
+    "settle",
+    "sweep",
+    "exhaustions",
+    "prune",
+    "release",
+    "liveness",
+    "figures",
+)
+"""The store operations whose durations are measured (a small fixed label set)."""
+
+T = TypeVar("T")
+
+HANDLER_BUCKETS: Tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)
+"""Upper bounds (seconds) of the handler duration histogram."""
+
+STORE_BUCKETS: Tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+)
+"""Upper bounds (seconds) of the store call duration histogram."""
+
+
+@dataclass(frozen=True)
+class HistogramSnapshot:
+    """Observed durations, as a Prometheus histogram holds them.
+
+    Args:
+        buckets (:obj:`tuple`): ``(upper_bound, cumulative_count)`` pairs in increasing order,
+            the last with the bound ``float("inf")`` (its count equals :attr:`count`).
+        sum (:obj:`float`): The sum of the observed durations (seconds).
+        count (:obj:`int`): How many were observed.
+    """
+
+    buckets: Tuple[Tuple[float, int], ...]
+    sum: float
+    count: int
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A snapshot of what one processor or :class:`~ptb_fence.UpdateIntake` counted since it
+    was created (counters never go down), and how things stand now (gauges).
+
+    Returned by ``processor.stats()`` and ``intake.stats()``: for users with their own
+    metrics system (StatsD, OpenTelemetry); :mod:`ptb_fence.metrics` exposes the same figures
+    to Prometheus.
+
+    Args:
+        updates_recorded (:obj:`int`): Updates recorded by this process (counter).
+        updates_duplicate (:obj:`int`): Updates not recorded because their id was recorded
+            before: redeliveries (counter).
+        updates_invalid (:obj:`int`): Bodies refused as not a Telegram update (counter).
+        ingest_errors (:obj:`int`): Recordings that failed with a store error; those updates
+            were not acknowledged to Telegram (counter).
+        attempts_started (:obj:`int`): Attempts claimed by this process (counter).
+        attempts_ended (Mapping[:obj:`str`, :obj:`int`]): Ended attempts by outcome, every key
+            of :data:`ATTEMPT_OUTCOMES` present (counters).
+        attempts_running (:obj:`int`): Attempts whose handler runs now (gauge).
+        claims_held (:obj:`int`): Claims this process holds and renews now, running or about to
+            start (gauge).
+        lease_renewal_failures (:obj:`int`): Lease renewals that failed: a store error, or a
+            renewal refused because the claim was lost (counter).
+        store_errors (Mapping[:obj:`str`, :obj:`int`]): Store errors by step (``ingest``,
+            ``claim``, ``renew``, ``settle``, ``sweep``), as ``on_store_error`` sees them
+            (counters).
+        handler_seconds (:class:`HistogramSnapshot`): Handler durations.
+        store_seconds (Mapping[:obj:`str`, :class:`HistogramSnapshot`]): Store call durations
+            by operation (:data:`STORE_OPERATIONS`; only operations that ran).
+        unsettled (:obj:`int` | :obj:`None`): Updates pending, processing or failed in the
+            store, as of :attr:`figures_read_at` (gauge; :obj:`None`: the store does not count
+            them, or no sweep read them yet).
+        oldest_unsettled_age_seconds (:obj:`float` | :obj:`None`): Age now of the oldest of
+            them (gauge; :obj:`None`: none, or not read).
+        exhaustions_waiting (:obj:`int` | :obj:`None`): Unacknowledged exhaustions in the store
+            (gauge; :obj:`None`: not read).
+        figures_read_at (:obj:`float` | :obj:`None`): When the sweep last read the store's
+            figures (epoch seconds).
+        last_sweep_at (:obj:`float` | :obj:`None`): When a sweep last read the due updates
+            successfully (epoch seconds).
+        last_renewal_tick_at (:obj:`float` | :obj:`None`): When the lease keeper last ran
+            (epoch seconds).
+    """
+
+    updates_recorded: int
+    updates_duplicate: int
+    updates_invalid: int
+    ingest_errors: int
+    attempts_started: int
+    attempts_ended: Mapping[str, int]
+    attempts_running: int
+    claims_held: int
+    lease_renewal_failures: int
+    store_errors: Mapping[str, int]
+    handler_seconds: HistogramSnapshot
+    store_seconds: Mapping[str, HistogramSnapshot]
+    unsettled: Optional[int]
+    oldest_unsettled_age_seconds: Optional[float]
+    exhaustions_waiting: Optional[int]
+    figures_read_at: Optional[float]
+    last_sweep_at: Optional[float]
+    last_renewal_tick_at: Optional[float]
+
+
+class _Histogram:
+    """Bucket counts of observed durations (guarded by the owner's lock)."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last: above every bound
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.sum += seconds
+
+    def snapshot(self) -> HistogramSnapshot:
+        cumulative: List[Tuple[float, int]] = []
+        running = 0
+        for bound, count in zip(self.bounds + (float("inf"),), self.counts):
+            running += count
+            cumulative.append((bound, running))
+        return HistogramSnapshot(tuple(cumulative), self.sum, running)
+
+
+class RuntimeStats:
+    """The counters of one runtime (thread-safe; every method is cheap and never raises)."""
+
+    __slots__ = (
+        "_attempts_ended",
+        "_attempts_started",
+        "_duplicates",
+        "_figures",
+        "_figures_read_at",
+        "_handler",
+        "_ingest_errors",
+        "_invalid",
+        "_last_renewal_tick",
+        "_last_sweep",
+        "_lock",
+        "_recorded",
+        "_renewal_failures",
+        "_store",
+        "_store_errors",
+        "ingest_failing_since",
+        "oldest_unrecorded_date",
+        "store_failing_since",
+    )
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._recorded = 0
+        self._duplicates = 0
+        self._invalid = 0
+        self._ingest_errors = 0
+        self._attempts_started = 0
+        self._attempts_ended: Dict[str, int] = dict.fromkeys(ATTEMPT_OUTCOMES, 0)
+        self._renewal_failures = 0
+        self._store_errors: Dict[str, int] = {}
+        self._handler = _Histogram(HANDLER_BUCKETS)
+        self._store: Dict[str, _Histogram] = {}
+        self._figures: Optional[StoreFigures] = None
+        self._figures_read_at: Optional[float] = None
+        self._last_sweep: Optional[float] = None
+        self._last_renewal_tick: Optional[float] = None
+        # since when recording fails (epoch seconds; None: the last recording succeeded), and
+        # the oldest Telegram ``date`` among the updates it failed to record (for the alarm)
+        self.ingest_failing_since: Optional[float] = None
+        self.oldest_unrecorded_date: Optional[int] = None
+        # since when store calls fail (epoch seconds; None: the last one answered)
+        self.store_failing_since: Optional[float] = None
+
+    # -- ingest -----------------------------------------------------------------------------
+    def recorded(self, added: int, duplicates: int) -> None:
+        """A recording landed: ``added`` new updates, ``duplicates`` redeliveries."""
+        with self._lock:
+            self._recorded += added
+            self._duplicates += duplicates
+            self.ingest_failing_since = None
+            self.oldest_unrecorded_date = None
+
+    def invalid(self) -> None:
+        """A body was refused as not a Telegram update."""
+        with self._lock:
+            self._invalid += 1
+
+    def ingest_failed(self, oldest_date: Optional[int]) -> None:
+        """A recording failed with a store error (``oldest_date``: the oldest Telegram
+        ``date`` among its updates, when known)."""
+        with self._lock:
+            self._ingest_errors += 1
+            if self.ingest_failing_since is None:
+                self.ingest_failing_since = time.time()
+            if oldest_date is not None and (
+                self.oldest_unrecorded_date is None or oldest_date < self.oldest_unrecorded_date
+            ):
+                self.oldest_unrecorded_date = oldest_date
+
+    # -- attempts ---------------------------------------------------------------------------
+    def attempt_started(self, count: int = 1) -> None:
+        """``count`` attempts were claimed."""
+        with self._lock:
+            self._attempts_started += count
+
+    def attempt_ended(self, outcome: str, count: int = 1) -> None:
+        """``count`` attempts ended with ``outcome`` (one of :data:`ATTEMPT_OUTCOMES`)."""
+        with self._lock:
+            self._attempts_ended[outcome] = self._attempts_ended.get(outcome, 0) + count
+
+    def handler_time(self, seconds: float) -> None:
+        """A handler ran for ``seconds``."""
+        with self._lock:
+            self._handler.observe(seconds)
+
+    # -- the store --------------------------------------------------------------------------
+    def store_time(self, operation: str, seconds: float, ok: bool = True) -> None:
+        """A store call of ``operation`` took ``seconds`` (``ok``: it answered)."""
+        with self._lock:
+            histogram = self._store.get(operation)
+            if histogram is None:
+                histogram = self._store[operation] = _Histogram(STORE_BUCKETS)
+            histogram.observe(seconds)
+            if ok:
+                self.store_failing_since = None
+            elif self.store_failing_since is None:
+                self.store_failing_since = time.time()
+
+    def timed(self, operation: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Call the store with ``fn(*args, **kwargs)`` and count its duration under
+        ``operation`` (its error propagates, counted as a store call that did not answer)."""
+        started = time.perf_counter()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException:
+            self.store_time(operation, time.perf_counter() - started, ok=False)
+            raise
+        self.store_time(operation, time.perf_counter() - started)
+        return result
+
+    def store_error(self, step: str) -> None:
+        """A store error was reported for ``step``."""
+        with self._lock:
+            self._store_errors[step] = self._store_errors.get(step, 0) + 1
+            if step == "renew":
+                self._renewal_failures += 1
+            if self.store_failing_since is None:
+                self.store_failing_since = time.time()
+
+    def renewal_refused(self, count: int = 1) -> None:
+        """``count`` renewals were refused (the claims were lost)."""
+        with self._lock:
+            self._renewal_failures += count
+
+    def renewal_tick(self) -> None:
+        """The lease keeper ran."""
+        self._last_renewal_tick = time.time()
+
+    def swept(self) -> None:
+        """A sweep read the due updates."""
+        self._last_sweep = time.time()
+
+    def figures(self, figures: StoreFigures) -> None:
+        """The sweep read the store's figures."""
+        with self._lock:
+            self._figures = figures
+            self._figures_read_at = time.time()
+
+    @property
+    def last_figures(self) -> Optional[StoreFigures]:
+        """The store's figures as the sweep last read them."""
+        return self._figures
+
+    @property
+    def figures_read_at(self) -> Optional[float]:
+        """When the sweep last read them (epoch seconds)."""
+        return self._figures_read_at
+
+    @property
+    def last_sweep_at(self) -> Optional[float]:
+        """When a sweep last read the due updates (epoch seconds)."""
+        return self._last_sweep
+
+    @property
+    def last_renewal_tick_at(self) -> Optional[float]:
+        """When the lease keeper last ran (epoch seconds)."""
+        return self._last_renewal_tick
+
+    # -- the snapshot -----------------------------------------------------------------------
+    def snapshot(self, *, running: int, claims_held: int, now_ms: int) -> Stats:
+        """The figures now (``running``, ``claims_held``: the front end's gauges; ``now_ms``:
+        the runtime's clock, for the age of the oldest unsettled update)."""
+        with self._lock:
+            figures = self._figures
+            oldest_age: Optional[float] = None
+            if figures is not None and figures.oldest_unsettled_received_at is not None:
+                oldest_age = max(0.0, (now_ms - figures.oldest_unsettled_received_at) / 1000.0)
+            return Stats(
+                updates_recorded=self._recorded,
+                updates_duplicate=self._duplicates,
+                updates_invalid=self._invalid,
+                ingest_errors=self._ingest_errors,
+                attempts_started=self._attempts_started,
+                attempts_ended=types.MappingProxyType(dict(self._attempts_ended)),
+                attempts_running=running,
+                claims_held=claims_held,
+                lease_renewal_failures=self._renewal_failures,
+                store_errors=types.MappingProxyType(dict(self._store_errors)),
+                handler_seconds=self._handler.snapshot(),
+                store_seconds=types.MappingProxyType(
+                    {name: h.snapshot() for name, h in sorted(self._store.items())}
+                ),
+                unsettled=None if figures is None else figures.unsettled,
+                oldest_unsettled_age_seconds=oldest_age,
+                exhaustions_waiting=None if figures is None else figures.exhaustions_waiting,
+                figures_read_at=self._figures_read_at,
+                last_sweep_at=self._last_sweep,
+                last_renewal_tick_at=self._last_renewal_tick,
+            )
