@@ -7,14 +7,17 @@ dictionary keys. Store-level times are integer milliseconds since the epoch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 __all__ = [
     "Abandoned",
+    "AttemptEffects",
     "AttemptIdentity",
     "Completed",
     "Exhaustion",
     "Failed",
+    "OutboxCall",
+    "OutboxEntry",
     "Settlement",
     "StoreFigures",
     "StoredUpdate",
@@ -115,6 +118,100 @@ class StoreFigures:
     oldest_exhaustion_at: Optional[int]
     held_chat: Optional[int] = None
     held_chat_since: Optional[int] = None
+
+
+OUTBOX_STATES = ("pending", "sending", "sent", "failed")
+"""The states of an outbox call, in the order a call goes through them."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxCall:
+    """A Bot API call queued by an attempt, sent only if that attempt's completion commits.
+
+    Args:
+        method (:obj:`str`): The Bot API method, e.g. ``"sendMessage"``.
+        params_json (:obj:`str`): The call's parameters as the text of a JSON object (after
+            the bot's defaults were applied).
+        chat_key (:obj:`int` | :obj:`None`): The chat the call goes to (the chat id, else the
+            user id: the key chat order uses); the store sends the calls of one chat one at a
+            time, in order. :obj:`None`: no chat, never ordered.
+        seq (:obj:`int`): The call's position among the calls of its attempt (0, 1, ...).
+        at_most_once (:obj:`bool`, optional): An unknown outcome (a network error after the
+            request left) ends the call ``failed`` instead of sending it again. Defaults to
+            :obj:`False`.
+    """
+
+    method: str
+    params_json: str
+    chat_key: Optional[int]
+    seq: int
+    at_most_once: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEffects:
+    """What an attempt's completion writes besides its settlement, in the same commit.
+
+    Args:
+        calls (Tuple[:class:`OutboxCall`, ...], optional): The Bot API calls the attempt
+            queued, in order. Defaults to none.
+    """
+
+    calls: Tuple[OutboxCall, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEntry:
+    """A call as stored in the outbox.
+
+    ``state`` is ``pending`` (waits until ``due_at``), ``sending`` (claimed by a sender whose
+    lease ends at ``due_at``), ``sent`` or ``failed``. Times are epoch milliseconds.
+
+    Args:
+        call_id (:obj:`int`): The store's id of the call; later calls get higher ids.
+        update_id (:obj:`int`): The update whose attempt queued the call.
+        attempt (:obj:`int`): That attempt's number.
+        claim_id (:obj:`str`): That attempt's claim id.
+        seq (:obj:`int`): The call's position among the calls of its attempt.
+        chat_key (:obj:`int` | :obj:`None`): The call's chat (:obj:`None`: no chat).
+        method (:obj:`str`): The Bot API method.
+        params_json (:obj:`str`): The parameters, a JSON object's text.
+        at_most_once (:obj:`bool`): An unknown outcome fails the call instead of resending it.
+        state (:obj:`str`): ``pending``, ``sending``, ``sent`` or ``failed``.
+        tries (:obj:`int`): How many times a sender claimed the call (a release does not
+            count).
+        due_at (:obj:`int`): Pending: when it may be sent; sending: the sender's lease end;
+            failed: when it failed.
+        created_at (:obj:`int`): When the completion that queued it committed.
+        sent_at (:obj:`int` | :obj:`None`): When it was recorded sent.
+        error (:obj:`str` | :obj:`None`): The last failure text.
+        result_json (:obj:`str` | :obj:`None`): The Bot API result of a sent call.
+        acknowledged (:obj:`bool`): For a failed call: whether its failure was delivered and
+            acknowledged.
+    """
+
+    call_id: int
+    update_id: int
+    attempt: int
+    claim_id: str
+    seq: int
+    chat_key: Optional[int]
+    method: str
+    params_json: str
+    at_most_once: bool
+    state: str
+    tries: int
+    due_at: int
+    created_at: int
+    sent_at: Optional[int]
+    error: Optional[str]
+    result_json: Optional[str]
+    acknowledged: bool
+
+    @property
+    def identity(self) -> AttemptIdentity:
+        """:class:`AttemptIdentity`: The attempt that queued the call."""
+        return AttemptIdentity(self.update_id, self.attempt, self.claim_id)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 capabilities the runtime uses when a store offers them (:class:`BatchUpdateStore`,
 :class:`TransactionalUpdateStore`, :class:`BotBoundStore`, :class:`ReleasingUpdateStore`,
 :class:`LivenessStore`, :class:`IsolatingUpdateStore`, :class:`ChatOrderedUpdateStore`,
-:class:`CompletingUpdateStore`, :class:`ClaimingUpdateStore`, :class:`FiguresStore`).
+:class:`CompletingUpdateStore`, :class:`ClaimingUpdateStore`, :class:`FiguresStore`,
+:class:`OutboxStore`).
 
 The contract is batch-first: where an operation has a batch form (``claim_owned_many``,
 ``renew_owned_many``, ``settle_owned_many``) a store may offer that form alone and the runtime
@@ -25,6 +26,7 @@ from typing import (
     Any,
     Callable,
     ContextManager,
+    Dict,
     FrozenSet,
     List,
     Optional,
@@ -34,7 +36,15 @@ from typing import (
     runtime_checkable,
 )
 
-from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoreFigures, StoredUpdate
+from ptb_fence._values import (
+    AttemptEffects,
+    AttemptIdentity,
+    Exhaustion,
+    OutboxEntry,
+    Settlement,
+    StoreFigures,
+    StoredUpdate,
+)
 
 __all__ = [
     "BASE_METHODS",
@@ -63,6 +73,8 @@ __all__ = [
     "IsolatingUpdateStore",
     "LIVENESS_METHODS",
     "LivenessStore",
+    "OUTBOX_METHODS",
+    "OutboxStore",
     "ReleasingUpdateStore",
     "StoreCapabilities",
     "UpdateStore",
@@ -108,6 +120,24 @@ COMPLETING_METHODS = ("complete_owned", "reopen_completed")
 
 FIGURES_METHODS = ("figures",)
 """The method of :class:`FiguresStore`."""
+
+OUTBOX_METHODS = (
+    "write_effects",
+    "claim_calls",
+    "record_sent",
+    "retry_call",
+    "fail_call",
+    "release_calls",
+    "due_send_failures",
+    "acknowledge_send_failure",
+    "get_call",
+    "list_calls",
+    "outbox_counts",
+    "retry_failed_call",
+    "drop_call",
+)
+"""The methods of :class:`OutboxStore` (all or none; the store's ``settle_owned_many`` and
+``add_claimed_and_settle_many`` then also take ``effects=``)."""
 
 Row = Tuple[int, str, int]
 """An update to record: ``(update_id, body, received_at)``."""
@@ -616,6 +646,114 @@ class FiguresStore(Protocol):
         """
 
 
+class OutboxStore(Protocol):
+    """Optional (all methods or none): the outbox of Bot API calls, sent iff the attempt that
+    queued them committed.
+
+    An attempt's calls (:class:`AttemptEffects`) are written in the commit that completes it:
+    ``settle_owned_many(items, *, effects=...)`` and ``add_claimed_and_settle_many(..., *,
+    effects=...)`` take a mapping from identity to effects and, in the same transaction as
+    the settles, insert the calls of every settlement that *landed* and is
+    :class:`~ptb_fence.Completed` (``pending``, ``due_at`` and ``created_at`` = the
+    settlement's ``at``, ``tries`` 0); a settle that did not land writes none of its calls,
+    effects of identities not settled in the call are ignored, and ``effects=None`` (or empty)
+    is exactly the call without the keyword. Or :meth:`write_effects` writes them inside the
+    attempt's own fenced transaction.
+
+    A call is ``pending`` (due at ``due_at``), ``sending`` (claimed by a sender token; its lease
+    ends at ``due_at``, held while ``due_at >= now``), ``sent`` or ``failed`` (acknowledged or
+    not). Calls with a chat key are sent one at a time per chat, in ``call_id`` order: a call
+    with chat key ``k`` is claimable only when no other call of ``k`` that is ``pending`` or
+    ``sending`` has a smaller ``call_id``, and none is ``sending`` under a live lease (so a held
+    earlier call, due later or being sent, holds the chat; ``sent`` and ``failed`` calls release
+    it). Calls without a chat key are not ordered. Each method is one transaction, except
+    :meth:`write_effects`, which runs in the caller's. Times are epoch milliseconds.
+
+    ``prune(before)`` of such a store also deletes the ``sent`` calls with ``sent_at <
+    before`` and the acknowledged ``failed`` calls with ``due_at < before`` (an acknowledgement
+    sets ``due_at`` to its time); it still returns the count of update rows deleted.
+
+    The group needs the fenced group and ``settle_owned_many`` (the effects ride in its
+    commit).
+    """
+
+    def write_effects(
+        self, identity: AttemptIdentity, effects: AttemptEffects, at: int, *, connection: Any
+    ) -> List[int]:
+        """Inside the caller's open transaction on ``connection`` (as
+        :meth:`CompletingUpdateStore.complete_owned` takes it): insert the calls of
+        ``effects`` for ``identity`` (``pending``, ``due_at`` and ``created_at`` = ``at``).
+        Nothing is committed: the caller's commit lands them, its rollback discards them. It
+        does not check ownership (the caller's fenced transaction does).
+
+        Returns:
+            List[:obj:`int`]: The call ids, in the order of ``effects.calls``.
+        """
+
+    def claim_calls(
+        self, *, now: int, lease_until: int, limit: int, sender: str
+    ) -> List[OutboxEntry]:
+        """Claim the calls to send now, lowest ``call_id`` first, at most ``limit``: a call
+        is claimable when ``pending`` with ``due_at <= now``, or ``sending`` with ``due_at <
+        now`` (the sender's lease lapsed), and in turn in its chat (see the class). Each
+        becomes ``sending`` with ``due_at = lease_until``, ``tries + 1`` and ``sender``.
+        Concurrent claimers never get the same call.
+
+        Returns:
+            List[:class:`~ptb_fence.OutboxEntry`]: The claimed calls as they are now.
+        """
+
+    def record_sent(self, items: Sequence[Tuple[int, str, str, int]]) -> List[bool]:
+        """For ``(call_id, sender, result_json, at)``: a call ``sending`` by exactly
+        ``sender`` becomes ``sent`` with ``sent_at = at`` and the result. One transaction.
+
+        Returns:
+            List[:obj:`bool`]: Per item, whether it landed.
+        """
+
+    def retry_call(self, call_id: int, sender: str, *, due_at: int, error: str) -> bool:
+        """A call ``sending`` by ``sender`` goes back to ``pending`` at ``due_at`` with
+        ``error``; whether it landed."""
+
+    def fail_call(self, call_id: int, sender: str, *, at: int, error: str) -> bool:
+        """A call ``sending`` by ``sender`` becomes ``failed`` (not acknowledged, ``due_at =
+        at``, ``sent_at`` NULL) with ``error``; it releases its chat. Whether it landed."""
+
+    def release_calls(self, call_ids: Sequence[int], sender: str, at: int) -> List[bool]:
+        """Give calls back (a graceful stop): each ``sending`` by ``sender`` becomes
+        ``pending`` with ``due_at = at`` and ``tries - 1``. Per call id, whether it landed."""
+
+    def due_send_failures(
+        self, *, limit: int, after_call_id: Optional[int] = None
+    ) -> List[OutboxEntry]:
+        """The ``failed`` calls not acknowledged, with ``call_id > after_call_id``, by
+        ``call_id``, at most ``limit``."""
+
+    def acknowledge_send_failure(self, call_id: int, at: int) -> bool:
+        """A ``failed`` call not acknowledged becomes acknowledged with ``due_at = at``
+        (prunable from then); whether it landed."""
+
+    def get_call(self, call_id: int) -> Optional[OutboxEntry]:
+        """The call, or :obj:`None`."""
+
+    def list_calls(
+        self, *, state: Optional[str] = None, limit: int = 100, after_call_id: Optional[int] = None
+    ) -> List[OutboxEntry]:
+        """The calls (of ``state``, when given) with ``call_id > after_call_id``, by
+        ``call_id``, at most ``limit``."""
+
+    def outbox_counts(self) -> Dict[str, int]:
+        """How many calls per state: the keys ``pending``, ``sending``, ``sent``, ``failed``
+        (not acknowledged) and ``failed_acknowledged``, each present."""
+
+    def retry_failed_call(self, call_id: int, at: int) -> bool:
+        """Operators: a ``failed`` call goes back to ``pending`` at ``at`` (not acknowledged;
+        error and tries kept); whether it landed."""
+
+    def drop_call(self, call_id: int) -> bool:
+        """Operators: delete a ``pending`` or ``failed`` call; whether one was deleted."""
+
+
 def missing_methods(store: object, names: "tuple[str, ...]") -> List[str]:
     """Return the names in ``names`` that ``store`` lacks or that are not callable."""
     return [name for name in names if not callable(getattr(store, name, None))]
@@ -704,6 +842,9 @@ CAPABILITY_GROUPS: Tuple[CapabilityGroup, ...] = (
     _group("figures", "figures",
            "operators' figures: the oldest unsettled update, the exhaustions waiting, the "
            "chat held longest"),
+    _group("outbox", " ".join(OUTBOX_METHODS),
+           "fenced replies: the Bot API calls an attempt queued are sent iff its completion "
+           "committed", ("fenced", "settle_owned_many")),
 )
 """Tuple[:class:`CapabilityGroup`, ...]: Every capability of the store contract with the
 methods it needs (the README's capability table)."""

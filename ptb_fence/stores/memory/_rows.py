@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["Row", "new_claim_id"]
+__all__ = ["CallRow", "Row", "new_claim_id"]
 
 
 @dataclass
@@ -30,3 +30,27 @@ class Row:
 def new_claim_id() -> str:
     """A fresh claim id."""
     return uuid.uuid4().hex
+
+
+@dataclass
+class CallRow:
+    """One stored outbox call (the columns of the outbox table)."""
+
+    call_id: int
+    update_id: int
+    attempt: int
+    claim_id: str
+    seq: int
+    chat_key: Optional[int]
+    method: str
+    params_json: str
+    at_most_once: bool
+    state: str
+    tries: int
+    due_at: int
+    created_at: int
+    sent_at: Optional[int] = None
+    sender: Optional[str] = None
+    error: Optional[str] = None
+    result_json: Optional[str] = None
+    acknowledged: bool = False

@@ -1,31 +1,34 @@
 """MemoryUpdateStore: the executable statement of the store rules, whole in one class.
 
 Sections: lifecycle, helpers, the base, fenced and durable contracts, chat order, release
-and liveness, figures."""
+and liveness, figures, the outbox."""
 
 from __future__ import annotations
 
 import threading
 import uuid
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ptb_fence._errors import TableBotMismatch
 from ptb_fence._fingerprint import update_fingerprint
 from ptb_fence.contract import ChatKey, ClaimTerms
 from ptb_fence._values import (
+    OUTBOX_STATES,
     Abandoned,
+    AttemptEffects,
     AttemptIdentity,
     Completed,
     Exhaustion,
     Failed,
+    OutboxEntry,
     Settlement,
     StoreFigures,
     StoredUpdate,
 )
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._names import validate_update_id
-from ptb_fence.stores.memory._rows import Row, new_claim_id
+from ptb_fence.stores.memory._rows import CallRow, Row, new_claim_id
 
 __all__ = ["MemoryUpdateStore"]
 
@@ -51,11 +54,16 @@ class MemoryUpdateStore:
     lock, so an ownership check and a settle inside it are atomic.
     """
 
-    __slots__ = ("_bot_id", "_liveness", "_lock", "_rows")
+    __slots__ = ("_bot_id", "_calls", "_liveness", "_lock", "_next_call", "_rows", "_staged")
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._rows: Dict[int, Row] = {}
+        self._calls: Dict[int, CallRow] = {}
+        self._next_call = 1
+        # the calls write_effects wrote inside the open transaction() block (None: no block):
+        # they land when the block ends normally and vanish when it raises, like a rollback
+        self._staged: Optional[List[CallRow]] = None
         self._bot_id: Optional[int] = None
         self._liveness = Liveness()
 
@@ -294,6 +302,13 @@ class MemoryUpdateStore:
             ]
             for u in doomed:
                 del self._rows[u]
+            # the outbox's history of the same window (not counted: the count is of updates)
+            for call_id in [
+                c.call_id for c in self._calls.values()
+                if (c.state == "sent" and c.sent_at is not None and c.sent_at < before)
+                or (c.state == "failed" and c.acknowledged and c.due_at < before)
+            ]:
+                del self._calls[call_id]
             return len(doomed)
 
     # -- fenced contract -------------------------------------------------------------------
@@ -376,12 +391,21 @@ class MemoryUpdateStore:
             return True
 
     def settle_owned_many(
-        self, items: Sequence[Tuple[AttemptIdentity, Settlement]]
+        self,
+        items: Sequence[Tuple[AttemptIdentity, Settlement]],
+        *,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
     ) -> List[bool]:
         """:meth:`settle_owned` for several attempts at once (optional capability; one commit
-        in the SQL stores). Returns, per input position, whether that settlement landed."""
+        in the SQL stores). Returns, per input position, whether that settlement landed.
+
+        With ``effects``: the calls of each settlement that landed and is
+        :class:`~ptb_fence.Completed` are queued with it (see
+        :class:`ptb_fence.OutboxStore`)."""
         with self._lock:
-            return [self.settle_owned(identity, settlement) for identity, settlement in items]
+            landed = [self.settle_owned(identity, settlement) for identity, settlement in items]
+            self._queue_landed(items, landed, effects)
+            return landed
 
     def add_claimed_and_settle_many(
         self,
@@ -389,12 +413,13 @@ class MemoryUpdateStore:
         *,
         lease_until: int,
         settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
     ) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
-        """:meth:`add_claimed_many` and :meth:`settle_owned_many` at once (optional capability;
-        one commit in the SQL stores)."""
+        """:meth:`add_claimed_many` and :meth:`settle_owned_many` (with its ``effects``) at
+        once (optional capability; one commit in the SQL stores)."""
         with self._lock:
             added = self.add_claimed_many(rows, lease_until=lease_until)
-            return added, self.settle_owned_many(settlements)
+            return added, self.settle_owned_many(settlements, effects=effects)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -402,10 +427,23 @@ class MemoryUpdateStore:
 
         Yields :obj:`None`: there is no database connection. Changes made in the block are not
         rolled back on error (the memory store has no undo), but no other thread can claim,
-        renew or settle while the block runs.
+        renew or settle while the block runs. The one exception: the calls
+        :meth:`write_effects` writes in the block land when it ends normally and are discarded
+        when it raises, as a rollback would.
         """
         with self._lock:
-            yield None
+            if self._staged is not None:  # a nested block belongs to the outer one
+                yield None
+                return
+            self._staged = []
+            try:
+                yield None
+            except BaseException:
+                self._staged = None
+                raise
+            staged, self._staged = self._staged, None
+            for call in staged:
+                self._calls[call.call_id] = call
 
     # -- durable contract ------------------------------------------------------------------
     def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:
@@ -679,3 +717,228 @@ class MemoryUpdateStore:
             held_chat=None if held is None else held[1],
             held_chat_since=None if held is None else held[0],
         )
+
+    # -- outbox ----------------------------------------------------------------------------
+    def _new_calls(
+        self, identity: AttemptIdentity, effects: AttemptEffects, at: int
+    ) -> List[CallRow]:
+        """Pending rows for the calls of ``effects`` (fresh, increasing call ids)."""
+        rows = []
+        for call in effects.calls:
+            rows.append(CallRow(
+                self._next_call, identity.update_id, identity.attempt, identity.claim_id,
+                int(call.seq), None if call.chat_key is None else int(call.chat_key),
+                call.method, call.params_json, bool(call.at_most_once), "pending", 0,
+                int(at), int(at),
+            ))
+            self._next_call += 1
+        return rows
+
+    def _queue_landed(
+        self,
+        items: Sequence[Tuple[AttemptIdentity, Settlement]],
+        landed: Sequence[bool],
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]],
+    ) -> None:
+        """Insert the calls of every landed completion of ``items`` (called under the lock, in
+        the same step as the settles)."""
+        if not effects:
+            return
+        for (identity, settlement), ok in zip(items, landed):
+            queued = effects.get(identity)
+            if ok and queued is not None and isinstance(settlement, Completed):
+                for call in self._new_calls(identity, queued, settlement.at):
+                    self._calls[call.call_id] = call
+
+    @staticmethod
+    def _entry(row: CallRow) -> OutboxEntry:
+        return OutboxEntry(
+            row.call_id, row.update_id, row.attempt, row.claim_id, row.seq, row.chat_key,
+            row.method, row.params_json, row.at_most_once, row.state, row.tries, row.due_at,
+            row.created_at, row.sent_at, row.error, row.result_json, row.acknowledged,
+        )
+
+    def write_effects(
+        self, identity: AttemptIdentity, effects: AttemptEffects, at: int, *, connection: Any
+    ) -> List[int]:
+        """Insert the calls of ``effects`` as pending at ``at`` (see
+        :class:`ptb_fence.OutboxStore`). Inside a :meth:`transaction` block they land with the
+        block and vanish when it raises; outside one they land at once. ``connection`` is
+        accepted for the interface and ignored (the block yields :obj:`None`)."""
+        with self._lock:
+            rows = self._new_calls(identity, effects, at)
+            if self._staged is not None:
+                self._staged.extend(rows)
+            else:
+                for row in rows:
+                    self._calls[row.call_id] = row
+            return [row.call_id for row in rows]
+
+    def _call_in_turn(self, call: CallRow, now: int) -> bool:
+        """No other call of the chat pending or sending below ``call``, and none sending under
+        a live lease (a call without a chat key always is)."""
+        if call.chat_key is None:
+            return True
+        for other in self._calls.values():
+            if (
+                other.chat_key != call.chat_key
+                or other.call_id == call.call_id
+                or other.state not in ("pending", "sending")
+            ):
+                continue
+            if other.call_id < call.call_id:
+                return False
+            if other.state == "sending" and other.due_at >= now:
+                return False
+        return True
+
+    def claim_calls(
+        self, *, now: int, lease_until: int, limit: int, sender: str
+    ) -> List[OutboxEntry]:
+        """Claim the calls to send now, lowest ``call_id`` first (see
+        :class:`ptb_fence.OutboxStore`): pending and due (``due_at <= now``) or sending with
+        a lapsed lease (``due_at < now``), and in turn in the chat."""
+        with self._lock:
+            # decide on the calls as they are before this claim (one statement in SQL)
+            chosen = [
+                call for _, call in sorted(self._calls.items())
+                if ((call.state == "pending" and call.due_at <= now)
+                    or (call.state == "sending" and call.due_at < now))
+                and self._call_in_turn(call, now)
+            ][: max(int(limit), 0)]
+            for call in chosen:
+                call.state = "sending"
+                call.due_at = int(lease_until)
+                call.tries += 1
+                call.sender = sender
+            return [self._entry(call) for call in chosen]
+
+    def _sending(self, call_id: int, sender: str) -> Optional[CallRow]:
+        call = self._calls.get(call_id)
+        if call is None or call.state != "sending" or call.sender != sender:
+            return None
+        return call
+
+    def record_sent(self, items: Sequence[Tuple[int, str, str, int]]) -> List[bool]:
+        """For ``(call_id, sender, result_json, at)``: sending by ``sender`` -> sent at
+        ``at`` with the result; per item whether it landed."""
+        with self._lock:
+            result = []
+            for call_id, sender, result_json, at in items:
+                call = self._sending(call_id, sender)
+                if call is not None:
+                    call.state = "sent"
+                    call.sent_at = int(at)
+                    call.result_json = result_json
+                result.append(call is not None)
+            return result
+
+    def retry_call(self, call_id: int, sender: str, *, due_at: int, error: str) -> bool:
+        """Sending by ``sender`` -> pending at ``due_at`` with ``error``."""
+        with self._lock:
+            call = self._sending(call_id, sender)
+            if call is None:
+                return False
+            call.state = "pending"
+            call.due_at = int(due_at)
+            call.error = error
+            return True
+
+    def fail_call(self, call_id: int, sender: str, *, at: int, error: str) -> bool:
+        """Sending by ``sender`` -> failed at ``at`` (not acknowledged) with ``error``."""
+        with self._lock:
+            call = self._sending(call_id, sender)
+            if call is None:
+                return False
+            call.state = "failed"
+            call.due_at = int(at)
+            call.error = error
+            call.acknowledged = False
+            return True
+
+    def release_calls(self, call_ids: Sequence[int], sender: str, at: int) -> List[bool]:
+        """Each call sending by ``sender`` -> pending at ``at``, ``tries - 1``."""
+        with self._lock:
+            result = []
+            for call_id in call_ids:
+                call = self._sending(call_id, sender)
+                if call is not None:
+                    call.state = "pending"
+                    call.due_at = int(at)
+                    call.tries -= 1
+                result.append(call is not None)
+            return result
+
+    def due_send_failures(
+        self, *, limit: int, after_call_id: Optional[int] = None
+    ) -> List[OutboxEntry]:
+        """Failed calls not acknowledged, after ``after_call_id``, by ``call_id``."""
+        return self._listed(
+            lambda c: c.state == "failed" and not c.acknowledged, limit, after_call_id
+        )
+
+    def acknowledge_send_failure(self, call_id: int, at: int) -> bool:
+        """A failed call not acknowledged -> acknowledged at ``at`` (``due_at = at``)."""
+        with self._lock:
+            call = self._calls.get(call_id)
+            if call is None or call.state != "failed" or call.acknowledged:
+                return False
+            call.acknowledged = True
+            call.due_at = int(at)
+            return True
+
+    def get_call(self, call_id: int) -> Optional[OutboxEntry]:
+        """The call, or :obj:`None`."""
+        with self._lock:
+            call = self._calls.get(call_id)
+            return None if call is None else self._entry(call)
+
+    def list_calls(
+        self, *, state: Optional[str] = None, limit: int = 100, after_call_id: Optional[int] = None
+    ) -> List[OutboxEntry]:
+        """The calls (of ``state``), after ``after_call_id``, by ``call_id``."""
+        return self._listed(lambda c: state is None or c.state == state, limit, after_call_id)
+
+    def _listed(
+        self, keep: Any, limit: int, after_call_id: Optional[int]
+    ) -> List[OutboxEntry]:
+        after = -1 if after_call_id is None else int(after_call_id)
+        with self._lock:
+            rows = [
+                self._entry(call) for call_id, call in sorted(self._calls.items())
+                if call_id > after and keep(call)
+            ]
+        return rows[: max(int(limit), 0)]
+
+    def outbox_counts(self) -> Dict[str, int]:
+        """Calls per state (``failed``: not acknowledged; ``failed_acknowledged``)."""
+        counts = {state: 0 for state in OUTBOX_STATES}
+        counts["failed_acknowledged"] = 0
+        with self._lock:
+            for call in self._calls.values():
+                key = "failed_acknowledged" if (
+                    call.state == "failed" and call.acknowledged
+                ) else call.state
+                counts[key] += 1
+        return counts
+
+    def retry_failed_call(self, call_id: int, at: int) -> bool:
+        """Operators: failed -> pending at ``at`` (not acknowledged; error, tries kept)."""
+        with self._lock:
+            call = self._calls.get(call_id)
+            if call is None or call.state != "failed":
+                return False
+            call.state = "pending"
+            call.due_at = int(at)
+            call.acknowledged = False
+            call.sender = None
+            return True
+
+    def drop_call(self, call_id: int) -> bool:
+        """Operators: delete a pending or failed call."""
+        with self._lock:
+            call = self._calls.get(call_id)
+            if call is None or call.state not in ("pending", "failed"):
+                return False
+            del self._calls[call_id]
+            return True

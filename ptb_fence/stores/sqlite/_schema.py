@@ -1,7 +1,7 @@
 """The schema of a SQLiteUpdateStore table: create it, upgrade an older table (add
 ``claim_id``, ``fingerprint``, ``instance``, ``chat_key`` with its index and ``isolated_claim``,
-keeping its rows), refuse a foreign table;
-safe while other processes do the same."""
+keeping its rows), create the outbox table ``<table>_outbox`` with its indexes, refuse a
+foreign table; safe while other processes do the same."""
 
 from __future__ import annotations
 
@@ -87,6 +87,9 @@ class _Schema:
             str(row[0])
             for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
         }
+        outbox = conn.execute(self._sql.outbox.exists, {"outbox": self._sql.outbox.name})
+        if outbox.fetchone() is None:
+            return False
         return {f"{self._table}_state_due_at_idx", self._sql.chat.index} <= indexes
 
     def _check_columns(self, columns: Set[str]) -> None:
@@ -132,6 +135,8 @@ class _Schema:
                 _add_column(conn, self._sql, self._sql.add_isolated_claim, "isolated_claim")
             conn.execute(self._sql.create_index)
             conn.execute(self._sql.chat.create_index)
+            for statement in self._sql.outbox.create:
+                conn.execute(statement)
             conn.execute("COMMIT")
         except BaseException:
             rollback(conn)

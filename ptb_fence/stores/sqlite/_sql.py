@@ -18,6 +18,7 @@ from typing import Tuple
 from ptb_fence.stores._admin_sql import ROW_COLUMNS, AdminStatements
 from ptb_fence.stores._chat_order_sql import UNSETTLED, chat_index_name, due_predicate, in_turn
 from ptb_fence.stores._figures_sql import figures_sql
+from ptb_fence.stores._outbox_sql import OutboxStatements
 
 __all__ = [
     "REQUIRED_COLUMNS",
@@ -134,6 +135,7 @@ class SQLiteStatements:
         "unclaimed_exhaustions",
         "backfill_claim_id",
         "write_lock",
+        "outbox",
     )
 
     def __init__(self, table: str) -> None:
@@ -287,6 +289,9 @@ class SQLiteStatements:
         self.prune = f"""
             DELETE FROM {t}
             WHERE state IN ('completed', 'abandoned') AND settled_at < :before"""
+
+        # the outbox of Bot API calls (its own table, <table>_outbox)
+        self.outbox = OutboxStatements(table, postgres=False)
 
         # -- fenced ----------------------------------------------------------------------
         self.owns = f"SELECT 1 FROM {t} {owned}"

@@ -2,7 +2,7 @@
 whole in one class.
 
 Sections: construction and lifecycle, the base contract, the fenced contract, the durable
-contract, chat order, release and liveness, figures. Its collaborators: the per-thread connections
+contract, chat order, release and liveness, figures, the outbox. Its collaborators: the per-thread connections
 (``_connections``), the schema steps (``_schema``), the statements several methods share
 (``_writes``), the lock-file liveness holder (``_liveness``) and all its SQL (``_sql``).
 """
@@ -20,6 +20,7 @@ from typing import (
     ContextManager,
     Dict,
     List,
+    Mapping,
     Optional,
     Sequence,
     Set,
@@ -31,15 +32,18 @@ from typing import (
 from ptb_fence._errors import TableBotMismatch
 from ptb_fence.contract import ChatKey, ClaimTerms
 from ptb_fence._values import (
+    AttemptEffects,
     AttemptIdentity,
     Completed,
     Exhaustion,
+    OutboxEntry,
     Settlement,
     StoreFigures,
     StoredUpdate,
 )
 from ptb_fence.stores._figures_sql import figures_of
 from ptb_fence.stores._names import validate_table_name, validate_update_id
+from ptb_fence.stores._outbox_sql import counts_of, effects_params, entry_of
 from ptb_fence.stores._suspects import SuspectClaims
 from ptb_fence.stores.sqlite._connections import SQLiteConnections
 from ptb_fence.stores.sqlite._liveness import (
@@ -57,6 +61,7 @@ from ptb_fence.stores.sqlite._writes import (
     add_claimed_in,
     add_in,
     claim_params,
+    insert_calls,
     int_arg,
     max_variables,
     settle_owned_in,
@@ -396,11 +401,14 @@ class SQLiteUpdateStore:
         """Delete completed and abandoned rows with ``settled_at < before``.
 
         Pending, processing and failed rows and unacknowledged exhaustions are never pruned.
+        In the same transaction the outbox loses its sent calls with ``sent_at < before`` and
+        its acknowledged failed calls with ``due_at < before`` (not counted).
 
         Returns:
-            :obj:`int`: The number of rows deleted.
+            :obj:`int`: The number of update rows deleted.
         """
         with self._conns.immediate() as conn:
+            conn.execute(self._sql.outbox.prune, {"before": before})
             return int(conn.execute(self._sql.prune, {"before": before}).rowcount)
 
     # -- fenced contract -------------------------------------------------------------------
@@ -529,10 +537,11 @@ class SQLiteUpdateStore:
         *,
         lease_until: int,
         settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
     ) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
-        """:meth:`add_claimed_many` and :meth:`settle_owned_many` in one transaction (one
-        commit): fresh updates and finished attempts that arrive together share a commit
-        (optional capability)."""
+        """:meth:`add_claimed_many` and :meth:`settle_owned_many` (with its ``effects``) in one
+        transaction (one commit): fresh updates and finished attempts that arrive together
+        share a commit (optional capability)."""
         rows = list(rows)
         for row in rows:
             validate_update_id(row[0])
@@ -540,7 +549,7 @@ class SQLiteUpdateStore:
         lease_until = int_arg("lease_until", lease_until)
         with self._conns.immediate() as conn:
             added = add_claimed_in(self._sql, conn, rows, lease_until, self._liveness.mine())
-            landed = settle_owned_in(self._sql, conn, settlements)
+            landed = settle_owned_in(self._sql, conn, settlements, effects)
         return added, landed
 
     def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
@@ -643,9 +652,17 @@ class SQLiteUpdateStore:
         return undone
 
     def settle_owned_many(
-        self, items: Sequence[Tuple[AttemptIdentity, Settlement]]
+        self,
+        items: Sequence[Tuple[AttemptIdentity, Settlement]],
+        *,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
     ) -> List[bool]:
         """:meth:`settle_owned` for several attempts in one transaction (one commit).
+
+        With ``effects``, the outbox calls of each settlement that lands and is
+        :class:`~ptb_fence.Completed` are inserted in the same transaction (pending, due at
+        the settlement's ``at``); a settle that does not land writes none (see
+        :class:`ptb_fence.OutboxStore`).
 
         Returns:
             List[:obj:`bool`]: Per input position, whether that settlement landed.
@@ -654,7 +671,7 @@ class SQLiteUpdateStore:
         if not items:
             return []
         with self._conns.immediate() as conn:
-            return settle_owned_in(self._sql, conn, items)
+            return settle_owned_in(self._sql, conn, items, effects)
 
     def transaction(self) -> ContextManager[sqlite3.Connection]:
         """A write transaction on this thread's connection to the store's file.
@@ -1049,3 +1066,130 @@ class SQLiteUpdateStore:
         with self._conns.using() as conn:
             row = conn.execute(self._sql.figures).fetchone()
         return figures_of(row)
+
+    # -- outbox ----------------------------------------------------------------------------
+    def write_effects(
+        self, identity: AttemptIdentity, effects: AttemptEffects, at: int, *, connection: Any
+    ) -> List[int]:
+        """Inside the caller's transaction on ``connection`` (a :class:`sqlite3.Connection`
+        or cursor on this file; joined as in :meth:`owns`): insert the outbox calls of
+        ``effects`` as pending at ``at``. Nothing is committed: the caller's commit lands
+        them, its rollback discards them (optional capability, see
+        :class:`ptb_fence.OutboxStore`).
+
+        Returns:
+            List[:obj:`int`]: The call ids, in order.
+        """
+        conn = self._conns.caller_connection(connection)
+        self._conns.join(conn, self._sql.write_lock)
+        return insert_calls(self._sql, conn, effects_params(identity, effects, at))
+
+    def claim_calls(
+        self, *, now: int, lease_until: int, limit: int, sender: str
+    ) -> List[OutboxEntry]:
+        """Claim the calls to send now in one ``UPDATE`` under the write lock (see
+        :class:`ptb_fence.OutboxStore`): pending and due, or sending with a lapsed lease, and
+        in turn in their chat; lowest ``call_id`` first, at most ``limit``."""
+        params = {
+            "now": int_arg("now", now),
+            "lease_until": int_arg("lease_until", lease_until),
+            "limit": max(int(limit), 0),
+            "sender": str(sender),
+        }
+        with self._conns.immediate() as conn:
+            rows = conn.execute(self._sql.outbox.claim, params).fetchall()
+        return sorted((entry_of(row) for row in rows), key=lambda entry: entry.call_id)
+
+    def _sender_write(self, statement: str, params: Dict[str, Any]) -> bool:
+        with self._conns.immediate() as conn:
+            return conn.execute(statement, params).fetchone() is not None
+
+    def record_sent(self, items: Sequence[Tuple[int, str, str, int]]) -> List[bool]:
+        """For ``(call_id, sender, result_json, at)``: a call sending by ``sender`` becomes
+        sent at ``at``; per item whether it landed; one transaction."""
+        items = list(items)
+        if not items:
+            return []
+        with self._conns.immediate() as conn:
+            return [
+                conn.execute(self._sql.outbox.record_sent, {
+                    "call_id": call_id, "sender": sender, "result": result, "at": at,
+                }).fetchone() is not None
+                for call_id, sender, result, at in items
+            ]
+
+    def retry_call(self, call_id: int, sender: str, *, due_at: int, error: str) -> bool:
+        """A call sending by ``sender`` goes back to pending at ``due_at`` with ``error``."""
+        return self._sender_write(self._sql.outbox.retry, {
+            "call_id": call_id, "sender": sender, "due_at": int_arg("due_at", due_at),
+            "error": error,
+        })
+
+    def fail_call(self, call_id: int, sender: str, *, at: int, error: str) -> bool:
+        """A call sending by ``sender`` becomes failed at ``at`` (not acknowledged)."""
+        return self._sender_write(self._sql.outbox.fail, {
+            "call_id": call_id, "sender": sender, "at": int_arg("at", at), "error": error,
+        })
+
+    def release_calls(self, call_ids: Sequence[int], sender: str, at: int) -> List[bool]:
+        """Each call sending by ``sender`` goes back to pending at ``at`` (``tries - 1``);
+        one transaction."""
+        call_ids = list(call_ids)
+        if not call_ids:
+            return []
+        at = int_arg("at", at)
+        with self._conns.immediate() as conn:
+            return [
+                conn.execute(self._sql.outbox.release, {
+                    "call_id": call_id, "sender": sender, "at": at,
+                }).fetchone() is not None
+                for call_id in call_ids
+            ]
+
+    def _entries(self, statement: str, params: Dict[str, Any]) -> List[OutboxEntry]:
+        with self._conns.using() as conn:
+            return [entry_of(row) for row in conn.execute(statement, params).fetchall()]
+
+    def due_send_failures(
+        self, *, limit: int, after_call_id: Optional[int] = None
+    ) -> List[OutboxEntry]:
+        """Failed calls not acknowledged, after ``after_call_id``, by ``call_id``."""
+        after = -1 if after_call_id is None else int(after_call_id)
+        return self._entries(self._sql.outbox.due_failures,
+                             {"after": after, "limit": max(int(limit), 0)})
+
+    def acknowledge_send_failure(self, call_id: int, at: int) -> bool:
+        """A failed call not acknowledged becomes acknowledged (``due_at = at``)."""
+        return self._sender_write(self._sql.outbox.acknowledge,
+                                  {"call_id": call_id, "at": int_arg("at", at)})
+
+    def get_call(self, call_id: int) -> Optional[OutboxEntry]:
+        """The call, or :obj:`None`."""
+        found = self._entries(self._sql.outbox.get, {"call_id": call_id})
+        return found[0] if found else None
+
+    def list_calls(
+        self, *, state: Optional[str] = None, limit: int = 100, after_call_id: Optional[int] = None
+    ) -> List[OutboxEntry]:
+        """The calls (of ``state``), after ``after_call_id``, by ``call_id``."""
+        params: Dict[str, Any] = {
+            "after": -1 if after_call_id is None else int(after_call_id),
+            "limit": max(int(limit), 0),
+            "state": state,
+        }
+        statement = self._sql.outbox.list_all if state is None else self._sql.outbox.list_state
+        return self._entries(statement, params)
+
+    def outbox_counts(self) -> Dict[str, int]:
+        """Calls per state (``failed``: not acknowledged; ``failed_acknowledged``)."""
+        with self._conns.using() as conn:
+            return counts_of(conn.execute(self._sql.outbox.counts).fetchall())
+
+    def retry_failed_call(self, call_id: int, at: int) -> bool:
+        """Operators: a failed call goes back to pending at ``at``."""
+        return self._sender_write(self._sql.outbox.retry_failed,
+                                  {"call_id": call_id, "at": int_arg("at", at)})
+
+    def drop_call(self, call_id: int) -> bool:
+        """Operators: delete a pending or failed call."""
+        return self._sender_write(self._sql.outbox.drop, {"call_id": call_id})

@@ -7,12 +7,20 @@ from __future__ import annotations
 import operator
 import sqlite3
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ptb_fence._fingerprint import update_fingerprint
-from ptb_fence._values import Abandoned, AttemptIdentity, Completed, Failed, Settlement
+from ptb_fence._values import (
+    Abandoned,
+    AttemptEffects,
+    AttemptIdentity,
+    Completed,
+    Failed,
+    Settlement,
+)
 from ptb_fence.contract import ClaimTerms
 from ptb_fence.stores._duplicates import warn_conflict
+from ptb_fence.stores._outbox_sql import effects_params
 from ptb_fence.stores.sqlite._connections import SQLiteConnections
 from ptb_fence.stores.sqlite._schema import new_claim_id
 from ptb_fence.stores.sqlite._sql import SQLiteStatements
@@ -22,6 +30,7 @@ __all__ = [
     "claim_params",
     "add_claimed_in",
     "add_in",
+    "insert_calls",
     "int_arg",
     "max_variables",
     "settle_owned_in",
@@ -176,13 +185,25 @@ def settle_owned_in(
     sql: SQLiteStatements,
     conn: sqlite3.Connection,
     items: Sequence[Tuple[AttemptIdentity, Settlement]],
+    effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
 ) -> List[bool]:
-    """Fenced settles inside ``conn``'s transaction; per item, whether it landed."""
+    """Fenced settles inside ``conn``'s transaction; per item, whether it landed. The calls
+    of ``effects`` ride with each completion that landed, in the same transaction."""
     landed = []
     for identity, settlement in items:
         statement = settle_statement(sql, settlement, owned=True)
         params = settle_params(
             identity.update_id, identity.attempt, settlement, identity.claim_id
         )
-        landed.append(bool(conn.execute(statement, params).fetchall()))
+        ok = bool(conn.execute(statement, params).fetchall())
+        landed.append(ok)
+        if ok and effects and isinstance(settlement, Completed):
+            insert_calls(sql, conn, effects_params(identity, effects.get(identity), settlement.at))
     return landed
+
+
+def insert_calls(
+    sql: SQLiteStatements, conn: sqlite3.Connection, calls: Sequence[Dict[str, Any]]
+) -> List[int]:
+    """Insert outbox calls inside ``conn``'s transaction; their call ids, in order."""
+    return [int(conn.execute(sql.outbox.insert, params).fetchone()[0]) for params in calls]
