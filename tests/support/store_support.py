@@ -30,14 +30,17 @@ def fresh_table_name() -> str:
 
 
 def drop_table(dsn: str, table: str) -> None:
-    """Drop ``table`` (and what depends on it) if it exists."""
+    """Drop ``table`` (and what depends on it) and its outbox table if they exist."""
     import psycopg2
+
+    from ptb_fence.stores._outbox_sql import outbox_table_name
 
     conn = psycopg2.connect(dsn)
     try:
         conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute(f'DROP TABLE IF EXISTS "{table}" CASCADE')
+            cur.execute(f'DROP TABLE IF EXISTS "{outbox_table_name(table)}"')
     finally:
         conn.close()
 

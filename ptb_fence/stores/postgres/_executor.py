@@ -336,6 +336,29 @@ class PgExecutor:
             raise schema_error from failure
         raise failure
 
+    def caller_work(self, connection: Any, work: Callable[[Any], _T]) -> _T:
+        """Run ``work(cursor)`` on the caller's connection (or cursor) inside its open
+        transaction; never commit. The connection must be inside a transaction:
+        :exc:`ValueError` for autocommit outside one."""
+        _check_in_transaction(connection)
+        if self.closed:
+            raise closed_error()
+        if not self._schema_ready:
+            self.run(lambda cur: None)  # ensure the schema on a pooled connection first
+        failure: Optional[BaseException] = None
+        try:
+            if callable(getattr(connection, "execute", None)):  # a cursor
+                return work(connection)
+            with connection.cursor() as cur:
+                return work(cur)
+        except Exception as exc:
+            failure = exc
+        assert failure is not None
+        schema_error = self.schema_error(failure)
+        if schema_error is not None:
+            raise schema_error from failure
+        raise failure
+
     @contextmanager
     def transaction(self) -> Iterator[Any]:
         """A pooled connection in an open transaction: commit on normal exit, roll back on an

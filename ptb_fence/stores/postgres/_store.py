@@ -2,7 +2,7 @@
 class.
 
 Sections: construction and lifecycle, the base contract, the fenced contract, the durable
-contract, chat order, release and liveness, figures. Its collaborators: the connection pools
+contract, chat order, release and liveness, figures, the outbox. Its collaborators: the connection pools
 (``_connections``), the executor that runs statements in short transactions with retries
 (``_executor``), the batched writes (``_writes``), the liveness holder (``_liveness``) and all
 its SQL (``_sql``). psycopg2 is imported only when a store is created.
@@ -19,6 +19,7 @@ from typing import (
     ContextManager,
     Dict,
     List,
+    Mapping,
     Optional,
     Sequence,
     Set,
@@ -31,10 +32,19 @@ from ptb_fence._errors import TableBotMismatch
 from ptb_fence._fingerprint import update_fingerprint
 from ptb_fence.contract import ChatKey, ClaimTerms
 from ptb_fence._sockets import cut, cut_after
-from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoreFigures, StoredUpdate
+from ptb_fence._values import (
+    AttemptEffects,
+    AttemptIdentity,
+    Exhaustion,
+    OutboxEntry,
+    Settlement,
+    StoreFigures,
+    StoredUpdate,
+)
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._figures_sql import figures_of
 from ptb_fence.stores._names import validate_table_name, validate_update_id
+from ptb_fence.stores._outbox_sql import counts_of, effects_params, entry_of
 from ptb_fence.stores._suspects import SuspectClaims
 from ptb_fence.stores.postgres._connections import close_quietly, open_source
 from ptb_fence.stores.postgres._executor import PgExecutor, returns_row
@@ -50,6 +60,7 @@ from ptb_fence.stores.postgres._writes import (
     add_claimed,
     add_many,
     batch_results,
+    insert_calls,
     settle_owned_work,
     settle_params,
 )
@@ -474,11 +485,20 @@ class PostgresUpdateStore:
         Args:
             before (:obj:`int`): The strict bound (epoch milliseconds).
 
+        In the same transaction the outbox table, where it exists, loses its sent calls with
+        ``sent_at < before`` and its acknowledged failed calls with ``due_at < before`` (not
+        counted).
+
         Returns:
-            :obj:`int`: How many rows were deleted.
+            :obj:`int`: How many update rows were deleted.
         """
+        outbox = self._db.sql.outbox
 
         def work(cur: Any) -> int:
+            # a table managed with create_table=False may have no outbox yet: prune as before
+            cur.execute(outbox.exists, {"outbox": f'"{outbox.name}"'})
+            if cur.fetchone()[0]:
+                cur.execute(outbox.prune, {"before": before})
             cur.execute(self._db.sql.prune, {"before": before})
             return int(cur.rowcount)
 
@@ -628,11 +648,14 @@ class PostgresUpdateStore:
         *,
         lease_until: int,
         settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
     ) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
-        """:meth:`add_claimed_many` and :meth:`settle_owned_many` in one transaction (one
-        commit): fresh updates and finished attempts that arrive together share a commit
-        (optional capability). Needs the ``claim_id`` column."""
-        return add_claimed(self._db, rows, lease_until, settlements, self._liveness.mine())
+        """:meth:`add_claimed_many` and :meth:`settle_owned_many` (with its ``effects``) in one
+        transaction (one commit): fresh updates and finished attempts that arrive together
+        share a commit (optional capability). Needs the ``claim_id`` column."""
+        return add_claimed(
+            self._db, rows, lease_until, settlements, self._liveness.mine(), effects
+        )
 
     def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
         """:obj:`True` only while this exact claim holds a lease unexpired at ``at``.
@@ -721,11 +744,17 @@ class PostgresUpdateStore:
         return undone
 
     def settle_owned_many(
-        self, items: Sequence[Tuple[AttemptIdentity, Settlement]]
+        self,
+        items: Sequence[Tuple[AttemptIdentity, Settlement]],
+        *,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
     ) -> List[bool]:
         """:meth:`settle_owned` for several attempts in one transaction (one commit).
 
-        Completions go in one statement; failures and abandonments one statement each.
+        Completions go in one statement; failures and abandonments one statement each. With
+        ``effects``, the outbox calls of each completion that lands are inserted in the same
+        transaction (pending, due at the settlement's ``at``); a settle that does not land
+        writes none (see :class:`ptb_fence.OutboxStore`).
 
         Returns:
             List[:obj:`bool`]: Per input position, whether that settlement landed.
@@ -733,7 +762,7 @@ class PostgresUpdateStore:
         items = list(items)
         if not items:
             return []
-        return self._db.run(settle_owned_work(self._db.sql, items))
+        return self._db.run(settle_owned_work(self._db.sql, items, effects))
 
     def transaction(self) -> ContextManager[Any]:
         """Open a transaction on a pooled psycopg2 connection (optional capability).
@@ -1211,3 +1240,129 @@ class PostgresUpdateStore:
             return figures_of(cur.fetchone())
 
         return self._db.run(work)
+
+    # -- outbox ----------------------------------------------------------------------------
+    def write_effects(
+        self, identity: AttemptIdentity, effects: AttemptEffects, at: int, *, connection: Any
+    ) -> List[int]:
+        """Inside the caller's open transaction on ``connection`` (a psycopg2 connection or
+        cursor): insert the outbox calls of ``effects`` as pending at ``at``. Nothing is
+        committed: the caller's commit lands them, its rollback discards them (optional
+        capability, see :class:`ptb_fence.OutboxStore`).
+
+        Returns:
+            List[:obj:`int`]: The call ids, in order.
+
+        Raises:
+            ValueError: If ``connection`` is in autocommit mode outside a transaction.
+        """
+        calls = effects_params(identity, effects, at)
+        return self._db.caller_work(connection, lambda cur: insert_calls(self._db.sql, cur, calls))
+
+    def claim_calls(
+        self, *, now: int, lease_until: int, limit: int, sender: str
+    ) -> List[OutboxEntry]:
+        """Claim the calls to send now in one statement (see :class:`ptb_fence.OutboxStore`):
+        the candidates (pending and due, or sending with a lapsed lease, and in turn in their
+        chat; lowest ``call_id`` first, at most ``limit``) are locked ``FOR UPDATE SKIP
+        LOCKED`` and taken in the same ``UPDATE``, so concurrent claimers never share one."""
+        params = {
+            "now": int(now), "lease_until": int(lease_until), "limit": max(int(limit), 0),
+            "sender": str(sender),
+        }
+        sql = self._db.sql.outbox.claim
+
+        def work(cur: Any) -> List[OutboxEntry]:
+            cur.execute(sql, params)
+            return sorted((entry_of(row) for row in cur.fetchall()), key=lambda e: e.call_id)
+
+        return self._db.run(work)
+
+    def _one(self, sql: str, params: Dict[str, Any]) -> bool:
+        return self._db.run(lambda cur: returns_row(cur, sql, params))
+
+    def _each(self, sql: str, params: List[Dict[str, Any]]) -> List[bool]:
+        if not params:
+            return []
+        return self._db.run(lambda cur: [returns_row(cur, sql, one) for one in params])
+
+    def record_sent(self, items: Sequence[Tuple[int, str, str, int]]) -> List[bool]:
+        """For ``(call_id, sender, result_json, at)``: a call sending by ``sender`` becomes
+        sent at ``at``; per item whether it landed; one transaction."""
+        return self._each(self._db.sql.outbox.record_sent, [
+            {"call_id": call_id, "sender": sender, "result": result, "at": int(at)}
+            for call_id, sender, result, at in items
+        ])
+
+    def retry_call(self, call_id: int, sender: str, *, due_at: int, error: str) -> bool:
+        """A call sending by ``sender`` goes back to pending at ``due_at`` with ``error``."""
+        return self._one(self._db.sql.outbox.retry, {
+            "call_id": call_id, "sender": sender, "due_at": int(due_at), "error": error,
+        })
+
+    def fail_call(self, call_id: int, sender: str, *, at: int, error: str) -> bool:
+        """A call sending by ``sender`` becomes failed at ``at`` (not acknowledged)."""
+        return self._one(self._db.sql.outbox.fail, {
+            "call_id": call_id, "sender": sender, "at": int(at), "error": error,
+        })
+
+    def release_calls(self, call_ids: Sequence[int], sender: str, at: int) -> List[bool]:
+        """Each call sending by ``sender`` goes back to pending at ``at`` (``tries - 1``);
+        one transaction."""
+        return self._each(self._db.sql.outbox.release, [
+            {"call_id": call_id, "sender": sender, "at": int(at)} for call_id in call_ids
+        ])
+
+    def _entries(self, sql: str, params: Dict[str, Any]) -> List[OutboxEntry]:
+        def work(cur: Any) -> List[OutboxEntry]:
+            cur.execute(sql, params)
+            return [entry_of(row) for row in cur.fetchall()]
+
+        return self._db.run(work)
+
+    def due_send_failures(
+        self, *, limit: int, after_call_id: Optional[int] = None
+    ) -> List[OutboxEntry]:
+        """Failed calls not acknowledged, after ``after_call_id``, by ``call_id``."""
+        after = -1 if after_call_id is None else int(after_call_id)
+        return self._entries(self._db.sql.outbox.due_failures,
+                             {"after": after, "limit": max(int(limit), 0)})
+
+    def acknowledge_send_failure(self, call_id: int, at: int) -> bool:
+        """A failed call not acknowledged becomes acknowledged (``due_at = at``)."""
+        return self._one(self._db.sql.outbox.acknowledge, {"call_id": call_id, "at": int(at)})
+
+    def get_call(self, call_id: int) -> Optional[OutboxEntry]:
+        """The call, or :obj:`None`."""
+        found = self._entries(self._db.sql.outbox.get, {"call_id": call_id})
+        return found[0] if found else None
+
+    def list_calls(
+        self, *, state: Optional[str] = None, limit: int = 100, after_call_id: Optional[int] = None
+    ) -> List[OutboxEntry]:
+        """The calls (of ``state``), after ``after_call_id``, by ``call_id``."""
+        params: Dict[str, Any] = {
+            "after": -1 if after_call_id is None else int(after_call_id),
+            "limit": max(int(limit), 0),
+            "state": state,
+        }
+        outbox = self._db.sql.outbox
+        return self._entries(outbox.list_all if state is None else outbox.list_state, params)
+
+    def outbox_counts(self) -> Dict[str, int]:
+        """Calls per state (``failed``: not acknowledged; ``failed_acknowledged``)."""
+        sql = self._db.sql.outbox.counts
+
+        def work(cur: Any) -> Dict[str, int]:
+            cur.execute(sql)
+            return counts_of(cur.fetchall())
+
+        return self._db.run(work)
+
+    def retry_failed_call(self, call_id: int, at: int) -> bool:
+        """Operators: a failed call goes back to pending at ``at``."""
+        return self._one(self._db.sql.outbox.retry_failed, {"call_id": call_id, "at": int(at)})
+
+    def drop_call(self, call_id: int) -> bool:
+        """Operators: delete a pending or failed call."""
+        return self._one(self._db.sql.outbox.drop, {"call_id": call_id})

@@ -4,16 +4,31 @@ duplicate-conflict warnings), settle several attempts in one transaction, renewa
 from __future__ import annotations
 
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ptb_fence._fingerprint import update_fingerprint
-from ptb_fence._values import Abandoned, AttemptIdentity, Completed, Failed, Settlement
+from ptb_fence._values import (
+    Abandoned,
+    AttemptEffects,
+    AttemptIdentity,
+    Completed,
+    Failed,
+    Settlement,
+)
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._names import validate_update_id
+from ptb_fence.stores._outbox_sql import effects_params
 from ptb_fence.stores.postgres._executor import PgExecutor, returns_row
 from ptb_fence.stores.postgres._sql import PostgresStatements
 
-__all__ = ["add_claimed", "add_many", "batch_results", "settle_owned_work", "settle_params"]
+__all__ = [
+    "add_claimed",
+    "add_many",
+    "batch_results",
+    "insert_calls",
+    "settle_owned_work",
+    "settle_params",
+]
 
 _Row = Tuple[int, str, int]
 
@@ -90,14 +105,15 @@ def add_claimed(
     lease_until: int,
     settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
     instance: Optional[str] = None,
+    effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
 ) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
     """Record-and-claim ``rows`` (recording ``instance`` where the table has that column) and
-    settle ``settlements`` in one transaction; log the conflicts (a different update held by
-    a live row) after the commit."""
+    settle ``settlements`` (with the outbox calls of ``effects``) in one transaction; log the
+    conflicts (a different update held by a live row) after the commit."""
     rows = list(rows)
     first = _first_positions(rows)
     items = list(settlements)
-    settle_work = settle_owned_work(db.sql, items) if items else None
+    settle_work = settle_owned_work(db.sql, items, effects) if items else None
     batch = [rows[position] for position in sorted(first.values())]
     prints = [update_fingerprint(body) for _, body, _ in batch]
     with_instance = bool(batch) and db.has_column("instance")
@@ -162,10 +178,13 @@ def settle_params(
 
 
 def settle_owned_work(
-    sql: PostgresStatements, items: List[Tuple[AttemptIdentity, Settlement]]
+    sql: PostgresStatements,
+    items: List[Tuple[AttemptIdentity, Settlement]],
+    effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
 ) -> Callable[[Any], List[bool]]:
     """The statements of ``settle_owned_many`` (completions in one statement, failures and
-    abandonments one statement each), to run on a cursor."""
+    abandonments one statement each), to run on a cursor; then, in the same transaction, the
+    outbox calls of ``effects`` for each completion that landed."""
     completed = [
         (position, identity, settlement)
         for position, (identity, settlement) in enumerate(items)
@@ -208,6 +227,23 @@ def settle_owned_work(
                     landed[position] = True
         for position, statement, params in prepared:
             landed[position] = returns_row(cur, statement, params)
+        if effects:
+            for position, identity, settlement in completed:
+                if landed[position]:
+                    insert_calls(
+                        sql, cur, effects_params(identity, effects.get(identity), settlement.at)
+                    )
         return landed
 
     return work
+
+
+def insert_calls(
+    sql: PostgresStatements, cur: Any, calls: Sequence[Dict[str, Any]]
+) -> List[int]:
+    """Insert outbox calls in the cursor's transaction; their call ids, in order."""
+    ids = []
+    for params in calls:
+        cur.execute(sql.outbox.insert, params)
+        ids.append(int(cur.fetchone()[0]))
+    return ids
