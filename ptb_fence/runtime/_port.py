@@ -46,23 +46,50 @@ fallbacks:
   :obj:`False`);
 - ``figures`` missing (:class:`~ptb_fence.FiguresStore`) → :meth:`StorePort.figures` is
   :obj:`None`: the store counts nothing for operators (:attr:`StorePort.has_figures` is
-  :obj:`False`).
+  :obj:`False`);
+- the outbox group missing (:class:`~ptb_fence.OutboxStore`) → no outbox
+  (:attr:`StorePort.has_outbox` is :obj:`False`): its readers return nothing (no calls,
+  :obj:`None` counts), its sender writes land nowhere (:obj:`False`), and effects passed to
+  a settle or to :meth:`StorePort.write_effects` are refused with a :exc:`TypeError` (never
+  dropped). ``effects=`` reaches the store's batch settles only when the store has the group
+  and there are effects: otherwise the store is called exactly as before.
 
 Sections of :class:`StorePort`: construction and the flags decided once, the base contract,
 the fenced contract (single-row forms over the batch forms where needed), the durable contract,
 batches, claims of several rows, chat order, recovery (release, liveness, isolation),
-transactions and binding, figures.
+transactions and binding, figures, the outbox.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, ContextManager, List, Optional, Sequence, Set, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    ContextManager,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
 
-from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoreFigures, StoredUpdate
+from ptb_fence._values import (
+    AttemptEffects,
+    AttemptIdentity,
+    Exhaustion,
+    OutboxEntry,
+    Settlement,
+    StoreFigures,
+    StoredUpdate,
+)
 from ptb_fence.contract import (
     BASE_METHODS,
     CAPABILITY_GROUPS,
+    OUTBOX_METHODS,
     ChatKey,
     ChatRow,
     ClaimTerms,
@@ -137,6 +164,7 @@ class StorePort:
         "_figures",
         "_hold_liveness",
         "_mark_isolated",
+        "_outbox",
         "_owns_connection",
         "_release_liveness",
         "_release_many",
@@ -225,6 +253,8 @@ class StorePort:
         self._complete_owned = method("completing", "complete_owned")
         self._reopen_completed = method("completing", "reopen_completed")
         self._figures = method("figures", "figures")
+        # the outbox group is all or nothing: the store itself, or None without it
+        self._outbox: Any = store if has("outbox") else None
         self._owns_connection = takes_connection(_optional(store, "owns"))
         self._settle_connection = takes_connection(self._settle_owned)
         _LOGGER.info("%s: store capabilities: %s", component, capabilities)
@@ -328,6 +358,12 @@ class StorePort:
     def has_figures(self) -> bool:
         """:obj:`bool`: The store counts what waits in it for operators (``figures``)."""
         return self._figures is not None
+
+    @property
+    def has_outbox(self) -> bool:
+        """:obj:`bool`: The store keeps an outbox of Bot API calls sent iff their attempt
+        committed (:class:`~ptb_fence.OutboxStore`)."""
+        return self._outbox is not None
 
     # -- base contract ----------------------------------------------------------------------
     def add(self, update_id: int, body: str, received_at: int) -> bool:
@@ -459,26 +495,60 @@ class StorePort:
         rows: Sequence[Row],
         settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
         terms: ClaimTerms,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
     ) -> Tuple[List[Recorded], List[bool]]:
-        """:meth:`record_claimed` and :meth:`settle_owned_many`: one commit with
-        ``add_claimed_and_settle_many``, else the two calls one after the other."""
+        """:meth:`record_claimed` and :meth:`settle_owned_many` (with ``effects``): one
+        commit with ``add_claimed_and_settle_many``, else the two calls one after the other."""
         if self._add_claimed_and_settle_many is not None:
+            extra = self._effects_keyword(effects)
             identities, landed = self._add_claimed_and_settle_many(
-                list(rows), lease_until=terms.lease_until, settlements=list(settlements)
+                list(rows), lease_until=terms.lease_until, settlements=list(settlements),
+                **extra,
             )
             return (
                 [False if identity is None else identity for identity in identities],
                 [bool(ok) for ok in landed],
             )
-        return self.record_claimed(rows, terms), self.settle_owned_many(settlements)
+        return (
+            self.record_claimed(rows, terms),
+            self.settle_owned_many(settlements, effects=effects),
+        )
 
     def settle_owned_many(
-        self, items: Sequence[Tuple[AttemptIdentity, Settlement]]
+        self,
+        items: Sequence[Tuple[AttemptIdentity, Settlement]],
+        *,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
     ) -> List[bool]:
-        """``store.settle_owned_many`` (one commit) or the loop of ``settle_owned``."""
+        """``store.settle_owned_many`` (one commit) or the loop of ``settle_owned``. With
+        ``effects`` (an outbox store: it has ``settle_owned_many``), the calls of the landed
+        completions ride in the same commit."""
+        extra = self._effects_keyword(effects)
         if self._settle_owned_many is not None:
-            return [bool(ok) for ok in self._settle_owned_many(list(items))]
+            return [bool(ok) for ok in self._settle_owned_many(list(items), **extra)]
         return [self.settle_owned(identity, settlement) for identity, settlement in items]
+
+    def _effects_keyword(
+        self, effects: Optional[Mapping[AttemptIdentity, AttemptEffects]]
+    ) -> Dict[str, Any]:
+        """``{"effects": ...}`` for an outbox store given calls; ``{}`` when there are none
+        (the store is called as before).
+
+        Raises:
+            TypeError: Calls for a store without the outbox (they would be lost).
+        """
+        if not effects or not any(e.calls for e in effects.values()):
+            return {}
+        self._require_outbox("effects=")
+        return {"effects": dict(effects)}
+
+    def _require_outbox(self, what: str) -> Any:
+        if self._outbox is None:
+            raise TypeError(
+                f"{type(self.store).__name__} has no outbox (OutboxStore: "
+                f"{', '.join(OUTBOX_METHODS)}): {what} needs one"
+            )
+        return self._outbox
 
     def renew_owned_many(
         self, identities: Sequence[AttemptIdentity], lease_until: int, now: int
@@ -645,3 +715,96 @@ class StorePort:
                 f"{figures!r}; it must return a ptb_fence.StoreFigures"
             )
         return figures
+
+    # -- the outbox (OutboxStore) -----------------------------------------------------------
+    def write_effects(
+        self, identity: AttemptIdentity, effects: AttemptEffects, at: int, *, connection: Any
+    ) -> List[int]:
+        """``store.write_effects``: the calls inside the caller's transaction; their ids.
+
+        Raises:
+            TypeError: The store has no outbox.
+        """
+        outbox = self._require_outbox("write_effects")
+        return [int(i) for i in outbox.write_effects(identity, effects, at, connection=connection)]
+
+    def claim_calls(
+        self, *, now: int, lease_until: int, limit: int, sender: str
+    ) -> List[OutboxEntry]:
+        """``store.claim_calls``; none without an outbox."""
+        if self._outbox is None:
+            return []
+        return list(
+            self._outbox.claim_calls(now=now, lease_until=lease_until, limit=limit, sender=sender)
+        )
+
+    def record_sent(self, items: Sequence[Tuple[int, str, str, int]]) -> List[bool]:
+        """``store.record_sent``; nothing lands without an outbox."""
+        if self._outbox is None:
+            return [False] * len(items)
+        return [bool(ok) for ok in self._outbox.record_sent(list(items))]
+
+    def retry_call(self, call_id: int, sender: str, *, due_at: int, error: str) -> bool:
+        """``store.retry_call``; :obj:`False` without an outbox."""
+        if self._outbox is None:
+            return False
+        return bool(self._outbox.retry_call(call_id, sender, due_at=due_at, error=error))
+
+    def fail_call(self, call_id: int, sender: str, *, at: int, error: str) -> bool:
+        """``store.fail_call``; :obj:`False` without an outbox."""
+        if self._outbox is None:
+            return False
+        return bool(self._outbox.fail_call(call_id, sender, at=at, error=error))
+
+    def release_calls(self, call_ids: Sequence[int], sender: str, at: int) -> List[bool]:
+        """``store.release_calls``; nothing lands without an outbox."""
+        if self._outbox is None:
+            return [False] * len(call_ids)
+        return [bool(ok) for ok in self._outbox.release_calls(list(call_ids), sender, at)]
+
+    def due_send_failures(
+        self, *, limit: int, after_call_id: Optional[int] = None
+    ) -> List[OutboxEntry]:
+        """``store.due_send_failures``; none without an outbox."""
+        if self._outbox is None:
+            return []
+        return list(self._outbox.due_send_failures(limit=limit, after_call_id=after_call_id))
+
+    def acknowledge_send_failure(self, call_id: int, at: int) -> bool:
+        """``store.acknowledge_send_failure``; :obj:`False` without an outbox."""
+        if self._outbox is None:
+            return False
+        return bool(self._outbox.acknowledge_send_failure(call_id, at))
+
+    def get_call(self, call_id: int) -> Optional[OutboxEntry]:
+        """``store.get_call``; :obj:`None` without an outbox."""
+        if self._outbox is None:
+            return None
+        entry: Optional[OutboxEntry] = self._outbox.get_call(call_id)
+        return entry
+
+    def list_calls(
+        self, *, state: Optional[str] = None, limit: int = 100, after_call_id: Optional[int] = None
+    ) -> List[OutboxEntry]:
+        """``store.list_calls``; none without an outbox."""
+        if self._outbox is None:
+            return []
+        return list(self._outbox.list_calls(state=state, limit=limit, after_call_id=after_call_id))
+
+    def outbox_counts(self) -> Optional[Dict[str, int]]:
+        """``store.outbox_counts``; :obj:`None` without an outbox."""
+        if self._outbox is None:
+            return None
+        return {str(k): int(v) for k, v in self._outbox.outbox_counts().items()}
+
+    def retry_failed_call(self, call_id: int, at: int) -> bool:
+        """``store.retry_failed_call``; :obj:`False` without an outbox."""
+        if self._outbox is None:
+            return False
+        return bool(self._outbox.retry_failed_call(call_id, at))
+
+    def drop_call(self, call_id: int) -> bool:
+        """``store.drop_call``; :obj:`False` without an outbox."""
+        if self._outbox is None:
+            return False
+        return bool(self._outbox.drop_call(call_id))
