@@ -12,18 +12,21 @@ import dataclasses
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Type
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Type
 
 from ptb_fence import (
+    AttemptEffects,
     AttemptIdentity,
     ClaimTerms,
     Completed,
     Exhaustion,
     MemoryUpdateStore,
+    OutboxEntry,
     Settlement,
     StoreFigures,
     StoredUpdate,
 )
+from ptb_fence.stores.memory._rows import CallRow
 
 
 def _real_claim_id(store: MemoryUpdateStore, identity: AttemptIdentity) -> AttemptIdentity:
@@ -605,19 +608,33 @@ class StagedConnection:
 
     def __init__(self) -> None:
         self.settles: List[Tuple[AttemptIdentity, Settlement]] = []
+        self.calls: List[CallRow] = []
 
 
 class TransactionalMemoryStore(MemoryUpdateStore):
     """A CORRECT memory store whose transaction() yields a connection and really rolls back:
-    ``settle_owned(connection=conn)`` is staged on ``conn`` and applied only at the commit."""
+    ``settle_owned(connection=conn)`` and ``write_effects(connection=conn)`` are staged on
+    ``conn`` and applied only at the commit."""
 
     @contextmanager
     def transaction(self) -> Iterator[Any]:
         with self._lock:
             conn = StagedConnection()
-            yield conn  # an exception skips the commit below: the staged settles are dropped
+            yield conn  # an exception skips the commit below: the staged writes are dropped
             for identity, settlement in conn.settles:
                 MemoryUpdateStore.settle_owned(self, identity, settlement)
+            for call in conn.calls:
+                self._calls[call.call_id] = call
+
+    def write_effects(
+        self, identity: AttemptIdentity, effects: AttemptEffects, at: int, *, connection: Any
+    ) -> List[int]:
+        if not isinstance(connection, StagedConnection):
+            return super().write_effects(identity, effects, at, connection=connection)
+        with self._lock:
+            rows = self._new_calls(identity, effects, at)
+            connection.calls.extend(rows)
+            return [row.call_id for row in rows]
 
     def settle_owned(
         self, identity: AttemptIdentity, settlement: Settlement, *, connection: Any = None
@@ -925,7 +942,103 @@ class FiguresHeldSmallestChatStore(MemoryUpdateStore):
             return dataclasses.replace(super().figures(), held_chat=held, held_chat_since=since)
 
 
+# -- outbox --------------------------------------------------------------------------------------
+class OutboxIgnoresChatOrderStore(MemoryUpdateStore):
+    """``claim_calls`` takes every due call, however many calls of its chat wait before it."""
+
+    def _call_in_turn(self, call: CallRow, now: int) -> bool:
+        return True
+
+
+class OutboxClaimsLiveSendingStore(MemoryUpdateStore):
+    """``claim_calls`` takes a sending call over at the last millisecond of its lease
+    (``due_at <= now`` instead of ``due_at < now``)."""
+
+    def claim_calls(
+        self, *, now: int, lease_until: int, limit: int, sender: str
+    ) -> List[OutboxEntry]:
+        with self._lock:
+            for call in self._calls.values():
+                if call.state == "sending" and call.due_at == now:
+                    call.due_at = now - 1
+            return super().claim_calls(now=now, lease_until=lease_until, limit=limit,
+                                       sender=sender)
+
+
+class OutboxWritesUnlandedEffectsStore(MemoryUpdateStore):
+    """The batch settles write the calls of every completion given, landed or not."""
+
+    def _queue_landed(
+        self,
+        items: Sequence[Tuple[AttemptIdentity, Settlement]],
+        landed: Sequence[bool],
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]],
+    ) -> None:
+        super()._queue_landed(items, [True] * len(items), effects)
+
+
+class OutboxRecordSentIgnoresSenderStore(MemoryUpdateStore):
+    """``record_sent`` (and retry, fail, release) accept any sender token for a sending
+    call: a sender whose lease lapsed records over the one that took the call over."""
+
+    def _sending(self, call_id: int, sender: str) -> Optional[CallRow]:
+        call = self._calls.get(call_id)
+        return call if call is not None and call.state == "sending" else None
+
+
+class OutboxReadThenWriteClaimStore(MemoryUpdateStore):
+    """``claim_calls`` picks the calls under the lock, lets go of it, then takes them."""
+
+    def claim_calls(
+        self, *, now: int, lease_until: int, limit: int, sender: str
+    ) -> List[OutboxEntry]:
+        with self._lock:
+            chosen = [
+                call for _, call in sorted(self._calls.items())
+                if ((call.state == "pending" and call.due_at <= now)
+                    or (call.state == "sending" and call.due_at < now))
+                and self._call_in_turn(call, now)
+            ][:limit]
+        time.sleep(0.003)  # every other claimer picks the same calls meanwhile
+        with self._lock:
+            for call in chosen:
+                call.state, call.due_at, call.sender = "sending", lease_until, sender
+                call.tries += 1
+            return [self._entry(call) for call in chosen]
+
+
+class OutboxWriteEffectsCommitsAtOnceStore(MemoryUpdateStore):
+    """``write_effects`` writes its calls at once, outside the caller's transaction: a
+    rollback of the caller keeps them."""
+
+    def write_effects(
+        self, identity: AttemptIdentity, effects: AttemptEffects, at: int, *, connection: Any
+    ) -> List[int]:
+        with self._lock:
+            rows = self._new_calls(identity, effects, at)
+            for row in rows:
+                self._calls[row.call_id] = row
+            return [row.call_id for row in rows]
+
+
+class OutboxCountsAcknowledgedAsFailedStore(MemoryUpdateStore):
+    """``outbox_counts`` counts acknowledged failures as waiting ones."""
+
+    def outbox_counts(self) -> Dict[str, int]:
+        counts = super().outbox_counts()
+        counts["failed"] += counts["failed_acknowledged"]
+        counts["failed_acknowledged"] = 0
+        return counts
+
+
 BROKEN: Dict[Type[Any], Sequence[str]] = {
+    OutboxIgnoresChatOrderStore: ("outbox-claim",),
+    OutboxClaimsLiveSendingStore: ("outbox-claim",),
+    OutboxWritesUnlandedEffectsStore: ("outbox-effects",),
+    OutboxRecordSentIgnoresSenderStore: ("outbox-claim",),
+    OutboxReadThenWriteClaimStore: ("outbox-concurrent-claim",),
+    OutboxWriteEffectsCommitsAtOnceStore: ("outbox-effects",),
+    OutboxCountsAcknowledgedAsFailedStore: ("outbox-operators",),
     FiguresHeldSmallestChatStore: ("figures",),
     FiguresCountCompletedStore: ("figures",),
     FiguresIgnoreFailedStore: ("figures",),

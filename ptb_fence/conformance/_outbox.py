@@ -1,0 +1,469 @@
+"""The outbox.
+
+The Bot API calls an attempt queued are written only with its landed completion (or inside
+its own transaction, undone by its rollback); a sender claims them due, one call per chat in
+order, under a lease, and only the claiming sender records what became of them. The rules run
+only for a store with every method of :class:`~ptb_fence.OutboxStore`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Set, cast
+
+from ptb_fence._values import (
+    AttemptEffects,
+    AttemptIdentity,
+    Completed,
+    Failed,
+    OutboxCall,
+    OutboxEntry,
+)
+from ptb_fence.contract import OUTBOX_METHODS
+from ptb_fence.conformance._probe import (
+    JOIN_TIMEOUT,
+    L,
+    T,
+    THREADS,
+    Abort,
+    Probe,
+    bool_list,
+    has_method,
+    other_claim_id,
+    stamp,
+)
+from ptb_fence.conformance._rule import rule
+
+
+class _Rollback(Exception):
+    """Raised inside ``transaction()`` by the check to see the calls written in it vanish."""
+
+
+def _has_outbox(p: Probe) -> bool:
+    return all(has_method(p.store, method) for method in OUTBOX_METHODS)
+
+
+def _call(method: str, chat_key: Optional[int], seq: int, at_most_once: bool = False) -> OutboxCall:
+    return OutboxCall(method, '{"text": "%s %d"}' % (method, seq), chat_key, seq, at_most_once)
+
+
+def _entries(p: Probe, method: str, value: object) -> List[OutboxEntry]:
+    ok = isinstance(value, list) and all(isinstance(v, OutboxEntry) for v in value)
+    if not p.check_type(method, ok, "a list of OutboxEntry", value):
+        raise Abort
+    return cast(List[OutboxEntry], value)
+
+
+def _all(p: Probe) -> Dict[int, OutboxEntry]:
+    """Every call in the store, by call id."""
+    listed = _entries(p, "list_calls", p.call("list_calls", limit=10_000))
+    return {entry.call_id: entry for entry in listed}
+
+
+def _claim(p: Probe, now: int, sender: str, limit: int = 100, lease: int = 100) -> List[int]:
+    """``claim_calls`` at ``now`` for ``sender`` (lease ``now + lease``): the call ids."""
+    got = _entries(p, "claim_calls", p.call(
+        "claim_calls", now=now, lease_until=now + lease, limit=limit, sender=sender
+    ))
+    ids = [entry.call_id for entry in got]
+    p.expect(ids == sorted(ids), f"claim_calls returned the calls {ids}: not lowest call_id "
+             "first")
+    for entry in got:
+        p.expect(entry.state == "sending" and entry.due_at == now + lease,
+                 f"claim_calls returned call {entry.call_id} as {entry.state!r} due at "
+                 f"{stamp(entry.due_at)}; a claimed call is 'sending' until its lease end "
+                 f"{stamp(now + lease)}")
+    return ids
+
+
+def _completed(
+    p: Probe, update_id: int, calls: Sequence[OutboxCall], at: int
+) -> AttemptIdentity:
+    """Record ``update_id``, claim it and complete it at ``at`` with ``calls``; the identity."""
+    p.require(p.add(update_id, f"o{update_id}", T), "add of a new update_id returned False")
+    identity = p.claim_owned(update_id, now=T, lease_until=T + L)
+    p.require(identity is not None, "claim_owned of a pending update returned None")
+    assert identity is not None
+    landed = bool_list(p, "settle_owned_many", p.call(
+        "settle_owned_many", [(identity, Completed(at=at))],
+        effects={identity: AttemptEffects(tuple(calls))},
+    ), 1)
+    p.require(landed == [True], f"settle_owned_many(effects=) of a live claim returned {landed}")
+    return identity
+
+
+@rule(
+    "outbox-effects",
+    "fenced",
+    "the calls of settle_owned_many/add_claimed_and_settle_many(effects=) are written with "
+    "each completion that landed and no other settlement, and write_effects' calls land and "
+    "vanish with the caller's transaction.",
+    applies="only with the outbox methods",
+)
+def rule_outbox_effects(p: Probe, fenced: bool, durable: bool) -> None:
+    """A live claim completed with two calls writes both, ``pending`` with ``due_at`` and
+    ``created_at`` the completion's ``at``, ``tries`` 0, the attempt's identity and each call's
+    fields, in ``seq`` order (increasing call ids); ``get_call`` returns the same entry. In one
+    ``settle_owned_many`` with effects for four identities, only the completion that lands
+    writes calls: not a completion with a wrong claim id, not one after its lease ended (``at``
+    past ``due_at``), not a :class:`~ptb_fence.Failed` settlement, not an identity that is not
+    settled in the call. ``add_claimed_and_settle_many(effects=)`` writes the calls of its landed
+    completion only. With ``transaction()``: ``write_effects(identity, effects, at,
+    connection=conn)`` returns the new call ids; a block that raises leaves no call, a block
+    that ends normally leaves them ``pending`` at ``at``.
+    """
+    if not _has_outbox(p):
+        return
+    a_calls = (_call("sendMessage", 7, 0), _call("sendPhoto", None, 1, at_most_once=True))
+    a = _completed(p, 1, a_calls, T + 10)
+    stored = sorted(_all(p).values(), key=lambda entry: entry.call_id)
+    p.require(len(stored) == 2, f"a completion with 2 calls wrote {len(stored)} call(s)")
+    for entry, call in zip(stored, a_calls):
+        want = (a.update_id, a.attempt, a.claim_id, call.seq, call.chat_key, call.method,
+                call.params_json, call.at_most_once, "pending", 0, T + 10, T + 10, None, None,
+                None, False)
+        got = (entry.update_id, entry.attempt, entry.claim_id, entry.seq, entry.chat_key,
+               entry.method, entry.params_json, entry.at_most_once, entry.state, entry.tries,
+               entry.due_at, entry.created_at, entry.sent_at, entry.error, entry.result_json,
+               entry.acknowledged)
+        p.expect(got == want, f"the call {call.seq} of a completion at {stamp(T + 10)} was "
+                 f"stored as {got}; expected {want}")
+        p.expect(p.call("get_call", entry.call_id) == entry,
+                 f"get_call({entry.call_id}) differs from list_calls' entry")
+    p.expect(p.call("get_call", max(e.call_id for e in stored) + 1000) is None,
+             "get_call of an unknown call id did not return None")
+
+    # four settlements with effects: only the live completion (update 5) lands its calls
+    identities = []
+    for update_id in (2, 3, 4, 5):
+        p.require(p.add(update_id, f"o{update_id}", T), "add of a new update_id returned False")
+        identity = p.claim_owned(update_id, now=T, lease_until=T + 100)
+        p.require(identity is not None, "claim_owned of a pending update returned None")
+        identities.append(identity)
+    two, three, four, five = cast(List[AttemptIdentity], identities)
+    stranger = AttemptIdentity(6, 1, "never-claimed")
+    wrong = AttemptIdentity(two.update_id, two.attempt, other_claim_id(two.claim_id))
+    items = [
+        (wrong, Completed(at=T + 50)),  # not this claim
+        (three, Completed(at=T + 101)),  # the lease ended at T+100
+        (four, Failed(at=T + 50, retry_at=T + 500, error="x")),  # lands, but no completion
+        (five, Completed(at=T + 100)),  # lands: the lease holds at its last millisecond
+    ]
+    effects = {
+        identity: AttemptEffects((_call(f"m{identity.update_id}", None, 0),))
+        for identity in (wrong, three, four, five, stranger)
+    }
+    landed = bool_list(p, "settle_owned_many",
+                       p.call("settle_owned_many", items, effects=effects), 4)
+    p.require(landed == [False, False, True, True], f"settle_owned_many returned {landed} for a "
+              "wrong claim id, a lapsed lease, a failure and a live completion; expected "
+              "[False, False, True, True]")
+    written = sorted(e.method for e in _all(p).values() if e.update_id != 1)
+    p.expect(written == ["m5"], f"settle_owned_many(effects=) wrote the calls {written}; only "
+             "the landed completion's (m5) may be written: a settle that did not land, a "
+             "failure and an identity not settled write none")
+
+    # the combined write: its landed completion writes, the refused one does not
+    p.require(p.add(7, "o7", T), "add of a new update_id returned False")
+    seven = p.claim_owned(7, now=T, lease_until=T + L)
+    p.require(seven is not None, "claim_owned of a pending update returned None")
+    assert seven is not None
+    late = AttemptIdentity(2, two.attempt, two.claim_id)  # its lease ended at T+100
+    value = p.call(
+        "add_claimed_and_settle_many", [(8, "o8", T + 200)], lease_until=T + L,
+        settlements=[(seven, Completed(at=T + 200)), (late, Completed(at=T + 200))],
+        effects={seven: AttemptEffects((_call("m7", 3, 0),)),
+                 late: AttemptEffects((_call("m2", 3, 0),))},
+    )
+    landed = bool_list(p, "add_claimed_and_settle_many", value[1] if isinstance(value, tuple)
+                       else value, 2)
+    p.expect(landed == [True, False], f"add_claimed_and_settle_many settled {landed}; expected "
+             "[True, False] (a live claim, a lapsed one)")
+    written = sorted(e.method for e in _all(p).values() if e.update_id not in (1, 5))
+    p.expect(written == ["m7"], f"add_claimed_and_settle_many(effects=) wrote the calls "
+             f"{written}; expected only the landed completion's ['m7']")
+
+    if not has_method(p.store, "transaction"):
+        return
+    before = set(_all(p))
+    nine = AttemptIdentity(9, 1, "attempt-of-the-transaction")
+    effects_nine = AttemptEffects((_call("t0", 4, 0), _call("t1", 4, 1)))
+    try:
+        with p.call("transaction") as conn:
+            p.call("write_effects", nine, effects_nine, T + 300, connection=conn)
+            raise _Rollback("raised inside the block by the check")
+    except _Rollback:
+        pass
+    p.expect(set(_all(p)) == before, "write_effects' calls stayed although the caller's "
+             "transaction rolled back (they must be written in it and never committed by the "
+             "store)")
+    with p.call("transaction") as conn:
+        ids = p.call("write_effects", nine, effects_nine, T + 300, connection=conn)
+    ok = isinstance(ids, list) and len(ids) == 2 and all(type(i) is int for i in ids)
+    if not p.check_type("write_effects", ok, "a list of 2 int call ids", ids):
+        return
+    after = _all(p)
+    p.expect(ids[0] < ids[1] and set(after) - before == set(ids),
+             f"write_effects returned {ids}; the new calls are {sorted(set(after) - before)}")
+    for call_id, call in zip(ids, effects_nine.calls):
+        found = after.get(call_id)
+        p.expect(found is not None and (found.method, found.state, found.due_at, found.update_id,
+                                        found.claim_id) == (call.method, "pending", T + 300, 9,
+                                                            nine.claim_id),
+                 f"write_effects' call {call.method} committed as {found}; expected pending at "
+                 f"{stamp(T + 300)} for the given identity")
+
+
+@rule(
+    "outbox-claim",
+    "fenced",
+    "claim_calls takes due pending calls (due_at <= now) and lapsed sending ones (due_at < "
+    "now), one call per chat in call_id order; only the claiming sender records sent, retry, "
+    "failure or release.",
+    applies="only with the outbox methods",
+)
+def rule_outbox_claim(p: Probe, fenced: bool, durable: bool) -> None:
+    """Calls A (chat 1), B (chat 1), C (no chat) and D (chat 2), completed at T+100: nothing
+    is claimable at T+99; at T+100 (``due_at <= now``) A, C and D are, not B (A holds chat 1);
+    at T+200 none (leases until T+200 are held at T+200); at T+201 A, C and D again (lapsed:
+    ``due_at < now``; ``tries`` 2), B still held by A. ``record_sent`` by the first sender is
+    refused, by the current one lands (``sent``, ``sent_at``, the result); then B is claimable.
+    ``retry_call``, ``fail_call`` and ``release_calls`` by another sender are refused. B retried
+    to T+1000 holds chat 1: a later call E of chat 1 (due at T+300) is not claimed at T+400, B is
+    at T+1000; B failed releases the chat: E is claimed. E released: ``pending`` at the release
+    time with ``tries - 1``, claimable at once; ``limit`` 1 takes the lowest claimable call.
+    """
+    if not _has_outbox(p):
+        return
+    _completed(p, 1, (_call("A", 1, 0), _call("B", 1, 1), _call("C", None, 2),
+                      _call("D", 2, 3)), T + 100)
+    ids = {e.method: e.call_id for e in _all(p).values()}
+    A, B, C, D = ids["A"], ids["B"], ids["C"], ids["D"]
+    got = _claim(p, T + 99, "s0")
+    p.expect(got == [], f"claim_calls at {stamp(T + 99)} took {got}; the calls are due at "
+             f"{stamp(T + 100)}")
+    got = _claim(p, T + 100, "s1")
+    p.require(got == [A, C, D], f"claim_calls at {stamp(T + 100)} took {got}; expected "
+              f"{[A, C, D]} (A, C, D due at their due_at; B waits behind A in chat 1)")
+    got = _claim(p, T + 200, "s1b")
+    p.expect(got == [], f"claim_calls at {stamp(T + 200)} took {got}; the leases end at "
+             f"{stamp(T + 200)} and are held at that millisecond (due_at >= now), and B waits "
+             "behind A")
+    got = _claim(p, T + 201, "s2")
+    p.require(got == [A, C, D], f"claim_calls at {stamp(T + 201)} took {got}; expected the "
+              f"lapsed {[A, C, D]} (due_at < now) and not B (A, sending, holds chat 1)")
+    tries = _all(p)[A].tries
+    p.expect(tries == 2, f"call A claimed twice has tries {tries}; expected 2")
+    refused = bool_list(p, "record_sent",
+                        p.call("record_sent", [(A, "s1", '{"ok": 1}', T + 202)]), 1)
+    p.expect(refused == [False], "record_sent by a sender whose lease lapsed and was taken "
+             "over landed; only the claiming sender's token may record")
+    landed = bool_list(p, "record_sent", p.call("record_sent", [(A, "s2", '{"ok": 2}', T + 202),
+                                                                 (B, "s2", "{}", T + 202)]), 2)
+    p.require(landed == [True, False], f"record_sent by the claiming sender (A) and for a "
+              f"pending call (B) returned {landed}; expected [True, False]")
+    a = _all(p)[A]
+    p.expect((a.state, a.sent_at, a.result_json) == ("sent", T + 202, '{"ok": 2}'),
+             f"call A recorded sent is {a.state!r}, sent_at {a.sent_at}, result "
+             f"{a.result_json!r}")
+    got = _claim(p, T + 202, "s3")
+    p.require(got == [B], f"claim_calls after A was sent took {got}; expected [B] (C and D are "
+              "still under s2's lease)")
+    for method, args, kwargs in (
+        ("retry_call", (B, "s2"), {"due_at": T + 1000, "error": "x"}),
+        ("fail_call", (B, "s2"), {"at": T + 203, "error": "x"}),
+    ):
+        p.expect(not p.real_bool(method, p.call(method, *args, **kwargs)),
+                 f"{method} by a sender that does not hold the call landed")
+    got_release = bool_list(p, "release_calls", p.call("release_calls", [B], "s2", T + 203), 1)
+    p.expect(got_release == [False], "release_calls by a sender that does not hold the call "
+             "landed")
+    p.require(p.real_bool("retry_call", p.call("retry_call", B, "s3", due_at=T + 1000,
+                                               error="retry later")),
+              "retry_call by the claiming sender returned False")
+    b = _all(p)[B]
+    p.expect((b.state, b.due_at, b.error) == ("pending", T + 1000, "retry later"),
+             f"call B retried is {b.state!r} due at {stamp(b.due_at)} ({b.error!r})")
+    _completed(p, 2, (_call("E", 1, 0),), T + 300)
+    E = max(_all(p))
+    got = _claim(p, T + 400, "s4")
+    p.expect(E not in got, f"claim_calls took call E of chat 1 while the earlier call B of the "
+             f"chat is pending until {stamp(T + 1000)} (an earlier call due later holds its "
+             "chat)")
+    got = _claim(p, T + 1000, "s5")
+    p.require(B in got and E not in got, f"claim_calls at {stamp(T + 1000)} took {got}; "
+              f"expected B ({B}) and not E ({E})")
+    p.require(p.real_bool("fail_call", p.call("fail_call", B, "s5", at=T + 1001, error="no")),
+              "fail_call by the claiming sender returned False")
+    b = _all(p)[B]
+    p.expect((b.state, b.due_at, b.sent_at, b.acknowledged) == ("failed", T + 1001, None, False),
+             f"call B failed is {b.state!r}, due_at {stamp(b.due_at)}, sent_at {b.sent_at}, "
+             f"acknowledged {b.acknowledged}")
+    got = _claim(p, T + 1002, "s6")
+    p.require(E in got, f"claim_calls after B failed took {got}; a failed call releases its "
+              f"chat: E ({E}) is next")
+    released = bool_list(p, "release_calls", p.call("release_calls", [E], "s6", T + 1003), 1)
+    p.require(released == [True], f"release_calls by the claiming sender returned {released}")
+    e = _all(p)[E]
+    p.expect((e.state, e.due_at, e.tries) == ("pending", T + 1003, 0),
+             f"call E released is {e.state!r} due at {stamp(e.due_at)} with tries {e.tries}; "
+             f"expected pending at {stamp(T + 1003)} with tries 0 (a release is not a try)")
+    _completed(p, 3, (_call("F", None, 0), _call("G", None, 1)), T + 1003)
+    got = _claim(p, T + 1003, "s7", limit=1)
+    p.expect(got == [E], f"claim_calls with limit 1 took {got}; expected the lowest claimable "
+             f"call [{E}]")
+
+
+@rule(
+    "outbox-operators",
+    "fenced",
+    "failed calls wait for their acknowledgement (due_send_failures, a cursor), operators "
+    "retry or drop calls, outbox_counts counts every state, and prune drops the sent and "
+    "acknowledged history before its bound.",
+    applies="only with the outbox methods",
+)
+def rule_outbox_operators(p: Probe, fenced: bool, durable: bool) -> None:
+    """Of three calls failed, ``due_send_failures`` lists the unacknowledged by ``call_id``,
+    after a cursor and up to ``limit``; ``acknowledge_send_failure`` lands once; an
+    acknowledged call is listed no more. ``outbox_counts`` has every key (``pending``,
+    ``sending``, ``sent``, ``failed``, ``failed_acknowledged``) with the right counts.
+    ``retry_failed_call`` makes a failed call ``pending`` at its time (refused for a sent call);
+    ``drop_call`` deletes a pending or failed call, never a ``sending`` or ``sent`` one.
+    ``list_calls(state=)`` filters, ``after_call_id`` pages. ``prune(before)`` deletes a sent
+    call with ``sent_at < before`` and an acknowledged failed one with ``due_at < before``
+    (not at the bound), never a pending one or an unacknowledged failure.
+    """
+    if not _has_outbox(p):
+        return
+    _completed(p, 1, tuple(_call(f"c{i}", None, i) for i in range(6)), T)
+    ids = sorted(_all(p))
+    got = _claim(p, T, "s", lease=L)
+    p.require(got == ids, f"claim_calls of six due calls without a chat took {got}")
+    for call_id in ids[:3]:
+        p.require(p.real_bool("fail_call", p.call("fail_call", call_id, "s", at=T + 10,
+                                                  error="refused")),
+                  "fail_call by the claiming sender returned False")
+    p.require(bool_list(p, "record_sent", p.call("record_sent", [(ids[3], "s", "{}", T + 20)]),
+                        1) == [True], "record_sent by the claiming sender did not land")
+    listed = [e.call_id for e in _entries(p, "due_send_failures",
+                                         p.call("due_send_failures", limit=10))]
+    p.expect(listed == ids[:3], f"due_send_failures listed {listed}; expected {ids[:3]}")
+    listed = [e.call_id for e in _entries(p, "due_send_failures", p.call(
+        "due_send_failures", limit=1, after_call_id=ids[0]))]
+    p.expect(listed == ids[1:2], f"due_send_failures(limit=1, after_call_id={ids[0]}) listed "
+             f"{listed}; expected {ids[1:2]}")
+    p.expect(p.real_bool("acknowledge_send_failure",
+                         p.call("acknowledge_send_failure", ids[0], T + 30)),
+             "acknowledge_send_failure of an unacknowledged failure returned False")
+    p.expect(not p.real_bool("acknowledge_send_failure",
+                             p.call("acknowledge_send_failure", ids[0], T + 31)),
+             "acknowledge_send_failure of an acknowledged failure returned True")
+    p.expect(not p.real_bool("acknowledge_send_failure",
+                             p.call("acknowledge_send_failure", ids[3], T + 31)),
+             "acknowledge_send_failure of a sent call returned True")
+    listed = [e.call_id for e in _entries(p, "due_send_failures",
+                                         p.call("due_send_failures", limit=10))]
+    p.expect(listed == ids[1:3], f"due_send_failures after an acknowledgement listed {listed}")
+    want = {"pending": 0, "sending": 2, "sent": 1, "failed": 2, "failed_acknowledged": 1}
+    counts = p.call("outbox_counts")
+    p.expect(counts == want, f"outbox_counts returned {counts}; expected {want}")
+    p.expect(p.real_bool("retry_failed_call", p.call("retry_failed_call", ids[1], T + 40)),
+             "retry_failed_call of a failed call returned False")
+    p.expect(not p.real_bool("retry_failed_call", p.call("retry_failed_call", ids[3], T + 40)),
+             "retry_failed_call of a sent call returned True")
+    one = _all(p)[ids[1]]
+    p.expect((one.state, one.due_at, one.acknowledged) == ("pending", T + 40, False),
+             f"a failed call retried by an operator is {one.state!r} due at "
+             f"{stamp(one.due_at)}")
+    pending = [e.call_id for e in _entries(p, "list_calls",
+                                          p.call("list_calls", state="pending"))]
+    p.expect(pending == [ids[1]], f"list_calls(state='pending') listed {pending}")
+    page = [e.call_id for e in _entries(p, "list_calls",
+                                       p.call("list_calls", limit=2, after_call_id=ids[1]))]
+    p.expect(page == ids[2:4], f"list_calls(limit=2, after_call_id={ids[1]}) listed {page}")
+    for call_id, state in ((ids[4], "sending"), (ids[3], "sent")):
+        p.expect(not p.real_bool("drop_call", p.call("drop_call", call_id)),
+                 f"drop_call deleted a {state} call")
+    p.expect(p.real_bool("drop_call", p.call("drop_call", ids[1])),
+             "drop_call of a pending call returned False")
+    p.expect(p.real_bool("drop_call", p.call("drop_call", ids[2])),
+             "drop_call of a failed call returned False")
+    p.expect(p.call("get_call", ids[2]) is None, "a dropped call is still stored")
+    # prune: the bound is strict; sent at T+20, acknowledged at T+30
+    p.prune(T + 20)
+    p.expect(ids[3] in _all(p), f"prune({stamp(T + 20)}) deleted a call sent at that time")
+    p.prune(T + 21)
+    left = set(_all(p))
+    p.expect(ids[3] not in left, f"prune({stamp(T + 21)}) kept a call sent at {stamp(T + 20)}")
+    p.expect(ids[0] in left, f"prune({stamp(T + 21)}) deleted a failure acknowledged at "
+             f"{stamp(T + 30)}")
+    p.prune(T + 31)
+    left = set(_all(p))
+    p.expect(ids[0] not in left, f"prune({stamp(T + 31)}) kept a failure acknowledged at "
+             f"{stamp(T + 30)}")
+    p.expect({ids[4], ids[5]} <= left, "prune deleted a call still being sent")
+
+
+@rule(
+    "outbox-concurrent-claim",
+    "fenced",
+    "claim_calls from 8 threads at once never returns one call twice.",
+    applies="only with the outbox methods",
+)
+def rule_outbox_concurrent_claim(p: Probe, fenced: bool, durable: bool) -> None:
+    """60 due calls (40 without a chat, 20 over 5 chats), 8 threads released together, each
+    claiming 3 calls at a time with its own sender token until a claim returns none: no call
+    id is returned twice, and every call without a chat and the first call of each chat were
+    claimed (the later calls of a chat wait behind the first, which is never recorded sent).
+    """
+    if not _has_outbox(p):
+        return
+    calls = [_call(f"u{i}", None, i) for i in range(40)]
+    calls += [_call(f"k{i}", i % 5, 40 + i) for i in range(20)]
+    _completed(p, 1, calls, T)
+    barrier = threading.Barrier(THREADS, timeout=JOIN_TIMEOUT)
+    taken: List[List[int]] = [[] for _ in range(THREADS)]
+    errors: List[BaseException] = []
+
+    def worker(index: int) -> None:
+        try:
+            barrier.wait()
+            for _ in range(100):
+                got = p.call("claim_calls", now=T + 1, lease_until=T + L, limit=3,
+                             sender=f"sender-{index}")
+                if not got:
+                    return
+                taken[index] += [entry.call_id for entry in got]
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True,
+                                name=f"ptb-fence-check-outbox-{i}") for i in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(JOIN_TIMEOUT)
+    if any(thread.is_alive() for thread in threads):
+        p.fail(f"{THREADS} concurrent claim_calls did not finish within {JOIN_TIMEOUT:.0f} s")
+        return
+    for error in errors:
+        if not isinstance(error, threading.BrokenBarrierError):
+            raise error
+    flat = [call_id for ids in taken for call_id in ids]
+    twice = sorted({call_id for call_id in flat if flat.count(call_id) > 1})
+    p.expect(not twice, f"concurrent claim_calls returned the calls {twice} more than once")
+    stored = _all(p)
+    by_method = {entry.method: entry.call_id for entry in stored.values()}
+    want: Set[int] = {by_method[f"u{i}"] for i in range(40)} | {by_method[f"k{i}"]
+                                                                for i in range(5)}
+    p.expect(set(flat) == want, f"concurrent claim_calls took {len(set(flat))} distinct calls; "
+             f"expected the {len(want)} in turn (every call without a chat, the first of each "
+             "chat)")
+    senders: Dict[int, Any] = {}
+    for index, ids in enumerate(taken):
+        for call_id in ids:
+            senders[call_id] = f"sender-{index}"
+    wrong = [call_id for call_id, sender in senders.items()
+             if not p.real_bool("record_sent", p.call("record_sent",
+                                                      [(call_id, sender, "{}", T + 2)])[0])]
+    p.expect(not wrong, f"record_sent by the sender that claimed the calls {wrong} did not land")
