@@ -675,7 +675,8 @@ def missing_sqlite_table(db: Fixture, capsys: Any) -> None:
         names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
     finally:
         conn.close()
-    assert names == ["telegram_updates"]
+    # the store's own table and its outbox (whose AUTOINCREMENT keeps sqlite_sequence): no other
+    assert sorted(names) == ["sqlite_sequence", "telegram_updates", "telegram_updates_outbox"]
 
 
 def test_missing_postgres_table_is_refused_and_not_created(
