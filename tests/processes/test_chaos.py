@@ -118,7 +118,7 @@ def _drop_run_tables(dsn: str, run_id: str) -> None:
     try:
         conn.autocommit = True
         with conn.cursor() as cur:
-            for name in ("updates", "domain", "runs", "events", "exhaustions"):
+            for name in ("updates", "domain", "runs", "events", "exhaustions", "updates_outbox"):
                 cur.execute(f'DROP TABLE IF EXISTS "chaos_{run_id}_{name}"')
     finally:
         conn.close()
