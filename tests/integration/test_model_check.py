@@ -732,6 +732,7 @@ def test_postgres_store_matches_model() -> None:
     finally:
         with admin.cursor() as cur:
             cur.execute(f'DROP TABLE IF EXISTS "{table}" CASCADE')
+            cur.execute(f'DROP TABLE IF EXISTS "{table}_outbox"')
         admin.close()
 
 
