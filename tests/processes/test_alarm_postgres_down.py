@@ -115,5 +115,6 @@ def _drop(dsn: str, table: str) -> None:
         conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute(f'DROP TABLE IF EXISTS "{table}"')
+            cur.execute(f'DROP TABLE IF EXISTS "{table}_outbox"')
     finally:
         conn.close()
