@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import psycopg2
+import psycopg2.pool
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
