@@ -46,6 +46,7 @@ from worker_support import (  # noqa: E402
     add_worker_arguments,
     announce_ready,
     crash_if,
+    dump_stacks_on_sigusr1,
     extra_options,
     fork_child,
     make_store,
@@ -166,6 +167,7 @@ def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     arguments = parse_args(sys.argv[1:])
+    dump_stacks_on_sigusr1()
     logging.basicConfig(
         filename=os.path.join(arguments.dir, f"log.{os.getpid()}"),
         level=logging.INFO,
