@@ -331,9 +331,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     server = make_server(args.listen, args.port, app,
                          server_class=ThreadingWSGIServer, handler_class=QuietHandler)
 
-    # SIGINT/SIGTERM only set an event; the main thread does the orderly shutdown below.
+    # SIGINT/SIGTERM are only noted; the main thread sees them within 0.5 s and does the orderly
+    # shutdown below. (Not stop.set(): a handler runs on the main thread, maybe while that
+    # thread holds the lock inside stop.wait(), and would wait for it forever.)
+    signalled: List[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: stop.set())
+        signal.signal(sig, lambda signum, frame: signalled.append(signum))
 
     intake.start()  # lease keeper, sweep; handles updates recorded before a crash
     serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
@@ -346,7 +349,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                  allowed_updates=["message"])
         LOGGER.info("webhook set to %s", args.set_webhook)
     try:
-        while not stop.wait(0.5):
+        while not signalled and not stop.wait(0.5):
             pass
     finally:
         LOGGER.info("stopping")

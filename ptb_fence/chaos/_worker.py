@@ -72,7 +72,7 @@ class ChaosWorker:
         "_pid",
         "_rng",
         "_sabotage",
-        "_stop",
+        "_signalled",
         "_store",
     )
 
@@ -84,7 +84,9 @@ class ChaosWorker:
         self._parent = os.getppid()
         self._rng = random.Random(f"{args.seed}:{args.slot}:{self._pid}")
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        # set by the SIGTERM handler, read by the main thread between naps: a handler must take
+        # no lock (it runs on the main thread, which may hold it, e.g. inside Event.wait())
+        self._signalled: List[int] = []
         self._counters: Dict[str, int] = {}
         self._store: Any = None
         self._intake: Optional[UpdateIntake] = None
@@ -261,13 +263,13 @@ class ChaosWorker:
 
     def _accept(self, intake: UpdateIntake, line: bytes) -> bool:
         """Accept one body, retrying while the store is down; False when stopping."""
-        while not self._stop.is_set():
+        while not self._signalled:
             try:
                 result = intake.accept(line)
             except Exception as exc:  # not recorded: "Telegram" delivers it again
                 self._count("accept_errors")
                 _LOGGER.info("accept failed, retrying: %s", exc)
-                self._stop.wait(0.1)
+                time.sleep(0.1)
                 continue
             self._count(f"accept_{result}")
             return True
@@ -277,7 +279,7 @@ class ChaosWorker:
         feed = self._path(f"feed.{self._args.slot}.jsonl")
         offset = self._read_progress()
         last_stats = 0.0
-        while not self._stop.is_set():
+        while not self._signalled:
             if os.getppid() != self._parent or os.path.exists(self._path("stop")):
                 break
             try:
@@ -301,13 +303,13 @@ class ChaosWorker:
             if now - last_stats >= 1.0:
                 self._write_stats()
                 last_stats = now
-            self._stop.wait(0.05)
+            time.sleep(0.05)
 
     # -- main --------------------------------------------------------------------------------
     def run(self) -> int:
         """Run until ``DIR/stop`` exists, SIGTERM arrives or the runner is gone."""
         args = self._args
-        signal.signal(signal.SIGTERM, lambda signum, frame: self._stop.set())
+        signal.signal(signal.SIGTERM, lambda signum, frame: self._signalled.append(signum))
         self._store = self._make_store()
         try:
             intake = UpdateIntake(

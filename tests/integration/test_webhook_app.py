@@ -287,6 +287,10 @@ def test_concurrent_posts_of_the_same_update_record_it_once(intakes) -> None:
 
     class ThreadingServer(ThreadingMixIn, WSGIServer):
         daemon_threads = True
+        # a listen backlog for all 16 posters at once: socketserver's default of 5 let the
+        # kernel fall back to SYN cookies and drop (reset) connections whenever this thread was
+        # slow to accept, e.g. on a loaded machine
+        request_queue_size = 64
 
     store = StoreWrapper()
     runs: List[Any] = []

@@ -48,6 +48,7 @@ from worker_support import (  # noqa: E402
     add_worker_arguments,
     announce_ready,
     crash_if,
+    dump_stacks_on_sigusr1,
     extra_options,
     fail_if,
     serve_metrics,
@@ -130,10 +131,13 @@ def main(args: argparse.Namespace) -> None:
     )
     serve_metrics(args, intake)
     stopping = threading.Event()
+    signalled: List[str] = []
 
     def on_signal(signum: int, frame: Any) -> None:
-        LOGGER.info("received %s", signal.Signals(signum).name)
-        stopping.set()
+        # Only a flag: the handler runs on the main thread between two of its bytecodes, maybe
+        # while that thread holds the lock inside stopping.wait(); stopping.set() here would
+        # then wait for that lock forever, and the process would never exit.
+        signalled.append(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -147,9 +151,11 @@ def main(args: argparse.Namespace) -> None:
     announce_ready(args.dir, pid, store)
     deadline = time.monotonic() + args.max_life
     stop_file = os.path.join(args.dir, "stop")
-    while not stopping.wait(0.05):
-        if os.path.exists(stop_file) or time.monotonic() > deadline:
-            stopping.set()
+    while not signalled and not os.path.exists(stop_file) and time.monotonic() <= deadline:
+        time.sleep(0.05)  # a signal's handler runs during it (the flag is seen within 50 ms)
+    if signalled:
+        LOGGER.info("received %s", signalled[0])
+    stopping.set()  # the poller's stop
     if poller is not None:
         # bounded: an accept() waiting for a database that does not answer must not hold the
         # stop (the poller is a daemon thread; what it did not record is not confirmed)
@@ -165,6 +171,7 @@ def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     arguments = parse_args(sys.argv[1:])
+    dump_stacks_on_sigusr1()
     logging.basicConfig(
         filename=os.path.join(arguments.dir, f"log.{os.getpid()}"),
         level=logging.INFO,

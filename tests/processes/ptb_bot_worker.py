@@ -55,6 +55,7 @@ from worker_support import (  # noqa: E402
     add_worker_arguments,
     announce_ready,
     crash_if,
+    dump_stacks_on_sigusr1,
     extra_options,
     fail_if,
     serve_metrics,
@@ -174,6 +175,7 @@ async def main(args: argparse.Namespace) -> Any:
 
 if __name__ == "__main__":
     arguments = parse_args(sys.argv[1:])
+    dump_stacks_on_sigusr1()
     logging.basicConfig(
         filename=os.path.join(arguments.dir, f"log.{os.getpid()}"),
         level=logging.INFO,

@@ -151,6 +151,8 @@ def _stop(bots: Bots, proc: Any, sig: int, bound: float) -> float:
     try:
         proc.wait(bound)
     except Exception:
+        proc.send_signal(signal.SIGUSR1)  # its threads' stacks, to its output (worker_support)
+        time.sleep(1)
         raise AssertionError(
             f"bot {proc.pid} still running {bound:.1f} s after {signal.Signals(sig).name}\n"
             f"{bots.output()}"

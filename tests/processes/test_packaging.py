@@ -58,8 +58,8 @@ def shipped_files() -> List[str]:
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if importlib.util.find_spec("build") is None or importlib.util.find_spec("wheel") is None:
-        pytest.skip("needs the test extra's build and wheel (pip install -e '.[test]')")
+    if any(importlib.util.find_spec(name) is None for name in ("build", "setuptools", "wheel")):
+        pytest.skip("needs the test extra's build, setuptools and wheel (pip install -e '.[test]')")
     src = tmp_path_factory.mktemp("src")
     for name in shipped_files():
         (src / name).parent.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ Imports nothing of python-telegram-bot, so the blocking worker stays free of asy
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import signal
 import time
@@ -92,6 +93,13 @@ def make_store(url: str, table: str) -> Any:
     from ptb_fence import PostgresUpdateStore
 
     return PostgresUpdateStore(url, table)
+
+
+def dump_stacks_on_sigusr1() -> None:
+    """On SIGUSR1, write every thread's stack to stderr (the process's ``out.N`` file): a
+    harness that finds the process still running past a bound asks it what it waits for. Works
+    even when the main thread is stuck (the dump is done by faulthandler's C handler)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def touch(path: str) -> None:
