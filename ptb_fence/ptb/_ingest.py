@@ -121,21 +121,27 @@ class Ingest:
         known = self._state.take_ingested(update.update_id)
         if known is not None:
             return self._state.book(update.update_id, known)
-        # one loop iteration first: a handler that woke this put (a webhook answering after
-        # the previous update was handled) has its processing finish meanwhile, so its slot is
-        # free and its completion goes to the store in the same commit as this record
-        await asyncio.sleep(0)
+        state = self._state
+        state.recording.add(update.update_id)  # a sweep meanwhile leaves it to this put
         try:
-            body = update_body(update)
-            outcome = await self._writer.submit(
-                ("add", (update.update_id, body, update_chat_key(update))),
-                orphan=lambda landed: self._hand_on(update, landed),
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            raise ingest_error(update.update_id, exc) from exc
-        return self._state.book(update.update_id, outcome)
+            # one loop iteration first: a handler that woke this put (a webhook answering
+            # after the previous update was handled) has its processing finish meanwhile, so
+            # its slot is free and its completion goes to the store in the same commit as
+            # this record
+            await asyncio.sleep(0)
+            try:
+                body = update_body(update)
+                outcome = await self._writer.submit(
+                    ("add", (update.update_id, body, update_chat_key(update))),
+                    orphan=lambda landed: self._hand_on(update, landed),
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                raise ingest_error(update.update_id, exc) from exc
+            return state.book(update.update_id, outcome)
+        finally:
+            state.recording.discard(update.update_id)
 
     def record_blocking(self, update: Update) -> bool:
         """As :meth:`record`, blocking the calling thread (``put_nowait``)."""

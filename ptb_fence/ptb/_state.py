@@ -48,6 +48,7 @@ class SharedState:
         "inflight",
         "ingested",
         "preclaimed",
+        "recording",
         "started",
         "stopping",
     )
@@ -57,11 +58,25 @@ class SharedState:
         self.inflight: Set[int] = set()
         self.ingested: Dict[int, Recorded] = {}
         self.preclaimed: Dict[int, Attempt] = {}
+        # ids whose put is recording them now (not booked yet): a sweep that lists the row
+        # meanwhile must not queue a second copy (the copy that loses the claim would end the
+        # update's stay in flight while the other still waits to start)
+        self.recording: Set[int] = set()
         self.started = False
         self.stopping = False
         self.finishing: Set[int] = set()
         self._finished: Optional[asyncio.Event] = None
         self.batch_ingest = False
+
+    def held(self, update_id: int) -> bool:
+        """Whether ``update_id`` is already on its way here: queued or processed
+        (:attr:`inflight`), being recorded by a put, or recorded by a ``getUpdates`` batch
+        and about to be put. A sweep or a retry timer must not queue it again."""
+        return (
+            update_id in self.inflight
+            or update_id in self.recording
+            or update_id in self.ingested
+        )
 
     def may_start(self, update_id: int) -> bool:
         """Whether the update's handling may start now: not stopping, or it was queued when

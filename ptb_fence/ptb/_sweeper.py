@@ -155,7 +155,7 @@ class Sweeper:
         handed = 0
         page = await self._threads.call(runtime.sweep_page, include_fresh=include_fresh)
         for row in page.rows:
-            if row.update_id in state.inflight:
+            if state.held(row.update_id):
                 continue
             if state.stopping:
                 break  # Application.stop() began: the rows stay due for the next start
@@ -208,7 +208,7 @@ class Sweeper:
         state = self._state
         if state.stopping or not state.started:
             return  # stays due in the store
-        if update_id in state.inflight:
+        if state.held(update_id):
             # its failed attempt is still finishing here: look again shortly
             again = recheck_delay(tries)
             if again is not None:
@@ -220,7 +220,7 @@ class Sweeper:
         """Queue a stored update that is not in flight here (a failure to parse is left to
         the sweep, which reports it)."""
         state = self._state
-        if state.stopping or not state.started or update_id in state.inflight:
+        if state.stopping or not state.started or state.held(update_id):
             return
         try:
             update = parse_update(json.loads(body), self._application().bot)
