@@ -110,7 +110,11 @@ class UpdateIntake:
             attempt_aware=handle_attempt is not None,
             handle_exhaustion=handle_exhaustion is not None,
             component="UpdateIntake",
-            hooks=FrontEndHooks(retry_soon=self._retry_soon, running_count=self._running_count),
+            hooks=FrontEndHooks(
+                retry_soon=self._retry_soon,
+                running_count=self._running_count,
+                left_running_count=self._left_running_count,
+            ),
         )
         self._handle = handle
         self._handle_attempt = handle_attempt
@@ -193,6 +197,9 @@ class UpdateIntake:
 
     def _running_count(self) -> int:
         return self._runs.count()
+
+    def _left_running_count(self) -> int:
+        return self._workers.stuck_count()
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
