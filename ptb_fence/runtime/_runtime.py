@@ -75,12 +75,6 @@ def _no_executor() -> Optional[StoreHop]:
     return None
 
 
-TRANSACTION_END_MARGIN_SECONDS = 5.0
-"""A failed attempt whose fenced transaction is still open is waited for until this long (at
-most a quarter of ``lease_seconds``) before its lease ends; then the transaction is ended, so
-that the failure lands while the attempt still holds its lease."""
-
-
 class FrontEndHooks(NamedTuple):
     """How the runtime calls back into its front end; given to :class:`Runtime` at
     construction (each front end passes its own, the defaults do nothing).
@@ -538,52 +532,10 @@ class Runtime:
         return outcome, exhaustion
 
     def _wait_for_transactions(self, attempt: Attempt) -> None:
-        """Wait until no fenced transaction of ``attempt`` is open, then let its failure be
-        recorded.
-
-        A commit while waiting still completes the attempt. The wait lasts until shortly
-        before the attempt's lease ends (its lease is not renewed while its transaction holds
-        the row); a transaction still open then, on the store's own PostgreSQL connection, is
-        ended (the connection is cut, the server rolls back and unlocks the row): a handler
-        hung inside its transaction would otherwise keep the update locked, neither retried
-        nor exhausted, for as long as it hangs. One on a connection the caller passed cannot
-        be ended: it is waited for up to ``lease_seconds`` in all, and its row stays locked
-        until it ends (a WARNING says so).
-        """
-        options = self.options
-        began = time.monotonic()
-        margin = min(options.lease_seconds / 4.0, TRANSACTION_END_MARGIN_SECONDS)
-        lease_left = (attempt.proven_until - options.now_ms()) / 1000.0
-        until = began + max(0.0, min(options.lease_seconds, lease_left - margin))
-        while attempt.in_fenced_transaction and time.monotonic() < until:
-            time.sleep(0.005)
-        if not attempt.in_fenced_transaction or attempt.completed:
-            return
-        waited = format_duration(time.monotonic() - began)
-        if attempt.interrupt_transactions():
-            _LOGGER.warning(
-                "update %s attempt %s failed while its fenced transaction was still open; "
-                "waited %s for it, then ended it (its connection is cut, the server rolls it "
-                "back) so that the failure is recorded and the update retried or exhausted",
-                attempt.update_id,
-                attempt.attempt,
-                waited,
-                extra=ids(attempt),
-            )
-            return
-        deadline = began + options.lease_seconds
+        """Wait (at most ``lease_seconds``) until no fenced transaction of ``attempt`` is open."""
+        deadline = time.monotonic() + self.options.lease_seconds
         while attempt.in_fenced_transaction and time.monotonic() < deadline:
             time.sleep(0.005)
-        if attempt.in_fenced_transaction:
-            _LOGGER.warning(
-                "update %s attempt %s failed while its fenced transaction was still open on a "
-                "connection it cannot end (yours, or SQLite's): waited %s; its row stays "
-                "locked, so the update is retried only once that transaction ends",
-                attempt.update_id,
-                attempt.attempt,
-                format_duration(time.monotonic() - began),
-                extra=ids(attempt),
-            )
 
     def _completed_then_failed(
         self, attempt: Attempt, error: BaseException
