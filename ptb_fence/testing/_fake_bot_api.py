@@ -376,12 +376,12 @@ class FakeBotApi:
         port: The TCP port; ``0`` picks a free one.
         first_update_id: The id :meth:`inject` gives the first update that has none. By
             default the milliseconds since the epoch when the server was made, counted within
-            1000000000..1999999999 (Telegram's ids fit 32 bits), and above every id an earlier :class:`FakeBotApi` of this process
-            assigned: each run has ids of its own, so a bot whose store outlives the fake (a
-            database kept across runs) takes a new run's updates for new ones. Message ids
-            start at 1 in every chat each time, so with a fixed first id (say ``1000``, for
-            assertions on exact ids) a kept store takes the new run's messages for redeliveries
-            of the old run's and drops them.
+            1000000000..1999999999 (Telegram's ids fit 32 bits), and above every id an
+            earlier :class:`FakeBotApi` of this process assigned: each run has ids of its own,
+            so a bot whose store outlives the fake (a database kept across runs) takes a new
+            run's updates for new ones. Message ids start at 1 in every chat each time, so
+            with a fixed first id (say ``1000``, for assertions on exact ids) a kept store
+            takes the new run's messages for redeliveries of the old run's and drops them.
 
     Attributes:
         on_confirm: Called in the server thread with the ids a ``getUpdates`` offset is about to

@@ -257,7 +257,8 @@ def test_a_takeover_that_matches_no_handler_is_a_warning_in_the_other_process(
             else:
                 receiver.send_signal(signal.SIGSTOP)
             try:
-                wait_sync("the other process to settle the step", lambda: row(chosen)[0] == "completed", 25)
+                wait_sync("the other process to settle the step",
+                          lambda: row(chosen)[0] == "completed", 25)
             except AssertionError as exc:
                 raise AssertionError(f"{exc}\n{row(chosen)}\n{bots.output()}") from None
             if how == "freeze":
