@@ -531,6 +531,7 @@ class UpdateIntake:
             runtime.recovery.release([attempt])
             return None
         run = self._runs.begin(key, update_id, attempt, alone)  # leaves the gate when it ends
+        attempt.update = update  # what attempt.outbox.reply_text answers
         token = enter_attempt(attempt) if attempt.fenced else None
         error: Optional[BaseException] = None
         started = time.perf_counter()

@@ -425,6 +425,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                 if not await self._gate.admit(attempt, runtime, self._threads):
                     return False  # given back: the stop no longer waits for it, or see admit
                 self._running += 1
+                attempt.update = update  # what attempt.outbox.reply_text answers
                 handled = UpdateState(update, attempt)
                 try:
                     timeout = runtime.options.attempt_timeout_seconds
