@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
 from ptb_fence._errors import AttemptFinished, OwnershipLost, TransactionEnded
 from ptb_fence._values import AttemptIdentity, Completed
 from ptb_fence.runtime._effects import HeldEffects, OpenTransaction
+from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._outbox import Outbox
 from ptb_fence.runtime._connections import (
     COMMITTED_OR_ROLLED_BACK,
@@ -295,11 +296,11 @@ class Attempt:
         held = self._effects
         return None if held is None else held.take()
 
-    def effects_landed(self) -> bool:
-        """For the runtime: the completion landed; whether it carried held effects (their
-        handles are resolved; nothing more can be held)."""
+    def effects_landed(self) -> "tuple[HeldCall, ...]":
+        """For the runtime: the completion landed; the handles of the held calls it carried
+        (resolved; empty: it carried none). Nothing more can be held."""
         held = self._effects
-        return held is not None and held.landed()
+        return () if held is None else held.landed()
 
     def drop_effects(self, why: str = "the attempt ended without completing") -> None:
         """The attempt did not complete: discard what it held (never written)."""
@@ -550,7 +551,7 @@ class Attempt:
         holding = False
         opened: Optional[OpenTransaction] = None
         taken: "Optional[tuple[Any, Any]]" = None
-        taken_now: "Optional[tuple[Any, Any]]" = None
+        landed_calls: "tuple[HeldCall, ...]" = ()
         call_ids: "Optional[list[int]]" = None
         with self._lock:
             # from here until the transaction ends the lease keeper leaves this attempt's row
@@ -621,16 +622,16 @@ class Attempt:
                         raise OwnershipLost(identity)
             # committed
             if taken is not None:
-                taken_now, taken = taken, None
-                self.effects.landed(call_ids)
+                taken = None
+                landed_calls = self.effects.landed(call_ids)
             elif complete and inside:
                 self.effects_landed()  # completed: nothing more can be held
             if complete and inside:
                 self._end_completing(True)
             elif complete:
                 self._complete_after_commit(checked_at)
-            if opened is not None and (opened.wrote_calls or taken_now is not None):
-                runtime.calls_committed()
+            if landed_calls or (opened is not None and opened.wrote_calls):
+                runtime.calls_committed(landed_calls)
         finally:
             if taken is not None:  # written, then rolled back: still held for a completion
                 self.effects.restore()
@@ -684,8 +685,7 @@ class Attempt:
             self._end_completing(landed)
             if taken is not None:
                 if landed:
-                    self.effects_landed()
-                    self._runtime.calls_committed()
+                    self._runtime.calls_committed(self.effects_landed())
                 else:
                     self.drop_effects("the attempt's completion did not land")
         if not landed:

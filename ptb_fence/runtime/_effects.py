@@ -99,20 +99,19 @@ class HeldEffects:
             self._taken = True
             return AttemptEffects(calls=tuple(self._calls)), tuple(self._handles)
 
-    def landed(self, call_ids: Optional[Sequence[int]] = None) -> bool:
+    def landed(self, call_ids: Optional[Sequence[int]] = None) -> Tuple[HeldCall, ...]:
         """The completion committed, with the taken effects if any were taken
         (``call_ids``: their ids, in order, when the write returned them). Nothing more can be
-        held afterwards. Returns whether taken effects landed."""
+        held afterwards. Returns the handles of the taken calls (none: nothing was taken)."""
         with self._lock:
-            taken = self._taken
             handles: List[HeldCall] = []
-            if taken:
+            if self._taken:
                 handles, self._handles, self._calls = self._handles, [], []
             self._taken = False
             self._closed = "the attempt's completion committed: nothing more can ride it"
         for i, handle in enumerate(handles):
             handle.resolve(call_ids[i] if call_ids is not None and i < len(call_ids) else None)
-        return taken
+        return tuple(handles)
 
     def restore(self) -> None:
         """The commit that carried the taken effects rolled back; the attempt still owns its

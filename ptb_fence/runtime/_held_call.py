@@ -32,7 +32,7 @@ class HeldCall:
         method (:obj:`str`): The Bot API method.
     """
 
-    __slots__ = ("_call_id", "_lock", "_state", "identity", "method", "seq")
+    __slots__ = ("__weakref__", "_call_id", "_lock", "_state", "identity", "method", "seq")
 
     def __init__(self, identity: AttemptIdentity, seq: int, method: str) -> None:
         self.identity = identity

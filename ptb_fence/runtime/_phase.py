@@ -86,7 +86,7 @@ class AttemptHost(Protocol):
     def outbox_defaults(self) -> Mapping[str, Any]:
         """The bot's defaults for outbox calls (PTB ``Defaults.api_defaults``; empty)."""
 
-    def calls_committed(self) -> None:
+    def calls_committed(self, handles: Any = ()) -> None:
         """A commit carrying outbox calls landed: wake this process's sender."""
 
 

@@ -36,12 +36,14 @@ from ptb_fence._values import (
     Completed,
     Exhaustion,
     Failed,
+    OutboxEntry,
     Settlement,
     StoredUpdate,
 )
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._chats import stored_chat_key
 from ptb_fence.runtime._dispatcher import OutboxDispatcher, no_outbox
+from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._hop import StoreHop
 from ptb_fence.runtime._jobs import BackgroundJobs
 from ptb_fence.runtime._lease_keeper import LeaseKeeper
@@ -269,10 +271,23 @@ class Runtime:
         """The bot's defaults for outbox calls (empty without an outbox or defaults)."""
         return {} if self.outbox is None else self.outbox.defaults
 
-    def calls_committed(self) -> None:
-        """A commit carrying outbox calls landed: wake the sender (no polling delay)."""
+    def calls_committed(self, handles: Sequence[HeldCall] = ()) -> None:
+        """A commit carrying outbox calls landed: wake the sender (no polling delay);
+        ``handles``: the held calls it carried (their ids are learnt when claimed)."""
         if self.outbox is not None:
-            self.outbox.wake()
+            self.outbox.wake(handles)
+
+    def outbox_call(self, call: "Union[int, HeldCall]") -> Optional[OutboxEntry]:
+        """The outbox call ``call`` (its id, or the :class:`~ptb_fence.HeldCall` of a call
+        whose id is known) as stored now, or :obj:`None` (no such call, no outbox, or a held
+        call whose id is not known here)."""
+        if isinstance(call, HeldCall):
+            if call.call_id is None:
+                return None
+            call = call.call_id
+        if isinstance(call, bool) or not isinstance(call, int):
+            raise TypeError(f"an outbox call id (int) or HeldCall is needed, got {call!r}")
+        return self.port.get_call(call)
 
     def log_transaction_refused(self, attempt: Attempt) -> None:
         """Log that a fenced transaction was refused because the attempt lost its update."""
@@ -465,8 +480,9 @@ class Runtime:
         """The outcome of a completion settle (also a grouped one): fire ``owner_lost`` if it
         did not land."""
         if landed:
-            if attempt.effects_landed():
-                self.calls_committed()
+            handles = attempt.effects_landed()
+            if handles:
+                self.calls_committed(handles)
         else:
             attempt.drop_effects("the attempt's completion did not land")
             _LOGGER.warning(
@@ -1048,9 +1064,16 @@ class Runtime:
             return
         try:
             figures = self.stats.timed("figures", self.port.figures)
+            counts = (
+                self.stats.timed("figures", self.port.outbox_counts)
+                if self.outbox is not None
+                else None
+            )
         except Exception as exc:
             self.report_store_error(exc, "sweep")
             return
+        if counts is not None:
+            self.stats.outbox_counts(counts)
         if figures is not None:
             self.stats.figures(figures)
 

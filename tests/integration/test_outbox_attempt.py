@@ -1,8 +1,9 @@
 """attempt.outbox: a call a handler queues lands in the outbox iff the commit carrying it lands.
 
-Real stores (memory, SQLite file, PostgreSQL table) behind a real ``UpdateIntake``; what
-landed is read back with the store's own ``list_calls``. No sender runs here: these tests
-look at what is *committed*; sending is tested in test_outbox_dispatch.py.
+Real stores (memory, SQLite file, PostgreSQL table) behind a real ``UpdateIntake`` whose
+sender talks to a ``FakeBotApi``; what landed is read back with the store's own
+``list_calls``. These tests look at what is *committed*; sending is tested in
+test_outbox_dispatch.py.
 """
 
 from __future__ import annotations
@@ -15,12 +16,24 @@ from typing import Any, Dict, List
 import pytest
 
 from ptb_fence import AttemptFinished, HeldCall, OwnershipLost, UpdateIntake
+from ptb_fence.testing import FakeBotApi
 from runtime_support import ALL_METHODS, FakeClock, StoreWrapper, body, wait_until
 
 
+@pytest.fixture(scope="module")
+def fake() -> Any:
+    with FakeBotApi() as api:
+        yield api
+
+
 def _intake(store: Any, intakes: List[UpdateIntake], handle: Any, **options: Any) -> UpdateIntake:
+    """A started intake on ``store`` (closed after the test: ``intakes``) sending to the
+    module's FakeBotApi (``options["fake"]``)."""
+    fake = options.pop("fake")
     options.setdefault("retry", lambda error, attempt: 0.01)
-    intake = UpdateIntake(store, handle_attempt=handle, **options)
+    intake = UpdateIntake(
+        store, handle_attempt=handle, bot_token=fake.token, bot_base_url=fake.base_url, **options
+    )
     intakes.append(intake)
     intake.start()
     return intake
@@ -31,7 +44,9 @@ def _settled(intake: UpdateIntake, store: Any, count: int) -> None:
     assert intake.idle(5)
 
 
-def test_held_call_is_written_by_the_completion(store: Any, intakes: List[UpdateIntake]) -> None:
+def test_held_call_is_written_by_the_completion(
+    store: Any, intakes: List[UpdateIntake], fake: FakeBotApi
+) -> None:
     handles: Dict[int, Any] = {}
 
     def handle(update: Dict[str, Any], attempt: Any) -> None:
@@ -39,19 +54,21 @@ def test_held_call_is_written_by_the_completion(store: Any, intakes: List[Update
         # held, not written: nothing is in the outbox while the handler runs
         assert store.list_calls() == [] or update["update_id"] != 1
 
-    intake = _intake(store, intakes, handle)
+    intake = _intake(store, intakes, handle, fake=fake)
     intake.accept(body(1, chat=501))
     _settled(intake, store, 1)
     (entry,) = store.list_calls()
     assert (entry.update_id, entry.attempt, entry.seq, entry.chat_key) == (1, 1, 0, 501)
-    assert entry.method == "sendMessage" and entry.state == "pending"
+    assert entry.method == "sendMessage" and entry.state in ("pending", "sending", "sent")
     # a private chat: PTB's reply_text does not quote there
     assert json.loads(entry.params_json) == {"chat_id": 501, "text": "hello"}
     held = handles[1]
     assert isinstance(held, HeldCall) and held.committed and held.identity.update_id == 1
 
 
-def test_call_inside_transaction_commits_with_it(store: Any, intakes: List[UpdateIntake]) -> None:
+def test_call_inside_transaction_commits_with_it(
+    store: Any, intakes: List[UpdateIntake], fake: FakeBotApi
+) -> None:
     got: Dict[str, Any] = {}
 
     def handle(update: Dict[str, Any], attempt: Any) -> None:
@@ -64,7 +81,7 @@ def test_call_inside_transaction_commits_with_it(store: Any, intakes: List[Updat
         except KeyError:
             pass
 
-    intake = _intake(store, intakes, handle)
+    intake = _intake(store, intakes, handle, fake=fake)
     intake.accept(body(1))
     _settled(intake, store, 1)
     (entry,) = store.list_calls()
@@ -74,7 +91,7 @@ def test_call_inside_transaction_commits_with_it(store: Any, intakes: List[Updat
 
 
 def test_complete_transaction_writes_held_calls_with_their_ids(
-    store: Any, intakes: List[UpdateIntake]
+    store: Any, intakes: List[UpdateIntake], fake: FakeBotApi
 ) -> None:
     got: Dict[str, Any] = {}
 
@@ -85,7 +102,7 @@ def test_complete_transaction_writes_held_calls_with_their_ids(
         with pytest.raises(AttemptFinished, match="queue outbox calls before or inside"):
             attempt.outbox.send_message(8, "too late")
 
-    intake = _intake(store, intakes, handle)
+    intake = _intake(store, intakes, handle, fake=fake)
     intake.accept(body(1))
     _settled(intake, store, 2)
     entries = store.list_calls()
@@ -98,7 +115,7 @@ def test_complete_transaction_writes_held_calls_with_their_ids(
 
 
 def test_failed_attempt_calls_are_discarded_retry_queues_its_own(
-    store: Any, intakes: List[UpdateIntake]
+    store: Any, intakes: List[UpdateIntake], fake: FakeBotApi
 ) -> None:
     handles: List[HeldCall] = []
 
@@ -107,7 +124,7 @@ def test_failed_attempt_calls_are_discarded_retry_queues_its_own(
         if attempt.attempt == 1:
             raise RuntimeError("fails after queueing")
 
-    intake = _intake(store, intakes, handle)
+    intake = _intake(store, intakes, handle, fake=fake)
     intake.accept(body(1))
     _settled(intake, store, 1)
     assert wait_until(lambda: len(handles) == 2 and handles[1].committed)
@@ -118,7 +135,9 @@ def test_failed_attempt_calls_are_discarded_retry_queues_its_own(
         int(handles[0])
 
 
-def test_stale_attempt_commits_no_call(store: Any, intakes: List[UpdateIntake]) -> None:
+def test_stale_attempt_commits_no_call(
+    store: Any, intakes: List[UpdateIntake], fake: FakeBotApi
+) -> None:
     clock = FakeClock()
     taken = threading.Event()
     queued = threading.Event()
@@ -134,7 +153,7 @@ def test_stale_attempt_commits_no_call(store: Any, intakes: List[UpdateIntake]) 
         except OwnershipLost as exc:
             errors.append(exc)
 
-    intake = _intake(store, intakes, handle, clock=clock, lease_seconds=60, max_attempts=1)
+    intake = _intake(store, intakes, handle, fake=fake, clock=clock, lease_seconds=60, max_attempts=1)
     intake.accept(body(1))
     assert queued.wait(10)
     clock.advance(120)  # past the lease: another process takes the update over
@@ -147,7 +166,7 @@ def test_stale_attempt_commits_no_call(store: Any, intakes: List[UpdateIntake]) 
 
 
 def test_a_completion_without_calls_costs_no_statement_more(
-    tmp_path: Any, intakes: List[UpdateIntake]
+    tmp_path: Any, intakes: List[UpdateIntake], fake: FakeBotApi
 ) -> None:
     from counting_store import CountingStore
 
@@ -155,7 +174,7 @@ def test_a_completion_without_calls_costs_no_statement_more(
 
     inner = SQLiteUpdateStore(str(tmp_path / "count.db"))
     store = CountingStore(inner)
-    intake = _intake(store, intakes, lambda update, attempt: None)
+    intake = _intake(store, intakes, lambda update, attempt: None, fake=fake)
     for i in range(1, 6):
         intake.accept(body(i))
     assert wait_until(lambda: intake.idle(0.05), 10)
@@ -165,7 +184,9 @@ def test_a_completion_without_calls_costs_no_statement_more(
     inner.close()
 
 
-def test_outbox_refused_without_an_outbox_store(intakes: List[UpdateIntake]) -> None:
+def test_outbox_refused_without_an_outbox_store(
+    intakes: List[UpdateIntake], fake: FakeBotApi
+) -> None:
     store = StoreWrapper(methods=ALL_METHODS)  # fenced and durable, no OutboxStore methods
     errors: List[BaseException] = []
 
@@ -175,7 +196,7 @@ def test_outbox_refused_without_an_outbox_store(intakes: List[UpdateIntake]) -> 
         except TypeError as exc:
             errors.append(exc)
 
-    intake = _intake(store, intakes, handle)
+    intake = _intake(store, intakes, handle, fake=fake)
     intake.accept(body(1))
     assert wait_until(lambda: intake.idle(0.05) and errors, 10)
     assert "has no outbox (OutboxStore: write_effects" in str(errors[0])
@@ -183,7 +204,7 @@ def test_outbox_refused_without_an_outbox_store(intakes: List[UpdateIntake]) -> 
 
 @pytest.mark.parametrize("store_kind", ["memory"])
 def test_uploads_are_refused_and_ptb_objects_serialised(
-    store: Any, intakes: List[UpdateIntake]
+    store: Any, intakes: List[UpdateIntake], fake: FakeBotApi
 ) -> None:
     from telegram import InlineKeyboardButton, InlineKeyboardMarkup, InputFile
 
@@ -207,7 +228,7 @@ def test_uploads_are_refused_and_ptb_objects_serialised(
 
         return pathlib.Path("/etc/hostname")
 
-    intake = _intake(store, intakes, handle)
+    intake = _intake(store, intakes, handle, fake=fake)
     intake.accept(body(1, chat=9))
     _settled(intake, store, 4)
     assert len(errors) == 4 and all("file_id or URL" in e for e in errors)
@@ -223,7 +244,7 @@ def test_uploads_are_refused_and_ptb_objects_serialised(
 
 @pytest.mark.parametrize("store_kind", ["memory"])
 def test_reply_text_in_a_forum_topic_quotes_and_keeps_the_thread(
-    store: Any, intakes: List[UpdateIntake]
+    store: Any, intakes: List[UpdateIntake], fake: FakeBotApi
 ) -> None:
     def handle(update: Dict[str, Any], attempt: Any) -> None:
         attempt.outbox.reply_text("in the topic")
@@ -238,7 +259,7 @@ def test_reply_text_in_a_forum_topic_quotes_and_keeps_the_thread(
             "from": {"id": 3, "is_bot": False, "first_name": "U"},
         },
     }
-    intake = _intake(store, intakes, handle)
+    intake = _intake(store, intakes, handle, fake=fake)
     intake.accept(json.dumps(update))
     _settled(intake, store, 2)
     quoted, plain = (json.loads(e.params_json) for e in store.list_calls())
@@ -247,3 +268,24 @@ def test_reply_text_in_a_forum_topic_quotes_and_keeps_the_thread(
         "reply_parameters": {"message_id": 40},
     }
     assert plain == {"chat_id": -1001, "text": "not quoted", "message_thread_id": 12}
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite"])
+def test_outbox_refused_by_an_intake_that_cannot_send(
+    store: Any, intakes: List[UpdateIntake]
+) -> None:
+    errors: List[BaseException] = []
+
+    def handle(update: Dict[str, Any], attempt: Any) -> None:
+        try:
+            attempt.outbox.reply_text("x")
+        except TypeError as exc:
+            errors.append(exc)
+
+    intake = UpdateIntake(store, handle_attempt=handle)  # no bot_token
+    intakes.append(intake)
+    intake.start()
+    intake.accept(body(1))
+    assert wait_until(lambda: intake.idle(0.05) and errors, 10)
+    assert "bot_token=TOKEN" in str(errors[0])
+    assert store.list_calls() == []
