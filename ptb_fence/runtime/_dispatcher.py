@@ -109,6 +109,7 @@ class OutboxDispatcher:
         "_sender_missing",
         "_started",
         "_stats",
+        "_stop_deadline",
         "_stopping",
         "_thread",
         "_unrecorded",
@@ -136,6 +137,7 @@ class OutboxDispatcher:
         self._thread: Optional[threading.Thread] = None
         self._pool: Optional[DaemonThreadPool] = None
         self._stopping = False
+        self._stop_deadline = 0.0  # monotonic: when a stop stops waiting for requests
         self._woken = False
         self._inflight: Dict[int, OutboxEntry] = {}  # claimed here, not yet ended
         self._started: "set[int]" = set()  # of those, the ones whose request began
@@ -221,6 +223,7 @@ class OutboxDispatcher:
         deadline = time.monotonic() + bound
         with self._cond:
             self._stopping = True
+            self._stop_deadline = deadline
             self._cond.notify_all()
             # the requests in flight finish (or the bound passes)
             while self._started and time.monotonic() < deadline:
@@ -292,8 +295,8 @@ class OutboxDispatcher:
     def _finish_stop(self) -> None:
         """The loop's last round: wait (bounded by :meth:`stop`) for the requests in flight,
         record them, release what never started."""
-        deadline = time.monotonic() + self._options.stop_timeout_seconds
         with self._cond:
+            deadline = self._stop_deadline
             while self._started and time.monotonic() < deadline:
                 self._cond.wait(0.05)
             done, self._done = self._done, []
