@@ -365,3 +365,60 @@ def test_blocking_intake_end_to_end(store: Any) -> None:
         finally:
             intake.close()
         assert _texts(fake) == ["hi from the intake"]
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
+def test_a_stale_attempts_reply_is_never_sent(store: Any) -> None:
+    stolen = threading.Event()
+    returned: List[Any] = []
+
+    async def on_message(update: Update, context: Any) -> None:
+        attempt = context.attempt
+        returned.append(attempt.outbox.reply_text("from the stale attempt"))
+        # another process takes the update over (as after a pause past the lease)
+        later = int(time.time() * 1000) + 60_000
+        thief = await asyncio.to_thread(
+            store.claim_owned, update.update_id, now=later, lease_until=later + 600_000,
+            max_attempts=5,
+        )
+        assert thief is not None
+        stolen.set()
+
+    async def main() -> None:
+        processor = _processor(store)
+        app = build(processor, fake)
+        app.add_handler(MessageHandler(filters.TEXT, on_message))
+        async with polling(app):
+            fake.inject_message(6, "x")
+            await wait_for("the takeover", stolen.is_set)
+            await wait_for("the discarded reply", lambda: returned[0].discarded, 10)
+            await asyncio.sleep(0.5)
+            assert processor.stats().attempts_ended["lost"] == 1
+        assert fake.sent_messages == [] and store.list_calls() == []
+
+    with FakeBotApi() as fake:
+        run(main())
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite"])
+def test_a_flood_limit_across_chats_holds_every_chat(store: Any) -> None:
+    async def on_message(update: Update, context: Any) -> None:
+        context.attempt.outbox.reply_text(update.message.text)
+
+    async def main() -> None:
+        processor = _processor(store, outbox_concurrency=8)
+        app = build(processor, fake)
+        app.add_handler(MessageHandler(filters.TEXT, on_message))
+        async with polling(app):
+            fake.fail_next("sendMessage", 3, retry_after=2)
+            for chat in (1, 2, 3):
+                fake.inject_message(chat, f"chat {chat}")
+            await wait_for("three refusals", lambda: processor.stats().calls_retried == 3, 10)
+            held_at = time.monotonic()
+            fake.inject_message(4, "chat 4")  # a fourth chat, not refused itself: held too
+            await wait_for("chat 4's reply", lambda: "chat 4" in _texts(fake), 15)
+            assert time.monotonic() - held_at >= 1.0
+            await wait_for("every reply", lambda: len(_texts(fake)) == 4, 15)
+
+    with FakeBotApi() as fake:
+        run(main())
