@@ -85,6 +85,7 @@ class Attempt:
     """
 
     __slots__ = (
+        "_after",
         "_body",
         "_connections",
         "_exhausted_at",
@@ -131,6 +132,7 @@ class Attempt:
         self._opening = 0  # fenced transactions opening or open
         self._holding = 0  # fenced transactions whose ownership check succeeded, still open
         self._connections: "list[Any]" = []  # the store's own, of open fenced transactions
+        self._after: "list[Callable[[], None]]" = []  # called once none is open any more
         self._exhausted_error: Optional[str] = None
         self._exhausted_at: Optional[int] = None
         self._body = body
@@ -304,6 +306,20 @@ class Attempt:
                 self._proven_until = max(self._proven_until, lease_until)
                 return False
             return not (ok is None or self.holds_fence)
+
+    def after_transactions(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback`` (once, on the thread that ends it) when the last fenced
+        transaction of this attempt that is opening or open now has ended: by then
+        :attr:`completed` says whether a completing one committed.
+
+        Returns :obj:`False`, and never calls it, when none is open now (the caller decides
+        at once: :attr:`completed` is already final for the transactions that ended).
+        """
+        with self._lock:
+            if self._opening == 0:
+                return False
+            self._after.append(callback)
+            return True
 
     def may_report_lost(self) -> bool:
         """Whether the lease keeper may report this attempt lost now: not finished, not being
@@ -503,12 +519,25 @@ class Attempt:
                 self._complete_after_commit(checked_at)
         finally:
             # also when the commit itself failed: the attempt is then not complete
+            if complete:
+                self._end_completing(False)  # no-op once committed
             with self._lock:
                 self._opening -= 1
                 if holding:
                     self._holding -= 1
-            if complete:
-                self._end_completing(False)  # no-op once committed
+                after: "list[Callable[[], None]]" = []
+                if self._opening == 0:
+                    after, self._after = self._after, []
+            for callback in after:
+                try:
+                    callback()
+                except Exception:  # what waited for this transaction must not break its end
+                    _LOGGER.exception(
+                        "update %s attempt %s: reporting the end of its fenced transaction "
+                        "failed",
+                        self.update_id,
+                        self.attempt,
+                    )
 
     def interrupt_transactions(self) -> int:
         """End this attempt's open fenced transactions on the store's own PostgreSQL
