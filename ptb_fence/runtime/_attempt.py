@@ -413,7 +413,9 @@ class Attempt:
         ``connection`` may be what the handler holds, on the store's database:
 
         - a DB-API connection or cursor (sqlite3, psycopg2, psycopg 3, another driver's); it
-          is committed (or rolled back) on exit;
+          is committed (or rolled back) on exit. One in autocommit mode is put in a
+          transaction (``BEGIN``) before the ownership check and ends with ``COMMIT`` (or
+          ``ROLLBACK``); a block that writes nothing runs in a transaction too;
         - a SQLAlchemy 2 ``Session`` (or ``scoped_session``) or ``Connection``: the check and
           the settle run on its DB-API connection, in its transaction, and on exit the Session
           is flushed and committed (a Connection's transaction committed) by SQLAlchemy. The
@@ -460,6 +462,10 @@ class Attempt:
             self._opening += 1
         try:
             with manager as conn:
+                if given is not None:
+                    # a connection in autocommit mode is put in a transaction first: the
+                    # check's row lock must last until this block's commit
+                    given.prepare()
                 checked_at = runtime.now_ms()
                 if first:
                     owned = port.complete_owned(identity, checked_at, connection=conn)
