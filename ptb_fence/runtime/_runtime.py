@@ -969,12 +969,19 @@ class Runtime:
 
         First makes the claims of provably dead processes claimable
         (:meth:`Recovery.take_over_dead <ptb_fence.runtime._recovery.Recovery.take_over_dead>`), so they are among
-        them."""
+        them, and under ``strict_chat_order`` keys the rows recorded without a chat key
+        (:meth:`StoreChatOrder.key_recorded_since
+        <ptb_fence.runtime._store_chat_order.StoreChatOrder.key_recorded_since>`) before and
+        after listing."""
         self.recovery.take_over_dead()
         now = self.options.now_ms()
         grace = 0 if include_fresh else int(self.options.pending_grace_seconds * 1000)
         if self.options.strict_chat_order:  # only updates whose chat's turn it is
-            return list(
+            chat_order = self.chat_order
+            # what a process without the option recorded since the last sweep gets its
+            # chat's key first, so that it is listed only in its chat's turn
+            chat_order.key_recorded_since()
+            rows = list(
                 self.stats.timed(
                     "sweep",
                     self.port.due_in_chat_order,
@@ -983,6 +990,11 @@ class Runtime:
                     limit=limit,
                 )
             )
+            # and what it recorded meanwhile (a row without a key is always listed as in
+            # turn) gets its key before these rows are claimed: the claim checks the turn
+            # again, in its one statement, and refuses a listed row that is not in turn
+            chat_order.key_recorded_since()
+            return rows
         return list(
             self.stats.timed(
                 "sweep", self.port.due, now=now, pending_before=now - grace, limit=limit
