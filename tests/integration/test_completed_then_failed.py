@@ -136,6 +136,51 @@ def test_ptb_handler_raising_after_its_completion_is_reported_once(
     assert sorted(type(r.exc_info[1]).__name__ for r in tracebacks) == ["AttemptFinished", "NetworkError"]
     if error_handler:
         assert sorted(type(e).__name__ for e in seen_by_error_handler) == ["AttemptFinished", "NetworkError"]
+    assert _ended(processor.stats()) == {"completed": 2}
+
+
+@pytest.mark.parametrize("store_kind", KINDS)
+def test_ptb_a_later_handler_group_raising_after_the_completion_is_reported_once(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handler of group 0 completes the update; a handler of group 1 (e.g. analytics)
+    then raises: the same single WARNING, no retry, no on_failure, counted completed."""
+    caplog.set_level(logging.DEBUG, logger="ptb_fence")
+    runs: List[int] = []
+    failures: List[Any] = []
+
+    async def completes(update: Update, context: Any) -> None:
+        runs.append(update.update_id)
+        await context.attempt.run_in_transaction(_nothing, complete=True)
+
+    async def later(update: Update, context: Any) -> None:
+        raise NetworkError("Bad Gateway")
+
+    processor = FencedUpdateProcessor(
+        store, **FAST, retry=lambda error, n: 0.05,
+        on_failure=lambda error, attempt, retrying: failures.append(error),
+    )
+
+    async def main() -> int:
+        with FakeBotApi() as fake:
+            app = build(processor, fake)
+            app.add_handler(MessageHandler(filters.TEXT, completes), group=0)
+            app.add_handler(MessageHandler(filters.TEXT, later), group=1)
+            async with polling(app):
+                update_id = fake.inject_message(chat_id=1, text="hello")
+                await wait_for("completed", lambda: _states(store).get(update_id, ("",))[0]
+                               == "completed", 15)
+                await wait_for("the attempt counted", lambda: _ended(processor.stats()), 10)
+                await asyncio.sleep(0.3)  # a retry (there must be none) would start by now
+            return update_id
+
+    update_id = run(main(), 40)
+    assert _states(store)[update_id] == ("completed", 1)
+    assert runs == [update_id] and failures == []
+    assert _failures_logged(caplog.records) == []
+    (record,) = _completed_then(caplog.records, update_id)
+    assert "then the handler raised NetworkError: Bad Gateway" in record.getMessage()
+    assert _ended(processor.stats()) == {"completed": 1}
 
 
 @pytest.mark.parametrize("store_kind", KINDS)
@@ -178,6 +223,7 @@ def test_intake_handler_raising_after_its_completion_is_reported_once(
                   and r.name.startswith("ptb_fence")]
     assert sorted(type(r.exc_info[1]).__name__ for r in tracebacks) == ["AttemptFinished", "NetworkError"]
     assert isinstance([r for r in tracebacks if "update 2" in r.getMessage()][0].exc_info[1], AttemptFinished)
+    assert _ended(intake.stats()) == {"completed": 2}
 
 
 @pytest.mark.parametrize("store_kind", KINDS)
