@@ -376,6 +376,51 @@ def test_a_forked_child_does_not_end_its_parents_postgres_session(
         assert parent.instance == instance
 
 
+@pytest.mark.timeout(30)
+def test_a_forked_child_leaves_its_parents_postgres_transaction_alone(
+    pg_dsn: str, pg_tables: List[str]
+) -> None:
+    """A child forked inside a transaction of the store, whose code then ends that transaction
+    too (as a raw ``os.fork()`` child falling out of the ``with`` block would), does not end or
+    write the parent's session; the child's store opens connections of its own."""
+    from ptb_fence import PostgresUpdateStore
+
+    table = fresh_table_name()
+    pg_tables.append(table)
+    with PostgresUpdateStore(pg_dsn, table=table) as parent:
+        parent.add(1, "x", 0)
+        with parent.transaction() as conn:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                backend = cur.fetchone()[0]
+                cur.execute(f"UPDATE {table} SET body = 'parent' WHERE update_id = 1")  # noqa: S608
+            pid = os.fork()
+            if pid == 0:
+                import psycopg2
+
+                code = 1
+                try:
+                    parent.add(2, "child", 0)
+                    code = 3
+                    try:
+                        conn.commit()  # on the inherited connection: must not reach the server
+                    except psycopg2.Error:
+                        code = 0
+                    conn.close()
+                    parent.close()
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0  # 3: the child committed for it
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                assert cur.fetchone()[0] == backend, "the child ended the parent's session"
+            conn.rollback()  # the parent's choice: nothing of its transaction was committed
+        bodies = dict(
+            (u.update_id, u.body) for u in parent.due(now=1, pending_before=1, limit=5))
+        assert bodies == {1: "x", 2: "child"}
+
+
 def instance_key_u32(instance: str) -> int:
     from ptb_fence.stores.postgres._sql import instance_key
 
