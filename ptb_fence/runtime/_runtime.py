@@ -723,7 +723,10 @@ class Runtime:
         """The attempt is over: stop renewing it; late renewal results are ignored. Effects
         it still holds (it was released, or its completion never ran) are discarded."""
         self.keeper.unregister(attempt)
-        attempt.drop_effects()
+        # a completing transaction still open (e.g. past attempt_timeout_seconds) carries
+        # them in its commit: dropped only once it ended (nothing left then if it committed)
+        if not attempt.after_transactions(attempt.drop_effects):
+            attempt.drop_effects()
 
     # -- exhaustion delivery ----------------------------------------------------------------
     def acknowledge(self, exhaustion: Exhaustion) -> bool:
