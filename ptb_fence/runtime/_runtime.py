@@ -104,6 +104,9 @@ class FrontEndHooks(NamedTuple):
             sweep; ``body``: the stored text the attempt was claimed with, when known).
             :obj:`None`: the next sweep takes every retry.
         running_count: Attempts whose handler runs now (bounds the claims at ingest).
+        left_running_count: Handlers (threads or tasks) that passed their attempt timeout or
+            the stop, were let go and still run (their attempts ended): a gauge for
+            :class:`Stats`.
         executor: The store threads for blocking store work from asyncio
             (``Attempt.run_in_transaction`` and friends) while the front end runs;
             :obj:`None`: :func:`asyncio.to_thread`.
@@ -111,6 +114,7 @@ class FrontEndHooks(NamedTuple):
 
     retry_soon: Optional[Callable[[int, float, Optional[str]], None]] = None
     running_count: Callable[[], int] = _none_running
+    left_running_count: Callable[[], int] = _none_running
     executor: Callable[[], Optional[StoreHop]] = _no_executor
 
 
@@ -456,6 +460,7 @@ class Runtime:
             return Outcome.EXHAUSTED, self._exhaustion_of(attempt), True
         if error is None:
             return self.settle_completed(attempt), None, True
+        attempt.drop_effects("the attempt failed: its retry queues its own calls")
         return self._settle_failed(attempt, error)
 
     def settle_completed(self, attempt: Attempt) -> Outcome:
@@ -1142,6 +1147,7 @@ class Runtime:
             running=self._hooks.running_count(),
             claims_held=len(self.keeper.active()),
             now_ms=self.options.now_ms(),
+            left_running=self._hooks.left_running_count(),
         )
 
     def health(self) -> Health:
