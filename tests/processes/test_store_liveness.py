@@ -421,6 +421,51 @@ def test_a_forked_child_leaves_its_parents_postgres_transaction_alone(
         assert bodies == {1: "x", 2: "child"}
 
 
+@pytest.mark.timeout(30)
+def test_a_forked_child_uses_a_callers_pool_without_its_parents_connections(
+    pg_dsn: str, pg_tables: List[str]
+) -> None:
+    """With a caller's psycopg2 pool, a forked child's store calls get connections of their
+    own (the pool's connections the store used in the parent are closed on their detached
+    copies, not handed out), and the parent's sessions are untouched."""
+    import psycopg2.pool
+
+    from ptb_fence import PostgresUpdateStore
+
+    table = fresh_table_name()
+    pg_tables.append(table)
+    pool = psycopg2.pool.ThreadedConnectionPool(1, 4, pg_dsn)
+    try:
+        with PostgresUpdateStore(pool, table=table) as store:
+            store.add(1, "x", 0)
+            used = pool.getconn()
+            with used.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                backend = cur.fetchone()[0]
+            used.rollback()
+            pool.putconn(used)
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    store.add(2, "child", 0)
+                    due = store.due(now=1, pending_before=1, limit=5)
+                    code = 0 if sorted(u.update_id for u in due) == [1, 2] else 2
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+            assert sorted(u.update_id for u in store.due(now=1, pending_before=1, limit=5)) == [1, 2]
+            used = pool.getconn()
+            with used.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                assert cur.fetchone()[0] == backend, "the parent's pooled session was ended"
+            used.rollback()
+            pool.putconn(used)
+    finally:
+        pool.closeall()
+
+
 @pytest.mark.timeout(90)
 def test_postgres_takeover_skips_a_row_that_a_lingering_session_locks(
     pg_dsn: str, pg_tables: List[str]
