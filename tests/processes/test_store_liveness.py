@@ -657,6 +657,49 @@ def test_sqlite_liveness_checked_by_another_os_user() -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+_OTHER_USER_HOLD = r"""
+import os, sys
+from ptb_fence import SQLiteUpdateStore
+
+os.setgroups([])
+os.setgid(65534)
+os.setuid(65534)
+store = SQLiteUpdateStore(sys.argv[1])
+print(store.hold_liveness())
+store.close()
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
+def test_sqlite_lock_directory_takes_the_group_of_the_database_directory() -> None:
+    """The database's directory is writable by a group the bots share (no setgid bit, so files
+    made there get their creator's group): the lock directory the first bot creates takes that
+    group with the directory's mode, so a bot of another user of the group holds liveness too."""
+    import shutil
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="ptb_fence_group_")
+    try:
+        os.chown(directory, 0, 65534)
+        os.chmod(directory, 0o775)  # the shared group may write; no setgid bit
+        path = os.path.join(directory, "shared.db")
+        SQLiteUpdateStore(path).close()
+        os.chown(path, 0, 65534)
+        os.chmod(path, 0o664)  # (SQLite gives its -wal and -shm files the same)
+        with SQLiteUpdateStore(path) as first:  # root, primary group root
+            first.hold_liveness()
+            out = subprocess.run(
+                [sys.executable, "-c", _OTHER_USER_HOLD, path],
+                capture_output=True, text=True, timeout=60,
+            )
+            assert out.returncode == 0, out.stderr
+            assert len(out.stdout.strip()) == 32, out.stdout
+            assert os.stat(f"{path}.instances").st_gid == 65534
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def _postgres_bin() -> Optional[str]:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     return os.path.dirname(found[-1]) if found else None
