@@ -423,3 +423,38 @@ def test_a_flood_limit_across_chats_holds_every_chat(store: Any) -> None:
 
     with FakeBotApi() as fake:
         run(main())
+
+
+@pytest.mark.parametrize("store_kind", ["postgres", "sqlite"])
+def test_two_senders_keep_each_chats_commit_order(shared_stores: Any) -> None:
+    def handle(update: Dict[str, Any], attempt: Any) -> None:
+        for i in range(2):
+            attempt.outbox.reply_text(f"u{update['update_id']}-{i}")
+
+    with FakeBotApi() as fake:
+        fake.delay("sendMessage", 0.02)  # requests overlap: the senders really compete
+        intakes = [
+            UpdateIntake(shared_stores(), handle_attempt=handle, bot_token=fake.token,
+                         bot_base_url=fake.base_url, outbox_concurrency=4)
+            for _ in range(2)
+        ]
+        for intake in intakes:
+            intake.start()
+        try:
+            update_id = 0
+            for _ in range(6):
+                for chat in (1, 2, 3):
+                    update_id += 1
+                    intakes[update_id % 2].accept(body(update_id, chat=chat))
+            assert wait_until(lambda: len(fake.sent_messages) == 36, 60)
+            store = shared_stores()
+            assert wait_until(lambda: len(store.list_calls(state="sent")) == 36, 10)
+            committed = store.list_calls(limit=100)
+            for chat in (1, 2, 3):
+                in_commit_order = [json.loads(c.params_json)["text"] for c in committed
+                                   if c.chat_key == chat]
+                assert _texts(fake, chat) == in_commit_order
+            assert all(c.tries == 1 for c in committed)  # none sent twice, none retried
+        finally:
+            for intake in intakes:
+                intake.close()
