@@ -362,6 +362,11 @@ def test_blocking_intake_end_to_end(store: Any) -> None:
             assert json.loads(sent.result_json or "{}")["chat"]["id"] == 42
             assert failures[0].chat_key == 666
             assert intake.stats().calls_sent == 1 and intake.stats().calls_failed == 1
+            # the sweep read the store's outbox counts with its figures (at start: none yet;
+            # again at most every 10 s)
+            counts = intake.stats().outbox
+            assert counts is not None and set(counts) == {
+                "pending", "sending", "sent", "failed", "failed_acknowledged"}
         finally:
             intake.close()
         assert _texts(fake) == ["hi from the intake"]
