@@ -147,8 +147,6 @@ class Outbox:
         Raises:
             AttemptFinished: The attempt completed, was exhausted or its handler returned:
                 no commit of it can carry the call any more.
-            OwnershipLost: Written inside a fenced transaction that lost its update (as any
-                write there).
             TypeError: A parameter the outbox cannot keep as JSON (a file to upload).
             ValueError: ``method`` is not a method name.
         """
