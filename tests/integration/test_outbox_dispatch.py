@@ -416,7 +416,7 @@ def test_a_flood_limit_across_chats_holds_every_chat(store: Any) -> None:
         app = build(processor, fake)
         app.add_handler(MessageHandler(filters.TEXT, on_message))
         async with polling(app):
-            fake.fail_next("sendMessage", 3, retry_after=2)
+            fake.fail_next("sendMessage", 3, retry_after=3)  # room for a slow observer below
             for chat in (1, 2, 3):
                 fake.inject_message(chat, f"chat {chat}")
             await wait_for("three refusals", lambda: processor.stats().calls_retried == 3, 10)
