@@ -24,7 +24,8 @@ next text message of the chat runs the handler above and ends the conversation; 
 match no handler.
 
 Files in ``DIR``: ``ready.<pid>`` once polling/running; ``started.<update_id>.<pid>`` when a
-handler begins; ``log.<pid>`` the process log.
+handler begins, ``ended.<update_id>.<pid>`` when its completing transaction committed (both hold
+``time.time()``); ``log.<pid>`` the process log.
 """
 
 from __future__ import annotations
@@ -115,10 +116,13 @@ async def main(args: argparse.Namespace) -> Any:
             cur = conn.cursor()
             cur.execute(insert, (update.update_id, attempt.attempt, attempt.claim_id, pid))
             if args.txn and update.message.text == args.txn:
+                if args.fork_in_txn:
+                    fork_child(args.dir, pid)
                 touch(os.path.join(args.dir, f"in_txn.{update.update_id}.{pid}"))
                 time.sleep(args.txn_seconds)  # the fenced transaction stays open meanwhile
 
         await attempt.run_in_transaction(write, complete=True)
+        touch(os.path.join(args.dir, f"ended.{update.update_id}.{pid}"))
         return ConversationHandler.END
 
     async def book(update: Update, context: Any) -> int:
