@@ -460,7 +460,6 @@ class Runtime:
             return Outcome.EXHAUSTED, self._exhaustion_of(attempt), True
         if error is None:
             return self.settle_completed(attempt), None, True
-        attempt.drop_effects("the attempt failed: its retry queues its own calls")
         return self._settle_failed(attempt, error)
 
     def settle_completed(self, attempt: Attempt) -> Outcome:
