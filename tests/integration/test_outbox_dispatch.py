@@ -367,6 +367,17 @@ def test_blocking_intake_end_to_end(store: Any) -> None:
             counts = intake.stats().outbox
             assert counts is not None and set(counts) == {
                 "pending", "sending", "sent", "failed", "failed_acknowledged"}
+            # and Prometheus sees the same
+            from prometheus_client import CollectorRegistry
+
+            from ptb_fence.metrics import register
+
+            registry = CollectorRegistry()
+            register(intake, registry)
+            for result, count in (("sent", 1), ("failed", 1), ("retried", 1)):
+                assert registry.get_sample_value(
+                    "ptb_fence_outbox_sends_total", {"result": result}) == count
+            assert registry.get_sample_value("ptb_fence_outbox_calls", {"state": "pending"}) == 0
         finally:
             intake.close()
         assert _texts(fake) == ["hi from the intake"]
