@@ -928,6 +928,55 @@ class Runtime:
         self._count_ended(outcomes)
         return records, outcomes
 
+    @property
+    def claims_with_completions(self) -> bool:
+        """:obj:`bool`: :meth:`complete_and_claim` is one commit (claims in groups, and a store
+        with ``settle_and_claim_many``): a front end then claims the updates that take the slots
+        of finished attempts in the commit that completes those attempts."""
+        return self.claims_in_groups and self.port.settles_and_claims_together
+
+    def complete_and_claim(
+        self, attempts: Sequence["Attempt"], update_ids: Sequence[int]
+    ) -> "Tuple[List[Outcome], List[Optional[Attempt]]]":
+        """:meth:`complete_many` and :meth:`claim_many` as one group: one commit where the
+        store can (:attr:`claims_with_completions`), else the two one after the other.
+
+        The completions land in the same commit as the claims, so the claims held by this
+        process never count both the finished attempts and the ones that take their slots.
+        Returns the outcomes of the completions and, per id, what :meth:`claim_many` gives.
+        """
+        if not update_ids:
+            return self.complete_many(attempts), []
+        if not attempts or not self.claims_with_completions or not all(
+            attempt.fenced for attempt in attempts
+        ):
+            outcomes = self.complete_many(attempts)
+            return outcomes, self.claim_many(update_ids)
+        terms = self.claim_terms()
+        at = terms.now
+        try:
+            landed, identities = self.stats.timed(
+                "settle",
+                self.port.settle_and_claim,
+                [(attempt.identity, Completed(at)) for attempt in attempts],
+                update_ids,
+                terms,
+            )
+        except Exception as exc:
+            failed = [self.completion_failed(attempt, exc) for attempt in attempts]
+            self._count_ended(failed)
+            for update_id in update_ids:  # as if each had been claimed on its own
+                self.report_store_error(exc, "claim", ids={"update_id": update_id})
+            return failed, [None] * len(update_ids)
+        outcomes = [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
+        self._count_ended(outcomes)
+        lease_until = terms.lease_until
+        claimed = [
+            None if identity is None else self.adopt(identity, lease_until, None, at_ingest=False)
+            for identity in identities
+        ]
+        return outcomes, claimed
+
     # -- sweep pieces -----------------------------------------------------------------------
     def due_page(self, *, limit: int, include_fresh: bool = False) -> List[StoredUpdate]:
         """Updates to hand over now (pending after the grace period, or all pending).
