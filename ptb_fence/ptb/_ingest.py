@@ -23,7 +23,6 @@ from ptb_fence.ptb._state import Recorded, SharedState
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._chats import chat_key, update_chat_key
-from ptb_fence.runtime._phase import Phase
 from ptb_fence.runtime._runtime import Runtime
 
 __all__ = ["Ingest"]
@@ -287,43 +286,32 @@ class Ingest:
         dones = [(i, payload) for i, (kind, payload) in enumerate(items) if kind == "done"]
         claims = [(i, payload) for i, (kind, payload) in enumerate(items) if kind == "claim"]
         results: List[Any] = [None] * len(items)
-        if claims:
-            # the bound: the claims held now, less the completions of this group (they land in
-            # the same commit), plus these claims stay within max_concurrent + buffer
-            runtime = self._runtime
-            options = runtime.options
-            freed = sum(1 for _, attempt in dones if attempt.phase is not Phase.ENDED)
-            room = options.max_concurrent + options.ingest_claim_buffer
-            room = max(0, room - runtime.keeper.count() + freed)
-            for i, _ in claims[room:]:
-                results[i] = _NO_ROOM
-            claims = claims[:room]
         attempts = [attempt for _, attempt in dones]
+        claim_ids = [update_id for _, update_id in claims]
         claimed: List[Optional[Attempt]] = []
+        runtime = self._runtime
         if adds:
             records, outcomes = await self._threads.call(
-                self._runtime.record_and_complete,
+                runtime.record_and_complete,
                 [(update_id, body) for _, (update_id, body, _) in adds],
                 attempts,
                 claim=True,
                 chats=[chat for _, (_, _, chat) in adds],
             )
-            if claims:
-                claimed = await self._threads.call(
-                    self._runtime.claim_many, [update_id for _, update_id in claims]
-                )
+            if claims:  # after the records (which claim first, at ingest)
+                claimed = (await self._threads.call(runtime.complete_and_claim, [], claim_ids))[1]
             for n, (i, _) in enumerate(adds):
                 results[i] = records if isinstance(records, BaseException) else records[n]
         else:
+            # the claims the bound has room for (the completions of this group, which land in
+            # the same commit, make room) are admitted; the others wait for a later group
             outcomes, claimed = await self._threads.call(
-                self._runtime.complete_and_claim,
-                attempts,
-                [update_id for _, update_id in claims],
+                runtime.complete_and_claim, attempts, claim_ids
             )
         for (i, _), outcome in zip(dones, outcomes):
             results[i] = outcome
-        for (i, _), attempt in zip(claims, claimed):
-            results[i] = attempt
+        for n, (i, _) in enumerate(claims):
+            results[i] = claimed[n] if n < len(claimed) else _NO_ROOM
         return results
 
     # -- what landed while its ingest was cancelled ------------------------------------------
