@@ -432,9 +432,10 @@ class MemoryUpdateStore:
         """:meth:`settle_owned_many` (with its ``effects``), then :meth:`claim_owned_many`, at
         once (optional capability; one commit in the SQL stores): the slots that completions
         free are claimed in the commit that frees them."""
+        ids = [validate_update_id(update_id) for update_id in update_ids]
         with self._lock:
             landed = self.settle_owned_many(settlements, effects=effects)
-            return landed, self._claim_all(update_ids, terms)
+            return landed, self._claim_all(ids, terms)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
