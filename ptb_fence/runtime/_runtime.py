@@ -281,13 +281,14 @@ class Runtime:
         except Exception as exc:
             self.report_store_error(exc, "claim", ids={"update_id": update_id})
             return None
-        _LOGGER.debug(
-            "claimed update %s attempt %s (claim %s)",
-            update_id,
-            attempt.attempt,
-            attempt.claim_id or "-",
-            extra=ids(attempt),
-        )
+        if _LOGGER.isEnabledFor(logging.DEBUG):  # per update: no record, no extra dict
+            _LOGGER.debug(
+                "claimed update %s attempt %s (claim %s)",
+                update_id,
+                attempt.attempt,
+                attempt.claim_id or "-",
+                extra=ids(attempt),
+            )
         self.stats.attempt_started()
         self.keeper.register(attempt)
         return attempt
@@ -311,14 +312,15 @@ class Runtime:
             self, identity.update_id, identity.attempt, identity.claim_id, lease_until, body
         )
         self._note_suspect(attempt, identity)
-        _LOGGER.debug(
-            "claimed update %s attempt %s (claim %s)%s",
-            attempt.update_id,
-            attempt.attempt,
-            attempt.claim_id or "-",
-            " at ingest" if at_ingest else "",
-            extra=ids(attempt),
-        )
+        if _LOGGER.isEnabledFor(logging.DEBUG):  # per update: no record, no extra dict
+            _LOGGER.debug(
+                "claimed update %s attempt %s (claim %s)%s",
+                attempt.update_id,
+                attempt.attempt,
+                attempt.claim_id or "-",
+                " at ingest" if at_ingest else "",
+                extra=ids(attempt),
+            )
         self.stats.attempt_started()
         self.keeper.register(attempt)
         return attempt
