@@ -362,6 +362,22 @@ def test_blocking_intake_end_to_end(store: Any) -> None:
             assert json.loads(sent.result_json or "{}")["chat"]["id"] == 42
             assert failures[0].chat_key == 666
             assert intake.stats().calls_sent == 1 and intake.stats().calls_failed == 1
+            # the sweep read the store's outbox counts with its figures (at start: none yet;
+            # again at most every 10 s)
+            counts = intake.stats().outbox
+            assert counts is not None and set(counts) == {
+                "pending", "sending", "sent", "failed", "failed_acknowledged"}
+            # and Prometheus sees the same
+            from prometheus_client import CollectorRegistry
+
+            from ptb_fence.metrics import register
+
+            registry = CollectorRegistry()
+            register(intake, registry)
+            for result, count in (("sent", 1), ("failed", 1), ("retried", 1)):
+                assert registry.get_sample_value(
+                    "ptb_fence_outbox_sends_total", {"result": result}) == count
+            assert registry.get_sample_value("ptb_fence_outbox_calls", {"state": "pending"}) == 0
         finally:
             intake.close()
         assert _texts(fake) == ["hi from the intake"]
@@ -406,11 +422,12 @@ def test_a_flood_limit_across_chats_holds_every_chat(store: Any) -> None:
         context.attempt.outbox.reply_text(update.message.text)
 
     async def main() -> None:
-        processor = _processor(store, outbox_concurrency=8)
+        # a long sweep interval: chat 4's call is claimed when the hold ends, not at a sweep
+        processor = _processor(store, outbox_concurrency=8, sweep_every_seconds=60)
         app = build(processor, fake)
         app.add_handler(MessageHandler(filters.TEXT, on_message))
         async with polling(app):
-            fake.fail_next("sendMessage", 3, retry_after=2)
+            fake.fail_next("sendMessage", 3, retry_after=3)  # room for a slow observer below
             for chat in (1, 2, 3):
                 fake.inject_message(chat, f"chat {chat}")
             await wait_for("three refusals", lambda: processor.stats().calls_retried == 3, 10)
@@ -422,3 +439,71 @@ def test_a_flood_limit_across_chats_holds_every_chat(store: Any) -> None:
 
     with FakeBotApi() as fake:
         run(main())
+
+
+@pytest.mark.parametrize("store_kind", ["postgres", "sqlite"])
+def test_two_senders_keep_each_chats_commit_order(shared_stores: Any) -> None:
+    def handle(update: Dict[str, Any], attempt: Any) -> None:
+        for i in range(2):
+            attempt.outbox.reply_text(f"u{update['update_id']}-{i}")
+
+    with FakeBotApi() as fake:
+        fake.delay("sendMessage", 0.02)  # requests overlap: the senders really compete
+        intakes = [
+            UpdateIntake(shared_stores(), handle_attempt=handle, bot_token=fake.token,
+                         bot_base_url=fake.base_url, outbox_concurrency=4)
+            for _ in range(2)
+        ]
+        for intake in intakes:
+            intake.start()
+        try:
+            update_id = 0
+            for _ in range(6):
+                for chat in (1, 2, 3):
+                    update_id += 1
+                    intakes[update_id % 2].accept(body(update_id, chat=chat))
+            assert wait_until(lambda: len(fake.sent_messages) == 36, 60)
+            store = shared_stores()
+            assert wait_until(lambda: len(store.list_calls(state="sent")) == 36, 10)
+            committed = store.list_calls(limit=100)
+            for chat in (1, 2, 3):
+                in_commit_order = [json.loads(c.params_json)["text"] for c in committed
+                                   if c.chat_key == chat]
+                assert _texts(fake, chat) == in_commit_order
+            assert all(c.tries == 1 for c in committed)  # none sent twice, none retried
+        finally:
+            for intake in intakes:
+                intake.close()
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
+def test_calls_of_a_sender_that_died_are_sent_after_its_lease(store: Any) -> None:
+    from ptb_fence import AttemptEffects, Completed, OutboxCall
+
+    now = int(time.time() * 1000)
+    assert store.add(1, body(1, chat=70), now)
+    identity = store.claim_owned(1, now=now, lease_until=now + 60_000, max_attempts=5)
+    calls = tuple(
+        OutboxCall("sendMessage", json.dumps({"chat_id": 70, "text": f"left {i}"}), 70, i)
+        for i in range(2)
+    )
+    # a process completed the update with two calls, claimed the first to send, and died
+    assert store.settle_owned_many(
+        [(identity, Completed(now))], effects={identity: AttemptEffects(calls=calls)}
+    ) == [True]
+    (claimed,) = store.claim_calls(now=now, lease_until=now + 1_500, limit=1, sender="dead")
+    with FakeBotApi() as fake:
+        intake = UpdateIntake(
+            store, handle_attempt=lambda update, attempt: None, bot_token=fake.token,
+            bot_base_url=fake.base_url, sweep_every_seconds=0.2,
+        )
+        intake.start()
+        try:
+            assert wait_until(lambda: len(fake.sent_messages) == 2, 20)
+            elapsed = time.time() * 1000 - now
+        finally:
+            intake.close()
+        # the chat's first call held the second until its dead sender's lease lapsed
+        assert _texts(fake) == ["left 0", "left 1"] and elapsed >= 1_500
+    entry = store.get_call(claimed.call_id)
+    assert entry is not None and entry.state == "sent" and entry.tries == 2
