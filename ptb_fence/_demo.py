@@ -2,10 +2,13 @@
 
 A real python-telegram-bot ``Application`` polls a fake Bot API with a
 :class:`~ptb_fence.ptb.FencedUpdateProcessor` over SQLite. Every handler makes a fenced write
-(``run_in_transaction(..., complete=True)``). The demo pauses one bot process past its lease
-(SIGSTOP) so that another takes its update over and the stale attempt is fenced out, then
+and queues its reply through the outbox in the same transaction
+(``run_in_transaction(..., complete=True)``; ``attempt.outbox.reply_text``): the reply is sent
+iff that commit lands. The demo pauses one bot process past its lease (SIGSTOP) so that another
+takes its update over and the stale attempt is fenced out (its write and its reply), then
 SIGKILLs it in the middle of a handler and restarts a poller. At the end it checks from the
-database and the fake server that nothing was lost and nothing was written twice.
+database and the fake server that nothing was lost, nothing was written twice, every update got
+its reply and no reply came from a stale attempt.
 """
 
 from __future__ import annotations
@@ -69,13 +72,14 @@ def _run_bot(args: argparse.Namespace) -> int:
                 "VALUES (?, ?, ?, ?, ?)",
                 (update.update_id, message.chat_id, attempt.attempt, attempt.claim_id, os.getpid()),
             )
+            # queued in this transaction: sent after it commits, never if it is refused
+            attempt.outbox.reply_text(f"booked #{update.update_id} (attempt {attempt.attempt})")
 
         try:
             await attempt.run_in_transaction(write, complete=True)
         except OwnershipLost:
             event(f"refused {update.update_id} {attempt.attempt}")
             raise
-        await context.bot.send_message(message.chat_id, f"booked #{update.update_id}")
 
     processor = FencedUpdateProcessor(
         store,
@@ -129,6 +133,17 @@ def _wait_stopped(pid: int, timeout: float = 2.0) -> None:
         if states and all(state in ("T", "t") for state in states):
             return
         time.sleep(0.002)
+
+
+def _replies(fake: Any) -> List["tuple[int, int]"]:
+    """(update_id, attempt) of every reply the fake Bot API received, in order."""
+    found = []
+    for message in fake.sent_messages:
+        words = str(message.get("text", "")).replace("#", " ").replace(")", " ").split()
+        # "booked #<update_id> (attempt <n>)"
+        if len(words) == 4 and words[0] == "booked" and words[2] == "(attempt":
+            found.append((int(words[1]), int(words[3])))
+    return found
 
 
 # -- the conductor (the demo command) -----------------------------------------------------------
@@ -287,7 +302,8 @@ class _Demo:
                 fake,
                 "handling the rest",
                 lambda: self.ledger()["distinct"] >= len(self.sent)
-                and set(self.sent) <= fake.confirmed_update_ids,
+                and set(self.sent) <= fake.confirmed_update_ids
+                and set(self.sent) <= {uid for uid, _ in _replies(fake)},
                 60,
             )
             for proc in (bot2, bot3):
@@ -298,7 +314,7 @@ class _Demo:
                 except subprocess.TimeoutExpired:
                     proc.kill()
             confirmed = len(set(self.sent) & fake.confirmed_update_ids)
-            replies = len(fake.sent_messages)
+            replies = _replies(fake)
         return self.report(confirmed, replies)
 
     def _has_ledger(self, update_id: int) -> bool:
@@ -310,10 +326,11 @@ class _Demo:
         finally:
             conn.close()
 
-    def report(self, confirmed: int, replies: int) -> int:
+    def report(self, confirmed: int, replies: List["tuple[int, int]"]) -> int:
         conn = sqlite3.connect(self.db, timeout=30)
         try:
-            handled = {r[0] for r in conn.execute("SELECT DISTINCT update_id FROM demo_ledger")}
+            committed = dict(conn.execute("SELECT update_id, attempt FROM demo_ledger"))
+            handled = set(committed)
             writes = conn.execute("SELECT COUNT(*) FROM demo_ledger").fetchone()[0]
             attempts = conn.execute(
                 "SELECT COALESCE(SUM(attempts), 0) FROM telegram_updates"
@@ -324,6 +341,11 @@ class _Demo:
         lost = len(sent - handled)
         duplicates = writes - len(handled)
         prevented = len(self.events_of("refused"))
+        replied = {uid for uid, _ in replies}
+        duplicate_replies = len(replies) - len(replied)
+        # a reply queued by an attempt that did not commit (the paused bot's, the killed one's)
+        stale_replies = sum(1 for uid, attempt in replies if committed.get(uid) != attempt)
+        unanswered = len(sent - replied)
         rows = [
             ("updates sent", len(sent)),
             ("confirmed to Telegram", confirmed),
@@ -333,7 +355,10 @@ class _Demo:
             ("duplicates prevented", prevented),
             ("duplicate writes", duplicates),
             ("lost", lost),
-            ("replies sent", replies),
+            ("replies sent", len(replied & sent)),
+            ("updates without a reply", unanswered),
+            ("duplicate replies", duplicate_replies),
+            ("replies from stale attempts", stale_replies),
             ("bot processes killed (SIGKILL)", self.killed),
             ("bot processes paused past lease", self.paused),
             ("wall time (s)", f"{time.monotonic() - self.started:.1f}"),
@@ -344,8 +369,21 @@ class _Demo:
         for name, value in rows:
             print(f"| {name:<{width}} | {value!s:>7} |")
         print("+-" + "-" * width + "-+---------+")
-        ok = lost == 0 and duplicates == 0 and confirmed == len(sent) and prevented >= 1
-        print("demo result:", "OK (nothing lost, nothing written twice)" if ok else "FAILED")
+        ok = (
+            lost == 0 and duplicates == 0 and confirmed == len(sent) and prevented >= 1
+            and unanswered == 0 and stale_replies == 0
+        )
+        print(
+            "demo result:",
+            "OK (nothing lost, nothing written twice, every update replied to once its write "
+            "committed, no reply from a stale attempt)" if ok else "FAILED",
+        )
+        if duplicate_replies:
+            print(
+                f"note: {duplicate_replies} reply/replies sent twice: a sender died between "
+                "Telegram's answer and recording it (the one window the Bot API leaves open: it "
+                "has no idempotency key)"
+            )
         return 0 if ok else 1
 
     def cleanup(self) -> None:
