@@ -162,6 +162,7 @@ class _Demo:
         self.paused = 0
         self.started = time.monotonic()
         self.sent: List[int] = []
+        self.window = 0
 
     def bot(self, fake: Any, *, poll: bool) -> "subprocess.Popen[bytes]":
         cmd = [
@@ -294,6 +295,7 @@ class _Demo:
             os.kill(bot1.pid, signal.SIGKILL)
             bot1.wait()
             self.killed += 1
+            self.window = self.send_window(fake, bot1.pid)
             self.progress(fake, "bot 1 killed (SIGKILL mid-handler)")
             bot3 = self.bot(fake, poll=True)
             self.wait(fake, "bot 3 polling (restart)", lambda: self.ready(bot3), 30)
@@ -316,6 +318,24 @@ class _Demo:
             confirmed = len(set(self.sent) & fake.confirmed_update_ids)
             replies = _replies(fake)
         return self.report(confirmed, replies)
+
+    def send_window(self, fake: Any, pid: int) -> int:
+        """How many of the dead bot's replies fell into the send window: Telegram (the fake)
+        has them, and the bot had not recorded them sent (its calls still ``sending``). The
+        next sender sends each once more: the one duplicate the Bot API leaves possible."""
+        deadline, count, since = time.monotonic() + 5.0, len(fake.calls), time.monotonic()
+        while time.monotonic() < deadline and time.monotonic() - since < 0.3:
+            time.sleep(0.02)  # until the fake handled what the dead bot had already sent
+            if len(fake.calls) != count:
+                count, since = len(fake.calls), time.monotonic()
+        conn = sqlite3.connect(self.db, timeout=30)
+        try:
+            unrecorded = {r[0] for r in conn.execute(
+                "SELECT update_id FROM telegram_updates_outbox WHERE state = 'sending' "
+                "AND sender LIKE ?", (f"%:{pid}:%",))}
+        finally:
+            conn.close()
+        return sum(1 for uid, _ in _replies(fake) if uid in unrecorded)
 
     def _has_ledger(self, update_id: int) -> bool:
         conn = sqlite3.connect(self.db, timeout=30)
@@ -358,6 +378,7 @@ class _Demo:
             ("replies sent", len(replied & sent)),
             ("updates without a reply", unanswered),
             ("duplicate replies", duplicate_replies),
+            ("  of them from the send window", self.window),
             ("replies from stale attempts", stale_replies),
             ("bot processes killed (SIGKILL)", self.killed),
             ("bot processes paused past lease", self.paused),
@@ -371,18 +392,18 @@ class _Demo:
         print("+-" + "-" * width + "-+---------+")
         ok = (
             lost == 0 and duplicates == 0 and confirmed == len(sent) and prevented >= 1
-            and unanswered == 0 and stale_replies == 0
+            and unanswered == 0 and stale_replies == 0 and duplicate_replies == self.window
         )
         print(
             "demo result:",
             "OK (nothing lost, nothing written twice, every update replied to once its write "
             "committed, no reply from a stale attempt)" if ok else "FAILED",
         )
-        if duplicate_replies:
+        if self.window:
             print(
-                f"note: {duplicate_replies} reply/replies sent twice: a sender died between "
-                "Telegram's answer and recording it (the one window the Bot API leaves open: it "
-                "has no idempotency key)"
+                f"note: {self.window} reply/replies sent twice: the killed bot had them answered "
+                "by Telegram and not yet recorded as sent (the one window the Bot API leaves "
+                "open: it has no idempotency key); every other reply was sent exactly once"
             )
         return 0 if ok else 1
 

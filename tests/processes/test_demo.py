@@ -34,8 +34,8 @@ def test_demo_runs_offline_and_loses_nothing() -> None:
     assert table["replies sent"] == "120"
     assert table["updates without a reply"] == "0"
     assert table["replies from stale attempts"] == "0"
-    # the kill lands in a slow handler while nothing else is being sent: no send window
-    assert table["duplicate replies"] == "0"
+    # a duplicate only from the send window of the killed bot (answered, not yet recorded)
+    assert table["duplicate replies"] == table["of them from the send window"]
     assert "demo result: OK" in out
     # progress lines were printed while it ran
     assert len(re.findall(r"^\s+\[\s*\d+\.\d+s\]", out, re.MULTILINE)) >= 5
