@@ -122,11 +122,14 @@ def committed(bed: Bed) -> Dict[int, List[Tuple[int, str, int]]]:
 def quiet(fake: FakeBotApi, *, for_seconds: float = 0.5, within: float = 15.0) -> None:
     """Wait until FakeBotApi received nothing new for ``for_seconds`` (what a dead process had
     already sent has been handled)."""
+    def seen() -> int:  # a delayed request is in calls at once, in sent_messages after
+        return len(fake.calls) + len(fake.sent_messages)
+
     deadline = time.monotonic() + within
-    count, since = len(fake.calls), time.monotonic()
+    count, since = seen(), time.monotonic()
     while time.monotonic() < deadline:
         time.sleep(0.05)
-        now = len(fake.calls)
+        now = seen()
         if now != count:
             count, since = now, time.monotonic()
         elif time.monotonic() - since >= for_seconds:
