@@ -13,21 +13,37 @@ import logging
 import threading
 import time
 import traceback
-from typing import Any, Callable, Hashable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Hashable,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 from ptb_fence._durations import format_duration
 from ptb_fence.contract import ClaimTerms
 from ptb_fence._values import (
     Abandoned,
+    AttemptEffects,
     AttemptIdentity,
     Completed,
     Exhaustion,
     Failed,
+    OutboxEntry,
     Settlement,
     StoredUpdate,
 )
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._chats import stored_chat_key
+from ptb_fence.runtime._dispatcher import OutboxDispatcher, no_outbox
+from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._hop import StoreHop
 from ptb_fence.runtime._jobs import BackgroundJobs
 from ptb_fence.runtime._lease_keeper import LeaseKeeper
@@ -85,6 +101,9 @@ class FrontEndHooks(NamedTuple):
             sweep; ``body``: the stored text the attempt was claimed with, when known).
             :obj:`None`: the next sweep takes every retry.
         running_count: Attempts whose handler runs now (bounds the claims at ingest).
+        left_running_count: Handlers (threads or tasks) that passed their attempt timeout or
+            the stop, were let go and still run (their attempts ended): a gauge for
+            :class:`Stats`.
         executor: The store threads for blocking store work from asyncio
             (``Attempt.run_in_transaction`` and friends) while the front end runs;
             :obj:`None`: :func:`asyncio.to_thread`.
@@ -92,6 +111,7 @@ class FrontEndHooks(NamedTuple):
 
     retry_soon: Optional[Callable[[int, float, Optional[str]], None]] = None
     running_count: Callable[[], int] = _none_running
+    left_running_count: Callable[[], int] = _none_running
     executor: Callable[[], Optional[StoreHop]] = _no_executor
 
 
@@ -137,6 +157,7 @@ class Runtime:
         "jobs",
         "keeper",
         "options",
+        "outbox",
         "port",
         "recovery",
         "stats",
@@ -177,6 +198,12 @@ class Runtime:
         )
         self.chat_order = StoreChatOrder(self.port, options, self.report_store_error)
         self.alarms = Alarms(self.stats, options)
+        # the sender of the calls queued by attempts (a fenced front end on an outbox store)
+        self.outbox: Optional[OutboxDispatcher] = (
+            OutboxDispatcher(self.port, options, self.stats, self.report_store_error)
+            if attempt_aware and self.port.has_outbox
+            else None
+        )
         self.jobs = BackgroundJobs(
             self.keeper,
             options,
@@ -234,6 +261,37 @@ class Runtime:
             extra=fields,
         )
         self._observe("on_store_error", error, step)
+
+    # -- the outbox (what attempts hold for their completion) ---------------------------------
+    def outbox_refusal(self) -> Optional[str]:
+        """Why ``attempt.outbox`` cannot be used here (naming the fix), or :obj:`None`."""
+        if self.outbox is None:
+            if not self.port.has_outbox:
+                return no_outbox(self.store)
+            return "attempt.outbox needs attempt-aware handling (a fenced front end)"
+        return self.outbox.refusal()
+
+    def outbox_defaults(self) -> Mapping[str, Any]:
+        """The bot's defaults for outbox calls (empty without an outbox or defaults)."""
+        return {} if self.outbox is None else self.outbox.defaults
+
+    def calls_committed(self, handles: Sequence[HeldCall] = ()) -> None:
+        """A commit carrying outbox calls landed: wake the sender (no polling delay);
+        ``handles``: the held calls it carried (their ids are learnt when claimed)."""
+        if self.outbox is not None:
+            self.outbox.wake(handles)
+
+    def outbox_call(self, call: "Union[int, HeldCall]") -> Optional[OutboxEntry]:
+        """The outbox call ``call`` (its id, or the :class:`~ptb_fence.HeldCall` of a call
+        whose id is known) as stored now, or :obj:`None` (no such call, no outbox, or a held
+        call whose id is not known here)."""
+        if isinstance(call, HeldCall):
+            if call.call_id is None:
+                return None
+            call = call.call_id
+        if isinstance(call, bool) or not isinstance(call, int):
+            raise TypeError(f"an outbox call id (int) or HeldCall is needed, got {call!r}")
+        return self.port.get_call(call)
 
     def log_transaction_refused(self, attempt: Attempt) -> None:
         """Log that a fenced transaction was refused because the attempt lost its update."""
@@ -373,8 +431,9 @@ class Runtime:
         Returns the outcome and the :class:`~ptb_fence.Exhaustion` to deliver, if any. The
         caller then calls :meth:`end`.
         """
-        outcome, exhaustion = self._settle(attempt, error)
-        self._count_ended([outcome], error)
+        outcome, exhaustion, decided = self._settle(attempt, error)
+        if decided:  # otherwise counted once its open fenced transaction ends
+            self._count_ended([outcome], error)
         return outcome, exhaustion
 
     def _count_ended(
@@ -389,15 +448,17 @@ class Runtime:
 
     def _settle(
         self, attempt: Attempt, error: Optional[BaseException]
-    ) -> "tuple[Outcome, Optional[Exhaustion]]":
+    ) -> "tuple[Outcome, Optional[Exhaustion], bool]":
         # a renewal refused from now on may just be this settle landing first: the settle's
         # own result decides whether the owner was lost (renewals continue meanwhile)
         attempt.begin_settling()
         if attempt.exhausted:
-            return Outcome.EXHAUSTED, self._exhaustion_of(attempt)
+            attempt.drop_effects("the attempt was exhausted")
+            return Outcome.EXHAUSTED, self._exhaustion_of(attempt), True
         if error is None:
-            return self.settle_completed(attempt), None
-        return self.settle_failed(attempt, error)
+            return self.settle_completed(attempt), None, True
+        attempt.drop_effects("the attempt failed: its retry queues its own calls")
+        return self._settle_failed(attempt, error)
 
     def settle_completed(self, attempt: Attempt) -> Outcome:
         """Settle a successful attempt as completed; fire ``owner_lost`` if it did not land."""
@@ -405,8 +466,17 @@ class Runtime:
             return Outcome.COMPLETED
         if attempt.exhausted:
             return Outcome.EXHAUSTED
+        taken = attempt.take_effects()
         try:
-            landed = self._store_settle(attempt, Completed(self.options.now_ms()))
+            if taken is None:
+                landed = self._store_settle(attempt, Completed(self.options.now_ms()))
+            else:  # what the attempt holds rides the completion's commit
+                landed = self.stats.timed(
+                    "settle",
+                    self.port.settle_owned_many,
+                    [(attempt.identity, Completed(self.options.now_ms()))],
+                    effects={attempt.identity: taken[0]},
+                )[0]
         except Exception as exc:
             return self.completion_failed(attempt, exc)
         return self.completion_settled(attempt, landed)
@@ -414,7 +484,12 @@ class Runtime:
     def completion_settled(self, attempt: Attempt, landed: bool) -> Outcome:
         """The outcome of a completion settle (also a grouped one): fire ``owner_lost`` if it
         did not land."""
-        if not landed:
+        if landed:
+            handles = attempt.effects_landed()
+            if handles:
+                self.calls_committed(handles)
+        else:
+            attempt.drop_effects("the attempt's completion did not land")
             _LOGGER.warning(
                 "completion of update %s attempt %s did not land: it runs again after the lease",
                 attempt.update_id,
@@ -427,6 +502,7 @@ class Runtime:
 
     def completion_failed(self, attempt: Attempt, error: BaseException) -> Outcome:
         """A completion settle raised: report it; the lease and the sweep take over."""
+        attempt.drop_effects("the attempt's completion failed in the store")
         self.report_store_error(error, "settle", ids=ids(attempt))
         return Outcome.LOST
 
@@ -438,15 +514,23 @@ class Runtime:
         Returns the outcome and, when the attempt was exhausted with an exhaustion handler,
         the :class:`~ptb_fence.Exhaustion` to deliver.
         """
+        outcome, exhaustion, _ = self._settle_failed(attempt, error)
+        return outcome, exhaustion
+
+    def _settle_failed(
+        self, attempt: Attempt, error: BaseException
+    ) -> "tuple[Outcome, Optional[Exhaustion], bool]":
+        # the third value: whether the outcome is decided (and reported) now; False when it
+        # waits for a fenced transaction still open, which reports and counts it as it ends
         if attempt.exhausted:
-            return Outcome.EXHAUSTED, self._exhaustion_of(attempt)
+            return Outcome.EXHAUSTED, self._exhaustion_of(attempt), True
         if attempt.in_fenced_transaction:
             # e.g. attempt_timeout_seconds passed while the handler's fenced transaction was
             # still open on a thread (it cannot be stopped): its commit may still complete the
             # attempt; a failure settle would wait for its lock anyway
             self._wait_for_transactions(attempt)
         if attempt.completed:
-            return self._completed_then_failed(attempt, error)
+            return self._completed_then_failed(attempt, error) + (True,)
         options = self.options
         delay: Optional[float] = None
         if attempt.attempt < options.max_attempts:
@@ -492,14 +576,18 @@ class Runtime:
         except Exception as exc:
             self.report_store_error(exc, "settle", ids=ids(attempt))
             landed = False
-        if not landed and attempt.completed:  # its completing transaction committed meanwhile
-            return self._completed_then_failed(attempt, error)
-        retrying = outcome == Outcome.RETRYING
         if not landed:
-            attempt.mark_owner_lost()
-            retrying = True
-            outcome = Outcome.LOST
-            exhaustion = None
+            if attempt.after_transactions(lambda: self._transaction_decided(attempt, error)):
+                # its fenced transaction is still open (it outlasted the wait above), and may
+                # hold the row: the settle was refused because of it (on PostgreSQL a lapsed
+                # lease fails the settle's condition before it would wait for the row lock).
+                # Whether the attempt completed is known only when it ends: reported then.
+                return Outcome.LOST, None, False
+            if attempt.completed:  # its completing transaction committed meanwhile
+                return self._completed_then_failed(attempt, error) + (True,)
+            self._report_lost(attempt, error)
+            return Outcome.LOST, None, True
+        retrying = outcome == Outcome.RETRYING
         what: str = outcome.value
         if outcome == Outcome.RETRYING:
             what = f"retry scheduled in {format_duration(delay or 0.0)}"
@@ -515,17 +603,39 @@ class Runtime:
                         f" (runs at the next sweep, within "
                         f"{format_duration(options.sweep_every_seconds)})"
                     )
+        self._report_failure(attempt, error, outcome, what, retrying)
+        return outcome, exhaustion, True
+
+    def _report_failure(
+        self, attempt: Attempt, error: BaseException, outcome: Outcome, what: str, retrying: bool
+    ) -> None:
         log = _LOGGER.warning if retrying else _LOGGER.error
         log(
             "update %s attempt %s failed (%s): %s",
             attempt.update_id,
             attempt.attempt,
             what,
-            text,
+            error_text(error),
             extra=dict(ids(attempt), outcome=outcome.value),
         )
         self._observe("on_failure", error, attempt, retrying)
-        return outcome, exhaustion
+
+    def _report_lost(self, attempt: Attempt, error: BaseException) -> None:
+        """The failure settle did not land: the attempt lost its update (the lease and the
+        sweep take it over)."""
+        attempt.mark_owner_lost()
+        self._report_failure(attempt, error, Outcome.LOST, Outcome.LOST.value, True)
+
+    def _transaction_decided(self, attempt: Attempt, error: BaseException) -> None:
+        """The fenced transaction that was open when the failure settle was refused has
+        ended: report (and count) the attempt as completed if it committed its completion,
+        else as lost."""
+        if attempt.completed:
+            outcome, _ = self._completed_then_failed(attempt, error)
+        else:
+            self._report_lost(attempt, error)
+            outcome = Outcome.LOST
+        self._count_ended([outcome], error)
 
     def _wait_for_transactions(self, attempt: Attempt) -> None:
         """Wait (at most ``lease_seconds``) until no fenced transaction of ``attempt`` is open."""
@@ -606,8 +716,10 @@ class Runtime:
         )
 
     def end(self, attempt: Attempt) -> None:
-        """The attempt is over: stop renewing it; late renewal results are ignored."""
+        """The attempt is over: stop renewing it; late renewal results are ignored. Effects
+        it still holds (it was released, or its completion never ran) are discarded."""
         self.keeper.unregister(attempt)
+        attempt.drop_effects()
 
     # -- exhaustion delivery ----------------------------------------------------------------
     def acknowledge(self, exhaustion: Exhaustion) -> bool:
@@ -872,6 +984,7 @@ class Runtime:
                     "settle",
                     self.port.settle_owned_many,
                     [(attempt.identity, Completed(at)) for attempt in attempts],
+                    effects=_held_effects(attempts),
                 )
             else:
                 landed = [self._store_settle(attempt, Completed(at)) for attempt in attempts]
@@ -916,6 +1029,7 @@ class Runtime:
                 self._rows(items, now),
                 [(attempt.identity, Completed(now)) for attempt in attempts],
                 terms,
+                _held_effects(attempts),
             )
         except Exception as exc:
             self._ingest_failed(items)
@@ -934,12 +1048,19 @@ class Runtime:
 
         First makes the claims of provably dead processes claimable
         (:meth:`Recovery.take_over_dead <ptb_fence.runtime._recovery.Recovery.take_over_dead>`), so they are among
-        them."""
+        them, and under ``strict_chat_order`` keys the rows recorded without a chat key
+        (:meth:`StoreChatOrder.key_recorded_since
+        <ptb_fence.runtime._store_chat_order.StoreChatOrder.key_recorded_since>`) before and
+        after listing."""
         self.recovery.take_over_dead()
         now = self.options.now_ms()
         grace = 0 if include_fresh else int(self.options.pending_grace_seconds * 1000)
         if self.options.strict_chat_order:  # only updates whose chat's turn it is
-            return list(
+            chat_order = self.chat_order
+            # what a process without the option recorded since the last sweep gets its
+            # chat's key first, so that it is listed only in its chat's turn
+            chat_order.key_recorded_since()
+            rows = list(
                 self.stats.timed(
                     "sweep",
                     self.port.due_in_chat_order,
@@ -948,6 +1069,11 @@ class Runtime:
                     limit=limit,
                 )
             )
+            # and what it recorded meanwhile (a row without a key is always listed as in
+            # turn) gets its key before these rows are claimed: the claim checks the turn
+            # again, in its one statement, and refuses a listed row that is not in turn
+            chat_order.key_recorded_since()
+            return rows
         return list(
             self.stats.timed(
                 "sweep", self.port.due, now=now, pending_before=now - grace, limit=limit
@@ -989,9 +1115,16 @@ class Runtime:
             return
         try:
             figures = self.stats.timed("figures", self.port.figures)
+            counts = (
+                self.stats.timed("figures", self.port.outbox_counts)
+                if self.outbox is not None
+                else None
+            )
         except Exception as exc:
             self.report_store_error(exc, "sweep")
             return
+        if counts is not None:
+            self.stats.outbox_counts(counts)
         if figures is not None:
             self.stats.figures(figures)
 
@@ -1002,6 +1135,7 @@ class Runtime:
             running=self._hooks.running_count(),
             claims_held=len(self.keeper.active()),
             now_ms=self.options.now_ms(),
+            left_running=self._hooks.left_running_count(),
         )
 
     def health(self) -> Health:
@@ -1027,3 +1161,17 @@ class Runtime:
         """Delete rows settled more than ``retain_seconds`` ago."""
         before = self.options.now_ms() - int(self.options.retain_seconds * 1000)
         return int(self.stats.timed("prune", self.port.prune, before))
+
+
+def _held_effects(attempts: Sequence[Attempt]) -> Optional[Dict[AttemptIdentity, AttemptEffects]]:
+    """What the attempts completing together hold (:obj:`None` when none holds anything: the
+    store is then called exactly as without an outbox). Each is resolved or discarded by
+    :meth:`Runtime.completion_settled`/:meth:`Runtime.completion_failed`."""
+    effects: Optional[Dict[AttemptIdentity, AttemptEffects]] = None
+    for attempt in attempts:
+        taken = attempt.take_effects()
+        if taken is not None:
+            if effects is None:
+                effects = {}
+            effects[attempt.identity] = taken[0]
+    return effects
