@@ -515,3 +515,58 @@ def test_graceful_stop_releases_unsent_calls_and_the_next_process_sends_them(
         stop(bots, second)
         assert_replies_from_committed_attempts(fake, bed, ids)
     print(f"\nstopped with {after_stop}; {sent_by_first} replies sent before the stop")
+
+
+# -- a sender paused past its lease ------------------------------------------------------------
+@pytest.mark.xfail(
+    reason="known: in about 1 run in 3 the resumed sender sends a call that it had claimed and "
+    "not yet sent when it was paused, which the sweeper took over and sent meanwhile "
+    "(OutboxDispatcher._send_one does not check the call's lease before the request); remove "
+    "this mark once it does",
+    strict=False,
+)
+def test_a_sender_paused_past_its_lease_duplicates_only_what_telegram_had_answered(
+    bed: Bed, bots: Bots
+) -> None:
+    """Sends are slow (FakeBotApi delays sendMessage 1 s); the bot is SIGSTOPped while its
+    senders' requests are in flight (all 8 of its senders busy, so nothing else is claimed). The
+    fake answers them during the pause: sent, not recorded, the send window. The sweeping
+    process takes those calls over once their lease lapses and sends them again, and the rest
+    once; the resumed bot then sends nothing more. Each reply: one copy, two for each call that
+    was in the window at the pause."""
+    with FakeBotApi() as fake:
+        fake.delay("sendMessage", 1.0)
+        # a lease long enough that the window is measured before the sweeper takes over
+        sender = spawn(bots, fake, bed, "--poll", "--lease", "8")
+        sweeper = spawn(bots, fake, bed, "--lease", "8")
+        ids = [fake.inject_message(chat_id=1100 + i, text="plain") for i in range(16)]
+        # every sender busy (outbox_concurrency 8): nothing is claimed and not yet sent
+        wait_sync("eight requests in flight",
+                  lambda: len(fake.calls_to("sendMessage")) >= 8, 60)
+        sender.send_signal(signal.SIGSTOP)
+        try:
+            quiet(fake, for_seconds=1.5)  # the delayed requests are answered meanwhile
+            received = replies_by_update(fake)
+            window = {r[1] for r in outbox_rows(bed)
+                      if r[5] == "sending" and f":{sender.pid}:" in str(r[8])
+                      and received.get(r[1])}
+            assert window, (outbox_rows(bed), received)
+            fake.delay("sendMessage", 0)
+            wait_all_sent(bots, bed, ids, 60)  # the sweeper took the sender's calls over
+            quiet(fake)
+            before_resume = {u: len(r) for u, r in replies_by_update(fake).items()}
+        finally:
+            sender.send_signal(signal.SIGCONT)
+        time.sleep(2.0)  # the resumed sender's answers, sweeps and lease keeper run
+        for proc in (sender, sweeper):
+            stop(bots, proc)
+        quiet(fake)
+        after_resume = {u: len(r) for u, r in replies_by_update(fake).items()}
+        detail = (window, {u: (before_resume.get(u), n) for u, n in after_resume.items()},
+                  outbox_rows(bed), sender.pid, bots.output()[-4000:])
+        assert before_resume == after_resume, detail  # the resumed sender sent nothing more
+        try:
+            assert_replies_from_committed_attempts(fake, bed, ids, {u: 1 for u in window})
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{detail}") from None
+    print(f"\n{len(window)} replies in the send window of the paused sender")
