@@ -22,18 +22,12 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from ptb_fence.ptb import FencedUpdateProcessor
 from ptb_fence.stores._outbox_sql import outbox_table_name
 from ptb_fence.testing import FakeBotApi, make_message_update
 from ptb_support import wait_sync
 from recovery_support import Bed, make_bed
 from test_ptb_processes import Bots
 from worker_support import make_store
-
-pytestmark = pytest.mark.skipif(
-    not hasattr(FencedUpdateProcessor, "outbox_call"),
-    reason="the outbox's dispatcher (FencedUpdateProcessor.outbox_call) is not in this tree yet",
-)
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "outbox_worker.py")
 
