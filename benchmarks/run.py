@@ -60,8 +60,9 @@ Rows (``--list`` prints them):
   ``await context.attempt.run_in_transaction(insert, complete=True)``.
 - ``scaleout-{fenced,fenced-write}-pg-32``: one bot process, then ``--scale-processes`` (2) bot
   processes at once, on one PostgreSQL table; each process polls a fast server of its own holding
-  its own ``--poll-updates`` updates (``_scaleout.py``). With ``poll-fenced-pg-32`` and
-  ``poll-fenced-write-pg-32`` they make the SCALE-OUT section (``--scale-out`` runs just these):
+  its own ``--poll-updates`` updates (``_scaleout.py``). With ``poll-fenced-pg-32``,
+  ``poll-fenced-write-pg-32`` and ``poll-naive-pg-32`` they make the SCALE-OUT section
+  (``--scale-out`` runs just these):
   statements, commits and the PostgreSQL backends' CPU per update, and the bot processes one
   PostgreSQL core can feed at that cost.
 - ``lease-{sqlite,pg}``: ``LeaseKeeper.tick()`` with 1, 100 and 5,000 active attempts.
@@ -181,12 +182,13 @@ POLLING_LEGEND = [
 ]
 
 
-SCALE_OUT_ROWS = ["scaleout-*", "poll-fenced-pg-32", "poll-fenced-write-pg-32"]
+SCALE_OUT_ROWS = ["scaleout-*", "poll-fenced-pg-32", "poll-fenced-write-pg-32", "poll-naive-pg-32"]
 """The rows ``--scale-out`` selects."""
 
 SCALE_OUT_LEGEND = [
     "  procs: bot processes (each a PTB Application with FencedUpdateProcessor, max_concurrent=32) on one",
-    "    PostgreSQL table; poll-* rows: the row's own runs (one process); scaleout-* rows: each measured run is",
+    "    PostgreSQL table; poll-* rows: the row's own runs (one process; poll-naive-pg-32, one INSERT + commit",
+    "    per update through asyncio.to_thread, is the yardstick); scaleout-* rows: each measured run is",
     "    a pair, one process alone and N processes at once (order alternating), each polling a fast fake",
     "    Bot API of its own holding its own updates (disjoint ids), all told to start at the same moment.",
     "  upd/s: all processes' updates over (last end - first start), median of the runs; x1: the median of",
@@ -637,7 +639,10 @@ class Report:
         rows = [
             r for r in self.rows
             if r.name in self.results
-            and (r.section == "scaleout" or (r.kind.startswith("poll-fenced") and r.store == "pg"))
+            and (
+                r.section == "scaleout"
+                or (r.kind in ("poll-fenced", "poll-fenced-write", "poll-naive") and r.store == "pg")
+            )
         ]
         if not rows:
             return []
@@ -1021,8 +1026,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument(
         "--scale-out", action="store_true",
         help="the scale-out rows only (1 vs --scale-processes bot processes on one PostgreSQL "
-        "table) with the per-update PostgreSQL cost rows poll-fenced-pg-32 and "
-        "poll-fenced-write-pg-32; combines with --only",
+        "table) with the per-update PostgreSQL cost rows poll-fenced-pg-32, "
+        "poll-fenced-write-pg-32 and poll-naive-pg-32; combines with --only",
     )
     parser.add_argument(
         "--scale-processes", type=int, default=2,

@@ -1,7 +1,8 @@
 """Smoke test of the benchmark harness's SCALE-OUT section (``benchmarks/run.py --scale-out``).
 
 Runs the real harness as a subprocess at tiny settings: the per-update PostgreSQL cost rows
-(``poll-fenced-pg-32``, ``poll-fenced-write-pg-32``) and the ``scaleout-*`` rows, whose runs put
+(``poll-fenced-pg-32``, ``poll-fenced-write-pg-32``, and the naive yardstick
+``poll-naive-pg-32``) and the ``scaleout-*`` rows, whose runs put
 one and then two real bot processes (PTB ``Application`` + ``FencedUpdateProcessor``, each
 polling a fast fake Bot API of its own) on one PostgreSQL table. Checks that every row prints
 its statements, commits and PostgreSQL backend CPU per update, that the two-process runs handled
@@ -65,12 +66,12 @@ def test_scale_out_rows_print_postgres_cost_per_update(pg_dsn: str, tmp_path: An
     assert "SCALE-OUT" in out, out
     results = json.loads(results_file.read_text())["results"]
     assert sorted(results) == [
-        "poll-fenced-pg-32", "poll-fenced-write-pg-32", "scaleout-fenced-pg-32",
-        "scaleout-fenced-write-pg-32",
+        "poll-fenced-pg-32", "poll-fenced-write-pg-32", "poll-naive-pg-32",
+        "scaleout-fenced-pg-32", "scaleout-fenced-write-pg-32",
     ], sorted(results)
     lines = _section(out)
 
-    for name in ("poll-fenced-pg-32", "poll-fenced-write-pg-32"):
+    for name in ("poll-fenced-pg-32", "poll-fenced-write-pg-32", "poll-naive-pg-32"):
         result = results[name]
         assert "error" not in result, result
         assert result["handled"] == UPDATES
