@@ -1137,6 +1137,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         unknown = [p for p in patterns if not any(fnmatch.fnmatchcase(r.name, p) for r in rows)]
         if unknown or not selected:
             parser.error(f"no row matches {', '.join(unknown or patterns)} (see --list)")
+        if args.profile and any(r.section == "scaleout" for r in selected):
+            # the row's child only coordinates the bot processes: its profile shows none of them
+            parser.error("the scaleout-* rows cannot be profiled: profile poll-fenced-pg-32 or "
+                         "poll-fenced-write-pg-32 (the same bot, one process)")
 
     from _common import create_bench_database, drop_bench_database, pg_dsn, pg_problem
 

@@ -114,3 +114,13 @@ def test_scale_processes_must_be_two_or_more() -> None:
     )
     assert proc.returncode != 0
     assert "--scale-processes must be at least 2" in proc.stderr
+
+
+def test_scale_out_rows_cannot_be_profiled() -> None:
+    """Their child only coordinates the bot processes; a profile of it would show none of them."""
+    proc = subprocess.run(
+        [sys.executable, RUN, "--profile", "scaleout-fenced-pg-32"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "cannot be profiled: profile poll-fenced-pg-32" in proc.stderr
