@@ -35,6 +35,7 @@ from ptb_fence.ptb import DurableUpdateProcessor, FencedUpdateProcessor
 from ptb_fence.stores._outbox_sql import outbox_table_name
 from ptb_fence.testing import FakeBotApi
 
+from _pg_cpu import BackendCpu
 from _common import (
     BATCH,
     CompletionTracker,
@@ -185,7 +186,10 @@ class _Run:
     def build_app(self, pending: int = 0) -> None:
         if self.polling:
             # the fake Bot API runs in a process of its own, already holding the updates
-            spec = json.dumps({"count": pending, "chats": int(self.cfg.get("chats", 200))})
+            spec = json.dumps({
+                "count": pending, "chats": int(self.cfg.get("chats", 200)),
+                "first_id": int(self.cfg.get("first_id", 1)),
+            })
             if self.server_kind == "fakebotapi":
                 cmd = [sys.executable, self.cfg["run_py"], "--fake-server", spec]
             else:
@@ -493,6 +497,9 @@ async def _throughput_run(
             run.store.claims.reset()
         if profiler is not None:
             profiler.resume()
+        # the PostgreSQL backends' CPU (this run's private database), read outside the clock
+        pg_cpu = BackendCpu.for_run(cfg) if pg_row and measure_server else None
+        pg_cpu0 = pg_cpu.snapshot() if pg_cpu is not None else None
         server_cpu0 = process_cpu_seconds(run.server_pid) if run.server_pid else None
         cpu0 = time.process_time()
         t0 = time.perf_counter()
@@ -515,6 +522,9 @@ async def _throughput_run(
         t1, note = await run.wait_all(n, cfg.get("timeout", 300))
         cpu1 = time.process_time()
         server_cpu1 = process_cpu_seconds(run.server_pid) if run.server_pid else None
+        pg_cpu1 = pg_cpu.snapshot() if pg_cpu is not None and pg_cpu0 is not None else None
+        if pg_cpu is not None:
+            pg_cpu.close()
         if profiler is not None:
             profiler.pause()
         counts = counter.snapshot()
@@ -550,6 +560,11 @@ async def _throughput_run(
             "claims_peak": claims_peak,
             "server_commits": None if before is None or after is None else after - before,
         }
+        if pg_cpu0 is not None and pg_cpu1 is not None:
+            ns, backends, new, gone = BackendCpu.delta(pg_cpu0, pg_cpu1)
+            result["pg_backend"] = {"cpu_seconds": ns / 1e9, "backends": backends, "new": new, "gone": gone}
+        elif pg_cpu is not None and pg_cpu.problem:
+            result["note"] = "PostgreSQL backend CPU not measured: " + pg_cpu.problem
         if note:
             result["note"] = note
         return result
@@ -682,6 +697,7 @@ async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[s
         for k, v in r["driver"].items():
             driver[k] = driver.get(k, 0) + v
     server = [r["server_commits"] for r in runs if r.get("server_commits") is not None]
+    pg_us = [r["pg_backend"]["cpu_seconds"] / r["n"] * 1e6 for r in runs if r.get("pg_backend")]
     notes = sorted({r["note"] for r in runs if r.get("note")})
     paired_plain = None
     if plain_runs:
@@ -712,6 +728,9 @@ async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[s
         "statements_per_update": driver.get("statements", 0) / total_n if counter.installed else None,
         "commits_per_update": driver.get("commits", 0) / total_n if counter.installed else None,
         "server_commits_per_update": (sum(server) / total_n) if len(server) == len(runs) else None,
+        "pg_cpu_us_per_update": median(pg_us) if len(pg_us) == len(runs) else None,
+        "pg_cpu_us_per_update_runs": pg_us,
+        "pg_backends": [r["pg_backend"] for r in runs if r.get("pg_backend")],
         "latency": latency,
         "notes": notes,
         "profile": profiler.report,
