@@ -49,6 +49,7 @@ from ptb_fence.cli._rows import UpdateRow
 from ptb_fence.cli._target import StoreTarget
 from ptb_fence.stores import validate_table_name
 from ptb_fence.stores._outbox_sql import outbox_table_name
+from ptb_fence.stores._state_sql import state_table_name
 from ptb_fence.stores.postgres._sql import (
     POSTGRES_FORGET_TABLE,
     POSTGRES_META_EXISTS,
@@ -803,12 +804,15 @@ def _cmd_migrate(ctx: _Context) -> int:
     import psycopg2
 
     outbox = {"outbox": f'"{outbox_table_name(table)}"'}
+    state = {"state": f'"{state_table_name(table)}"'}
     conn = target.connect_postgres()
     try:
         with conn.cursor() as cur:
             before = _pg_table_state(cur, table)
             cur.execute("SELECT to_regclass(%(outbox)s) IS NOT NULL", outbox)
             had_outbox = bool(cur.fetchone()[0])
+            cur.execute("SELECT to_regclass(%(state)s) IS NOT NULL", state)
+            had_state = bool(cur.fetchone()[0])
             cur.execute(postgres_update_store_schema(table))
             after = _pg_table_state(cur, table)
         conn.commit()
@@ -825,6 +829,8 @@ def _cmd_migrate(ctx: _Context) -> int:
         changes.append("created the (state, due_at) index")
     if before[0] and not had_outbox:
         changes.append(f"created the outbox table {outbox_table_name(table)!r}")
+    if before[0] and not had_state:
+        changes.append(f"created the state table {state_table_name(table)!r}")
     _LOGGER.info("migrate: %s", "; ".join(changes) or "up to date", extra={"table": table})
     if changes:
         _out(f"migrated table {table!r} in {target.display}: {', '.join(changes)}")
@@ -909,6 +915,7 @@ def _drop_scratch_tables(target: StoreTarget, tables: Sequence[str]) -> None:
                 validate_table_name(name)
                 cur.execute(f'DROP TABLE IF EXISTS "{name}"')
                 cur.execute(f'DROP TABLE IF EXISTS "{outbox_table_name(name)}"')
+                cur.execute(f'DROP TABLE IF EXISTS "{state_table_name(name)}"')
                 cur.execute(POSTGRES_META_EXISTS)
                 if cur.fetchone()[0]:  # the conformance rule bind-bot binds scratch tables
                     cur.execute(POSTGRES_FORGET_TABLE, {"table": name})
