@@ -1,0 +1,193 @@
+"""StateSession: the persisted bot state of one attempt at one update, from the committed rows
+read before PTB handled it to the writes its completion carries.
+
+The attempt works on private copies of the update's ``user_data``, ``chat_data`` and
+``bot_data`` (:class:`~ptb_fence.ptb.FencedCallbackContext` hands them out while the session is
+active), so nothing a failed attempt changed is seen by anyone else; the conversation states
+live in the handlers' own dicts, set to the committed state before the update is handled and
+put back when the attempt does not complete. :meth:`StateSession.writes` is the difference to
+what was read, each write conditional on the version read.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextvars
+import json
+import pickle
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from ptb_fence._values import StateEntry, StateKey, StateWrite
+from ptb_fence.ptb._ptb_internals import conversation_states, pending_state
+
+__all__ = [
+    "NOT_HELD",
+    "StateSession",
+    "active_session",
+    "conversation_state_key",
+    "decode_state",
+    "encode_state",
+]
+
+_PREFIX = "pickle:"
+"""Encoded state: pickled (as PicklePersistence keeps it: any picklable object, exactly), in
+base64 text so every store keeps it in a text column."""
+
+
+def encode_state(value: Any) -> str:
+    """The text a state row holds for ``value``."""
+    return _PREFIX + base64.b64encode(pickle.dumps(value, protocol=4)).decode("ascii")
+
+
+def decode_state(text: str) -> Any:
+    """The value of a state row's text.
+
+    Raises:
+        ValueError: The text is not encoded state (the row was not written by ptb_fence).
+    """
+    if not text.startswith(_PREFIX):
+        raise ValueError(f"not encoded bot state: {text[:40]!r}")
+    return pickle.loads(base64.b64decode(text[len(_PREFIX):]))
+
+
+def conversation_state_key(name: str, key: Tuple[Any, ...]) -> StateKey:
+    """The :class:`~ptb_fence.StateKey` of conversation ``key`` of the handler ``name``."""
+    return StateKey("conversation", name, json.dumps(list(key), separators=(",", ":")))
+
+
+class _NotHeld:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOT_HELD"
+
+
+NOT_HELD: Any = _NotHeld()
+""":func:`StateSession.data` for data the session does not hold (the context falls back to
+the Application's)."""
+
+_ACTIVE: "contextvars.ContextVar[Optional[StateSession]]" = contextvars.ContextVar(
+    "ptb_fence_state_session", default=None
+)
+
+
+def active_session() -> "Optional[StateSession]":
+    """The session of the update handled in this task, or :obj:`None`."""
+    return _ACTIVE.get()
+
+
+class StateSession:
+    """One attempt's persisted state.
+
+    Args:
+        update: The update being handled.
+        loaded: The committed rows read for it (absent keys: none).
+        data: Per kind (``user``, ``chat``, ``bot``) the key and the private value the
+            attempt works on (decoded from ``loaded``, or a fresh empty value).
+        conversations: ``(handler, conversation key, state key)`` of every persistent
+            conversation handler that has a key for the update.
+        on_end: Called with the session and whether its writes landed, once.
+    """
+
+    __slots__ = ("_contexts", "_ended", "_on_end", "_taken", "_token", "conversations", "data",
+                 "loaded", "update")
+
+    def __init__(
+        self,
+        update: Any,
+        loaded: Dict[StateKey, StateEntry],
+        data: Dict[str, Tuple[StateKey, Any]],
+        conversations: List[Tuple[Any, Tuple[Any, ...], StateKey]],
+        on_end: Callable[["StateSession", Tuple[StateWrite, ...], bool], None],
+    ) -> None:
+        self.update = update
+        self.loaded = loaded
+        self.data = data
+        self.conversations = conversations
+        self._on_end = on_end
+        self._contexts: Set[int] = set()
+        self._ended = False
+        self._taken: Optional[Tuple[StateWrite, ...]] = None
+        self._token: Optional[contextvars.Token[Optional[StateSession]]] = None
+
+    # -- while PTB handles the update -------------------------------------------------------
+    def activate(self) -> None:
+        """From here on, this task's contexts of the update get the private data."""
+        self._token = _ACTIVE.set(self)
+
+    def deactivate(self) -> None:
+        """Back to the Application's data in this task."""
+        if self._token is not None:
+            _ACTIVE.reset(self._token)
+            self._token = None
+
+    def note_context(self, update: Any, context: Any) -> None:
+        """``context`` was built for ``update`` (PTB builds one per update): if it is this
+        session's update, the context hands out the private data."""
+        if update is self.update:
+            self._contexts.add(id(context))
+
+    def data_of(self, context: Any, kind: str) -> Any:
+        """The private ``kind`` data for ``context``, or :data:`NOT_HELD`."""
+        if id(context) not in self._contexts or kind not in self.data:
+            return NOT_HELD
+        return self.data[kind][1]
+
+    # -- the completion ---------------------------------------------------------------------
+    def writes(self) -> Tuple[StateWrite, ...]:
+        """What changed since the state was read, each write at the version read.
+
+        Unchanged state writes nothing; state that was absent and is still empty writes
+        nothing; a conversation that ended writes :obj:`None` where a row exists; a
+        ``block=False`` callback's state whose task has not ended is left as committed."""
+        out: List[StateWrite] = []
+        for key, value in self.data.values():
+            old = self.loaded.get(key)
+            if old is None and not value:
+                continue
+            encoded = encode_state(value)
+            if old is None or old.value != encoded:
+                out.append(StateWrite(key, encoded, 0 if old is None else old.version))
+        for handler, conversation, key in self.conversations:
+            state = conversation_states(handler).get(conversation)
+            pending = pending_state(state)
+            if pending is not None:
+                done, state = pending
+                if not done:
+                    continue
+            if state is None or state == handler.END:
+                text: Optional[str] = None
+            else:
+                text = encode_state(state)
+            old = self.loaded.get(key)
+            if text != (None if old is None else old.value):
+                out.append(StateWrite(key, text, 0 if old is None else old.version))
+        return tuple(out)
+
+    def take(self) -> Tuple[StateWrite, ...]:
+        """:meth:`writes` for the commit that completes the attempt (remembered: see
+        :meth:`changed_after_take`)."""
+        self._taken = self.writes()
+        return self._taken
+
+    def changed_after_take(self) -> Tuple[StateWrite, ...]:
+        """The writes the state would need now beyond the ones taken for a commit that
+        already landed (none when nothing was taken)."""
+        if self._taken is None or not self._ended:
+            return ()
+        taken = {(w.key, w.value) for w in self._taken}
+        now = self.writes()
+        return tuple(w for w in now if (w.key, w.value) not in taken)
+
+    def end(self, writes: Tuple[StateWrite, ...], landed: bool) -> None:
+        """The attempt ended: its ``writes`` landed with its completion (``landed``), or
+        nothing of it did (a failure, a lost claim, a conflict). Only the first call counts."""
+        if self._ended:
+            return
+        self._ended = True
+        self._on_end(self, writes, landed)
+
+    @property
+    def ended(self) -> bool:
+        """:obj:`bool`: :meth:`end` was called."""
+        return self._ended
