@@ -286,6 +286,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="e.g. 90s, 15m, 12h, 7d",
     )
 
+    sub = command(
+        "persistence",
+        "FencedPersistence state: import/export a PicklePersistence file, show one state",
+    )
+    actions = sub.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    actions.required = True
+    act = actions.add_parser("import", parents=[common],
+                             help="move a PicklePersistence file's state into the store")
+    act.add_argument("file", metavar="PICKLE_FILE")
+    act.add_argument("--multi-file", action="store_true",
+                     help="the file was written with PicklePersistence(single_file=False)")
+    act.add_argument("--replace", action="store_true",
+                     help="overwrite state the store already holds for the file's keys")
+    act = actions.add_parser("export", parents=[common],
+                             help="write the store's state to a PicklePersistence file")
+    act.add_argument("file", metavar="PICKLE_FILE")
+    act = actions.add_parser("show", parents=[common],
+                             help="one user's, chat's or conversation's state, or the bot's")
+    which = act.add_mutually_exclusive_group(required=True)
+    which.add_argument("--user", type=int, metavar="USER_ID")
+    which.add_argument("--chat", type=int, metavar="CHAT_ID")
+    which.add_argument("--bot", action="store_true", help="the bot_data")
+    which.add_argument("--conversation", metavar="NAME", help="a ConversationHandler's name")
+    act.add_argument("--key", metavar="JSON",
+                     help="with --conversation: one key, e.g. [5, 7] (default: every key)")
+    act.add_argument("--json", action="store_true", help="print JSON")
+
     command("schema", "print the idempotent PostgreSQL migration for --table")
     command("migrate", "apply the PostgreSQL migration (SQLite stores migrate themselves)")
     command("check", "run the conformance check on scratch tables (never your table)")
@@ -925,6 +952,45 @@ def _drop_scratch_tables(target: StoreTarget, tables: Sequence[str]) -> None:
 
 
 # -- dispatch ----------------------------------------------------------------------------------
+# -- persistence -------------------------------------------------------------------------------
+def _cmd_persistence(ctx: _Context) -> int:
+    from ptb_fence.cli import _persistence
+
+    args = ctx.args
+    store = ctx.open_store()
+    try:
+        if args.action == "import":
+            counts = _persistence.import_pickle(store, args.file, at=_now_ms(),
+                                                multi_file=args.multi_file, replace=args.replace)
+            _out(f"imported {sum(counts.values())} state row(s) from {args.file!r} into table "
+                 f"{ctx.table!r}: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                                       or "nothing to import"))
+            return 0
+        if args.action == "export":
+            counts = _persistence.export_pickle(store, args.file)
+            _out(f"exported {sum(counts.values())} state row(s) of table {ctx.table!r} to "
+                 f"{args.file!r}: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                                      or "no state"))
+            return 0
+        rows = _persistence.show_state(store, user=args.user, chat=args.chat, bot=args.bot,
+                                       conversation=args.conversation, key=args.key)
+    finally:
+        store.close()
+    if args.json:
+        _json([{"kind": k.kind, "name": k.name, "key": k.key, "version": e.version,
+                "deleted": e.value is None, "value": None if e.value is None else repr(v)}
+               for k, e, v in rows])
+        return 0
+    if not rows:
+        _out("no state stored for that")
+        return 0
+    _out(render_table(("KIND", "NAME", "KEY", "VERSION", "VALUE"), [
+        (k.kind, k.name or "-", k.key or "-", e.version,
+         "(deleted)" if e.value is None else clip(repr(v), 200))
+        for k, e, v in rows], right=(3,)))
+    return 0
+
+
 _COMMANDS: Dict[str, Callable[[_Context], int]] = {
     "status": _cmd_status,
     "health": _cmd_health,
@@ -937,6 +1003,7 @@ _COMMANDS: Dict[str, Callable[[_Context], int]] = {
     "schema": _cmd_schema,
     "migrate": _cmd_migrate,
     "check": _cmd_check,
+    "persistence": _cmd_persistence,
 }
 
 

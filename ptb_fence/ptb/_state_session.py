@@ -11,12 +11,10 @@ what was read, each write conditional on the version read.
 
 from __future__ import annotations
 
-import base64
 import contextvars
-import json
-import pickle
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from ptb_fence._state_codec import conversation_state_key, decode_state, encode_state
 from ptb_fence._values import StateEntry, StateKey, StateWrite
 from ptb_fence.ptb._ptb_internals import conversation_states, pending_state
 
@@ -28,32 +26,6 @@ __all__ = [
     "decode_state",
     "encode_state",
 ]
-
-_PREFIX = "pickle:"
-"""Encoded state: pickled (as PicklePersistence keeps it: any picklable object, exactly), in
-base64 text so every store keeps it in a text column."""
-
-
-def encode_state(value: Any) -> str:
-    """The text a state row holds for ``value``."""
-    return _PREFIX + base64.b64encode(pickle.dumps(value, protocol=4)).decode("ascii")
-
-
-def decode_state(text: str) -> Any:
-    """The value of a state row's text.
-
-    Raises:
-        ValueError: The text is not encoded state (the row was not written by ptb_fence).
-    """
-    if not text.startswith(_PREFIX):
-        raise ValueError(f"not encoded bot state: {text[:40]!r}")
-    return pickle.loads(base64.b64decode(text[len(_PREFIX):]))
-
-
-def conversation_state_key(name: str, key: Tuple[Any, ...]) -> StateKey:
-    """The :class:`~ptb_fence.StateKey` of conversation ``key`` of the handler ``name``."""
-    return StateKey("conversation", name, json.dumps(list(key), separators=(",", ":")))
-
 
 class _NotHeld:
     __slots__ = ()
