@@ -56,6 +56,8 @@ from ptb_fence._values import (
 from ptb_fence.runtime._alarms import Health
 from ptb_fence.runtime._options import AlarmThresholds
 from ptb_fence.runtime._stats import HistogramSnapshot, Stats
+from ptb_fence.runtime._held_call import HeldCall
+from ptb_fence.runtime._outbox import Outbox
 from ptb_fence.runtime import (
     Attempt,
     AttemptTimeout,
@@ -99,6 +101,8 @@ __all__ = [
     "Health",
     "HistogramSnapshot",
     "MemoryUpdateStore",
+    "HeldCall",
+    "Outbox",
     "OutboxCall",
     "OutboxEntry",
     "OutboxStore",

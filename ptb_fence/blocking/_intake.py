@@ -10,7 +10,9 @@ from typing import Any, Callable, Dict, Hashable, List, Literal, Optional, Set, 
 
 from ptb_fence._durations import format_duration
 from ptb_fence.contract import UpdateStore
-from ptb_fence._values import Exhaustion, StoredUpdate
+from ptb_fence._values import Exhaustion, OutboxEntry, StoredUpdate
+from ptb_fence.blocking._sender import DEFAULT_BASE_URL, HttpxSender
+from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._attempt import Attempt, enter_attempt, exit_attempt
 from ptb_fence.runtime._chats import ChatOrder, chat_key
 from ptb_fence.runtime._alarms import Health
@@ -51,6 +53,12 @@ class UpdateIntake:
             receives the :class:`~ptb_fence.Attempt` (needs a fenced store).
         handle_exhaustion: ``handle_exhaustion(exhaustion)``: called at least once per
             exhaustion; the exhaustion is acknowledged when it returns normally.
+        bot_token: The bot's token: with an outbox store (:class:`~ptb_fence.OutboxStore`)
+            and ``handle_attempt`` the intake sends the calls handlers queue with
+            ``attempt.outbox`` (a blocking httpx client). Without it ``attempt.outbox``
+            refuses with a :exc:`TypeError` (nothing would send the calls here).
+        bot_base_url: The Bot API base URL the token is appended to (default
+            ``"https://api.telegram.org/bot"``, as PTB's ``base_url``).
         **options: The options of :class:`~ptb_fence.runtime.RuntimeOptions`
             (``max_attempts``, ``lease_seconds``, ``sweep_every_seconds``,
             ``pending_grace_seconds``, ``retain_seconds``, ``max_concurrent``, ``retry``,
@@ -81,6 +89,7 @@ class UpdateIntake:
         "_runs",
         "_wakeups",
         "_runtime",
+        "_sender",
         "_started",
         "_sweep_lock",
         "_workers",
@@ -93,6 +102,8 @@ class UpdateIntake:
         handle: Optional[Callable[[Dict[str, Any]], Any]] = None,
         handle_attempt: Optional[Callable[[Dict[str, Any], Attempt], Any]] = None,
         handle_exhaustion: Optional[Callable[[Exhaustion], Any]] = None,
+        bot_token: Optional[str] = None,
+        bot_base_url: str = DEFAULT_BASE_URL,
         **options: Any,
     ) -> None:
         if (handle is None) == (handle_attempt is None):
@@ -112,6 +123,16 @@ class UpdateIntake:
             component="UpdateIntake",
             hooks=FrontEndHooks(retry_soon=self._retry_soon, running_count=self._running_count),
         )
+        outbox = self._runtime.outbox
+        self._sender: Optional[HttpxSender] = None
+        if outbox is not None:
+            if bot_token is None:
+                outbox.refuse_calls(
+                    "UpdateIntake has no bot_token: pass UpdateIntake(..., bot_token=TOKEN) so "
+                    "the intake sends the calls attempt.outbox queues"
+                )
+            else:
+                self._sender = HttpxSender(bot_token, bot_base_url)
         self._handle = handle
         self._handle_attempt = handle_attempt
         self._handle_exhaustion = handle_exhaustion
@@ -191,6 +212,18 @@ class UpdateIntake:
         otherwise (no store call)."""
         return self._runtime.health()
 
+    def outbox_call(self, call: "int | HeldCall") -> Optional[OutboxEntry]:
+        """The outbox call ``call`` as stored now: its state, tries, last error and, once
+        sent, the Bot API result (``json.loads(entry.result_json)["message_id"]``).
+
+        ``call`` is what ``attempt.outbox`` returned: an outbox id, or a
+        :class:`~ptb_fence.HeldCall` (:obj:`None` while its id is not known here).
+
+        Raises:
+            TypeError: ``call`` is neither.
+        """
+        return self._runtime.outbox_call(call)
+
     def _running_count(self) -> int:
         return self._runs.count()
 
@@ -213,6 +246,8 @@ class UpdateIntake:
         self._runtime.chat_order.key_unkeyed()  # before the first claim (strict_chat_order)
         self._runtime.jobs.start(self._scheduled_sweep, taken_over=self._sweep_taken_over)
         self._runtime.alarms.started()
+        if self._sender is not None and self._runtime.outbox is not None:
+            self._runtime.outbox.start(self._sender)
         self._sweep(include_fresh=True)
 
     def close(self, timeout: Optional[float] = None) -> None:
@@ -283,6 +318,12 @@ class UpdateIntake:
 
         running += self._wakeups.close(internal())
         running += self._runtime.jobs.stop(internal())
+        outbox = self._runtime.outbox
+        if outbox is not None and self._sender is not None:
+            grace = self._runtime.options.stop_timeout_seconds
+            remaining = left()
+            outbox.stop(grace if remaining is None else min(grace, remaining))
+            self._sender.close()
         with self._lock:
             refills = list(self._refills)
         for thread in refills:
@@ -531,6 +572,7 @@ class UpdateIntake:
             runtime.recovery.release([attempt])
             return None
         run = self._runs.begin(key, update_id, attempt, alone)  # leaves the gate when it ends
+        attempt.update = update  # what attempt.outbox.reply_text answers
         token = enter_attempt(attempt) if attempt.fenced else None
         error: Optional[BaseException] = None
         started = time.perf_counter()

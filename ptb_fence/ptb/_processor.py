@@ -22,7 +22,7 @@ from telegram import Update
 from telegram.ext import BaseUpdateProcessor
 
 from ptb_fence.contract import UpdateStore
-from ptb_fence._values import Exhaustion
+from ptb_fence._values import Exhaustion, OutboxEntry
 from ptb_fence.ptb._application import FencedApplicationMixin
 from ptb_fence.ptb._bodies import update_body
 from ptb_fence.ptb._chat_turns import ChatTurns
@@ -35,6 +35,7 @@ from ptb_fence.ptb._interfaces import ApplicationBinding
 from ptb_fence.ptb._isolation import AsyncIsolationGate
 from ptb_fence.ptb._queue import DurableUpdateQueue
 from ptb_fence.ptb._request import unwrap_get_updates_request, wrap_get_updates_request
+from ptb_fence.ptb._sender import BotSender
 from ptb_fence.ptb._state import SharedState
 from ptb_fence.ptb._stopping import Stopping
 from ptb_fence.ptb._sweeper import Sweeper
@@ -42,6 +43,7 @@ from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.ptb._wiring import BuilderType, configure_builder, warn_non_blocking
 from ptb_fence.runtime._chats import update_chat_key
 from ptb_fence.runtime._attempt import Attempt
+from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._hop import StoreHop
 from ptb_fence.runtime._alarms import Health
 from ptb_fence.runtime._runtime import FrontEndHooks, Runtime
@@ -180,6 +182,23 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         metrics system; :mod:`ptb_fence.metrics` exposes the same to Prometheus."""
         return self._runtime.snapshot()
 
+    def outbox_call(self, call: "int | HeldCall") -> Optional[OutboxEntry]:
+        """The outbox call ``call`` as stored now: its state, tries, last error and, once
+        sent, the Bot API result (``json.loads(entry.result_json)["message_id"]``).
+
+        ``call`` is what ``attempt.outbox`` returned: an outbox id, or a
+        :class:`~ptb_fence.HeldCall` (:obj:`None` while its id is not known here). A blocking
+        store read: from a handler use :meth:`outbox_call_async`.
+
+        Raises:
+            TypeError: ``call`` is neither.
+        """
+        return self._runtime.outbox_call(call)
+
+    async def outbox_call_async(self, call: "int | HeldCall") -> Optional[OutboxEntry]:
+        """:meth:`outbox_call` off the event loop."""
+        return await self._threads.call(self._runtime.outbox_call, call)
+
     def healthy(self) -> Health:
         """Whether this processor is healthy now, for a readiness endpoint: running, the store
         answering, the lease keeper on time, a sweep recent, recording not failing. The
@@ -299,7 +318,27 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         self._runtime.jobs.start(taken_over=self._sweeper.sweep_soon)
         self._runtime.alarms.started()
         self._sweeper.start()
+        self._start_outbox(application)
         state.started = True
+
+    def _start_outbox(self, application: Any) -> None:
+        """Send the outbox's calls through the Application's own Bot (its request settings
+        and rate limiter apply), with the Bot's ``Defaults`` applied to queued calls."""
+        outbox = self._runtime.outbox
+        if outbox is None:
+            return
+        defaults = getattr(application.bot, "defaults", None)
+        outbox.defaults = dict(defaults.api_defaults) if defaults is not None else {}
+        loop = asyncio.get_running_loop()
+        sender = BotSender(application.bot, loop, self._runtime.options.lease_seconds * 0.75)
+        outbox.start(sender, loop=loop)
+
+    async def _stop_outbox(self) -> None:
+        """Give back the calls claimed and not started, wait (bounded) for those in flight;
+        off the event loop, which the requests in flight still need."""
+        outbox = self._runtime.outbox
+        if outbox is not None:
+            await asyncio.get_running_loop().run_in_executor(None, outbox.stop)
 
     async def _bind_bot(self, application: Any) -> None:
         """Tell a store that records its bot (``bind_bot``) which bot this is."""
@@ -318,6 +357,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         self._state.begin_stopping()
         await self._sweeper.stop()
         await self._stopping.stop(self._state)
+        await self._stop_outbox()
 
     def application_started(self) -> None:
         """``Application.start()`` ran (again): resume queueing and sweeping.
@@ -327,6 +367,9 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         self._state.stopping = False
         if self._state.started:
             self._sweeper.start()
+            application = self._get_application()
+            if application is not None:
+                self._start_outbox(application)
 
     async def shutdown(self) -> None:
         """Stop the sweep and the lease keeper, give back unstarted claims and this
@@ -347,6 +390,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         state.batch_ingest = False
         state.release_preclaimed()
         self._handlers.report_left_running()
+        await self._stop_outbox()
         await self._stopping.shutdown()  # bounded, also when the database does not answer
         self._threads.stop()
         state.inflight.clear()
@@ -430,6 +474,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                 if not await self._gate.admit(attempt, runtime, self._threads):
                     return False  # given back: the stop no longer waits for it, or see admit
                 self._running += 1
+                attempt.update = update  # what attempt.outbox.reply_text answers
                 handled = UpdateState(update, attempt)
                 try:
                     timeout = runtime.options.attempt_timeout_seconds

@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
 
 from ptb_fence._errors import AttemptFinished, OwnershipLost, TransactionEnded
 from ptb_fence._values import AttemptIdentity, Completed
+from ptb_fence.runtime._effects import HeldEffects, OpenTransaction
+from ptb_fence.runtime._held_call import HeldCall
+from ptb_fence.runtime._outbox import Outbox
 from ptb_fence.runtime._connections import (
     COMMITTED_OR_ROLLED_BACK,
     CallerConnection,
@@ -42,6 +45,12 @@ T = TypeVar("T")
 
 _CURRENT: "contextvars.ContextVar[Optional[Attempt]]" = contextvars.ContextVar(
     "ptb_fence_current_attempt", default=None
+)
+
+# the fenced transaction open in this context (its block runs here): outbox calls made in it
+# are written through its connection
+_OPEN: "contextvars.ContextVar[Optional[OpenTransaction]]" = contextvars.ContextVar(
+    "ptb_fence_open_transaction", default=None
 )
 
 
@@ -87,6 +96,7 @@ class Attempt:
     __slots__ = (
         "_body",
         "_connections",
+        "_effects",
         "_exhausted_at",
         "_exhausted_error",
         "_holding",
@@ -94,12 +104,14 @@ class Attempt:
         "_lock",
         "_loop_waiters",
         "_opening",
+        "_outbox",
         "_phase",
         "_proven_until",
         "_result",
         "_resume",
         "_runtime",
         "_suspect",
+        "_update",
         "attempt",
         "claim_id",
         "owner_lost",
@@ -138,6 +150,11 @@ class Attempt:
         # alone in this process and is marked isolated first (see the front ends)
         self._suspect: Optional[AttemptIdentity] = None
         self._loop_waiters: "list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]" = []
+        # what the completion writes besides the settle (created on first use: an attempt that
+        # queues nothing costs nothing)
+        self._effects: Optional[HeldEffects] = None
+        self._outbox: Optional[Outbox] = None
+        self._update: Any = None
 
     def __repr__(self) -> str:
         return (
@@ -217,6 +234,100 @@ class Attempt:
     @body.setter
     def body(self, text: Optional[str]) -> None:
         self._body = text
+
+    @property
+    def update(self) -> Any:
+        """The update being handled, as the front end has it (PTB: the ``telegram.Update``;
+        :class:`~ptb_fence.UpdateIntake`: the update dict); :obj:`None` when not known (then
+        :attr:`body` is read). :attr:`outbox` reads it for ``reply_text``."""
+        return self._update
+
+    @update.setter
+    def update(self, update: Any) -> None:
+        self._update = update
+
+    @property
+    def host(self) -> AttemptHost:
+        """The runtime this attempt belongs to (its store port and clock)."""
+        return self._runtime
+
+    @property
+    def outbox(self) -> Outbox:
+        """:class:`~ptb_fence.Outbox`: This attempt's Bot API calls, sent iff the commit that
+        carries them lands (see :class:`~ptb_fence.Outbox`).
+
+        Raises:
+            TypeError: The store has no outbox (:class:`~ptb_fence.OutboxStore`), the attempt
+                is not fenced, or the front end has nothing to send with (the message names
+                the fix).
+        """
+        outbox = self._outbox
+        if outbox is None:
+            if not self.fenced:
+                raise TypeError(
+                    "attempt.outbox needs attempt-aware handling with a fenced store "
+                    "(FencedUpdateProcessor, or UpdateIntake(handle_attempt=...)): an unfenced "
+                    "attempt cannot decide what it committed"
+                )
+            refusal = self._runtime.outbox_refusal()
+            if refusal is not None:
+                raise TypeError(refusal)
+            outbox = Outbox(self, self._runtime.outbox_defaults())
+            with self._lock:
+                if self._outbox is None:
+                    self._outbox = outbox
+                outbox = self._outbox
+        return outbox
+
+    @property
+    def effects(self) -> HeldEffects:
+        """What this attempt holds for the commit that completes its update."""
+        held = self._effects
+        if held is None:
+            with self._lock:
+                if self._effects is None:
+                    self._effects = HeldEffects()
+                held = self._effects
+        return held
+
+    def take_effects(self) -> "Optional[tuple[Any, Any]]":
+        """For the runtime completing this attempt: the held effects and their handles
+        (:meth:`HeldEffects.take`), or :obj:`None` when none are held (no extra work)."""
+        held = self._effects
+        return None if held is None else held.take()
+
+    def effects_landed(self) -> "tuple[HeldCall, ...]":
+        """For the runtime: the completion landed; the handles of the held calls it carried
+        (resolved; empty: it carried none). Nothing more can be held."""
+        held = self._effects
+        return () if held is None else held.landed()
+
+    def drop_effects(self, why: str = "the attempt ended without completing") -> None:
+        """The attempt did not complete: discard what it held (never written)."""
+        held = self._effects
+        if held is not None:
+            held.discard(why)
+
+    def open_transaction(self) -> Optional[OpenTransaction]:
+        """The fenced transaction of this attempt whose block runs in the calling context
+        (thread or task), or :obj:`None`."""
+        opened = _OPEN.get()
+        return opened if opened is not None and opened.attempt is self else None
+
+    def raise_if_finished(self) -> None:
+        """Raise :exc:`~ptb_fence.AttemptFinished` if no commit of this attempt can carry a
+        new write any more (completed, exhausted, or its handler returned); a write inside an
+        open fenced transaction of it rides that transaction."""
+        if self.open_transaction() is not None:
+            return
+        if self._result is Phase.COMPLETED:
+            raise AttemptFinished(
+                self.identity,
+                "attempt already completed: its transaction(complete=True) committed, so no "
+                "commit of it can carry this; queue outbox calls before or inside that "
+                "transaction",
+            )
+        self._raise_if_finished()
 
     @property
     def proven_until(self) -> int:
@@ -438,6 +549,10 @@ class Attempt:
         else:
             manager = given = caller_connection(connection)  # TypeError for unknown objects
         holding = False
+        opened: Optional[OpenTransaction] = None
+        taken: "Optional[tuple[Any, Any]]" = None
+        landed_calls: "tuple[HeldCall, ...]" = ()
+        call_ids: "Optional[list[int]]" = None
         with self._lock:
             # from here until the transaction ends the lease keeper leaves this attempt's row
             # alone: once the ownership check below locked it, a renewal would wait on the lock
@@ -470,9 +585,12 @@ class Attempt:
                 # what a store's own transaction() yields may still be outside one (a store
                 # that begins lazily): only a transaction open here can have been ended
                 open_here = (transaction_ended(conn) if given is None else given.ended()) is None
+                opened = OpenTransaction(self, conn)
+                token = _OPEN.set(opened)
                 try:
                     yield conn if given is None else given.yielded
                 finally:  # before the commit: then the pool may lend it to other calls
+                    _OPEN.reset(token)
                     if own:
                         with self._lock:
                             self._connections.remove(conn)
@@ -483,6 +601,12 @@ class Attempt:
                         self._reopen(checked_at, given.store_connection() if given else conn)
                     raise TransactionEnded(identity, ended)
                 if complete and inside:
+                    # what the attempt held rides this commit (its ids are known at once)
+                    taken = self.take_effects()
+                    if taken is not None:
+                        call_ids = port.write_effects(
+                            identity, taken[0], runtime.now_ms(), connection=conn
+                        )
                     self._begin_completing()
                     # Completed at the time of the ownership check, not "now": the check locked
                     # the row (PostgreSQL FOR UPDATE; SQLite the database's write lock; the
@@ -497,11 +621,20 @@ class Attempt:
                         self.mark_owner_lost()
                         raise OwnershipLost(identity)
             # committed
+            if taken is not None:
+                taken = None
+                landed_calls = self.effects.landed(call_ids)
+            elif complete and inside:
+                self.effects_landed()  # completed: nothing more can be held
             if complete and inside:
                 self._end_completing(True)
             elif complete:
                 self._complete_after_commit(checked_at)
+            if landed_calls or (opened is not None and opened.wrote_calls):
+                runtime.calls_committed(landed_calls)
         finally:
+            if taken is not None:  # written, then rolled back: still held for a completion
+                self.effects.restore()
             # also when the commit itself failed: the attempt is then not complete
             with self._lock:
                 self._opening -= 1
@@ -539,10 +672,22 @@ class Attempt:
         on ``settle_owned``): the block's writes are committed whatever happens here."""
         self._begin_completing()
         landed = False
+        taken = self.take_effects()
         try:
-            landed = self._runtime.port.settle_owned(self.identity, Completed(checked_at))
+            port = self._runtime.port
+            if taken is None:
+                landed = port.settle_owned(self.identity, Completed(checked_at))
+            else:  # the held calls ride the completion's own commit
+                landed = port.settle_owned_many(
+                    [(self.identity, Completed(checked_at))], effects={self.identity: taken[0]}
+                )[0]
         finally:
             self._end_completing(landed)
+            if taken is not None:
+                if landed:
+                    self._runtime.calls_committed(self.effects_landed())
+                else:
+                    self.drop_effects("the attempt's completion did not land")
         if not landed:
             _LOGGER.warning(
                 "update %s attempt %s: the transaction committed but its completion did not "

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from ptb_fence._durations import Duration, duration_seconds
 
 if TYPE_CHECKING:
-    from ptb_fence._values import Exhaustion
+    from ptb_fence._values import Exhaustion, OutboxEntry
     from ptb_fence.runtime._attempt import Attempt
 
 __all__ = ["RuntimeOptions"]
@@ -161,6 +161,17 @@ class RuntimeOptions:
             failing, the oldest unsettled update too old, a chat held too long, exhaustions
             unacknowledged too long. :obj:`None` turns the alarms off. Default
             ``AlarmThresholds()``.
+        outbox_concurrency (:obj:`int`): Outbox calls sent at once by this process (each
+            chat's calls one at a time, in order, whatever this is). Default 8.
+        outbox_max_age_seconds (:obj:`float` | :class:`datetime.timedelta`): An outbox call
+            not sent this long after its commit (Telegram down, a chat held by ``RetryAfter``)
+            ends ``failed`` as expired instead. Default 86400 (24 h).
+        handle_send_failure: ``handle_send_failure(entry)`` (sync or async), called at least
+            once for every outbox call that ended ``failed`` (a permanent refusal, an unknown
+            outcome of an ``at_most_once`` call, expiry) with its
+            :class:`~ptb_fence.OutboxEntry`; when it returns normally the failure is
+            acknowledged, when it raises it is delivered again. Without it a failure is
+            logged (WARNING) and acknowledged. Default :obj:`None`.
 
     Raises:
         ValueError: A numeric option is not positive (``ingest_claim_buffer``: negative), or a duration is neither a number nor a
@@ -185,6 +196,9 @@ class RuntimeOptions:
     ingest_claim_buffer: int = 8
     strict_chat_order: bool = False
     alarms: Optional[AlarmThresholds] = AlarmThresholds()
+    outbox_concurrency: int = 8
+    outbox_max_age_seconds: float = 86400.0
+    handle_send_failure: Optional[Callable[["OutboxEntry"], Any]] = None
 
     # The constructor takes durations as ``float | int | timedelta``; the attributes are always
     # float seconds, so code reading them needs no conversion.
@@ -206,6 +220,9 @@ class RuntimeOptions:
         ingest_claim_buffer: int = 8,
         strict_chat_order: bool = False,
         alarms: Optional[AlarmThresholds] = AlarmThresholds(),
+        outbox_concurrency: int = 8,
+        outbox_max_age_seconds: Duration = 86400.0,
+        handle_send_failure: Optional[Callable[["OutboxEntry"], Any]] = None,
     ) -> None:
         values: "dict[str, Any]" = {
             "max_attempts": _positive_int("max_attempts", max_attempts),
@@ -232,6 +249,11 @@ class RuntimeOptions:
             "ingest_claim_buffer": _non_negative_int("ingest_claim_buffer", ingest_claim_buffer),
             "strict_chat_order": _bool("strict_chat_order", strict_chat_order),
             "alarms": alarms,
+            "outbox_concurrency": _positive_int("outbox_concurrency", outbox_concurrency),
+            "outbox_max_age_seconds": duration_seconds(
+                "outbox_max_age_seconds", outbox_max_age_seconds
+            ),
+            "handle_send_failure": _callable_or_none("handle_send_failure", handle_send_failure),
         }
         if alarms is not None and not isinstance(alarms, AlarmThresholds):
             raise TypeError(

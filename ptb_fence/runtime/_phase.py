@@ -4,7 +4,7 @@ runtime (a narrow interface)."""
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Optional, Protocol
+from typing import Any, Mapping, Optional, Protocol
 
 from ptb_fence.runtime._hop import StoreHop
 from ptb_fence.runtime._port import StorePort
@@ -79,5 +79,14 @@ class AttemptHost(Protocol):
 
     def settle_exhausted(self, attempt: Any, reason: str) -> bool:
         """Record a handler-terminal failure; :obj:`True` when it landed."""
+
+    def outbox_refusal(self) -> Optional[str]:
+        """Why ``attempt.outbox`` cannot be used here (the fix named), or :obj:`None`."""
+
+    def outbox_defaults(self) -> Mapping[str, Any]:
+        """The bot's defaults for outbox calls (PTB ``Defaults.api_defaults``; empty)."""
+
+    def calls_committed(self, handles: Any = ()) -> None:
+        """A commit carrying outbox calls landed: wake this process's sender."""
 
 

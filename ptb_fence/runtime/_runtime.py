@@ -13,21 +13,37 @@ import logging
 import threading
 import time
 import traceback
-from typing import Any, Callable, Hashable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Hashable,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 from ptb_fence._durations import format_duration
 from ptb_fence.contract import ClaimTerms
 from ptb_fence._values import (
     Abandoned,
+    AttemptEffects,
     AttemptIdentity,
     Completed,
     Exhaustion,
     Failed,
+    OutboxEntry,
     Settlement,
     StoredUpdate,
 )
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._chats import stored_chat_key
+from ptb_fence.runtime._dispatcher import OutboxDispatcher, no_outbox
+from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._hop import StoreHop
 from ptb_fence.runtime._jobs import BackgroundJobs
 from ptb_fence.runtime._lease_keeper import LeaseKeeper
@@ -137,6 +153,7 @@ class Runtime:
         "jobs",
         "keeper",
         "options",
+        "outbox",
         "port",
         "recovery",
         "stats",
@@ -177,6 +194,12 @@ class Runtime:
         )
         self.chat_order = StoreChatOrder(self.port, options, self.report_store_error)
         self.alarms = Alarms(self.stats, options)
+        # the sender of the calls queued by attempts (a fenced front end on an outbox store)
+        self.outbox: Optional[OutboxDispatcher] = (
+            OutboxDispatcher(self.port, options, self.stats, self.report_store_error)
+            if attempt_aware and self.port.has_outbox
+            else None
+        )
         self.jobs = BackgroundJobs(
             self.keeper,
             options,
@@ -234,6 +257,37 @@ class Runtime:
             extra=fields,
         )
         self._observe("on_store_error", error, step)
+
+    # -- the outbox (what attempts hold for their completion) ---------------------------------
+    def outbox_refusal(self) -> Optional[str]:
+        """Why ``attempt.outbox`` cannot be used here (naming the fix), or :obj:`None`."""
+        if self.outbox is None:
+            if not self.port.has_outbox:
+                return no_outbox(self.store)
+            return "attempt.outbox needs attempt-aware handling (a fenced front end)"
+        return self.outbox.refusal()
+
+    def outbox_defaults(self) -> Mapping[str, Any]:
+        """The bot's defaults for outbox calls (empty without an outbox or defaults)."""
+        return {} if self.outbox is None else self.outbox.defaults
+
+    def calls_committed(self, handles: Sequence[HeldCall] = ()) -> None:
+        """A commit carrying outbox calls landed: wake the sender (no polling delay);
+        ``handles``: the held calls it carried (their ids are learnt when claimed)."""
+        if self.outbox is not None:
+            self.outbox.wake(handles)
+
+    def outbox_call(self, call: "Union[int, HeldCall]") -> Optional[OutboxEntry]:
+        """The outbox call ``call`` (its id, or the :class:`~ptb_fence.HeldCall` of a call
+        whose id is known) as stored now, or :obj:`None` (no such call, no outbox, or a held
+        call whose id is not known here)."""
+        if isinstance(call, HeldCall):
+            if call.call_id is None:
+                return None
+            call = call.call_id
+        if isinstance(call, bool) or not isinstance(call, int):
+            raise TypeError(f"an outbox call id (int) or HeldCall is needed, got {call!r}")
+        return self.port.get_call(call)
 
     def log_transaction_refused(self, attempt: Attempt) -> None:
         """Log that a fenced transaction was refused because the attempt lost its update."""
@@ -394,9 +448,11 @@ class Runtime:
         # own result decides whether the owner was lost (renewals continue meanwhile)
         attempt.begin_settling()
         if attempt.exhausted:
+            attempt.drop_effects("the attempt was exhausted")
             return Outcome.EXHAUSTED, self._exhaustion_of(attempt)
         if error is None:
             return self.settle_completed(attempt), None
+        attempt.drop_effects("the attempt failed: its retry queues its own calls")
         return self.settle_failed(attempt, error)
 
     def settle_completed(self, attempt: Attempt) -> Outcome:
@@ -405,8 +461,17 @@ class Runtime:
             return Outcome.COMPLETED
         if attempt.exhausted:
             return Outcome.EXHAUSTED
+        taken = attempt.take_effects()
         try:
-            landed = self._store_settle(attempt, Completed(self.options.now_ms()))
+            if taken is None:
+                landed = self._store_settle(attempt, Completed(self.options.now_ms()))
+            else:  # what the attempt holds rides the completion's commit
+                landed = self.stats.timed(
+                    "settle",
+                    self.port.settle_owned_many,
+                    [(attempt.identity, Completed(self.options.now_ms()))],
+                    effects={attempt.identity: taken[0]},
+                )[0]
         except Exception as exc:
             return self.completion_failed(attempt, exc)
         return self.completion_settled(attempt, landed)
@@ -414,7 +479,12 @@ class Runtime:
     def completion_settled(self, attempt: Attempt, landed: bool) -> Outcome:
         """The outcome of a completion settle (also a grouped one): fire ``owner_lost`` if it
         did not land."""
-        if not landed:
+        if landed:
+            handles = attempt.effects_landed()
+            if handles:
+                self.calls_committed(handles)
+        else:
+            attempt.drop_effects("the attempt's completion did not land")
             _LOGGER.warning(
                 "completion of update %s attempt %s did not land: it runs again after the lease",
                 attempt.update_id,
@@ -427,6 +497,7 @@ class Runtime:
 
     def completion_failed(self, attempt: Attempt, error: BaseException) -> Outcome:
         """A completion settle raised: report it; the lease and the sweep take over."""
+        attempt.drop_effects("the attempt's completion failed in the store")
         self.report_store_error(error, "settle", ids=ids(attempt))
         return Outcome.LOST
 
@@ -606,8 +677,10 @@ class Runtime:
         )
 
     def end(self, attempt: Attempt) -> None:
-        """The attempt is over: stop renewing it; late renewal results are ignored."""
+        """The attempt is over: stop renewing it; late renewal results are ignored. Effects
+        it still holds (it was released, or its completion never ran) are discarded."""
         self.keeper.unregister(attempt)
+        attempt.drop_effects()
 
     # -- exhaustion delivery ----------------------------------------------------------------
     def acknowledge(self, exhaustion: Exhaustion) -> bool:
@@ -872,6 +945,7 @@ class Runtime:
                     "settle",
                     self.port.settle_owned_many,
                     [(attempt.identity, Completed(at)) for attempt in attempts],
+                    effects=_held_effects(attempts),
                 )
             else:
                 landed = [self._store_settle(attempt, Completed(at)) for attempt in attempts]
@@ -916,6 +990,7 @@ class Runtime:
                 self._rows(items, now),
                 [(attempt.identity, Completed(now)) for attempt in attempts],
                 terms,
+                _held_effects(attempts),
             )
         except Exception as exc:
             self._ingest_failed(items)
@@ -989,9 +1064,16 @@ class Runtime:
             return
         try:
             figures = self.stats.timed("figures", self.port.figures)
+            counts = (
+                self.stats.timed("figures", self.port.outbox_counts)
+                if self.outbox is not None
+                else None
+            )
         except Exception as exc:
             self.report_store_error(exc, "sweep")
             return
+        if counts is not None:
+            self.stats.outbox_counts(counts)
         if figures is not None:
             self.stats.figures(figures)
 
@@ -1027,3 +1109,17 @@ class Runtime:
         """Delete rows settled more than ``retain_seconds`` ago."""
         before = self.options.now_ms() - int(self.options.retain_seconds * 1000)
         return int(self.stats.timed("prune", self.port.prune, before))
+
+
+def _held_effects(attempts: Sequence[Attempt]) -> Optional[Dict[AttemptIdentity, AttemptEffects]]:
+    """What the attempts completing together hold (:obj:`None` when none holds anything: the
+    store is then called exactly as without an outbox). Each is resolved or discarded by
+    :meth:`Runtime.completion_settled`/:meth:`Runtime.completion_failed`."""
+    effects: Optional[Dict[AttemptIdentity, AttemptEffects]] = None
+    for attempt in attempts:
+        taken = attempt.take_effects()
+        if taken is not None:
+            if effects is None:
+                effects = {}
+            effects[attempt.identity] = taken[0]
+    return effects

@@ -59,6 +59,7 @@ STORE_OPERATIONS = (
     "release",
     "liveness",
     "figures",
+    "outbox",
 )
 """The store operations whose durations are measured (a small fixed label set)."""
 
@@ -134,6 +135,16 @@ class Stats:
             successfully (epoch seconds).
         last_renewal_tick_at (:obj:`float` | :obj:`None`): When the lease keeper last ran
             (epoch seconds).
+        calls_sent (:obj:`int`): Outbox calls this process sent and recorded ``sent``
+            (counter).
+        calls_failed (:obj:`int`): Outbox calls this process ended ``failed`` (refused,
+            unknown outcome of an ``at_most_once`` call, expired) (counter).
+        calls_retried (:obj:`int`): Sends of outbox calls that failed and were scheduled
+            again (``RetryAfter``, network errors, 5xx answers) (counter).
+        outbox (Mapping[:obj:`str`, :obj:`int`] | :obj:`None`): The store's outbox counts
+            (:meth:`~ptb_fence.OutboxStore.outbox_counts`: ``pending``, ``sending``,
+            ``sent``, ``failed``, ``failed_acknowledged``) as of :attr:`figures_read_at`
+            (gauges; :obj:`None`: no outbox, or not read yet).
     """
 
     updates_recorded: int
@@ -154,6 +165,10 @@ class Stats:
     figures_read_at: Optional[float]
     last_sweep_at: Optional[float]
     last_renewal_tick_at: Optional[float]
+    calls_sent: int = 0
+    calls_failed: int = 0
+    calls_retried: int = 0
+    outbox: Optional[Mapping[str, int]] = None
 
 
 class _Histogram:
@@ -185,6 +200,7 @@ class RuntimeStats:
     __slots__ = (
         "_attempts_ended",
         "_attempts_started",
+        "_calls",
         "_duplicates",
         "_figures",
         "_figures_read_at",
@@ -194,6 +210,7 @@ class RuntimeStats:
         "_last_renewal_tick",
         "_last_sweep",
         "_lock",
+        "_outbox",
         "_recorded",
         "_renewal_failures",
         "_store",
@@ -219,6 +236,8 @@ class RuntimeStats:
         self._figures_read_at: Optional[float] = None
         self._last_sweep: Optional[float] = None
         self._last_renewal_tick: Optional[float] = None
+        self._calls: Dict[str, int] = {"sent": 0, "failed": 0, "retried": 0}
+        self._outbox: Optional[Dict[str, int]] = None
         # since when recording fails (epoch seconds; None: the last recording succeeded), and
         # the oldest Telegram ``date`` among the updates it failed to record (for the alarm)
         self.ingest_failing_since: Optional[float] = None
@@ -267,6 +286,27 @@ class RuntimeStats:
         """A handler ran for ``seconds``."""
         with self._lock:
             self._handler.observe(seconds)
+
+    # -- the outbox -------------------------------------------------------------------------
+    def calls_sent(self, count: int) -> None:
+        """``count`` outbox calls were recorded sent."""
+        with self._lock:
+            self._calls["sent"] += count
+
+    def calls_failed(self, count: int) -> None:
+        """``count`` outbox calls ended failed."""
+        with self._lock:
+            self._calls["failed"] += count
+
+    def calls_retried(self, count: int) -> None:
+        """``count`` failed sends were scheduled again."""
+        with self._lock:
+            self._calls["retried"] += count
+
+    def outbox_counts(self, counts: Mapping[str, int]) -> None:
+        """The sweep read the store's outbox counts."""
+        with self._lock:
+            self._outbox = dict(counts)
 
     # -- the store --------------------------------------------------------------------------
     def store_time(self, operation: str, seconds: float, ok: bool = True) -> None:
@@ -371,4 +411,8 @@ class RuntimeStats:
                 figures_read_at=self._figures_read_at,
                 last_sweep_at=self._last_sweep,
                 last_renewal_tick_at=self._last_renewal_tick,
+                calls_sent=self._calls["sent"],
+                calls_failed=self._calls["failed"],
+                calls_retried=self._calls["retried"],
+                outbox=None if self._outbox is None else types.MappingProxyType(dict(self._outbox)),
             )

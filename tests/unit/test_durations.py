@@ -19,6 +19,7 @@ DURATIONS = [
     "retain_seconds",
     "stop_timeout_seconds",
     "attempt_timeout_seconds",
+    "outbox_max_age_seconds",
 ]
 
 

@@ -1,0 +1,130 @@
+"""HeldEffects: what an attempt holds to write in the commit that completes its update.
+
+One place for every effect that must land exactly when the completion lands (the outbox's Bot
+API calls today): the attempt *has* one; the runtime takes its :class:`~ptb_fence.AttemptEffects`
+when it completes the attempt (the grouped completion's ``settle_owned_many(effects=...)``,
+``add_claimed_and_settle_many(effects=...)``, or a ``transaction(complete=True)`` through
+``write_effects``), then tells it whether that commit landed.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, List, Optional, Sequence, Tuple
+
+from ptb_fence._values import AttemptEffects, OutboxCall
+from ptb_fence.runtime._held_call import HeldCall
+
+__all__ = ["HeldEffects", "OpenTransaction", "Taken"]
+
+Taken = Tuple[AttemptEffects, Tuple[HeldCall, ...]]
+"""What :meth:`HeldEffects.take` gives: the effects to write and the handles they resolve."""
+
+
+class OpenTransaction:
+    """A fenced transaction of an attempt whose block runs in this context: effects made in
+    it are written through its connection (and commit or roll back with it).
+
+    Attributes:
+        attempt: The attempt whose transaction it is.
+        connection: The connection the store's ``write_effects`` runs on (:obj:`None` for the
+            memory store).
+        wrote_calls (:obj:`bool`): A call was written in it (its commit wakes the sender).
+    """
+
+    __slots__ = ("attempt", "connection", "wrote_calls")
+
+    def __init__(self, attempt: object, connection: Any) -> None:
+        self.attempt = attempt
+        self.connection = connection
+        self.wrote_calls = False
+
+
+class HeldEffects:
+    """The effects one attempt holds until its completion commits.
+
+    Thread-safe: a handler may queue from worker threads. While a completion is writing them
+    (between :meth:`take` and :meth:`landed`/:meth:`restore`) nothing more can be held: a
+    call made then could not ride the commit, and is refused rather than lost.
+    """
+
+    __slots__ = ("_calls", "_handles", "_lock", "_next_seq", "_taken", "_closed")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: List[OutboxCall] = []
+        self._handles: List[HeldCall] = []
+        self._next_seq = 0
+        self._taken = False
+        self._closed: Optional[str] = None  # why nothing more can be held
+
+    @property
+    def empty(self) -> bool:
+        """:obj:`bool`: Nothing is held (the completion writes no effects)."""
+        return not self._calls
+
+    def next_seq(self) -> int:
+        """The next call's position in the attempt (also for calls written in a transaction,
+        so every call of an attempt has its own ``seq``)."""
+        with self._lock:
+            seq = self._next_seq
+            self._next_seq += 1
+            return seq
+
+    def hold_call(self, call: OutboxCall, handle: HeldCall) -> None:
+        """Hold ``call`` for the completion.
+
+        Raises:
+            RuntimeError: The completion is being written, or the attempt ended: the call
+                would be lost (the message says why).
+        """
+        with self._lock:
+            if self._closed is not None:
+                raise RuntimeError(self._closed)
+            if self._taken:
+                raise RuntimeError(
+                    "the attempt's completion is being committed right now: a call queued "
+                    "from another thread at this moment cannot ride it; queue calls before "
+                    "the handler completes"
+                )
+            self._calls.append(call)
+            self._handles.append(handle)
+
+    def take(self) -> Optional[Taken]:
+        """The effects to write now, or :obj:`None` when nothing is held. Until
+        :meth:`landed` or :meth:`restore`, nothing more can be held."""
+        with self._lock:
+            if not self._calls:
+                return None
+            self._taken = True
+            return AttemptEffects(calls=tuple(self._calls)), tuple(self._handles)
+
+    def landed(self, call_ids: Optional[Sequence[int]] = None) -> Tuple[HeldCall, ...]:
+        """The completion committed, with the taken effects if any were taken
+        (``call_ids``: their ids, in order, when the write returned them). Nothing more can be
+        held afterwards. Returns the handles of the taken calls (none: nothing was taken)."""
+        with self._lock:
+            handles: List[HeldCall] = []
+            if self._taken:
+                handles, self._handles, self._calls = self._handles, [], []
+            self._taken = False
+            self._closed = "the attempt's completion committed: nothing more can ride it"
+        for i, handle in enumerate(handles):
+            handle.resolve(call_ids[i] if call_ids is not None and i < len(call_ids) else None)
+        return tuple(handles)
+
+    def restore(self) -> None:
+        """The commit that carried the taken effects rolled back; the attempt still owns its
+        update (e.g. its ``transaction(complete=True)`` block raised): keep them held."""
+        with self._lock:
+            self._taken = False
+
+    def discard(self, why: str = "the attempt ended without completing") -> None:
+        """The attempt did not complete: drop everything held (never written, never sent);
+        later calls are refused with ``why``."""
+        with self._lock:
+            handles, self._handles, self._calls = self._handles, [], []
+            self._taken = False
+            self._closed = why
+        for handle in handles:
+            handle.discard()
