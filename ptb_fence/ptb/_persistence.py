@@ -226,11 +226,17 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
                         "the conversation does not time out (its state is still fenced)",
                         handler.name,
                     )
-        if application.job_queue is not None:
+        queue = application.job_queue
+        try:
+            jobs = [] if queue is None else list(queue.jobs())
+        except Exception:  # a scheduler that cannot list its jobs before it runs
+            jobs = []
+        for job in jobs:
             _LOGGER.warning(
-                "FencedPersistence: jobs run outside any update, so what they change in "
+                "FencedPersistence: job %r runs outside any update, so what it changes in "
                 "user_data/chat_data/bot_data is not persisted (a WARNING names each change "
-                "PTB's flush finds); change persisted state in handlers"
+                "PTB's flush finds); change persisted state in handlers",
+                job.name,
             )
 
     def _persistent_conversations(self, application: Any) -> List[Any]:
@@ -283,7 +289,10 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
             data[kind] = (key, value)
         for handler, conversation, key in conversations:
             self._set_conversation(handler, conversation, loaded.get(key))
-        return StateSession(update, loaded, data, conversations, self._session_ended)
+        session = StateSession(update, loaded, data, conversations, self._session_ended)
+        # its writes ride the commit that completes the attempt; it learns how that went
+        attempt.effects.hold_state(session)
+        return session
 
     def handled(self, session: StateSession, failed: bool) -> None:
         """PTB finished handling the session's update: a failure undoes the attempt's

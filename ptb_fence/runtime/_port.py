@@ -85,6 +85,7 @@ from ptb_fence._values import (
     AttemptEffects,
     AttemptIdentity,
     Exhaustion,
+    Landing,
     OutboxEntry,
     Settlement,
     StateConflict,
@@ -118,6 +119,12 @@ Row = Tuple[int, str, int]
 Recorded = Union[AttemptIdentity, bool]
 """Per recorded row: the identity it was claimed with, :obj:`True` (recorded, not claimed
 here) or :obj:`False` (the id exists: a duplicate)."""
+
+
+def _landing(result: object) -> Landing:
+    """A store's per-item settle result: a :class:`~ptb_fence.StateConflict` as it is, else
+    whether it landed."""
+    return result if isinstance(result, StateConflict) else bool(result)
 
 
 def _optional(store: object, name: str) -> Optional[Callable[..., Any]]:
@@ -446,7 +453,7 @@ class StorePort:
         """
         if connection is None:
             if self._settle_owned is None:  # the store settles in batches only
-                return self.settle_owned_many([(identity, settlement)])[0]
+                return bool(self.settle_owned_many([(identity, settlement)])[0])
             return bool(self._settle_owned(identity, settlement))
         if not self._settle_connection:
             raise TypeError(
@@ -513,7 +520,7 @@ class StorePort:
         settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
         terms: ClaimTerms,
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> Tuple[List[Recorded], List[bool]]:
+    ) -> Tuple[List[Recorded], List[Landing]]:
         """:meth:`record_claimed` and :meth:`settle_owned_many` (with ``effects``): one
         commit with ``add_claimed_and_settle_many``, else the two calls one after the other."""
         if self._add_claimed_and_settle_many is not None:
@@ -524,7 +531,7 @@ class StorePort:
             )
             return (
                 [False if identity is None else identity for identity in identities],
-                [bool(ok) for ok in landed],
+                [_landing(ok) for ok in landed],
             )
         return (
             self.record_claimed(rows, terms),
@@ -536,13 +543,13 @@ class StorePort:
         items: Sequence[Tuple[AttemptIdentity, Settlement]],
         *,
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> List[bool]:
+    ) -> List[Landing]:
         """``store.settle_owned_many`` (one commit) or the loop of ``settle_owned``. With
         ``effects`` (an outbox store: it has ``settle_owned_many``), the calls of the landed
         completions ride in the same commit."""
         extra = self._effects_keyword(effects)
         if self._settle_owned_many is not None:
-            return [bool(ok) for ok in self._settle_owned_many(list(items), **extra)]
+            return [_landing(ok) for ok in self._settle_owned_many(list(items), **extra)]
         return [self.settle_owned(identity, settlement) for identity, settlement in items]
 
     def _effects_keyword(

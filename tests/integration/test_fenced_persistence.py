@@ -104,6 +104,8 @@ def test_the_unfenced_uses_are_warned_at_start(caplog: pytest.LogCaptureFixture)
                     Application.builder().persistence(FencedPersistence(store)))
         app.add_handler(_conversation(conversation_timeout=30))
         app.add_handler(CommandHandler("quick", quick, block=False), group=1)
+        assert app.job_queue is not None
+        app.job_queue.run_repeating(quick, 3600, name="tick")
         async def start_and_stop() -> None:
             await app.initialize()
             await app.shutdown()
@@ -114,4 +116,82 @@ def test_the_unfenced_uses_are_warned_at_start(caplog: pytest.LogCaptureFixture)
     assert "ConversationHandler 'talk' has conversation_timeout" in text
     assert "deadline is not persisted" in text
     assert "CommandHandler (callback quick) runs with block=False" in text
-    assert "jobs run outside any update" in text
+    assert "job 'tick' runs outside any update" in text
+
+
+# -- handled updates -------------------------------------------------------------------------------
+def _read(store: Any, key: StateKey) -> Any:
+    entry = store.read_state([key]).get(key)
+    return None if entry is None or entry.value is None else decode_state(entry.value)
+
+
+def test_state_commits_with_the_update_and_every_attempt_starts_from_it(tmp_path: Path) -> None:
+    """A conversation over two Applications on one file (a restart): the second continues
+    at the committed state; a failing attempt's user_data change is not seen by its retry and
+    not written; handlers work on private copies (the Application's dict is the committed
+    one); PTB's flush writes nothing."""
+    path = str(tmp_path / "bot.db")
+    seen: List[Dict[str, Any]] = []
+    failed: List[int] = []
+
+    async def start(update: Any, context: Any) -> int:
+        seen.append(dict(context.user_data))
+        context.user_data["started"] = update.update_id
+        return 1
+
+    async def step(update: Any, context: Any) -> int:
+        seen.append(dict(context.user_data))
+        context.user_data["x"] = context.user_data.get("x", 0) + 1
+        assert context.application.user_data[update.effective_user.id] is not context.user_data
+        if update.message.text == "boom" and update.update_id not in failed:
+            failed.append(update.update_id)
+            raise RuntimeError("first attempt fails after changing user_data")
+        return ConversationHandler.END
+
+    def app_for(store: Any, fake: FakeBotApi) -> Any:
+        processor = FencedUpdateProcessor(store, retry=lambda error, attempt: 0.05,
+                                          sweep_every_seconds=0.1, pending_grace_seconds=0.1)
+        app = build(processor, fake, Application.builder().persistence(FencedPersistence(store)))
+        app.add_handler(ConversationHandler(
+            entry_points=[CommandHandler("start", start)],
+            states={1: [MessageHandler(filters.TEXT & ~filters.COMMAND, step)]},
+            fallbacks=[], name="talk", persistent=True))
+        return app
+
+    with FakeBotApi() as fake:
+        store = SQLiteUpdateStore(path)
+
+        ids: List[int] = []
+
+        async def first() -> None:
+            async with polling(app_for(store, fake)):
+                ids.append(fake.inject_message(chat_id=5, text="/start"))
+                for _ in range(200):
+                    if _read(store, StateKey("user", "", "5")) is not None:
+                        break
+                    await asyncio.sleep(0.05)
+
+        run(first())
+        store.close()
+        store = SQLiteUpdateStore(path)
+        conversation = conversation_state_key("talk", (5, 5))
+        assert _read(store, conversation) == 1
+        assert _read(store, StateKey("user", "", "5")) == {"started": ids[0]}
+
+        async def second() -> None:
+            async with polling(app_for(store, fake)):
+                fake.inject_message(chat_id=5, text="boom")
+                for _ in range(300):
+                    entry = store.read_state([conversation]).get(conversation)
+                    if entry is not None and entry.value is None:
+                        break
+                    await asyncio.sleep(0.05)
+
+        run(second())
+        try:
+            # the restarted Application continued the conversation; the retry saw x as before
+            assert seen == [{}, {"started": ids[0]}, {"started": ids[0]}]
+            assert _read(store, StateKey("user", "", "5")) == {"started": ids[0], "x": 1}
+            assert store.read_state([conversation])[conversation].value is None  # ended
+        finally:
+            store.close()
