@@ -273,7 +273,7 @@ class FencedApplicationMixin(_MixinBase):
                 session.deactivate()
             state = update_state()
             failed = state is not None and state.update is update and state.error is not None
-            persistence.handled(session, failed)  # type: ignore[union-attr]
+            await persistence.handled(self, session, failed)  # type: ignore[union-attr]
         state = update_state()
         if state is not None and state.update is update:
             warn_if_unmatched_rerun(state, self)

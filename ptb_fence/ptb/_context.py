@@ -124,6 +124,33 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
             session.note_context(update, context)
         return context
 
+    def next_conversation_state(self, state: object, *, name: Optional[str] = None) -> None:
+        """With :class:`~ptb_fence.ptb.FencedPersistence`: the persistent conversation of
+        this update goes to ``state`` (the value the callback will return). Call it before a
+        ``transaction(complete=True)`` in a conversation callback, so that the new state
+        commits with the update: PTB sets it only when the callback returns, after that
+        commit. Not needed without such a transaction (the grouped completion comes after
+        the return).
+
+        Args:
+            state: The next state (``ConversationHandler.END`` ends the conversation).
+            name (:obj:`str`, optional): The ``ConversationHandler``'s name, needed only when
+                the update belongs to several persistent conversations.
+
+        Raises:
+            RuntimeError: No FencedPersistence handles this update here.
+            ValueError: No (or more than one, without ``name``) persistent conversation has
+                this update.
+        """
+        session = active_session()
+        if session is None or not session.owns_context(self):
+            raise RuntimeError(
+                "context.next_conversation_state(): no FencedPersistence handles this update "
+                "here (set .persistence(FencedPersistence(store)) with a FencedUpdateProcessor, "
+                "and call it in a blocking handler of the update)"
+            )
+        session.declare(state, name)
+
     # With FencedPersistence, a handler of the update works on the attempt's private copies
     # of the data (committed with its completion, dropped when it fails); elsewhere, PTB's.
     @property

@@ -294,23 +294,45 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         attempt.effects.hold_state(session)
         return session
 
-    def handled(self, session: StateSession, failed: bool) -> None:
-        """PTB finished handling the session's update: a failure undoes the attempt's
-        conversation states at once (its data were private copies); otherwise its writes
-        ride the completion (taken then; a WARNING if the handler changed state after a
-        ``transaction(complete=True)`` had already committed)."""
+    async def handled(self, application: Any, session: StateSession, failed: bool) -> None:
+        """PTB finished handling the session's update. A failure undoes the attempt's
+        conversation states at once (its data were private copies). Otherwise its writes
+        ride the completion; if a ``transaction(complete=True)`` completed it already and
+        state changed after that commit (a conversation state set by the callback's return
+        without :meth:`~ptb_fence.ptb.FencedCallbackContext.next_conversation_state`), that
+        change is written right away, outside the fence, with a WARNING: a crash in between
+        would lose it."""
         if failed:
             session.end((), False)
             return
-        late = session.changed_after_take()
-        if late:
+        for name, declared, actual in session.declared_differs():
             _LOGGER.warning(
-                "FencedPersistence: update %s changed %s after its transaction(complete=True) "
-                "committed: those changes are not persisted; change state before or inside "
-                "that transaction",
-                getattr(session.update, "update_id", None),
-                ", ".join(sorted({f"{w.key.kind} {w.key.name} {w.key.key}".replace("  ", " ")
-                                  for w in late})),
+                "FencedPersistence: update %s declared the next state %r of conversation %r "
+                "but its callback returned %r: %r was committed",
+                getattr(session.update, "update_id", None), declared, name, actual, declared,
+            )
+        late = session.late_writes()
+        if not late:
+            return
+        named = ", ".join(sorted(
+            f"{w.key.kind}{' ' + w.key.name if w.key.name else ''} {w.key.key}".strip()
+            for w in late))
+        _LOGGER.warning(
+            "FencedPersistence: update %s changed %s after its transaction(complete=True) "
+            "committed; written right after it, outside the fence (a crash in between loses "
+            "it): change data before that transaction, and declare a conversation's next "
+            "state with context.next_conversation_state(STATE) before it",
+            getattr(session.update, "update_id", None), named,
+        )
+        processor: Any = getattr(application, "update_processor")
+        port = processor.runtime.port
+        conflict = await processor.call_store(port.write_state, late, processor.runtime.now_ms())
+        if conflict is None:
+            self._learn({w.key: StateEntry(w.value, w.version + 1) for w in late})
+        else:
+            _LOGGER.warning(
+                "FencedPersistence: the late change of update %s was not written: %s changed "
+                "meanwhile", getattr(session.update, "update_id", None), named,
             )
 
     @staticmethod

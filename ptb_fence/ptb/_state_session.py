@@ -61,8 +61,8 @@ class StateSession:
         on_end: Called with the session and whether its writes landed, once.
     """
 
-    __slots__ = ("_contexts", "_ended", "_on_end", "_taken", "_token", "conversations", "data",
-                 "loaded", "update")
+    __slots__ = ("_contexts", "_declared", "_ended", "_landed", "_on_end", "_taken", "_token",
+                 "conversations", "data", "loaded", "update")
 
     def __init__(
         self,
@@ -79,6 +79,8 @@ class StateSession:
         self._on_end = on_end
         self._contexts: Set[int] = set()
         self._ended = False
+        self._landed = False
+        self._declared: Dict[StateKey, Any] = {}
         self._taken: Optional[Tuple[StateWrite, ...]] = None
         self._token: Optional[contextvars.Token[Optional[StateSession]]] = None
 
@@ -99,11 +101,73 @@ class StateSession:
         if update is self.update:
             self._contexts.add(id(context))
 
+    def owns_context(self, context: Any) -> bool:
+        """``context`` was built for this session's update."""
+        return id(context) in self._contexts
+
     def data_of(self, context: Any, kind: str) -> Any:
         """The private ``kind`` data for ``context``, or :data:`NOT_HELD`."""
         if id(context) not in self._contexts or kind not in self.data:
             return NOT_HELD
         return self.data[kind][1]
+
+    def declare(self, state: Any, name: Optional[str]) -> None:
+        """The conversation (of the handler ``name``, or the only persistent one the update
+        has) goes to ``state`` after this callback: writes taken from now on carry it (PTB
+        sets it only when the callback returns, after a ``transaction(complete=True)`` in it
+        committed).
+
+        Raises:
+            ValueError: No persistent conversation of that name has a key for the update, or
+                several have and ``name`` was not given.
+        """
+        found = [c for c in self.conversations if name is None or c[0].name == name]
+        if not found:
+            raise ValueError(
+                "no persistent ConversationHandler"
+                + (f" named {name!r}" if name is not None else "")
+                + " has a conversation for this update"
+            )
+        if len(found) > 1:
+            raise ValueError(
+                "the update belongs to the persistent conversations "
+                + ", ".join(sorted(repr(c[0].name) for c in found)) + ": pass name="
+            )
+        self._declared[found[0][2]] = state
+
+    def _state_text(self, handler: Any, conversation: Tuple[Any, ...],
+                    key: StateKey) -> Tuple[bool, Optional[str]]:
+        """``(known, text)``: the conversation's state to write now (declared, else the
+        handler's); not known while a ``block=False`` callback's task runs."""
+        if key in self._declared:
+            state = self._declared[key]
+        else:
+            state = conversation_states(handler).get(conversation)
+            pending = pending_state(state)
+            if pending is not None:
+                done, state = pending
+                if not done:
+                    return False, None
+        if state is None or state == handler.END:
+            return True, None
+        return True, encode_state(state)
+
+    def _diff(self, base: Dict[StateKey, Tuple[Optional[str], int]]) -> Tuple[StateWrite, ...]:
+        """The writes from ``base`` (``key: (text, version)``; absent: no row) to now."""
+        out: List[StateWrite] = []
+        for key, value in self.data.values():
+            old = base.get(key)
+            if old is None and not value:
+                continue
+            encoded = encode_state(value)
+            if old is None or old[0] != encoded:
+                out.append(StateWrite(key, encoded, 0 if old is None else old[1]))
+        for handler, conversation, key in self.conversations:
+            known, text = self._state_text(handler, conversation, key)
+            old = base.get(key)
+            if known and text != (None if old is None else old[0]):
+                out.append(StateWrite(key, text, 0 if old is None else old[1]))
+        return tuple(out)
 
     # -- the completion ---------------------------------------------------------------------
     def writes(self) -> Tuple[StateWrite, ...]:
@@ -111,45 +175,39 @@ class StateSession:
 
         Unchanged state writes nothing; state that was absent and is still empty writes
         nothing; a conversation that ended writes :obj:`None` where a row exists; a
-        ``block=False`` callback's state whose task has not ended is left as committed."""
-        out: List[StateWrite] = []
-        for key, value in self.data.values():
-            old = self.loaded.get(key)
-            if old is None and not value:
-                continue
-            encoded = encode_state(value)
-            if old is None or old.value != encoded:
-                out.append(StateWrite(key, encoded, 0 if old is None else old.version))
-        for handler, conversation, key in self.conversations:
-            state = conversation_states(handler).get(conversation)
-            pending = pending_state(state)
-            if pending is not None:
-                done, state = pending
-                if not done:
-                    continue
-            if state is None or state == handler.END:
-                text: Optional[str] = None
-            else:
-                text = encode_state(state)
-            old = self.loaded.get(key)
-            if text != (None if old is None else old.value):
-                out.append(StateWrite(key, text, 0 if old is None else old.version))
-        return tuple(out)
+        ``block=False`` callback's state whose task has not ended is left as committed; a
+        declared next state (:meth:`declare`) is written in place of the handler's."""
+        return self._diff({k: (e.value, e.version) for k, e in self.loaded.items()})
 
     def take(self) -> Tuple[StateWrite, ...]:
         """:meth:`writes` for the commit that completes the attempt (remembered: see
-        :meth:`changed_after_take`)."""
+        :meth:`late_writes`)."""
         self._taken = self.writes()
         return self._taken
 
-    def changed_after_take(self) -> Tuple[StateWrite, ...]:
-        """The writes the state would need now beyond the ones taken for a commit that
-        already landed (none when nothing was taken)."""
-        if self._taken is None or not self._ended:
+    def late_writes(self) -> Tuple[StateWrite, ...]:
+        """After a completion that landed with taken writes: what changed since (at the
+        versions that commit left), e.g. a conversation state PTB set when the callback
+        returned after its ``transaction(complete=True)``. None otherwise."""
+        if self._taken is None or not self._landed:
             return ()
-        taken = {(w.key, w.value) for w in self._taken}
-        now = self.writes()
-        return tuple(w for w in now if (w.key, w.value) not in taken)
+        base = {k: (e.value, e.version) for k, e in self.loaded.items()}
+        for write in self._taken:
+            base[write.key] = (write.value, write.version + 1)
+        return self._diff(base)
+
+    def declared_differs(self) -> List[Tuple[str, Any, Any]]:
+        """``(handler name, declared, actual)`` where PTB set another state than declared."""
+        out = []
+        for handler, conversation, key in self.conversations:
+            if key in self._declared:
+                actual = conversation_states(handler).get(conversation)
+                declared = self._declared[key]
+                if actual is None and declared == handler.END:
+                    continue
+                if actual != declared:
+                    out.append((handler.name, declared, actual))
+        return out
 
     def end(self, writes: Tuple[StateWrite, ...], landed: bool) -> None:
         """The attempt ended: its ``writes`` landed with its completion (``landed``), or
@@ -157,6 +215,7 @@ class StateSession:
         if self._ended:
             return
         self._ended = True
+        self._landed = landed
         self._on_end(self, writes, landed)
 
     @property
