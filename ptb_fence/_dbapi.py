@@ -118,6 +118,15 @@ class GivenConnection:
     def __enter__(self) -> Any:
         return self._connection
 
+    def prepare(self) -> None:
+        """Before the ownership check: open the transaction of a connection in autocommit mode
+        (sqlite3 on Python 3.12+, psycopg2, psycopg 3) if none is open. The check would
+        otherwise run outside any transaction (PostgreSQL's row lock would end with its
+        statement, and the store refuses that); this block commits it with ``COMMIT`` anyway.
+        Other connections begin with the check's first statement, or in :meth:`begin`."""
+        if self._explicit:
+            self.begin()
+
     def begin(self) -> None:
         """Open a transaction on the connection if none is open (nothing for other drivers).
 
@@ -138,6 +147,14 @@ class GivenConnection:
         with target.cursor() as cur:
             # psycopg outside autocommit sends its own BEGIN before the first statement
             cur.execute("BEGIN" if self._explicit else "SELECT 1")
+
+    def finish(self, commit: bool) -> None:
+        """End, with ``COMMIT`` (or ``ROLLBACK``), the transaction of a connection in
+        autocommit mode, whose driver's ``commit()`` and ``rollback()`` would leave it open
+        (psycopg2); nothing for other connections. For a library that ends the transaction
+        through the driver (SQLAlchemy), before it does."""
+        if self._explicit:
+            self._end("COMMIT" if commit else "ROLLBACK")
 
     def _end(self, statement: str) -> None:
         if transaction_ended(self._target) is not None:

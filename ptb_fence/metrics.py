@@ -53,6 +53,11 @@ is what the sweep last read. ``prometheus_client`` is imported by :func:`registe
      - gauge
      - 
      - Claims held and renewed now
+   * - ``ptb_fence_handlers_left_running``
+     - gauge
+     - 
+     - Handlers let go after their attempt ended (timeout, stop) that still run: stuck worker
+       threads, tasks that ignored their cancellation
    * - ``ptb_fence_lease_renewal_failures_total``
      - counter
      - 
@@ -199,6 +204,9 @@ class StatsCollector:
         yield gauge("attempts_running", "Handlers running now.", stats.attempts_running)
         yield gauge("claims_held", "Claims held and renewed by this process now.",
                     stats.claims_held)
+        yield gauge("handlers_left_running",
+                    "Handlers let go after their attempt ended (timeout, stop) that still run.",
+                    stats.handlers_left_running)
         yield counter("lease_renewal_failures", "Lease renewals that failed or were refused.",
                       stats.lease_renewal_failures)
         yield by(core.CounterMetricFamily, "store_errors", "Store errors by step.", "step",

@@ -121,7 +121,11 @@ class UpdateIntake:
             attempt_aware=handle_attempt is not None,
             handle_exhaustion=handle_exhaustion is not None,
             component="UpdateIntake",
-            hooks=FrontEndHooks(retry_soon=self._retry_soon, running_count=self._running_count),
+            hooks=FrontEndHooks(
+                retry_soon=self._retry_soon,
+                running_count=self._running_count,
+                left_running_count=self._left_running_count,
+            ),
         )
         outbox = self._runtime.outbox
         self._sender: Optional[HttpxSender] = None
@@ -226,6 +230,9 @@ class UpdateIntake:
 
     def _running_count(self) -> int:
         return self._runs.count()
+
+    def _left_running_count(self) -> int:
+        return self._workers.stuck_count()
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -333,13 +340,23 @@ class UpdateIntake:
         if self._delivery is not None:
             running += self._delivery.close(left())
         self._runtime.recovery.release_liveness()
-        running += self._workers.stuck()
         if running:
             _LOGGER.warning(
                 "close(): still running when close() returned: %s; attempts lose their lease "
                 "renewal and are taken over after the lease; close the store only after they "
                 "end (idle())",
                 ", ".join(running),
+            )
+        stuck = self._workers.stuck()
+        if stuck:
+            # their attempts were failed at the timeout (lease no longer renewed, writes
+            # refused): only the threads are left, and a thread cannot be stopped
+            _LOGGER.warning(
+                "close(): %d worker thread(s) still stuck in handlers that passed "
+                "attempt_timeout_seconds (their attempts already ended): %s; they keep the "
+                "interpreter from exiting until their handlers return",
+                len(stuck),
+                ", ".join(stuck),
             )
 
     def __enter__(self) -> "UpdateIntake":

@@ -328,6 +328,11 @@ class IntakeWorkers:
         )
         return True
 
+    def stuck_count(self) -> int:
+        """How many threads are stuck now."""
+        with self._lock:
+            return len(self._stuck)
+
     def stuck(self) -> List[str]:
         """The stuck threads, each as ``"<thread> (update … attempt …)"``."""
         with self._lock:

@@ -82,6 +82,11 @@ class DjangoTransaction:
         self._raw = self._given.connection
         return self._raw
 
+    def prepare(self) -> None:
+        """Before the ownership check: open the DB-API transaction of a connection in
+        autocommit mode, which the check's own statement would not."""
+        GivenConnection(self._raw).prepare()
+
     def begin(self) -> None:
         """Open the DB-API transaction now (drivers begin lazily), so a block that writes
         nothing is not taken for one that committed."""

@@ -73,7 +73,7 @@ class SQLAlchemyTransaction:
         TypeError: ``given`` is another SQLAlchemy object (e.g. an ``Engine``).
     """
 
-    __slots__ = ("_given", "_session", "_connection", "_transaction", "_raw")
+    __slots__ = ("_given", "_session", "_connection", "_transaction", "_raw", "_dbapi")
 
     def __init__(self, given: Any) -> None:
         self._given = given
@@ -82,6 +82,7 @@ class SQLAlchemyTransaction:
         self._connection: Any = None if self._session is not None else target
         self._transaction: Any = None
         self._raw: Any = None
+        self._dbapi: Optional[GivenConnection] = None
 
     @property
     def yielded(self) -> Any:
@@ -109,12 +110,22 @@ class SQLAlchemyTransaction:
                                                "transaction", kind="Connection"))
             self._transaction = connection.begin()
             self._raw = connection.connection.dbapi_connection
+        # on an engine in AUTOCOMMIT mode SQLAlchemy's commit is the driver's, which ends
+        # nothing there (psycopg2): the transaction opened for the block is ended explicitly
+        self._dbapi = GivenConnection(self._raw)
         return self._raw
+
+    def prepare(self) -> None:
+        """Before the ownership check: open the DB-API transaction of a connection in
+        autocommit mode, which the check's own statement would not."""
+        assert self._dbapi is not None
+        self._dbapi.prepare()
 
     def begin(self) -> None:
         """Open the DB-API transaction now (SQLAlchemy's drivers begin lazily), so a block
         that writes nothing is not taken for one that committed."""
-        GivenConnection(self._raw).begin()
+        assert self._dbapi is not None
+        self._dbapi.begin()
 
     def ended(self) -> Optional[str]:
         """Whether the block committed or rolled back (through SQLAlchemy or its DB-API
@@ -138,8 +149,11 @@ class SQLAlchemyTransaction:
         if kind is None:
             try:
                 if self._session is not None:
-                    self._session.commit()  # flushes the ORM writes first
+                    self._session.flush()  # the ORM writes, before an explicit COMMIT
+                    self._finish(commit=True)
+                    self._session.commit()
                 else:
+                    self._finish(commit=True)
                     transaction.commit()
                 return
             except BaseException:
@@ -147,7 +161,15 @@ class SQLAlchemyTransaction:
                 raise
         self._rollback()
 
+    def _finish(self, commit: bool) -> None:
+        if self._dbapi is not None:
+            self._dbapi.finish(commit)
+
     def _rollback(self) -> None:
+        try:
+            self._finish(commit=False)
+        except Exception:  # a broken connection: SQLAlchemy's rollback below handles it
+            pass
         if self._session is not None:
             self._session.rollback()
         elif self._transaction.is_active:

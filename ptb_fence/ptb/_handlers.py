@@ -239,6 +239,11 @@ class RunningHandlers:
 
         task.add_done_callback(ended)
 
+    def left_running(self) -> int:
+        """How many handler tasks ignored their cancellation and still run (read from any
+        thread: a gauge)."""
+        return len(self._detached)
+
     def report_left_running(self) -> None:
         """At shutdown: name the handler tasks that ignored their cancellation and still run
         (they are abandoned with the event loop)."""

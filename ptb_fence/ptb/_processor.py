@@ -100,6 +100,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             hooks=FrontEndHooks(
                 retry_soon=self._retry_soon,
                 running_count=self._running_count,
+                left_running_count=self._left_running_count,
                 executor=self._executor,
             ),
         )
@@ -140,6 +141,9 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
 
     def _running_count(self) -> int:
         return self._running
+
+    def _left_running_count(self) -> int:
+        return self._handlers.left_running()
 
     def _executor(self) -> Optional[StoreHop]:
         return self._threads.executor

@@ -94,6 +94,7 @@ class Attempt:
     """
 
     __slots__ = (
+        "_after",
         "_body",
         "_connections",
         "_effects",
@@ -143,6 +144,7 @@ class Attempt:
         self._opening = 0  # fenced transactions opening or open
         self._holding = 0  # fenced transactions whose ownership check succeeded, still open
         self._connections: "list[Any]" = []  # the store's own, of open fenced transactions
+        self._after: "list[Callable[[], None]]" = []  # called once none is open any more
         self._exhausted_error: Optional[str] = None
         self._exhausted_at: Optional[int] = None
         self._body = body
@@ -416,6 +418,20 @@ class Attempt:
                 return False
             return not (ok is None or self.holds_fence)
 
+    def after_transactions(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback`` (once, on the thread that ends it) when the last fenced
+        transaction of this attempt that is opening or open now has ended: by then
+        :attr:`completed` says whether a completing one committed.
+
+        Returns :obj:`False`, and never calls it, when none is open now (the caller decides
+        at once: :attr:`completed` is already final for the transactions that ended).
+        """
+        with self._lock:
+            if self._opening == 0:
+                return False
+            self._after.append(callback)
+            return True
+
     def may_report_lost(self) -> bool:
         """Whether the lease keeper may report this attempt lost now: not finished, not being
         settled (the settle's result decides) and not holding its fence."""
@@ -508,7 +524,9 @@ class Attempt:
         ``connection`` may be what the handler holds, on the store's database:
 
         - a DB-API connection or cursor (sqlite3, psycopg2, psycopg 3, another driver's); it
-          is committed (or rolled back) on exit;
+          is committed (or rolled back) on exit. One in autocommit mode is put in a
+          transaction (``BEGIN``) before the ownership check and ends with ``COMMIT`` (or
+          ``ROLLBACK``); a block that writes nothing runs in a transaction too;
         - a SQLAlchemy 2 ``Session`` (or ``scoped_session``) or ``Connection``: the check and
           the settle run on its DB-API connection, in its transaction, and on exit the Session
           is flushed and committed (a Connection's transaction committed) by SQLAlchemy. The
@@ -559,6 +577,10 @@ class Attempt:
             self._opening += 1
         try:
             with manager as conn:
+                if given is not None:
+                    # a connection in autocommit mode is put in a transaction first: the
+                    # check's row lock must last until this block's commit
+                    given.prepare()
                 checked_at = runtime.now_ms()
                 if first:
                     owned = port.complete_owned(identity, checked_at, connection=conn)
@@ -636,12 +658,25 @@ class Attempt:
             if taken is not None:  # written, then rolled back: still held for a completion
                 self.effects.restore()
             # also when the commit itself failed: the attempt is then not complete
+            if complete:
+                self._end_completing(False)  # no-op once committed
             with self._lock:
                 self._opening -= 1
                 if holding:
                     self._holding -= 1
-            if complete:
-                self._end_completing(False)  # no-op once committed
+                after: "list[Callable[[], None]]" = []
+                if self._opening == 0:
+                    after, self._after = self._after, []
+            for callback in after:
+                try:
+                    callback()
+                except Exception:  # what waited for this transaction must not break its end
+                    _LOGGER.exception(
+                        "update %s attempt %s: reporting the end of its fenced transaction "
+                        "failed",
+                        self.update_id,
+                        self.attempt,
+                    )
 
     def interrupt_transactions(self) -> int:
         """End this attempt's open fenced transactions on the store's own PostgreSQL

@@ -48,6 +48,10 @@ class CallerConnection(Protocol):
 
     def __exit__(self, kind: Any, error: Any, traceback: Any) -> Optional[bool]: ...
 
+    def prepare(self) -> None:
+        """Before the ownership check: open the transaction where the check's own statement
+        would not (a DB-API connection in autocommit mode)."""
+
     def begin(self) -> None:
         """Make sure a transaction is open after the ownership check."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._outcome import ids
@@ -33,6 +33,11 @@ waits for its own (the lease keeper's last tick, the liveness signal). So
 ``Application.stop()`` returns within ``stop_timeout_seconds`` + 2 s and ``run_polling()``
 within ``stop_timeout_seconds`` + 5 s (then the store's ``close()``), even when the database
 does not answer; ``UpdateIntake.close()`` gives its own store work the same 2 s."""
+
+
+RELEASE_RETRY_SECONDS = 0.5
+"""How long :meth:`Recovery.release` tries again to release a row another short transaction
+locks (a lease renewal in flight) before it leaves the row to its lease (and says so)."""
 
 
 ALONE_WAIT_SECONDS = 10.0
@@ -100,8 +105,11 @@ class Recovery:
 
         Each row becomes claimable now by any process, its attempt not counted as spent; the
         next claim writes a fresh claim id, so these attempts' fenced writes are refused from
-        now on. Every attempt is ended here (no more renewals). Attempts that cannot be
-        released (unfenced, or a store without ``release_many``) wait for their lease.
+        now on. Every attempt is ended here (no more renewals). A row another short
+        transaction locks right now (a lease renewal in flight) is tried again for up to
+        :data:`RELEASE_RETRY_SECONDS`; what is still not released then is logged (a WARNING
+        each) and waits for its lease. Attempts that cannot be released (unfenced, or a store
+        without ``release_many``) wait for their lease.
 
         Returns:
             The number released.
@@ -113,60 +121,57 @@ class Recovery:
             self._keeper.unregister(attempt)
         if not fenced:
             return 0
-        try:
-            released = self._stats.timed(
-                "release",
-                self._port.release_many,
-                [attempt.identity for attempt in fenced],
-                self._options.now_ms(),
-            )
-        except Exception as exc:
-            self._report(exc, "settle")
-            return 0
-        count = 0
-        for attempt, ok in zip(fenced, released):
-            if ok:
-                count += 1
-                attempt.mark_owner_lost()
-                _LOGGER.debug(
-                    "released update %s attempt %s (claim %s)",
-                    attempt.update_id,
-                    attempt.attempt,
-                    attempt.claim_id,
-                    extra=ids(attempt),
-                )
-        if count:
-            self._stats.attempt_ended("released", count)
-            _LOGGER.info("released %d claimed update(s): claimable at once elsewhere", count)
-        return count
+        released, left, failure = self._release_until(
+            fenced, time.monotonic() + RELEASE_RETRY_SECONDS, interrupt=False
+        )
+        self._log_not_released(left, failure)
+        return released
 
     def give_back(self, attempts: Sequence[Attempt], grace: float) -> List[Attempt]:
         """Release the attempts a stop gave up waiting for; their open fenced transactions
         are ended first. Blocking: at most about ``grace`` seconds (plus one store call).
 
-        A row that its attempt's own open fenced transaction locks cannot be released (the
-        release skips locked rows). So the store's own PostgreSQL connections of such
-        transactions are cut (:meth:`Attempt.interrupt_transactions`: rolled back by the
-        server) and the release is tried again until the row is free, the attempt settled, or
-        ``grace`` passed. Each attempt is ended here (no more renewals).
+        A locked row cannot be released (the release skips locked rows, never waits). A row
+        that its attempt's own open fenced transaction locks is freed by cutting the store's
+        own PostgreSQL connections of such transactions
+        (:meth:`Attempt.interrupt_transactions`: rolled back by the server); one that another
+        short transaction locks (a lease renewal in flight, an operator's ``SELECT ... FOR
+        UPDATE``) frees itself. So the release is tried again until the row is free, the
+        attempt settled, or ``grace`` passed. Each attempt is ended here (no more renewals).
 
         Logs what was released (INFO) and, one WARNING each, what was not and that its lease
         covers it. Returns the attempts not released whose update may still be claimed by
         them (their lease runs out by itself).
         """
-        deadline = time.monotonic() + grace
         pending: List[Attempt] = []
         left: List[Attempt] = []
         for attempt in attempts:
             if attempt.result is None:  # not completed nor exhausted
                 (pending if attempt.fenced else left).append(attempt)
             self._keeper.unregister(attempt)
+        failure: Optional[BaseException] = None
+        if pending:
+            _, pending, failure = self._release_until(
+                pending, time.monotonic() + grace, interrupt=True
+            )
+        self._log_not_released(pending + left, failure)
+        return pending + left
+
+    def _release_until(
+        self, attempts: List[Attempt], deadline: float, *, interrupt: bool
+    ) -> Tuple[int, List[Attempt], Optional[BaseException]]:
+        """``release_many`` of ``attempts``, tried again for those whose row was not released
+        while they are not settled, until ``deadline`` (monotonic); with ``interrupt`` their
+        open fenced transactions are ended first. Logs what was released; returns how many,
+        the attempts not released (not settled) and the store error that ended the tries."""
+        pending = attempts
         released = 0
         failure: Optional[BaseException] = None
         while pending:
-            for attempt in pending:
-                if attempt.in_fenced_transaction:
-                    attempt.interrupt_transactions()
+            if interrupt:
+                for attempt in pending:
+                    if attempt.in_fenced_transaction:
+                        attempt.interrupt_transactions()
             try:
                 results = self._stats.timed(
                     "release",
@@ -189,9 +194,11 @@ class Recovery:
                         attempt.claim_id,
                         extra=ids(attempt),
                     )
-                elif attempt.in_fenced_transaction and attempt.result is None:
-                    locked.append(attempt)  # its own transaction still holds the row
-                # else: settled meanwhile (committed), or no longer its claim: nothing to do
+                elif attempt.result is None:
+                    # its own fenced transaction, or another one, still locks the row (or the
+                    # claim is no longer its own, which only its lease can tell): try again
+                    locked.append(attempt)
+                # else: settled meanwhile (committed): nothing to give back
             pending = locked
             if not pending or time.monotonic() >= deadline:
                 break
@@ -201,22 +208,31 @@ class Recovery:
             _LOGGER.info("released %d claimed update(s): claimable at once elsewhere", released)
         if failure is not None:
             self._report(failure, "settle")
-        locked_why = (
-            "its fenced transaction was still open (the row is locked)"
-            if failure is None
-            else "the release failed"
-        )
-        for attempt in pending + left:
+        return released, [attempt for attempt in pending if attempt.result is None], failure
+
+    @staticmethod
+    def _log_not_released(attempts: List[Attempt], failure: Optional[BaseException]) -> None:
+        for attempt in attempts:
+            if not attempt.fenced:
+                why = "an attempt without a claim id cannot be released"
+            elif failure is not None:
+                why = "the release failed"
+            elif attempt.in_fenced_transaction:
+                why = "its fenced transaction was still open (the row is locked)"
+            else:
+                why = (
+                    "its row stayed locked by another transaction, or the claim is no longer "
+                    "its own"
+                )
             _LOGGER.warning(
                 "update %s attempt %s was not released (%s): its lease covers it; it is "
                 "claimable elsewhere from %s",
                 attempt.update_id,
                 attempt.attempt,
-                locked_why if attempt.fenced else "an attempt without a claim id cannot be released",
+                why,
                 clock_text(attempt.proven_until),
                 extra=ids(attempt),
             )
-        return pending + left
 
     def hold_liveness(self) -> Optional[str]:
         """Start holding this process's liveness signal (the store's instance id, if any).

@@ -104,6 +104,9 @@ class FrontEndHooks(NamedTuple):
             sweep; ``body``: the stored text the attempt was claimed with, when known).
             :obj:`None`: the next sweep takes every retry.
         running_count: Attempts whose handler runs now (bounds the claims at ingest).
+        left_running_count: Handlers (threads or tasks) that passed their attempt timeout or
+            the stop, were let go and still run (their attempts ended): a gauge for
+            :class:`Stats`.
         executor: The store threads for blocking store work from asyncio
             (``Attempt.run_in_transaction`` and friends) while the front end runs;
             :obj:`None`: :func:`asyncio.to_thread`.
@@ -111,6 +114,7 @@ class FrontEndHooks(NamedTuple):
 
     retry_soon: Optional[Callable[[int, float, Optional[str]], None]] = None
     running_count: Callable[[], int] = _none_running
+    left_running_count: Callable[[], int] = _none_running
     executor: Callable[[], Optional[StoreHop]] = _no_executor
 
 
@@ -430,8 +434,9 @@ class Runtime:
         Returns the outcome and the :class:`~ptb_fence.Exhaustion` to deliver, if any. The
         caller then calls :meth:`end`.
         """
-        outcome, exhaustion = self._settle(attempt, error)
-        self._count_ended([outcome], error)
+        outcome, exhaustion, decided = self._settle(attempt, error)
+        if decided:  # otherwise counted once its open fenced transaction ends
+            self._count_ended([outcome], error)
         return outcome, exhaustion
 
     def _count_ended(
@@ -446,17 +451,17 @@ class Runtime:
 
     def _settle(
         self, attempt: Attempt, error: Optional[BaseException]
-    ) -> "tuple[Outcome, Optional[Exhaustion]]":
+    ) -> "tuple[Outcome, Optional[Exhaustion], bool]":
         # a renewal refused from now on may just be this settle landing first: the settle's
         # own result decides whether the owner was lost (renewals continue meanwhile)
         attempt.begin_settling()
         if attempt.exhausted:
             attempt.drop_effects("the attempt was exhausted")
-            return Outcome.EXHAUSTED, self._exhaustion_of(attempt)
+            return Outcome.EXHAUSTED, self._exhaustion_of(attempt), True
         if error is None:
-            return self.settle_completed(attempt), None
+            return self.settle_completed(attempt), None, True
         attempt.drop_effects("the attempt failed: its retry queues its own calls")
-        return self.settle_failed(attempt, error)
+        return self._settle_failed(attempt, error)
 
     def settle_completed(self, attempt: Attempt) -> Outcome:
         """Settle a successful attempt as completed; fire ``owner_lost`` if it did not land."""
@@ -518,15 +523,23 @@ class Runtime:
         Returns the outcome and, when the attempt was exhausted with an exhaustion handler,
         the :class:`~ptb_fence.Exhaustion` to deliver.
         """
+        outcome, exhaustion, _ = self._settle_failed(attempt, error)
+        return outcome, exhaustion
+
+    def _settle_failed(
+        self, attempt: Attempt, error: BaseException
+    ) -> "tuple[Outcome, Optional[Exhaustion], bool]":
+        # the third value: whether the outcome is decided (and reported) now; False when it
+        # waits for a fenced transaction still open, which reports and counts it as it ends
         if attempt.exhausted:
-            return Outcome.EXHAUSTED, self._exhaustion_of(attempt)
+            return Outcome.EXHAUSTED, self._exhaustion_of(attempt), True
         if attempt.in_fenced_transaction:
             # e.g. attempt_timeout_seconds passed while the handler's fenced transaction was
             # still open on a thread (it cannot be stopped): its commit may still complete the
             # attempt; a failure settle would wait for its lock anyway
             self._wait_for_transactions(attempt)
         if attempt.completed:
-            return self._completed_then_failed(attempt, error)
+            return self._completed_then_failed(attempt, error) + (True,)
         options = self.options
         delay: Optional[float] = None
         if attempt.attempt < options.max_attempts and isinstance(error, StateConflictError):
@@ -574,14 +587,18 @@ class Runtime:
         except Exception as exc:
             self.report_store_error(exc, "settle", ids=ids(attempt))
             landed = False
-        if not landed and attempt.completed:  # its completing transaction committed meanwhile
-            return self._completed_then_failed(attempt, error)
-        retrying = outcome == Outcome.RETRYING
         if not landed:
-            attempt.mark_owner_lost()
-            retrying = True
-            outcome = Outcome.LOST
-            exhaustion = None
+            if attempt.after_transactions(lambda: self._transaction_decided(attempt, error)):
+                # its fenced transaction is still open (it outlasted the wait above), and may
+                # hold the row: the settle was refused because of it (on PostgreSQL a lapsed
+                # lease fails the settle's condition before it would wait for the row lock).
+                # Whether the attempt completed is known only when it ends: reported then.
+                return Outcome.LOST, None, False
+            if attempt.completed:  # its completing transaction committed meanwhile
+                return self._completed_then_failed(attempt, error) + (True,)
+            self._report_lost(attempt, error)
+            return Outcome.LOST, None, True
+        retrying = outcome == Outcome.RETRYING
         what: str = outcome.value
         if outcome == Outcome.RETRYING:
             what = f"retry scheduled in {format_duration(delay or 0.0)}"
@@ -597,17 +614,39 @@ class Runtime:
                         f" (runs at the next sweep, within "
                         f"{format_duration(options.sweep_every_seconds)})"
                     )
+        self._report_failure(attempt, error, outcome, what, retrying)
+        return outcome, exhaustion, True
+
+    def _report_failure(
+        self, attempt: Attempt, error: BaseException, outcome: Outcome, what: str, retrying: bool
+    ) -> None:
         log = _LOGGER.warning if retrying else _LOGGER.error
         log(
             "update %s attempt %s failed (%s): %s",
             attempt.update_id,
             attempt.attempt,
             what,
-            text,
+            error_text(error),
             extra=dict(ids(attempt), outcome=outcome.value),
         )
         self._observe("on_failure", error, attempt, retrying)
-        return outcome, exhaustion
+
+    def _report_lost(self, attempt: Attempt, error: BaseException) -> None:
+        """The failure settle did not land: the attempt lost its update (the lease and the
+        sweep take it over)."""
+        attempt.mark_owner_lost()
+        self._report_failure(attempt, error, Outcome.LOST, Outcome.LOST.value, True)
+
+    def _transaction_decided(self, attempt: Attempt, error: BaseException) -> None:
+        """The fenced transaction that was open when the failure settle was refused has
+        ended: report (and count) the attempt as completed if it committed its completion,
+        else as lost."""
+        if attempt.completed:
+            outcome, _ = self._completed_then_failed(attempt, error)
+        else:
+            self._report_lost(attempt, error)
+            outcome = Outcome.LOST
+        self._count_ended([outcome], error)
 
     def _wait_for_transactions(self, attempt: Attempt) -> None:
         """Wait (at most ``lease_seconds``) until no fenced transaction of ``attempt`` is open."""
@@ -1020,12 +1059,19 @@ class Runtime:
 
         First makes the claims of provably dead processes claimable
         (:meth:`Recovery.take_over_dead <ptb_fence.runtime._recovery.Recovery.take_over_dead>`), so they are among
-        them."""
+        them, and under ``strict_chat_order`` keys the rows recorded without a chat key
+        (:meth:`StoreChatOrder.key_recorded_since
+        <ptb_fence.runtime._store_chat_order.StoreChatOrder.key_recorded_since>`) before and
+        after listing."""
         self.recovery.take_over_dead()
         now = self.options.now_ms()
         grace = 0 if include_fresh else int(self.options.pending_grace_seconds * 1000)
         if self.options.strict_chat_order:  # only updates whose chat's turn it is
-            return list(
+            chat_order = self.chat_order
+            # what a process without the option recorded since the last sweep gets its
+            # chat's key first, so that it is listed only in its chat's turn
+            chat_order.key_recorded_since()
+            rows = list(
                 self.stats.timed(
                     "sweep",
                     self.port.due_in_chat_order,
@@ -1034,6 +1080,11 @@ class Runtime:
                     limit=limit,
                 )
             )
+            # and what it recorded meanwhile (a row without a key is always listed as in
+            # turn) gets its key before these rows are claimed: the claim checks the turn
+            # again, in its one statement, and refuses a listed row that is not in turn
+            chat_order.key_recorded_since()
+            return rows
         return list(
             self.stats.timed(
                 "sweep", self.port.due, now=now, pending_before=now - grace, limit=limit
@@ -1095,6 +1146,7 @@ class Runtime:
             running=self._hooks.running_count(),
             claims_held=len(self.keeper.active()),
             now_ms=self.options.now_ms(),
+            left_running=self._hooks.left_running_count(),
         )
 
     def health(self) -> Health:

@@ -145,6 +145,13 @@ class Stats:
             (:meth:`~ptb_fence.OutboxStore.outbox_counts`: ``pending``, ``sending``,
             ``sent``, ``failed``, ``failed_acknowledged``) as of :attr:`figures_read_at`
             (gauges; :obj:`None`: no outbox, or not read yet).
+        handlers_left_running (:obj:`int`): Handlers let go while they still run (gauge): a
+            blocking :class:`~ptb_fence.UpdateIntake` handler's worker thread stuck past
+            ``attempt_timeout_seconds``, or an asyncio handler task that ignored its
+            cancellation (at the attempt timeout or the stop). Their attempts ended (fenced
+            writes refused, no lease renewal); they are not in :attr:`attempts_running`. A
+            stuck thread no longer counts against ``max_concurrent``, but only
+            ``max_concurrent`` of them are replaced.
     """
 
     updates_recorded: int
@@ -169,6 +176,7 @@ class Stats:
     calls_failed: int = 0
     calls_retried: int = 0
     outbox: Optional[Mapping[str, int]] = None
+    handlers_left_running: int = 0
 
 
 class _Histogram:
@@ -382,9 +390,11 @@ class RuntimeStats:
         return self._last_renewal_tick
 
     # -- the snapshot -----------------------------------------------------------------------
-    def snapshot(self, *, running: int, claims_held: int, now_ms: int) -> Stats:
-        """The figures now (``running``, ``claims_held``: the front end's gauges; ``now_ms``:
-        the runtime's clock, for the age of the oldest unsettled update)."""
+    def snapshot(
+        self, *, running: int, claims_held: int, now_ms: int, left_running: int = 0
+    ) -> Stats:
+        """The figures now (``running``, ``claims_held``, ``left_running``: the front end's
+        gauges; ``now_ms``: the runtime's clock, for the age of the oldest unsettled update)."""
         with self._lock:
             figures = self._figures
             oldest_age: Optional[float] = None
@@ -399,6 +409,7 @@ class RuntimeStats:
                 attempts_ended=types.MappingProxyType(dict(self._attempts_ended)),
                 attempts_running=running,
                 claims_held=claims_held,
+                handlers_left_running=left_running,
                 lease_renewal_failures=self._renewal_failures,
                 store_errors=types.MappingProxyType(dict(self._store_errors)),
                 handler_seconds=self._handler.snapshot(),

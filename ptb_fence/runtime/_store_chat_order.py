@@ -84,20 +84,62 @@ class StoreChatOrder:
         their key, so a backlog left unkeyed would run beside its chat's later updates. Rows
         of no chat stay without one. A store without ``unkeyed_in_chats``/``set_chat_keys``
         gets a WARNING instead; a store error is reported (step ``"sweep"``) and the rows not
-        keyed yet stay unordered.
+        keyed yet stay unordered (the next sweep tries again: :meth:`key_recorded_since`).
         """
         if not self._options.strict_chat_order:
             return 0
-        port = self._port
-        if not port.keys_chats:
+        if not self._port.keys_chats:
             _LOGGER.warning(
                 "strict_chat_order: %s has no unkeyed_in_chats/set_chat_keys, so updates "
                 "recorded without a chat key (by a process without strict_chat_order, or "
                 "before it was turned on) are not kept in order; let such a backlog drain "
                 "before relying on the order",
-                type(port.store).__name__,
+                type(self._port.store).__name__,
             )
             return 0
+        keyed = self._key_all()
+        if keyed:
+            _LOGGER.warning(
+                "strict_chat_order: %d update(s) recorded without a chat key (by a process "
+                "without strict_chat_order, or before it was turned on) now have their chat's "
+                "key and are kept in order; a process still running without the option "
+                "records more, which the sweeps key in turn",
+                keyed,
+            )
+        return keyed
+
+    def key_recorded_since(self) -> int:
+        """Under ``strict_chat_order``, at each sweep, before it lists the due updates: key
+        the rows recorded without a chat key since the last time (by a process still running
+        without the option beside this one, e.g. during a rolling switch), as
+        :meth:`key_unkeyed` does at start; returns how many, with a WARNING when there are
+        any. So a sweep never hands such a row over out of its chat's order. The process
+        without the option still runs what it claims itself unordered, and a row it records
+        is ordered only from the next sweep of a process with it (within
+        ``sweep_every_seconds``): every process sharing the table must use the option.
+
+        One indexed read of the unsettled rows without a key (usually none; rows of no chat
+        are read again each time) and nothing else; a store error is reported (step
+        ``"sweep"``).
+        """
+        if not (self._options.strict_chat_order and self._port.keys_chats):
+            return 0
+        keyed = self._key_all()
+        if keyed:
+            _LOGGER.warning(
+                "strict_chat_order: %d update(s) were recorded without a chat key since the "
+                "last sweep: a process without strict_chat_order records into this table "
+                "(every process sharing it must use the option). They now have their chat's "
+                "key and are kept in order here; that process runs the updates it claims "
+                "itself without regard to their chat's order",
+                keyed,
+            )
+        return keyed
+
+    def _key_all(self) -> int:
+        """Key every unsettled row without a chat key that belongs to a chat (pages of
+        :data:`KEYING_PAGE`, one commit each); returns how many were keyed."""
+        port = self._port
         keyed = 0
         after: Optional[int] = None
         try:
@@ -115,14 +157,6 @@ class StoreChatOrder:
                 after = rows[-1].update_id
         except Exception as exc:
             self._report(exc, "sweep")
-        if keyed:
-            _LOGGER.warning(
-                "strict_chat_order: %d update(s) recorded without a chat key (by a process "
-                "without strict_chat_order, or before it was turned on) now have their chat's "
-                "key and are kept in order; a process still running without the option "
-                "records more, unordered",
-                keyed,
-            )
         return keyed
 
     def successor(

@@ -12,9 +12,10 @@ polling (``sendMessage`` with its text and inline keyboard). ``!button DATA`` pr
 with that callback data (or text) of the last inline keyboard the bot showed in the chat
 (``@42 !button DATA`` in chat 42). Ctrl-C or SIGTERM stops it (exit status 0).
 
-Update ids start at the milliseconds since the epoch when it started (``--first-update-id`` to
-choose), so a bot that keeps its database across runs of ``serve`` takes each run's messages for
-new updates, not for redeliveries of the previous run's.
+Update ids are unique per run (from the milliseconds since the epoch, counted within
+1000000000..1999999999 as FakeBotApi does; ``--first-update-id`` to choose), so a bot that keeps
+its database across runs of ``serve`` takes each run's messages for new updates, not for
+redeliveries of the previous run's.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import json
 import signal
 import sys
 import threading
-import time
 import urllib.error
 from types import FrameType
 from typing import Any, Optional, Sequence, TextIO
@@ -87,8 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--first-update-id", type=_update_id, default=None, metavar="ID",
-        help="the first update's id (default: milliseconds since the epoch, so each run's ids "
-        "are above the previous run's and a kept database does not take them for "
+        help="the first update's id (default: from the milliseconds since the epoch, so "
+        "each run has ids of its own and a kept database does not take them for "
         "redeliveries)",
     )
     return parser
@@ -256,12 +256,12 @@ def _read_stdin(server: _Server, stream: TextIO) -> None:
 
 def serve(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     """Run ``serve`` until SIGINT/SIGTERM; the exit status."""
-    first_update_id = (
-        args.first_update_id if args.first_update_id is not None else int(time.time() * 1000)
-    )
     try:
+        # without --first-update-id, FakeBotApi's run-unique default (from the milliseconds
+        # since the epoch): a bot whose database outlives this run takes the next run's
+        # messages for new ones
         fake = FakeBotApi(
-            args.token, host=args.host, port=args.port, first_update_id=first_update_id
+            args.token, host=args.host, port=args.port, first_update_id=args.first_update_id
         )
     except ValueError as exc:
         print(f"serve: error: {exc}", file=sys.stderr)
@@ -289,7 +289,7 @@ def serve(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         server.say(f"  python examples/polling_sqlite.py --base-url {fake.base_url}")
         if fake.token != DEFAULT_TOKEN:
             server.say(f"  (with TELEGRAM_BOT_TOKEN={fake.token})")
-        server.say(f"update ids start at {first_update_id}")
+        server.say(f"update ids start at {fake.first_update_id}")
         if not args.no_stdin:
             server.say(
                 f"type a message and press Enter to send it from chat {args.chat_id} "

@@ -38,6 +38,41 @@ _TOKEN_RE = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")
 _LONG_POLL_MAX_TIMEOUT = 50.0  # the Bot API clamps getUpdates' timeout to [0, 50]
 _POLL_SLICE = 0.05  # wait_until re-evaluates its predicate at least this often
 
+
+class _RunIds:
+    """Where a :class:`FakeBotApi` without ``first_update_id`` starts numbering updates: the
+    milliseconds since the epoch counted within 1000000000..1999999999 (see :meth:`first`),
+    and above every id a fake of this process has assigned.
+
+    A bot's store outlives the fake server (a script run twice, a test that starts a second
+    fake against the same file): ids that restarted at a fixed number would be taken for
+    redeliveries of the previous run's updates and dropped. The clock keeps the runs of
+    different processes apart (unless one run used more ids than milliseconds passed before
+    the next); the floor keeps apart the fakes of one process however quickly they follow each
+    other. The range is Telegram's: its update ids stay below 2000000000 (32 bits), and a
+    user's 32-bit ``update_id`` column (PostgreSQL ``INTEGER``) must take the fake's too. The
+    count wraps every 11.6 days; a run that lands on the ids a kept store recorded that many
+    days earlier is as unlikely as a few thousand ids out of a thousand million.
+    """
+
+    __slots__ = ()
+
+    _lock = threading.Lock()
+    _floor = 0  # above every update id a FakeBotApi of this process assigned itself
+
+    @classmethod
+    def first(cls) -> int:
+        """The first id of a new fake: ``10**9 + (milliseconds since the epoch) % 10**9``,
+        raised to the floor."""
+        with cls._lock:
+            return max(10**9 + int(time.time() * 1000) % 10**9, cls._floor)
+
+    @classmethod
+    def used(cls, update_id: int) -> None:
+        with cls._lock:
+            if update_id >= cls._floor:
+                cls._floor = update_id + 1
+
 # Parameters that are strings in the Bot API. PTB sends form fields JSON-encoded except strings,
 # which it sends raw; these are kept as they are even when they look like JSON ("123").
 _STRING_PARAMS = frozenset(
@@ -339,10 +374,14 @@ class FakeBotApi:
         token: The bot token the server accepts (``"<digits>:<letters, digits, _ or ->"``).
         host: The interface to listen on.
         port: The TCP port; ``0`` picks a free one.
-        first_update_id: The id :meth:`inject` gives the first update that has none. Each
-            :class:`FakeBotApi` starts there again: a bot whose store outlives it takes a new
-            one's updates for redeliveries unless this differs (``python -m ptb_fence.testing
-            serve`` starts at the milliseconds since the epoch for that reason).
+        first_update_id: The id :meth:`inject` gives the first update that has none. By
+            default the milliseconds since the epoch when the server was made, counted within
+            1000000000..1999999999 (Telegram's ids fit 32 bits), and above every id an
+            earlier :class:`FakeBotApi` of this process assigned: each run has ids of its own,
+            so a bot whose store outlives the fake (a database kept across runs) takes a new
+            run's updates for new ones. Message ids start at 1 in every chat each time, so
+            with a fixed first id (say ``1000``, for assertions on exact ids) a kept store
+            takes the new run's messages for redeliveries of the old run's and drops them.
 
     Attributes:
         on_confirm: Called in the server thread with the ids a ``getUpdates`` offset is about to
@@ -351,7 +390,9 @@ class FakeBotApi:
             :attr:`hook_errors`, nothing is confirmed and that ``getUpdates`` answers 500.
 
     Raises:
-        ValueError: If the token does not look like a bot token.
+        ValueError: If the token does not look like a bot token, or ``first_update_id`` is
+            below 1.
+        TypeError: If ``first_update_id`` is neither an int nor :obj:`None`.
     """
 
     __slots__ = (
@@ -363,6 +404,7 @@ class FakeBotApi:
         "_dropped",
         "_epoch",
         "_failures",
+        "_first_update_id",
         "_hook_errors",
         "_host",
         "_keyboards",
@@ -387,14 +429,18 @@ class FakeBotApi:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
-        first_update_id: int = 1000,
+        first_update_id: int | None = None,
     ) -> None:
         if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):
             raise ValueError(
                 f"token {token!r} does not look like a bot token; use '<digits>:<secret>', "
                 "e.g. '123456:TEST-TOKEN'"
             )
-        if first_update_id < 1:
+        if first_update_id is None:
+            first_update_id = _RunIds.first()
+        elif isinstance(first_update_id, bool) or not isinstance(first_update_id, int):
+            raise TypeError(f"first_update_id must be an int or None, not {first_update_id!r}")
+        elif first_update_id < 1:
             raise ValueError("first_update_id must be >= 1 (offset 0 means 'no offset')")
         self._token = token
         self._host = host
@@ -406,6 +452,7 @@ class FakeBotApi:
         self._epoch = 0
         self._version = 0
         self._poll_generation = 0
+        self._first_update_id = first_update_id
         self._next_update_id = first_update_id
         self._pending: dict[int, dict[str, Any]] = {}
         self._confirmed: set[int] = set()
@@ -523,6 +570,12 @@ class FakeBotApi:
         return f"{self.url}/file/bot"
 
     @property
+    def first_update_id(self) -> int:
+        """The id the first update without one got (or gets): ``first_update_id``, or the
+        run-unique default chosen when the server was made."""
+        return self._first_update_id
+
+    @property
     def bot_user(self) -> dict[str, Any]:
         """The ``User`` dict ``getMe`` returns (id from the token)."""
         return make_bot_user(self._bot_id(), get_me=True)
@@ -554,7 +607,7 @@ class FakeBotApi:
         # Caller holds self._cond.
         update_id = body.get("update_id")
         if update_id is None:
-            update_id = self._next_update_id
+            update_id = self._take_update_id()
             body["update_id"] = update_id
         elif isinstance(update_id, bool) or not isinstance(update_id, int) or update_id < 1:
             raise ValueError(f"update_id must be a positive int, not {update_id!r}")
@@ -615,9 +668,11 @@ class FakeBotApi:
         )
 
     def _take_update_id(self) -> int:
-        # Caller holds self._cond. An id handed out is never handed out again, queued or not.
+        # Caller holds self._cond. An id handed out is never handed out again, queued or not
+        # (nor by a later fake of this process; ids the caller chose do not count there).
         update_id = self._next_update_id
         self._next_update_id += 1
+        _RunIds.used(update_id)
         return update_id
 
     def inject_callback_query(
@@ -643,7 +698,7 @@ class FakeBotApi:
             if message_id is None:
                 message_id = self._message_ids.get(chat_id) or self._next_message_id(chat_id)
             update = make_callback_query_update(
-                self._next_update_id,
+                self._take_update_id(),
                 chat_id,
                 data,
                 bot_id=self._bot_id(),

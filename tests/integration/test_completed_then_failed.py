@@ -8,7 +8,10 @@ failed or ran out of time.
   exception (the user may have missed a reply), the traceback goes to DEBUG, and the user's
   error handlers still get the exception.
 - ``attempt_timeout_seconds`` passes while the completing transaction is still in ``fn``: the
-  update completes once and that is what is reported (no ``on_failure``, no "failed" log).
+  update completes once and that is what is reported (no ``on_failure``, no "failed" log, the
+  stats count one completed attempt) — also when ``fn`` outlasts the lease, so the failure
+  settle is refused while the transaction is still open (on PostgreSQL the refused settle does
+  not even wait for the row lock: the lapsed lease already fails its condition).
 
 Real PTB Applications against FakeBotApi and real ``UpdateIntake`` s, on a SQLite file and on
 the real PostgreSQL.
@@ -37,6 +40,10 @@ KINDS = ["sqlite", "postgres"]
 SLOW_LEASE = {**FAST, "lease_seconds": 5.0}
 """A lease longer than the transactions kept open past the attempt timeout (which is the only
 limit these tests reach)."""
+SHORT_LEASE = {**FAST, "lease_seconds": 1.0}
+"""A lease shorter than the completing transaction: the runtime's wait for it (bounded by the
+lease) ends while it is still open, and the failure settle that follows is refused."""
+LEASES = {"fn-within-lease": (SLOW_LEASE, 1.5), "fn-outlasts-lease": (SHORT_LEASE, 3.0)}
 
 
 def _states(store: Any) -> Dict[int, Tuple[str, int]]:
@@ -64,6 +71,10 @@ def _failures_logged(records: List[logging.LogRecord]) -> List[str]:
     return [r.getMessage() for r in records
             if r.name.startswith("ptb_fence") and r.levelno >= logging.WARNING
             and " failed (" in r.getMessage()]
+
+
+def _ended(stats: Any) -> Dict[str, int]:
+    return {name: count for name, count in stats.attempts_ended.items() if count}
 
 
 @pytest.mark.parametrize("store_kind", KINDS)
@@ -125,6 +136,51 @@ def test_ptb_handler_raising_after_its_completion_is_reported_once(
     assert sorted(type(r.exc_info[1]).__name__ for r in tracebacks) == ["AttemptFinished", "NetworkError"]
     if error_handler:
         assert sorted(type(e).__name__ for e in seen_by_error_handler) == ["AttemptFinished", "NetworkError"]
+    assert _ended(processor.stats()) == {"completed": 2}
+
+
+@pytest.mark.parametrize("store_kind", KINDS)
+def test_ptb_a_later_handler_group_raising_after_the_completion_is_reported_once(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handler of group 0 completes the update; a handler of group 1 (e.g. analytics)
+    then raises: the same single WARNING, no retry, no on_failure, counted completed."""
+    caplog.set_level(logging.DEBUG, logger="ptb_fence")
+    runs: List[int] = []
+    failures: List[Any] = []
+
+    async def completes(update: Update, context: Any) -> None:
+        runs.append(update.update_id)
+        await context.attempt.run_in_transaction(_nothing, complete=True)
+
+    async def later(update: Update, context: Any) -> None:
+        raise NetworkError("Bad Gateway")
+
+    processor = FencedUpdateProcessor(
+        store, **FAST, retry=lambda error, n: 0.05,
+        on_failure=lambda error, attempt, retrying: failures.append(error),
+    )
+
+    async def main() -> int:
+        with FakeBotApi() as fake:
+            app = build(processor, fake)
+            app.add_handler(MessageHandler(filters.TEXT, completes), group=0)
+            app.add_handler(MessageHandler(filters.TEXT, later), group=1)
+            async with polling(app):
+                update_id = fake.inject_message(chat_id=1, text="hello")
+                await wait_for("completed", lambda: _states(store).get(update_id, ("",))[0]
+                               == "completed", 15)
+                await wait_for("the attempt counted", lambda: _ended(processor.stats()), 10)
+                await asyncio.sleep(0.3)  # a retry (there must be none) would start by now
+            return update_id
+
+    update_id = run(main(), 40)
+    assert _states(store)[update_id] == ("completed", 1)
+    assert runs == [update_id] and failures == []
+    assert _failures_logged(caplog.records) == []
+    (record,) = _completed_then(caplog.records, update_id)
+    assert "then the handler raised NetworkError: Bad Gateway" in record.getMessage()
+    assert _ended(processor.stats()) == {"completed": 1}
 
 
 @pytest.mark.parametrize("store_kind", KINDS)
@@ -167,13 +223,16 @@ def test_intake_handler_raising_after_its_completion_is_reported_once(
                   and r.name.startswith("ptb_fence")]
     assert sorted(type(r.exc_info[1]).__name__ for r in tracebacks) == ["AttemptFinished", "NetworkError"]
     assert isinstance([r for r in tracebacks if "update 2" in r.getMessage()][0].exc_info[1], AttemptFinished)
+    assert _ended(intake.stats()) == {"completed": 2}
 
 
 @pytest.mark.parametrize("store_kind", KINDS)
+@pytest.mark.parametrize("lease", list(LEASES))
 def test_ptb_timeout_inside_a_completing_transaction_reports_the_completion(
-    store: Any, caplog: pytest.LogCaptureFixture
+    store: Any, lease: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="ptb_fence")
+    options, seconds = LEASES[lease]
     runs: List[int] = []
     replied: List[int] = []
     failures: List[Any] = []
@@ -181,12 +240,12 @@ def test_ptb_timeout_inside_a_completing_transaction_reports_the_completion(
     async def handler(update: Update, context: Any) -> None:
         runs.append(update.update_id)
         # still in fn when attempt_timeout_seconds passes; the transaction commits after
-        await context.attempt.run_in_transaction(lambda conn: (_nothing(conn), time.sleep(1.5)),
-                                                 complete=True)
+        await context.attempt.run_in_transaction(
+            lambda conn: (_nothing(conn), time.sleep(seconds)), complete=True)
         replied.append(update.update_id)
 
     processor = FencedUpdateProcessor(
-        store, **SLOW_LEASE, attempt_timeout_seconds=0.5, retry=lambda error, n: 0.05,
+        store, **options, attempt_timeout_seconds=0.5, retry=lambda error, n: 0.05,
         on_failure=lambda error, attempt, retrying: failures.append((error, retrying)),
     )
 
@@ -197,6 +256,7 @@ def test_ptb_timeout_inside_a_completing_transaction_reports_the_completion(
             async with polling(app):
                 slow = fake.inject_message(chat_id=1, text="slow")
                 await wait_for("completed", lambda: _states(store).get(slow, ("",))[0] == "completed", 15)
+                await wait_for("the attempt counted", lambda: _ended(processor.stats()), 10)
                 await asyncio.sleep(0.5)  # a retry (there must be none) would start by now
             return slow
 
@@ -208,13 +268,16 @@ def test_ptb_timeout_inside_a_completing_transaction_reports_the_completion(
     (record,) = _completed_then(caplog.records, slow)
     assert "attempt_timeout_seconds=0.5" in record.getMessage()
     assert "not retried" in record.getMessage()
+    assert _ended(processor.stats()) == {"completed": 1}
 
 
 @pytest.mark.parametrize("store_kind", KINDS)
+@pytest.mark.parametrize("lease", list(LEASES))
 def test_intake_timeout_inside_a_completing_transaction_reports_the_completion(
-    store: Any, caplog: pytest.LogCaptureFixture
+    store: Any, lease: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="ptb_fence")
+    options, seconds = LEASES[lease]
     runs: List[int] = []
     failures: List[Any] = []
     after = threading.Event()
@@ -223,11 +286,11 @@ def test_intake_timeout_inside_a_completing_transaction_reports_the_completion(
         runs.append(update["update_id"])
         with attempt.transaction(complete=True) as conn:
             _nothing(conn)
-            time.sleep(1.5)  # attempt_timeout_seconds passes here
+            time.sleep(seconds)  # attempt_timeout_seconds passes here
         after.set()
 
     intake = UpdateIntake(
-        store, handle_attempt=handle, **SLOW_LEASE, attempt_timeout_seconds=0.5,
+        store, handle_attempt=handle, **options, attempt_timeout_seconds=0.5,
         retry=lambda error, n: 0.05,
         on_failure=lambda error, attempt, retrying: failures.append((error, retrying)),
     )
@@ -235,6 +298,7 @@ def test_intake_timeout_inside_a_completing_transaction_reports_the_completion(
         intake.accept(_body(1, 1, "slow"))
         wait_sync("completed", lambda: _states(store).get(1, ("",))[0] == "completed", 15)
         wait_sync("the handler returned", after.is_set, 10)
+        wait_sync("the attempt counted", lambda: _ended(intake.stats()), 10)
         time.sleep(0.3)  # a retry (there must be none) would start by now
         assert intake.idle(10)
     assert _states(store) == {1: ("completed", 1)}
@@ -243,3 +307,4 @@ def test_intake_timeout_inside_a_completing_transaction_reports_the_completion(
     assert _failures_logged(caplog.records) == []
     (record,) = _completed_then(caplog.records, 1)
     assert "attempt_timeout_seconds=0.5" in record.getMessage()
+    assert _ended(intake.stats()) == {"completed": 1}

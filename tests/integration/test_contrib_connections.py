@@ -286,6 +286,75 @@ def test_unknown_objects_are_a_type_error_naming_what_is_accepted(
     assert env.state(46) == "completed"
 
 
+# -- a block that writes nothing, and AUTOCOMMIT engines ---------------------------------------
+def _dict_store() -> Any:
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "custom_store.py"
+    spec = importlib.util.spec_from_file_location("ptb_fence_example_custom_store", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.DictUpdateStore()
+
+
+@pytest.mark.parametrize("store_of", ["its-store", "dict-store"])
+@pytest.mark.parametrize("isolation", ["default", "AUTOCOMMIT"])
+@pytest.mark.parametrize("given", ["session", "connection"])
+def test_a_block_that_writes_nothing_completes_through_sqlalchemy(
+    env: Env, intakes: List[UpdateIntake], store_of: str, isolation: str, given: str
+) -> None:
+    """A Session's or Connection's block that only reads, only runs DDL or runs nothing
+    completes on its first attempt like one that writes, whatever the store (SQLite or
+    PostgreSQL, whose ``owns`` runs on the caller's connection, or one whose ``owns`` does not)
+    and also on an engine in AUTOCOMMIT mode: the write is committed together with the
+    completion, never left in a transaction nobody commits."""
+    engine = env.engine
+    if isolation == "AUTOCOMMIT":
+        engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+    store = env.store if store_of == "its-store" else _dict_store()
+    branches = {51: "select", 52: "ddl", 53: "nothing", 54: "write"}
+    ddl = f"CREATE TABLE IF NOT EXISTS ddl_{env.Booking.__tablename__} (x INTEGER)"
+    seen: Dict[int, Any] = {}
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        uid = update["update_id"]
+        branch = branches[uid]
+        opened = Session(engine) if given == "session" else engine.connect()
+        with opened as conn:
+            try:
+                with attempt.transaction(connection=conn, complete=True) as tx:
+                    if branch == "select":
+                        tx.execute(sa.select(1)).all()
+                    elif branch == "ddl":
+                        tx.execute(sa.text(ddl))
+                    elif branch == "write":
+                        tx.execute(sa.insert(env.Booking).values(update_id=uid,
+                                                                 attempt=attempt.attempt))
+            except Exception as exc:
+                seen[uid] = f"{type(exc).__name__}: {exc}"
+                raise
+            seen[uid] = attempt.completed
+
+    clock = FakeClock()
+    intake = UpdateIntake(store, clock=clock, handle_attempt=handle_attempt)
+    intakes.append(intake)
+    intake.start()
+    for uid in branches:
+        intake.accept(body(uid))
+    assert intake.idle(20)
+    assert seen == {uid: True for uid in branches}, seen
+    if store_of == "its-store":
+        assert [env.state(uid) for uid in branches] == ["completed"] * 4
+    else:
+        assert [store._rows[uid].state for uid in branches] == ["completed"] * 4
+    env.engine.dispose()  # a transaction left open on a pooled connection is rolled back
+    assert env.bookings() == [(54, 1)]  # committed, seen from a new connection
+
+
 # -- psycopg 3 --------------------------------------------------------------------------------
 @pytest.mark.parametrize("autocommit", [False, True])
 @pytest.mark.parametrize("how", ["commit", "rollback", "nothing"])

@@ -130,6 +130,13 @@ def fake() -> Any:
         yield server
 
 
+@pytest.fixture
+def fake_from_1000() -> Any:
+    """A fake with deterministic update ids (1000, 1001, ...) for tests that name them."""
+    with FakeBotApi(first_update_id=1000) as server:
+        yield server
+
+
 # ----------------------------------------------------------------------------- real PTB
 
 
@@ -405,7 +412,8 @@ def test_ptb_other_exception_from_update_queue_put_kills_polling_silently(
 # ----------------------------------------------------------------------------- raw HTTP
 
 
-def test_get_updates_offset_confirms_limit_and_timeout(fake: FakeBotApi) -> None:
+def test_get_updates_offset_confirms_limit_and_timeout(fake_from_1000: FakeBotApi) -> None:
+    fake = fake_from_1000
     ids = [fake.inject({"message": {"text": str(i)}}) for i in range(5)]
     assert ids == [1000, 1001, 1002, 1003, 1004]
 
@@ -573,9 +581,10 @@ def test_fail_next_counts_and_forms(fake: FakeBotApi) -> None:
 def test_inject_validation_and_ids() -> None:
     with pytest.raises(ValueError, match="token"):
         FakeBotApi("not-a-token")
-    fake = FakeBotApi()
+    fake = FakeBotApi(first_update_id=1000)  # deterministic ids, below the explicit one
     with pytest.raises(RuntimeError, match="start"):
         _ = fake.base_url
+    assert fake.first_update_id == 1000
     assert fake.inject({"update_id": 5000, "message": {}}) == 5000
     assert fake.inject({}) == 5001  # later ids continue above an explicit one
     with pytest.raises(ValueError, match="already pending"):
@@ -587,6 +596,31 @@ def test_inject_validation_and_ids() -> None:
         fake.inject({"x": object()})
     assert fake.wait_confirmed([5000], timeout=0.1) is False
     assert fake.wait_for_sent(1, timeout=0.1) is False
+    for bad_first in (0, -1):
+        with pytest.raises(ValueError, match="first_update_id must be >= 1"):
+            FakeBotApi(first_update_id=bad_first)
+
+
+def test_update_ids_are_unique_per_run_by_default() -> None:
+    """Without ``first_update_id`` a fake numbers updates from the milliseconds since the
+    epoch, counted within 1000000000..1999999999 (Telegram's range: a 32-bit ``update_id``
+    column takes them), and above every id an earlier fake of this process assigned, however
+    soon it follows; message ids restart at 1 in each (so a kept store needs the update ids
+    to differ)."""
+    before = int(time.time() * 1000)
+    first = FakeBotApi()
+    after = int(time.time() * 1000)
+    if before % 10**9 <= after % 10**9:  # not across the 11.6-day wrap
+        assert 10**9 + before % 10**9 <= first.first_update_id
+    assert 10**9 <= first.first_update_id < 2 * 10**9
+    used = [first.inject_message(1, f"m{i}") for i in range(50)]
+    second = FakeBotApi()  # made within the same millisecond, most likely
+    assert second.first_update_id > max(used)
+    assert second.inject_message(1, "again") > max(used)
+    built = second.new_message_update(1, "x")
+    assert built["message"]["message_id"] == 2  # message ids are per fake and chat
+    third = FakeBotApi()
+    assert third.first_update_id > built["update_id"]  # built ones count too
 
 
 def test_update_builders_parse_as_ptb_updates() -> None:

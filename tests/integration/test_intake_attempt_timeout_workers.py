@@ -78,6 +78,8 @@ def test_hung_blocking_handlers_do_not_eat_the_worker_pool(
         # other chats are handled although three worker threads are stuck
         wait_sync("the other chats handled", lambda: sorted(handled) == others, 30)
         assert intake.idle(10)
+        stats = intake.stats()
+        assert (stats.handlers_left_running, stats.attempts_running) == (3, 0), stats
         assert hung_runs == [1, 2, 3]
         assert [(type(e), n, r) for e, n, r in failures] == [
             (AttemptTimeout, 1, True), (AttemptTimeout, 2, True), (AttemptTimeout, 3, False)]
@@ -98,6 +100,7 @@ def test_hung_blocking_handlers_do_not_eat_the_worker_pool(
         intake.close(10)
     # the stuck threads returned and close() ended every worker
     wait_sync("the stuck threads returned", lambda: not _workers(before), 10)
+    assert intake.stats().handlers_left_running == 0
     assert any("returned" in r.getMessage() and "0 worker thread(s) still stuck" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
 

@@ -170,10 +170,16 @@ def _run_branch(conn: Any, branch: str, table: str, mark: str, values: Tuple[int
         ("dict", "psycopg2"),
         ("dict", "psycopg2-autocommit"),
         ("dict", "psycopg2-autocommit-begun"),
+        ("dict", "psycopg"),
+        ("dict", "psycopg-autocommit"),
         ("sqlite", "sqlite3"),
+        ("sqlite", "sqlite3-autocommit"),
         ("sqlite", "own"),
         ("postgres", "psycopg2"),
+        ("postgres", "psycopg2-autocommit"),
         ("postgres", "psycopg2-autocommit-begun"),
+        ("postgres", "psycopg"),
+        ("postgres", "psycopg-autocommit"),
         ("postgres", "own"),
     ],
 )
@@ -183,14 +189,17 @@ def test_a_fenced_block_that_writes_nothing_completes(
     """A handler whose fenced block only reads, only runs DDL or runs nothing completes on its
     first attempt, like one that writes: whatever the store (one whose ``owns`` ignores the
     caller's connection, SQLite, PostgreSQL) and whatever the connection (the caller's sqlite3
-    connection in its default mode, psycopg2 with or without autocommit — in autocommit mode
-    also with a transaction the caller began —, the store's own)."""
+    connection in its default mode or with ``isolation_level=None``, psycopg2 or psycopg 3 with
+    or without autocommit — in autocommit mode also with a transaction the caller began —, the
+    store's own). A connection in autocommit mode with no transaction open is put in one before
+    the ownership check, which on PostgreSQL needs it for its row lock."""
     if store_kind == "dict":
         store: Any = _example_module().DictUpdateStore()
     else:
         store = new_store(store_kind, request, str(tmp_path / "updates.db"))
-    postgres = connection_kind.startswith("psycopg2") or store_kind == "postgres"
+    postgres = connection_kind.startswith("psycopg") or store_kind == "postgres"
     if postgres:
+        import psycopg
         import psycopg2
 
         dsn = request.getfixturevalue("pg_dsn")
@@ -199,8 +208,11 @@ def test_a_fenced_block_that_writes_nothing_completes(
         mark = "%s"
 
         def connect() -> Any:
+            autocommit = "-autocommit" in connection_kind
+            if connection_kind.split("-")[0] == "psycopg":  # psycopg 3
+                return psycopg.connect(dsn, autocommit=autocommit)
             conn = psycopg2.connect(dsn)
-            conn.autocommit = connection_kind.startswith("psycopg2-autocommit")
+            conn.autocommit = autocommit
             return conn
 
         def open_connection() -> Any:
@@ -216,6 +228,8 @@ def test_a_fenced_block_that_writes_nothing_completes(
         mark = "?"
 
         def connect() -> Any:
+            if connection_kind == "sqlite3-autocommit":
+                return sqlite3.connect(path, timeout=10, isolation_level=None)
             return sqlite3.connect(path, timeout=10)  # the default (deferred, legacy) mode
 
         open_connection = connect

@@ -246,3 +246,38 @@ def test_unconfirmed_batch_fetched_again_after_restart_is_not_handled_again(tmp_
     assert Counter(uid for uid, added in store.adds if added) == Counter(ids)
     assert Counter(uid for uid, added in store.adds if not added) == Counter(ids)
     assert {uid: rows(path)[uid][:2] for uid in ids} == {uid: ("completed", 1) for uid in ids}
+
+
+def test_a_store_that_outlives_its_fake_bot_api_handles_the_next_ones_messages(
+    tmp_path: Any,
+) -> None:
+    """A bot whose SQLite file outlives a FakeBotApi (a script run twice, each run with a new
+    fake server) handles the second run's message. Each run's fake numbers messages from 1 in
+    chat 1, so with update ids that restarted too the second run's ``/book 12:00`` would have
+    the first run's update id and fingerprint and be dropped as a redelivery."""
+    path = str(tmp_path / "kept.db")
+    handled: List[str] = []
+
+    async def one_run(slot: str) -> None:
+        store = SQLiteUpdateStore(path)
+        try:
+            with FakeBotApi() as fake:
+                processor = FencedUpdateProcessor(store, **FAST)
+                app = build(processor, fake)
+
+                async def on_message(update: Update, context: Any) -> None:
+                    handled.append(update.message.text)
+
+                app.add_handler(MessageHandler(filters.TEXT, on_message))
+                async with polling(app):
+                    update_id = fake.inject_message(chat_id=1, text=f"/book {slot}")
+                    await wait_for(f"/book {slot} handled or dropped",
+                                   lambda: f"/book {slot}" in handled
+                                   or update_id in fake.confirmed_update_ids, 10)
+                    await asyncio.sleep(0.3)  # a dropped one is confirmed and never handled
+        finally:
+            store.close()
+
+    run(one_run("10:00"))
+    run(one_run("12:00"))
+    assert handled == ["/book 10:00", "/book 12:00"], rows(path)

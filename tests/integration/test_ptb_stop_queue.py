@@ -155,3 +155,48 @@ def test_stop_handles_a_queued_update_whose_handler_fails(
                 assert seen["received"] == "done"
 
     run(main(), timeout=120)
+
+
+@pytest.mark.parametrize("processor_kind", sorted(PROCESSORS))
+def test_the_memory_store_keeps_what_put_accepted_during_and_after_a_stop(
+    processor_kind: str,
+) -> None:
+    """``put`` accepted an update while ``stop()`` ran, and another after it returned: the
+    memory store still has both (the process lives on), and the next ``start()`` of the same
+    Application handles them with the one queued before the stop."""
+    from ptb_fence import MemoryUpdateStore
+
+    store = MemoryUpdateStore()
+    handled: Dict[int, int] = {}
+
+    async def on_message(update: Update, context: Any) -> None:
+        if update.update_id == 1:
+            await asyncio.sleep(1.0)  # the stop waits for it: update 2 is put meanwhile
+        handled[update.update_id] = handled.get(update.update_id, 0) + 1
+
+    async def main() -> None:
+        with FakeBotApi() as fake:
+            processor = PROCESSORS[processor_kind](
+                store, stop_timeout_seconds=30, sweep_every_seconds=0.1,
+                pending_grace_seconds=0.1, lease_seconds=2.0,
+            )
+            app = build(processor, fake)
+            app.add_handler(MessageHandler(filters.TEXT, on_message))
+            async with app:
+                await app.start()
+                await app.update_queue.put(_update(app, 1, 1, "first"))
+                stopping = asyncio.create_task(app.stop())
+                await asyncio.sleep(0.3)
+                assert not stopping.done()
+                await app.update_queue.put(_update(app, 2, 2, "during the stop"))
+                await stopping
+                assert handled == {1: 1}, handled
+                await app.update_queue.put(_update(app, 3, 3, "after the stop"))
+                await app.start()
+                deadline = time.monotonic() + 30
+                while sorted(handled) != [1, 2, 3] and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                await app.stop()
+            assert handled == {1: 1, 2: 1, 3: 1}, handled
+
+    run(main(), timeout=90)

@@ -123,3 +123,48 @@ def test_blocking_handler_past_the_attempt_timeout_is_abandoned_and_its_writes_r
     assert [(u, a) for u, a, _ in domain_rows(path)] == [(1, 2), (2, 1)]
     assert rows(path)[1][:2] == ("completed", 2)
     store.close()
+
+
+def test_a_handler_ignoring_its_cancellation_is_counted_as_left_running(tmp_path: Any) -> None:
+    """Past ``attempt_timeout_seconds`` and the cancel grace, a handler task that swallows its
+    cancellation is let go: ``stats().handlers_left_running`` counts it (not
+    ``attempts_running``) until it ends."""
+    path, store = _store(tmp_path)
+    let_go = asyncio.Event()
+    ended: List[int] = []
+
+    async def handler(update: Update, context: Any) -> None:
+        attempt = context.attempt
+        if attempt.attempt == 1:
+            while not let_go.is_set():  # a cleanup that swallows every cancellation
+                try:
+                    await let_go.wait()
+                except asyncio.CancelledError:
+                    pass
+            ended.append(update.update_id)
+            return
+        await attempt.run_in_transaction(lambda conn: None, complete=True)
+
+    processor = FencedUpdateProcessor(
+        store, **FAST, attempt_timeout_seconds=0.3, retry=lambda error, n: 0.05,
+    )
+
+    async def main() -> None:
+        with FakeBotApi() as fake:
+            app = build(processor, fake)
+            app.add_handler(MessageHandler(filters.TEXT, handler))
+            async with polling(app):
+                assert processor.stats().handlers_left_running == 0
+                stubborn = fake.inject_message(chat_id=1, text="stubborn")
+                # the retry completes while the first attempt's task still runs
+                await wait_for("the retry completed",
+                               lambda: rows(path).get(stubborn, ("",))[0] == "completed", 15)
+                stats = processor.stats()
+                assert stats.handlers_left_running == 1, stats
+                assert stats.attempts_running == 0, stats
+                let_go.set()
+                await wait_for("the stubborn task ended", lambda: ended == [stubborn], 10)
+                assert processor.stats().handlers_left_running == 0
+
+    run(main(), 40)
+    store.close()

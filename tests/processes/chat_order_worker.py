@@ -3,7 +3,7 @@ strict_chat_order handling the pending rows of a shared store, logging each hand
 interval.
 
 Usage: ``chat_order_worker.py KIND TARGET TABLE LOG [--lax] [--hold SECONDS] [--go FILE]
-[--accept FILE --block]``
+[--accept FILE --block] [--until COUNT]``
 
 KIND is ``sqlite`` (TARGET a file; LOG another SQLite file) or ``postgres`` (TARGET a DSN; LOG
 a table name in the same database). The handler writes ``(update_id, chat, pid, started,
@@ -12,7 +12,9 @@ ended)`` (``time.time()``) after it ran. The process exits once no row of TABLE 
 ``--go`` it prints ``ready`` once built and starts the intake only when FILE exists (so that
 several processes start together). With ``--accept`` it starts, records the update bodies of
 FILE (a JSON list) through ``UpdateIntake.accept``, prints ``recorded`` and, with ``--block``,
-handles none of them to the end (its handlers block until the process is killed).
+handles none of them to the end (its handlers block until the process is killed). With
+``--until`` it prints ``started`` once the intake started and exits only once TABLE holds at least
+COUNT rows, none of them unsettled (a process started before the updates are recorded).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def main() -> int:
     parser.add_argument("--go")
     parser.add_argument("--accept")
     parser.add_argument("--block", action="store_true")
+    parser.add_argument("--until", type=int, default=0)
     args = parser.parse_args()
     local = threading.local()
 
@@ -55,10 +58,11 @@ def main() -> int:
         def unsettled() -> int:
             conn = sqlite3.connect(args.target, timeout=30)
             try:
-                return int(conn.execute(
-                    f'SELECT count(*) FROM "{args.table}" '
-                    "WHERE state IN ('pending', 'processing', 'failed')"
-                ).fetchone()[0])
+                waiting, total = conn.execute(
+                    "SELECT count(*) FILTER (WHERE state IN ('pending', 'processing', 'failed')), "
+                    f'count(*) FROM "{args.table}"'
+                ).fetchone()
+                return int(waiting) + max(0, args.until - int(total))
             finally:
                 conn.close()
     else:
@@ -79,10 +83,11 @@ def main() -> int:
             try:
                 with conn.cursor() as cur:
                     cur.execute(
-                        f'SELECT count(*) FROM "{args.table}" '
-                        "WHERE state IN ('pending', 'processing', 'failed')"
+                        "SELECT count(*) FILTER (WHERE state IN ('pending', 'processing', "
+                        f"'failed')), count(*) FROM \"{args.table}\""
                     )
-                    return int(cur.fetchone()[0])
+                    waiting, total = cur.fetchone()
+                    return int(waiting) + max(0, args.until - int(total))
             finally:
                 conn.close()
 
@@ -109,6 +114,8 @@ def main() -> int:
         while not os.path.exists(args.go) and time.monotonic() < wait:
             time.sleep(0.01)
     intake.start()
+    if args.until:
+        print("started", flush=True)
     if args.accept:
         with open(args.accept) as handle_file:
             for text in json.load(handle_file):

@@ -116,6 +116,8 @@ def main(args: argparse.Namespace) -> None:
         with attempt.transaction(complete=True) as conn:
             conn.cursor().execute(insert, (update_id, attempt.attempt, attempt.claim_id, pid))
             if args.txn and text == args.txn:
+                if args.fork_in_txn:
+                    fork_child(args.dir, pid)
                 touch(os.path.join(args.dir, f"in_txn.{update_id}.{pid}"))
                 time.sleep(args.txn_seconds)  # the fenced transaction stays open meanwhile
 

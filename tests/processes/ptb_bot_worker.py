@@ -115,6 +115,8 @@ async def main(args: argparse.Namespace) -> Any:
             cur = conn.cursor()
             cur.execute(insert, (update.update_id, attempt.attempt, attempt.claim_id, pid))
             if args.txn and update.message.text == args.txn:
+                if args.fork_in_txn:
+                    fork_child(args.dir, pid)
                 touch(os.path.join(args.dir, f"in_txn.{update.update_id}.{pid}"))
                 time.sleep(args.txn_seconds)  # the fenced transaction stays open meanwhile
 

@@ -52,6 +52,20 @@ def record_pending(store: Any) -> Dict[int, int]:
     return chats
 
 
+def expect(proc: "subprocess.Popen[bytes]", *markers: bytes) -> None:
+    """Read ``proc``'s output up to each of ``markers`` in turn (whole lines); lines between
+    them (log records on the merged stderr) are skipped; the end of the output fails."""
+    assert proc.stdout is not None
+    seen: List[bytes] = []
+    for marker in markers:
+        while True:
+            line = proc.stdout.readline()
+            assert line, f"the output ended before {marker!r}: {seen}"
+            seen.append(line)
+            if line.strip() == marker:
+                break
+
+
 def run_workers(kind: str, target: str, table: str, log: str, go: str, *extra: str) -> List[str]:
     """Two worker processes, started together once both are built; their outputs."""
     procs = [
@@ -64,9 +78,7 @@ def run_workers(kind: str, target: str, table: str, log: str, go: str, *extra: s
     ]
     try:
         for proc in procs:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            assert line.strip() == b"ready", line
+            expect(proc, b"ready")
         Path(go).touch()
         outputs = [proc.communicate(timeout=70)[0].decode(errors="replace") for proc in procs]
     finally:
@@ -91,9 +103,7 @@ def record_without_chat_keys(kind: str, target: str, table: str, log: str, tmp_p
         stderr=subprocess.STDOUT,
     )
     try:
-        assert proc.stdout is not None
-        lines = [proc.stdout.readline() for _ in range(2)]
-        assert [line.strip() for line in lines] == [b"ready", b"recorded"], lines
+        expect(proc, b"ready", b"recorded")
     finally:
         proc.kill()
         proc.wait(timeout=30)
@@ -106,6 +116,49 @@ def switch_to_strict(kind: str, target: str, table: str, log: str, tmp_path: Pat
     # handlers long enough for the two processes to overlap on one chat if they could
     outputs = run_workers(kind, target, table, log, str(tmp_path / "go"), "--hold", "0.02")
     return [json.dumps(chats), *outputs]
+
+
+def switch_while_a_lax_process_runs(
+    kind: str, target: str, table: str, log: str, tmp_path: Path
+) -> Tuple[Dict[int, int], List[str]]:
+    """A rolling switch: two processes with strict_chat_order run already (nothing to key when
+    they start), then a process still without the option records CHATS x PER_CHAT updates
+    (ids interleaved across chats) through ``UpdateIntake.accept``, claims the first of some
+    chats (its handlers block) and is killed (SIGKILL). The strict processes handle all of
+    it. Returns ``{update_id: chat}`` and the strict processes' outputs."""
+    chats = {1000 + n: 500 + n % CHATS for n in range(CHATS * PER_CHAT)}
+    bodies = tmp_path / "bodies.json"
+    bodies.write_text(json.dumps([body(u, chat) for u, chat in chats.items()]))
+    strict = [
+        subprocess.Popen(
+            [sys.executable, WORKER, kind, target, table, log, "--hold", "0.02",
+             "--until", str(len(chats))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for _ in range(2)
+    ]
+    lax = None
+    try:
+        for proc in strict:
+            expect(proc, b"ready", b"started")
+        lax = subprocess.Popen(
+            [sys.executable, WORKER, kind, target, table, log, "--lax", "--block", "--accept",
+             str(bodies)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        expect(lax, b"ready", b"recorded")
+        lax.kill()
+        lax.wait(timeout=30)
+        outputs = [proc.communicate(timeout=70)[0].decode(errors="replace") for proc in strict]
+    finally:
+        for proc in strict + ([lax] if lax is not None else []):
+            if proc.poll() is None:
+                proc.kill()
+    for proc, out in zip(strict, outputs):
+        assert proc.returncode == 0, out
+    return chats, outputs
 
 
 def check(intervals: List[Tuple[int, int, int, float, float]], chats: Dict[int, int]) -> None:
@@ -215,6 +268,58 @@ def test_a_lax_backlog_is_ordered_after_the_switch_on_postgresql(
             intervals = cur.fetchall()
         check(intervals, chats)
         assert "recorded without a chat key" in "".join(outputs), outputs
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f'DROP TABLE IF EXISTS "{log}"')
+        conn.close()
+
+
+def test_updates_a_lax_process_records_after_the_switch_are_ordered_on_sqlite(
+    tmp_path: Path,
+) -> None:
+    """A process without strict_chat_order still runs beside two that have it (a rolling
+    switch): what it records has no chat key, and the strict processes key it at their next
+    sweep, so each chat's updates still run one at a time in update_id order across both, and
+    the strict processes say (WARNING) that a process without the option records into the
+    table."""
+    target = str(tmp_path / "shared.sqlite3")
+    log = str(tmp_path / "log.sqlite3")
+    conn = sqlite3.connect(log)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("CREATE TABLE intervals (update_id, chat, pid, started, ended)")
+    conn.commit()
+    conn.close()
+    chats, outputs = switch_while_a_lax_process_runs(
+        "sqlite", target, "telegram_updates", log, tmp_path
+    )
+    check(sqlite_intervals(log), chats)
+    assert "without strict_chat_order records into" in "".join(outputs), outputs
+
+
+def test_updates_a_lax_process_records_after_the_switch_are_ordered_on_postgresql(
+    pg_dsn: str, pg_table: str, tmp_path: Path
+) -> None:
+    """As on SQLite, on PostgreSQL."""
+    import psycopg2
+
+    log = pg_table + "_log"
+    conn = psycopg2.connect(pg_dsn)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f'DROP TABLE IF EXISTS "{log}"')
+            cur.execute(
+                f'CREATE TABLE "{log}" (update_id BIGINT, chat BIGINT, pid INT, '
+                "started DOUBLE PRECISION, ended DOUBLE PRECISION)"
+            )
+        chats, outputs = switch_while_a_lax_process_runs(
+            "postgres", pg_dsn, pg_table, log, tmp_path
+        )
+        with conn.cursor() as cur:
+            cur.execute(f'SELECT * FROM "{log}"')
+            intervals = cur.fetchall()
+        check(intervals, chats)
+        assert "without strict_chat_order records into" in "".join(outputs), outputs
     finally:
         with conn.cursor() as cur:
             cur.execute(f'DROP TABLE IF EXISTS "{log}"')

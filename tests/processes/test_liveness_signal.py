@@ -8,7 +8,8 @@
   once under ``strict_chat_order``). A later SIGKILL of the same process is still taken over
   within seconds (it held its signal again).
 - A process that forked a long-lived child (``multiprocessing``, fork start method) is taken
-  over within seconds of its SIGKILL: the child does not keep its liveness signal.
+  over within seconds of its SIGKILL: the child does not keep its liveness signal, nor the
+  fenced transaction the parent had open when it was killed.
 """
 
 from __future__ import annotations
@@ -117,6 +118,41 @@ def test_a_forked_child_does_not_keep_its_killed_parent_alive(bots: Bots, bed: B
         bots.stop_all()
     written = _exactly_once(bed, [hang])
     assert written[hang][0][3] == other.pid
+
+
+def test_a_forked_child_does_not_keep_its_killed_parents_transaction_open(
+    bots: Bots, bed: Bed
+) -> None:
+    """The handler forks the child inside its open fenced transaction (a helper started from
+    a handler), then the parent is SIGKILLed with the transaction still open (the update's row
+    locked by it): the child's copy of that connection must not keep the transaction and its
+    row lock alive, or the update could be neither taken over nor claimed after its lease
+    while the child lives."""
+    with FakeBotApi() as fake:
+        other = bots.spawn(fake, bed.url, bed.table, bed.domain, *DEFAULTS)
+        bots.wait_ready(other)
+        parent = bots.spawn(fake, bed.url, bed.table, bed.domain, "--poll", *DEFAULTS,
+                            "--txn", "txn", "--txn-seconds", "3600", "--fork-in-txn")
+        bots.wait_ready(parent)
+        update = fake.inject_message(chat_id=9, text="txn")
+        wait_sync("the fenced transaction to be open",
+                  lambda: os.path.exists(os.path.join(bots.dir, f"in_txn.{update}.{parent.pid}")),
+                  20)
+        with open(os.path.join(bots.dir, f"child.{parent.pid}"), encoding="utf-8") as file:
+            child = int(file.read())
+        try:
+            bots.kill(parent)
+            killed = time.monotonic()
+            os.kill(child, 0)  # the child lives on
+            _all_handled(bots, bed, [update], TAKEOVER_BOUND, "the other process takes over")
+            took = time.monotonic() - killed
+            assert took < TAKEOVER_BOUND, took
+            os.kill(child, 0)
+        finally:
+            _kill(child)
+        bots.stop_all()
+    written = _exactly_once(bed, [update])
+    assert written[update][0][3] == other.pid
 
 
 def _kill(pid: int) -> None:

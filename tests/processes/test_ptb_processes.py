@@ -206,6 +206,79 @@ def test_a_retry_that_matches_no_handler_after_a_restart_is_a_warning(tmp_path: 
     assert f"update {stray} " not in warnings[0]
 
 
+@pytest.mark.parametrize("how", ["kill", "freeze"])
+def test_a_takeover_that_matches_no_handler_is_a_warning_in_the_other_process(
+    pg_dsn: str, pg_table: str, pg_tables: List[str], tmp_path: Any, bots: Bots, how: str
+) -> None:
+    """Two ConversationHandler bots (state per process) share PostgreSQL. The one that polls
+    handles ``/book`` and starts the conversation's second step; then it is SIGKILLed (the
+    other process finds it dead and takes its claim over: attempt 1, given back) or frozen
+    past its lease (SIGSTOP: the other process takes the lapsed lease over: attempt 2). In the
+    other process the update matches no handler, as the conversation began in the first, and
+    is settled completed: that process logs it once at WARNING, with the hint that per-process
+    conversation or persistence state may be stale."""
+    import psycopg2
+
+    from ptb_fence import PostgresUpdateStore
+
+    domain = fresh_table_name()
+    pg_tables.append(domain)
+    PostgresUpdateStore(pg_dsn, pg_table).close()  # schema
+    conn = psycopg2.connect(pg_dsn)
+    conn.autocommit = True
+
+    def query(sql: str) -> List[Any]:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+            return list(cur.fetchall())
+
+    def row(update_id: int) -> Tuple[str, int]:
+        found = query(f"SELECT state, attempts FROM {pg_table} WHERE update_id = {update_id}")
+        return (str(found[0][0]), int(found[0][1])) if found else ("", 0)
+
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE {domain} (update_id BIGINT, attempt INT, claim_id TEXT, pid INT)")
+    # killed: a lease far longer than finding a dead process takes (about 3 s on PostgreSQL),
+    # so only the dead-process path can explain the takeover; frozen: a lease of 1 s to lapse
+    lease = "15" if how == "kill" else "1"
+    try:
+        with FakeBotApi() as fake:
+            receiver = bots.spawn(fake, pg_dsn, pg_table, domain, "--poll", "--conversation",
+                                  "--hang", "10:00", "--lease", lease)
+            other = bots.spawn(fake, pg_dsn, pg_table, domain, "--conversation")  # no polling
+            bots.wait_ready(receiver, other)
+            book = fake.inject_message(chat_id=1, text="/book")
+            wait_sync("/book completed", lambda: row(book)[0] == "completed", 20)
+            chosen = fake.inject_message(chat_id=1, text="10:00")
+            wait_sync("the second step to start in the receiver",
+                      lambda: receiver.pid in bots.started(chosen), 20)
+            if how == "kill":
+                bots.kill(receiver)
+            else:
+                receiver.send_signal(signal.SIGSTOP)
+            try:
+                wait_sync("the other process to settle the step",
+                          lambda: row(chosen)[0] == "completed", 25)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{row(chosen)}\n{bots.output()}") from None
+            if how == "freeze":
+                bots.kill(receiver)  # SIGKILL ends a stopped process too
+            bots.stop_all()
+        assert other.returncode == 0, bots.output()
+        assert row(chosen) == ("completed", 1 if how == "kill" else 2)
+        assert bots.started(chosen) == [receiver.pid]  # no handler ran in the other process
+        assert query(f"SELECT update_id FROM {domain}") == []
+    finally:
+        conn.close()
+    with open(os.path.join(bots.dir, f"log.{other.pid}"), encoding="utf-8") as file:
+        log = file.read()
+    warnings = [line for line in log.splitlines() if " WARNING " in line and "no handler" in line]
+    assert len(warnings) == 1, log
+    assert f"update {chosen} attempt {1 if how == 'kill' else 2}" in warnings[0], warnings
+    assert "stale" in warnings[0] and "conversation" in warnings[0], warnings
+    assert "taken over" in warnings[0], warnings
+
+
 def test_two_processes_share_postgres_and_take_over_a_killed_receiver(
     pg_dsn: str, pg_table: str, pg_tables: List[str], tmp_path: Any, bots: Bots
 ) -> None:

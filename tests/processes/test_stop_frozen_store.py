@@ -6,7 +6,9 @@ exactly as a frozen server or a network partition would (its TCP peer accepts an
 server-side ``statement_timeout`` cannot help), without touching the shared server. SIGTERM arrives
 while handlers run and claimed updates wait: the process must exit within ``stop_timeout_seconds``
 plus the stated margin. Then the proxy thaws, and a second bot handles every update (after the short
-lease, or at once once the dead process's liveness is gone), each exactly once.
+lease, or at once once the dead process's liveness is gone), each exactly once. Also when new
+updates arrive during the partition: recording them waits for the silent server when SIGTERM
+comes; they were not confirmed to Telegram, so the next process gets them.
 """
 
 from __future__ import annotations
@@ -151,3 +153,36 @@ def test_sigterm_while_postgres_does_not_answer_exits_in_bounded_time(
         # running); BOUND, the bound for a silent store, holds for any store, plus 5 s of load
         _stop(bots, second, signal.SIGTERM, BOUND + 5)
     _exactly_once(bed, ids)
+
+
+def test_sigterm_while_postgres_does_not_answer_and_updates_arrive_exits_in_bounded_time(
+    bots: Bots, bed: Bed, proxy: FreezableProxy
+) -> None:
+    """The partition begins, then new updates arrive: recording them waits for the silent
+    server (the process holds them, unconfirmed) when SIGTERM comes. The stop is bounded all
+    the same; Telegram (the fake) still has the unrecorded updates, so the next process gets
+    them after the thaw."""
+    options = ("--lease", "4", "--sweep", "0.5", "--grace", "0.5", "--max-concurrent", "2",
+               "--slow", "slow", "--slow-seconds", "1.5", "--stop-timeout", str(STOP_TIMEOUT))
+    with FakeBotApi() as fake:
+        ids = [fake.inject_message(chat_id=1 + i, text="slow" if i < 2 else f"m{i}") for i in range(4)]
+        first = bots.spawn(fake, _through(bed.url, proxy.port), bed.table, bed.domain,
+                           "--run-polling", *options)
+        bots.wait_ready(first)
+        wait_sync("the slow handlers running",
+                  lambda: all(first.pid in bots.started(u) for u in ids[:2]), 20)
+        proxy.freeze()
+        late = [fake.inject_message(chat_id=10 + i, text=f"late {i}") for i in range(3)]
+        # the long poll hands the late updates over at once; recording them then waits for
+        # the silent server
+        time.sleep(2.0)
+        took = _stop(bots, first, signal.SIGTERM, BOUND)
+        assert took < BOUND, took
+        assert not fake.confirmed_update_ids & set(late), "confirmed but never recorded"
+        proxy.thaw()
+        second = bots.spawn(fake, bed.url, bed.table, bed.domain, "--run-polling", *options)
+        bots.wait_ready(second)
+        _all_handled(bots, bed, ids + late, 30, "every update handled after the thaw")
+        _stop(bots, second, signal.SIGTERM, BOUND + 5)
+        print(f"SIGTERM to exit with a recording waiting for the silent server: {took:.2f} s")
+    _exactly_once(bed, ids + late)

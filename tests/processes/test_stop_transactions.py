@@ -182,3 +182,61 @@ def test_close_with_a_timeout_during_an_open_fenced_transaction_releases_the_upd
     finally:
         first_store.close()
         second_store.close()
+
+
+def _wait_log(bots: Bots, pid: int, text: str, within: float) -> None:
+    wait_sync(f"{text!r} in the log of {pid}",
+              lambda: any(text in line for line in _log_lines(bots, pid)), within)
+
+
+@pytest.mark.parametrize("held", ["briefly", "past the stop"])
+def test_sigterm_while_another_transaction_locks_the_running_update_s_row(
+    bots: Bots, bed: Bed, held: str
+) -> None:
+    """At the stop's deadline the running update's row is locked by someone else's short
+    transaction (a renewal in flight, an operator's ``SELECT ... FOR UPDATE``): the release
+    skips a locked row. Held briefly, the stop tries again and releases it (the next process
+    handles it at once, the stopped attempt not counted). Held past the stop, the row is not
+    released and the log says so, with the lease's end; never silence, never "released"."""
+    import psycopg2
+
+    with FakeBotApi() as fake:
+        slow = fake.inject_message(chat_id=1, text="slow")
+        first = bots.spawn(fake, bed.url, bed.table, bed.domain, "--run-polling", *DEFAULTS,
+                           "--slow", "slow", "--slow-seconds", "60", "--stop-timeout", "1")
+        bots.wait_ready(first)
+        wait_sync("the slow handler running", lambda: first.pid in bots.started(slow), 20)
+        locker = psycopg2.connect(bed.url)
+        try:
+            with locker.cursor() as cur:  # a transaction of its own, left open
+                cur.execute(f"SELECT state FROM {bed.table} WHERE update_id = %s FOR UPDATE",  # noqa: S608
+                            (slow,))
+                assert cur.fetchone()[0] == "processing"
+            first.send_signal(signal.SIGTERM)
+            # the stop's deadline passed: it gives the running update back now
+            _wait_log(bots, first.pid, "handler(s) still running", 20)
+            if held == "briefly":
+                import time
+
+                time.sleep(0.3)
+                locker.rollback()
+            first.wait(1 + 8)
+        finally:
+            locker.close()
+        assert first.returncode == 0, bots.output()
+        lines = _log_lines(bots, first.pid)
+        released = [line for line in lines if "released" in line and "not released" not in line]
+        not_released = [line for line in lines if f"update {slow} attempt 1 was not released" in line]
+        if held == "briefly":
+            assert released and not not_released, "\n".join(lines)
+            _nothing_leased(bots, bed)
+            second = bots.spawn(fake, bed.url, bed.table, bed.domain, "--run-polling", *DEFAULTS)
+            bots.wait_ready(second)
+            _all_handled(bots, bed, [slow], 20, "the released update handled at once")
+            _stop(bots, second, signal.SIGTERM, 15)
+            written = _exactly_once(bed, [slow])
+            assert written[slow][0][1] == 1, written  # released: the stopped attempt not spent
+        else:
+            assert not released, "\n".join(lines)
+            assert len(not_released) == 1 and "lease covers it" in not_released[0], "\n".join(lines)
+            assert bed.states()[slow] == "processing"  # left to its lease, as the log says

@@ -376,6 +376,98 @@ def test_a_forked_child_does_not_end_its_parents_postgres_session(
         assert parent.instance == instance
 
 
+@pytest.mark.timeout(30)
+def test_a_forked_child_leaves_its_parents_postgres_transaction_alone(
+    pg_dsn: str, pg_tables: List[str]
+) -> None:
+    """A child forked inside a transaction of the store, whose code then ends that transaction
+    too (as a raw ``os.fork()`` child falling out of the ``with`` block would), does not end or
+    write the parent's session; the child's store opens connections of its own."""
+    from ptb_fence import PostgresUpdateStore
+
+    table = fresh_table_name()
+    pg_tables.append(table)
+    with PostgresUpdateStore(pg_dsn, table=table) as parent:
+        parent.add(1, "x", 0)
+        with parent.transaction() as conn:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                backend = cur.fetchone()[0]
+                cur.execute(f"UPDATE {table} SET body = 'parent' WHERE update_id = 1")  # noqa: S608
+            pid = os.fork()
+            if pid == 0:
+                import psycopg2
+
+                code = 1
+                try:
+                    parent.add(2, "child", 0)
+                    code = 3
+                    try:
+                        conn.commit()  # on the inherited connection: must not reach the server
+                    except psycopg2.Error:
+                        code = 0
+                    conn.close()
+                    parent.close()
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0  # 3: the child committed for it
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                assert cur.fetchone()[0] == backend, "the child ended the parent's session"
+            conn.rollback()  # the parent's choice: nothing of its transaction was committed
+        bodies = dict(
+            (u.update_id, u.body) for u in parent.due(now=1, pending_before=1, limit=5))
+        assert bodies == {1: "x", 2: "child"}
+
+
+@pytest.mark.timeout(90)
+def test_postgres_takeover_skips_a_row_that_a_lingering_session_locks(
+    pg_dsn: str, pg_tables: List[str]
+) -> None:
+    """A dead instance's row can stay locked after the process is gone: a session the server
+    keeps (a dead host's connection until TCP gives up, a child's copy of a connection the
+    store could not know of, e.g. a caller's own). The takeover takes the other rows at once
+    without waiting for that one, keeps the instance listed, and takes the row once the lock
+    is gone; other processes' checks are not held up meanwhile."""
+    import threading
+
+    import psycopg2
+
+    from ptb_fence.stores.postgres._sql import BEAT_STALE_MS
+
+    table = fresh_table_name()
+    pg_tables.append(table)
+    where = Where("postgres", pg_dsn, table)
+    ids = range(800, 800 + COUNT)
+    proc, instance = start_worker(where, ids[0])
+    lingering = psycopg2.connect(pg_dsn)  # stands for the session that outlives the process
+    try:
+        with lingering.cursor() as cur:
+            cur.execute(f"SELECT 1 FROM {table} WHERE update_id = %s FOR UPDATE", (ids[0],))  # noqa: S608
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        with where.store() as store:
+            found: List[int] = []
+
+            def check() -> None:
+                found.append(until(lambda: store.take_over_dead(now=now_ms()),
+                                   BEAT_STALE_MS / 1000 + 10))
+
+            checking = threading.Thread(target=check, daemon=True)
+            checking.start()
+            checking.join(BEAT_STALE_MS / 1000 + 20)
+            assert not checking.is_alive(), "the takeover waited for the locked row"
+            assert found == [COUNT - 1]
+            assert instance in where.instances(), "forgotten with a row still to take over"
+            lingering.rollback()
+            assert until(lambda: store.take_over_dead(now=now_ms()), 10.0) == 1
+            assert instance not in where.instances()
+            assert all(i is not None for i in claim_all(store, ids))  # every row claimable
+    finally:
+        lingering.close()
+
+
 def instance_key_u32(instance: str) -> int:
     from ptb_fence.stores.postgres._sql import instance_key
 

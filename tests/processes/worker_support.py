@@ -59,6 +59,11 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         "pid is written to DIR/child.<pid>",
     )
     parser.add_argument(
+        "--fork-in-txn",
+        action="store_true",
+        help="the --txn messages fork that child inside their open fenced transaction",
+    )
+    parser.add_argument(
         "--crash", default="", help="text of messages whose handler SIGKILLs its own process"
     )
 

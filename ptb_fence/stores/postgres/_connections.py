@@ -1,12 +1,26 @@
 """PostgreSQL connections: password redaction, the store's pools (waiting for a free
-connection), and the broken-connection marker. psycopg2 is imported only when used."""
+connection), the broken-connection marker, and the fork hook that keeps a forked child off its
+parent's sessions. psycopg2 is imported only when used.
+
+A child made by ``os.fork()`` (``multiprocessing``, ``ProcessPoolExecutor``, a helper started
+from a handler) inherits the sockets of every connection the store holds. While any process has
+a socket open the server keeps its session, with the transaction open on it and the row locks
+that transaction holds: a parent killed inside a fenced transaction would keep the update's row
+locked as long as the child lives (no takeover, no claim after the lease), and a child using a
+shared socket would corrupt the parent's session. So right after a fork the child points its
+copy of each such socket at ``/dev/null`` (``os.register_at_fork``) and parks the connection
+(never used, never closed: whatever libpq would send on it goes nowhere); the store's pools in
+the child start empty and open connections of their own.
+"""
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
 import urllib.parse
+import weakref
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 from ptb_fence._errors import StoreBusy
@@ -28,6 +42,49 @@ __all__ = [
 ]
 
 DEFAULT_CONNECT_TIMEOUT = 10
+
+# Every connection the store opened or took from a caller's pool in this process, and its
+# pools: a forked child detaches the first and empties the second (_after_fork_in_child).
+_CONNECTIONS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_POOLS: "weakref.WeakSet[Union[DsnPool, UserPool]]" = weakref.WeakSet()
+_INHERITED: List[Any] = []  # the parent's connections in a forked child: never closed
+
+
+def track(conn: Any) -> Any:
+    """Remember ``conn`` (a connection the store uses) so a forked child detaches its copy;
+    returns it."""
+    try:
+        _CONNECTIONS.add(conn)
+    except TypeError:  # pragma: no cover - a connection type without weak references
+        pass
+    return conn
+
+
+def _detach(conn: Any) -> None:
+    """In a forked child: replace the child's copy of ``conn``'s socket by ``/dev/null``."""
+    try:
+        if conn.closed:
+            return
+        fd = conn.fileno()
+    except Exception:  # closed, or not a psycopg2 connection
+        return
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(devnull, fd, inheritable=False)
+    finally:
+        os.close(devnull)
+
+
+def _after_fork_in_child() -> None:
+    for conn in list(_CONNECTIONS):
+        _INHERITED.append(conn)
+        _detach(conn)
+    _CONNECTIONS.clear()
+    for pool in list(_POOLS):
+        pool.forget_inherited()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 _KV_PASSWORD = re.compile(r"password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
@@ -83,7 +140,7 @@ def open_connection(args: Tuple[Any, ...], kwargs: Dict[str, Any], secrets: Set[
 
     failure: Optional[BaseException] = None
     try:
-        return psycopg2.connect(*args, **kwargs)
+        return track(psycopg2.connect(*args, **kwargs))
     except psycopg2.Error as exc:
         failure = exc
     # Raised outside the except block, so the original error is not kept as __context__.
@@ -121,7 +178,10 @@ def closed_error() -> RuntimeError:
 class DsnPool:
     """A small blocking pool: at most ``size`` connections, callers wait for a free one."""
 
-    __slots__ = ("_args", "_kwargs", "_secrets", "capacity", "_cond", "_idle", "_open", "_closed")
+    __slots__ = (
+        "__weakref__", "_args", "_kwargs", "_secrets", "capacity", "_cond", "_idle", "_open",
+        "_closed",
+    )
 
     def __init__(self, dsn: str, size: int, secrets: Set[str]) -> None:
         import psycopg2.extensions
@@ -137,6 +197,14 @@ class DsnPool:
         self._idle: List[Any] = []
         self._open = 0
         self._closed = False
+        _POOLS.add(self)
+
+    def forget_inherited(self) -> None:
+        """In a forked child: drop the parent's connections (detached by the fork hook) and
+        the state of the parent's threads; the child opens connections of its own."""
+        self._cond = threading.Condition()
+        self._idle = []
+        self._open = 0
 
     def connect(self) -> Any:
         return open_connection(self._args, self._kwargs, self._secrets)
@@ -202,7 +270,7 @@ class DsnPool:
 class UserPool:
     """A caller's psycopg2 pool, made to wait for a free connection instead of failing."""
 
-    __slots__ = ("_pool", "_secrets", "capacity", "_slots", "_lock", "_closed")
+    __slots__ = ("__weakref__", "_pool", "_secrets", "capacity", "_slots", "_lock", "_closed")
 
     def __init__(self, pool: "psycopg2.pool.AbstractConnectionPool", secrets: Set[str]) -> None:
         self._pool = pool
@@ -211,6 +279,14 @@ class UserPool:
         self._slots = threading.BoundedSemaphore(self.capacity)
         self._lock = threading.Lock()  # SimpleConnectionPool is not thread-safe by itself
         self._closed = False
+        _POOLS.add(self)
+
+    def forget_inherited(self) -> None:
+        """In a forked child: the parent's threads no longer hold slots or the lock. (The
+        caller's pool keeps its connections; those the store used are detached, so using one
+        in the child fails and it is discarded.)"""
+        self._slots = threading.BoundedSemaphore(self.capacity)
+        self._lock = threading.Lock()
 
     def connect(self) -> Any:
         # A standalone connection with the pool's own connection arguments (for renewals).
@@ -249,7 +325,7 @@ class UserPool:
                     with self._lock:
                         self._pool.putconn(conn, close=True)
                     continue
-                return conn
+                return track(conn)
         except BaseException:
             self._slots.release()
             raise

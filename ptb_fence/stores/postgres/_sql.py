@@ -738,7 +738,11 @@ SELECT EXISTS (SELECT 1 FROM pg_attribute
         # the caller's own) not refreshed for BEAT_STALE_MS since the server started are listed
         # first, so the lock is tried on their keys only; those whose lock can be taken are
         # dead; their live leases lapse now (attempts and claim id kept) and their rows are
-        # deleted. The transaction-scoped lock ends with the commit. It runs every second in every process:
+        # deleted. A row that another session still locks (a session the server keeps after
+        # its process died: a dead host's connection until TCP gives up, a forked child's copy
+        # of a connection of the caller's own) is skipped, never waited for: the instance stays
+        # listed until its last row is taken, so the next check takes it once the lock is gone.
+        # The transaction-scoped lock ends with the commit. It runs every second in every process:
         # while no instance is dead (the usual case) ``EXISTS (SELECT 1 FROM dead)`` is a
         # one-time filter that skips the update table entirely, instead of walking every
         # processing row of the (state, due_at) index (benchmarks/takeover_cost.py).
@@ -756,16 +760,26 @@ candidates AS MATERIALIZED (
 dead AS MATERIALIZED (
     SELECT instance FROM candidates WHERE pg_try_advisory_xact_lock({CLASS_ID}, lock_key)
 ),
+free AS MATERIALIZED (
+    SELECT r.update_id FROM {t} AS r
+    WHERE EXISTS (SELECT 1 FROM dead)
+      AND r.state = 'processing' AND r.instance IN (SELECT instance FROM dead)
+    FOR UPDATE OF r SKIP LOCKED
+),
 taken AS (
     UPDATE {t} SET due_at = LEAST(due_at, %(now)s::BIGINT - 1)
-    WHERE EXISTS (SELECT 1 FROM dead)
+    WHERE update_id IN (SELECT update_id FROM free)
       AND state = 'processing' AND instance IN (SELECT instance FROM dead)
       AND due_at >= %(now)s::BIGINT - 1
     RETURNING update_id
 ),
 gone AS (
-    DELETE FROM {i}
-    WHERE table_name = %(table)s AND instance IN (SELECT instance FROM dead)
+    DELETE FROM {i} AS d
+    WHERE d.table_name = %(table)s AND d.instance IN (SELECT instance FROM dead)
+      AND NOT EXISTS (
+          SELECT 1 FROM {t} AS r
+          WHERE r.state = 'processing' AND r.instance = d.instance
+            AND r.update_id NOT IN (SELECT update_id FROM free))
 )
 SELECT count(*) FROM taken"""
         # The same on a table with isolated_claim: a claim marked isolated (its handler ran
@@ -779,7 +793,7 @@ SELECT count(*) FROM taken"""
         self.take_over_dead_isolating = self.take_over_dead.replace(
             """\
     UPDATE {t} SET due_at = LEAST(due_at, %(now)s::BIGINT - 1)
-    WHERE EXISTS (SELECT 1 FROM dead)
+    WHERE update_id IN (SELECT update_id FROM free)
       AND state = 'processing' AND instance IN (SELECT instance FROM dead)
       AND due_at >= %(now)s::BIGINT - 1
 """.format(t=t),
@@ -792,7 +806,7 @@ SELECT count(*) FROM taken"""
         instance = CASE WHEN {isolated} THEN instance ELSE NULL END,
         isolated_claim = CASE WHEN {isolated} THEN isolated_claim
                               ELSE COALESCE(isolated_claim, '') END
-    WHERE EXISTS (SELECT 1 FROM dead)
+    WHERE update_id IN (SELECT update_id FROM free)
       AND state = 'processing' AND instance IN (SELECT instance FROM dead)
 """,
         )

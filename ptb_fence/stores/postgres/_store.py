@@ -1150,7 +1150,9 @@ class PostgresUpdateStore:
         other row is given back (``pending``, ``attempts - 1``, ``due_at = now``, claim id
         kept; listed by ``due`` at once) and becomes suspect. Any process can claim them at
         once (optional capabilities, see :class:`ptb_fence.LivenessStore` and
-        :class:`ptb_fence.IsolatingUpdateStore`). On a table without the ``isolated_claim``
+        :class:`ptb_fence.IsolatingUpdateStore`). A row that another session still locks (one
+        the server keeps after the process died) is skipped, never waited for, and its instance
+        stays listed until a later call takes it. On a table without the ``isolated_claim``
         column (``create_table=False``, not migrated) every row keeps its attempts (a crash
         counts against every update its process had claimed).
 

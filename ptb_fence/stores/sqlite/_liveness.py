@@ -14,7 +14,9 @@ through different paths (a container mounting the volume elsewhere). A missing l
 that names another instance (replaced by someone) or one this process cannot open (another OS
 user's, unreadable) proves nothing: those claims wait for their lease. A live owner whose file
 was removed or replaced locks a new one at its next check, put in place whole (written and
-locked under a temporary name, then renamed), so a checker never finds it unlocked. The check
+locked under a temporary name, then renamed), so a checker never finds it unlocked; a checker
+that opened the old file just before counts its lock only if the file is still the one at that
+path once locked (the owner closes the old file only after the new one is in place). The check
 opens others' lock files read-only (``flock`` needs no write access) and lock files are
 created readable by others.
 
@@ -180,8 +182,9 @@ def _open_for_check(lock_path: str) -> int:
 
 def lock_if_dead(lock_path: str, instance: str) -> Optional[int]:
     """The descriptor now locking ``instance``'s lock file if that proves it dead: the file
-    is there, names the instance and its lock could be taken. :obj:`None` when it is alive or
-    nothing is proven (no such file, or a file that is not the instance's)."""
+    is there, names the instance, its lock could be taken and it is still the file at that
+    path once locked. :obj:`None` when it is alive or nothing is proven (no such file, a file
+    that is not the instance's, or one replaced meanwhile)."""
     try:
         fd = _open_for_check(lock_path)
     except FileNotFoundError:
@@ -192,7 +195,19 @@ def lock_if_dead(lock_path: str, instance: str) -> Optional[int]:
         named = os.pread(fd, 200, 0).strip()
     except OSError:
         named = b""
-    if named != instance.encode("ascii", "replace"):
+    if named != instance.encode("ascii", "replace") or not _still_at(fd, lock_path):
         close_fd(fd)
         return None
     return fd
+
+
+def _still_at(fd: int, lock_path: str) -> bool:
+    """Whether ``fd`` is still the file at ``lock_path``. Between the open and the lock the
+    file may have been removed and its live owner may have locked a new one there (closing
+    the old): the old file is then free, yet that proves nothing."""
+    try:
+        here = os.stat(lock_path)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino)
