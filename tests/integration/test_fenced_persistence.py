@@ -195,3 +195,80 @@ def test_state_commits_with_the_update_and_every_attempt_starts_from_it(tmp_path
             assert store.read_state([conversation])[conversation].value is None  # ended
         finally:
             store.close()
+
+
+def test_a_state_set_after_a_completing_transaction_is_written_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without next_conversation_state, PTB sets the state after the callback's
+    transaction(complete=True) committed: it is written right after, with a WARNING; declared
+    first, it commits with the transaction and nothing is logged."""
+    store = SQLiteUpdateStore(str(tmp_path / "bot.db"))
+    errors: List[BaseException] = []
+
+    async def start(update: Any, context: Any) -> int:
+        declare = update.message.text == "/start declared"
+        if declare:
+            context.next_conversation_state(2)
+        try:
+            context.next_conversation_state(2, name="nope")
+        except ValueError as exc:
+            errors.append(exc)
+        await context.attempt.run_in_transaction(lambda conn: None, complete=True)
+        return 2
+
+    with FakeBotApi() as fake:
+        processor = FencedUpdateProcessor(store)
+        app = build(processor, fake, Application.builder().persistence(FencedPersistence(store)))
+        app.add_handler(ConversationHandler(
+            entry_points=[CommandHandler("start", start)],
+            states={2: [MessageHandler(filters.TEXT, start)]},
+            fallbacks=[], name="talk", persistent=True))
+
+        async def go() -> None:
+            async with polling(app):
+                fake.inject_message(chat_id=5, text="/start")
+                fake.inject_message(chat_id=6, text="/start declared")
+                for _ in range(300):
+                    if (_read(store, conversation_state_key("talk", (5, 5))) == 2
+                            and _read(store, conversation_state_key("talk", (6, 6))) == 2):
+                        return
+                    await asyncio.sleep(0.05)
+
+        with caplog.at_level(logging.WARNING, logger="ptb_fence.ptb"):
+            run(go())
+    try:
+        assert _read(store, conversation_state_key("talk", (5, 5))) == 2
+        assert _read(store, conversation_state_key("talk", (6, 6))) == 2
+        late = [r.getMessage() for r in caplog.records
+                if "after its transaction(complete=True) committed" in r.getMessage()]
+        assert len(late) == 1 and "conversation talk [5,5]" in late[0], late
+        assert errors and "named 'nope'" in str(errors[0])
+    finally:
+        store.close()
+
+
+def test_next_conversation_state_outside_fenced_persistence_names_the_fix() -> None:
+    store = MemoryUpdateStore()
+    raised: List[BaseException] = []
+
+    async def start(update: Any, context: Any) -> None:
+        try:
+            context.next_conversation_state(1)
+        except RuntimeError as exc:
+            raised.append(exc)
+
+    with FakeBotApi() as fake:
+        app = build(FencedUpdateProcessor(store), fake)
+        app.add_handler(CommandHandler("start", start))
+
+        async def go() -> None:
+            async with polling(app):
+                fake.inject_message(chat_id=5, text="/start")
+                for _ in range(200):
+                    if raised:
+                        return
+                    await asyncio.sleep(0.05)
+
+        run(go())
+    assert raised and "FencedPersistence(store)" in str(raised[0])
