@@ -15,6 +15,7 @@ from telegram.ext import BasePersistence, ConversationHandler, PersistenceInput
 from ptb_fence._values import StateEntry, StateKey, StateWrite
 from ptb_fence.contract import STATE_METHODS, StoreCapabilities
 from ptb_fence.ptb._context import FencedCallbackContext
+from ptb_fence.ptb._group_commit import GroupCommit
 from ptb_fence.ptb._ptb_internals import (
     conversation_key,
     conversation_states,
@@ -105,7 +106,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         ValueError: ``store_data.callback_data`` is :obj:`True`.
     """
 
-    __slots__ = ("_application", "_committed", "_lock", "_noticed", "_store")
+    __slots__ = ("_application", "_committed", "_lock", "_noticed", "_reads", "_store")
 
     def __init__(
         self,
@@ -134,6 +135,10 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         self._committed: Dict[StateKey, StateEntry] = {}
         self._lock = threading.Lock()
         self._noticed: Set[StateKey] = set()
+        # the reads of updates that start together go to the store in one read_state
+        self._reads: GroupCommit[List[StateKey], Dict[StateKey, StateEntry]] = GroupCommit(
+            self._read_many, "ptb_fence-state-reads"
+        )
 
     @property
     def store(self) -> Any:
@@ -248,7 +253,8 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
 
     # -- one update -------------------------------------------------------------------------
     async def open_session(self, application: Any, update: object) -> Optional[StateSession]:
-        """Read the update's committed state (one store read) and make it the attempt's:
+        """Read the update's committed state (one store read, shared by the updates that
+        start together) and make it the attempt's:
         private copies of its data, its conversation states set in the handlers. :obj:`None`
         when there is nothing to fence here (not a Telegram update, no fenced attempt, or
         another Application)."""
@@ -274,11 +280,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
                     (handler, conversation, conversation_state_key(handler.name, conversation))
                 )
         keys = list(wanted.values()) + [state for _, _, state in conversations]
-        processor: Any = getattr(application, "update_processor")
-        loaded: Dict[StateKey, StateEntry] = await processor.call_store(
-            processor.runtime.port.read_state, keys
-        )
-        self._learn(loaded)
+        loaded = await self._reads.submit(keys) if keys else {}
         data: Dict[str, Tuple[StateKey, Any]] = {}
         for kind, key in wanted.items():
             entry = loaded.get(key)
@@ -334,6 +336,16 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
                 "FencedPersistence: the late change of update %s was not written: %s changed "
                 "meanwhile", getattr(session.update, "update_id", None), named,
             )
+
+    async def _read_many(self, requests: List[List[StateKey]]) -> List[Dict[StateKey, StateEntry]]:
+        """One store read for the keys of several updates; each gets its own rows."""
+        processor: Any = getattr(self._app(), "update_processor")
+        wanted = list(dict.fromkeys(key for keys in requests for key in keys))
+        rows: Dict[StateKey, StateEntry] = await processor.call_store(
+            processor.runtime.port.read_state, wanted
+        )
+        self._learn(rows)
+        return [{key: rows[key] for key in keys if key in rows} for keys in requests]
 
     @staticmethod
     def _empty(application: Any, kind: str) -> Any:
