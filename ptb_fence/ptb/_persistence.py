@@ -303,10 +303,21 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         state changed after that commit (a conversation state set by the callback's return
         without :meth:`~ptb_fence.ptb.FencedCallbackContext.next_conversation_state`), that
         change is written right away, outside the fence, with a WARNING: a crash in between
-        would lose it."""
+        would lose it.
+
+        Raises:
+            TypeError: The state cannot be stored (a value that cannot be pickled): the
+                attempt fails with it.
+        """
         if failed:
             session.end((), False)
             return
+        if not session.ended:
+            try:
+                session.prepare()  # the grouped completion only takes the result
+            except TypeError:
+                session.end((), False)
+                raise
         for name, declared, actual in session.declared_differs():
             _LOGGER.warning(
                 "FencedPersistence: update %s declared the next state %r of conversation %r "

@@ -61,8 +61,8 @@ class StateSession:
         on_end: Called with the session and whether its writes landed, once.
     """
 
-    __slots__ = ("_contexts", "_declared", "_ended", "_landed", "_on_end", "_taken", "_token",
-                 "conversations", "data", "loaded", "update")
+    __slots__ = ("_contexts", "_declared", "_ended", "_landed", "_on_end", "_prepared", "_taken",
+                 "_token", "conversations", "data", "loaded", "update")
 
     def __init__(
         self,
@@ -81,6 +81,7 @@ class StateSession:
         self._ended = False
         self._landed = False
         self._declared: Dict[StateKey, Any] = {}
+        self._prepared: Optional[Tuple[StateWrite, ...]] = None
         self._taken: Optional[Tuple[StateWrite, ...]] = None
         self._token: Optional[contextvars.Token[Optional[StateSession]]] = None
 
@@ -179,10 +180,29 @@ class StateSession:
         declared next state (:meth:`declare`) is written in place of the handler's."""
         return self._diff({k: (e.value, e.version) for k, e in self.loaded.items()})
 
+    def prepare(self) -> None:
+        """PTB finished handling the update: compute the writes now, in the update's own task
+        (a value that cannot be pickled fails this attempt here, named, instead of the
+        grouped completion it would join).
+
+        Raises:
+            TypeError: The state cannot be stored (the message names the fix).
+        """
+        try:
+            self._prepared = self.writes()
+        except Exception as exc:
+            raise TypeError(
+                f"FencedPersistence cannot store the state of update "
+                f"{getattr(self.update, 'update_id', None)}: {type(exc).__name__}: {exc}; keep "
+                "only picklable values in user_data, chat_data, bot_data and conversation "
+                "states"
+            ) from exc
+
     def take(self) -> Tuple[StateWrite, ...]:
-        """:meth:`writes` for the commit that completes the attempt (remembered: see
-        :meth:`late_writes`)."""
-        self._taken = self.writes()
+        """The writes for the commit that completes the attempt: those :meth:`prepare`
+        computed, else computed now (a ``transaction(complete=True)`` inside a handler);
+        remembered (see :meth:`late_writes`)."""
+        self._taken = self._prepared if self._prepared is not None else self.writes()
         return self._taken
 
     def late_writes(self) -> Tuple[StateWrite, ...]:

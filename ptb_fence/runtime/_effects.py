@@ -128,7 +128,7 @@ class HeldEffects:
         """The effects to write now, or :obj:`None` when nothing is held. Until
         :meth:`landed` or :meth:`restore`, nothing more can be held."""
         with self._lock:
-            state = self._state.take() if self._state is not None else ()
+            state = self._take_state()
             self._taken_state = state
             if not self._calls and not state:
                 return None
@@ -171,6 +171,13 @@ class HeldEffects:
         self._tell(source, (), False)
         for handle in handles:
             handle.discard()
+
+    def _take_state(self) -> Tuple[StateWrite, ...]:
+        """The state source's writes (under the lock). A source raises only where one attempt
+        is concerned (FencedPersistence computes them in the update's own task before a
+        grouped completion, and a ``transaction(complete=True)`` takes them for itself), so
+        its error fails that attempt and nothing of it is written."""
+        return () if self._state is None else self._state.take()
 
     @staticmethod
     def _tell(source: Optional[StateSource], writes: Tuple[StateWrite, ...], landed: bool) -> None:

@@ -272,3 +272,46 @@ def test_next_conversation_state_outside_fenced_persistence_names_the_fix() -> N
 
         run(go())
     assert raised and "FencedPersistence(store)" in str(raised[0])
+
+
+def test_state_that_cannot_be_pickled_fails_only_its_own_attempt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler that puts a lock into user_data: its attempts fail with the error naming the
+    fix (nothing of them written), while another user's update completing in the same
+    moments is written."""
+    import threading
+
+    store = SQLiteUpdateStore(str(tmp_path / "bot.db"))
+
+    async def keep(update: Any, context: Any) -> None:
+        if update.message.text == "/lock":
+            context.user_data["lock"] = threading.Lock()
+        else:
+            context.user_data["ok"] = True
+
+    with FakeBotApi() as fake:
+        processor = FencedUpdateProcessor(store, max_attempts=2, retry=lambda e, a: 0.05)
+        app = build(processor, fake, Application.builder().persistence(FencedPersistence(store)))
+        app.add_handler(CommandHandler(["lock", "fine"], keep))
+
+        async def go() -> None:
+            async with polling(app):
+                bad = fake.inject_message(chat_id=5, text="/lock")
+                fake.inject_message(chat_id=6, text="/fine")
+                for _ in range(300):
+                    rows = dict(store.list_state())
+                    if StateKey("user", "", "6") in rows and processor.stats().attempts_ended["abandoned"] >= 1:
+                        return
+                    await asyncio.sleep(0.05)
+                raise AssertionError(f"update {bad} was not abandoned")
+
+        with caplog.at_level(logging.WARNING):
+            run(go())
+    try:
+        assert _read(store, StateKey("user", "", "6")) == {"ok": True}
+        assert _read(store, StateKey("user", "", "5")) is None
+        text = "\n".join(r.getMessage() for r in caplog.records)
+        assert "cannot store the state of update" in text and "picklable" in text
+    finally:
+        store.close()
