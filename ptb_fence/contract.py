@@ -510,7 +510,9 @@ class LivenessStore(Protocol):
     def take_over_dead(self, *, now: int) -> int:
         """Make the ``processing`` rows of every provably dead instance claimable at ``now``
         and forget those instances. Never touches the caller's own instance or a live (even
-        frozen) one.
+        frozen) one. Never waits for a row that another transaction still locks (a database
+        session that outlived its process): such a row is left, and its instance kept, for a
+        later call.
 
         Without :class:`IsolatingUpdateStore` every such row keeps its attempts and claim id
         (``due_at = min(due_at, now - 1)``): a crashed attempt counts as spent, as after a

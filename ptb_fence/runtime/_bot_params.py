@@ -62,13 +62,15 @@ def to_json_value(value: Any, name: str = "value") -> Any:
         return int(value.total_seconds())
     kind = type(value)
     module = kind.__module__ or ""
-    if kind.__name__ == "InputFile" or isinstance(value, (bytes, bytearray, memoryview, os.PathLike)) \
-            or hasattr(value, "read"):
+    uploads = (bytes, bytearray, memoryview, os.PathLike)
+    if kind.__name__ == "InputFile" or isinstance(value, uploads) or hasattr(value, "read"):
         raise TypeError(f"{name} is a file to upload ({kind.__name__}): {_UPLOAD_HINT}")
     if module.startswith("telegram") and callable(getattr(value, "to_dict", None)):
         return to_json_value(value.to_dict(), name)
     if isinstance(value, Mapping):
-        return {str(k): to_json_value(v, f"{name}[{k!r}]") for k, v in value.items() if v is not None}
+        return {
+            str(k): to_json_value(v, f"{name}[{k!r}]") for k, v in value.items() if v is not None
+        }
     if isinstance(value, (list, tuple)):
         return [to_json_value(v, f"{name}[{i}]") for i, v in enumerate(value)]
     raise TypeError(
@@ -98,7 +100,9 @@ def _with_defaults(method: str, params: Dict[str, Any], defaults: Mapping[str, A
         reply.setdefault("allow_sending_without_reply", defaults["allow_sending_without_reply"])
 
 
-def params_json(method: str, params: Mapping[str, Any], defaults: Optional[Mapping[str, Any]] = None) -> str:
+def params_json(
+    method: str, params: Mapping[str, Any], defaults: Optional[Mapping[str, Any]] = None
+) -> str:
     """The text of the JSON object an outbox row keeps for ``method(**params)``: parameters
     given as :obj:`None` left out (as PTB leaves them out), the bot's ``defaults`` applied.
 

@@ -22,7 +22,6 @@ starts it. Its loop runs on a thread of its own:
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import logging
@@ -32,7 +31,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ptb_fence.contract import OUTBOX_METHODS
 from ptb_fence._values import OutboxEntry
@@ -43,6 +42,9 @@ from ptb_fence.runtime._outcome import error_text
 from ptb_fence.runtime._port import StorePort
 from ptb_fence.runtime._send_outcome import decide, retry_after_seconds
 from ptb_fence.runtime._stats import RuntimeStats
+
+if TYPE_CHECKING:
+    import asyncio  # imported where used: import ptb_fence stays light
 
 __all__ = ["FAILURE_PAGE", "OutboxDispatcher", "Send", "no_outbox"]
 
@@ -60,6 +62,8 @@ _FLOOD_CHATS = 3
 the whole bot: every chat is held until it ends."""
 
 _CallKey = Tuple[int, int, str, int]
+_Done = Tuple[OutboxEntry, Optional[str], Optional[BaseException]]
+"""A call whose request ended: the entry, its result's JSON text or the error raised."""
 
 
 def no_outbox(store: object) -> str:
@@ -132,7 +136,7 @@ class OutboxDispatcher:
         self._sender_missing: Optional[str] = None
         self._cond = threading.Condition()
         self._send: Optional[Send] = None
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._loop: "Optional[asyncio.AbstractEventLoop]" = None
         self._sender = ""
         self._thread: Optional[threading.Thread] = None
         self._pool: Optional[DaemonThreadPool] = None
@@ -141,7 +145,7 @@ class OutboxDispatcher:
         self._woken = False
         self._inflight: Dict[int, OutboxEntry] = {}  # claimed here, not yet ended
         self._started: "set[int]" = set()  # of those, the ones whose request began
-        self._done: List[Tuple[OutboxEntry, Optional[str], Optional[BaseException]]] = []
+        self._done: List[_Done] = []
         self._unsent: List[int] = []  # claimed, never started (a stop came first)
         self._unrecorded: List[Tuple[int, str, str, int]] = []  # sent; record_sent failed
         self._next_retry: Optional[int] = None  # epoch ms of the earliest retry set here
@@ -184,7 +188,7 @@ class OutboxDispatcher:
         """:obj:`str`: The token this dispatcher claims calls under (new at each start)."""
         return self._sender
 
-    def start(self, send: Send, *, loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
+    def start(self, send: Send, *, loop: "Optional[asyncio.AbstractEventLoop]" = None) -> None:
         """Start sending with ``send`` (``loop``: the event loop an async
         ``handle_send_failure`` runs on; :obj:`None`: :func:`asyncio.run`). Idempotent while
         running."""
@@ -279,7 +283,8 @@ class OutboxDispatcher:
                     self._finish_stop()
                     return
                 now = self._now()
-                if now < self._hold_until:
+                if now < self._hold_until:  # claim the moment the hold ends
+                    next_poll = min(next_poll, self._hold_until)
                     continue
                 if self._next_retry is not None and now >= self._next_retry:
                     self._next_retry = None
@@ -378,12 +383,13 @@ class OutboxDispatcher:
             self._cond.notify_all()
 
     # -- outcomes ------------------------------------------------------------------------------
-    def _record(self, done: Sequence[Tuple[OutboxEntry, Optional[str], Optional[BaseException]]]) -> None:
+    def _record(self, done: Sequence[_Done]) -> None:
+        """Record what ended: the sent calls in one commit, then each failure's decision."""
         if not done:
             self._flush_unrecorded()
             return
         now = self._now()
-        sent = [(e.call_id, self._sender, r, now) for e, r, err in done if err is None and r is not None]
+        sent = [(e.call_id, self._sender, r, now) for e, r, err in done if err is None and r]
         self._unrecorded.extend(sent)
         self._flush_unrecorded()
         for entry, _, error in done:
@@ -535,6 +541,8 @@ class OutboxDispatcher:
         result = callback(entry)
         if not inspect.isawaitable(result):
             return
+        import asyncio
+
         loop = self._loop
         if loop is not None and loop.is_running():
             asyncio.run_coroutine_threadsafe(_awaited(result), loop).result()

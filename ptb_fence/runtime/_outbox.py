@@ -30,8 +30,8 @@ def _file_reference(name: str, value: Any) -> Any:
     if isinstance(value, str):
         return value
     file_id = getattr(value, "file_id", None)
-    if isinstance(file_id, str) and type(value).__module__.startswith("telegram") \
-            and type(value).__name__ != "InputFile":
+    from_ptb = type(value).__module__.startswith("telegram")
+    if isinstance(file_id, str) and from_ptb and type(value).__name__ != "InputFile":
         return file_id
     to_json_value(value, name)  # raises the upload error for files, paths and bytes
     raise TypeError(f"{name} must be a file_id or URL string, got {type(value).__name__}")
@@ -147,8 +147,6 @@ class Outbox:
         Raises:
             AttemptFinished: The attempt completed, was exhausted or its handler returned:
                 no commit of it can carry the call any more.
-            OwnershipLost: Written inside a fenced transaction that lost its update (as any
-                write there).
             TypeError: A parameter the outbox cannot keep as JSON (a file to upload).
             ValueError: ``method`` is not a method name.
         """

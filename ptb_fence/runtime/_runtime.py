@@ -75,6 +75,9 @@ waiting) at most this often: a count on the store, never per metrics scrape."""
 _MAX_RETRY_DELAY_SECONDS = 366 * 86400.0
 """Retry delays from a custom policy are clamped to this (a year; keeps store times finite)."""
 
+_FAILED_DROPS = "the attempt failed: its retry queues its own calls"
+"""Why a failed attempt's held calls are discarded."""
+
 REDELIVERIES_AT_INFO = 5
 """How many redeliveries dropped at ingest one runtime logs at INFO; later ones at DEBUG (a
 redelivery is normal for webhooks, but a bot that drops every new message must be able to see
@@ -540,6 +543,10 @@ class Runtime:
             self._wait_for_transactions(attempt)
         if attempt.completed:
             return self._completed_then_failed(attempt, error) + (True,)
+        if not attempt.in_fenced_transaction:
+            # a completing transaction still open would carry what the attempt holds: kept
+            # for it until it ended (below)
+            attempt.drop_effects(_FAILED_DROPS)
         options = self.options
         delay: Optional[float] = None
         if attempt.attempt < options.max_attempts and isinstance(error, StateConflictError):
@@ -598,6 +605,7 @@ class Runtime:
                 return self._completed_then_failed(attempt, error) + (True,)
             self._report_lost(attempt, error)
             return Outcome.LOST, None, True
+        attempt.drop_effects(_FAILED_DROPS)  # the failure landed: no completion can follow
         retrying = outcome == Outcome.RETRYING
         what: str = outcome.value
         if outcome == Outcome.RETRYING:
@@ -634,6 +642,7 @@ class Runtime:
     def _report_lost(self, attempt: Attempt, error: BaseException) -> None:
         """The failure settle did not land: the attempt lost its update (the lease and the
         sweep take it over)."""
+        attempt.drop_effects(_FAILED_DROPS)
         attempt.mark_owner_lost()
         self._report_failure(attempt, error, Outcome.LOST, Outcome.LOST.value, True)
 
@@ -730,7 +739,10 @@ class Runtime:
         """The attempt is over: stop renewing it; late renewal results are ignored. Effects
         it still holds (it was released, or its completion never ran) are discarded."""
         self.keeper.unregister(attempt)
-        attempt.drop_effects()
+        # a completing transaction still open (e.g. past attempt_timeout_seconds) carries
+        # them in its commit: dropped only once it ended (nothing left then if it committed)
+        if not attempt.after_transactions(attempt.drop_effects):
+            attempt.drop_effects()
 
     # -- exhaustion delivery ----------------------------------------------------------------
     def acknowledge(self, exhaustion: Exhaustion) -> bool:

@@ -273,6 +273,45 @@ def test_ptb_timeout_inside_a_completing_transaction_reports_the_completion(
 
 @pytest.mark.parametrize("store_kind", KINDS)
 @pytest.mark.parametrize("lease", list(LEASES))
+def test_ptb_a_reply_held_before_a_completing_transaction_that_times_out_is_sent(
+    store: Any, lease: str
+) -> None:
+    """The handler queues a reply (``attempt.outbox``: held for the completion), then completes
+    in a transaction still in ``fn`` when attempt_timeout_seconds passes: the transaction's
+    commit completes the update and carries the held reply, which is sent once. The timeout's
+    failure settle must not discard it while that transaction is still open."""
+    options, seconds = LEASES[lease]
+    failures: List[Any] = []
+
+    async def handler(update: Update, context: Any) -> None:
+        context.attempt.outbox.reply_text("held reply")
+        await context.attempt.run_in_transaction(
+            lambda conn: (_nothing(conn), time.sleep(seconds)), complete=True)
+
+    processor = FencedUpdateProcessor(
+        store, **options, attempt_timeout_seconds=0.5, retry=lambda error, n: 0.05,
+        on_failure=lambda error, attempt, retrying: failures.append((error, retrying)),
+    )
+
+    async def main() -> Tuple[int, List[str]]:
+        with FakeBotApi() as fake:
+            app = build(processor, fake)
+            app.add_handler(MessageHandler(filters.TEXT, handler))
+            async with polling(app):
+                slow = fake.inject_message(chat_id=1, text="slow")
+                await wait_for("completed", lambda: _states(store).get(slow, ("",))[0] == "completed", 15)
+                await wait_for("the held reply", lambda: fake.sent_messages, 10)
+                await asyncio.sleep(0.5)  # a second send (there must be none) would come by now
+            return slow, [m["text"] for m in fake.sent_messages]
+
+    slow, texts = run(main(), 40)
+    assert _states(store)[slow] == ("completed", 1)
+    assert texts == ["held reply"]
+    assert failures == []
+
+
+@pytest.mark.parametrize("store_kind", KINDS)
+@pytest.mark.parametrize("lease", list(LEASES))
 def test_intake_timeout_inside_a_completing_transaction_reports_the_completion(
     store: Any, lease: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -362,6 +362,11 @@ def test_blocking_intake_end_to_end(store: Any) -> None:
             assert json.loads(sent.result_json or "{}")["chat"]["id"] == 42
             assert failures[0].chat_key == 666
             assert intake.stats().calls_sent == 1 and intake.stats().calls_failed == 1
+            # the sweep read the store's outbox counts with its figures (at start: none yet;
+            # again at most every 10 s)
+            counts = intake.stats().outbox
+            assert counts is not None and set(counts) == {
+                "pending", "sending", "sent", "failed", "failed_acknowledged"}
         finally:
             intake.close()
         assert _texts(fake) == ["hi from the intake"]
@@ -406,11 +411,12 @@ def test_a_flood_limit_across_chats_holds_every_chat(store: Any) -> None:
         context.attempt.outbox.reply_text(update.message.text)
 
     async def main() -> None:
-        processor = _processor(store, outbox_concurrency=8)
+        # a long sweep interval: chat 4's call is claimed when the hold ends, not at a sweep
+        processor = _processor(store, outbox_concurrency=8, sweep_every_seconds=60)
         app = build(processor, fake)
         app.add_handler(MessageHandler(filters.TEXT, on_message))
         async with polling(app):
-            fake.fail_next("sendMessage", 3, retry_after=2)
+            fake.fail_next("sendMessage", 3, retry_after=3)  # room for a slow observer below
             for chat in (1, 2, 3):
                 fake.inject_message(chat, f"chat {chat}")
             await wait_for("three refusals", lambda: processor.stats().calls_retried == 3, 10)
@@ -422,3 +428,38 @@ def test_a_flood_limit_across_chats_holds_every_chat(store: Any) -> None:
 
     with FakeBotApi() as fake:
         run(main())
+
+
+@pytest.mark.parametrize("store_kind", ["postgres", "sqlite"])
+def test_two_senders_keep_each_chats_commit_order(shared_stores: Any) -> None:
+    def handle(update: Dict[str, Any], attempt: Any) -> None:
+        for i in range(2):
+            attempt.outbox.reply_text(f"u{update['update_id']}-{i}")
+
+    with FakeBotApi() as fake:
+        fake.delay("sendMessage", 0.02)  # requests overlap: the senders really compete
+        intakes = [
+            UpdateIntake(shared_stores(), handle_attempt=handle, bot_token=fake.token,
+                         bot_base_url=fake.base_url, outbox_concurrency=4)
+            for _ in range(2)
+        ]
+        for intake in intakes:
+            intake.start()
+        try:
+            update_id = 0
+            for _ in range(6):
+                for chat in (1, 2, 3):
+                    update_id += 1
+                    intakes[update_id % 2].accept(body(update_id, chat=chat))
+            assert wait_until(lambda: len(fake.sent_messages) == 36, 60)
+            store = shared_stores()
+            assert wait_until(lambda: len(store.list_calls(state="sent")) == 36, 10)
+            committed = store.list_calls(limit=100)
+            for chat in (1, 2, 3):
+                in_commit_order = [json.loads(c.params_json)["text"] for c in committed
+                                   if c.chat_key == chat]
+                assert _texts(fake, chat) == in_commit_order
+            assert all(c.tries == 1 for c in committed)  # none sent twice, none retried
+        finally:
+            for intake in intakes:
+                intake.close()

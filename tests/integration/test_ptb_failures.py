@@ -308,3 +308,53 @@ def test_handler_raising_cancelled_error_is_a_failure(tmp_path: Any, max_concurr
         ids = run(scenario(fake))
     assert sorted(seen) == [(ids[0], 1), (ids[0], 2), (ids[1], 1)]
     assert rows(path)[ids[0]][:2] == ("completed", 2)
+
+
+@pytest.mark.parametrize("processor_class", ["fenced", "durable"])
+def test_a_retry_that_matches_no_handler_is_a_warning(
+    tmp_path: Any, caplog: Any, processor_class: str
+) -> None:
+    """A handler's filter reads state the failed first attempt changed (as a conversation's
+    state can be): the retry, attempt 2, matches no handler and is settled completed; that is
+    logged once at WARNING with the hint about per-process state. A first attempt that matches
+    no handler (another chat's message) is ordinary and stays quiet. Both processors."""
+    from ptb_fence.ptb import DurableUpdateProcessor
+
+    path = str(tmp_path / "updates.db")
+    store = SQLiteUpdateStore(path)
+    waiting = {1}  # the chats whose next message the handler takes (per-process state)
+    runs: List[int] = []
+
+    class Waiting(filters.MessageFilter):
+        def filter(self, message: Any) -> bool:
+            return message.chat.id in waiting
+
+    async def on_step(update: Update, context: Any) -> None:
+        runs.append(update.update_id)
+        waiting.discard(update.effective_chat.id)  # the state moves on, then the step fails
+        raise RuntimeError("the step failed after changing the state")
+
+    async def scenario(fake: FakeBotApi) -> List[int]:
+        make = FencedUpdateProcessor if processor_class == "fenced" else DurableUpdateProcessor
+        processor = make(store, retry=_retry, **FAST)
+        app = build(processor, fake)
+        app.add_handler(MessageHandler(filters.TEXT & Waiting(), on_step))
+        ids = [fake.inject_message(chat_id=1, text="10:00"),
+               fake.inject_message(chat_id=2, text="hello")]
+        async with polling(app):
+            await wait_for("both completed",
+                           lambda: all(rows(path).get(u, ("",))[0] == "completed" for u in ids))
+        return ids
+
+    with caplog.at_level(logging.WARNING, logger="ptb_fence"):
+        with FakeBotApi() as fake:
+            step, stray = run(scenario(fake))
+    store.close()
+    assert runs == [step]  # the retry ran no handler
+    assert rows(path)[step][:2] == ("completed", 2)
+    said = [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and "matched no handler" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith(f"update {step} attempt 2 matched no handler"), said
+    assert "stale" in said[0] and "conversation" in said[0], said
+    assert not any(f"update {stray} " in m for m in said)

@@ -24,7 +24,8 @@ next text message of the chat runs the handler above and ends the conversation; 
 match no handler.
 
 Files in ``DIR``: ``ready.<pid>`` once polling/running; ``started.<update_id>.<pid>`` when a
-handler begins; ``log.<pid>`` the process log.
+handler begins, ``ended.<update_id>.<pid>`` when its completing transaction committed (both hold
+``time.time()``); ``log.<pid>`` the process log.
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ async def main(args: argparse.Namespace) -> Any:
                 time.sleep(args.txn_seconds)  # the fenced transaction stays open meanwhile
 
         await attempt.run_in_transaction(write, complete=True)
+        touch(os.path.join(args.dir, f"ended.{update.update_id}.{pid}"))
         return ConversationHandler.END
 
     async def book(update: Update, context: Any) -> int:

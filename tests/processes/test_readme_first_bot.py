@@ -95,7 +95,8 @@ def test_before_production_follows_the_first_bot() -> None:
     titles = re.findall(r"^(\S[^\n]*)\n-+\n", README, re.M)
     assert titles[titles.index("Your first bot") + 1] == "Before production", titles
     before = section("Before production")
-    for trap in ("Replies are not fenced yet", "outbox", "PTB persistence is per process",
+    for trap in ("Replies sent directly are not fenced", "outbox.reply_text",
+                 "PTB persistence is per process",
                  "every 60 s", "Jobs are in memory", "One table per bot",
                  "python -m pip install -e '.[webhooks]'"):
         assert trap in before, trap

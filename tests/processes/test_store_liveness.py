@@ -421,6 +421,51 @@ def test_a_forked_child_leaves_its_parents_postgres_transaction_alone(
         assert bodies == {1: "x", 2: "child"}
 
 
+@pytest.mark.timeout(30)
+def test_a_forked_child_uses_a_callers_pool_without_its_parents_connections(
+    pg_dsn: str, pg_tables: List[str]
+) -> None:
+    """With a caller's psycopg2 pool, a forked child's store calls get connections of their
+    own (the pool's connections the store used in the parent are closed on their detached
+    copies, not handed out), and the parent's sessions are untouched."""
+    import psycopg2.pool
+
+    from ptb_fence import PostgresUpdateStore
+
+    table = fresh_table_name()
+    pg_tables.append(table)
+    pool = psycopg2.pool.ThreadedConnectionPool(1, 4, pg_dsn)
+    try:
+        with PostgresUpdateStore(pool, table=table) as store:
+            store.add(1, "x", 0)
+            used = pool.getconn()
+            with used.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                backend = cur.fetchone()[0]
+            used.rollback()
+            pool.putconn(used)
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    store.add(2, "child", 0)
+                    due = store.due(now=1, pending_before=1, limit=5)
+                    code = 0 if sorted(u.update_id for u in due) == [1, 2] else 2
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+            assert sorted(u.update_id for u in store.due(now=1, pending_before=1, limit=5)) == [1, 2]
+            used = pool.getconn()
+            with used.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                assert cur.fetchone()[0] == backend, "the parent's pooled session was ended"
+            used.rollback()
+            pool.putconn(used)
+    finally:
+        pool.closeall()
+
+
 @pytest.mark.timeout(90)
 def test_postgres_takeover_skips_a_row_that_a_lingering_session_locks(
     pg_dsn: str, pg_tables: List[str]
@@ -608,6 +653,49 @@ def test_sqlite_liveness_checked_by_another_os_user() -> None:
             for proc in (alive, hidden, dead):
                 proc.kill()
                 proc.wait(timeout=10)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+_OTHER_USER_HOLD = r"""
+import os, sys
+from ptb_fence import SQLiteUpdateStore
+
+os.setgroups([])
+os.setgid(65534)
+os.setuid(65534)
+store = SQLiteUpdateStore(sys.argv[1])
+print(store.hold_liveness())
+store.close()
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
+def test_sqlite_lock_directory_takes_the_group_of_the_database_directory() -> None:
+    """The database's directory is writable by a group the bots share (no setgid bit, so files
+    made there get their creator's group): the lock directory the first bot creates takes that
+    group with the directory's mode, so a bot of another user of the group holds liveness too."""
+    import shutil
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="ptb_fence_group_")
+    try:
+        os.chown(directory, 0, 65534)
+        os.chmod(directory, 0o775)  # the shared group may write; no setgid bit
+        path = os.path.join(directory, "shared.db")
+        SQLiteUpdateStore(path).close()
+        os.chown(path, 0, 65534)
+        os.chmod(path, 0o664)  # (SQLite gives its -wal and -shm files the same)
+        with SQLiteUpdateStore(path) as first:  # root, primary group root
+            first.hold_liveness()
+            out = subprocess.run(
+                [sys.executable, "-c", _OTHER_USER_HOLD, path],
+                capture_output=True, text=True, timeout=60,
+            )
+            assert out.returncode == 0, out.stderr
+            assert len(out.stdout.strip()) == 32, out.stdout
+            assert os.stat(f"{path}.instances").st_gid == 65534
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 

@@ -115,3 +115,35 @@ def test_exhaust_from_the_handler() -> None:
     assert attempt.proven_until <= attempt.exhausted_at  # nothing left to renew
     with pytest.raises(AttemptFinished):
         attempt.exhaust("again")
+
+
+def test_after_transactions_calls_back_once_the_open_transaction_ended() -> None:
+    """What waits for an attempt's fenced transaction (a failure settle refused while it was
+    open) is called once, on the thread that ends it, when ``completed`` is already final; with
+    none open it is not called at all and the caller decides at once."""
+    import threading
+
+    runtime = _runtime()
+    runtime.store.add(5, '{"update_id": 5}', runtime.now_ms())
+    attempt = runtime.claim(5)
+    assert attempt is not None
+    assert attempt.after_transactions(lambda: None) is False  # none open: never called
+    inside, release = threading.Event(), threading.Event()
+    seen: List[object] = []
+
+    def complete() -> None:
+        with attempt.transaction(complete=True):
+            inside.set()
+            release.wait(10)
+
+    worker = threading.Thread(target=complete)
+    worker.start()
+    assert inside.wait(10)
+    assert attempt.after_transactions(
+        lambda: seen.append((attempt.completed, attempt.in_fenced_transaction,
+                             threading.current_thread() is worker))
+    )
+    assert seen == []  # still open
+    release.set()
+    worker.join(10)
+    assert seen == [(True, False, True)]

@@ -48,6 +48,7 @@ DEFAULT_CONNECT_TIMEOUT = 10
 _CONNECTIONS: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _POOLS: "weakref.WeakSet[Union[DsnPool, UserPool]]" = weakref.WeakSet()
 _INHERITED: List[Any] = []  # the parent's connections in a forked child: never closed
+_DETACHED: "weakref.WeakSet[Any]" = weakref.WeakSet()  # the same, to recognise them
 
 
 def track(conn: Any) -> Any:
@@ -78,6 +79,7 @@ def _detach(conn: Any) -> None:
 def _after_fork_in_child() -> None:
     for conn in list(_CONNECTIONS):
         _INHERITED.append(conn)
+        _DETACHED.add(conn)
         _detach(conn)
     _CONNECTIONS.clear()
     for pool in list(_POOLS):
@@ -283,8 +285,8 @@ class UserPool:
 
     def forget_inherited(self) -> None:
         """In a forked child: the parent's threads no longer hold slots or the lock. (The
-        caller's pool keeps its connections; those the store used are detached, so using one
-        in the child fails and it is discarded.)"""
+        caller's pool keeps its connections; those the store used are detached, and
+        :meth:`acquire` closes such a one instead of handing it out.)"""
         self._slots = threading.BoundedSemaphore(self.capacity)
         self._lock = threading.Lock()
 
@@ -321,7 +323,8 @@ class UserPool:
                     failure = exc
                 if failure is not None:
                     raise scrubbed(failure, self._secrets, "could not connect to PostgreSQL: ")
-                if conn.closed:
+                if conn.closed or conn in _DETACHED:
+                    # (a detached one is closed on /dev/null: the parent's session is safe)
                     with self._lock:
                         self._pool.putconn(conn, close=True)
                     continue

@@ -128,14 +128,23 @@ def unlink(path: str) -> None:
 
 
 def make_directory(directory: str) -> None:
-    """Create the lock directory (when missing) with the permissions of the database's
-    directory, so every OS user that may write the database may also hold liveness."""
+    """Create the lock directory (when missing) with the group and permissions of the
+    database's directory, so every OS user that may write the database may also hold
+    liveness (without a setgid bit the new directory would get its creator's group)."""
     try:
         os.mkdir(directory)
     except FileExistsError:
         return
     try:
-        os.chmod(directory, stat.S_IMODE(os.stat(os.path.dirname(directory)).st_mode))
+        parent = os.stat(os.path.dirname(directory))
+    except OSError:  # pragma: no cover - it was just created in there
+        return
+    try:
+        os.chown(directory, -1, parent.st_gid)
+    except OSError:  # not a member of that group: the directory keeps the creator's
+        pass
+    try:
+        os.chmod(directory, stat.S_IMODE(parent.st_mode))
     except OSError:  # pragma: no cover - not the owner: the directory stays as created
         pass
 

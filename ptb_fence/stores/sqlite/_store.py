@@ -883,8 +883,8 @@ class SQLiteUpdateStore:
         """Start holding this store object's liveness (idempotent) and return its instance id.
 
         Takes an exclusive ``flock`` on ``<database>.instances/<instance>.lock`` (the directory
-        is created when missing, with the permissions of the database's directory; the file is
-        readable by others and names the instance) and records the instance in
+        is created when missing, with the group and permissions of the database's directory;
+        the file is readable by others and names the instance) and records the instance in
         ``ptb_fence_instances``. Claims made through this object from now on record the
         instance (optional capability, see :class:`ptb_fence.LivenessStore`).
         """
