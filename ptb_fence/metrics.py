@@ -73,7 +73,8 @@ is what the sweep last read. ``prometheus_client`` is imported by :func:`registe
    * - ``ptb_fence_store_call_duration_seconds``
      - histogram
      - ``operation``
-     - Store calls: record, claim, renew, settle, sweep, exhaustions, prune, release, liveness, figures
+     - Store calls: record, claim, renew, settle, sweep, exhaustions, prune, release, liveness,
+       figures, outbox
    * - ``ptb_fence_unsettled_updates``
      - gauge
      - 
@@ -86,9 +87,18 @@ is what the sweep last read. ``prometheus_client`` is imported by :func:`registe
      - gauge
      - 
      - Unacknowledged exhaustions in the store
+   * - ``ptb_fence_outbox_sends_total``
+     - counter
+     - ``result``
+     - Outbox calls this process sent, failed, or retried (a failed send scheduled again)
+   * - ``ptb_fence_outbox_calls``
+     - gauge
+     - ``state``
+     - Outbox calls in the store: pending, sending, sent, failed, failed_acknowledged
 
-The last three are present once the sweep has read the store (a store with the ``figures``
-capability: the shipped ones).
+The three store gauges above are present once the sweep has read the store (a store with the
+``figures`` capability: the shipped ones); ``ptb_fence_outbox_calls`` once it has read the
+outbox of a fenced front end's store.
 """
 
 from __future__ import annotations
@@ -225,6 +235,13 @@ class StatsCollector:
         if stats.exhaustions_waiting is not None:
             yield gauge("exhaustions_waiting", "Unacknowledged exhaustions in the store.",
                         stats.exhaustions_waiting)
+        yield by(core.CounterMetricFamily, "outbox_sends",
+                 "Outbox calls sent, failed or retried by this process.", "result",
+                 {"sent": stats.calls_sent, "failed": stats.calls_failed,
+                  "retried": stats.calls_retried})
+        if stats.outbox is not None:
+            yield by(core.GaugeMetricFamily, "outbox_calls", "Outbox calls in the store by state.",
+                     "state", stats.outbox)
 
 
 def register(

@@ -463,8 +463,7 @@ class Runtime:
             return Outcome.EXHAUSTED, self._exhaustion_of(attempt), True
         if error is None:
             return self.settle_completed(attempt), None, True
-        attempt.drop_effects("the attempt failed: its retry queues its own calls")
-        return self._settle_failed(attempt, error)
+        return self._settle_failed(attempt, error)  # it discards what the attempt holds
 
     def settle_completed(self, attempt: Attempt) -> Outcome:
         """Settle a successful attempt as completed; fire ``owner_lost`` if it did not land."""

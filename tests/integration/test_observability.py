@@ -316,7 +316,8 @@ def test_the_readme_metrics_table_names_every_metric() -> None:
     clock = FakeClock()
     store = MemoryUpdateStore()
     store.add(1, body(1), clock.ms() - 5_000)  # so the store gauges show too
-    intake = UpdateIntake(store, handle=lambda update: None, clock=clock)
+    # attempt-aware on an outbox store: the sweep reads the outbox counts too
+    intake = UpdateIntake(store, handle_attempt=lambda update, attempt: None, clock=clock)
     intake.runtime.sweep_done(0)
     registry = CollectorRegistry()
     register(intake, registry)

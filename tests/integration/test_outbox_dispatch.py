@@ -367,6 +367,17 @@ def test_blocking_intake_end_to_end(store: Any) -> None:
             counts = intake.stats().outbox
             assert counts is not None and set(counts) == {
                 "pending", "sending", "sent", "failed", "failed_acknowledged"}
+            # and Prometheus sees the same
+            from prometheus_client import CollectorRegistry
+
+            from ptb_fence.metrics import register
+
+            registry = CollectorRegistry()
+            register(intake, registry)
+            for result, count in (("sent", 1), ("failed", 1), ("retried", 1)):
+                assert registry.get_sample_value(
+                    "ptb_fence_outbox_sends_total", {"result": result}) == count
+            assert registry.get_sample_value("ptb_fence_outbox_calls", {"state": "pending"}) == 0
         finally:
             intake.close()
         assert _texts(fake) == ["hi from the intake"]
@@ -463,3 +474,36 @@ def test_two_senders_keep_each_chats_commit_order(shared_stores: Any) -> None:
         finally:
             for intake in intakes:
                 intake.close()
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
+def test_calls_of_a_sender_that_died_are_sent_after_its_lease(store: Any) -> None:
+    from ptb_fence import AttemptEffects, Completed, OutboxCall
+
+    now = int(time.time() * 1000)
+    assert store.add(1, body(1, chat=70), now)
+    identity = store.claim_owned(1, now=now, lease_until=now + 60_000, max_attempts=5)
+    calls = tuple(
+        OutboxCall("sendMessage", json.dumps({"chat_id": 70, "text": f"left {i}"}), 70, i)
+        for i in range(2)
+    )
+    # a process completed the update with two calls, claimed the first to send, and died
+    assert store.settle_owned_many(
+        [(identity, Completed(now))], effects={identity: AttemptEffects(calls=calls)}
+    ) == [True]
+    (claimed,) = store.claim_calls(now=now, lease_until=now + 1_500, limit=1, sender="dead")
+    with FakeBotApi() as fake:
+        intake = UpdateIntake(
+            store, handle_attempt=lambda update, attempt: None, bot_token=fake.token,
+            bot_base_url=fake.base_url, sweep_every_seconds=0.2,
+        )
+        intake.start()
+        try:
+            assert wait_until(lambda: len(fake.sent_messages) == 2, 20)
+            elapsed = time.time() * 1000 - now
+        finally:
+            intake.close()
+        # the chat's first call held the second until its dead sender's lease lapsed
+        assert _texts(fake) == ["left 0", "left 1"] and elapsed >= 1_500
+    entry = store.get_call(claimed.call_id)
+    assert entry is not None and entry.state == "sent" and entry.tries == 2
