@@ -128,8 +128,8 @@ def _read(store: Any, key: StateKey) -> Any:
 def test_state_commits_with_the_update_and_every_attempt_starts_from_it(tmp_path: Path) -> None:
     """A conversation over two Applications on one file (a restart): the second continues
     at the committed state; a failing attempt's user_data change is not seen by its retry and
-    not written; handlers work on private copies (the Application's dict is the committed
-    one); PTB's flush writes nothing."""
+    not written; handlers work on private copies (the Application's dict is not the one the
+    handler changes)."""
     path = str(tmp_path / "bot.db")
     seen: List[Dict[str, Any]] = []
     failed: List[int] = []
@@ -313,5 +313,45 @@ def test_state_that_cannot_be_pickled_fails_only_its_own_attempt(
         assert _read(store, StateKey("user", "", "5")) is None
         text = "\n".join(r.getMessage() for r in caplog.records)
         assert "cannot store the state of update" in text and "picklable" in text
+    finally:
+        store.close()
+
+
+def test_ptbs_flush_writes_nothing_and_names_a_change_made_outside_an_update(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After an update committed user_data, code outside any update (as a job would) changes
+    the Application's copy; PTB's update_persistence (its periodic flush) and the final flush
+    at stop write nothing, and one WARNING names the change."""
+    store = SQLiteUpdateStore(str(tmp_path / "bot.db"))
+
+    async def hello(update: Any, context: Any) -> None:
+        context.user_data["hello"] = True
+
+    with FakeBotApi() as fake:
+        app = build(FencedUpdateProcessor(store), fake,
+                    Application.builder().persistence(FencedPersistence(store)))
+        app.add_handler(CommandHandler("hello", hello))
+
+        async def go() -> None:
+            async with polling(app):
+                fake.inject_message(chat_id=5, text="/hello")
+                for _ in range(300):
+                    if _read(store, StateKey("user", "", "5")) == {"hello": True}:
+                        break
+                    await asyncio.sleep(0.05)
+                assert app.user_data[5] == {"hello": True}  # the committed data, published
+                app.user_data[5]["job"] = 1  # outside any update
+                app.mark_data_for_update_persistence(user_ids=5)
+                await app.update_persistence()
+
+        with caplog.at_level(logging.WARNING, logger="ptb_fence.ptb"):
+            run(go())
+    try:
+        assert _read(store, StateKey("user", "", "5")) == {"hello": True}
+        assert store.read_state([StateKey("user", "", "5")])[StateKey("user", "", "5")].version == 1
+        outside = [r.getMessage() for r in caplog.records
+                   if "changed outside any update" in r.getMessage()]
+        assert len(outside) == 1 and "user_data of user 5" in outside[0], outside
     finally:
         store.close()
