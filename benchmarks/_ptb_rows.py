@@ -150,7 +150,9 @@ class _Run:
             raw = PostgresUpdateStore(self.cfg["dsn"], self.table)  # library defaults (pool 8)
             raw.due(now=0, pending_before=0, limit=1)  # create the table before counting
         self.raw_store = raw
-        self.store = CountingStore(raw, self.tracker)
+        self.store = CountingStore(
+            raw, self.tracker, exact_claims=bool(self.cfg.get("claims_exact"))
+        )
 
     def build_app(self, pending: int = 0) -> None:
         if self.polling:
@@ -418,6 +420,7 @@ async def _throughput_run(
         counter.reset()
         if run.store is not None:
             run.store.reset_calls()
+            run.store.claims.reset()
         if profiler is not None:
             profiler.resume()
         server_cpu0 = process_cpu_seconds(run.server_pid) if run.server_pid else None
@@ -446,6 +449,9 @@ async def _throughput_run(
             profiler.pause()
         counts = counter.snapshot()
         calls = run.store.calls() if run.store is not None else {}
+        claims_peak = (
+            run.store.claims.peak if run.store is not None and run.store.claims.exact else None
+        )
         await run.stop_app()
         run.close()
         after = (
@@ -467,6 +473,7 @@ async def _throughput_run(
             ),
             "driver": counts,
             "calls": calls,
+            "claims_peak": claims_peak,
             "server_commits": None if before is None or after is None else after - before,
         }
         if note:
@@ -623,6 +630,9 @@ async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[s
         "server_cpu_us_per_update": median(server_us) if server_us else None,
         "handled": total_n,
         "calls_per_update": {k: v / total_n for k, v in sorted(calls.items())},
+        "claims_peak": max(
+            (r["claims_peak"] for r in runs if r.get("claims_peak") is not None), default=None
+        ),
         "store_calls_per_update": sum(calls.values()) / total_n if calls else None,
         "statements_per_update": driver.get("statements", 0) / total_n if counter.installed else None,
         "commits_per_update": driver.get("commits", 0) / total_n if counter.installed else None,

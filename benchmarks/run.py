@@ -434,9 +434,12 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
 class Report:
     """Collects results and prints the table, the scaling sections and the targets."""
 
-    def __init__(self, rows: Sequence[Row], results: Dict[str, Dict[str, Any]]) -> None:
+    def __init__(
+        self, rows: Sequence[Row], results: Dict[str, Dict[str, Any]], claim_buffer: int = 8
+    ) -> None:
         self.rows = rows
         self.results = results
+        self.claim_buffer = claim_buffer  # the rows' ingest_claim_buffer (the library default)
 
     def ok(self, name: str) -> Optional[Dict[str, Any]]:
         result = self.results.get(name)
@@ -562,6 +565,12 @@ class Report:
             calls = result.get("calls_per_update") or {}
             if calls:
                 parts.append(", ".join(f"{k} {v:.3f}" for k, v in calls.items()))
+            peak = result.get("claims_peak")
+            if peak and row.kind.split("-")[-1] == "fenced":
+                parts.append(
+                    f"claims held at most {peak} (bound max_concurrent + ingest_claim_buffer = "
+                    f"{row.concurrency + int(self.claim_buffer)}; tallied in commit order at the store proxy, --claims-exact)"
+                )
             if row.kind == "pgqueuer":
                 drains = result["drain_rates"]
                 parts.append(
@@ -889,6 +898,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "--no-driver-count", action="store_true",
         help="do not count statements/commits at the driver (to check the counting's overhead)",
     )
+    parser.add_argument(
+        "--claims-exact", action="store_true",
+        help="report the most claims a fenced no-op row's process held in the store: the store "
+        "proxy runs the calls that grant or end claims one at a time to tally them in commit order "
+        "(changes how those calls overlap: measure throughput without it)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--fake-server", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -997,6 +1012,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "driver_count": not args.no_driver_count,
                 "timeout": args.timeout,
                 "processor_options": _processor_options(args.processor_option),
+                "claims_exact": args.claims_exact,
             }
             env_extra = {}
             if row.kind == "pgqueuer":
@@ -1021,7 +1037,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 print(f"  note: could not drop database {bench_db}: {exc}")
         shutil.rmtree(workdir, ignore_errors=True)
 
-    report = Report(selected, results)
+    report = Report(
+        selected, results,
+        int(_processor_options(args.processor_option).get("ingest_claim_buffer", 8)),
+    )
     print()
     print("THROUGHPUT (median of runs; ratios use medians; '-' = not applicable or not measured)")
     for line in report.throughput_table():

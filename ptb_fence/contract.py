@@ -105,6 +105,7 @@ BATCH_METHODS = (
     "renew_many",
     "renew_owned_many",
     "settle_owned_many",
+    "settle_and_claim_many",
 )
 """The optional methods of :class:`BatchUpdateStore`; each is independently optional."""
 
@@ -343,6 +344,21 @@ class BatchUpdateStore(Protocol):
     ) -> List[bool]:
         """``[settle_owned(i, s) for i, s in items]`` in one commit; per position whether that
         settlement landed."""
+
+    def settle_and_claim_many(
+        self,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+        update_ids: Sequence[int],
+        terms: ClaimTerms,
+    ) -> Tuple[List[bool], List[Optional[AttemptIdentity]]]:
+        """:meth:`settle_owned_many` then :meth:`ClaimingUpdateStore.claim_owned_many`
+        (``update_ids`` on ``terms``) in one commit, all or nothing; returns both results.
+
+        The runtime claims the updates that take the slots of finished attempts in the commit
+        that settles those attempts, so the claims a process holds stay bounded with one commit
+        per group instead of two. An outbox store also takes ``effects=`` here, as in
+        :meth:`settle_owned_many`.
+        """
 
 
 class ClaimingUpdateStore(Protocol):
@@ -891,6 +907,9 @@ CAPABILITY_GROUPS: Tuple[CapabilityGroup, ...] = (
            "claim at ingest: record and claim fresh updates in one commit", ("fenced",)),
     _group("add_claimed_and_settle_many", "add_claimed_and_settle_many",
            "record, claim and settle in one commit", ("fenced",)),
+    _group("settle_and_claim_many", "settle_and_claim_many",
+           "settle finished attempts and claim the updates that take their slots in one "
+           "commit", ("fenced",)),
     _group("transaction", "transaction", "attempt.transaction() without connection="),
     _group("completing", "complete_owned reopen_completed",
            "a complete=True transaction owns and settles in one statement at its start",

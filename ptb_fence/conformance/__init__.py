@@ -97,6 +97,7 @@ _CHECKS: Tuple[RuleCheck, ...] = (
     _batches.rule_batch_claim,
     _batches.rule_batch_settle,
     _batches.rule_combined_write,
+    _batches.rule_settle_and_claim,
     _fence.rule_transaction,
     _fence.rule_connection_fence,
     _fence.rule_completing,

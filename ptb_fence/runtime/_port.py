@@ -191,6 +191,7 @@ class StorePort:
         "_reopen_completed",
         "_settle_connection",
         "_settle_owned",
+        "_settle_and_claim_many",
         "_settle_owned_many",
         "_take_over_dead",
         "_transaction",
@@ -256,6 +257,7 @@ class StorePort:
         self._claim_owned_many = method("claim_owned_many", "claim_owned_many")
         self._renew_owned_many = method("renew_owned_many", "renew_owned_many")
         self._settle_owned_many = method("settle_owned_many", "settle_owned_many")
+        self._settle_and_claim_many = method("settle_and_claim_many", "settle_and_claim_many")
         self._claim_keywords = self._claim_owned_many is not None and takes_claim_keywords(
             self._claim_owned_many
         )
@@ -353,6 +355,12 @@ class StorePort:
     def claims_many_at_once(self) -> bool:
         """:obj:`bool`: ``claim_owned_many`` is one statement (one commit) in the store."""
         return self._claim_owned_many is not None
+
+    @property
+    def settles_and_claims_together(self) -> bool:
+        """:obj:`bool`: The store settles finished attempts and claims the updates that take
+        their slots in one commit (``settle_and_claim_many``)."""
+        return self._settle_and_claim_many is not None
 
     @property
     def orders_chats(self) -> bool:
@@ -622,6 +630,26 @@ class StorePort:
                 identity = self.claim_owned(update_id, terms)
             result.append(identity)
         return result
+
+    def settle_and_claim(
+        self,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+        update_ids: Sequence[int],
+        terms: ClaimTerms,
+        *,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
+    ) -> Tuple[List[bool], List[Optional[AttemptIdentity]]]:
+        """:meth:`settle_owned_many` (with ``effects``) and :meth:`claim_owned_many`: one
+        commit with ``settle_and_claim_many``, else the two calls one after the other (the
+        settles first, so a claim never counts on a completion that did not land)."""
+        if self._settle_and_claim_many is None:
+            landed = self.settle_owned_many(settlements, effects=effects) if settlements else []
+            return landed, self.claim_owned_many(update_ids, terms) if update_ids else []
+        extra = self._effects_keyword(effects)
+        landed, identities = self._settle_and_claim_many(
+            list(settlements), list(update_ids), terms, **extra
+        )
+        return [bool(ok) for ok in landed], list(identities)
 
     def _claim_batch(
         self, update_ids: List[int], terms: ClaimTerms

@@ -589,6 +589,20 @@ class CombinedWriteDropsSettlementsStore(MemoryUpdateStore):
         return added, [True for _ in settlements]
 
 
+class SettleAndClaimClaimsFirstStore(MemoryUpdateStore):
+    """settle_and_claim_many claims before it settles (a row completed in the same call is
+    claimed again)."""
+
+    def settle_and_claim_many(
+        self,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+        update_ids: Sequence[int],
+        terms: ClaimTerms,
+    ) -> Tuple[List[bool], List[Optional[AttemptIdentity]]]:
+        claimed = self.claim_owned_many(update_ids, terms)
+        return self.settle_owned_many(settlements), claimed
+
+
 class BindBotAcceptsAnyIdStore(MemoryUpdateStore):
     """bind_bot accepts every bot id (two bots would share one table)."""
 
@@ -1223,6 +1237,7 @@ BROKEN: Dict[Type[Any], Sequence[str]] = {
     AddClaimedManyClaimsExistingStore: ("batch-claim-at-ingest",),
     SettleOwnedManyIgnoresClaimIdStore: ("batch-settle",),
     CombinedWriteDropsSettlementsStore: ("combined-write",),
+    SettleAndClaimClaimsFirstStore: ("settle-and-claim",),
     BindBotAcceptsAnyIdStore: ("bind-bot",),
     TransactionSwallowsErrorsStore: ("transaction",),
     SettleOwnedCommitsOnItsOwnStore: ("transaction", "connection-fence"),

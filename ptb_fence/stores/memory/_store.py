@@ -459,6 +459,22 @@ class MemoryUpdateStore:
             added = self.add_claimed_many(rows, lease_until=lease_until)
             return added, self.settle_owned_many(settlements, effects=effects)
 
+    def settle_and_claim_many(
+        self,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+        update_ids: Sequence[int],
+        terms: ClaimTerms,
+        *,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
+    ) -> Tuple[List[bool], List[Optional[AttemptIdentity]]]:
+        """:meth:`settle_owned_many` (with its ``effects``), then :meth:`claim_owned_many`, at
+        once (optional capability; one commit in the SQL stores): the slots that completions
+        free are claimed in the commit that frees them."""
+        ids = [validate_update_id(update_id) for update_id in update_ids]
+        with self._lock:
+            landed = self.settle_owned_many(settlements, effects=effects)
+            return landed, self._claim_all(ids, terms)
+
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """Hold the store's lock for a block (optional capability used by ``Attempt``).

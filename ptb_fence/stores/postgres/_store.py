@@ -16,6 +16,7 @@ import uuid
 from typing import (
     TYPE_CHECKING,
     Any,
+    Callable,
     ContextManager,
     Dict,
     List,
@@ -556,28 +557,76 @@ class PostgresUpdateStore:
             an id repeated in ``update_ids``.
         """
         ids = [validate_update_id(update_id) for update_id in update_ids]
-        distinct = list(dict.fromkeys(ids))
-        if not distinct:
+        if not ids:
             return []
+        claim, taken = self._claim_many_work(ids, terms)
+        self._db.run(claim)
+        return taken()
+
+    def _claim_many_work(
+        self, ids: List[int], terms: ClaimTerms
+    ) -> Tuple[
+        Callable[[Any], None], Callable[[], List[Optional[AttemptIdentity]]]
+    ]:
+        """The claims of :meth:`claim_owned_many`: the work to run on a cursor inside a
+        transaction, and what gives the identities per position once it has run."""
+        distinct = list(dict.fromkeys(ids))
         params = self._claim_params(terms)
         params["update_ids"] = distinct
         params["claim_ids"] = [uuid.uuid4().hex for _ in distinct]
         instance = self._db.has_column("instance")
         suspect = instance and self._db.has_column("isolated_claim")
         sql = ClaimStatements(self._db.table).claim_owned_many(instance, suspect)
+        fetched: List[Tuple[Any, ...]] = []
 
-        def work(cur: Any) -> List[Tuple[Any, ...]]:
-            cur.execute(sql, params)
-            return list(cur.fetchall())
+        def work(cur: Any) -> None:
+            fetched.clear()  # a retried transaction runs the work again
+            if distinct:
+                cur.execute(sql, params)
+                fetched.extend(cur.fetchall())
 
-        taken: Dict[int, AttemptIdentity] = {}
-        for row in self._db.run(work):
-            if row[1] == "processing":
-                identity = AttemptIdentity(int(row[0]), int(row[2]), str(row[3]))
-                taken[identity.update_id] = identity
-                if suspect and row[4]:
-                    self._suspects.note(identity)
-        return [taken.pop(update_id, None) for update_id in ids]
+        def taken() -> List[Optional[AttemptIdentity]]:
+            by_id: Dict[int, AttemptIdentity] = {}
+            for row in fetched:
+                if row[1] == "processing":
+                    identity = AttemptIdentity(int(row[0]), int(row[2]), str(row[3]))
+                    by_id[identity.update_id] = identity
+                    if suspect and row[4]:
+                        self._suspects.note(identity)
+            return [by_id.pop(update_id, None) for update_id in ids]
+
+        return work, taken
+
+    def settle_and_claim_many(
+        self,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+        update_ids: Sequence[int],
+        terms: ClaimTerms,
+        *,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
+    ) -> Tuple[List[bool], List[Optional[AttemptIdentity]]]:
+        """:meth:`settle_owned_many` (with its ``effects``), then :meth:`claim_owned_many`, in
+        one transaction (one commit): the slots that completions free are claimed in the
+        commit that frees them (optional capability).
+
+        Returns:
+            Per settlement whether it landed, and per ``update_ids`` position what
+            :meth:`claim_owned_many` gives.
+        """
+        ids = [validate_update_id(update_id) for update_id in update_ids]
+        items = list(settlements)
+        if not ids and not items:
+            return [], []
+        settle = settle_owned_work(self._db.sql, items, effects) if items else None
+        claim, taken = self._claim_many_work(ids, terms)
+
+        def work(cur: Any) -> List[bool]:
+            landed = settle(cur) if settle is not None else []
+            claim(cur)
+            return landed
+
+        landed = self._db.run(work)
+        return landed, taken()
 
     def renew_owned(
         self, identity: AttemptIdentity, lease_until: int, now: Optional[int] = None

@@ -454,13 +454,21 @@ class SQLiteUpdateStore:
             an id repeated in ``update_ids``.
         """
         ids = [validate_update_id(update_id) for update_id in update_ids]
-        params = claim_params(terms, self._liveness.mine())
+        if not ids:
+            return []
+        with self._conns.immediate() as conn:
+            return self._claim_many_in(conn, ids, terms)
+
+    def _claim_many_in(
+        self, conn: sqlite3.Connection, ids: List[int], terms: ClaimTerms
+    ) -> List[Optional[AttemptIdentity]]:
+        """The claims of :meth:`claim_owned_many` on ``conn``, inside its open transaction."""
         distinct = list(dict.fromkeys(ids))
         if not distinct:
             return []
+        params = claim_params(terms, self._liveness.mine())
         params["ids"] = json.dumps(distinct)
-        with self._conns.immediate() as conn:
-            rows = conn.execute(self._sql.claim_owned_many, params).fetchall()
+        rows = conn.execute(self._sql.claim_owned_many, params).fetchall()
         taken: Dict[int, AttemptIdentity] = {}
         for update_id, state, attempts, claim_id, suspect in rows:
             if state == "processing":
@@ -558,6 +566,30 @@ class SQLiteUpdateStore:
             added = add_claimed_in(self._sql, conn, rows, lease_until, self._liveness.mine())
             landed = settle_owned_in(self._sql, conn, settlements, effects)
         return added, landed
+
+    def settle_and_claim_many(
+        self,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+        update_ids: Sequence[int],
+        terms: ClaimTerms,
+        *,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
+    ) -> Tuple[List[bool], List[Optional[AttemptIdentity]]]:
+        """:meth:`settle_owned_many` (with its ``effects``), then :meth:`claim_owned_many`, in
+        one transaction (one commit): the slots that completions free are claimed in the
+        commit that frees them (optional capability).
+
+        Returns:
+            Per settlement whether it landed, and per ``update_ids`` position what
+            :meth:`claim_owned_many` gives.
+        """
+        ids = [validate_update_id(update_id) for update_id in update_ids]
+        settlements = list(settlements)
+        if not ids and not settlements:
+            return [], []
+        with self._conns.immediate() as conn:
+            landed = settle_owned_in(self._sql, conn, settlements, effects) if settlements else []
+            return landed, self._claim_many_in(conn, ids, terms)
 
     def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
         """:obj:`True` only while this exact claim holds a lease unexpired at ``at``.
