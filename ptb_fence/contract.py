@@ -794,8 +794,9 @@ class StateStore(Protocol):
     its version.
 
     An attempt's state writes (:attr:`AttemptEffects.state`) ride in the commit that completes
-    it, all or none: ``settle_owned_many(items, *, effects=...)`` and
-    ``add_claimed_and_settle_many(..., *, effects=...)`` apply, for each settlement that is
+    it, all or none: ``settle_owned_many(items, *, effects=...)``,
+    ``add_claimed_and_settle_many(..., *, effects=...)`` and ``settle_and_claim_many(..., *,
+    effects=...)`` apply, for each settlement that is
     :class:`~ptb_fence.Completed` and owned, its writes together with the settle; if any of
     them finds another version, none of that item's writes is applied, the item does not
     settle (it stays claimed by the attempt) and its result is a :class:`StateConflict` naming

@@ -638,7 +638,7 @@ class StorePort:
         terms: ClaimTerms,
         *,
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> Tuple[List[bool], List[Optional[AttemptIdentity]]]:
+    ) -> Tuple[List[Landing], List[Optional[AttemptIdentity]]]:
         """:meth:`settle_owned_many` (with ``effects``) and :meth:`claim_owned_many`: one
         commit with ``settle_and_claim_many``, else the two calls one after the other (the
         settles first, so a claim never counts on a completion that did not land)."""
@@ -649,7 +649,7 @@ class StorePort:
         landed, identities = self._settle_and_claim_many(
             list(settlements), list(update_ids), terms, **extra
         )
-        return [bool(ok) for ok in landed], list(identities)
+        return [_landing(ok) for ok in landed], list(identities)
 
     def _claim_batch(
         self, update_ids: List[int], terms: ClaimTerms

@@ -330,3 +330,28 @@ def test_the_values_are_frozen_and_a_conflict_is_falsy() -> None:
     conflict = StateConflict((key,))
     assert not conflict and conflict != StateConflict((USER,))
     assert "bot" in str(StateConflictError((key,)))
+
+
+def test_settle_and_claim_lands_the_fresh_writes_and_stops_only_the_stale_completion(
+    store: Any,
+) -> None:
+    """The combined settle-and-claim (the slots completions free are claimed in their commit)
+    treats state writes as the other settles do."""
+    from ptb_fence import ClaimTerms
+
+    fresh, stale = claimed(store, 1), claimed(store, 2)
+    assert store.add(3, '{"update_id": 3}', T)
+    landed, identities = store.settle_and_claim_many(
+        [(fresh, Completed(T + 1)), (stale, Completed(T + 1))], [3],
+        ClaimTerms(now=T + 1, lease_until=T + L, max_attempts=5),
+        effects={fresh: writes((USER, "a", 0)), stale: writes((USER, "b", 0))},
+    )
+    assert landed[0] is True and isinstance(landed[1], StateConflict)
+    assert identities[0] is not None and identities[0].update_id == 3
+    assert store.read_state([USER]) == {USER: StateEntry("a", 1)}
+    assert store.owns(stale, T + 2)
+    port = StorePort(store, component="test", fenced=True)
+    again, _ = port.settle_and_claim(
+        [(stale, Completed(T + 3))], [], ClaimTerms(now=T + 3, lease_until=T + L, max_attempts=5),
+        effects={stale: writes((USER, "c", 0))})
+    assert isinstance(again[0], StateConflict) and again[0].keys == (USER,)

@@ -466,7 +466,7 @@ class MemoryUpdateStore:
         terms: ClaimTerms,
         *,
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> Tuple[List[bool], List[Optional[AttemptIdentity]]]:
+    ) -> Tuple[List[Landing], List[Optional[AttemptIdentity]]]:
         """:meth:`settle_owned_many` (with its ``effects``), then :meth:`claim_owned_many`, at
         once (optional capability; one commit in the SQL stores): the slots that completions
         free are claimed in the commit that frees them."""

@@ -604,7 +604,7 @@ class PostgresUpdateStore:
         terms: ClaimTerms,
         *,
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> Tuple[List[bool], List[Optional[AttemptIdentity]]]:
+    ) -> Tuple[List[Landing], List[Optional[AttemptIdentity]]]:
         """:meth:`settle_owned_many` (with its ``effects``), then :meth:`claim_owned_many`, in
         one transaction (one commit): the slots that completions free are claimed in the
         commit that frees them (optional capability).
@@ -620,8 +620,8 @@ class PostgresUpdateStore:
         settle = settle_owned_work(self._db.sql, items, effects) if items else None
         claim, taken = self._claim_many_work(ids, terms)
 
-        def work(cur: Any) -> List[bool]:
-            landed = settle(cur) if settle is not None else []
+        def work(cur: Any) -> List[Landing]:
+            landed: List[Landing] = settle(cur) if settle is not None else []
             claim(cur)
             return landed
 

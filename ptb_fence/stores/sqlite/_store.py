@@ -574,7 +574,7 @@ class SQLiteUpdateStore:
         terms: ClaimTerms,
         *,
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> Tuple[List[bool], List[Optional[AttemptIdentity]]]:
+    ) -> Tuple[List[Landing], List[Optional[AttemptIdentity]]]:
         """:meth:`settle_owned_many` (with its ``effects``), then :meth:`claim_owned_many`, in
         one transaction (one commit): the slots that completions free are claimed in the
         commit that frees them (optional capability).
