@@ -18,7 +18,8 @@ the slot). Each step writes one domain row ``(update_id, user_id, step, value, a
 in ``transaction(complete=True)``: the same commit as the step's state (declared first with
 ``context.next_conversation_state``). ``/count`` adds one to
 ``user_data["count"]`` (after ``--count-sleep`` seconds, or with ``--count-peer`` once another
-process read the count too, so that two updates of one user overlap)
+update, in this process or another, read the count too, so that two updates of one user
+overlap)
 and completes without a transaction (the grouped completion carries the state); ``/count txn``
 does the same in ``transaction(complete=True)`` with a domain row. ``/set`` sets
 ``user_data["x"] = 1`` and completes.
@@ -72,7 +73,7 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--fail-once", default="")
     parser.add_argument("--count-sleep", type=float, default=0.0)
     parser.add_argument("--count-peer", action="store_true",
-                        help="/count waits (up to 15 s) until another process read the count too")
+                        help="/count waits (up to 15 s) until another update read the count too")
     parser.add_argument("--lease", type=float, default=120.0)
     parser.add_argument("--max-concurrent", type=int, default=8)
     parser.add_argument("--max-life", type=float, default=120.0)
@@ -139,7 +140,8 @@ async def main(args: argparse.Namespace) -> Any:
             end = time.monotonic() + 15
             while time.monotonic() < end and not [
                     name for name in os.listdir(args.dir)
-                    if name.startswith("reading.") and not name.endswith(f".{pid}")]:
+                    if name.startswith("reading.")
+                    and not name.startswith(f"reading.{update.update_id}.")]:
                 await asyncio.sleep(0.05)
         if args.count_sleep:
             await asyncio.sleep(args.count_sleep)

@@ -222,12 +222,13 @@ def test_the_same_user_in_two_chats_at_once_loses_no_change(
     bots: Bots, bed: Bed, text: str
 ) -> None:
     with FakeBotApi() as fake:
-        bot = bots.spawn(fake, bed.url, bed.table, bed.domain, "--count-sleep", "1.0")
+        bot = bots.spawn(fake, bed.url, bed.table, bed.domain, "--count-peer")
         bots.wait_ready(bot)
         ids = _two_chats(fake, text)
         handled(bots, bed, ids)
         stop(bots, bot)
-    # both handlers read the count before either committed: one of them was retried
+    # both handlers read the count before either committed (each waited for the other's
+    # read): one of them conflicted and was retried
     attempts = {u: seen(bots, u) for u in ids}
     assert sorted(len(a) for a in attempts.values()) == [1, 2], attempts
     retried = [a for a in attempts.values() if len(a) == 2][0]
