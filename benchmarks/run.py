@@ -57,6 +57,15 @@ Rows (``--list`` prints them):
 - ``poll-fenced-{sqlite,pg}-32``: ``FencedUpdateProcessor`` polling, no-op handler.
 - ``poll-fenced-write-{sqlite,pg}-32``: ``FencedUpdateProcessor`` polling; the handler does
   ``await context.attempt.run_in_transaction(insert, complete=True)``.
+- ``poll-reply-{sqlite,pg}-32``: ``FencedUpdateProcessor`` polling; the handler does the fenced
+  write ``run_in_transaction(insert, complete=True)`` and then replies directly, ``await
+  context.bot.send_message(chat, text)``.
+- ``poll-outbox-{sqlite,pg}-32``: the same write; the reply goes through the outbox:
+  ``attempt.outbox.send_message(chat, text)`` before the write (held by the attempt, written in
+  the write's commit) and sent by the process's dispatcher after it. In both reply rows an
+  update counts as done when the fake Bot API answered its reply (a ``telegram.request``
+  subclass given to the builder timestamps the answer), and their ``reply lat`` figures are a
+  low-load phase (one ``update_queue.put`` at a time) from the put to the reply's answer.
 - ``lease-{sqlite,pg}``: ``LeaseKeeper.tick()`` with 1, 100 and 5,000 active attempts.
 - ``backlog-{sqlite,pg}``: 100,000 recorded updates handled after a restart; RSS sampled.
 - ``backlog-write-{sqlite,pg}``: the same backlog, each update handled with the fenced write
@@ -91,7 +100,9 @@ What the columns count:
 
 The TARGETS section checks the goals of issue 14 (``[14]``: the polling rows' ratios to
 ``poll-plain-32`` and ``poll-naive-pg-32``, the fenced write's CPU per update, commits per update,
-the backlog's rate and RSS growth) and the earlier goals on the ``update_queue.put`` rows.
+the backlog's rate and RSS growth), the outbox rows' goals (``poll-outbox-*`` against
+``poll-reply-*``: at least 0.8x the throughput, at most 0.1 extra commits per update, and the
+reply latency at low load printed) and the earlier goals on the ``update_queue.put`` rows.
 """
 
 from __future__ import annotations
@@ -239,6 +250,18 @@ def all_rows(concurrencies: Sequence[int]) -> List[Row]:
             rows.append(
                 Row(f"poll-{kind}-{store}-32", f"poll-{kind}", store, 32, f"{what}, {store}, {fast}, 32", "fast")
             )
+    for store in ("sqlite", "pg"):
+        rows.append(
+            Row(f"poll-reply-{store}-32", "poll-fenced-write-reply", store, 32,
+                f"Fenced + run_in_transaction(insert, complete=True), then await "
+                f"bot.send_message (a direct reply), {store}, {fast}, 32", "fast")
+        )
+        rows.append(
+            Row(f"poll-outbox-{store}-32", "poll-fenced-write-outbox", store, 32,
+                f"Fenced + attempt.outbox.send_message held, written in the commit of "
+                f"run_in_transaction(insert, complete=True), sent by the dispatcher, {store}, "
+                f"{fast}, 32", "fast")
+        )
     for store in ("sqlite", "pg"):
         rows.append(
             Row(f"poll-fenced-metrics-{store}-32", "poll-fenced-metrics", store, 32,
@@ -671,6 +694,36 @@ class Report:
             else:
                 detail = f"{num} {a:,.0f} / poll-plain-32 {plain_rate:,.0f} upd/s = {r:.2f}x"
             verdict(name, r, r >= goal, detail + f" (goal {goal:g}x)")
+
+        # fenced replies: the outbox against a direct reply after the same fenced write
+        for store in ("pg", "sqlite"):
+            outbox, direct = f"poll-outbox-{store}-32", f"poll-reply-{store}-32"
+            ratio_goal(f"[21] outbox reply {store} polling >= 0.8x a direct reply_text",
+                       outbox, direct, 0.8)
+            a, b = self.ok(outbox), self.ok(direct)
+            ca = None if a is None else a.get("commits_per_update")
+            cb = None if b is None else b.get("commits_per_update")
+            extra = None if ca is None or cb is None else ca - cb
+            verdict(
+                f"[21] outbox reply {store}: <= 0.1 extra commits per update", extra,
+                None if extra is None else extra <= 0.1,
+                f"{outbox} or {direct} not measured" if extra is None
+                else f"{ca:.3f} - {cb:.3f} = {extra:+.3f} commits/update at the driver "
+                f"(the calls ride in the completion commit; claims and results are grouped)",
+            )
+            la = None if a is None else a.get("latency")
+            lb = None if b is None else b.get("latency")
+            if la and lb:
+                lines.append(
+                    f"  INFO  [21] reply latency at low load, {store}: outbox p50/p99 "
+                    f"{la['p50_ms']:.2f}/{la['p99_ms']:.2f} ms, direct "
+                    f"{lb['p50_ms']:.2f}/{lb['p99_ms']:.2f} ms, added "
+                    f"{la['p50_ms'] - lb['p50_ms']:+.2f}/{la['p99_ms'] - lb['p99_ms']:+.2f} ms "
+                    f"({la['n']} samples; from update_queue.put to the reply's answer)"
+                )
+            else:
+                verdict(f"[21] reply latency at low load, {store}", None, None,
+                        f"{outbox} or {direct} not measured")
 
         # issue 14: polling (the path PTB uses) against the fast fake Bot API, ratios in this run
         plain_goal("[14] fenced write PG polling >= 0.35x plain PTB polling no-op",

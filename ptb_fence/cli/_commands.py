@@ -45,6 +45,7 @@ from ptb_fence.cli._health import (
     probe,
 )
 from ptb_fence.cli._inspect import STATES, TableInspector
+from ptb_fence.cli._outbox import add_outbox_parser, run_outbox
 from ptb_fence.cli._rows import UpdateRow
 from ptb_fence.cli._target import StoreTarget
 from ptb_fence.stores import validate_table_name
@@ -211,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
         )
         return sub
 
-    sub = command("status", "counts per state, oldest pending age, what is due now")
+    sub = command(
+        "status", "counts per state, oldest pending age, what is due now, the outbox's counts"
+    )
     sub.add_argument("--json", action="store_true", help="print JSON")
 
     sub = command(
@@ -312,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     act.add_argument("--key", metavar="JSON",
                      help="with --conversation: one key, e.g. [5, 7] (default: every key)")
     act.add_argument("--json", action="store_true", help="print JSON")
+    add_outbox_parser(command, common, _positive_int("limit"))
 
     command("schema", "print the idempotent PostgreSQL migration for --table")
     command("migrate", "apply the PostgreSQL migration (SQLite stores migrate themselves)")
@@ -383,7 +387,13 @@ def _cmd_status(ctx: _Context) -> int:
     now = _now_ms()
     with ctx.inspector() as inspector:
         report = inspector.status(now)
+        outbox = inspector.outbox_counts()
+        outbox_table = inspector.outbox_table
+        missing_outbox = inspector.missing_outbox() if outbox is None else None
     age = report.oldest_pending_age_ms
+    outbox_age = None
+    if outbox is not None and outbox[1] is not None:
+        outbox_age = max(now - outbox[1], 0)
     if ctx.args.json:
         _json(
             {
@@ -404,6 +414,18 @@ def _cmd_status(ctx: _Context) -> int:
                 "retries_due_now": report.retries_due,
                 "leases_lapsed_now": report.leases_lapsed,
                 "unacknowledged_exhaustions": report.unacknowledged_exhaustions,
+                "outbox": {
+                    "table": outbox_table,
+                    "counts": None if outbox is None else outbox[0],
+                    "oldest_unsent": None
+                    if outbox is None or outbox[1] is None
+                    else {
+                        "created_at": outbox[1],
+                        "created_at_utc": iso_time(outbox[1]),
+                        "age_seconds": (outbox_age or 0) / 1000.0,
+                    },
+                    "missing": missing_outbox,
+                },
             }
         )
         return 0
@@ -430,9 +452,35 @@ def _cmd_status(ctx: _Context) -> int:
             ]
         )
     )
+    _out()
+    if outbox is None:
+        _out(f"outbox: none; {missing_outbox}")
+    else:
+        counts = outbox[0]
+        _out(render_table(
+            ("OUTBOX STATE", "CALLS"),
+            [
+                ("pending", counts["pending"]),
+                ("sending", counts["sending"]),
+                ("sent", counts["sent"]),
+                ("failed", counts["failed"]),
+                ("failed, acknowledged", counts["failed_acknowledged"]),
+            ],
+            right=(1,),
+        ))
+        _out()
+        oldest_unsent = "-"
+        if outbox_age is not None:
+            oldest_unsent = (
+                f"{format_age(outbox_age)} (queued {format_time(outbox[1], millis=True)})"
+            )
+        _out(render_pairs([("oldest unsent call", oldest_unsent)]))
     if report.unacknowledged_exhaustions:
         _out()
         _out(f"see them with `{PROG} exhaustions`")
+    if outbox is not None and outbox[0]["failed"]:
+        _out()
+        _out(f"see the failed calls with `{PROG} outbox list --state failed`")
     return 0
 
 
@@ -951,7 +999,12 @@ def _drop_scratch_tables(target: StoreTarget, tables: Sequence[str]) -> None:
     _progress(f"dropped {len(tables)} scratch table(s)")
 
 
-# -- dispatch ----------------------------------------------------------------------------------
+# -- outbox ------------------------------------------------------------------------------------
+def _cmd_outbox(ctx: _Context) -> int:
+    with ctx.inspector() as inspector:
+        return run_outbox(ctx.args, inspector, now=_now_ms(), out=_out)
+
+
 # -- persistence -------------------------------------------------------------------------------
 def _cmd_persistence(ctx: _Context) -> int:
     from ptb_fence.cli import _persistence
@@ -991,6 +1044,7 @@ def _cmd_persistence(ctx: _Context) -> int:
     return 0
 
 
+# -- dispatch ----------------------------------------------------------------------------------
 _COMMANDS: Dict[str, Callable[[_Context], int]] = {
     "status": _cmd_status,
     "health": _cmd_health,
@@ -1004,6 +1058,7 @@ _COMMANDS: Dict[str, Callable[[_Context], int]] = {
     "migrate": _cmd_migrate,
     "check": _cmd_check,
     "persistence": _cmd_persistence,
+    "outbox": _cmd_outbox,
 }
 
 

@@ -768,7 +768,7 @@ free AS MATERIALIZED (
 ),
 taken AS (
     UPDATE {t} SET due_at = LEAST(due_at, %(now)s::BIGINT - 1)
-    WHERE update_id IN (SELECT update_id FROM free)
+    WHERE EXISTS (SELECT 1 FROM dead) AND update_id IN (SELECT update_id FROM free)
       AND state = 'processing' AND instance IN (SELECT instance FROM dead)
       AND due_at >= %(now)s::BIGINT - 1
     RETURNING update_id
@@ -793,7 +793,7 @@ SELECT count(*) FROM taken"""
         self.take_over_dead_isolating = self.take_over_dead.replace(
             """\
     UPDATE {t} SET due_at = LEAST(due_at, %(now)s::BIGINT - 1)
-    WHERE update_id IN (SELECT update_id FROM free)
+    WHERE EXISTS (SELECT 1 FROM dead) AND update_id IN (SELECT update_id FROM free)
       AND state = 'processing' AND instance IN (SELECT instance FROM dead)
       AND due_at >= %(now)s::BIGINT - 1
 """.format(t=t),
@@ -806,7 +806,7 @@ SELECT count(*) FROM taken"""
         instance = CASE WHEN {isolated} THEN instance ELSE NULL END,
         isolated_claim = CASE WHEN {isolated} THEN isolated_claim
                               ELSE COALESCE(isolated_claim, '') END
-    WHERE update_id IN (SELECT update_id FROM free)
+    WHERE EXISTS (SELECT 1 FROM dead) AND update_id IN (SELECT update_id FROM free)
       AND state = 'processing' AND instance IN (SELECT instance FROM dead)
 """,
         )
