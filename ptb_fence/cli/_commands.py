@@ -50,6 +50,7 @@ from ptb_fence.cli._rows import UpdateRow
 from ptb_fence.cli._target import StoreTarget
 from ptb_fence.stores import validate_table_name
 from ptb_fence.stores._outbox_sql import outbox_table_name
+from ptb_fence.stores._state_sql import state_table_name
 from ptb_fence.stores.postgres._sql import (
     POSTGRES_FORGET_TABLE,
     POSTGRES_META_EXISTS,
@@ -288,6 +289,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="e.g. 90s, 15m, 12h, 7d",
     )
 
+    sub = command(
+        "persistence",
+        "FencedPersistence state: import/export a PicklePersistence file, show one state",
+    )
+    actions = sub.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    actions.required = True
+    act = actions.add_parser("import", parents=[common],
+                             help="move a PicklePersistence file's state into the store")
+    act.add_argument("file", metavar="PICKLE_FILE")
+    act.add_argument("--multi-file", action="store_true",
+                     help="the file was written with PicklePersistence(single_file=False)")
+    act.add_argument("--replace", action="store_true",
+                     help="overwrite state the store already holds for the file's keys")
+    act = actions.add_parser("export", parents=[common],
+                             help="write the store's state to a PicklePersistence file")
+    act.add_argument("file", metavar="PICKLE_FILE")
+    act = actions.add_parser("show", parents=[common],
+                             help="one user's, chat's or conversation's state, or the bot's")
+    which = act.add_mutually_exclusive_group(required=True)
+    which.add_argument("--user", type=int, metavar="USER_ID")
+    which.add_argument("--chat", type=int, metavar="CHAT_ID")
+    which.add_argument("--bot", action="store_true", help="the bot_data")
+    which.add_argument("--conversation", metavar="NAME", help="a ConversationHandler's name")
+    act.add_argument("--key", metavar="JSON",
+                     help="with --conversation: one key, e.g. [5, 7] (default: every key)")
+    act.add_argument("--json", action="store_true", help="print JSON")
     add_outbox_parser(command, common, _positive_int("limit"))
 
     command("schema", "print the idempotent PostgreSQL migration for --table")
@@ -852,12 +879,15 @@ def _cmd_migrate(ctx: _Context) -> int:
     import psycopg2
 
     outbox = {"outbox": f'"{outbox_table_name(table)}"'}
+    state = {"state": f'"{state_table_name(table)}"'}
     conn = target.connect_postgres()
     try:
         with conn.cursor() as cur:
             before = _pg_table_state(cur, table)
             cur.execute("SELECT to_regclass(%(outbox)s) IS NOT NULL", outbox)
             had_outbox = bool(cur.fetchone()[0])
+            cur.execute("SELECT to_regclass(%(state)s) IS NOT NULL", state)
+            had_state = bool(cur.fetchone()[0])
             cur.execute(postgres_update_store_schema(table))
             after = _pg_table_state(cur, table)
         conn.commit()
@@ -874,6 +904,8 @@ def _cmd_migrate(ctx: _Context) -> int:
         changes.append("created the (state, due_at) index")
     if before[0] and not had_outbox:
         changes.append(f"created the outbox table {outbox_table_name(table)!r}")
+    if before[0] and not had_state:
+        changes.append(f"created the state table {state_table_name(table)!r}")
     _LOGGER.info("migrate: %s", "; ".join(changes) or "up to date", extra={"table": table})
     if changes:
         _out(f"migrated table {table!r} in {target.display}: {', '.join(changes)}")
@@ -958,6 +990,7 @@ def _drop_scratch_tables(target: StoreTarget, tables: Sequence[str]) -> None:
                 validate_table_name(name)
                 cur.execute(f'DROP TABLE IF EXISTS "{name}"')
                 cur.execute(f'DROP TABLE IF EXISTS "{outbox_table_name(name)}"')
+                cur.execute(f'DROP TABLE IF EXISTS "{state_table_name(name)}"')
                 cur.execute(POSTGRES_META_EXISTS)
                 if cur.fetchone()[0]:  # the conformance rule bind-bot binds scratch tables
                     cur.execute(POSTGRES_FORGET_TABLE, {"table": name})
@@ -970,6 +1003,45 @@ def _drop_scratch_tables(target: StoreTarget, tables: Sequence[str]) -> None:
 def _cmd_outbox(ctx: _Context) -> int:
     with ctx.inspector() as inspector:
         return run_outbox(ctx.args, inspector, now=_now_ms(), out=_out)
+
+
+# -- persistence -------------------------------------------------------------------------------
+def _cmd_persistence(ctx: _Context) -> int:
+    from ptb_fence.cli import _persistence
+
+    args = ctx.args
+    store = ctx.open_store()
+    try:
+        if args.action == "import":
+            counts = _persistence.import_pickle(store, args.file, at=_now_ms(),
+                                                multi_file=args.multi_file, replace=args.replace)
+            _out(f"imported {sum(counts.values())} state row(s) from {args.file!r} into table "
+                 f"{ctx.table!r}: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                                       or "nothing to import"))
+            return 0
+        if args.action == "export":
+            counts = _persistence.export_pickle(store, args.file)
+            _out(f"exported {sum(counts.values())} state row(s) of table {ctx.table!r} to "
+                 f"{args.file!r}: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                                      or "no state"))
+            return 0
+        rows = _persistence.show_state(store, user=args.user, chat=args.chat, bot=args.bot,
+                                       conversation=args.conversation, key=args.key)
+    finally:
+        store.close()
+    if args.json:
+        _json([{"kind": k.kind, "name": k.name, "key": k.key, "version": e.version,
+                "deleted": e.value is None, "value": None if e.value is None else repr(v)}
+               for k, e, v in rows])
+        return 0
+    if not rows:
+        _out("no state stored for that")
+        return 0
+    _out(render_table(("KIND", "NAME", "KEY", "VERSION", "VALUE"), [
+        (k.kind, k.name or "-", k.key or "-", e.version,
+         "(deleted)" if e.value is None else clip(repr(v), 200))
+        for k, e, v in rows], right=(3,)))
+    return 0
 
 
 # -- dispatch ----------------------------------------------------------------------------------
@@ -985,6 +1057,7 @@ _COMMANDS: Dict[str, Callable[[_Context], int]] = {
     "schema": _cmd_schema,
     "migrate": _cmd_migrate,
     "check": _cmd_check,
+    "persistence": _cmd_persistence,
     "outbox": _cmd_outbox,
 }
 

@@ -28,6 +28,7 @@ from typing import (
 )
 
 from ptb_fence._durations import format_duration
+from ptb_fence._errors import StateConflictError
 from ptb_fence.contract import ClaimTerms
 from ptb_fence._values import (
     Abandoned,
@@ -36,8 +37,10 @@ from ptb_fence._values import (
     Completed,
     Exhaustion,
     Failed,
+    Landing,
     OutboxEntry,
     Settlement,
+    StateConflict,
     StoredUpdate,
 )
 from ptb_fence.runtime._attempt import Attempt
@@ -478,6 +481,7 @@ class Runtime:
         if attempt.exhausted:
             return Outcome.EXHAUSTED
         taken = attempt.take_effects()
+        landed: Landing
         try:
             if taken is None:
                 landed = self._store_settle(attempt, Completed(self.options.now_ms()))
@@ -492,9 +496,14 @@ class Runtime:
             return self.completion_failed(attempt, exc)
         return self.completion_settled(attempt, landed)
 
-    def completion_settled(self, attempt: Attempt, landed: bool) -> Outcome:
+    def completion_settled(self, attempt: Attempt, landed: Landing) -> Outcome:
         """The outcome of a completion settle (also a grouped one): fire ``owner_lost`` if it
-        did not land."""
+        did not land; a :class:`~ptb_fence.StateConflict` (persisted state it changed moved
+        meanwhile: the attempt still owns its update) fails the attempt, retried at once."""
+        if isinstance(landed, StateConflict):
+            attempt.drop_effects("persisted state the attempt changed was changed meanwhile")
+            outcome, _ = self.settle_failed(attempt, StateConflictError(landed.keys))
+            return outcome
         if landed:
             handles = attempt.effects_landed()
             if handles:
@@ -548,7 +557,9 @@ class Runtime:
             attempt.drop_effects(_FAILED_DROPS)
         options = self.options
         delay: Optional[float] = None
-        if attempt.attempt < options.max_attempts:
+        if attempt.attempt < options.max_attempts and isinstance(error, StateConflictError):
+            delay = 0.0  # nothing is wrong with the update: it runs again on fresh state
+        elif attempt.attempt < options.max_attempts:
             policy = options.retry or default_retry
             try:
                 delay = policy(error, attempt.attempt)

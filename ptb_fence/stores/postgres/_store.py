@@ -29,7 +29,7 @@ from typing import (
     Union,
 )
 
-from ptb_fence._errors import TableBotMismatch
+from ptb_fence._errors import StateConflictError, TableBotMismatch
 from ptb_fence._fingerprint import update_fingerprint
 from ptb_fence.contract import ChatKey, ClaimTerms
 from ptb_fence._sockets import cut, cut_after
@@ -37,8 +37,13 @@ from ptb_fence._values import (
     AttemptEffects,
     AttemptIdentity,
     Exhaustion,
+    Landing,
     OutboxEntry,
     Settlement,
+    StateConflict,
+    StateEntry,
+    StateKey,
+    StateWrite,
     StoreFigures,
     StoredUpdate,
 )
@@ -46,6 +51,7 @@ from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._figures_sql import figures_of
 from ptb_fence.stores._names import validate_table_name, validate_update_id
 from ptb_fence.stores._outbox_sql import counts_of, effects_params, entry_of
+from ptb_fence.stores._state_sql import check_kind, check_writes, entries_of
 from ptb_fence.stores._suspects import SuspectClaims
 from ptb_fence.stores.postgres._connections import close_quietly, open_source
 from ptb_fence.stores.postgres._executor import PgExecutor, returns_row
@@ -64,6 +70,7 @@ from ptb_fence.stores.postgres._writes import (
     insert_calls,
     settle_owned_work,
     settle_params,
+    write_state_in,
 )
 
 if TYPE_CHECKING:  # psycopg2 is imported when a store is created, not with ptb_fence
@@ -597,7 +604,7 @@ class PostgresUpdateStore:
         terms: ClaimTerms,
         *,
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> Tuple[List[bool], List[Optional[AttemptIdentity]]]:
+    ) -> Tuple[List[Landing], List[Optional[AttemptIdentity]]]:
         """:meth:`settle_owned_many` (with its ``effects``), then :meth:`claim_owned_many`, in
         one transaction (one commit): the slots that completions free are claimed in the
         commit that frees them (optional capability).
@@ -613,8 +620,8 @@ class PostgresUpdateStore:
         settle = settle_owned_work(self._db.sql, items, effects) if items else None
         claim, taken = self._claim_many_work(ids, terms)
 
-        def work(cur: Any) -> List[bool]:
-            landed = settle(cur) if settle is not None else []
+        def work(cur: Any) -> List[Landing]:
+            landed: List[Landing] = settle(cur) if settle is not None else []
             claim(cur)
             return landed
 
@@ -698,7 +705,7 @@ class PostgresUpdateStore:
         lease_until: int,
         settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
+    ) -> Tuple[List[Optional[AttemptIdentity]], List[Landing]]:
         """:meth:`add_claimed_many` and :meth:`settle_owned_many` (with its ``effects``) in one
         transaction (one commit): fresh updates and finished attempts that arrive together
         share a commit (optional capability). Needs the ``claim_id`` column."""
@@ -797,16 +804,19 @@ class PostgresUpdateStore:
         items: Sequence[Tuple[AttemptIdentity, Settlement]],
         *,
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> List[bool]:
+    ) -> List[Landing]:
         """:meth:`settle_owned` for several attempts in one transaction (one commit).
 
         Completions go in one statement; failures and abandonments one statement each. With
         ``effects``, the outbox calls of each completion that lands are inserted in the same
         transaction (pending, due at the settlement's ``at``); a settle that does not land
-        writes none (see :class:`ptb_fence.OutboxStore`).
+        writes none (see :class:`ptb_fence.OutboxStore`). A completion with state writes
+        settles in a savepoint with them, all or none: a moved version leaves it claimed and
+        unsettled (see :class:`ptb_fence.StateStore`).
 
         Returns:
-            List[:obj:`bool`]: Per input position, whether that settlement landed.
+            List[:obj:`bool` | :class:`~ptb_fence.StateConflict`]: Per input position,
+            whether that settlement landed, or the conflict that stopped it.
         """
         items = list(items)
         if not items:
@@ -1308,7 +1318,77 @@ class PostgresUpdateStore:
             ValueError: If ``connection`` is in autocommit mode outside a transaction.
         """
         calls = effects_params(identity, effects, at)
-        return self._db.caller_work(connection, lambda cur: insert_calls(self._db.sql, cur, calls))
+        writes = check_writes(effects.state)
+        sql = self._db.sql
+
+        def work(cur: Any) -> List[int]:
+            if writes:
+                cur.execute(sql.state.lock, sql.state.lock_params(writes))
+                cur.execute(sql.state.savepoint)
+                moved = write_state_in(sql, cur, writes, at)
+                if moved:
+                    cur.execute(sql.state.rollback_to)
+                    cur.execute(sql.state.release)
+                    raise StateConflictError(tuple(moved))
+                cur.execute(sql.state.release)
+            return insert_calls(sql, cur, calls)
+
+        return self._db.caller_work(connection, work)
+
+    # -- persisted bot state ---------------------------------------------------------------
+    def read_state(self, keys: Sequence[StateKey]) -> Dict[StateKey, StateEntry]:
+        """The committed rows of ``keys`` in one ``SELECT`` (see
+        :class:`ptb_fence.StateStore`); absent keys are left out."""
+        keys = list(dict.fromkeys(keys))
+        if not keys:
+            return {}
+        state = self._db.sql.state
+
+        def work(cur: Any) -> Dict[StateKey, StateEntry]:
+            cur.execute(state.read(len(keys)), state.read_params(keys))
+            return entries_of(cur.fetchall())
+
+        return self._db.run(work)
+
+    def write_state(self, writes: Sequence[StateWrite], at: int) -> Optional[StateConflict]:
+        """Apply ``writes`` in one transaction, all or none (see
+        :class:`ptb_fence.StateStore`)."""
+        checked = check_writes(writes)
+        sql = self._db.sql
+
+        def work(cur: Any) -> Optional[StateConflict]:
+            if checked:
+                cur.execute(sql.state.lock, sql.state.lock_params(checked))
+            cur.execute(sql.state.savepoint)
+            moved = write_state_in(sql, cur, checked, int(at))
+            if moved:
+                cur.execute(sql.state.rollback_to)
+                cur.execute(sql.state.release)
+                return StateConflict(tuple(moved))
+            cur.execute(sql.state.release)
+            return None
+
+        return self._db.run(work)
+
+    def list_state(
+        self,
+        *,
+        kind: Optional[str] = None,
+        name: Optional[str] = None,
+        after: Optional[StateKey] = None,
+        limit: int = 100,
+    ) -> List[Tuple[StateKey, StateEntry]]:
+        """The rows by ``(kind, name, key)`` after ``after`` (see
+        :class:`ptb_fence.StateStore`)."""
+        check_kind(kind)
+        state = self._db.sql.state
+        params = state.list_params(kind, name, after, limit)
+
+        def work(cur: Any) -> List[Tuple[StateKey, StateEntry]]:
+            cur.execute(state.list, params)
+            return list(entries_of(cur.fetchall()).items())
+
+        return self._db.run(work)
 
     def claim_calls(
         self, *, now: int, lease_until: int, limit: int, sender: str
