@@ -12,6 +12,11 @@ the settlement are **one commit, made by Django**. Django gives each thread its 
 connection and closes it only at the end of a request: the handler calls
 ``django.db.close_old_connections()`` when it is done, as a Django view's request would.
 
+The reply is queued with ``attempt.outbox.reply_text`` inside the atomic block: the outbox row is
+inserted through Django's transaction, so it commits with the booking (the intake sends it after
+the commit, at least once, with ``UpdateIntake(bot_token=...)``) or rolls back with it (a failed
+or stale attempt never replies).
+
 Django is configured in this script (``settings.configure``); in a Django project use your
 settings and models. The update store lives in the same database as the bookings (a SQLite file,
 or PostgreSQL with ``--dsn``): one transaction covers both.
@@ -150,11 +155,28 @@ def main(argv: Optional[List[str]] = None) -> int:
     handled = [0]
     lock = threading.Lock()
 
+    replies: List[Any] = []  # outbox calls whose sending --exit-after waits for
+
     def one_done() -> None:
         with lock:
             handled[0] += 1
             if args.exit_after is not None and handled[0] >= args.exit_after:
                 stop.set()
+
+    def when_sent(reply: Any) -> None:
+        # counted once sent (or failed): a stop hands unsent calls to the next start
+        with lock:
+            replies.append(reply)
+
+    def count_sent() -> None:
+        with lock:
+            waiting = list(replies)
+        for reply in waiting:
+            entry = intake.outbox_call(reply)  # None while a held call's id is not known
+            if entry is not None and entry.state in ("sent", "failed"):
+                with lock:
+                    replies.remove(reply)
+                one_done()
 
     # -- the handler (worker threads) -------------------------------------------------------
     def handle_attempt(update: Dict[str, Any], attempt: Attempt) -> None:
@@ -166,8 +188,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 return
             chat_id, slot = message["chat"]["id"], command.group(1) or ""
             if not SLOT.fullmatch(slot):
-                call(base, "sendMessage", chat_id=chat_id, text="Usage: /book HH:MM")
-                one_done()
+                # no transaction here: the attempt holds the call, and the commit that
+                # completes the update (after this returns) writes it
+                when_sent(attempt.outbox.reply_text("Usage: /book HH:MM"))
                 return
             # An atomic() block on this thread's connection: ptb_fence checks ownership and
             # settles the update in it; Django commits it all when the block ends. Do not call
@@ -180,10 +203,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                 )
                 if args.crash_once and attempt.attempt == 1:
                     raise RuntimeError("crashing after the ORM write (--crash-once)")
-            # after the commit: a failed reply is not retried (the update is settled)
-            text = f"Booked {slot} for you." if booked else f"Sorry, {slot} is already taken."
-            call(base, "sendMessage", chat_id=chat_id, text=text)
-            one_done()
+                # inserted into the outbox through Django's transaction: sent iff this
+                # commit lands (the crash above rolls it back with the booking)
+                text = f"Booked {slot} for you." if booked else f"Sorry, {slot} is already taken."
+                reply = attempt.outbox.reply_text(text)
+            LOGGER.info("update %s: %s %s", attempt.update_id, "booked" if booked else "taken",
+                        slot)
+            when_sent(reply)
         finally:
             close_old_connections()  # this worker thread's Django connection
 
@@ -191,8 +217,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         LOGGER.error("update %s gave up: %s", exhaustion.update_id, exhaustion.error)
         one_done()
 
+    # bot_token: the intake sends the outbox's calls itself
     intake = UpdateIntake(store, handle_attempt=handle_attempt,
-                          handle_exhaustion=handle_exhaustion)
+                          handle_exhaustion=handle_exhaustion,
+                          bot_token=token, bot_base_url=args.base_url)
     intake.start()
     LOGGER.info("polling")
     offset = 0
@@ -201,6 +229,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             for update in call(base, "getUpdates", offset=offset, timeout=1):
                 intake.accept(json.dumps(update))  # committed before the next offset
                 offset = update["update_id"] + 1
+            count_sent()
         call(base, "getUpdates", offset=offset, timeout=0)  # confirm the last ones
     except KeyboardInterrupt:
         pass

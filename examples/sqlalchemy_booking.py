@@ -11,6 +11,10 @@ flushed and committed, so the booking and the settlement are **one commit, made 
 SQLAlchemy**. A crash before it re-runs the handler; a crash after it never does; an attempt
 whose lease lapsed gets :exc:`ptb_fence.OwnershipLost` and its writes are rolled back.
 
+The reply is queued with ``attempt.outbox.reply_text`` inside that block: the outbox row is
+inserted through the Session's transaction, so it commits with the booking (and is sent after
+the commit, at least once) or rolls back with it (a failed or stale attempt never replies).
+
 The update store lives in the same database as the models: a SQLite file (``--db``), or
 PostgreSQL (``--dsn``; SQLAlchemy's ``psycopg2`` driver, or psycopg 3 with ``--driver psycopg``).
 
@@ -42,7 +46,7 @@ import re
 import signal
 import sys
 import urllib.parse
-from typing import List, Optional
+from typing import Any, List, Optional, Set, Tuple
 
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -70,21 +74,27 @@ class Booking(Base):
     attempt: Mapped[int]  # the attempt that wrote it, for audits
 
 
-def book_slot(engine: sa.Engine, attempt: Attempt, slot: str, chat_id: int, crash: bool) -> bool:
-    """Book ``slot`` (blocking: run it on a worker thread). Whether it was free."""
+def book_slot(engine: sa.Engine, attempt: Attempt, slot: str, chat_id: int,
+              crash: bool) -> Tuple[bool, Any]:
+    """Book ``slot`` (blocking: run it on a worker thread). Whether it was free, and the
+    outbox id of the reply."""
     with Session(engine) as session:
         # the Session's transaction: ptb_fence checks ownership and settles the update in it,
         # then flushes and commits the Session. Do not commit or roll back the Session inside
         # (TransactionEnded), nor call this inside `with session.begin():` (refused).
         with attempt.transaction(connection=session, complete=True):
-            if session.get(Booking, slot) is not None:
-                return False
-            session.add(Booking(slot=slot, chat_id=chat_id, update_id=attempt.update_id,
-                                attempt=attempt.attempt))
+            booked = session.get(Booking, slot) is None
+            if booked:
+                session.add(Booking(slot=slot, chat_id=chat_id, update_id=attempt.update_id,
+                                    attempt=attempt.attempt))
             if crash and attempt.attempt == 1:
                 session.flush()  # the INSERT reached the database ...
                 raise RuntimeError("crashing after the ORM write (--crash-once)")  # ... undone
-        return True
+            # inserted into the outbox through the Session's transaction: sent iff this
+            # commit lands (the crash above rolls it back with the booking)
+            text = f"Booked {slot} for you." if booked else f"Sorry, {slot} is already taken."
+            reply = attempt.outbox.reply_text(text)
+        return booked, reply
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -137,27 +147,45 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     application = processor.install(builder).build()
     handled = [0]
+    waiting: Set["asyncio.Task[None]"] = set()
 
     def one_done() -> None:
         handled[0] += 1
         if args.exit_after is not None and handled[0] == args.exit_after:
             application.stop_running()
 
+    def when_sent(call: Any) -> None:
+        """Count the update once its outbox reply was sent (or failed): a stop hands unsent
+        calls to the next start, and ``--exit-after`` wants the reply out before it stops."""
+        if args.exit_after is None:
+            return
+
+        async def wait() -> None:
+            for _ in range(600):  # at most 30 s
+                entry = await processor.outbox_call_async(call)
+                if entry is not None and entry.state in ("sent", "failed"):
+                    break
+                await asyncio.sleep(0.05)
+            one_done()
+
+        task = asyncio.get_running_loop().create_task(wait())
+        waiting.add(task)
+        task.add_done_callback(waiting.discard)
+
     async def book(update: Update, context: FencedCallbackContext) -> None:
         message, attempt = update.effective_message, context.require_attempt()
         assert message is not None
         slot = context.args[0] if context.args else ""
         if not SLOT.fullmatch(slot):
-            await context.bot.send_message(message.chat_id, "Usage: /book HH:MM")
-            one_done()
+            # no transaction here: the attempt holds the call, and the commit that completes
+            # the update (after the handler returned) writes it
+            when_sent(attempt.outbox.reply_text("Usage: /book HH:MM"))
             return
         # the ORM is blocking: a worker thread, never the event loop
-        booked = await asyncio.to_thread(book_slot, engine, attempt, slot, message.chat_id,
-                                         args.crash_once)
-        # after the commit: a failed reply is not retried (the update is settled)
-        text = f"Booked {slot} for you." if booked else f"Sorry, {slot} is already taken."
-        await context.bot.send_message(message.chat_id, text)
-        one_done()
+        booked, reply = await asyncio.to_thread(book_slot, engine, attempt, slot,
+                                                message.chat_id, args.crash_once)
+        LOGGER.info("update %s: %s %s", attempt.update_id, "booked" if booked else "taken", slot)
+        when_sent(reply)
 
     application.add_handler(CommandHandler("book", book))
     LOGGER.info("polling")

@@ -668,5 +668,10 @@ def test_orm_examples_book_once_in_one_commit_with_the_completion(
     assert booked[0][2] >= 2  # attempt 1's flushed write was rolled back with its completion
     winner = 1 if booked[0][1] == first else 2
     assert texts_to(fake, winner) == ["Booked 10:00 for you."]
+    # each reply once: the crashed attempt's outbox row was rolled back with its booking
+    assert len(fake.sent_messages) == 2, fake.sent_messages
     states = dict((r[0], r[1]) for r in run_query(f"SELECT update_id, state FROM {table}"))
     assert states == {first: "completed", second: "completed"}
+    # the replies went through the outbox: both sent, each once
+    sent = run_query(f"SELECT state, tries FROM {table}_outbox")
+    assert sorted(sent) == [("sent", 1), ("sent", 1)], sent

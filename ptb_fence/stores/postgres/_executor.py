@@ -347,7 +347,9 @@ class PgExecutor:
             self.run(lambda cur: None)  # ensure the schema on a pooled connection first
         failure: Optional[BaseException] = None
         try:
-            if callable(getattr(connection, "execute", None)):  # a cursor
+            # a psycopg 3 connection also has execute() (returning a cursor): only what has
+            # no cursor() of its own is a cursor to work on directly
+            if not callable(getattr(connection, "cursor", None)):
                 return work(connection)
             with connection.cursor() as cur:
                 return work(cur)
