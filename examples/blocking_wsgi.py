@@ -9,7 +9,10 @@ read; a store failure gets 503, so Telegram delivers it again). The intake then 
 update under a lease and calls ``handle_attempt(update, attempt)`` on a worker thread; the handler
 writes the booking in ``with attempt.transaction(complete=True) as conn:``, which checks inside
 the transaction that this attempt still owns the update and settles it in the same commit. The
-reply goes out over plain HTTP (``urllib``) to the Bot API.
+reply is queued with ``attempt.outbox.reply_text`` inside that transaction: it commits with the
+booking and the intake sends it after the commit (at least once; ``UpdateIntake(bot_token=...)``),
+or it rolls back with it (a failed or stale attempt never replies). The "typing…" action and
+``setWebhook`` go out directly over plain HTTP (``urllib``) to the Bot API.
 
 The web server is the standard library's ``wsgiref`` made multi-threaded with
 ``socketserver.ThreadingMixIn``; any WSGI server works (gunicorn/uWSGI: serve
@@ -175,13 +178,33 @@ class QuietHandler(WSGIRequestHandler):
 
 
 class ExitAfter:
-    """``--exit-after N``: set ``stop`` after N updates were handled (thread-safe)."""
+    """``--exit-after N``: set ``stop`` after N updates were handled (thread-safe); an update
+    with a reply counts once its reply was sent, since a stop hands unsent outbox calls to the
+    next start."""
 
     def __init__(self, limit: Optional[int], stop: threading.Event) -> None:
         self._limit = limit
         self._stop = stop
         self._count = 0
         self._lock = threading.Lock()
+        self._replies: List[Any] = []
+
+    def when_sent(self, reply: Any) -> None:
+        """Count one update once its outbox call ``reply`` was sent (or failed)."""
+        if self._limit is not None:
+            with self._lock:
+                self._replies.append(reply)
+
+    def count_sent(self, intake: UpdateIntake) -> None:
+        """Count the updates whose replies went out since the last look (main thread)."""
+        with self._lock:
+            waiting = list(self._replies)
+        for reply in waiting:
+            entry = intake.outbox_call(reply)  # None while a held call's id is not known
+            if entry is not None and entry.state in ("sent", "failed"):
+                with self._lock:
+                    self._replies.remove(reply)
+                self.one_done()
 
     def one_done(self) -> None:
         with self._lock:
@@ -265,8 +288,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         chat_id = message["chat"]["id"]
         slot = command.group(1) or ""
         if not SLOT.fullmatch(slot):
-            api.call("sendMessage", chat_id=chat_id, text="Usage: /book HH:MM, e.g. /book 10:30")
-            exit_after.one_done()
+            # no transaction here: the attempt holds the call, and the commit that completes
+            # the update (after this returns) writes it
+            exit_after.when_sent(attempt.outbox.reply_text("Usage: /book HH:MM, e.g. /book 10:30"))
             return
 
         # A user who blocked the bot answers 403 here: no retries (retry_policy), the update
@@ -285,6 +309,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                     (slot, chat_id, attempt.update_id, attempt.claim_id, int(time.time() * 1000)),
                 )
                 booked = cursor.rowcount == 1
+                # inserted into the outbox by this same transaction: sent after the COMMIT iff
+                # it lands (no network call in here: the intake sends it later)
+                text = f"Booked {slot} for you." if booked else f"Sorry, {slot} is already taken."
+                reply = attempt.outbox.reply_text(text)
         except OwnershipLost:
             # Our lease lapsed (this process stalled) and another attempt owns the update;
             # everything above was rolled back. Raising ends this attempt quietly.
@@ -292,13 +320,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                            attempt.update_id, attempt.attempt)
             raise
 
-        # After the commit the update is settled: a failed reply here is not retried.
-        text = f"Booked {slot} for you." if booked else f"Sorry, {slot} is already taken."
-        try:
-            api.call("sendMessage", chat_id=chat_id, text=text)
-        except BotApiError as exc:
-            LOGGER.warning("update %s: booking stored, reply failed: %s", attempt.update_id, exc)
-        exit_after.one_done()
+        LOGGER.info("update %s: %s %s", attempt.update_id, "booked" if booked else "taken", slot)
+        exit_after.when_sent(reply)
 
     def handle_exhaustion(exhaustion: Exhaustion) -> None:
         """Called at least once per exhaustion (also after a restart); acknowledged when it
@@ -326,6 +349,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         lease_seconds=args.lease_seconds,
         sweep_every_seconds=args.sweep_every,
         max_concurrent=args.workers,
+        # the intake sends the outbox's calls itself
+        bot_token=token,
+        bot_base_url=args.base_url,
     )
     app = webhook_app(intake, secret_token=secret)
     server = make_server(args.listen, args.port, app,
@@ -350,7 +376,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         LOGGER.info("webhook set to %s", args.set_webhook)
     try:
         while not signalled and not stop.wait(0.5):
-            pass
+            exit_after.count_sent(intake)
     finally:
         LOGGER.info("stopping")
         server.shutdown()        # no new requests (returns once serve_forever has stopped)

@@ -15,6 +15,14 @@ Here that step runs under one lock. In SQL it is one ``UPDATE ... WHERE <precond
 ...`` statement (see the SQL next to each method); in Redis one Lua script. Never read a row,
 decide in Python, and write it back in a second step: two processes would both decide "free".
 
+No outbox: this store has none of the methods of :class:`ptb_fence.OutboxStore` (an optional
+capability, all methods or none), so ``attempt.outbox`` raises :exc:`TypeError` with it and the
+handler below sends nothing to Telegram. A handler of yours on such a store sends its replies
+itself (``bot.send_message``, an HTTP call): after the completion's commit a reply may be lost
+in a crash, before it a reply may be sent twice; ``attempt.outbox`` (sent iff the completion
+committed, at least once) needs a store that also implements ``OutboxStore`` and passes
+``check_update_store`` with it, as the SQLite and PostgreSQL stores do.
+
 Run it::
 
     python examples/custom_store.py               # exit code 0: the store conforms
@@ -326,6 +334,7 @@ def try_it(store: DictUpdateStore) -> bool:
     """Use the store: a blocking UpdateIntake handles two updates with fenced checks."""
     handled: List[int] = []
     exhausted: List[Exhaustion] = []
+    refused: List[str] = []  # attempt.outbox with a store that has no outbox
 
     def handle_attempt(update: Dict[str, Any], attempt: Attempt) -> None:
         if update.get("message", {}).get("text") == "fail":
@@ -333,6 +342,10 @@ def try_it(store: DictUpdateStore) -> bool:
             return
         if not attempt.owns():  # advisory here; a SQL store checks inside your transaction
             return
+        try:
+            attempt.outbox  # noqa: B018 - this store is no OutboxStore: refused
+        except TypeError as exc:
+            refused.append(str(exc))
         handled.append(attempt.update_id)
 
     intake = UpdateIntake(store, handle_attempt=handle_attempt,
@@ -349,7 +362,8 @@ def try_it(store: DictUpdateStore) -> bool:
         intake.close()
     print(f"  handled: {handled}; exhaustions delivered: "
           f"{[(e.update_id, e.error) for e in exhausted]}")
-    return handled == [1] and [e.update_id for e in exhausted] == [2]
+    print(f"  attempt.outbox: refused ({refused[0] if refused else 'NOT refused'})")
+    return handled == [1] and [e.update_id for e in exhausted] == [2] and len(refused) == 1
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -362,6 +362,9 @@ def test_blocking_wsgi_webhook_books_once_and_stops_on_sigint(
     assert sorted(replies) == ["Booked 10:00 for you.", "Sorry, 10:00 is already taken."], \
         fake.sent_messages
     assert texts_to(fake, 9) == [] and texts_to(fake, 12) == []
+    assert len(fake.sent_messages) == 2, fake.sent_messages  # each reply once (the duplicate none)
+    assert sorted(query(db, "SELECT state, tries FROM telegram_updates_outbox")) == [
+        ("sent", 1), ("sent", 1)]
     bookings = query(db, "SELECT update_id, slot FROM bookings")
     assert len(bookings) == 1 and bookings[0][0] in (701, 702) and bookings[0][1] == "10:00"
     exhaustions = query(db, "SELECT update_id, attempt, error FROM booking_exhaustions")
@@ -395,6 +398,10 @@ def test_blocking_wsgi_exit_after(runner: Runner, fake: FakeBotApi, tmp_path: Pa
     assert runner.exit_code(bot, timeout=30) == 0, runner.all_logs()
     assert texts_to(fake, 1) == ["Booked 07:00 for you."]
     assert texts_to(fake, 2) == ["Usage: /book HH:MM, e.g. /book 10:30"]
+    assert len(fake.sent_messages) == 2, fake.sent_messages
+    # --exit-after waited for both replies: nothing left unsent for the next start
+    assert sorted(query(db, "SELECT update_id, state FROM telegram_updates_outbox")) == [
+        (1, "sent"), (2, "sent")]
     assert query(db, "SELECT update_id, slot FROM bookings") == [(1, "07:00")]
 
 
