@@ -38,8 +38,10 @@ from ptb_fence.cli._health import (
     DEFAULT_MAX_EXHAUSTIONS,
     DEFAULT_MAX_EXHAUSTION_AGE_MS,
     DEFAULT_MAX_FAILED_AGE_MS,
+    DEFAULT_MAX_FAILED_CALLS,
     DEFAULT_MAX_LAPSED_AGE_MS,
     DEFAULT_MAX_PENDING_AGE_MS,
+    DEFAULT_MAX_UNSENT_AGE_MS,
     DEFAULT_TIMEOUT_MS,
     HealthThresholds,
     probe,
@@ -252,6 +254,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-exhaustion-age", type=_duration, default=DEFAULT_MAX_EXHAUSTION_AGE_MS,
         metavar="DURATION",
         help="unhealthy if an exhaustion has been unacknowledged for longer (default 1h)",
+    )
+    sub.add_argument(
+        "--max-unsent-age", type=_duration, default=DEFAULT_MAX_UNSENT_AGE_MS,
+        metavar="DURATION",
+        help="unhealthy if an outbox call committed longer ago is still unsent (default 5m; "
+        "only with an outbox table)",
+    )
+    sub.add_argument(
+        "--max-failed-calls", type=_count, default=DEFAULT_MAX_FAILED_CALLS, metavar="N",
+        help="unhealthy if more than N failed outbox calls are unacknowledged (default 100; "
+        "0: any; only with an outbox table)",
     )
     sub.add_argument(
         "--timeout", type=_duration, default=DEFAULT_TIMEOUT_MS, metavar="DURATION",
@@ -495,6 +508,8 @@ def _cmd_health(ctx: _Context) -> int:
         max_lapsed_age=args.max_lapsed_age,
         max_exhaustion_age=args.max_exhaustion_age,
         max_exhaustions=args.max_exhaustions,
+        max_unsent_age=args.max_unsent_age,
+        max_failed_calls=args.max_failed_calls,
         timeout=args.timeout,
     )
     report = probe(target, table, thresholds)

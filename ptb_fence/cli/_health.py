@@ -1,7 +1,8 @@
 """``ptb-fence health``: the checks of an update table, their thresholds, and a probe whose
 time is bounded.
 
-A probe reads the table once (read-only, one snapshot) and judges six checks:
+A probe reads the table once (read-only, one snapshot) and judges six checks, eight when the
+table has an outbox table:
 
 - ``store`` — the store answered, and the table exists with the columns of an update table,
   within ``timeout``;
@@ -11,7 +12,11 @@ A probe reads the table once (read-only, one snapshot) and judges six checks:
 - ``lapsed_age`` — no processing update's lease lapsed longer than ``max_lapsed_age`` ago
   without being taken over;
 - ``exhaustions`` — at most ``max_exhaustions`` unacknowledged exhaustions;
-- ``exhaustion_age`` — no unacknowledged exhaustion is older than ``max_exhaustion_age``.
+- ``exhaustion_age`` — no unacknowledged exhaustion is older than ``max_exhaustion_age``;
+- ``unsent_age`` (outbox) — no outbox call committed longer than ``max_unsent_age`` ago is
+  still unsent (pending or sending);
+- ``failed_calls`` (outbox) — at most ``max_failed_calls`` failed outbox calls are
+  unacknowledged.
 
 The table checks run only when the ``store`` check passed. An unreachable store, a missing
 table and a store that does not answer in time all fail the ``store`` check: for a health probe
@@ -36,8 +41,10 @@ __all__ = [
     "DEFAULT_MAX_EXHAUSTIONS",
     "DEFAULT_MAX_EXHAUSTION_AGE_MS",
     "DEFAULT_MAX_FAILED_AGE_MS",
+    "DEFAULT_MAX_FAILED_CALLS",
     "DEFAULT_MAX_LAPSED_AGE_MS",
     "DEFAULT_MAX_PENDING_AGE_MS",
+    "DEFAULT_MAX_UNSENT_AGE_MS",
     "DEFAULT_TIMEOUT_MS",
     "HealthCheck",
     "HealthReport",
@@ -61,6 +68,13 @@ DEFAULT_MAX_EXHAUSTION_AGE_MS = 60 * 60_000
 # A sweep delivers at most 100 exhaustions: more than that waiting is a backlog deliveries do
 # not keep up with (a burst of failures, or a handler that keeps failing).
 DEFAULT_MAX_EXHAUSTIONS = 100
+# A committed call is sent at once by a running process's dispatcher; a call Telegram throttles
+# (429 retry_after, usually seconds) or that meets a network error waits and is retried. Five
+# minutes unsent means no process is sending (none running with a bot token, or all stuck).
+DEFAULT_MAX_UNSENT_AGE_MS = 5 * 60_000
+# A failed call (refused by Telegram, or tried too often) waits for handle_send_failure, which
+# acknowledges it; as for exhaustions, more than 100 waiting is a backlog.
+DEFAULT_MAX_FAILED_CALLS = 100
 # Below the usual probe timeouts (Docker's HEALTHCHECK 30 s); set the orchestrator's timeout
 # above it (Kubernetes' default of 1 s is too short for any Python process).
 DEFAULT_TIMEOUT_MS = 5_000
@@ -69,6 +83,11 @@ _CANCEL_GRACE_S = 1.0  # how long a timed-out probe waits for the cancelled quer
 
 _SWEEP_HINT = "is a bot process running and sweeping?"
 _EXHAUSTION_HINT = "see them with `ptb-fence exhaustions`; is handle_exhaustion failing?"
+_UNSENT_HINT = "is a bot process running with an outbox sender (a bot token)?"
+_FAILED_CALLS_HINT = (
+    "see them with `ptb-fence outbox list --state failed`; is a send-failure handler "
+    "acknowledging them?"
+)
 
 
 @dataclass(frozen=True)
@@ -84,6 +103,8 @@ class HealthThresholds:
     max_lapsed_age: int = DEFAULT_MAX_LAPSED_AGE_MS
     max_exhaustion_age: int = DEFAULT_MAX_EXHAUSTION_AGE_MS
     max_exhaustions: int = DEFAULT_MAX_EXHAUSTIONS
+    max_unsent_age: int = DEFAULT_MAX_UNSENT_AGE_MS
+    max_failed_calls: int = DEFAULT_MAX_FAILED_CALLS
     timeout: int = DEFAULT_TIMEOUT_MS
 
 
@@ -163,7 +184,7 @@ def _age_check(
 
 
 def judge(figures: HealthFigures, thresholds: HealthThresholds) -> List[HealthCheck]:
-    """The five table checks of ``figures`` (in the order of the module docstring).
+    """The table checks of ``figures`` (in the order of the module docstring).
 
     Args:
         figures (:class:`~ptb_fence.cli._rows.HealthFigures`): What the table holds.
@@ -171,13 +192,14 @@ def judge(figures: HealthFigures, thresholds: HealthThresholds) -> List[HealthCh
 
     Returns:
         The checks ``pending_age``, ``failed_age``, ``lapsed_age``, ``exhaustions`` and
-        ``exhaustion_age``.
+        ``exhaustion_age``, then ``unsent_age`` and ``failed_calls`` when the table has an
+        outbox table.
     """
     now = figures.now
     count = figures.unacknowledged_exhaustions
     limit = thresholds.max_exhaustions
     count_ok = count <= limit
-    return [
+    checks = [
         _age_check(
             "pending_age", figures.oldest_pending, now, thresholds.max_pending_age,
             none="no pending update",
@@ -210,6 +232,36 @@ def judge(figures: HealthFigures, thresholds: HealthThresholds) -> List[HealthCh
             none="no unacknowledged exhaustion",
             describe="update {update_id} has been an unacknowledged exhaustion for {age}",
             hint=_EXHAUSTION_HINT,
+        ),
+    ]
+    if figures.has_outbox:
+        checks.extend(_outbox_checks(figures, thresholds))
+    return checks
+
+
+def _outbox_checks(figures: HealthFigures, thresholds: HealthThresholds) -> List[HealthCheck]:
+    """``unsent_age`` and ``failed_calls`` of a table with an outbox table."""
+    unsent = figures.oldest_unsent_call
+    oldest = None if unsent is None else Oldest(unsent.update_id, unsent.since)
+    call = "" if unsent is None else f"outbox call {unsent.call_id} "
+    failed = figures.unacknowledged_failed_calls
+    limit = thresholds.max_failed_calls
+    failed_ok = failed <= limit
+    return [
+        _age_check(
+            "unsent_age", oldest, figures.now, thresholds.max_unsent_age,
+            none="no unsent outbox call",
+            describe=call + "(update {update_id}) has been unsent for {age}",
+            hint=_UNSENT_HINT,
+        ),
+        HealthCheck(
+            "failed_calls",
+            failed_ok,
+            f"{failed} unacknowledged failed outbox call(s) (threshold {limit})"
+            + ("" if failed_ok else f"; {_FAILED_CALLS_HINT}"),
+            float(failed),
+            float(limit),
+            "count",
         ),
     ]
 
@@ -275,7 +327,8 @@ def probe(target: StoreTarget, table: str, thresholds: HealthThresholds) -> Heal
         thresholds (:class:`HealthThresholds`): The limits.
 
     Returns:
-        :class:`HealthReport`: Only the ``store`` check when it failed, else all six.
+        :class:`HealthReport`: Only the ``store`` check when it failed, else all six (eight
+        with an outbox table).
 
     Raises:
         Exception: An error that is not the store's (a bug) is raised as it is.

@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar
 from ptb_fence._values import OutboxEntry
 from ptb_fence.cli._errors import Refused, StoreFailure
 from ptb_fence.cli._format import one_line
-from ptb_fence.cli._rows import HealthFigures, Oldest, StatusReport, UpdateRow
+from ptb_fence.cli._rows import HealthFigures, Oldest, OldestCall, StatusReport, UpdateRow
 from ptb_fence.cli._target import StoreTarget
 from ptb_fence.stores import validate_table_name
 from ptb_fence.stores._outbox_sql import OutboxStatements, counts_of, entry_of
@@ -175,13 +175,33 @@ class TableInspector:
         return result
 
     def health(self, now: int) -> HealthFigures:
-        """The oldest pending row, the oldest due retry, the oldest lapsed lease and the
-        unacknowledged exhaustions at ``now`` (what ``ptb-fence health`` judges)."""
+        """The oldest pending row, the oldest due retry, the oldest lapsed lease, the
+        unacknowledged exhaustions and, with an outbox table, its oldest unsent call and its
+        unacknowledged failed calls at ``now`` (what ``ptb-fence health`` judges)."""
         at = {"now": now}
 
         def oldest(sql: str, params: Optional[Dict[str, Any]] = None) -> Optional[Oldest]:
             found = self._query(sql, params)
             return Oldest(int(found[0][0]), int(found[0][1])) if found else None
+
+        has_outbox = self.outbox_exists()
+        o = f'"{self._outbox.name}"'
+
+        def oldest_unsent() -> Optional[OldestCall]:
+            found = self._query(
+                f"SELECT call_id, update_id, created_at FROM {o} "
+                "WHERE state IN ('pending', 'sending') ORDER BY created_at, call_id LIMIT 1"
+            )
+            if not found:
+                return None
+            call_id, update_id, since = found[0]
+            return OldestCall(int(call_id), int(update_id), int(since))
+
+        def failed_calls() -> int:
+            found = self._query(
+                f"SELECT COUNT(*) FROM {o} WHERE state = 'failed' AND NOT acknowledged"
+            )
+            return int(found[0][0])
 
         def work() -> HealthFigures:
             return HealthFigures(
@@ -191,6 +211,9 @@ class TableInspector:
                 oldest_lapsed_lease=oldest(self._sql.oldest_lapsed_lease, at),
                 oldest_exhaustion=oldest(self._sql.oldest_exhaustion),
                 unacknowledged_exhaustions=int(self._query(self._sql.exhaustion_count)[0][0]),
+                has_outbox=has_outbox,
+                oldest_unsent_call=oldest_unsent() if has_outbox else None,
+                unacknowledged_failed_calls=failed_calls() if has_outbox else 0,
             )
 
         result: HealthFigures = self._read(work)

@@ -7,7 +7,7 @@ from typing import Any, Dict, NamedTuple, Optional
 
 from ptb_fence.cli._format import iso_time
 
-__all__ = ["HealthFigures", "Oldest", "StatusReport", "UpdateRow"]
+__all__ = ["HealthFigures", "Oldest", "OldestCall", "StatusReport", "UpdateRow"]
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,15 @@ class Oldest(NamedTuple):
     since: int
 
 
+class OldestCall(NamedTuple):
+    """The oldest unsent outbox call: its ``call_id``, the update whose attempt queued it, and
+    when it was committed (``created_at``, epoch milliseconds)."""
+
+    call_id: int
+    update_id: int
+    since: int
+
+
 @dataclass(frozen=True)
 class HealthFigures:
     """What ``ptb-fence health`` judges, read in one consistent snapshot at ``now``.
@@ -123,3 +132,10 @@ class HealthFigures:
     oldest_exhaustion: Optional[Oldest] = None
     """The oldest unacknowledged exhaustion (``since``: ``due_at``, when it was exhausted)."""
     unacknowledged_exhaustions: int = 0
+    has_outbox: bool = False
+    """Whether the table has an outbox table (the two outbox figures below are read only
+    then)."""
+    oldest_unsent_call: Optional["OldestCall"] = None
+    """The pending or sending outbox call committed longest ago (``since``: ``created_at``)."""
+    unacknowledged_failed_calls: int = 0
+    """Outbox calls that failed and were not acknowledged."""

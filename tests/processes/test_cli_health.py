@@ -23,11 +23,22 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import psycopg2
 import pytest
 
-from ptb_fence import Completed, Failed, PostgresUpdateStore, SQLiteUpdateStore
+from ptb_fence import (
+    AttemptEffects,
+    Completed,
+    Failed,
+    OutboxCall,
+    PostgresUpdateStore,
+    SQLiteUpdateStore,
+)
+from ptb_fence.stores._outbox_sql import outbox_table_name
 
 PASSWORD = "HealthPr0beSecret"
 MINUTE = 60_000
-CHECKS = ["store", "pending_age", "failed_age", "lapsed_age", "exhaustions", "exhaustion_age"]
+TABLE_CHECKS = ["store", "pending_age", "failed_age", "lapsed_age", "exhaustions",
+                "exhaustion_age"]
+CHECKS = TABLE_CHECKS + ["unsent_age", "failed_calls"]  # the stores make an outbox table
+SENDER = "health-test-sender"
 
 
 def now_ms() -> int:
@@ -122,9 +133,40 @@ class Table:
         self.exhaustion(5, age_ms=5 * 60 * MINUTE, acknowledged=True)
         self.exhaustion(6, age_ms=MINUTE)
 
+    def call(self, update_id: int, age_ms: int) -> int:
+        """An outbox call committed ``age_ms`` ago with its update's completion (pending)."""
+        self.pending(update_id, age_ms + MINUTE)
+        at = self.now - age_ms
+        i = self.store.claim_owned(update_id, now=at, lease_until=at + MINUTE, max_attempts=5)
+        params = json.dumps({"chat_id": update_id, "text": "hi"})
+        effects = AttemptEffects((OutboxCall("sendMessage", params, update_id, 0),))
+        assert self.store.settle_owned_many([(i, Completed(at))], effects={i: effects}) == [True]
+        [entry] = self.store.list_calls(state="pending", limit=10)
+        return int(entry.call_id)
+
+    def claim(self, call_id: int, at: int) -> None:
+        claimed = self.store.claim_calls(now=at, lease_until=at + MINUTE, limit=10, sender=SENDER)
+        assert [e.call_id for e in claimed] == [call_id]
+
+    def failed_call(self, update_id: int, *, acknowledged: bool = False) -> None:
+        """A call Telegram refused an hour ago (its failure acknowledged, if asked)."""
+        call = self.call(update_id, 61 * MINUTE)
+        self.claim(call, self.now - 60 * MINUTE)
+        assert self.store.fail_call(call, SENDER, at=self.now - 60 * MINUTE,
+                                    error="Forbidden: bot was blocked by the user")
+        if acknowledged:
+            assert self.store.acknowledge_send_failure(call, self.now - 59 * MINUTE)
+
+    def sent_call(self, update_id: int) -> None:
+        """A call sent an hour ago: old, but no longer waiting."""
+        call = self.call(update_id, 61 * MINUTE)
+        self.claim(call, self.now - 60 * MINUTE)
+        result = json.dumps({"message_id": 1, "chat": {"id": update_id}})
+        assert self.store.record_sent([(call, SENDER, result, self.now - 60 * MINUTE)]) == [True]
+
     # -- reading back (no ptb_fence code) -----------------------------------------------------
-    def snapshot(self) -> List[Tuple[Any, ...]]:
-        sql = f'SELECT * FROM "{self.table}" ORDER BY update_id'
+    def snapshot(self, table: Optional[str] = None) -> List[Tuple[Any, ...]]:
+        sql = f'SELECT * FROM "{table or self.table}" ORDER BY 1'
         if self.kind == "sqlite":
             conn = sqlite3.connect(self.url[len("sqlite:///"):])
             try:
@@ -176,7 +218,7 @@ def test_healthy_table_exits_0(table: Table) -> None:
     table.healthy_rows()
     code, out, err, _ = health(*table.args())
     assert (code, err) == (0, ""), out + err
-    assert out.startswith("healthy: all 6 checks passed\n"), out
+    assert out.startswith("healthy: all 8 checks passed\n"), out
     assert verdicts(out) == {name: "ok" for name in CHECKS}
     assert "update 2 has been pending for" in check_line(out, "pending_age")
     assert "no failed update is due" in check_line(out, "failed_age")
@@ -201,7 +243,7 @@ def test_old_pending_row_exits_1_naming_the_check(table: Table) -> None:
     before = table.snapshot()
     code, out, err, _ = health(*table.args())
     assert code == 1 and err == "", out + err
-    assert out.startswith("unhealthy: 1 of 6 checks failed: pending_age\n"), out
+    assert out.startswith("unhealthy: 1 of 8 checks failed: pending_age\n"), out
     assert verdicts(out) == dict({name: "ok" for name in CHECKS}, pending_age="FAIL")
     line = check_line(out, "pending_age")
     assert line.startswith("FAIL")
@@ -223,7 +265,7 @@ def test_failed_row_due_for_long_exits_1(table: Table) -> None:
     assert verdicts(out)["failed_age"] == "FAIL"
     assert re.search(r"failed update 2 has been due for (9m 59s|10m 0\ds) \(threshold 5m 00s\)",
                      check_line(out, "failed_age"))
-    assert "unhealthy: 1 of 6 checks failed: failed_age" in out
+    assert "unhealthy: 1 of 8 checks failed: failed_age" in out
 
 
 def test_lapsed_lease_not_taken_over_exits_1(table: Table) -> None:
@@ -302,6 +344,7 @@ def test_json_report(table: Table) -> None:
     assert data["store"] == table.url  # no password in these URLs
     assert abs(data["now"] - now_ms()) < 60_000 and data["now_utc"].endswith("Z")
     assert [c["name"] for c in data["checks"]] == CHECKS
+    assert {c["name"]: c["value"] for c in data["checks"]}["failed_calls"] == 0
     for check in data["checks"]:
         assert set(check) == {"name", "ok", "value", "threshold", "unit", "update_id", "message"}
         assert isinstance(check["ok"], bool) and isinstance(check["message"], str)
@@ -319,6 +362,68 @@ def test_json_report(table: Table) -> None:
     assert 0 <= by_name["store"]["value"] < 5
     code, out, _, _ = health(*table.args("--json", "--max-pending-age", "1h"))
     assert code == 0 and json.loads(out)["healthy"] is True
+
+
+# -- the outbox --------------------------------------------------------------------------------
+def test_an_old_unsent_outbox_call_and_unacknowledged_failed_calls_are_unhealthy(
+    table: Table,
+) -> None:
+    table.healthy_rows()
+    table.sent_call(20)  # old and sent: counts for nothing
+    table.failed_call(21)
+    table.failed_call(22)
+    table.failed_call(23, acknowledged=True)  # counts for nothing
+    unsent = table.call(24, 10 * MINUTE)  # committed 10 minutes ago, still pending
+    outbox = outbox_table_name(table.table)
+    before = table.snapshot(), table.snapshot(outbox)
+
+    code, out, err, _ = health(*table.args())
+    assert (code, err) == (1, ""), out + err
+    assert verdicts(out) == dict({name: "ok" for name in CHECKS}, unsent_age="FAIL")
+    line = check_line(out, "unsent_age")
+    assert f"outbox call {unsent} (update 24) has been unsent for 10m" in line, line
+    assert "(threshold 5m 00s)" in line and "outbox sender" in line, line
+    assert "2 unacknowledged failed outbox call(s) (threshold 100)" in check_line(
+        out, "failed_calls")
+
+    code, out, _, _ = health(*table.args("--json", "--max-unsent-age", "15m",
+                                         "--max-failed-calls", "1"))
+    assert code == 1, out
+    by_name = {c["name"]: c for c in json.loads(out)["checks"]}
+    assert [n for n, c in by_name.items() if not c["ok"]] == ["failed_calls"]
+    assert by_name["failed_calls"]["value"] == 2 and by_name["failed_calls"]["threshold"] == 1
+    assert by_name["failed_calls"]["unit"] == "count"
+    assert "ptb-fence outbox list --state failed" in by_name["failed_calls"]["message"]
+    unsent_check = by_name["unsent_age"]
+    assert unsent_check["ok"] and unsent_check["update_id"] == 24
+    assert unsent_check["threshold"] == 900 and 599 <= unsent_check["value"] < 700
+
+    code, out, _, _ = health(*table.args("--max-unsent-age", "15m", "--max-failed-calls", "2"))
+    assert code == 0, out
+    assert (table.snapshot(), table.snapshot(outbox)) == before  # the probe changed nothing
+
+
+def test_a_table_without_an_outbox_table_has_no_outbox_checks(table: Table) -> None:
+    table.healthy_rows()
+    outbox = outbox_table_name(table.table)
+    if table.kind == "sqlite":
+        conn = sqlite3.connect(table.url[len("sqlite:///"):])
+        try:
+            conn.execute(f'DROP TABLE "{outbox}"')
+            conn.commit()
+        finally:
+            conn.close()
+    else:
+        pg = psycopg2.connect(table.url)
+        try:
+            with pg.cursor() as cur:
+                cur.execute(f'DROP TABLE "{outbox}"')
+            pg.commit()
+        finally:
+            pg.close()
+    code, out, err, _ = health(*table.args("--json", "--max-failed-calls", "0"))
+    assert (code, err) == (0, ""), out + err
+    assert [c["name"] for c in json.loads(out)["checks"]] == TABLE_CHECKS
 
 
 # -- the store ---------------------------------------------------------------------------------
