@@ -165,6 +165,7 @@ class StorePort:
         "_hold_liveness",
         "_mark_isolated",
         "_outbox",
+        "_claimed_inserts",
         "_owns_connection",
         "_release_liveness",
         "_release_many",
@@ -255,6 +256,7 @@ class StorePort:
         self._figures = method("figures", "figures")
         # the outbox group is all or nothing: the store itself, or None without it
         self._outbox: Any = store if has("outbox") else None
+        self._claimed_inserts: Any = store if has("outbox_claimed_inserts") else None
         self._owns_connection = takes_connection(_optional(store, "owns"))
         self._settle_connection = takes_connection(self._settle_owned)
         _LOGGER.info("%s: store capabilities: %s", component, capabilities)
@@ -364,6 +366,13 @@ class StorePort:
         """:obj:`bool`: The store keeps an outbox of Bot API calls sent iff their attempt
         committed (:class:`~ptb_fence.OutboxStore`)."""
         return self._outbox is not None
+
+    @property
+    def has_claimed_inserts(self) -> bool:
+        """:obj:`bool`: The outbox store claims calls at insert for a sender
+        (:class:`~ptb_fence.contract.ClaimedInsertOutboxStore`): ``AttemptEffects.claim`` is
+        honoured and ``claimed_calls`` reads them back."""
+        return self._claimed_inserts is not None
 
     # -- base contract ----------------------------------------------------------------------
     def add(self, update_id: int, body: str, received_at: int) -> bool:
@@ -737,6 +746,12 @@ class StorePort:
         return list(
             self._outbox.claim_calls(now=now, lease_until=lease_until, limit=limit, sender=sender)
         )
+
+    def claimed_calls(self, sender: str, *, limit: int) -> List[OutboxEntry]:
+        """``store.claimed_calls``; none without claimed inserts."""
+        if self._claimed_inserts is None:
+            return []
+        return list(self._claimed_inserts.claimed_calls(sender, limit=limit))
 
     def record_sent(self, items: Sequence[Tuple[int, str, str, int]]) -> List[bool]:
         """``store.record_sent``; nothing lands without an outbox."""
