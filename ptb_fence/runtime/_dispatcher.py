@@ -74,12 +74,13 @@ after its lease, as one that dies between Telegram's answer and the record does;
 takes about one message a second per chat, so a chat's next call waiting for the record is
 not slowed noticeably, and such a wait records at once anyway."""
 
-_FOREIGN_POLL_MS = 100
-"""While a call of ours waits behind another process's call of its chat (that process does
-not wake this one), claims are tried this often (ms) until a sweep round forgets it."""
+_CLAIM_AHEAD = 2
+"""Completion commits claim calls for at most this many times ``outbox_concurrency`` calls
+claimed and not ended (sending, or waiting for a sender)."""
 
 _READ_ALL = 10_000
-"""At most this many of its claimed calls are read back at once (a stop's release)."""
+"""At most this many of its claimed calls are read back at once (those being sent, waiting
+to be recorded and claimed at insert: far fewer in practice)."""
 
 _FLOOD_CHATS = 3
 """``RetryAfter`` answers for this many different chats within one hold mean a flood limit of
@@ -144,7 +145,6 @@ class OutboxDispatcher:
         "_failure_cursor",
         "_failures_due",
         "_flood",
-        "_foreign",
         "_held",
         "_hold_until",
         "_inflight",
@@ -205,7 +205,6 @@ class OutboxDispatcher:
         self._read_due = False
         self._held: "set[int]" = set()  # claimed by this run and not given up here yet
         self._behind: Dict[Optional[int], int] = {}  # chat -> calls left pending behind ours
-        self._foreign: "set[Optional[int]]" = set()  # chats of ours pending behind others
         self._unsent: List[int] = []  # claimed, never started (a stop came first)
         self._unrecorded: List[Tuple[int, str, str, int]] = []  # sent; record_sent failed
         self._next_retry: Optional[int] = None  # epoch ms of the earliest retry set here
@@ -282,8 +281,6 @@ class OutboxDispatcher:
             return
         with self._cond:
             self._woken = True
-            if handles:  # pending calls: maybe behind another sender, who does not wake us
-                self._foreign.add(None)
             self._cond.notify_all()
 
     # -- claims at insert (a completion's commit claims its calls for this sender) ------------
@@ -299,9 +296,13 @@ class OutboxDispatcher:
         if not self._port.has_claimed_inserts:
             return dict(effects), None
         with self._cond:
-            if self._stopping or self._send is None or not self.running:
+            if (self._stopping or self._send is None or not self.running
+                    or self._now() < self._hold_until):  # a flood hold: nothing sent now
                 return dict(effects), None
-            free = (self._options.outbox_concurrency - len(self._inflight) - self._reserved)
+            # a claimed call waits at most one round of sends for a sender: well inside
+            # its lease, and a flood hold refuses claims (above)
+            free = (_CLAIM_AHEAD * self._options.outbox_concurrency - len(self._inflight)
+                    - self._reserved)
             if free <= 0:
                 return dict(effects), None
             reservation = ClaimReservation()
@@ -435,10 +436,13 @@ class OutboxDispatcher:
                 if read:
                     self._read_claimed()
                 with self._cond:
-                    # a recorded call may have been what another process's pending call of
-                    # its chat waited for (that process is not woken by this one): claim
-                    claim = claim or self._woken or bool(done)
+                    claim = claim or self._woken
                     self._woken = False
+                # a recorded call may have been what a pending call of its chat waited for,
+                # another process's too (not woken by this one): claim if any call is pending
+                # (a read; a claim is a commit)
+                if not claim and done:
+                    claim = self._pending_exists()
                 if not claim:
                     continue
                 now = self._now()
@@ -450,24 +454,33 @@ class OutboxDispatcher:
                 sweep = now >= next_poll
                 if sweep:  # a sweep round: failures of other processes too
                     self._failures_due = True
+                    if self._port.has_claimed_inserts:  # and any claimed call not read back
+                        self._read_claimed()
                 full = self._claim_and_send(sweep)
                 next_poll = now if full else (now + poll_ms if sweep else next_poll)
-                if self._foreign:  # another sender holds the chat: it does not wake us
-                    next_poll = min(next_poll, now + _FOREIGN_POLL_MS)
                 self._deliver_failures_soon()
             except Exception:  # never let the loop die: the next round tries again
                 _LOGGER.exception("outbox: the sender loop failed; it goes on")
                 next_poll = self._now() + 1000
+
+    def _pending_exists(self) -> bool:
+        """Whether the store has a call ``pending`` (a read; on an error: assume so)."""
+        try:
+            return bool(self._stats.timed(
+                "outbox", self._port.list_calls, state="pending", limit=1
+            ))
+        except Exception as exc:
+            self._report(exc, "outbox")
+            return True
 
     def _read_claimed(self) -> None:
         """Read back the calls completion commits claimed for this sender and send them;
         what an ended commit left pending waits behind its chat's call, or is claimed now."""
         with self._cond:
             ended, self._ended = self._ended, []
-            limit = self._reserved + self._options.outbox_concurrency
-        try:
+        try:  # all of them: those being sent or waiting to be recorded come first
             entries = self._stats.timed(
-                "outbox", self._port.claimed_calls, self._sender, limit=limit
+                "outbox", self._port.claimed_calls, self._sender, limit=_READ_ALL
             )
         except Exception as exc:
             self._report(exc, "outbox")
@@ -502,9 +515,8 @@ class OutboxDispatcher:
                         e.chat_key == chat for e in fresh
                     ):
                         self._behind[chat] = self._behind.get(chat, 0) + 1
-                    else:  # behind another sender's call: claimed soon, and again
-                        claim_now = True
-                        self._foreign.add(chat)
+                    else:  # behind another sender's call (whose record claims it next,
+                        claim_now = True  # see _pending_exists), or a sender is free now
             if claim_now:
                 self._woken = True
         self._start(fresh, now)
@@ -568,12 +580,8 @@ class OutboxDispatcher:
             return False
         with self._cond:
             self._held.update(entry.call_id for entry in claimed)
-            if claimed:
-                self._foreign.difference_update(entry.chat_key for entry in claimed)
-                self._foreign.discard(None)
             if sweep and len(claimed) < free:
                 self._behind = {}
-                self._foreign = set()
         self._start(claimed, now)
         return len(claimed) >= free
 
