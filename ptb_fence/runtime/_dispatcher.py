@@ -12,8 +12,10 @@ starts it. Its loop runs on a thread of its own:
   commit only what such a commit left ``pending`` (its chat had an unsent call, no free
   sender) and what others left;
 - it claims calls (``claim_calls`` under a sender token and a lease of ``lease_seconds``; the
-  store gives a chat's calls one at a time, in commit order, across processes), at most as
-  many as it has free senders (``outbox_concurrency``), so nothing it claims waits unsent;
+  store gives a chat's calls one at a time, in commit order, across processes), at most
+  twice as many as it has senders (``outbox_concurrency``) claimed and not ended, and while
+  every sender is busy only a whole round of them at once: a claimed call waits at most one
+  round of sends for a sender, well inside its lease;
 - it is woken in-process right after a commit that carried calls, and otherwise looks every
   ``sweep_every_seconds`` (calls of a process that died before sending them, leases that
   lapsed) and when a retry it scheduled falls due;
@@ -380,6 +382,17 @@ class OutboxDispatcher:
     def _now(self) -> int:
         return self._options.now_ms()
 
+    def _claim_room(self) -> int:
+        """How many calls a claim takes now (under the condition's lock): while a sender is
+        free, up to :data:`_CLAIM_AHEAD` times ``outbox_concurrency`` claimed and not ended;
+        while all are busy, nothing until that room is a whole round of sends (one claim
+        commit per round, not per freed sender), so the senders never run dry."""
+        concurrency = self._options.outbox_concurrency
+        room = _CLAIM_AHEAD * concurrency - len(self._inflight) - self._reserved
+        if len(self._inflight) >= concurrency and room < concurrency:
+            return 0
+        return max(room, 0)
+
     def _record_due(self, mono: float) -> bool:
         """Whether the results that ended are recorded now (under the condition's lock)."""
         if not self._done:
@@ -403,7 +416,7 @@ class OutboxDispatcher:
                     mono = time.monotonic()
                     if self._record_due(mono) or self._read_due:
                         break
-                    free = self._options.outbox_concurrency - len(self._inflight) - self._reserved
+                    free = self._claim_room()
                     held = now < self._hold_until
                     due = self._woken or now >= next_poll or (
                         self._next_retry is not None and now >= self._next_retry
@@ -564,7 +577,7 @@ class OutboxDispatcher:
         was full (more may be due at once). ``sweep``: a sweep round (a claim that is not
         full forgets the calls it knew waiting behind its chats: the next sweeps take them)."""
         with self._cond:
-            free = self._options.outbox_concurrency - len(self._inflight) - self._reserved
+            free = self._claim_room()
             if free <= 0:  # still due: claimed when a sender is free
                 self._woken = True
         if free <= 0 or self._send is None:
