@@ -110,6 +110,8 @@ _CHECKS: Tuple[RuleCheck, ...] = (
     _outbox.rule_outbox_claim,
     _outbox.rule_outbox_operators,
     _outbox.rule_outbox_concurrent_claim,
+    _outbox.rule_outbox_claimed_inserts,
+    _outbox.rule_outbox_concurrent_claimed_inserts,
     _durable.rule_durable_exhaustion,
 )
 """The declared rules in the order they run: the base rules first (the first detects the
