@@ -340,11 +340,19 @@ class CountingStore:
     handler), and ``settle_owned_many`` (per landed item).
     """
 
-    def __init__(self, inner: Any, tracker: Optional[CompletionTracker] = None) -> None:
+    def __init__(
+        self, inner: Any, tracker: Optional[CompletionTracker] = None, *, exact_claims: bool = False
+    ) -> None:
         self.__dict__["_inner"] = inner
         self.__dict__["_tracker"] = tracker
         self.__dict__["_calls"] = Counter()
         self.__dict__["_lock"] = threading.Lock()
+        self.__dict__["_claims"] = ClaimTally(exact_claims)
+
+    @property
+    def claims(self) -> "ClaimTally":
+        """The claims this proxy saw the store grant and end (the most held at once)."""
+        return self.__dict__["_claims"]
 
     @property
     def inner(self) -> Any:
@@ -374,7 +382,9 @@ class CountingStore:
         lock = self.__dict__["_lock"]
         tracker: Optional[CompletionTracker] = self.__dict__["_tracker"]
 
-        if tracker is None or not _observes(name):
+        tally: ClaimTally = self.__dict__["_claims"]
+        claims = tally.exact and (name in _CLAIM_GRANTS or name in _CLAIM_ENDS)
+        if not claims and (tracker is None or not _observes(name)):
 
             def counted(*args: Any, **kwargs: Any) -> Any:
                 with lock:
@@ -387,8 +397,14 @@ class CountingStore:
         def settled(*args: Any, **kwargs: Any) -> Any:
             with lock:
                 calls[name] += 1
-            result = fn(*args, **kwargs)
-            _observe_settle(tracker, name, args, kwargs, result)
+            if claims:
+                with tally.serial:
+                    result = fn(*args, **kwargs)
+                    tally.observe(name, args, kwargs, result)
+            else:
+                result = fn(*args, **kwargs)
+            if tracker is not None and _observes(name):
+                _observe_settle(tracker, name, args, kwargs, result)
             return result
 
         settled.__name__ = name
@@ -396,6 +412,80 @@ class CountingStore:
 
     def close(self) -> None:
         self.__dict__["_inner"].close()
+
+
+_CLAIM_GRANTS = frozenset(
+    {"claim_owned", "claim_owned_many", "add_claimed_many", "add_claimed_and_settle_many",
+     "settle_and_claim_many", "claim_in_chat_order"}
+)
+"""Store methods whose result holds the identities of claims they granted."""
+
+_CLAIM_ENDS = frozenset(
+    {"settle_owned", "settle_owned_many", "add_claimed_and_settle_many", "settle_and_claim_many",
+     "release_many", "exhaust"}
+)
+"""Store methods that end claims (the settles that landed, the claims given back)."""
+
+
+class ClaimTally:
+    """The claims held in the store by the process, as seen at the store proxy: claims granted
+    (identities returned) minus claims ended (settles that landed without ``connection=``,
+    releases), and the most held at once (``peak``). A settle inside a caller's transaction
+    (a fenced write) is not seen, so the tally only means something for no-op rows.
+
+    Exact only with ``exact`` (the harness's ``--claims-exact``): the proxy then runs the
+    store calls that grant or end claims one at a time (``serial``), so the tally follows their
+    commits in order. Otherwise a claim and a settle that overlap may be tallied in the other
+    order than they committed, and ``peak`` is not reported."""
+
+    def __init__(self, exact: bool = False) -> None:
+        self.held = 0
+        self.peak = 0
+        self.exact = exact
+        self._lock = threading.Lock()
+        self.serial = threading.Lock()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.peak = self.held
+
+    def observe(self, name: str, args: Sequence[Any], kwargs: Dict[str, Any], result: Any) -> None:
+        granted = ended = 0
+        if kwargs.get("connection") is None:
+            if name in _CLAIM_ENDS:
+                ended = _ended_count(name, args, kwargs, result)
+            if name in _CLAIM_GRANTS:
+                granted = _granted_count(result)
+        with self._lock:
+            # one commit settles, then claims: the bound holds at the commit with both
+            self.held += granted - ended
+            self.peak = max(self.peak, self.held)
+
+
+def _granted_count(result: Any) -> int:
+    values = result if isinstance(result, (list, tuple)) else [result]
+    if _is_pair(result):
+        values = list(result[0]) + list(result[1])
+    return sum(1 for value in values if hasattr(value, "claim_id") and hasattr(value, "attempt"))
+
+
+def _is_pair(result: Any) -> bool:
+    return isinstance(result, tuple) and len(result) == 2 and all(
+        isinstance(part, list) for part in result
+    )
+
+
+def _ended_count(name: str, args: Sequence[Any], kwargs: Dict[str, Any], result: Any) -> int:
+    if name in ("settle_owned", "exhaust"):
+        return 1 if result else 0
+    if name == "release_many":
+        return sum(1 for flag in result if flag) if isinstance(result, list) else 0
+    for value in list(args) + list(kwargs.values()):
+        pairs = _pairs(value)
+        if pairs:
+            flags = _landed_flags(result, len(pairs))
+            return sum(1 for flag in flags or [] if flag)
+    return 0
 
 
 def _pairs(value: Any) -> Optional[List[Tuple[Any, Any]]]:

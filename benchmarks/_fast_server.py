@@ -19,7 +19,8 @@ own (its CPU is not the bot's):
 - ``getMe``, ``deleteWebhook``, ``sendMessage`` and every other method get a fixed answer built
   in advance (``sendMessage``: one fixed ``Message``; unknown methods: ``true``).
 
-Run it as ``python benchmarks/_fast_server.py '{"count": N, "chats": C}'``: it prints one JSON
+Run it as ``python benchmarks/_fast_server.py '{"count": N, "chats": C}'`` (``"first_id": F``:
+update ids from F, default 1): it prints one JSON
 line ``{"token": ..., "base_url": ..., "pid": ...}`` once listening, and serves until its stdin
 is closed.
 """
@@ -209,7 +210,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     args = list(sys.argv[1:] if argv is None else argv)
     cfg = json.loads(args[0]) if args else {}
-    updates = update_dicts(int(cfg.get("count", 0)), chats=int(cfg.get("chats", 200)))
+    updates = update_dicts(
+        int(cfg.get("count", 0)), int(cfg.get("first_id", 1)), chats=int(cfg.get("chats", 200))
+    )
     pages = Pages(updates)  # every byte of every answer is built before "ready"
     del updates
     stats = {"requests": 0, "getUpdates": 0, "pages": 0}

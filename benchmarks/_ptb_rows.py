@@ -32,8 +32,10 @@ from telegram.ext import Application, TypeHandler
 
 from ptb_fence import PostgresUpdateStore, SQLiteUpdateStore
 from ptb_fence.ptb import DurableUpdateProcessor, FencedUpdateProcessor
+from ptb_fence.stores._outbox_sql import outbox_table_name
 from ptb_fence.testing import FakeBotApi
 
+from _pg_cpu import BackendCpu
 from _common import (
     BATCH,
     CompletionTracker,
@@ -54,8 +56,33 @@ from _common import (
 
 _LOGGER = logging.getLogger("bench")
 
-PTB_KINDS = ("plain", "durable", "fenced", "fenced-write", "naive")
+PTB_KINDS = ("plain", "durable", "fenced", "fenced-write", "naive", "fenced-write-reply",
+             "fenced-write-outbox")
 """Handler kinds; a ``poll-`` prefix runs the same kind over polling."""
+
+REPLY_KINDS = ("fenced-write-reply", "fenced-write-outbox")
+"""Kinds that reply once per update (``sendMessage``): directly with ``await
+context.bot.send_message`` after the fenced write, or through ``attempt.outbox``. An update of
+these counts as done when the fake Bot API answered its reply (seen by :class:`ReplyTimer`)."""
+
+
+def reply_timer(tracker: CompletionTracker) -> Any:
+    """A PTB request object (``ApplicationBuilder.request``) that marks ``tracker`` with the
+    update id of every ``sendMessage`` the fake Bot API answered (the reply text is ``r
+    <update_id>``): the same clock for a direct reply and an outbox reply."""
+    from telegram.request import HTTPXRequest
+
+    class ReplyTimer(HTTPXRequest):
+        async def do_request(self, url: str, method: str, request_data: Any = None,
+                             **kwargs: Any) -> Tuple[int, bytes]:
+            answer = await super().do_request(url, method, request_data=request_data, **kwargs)
+            if url.endswith("/sendMessage") and request_data is not None and answer[0] == 200:
+                text = str(request_data.parameters.get("text", ""))
+                if text.startswith("r "):
+                    tracker.mark(int(text[2:]))
+            return answer
+
+    return ReplyTimer(connection_pool_size=256)
 
 
 def process_cpu_seconds(pid: int) -> Optional[float]:
@@ -139,23 +166,30 @@ class _Run:
         if self.store_kind == "sqlite":
             self.path = os.path.join(self.cfg["workdir"], f"{self.tag}-{suffix}.sqlite3")
             raw: Any = SQLiteUpdateStore(self.path)  # synchronous=NORMAL (the default)
-            if self.kind == "fenced-write":
+            if self.kind == "fenced-write" or self.kind in REPLY_KINDS:
                 self.domain_table = "bench_domain"
                 create_domain_table("sqlite", self.domain_table, path=self.path)
         else:
             self.table = f"bench_{suffix}"
-            if self.kind == "fenced-write":
+            if self.kind == "fenced-write" or self.kind in REPLY_KINDS:
                 self.domain_table = f"bench_domain_{suffix}"
                 create_domain_table("pg", self.domain_table, dsn=self.cfg["dsn"])
             raw = PostgresUpdateStore(self.cfg["dsn"], self.table)  # library defaults (pool 8)
             raw.due(now=0, pending_before=0, limit=1)  # create the table before counting
         self.raw_store = raw
-        self.store = CountingStore(raw, self.tracker)
+        # a reply row's update is done when its reply was answered (ReplyTimer), not settled
+        self.store = CountingStore(
+            raw, None if self.kind in REPLY_KINDS else self.tracker,
+            exact_claims=bool(self.cfg.get("claims_exact")),
+        )
 
     def build_app(self, pending: int = 0) -> None:
         if self.polling:
             # the fake Bot API runs in a process of its own, already holding the updates
-            spec = json.dumps({"count": pending, "chats": int(self.cfg.get("chats", 200))})
+            spec = json.dumps({
+                "count": pending, "chats": int(self.cfg.get("chats", 200)),
+                "first_id": int(self.cfg.get("first_id", 1)),
+            })
             if self.server_kind == "fakebotapi":
                 cmd = [sys.executable, self.cfg["run_py"], "--fake-server", spec]
             else:
@@ -182,6 +216,8 @@ class _Run:
             options = dict(self.cfg.get("processor_options") or {})
             processor = FencedUpdateProcessor(store, max_concurrent=n, **options)
             builder = processor.install(builder)
+            if self.kind in REPLY_KINDS:
+                builder.request(reply_timer(self.tracker))
             if self.metrics:
                 self._scrape_metrics(processor)
         self.app = builder.build()
@@ -240,6 +276,24 @@ class _Run:
                 handled()
 
             return fenced_write
+
+        if kind in REPLY_KINDS:
+            assert self.store_kind is not None and self.domain_table is not None
+            write = domain_write(self.store_kind, self.domain_table)
+            outbox = kind == "fenced-write-outbox"
+
+            async def fenced_write_reply(update: Update, context: Any) -> None:
+                attempt = context.attempt
+                chat_id = update.effective_chat.id
+                if outbox:
+                    # held by the attempt; written in the commit of the transaction below
+                    attempt.outbox.send_message(chat_id, f"r {update.update_id}")
+                await attempt.run_in_transaction(write(attempt), complete=True)
+                if not outbox:
+                    await context.bot.send_message(chat_id, f"r {update.update_id}")
+                handled()  # done when the reply was answered (the tracker, by ReplyTimer)
+
+            return fenced_write_reply
 
         assert kind == "naive"
         insert = self._naive_insert()
@@ -340,6 +394,8 @@ class _Run:
         tables = [t for t in (self.table, naive_pg_table) if t]
         if self.store_kind == "pg" and self.domain_table:
             tables.append(self.domain_table)
+        if self.store_kind == "pg" and self.table:
+            tables.append(outbox_table_name(self.table))
         if tables:
             drop_tables(self.cfg["dsn"], *tables)
 
@@ -363,6 +419,18 @@ class _Run:
         finally:
             conn.close()
 
+    def outbox_counts(self) -> Dict[str, int]:
+        """The outbox's calls per state (a fresh store on the run's table: the run's own store
+        is closed by then)."""
+        if self.path is not None:
+            store: Any = SQLiteUpdateStore(self.path)
+        else:
+            store = PostgresUpdateStore(self.cfg["dsn"], self.table, create_table=False)
+        try:
+            return {k: v for k, v in store.outbox_counts().items() if v}
+        finally:
+            store.close()
+
     async def wait_all(self, n: int, timeout: float) -> Tuple[float, Optional[str]]:
         """Wait until all ``n`` updates are completed; returns (end time, note).
 
@@ -376,6 +444,14 @@ class _Run:
             raise RuntimeError(
                 f"{self.cfg['row']}: only {self.handled}/{n} updates handled within {timeout:.0f}s"
             ) from None
+        if self.kind in REPLY_KINDS:
+            # outbox replies are sent after the commits: give the dispatcher the same bound
+            if await self.tracker.wait(n, timeout):
+                return time.perf_counter(), None
+            raise RuntimeError(
+                f"{self.cfg['row']}: {self.tracker.count}/{n} replies answered within "
+                f"{timeout:.0f}s after every handler ran"
+            )
         if await self.tracker.wait(n, 2.0):
             return time.perf_counter(), None
         if self.kind in ("plain", "naive", "fenced-write"):
@@ -418,8 +494,12 @@ async def _throughput_run(
         counter.reset()
         if run.store is not None:
             run.store.reset_calls()
+            run.store.claims.reset()
         if profiler is not None:
             profiler.resume()
+        # the PostgreSQL backends' CPU (this run's private database), read outside the clock
+        pg_cpu = BackendCpu.for_run(cfg) if pg_row and measure_server else None
+        pg_cpu0 = pg_cpu.snapshot() if pg_cpu is not None else None
         server_cpu0 = process_cpu_seconds(run.server_pid) if run.server_pid else None
         cpu0 = time.process_time()
         t0 = time.perf_counter()
@@ -442,10 +522,16 @@ async def _throughput_run(
         t1, note = await run.wait_all(n, cfg.get("timeout", 300))
         cpu1 = time.process_time()
         server_cpu1 = process_cpu_seconds(run.server_pid) if run.server_pid else None
+        pg_cpu1 = pg_cpu.snapshot() if pg_cpu is not None and pg_cpu0 is not None else None
+        if pg_cpu is not None:
+            pg_cpu.close()
         if profiler is not None:
             profiler.pause()
         counts = counter.snapshot()
         calls = run.store.calls() if run.store is not None else {}
+        claims_peak = (
+            run.store.claims.peak if run.store is not None and run.store.claims.exact else None
+        )
         await run.stop_app()
         run.close()
         after = (
@@ -457,6 +543,10 @@ async def _throughput_run(
                 raise RuntimeError(
                     f"{cfg['row']}: the store shows {completed} of {n} updates completed"
                 )
+        if run.kind == "fenced-write-outbox":
+            outbox = run.outbox_counts()  # every reply recorded sent, none twice: not timed
+            if outbox.get("sent") != n or sum(outbox.values()) != n:
+                raise RuntimeError(f"{cfg['row']}: the outbox shows {outbox} for {n} replies")
         result: Dict[str, Any] = {
             "n": n,
             "seconds": t1 - t0,
@@ -467,8 +557,14 @@ async def _throughput_run(
             ),
             "driver": counts,
             "calls": calls,
+            "claims_peak": claims_peak,
             "server_commits": None if before is None or after is None else after - before,
         }
+        if pg_cpu0 is not None and pg_cpu1 is not None:
+            ns, backends, new, gone = BackendCpu.delta(pg_cpu0, pg_cpu1)
+            result["pg_backend"] = {"cpu_seconds": ns / 1e9, "backends": backends, "new": new, "gone": gone}
+        elif pg_cpu is not None and pg_cpu.problem:
+            result["note"] = "PostgreSQL backend CPU not measured: " + pg_cpu.problem
         if note:
             result["note"] = note
         return result
@@ -577,9 +673,10 @@ async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[s
                         await _throughput_run(plain_cfg, n, f"plain{index}", counter, measure_server=False)
                     )
         latency = None
+        reply_row = cfg["kind"].startswith("poll-") and cfg["kind"][5:] in REPLY_KINDS
         if (
             float(cfg.get("latency_seconds", 0)) > 0
-            and not cfg["kind"].startswith("poll-")
+            and (not cfg["kind"].startswith("poll-") or reply_row)
             and int(cfg.get("producers") or 1) == 1  # a burst row's latency is its -32 row's
         ):
             latency = await _latency_phase(cfg, counter)
@@ -600,6 +697,7 @@ async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[s
         for k, v in r["driver"].items():
             driver[k] = driver.get(k, 0) + v
     server = [r["server_commits"] for r in runs if r.get("server_commits") is not None]
+    pg_us = [r["pg_backend"]["cpu_seconds"] / r["n"] * 1e6 for r in runs if r.get("pg_backend")]
     notes = sorted({r["note"] for r in runs if r.get("note")})
     paired_plain = None
     if plain_runs:
@@ -623,10 +721,16 @@ async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[s
         "server_cpu_us_per_update": median(server_us) if server_us else None,
         "handled": total_n,
         "calls_per_update": {k: v / total_n for k, v in sorted(calls.items())},
+        "claims_peak": max(
+            (r["claims_peak"] for r in runs if r.get("claims_peak") is not None), default=None
+        ),
         "store_calls_per_update": sum(calls.values()) / total_n if calls else None,
         "statements_per_update": driver.get("statements", 0) / total_n if counter.installed else None,
         "commits_per_update": driver.get("commits", 0) / total_n if counter.installed else None,
         "server_commits_per_update": (sum(server) / total_n) if len(server) == len(runs) else None,
+        "pg_cpu_us_per_update": median(pg_us) if len(pg_us) == len(runs) else None,
+        "pg_cpu_us_per_update_runs": pg_us,
+        "pg_backends": [r["pg_backend"] for r in runs if r.get("pg_backend")],
         "latency": latency,
         "notes": notes,
         "profile": profiler.report,

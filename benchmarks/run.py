@@ -8,6 +8,7 @@ Usage (from the repository root)::
     python benchmarks/run.py --list             # the rows and what they run
     python benchmarks/run.py --only 'fenced-*-32,plain-32' --updates 300 --runs 1
     python benchmarks/run.py --only 'poll-*' --poll-updates 1000   # the polling rows only
+    python benchmarks/run.py --scale-out        # PostgreSQL's cost per update; 1 vs 2 bot processes
     python benchmarks/run.py --profile fenced-pg-32           # cProfile (all threads) of a row
     python benchmarks/run.py --profile fenced-pg-32 --profiler py-spy [--gil]
 
@@ -57,6 +58,22 @@ Rows (``--list`` prints them):
 - ``poll-fenced-{sqlite,pg}-32``: ``FencedUpdateProcessor`` polling, no-op handler.
 - ``poll-fenced-write-{sqlite,pg}-32``: ``FencedUpdateProcessor`` polling; the handler does
   ``await context.attempt.run_in_transaction(insert, complete=True)``.
+- ``poll-reply-{sqlite,pg}-32``: ``FencedUpdateProcessor`` polling; the handler does the fenced
+  write ``run_in_transaction(insert, complete=True)`` and then replies directly, ``await
+  context.bot.send_message(chat, text)``.
+- ``poll-outbox-{sqlite,pg}-32``: the same write; the reply goes through the outbox:
+  ``attempt.outbox.send_message(chat, text)`` before the write (held by the attempt, written in
+  the write's commit) and sent by the process's dispatcher after it. In both reply rows an
+  update counts as done when the fake Bot API answered its reply (a ``telegram.request``
+  subclass given to the builder timestamps the answer), and their ``reply lat`` figures are a
+  low-load phase (one ``update_queue.put`` at a time) from the put to the reply's answer.
+- ``scaleout-{fenced,fenced-write}-pg-32``: one bot process, then ``--scale-processes`` (2) bot
+  processes at once, on one PostgreSQL table; each process polls a fast server of its own holding
+  its own ``--poll-updates`` updates (``_scaleout.py``). With ``poll-fenced-pg-32``,
+  ``poll-fenced-write-pg-32`` and ``poll-naive-pg-32`` they make the SCALE-OUT section
+  (``--scale-out`` runs just these):
+  statements, commits and the PostgreSQL backends' CPU per update, and the bot processes one
+  PostgreSQL core can feed at that cost.
 - ``lease-{sqlite,pg}``: ``LeaseKeeper.tick()`` with 1, 100 and 5,000 active attempts.
 - ``backlog-{sqlite,pg}``: 100,000 recorded updates handled after a restart; RSS sampled.
 - ``backlog-write-{sqlite,pg}``: the same backlog, each update handled with the fenced write
@@ -91,7 +108,9 @@ What the columns count:
 
 The TARGETS section checks the goals of issue 14 (``[14]``: the polling rows' ratios to
 ``poll-plain-32`` and ``poll-naive-pg-32``, the fenced write's CPU per update, commits per update,
-the backlog's rate and RSS growth) and the earlier goals on the ``update_queue.put`` rows.
+the backlog's rate and RSS growth), the outbox rows' goals (``poll-outbox-*`` against
+``poll-reply-*``: at least 0.8x the throughput, at most 0.1 extra commits per update, and the
+reply latency at low load printed) and the earlier goals on the ``update_queue.put`` rows.
 """
 
 from __future__ import annotations
@@ -174,6 +193,31 @@ POLLING_LEGEND = [
 ]
 
 
+SCALE_OUT_ROWS = ["scaleout-*", "poll-fenced-pg-32", "poll-fenced-write-pg-32", "poll-naive-pg-32"]
+"""The rows ``--scale-out`` selects."""
+
+SCALE_OUT_LEGEND = [
+    "  procs: bot processes (each a PTB Application with FencedUpdateProcessor, max_concurrent=32) on one",
+    "    PostgreSQL table; poll-* rows: the row's own runs (one process; poll-naive-pg-32, one INSERT + commit",
+    "    per update through asyncio.to_thread, is the yardstick); scaleout-* rows: each measured run is",
+    "    a pair, one process alone and N processes at once (order alternating), each polling a fast fake",
+    "    Bot API of its own holding its own updates (disjoint ids), all told to start at the same moment.",
+    "  upd/s: all processes' updates over (last end - first start), median of the runs; x1: the median of",
+    "    the pairs' ratios N processes / 1 process. per proc: each process's own rate (median).",
+    "  stmts/u, commits/u: SQL statements and commits per update counted at the bots' drivers (all processes);",
+    "    srv c/u: pg_stat_database.xact_commit of the run's private database per update (whole run).",
+    "  PG us/u: CPU time of the PostgreSQL client backends of the run's private database (the bots'",
+    "    connections; /proc/<pid>/schedstat) over the timed part, per update. Not included: the server's",
+    "    shared processes (WAL writer, checkpointer, autovacuum; they serve every database) and I/O waits.",
+    "    A backend opened during the timed part counts from its start (about 3 ms of start-up plus the",
+    "    catalog reads of its first statements: a one-off cost, spread over the run's updates).",
+    "  bot us/u: CPU time of the bot process(es) per update (all threads).",
+    "  bots/PG core: bot us/u / PG us/u, the bot processes, each running at one full core (the GIL), whose",
+    "    statements one PostgreSQL core executes; at rate: 1e6 / (PG us/u x per-process upd/s), the",
+    "    processes at the rate measured here. Projections from CPU alone: locks, WAL and fsync not modelled.",
+]
+
+
 @dataclass(frozen=True)
 class Row:
     """One configuration of the table."""
@@ -198,6 +242,8 @@ class Row:
             return "backlog" if self.kind == "backlog-write" else self.kind
         if self.kind.startswith("poll-"):
             return "polling"
+        if self.kind.startswith("scaleout-"):
+            return "scaleout"
         return "throughput"
 
 
@@ -241,9 +287,27 @@ def all_rows(concurrencies: Sequence[int]) -> List[Row]:
             )
     for store in ("sqlite", "pg"):
         rows.append(
+            Row(f"poll-reply-{store}-32", "poll-fenced-write-reply", store, 32,
+                f"Fenced + run_in_transaction(insert, complete=True), then await "
+                f"bot.send_message (a direct reply), {store}, {fast}, 32", "fast")
+        )
+        rows.append(
+            Row(f"poll-outbox-{store}-32", "poll-fenced-write-outbox", store, 32,
+                f"Fenced + attempt.outbox.send_message held, written in the commit of "
+                f"run_in_transaction(insert, complete=True), sent by the dispatcher, {store}, "
+                f"{fast}, 32", "fast")
+        )
+    for store in ("sqlite", "pg"):
+        rows.append(
             Row(f"poll-fenced-metrics-{store}-32", "poll-fenced-metrics", store, 32,
                 f"FencedUpdateProcessor, no-op, {store}, {fast}, 32; ptb_fence.metrics "
                 "registered and scraped every second", "fast")
+        )
+    for kind, what in (("fenced", "no-op"), ("fenced-write", "run_in_transaction(insert, complete=True)")):
+        rows.append(
+            Row(f"scaleout-{kind}-pg-32", f"scaleout-{kind}", "pg", 32,
+                f"1 vs --scale-processes (2) FencedUpdateProcessor bot processes on one PostgreSQL "
+                f"table, {what}, each {fast} of its own, 32", "fast")
         )
     for store in ("sqlite", "pg"):
         rows.append(Row(f"lease-{store}", "lease", store, 0, f"lease renewal tick, {store}"))
@@ -286,6 +350,10 @@ def child_main(cfg: Dict[str, Any]) -> int:
             from _scaling import measure_backlog
 
             return measure_backlog(cfg, counter)
+        if kind.startswith("scaleout-"):
+            from _scaleout import measure_scaleout
+
+            return measure_scaleout(cfg)
         from _ptb_rows import measure_ptb_row
 
         return asyncio.run(measure_ptb_row(cfg, counter))
@@ -434,9 +502,12 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
 class Report:
     """Collects results and prints the table, the scaling sections and the targets."""
 
-    def __init__(self, rows: Sequence[Row], results: Dict[str, Dict[str, Any]]) -> None:
+    def __init__(
+        self, rows: Sequence[Row], results: Dict[str, Dict[str, Any]], claim_buffer: int = 8
+    ) -> None:
         self.rows = rows
         self.results = results
+        self.claim_buffer = claim_buffer  # the rows' ingest_claim_buffer (the library default)
 
     def ok(self, name: str) -> Optional[Dict[str, Any]]:
         result = self.results.get(name)
@@ -562,6 +633,12 @@ class Report:
             calls = result.get("calls_per_update") or {}
             if calls:
                 parts.append(", ".join(f"{k} {v:.3f}" for k, v in calls.items()))
+            peak = result.get("claims_peak")
+            if peak and row.kind.split("-")[-1] == "fenced":
+                parts.append(
+                    f"claims held at most {peak} (bound max_concurrent + ingest_claim_buffer = "
+                    f"{row.concurrency + int(self.claim_buffer)}; tallied in commit order at the store proxy, --claims-exact)"
+                )
             if row.kind == "pgqueuer":
                 drains = result["drain_rates"]
                 parts.append(
@@ -579,6 +656,86 @@ class Report:
             if parts:
                 lines.append(f"  {row.name}: " + "; ".join(parts))
         return lines
+
+    def scaleout_table(self) -> List[str]:
+        """PostgreSQL's cost per update of the fenced polling rows, and 1 vs N processes."""
+        rows = [
+            r for r in self.rows
+            if r.name in self.results
+            and (
+                r.section == "scaleout"
+                or (r.kind in ("poll-fenced", "poll-fenced-write", "poll-naive") and r.store == "pg")
+            )
+        ]
+        if not rows:
+            return []
+        header = (
+            f"{'row':<27} {'procs':>5} {'upd/s':>7} {'x1':>5} {'per proc':>8} {'stmts/u':>7} "
+            f"{'commits/u':>9} {'srv c/u':>7} {'PG us/u':>7} {'bot us/u':>8} {'bots/PG core':>12} "
+            f"{'at rate':>7}"
+        )
+        lines = [header, "-" * len(header)]
+
+        def line(name: str, procs: int, rate: Optional[float], x1: Optional[float],
+                 per_proc: Optional[float], figures: Dict[str, Any]) -> str:
+            pg_us = figures.get("pg_cpu_us_per_update")
+            bot_us = figures.get("cpu_us_per_update")
+            feeds = _ratio(bot_us, pg_us)
+            at_rate = None if not pg_us or not per_proc else 1e6 / (pg_us * per_proc)
+            return (
+                f"{name:<27} {procs:>5} {_fmt_rate(rate):>7} {_fmt_num(x1):>5} {_fmt_rate(per_proc):>8} "
+                f"{_fmt_num(figures.get('statements_per_update')):>7} "
+                f"{_fmt_num(figures.get('commits_per_update'), 3):>9} "
+                f"{_fmt_num(figures.get('server_commits_per_update'), 3):>7} "
+                f"{_fmt_num(pg_us, 0):>7} {_fmt_num(bot_us, 0):>8} {_fmt_num(feeds, 1):>12} "
+                f"{_fmt_num(at_rate, 1):>7}"
+            )
+
+        notes: List[str] = []
+        for row in rows:
+            result = self.results[row.name]
+            if "skipped" in result or "error" in result:
+                lines.append(f"{row.name:<27} " + (
+                    f"skipped: {result['skipped']}" if "skipped" in result else f"FAILED: {result['error']}"
+                ))
+                continue
+            if row.section != "scaleout":
+                lines.append(line(row.name, 1, result["median"], None, result["median"], result))
+                opened = [b["new"] for b in result.get("pg_backends") or []]
+                if opened:
+                    notes.append(
+                        f"  {row.name}: PostgreSQL backends opened during a timed part: "
+                        f"{min(opened)}-{max(opened)}"
+                    )
+                for note in result.get("notes", []):
+                    if "backend CPU" in note:
+                        notes.append(f"  {row.name}: {note}")
+                continue
+            one, many = result["scaleout"]["one"], result["scaleout"]["many"]
+            procs = int(result["processes"])
+            from _common import median
+
+            lines.append(line(row.name, 1, one["median"], None, one["median"], one))
+            per_proc = median([median(m["process_rates"]) for m in many["runs"]])
+            lines.append(line("", procs, many["median"], result["speedup_median"], per_proc, many))
+            spread = max(m["start_spread_ms"] for m in many["runs"])
+            loads = [m["load"][0] for m in one["runs"] + many["runs"] if m.get("load")]
+            notes.append(
+                f"  {row.name}: {result['updates_per_process']:,} updates per process, "
+                f"{len(many['runs'])} pair(s); {procs}-process runs started within {spread:.1f} ms of each "
+                f"other; {result['cores']} cores ({result['usable_cores']} usable), 1-min load "
+                f"{min(loads):.1f}-{max(loads):.1f} during the runs; every bot process has its own fake "
+                f"server process too ({_fmt_num(many.get('fast_server_cpu_us_per_update'), 0)} us/u)"
+            )
+            opened = [m["pg_backends"]["new"] for m in one["runs"] + many["runs"] if m.get("pg_backends")]
+            if opened:
+                notes.append(
+                    f"  {row.name}: PostgreSQL backends opened during a timed part: {min(opened)}-{max(opened)}"
+                )
+            problem = next((m.get("pg_cpu_problem") for m in one["runs"] if m.get("pg_cpu_problem")), None)
+            if problem:
+                notes.append(f"  {row.name}: PostgreSQL backend CPU not measured: {problem}")
+        return lines + notes
 
     def lease_table(self) -> List[str]:
         lines = []
@@ -662,6 +819,36 @@ class Report:
             else:
                 detail = f"{num} {a:,.0f} / poll-plain-32 {plain_rate:,.0f} upd/s = {r:.2f}x"
             verdict(name, r, r >= goal, detail + f" (goal {goal:g}x)")
+
+        # fenced replies: the outbox against a direct reply after the same fenced write
+        for store in ("pg", "sqlite"):
+            outbox, direct = f"poll-outbox-{store}-32", f"poll-reply-{store}-32"
+            ratio_goal(f"[21] outbox reply {store} polling >= 0.8x a direct reply_text",
+                       outbox, direct, 0.8)
+            a, b = self.ok(outbox), self.ok(direct)
+            ca = None if a is None else a.get("commits_per_update")
+            cb = None if b is None else b.get("commits_per_update")
+            extra = None if ca is None or cb is None else ca - cb
+            verdict(
+                f"[21] outbox reply {store}: <= 0.1 extra commits per update", extra,
+                None if extra is None else extra <= 0.1,
+                f"{outbox} or {direct} not measured" if extra is None
+                else f"{ca:.3f} - {cb:.3f} = {extra:+.3f} commits/update at the driver "
+                f"(the calls ride in the completion commit; claims and results are grouped)",
+            )
+            la = None if a is None else a.get("latency")
+            lb = None if b is None else b.get("latency")
+            if la and lb:
+                lines.append(
+                    f"  INFO  [21] reply latency at low load, {store}: outbox p50/p99 "
+                    f"{la['p50_ms']:.2f}/{la['p99_ms']:.2f} ms, direct "
+                    f"{lb['p50_ms']:.2f}/{lb['p99_ms']:.2f} ms, added "
+                    f"{la['p50_ms'] - lb['p50_ms']:+.2f}/{la['p99_ms'] - lb['p99_ms']:+.2f} ms "
+                    f"({la['n']} samples; from update_queue.put to the reply's answer)"
+                )
+            else:
+                verdict(f"[21] reply latency at low load, {store}", None, None,
+                        f"{outbox} or {direct} not measured")
 
         # issue 14: polling (the path PTB uses) against the fast fake Bot API, ratios in this run
         plain_goal("[14] fenced write PG polling >= 0.35x plain PTB polling no-op",
@@ -889,6 +1076,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "--no-driver-count", action="store_true",
         help="do not count statements/commits at the driver (to check the counting's overhead)",
     )
+    parser.add_argument(
+        "--scale-out", action="store_true",
+        help="the scale-out rows only (1 vs --scale-processes bot processes on one PostgreSQL "
+        "table) with the per-update PostgreSQL cost rows poll-fenced-pg-32, "
+        "poll-fenced-write-pg-32 and poll-naive-pg-32; combines with --only",
+    )
+    parser.add_argument(
+        "--scale-processes", type=int, default=2,
+        help="bot processes of the scale-out rows' many-process runs (default 2)",
+    )
+    parser.add_argument(
+        "--claims-exact", action="store_true",
+        help="report the most claims a fenced no-op row's process held in the store: the store "
+        "proxy runs the calls that grant or end claims one at a time to tally them in commit order "
+        "(changes how those calls overlap: measure throughput without it)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--fake-server", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -908,6 +1111,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     if args.updates is not None and args.poll_updates is None:
         settings["poll_updates"] = args.updates  # --updates alone sizes every row
+    if args.scale_processes < 2:
+        parser.error("--scale-processes must be at least 2")
     if min(settings["runs"], settings["updates"], settings["updates_seq"], settings["poll_updates"],
            settings["poll_chats"]) < 1:
         parser.error("--runs, --updates, --updates-seq, --poll-updates and --poll-chats must be positive")
@@ -923,13 +1128,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     patterns = None
     if args.profile:
         patterns = [args.profile]
-    elif args.only:
-        patterns = [p.strip() for p in args.only.split(",") if p.strip()]
+    elif args.only or args.scale_out:
+        patterns = [p.strip() for p in (args.only or "").split(",") if p.strip()]
+        if args.scale_out:
+            patterns += SCALE_OUT_ROWS
     if patterns:
         selected = [r for r in rows if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)]
         unknown = [p for p in patterns if not any(fnmatch.fnmatchcase(r.name, p) for r in rows)]
         if unknown or not selected:
             parser.error(f"no row matches {', '.join(unknown or patterns)} (see --list)")
+        if args.profile and any(r.section == "scaleout" for r in selected):
+            # the row's child only coordinates the bot processes: its profile shows none of them
+            parser.error("the scaleout-* rows cannot be profiled: profile poll-fenced-pg-32 or "
+                         "poll-fenced-write-pg-32 (the same bot, one process)")
 
     from _common import create_bench_database, drop_bench_database, pg_dsn, pg_problem
 
@@ -977,7 +1188,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "concurrency": row.concurrency,
                 "producers": row.producers,
                 "updates": (
-                    settings["poll_updates"] if row.section == "polling"
+                    settings["poll_updates"] if row.section in ("polling", "scaleout")
                     else settings["updates"] if row.concurrency != 1 else settings["updates_seq"]
                 ),
                 "chats": settings["poll_chats"],
@@ -997,6 +1208,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "driver_count": not args.no_driver_count,
                 "timeout": args.timeout,
                 "processor_options": _processor_options(args.processor_option),
+                "processes": args.scale_processes,
+                "claims_exact": args.claims_exact,
             }
             env_extra = {}
             if row.kind == "pgqueuer":
@@ -1021,7 +1234,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 print(f"  note: could not drop database {bench_db}: {exc}")
         shutil.rmtree(workdir, ignore_errors=True)
 
-    report = Report(selected, results)
+    report = Report(
+        selected, results,
+        int(_processor_options(args.processor_option).get("ingest_claim_buffer", 8)),
+    )
     print()
     print("THROUGHPUT (median of runs; ratios use medians; '-' = not applicable or not measured)")
     for line in report.throughput_table():
@@ -1044,6 +1260,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print()
         print("store calls per handled update, by method (proxy), and notes:")
         for line in extra:
+            print(line)
+    scaleout = report.scaleout_table()
+    if scaleout:
+        print()
+        print(
+            "SCALE-OUT: PostgreSQL's cost per fenced update, and how many bot processes one PostgreSQL "
+            "core can feed at that cost"
+        )
+        for line in scaleout:
+            print(line)
+        for line in SCALE_OUT_LEGEND:
             print(line)
     lease = report.lease_table()
     if lease:

@@ -7,7 +7,9 @@ and handled by a :class:`ptb_fence.ptb.FencedUpdateProcessor`. The booking is wr
 fenced transaction in the same SQLite file**, which also settles the update as completed in the
 same commit: a crash before the commit re-runs the handler (nothing lost), a crash after it never
 does (nothing written twice), and an attempt whose lease lapsed (the process was paused, the
-event loop blocked) cannot write at all.
+event loop blocked) cannot write at all. The reply goes into the outbox in that same
+transaction: it is sent after the commit, iff the commit landed (never by a failed or stale
+attempt, still after a crash that followed the commit).
 
 Run it against Telegram (Python 3.10+; install from a clone of the repository with
 ``python -m pip install -e .``)::
@@ -48,7 +50,7 @@ import sqlite3
 import sys
 import time
 import urllib.parse
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional, Set, Tuple
 
 from telegram import Update
 from telegram.constants import ChatAction
@@ -109,12 +111,13 @@ class Context(FencedCallbackContext):
 class ExitAfter:
     """``--exit-after N``: stop after N updates were handled by this process."""
 
-    __slots__ = ("count", "limit", "stop")
+    __slots__ = ("count", "limit", "stop", "waiting")
 
     def __init__(self, limit: Optional[int]) -> None:
         self.limit = limit
         self.count = 0
         self.stop: Callable[[], None] = lambda: None
+        self.waiting: Set["asyncio.Task[None]"] = set()
 
     def one_done(self) -> None:
         """Count one handled update (call it on the event loop)."""
@@ -122,6 +125,25 @@ class ExitAfter:
         if self.limit is not None and self.count == self.limit:
             LOGGER.info("handled %d update(s); --exit-after reached, stopping", self.count)
             self.stop()
+
+    def when_sent(self, processor: FencedUpdateProcessor, call: Any) -> None:
+        """Count one handled update once its outbox reply ``call`` was sent (or failed): a
+        stop gives unsent calls back to the next start, and ``--exit-after`` wants the reply
+        out before this process stops."""
+        if self.limit is None:
+            return
+
+        async def wait() -> None:
+            for _ in range(600):  # at most 30 s
+                entry = await processor.outbox_call_async(call)
+                if entry is not None and entry.state in ("sent", "failed"):
+                    break
+                await asyncio.sleep(0.05)
+            self.one_done()
+
+        task = asyncio.get_running_loop().create_task(wait())
+        self.waiting.add(task)
+        task.add_done_callback(self.waiting.discard)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -240,8 +262,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         assert message is not None and attempt is not None  # block=True handlers get one
         slot = context.args[0] if context.args else ""
         if not SLOT.fullmatch(slot):
-            await context.bot.send_message(message.chat_id, "Usage: /book HH:MM, e.g. /book 10:30")
-            exit_after.one_done()
+            # Queued through the outbox: the attempt holds it, the commit that completes the
+            # update writes it, and it is sent after that commit (never by a failed attempt).
+            usage = attempt.outbox.send_message(
+                message.chat_id, "Usage: /book HH:MM, e.g. /book 10:30")
+            exit_after.when_sent(processor, usage)
             return
 
         # "typing…". It is also where we learn that the user blocked the bot: Telegram
@@ -250,7 +275,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         # user could never be told about. Any other error is retried with backoff.
         await context.bot.send_chat_action(message.chat_id, ChatAction.TYPING)
 
-        def write(conn: sqlite3.Connection) -> bool:
+        def write(conn: sqlite3.Connection) -> Tuple[bool, Any]:
             # Runs on a worker thread inside BEGIN IMMEDIATE, after ptb_fence checked on this
             # same connection that this attempt still owns the update. '?' placeholders:
             # it is a plain sqlite3.Connection. Do not commit or roll back yourself.
@@ -260,11 +285,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                 (slot, message.chat_id, attempt.update_id, attempt.claim_id,
                  int(time.time() * 1000)),
             )
-            return cursor.rowcount == 1
+            booked = cursor.rowcount == 1
+            # The reply is inserted into the outbox by this same transaction: it is sent
+            # (after the commit, at least once) iff the booking committed. A crash before the
+            # commit re-runs the handler, a crash after it still sends the reply.
+            text = f"Booked {slot} for you." if booked else f"Sorry, {slot} is already taken."
+            return booked, attempt.outbox.send_message(message.chat_id, text)
 
         try:
-            # complete=True: the booking and "update completed" are one commit.
-            booked = await attempt.run_in_transaction(write, complete=True)
+            # complete=True: the booking, its reply and "update completed" are one commit.
+            booked, reply = await attempt.run_in_transaction(write, complete=True)
         except OwnershipLost:
             # Our lease lapsed and another attempt owns the update now; nothing was written.
             # Re-raising is fine: the runtime knows this attempt is over.
@@ -272,12 +302,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                            attempt.update_id, attempt.attempt)
             raise
 
-        # The reply comes after the commit: if sending fails now, the booking stands and the
-        # reply is not retried (the update is settled). Send it before the commit instead
-        # (with complete=False) if a duplicate reply is better than a missing one for you.
-        text = f"Booked {slot} for you." if booked else f"Sorry, {slot} is already taken."
-        await context.bot.send_message(message.chat_id, text)
-        exit_after.one_done()
+        LOGGER.info("update %s: %s %s", attempt.update_id, "booked" if booked else "taken", slot)
+        exit_after.when_sent(processor, reply)
 
     async def on_error(update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
         # The attempt is already marked failed (and retried or exhausted) by ptb_fence; this

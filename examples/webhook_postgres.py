@@ -16,8 +16,10 @@ many times it is handled. Every process shares one PostgreSQL table of updates
 
 The booking is written in a **fenced transaction** on a connection of the store's own pool:
 ptb_fence first runs ``SELECT … FOR UPDATE`` on the update's row to check that this attempt still
-owns it (a stale process whose lease lapsed is refused and rolled back), then our INSERT runs, and
-``complete=True`` settles the update in the same commit.
+owns it (a stale process whose lease lapsed is refused and rolled back), then our INSERT runs, the
+reply is queued into the outbox by the same transaction, and ``complete=True`` settles the update
+in the same commit. After the commit one of the processes sends the reply (at least once, each
+chat's replies in order); a refused or rolled-back attempt never replies.
 
 Deployment (one public URL, any number of processes on any number of machines)::
 
@@ -71,7 +73,7 @@ import sys
 import secrets
 import time
 import urllib.parse
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Set, Tuple
 
 from psycopg2 import sql
 from telegram import Update
@@ -121,12 +123,13 @@ CREATE TABLE IF NOT EXISTS {table} (
 class ExitAfter:
     """``--exit-after N``: stop after N updates were handled by this process."""
 
-    __slots__ = ("count", "limit", "stop")
+    __slots__ = ("count", "limit", "stop", "waiting")
 
     def __init__(self, limit: Optional[int]) -> None:
         self.limit = limit
         self.count = 0
         self.stop: Callable[[], None] = lambda: None
+        self.waiting: Set["asyncio.Task[None]"] = set()
 
     def one_done(self) -> None:
         """Count one handled update (call it on the event loop)."""
@@ -134,6 +137,25 @@ class ExitAfter:
         if self.limit is not None and self.count == self.limit:
             LOGGER.info("handled %d update(s); --exit-after reached, stopping", self.count)
             self.stop()
+
+    def when_sent(self, processor: FencedUpdateProcessor, call: Any) -> None:
+        """Count one handled update once its outbox reply ``call`` was sent (or failed): a
+        stop gives unsent calls back to the next start, and ``--exit-after`` wants the reply
+        out before this process stops."""
+        if self.limit is None:
+            return
+
+        async def wait() -> None:
+            for _ in range(600):  # at most 30 s
+                entry = await processor.outbox_call_async(call)
+                if entry is not None and entry.state in ("sent", "failed"):
+                    break
+                await asyncio.sleep(0.05)
+            self.one_done()
+
+        task = asyncio.get_running_loop().create_task(wait())
+        self.waiting.add(task)
+        task.add_done_callback(self.waiting.discard)
 
 
 def table_name(value: str) -> str:
@@ -286,15 +308,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         assert message is not None and attempt is not None  # block=True handlers get one
         slot = context.args[0] if context.args else ""
         if not SLOT.fullmatch(slot):
-            await context.bot.send_message(message.chat_id, "Usage: /book HH:MM, e.g. /book 10:30")
-            exit_after.one_done()
+            # through the outbox: written by the commit that completes the update, sent after
+            usage = attempt.outbox.send_message(
+                message.chat_id, "Usage: /book HH:MM, e.g. /book 10:30")
+            exit_after.when_sent(processor, usage)
             return
 
         # "typing…"; a user who blocked the bot makes this fail with 403 Forbidden, which the
         # default retry policy does not retry: the update becomes an exhaustion, not a booking.
         await context.bot.send_chat_action(message.chat_id, ChatAction.TYPING)
 
-        def write(conn: Any) -> bool:
+        def write(conn: Any) -> Tuple[bool, Any]:
             # A psycopg2 connection inside the fenced transaction (the update's row is locked
             # FOR UPDATE by the ownership check): %s placeholders; no commit/rollback here.
             with conn.cursor() as cur:
@@ -303,10 +327,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                     (slot, message.chat_id, attempt.update_id, attempt.claim_id,
                      int(time.time() * 1000)),
                 )
-                return bool(cur.rowcount == 1)
+                booked = bool(cur.rowcount == 1)
+            # the reply goes into the outbox in this transaction: sent iff it commits
+            text = f"Booked {slot} for you." if booked else f"Sorry, {slot} is already taken."
+            return booked, attempt.outbox.send_message(message.chat_id, text)
 
         try:
-            booked = await attempt.run_in_transaction(write, complete=True)
+            booked, reply = await attempt.run_in_transaction(write, complete=True)
         except OwnershipLost:
             # This attempt's lease lapsed (the process stalled) and another process owns the
             # update now: our INSERT was rolled back. The other process does the booking.
@@ -314,10 +341,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                            attempt.update_id, attempt.attempt)
             raise
 
-        # After the commit: a failed reply is not retried (the update is settled).
-        text = f"Booked {slot} for you." if booked else f"Sorry, {slot} is already taken."
-        await context.bot.send_message(message.chat_id, text)
-        exit_after.one_done()
+        LOGGER.info("update %s: %s %s", attempt.update_id, "booked" if booked else "taken", slot)
+        exit_after.when_sent(processor, reply)
 
     async def on_error(update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
         # ptb_fence has already marked the attempt failed (retry or exhaustion); keep logs short

@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ptb_fence._values import AttemptIdentity
+    from ptb_fence._values import AttemptIdentity, StateKey
 
 __all__ = [
     "AttemptFinished",
     "OwnershipLost",
     "RowLocked",
     "SchemaError",
+    "StateConflictError",
     "StoreBusy",
     "TableBotMismatch",
     "TransactionEnded",
@@ -46,6 +47,30 @@ class SchemaError(RuntimeError):
 
     The message names the fix, e.g. applying :func:`ptb_fence.postgres_update_store_schema`.
     """
+
+
+class StateConflictError(RuntimeError):
+    """Persisted bot state the attempt changed was changed by another attempt since it was
+    read: the attempt's writes must not land.
+
+    Raised by a store's ``write_effects`` inside the caller's transaction (roll it back: the
+    domain writes were made from stale state too). The attempt still holds its claim; the
+    runtime fails it and retries it at once from fresh state.
+
+    Args:
+        keys (Tuple[:class:`ptb_fence.StateKey`, ...]): The state whose version had moved.
+    """
+
+    __slots__ = ("keys",)
+
+    def __init__(self, keys: "tuple[StateKey, ...]") -> None:
+        self.keys = tuple(keys)
+        named = ", ".join(f"{k.kind} {k.name + ' ' if k.name else ''}{k.key}".strip()
+                          for k in self.keys)
+        super().__init__(
+            f"persisted state changed since this attempt read it ({named}): the attempt's "
+            "writes were not applied; retry the update from fresh state"
+        )
 
 
 class StoreBusy(RuntimeError):

@@ -26,7 +26,7 @@ import hashlib
 import json
 from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["KINDS", "update_fingerprint"]
+__all__ = ["KINDS", "fingerprint_known", "update_fingerprint"]
 
 KINDS = frozenset(
     {
@@ -78,6 +78,26 @@ def _identity(obj: Dict[str, Any]) -> Dict[str, Any]:
     return fields
 
 
+_KNOWN: Dict[str, Optional[str]] = {}
+"""Fingerprints of bodies serialized from a parsed update (see :func:`fingerprint_known`),
+taken (once) by :func:`update_fingerprint` instead of parsing the body again."""
+
+_KNOWN_MOST = 4096
+"""The most fingerprints kept for bodies no store asked about yet (then all are dropped: a
+store that does not fingerprint never makes the table grow)."""
+
+_MISSING = object()
+
+
+def fingerprint_known(body: str, data: Any) -> None:
+    """Note the fingerprint of ``body``, the JSON text of the parsed update ``data``, so that
+    the store's :func:`update_fingerprint` of it does not parse it again (a polled batch is
+    parsed once, then serialized per update)."""
+    if len(_KNOWN) >= _KNOWN_MOST:
+        _KNOWN.clear()
+    _KNOWN[body] = _of_data(data)
+
+
 def update_fingerprint(body: str) -> Optional[str]:
     """A short, stable hash saying which update ``body`` is.
 
@@ -92,10 +112,17 @@ def update_fingerprint(body: str) -> Optional[str]:
         :obj:`str` | :obj:`None`: 16 hexadecimal characters, or :obj:`None` for a body without
         a known update kind (it then counts as the same update as any other).
     """
+    known = _KNOWN.pop(body, _MISSING) if isinstance(body, str) else _MISSING
+    if known is not _MISSING:
+        return known  # type: ignore[return-value]
     try:
         data = json.loads(body)
     except (TypeError, ValueError):
         return None
+    return _of_data(data)
+
+
+def _of_data(data: Any) -> Optional[str]:
     if not isinstance(data, dict):
         return None
     kinds = sorted(k for k, v in data.items() if k in KINDS and isinstance(v, dict))

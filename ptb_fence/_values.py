@@ -20,6 +20,10 @@ __all__ = [
     "OutboxCall",
     "OutboxEntry",
     "Settlement",
+    "StateConflict",
+    "StateEntry",
+    "StateKey",
+    "StateWrite",
     "StoreFigures",
     "StoredUpdate",
 ]
@@ -149,6 +153,85 @@ class OutboxCall:
     at_most_once: bool = False
 
 
+STATE_KINDS = ("user", "chat", "bot", "conversation", "callback")
+"""The kinds of persisted bot state: a user's ``user_data``, a chat's ``chat_data``, the
+``bot_data``, one conversation's state and the callback-data cache."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateKey:
+    """Which piece of persisted bot state a row holds.
+
+    Args:
+        kind (:obj:`str`): One of ``user``, ``chat``, ``bot``, ``conversation``, ``callback``.
+        name (:obj:`str`): The conversation handler's name for ``conversation``; empty
+            otherwise.
+        key (:obj:`str`): The user id or chat id as decimal text (``user``, ``chat``), the
+            conversation key's JSON text (``conversation``); empty for ``bot`` and
+            ``callback``.
+    """
+
+    kind: str
+    name: str = ""
+    key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StateEntry:
+    """A row of persisted bot state as stored.
+
+    Args:
+        value (:obj:`str` | :obj:`None`): The state's encoded text (the store never reads
+            it); :obj:`None` once the state was deleted (the row keeps its version).
+        version (:obj:`int`): How many writes landed on the row (1 after the first).
+    """
+
+    value: Optional[str]
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class StateWrite:
+    """A change to one piece of persisted bot state, conditional on its version.
+
+    It lands only if the row's version is still ``version`` (the one the attempt read; ``0``:
+    the row must not exist) and then leaves the row at ``version + 1``: two attempts that
+    changed the same state from the same version never both land.
+
+    Args:
+        key (:class:`StateKey`): The state written.
+        value (:obj:`str` | :obj:`None`): The new encoded text; :obj:`None` deletes the state
+            (the row stays, with its version, so a stale writer is still refused).
+        version (:obj:`int`): The version the attempt read (``0``: none).
+    """
+
+    key: StateKey
+    value: Optional[str]
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class StateConflict:
+    """A completion that did not land because state it wrote changed since it was read.
+
+    Returned by a settle in place of :obj:`False` (it is falsy, so code that only asks
+    whether a settle landed reads it as not landed). The attempt still holds its claim: fail
+    it and retry from fresh state.
+
+    Args:
+        keys (Tuple[:class:`StateKey`, ...]): The state whose version had moved.
+    """
+
+    keys: Tuple[StateKey, ...]
+
+    def __bool__(self) -> bool:
+        return False
+
+
+Landing = Union[bool, StateConflict]
+"""Per settled item: whether it landed, or the :class:`StateConflict` that stopped it."""
+
+
 @dataclass(frozen=True, slots=True)
 class CallClaim:
     """Terms on which a completion's commit claims the calls it inserts for sending, so the
@@ -178,10 +261,14 @@ class AttemptEffects:
             calls already claimed for sending, each one whose chat has no call ``pending``
             or ``sending`` at that moment (only a store with ``claimed_calls`` is given
             one). Defaults to :obj:`None`: every call is inserted ``pending``.
+        state (Tuple[:class:`StateWrite`, ...], optional): The persisted bot state the attempt
+            changed; all of them land with the completion or none does (a moved version makes
+            the completion a :class:`StateConflict`). Defaults to none.
     """
 
     calls: Tuple[OutboxCall, ...] = ()
     claim: Optional[CallClaim] = None
+    state: Tuple[StateWrite, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,10 @@ from ptb_fence._values import (
     Exhaustion,
     OutboxEntry,
     Settlement,
+    StateConflict,
+    StateEntry,
+    StateKey,
+    StateWrite,
     StoreFigures,
     StoredUpdate,
 )
@@ -78,6 +82,8 @@ __all__ = [
     "OUTBOX_METHODS",
     "OutboxStore",
     "ReleasingUpdateStore",
+    "STATE_METHODS",
+    "StateStore",
     "StoreCapabilities",
     "UpdateStore",
     "is_durable",
@@ -101,6 +107,7 @@ BATCH_METHODS = (
     "renew_many",
     "renew_owned_many",
     "settle_owned_many",
+    "settle_and_claim_many",
 )
 """The optional methods of :class:`BatchUpdateStore`; each is independently optional."""
 
@@ -144,6 +151,10 @@ OUTBOX_METHODS = (
 CLAIMED_INSERT_METHODS = ("claimed_calls",)
 """The method of :class:`ClaimedInsertOutboxStore` (an outbox store whose effect inserts honour
 :attr:`AttemptEffects.claim <ptb_fence.AttemptEffects.claim>`)."""
+STATE_METHODS = ("read_state", "write_state", "list_state")
+"""The methods of :class:`StateStore` (all or none; the store's ``settle_owned_many``,
+``add_claimed_and_settle_many`` and ``write_effects`` then also write
+:attr:`AttemptEffects.state`)."""
 
 Row = Tuple[int, str, int]
 """An update to record: ``(update_id, body, received_at)``."""
@@ -338,6 +349,21 @@ class BatchUpdateStore(Protocol):
     ) -> List[bool]:
         """``[settle_owned(i, s) for i, s in items]`` in one commit; per position whether that
         settlement landed."""
+
+    def settle_and_claim_many(
+        self,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+        update_ids: Sequence[int],
+        terms: ClaimTerms,
+    ) -> Tuple[List[bool], List[Optional[AttemptIdentity]]]:
+        """:meth:`settle_owned_many` then :meth:`ClaimingUpdateStore.claim_owned_many`
+        (``update_ids`` on ``terms``) in one commit, all or nothing; returns both results.
+
+        The runtime claims the updates that take the slots of finished attempts in the commit
+        that settles those attempts, so the claims a process holds stay bounded with one commit
+        per group instead of two. An outbox store also takes ``effects=`` here, as in
+        :meth:`settle_owned_many`.
+        """
 
 
 class ClaimingUpdateStore(Protocol):
@@ -787,6 +813,59 @@ class ClaimedInsertOutboxStore(Protocol):
     def claimed_calls(self, sender: str, *, limit: int) -> List[OutboxEntry]:
         """The calls ``sending`` by ``sender`` (whatever their lease), by ``call_id``, at most
         ``limit``. Reads only."""
+class StateStore(Protocol):
+    """Optional (all methods or none): persisted bot state (``user_data``, ``chat_data``,
+    ``bot_data``, conversation states, the callback-data cache) that commits with the update.
+
+    Each piece of state is one row, named by a :class:`StateKey`, holding opaque text (the
+    store never reads it) and a version: the number of writes that landed on it. A
+    :class:`StateWrite` lands only if the row's version is still the one the writer read (``0``:
+    no row) and leaves it one higher; a write of :obj:`None` keeps the row as a tombstone with
+    its version.
+
+    An attempt's state writes (:attr:`AttemptEffects.state`) ride in the commit that completes
+    it, all or none: ``settle_owned_many(items, *, effects=...)``,
+    ``add_claimed_and_settle_many(..., *, effects=...)`` and ``settle_and_claim_many(..., *,
+    effects=...)`` apply, for each settlement that is
+    :class:`~ptb_fence.Completed` and owned, its writes together with the settle; if any of
+    them finds another version, none of that item's writes is applied, the item does not
+    settle (it stays claimed by the attempt) and its result is a :class:`StateConflict` naming
+    the keys (falsy, so it reads as not landed) — the other items of the call still land. A
+    settle that does not land for another reason applies none of its writes (:obj:`False`).
+    :meth:`OutboxStore.write_effects` applies them inside the caller's open transaction and
+    raises :exc:`~ptb_fence.StateConflictError` (applying none) on a moved version: the
+    caller rolls back. The outbox calls of a conflicting item are not written either.
+
+    The state table is ``<table>_persistence`` (SQLite, PostgreSQL), created with the store
+    and by ``ptb-fence migrate`` / ``postgres_update_store_schema``. ``prune`` never deletes
+    state. Each method is one transaction. The group needs the fenced group,
+    ``settle_owned_many`` and the outbox (its ``write_effects`` carries the writes).
+    """
+
+    def read_state(self, keys: Sequence[StateKey]) -> Dict[StateKey, StateEntry]:
+        """The rows of ``keys`` as committed, in one read (one snapshot); a key without a row
+        is absent from the result (version ``0``). Tombstones are returned (value
+        :obj:`None`) with their versions."""
+
+    def write_state(self, writes: Sequence[StateWrite], at: int) -> Optional[StateConflict]:
+        """Apply ``writes`` in one transaction, all or none (operators: an import). Each is
+        conditional on its version as in a completion; ``at`` is the rows' change time.
+
+        Returns:
+            :obj:`None` when every write landed, else the :class:`StateConflict` naming the
+            keys whose version had moved (then none landed).
+        """
+
+    def list_state(
+        self,
+        *,
+        kind: Optional[str] = None,
+        name: Optional[str] = None,
+        after: Optional[StateKey] = None,
+        limit: int = 100,
+    ) -> List[Tuple[StateKey, StateEntry]]:
+        """The rows (of ``kind`` and ``name`` when given) whose key sorts after ``after``
+        (by ``(kind, name, key)``), in that order, at most ``limit``; tombstones included."""
 
 
 def missing_methods(store: object, names: "tuple[str, ...]") -> List[str]:
@@ -859,6 +938,9 @@ CAPABILITY_GROUPS: Tuple[CapabilityGroup, ...] = (
            "claim at ingest: record and claim fresh updates in one commit", ("fenced",)),
     _group("add_claimed_and_settle_many", "add_claimed_and_settle_many",
            "record, claim and settle in one commit", ("fenced",)),
+    _group("settle_and_claim_many", "settle_and_claim_many",
+           "settle finished attempts and claim the updates that take their slots in one "
+           "commit", ("fenced",)),
     _group("transaction", "transaction", "attempt.transaction() without connection="),
     _group("completing", "complete_owned reopen_completed",
            "a complete=True transaction owns and settles in one statement at its start",
@@ -883,6 +965,9 @@ CAPABILITY_GROUPS: Tuple[CapabilityGroup, ...] = (
     _group("outbox_claimed_inserts", " ".join(CLAIMED_INSERT_METHODS),
            "the commit that completes an update claims its calls for this process's sender: "
            "no claim commit before sending them", ("outbox",)),
+    _group("state", " ".join(STATE_METHODS),
+           "FencedPersistence: user_data, chat_data, bot_data and conversation states commit "
+           "with the update, versioned per key", ("fenced", "settle_owned_many", "outbox")),
 )
 """Tuple[:class:`CapabilityGroup`, ...]: Every capability of the store contract with the
 methods it needs (the README's capability table)."""

@@ -8,6 +8,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from ptb_fence.stores._admin_sql import AdminStatements
 from ptb_fence.stores._outbox_sql import outbox_table_name
+from ptb_fence.stores._state_sql import state_table_name
 from ptb_fence.stores.postgres._sql import postgres_admin_statements
 from ptb_fence.stores.sqlite._sql import sqlite_admin_statements
 
@@ -207,7 +208,8 @@ class ChaosDatabase:
         """Drop every table of the run."""
         for name in ("updates", "domain", "runs", "events", "exhaustions", "claims"):
             self.query(conn, f"DROP TABLE IF EXISTS {self.table(name)}")
-        # the outbox table the update store made beside its table
+        # the outbox and state tables the update store made beside its table
         self.query(conn, f"DROP TABLE IF EXISTS {outbox_table_name(self.table('updates'))}")
+        self.query(conn, f"DROP TABLE IF EXISTS {state_table_name(self.table('updates'))}")
         if not self.is_sqlite:
             self.query(conn, f"DROP FUNCTION IF EXISTS {self.table('claims')}_fn()")

@@ -45,10 +45,12 @@ from ptb_fence.cli._health import (
     probe,
 )
 from ptb_fence.cli._inspect import STATES, TableInspector
+from ptb_fence.cli._outbox import add_outbox_parser, run_outbox
 from ptb_fence.cli._rows import UpdateRow
 from ptb_fence.cli._target import StoreTarget
 from ptb_fence.stores import validate_table_name
 from ptb_fence.stores._outbox_sql import outbox_table_name
+from ptb_fence.stores._state_sql import state_table_name
 from ptb_fence.stores.postgres._sql import (
     POSTGRES_FORGET_TABLE,
     POSTGRES_META_EXISTS,
@@ -210,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
         )
         return sub
 
-    sub = command("status", "counts per state, oldest pending age, what is due now")
+    sub = command(
+        "status", "counts per state, oldest pending age, what is due now, the outbox's counts"
+    )
     sub.add_argument("--json", action="store_true", help="print JSON")
 
     sub = command(
@@ -285,6 +289,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="e.g. 90s, 15m, 12h, 7d",
     )
 
+    sub = command(
+        "persistence",
+        "FencedPersistence state: import/export a PicklePersistence file, show one state",
+    )
+    actions = sub.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    actions.required = True
+    act = actions.add_parser("import", parents=[common],
+                             help="move a PicklePersistence file's state into the store")
+    act.add_argument("file", metavar="PICKLE_FILE")
+    act.add_argument("--multi-file", action="store_true",
+                     help="the file was written with PicklePersistence(single_file=False)")
+    act.add_argument("--replace", action="store_true",
+                     help="overwrite state the store already holds for the file's keys")
+    act = actions.add_parser("export", parents=[common],
+                             help="write the store's state to a PicklePersistence file")
+    act.add_argument("file", metavar="PICKLE_FILE")
+    act = actions.add_parser("show", parents=[common],
+                             help="one user's, chat's or conversation's state, or the bot's")
+    which = act.add_mutually_exclusive_group(required=True)
+    which.add_argument("--user", type=int, metavar="USER_ID")
+    which.add_argument("--chat", type=int, metavar="CHAT_ID")
+    which.add_argument("--bot", action="store_true", help="the bot_data")
+    which.add_argument("--conversation", metavar="NAME", help="a ConversationHandler's name")
+    act.add_argument("--key", metavar="JSON",
+                     help="with --conversation: one key, e.g. [5, 7] (default: every key)")
+    act.add_argument("--json", action="store_true", help="print JSON")
+    add_outbox_parser(command, common, _positive_int("limit"))
+
     command("schema", "print the idempotent PostgreSQL migration for --table")
     command("migrate", "apply the PostgreSQL migration (SQLite stores migrate themselves)")
     command("check", "run the conformance check on scratch tables (never your table)")
@@ -355,7 +387,13 @@ def _cmd_status(ctx: _Context) -> int:
     now = _now_ms()
     with ctx.inspector() as inspector:
         report = inspector.status(now)
+        outbox = inspector.outbox_counts()
+        outbox_table = inspector.outbox_table
+        missing_outbox = inspector.missing_outbox() if outbox is None else None
     age = report.oldest_pending_age_ms
+    outbox_age = None
+    if outbox is not None and outbox[1] is not None:
+        outbox_age = max(now - outbox[1], 0)
     if ctx.args.json:
         _json(
             {
@@ -376,6 +414,18 @@ def _cmd_status(ctx: _Context) -> int:
                 "retries_due_now": report.retries_due,
                 "leases_lapsed_now": report.leases_lapsed,
                 "unacknowledged_exhaustions": report.unacknowledged_exhaustions,
+                "outbox": {
+                    "table": outbox_table,
+                    "counts": None if outbox is None else outbox[0],
+                    "oldest_unsent": None
+                    if outbox is None or outbox[1] is None
+                    else {
+                        "created_at": outbox[1],
+                        "created_at_utc": iso_time(outbox[1]),
+                        "age_seconds": (outbox_age or 0) / 1000.0,
+                    },
+                    "missing": missing_outbox,
+                },
             }
         )
         return 0
@@ -402,9 +452,35 @@ def _cmd_status(ctx: _Context) -> int:
             ]
         )
     )
+    _out()
+    if outbox is None:
+        _out(f"outbox: none; {missing_outbox}")
+    else:
+        counts = outbox[0]
+        _out(render_table(
+            ("OUTBOX STATE", "CALLS"),
+            [
+                ("pending", counts["pending"]),
+                ("sending", counts["sending"]),
+                ("sent", counts["sent"]),
+                ("failed", counts["failed"]),
+                ("failed, acknowledged", counts["failed_acknowledged"]),
+            ],
+            right=(1,),
+        ))
+        _out()
+        oldest_unsent = "-"
+        if outbox_age is not None:
+            oldest_unsent = (
+                f"{format_age(outbox_age)} (queued {format_time(outbox[1], millis=True)})"
+            )
+        _out(render_pairs([("oldest unsent call", oldest_unsent)]))
     if report.unacknowledged_exhaustions:
         _out()
         _out(f"see them with `{PROG} exhaustions`")
+    if outbox is not None and outbox[0]["failed"]:
+        _out()
+        _out(f"see the failed calls with `{PROG} outbox list --state failed`")
     return 0
 
 
@@ -803,12 +879,15 @@ def _cmd_migrate(ctx: _Context) -> int:
     import psycopg2
 
     outbox = {"outbox": f'"{outbox_table_name(table)}"'}
+    state = {"state": f'"{state_table_name(table)}"'}
     conn = target.connect_postgres()
     try:
         with conn.cursor() as cur:
             before = _pg_table_state(cur, table)
             cur.execute("SELECT to_regclass(%(outbox)s) IS NOT NULL", outbox)
             had_outbox = bool(cur.fetchone()[0])
+            cur.execute("SELECT to_regclass(%(state)s) IS NOT NULL", state)
+            had_state = bool(cur.fetchone()[0])
             cur.execute(postgres_update_store_schema(table))
             after = _pg_table_state(cur, table)
         conn.commit()
@@ -825,6 +904,8 @@ def _cmd_migrate(ctx: _Context) -> int:
         changes.append("created the (state, due_at) index")
     if before[0] and not had_outbox:
         changes.append(f"created the outbox table {outbox_table_name(table)!r}")
+    if before[0] and not had_state:
+        changes.append(f"created the state table {state_table_name(table)!r}")
     _LOGGER.info("migrate: %s", "; ".join(changes) or "up to date", extra={"table": table})
     if changes:
         _out(f"migrated table {table!r} in {target.display}: {', '.join(changes)}")
@@ -909,12 +990,58 @@ def _drop_scratch_tables(target: StoreTarget, tables: Sequence[str]) -> None:
                 validate_table_name(name)
                 cur.execute(f'DROP TABLE IF EXISTS "{name}"')
                 cur.execute(f'DROP TABLE IF EXISTS "{outbox_table_name(name)}"')
+                cur.execute(f'DROP TABLE IF EXISTS "{state_table_name(name)}"')
                 cur.execute(POSTGRES_META_EXISTS)
                 if cur.fetchone()[0]:  # the conformance rule bind-bot binds scratch tables
                     cur.execute(POSTGRES_FORGET_TABLE, {"table": name})
     finally:
         conn.close()
     _progress(f"dropped {len(tables)} scratch table(s)")
+
+
+# -- outbox ------------------------------------------------------------------------------------
+def _cmd_outbox(ctx: _Context) -> int:
+    with ctx.inspector() as inspector:
+        return run_outbox(ctx.args, inspector, now=_now_ms(), out=_out)
+
+
+# -- persistence -------------------------------------------------------------------------------
+def _cmd_persistence(ctx: _Context) -> int:
+    from ptb_fence.cli import _persistence
+
+    args = ctx.args
+    store = ctx.open_store()
+    try:
+        if args.action == "import":
+            counts = _persistence.import_pickle(store, args.file, at=_now_ms(),
+                                                multi_file=args.multi_file, replace=args.replace)
+            _out(f"imported {sum(counts.values())} state row(s) from {args.file!r} into table "
+                 f"{ctx.table!r}: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                                       or "nothing to import"))
+            return 0
+        if args.action == "export":
+            counts = _persistence.export_pickle(store, args.file)
+            _out(f"exported {sum(counts.values())} state row(s) of table {ctx.table!r} to "
+                 f"{args.file!r}: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                                      or "no state"))
+            return 0
+        rows = _persistence.show_state(store, user=args.user, chat=args.chat, bot=args.bot,
+                                       conversation=args.conversation, key=args.key)
+    finally:
+        store.close()
+    if args.json:
+        _json([{"kind": k.kind, "name": k.name, "key": k.key, "version": e.version,
+                "deleted": e.value is None, "value": None if e.value is None else repr(v)}
+               for k, e, v in rows])
+        return 0
+    if not rows:
+        _out("no state stored for that")
+        return 0
+    _out(render_table(("KIND", "NAME", "KEY", "VERSION", "VALUE"), [
+        (k.kind, k.name or "-", k.key or "-", e.version,
+         "(deleted)" if e.value is None else clip(repr(v), 200))
+        for k, e, v in rows], right=(3,)))
+    return 0
 
 
 # -- dispatch ----------------------------------------------------------------------------------
@@ -930,6 +1057,8 @@ _COMMANDS: Dict[str, Callable[[_Context], int]] = {
     "schema": _cmd_schema,
     "migrate": _cmd_migrate,
     "check": _cmd_check,
+    "persistence": _cmd_persistence,
+    "outbox": _cmd_outbox,
 }
 
 

@@ -1,19 +1,24 @@
-"""TableInspector: direct SQL on the public table layout (status, health, list, show, retry)."""
+"""TableInspector: direct SQL on the public table layout (status, health, list, show, retry)
+and on its outbox table (``ptb-fence outbox``, the outbox counts of ``status``)."""
 
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
+from ptb_fence._values import OutboxEntry
 from ptb_fence.cli._errors import Refused, StoreFailure
 from ptb_fence.cli._format import one_line
 from ptb_fence.cli._rows import HealthFigures, Oldest, StatusReport, UpdateRow
 from ptb_fence.cli._target import StoreTarget
 from ptb_fence.stores import validate_table_name
+from ptb_fence.stores._outbox_sql import OutboxStatements, counts_of, entry_of
 from ptb_fence.stores.postgres._sql import postgres_admin_statements
 from ptb_fence.stores.sqlite._sql import REQUIRED_COLUMNS, sqlite_admin_statements
 
 __all__ = ["STATES", "TableInspector"]
+
+_T = TypeVar("_T")
 
 STATES: Tuple[str, ...] = ("pending", "processing", "failed", "completed", "abandoned")
 """The states of a row, in lifecycle order."""
@@ -37,7 +42,7 @@ class TableInspector:
         ptb_fence.cli._errors.StoreFailure: The database cannot be reached.
     """
 
-    __slots__ = ("_conn", "_sql", "has_claim_id", "table", "target")
+    __slots__ = ("_conn", "_outbox", "_sql", "has_claim_id", "table", "target")
 
     def __init__(self, target: StoreTarget, table: str, *, conn: Any = None) -> None:
         self._conn: Any = conn
@@ -66,6 +71,7 @@ class TableInspector:
                 self._sql = sqlite_admin_statements(self.table, has_claim_id=self.has_claim_id)
             else:
                 self._sql = postgres_admin_statements(self.table, has_claim_id=self.has_claim_id)
+            self._outbox = OutboxStatements(self.table, postgres=not target.is_sqlite)
         except BaseException:
             self.close()
             raise
@@ -256,6 +262,157 @@ class TableInspector:
                 self._conn.rollback()
                 raise
             return before, changed
+        except (sqlite3.Error, _pg_error()) as exc:
+            raise self._fail(exc) from None
+
+
+    # -- the outbox ------------------------------------------------------------------------
+    @property
+    def outbox_table(self) -> str:
+        """:obj:`str`: The name of the table's outbox table (``<table>_outbox``)."""
+        return self._outbox.name
+
+    def outbox_exists(self) -> bool:
+        """Whether the outbox table exists (a PostgreSQL table made before the outbox, and
+        not migrated since, has none)."""
+        name = self._outbox.name if self.target.is_sqlite else f'"{self._outbox.name}"'
+
+        def work() -> bool:
+            found = self._query(self._outbox.exists, {"outbox": name})
+            return bool(found and found[0][0])
+
+        result: bool = self._read(work)
+        return result
+
+    def missing_outbox(self) -> str:
+        """The message that refuses an outbox command on a table without an outbox."""
+        where = self.target.display
+        if self.target.is_sqlite:
+            how = (
+                "SQLiteUpdateStore creates it when it opens the file, so start the bot once "
+                "with this version of ptb_fence (`ptb-fence migrate` has nothing to apply to "
+                "SQLite)"
+            )
+        else:
+            how = "create it with `ptb-fence migrate` (it keeps every row of the update table)"
+        return (
+            f"table {self.table!r} in {where} has no outbox table {self._outbox.name!r} (it "
+            f"was made before the outbox): {how}"
+        )
+
+    def require_outbox(self) -> None:
+        """Refuse (exit 2) when the outbox table does not exist.
+
+        Raises:
+            ptb_fence.cli._errors.Refused: No outbox table; the message says how to make it.
+        """
+        if not self.outbox_exists():
+            raise Refused(self.missing_outbox())
+
+    def outbox_counts(self) -> Optional[Tuple[Dict[str, int], Optional[int]]]:
+        """The calls per state (``pending``, ``sending``, ``sent``, ``failed``,
+        ``failed_acknowledged``) and the creation time of the oldest unsent call (pending or
+        sending; :obj:`None` when there is none), read in one snapshot; :obj:`None` when the
+        table has no outbox."""
+        if not self.outbox_exists():
+            return None
+        o = f'"{self._outbox.name}"'
+
+        def work() -> Tuple[Dict[str, int], Optional[int]]:
+            counts = counts_of(self._query(self._outbox.counts))
+            oldest = self._query(
+                f"SELECT MIN(created_at) FROM {o} WHERE state IN ('pending', 'sending')"
+            )
+            since = oldest[0][0] if oldest else None
+            return counts, None if since is None else int(since)
+
+        result: Tuple[Dict[str, int], Optional[int]] = self._read(work)
+        return result
+
+    def calls(
+        self, *, state: Optional[str] = None, limit: int = 50, after: Optional[int] = None
+    ) -> List[OutboxEntry]:
+        """Outbox calls by ``call_id`` (of ``state`` when given, after ``after``), at most
+        ``limit``."""
+        params: Dict[str, Any] = {"limit": limit, "after": -1 if after is None else after}
+        sql = self._outbox.list_all
+        if state is not None:
+            sql, params["state"] = self._outbox.list_state, state
+        result: List[OutboxEntry] = self._read(
+            lambda: [entry_of(r) for r in self._query(sql, params)]
+        )
+        return result
+
+    def call(self, call_id: int) -> Optional[OutboxEntry]:
+        """The outbox call ``call_id``, or :obj:`None`."""
+
+        def work() -> Optional[OutboxEntry]:
+            found = self._query(self._outbox.get, {"call_id": call_id})
+            return entry_of(found[0]) if found else None
+
+        result: Optional[OutboxEntry] = self._read(work)
+        return result
+
+    def retry_call(self, call_id: int, now: int) -> Tuple[Optional[OutboxEntry], bool]:
+        """A ``failed`` call goes back to ``pending``, due at ``now`` (the store's
+        ``retry_failed_call`` statement: error and tries kept, no longer acknowledged).
+
+        Returns:
+            ``(call before, changed)``; nothing is changed when ``changed`` is :obj:`False`.
+        """
+        return self._change_call(call_id, self._outbox.retry_failed, {"at": now}, ("failed",))
+
+    def drop_call(self, call_id: int) -> Tuple[Optional[OutboxEntry], bool]:
+        """Delete a ``pending`` or ``failed`` call (the store's ``drop_call`` statement).
+
+        Returns:
+            ``(call before, changed)``; nothing is changed when ``changed`` is :obj:`False`.
+        """
+        return self._change_call(call_id, self._outbox.drop, {}, ("pending", "failed"))
+
+    def _change_call(
+        self, call_id: int, sql: str, params: Dict[str, Any], states: Tuple[str, ...]
+    ) -> Tuple[Optional[OutboxEntry], bool]:
+        """In one write transaction: read the call, then run the one conditional statement
+        (its ``WHERE`` is the rule) when the call was in one of ``states``."""
+        key = {"call_id": call_id}
+
+        def work() -> Tuple[Tuple[Optional[OutboxEntry], bool], bool]:
+            found = self._query(self._outbox.get, key)
+            before = entry_of(found[0]) if found else None
+            changed = False
+            if before is not None and before.state in states:
+                changed = bool(self._query(sql, dict(params, **key)))
+            return (before, changed), changed
+
+        return self._write(work)
+
+    def _write(self, work: Callable[[], Tuple[_T, bool]]) -> _T:
+        """Run ``work()`` in one write transaction; it returns its result and whether to
+        commit (else the transaction is rolled back)."""
+        try:
+            if self.target.is_sqlite:
+                conn = self._conn
+                conn.execute(self._sql.begin_write)
+                try:
+                    result, commit = work()
+                    conn.execute("COMMIT" if commit else "ROLLBACK")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+                return result
+            try:
+                self._query(self._sql.begin_write)
+                result, commit = work()
+                if commit:
+                    self._conn.commit()
+                else:
+                    self._conn.rollback()
+            except BaseException:
+                self._conn.rollback()
+                raise
+            return result
         except (sqlite3.Error, _pg_error()) as exc:
             raise self._fail(exc) from None
 

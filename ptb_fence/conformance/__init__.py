@@ -50,7 +50,7 @@ The rules come in families, listed below with what each rule checks: the base co
 record per update, the lease, attempt ownership, retry and spend, the due listing, pruning),
 concurrent claims, lease renewal, the batched forms of the store methods, the table's bot, the
 fence (also inside the caller's transaction), recovery (releasing claims, liveness, isolation),
-chat order, the figures for operators, the outbox and durable exhaustion. Each heading says the level a rule needs and the stores it
+chat order, the figures for operators, the outbox, persisted bot state and durable exhaustion. Each heading says the level a rule needs and the stores it
 runs for; rules for an optional method return at once when the store lacks it. :data:`RULES`
 holds them in the order they run.
 """
@@ -73,6 +73,7 @@ from ptb_fence.conformance import (
     _races,
     _recovery,
     _renewal,
+    _state,
 )
 from ptb_fence.conformance._probe import Abort, Probe, StoreRaised
 from ptb_fence.conformance._rule import LEVELS, ConformanceRule, RuleCheck
@@ -96,6 +97,7 @@ _CHECKS: Tuple[RuleCheck, ...] = (
     _batches.rule_batch_claim,
     _batches.rule_batch_settle,
     _batches.rule_combined_write,
+    _batches.rule_settle_and_claim,
     _fence.rule_transaction,
     _fence.rule_connection_fence,
     _fence.rule_completing,
@@ -112,6 +114,9 @@ _CHECKS: Tuple[RuleCheck, ...] = (
     _outbox.rule_outbox_concurrent_claim,
     _outbox.rule_outbox_claimed_inserts,
     _outbox.rule_outbox_concurrent_claimed_inserts,
+    _state.rule_state_versions,
+    _state.rule_state_effects,
+    _state.rule_state_concurrent,
     _durable.rule_durable_exhaustion,
 )
 """The declared rules in the order they run: the base rules first (the first detects the

@@ -1,8 +1,9 @@
 """The batched forms of the store methods.
 
-``add_many``, ``add_claimed_many``, ``claim_owned_many``, ``settle_owned_many`` and
-``add_claimed_and_settle_many`` each equal the loop of their single-row forms, position by
-position, refusals included. Each rule runs only for a store with its method.
+``add_many``, ``add_claimed_many``, ``claim_owned_many``, ``settle_owned_many``,
+``add_claimed_and_settle_many`` and ``settle_and_claim_many`` each equal the loop of their
+single-row forms, position by position, refusals included. Each rule runs only for a store with
+its method.
 """
 
 from __future__ import annotations
@@ -283,3 +284,44 @@ def rule_combined_write(p: Probe, fenced: bool, durable: bool) -> None:
         p.expect(p.owns(added[0], T + L), "the row claimed by add_claimed_and_settle_many is "
                  "not owned by the identity it returned")
     p.expect(not p.owns(a, T + 5), "the completion of add_claimed_and_settle_many did not land")
+
+
+@rule(
+    "settle-and-claim",
+    "fenced",
+    "settle_and_claim_many (when present) equals settle_owned_many then claim_owned_many.",
+    applies="only for a store with ``settle_and_claim_many``",
+)
+def rule_settle_and_claim(p: Probe, fenced: bool, durable: bool) -> None:
+    """``settle_and_claim_many(settlements, update_ids, terms)`` returns what
+    ``settle_owned_many(settlements)`` and then ``claim_owned_many(update_ids, terms)`` return
+    (the store makes both land in one commit): the settle of a wrong claim id is refused, a
+    completed row is not claimed, a pending row is claimed once (an id repeated gives None).
+    """
+    if not has_method(p.store, "settle_and_claim_many"):
+        return
+    a = claimed_identity(p, 1, T + 3)  # lapsed at the claims' now: claimable unless settled
+    p.require(p.add(2, "b2", T), "add of a new update_id returned False")
+    wrong = AttemptIdentity(1, a.attempt, other_claim_id(a.claim_id))
+    settlements: List[Tuple[AttemptIdentity, Settlement]] = [
+        (wrong, Completed(at=T + 2)),
+        (a, Completed(at=T + 2)),
+    ]
+    terms = ClaimTerms(T + 4, T + 4 + L, 5, False)
+    value = p.call("settle_and_claim_many", settlements, [1, 2, 2], terms)
+    ok = isinstance(value, tuple) and len(value) == 2
+    p.check_type("settle_and_claim_many", ok, "a tuple (landed, identities)", value)
+    p.require(ok, "settle_and_claim_many did not return (landed, identities)")
+    landed = bool_list(p, "settle_and_claim_many", value[0], len(settlements))
+    claimed = identity_list(p, "settle_and_claim_many", value[1], 3)
+    shape = [None if i is None else (i.update_id, i.attempt) for i in claimed]
+    p.expect(
+        landed == [False, True] and shape == [None, (2, 1), None],
+        f"settle_and_claim_many returned {landed} and {shape} (as (update_id, attempt)); "
+        "settle_owned_many + claim_owned_many give [False, True] and [None, (2, 1), None] "
+        "(update 1, its lease lapsed at the claims' time, completed before the claims)",
+    )
+    p.expect(not p.owns(a, T + 2), "the completion of settle_and_claim_many did not land")
+    if len(claimed) > 1 and claimed[1] is not None:
+        p.expect(p.owns(claimed[1], T + 4 + L), "the row claimed by settle_and_claim_many is "
+                 "not owned by the identity it returned")

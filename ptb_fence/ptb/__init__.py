@@ -2,6 +2,7 @@
 
 from ptb_fence.ptb._application import FencedApplication, FencedApplicationMixin
 from ptb_fence.ptb._context import AttemptUnavailable, FencedCallbackContext
+from ptb_fence.ptb._persistence import FencedPersistence
 from ptb_fence.ptb._processor import BaseFenceProcessor, DurableUpdateProcessor, FencedUpdateProcessor
 from ptb_fence.ptb._bodies import IngestError, update_body
 from ptb_fence.ptb._queue import DurableUpdateQueue
@@ -14,6 +15,7 @@ __all__ = [
     "FencedApplication",
     "FencedApplicationMixin",
     "FencedCallbackContext",
+    "FencedPersistence",
     "FencedUpdateProcessor",
     "IngestError",
     "update_body",

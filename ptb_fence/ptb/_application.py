@@ -15,6 +15,7 @@ from telegram.ext import Application, ApplicationHandlerStop, ContextTypes, Upda
 from ptb_fence.ptb._context import fenced_context_types, warn_if_unmatched_rerun
 from ptb_fence.ptb._handling import leave_attempt, outside_attempt, update_state
 from ptb_fence.ptb._interfaces import ApplicationBinding
+from ptb_fence.ptb._persistence import FencedPersistence
 from ptb_fence.runtime._attempt import current_attempt
 
 _LOGGER = logging.getLogger("ptb_fence.ptb")
@@ -174,7 +175,9 @@ class FencedApplicationMixin(_MixinBase):
         Raises:
             RuntimeError: The Application's update processor is not a ptb_fence processor
                 (``.concurrent_updates(...)`` was set on the builder after ``install()``), or
-                its ``update_queue`` is not the processor's durable queue.
+                its ``update_queue`` is not the processor's durable queue, or its
+                :class:`~ptb_fence.ptb.FencedPersistence` cannot be fenced here (see
+                :meth:`~ptb_fence.ptb.FencedPersistence.attach`).
         """
         processor = getattr(self, "update_processor", None)
         if not isinstance(processor, ApplicationBinding):
@@ -189,6 +192,8 @@ class FencedApplicationMixin(_MixinBase):
                 f"{type(self).__name__}: the update_queue is not the processor's durable queue. "
                 "Was .update_queue(...) set on the builder after install()? Remove it"
             )
+        if isinstance(self.persistence, FencedPersistence):
+            self.persistence.attach(self)  # refused here, before PTB loads anything
         await super().initialize()
 
     async def start(self) -> None:
@@ -247,8 +252,28 @@ class FencedApplicationMixin(_MixinBase):
     async def process_update(self, update: object) -> None:
         """PTB's :meth:`~telegram.ext.Application.process_update`; when it ran an update that
         ran before (attempt 2 or later) and no handler matched it, a WARNING says that per
-        process state (a conversation's) may be stale."""
-        await super().process_update(update)
+        process state (a conversation's) may be stale.
+
+        With :class:`~ptb_fence.ptb.FencedPersistence`, the update's committed state is read
+        first and its handlers' changes are handed to the attempt's completion after."""
+        persistence = self.persistence
+        session = None
+        if isinstance(persistence, FencedPersistence):
+            session = await persistence.open_session(self, update)
+        if session is None:
+            await super().process_update(update)
+        else:
+            session.activate()
+            try:
+                await super().process_update(update)
+            except BaseException:
+                session.end((), False)
+                raise
+            finally:
+                session.deactivate()
+            state = update_state()
+            failed = state is not None and state.update is update and state.error is not None
+            await persistence.handled(self, session, failed)  # type: ignore[union-attr]
         state = update_state()
         if state is not None and state.update is update:
             warn_if_unmatched_rerun(state, self)

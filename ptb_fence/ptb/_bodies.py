@@ -9,6 +9,7 @@ from typing import Any, Optional, Sequence, Union
 from telegram import Update
 from telegram.error import TelegramError
 
+from ptb_fence._fingerprint import fingerprint_known
 from ptb_fence._update_ids import is_update_id
 
 __all__ = [
@@ -84,7 +85,8 @@ def raw_body(raw: Any) -> str:
     try:
         body.encode("utf-8")
     except UnicodeEncodeError:
-        return json.dumps(raw)  # lossless: the escapes decode to the same strings
+        body = json.dumps(raw)  # lossless: the escapes decode to the same strings
+    fingerprint_known(body, raw)  # the store's fingerprint of it needs no second parse
     return body
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Optional, TypeVar
 from telegram.ext import CallbackContext, ContextTypes
 
 from ptb_fence.ptb._handling import UpdateState, leave_attempt, update_state
+from ptb_fence.ptb._state_session import NOT_HELD, active_session
 from ptb_fence.runtime._attempt import Attempt, current_attempt
 from ptb_fence.runtime._outcome import ids
 
@@ -117,7 +118,79 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
         state = update_state()
         if state is not None and state.update is update:
             state.matched = True
-        return super().from_update(update, application)
+        context = super().from_update(update, application)
+        session = active_session()
+        if session is not None:
+            session.note_context(update, context)
+        return context
+
+    def next_conversation_state(self, state: object, *, name: Optional[str] = None) -> None:
+        """With :class:`~ptb_fence.ptb.FencedPersistence`: the persistent conversation of
+        this update goes to ``state`` (the value the callback will return). Call it before a
+        ``transaction(complete=True)`` in a conversation callback, so that the new state
+        commits with the update: PTB sets it only when the callback returns, after that
+        commit. Not needed without such a transaction (the grouped completion comes after
+        the return).
+
+        Args:
+            state: The next state (``ConversationHandler.END`` ends the conversation).
+            name (:obj:`str`, optional): The ``ConversationHandler``'s name, needed only when
+                the update belongs to several persistent conversations.
+
+        Raises:
+            RuntimeError: No FencedPersistence handles this update here.
+            ValueError: No (or more than one, without ``name``) persistent conversation has
+                this update.
+        """
+        session = active_session()
+        if session is None or not session.owns_context(self):
+            raise RuntimeError(
+                "context.next_conversation_state(): no FencedPersistence handles this update "
+                "here (set .persistence(FencedPersistence(store)) with a FencedUpdateProcessor, "
+                "and call it in a blocking handler of the update)"
+            )
+        session.declare(state, name)
+
+    # With FencedPersistence, a handler of the update works on the attempt's private copies
+    # of the data (committed with its completion, dropped when it fails); elsewhere, PTB's.
+    @property
+    def user_data(self) -> Any:
+        """As PTB's :attr:`telegram.ext.CallbackContext.user_data`; with
+        :class:`~ptb_fence.ptb.FencedPersistence`, the attempt's copy while it handles the
+        update."""
+        session = active_session()
+        held = NOT_HELD if session is None else session.data_of(self, "user")
+        return CallbackContext.user_data.fget(self) if held is NOT_HELD else held  # type: ignore[attr-defined]
+
+    @user_data.setter
+    def user_data(self, value: object) -> None:
+        CallbackContext.user_data.fset(self, value)  # type: ignore[attr-defined]
+
+    @property
+    def chat_data(self) -> Any:
+        """As PTB's :attr:`telegram.ext.CallbackContext.chat_data`; with
+        :class:`~ptb_fence.ptb.FencedPersistence`, the attempt's copy while it handles the
+        update."""
+        session = active_session()
+        held = NOT_HELD if session is None else session.data_of(self, "chat")
+        return CallbackContext.chat_data.fget(self) if held is NOT_HELD else held  # type: ignore[attr-defined]
+
+    @chat_data.setter
+    def chat_data(self, value: object) -> None:
+        CallbackContext.chat_data.fset(self, value)  # type: ignore[attr-defined]
+
+    @property
+    def bot_data(self) -> Any:
+        """As PTB's :attr:`telegram.ext.CallbackContext.bot_data`; with
+        :class:`~ptb_fence.ptb.FencedPersistence`, the attempt's copy while it handles the
+        update."""
+        session = active_session()
+        held = NOT_HELD if session is None else session.data_of(self, "bot")
+        return CallbackContext.bot_data.fget(self) if held is NOT_HELD else held  # type: ignore[attr-defined]
+
+    @bot_data.setter
+    def bot_data(self, value: object) -> None:
+        CallbackContext.bot_data.fset(self, value)  # type: ignore[attr-defined]
 
     @classmethod
     def from_job(cls, job: Any, application: Any) -> Any:

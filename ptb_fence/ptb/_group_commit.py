@@ -14,6 +14,12 @@ __all__ = ["GroupCommit"]
 MAX_GROUP = 256
 """The most items in one call."""
 
+MAX_GATHER = 8
+"""With ``gather=True``: the most loop iterations a group waits for items still arriving."""
+
+_QUIET = 2
+"""With ``gather=True``: a group is sent after this many loop iterations in a row added none."""
+
 In = TypeVar("In")
 Out = TypeVar("Out")
 
@@ -31,15 +37,25 @@ class GroupCommit(Generic[In, Out]):
             (e.g. a thread-pool hop to ``settle_owned_many`` or ``add_claimed_many``); a
             result that is an exception is raised to that item's caller.
         name: Task name prefix.
+        gather: A group is sent once a loop iteration added no item to it (at most
+            :data:`MAX_GATHER` iterations) instead of after one iteration: the items of tasks
+            that advance together over a few iterations (the updates one group started, which
+            end and free their slots together) go in one call, not split over two that then
+            stay out of step.
     """
 
-    __slots__ = ("_flushing", "_name", "_pending", "_run_many")
+    __slots__ = ("_flushing", "_gather", "_name", "_pending", "_run_many")
 
     def __init__(
-        self, run_many: Callable[[List[In]], Awaitable[Sequence[Out]]], name: str
+        self,
+        run_many: Callable[[List[In]], Awaitable[Sequence[Out]]],
+        name: str,
+        *,
+        gather: bool = False,
     ) -> None:
         self._run_many = run_many
         self._name = name
+        self._gather = gather
         self._pending: List[Tuple[In, "asyncio.Future[Out]", Optional[Callable[[Out], None]]]] = []
         self._flushing = False
 
@@ -62,6 +78,14 @@ class GroupCommit(Generic[In, Out]):
         try:
             while self._pending:
                 await asyncio.sleep(0)  # items of this loop iteration join the group
+                if self._gather:
+                    quiet = 0
+                    for _ in range(MAX_GATHER):
+                        arrived = len(self._pending)
+                        await asyncio.sleep(0)
+                        quiet = quiet + 1 if len(self._pending) == arrived else 0
+                        if quiet == _QUIET:
+                            break
                 batch, self._pending = self._pending[:MAX_GROUP], self._pending[MAX_GROUP:]
                 try:
                     results = list(await self._run_many([item for item, _, _ in batch]))

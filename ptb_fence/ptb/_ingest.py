@@ -29,6 +29,9 @@ __all__ = ["Ingest"]
 
 _LOGGER = logging.getLogger("ptb_fence.ptb")
 
+_NO_ROOM: Any = object()
+"""A grouped claim the bound had no room for (it waits and goes with a later group)."""
+
 class Ingest:
     """Records updates for one processor; the durable queue's
     :class:`~ptb_fence.ptb._interfaces.UpdateRecorder` and the getUpdates wrapper's
@@ -76,8 +79,10 @@ class Ingest:
         # completions that arrive together are settled together
         # (fresh updates and completions that arrive together share one commit when the store
         # can do both in one transaction: add_claimed_and_settle_many)
+        # (claims ride in it where the store settles and claims in one commit: its groups
+        # then wait for the items of the updates that advance together, see GroupCommit)
         self._writer: GroupCommit[Tuple[str, Any], Any] = GroupCommit(
-            self._write_many, "ptb_fence:write"
+            self._write_many, "ptb_fence:write", gather=runtime.claims_with_completions
         )
         # claims of the updates that start together: one commit per group, in a pipeline of
         # their own (a group of claims is in the store while a group of completions is)
@@ -220,6 +225,8 @@ class Ingest:
             return await self._threads.call_handing_on(
                 lambda: runtime.claim(update_id), self._release_orphan
             )
+        if runtime.claims_with_completions:
+            return await self._claim_with_completions(update_id)
         # the bound: claims held (completions still in the store included) and claims on
         # their way stay within max_concurrent + ingest_claim_buffer
         options = runtime.options
@@ -238,6 +245,22 @@ class Ingest:
             self._claiming -= 1
         return attempt
 
+    async def _claim_with_completions(self, update_id: int) -> Optional[Attempt]:
+        """Claim in the writer's next group, in the commit that settles the completions of
+        that group (``settle_and_claim_many``): the slots those completions free are claimed
+        in the commit that frees them. The group admits as many claims as the bound leaves
+        room for once its completions landed; a claim it has no room for waits for an attempt
+        to end and goes with a later group."""
+        while True:
+            result = await self._writer.submit(("claim", update_id), orphan=self._release_orphan)
+            if result is not _NO_ROOM:
+                attempt: Optional[Attempt] = result
+                return attempt
+            room = asyncio.get_running_loop().create_future()
+            self._room.append(room)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(room, 0.05)  # woken by ended() (or looks again)
+
     def _ended(self) -> None:
         """An attempt ended (no longer held): the claims waiting for room look again."""
         waiting, self._room = self._room, []
@@ -245,8 +268,8 @@ class Ingest:
             if not room.done():
                 room.set_result(None)
 
-    def _release_orphan(self, attempt: Optional[Attempt]) -> None:
-        if attempt is not None:
+    def _release_orphan(self, attempt: Any) -> None:
+        if isinstance(attempt, Attempt):
             self._state.release([attempt])
 
     # -- groups of writes (on the store threads) ----------------------------------------------
@@ -261,18 +284,34 @@ class Ingest:
         in one commit where the store can."""
         adds = [(i, payload) for i, (kind, payload) in enumerate(items) if kind == "add"]
         dones = [(i, payload) for i, (kind, payload) in enumerate(items) if kind == "done"]
-        records, outcomes = await self._threads.call(
-            self._runtime.record_and_complete,
-            [(update_id, body) for _, (update_id, body, _) in adds],
-            [attempt for _, attempt in dones],
-            claim=True,
-            chats=[chat for _, (_, _, chat) in adds],
-        )
+        claims = [(i, payload) for i, (kind, payload) in enumerate(items) if kind == "claim"]
         results: List[Any] = [None] * len(items)
-        for n, (i, _) in enumerate(adds):
-            results[i] = records if isinstance(records, BaseException) else records[n]
+        attempts = [attempt for _, attempt in dones]
+        claim_ids = [update_id for _, update_id in claims]
+        claimed: List[Optional[Attempt]] = []
+        runtime = self._runtime
+        if adds:
+            records, outcomes = await self._threads.call(
+                runtime.record_and_complete,
+                [(update_id, body) for _, (update_id, body, _) in adds],
+                attempts,
+                claim=True,
+                chats=[chat for _, (_, _, chat) in adds],
+            )
+            if claims:  # after the records (which claim first, at ingest)
+                claimed = (await self._threads.call(runtime.complete_and_claim, [], claim_ids))[1]
+            for n, (i, _) in enumerate(adds):
+                results[i] = records if isinstance(records, BaseException) else records[n]
+        else:
+            # the claims the bound has room for (the completions of this group, which land in
+            # the same commit, make room) are admitted; the others wait for a later group
+            outcomes, claimed = await self._threads.call(
+                runtime.complete_and_claim, attempts, claim_ids
+            )
         for (i, _), outcome in zip(dones, outcomes):
             results[i] = outcome
+        for n, (i, _) in enumerate(claims):
+            results[i] = claimed[n] if n < len(claimed) else _NO_ROOM
         return results
 
     # -- what landed while its ingest was cancelled ------------------------------------------

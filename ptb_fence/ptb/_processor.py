@@ -175,6 +175,11 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         """The shared runtime (options, lease keeper)."""
         return self._runtime
 
+    async def call_store(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` (a blocking store call) on this processor's store threads, as its
+        own store calls run (:class:`~ptb_fence.ptb.FencedPersistence` reads through it)."""
+        return await self._threads.call(fn, *args)
+
     def stats(self) -> Stats:
         """What this processor counted since it was created, and how things stand now: a
         frozen :class:`~ptb_fence.Stats` snapshot (cheap: no store call), for your own

@@ -34,6 +34,21 @@ the installed PTB, failing with the name of the internal if a PTB release change
    ``_processor.py``): PTB holds its semaphore for a whole update, including a chat's wait
    for its turn. Guarded by the tests that handle updates concurrently.
 
+6. ``ConversationHandler._conversations``, the handler's ``{conversation key: state}`` dict
+   that its ``check_update`` reads and ``handle_update`` writes. PTB loads it from the
+   persistence once, at ``initialize()``, and never reads it again (its maintainers: there is
+   no public way to re-read a conversation's state), so
+   :class:`~ptb_fence.ptb.FencedPersistence` sets the committed state of the update's keys in
+   it before each update is handled, reads the new state after, and puts the committed state
+   back when an attempt fails.
+7. ``ConversationHandler._get_key(update)``: the conversation key of an update (per chat,
+   user, message, as the handler is configured), to know which keys an update touches before
+   PTB handles it. If it is missing, FencedPersistence refuses to start.
+8. ``telegram.ext._handlers.conversationhandler.PendingState``: the state a ``block=False``
+   callback leaves until its task ends (``done()``, ``resolve()``); FencedPersistence writes
+   the resolved state when the task has ended by the completion, else leaves the committed
+   one.
+
 Not private, listed because their identity matters: the defaults of the public
 ``BaseRequest.do_request`` signature (PTB's "not given" marker), read with :mod:`inspect`.
 """
@@ -47,6 +62,10 @@ from telegram.request import BaseRequest
 
 __all__ = [
     "REQUEST_DEFAULT",
+    "conversation_key",
+    "conversation_states",
+    "missing_conversation_internals",
+    "pending_state",
     "missing_internals",
     "require_internals",
     "builder_application_class",
@@ -144,3 +163,51 @@ def require_internals(builder: Any) -> None:
             "or a ptb_fence release that supports this one (ptb_fence/ptb/_ptb_internals.py "
             "lists each reliance)"
         )
+
+
+def conversation_states(handler: Any) -> Any:
+    """The ``{conversation key: state}`` dict of a ``ConversationHandler`` (internal 6)."""
+    return getattr(handler, "_conversations")
+
+
+def conversation_key(handler: Any, update: Any) -> Optional[Tuple[Any, ...]]:
+    """The conversation key ``handler`` gives ``update`` (internal 7), or :obj:`None` when the
+    handler builds none for it (no chat, user or callback query where it needs one)."""
+    try:
+        key = getattr(handler, "_get_key")(update)
+    except (RuntimeError, AttributeError):
+        return None
+    return tuple(key)
+
+
+def pending_state(value: Any) -> Optional[Tuple[bool, Any]]:
+    """For a ``block=False`` callback's pending state (internal 8): ``(done, state)`` with
+    the resolved state once its task ended (``state`` is :obj:`None` while not done);
+    :obj:`None` for any other value."""
+    from telegram.ext._handlers.conversationhandler import PendingState
+
+    if not isinstance(value, PendingState):
+        return None
+    if not value.done():
+        return False, None
+    return True, value.resolve()
+
+
+def missing_conversation_internals() -> "list[str]":
+    """The internals 6 to 8 that this PTB lacks, one line each (FencedPersistence needs all)."""
+    from telegram.ext import ConversationHandler
+
+    missing = []
+    if not callable(getattr(ConversationHandler, "_get_key", None)):
+        missing.append("ConversationHandler._get_key (internal 7)")
+    if "_conversations" not in getattr(ConversationHandler, "__slots__", ()):
+        missing.append("ConversationHandler._conversations (internal 6)")
+    try:
+        from telegram.ext._handlers.conversationhandler import PendingState
+    except ImportError:
+        missing.append("telegram.ext._handlers.conversationhandler.PendingState (internal 8)")
+    else:
+        if not (callable(getattr(PendingState, "done", None))
+                and callable(getattr(PendingState, "resolve", None))):
+            missing.append("PendingState.done/resolve (internal 8)")
+    return missing

@@ -27,11 +27,13 @@ class RecordingRequest(BaseRequest):
     else is delegated unchanged.
     """
 
-    __slots__ = ("_inner", "_recorder")
+    __slots__ = ("_inner", "_parsed", "_recorder")
 
     def __init__(self, inner: BaseRequest, recorder: BatchRecorder) -> None:
         self._inner = inner
         self._recorder = recorder
+        # the getUpdates answer parsed here, handed to PTB's parse_json_payload (one parse)
+        self._parsed: Optional[Tuple[bytes, Any]] = None
 
     @property
     def inner(self) -> BaseRequest:
@@ -67,6 +69,7 @@ class RecordingRequest(BaseRequest):
         pool_timeout: Any = REQUEST_DEFAULT,
     ) -> Tuple[int, bytes]:
         """Send the request; record a successful ``getUpdates`` batch before returning it."""
+        self._parsed = None
         status, payload = await self._inner.do_request(
             url,
             method,
@@ -84,7 +87,18 @@ class RecordingRequest(BaseRequest):
             result = answer.get("result") if isinstance(answer, dict) else None
             if isinstance(result, list) and result:
                 await self._recorder.record_batch(result)
+            if isinstance(answer, dict):
+                self._parsed = (payload, answer)
         return status, payload
+
+    def parse_json_payload(self, payload: bytes) -> Any:  # type: ignore[override]
+        """PTB's parse of an answer; the ``getUpdates`` answer that :meth:`do_request` parsed
+        to record it is not parsed twice (PTB's ``Update.de_json`` copies what it reads, so
+        the recorded dicts are not changed)."""
+        parsed, self._parsed = self._parsed, None
+        if parsed is not None and parsed[0] is payload:
+            return parsed[1]
+        return BaseRequest.parse_json_payload(payload)
 
 
 def wrap_get_updates_request(bot: Any, recorder: BatchRecorder) -> bool:

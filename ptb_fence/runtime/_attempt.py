@@ -713,9 +713,11 @@ class Attempt:
             if taken is None:
                 landed = port.settle_owned(self.identity, Completed(checked_at))
             else:  # the held calls ride the completion's own commit
-                landed = port.settle_owned_many(
+                # a moved state version (a StateConflict) is "not landed" here: the block's
+                # writes are committed already, so the update runs again (at least once)
+                landed = bool(port.settle_owned_many(
                     [(self.identity, Completed(checked_at))], effects={self.identity: taken[0]}
-                )[0]
+                )[0])
         finally:
             self._end_completing(landed)
             if taken is not None:

@@ -628,6 +628,19 @@ class OutboxDispatcher:
                 self._unsent.append(entry.call_id)
                 self._cond.notify_all()
                 return
+            # a sender paused (SIGSTOP, a frozen VM) between the claim and here may have lost
+            # the call to another sender meanwhile: a request is begun only while the lease
+            # still has a quarter of its length left, room for the request itself
+            room = int(self._options.lease_seconds * 250)
+            if self._now() > entry.due_at - room:
+                self._inflight.pop(entry.call_id, None)
+                self._cond.notify_all()
+                _LOGGER.warning(
+                    "outbox: call %s not sent: its sender lease (until %s) is (nearly) over, "
+                    "this process was held up since the claim; it is sent by whoever claims "
+                    "it after the lease", entry.call_id, entry.due_at,
+                )
+                return
             self._started.add(entry.call_id)
         result: Optional[str] = None
         error: Optional[BaseException] = None

@@ -1,7 +1,8 @@
 """HeldEffects: what an attempt holds to write in the commit that completes its update.
 
 One place for every effect that must land exactly when the completion lands (the outbox's Bot
-API calls today): the attempt *has* one; the runtime takes its :class:`~ptb_fence.AttemptEffects`
+API calls, and the persisted bot state of a :class:`StateSource` such as FencedPersistence's
+session): the attempt *has* one; the runtime takes its :class:`~ptb_fence.AttemptEffects`
 when it completes the attempt (the grouped completion's ``settle_owned_many(effects=...)``,
 ``add_claimed_and_settle_many(effects=...)``, or a ``transaction(complete=True)`` through
 ``write_effects``), then tells it whether that commit landed.
@@ -9,13 +10,29 @@ when it completes the attempt (the grouped completion's ``settle_owned_many(effe
 
 from __future__ import annotations
 
+import logging
 import threading
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Protocol, Sequence, Tuple
 
-from ptb_fence._values import AttemptEffects, OutboxCall
+from ptb_fence._values import AttemptEffects, OutboxCall, StateWrite
 from ptb_fence.runtime._held_call import HeldCall
 
-__all__ = ["HeldEffects", "OpenTransaction", "Taken"]
+__all__ = ["HeldEffects", "OpenTransaction", "StateSource", "Taken"]
+
+_LOGGER = logging.getLogger("ptb_fence.runtime")
+
+
+class StateSource(Protocol):
+    """Persisted state an attempt changed, written with its completion: asked for its writes
+    when the completion is written (so changes up to that moment ride it), told once how the
+    attempt ended."""
+
+    def take(self) -> Tuple[StateWrite, ...]:
+        """The versioned writes for the commit being written now (none: nothing changed)."""
+
+    def end(self, writes: Tuple[StateWrite, ...], landed: bool) -> None:
+        """The attempt ended: ``writes`` landed with its completion (``landed``), or nothing
+        of it did."""
 
 Taken = Tuple[AttemptEffects, Tuple[HeldCall, ...]]
 """What :meth:`HeldEffects.take` gives: the effects to write and the handles they resolve."""
@@ -48,7 +65,8 @@ class HeldEffects:
     call made then could not ride the commit, and is refused rather than lost.
     """
 
-    __slots__ = ("_calls", "_handles", "_lock", "_next_seq", "_taken", "_closed")
+    __slots__ = ("_calls", "_handles", "_lock", "_next_seq", "_state", "_taken", "_taken_state",
+                 "_closed")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -57,11 +75,27 @@ class HeldEffects:
         self._next_seq = 0
         self._taken = False
         self._closed: Optional[str] = None  # why nothing more can be held
+        self._state: Optional[StateSource] = None
+        self._taken_state: Tuple[StateWrite, ...] = ()
 
     @property
     def empty(self) -> bool:
         """:obj:`bool`: Nothing is held (the completion writes no effects)."""
-        return not self._calls
+        return not self._calls and self._state is None
+
+    def hold_state(self, source: StateSource) -> None:
+        """Write ``source``'s state with the completion (asked when it is written) and tell it
+        how the attempt ended.
+
+        Raises:
+            RuntimeError: The attempt already ended or holds a state source.
+        """
+        with self._lock:
+            if self._closed is not None:
+                raise RuntimeError(self._closed)
+            if self._state is not None:
+                raise RuntimeError("the attempt already holds persisted state")
+            self._state = source
 
     def next_seq(self) -> int:
         """The next call's position in the attempt (also for calls written in a transaction,
@@ -94,10 +128,12 @@ class HeldEffects:
         """The effects to write now, or :obj:`None` when nothing is held. Until
         :meth:`landed` or :meth:`restore`, nothing more can be held."""
         with self._lock:
-            if not self._calls:
+            state = self._take_state()
+            self._taken_state = state
+            if not self._calls and not state:
                 return None
             self._taken = True
-            return AttemptEffects(calls=tuple(self._calls)), tuple(self._handles)
+            return AttemptEffects(calls=tuple(self._calls), state=state), tuple(self._handles)
 
     def landed(self, call_ids: Optional[Sequence[int]] = None) -> Tuple[HeldCall, ...]:
         """The completion committed, with the taken effects if any were taken
@@ -109,6 +145,9 @@ class HeldEffects:
                 handles, self._handles, self._calls = self._handles, [], []
             self._taken = False
             self._closed = "the attempt's completion committed: nothing more can ride it"
+            source, self._state = self._state, None
+            written, self._taken_state = self._taken_state, ()
+        self._tell(source, written, True)
         for i, handle in enumerate(handles):
             handle.resolve(call_ids[i] if call_ids is not None and i < len(call_ids) else None)
         return tuple(handles)
@@ -118,6 +157,7 @@ class HeldEffects:
         update (e.g. its ``transaction(complete=True)`` block raised): keep them held."""
         with self._lock:
             self._taken = False
+            self._taken_state = ()
 
     def discard(self, why: str = "the attempt ended without completing") -> None:
         """The attempt did not complete: drop everything held (never written, never sent);
@@ -126,5 +166,26 @@ class HeldEffects:
             handles, self._handles, self._calls = self._handles, [], []
             self._taken = False
             self._closed = why
+            source, self._state = self._state, None
+            self._taken_state = ()
+        self._tell(source, (), False)
         for handle in handles:
             handle.discard()
+
+    def _take_state(self) -> Tuple[StateWrite, ...]:
+        """The state source's writes (under the lock). A source raises only where one attempt
+        is concerned (FencedPersistence computes them in the update's own task before a
+        grouped completion, and a ``transaction(complete=True)`` takes them for itself), so
+        its error fails that attempt and nothing of it is written."""
+        return () if self._state is None else self._state.take()
+
+    @staticmethod
+    def _tell(source: Optional[StateSource], writes: Tuple[StateWrite, ...], landed: bool) -> None:
+        """Tell the state source how the attempt ended; its failure is logged, never raised
+        into the completion (which already happened)."""
+        if source is None:
+            return
+        try:
+            source.end(writes, landed)
+        except Exception:
+            _LOGGER.exception("persisted state: handling the end of the attempt failed")

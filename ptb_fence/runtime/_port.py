@@ -53,6 +53,10 @@ fallbacks:
   a settle or to :meth:`StorePort.write_effects` are refused with a :exc:`TypeError` (never
   dropped). ``effects=`` reaches the store's batch settles only when the store has the group
   and there are effects: otherwise the store is called exactly as before.
+- the state group missing (:class:`~ptb_fence.StateStore`) → no persisted bot state
+  (:attr:`StorePort.has_state` is :obj:`False`): :meth:`StorePort.read_state` and
+  :meth:`StorePort.list_state` find nothing, and state writes (in effects or
+  :meth:`StorePort.write_state`) are refused with a :exc:`TypeError` (never dropped).
 
 Sections of :class:`StorePort`: construction and the flags decided once, the base contract,
 the fenced contract (single-row forms over the batch forms where needed), the durable contract,
@@ -81,8 +85,13 @@ from ptb_fence._values import (
     AttemptEffects,
     AttemptIdentity,
     Exhaustion,
+    Landing,
     OutboxEntry,
     Settlement,
+    StateConflict,
+    StateEntry,
+    StateKey,
+    StateWrite,
     StoreFigures,
     StoredUpdate,
 )
@@ -90,6 +99,7 @@ from ptb_fence.contract import (
     BASE_METHODS,
     CAPABILITY_GROUPS,
     OUTBOX_METHODS,
+    STATE_METHODS,
     ChatKey,
     ChatRow,
     ClaimTerms,
@@ -109,6 +119,12 @@ Row = Tuple[int, str, int]
 Recorded = Union[AttemptIdentity, bool]
 """Per recorded row: the identity it was claimed with, :obj:`True` (recorded, not claimed
 here) or :obj:`False` (the id exists: a duplicate)."""
+
+
+def _landing(result: object) -> Landing:
+    """A store's per-item settle result: a :class:`~ptb_fence.StateConflict` as it is, else
+    whether it landed."""
+    return result if isinstance(result, StateConflict) else bool(result)
 
 
 def _optional(store: object, name: str) -> Optional[Callable[..., Any]]:
@@ -166,6 +182,7 @@ class StorePort:
         "_mark_isolated",
         "_outbox",
         "_claimed_inserts",
+        "_state",
         "_owns_connection",
         "_release_liveness",
         "_release_many",
@@ -175,6 +192,7 @@ class StorePort:
         "_reopen_completed",
         "_settle_connection",
         "_settle_owned",
+        "_settle_and_claim_many",
         "_settle_owned_many",
         "_take_over_dead",
         "_transaction",
@@ -240,6 +258,7 @@ class StorePort:
         self._claim_owned_many = method("claim_owned_many", "claim_owned_many")
         self._renew_owned_many = method("renew_owned_many", "renew_owned_many")
         self._settle_owned_many = method("settle_owned_many", "settle_owned_many")
+        self._settle_and_claim_many = method("settle_and_claim_many", "settle_and_claim_many")
         self._claim_keywords = self._claim_owned_many is not None and takes_claim_keywords(
             self._claim_owned_many
         )
@@ -257,6 +276,7 @@ class StorePort:
         # the outbox group is all or nothing: the store itself, or None without it
         self._outbox: Any = store if has("outbox") else None
         self._claimed_inserts: Any = store if has("outbox_claimed_inserts") else None
+        self._state: Any = store if has("state") else None
         self._owns_connection = takes_connection(_optional(store, "owns"))
         self._settle_connection = takes_connection(self._settle_owned)
         _LOGGER.info("%s: store capabilities: %s", component, capabilities)
@@ -339,6 +359,12 @@ class StorePort:
         return self._claim_owned_many is not None
 
     @property
+    def settles_and_claims_together(self) -> bool:
+        """:obj:`bool`: The store settles finished attempts and claims the updates that take
+        their slots in one commit (``settle_and_claim_many``)."""
+        return self._settle_and_claim_many is not None
+
+    @property
     def orders_chats(self) -> bool:
         """:obj:`bool`: The store keeps chat order (``add_many_in_chats``,
         ``claim_in_chat_order``, ``due_in_chat_order``)."""
@@ -373,6 +399,10 @@ class StorePort:
         (:class:`~ptb_fence.contract.ClaimedInsertOutboxStore`): ``AttemptEffects.claim`` is
         honoured and ``claimed_calls`` reads them back."""
         return self._claimed_inserts is not None
+    def has_state(self) -> bool:
+        """:obj:`bool`: The store keeps persisted bot state that commits with the update
+        (:class:`~ptb_fence.StateStore`)."""
+        return self._state is not None
 
     # -- base contract ----------------------------------------------------------------------
     def add(self, update_id: int, body: str, received_at: int) -> bool:
@@ -438,7 +468,7 @@ class StorePort:
         """
         if connection is None:
             if self._settle_owned is None:  # the store settles in batches only
-                return self.settle_owned_many([(identity, settlement)])[0]
+                return bool(self.settle_owned_many([(identity, settlement)])[0])
             return bool(self._settle_owned(identity, settlement))
         if not self._settle_connection:
             raise TypeError(
@@ -505,7 +535,7 @@ class StorePort:
         settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
         terms: ClaimTerms,
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> Tuple[List[Recorded], List[bool]]:
+    ) -> Tuple[List[Recorded], List[Landing]]:
         """:meth:`record_claimed` and :meth:`settle_owned_many` (with ``effects``): one
         commit with ``add_claimed_and_settle_many``, else the two calls one after the other."""
         if self._add_claimed_and_settle_many is not None:
@@ -516,7 +546,7 @@ class StorePort:
             )
             return (
                 [False if identity is None else identity for identity in identities],
-                [bool(ok) for ok in landed],
+                [_landing(ok) for ok in landed],
             )
         return (
             self.record_claimed(rows, terms),
@@ -528,13 +558,13 @@ class StorePort:
         items: Sequence[Tuple[AttemptIdentity, Settlement]],
         *,
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> List[bool]:
+    ) -> List[Landing]:
         """``store.settle_owned_many`` (one commit) or the loop of ``settle_owned``. With
         ``effects`` (an outbox store: it has ``settle_owned_many``), the calls of the landed
         completions ride in the same commit."""
         extra = self._effects_keyword(effects)
         if self._settle_owned_many is not None:
-            return [bool(ok) for ok in self._settle_owned_many(list(items), **extra)]
+            return [_landing(ok) for ok in self._settle_owned_many(list(items), **extra)]
         return [self.settle_owned(identity, settlement) for identity, settlement in items]
 
     def _effects_keyword(
@@ -546,10 +576,20 @@ class StorePort:
         Raises:
             TypeError: Calls for a store without the outbox (they would be lost).
         """
-        if not effects or not any(e.calls for e in effects.values()):
+        if not effects or not any(e.calls or e.state for e in effects.values()):
             return {}
         self._require_outbox("effects=")
+        if any(e.state for e in effects.values()):
+            self._require_state("effects= with state writes")
         return {"effects": dict(effects)}
+
+    def _require_state(self, what: str) -> Any:
+        if self._state is None:
+            raise TypeError(
+                f"{type(self.store).__name__} keeps no persisted bot state (StateStore: "
+                f"{', '.join(STATE_METHODS)}): {what} needs it"
+            )
+        return self._state
 
     def _require_outbox(self, what: str) -> Any:
         if self._outbox is None:
@@ -597,6 +637,26 @@ class StorePort:
                 identity = self.claim_owned(update_id, terms)
             result.append(identity)
         return result
+
+    def settle_and_claim(
+        self,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+        update_ids: Sequence[int],
+        terms: ClaimTerms,
+        *,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
+    ) -> Tuple[List[Landing], List[Optional[AttemptIdentity]]]:
+        """:meth:`settle_owned_many` (with ``effects``) and :meth:`claim_owned_many`: one
+        commit with ``settle_and_claim_many``, else the two calls one after the other (the
+        settles first, so a claim never counts on a completion that did not land)."""
+        if self._settle_and_claim_many is None:
+            landed = self.settle_owned_many(settlements, effects=effects) if settlements else []
+            return landed, self.claim_owned_many(update_ids, terms) if update_ids else []
+        extra = self._effects_keyword(effects)
+        landed, identities = self._settle_and_claim_many(
+            list(settlements), list(update_ids), terms, **extra
+        )
+        return [_landing(ok) for ok in landed], list(identities)
 
     def _claim_batch(
         self, update_ids: List[int], terms: ClaimTerms
@@ -735,6 +795,8 @@ class StorePort:
             TypeError: The store has no outbox.
         """
         outbox = self._require_outbox("write_effects")
+        if effects.state:
+            self._require_state("write_effects with state writes")
         return [int(i) for i in outbox.write_effects(identity, effects, at, connection=connection)]
 
     def claim_calls(
@@ -823,3 +885,35 @@ class StorePort:
         if self._outbox is None:
             return False
         return bool(self._outbox.drop_call(call_id))
+
+    # -- persisted bot state (StateStore) ---------------------------------------------------
+    def read_state(self, keys: Sequence[StateKey]) -> Dict[StateKey, StateEntry]:
+        """``store.read_state``: the committed rows of ``keys`` in one read; none without
+        the capability."""
+        if self._state is None or not keys:
+            return {}
+        found = self._state.read_state(list(keys))
+        return {key: entry for key, entry in found.items()}
+
+    def write_state(self, writes: Sequence[StateWrite], at: int) -> Optional[StateConflict]:
+        """``store.write_state``: all or none; the conflict, else :obj:`None`.
+
+        Raises:
+            TypeError: The store keeps no state.
+        """
+        state = self._require_state("write_state")
+        conflict: Optional[StateConflict] = state.write_state(list(writes), at)
+        return conflict
+
+    def list_state(
+        self,
+        *,
+        kind: Optional[str] = None,
+        name: Optional[str] = None,
+        after: Optional[StateKey] = None,
+        limit: int = 100,
+    ) -> List[Tuple[StateKey, StateEntry]]:
+        """``store.list_state``; none without the capability."""
+        if self._state is None:
+            return []
+        return list(self._state.list_state(kind=kind, name=name, after=after, limit=limit))

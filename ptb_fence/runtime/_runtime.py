@@ -28,6 +28,7 @@ from typing import (
 )
 
 from ptb_fence._durations import format_duration
+from ptb_fence._errors import StateConflictError
 from ptb_fence.contract import ClaimTerms
 from ptb_fence._values import (
     Abandoned,
@@ -36,8 +37,10 @@ from ptb_fence._values import (
     Completed,
     Exhaustion,
     Failed,
+    Landing,
     OutboxEntry,
     Settlement,
+    StateConflict,
     StoredUpdate,
 )
 from ptb_fence.runtime._attempt import Attempt
@@ -48,6 +51,7 @@ from ptb_fence.runtime._hop import StoreHop
 from ptb_fence.runtime._jobs import BackgroundJobs
 from ptb_fence.runtime._lease_keeper import LeaseKeeper
 from ptb_fence.runtime._options import RuntimeOptions
+from ptb_fence.runtime._phase import Phase
 from ptb_fence.runtime._outcome import Outcome, error_text, exhaustion_ids, ids
 from ptb_fence.runtime._port import Recorded, Row, StorePort
 from ptb_fence.runtime._recovery import AttemptTimeout, Recovery
@@ -150,7 +154,9 @@ class Runtime:
 
     __slots__ = (
         "_cursor",
+        "_claims_lock",
         "_ingest_lock",
+        "_reserved",
         "_redeliveries",
         "attempt_aware",
         "chat_order",
@@ -193,6 +199,10 @@ class Runtime:
         self.keeper = LeaseKeeper(self.port, options, self.report_store_error, self.stats)
         self._cursor: Optional[int] = None
         self._ingest_lock = threading.Lock()
+        # claims on their way to the store (not registered with the keeper yet), counted
+        # against the bound by every claimer (see _reserve)
+        self._claims_lock = threading.Lock()
+        self._reserved = 0
         # redeliveries dropped at ingest so far (numbers them: only the first few log at INFO)
         self._redeliveries = itertools.count()
         self._hooks = hooks
@@ -335,13 +345,14 @@ class Runtime:
         except Exception as exc:
             self.report_store_error(exc, "claim", ids={"update_id": update_id})
             return None
-        _LOGGER.debug(
-            "claimed update %s attempt %s (claim %s)",
-            update_id,
-            attempt.attempt,
-            attempt.claim_id or "-",
-            extra=ids(attempt),
-        )
+        if _LOGGER.isEnabledFor(logging.DEBUG):  # per update: no record, no extra dict
+            _LOGGER.debug(
+                "claimed update %s attempt %s (claim %s)",
+                update_id,
+                attempt.attempt,
+                attempt.claim_id or "-",
+                extra=ids(attempt),
+            )
         self.stats.attempt_started()
         self.keeper.register(attempt)
         return attempt
@@ -365,14 +376,15 @@ class Runtime:
             self, identity.update_id, identity.attempt, identity.claim_id, lease_until, body
         )
         self._note_suspect(attempt, identity)
-        _LOGGER.debug(
-            "claimed update %s attempt %s (claim %s)%s",
-            attempt.update_id,
-            attempt.attempt,
-            attempt.claim_id or "-",
-            " at ingest" if at_ingest else "",
-            extra=ids(attempt),
-        )
+        if _LOGGER.isEnabledFor(logging.DEBUG):  # per update: no record, no extra dict
+            _LOGGER.debug(
+                "claimed update %s attempt %s (claim %s)%s",
+                attempt.update_id,
+                attempt.attempt,
+                attempt.claim_id or "-",
+                " at ingest" if at_ingest else "",
+                extra=ids(attempt),
+            )
         self.stats.attempt_started()
         self.keeper.register(attempt)
         return attempt
@@ -470,6 +482,7 @@ class Runtime:
             return Outcome.EXHAUSTED
         taken = attempt.take_effects()
         reservation = None
+        landed: Landing
         try:
             if taken is None:
                 landed = self._store_settle(attempt, Completed(self.options.now_ms()))
@@ -488,9 +501,14 @@ class Runtime:
         self._claims_ended(reservation, [attempt], [landed])  # after the wake: one read
         return outcome
 
-    def completion_settled(self, attempt: Attempt, landed: bool) -> Outcome:
+    def completion_settled(self, attempt: Attempt, landed: Landing) -> Outcome:
         """The outcome of a completion settle (also a grouped one): fire ``owner_lost`` if it
-        did not land."""
+        did not land; a :class:`~ptb_fence.StateConflict` (persisted state it changed moved
+        meanwhile: the attempt still owns its update) fails the attempt, retried at once."""
+        if isinstance(landed, StateConflict):
+            attempt.drop_effects("persisted state the attempt changed was changed meanwhile")
+            outcome, _ = self.settle_failed(attempt, StateConflictError(landed.keys))
+            return outcome
         if landed:
             handles = attempt.effects_landed()
             if handles:
@@ -544,7 +562,9 @@ class Runtime:
             attempt.drop_effects(_FAILED_DROPS)
         options = self.options
         delay: Optional[float] = None
-        if attempt.attempt < options.max_attempts:
+        if attempt.attempt < options.max_attempts and isinstance(error, StateConflictError):
+            delay = 0.0  # nothing is wrong with the update: it runs again on fresh state
+        elif attempt.attempt < options.max_attempts:
             policy = options.retry or default_retry
             try:
                 delay = policy(error, attempt.attempt)
@@ -903,12 +923,17 @@ class Runtime:
         if not self._claims_at_ingest(claim):
             return list(self.stats.timed("record", self.port.add_many, rows))
         with self._ingest_lock:  # the budget is counted and spent by one recorder at a time
-            budget = self._claim_budget()
+            budget = self._reserve(self._claim_budget())
             if budget == 0:
                 return list(self.stats.timed("record", self.port.add_many, rows))
-            terms = self.claim_terms(now)
-            recorded = self.stats.timed("record", self.port.record_claimed, rows[:budget], terms)
-            claimed = self._adopt_all(recorded, items[:budget], terms.lease_until)
+            try:
+                terms = self.claim_terms(now)
+                recorded = self.stats.timed(
+                    "record", self.port.record_claimed, rows[:budget], terms
+                )
+                claimed = self._adopt_all(recorded, items[:budget], terms.lease_until)
+            finally:
+                self._unreserve(budget)
         if len(rows) <= budget:
             return claimed
         try:
@@ -917,6 +942,25 @@ class Runtime:
             self.recovery.release([value for value in claimed if not isinstance(value, bool)])
             raise
         return claimed + rest
+
+    def _reserve(self, wanted: int, *, freed: int = 0, limited: bool = True) -> int:
+        """Reserve room for ``wanted`` claims on their way to the store and return how many
+        fit: ``max_concurrent + ingest_claim_buffer`` less the claims held here (registered
+        with the keeper) and those already on their way, plus ``freed``: the attempts settled
+        in the same commit as these claims. ``limited=False``: reserve all ``wanted`` (claims
+        the caller makes anyway; the others then see them). Give it back with
+        :meth:`_unreserve` once the claims are registered (or failed)."""
+        options = self.options
+        with self._claims_lock:
+            room = options.max_concurrent + options.ingest_claim_buffer + freed
+            room -= self.keeper.count() + self._reserved
+            granted = max(0, min(wanted, room)) if limited else wanted
+            self._reserved += granted
+            return granted
+
+    def _unreserve(self, count: int) -> None:
+        with self._claims_lock:
+            self._reserved -= count
 
     def _claim_budget(self) -> int:
         """How many more claims at ingest: ``max_concurrent + ingest_claim_buffer`` minus the
@@ -954,16 +998,23 @@ class Runtime:
             return [self.claim(update_id, text) for update_id, text in zip(update_ids, texts)]
         terms = self.claim_terms()
         lease_until = terms.lease_until
+        reserved = self._reserve(len(update_ids), limited=False)  # seen by the other claimers
         try:
-            identities = self.stats.timed("claim", self.port.claim_owned_many, update_ids, terms)
-        except Exception as exc:
-            for update_id in update_ids:  # as if each had been claimed on its own
-                self.report_store_error(exc, "claim", ids={"update_id": update_id})
-            return [None] * len(update_ids)
-        return [
-            None if identity is None else self.adopt(identity, lease_until, text, at_ingest=False)
-            for identity, text in zip(identities, texts)
-        ]
+            try:
+                identities = self.stats.timed(
+                    "claim", self.port.claim_owned_many, update_ids, terms
+                )
+            except Exception as exc:
+                for update_id in update_ids:  # as if each had been claimed on its own
+                    self.report_store_error(exc, "claim", ids={"update_id": update_id})
+                return [None] * len(update_ids)
+            return [
+                None if identity is None
+                else self.adopt(identity, lease_until, text, at_ingest=False)
+                for identity, text in zip(identities, texts)
+            ]
+        finally:
+            self._unreserve(reserved)
 
     def completes_in_group(self, attempt: Attempt, error: Optional[BaseException]) -> bool:
         """Whether a front end completes ``attempt`` with :meth:`complete_many`, grouped with
@@ -1026,10 +1077,10 @@ class Runtime:
         self,
         reservation: Optional[ClaimReservation],
         attempts: Sequence[Attempt],
-        landed: Optional[Sequence[bool]],
+        landed: Optional[Sequence[Landing]],
     ) -> None:
-        """The commit of ``reservation`` ended (``landed``: per attempt; :obj:`None`: it
-        raised)."""
+        """The commit of ``reservation`` ended (``landed``: per attempt, truthy when its
+        completion landed; :obj:`None`: it raised)."""
         if reservation is None or self.outbox is None:
             return
         done = [] if landed is None else [a.identity for a, ok in zip(attempts, landed) if ok]
@@ -1054,7 +1105,7 @@ class Runtime:
             or not attempts
             or not self._claims_at_ingest(claim)
             or not (self.port.records_and_settles_together and all(a.fenced for a in attempts))
-            or len(items) > self._claim_budget()  # claims only part: two commits
+            or len(items) > min(self._claim_budget(), self._room())  # claims only part
         ):
             try:
                 records: "Union[List[Record], BaseException]" = (
@@ -1065,28 +1116,103 @@ class Runtime:
             return records, self.complete_many(attempts)
         terms = self.claim_terms()
         now = terms.now
+        reserved = self._reserve(len(items), limited=False)
         effects, reservation = self._claimed(_held_effects(attempts))
         try:
-            recorded, landed = self.stats.timed(
-                "record",
-                self.port.record_claimed_and_settle,
-                self._rows(items, now),
-                [(attempt.identity, Completed(now)) for attempt in attempts],
-                terms,
-                effects,
-            )
-        except Exception as exc:
-            self._claims_ended(reservation, attempts, None)
-            self._ingest_failed(items)
-            failed = [self.completion_failed(attempt, exc) for attempt in attempts]
-            self._count_ended(failed)
-            return exc, failed
-        records = self._adopt_all(recorded, items, terms.lease_until)
+            try:
+                recorded, landed = self.stats.timed(
+                    "record",
+                    self.port.record_claimed_and_settle,
+                    self._rows(items, now),
+                    [(attempt.identity, Completed(now)) for attempt in attempts],
+                    terms,
+                    effects,
+                )
+            except Exception as exc:
+                self._claims_ended(reservation, attempts, None)
+                self._ingest_failed(items)
+                failed = [self.completion_failed(attempt, exc) for attempt in attempts]
+                self._count_ended(failed)
+                return exc, failed
+            records = self._adopt_all(recorded, items, terms.lease_until)
+        finally:
+            self._unreserve(reserved)
         self._note_redeliveries(items, records)
         outcomes = [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
         self._claims_ended(reservation, attempts, landed)  # after the wakes: one read
         self._count_ended(outcomes)
         return records, outcomes
+
+    @property
+    def claims_with_completions(self) -> bool:
+        """:obj:`bool`: :meth:`complete_and_claim` is one commit (claims in groups, and a store
+        with ``settle_and_claim_many``): a front end then claims the updates that take the slots
+        of finished attempts in the commit that completes those attempts."""
+        return self.claims_in_groups and self.port.settles_and_claims_together
+
+    def complete_and_claim(
+        self, attempts: Sequence["Attempt"], update_ids: Sequence[int]
+    ) -> "Tuple[List[Outcome], List[Optional[Attempt]]]":
+        """:meth:`complete_many` and, for as many of ``update_ids`` as the bound
+        ``max_concurrent + ingest_claim_buffer`` has room for, :meth:`claim_many`, as one
+        group: one commit where the store can (:attr:`claims_with_completions`), else the two
+        one after the other (the completions first).
+
+        The completions land in the commit of the claims, so the attempts they end make room
+        for these claims. Returns the outcomes of the completions and, per id admitted (the
+        first ones of ``update_ids``, in order), what :meth:`claim_many` gives; the ids past
+        the end of that list found no room and were not claimed.
+        """
+        if not self.claims_with_completions or not all(a.fenced for a in attempts):
+            outcomes = self.complete_many(attempts)
+            room = self._room()
+            return outcomes, self.claim_many(update_ids[:room]) if room else []
+        freed = sum(1 for attempt in attempts if attempt.phase is not Phase.ENDED)
+        admitted = self._reserve(len(update_ids), freed=freed)
+        try:
+            return self._complete_and_claim(attempts, update_ids[:admitted])
+        finally:
+            self._unreserve(admitted)
+
+    def _room(self) -> int:
+        options = self.options
+        with self._claims_lock:
+            room = options.max_concurrent + options.ingest_claim_buffer
+            return max(0, room - self.keeper.count() - self._reserved)
+
+    def _complete_and_claim(
+        self, attempts: Sequence["Attempt"], update_ids: Sequence[int]
+    ) -> "Tuple[List[Outcome], List[Optional[Attempt]]]":
+        if not update_ids:
+            return self.complete_many(attempts), []
+        terms = self.claim_terms()
+        at = terms.now
+        effects, reservation = self._claimed(_held_effects(attempts))
+        try:
+            landed, identities = self.stats.timed(
+                "settle",
+                self.port.settle_and_claim,
+                [(attempt.identity, Completed(at)) for attempt in attempts],
+                update_ids,
+                terms,
+                effects=effects,
+            )
+        except Exception as exc:
+            self._claims_ended(reservation, attempts, None)
+            failed = [self.completion_failed(attempt, exc) for attempt in attempts]
+            self._count_ended(failed)
+            for update_id in update_ids:  # as if each had been claimed on its own
+                self.report_store_error(exc, "claim", ids={"update_id": update_id})
+            return failed, [None] * len(update_ids)
+        outcomes = [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
+        self._claims_ended(reservation, attempts, landed)  # after the wakes: one read
+        self._count_ended(outcomes)
+        lease_until = terms.lease_until
+        claimed = [
+            None if identity is None else self.adopt(identity, lease_until, None, at_ingest=False)
+            for identity in identities
+        ]
+        return outcomes, claimed
 
     # -- sweep pieces -----------------------------------------------------------------------
     def due_page(self, *, limit: int, include_fresh: bool = False) -> List[StoredUpdate]:

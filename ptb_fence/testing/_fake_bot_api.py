@@ -141,6 +141,12 @@ class _Failure:
     error_code: int
     description: str
     retry_after: int | None
+    # "before" or "after" (the call's effect): drop the connection instead of answering
+    cut: str | None = None
+
+
+class _CutConnection(Exception):
+    """The request is answered by dropping its connection (see :meth:`FakeBotApi.cut_next`)."""
 
 
 class _ApiError(Exception):
@@ -277,9 +283,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length > 0 else b""
-        status, payload = self.server.api._handle(  # pylint: disable=protected-access
-            self.path, self.headers.get("Content-Type", ""), body
-        )
+        try:
+            status, payload = self.server.api._handle(  # pylint: disable=protected-access
+                self.path, self.headers.get("Content-Type", ""), body
+            )
+        except _CutConnection:
+            # no answer at all: the client sees its connection closed after its request left
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
         data = json.dumps(payload).encode("utf-8")
         try:
             self.send_response(status)
@@ -360,6 +375,10 @@ class FakeBotApi:
     Messages the bot sends or edits with an inline keyboard are remembered per chat:
     :meth:`press_button` queues the press of a button of the last one (an edit without
     ``reply_markup`` removes a keyboard, as in Telegram).
+
+    Faults to test against: :meth:`fail_next` (an error answer: 429 with ``retry_after``, 403,
+    400, 500, ...), :meth:`cut_next` (the connection dropped after the request arrived, with or
+    without its effect: an unknown outcome) and :meth:`delay` (a slow answer, for timeouts).
 
     Use it as a context manager, or call :meth:`start` and :meth:`stop`. It can be started again
     after :meth:`stop` on the same port with its state kept, to simulate an outage::
@@ -810,7 +829,8 @@ class FakeBotApi:
         description: str | None = None,
         retry_after: int | None = None,
     ) -> None:
-        """Make the next ``count`` calls of ``method`` fail before they have any effect.
+        """Make the next ``count`` calls of ``method`` fail before they have any effect (see
+        :meth:`cut_next` for a call whose answer is lost instead).
 
         A failed ``getUpdates`` confirms nothing and returns nothing. The call is still recorded
         in :attr:`calls`. PTB maps the answer to an exception by HTTP status: 401/404 →
@@ -843,6 +863,37 @@ class FakeBotApi:
         with self._cond:
             self._failures.setdefault(method.lower(), deque()).append(
                 _Failure(count, code, description, retry_after)
+            )
+
+    def cut_next(self, method: str, count: int = 1, *, after_effect: bool) -> None:
+        """Make the next ``count`` calls of ``method`` lose their answer: the server reads the
+        request, then drops the connection without answering (an unknown outcome).
+
+        The client sees its connection closed after its request left (PTB raises
+        :exc:`telegram.error.NetworkError`); it cannot tell whether the call had its effect.
+        Which one happened is chosen here:
+
+        * ``after_effect=True``: the call had its effect before the connection dropped, as when
+          Telegram's answer is lost on the way back. A ``sendMessage`` is in
+          :attr:`sent_messages` with its ``message_id`` taken; a ``getUpdates`` with an offset
+          confirmed (dropped) the updates below it and handed out updates the client never
+          received.
+        * ``after_effect=False``: the call had no effect, as when the request was lost before
+          Telegram acted on it.
+
+        Either way the call is recorded in :attr:`calls`. Faults of one method (these and
+        :meth:`fail_next`) apply in the order they were queued.
+
+        Args:
+            method: The method name (case-insensitive, e.g. ``"sendMessage"``).
+            count: How many calls lose their answer.
+            after_effect: Whether each such call takes effect before its connection drops.
+        """
+        if count < 1:
+            raise ValueError("count must be >= 1")
+        with self._cond:
+            self._failures.setdefault(method.lower(), deque()).append(
+                _Failure(count, 0, "", None, "after" if after_effect else "before")
             )
 
     def delay(self, method: str, seconds: float) -> None:
@@ -1000,6 +1051,8 @@ class FakeBotApi:
             result = self._route(path, content_type, body, epoch)
         except _ApiError as exc:
             return exc.error_code, exc.body()
+        except _CutConnection:
+            raise
         except Exception as exc:  # pragma: no cover - a bug in the fake; surface it
             _LOGGER.exception("FakeBotApi failed to handle %s", path)
             return 500, {
@@ -1029,18 +1082,22 @@ class FakeBotApi:
         if delay:
             with self._cond:
                 self._cond.wait_for(lambda: self._stale(epoch), timeout=delay)
+        fault: _Failure | None = None
         with self._cond:
             failures = self._failures.get(key)
             if failures:
-                failure = failures[0]
-                failure.count -= 1
-                if failure.count <= 0:
+                fault = failures[0]
+                fault.count -= 1
+                if fault.count <= 0:
                     failures.popleft()
-                parameters = (
-                    {"retry_after": failure.retry_after} if failure.retry_after else None
-                )
-                raise _ApiError(failure.error_code, failure.description, parameters)
-        return self._dispatch(key, params, epoch)
+        if fault is None:
+            return self._dispatch(key, params, epoch)
+        if fault.cut == "after":
+            self._dispatch(key, params, epoch)
+        if fault.cut is not None:
+            raise _CutConnection()
+        parameters = {"retry_after": fault.retry_after} if fault.retry_after else None
+        raise _ApiError(fault.error_code, fault.description, parameters)
 
     def _stale(self, epoch: int) -> bool:
         # Caller holds self._cond. True once the server stopped (or restarted) since the request.

@@ -675,8 +675,10 @@ def missing_sqlite_table(db: Fixture, capsys: Any) -> None:
         names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
     finally:
         conn.close()
-    # the store's own table and its outbox (whose AUTOINCREMENT keeps sqlite_sequence): no other
-    assert sorted(names) == ["sqlite_sequence", "telegram_updates", "telegram_updates_outbox"]
+    # the store's own table, its outbox (whose AUTOINCREMENT keeps sqlite_sequence) and its
+    # state table: no other
+    assert sorted(names) == ["sqlite_sequence", "telegram_updates", "telegram_updates_outbox",
+                             "telegram_updates_persistence"]
 
 
 def test_missing_postgres_table_is_refused_and_not_created(

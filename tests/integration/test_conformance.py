@@ -328,6 +328,7 @@ def test_capability_rules_are_named() -> None:
         "batch-claim-at-ingest",
         "batch-settle",
         "combined-write",
+        "settle-and-claim",
         "transaction",
         "connection-fence",
         "completing",

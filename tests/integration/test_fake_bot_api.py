@@ -578,6 +578,93 @@ def test_fail_next_counts_and_forms(fake: FakeBotApi) -> None:
     assert len(fake.calls_to("getMe")) == 4
 
 
+def raw_post(fake: FakeBotApi, method: str, **params: Any) -> tuple[int, dict[str, Any]]:
+    """POST ``params`` as JSON over one keep-alive connection (http.client) and answer the
+    status and body; a dropped connection raises :exc:`http.client.RemoteDisconnected`."""
+    connection = http.client.HTTPConnection("127.0.0.1", int(fake.url.rsplit(":", 1)[1]),
+                                            timeout=30)
+    try:
+        connection.request("POST", f"/bot{fake.token}/{method}", body=json.dumps(params),
+                           headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def test_cut_next_drops_the_connection_after_or_without_the_effect(fake: FakeBotApi) -> None:
+    fake.cut_next("sendmessage", 2, after_effect=True)
+    fake.cut_next("sendMessage", after_effect=False)
+    for text in ("one", "two", "three"):
+        with pytest.raises(http.client.RemoteDisconnected):
+            raw_post(fake, "sendMessage", chat_id=5, text=text)
+    status, body = raw_post(fake, "sendMessage", chat_id=5, text="four")
+    assert status == 200 and body["ok"] is True
+    # the first two had their effect (a message id each), the third none; all were received
+    assert [(m["text"], m["message_id"]) for m in fake.sent_messages] == [
+        ("one", 1), ("two", 2), ("four", 3)]
+    assert [c["text"] for c in fake.calls_to("sendMessage")] == ["one", "two", "three", "four"]
+    assert body["result"]["message_id"] == 3
+    with pytest.raises(ValueError):
+        fake.cut_next("sendMessage", 0, after_effect=True)
+
+
+def test_cut_next_and_fail_next_apply_in_the_order_queued(fake: FakeBotApi) -> None:
+    fake.fail_next("sendMessage", error_code=403, description="Forbidden: bot was blocked")
+    fake.cut_next("sendMessage", after_effect=False)
+    fake.fail_next("sendMessage", retry_after=2)
+    status, body = raw_post(fake, "sendMessage", chat_id=5, text="a")
+    assert (status, body["description"]) == (403, "Forbidden: bot was blocked")
+    with pytest.raises(http.client.RemoteDisconnected):
+        raw_post(fake, "sendMessage", chat_id=5, text="b")
+    status, body = raw_post(fake, "sendMessage", chat_id=5, text="c")
+    assert status == 429 and body["parameters"] == {"retry_after": 2}
+    assert raw_post(fake, "sendMessage", chat_id=5, text="d")[0] == 200
+    assert [m["text"] for m in fake.sent_messages] == ["d"]
+
+
+def test_cut_get_updates_after_its_effect_confirms_and_hands_out_unseen_updates(
+    fake: FakeBotApi,
+) -> None:
+    first = fake.inject_message(3, "x")
+    second = fake.inject_message(3, "y")
+    fake.cut_next("getUpdates", after_effect=True)
+    with pytest.raises(http.client.RemoteDisconnected):
+        raw_post(fake, "getUpdates", offset=first + 1)
+    assert fake.confirmed_update_ids == {first}  # the offset took effect
+    assert fake.pending_update_ids == [second]  # handed out, never seen: served again
+    fake.cut_next("getUpdates", after_effect=False)
+    with pytest.raises(http.client.RemoteDisconnected):
+        raw_post(fake, "getUpdates", offset=second + 1)
+    assert fake.confirmed_update_ids == {first}
+    status, body = raw_post(fake, "getUpdates", offset=second)
+    assert status == 200 and ids_of(body["result"]) == [second]
+
+
+def test_ptb_sees_a_cut_connection_as_a_network_error_and_keeps_working(
+    fake: FakeBotApi,
+) -> None:
+    app = build_app(fake)
+
+    async def scenario() -> None:
+        async with app:
+            bot = app.bot
+            fake.cut_next("sendMessage", after_effect=True)
+            with pytest.raises(NetworkError) as lost_answer:
+                await bot.send_message(9, "delivered, answer lost")
+            fake.cut_next("sendMessage", after_effect=False)
+            with pytest.raises(NetworkError) as lost_request:
+                await bot.send_message(9, "never delivered")
+            # the same exception either way: the client cannot tell the outcomes apart
+            assert type(lost_answer.value) is type(lost_request.value)
+            message = await bot.send_message(9, "after")
+            assert message.text == "after"
+
+    run(scenario())
+    assert [m["text"] for m in fake.sent_messages] == ["delivered, answer lost", "after"]
+    assert len(fake.calls_to("sendMessage")) == 3
+
+
 def test_inject_validation_and_ids() -> None:
     with pytest.raises(ValueError, match="token"):
         FakeBotApi("not-a-token")

@@ -7,7 +7,7 @@ from typing import Any, List
 
 import pytest
 
-from ptb_fence import Abandoned, AttemptIdentity, Completed, Failed
+from ptb_fence import Abandoned, AttemptIdentity, ClaimTerms, Completed, Failed
 
 NOW = 1_700_000_000_000
 LEASE = NOW + 60_000
@@ -116,3 +116,27 @@ def test_add_claimed_and_settle_many_is_one_transaction_of_both(shared_stores: A
     assert store.owns(added[0], LEASE) is True
     assert store.prune(NOW + 2) == 1  # update 1 completed at NOW + 1
     assert store.add_claimed_and_settle_many([], lease_until=LEASE, settlements=[]) == ([], [])
+
+
+def test_settle_and_claim_many_settles_then_claims_in_one_transaction(shared_stores: Any) -> None:
+    store = shared_stores()
+    (done,) = store.add_claimed_many([(1, '{"update_id": 1}', NOW)], lease_until=LEASE)
+    assert store.add_many([(2, "{}", NOW), (3, "{}", NOW)]) == [True, True]
+    terms = ClaimTerms(NOW + 1, LEASE + 1, 5, False)
+    # the completion lands, its own row is no longer claimable; 2 and 3 are claimed once each
+    landed, claimed = store.settle_and_claim_many(
+        [(done, Completed(NOW + 1)), (AttemptIdentity(2, 1, "forged"), Completed(NOW + 1))],
+        [2, 1, 3, 2],
+        terms,
+    )
+    assert landed == [True, False]
+    assert [c if c is None else (c.update_id, c.attempt) for c in claimed] == [
+        (2, 1), None, (3, 1), None,
+    ]
+    assert store.owns(claimed[0], LEASE + 1) is True
+    assert store.prune(NOW + 2) == 1  # update 1 completed at NOW + 1
+    assert store.settle_and_claim_many([], [], terms) == ([], [])
+    # a refused batch changes nothing: the settle of the same call is rolled back too
+    with pytest.raises((TypeError, ValueError)):
+        store.settle_and_claim_many([(claimed[0], Completed(NOW + 3))], [-1], terms)
+    assert store.owns(claimed[0], LEASE + 1) is True

@@ -71,7 +71,9 @@ def test_a_hung_handler_retried_to_exhaustion_leaves_the_other_chats_handled(
         assert len(left) == 1 and left[0].count(f"update {hung} attempt") == 3, "\n".join(lines)
         assert "3 worker thread(s) still stuck" in left[0] and "already ended" in left[0], left
         # the stuck threads' attempts were failed at their timeout: nothing is "still running"
-        assert not any("still running when close() returned" in line for line in lines), lines
+        # (an internal thread slow to stop on a loaded machine may be listed there: not these)
+        assert not any("still running when close() returned" in line and f"update {hung}" in line
+                       for line in lines), lines
         print(f"SIGTERM to exit with 3 handler threads stuck: {took:.2f} s")
     written = _exactly_once(bed, early + late)  # the hung update wrote nothing
     assert hung not in written

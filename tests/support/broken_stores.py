@@ -23,9 +23,14 @@ from ptb_fence import (
     MemoryUpdateStore,
     OutboxEntry,
     Settlement,
+    StateConflict,
+    StateEntry,
+    StateKey,
+    StateWrite,
     StoreFigures,
     StoredUpdate,
 )
+from ptb_fence._errors import StateConflictError
 from ptb_fence.stores.memory._rows import CallRow
 
 
@@ -584,6 +589,20 @@ class CombinedWriteDropsSettlementsStore(MemoryUpdateStore):
         return added, [True for _ in settlements]
 
 
+class SettleAndClaimClaimsFirstStore(MemoryUpdateStore):
+    """settle_and_claim_many claims before it settles (a row completed in the same call is
+    claimed again)."""
+
+    def settle_and_claim_many(
+        self,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+        update_ids: Sequence[int],
+        terms: ClaimTerms,
+    ) -> Tuple[List[bool], List[Optional[AttemptIdentity]]]:
+        claimed = self.claim_owned_many(update_ids, terms)
+        return self.settle_owned_many(settlements), claimed
+
+
 class BindBotAcceptsAnyIdStore(MemoryUpdateStore):
     """bind_bot accepts every bot id (two bots would share one table)."""
 
@@ -609,12 +628,14 @@ class StagedConnection:
     def __init__(self) -> None:
         self.settles: List[Tuple[AttemptIdentity, Settlement]] = []
         self.calls: List[CallRow] = []
+        self.state: List[StateWrite] = []
 
 
 class TransactionalMemoryStore(MemoryUpdateStore):
     """A CORRECT memory store whose transaction() yields a connection and really rolls back:
-    ``settle_owned(connection=conn)`` and ``write_effects(connection=conn)`` are staged on
-    ``conn`` and applied only at the commit."""
+    ``settle_owned(connection=conn)`` and ``write_effects(connection=conn)`` (its calls and
+    state writes, versions checked when written) are staged on ``conn`` and applied only at
+    the commit."""
 
     @contextmanager
     def transaction(self) -> Iterator[Any]:
@@ -625,6 +646,7 @@ class TransactionalMemoryStore(MemoryUpdateStore):
                 MemoryUpdateStore.settle_owned(self, identity, settlement)
             for call in conn.calls:
                 self._calls[call.call_id] = call
+            self._put_state(self._state, conn.state, 0)
 
     def write_effects(
         self, identity: AttemptIdentity, effects: AttemptEffects, at: int, *, connection: Any
@@ -632,8 +654,17 @@ class TransactionalMemoryStore(MemoryUpdateStore):
         if not isinstance(connection, StagedConnection):
             return super().write_effects(identity, effects, at, connection=connection)
         with self._lock:
+            staged = {write.key: write.version + 1 for write in connection.state}
+            moved = tuple(
+                write.key for write in effects.state
+                if staged.get(write.key, getattr(self._state.get(write.key), "version", 0))
+                != write.version
+            )
+            if moved:
+                raise StateConflictError(moved)
             rows = self._new_calls(identity, effects, at)
             connection.calls.extend(rows)
+            connection.state.extend(effects.state)
             return [row.call_id for row in rows]
 
     def settle_owned(
@@ -1088,10 +1119,157 @@ class OutboxClaimedInsertRacesStore(MemoryUpdateStore):
             self._calls[call.call_id] = call
 
 
+# -- persisted bot state -------------------------------------------------------------------------
+class StateIgnoresVersionStore(MemoryUpdateStore):
+    """Every state write lands whatever version its writer read (last writer wins)."""
+
+    def _moved(self, writes: Sequence[StateWrite]) -> Tuple[StateKey, ...]:
+        return ()
+
+
+class StateDeleteDropsRowStore(MemoryUpdateStore):
+    """A deleted state loses its row (and with it its version): a writer that read the state
+    before it was deleted is no longer refused."""
+
+    @staticmethod
+    def _put_state(
+        target: Dict[StateKey, StateEntry], writes: Sequence[StateWrite], at: int
+    ) -> None:
+        for write in writes:
+            if write.value is None:
+                target.pop(write.key, None)
+            else:
+                target[write.key] = StateEntry(write.value, write.version + 1)
+
+
+class StatePruneDeletesStore(MemoryUpdateStore):
+    """``prune`` also deletes the persisted state."""
+
+    def prune(self, before: int) -> int:
+        with self._lock:
+            self._state.clear()
+            return super().prune(before)
+
+
+class StateConflictSettlesStore(MemoryUpdateStore):
+    """A completion whose state conflicts is reported as a conflict but settled anyway (its
+    update is completed without its writes: the state change is lost)."""
+
+    def _settle_with_state(
+        self,
+        identity: AttemptIdentity,
+        settlement: Settlement,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]],
+    ) -> Any:
+        landed = super()._settle_with_state(identity, settlement, effects)
+        if isinstance(landed, StateConflict):
+            self.settle_owned(identity, settlement)
+        return landed
+
+
+class StateConflictAsFalseStore(MemoryUpdateStore):
+    """A completion whose state conflicts is reported as ``False``, like a lost claim (the
+    runtime would wait for the lease instead of retrying at once)."""
+
+    def _settle_with_state(
+        self,
+        identity: AttemptIdentity,
+        settlement: Settlement,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]],
+    ) -> Any:
+        landed = super()._settle_with_state(identity, settlement, effects)
+        return False if isinstance(landed, StateConflict) else landed
+
+
+class StatePartialWritesStore(MemoryUpdateStore):
+    """A conflicting completion still applies its writes whose versions did not move."""
+
+    def _settle_with_state(
+        self,
+        identity: AttemptIdentity,
+        settlement: Settlement,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]],
+    ) -> Any:
+        landed = super()._settle_with_state(identity, settlement, effects)
+        if isinstance(landed, StateConflict) and effects is not None:
+            fine = [w for w in effects[identity].state if w.key not in landed.keys]
+            self._put_state(self._state, fine, settlement.at)
+        return landed
+
+
+class StateWritesUnownedStore(MemoryUpdateStore):
+    """The state writes of a settle that did not land (a wrong claim, a failure) are applied
+    anyway."""
+
+    def _settle_with_state(
+        self,
+        identity: AttemptIdentity,
+        settlement: Settlement,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]],
+    ) -> Any:
+        landed = super()._settle_with_state(identity, settlement, effects)
+        if landed is False or not isinstance(settlement, Completed):
+            writes = () if not effects or identity not in effects else effects[identity].state
+            if writes and not self._moved(writes):
+                self._put_state(self._state, writes, settlement.at)
+        return landed
+
+
+class StateWriteEffectsAtOnceStore(MemoryUpdateStore):
+    """``write_effects`` applies its state writes at once, outside the caller's transaction:
+    a rollback of the caller keeps them."""
+
+    def write_effects(
+        self, identity: AttemptIdentity, effects: AttemptEffects, at: int, *, connection: Any
+    ) -> List[int]:
+        with self._lock:
+            if not self._moved(effects.state):
+                self._put_state(self._state, effects.state, at)
+            return super().write_effects(
+                identity, dataclasses.replace(effects, state=()), at, connection=connection
+            )
+
+
+class StateReadThenWriteStore(MemoryUpdateStore):
+    """A completion checks its versions under the lock, lets go of it, then writes: two
+    completions from one version both land."""
+
+    def _settle_with_state(
+        self,
+        identity: AttemptIdentity,
+        settlement: Settlement,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]],
+    ) -> Any:
+        writes = () if not effects or identity not in effects else effects[identity].state
+        if not writes:
+            return super()._settle_with_state(identity, settlement, effects)
+        moved = self._moved(writes)
+        self._lock.release()
+        try:
+            time.sleep(0.002)  # every other completer checks the same versions meanwhile
+        finally:
+            self._lock.acquire()
+        if moved:
+            return StateConflict(moved)
+        if not self.settle_owned(identity, settlement):
+            return False
+        self._put_state(self._state, writes, settlement.at)
+        return True
+
+
 BROKEN: Dict[Type[Any], Sequence[str]] = {
     OutboxClaimsBusyChatStore: ("outbox-claimed-inserts", "outbox-concurrent-claimed-inserts"),
     OutboxClaimsPastLimitStore: ("outbox-claimed-inserts",),
     OutboxClaimedInsertRacesStore: ("outbox-concurrent-claimed-inserts",),
+    StateIgnoresVersionStore: ("state-versions", "state-effects", "state-concurrent"),
+    StateDeleteDropsRowStore: ("state-versions",),
+    StatePruneDeletesStore: ("state-versions",),
+    StateConflictSettlesStore: ("state-effects",),
+    StateConflictAsFalseStore: ("state-effects",),
+    StatePartialWritesStore: ("state-effects",),
+    StateWritesUnownedStore: ("state-effects",),
+    StateWriteEffectsAtOnceStore: ("state-effects",),
+    StateReadThenWriteStore: ("state-concurrent",),
     OutboxIgnoresChatOrderStore: ("outbox-claim",),
     OutboxClaimsLiveSendingStore: ("outbox-claim",),
     OutboxWritesUnlandedEffectsStore: ("outbox-effects",),
@@ -1119,6 +1297,7 @@ BROKEN: Dict[Type[Any], Sequence[str]] = {
     AddClaimedManyClaimsExistingStore: ("batch-claim-at-ingest",),
     SettleOwnedManyIgnoresClaimIdStore: ("batch-settle",),
     CombinedWriteDropsSettlementsStore: ("combined-write",),
+    SettleAndClaimClaimsFirstStore: ("settle-and-claim",),
     BindBotAcceptsAnyIdStore: ("bind-bot",),
     TransactionSwallowsErrorsStore: ("transaction",),
     SettleOwnedCommitsOnItsOwnStore: ("transaction", "connection-fence"),

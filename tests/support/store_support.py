@@ -30,10 +30,12 @@ def fresh_table_name() -> str:
 
 
 def drop_table(dsn: str, table: str) -> None:
-    """Drop ``table`` (and what depends on it) and its outbox table if they exist."""
+    """Drop ``table`` (and what depends on it) and its outbox and state tables if they
+    exist."""
     import psycopg2
 
     from ptb_fence.stores._outbox_sql import outbox_table_name
+    from ptb_fence.stores._state_sql import state_table_name
 
     conn = psycopg2.connect(dsn)
     try:
@@ -41,6 +43,7 @@ def drop_table(dsn: str, table: str) -> None:
         with conn.cursor() as cur:
             cur.execute(f'DROP TABLE IF EXISTS "{table}" CASCADE')
             cur.execute(f'DROP TABLE IF EXISTS "{outbox_table_name(table)}"')
+            cur.execute(f'DROP TABLE IF EXISTS "{state_table_name(table)}"')
     finally:
         conn.close()
 

@@ -361,3 +361,61 @@ def test_install_names_a_missing_internal_and_the_ptb_version() -> None:
 
 def test_the_installed_ptb_has_every_internal_without_fallback() -> None:
     assert internals.missing_internals(ApplicationBuilder()) == []
+
+
+# -- internals 6 to 8: conversation states (FencedPersistence) -----------------------------------
+def _booking() -> Any:
+    from telegram.ext import CommandHandler, ConversationHandler, MessageHandler, filters
+
+    async def noop(update: Any, context: Any) -> None:
+        return None
+
+    return ConversationHandler(
+        entry_points=[CommandHandler("book", noop)],
+        states={1: [MessageHandler(filters.TEXT, noop)]},
+        fallbacks=[], name="booking", persistent=True,
+    )
+
+
+def test_guard_conversation_states_are_what_check_update_reads() -> None:
+    from telegram import Update
+
+    from ptb_fence.testing import make_message_update
+
+    bot = Bot(TOKEN)
+    handler = _booking()
+    update = Update.de_json(make_message_update(1, 5, "hello", user_id=7), bot)
+    key = internals.conversation_key(handler, update)
+    assert key == (5, 7), "ConversationHandler._get_key (internal 7) changed"
+    assert handler.check_update(update) is None  # no conversation: "hello" is no entry point
+    internals.conversation_states(handler)[key] = 1
+    checked = handler.check_update(update)
+    assert checked is not None and checked[0] == 1, (
+        "ConversationHandler.check_update no longer reads _conversations (internal 6)")
+    internals.conversation_states(handler).pop(key)
+    assert handler.check_update(update) is None
+    channel = Update.de_json({"update_id": 2, "channel_post": {
+        "message_id": 1, "date": 0, "chat": {"id": -100, "type": "channel"}, "text": "x"}}, bot)
+    assert internals.conversation_key(handler, channel) is None  # no user: no key
+    assert internals.missing_conversation_internals() == []
+
+
+def test_guard_pending_state_of_a_non_blocking_callback() -> None:
+    from telegram.ext._handlers.conversationhandler import PendingState
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+
+        async def later() -> int:
+            await gate.wait()
+            return 2
+
+        task = asyncio.ensure_future(later())
+        pending = PendingState(old_state=1, task=task)
+        assert internals.pending_state(pending) == (False, None)
+        gate.set()
+        await task
+        assert internals.pending_state(pending) == (True, 2), "PendingState (internal 8) changed"
+        assert internals.pending_state(1) is None
+
+    asyncio.run(scenario())

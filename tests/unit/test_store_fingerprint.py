@@ -92,3 +92,24 @@ def test_unknown_kinds_and_extra_fields_never_make_a_different_update() -> None:
     message = {"update_id": 9, "message": MESSAGE}
     extra = dict(message, x_field={"anything": True})
     assert update_fingerprint(json.dumps(message)) == update_fingerprint(json.dumps(extra))
+
+
+def test_a_polled_body_is_fingerprinted_from_its_parsed_update_as_from_its_text() -> None:
+    from ptb_fence import _fingerprint
+    from ptb_fence.ptb._bodies import raw_body
+
+    raw = {
+        "update_id": 7,
+        "message": {"message_id": 3, "date": 1, "chat": {"id": -5, "type": "group"},
+                    "text": "lone \ud800 surrogate"},
+    }
+    body = raw_body(raw)  # ASCII escapes: the lone surrogate cannot be UTF-8
+    remembered = _fingerprint.update_fingerprint(body)  # taken from what raw_body noted
+    assert body not in _fingerprint._KNOWN  # once
+    assert remembered == _fingerprint.update_fingerprint(body) is not None  # parsed this time
+    other = dict(raw, message=dict(raw["message"], message_id=4))
+    assert _fingerprint.update_fingerprint(raw_body(other)) != remembered
+    # bodies no store asks about never make the table grow past its bound
+    for n in range(_fingerprint._KNOWN_MOST + 10):
+        raw_body({"update_id": n, "message": {"message_id": n, "chat": {"id": 1}}})
+    assert len(_fingerprint._KNOWN) <= _fingerprint._KNOWN_MOST

@@ -1,7 +1,7 @@
 """MemoryUpdateStore: the executable statement of the store rules, whole in one class.
 
 Sections: lifecycle, helpers, the base, fenced and durable contracts, chat order, release
-and liveness, figures, the outbox."""
+and liveness, figures, the outbox, persisted bot state."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import uuid
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ptb_fence._errors import TableBotMismatch
+from ptb_fence._errors import StateConflictError, TableBotMismatch
 from ptb_fence._fingerprint import update_fingerprint
 from ptb_fence.contract import ChatKey, ClaimTerms
 from ptb_fence._values import (
@@ -24,10 +24,16 @@ from ptb_fence._values import (
     Exhaustion,
     Failed,
     OutboxEntry,
+    Landing,
     Settlement,
+    StateConflict,
+    StateEntry,
+    StateKey,
+    StateWrite,
     StoreFigures,
     StoredUpdate,
 )
+from ptb_fence.stores._state_sql import check_kind, check_writes
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._names import validate_update_id
 from ptb_fence.stores.memory._rows import CallRow, Row, new_claim_id
@@ -56,7 +62,10 @@ class MemoryUpdateStore:
     lock, so an ownership check and a settle inside it are atomic.
     """
 
-    __slots__ = ("_bot_id", "_calls", "_liveness", "_lock", "_next_call", "_rows", "_staged")
+    __slots__ = (
+        "_bot_id", "_calls", "_liveness", "_lock", "_next_call", "_rows", "_staged", "_state",
+        "_staged_state",
+    )
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -66,6 +75,10 @@ class MemoryUpdateStore:
         # the calls write_effects wrote inside the open transaction() block (None: no block):
         # they land when the block ends normally and vanish when it raises, like a rollback
         self._staged: Optional[List[CallRow]] = None
+        # persisted bot state (StateStore); the writes of the open transaction() block wait in
+        # _staged_state like its calls
+        self._state: Dict[StateKey, StateEntry] = {}
+        self._staged_state: Optional[Dict[StateKey, StateEntry]] = None
         self._bot_id: Optional[int] = None
         self._liveness = Liveness()
 
@@ -397,17 +410,42 @@ class MemoryUpdateStore:
         items: Sequence[Tuple[AttemptIdentity, Settlement]],
         *,
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> List[bool]:
+    ) -> List[Landing]:
         """:meth:`settle_owned` for several attempts at once (optional capability; one commit
         in the SQL stores). Returns, per input position, whether that settlement landed.
 
         With ``effects``: the calls of each settlement that landed and is
         :class:`~ptb_fence.Completed` are queued with it (see
-        :class:`ptb_fence.OutboxStore`)."""
+        :class:`ptb_fence.OutboxStore`); its state writes land with it, all or none, and a
+        moved version makes the item a :class:`~ptb_fence.StateConflict` that does not settle
+        (see :class:`ptb_fence.StateStore`)."""
+        for queued in (effects or {}).values():
+            check_writes(queued.state)  # refused before anything settles
         with self._lock:
-            landed = [self.settle_owned(identity, settlement) for identity, settlement in items]
+            landed = [self._settle_with_state(identity, settlement, effects)
+                      for identity, settlement in items]
             self._queue_landed(items, landed, effects)
             return landed
+
+    def _settle_with_state(
+        self,
+        identity: AttemptIdentity,
+        settlement: Settlement,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]],
+    ) -> Landing:
+        """One settle of :meth:`settle_owned_many` with the item's state writes."""
+        writes = () if not effects or identity not in effects else effects[identity].state
+        if not writes or not isinstance(settlement, Completed):
+            return self.settle_owned(identity, settlement)
+        row = self._rows.get(identity.update_id)
+        if row is None or not self._live(row, identity.attempt, settlement.at, identity.claim_id):
+            return False
+        moved = self._moved(writes)
+        if moved:
+            return StateConflict(moved)
+        self._apply(row, settlement)
+        self._put_state(self._state, writes, settlement.at)
+        return True
 
     def add_claimed_and_settle_many(
         self,
@@ -416,12 +454,28 @@ class MemoryUpdateStore:
         lease_until: int,
         settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
+    ) -> Tuple[List[Optional[AttemptIdentity]], List[Landing]]:
         """:meth:`add_claimed_many` and :meth:`settle_owned_many` (with its ``effects``) at
         once (optional capability; one commit in the SQL stores)."""
         with self._lock:
             added = self.add_claimed_many(rows, lease_until=lease_until)
             return added, self.settle_owned_many(settlements, effects=effects)
+
+    def settle_and_claim_many(
+        self,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+        update_ids: Sequence[int],
+        terms: ClaimTerms,
+        *,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
+    ) -> Tuple[List[Landing], List[Optional[AttemptIdentity]]]:
+        """:meth:`settle_owned_many` (with its ``effects``), then :meth:`claim_owned_many`, at
+        once (optional capability; one commit in the SQL stores): the slots that completions
+        free are claimed in the commit that frees them."""
+        ids = [validate_update_id(update_id) for update_id in update_ids]
+        with self._lock:
+            landed = self.settle_owned_many(settlements, effects=effects)
+            return landed, self._claim_all(ids, terms)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -430,22 +484,26 @@ class MemoryUpdateStore:
         Yields :obj:`None`: there is no database connection. Changes made in the block are not
         rolled back on error (the memory store has no undo), but no other thread can claim,
         renew or settle while the block runs. The one exception: the calls
-        :meth:`write_effects` writes in the block land when it ends normally and are discarded
-        when it raises, as a rollback would.
+        :meth:`write_effects` writes in the block (calls and state) land when it ends normally
+        and are discarded when it raises, as a rollback would.
         """
         with self._lock:
             if self._staged is not None:  # a nested block belongs to the outer one
                 yield None
                 return
             self._staged = []
+            self._staged_state = {}
             try:
                 yield None
             except BaseException:
                 self._staged = None
+                self._staged_state = None
                 raise
             staged, self._staged = self._staged, None
+            state, self._staged_state = self._staged_state, None
             for call in staged:
                 self._calls[call.call_id] = call
+            self._state.update(state)
 
     # -- durable contract ------------------------------------------------------------------
     def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:
@@ -752,7 +810,7 @@ class MemoryUpdateStore:
     def _queue_landed(
         self,
         items: Sequence[Tuple[AttemptIdentity, Settlement]],
-        landed: Sequence[bool],
+        landed: Sequence[Landing],
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]],
     ) -> None:
         """Insert the calls of every landed completion of ``items`` (called under the lock, in
@@ -781,13 +839,79 @@ class MemoryUpdateStore:
         block and vanish when it raises; outside one they land at once. ``connection`` is
         accepted for the interface and ignored (the block yields :obj:`None`)."""
         with self._lock:
+            writes = tuple(check_writes(effects.state))
+            moved = self._moved(writes)
+            if moved:
+                raise StateConflictError(tuple(moved))
             rows = self._new_calls(identity, effects, at)
-            if self._staged is not None:
+            if self._staged is not None and self._staged_state is not None:
                 self._staged.extend(rows)
+                self._put_state(self._staged_state, writes, at)
             else:
                 for row in rows:
                     self._calls[row.call_id] = row
+                self._put_state(self._state, writes, at)
             return [row.call_id for row in rows]
+
+    # -- persisted bot state -----------------------------------------------------------------
+    def _current(self, key: StateKey) -> Optional[StateEntry]:
+        """The state as this thread would read it: the open block's write, else committed."""
+        if self._staged_state is not None and key in self._staged_state:
+            return self._staged_state[key]
+        return self._state.get(key)
+
+    def _moved(self, writes: Sequence[StateWrite]) -> Tuple[StateKey, ...]:
+        """The keys of ``writes`` whose version is not the one the writer read."""
+        moved = []
+        for write in writes:
+            entry = self._current(write.key)
+            if (0 if entry is None else entry.version) != write.version:
+                moved.append(write.key)
+        return tuple(moved)
+
+    @staticmethod
+    def _put_state(
+        target: Dict[StateKey, StateEntry], writes: Sequence[StateWrite], at: int
+    ) -> None:
+        for write in writes:
+            target[write.key] = StateEntry(write.value, write.version + 1)
+
+    def read_state(self, keys: Sequence[StateKey]) -> Dict[StateKey, StateEntry]:
+        """The committed rows of ``keys`` (absent keys are left out; see
+        :class:`ptb_fence.StateStore`)."""
+        with self._lock:
+            return {key: self._state[key] for key in keys if key in self._state}
+
+    def write_state(self, writes: Sequence[StateWrite], at: int) -> Optional[StateConflict]:
+        """Apply ``writes`` at once, all or none (see :class:`ptb_fence.StateStore`)."""
+        with self._lock:
+            checked = check_writes(writes)
+            moved = self._moved(checked)
+            if moved:
+                return StateConflict(moved)
+            self._put_state(self._state, checked, at)
+            return None
+
+    def list_state(
+        self,
+        *,
+        kind: Optional[str] = None,
+        name: Optional[str] = None,
+        after: Optional[StateKey] = None,
+        limit: int = 100,
+    ) -> List[Tuple[StateKey, StateEntry]]:
+        """The rows by ``(kind, name, key)`` after ``after`` (see
+        :class:`ptb_fence.StateStore`)."""
+        check_kind(kind)
+        with self._lock:
+            keys = sorted(
+                (k for k in self._state
+                 if (kind is None or k.kind == kind) and (name is None or k.name == name)
+                 and (after is None or (k.kind, k.name, k.key) > (after.kind, after.name,
+                                                                  after.key))),
+                key=lambda k: (k.kind, k.name, k.key),
+            )
+            return [(k, self._state[k]) for k in keys[: max(0, int(limit))]]
 
     def _call_in_turn(self, call: CallRow, now: int) -> bool:
         """No other call of the chat pending or sending below ``call``, and none sending under

@@ -56,6 +56,7 @@ from ptb_fence.stores._admin_sql import ROW_COLUMNS, AdminStatements
 from ptb_fence.stores._chat_order_sql import UNSETTLED, chat_index_name, due_predicate, in_turn
 from ptb_fence.stores._figures_sql import figures_sql
 from ptb_fence.stores._outbox_sql import OutboxStatements, outbox_table_name
+from ptb_fence.stores._state_sql import StateStatements, state_table_name
 
 __all__ = [
     "BEAT_STALE_MS",
@@ -162,6 +163,9 @@ CREATE INDEX IF NOT EXISTS "{_index_name(table)}" ON {t} (state, due_at);
 -- The outbox: the Bot API calls queued by attempts, sent iff their completion committed.
 {";".join(OutboxStatements(table, postgres=True).create)};
 
+-- Persisted bot state (FencedPersistence): one versioned row per user, chat, conversation.
+{";".join(StateStatements(table, postgres=True).create)};
+
 -- Which bot owns which update table (one table per bot).
 {META_SQL}
 -- The live instances of the update tables (hold_liveness / take_over_dead).
@@ -192,6 +196,7 @@ SELECT to_regclass(%(table)s) IS NOT NULL,
        to_regclass(%(meta)s) IS NOT NULL,
        to_regclass(%(instances)s) IS NOT NULL,
        to_regclass(%(outbox)s) IS NOT NULL,
+       to_regclass(%(state)s) IS NOT NULL,
        EXISTS (SELECT 1 FROM pg_attribute
                 WHERE attrelid = to_regclass(%(instances)s)
                   AND attname = 'seen_at' AND NOT attisdropped)
@@ -254,6 +259,7 @@ class PostgresStatements:
     figures: str
     figures_unkeyed: str
     outbox: OutboxStatements
+    state: StateStatements
 
     @classmethod
     def for_table(cls, table: str) -> "PostgresStatements":
@@ -274,6 +280,7 @@ class PostgresStatements:
                 "meta": f'"{META_TABLE}"',
                 "instances": f'"{INSTANCES_TABLE}"',
                 "outbox": f'"{outbox_table_name(table)}"',
+                "state": f'"{state_table_name(table)}"',
             },
             schema_lock=f"SELECT pg_advisory_xact_lock({schema_lock_key(table)})",
             # legacy-safe. A pending row carries due_at = received_at (never NULL; older tables
@@ -414,6 +421,7 @@ RETURNING bot_id""",
             figures="SET TRANSACTION READ ONLY;" + figures_sql(t),
             figures_unkeyed="SET TRANSACTION READ ONLY;" + figures_sql(t, chat_keys=False),
             outbox=OutboxStatements(table, postgres=True),
+            state=StateStatements(table, postgres=True),
         )
 
     def add_many(self, count: int, fingerprint: bool = True) -> str:
@@ -760,7 +768,7 @@ free AS MATERIALIZED (
 ),
 taken AS (
     UPDATE {t} SET due_at = LEAST(due_at, %(now)s::BIGINT - 1)
-    WHERE update_id IN (SELECT update_id FROM free)
+    WHERE EXISTS (SELECT 1 FROM dead) AND update_id IN (SELECT update_id FROM free)
       AND state = 'processing' AND instance IN (SELECT instance FROM dead)
       AND due_at >= %(now)s::BIGINT - 1
     RETURNING update_id
@@ -785,7 +793,7 @@ SELECT count(*) FROM taken"""
         self.take_over_dead_isolating = self.take_over_dead.replace(
             """\
     UPDATE {t} SET due_at = LEAST(due_at, %(now)s::BIGINT - 1)
-    WHERE update_id IN (SELECT update_id FROM free)
+    WHERE EXISTS (SELECT 1 FROM dead) AND update_id IN (SELECT update_id FROM free)
       AND state = 'processing' AND instance IN (SELECT instance FROM dead)
       AND due_at >= %(now)s::BIGINT - 1
 """.format(t=t),
@@ -798,7 +806,7 @@ SELECT count(*) FROM taken"""
         instance = CASE WHEN {isolated} THEN instance ELSE NULL END,
         isolated_claim = CASE WHEN {isolated} THEN isolated_claim
                               ELSE COALESCE(isolated_claim, '') END
-    WHERE update_id IN (SELECT update_id FROM free)
+    WHERE EXISTS (SELECT 1 FROM dead) AND update_id IN (SELECT update_id FROM free)
       AND state = 'processing' AND instance IN (SELECT instance FROM dead)
 """,
         )

@@ -16,6 +16,7 @@ import uuid
 from typing import (
     TYPE_CHECKING,
     Any,
+    Callable,
     ContextManager,
     Dict,
     List,
@@ -28,7 +29,7 @@ from typing import (
     Union,
 )
 
-from ptb_fence._errors import TableBotMismatch
+from ptb_fence._errors import StateConflictError, TableBotMismatch
 from ptb_fence._fingerprint import update_fingerprint
 from ptb_fence.contract import ChatKey, ClaimTerms
 from ptb_fence._sockets import cut, cut_after
@@ -36,8 +37,13 @@ from ptb_fence._values import (
     AttemptEffects,
     AttemptIdentity,
     Exhaustion,
+    Landing,
     OutboxEntry,
     Settlement,
+    StateConflict,
+    StateEntry,
+    StateKey,
+    StateWrite,
     StoreFigures,
     StoredUpdate,
 )
@@ -45,6 +51,7 @@ from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._figures_sql import figures_of
 from ptb_fence.stores._names import validate_table_name, validate_update_id
 from ptb_fence.stores._outbox_sql import counts_of, effects_params, entry_of
+from ptb_fence.stores._state_sql import check_kind, check_writes, entries_of
 from ptb_fence.stores._suspects import SuspectClaims
 from ptb_fence.stores.postgres._connections import close_quietly, open_source
 from ptb_fence.stores.postgres._executor import PgExecutor, returns_row
@@ -63,6 +70,7 @@ from ptb_fence.stores.postgres._writes import (
     insert_calls,
     settle_owned_work,
     settle_params,
+    write_state_in,
 )
 
 if TYPE_CHECKING:  # psycopg2 is imported when a store is created, not with ptb_fence
@@ -549,28 +557,76 @@ class PostgresUpdateStore:
             an id repeated in ``update_ids``.
         """
         ids = [validate_update_id(update_id) for update_id in update_ids]
-        distinct = list(dict.fromkeys(ids))
-        if not distinct:
+        if not ids:
             return []
+        claim, taken = self._claim_many_work(ids, terms)
+        self._db.run(claim)
+        return taken()
+
+    def _claim_many_work(
+        self, ids: List[int], terms: ClaimTerms
+    ) -> Tuple[
+        Callable[[Any], None], Callable[[], List[Optional[AttemptIdentity]]]
+    ]:
+        """The claims of :meth:`claim_owned_many`: the work to run on a cursor inside a
+        transaction, and what gives the identities per position once it has run."""
+        distinct = list(dict.fromkeys(ids))
         params = self._claim_params(terms)
         params["update_ids"] = distinct
         params["claim_ids"] = [uuid.uuid4().hex for _ in distinct]
         instance = self._db.has_column("instance")
         suspect = instance and self._db.has_column("isolated_claim")
         sql = ClaimStatements(self._db.table).claim_owned_many(instance, suspect)
+        fetched: List[Tuple[Any, ...]] = []
 
-        def work(cur: Any) -> List[Tuple[Any, ...]]:
-            cur.execute(sql, params)
-            return list(cur.fetchall())
+        def work(cur: Any) -> None:
+            fetched.clear()  # a retried transaction runs the work again
+            if distinct:
+                cur.execute(sql, params)
+                fetched.extend(cur.fetchall())
 
-        taken: Dict[int, AttemptIdentity] = {}
-        for row in self._db.run(work):
-            if row[1] == "processing":
-                identity = AttemptIdentity(int(row[0]), int(row[2]), str(row[3]))
-                taken[identity.update_id] = identity
-                if suspect and row[4]:
-                    self._suspects.note(identity)
-        return [taken.pop(update_id, None) for update_id in ids]
+        def taken() -> List[Optional[AttemptIdentity]]:
+            by_id: Dict[int, AttemptIdentity] = {}
+            for row in fetched:
+                if row[1] == "processing":
+                    identity = AttemptIdentity(int(row[0]), int(row[2]), str(row[3]))
+                    by_id[identity.update_id] = identity
+                    if suspect and row[4]:
+                        self._suspects.note(identity)
+            return [by_id.pop(update_id, None) for update_id in ids]
+
+        return work, taken
+
+    def settle_and_claim_many(
+        self,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+        update_ids: Sequence[int],
+        terms: ClaimTerms,
+        *,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
+    ) -> Tuple[List[Landing], List[Optional[AttemptIdentity]]]:
+        """:meth:`settle_owned_many` (with its ``effects``), then :meth:`claim_owned_many`, in
+        one transaction (one commit): the slots that completions free are claimed in the
+        commit that frees them (optional capability).
+
+        Returns:
+            Per settlement whether it landed, and per ``update_ids`` position what
+            :meth:`claim_owned_many` gives.
+        """
+        ids = [validate_update_id(update_id) for update_id in update_ids]
+        items = list(settlements)
+        if not ids and not items:
+            return [], []
+        settle = settle_owned_work(self._db.sql, items, effects) if items else None
+        claim, taken = self._claim_many_work(ids, terms)
+
+        def work(cur: Any) -> List[Landing]:
+            landed: List[Landing] = settle(cur) if settle is not None else []
+            claim(cur)
+            return landed
+
+        landed = self._db.run(work)
+        return landed, taken()
 
     def renew_owned(
         self, identity: AttemptIdentity, lease_until: int, now: Optional[int] = None
@@ -649,7 +705,7 @@ class PostgresUpdateStore:
         lease_until: int,
         settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
+    ) -> Tuple[List[Optional[AttemptIdentity]], List[Landing]]:
         """:meth:`add_claimed_many` and :meth:`settle_owned_many` (with its ``effects``) in one
         transaction (one commit): fresh updates and finished attempts that arrive together
         share a commit (optional capability). Needs the ``claim_id`` column."""
@@ -748,16 +804,19 @@ class PostgresUpdateStore:
         items: Sequence[Tuple[AttemptIdentity, Settlement]],
         *,
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> List[bool]:
+    ) -> List[Landing]:
         """:meth:`settle_owned` for several attempts in one transaction (one commit).
 
         Completions go in one statement; failures and abandonments one statement each. With
         ``effects``, the outbox calls of each completion that lands are inserted in the same
         transaction (pending, due at the settlement's ``at``); a settle that does not land
-        writes none (see :class:`ptb_fence.OutboxStore`).
+        writes none (see :class:`ptb_fence.OutboxStore`). A completion with state writes
+        settles in a savepoint with them, all or none: a moved version leaves it claimed and
+        unsettled (see :class:`ptb_fence.StateStore`).
 
         Returns:
-            List[:obj:`bool`]: Per input position, whether that settlement landed.
+            List[:obj:`bool` | :class:`~ptb_fence.StateConflict`]: Per input position,
+            whether that settlement landed, or the conflict that stopped it.
         """
         items = list(items)
         if not items:
@@ -1259,7 +1318,77 @@ class PostgresUpdateStore:
             ValueError: If ``connection`` is in autocommit mode outside a transaction.
         """
         calls = effects_params(identity, effects, at)
-        return self._db.caller_work(connection, lambda cur: insert_calls(self._db.sql, cur, calls))
+        writes = check_writes(effects.state)
+        sql = self._db.sql
+
+        def work(cur: Any) -> List[int]:
+            if writes:
+                cur.execute(sql.state.lock, sql.state.lock_params(writes))
+                cur.execute(sql.state.savepoint)
+                moved = write_state_in(sql, cur, writes, at)
+                if moved:
+                    cur.execute(sql.state.rollback_to)
+                    cur.execute(sql.state.release)
+                    raise StateConflictError(tuple(moved))
+                cur.execute(sql.state.release)
+            return insert_calls(sql, cur, calls)
+
+        return self._db.caller_work(connection, work)
+
+    # -- persisted bot state ---------------------------------------------------------------
+    def read_state(self, keys: Sequence[StateKey]) -> Dict[StateKey, StateEntry]:
+        """The committed rows of ``keys`` in one ``SELECT`` (see
+        :class:`ptb_fence.StateStore`); absent keys are left out."""
+        keys = list(dict.fromkeys(keys))
+        if not keys:
+            return {}
+        state = self._db.sql.state
+
+        def work(cur: Any) -> Dict[StateKey, StateEntry]:
+            cur.execute(state.read(len(keys)), state.read_params(keys))
+            return entries_of(cur.fetchall())
+
+        return self._db.run(work)
+
+    def write_state(self, writes: Sequence[StateWrite], at: int) -> Optional[StateConflict]:
+        """Apply ``writes`` in one transaction, all or none (see
+        :class:`ptb_fence.StateStore`)."""
+        checked = check_writes(writes)
+        sql = self._db.sql
+
+        def work(cur: Any) -> Optional[StateConflict]:
+            if checked:
+                cur.execute(sql.state.lock, sql.state.lock_params(checked))
+            cur.execute(sql.state.savepoint)
+            moved = write_state_in(sql, cur, checked, int(at))
+            if moved:
+                cur.execute(sql.state.rollback_to)
+                cur.execute(sql.state.release)
+                return StateConflict(tuple(moved))
+            cur.execute(sql.state.release)
+            return None
+
+        return self._db.run(work)
+
+    def list_state(
+        self,
+        *,
+        kind: Optional[str] = None,
+        name: Optional[str] = None,
+        after: Optional[StateKey] = None,
+        limit: int = 100,
+    ) -> List[Tuple[StateKey, StateEntry]]:
+        """The rows by ``(kind, name, key)`` after ``after`` (see
+        :class:`ptb_fence.StateStore`)."""
+        check_kind(kind)
+        state = self._db.sql.state
+        params = state.list_params(kind, name, after, limit)
+
+        def work(cur: Any) -> List[Tuple[StateKey, StateEntry]]:
+            cur.execute(state.list, params)
+            return list(entries_of(cur.fetchall()).items())
+
+        return self._db.run(work)
 
     def claim_calls(
         self, *, now: int, lease_until: int, limit: int, sender: str

@@ -13,11 +13,15 @@ from ptb_fence._values import (
     AttemptIdentity,
     Completed,
     Failed,
+    Landing,
     Settlement,
+    StateConflict,
+    StateWrite,
 )
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._names import validate_update_id
 from ptb_fence.stores._outbox_sql import effects_params
+from ptb_fence.stores._state_sql import apply_writes, check_writes
 from ptb_fence.stores.postgres._executor import PgExecutor, returns_row
 from ptb_fence.stores.postgres._sql import PostgresStatements
 
@@ -28,6 +32,7 @@ __all__ = [
     "insert_calls",
     "settle_owned_work",
     "settle_params",
+    "write_state_in",
 ]
 
 _Row = Tuple[int, str, int]
@@ -106,7 +111,7 @@ def add_claimed(
     settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
     instance: Optional[str] = None,
     effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
+) -> Tuple[List[Optional[AttemptIdentity]], List[Landing]]:
     """Record-and-claim ``rows`` (recording ``instance`` where the table has that column) and
     settle ``settlements`` (with the outbox calls of ``effects``) in one transaction; log the
     conflicts (a different update held by a live row) after the commit."""
@@ -120,7 +125,7 @@ def add_claimed(
 
     def make_work(
         fingerprint: bool,
-    ) -> Callable[[Any], Tuple[Dict[int, AttemptIdentity], List[Any], List[bool]]]:
+    ) -> Callable[[Any], Tuple[Dict[int, AttemptIdentity], List[Any], List[Landing]]]:
         recorded = fingerprint and with_instance
         sql = db.sql.add_claimed_many(len(batch), fingerprint, recorded) if batch else ""
         params: List[Any] = [int(lease_until)]
@@ -131,7 +136,7 @@ def add_claimed(
             if fingerprint:
                 params.append(fp)
 
-        def work(cur: Any) -> Tuple[Dict[int, AttemptIdentity], List[Any], List[bool]]:
+        def work(cur: Any) -> Tuple[Dict[int, AttemptIdentity], List[Any], List[Landing]]:
             inserted: Dict[int, AttemptIdentity] = {}
             conflicts: List[Any] = []
             if batch:
@@ -144,7 +149,7 @@ def add_claimed(
                         (u, fp) for (u, _, _), fp in zip(batch, prints) if u not in inserted
                     ]
                     conflicts = _conflicts(db.sql, cur, missing)
-            landed = settle_work(cur) if settle_work is not None else []
+            landed: List[Landing] = settle_work(cur) if settle_work is not None else []
             return inserted, conflicts, landed
 
         return work
@@ -181,14 +186,31 @@ def settle_owned_work(
     sql: PostgresStatements,
     items: List[Tuple[AttemptIdentity, Settlement]],
     effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-) -> Callable[[Any], List[bool]]:
+) -> Callable[[Any], List[Landing]]:
     """The statements of ``settle_owned_many`` (completions in one statement, failures and
     abandonments one statement each), to run on a cursor; then, in the same transaction, the
-    outbox calls of ``effects`` for each completion that landed."""
+    outbox calls of ``effects`` for each completion that landed.
+
+    A completion with state writes settles on its own, in a savepoint with its writes (all
+    land or none; a moved version gives its :class:`~ptb_fence.StateConflict`), in input
+    order, after one statement took the advisory locks of every key written."""
+    for each in (effects or {}).values():
+        check_writes(each.state)  # refused before anything is written
+
+    def state_of(identity: AttemptIdentity) -> Tuple[StateWrite, ...]:
+        queued = effects.get(identity) if effects else None
+        return () if queued is None else queued.state
+
+    stateful = [
+        (position, identity, settlement, state_of(identity))
+        for position, (identity, settlement) in enumerate(items)
+        if isinstance(settlement, Completed) and state_of(identity)
+    ]
+    with_state = {position for position, _, _, _ in stateful}
     completed = [
         (position, identity, settlement)
         for position, (identity, settlement) in enumerate(items)
-        if isinstance(settlement, Completed)
+        if isinstance(settlement, Completed) and position not in with_state
     ]
     others = [
         (position, identity, settlement)
@@ -203,8 +225,18 @@ def settle_owned_work(
         params["claim_id"] = identity.claim_id
         prepared.append((position, statement, params))
 
-    def work(cur: Any) -> List[bool]:
-        landed = [False] * len(items)
+    def work(cur: Any) -> List[Landing]:
+        landed: List[Landing] = [False] * len(items)
+        if stateful:
+            written = [write for _, _, _, writes in stateful for write in writes]
+            cur.execute(sql.state.lock, sql.state.lock_params(written))
+        for position, identity, settlement, writes in stateful:
+            statement, params = settle_params(
+                sql, identity.update_id, identity.attempt, settlement, owned=True
+            )
+            params["claim_id"] = identity.claim_id
+            landed[position] = _settle_with_state(sql, cur, statement, params, writes,
+                                                  settlement.at)
         if completed:
             matched: Set[Tuple[int, int, str]] = set()
             # one statement per distinct identity (VALUES must not repeat a target row)
@@ -228,14 +260,47 @@ def settle_owned_work(
         for position, statement, params in prepared:
             landed[position] = returns_row(cur, statement, params)
         if effects:  # one insert_calls: its chat locks sorted across the attempts
+            ended = completed + [(p, i, s) for p, i, s, _ in stateful]
             insert_calls(sql, cur, [
                 params
-                for position, identity, settlement in completed if landed[position]
+                for position, identity, settlement in sorted(ended, key=lambda item: item[0])
+                if landed[position]
                 for params in effects_params(identity, effects.get(identity), settlement.at)
             ])
         return landed
 
     return work
+
+
+def _settle_with_state(
+    sql: PostgresStatements,
+    cur: Any,
+    statement: str,
+    params: Dict[str, Any],
+    writes: Sequence[StateWrite],
+    at: int,
+) -> Landing:
+    """One completion and its state writes in a savepoint: all land, or none."""
+    cur.execute(sql.state.savepoint)
+    if not returns_row(cur, statement, params):
+        cur.execute(sql.state.rollback_to)
+        cur.execute(sql.state.release)
+        return False
+    moved = write_state_in(sql, cur, writes, at)
+    if moved:
+        cur.execute(sql.state.rollback_to)
+        cur.execute(sql.state.release)
+        return StateConflict(tuple(moved))
+    cur.execute(sql.state.release)
+    return True
+
+
+def write_state_in(
+    sql: PostgresStatements, cur: Any, writes: Sequence[StateWrite], at: int
+) -> List[Any]:
+    """The conditional state writes in the cursor's transaction; the keys that moved (the
+    caller rolls back what the others wrote)."""
+    return apply_writes(sql.state, lambda s, p: returns_row(cur, s, p), writes, at)
 
 
 def insert_calls(

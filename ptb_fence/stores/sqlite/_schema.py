@@ -1,6 +1,7 @@
 """The schema of a SQLiteUpdateStore table: create it, upgrade an older table (add
 ``claim_id``, ``fingerprint``, ``instance``, ``chat_key`` with its index and ``isolated_claim``,
-keeping its rows), create the outbox table ``<table>_outbox`` with its indexes, refuse a
+keeping its rows), create the outbox table ``<table>_outbox`` with its indexes and the state table
+``<table>_persistence``, refuse a
 foreign table; safe while other processes do the same."""
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ class _Schema:
         outbox = conn.execute(self._sql.outbox.exists, {"outbox": self._sql.outbox.name})
         if outbox.fetchone() is None:
             return False
+        state = conn.execute(self._sql.state.exists, {"state": self._sql.state.name})
+        if state.fetchone() is None:
+            return False
         return {f"{self._table}_state_due_at_idx", self._sql.chat.index} <= indexes
 
     def _check_columns(self, columns: Set[str]) -> None:
@@ -136,6 +140,8 @@ class _Schema:
             conn.execute(self._sql.create_index)
             conn.execute(self._sql.chat.create_index)
             for statement in self._sql.outbox.create:
+                conn.execute(statement)
+            for statement in self._sql.state.create:
                 conn.execute(statement)
             conn.execute("COMMIT")
         except BaseException:

@@ -19,6 +19,7 @@ from ptb_fence.stores._admin_sql import ROW_COLUMNS, AdminStatements
 from ptb_fence.stores._chat_order_sql import UNSETTLED, chat_index_name, due_predicate, in_turn
 from ptb_fence.stores._figures_sql import figures_sql
 from ptb_fence.stores._outbox_sql import OutboxStatements
+from ptb_fence.stores._state_sql import StateStatements
 
 __all__ = [
     "REQUIRED_COLUMNS",
@@ -136,6 +137,7 @@ class SQLiteStatements:
         "backfill_claim_id",
         "write_lock",
         "outbox",
+        "state",
     )
 
     def __init__(self, table: str) -> None:
@@ -292,6 +294,8 @@ class SQLiteStatements:
 
         # the outbox of Bot API calls (its own table, <table>_outbox)
         self.outbox = OutboxStatements(table, postgres=False)
+        # persisted bot state (its own table, <table>_persistence)
+        self.state = StateStatements(table, postgres=False)
 
         # -- fenced ----------------------------------------------------------------------
         self.owns = f"SELECT 1 FROM {t} {owned}"

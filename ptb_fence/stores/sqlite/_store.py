@@ -29,21 +29,27 @@ from typing import (
     Union,
 )
 
-from ptb_fence._errors import TableBotMismatch
+from ptb_fence._errors import StateConflictError, TableBotMismatch
 from ptb_fence.contract import ChatKey, ClaimTerms
 from ptb_fence._values import (
     AttemptEffects,
     AttemptIdentity,
     Completed,
     Exhaustion,
+    Landing,
     OutboxEntry,
     Settlement,
+    StateConflict,
+    StateEntry,
+    StateKey,
+    StateWrite,
     StoreFigures,
     StoredUpdate,
 )
 from ptb_fence.stores._figures_sql import figures_of
 from ptb_fence.stores._names import validate_table_name, validate_update_id
 from ptb_fence.stores._outbox_sql import counts_of, effects_params, entry_of
+from ptb_fence.stores._state_sql import check_kind, check_writes, entries_of
 from ptb_fence.stores._suspects import SuspectClaims
 from ptb_fence.stores.sqlite._connections import SQLiteConnections
 from ptb_fence.stores.sqlite._liveness import (
@@ -68,6 +74,7 @@ from ptb_fence.stores.sqlite._writes import (
     settle_params,
     settle_statement,
     take,
+    write_state_in,
 )
 
 __all__ = ["SQLiteUpdateStore"]
@@ -447,13 +454,21 @@ class SQLiteUpdateStore:
             an id repeated in ``update_ids``.
         """
         ids = [validate_update_id(update_id) for update_id in update_ids]
-        params = claim_params(terms, self._liveness.mine())
+        if not ids:
+            return []
+        with self._conns.immediate() as conn:
+            return self._claim_many_in(conn, ids, terms)
+
+    def _claim_many_in(
+        self, conn: sqlite3.Connection, ids: List[int], terms: ClaimTerms
+    ) -> List[Optional[AttemptIdentity]]:
+        """The claims of :meth:`claim_owned_many` on ``conn``, inside its open transaction."""
         distinct = list(dict.fromkeys(ids))
         if not distinct:
             return []
+        params = claim_params(terms, self._liveness.mine())
         params["ids"] = json.dumps(distinct)
-        with self._conns.immediate() as conn:
-            rows = conn.execute(self._sql.claim_owned_many, params).fetchall()
+        rows = conn.execute(self._sql.claim_owned_many, params).fetchall()
         taken: Dict[int, AttemptIdentity] = {}
         for update_id, state, attempts, claim_id, suspect in rows:
             if state == "processing":
@@ -538,7 +553,7 @@ class SQLiteUpdateStore:
         lease_until: int,
         settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
+    ) -> Tuple[List[Optional[AttemptIdentity]], List[Landing]]:
         """:meth:`add_claimed_many` and :meth:`settle_owned_many` (with its ``effects``) in one
         transaction (one commit): fresh updates and finished attempts that arrive together
         share a commit (optional capability)."""
@@ -551,6 +566,30 @@ class SQLiteUpdateStore:
             added = add_claimed_in(self._sql, conn, rows, lease_until, self._liveness.mine())
             landed = settle_owned_in(self._sql, conn, settlements, effects)
         return added, landed
+
+    def settle_and_claim_many(
+        self,
+        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
+        update_ids: Sequence[int],
+        terms: ClaimTerms,
+        *,
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
+    ) -> Tuple[List[Landing], List[Optional[AttemptIdentity]]]:
+        """:meth:`settle_owned_many` (with its ``effects``), then :meth:`claim_owned_many`, in
+        one transaction (one commit): the slots that completions free are claimed in the
+        commit that frees them (optional capability).
+
+        Returns:
+            Per settlement whether it landed, and per ``update_ids`` position what
+            :meth:`claim_owned_many` gives.
+        """
+        ids = [validate_update_id(update_id) for update_id in update_ids]
+        settlements = list(settlements)
+        if not ids and not settlements:
+            return [], []
+        with self._conns.immediate() as conn:
+            landed = settle_owned_in(self._sql, conn, settlements, effects) if settlements else []
+            return landed, self._claim_many_in(conn, ids, terms)
 
     def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
         """:obj:`True` only while this exact claim holds a lease unexpired at ``at``.
@@ -656,16 +695,19 @@ class SQLiteUpdateStore:
         items: Sequence[Tuple[AttemptIdentity, Settlement]],
         *,
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> List[bool]:
+    ) -> List[Landing]:
         """:meth:`settle_owned` for several attempts in one transaction (one commit).
 
         With ``effects``, the outbox calls of each settlement that lands and is
         :class:`~ptb_fence.Completed` are inserted in the same transaction (pending, due at
         the settlement's ``at``); a settle that does not land writes none (see
-        :class:`ptb_fence.OutboxStore`).
+        :class:`ptb_fence.OutboxStore`). Its state writes land with it in a savepoint, all or
+        none: a moved version leaves the item claimed and unsettled (see
+        :class:`ptb_fence.StateStore`).
 
         Returns:
-            List[:obj:`bool`]: Per input position, whether that settlement landed.
+            List[:obj:`bool` | :class:`~ptb_fence.StateConflict`]: Per input position,
+            whether that settlement landed, or the conflict that stopped it.
         """
         items = list(items)
         if not items:
@@ -1080,9 +1122,64 @@ class SQLiteUpdateStore:
         Returns:
             List[:obj:`int`]: The call ids, in order.
         """
+        writes = check_writes(effects.state)
         conn = self._conns.caller_connection(connection)
         self._conns.join(conn, self._sql.write_lock)
+        if writes:
+            conn.execute(self._sql.state.savepoint)
+            try:
+                moved = write_state_in(self._sql, conn, writes, at)
+                if moved:
+                    conn.execute(self._sql.state.rollback_to)
+                    raise StateConflictError(tuple(moved))
+            finally:
+                conn.execute(self._sql.state.release)
         return insert_calls(self._sql, conn, effects_params(identity, effects, at))
+
+    # -- persisted bot state ---------------------------------------------------------------
+    def read_state(self, keys: Sequence[StateKey]) -> Dict[StateKey, StateEntry]:
+        """The committed rows of ``keys`` in one ``SELECT`` (see
+        :class:`ptb_fence.StateStore`); absent keys are left out."""
+        keys = list(dict.fromkeys(keys))
+        found: Dict[StateKey, StateEntry] = {}
+        state = self._sql.state
+        with self._conns.using() as conn:
+            for start in range(0, len(keys), 300):  # SQLite binds at most 999 parameters
+                chunk = keys[start:start + 300]
+                rows = conn.execute(state.read(len(chunk)), state.read_params(chunk))
+                found.update(entries_of(rows.fetchall()))
+        return found
+
+    def write_state(self, writes: Sequence[StateWrite], at: int) -> Optional[StateConflict]:
+        """Apply ``writes`` in one transaction, all or none (see
+        :class:`ptb_fence.StateStore`)."""
+        checked = check_writes(writes)
+        with self._conns.immediate() as conn:
+            conn.execute(self._sql.state.savepoint)
+            try:
+                moved = write_state_in(self._sql, conn, checked, int(at))
+                if moved:
+                    conn.execute(self._sql.state.rollback_to)
+                    return StateConflict(tuple(moved))
+                return None
+            finally:
+                conn.execute(self._sql.state.release)
+
+    def list_state(
+        self,
+        *,
+        kind: Optional[str] = None,
+        name: Optional[str] = None,
+        after: Optional[StateKey] = None,
+        limit: int = 100,
+    ) -> List[Tuple[StateKey, StateEntry]]:
+        """The rows by ``(kind, name, key)`` after ``after`` (see
+        :class:`ptb_fence.StateStore`)."""
+        check_kind(kind)
+        params = self._sql.state.list_params(kind, name, after, limit)
+        with self._conns.using() as conn:
+            rows = conn.execute(self._sql.state.list, params).fetchall()
+        return list(entries_of(rows).items())
 
     def claim_calls(
         self, *, now: int, lease_until: int, limit: int, sender: str

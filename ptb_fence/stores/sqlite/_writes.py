@@ -16,11 +16,15 @@ from ptb_fence._values import (
     AttemptIdentity,
     Completed,
     Failed,
+    Landing,
     Settlement,
+    StateConflict,
+    StateWrite,
 )
 from ptb_fence.contract import ClaimTerms
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._outbox_sql import effects_params
+from ptb_fence.stores._state_sql import apply_writes, check_writes
 from ptb_fence.stores.sqlite._connections import SQLiteConnections
 from ptb_fence.stores.sqlite._schema import new_claim_id
 from ptb_fence.stores.sqlite._sql import SQLiteStatements
@@ -186,20 +190,61 @@ def settle_owned_in(
     conn: sqlite3.Connection,
     items: Sequence[Tuple[AttemptIdentity, Settlement]],
     effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-) -> List[bool]:
-    """Fenced settles inside ``conn``'s transaction; per item, whether it landed. The calls
-    of ``effects`` ride with each completion that landed, in the same transaction."""
-    landed = []
+) -> List[Landing]:
+    """Fenced settles inside ``conn``'s transaction; per item, whether it landed (or the
+    :class:`~ptb_fence.StateConflict` that stopped it). The calls and state writes of
+    ``effects`` ride with each completion that landed, in the same transaction."""
+    for each in (effects or {}).values():
+        check_writes(each.state)  # refused before anything is written
+    landed: List[Landing] = []
     for identity, settlement in items:
         statement = settle_statement(sql, settlement, owned=True)
         params = settle_params(
             identity.update_id, identity.attempt, settlement, identity.claim_id
         )
-        ok = bool(conn.execute(statement, params).fetchall())
+        queued = effects.get(identity) if effects else None
+        if queued is not None and queued.state and isinstance(settlement, Completed):
+            ok = settle_with_state(sql, conn, statement, params, queued.state, settlement.at)
+        else:
+            ok = bool(conn.execute(statement, params).fetchall())
         landed.append(ok)
         if ok and effects and isinstance(settlement, Completed):
             insert_calls(sql, conn, effects_params(identity, effects.get(identity), settlement.at))
     return landed
+
+
+def settle_with_state(
+    sql: SQLiteStatements,
+    conn: sqlite3.Connection,
+    statement: str,
+    params: Dict[str, Any],
+    writes: Sequence[StateWrite],
+    at: int,
+) -> Landing:
+    """One completion and its state writes in a savepoint: all land, or none (a settle that
+    does not land: :obj:`False`; a moved version: the conflict)."""
+    conn.execute(sql.state.savepoint)
+    try:
+        if not conn.execute(statement, params).fetchall():
+            conn.execute(sql.state.rollback_to)
+            return False
+        moved = write_state_in(sql, conn, writes, at)
+        if moved:
+            conn.execute(sql.state.rollback_to)
+            return StateConflict(tuple(moved))
+        return True
+    finally:
+        conn.execute(sql.state.release)
+
+
+def write_state_in(
+    sql: SQLiteStatements, conn: sqlite3.Connection, writes: Sequence[StateWrite], at: int
+) -> List[Any]:
+    """The conditional state writes inside ``conn``'s transaction; the keys that moved (the
+    caller rolls back what the others wrote)."""
+    return apply_writes(
+        sql.state, lambda s, p: conn.execute(s, p).fetchone() is not None, writes, at
+    )
 
 
 def insert_calls(

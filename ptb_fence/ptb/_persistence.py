@@ -1,0 +1,525 @@
+"""FencedPersistence: PTB's ``user_data``, ``chat_data``, ``bot_data`` and persistent
+conversation states, committed with the update that changed them."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import MutableMapping
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from telegram import Update
+from telegram.ext import BasePersistence, ConversationHandler, PersistenceInput
+
+from ptb_fence._values import StateEntry, StateKey, StateWrite
+from ptb_fence.contract import STATE_METHODS, StoreCapabilities
+from ptb_fence.ptb._context import FencedCallbackContext
+from ptb_fence.ptb._group_commit import GroupCommit
+from ptb_fence.ptb._ptb_internals import (
+    conversation_key,
+    conversation_states,
+    missing_conversation_internals,
+)
+from ptb_fence.ptb._state_session import (
+    StateSession,
+    conversation_state_key,
+    decode_state,
+    encode_state,
+)
+from ptb_fence.runtime._attempt import current_attempt
+
+__all__ = ["FencedPersistence"]
+
+_LOGGER = logging.getLogger("ptb_fence.ptb")
+
+_BOT = StateKey("bot")
+
+
+def _walk(handlers: Any) -> List[Any]:
+    """Every handler, also those inside conversation handlers (entry points, states,
+    fallbacks), depth first; each once."""
+    seen: Set[int] = set()
+    out: List[Any] = []
+    stack = list(reversed(list(handlers)))
+    while stack:
+        handler = stack.pop()
+        if id(handler) in seen:
+            continue
+        seen.add(id(handler))
+        out.append(handler)
+        if isinstance(handler, ConversationHandler):
+            inner = list(handler.entry_points) + list(handler.fallbacks)
+            for group in handler.states.values():
+                inner += list(group)
+            stack += reversed(inner)
+    return out
+
+
+class FencedPersistence(BasePersistence[Any, Any, Any]):
+    """A :class:`telegram.ext.BasePersistence` whose state commits with the update.
+
+    The changes an update's handlers make to ``context.user_data``, ``context.chat_data``,
+    ``context.bot_data`` and to the states of persistent :class:`~telegram.ext.ConversationHandler`
+    s (``persistent=True, name=...``) are written **in the commit that completes the update**:
+    the grouped completion, or the handler's ``transaction(complete=True)`` (the same commit as
+    its domain writes). Nothing of a failed, exhausted or stale attempt is written. Before an
+    update is handled, its user's and chat's data, the ``bot_data`` and its conversation
+    states are read from the store (one read per update), so every attempt starts from the
+    committed state: a retry does not see what a failed attempt changed, and after a restart
+    or in another process sharing the store the conversation continues where the last
+    completed update left it. Each piece of state is versioned: an attempt whose state
+    changed meanwhile (the same user in two chats at once, two processes) does not complete
+    and is retried at once from the fresh state, so no change is silently lost.
+
+    Set it with the builder, with a :class:`~ptb_fence.ptb.FencedUpdateProcessor` on the same
+    store::
+
+        store = SQLiteUpdateStore("bot.sqlite3")
+        processor = FencedUpdateProcessor(store)
+        app = (processor.install(Application.builder().token(TOKEN))
+               .persistence(FencedPersistence(store)).build())
+
+    Handlers see private copies of the data while they handle an update (through
+    ``context``): ``context.application.user_data[...]`` (and jobs) see the committed data
+    and changes made there are not persisted (a WARNING says so when PTB's flush meets one).
+    Not fenced, with a WARNING at start: ``block=False`` handlers (their changes made after
+    the update completed are not persisted; a conversation state set by one is written when
+    its task ended by the completion), ``conversation_timeout`` (the timeout is a job in one
+    process's JobQueue: its deadline is not persisted, so a restart or a takeover loses it)
+    and the callback-data cache (``store_data.callback_data`` must be :obj:`False`).
+
+    Args:
+        store: The processor's store; it must keep persisted state
+            (:class:`~ptb_fence.StateStore`: the shipped stores do).
+
+    Keyword Args:
+        store_data (:class:`telegram.ext.PersistenceInput`, optional): Which data to fence.
+            Defaults to ``user_data``, ``chat_data`` and ``bot_data``; ``callback_data``
+            must be :obj:`False`.
+        update_interval (:obj:`float`, optional): How often PTB calls the ``update_*``
+            methods (they write nothing: the fence writes; they only notice changes made
+            outside an update). Defaults to ``60``.
+
+    Raises:
+        TypeError: The store keeps no persisted state (the message names its methods).
+        ValueError: ``store_data.callback_data`` is :obj:`True`.
+    """
+
+    __slots__ = ("_application", "_committed", "_lock", "_noticed", "_reads", "_store")
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        store_data: Optional[PersistenceInput] = None,
+        update_interval: float = 60,
+    ) -> None:
+        data = store_data if store_data is not None else PersistenceInput(callback_data=False)
+        if data.callback_data:
+            raise ValueError(
+                "FencedPersistence does not fence the callback-data cache (arbitrary callback "
+                "data): pass store_data=PersistenceInput(callback_data=False)"
+            )
+        if "state" not in StoreCapabilities.of(store):
+            raise TypeError(
+                f"{type(store).__name__} keeps no persisted bot state (StateStore: "
+                f"{', '.join(STATE_METHODS)}, with the outbox): FencedPersistence needs a "
+                "store that has it, such as SQLiteUpdateStore or PostgresUpdateStore"
+            )
+        super().__init__(store_data=data, update_interval=update_interval)
+        self._store = store
+        self._application: Optional["weakref.ref[Any]"] = None
+        # the newest committed row this process knows per key (what a failed attempt's
+        # conversation state goes back to, what jobs see in the Application's dicts)
+        self._committed: Dict[StateKey, StateEntry] = {}
+        self._lock = threading.Lock()
+        self._noticed: Set[StateKey] = set()
+        # the reads of updates that start together go to the store in one read_state
+        self._reads: GroupCommit[List[StateKey], Dict[StateKey, StateEntry]] = GroupCommit(
+            self._read_many, "ptb_fence-state-reads"
+        )
+
+    @property
+    def store(self) -> Any:
+        """The store the state is kept in."""
+        return self._store
+
+    # -- wiring -----------------------------------------------------------------------------
+    def attach(self, application: Any) -> None:
+        """Check that ``application`` can fence this persistence and bind to it; called by
+        :class:`~ptb_fence.ptb.FencedApplicationMixin` at ``initialize()``, before PTB loads
+        any persisted data. Logs a WARNING for each use that cannot be fenced.
+
+        Raises:
+            RuntimeError: The Application's processor is not a
+                :class:`~ptb_fence.ptb.FencedUpdateProcessor` on this persistence's store, its
+                context type does not derive from
+                :class:`~ptb_fence.ptb.FencedCallbackContext`, or this PTB lacks an internal
+                FencedPersistence needs (each message names the fix).
+        """
+        processor: Any = getattr(application, "update_processor", None)
+        runtime = getattr(processor, "runtime", None)
+        if runtime is None or not runtime.attempt_aware:
+            raise RuntimeError(
+                f"FencedPersistence needs a FencedUpdateProcessor (the Application's processor "
+                f"is {type(processor).__name__}): the state commits with the update's "
+                "completion, which only a fenced attempt has. Build the Application with "
+                "FencedUpdateProcessor(store).install(Application.builder()...)"
+                ".persistence(FencedPersistence(store))"
+            )
+        if processor.store is not self._store:
+            raise RuntimeError(
+                "FencedPersistence was given another store than the Application's "
+                "FencedUpdateProcessor: the state must commit in the same database "
+                "transaction as the update; pass the processor's store to both"
+            )
+        if not issubclass(application.context_types.context, FencedCallbackContext):
+            raise RuntimeError(
+                f"FencedPersistence needs the context type to derive from "
+                f"ptb_fence.ptb.FencedCallbackContext ({application.context_types.context.__name__}"
+                " does not): it hands handlers the attempt's private copies of the data"
+            )
+        missing = missing_conversation_internals()
+        if missing:
+            from telegram import __version__ as ptb_version
+
+            raise RuntimeError(
+                f"FencedPersistence cannot re-read conversation states with "
+                f"python-telegram-bot {ptb_version}: it lacks {'; '.join(missing)}. "
+                "Install a python-telegram-bot version ptb_fence supports (22.x)"
+            )
+        self._application = weakref.ref(application)
+        self._warn_unfenced(application)
+
+    def _app(self) -> Any:
+        application = None if self._application is None else self._application()
+        if application is None:
+            raise RuntimeError(
+                "FencedPersistence is not attached to a ptb_fence Application: build it with "
+                "FencedUpdateProcessor(store).install(Application.builder()...)"
+                ".persistence(FencedPersistence(store)); any other processor is refused"
+            )
+        return application
+
+    def _warn_unfenced(self, application: Any) -> None:
+        defaults = getattr(application.bot, "defaults", None)
+        all_non_blocking = defaults is not None and defaults.block is False
+        if all_non_blocking:
+            _LOGGER.warning(
+                "FencedPersistence: Defaults(block=False) makes every handler non-blocking: "
+                "what they change in user_data/chat_data/bot_data after the update completed "
+                "is not persisted, and a conversation state they set is written only if their "
+                "task ended by the completion"
+            )
+        for handler in _walk(h for group in application.handlers.values() for h in group):
+            if handler.block is False and not all_non_blocking:
+                _LOGGER.warning(
+                    "FencedPersistence: %s (callback %s) runs with block=False: what it "
+                    "changes in user_data/chat_data/bot_data after the update completed is not "
+                    "persisted, and a conversation state it sets is written only if its task "
+                    "ended by the completion; make it blocking to fence it",
+                    type(handler).__name__,
+                    getattr(getattr(handler, "callback", None), "__name__", "?"),
+                )
+            if isinstance(handler, ConversationHandler) and handler.persistent:
+                if handler.conversation_timeout:
+                    _LOGGER.warning(
+                        "FencedPersistence: ConversationHandler %r has conversation_timeout: "
+                        "the timeout is a job in this process's JobQueue and its deadline is "
+                        "not persisted, so after a restart or a takeover by another process "
+                        "the conversation does not time out (its state is still fenced)",
+                        handler.name,
+                    )
+        queue = application.job_queue
+        try:
+            jobs = [] if queue is None else list(queue.jobs())
+        except Exception:  # a scheduler that cannot list its jobs before it runs
+            jobs = []
+        for job in jobs:
+            _LOGGER.warning(
+                "FencedPersistence: job %r runs outside any update, so what it changes in "
+                "user_data/chat_data/bot_data is not persisted (a WARNING names each change "
+                "PTB's flush finds); change persisted state in handlers",
+                job.name,
+            )
+
+    def _persistent_conversations(self, application: Any) -> List[Any]:
+        return [
+            handler
+            for handler in _walk(h for group in application.handlers.values() for h in group)
+            if isinstance(handler, ConversationHandler) and handler.persistent and handler.name
+        ]
+
+    # -- one update -------------------------------------------------------------------------
+    async def open_session(self, application: Any, update: object) -> Optional[StateSession]:
+        """Read the update's committed state (one store read, shared by the updates that
+        start together) and make it the attempt's:
+        private copies of its data, its conversation states set in the handlers. :obj:`None`
+        when there is nothing to fence here (not a Telegram update, no fenced attempt, or
+        another Application)."""
+        if not isinstance(update, Update) or self._application is None:
+            return None
+        if application is None or self._application() is not application:
+            return None
+        attempt = current_attempt()
+        if attempt is None or not attempt.fenced:
+            return None
+        wanted: Dict[str, StateKey] = {}
+        if self.store_data.user_data and update.effective_user is not None:
+            wanted["user"] = StateKey("user", "", str(update.effective_user.id))
+        if self.store_data.chat_data and update.effective_chat is not None:
+            wanted["chat"] = StateKey("chat", "", str(update.effective_chat.id))
+        if self.store_data.bot_data:
+            wanted["bot"] = _BOT
+        conversations: List[Tuple[Any, Tuple[Any, ...], StateKey]] = []
+        for handler in self._persistent_conversations(application):
+            conversation = conversation_key(handler, update)
+            if conversation is not None:
+                conversations.append(
+                    (handler, conversation, conversation_state_key(handler.name, conversation))
+                )
+        keys = list(wanted.values()) + [state for _, _, state in conversations]
+        loaded = await self._reads.submit(keys) if keys else {}
+        data: Dict[str, Tuple[StateKey, Any]] = {}
+        for kind, key in wanted.items():
+            entry = loaded.get(key)
+            if entry is not None and entry.value is not None:
+                value = decode_state(entry.value)
+            else:
+                value = self._empty(application, kind)
+            data[kind] = (key, value)
+        for handler, conversation, key in conversations:
+            self._set_conversation(handler, conversation, loaded.get(key))
+        session = StateSession(update, loaded, data, conversations, self._session_ended)
+        # its writes ride the commit that completes the attempt; it learns how that went
+        attempt.effects.hold_state(session)
+        return session
+
+    async def handled(self, application: Any, session: StateSession, failed: bool) -> None:
+        """PTB finished handling the session's update. A failure undoes the attempt's
+        conversation states at once (its data were private copies). Otherwise its writes
+        ride the completion; if a ``transaction(complete=True)`` completed it already and
+        state changed after that commit (a conversation state set by the callback's return
+        without :meth:`~ptb_fence.ptb.FencedCallbackContext.next_conversation_state`), that
+        change is written right away, outside the fence, with a WARNING: a crash in between
+        would lose it.
+
+        Raises:
+            TypeError: The state cannot be stored (a value that cannot be pickled): the
+                attempt fails with it.
+        """
+        if failed:
+            session.end((), False)
+            return
+        if not session.ended:
+            try:
+                session.prepare()  # the grouped completion only takes the result
+            except TypeError:
+                session.end((), False)
+                raise
+        for name, declared, actual in session.declared_differs():
+            _LOGGER.warning(
+                "FencedPersistence: update %s declared the next state %r of conversation %r "
+                "but its callback returned %r: %r was committed",
+                getattr(session.update, "update_id", None), declared, name, actual, declared,
+            )
+        late = session.late_writes()
+        if not late:
+            return
+        named = ", ".join(sorted(
+            f"{w.key.kind}{' ' + w.key.name if w.key.name else ''} {w.key.key}".strip()
+            for w in late))
+        _LOGGER.warning(
+            "FencedPersistence: update %s changed %s after its transaction(complete=True) "
+            "committed; written right after it, outside the fence (a crash in between loses "
+            "it): change data before that transaction, and declare a conversation's next "
+            "state with context.next_conversation_state(STATE) before it",
+            getattr(session.update, "update_id", None), named,
+        )
+        processor: Any = getattr(application, "update_processor")
+        port = processor.runtime.port
+        conflict = await processor.call_store(port.write_state, late, processor.runtime.now_ms())
+        if conflict is None:
+            self._learn({w.key: StateEntry(w.value, w.version + 1) for w in late})
+        else:
+            _LOGGER.warning(
+                "FencedPersistence: the late change of update %s was not written: %s changed "
+                "meanwhile", getattr(session.update, "update_id", None), named,
+            )
+
+    async def _read_many(self, requests: List[List[StateKey]]) -> List[Dict[StateKey, StateEntry]]:
+        """One store read for the keys of several updates; each gets its own rows."""
+        processor: Any = getattr(self._app(), "update_processor")
+        wanted = list(dict.fromkeys(key for keys in requests for key in keys))
+        rows: Dict[StateKey, StateEntry] = await processor.call_store(
+            processor.runtime.port.read_state, wanted
+        )
+        self._learn(rows)
+        return [{key: rows[key] for key in keys if key in rows} for keys in requests]
+
+    @staticmethod
+    def _empty(application: Any, kind: str) -> Any:
+        types = application.context_types
+        return {"user": types.user_data, "chat": types.chat_data, "bot": types.bot_data}[kind]()
+
+    @staticmethod
+    def _set_conversation(handler: Any, conversation: Tuple[Any, ...],
+                          entry: Optional[StateEntry]) -> None:
+        states = conversation_states(handler)
+        if entry is None or entry.value is None:
+            states.pop(conversation, None)
+        else:
+            states[conversation] = decode_state(entry.value)
+
+    def _learn(self, rows: Dict[StateKey, StateEntry]) -> None:
+        """Remember committed rows newer than the ones known."""
+        with self._lock:
+            for key, entry in rows.items():
+                known = self._committed.get(key)
+                if known is None or known.version < entry.version:
+                    self._committed[key] = entry
+
+    def _session_ended(
+        self, session: StateSession, writes: Tuple[StateWrite, ...], landed: bool
+    ) -> None:
+        application = None if self._application is None else self._application()
+        if landed:
+            self._learn({w.key: StateEntry(w.value, w.version + 1) for w in writes})
+            if application is not None:
+                self._publish(application, session)
+            return
+        # nothing of the attempt landed: its conversation states go back to the committed
+        # ones (its data were private copies: nothing to undo)
+        with self._lock:
+            committed = dict(self._committed)
+        for handler, conversation, state in session.conversations:
+            entry = committed.get(state, session.loaded.get(state))
+            self._set_conversation(handler, conversation, entry)
+
+    def _publish(self, application: Any, session: StateSession) -> None:
+        """Show the committed data in the Application's dicts (jobs and other code read
+        them there), where they are mappings that can be updated in place."""
+        for kind, (key, value) in session.data.items():
+            with self._lock:
+                newest = self._committed.get(key)
+            if newest is None or newest.value is None:
+                continue
+            if kind == "bot":
+                target = application.bot_data
+            elif kind == "user":
+                target = application.user_data[int(key.key)]
+            else:
+                target = application.chat_data[int(key.key)]
+            if isinstance(target, MutableMapping) and isinstance(value, MutableMapping):
+                if target is not value:
+                    target.clear()
+                    target.update(decode_state(newest.value))
+
+    def _notice_outside_change(self, key: StateKey, data: Any, what: str) -> None:
+        """PTB's flush hands over data that differ from the committed ones: changed outside
+        any update (a job, or code using the Application's dicts). Say so once per key."""
+        with self._lock:
+            committed = self._committed.get(key)
+            if key in self._noticed:
+                return
+        if committed is None or committed.value is None:
+            if not data:
+                return
+        elif encode_state(data) == committed.value:
+            return
+        with self._lock:
+            self._noticed.add(key)
+        _LOGGER.warning(
+            "FencedPersistence: %s was changed outside any update (in a job, or through the "
+            "Application's dicts): it is not persisted; change persisted state in a handler, "
+            "through context",
+            what,
+        )
+
+    # -- BasePersistence --------------------------------------------------------------------
+    async def get_user_data(self) -> Dict[int, Any]:
+        """Nothing at start: each update reads its user's data from the store.
+
+        Raises:
+            RuntimeError: Not attached to a ptb_fence Application (a
+                :class:`~ptb_fence.ptb.FencedUpdateProcessor` is needed).
+        """
+        self._app()
+        return {}
+
+    async def get_chat_data(self) -> Dict[int, Any]:
+        """Nothing at start: each update reads its chat's data from the store.
+
+        Raises:
+            RuntimeError: Not attached to a ptb_fence Application.
+        """
+        self._app()
+        return {}
+
+    async def get_bot_data(self) -> Any:
+        """The committed ``bot_data`` (jobs see it; each update reads it again).
+
+        Raises:
+            RuntimeError: Not attached to a ptb_fence Application.
+        """
+        application = self._app()
+        processor = application.update_processor
+        rows = await processor.call_store(processor.runtime.port.read_state, [_BOT])
+        self._learn(rows)
+        entry = rows.get(_BOT)
+        if entry is None or entry.value is None:
+            return self._empty(application, "bot")
+        return decode_state(entry.value)
+
+    async def get_callback_data(self) -> None:
+        """:obj:`None`: the callback-data cache is not fenced."""
+        return None
+
+    async def get_conversations(self, name: str) -> Dict[Any, Any]:
+        """Nothing at start: each update reads its conversation states from the store.
+
+        Raises:
+            RuntimeError: Not attached to a ptb_fence Application.
+        """
+        self._app()
+        return {}
+
+    async def update_conversation(self, name: str, key: Any, new_state: Optional[object]) -> None:
+        """Writes nothing: the state was written with the update that set it."""
+
+    async def update_user_data(self, user_id: int, data: Any) -> None:
+        """Writes nothing (the fence wrote what handlers changed); a WARNING if ``data``
+        differs from the committed data (changed outside any update)."""
+        self._notice_outside_change(StateKey("user", "", str(user_id)), data,
+                                    f"user_data of user {user_id}")
+
+    async def update_chat_data(self, chat_id: int, data: Any) -> None:
+        """Writes nothing; a WARNING if ``data`` differs from the committed data."""
+        self._notice_outside_change(StateKey("chat", "", str(chat_id)), data,
+                                    f"chat_data of chat {chat_id}")
+
+    async def update_bot_data(self, data: Any) -> None:
+        """Writes nothing; a WARNING if ``data`` differs from the committed data."""
+        self._notice_outside_change(_BOT, data, "bot_data")
+
+    async def update_callback_data(self, data: Any) -> None:
+        """Writes nothing: the callback-data cache is not fenced."""
+
+    async def drop_chat_data(self, chat_id: int) -> None:
+        """Writes nothing: ``Application.drop_chat_data`` is not fenced."""
+
+    async def drop_user_data(self, user_id: int) -> None:
+        """Writes nothing: ``Application.drop_user_data`` is not fenced."""
+
+    async def refresh_user_data(self, user_id: int, user_data: Any) -> None:
+        """Nothing: the update's data were read from the store before it was handled."""
+
+    async def refresh_chat_data(self, chat_id: int, chat_data: Any) -> None:
+        """Nothing: the update's data were read from the store before it was handled."""
+
+    async def refresh_bot_data(self, bot_data: Any) -> None:
+        """Nothing: the update's data were read from the store before it was handled."""
+
+    async def flush(self) -> None:
+        """Nothing to flush: every change was committed with its update."""

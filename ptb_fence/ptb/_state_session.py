@@ -1,0 +1,244 @@
+"""StateSession: the persisted bot state of one attempt at one update, from the committed rows
+read before PTB handled it to the writes its completion carries.
+
+The attempt works on private copies of the update's ``user_data``, ``chat_data`` and
+``bot_data`` (:class:`~ptb_fence.ptb.FencedCallbackContext` hands them out while the session is
+active), so nothing a failed attempt changed is seen by anyone else; the conversation states
+live in the handlers' own dicts, set to the committed state before the update is handled and
+put back when the attempt does not complete. :meth:`StateSession.writes` is the difference to
+what was read, each write conditional on the version read.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from ptb_fence._state_codec import conversation_state_key, decode_state, encode_state
+from ptb_fence._values import StateEntry, StateKey, StateWrite
+from ptb_fence.ptb._ptb_internals import conversation_states, pending_state
+
+__all__ = [
+    "NOT_HELD",
+    "StateSession",
+    "active_session",
+    "conversation_state_key",
+    "decode_state",
+    "encode_state",
+]
+
+class _NotHeld:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOT_HELD"
+
+
+NOT_HELD: Any = _NotHeld()
+""":func:`StateSession.data` for data the session does not hold (the context falls back to
+the Application's)."""
+
+_ACTIVE: "contextvars.ContextVar[Optional[StateSession]]" = contextvars.ContextVar(
+    "ptb_fence_state_session", default=None
+)
+
+
+def active_session() -> "Optional[StateSession]":
+    """The session of the update handled in this task, or :obj:`None`."""
+    return _ACTIVE.get()
+
+
+class StateSession:
+    """One attempt's persisted state.
+
+    Args:
+        update: The update being handled.
+        loaded: The committed rows read for it (absent keys: none).
+        data: Per kind (``user``, ``chat``, ``bot``) the key and the private value the
+            attempt works on (decoded from ``loaded``, or a fresh empty value).
+        conversations: ``(handler, conversation key, state key)`` of every persistent
+            conversation handler that has a key for the update.
+        on_end: Called with the session and whether its writes landed, once.
+    """
+
+    __slots__ = ("_contexts", "_declared", "_ended", "_landed", "_on_end", "_prepared", "_taken",
+                 "_token", "conversations", "data", "loaded", "update")
+
+    def __init__(
+        self,
+        update: Any,
+        loaded: Dict[StateKey, StateEntry],
+        data: Dict[str, Tuple[StateKey, Any]],
+        conversations: List[Tuple[Any, Tuple[Any, ...], StateKey]],
+        on_end: Callable[["StateSession", Tuple[StateWrite, ...], bool], None],
+    ) -> None:
+        self.update = update
+        self.loaded = loaded
+        self.data = data
+        self.conversations = conversations
+        self._on_end = on_end
+        self._contexts: Set[int] = set()
+        self._ended = False
+        self._landed = False
+        self._declared: Dict[StateKey, Any] = {}
+        self._prepared: Optional[Tuple[StateWrite, ...]] = None
+        self._taken: Optional[Tuple[StateWrite, ...]] = None
+        self._token: Optional[contextvars.Token[Optional[StateSession]]] = None
+
+    # -- while PTB handles the update -------------------------------------------------------
+    def activate(self) -> None:
+        """From here on, this task's contexts of the update get the private data."""
+        self._token = _ACTIVE.set(self)
+
+    def deactivate(self) -> None:
+        """Back to the Application's data in this task."""
+        if self._token is not None:
+            _ACTIVE.reset(self._token)
+            self._token = None
+
+    def note_context(self, update: Any, context: Any) -> None:
+        """``context`` was built for ``update`` (PTB builds one per update): if it is this
+        session's update, the context hands out the private data."""
+        if update is self.update:
+            self._contexts.add(id(context))
+
+    def owns_context(self, context: Any) -> bool:
+        """``context`` was built for this session's update."""
+        return id(context) in self._contexts
+
+    def data_of(self, context: Any, kind: str) -> Any:
+        """The private ``kind`` data for ``context``, or :data:`NOT_HELD`."""
+        if id(context) not in self._contexts or kind not in self.data:
+            return NOT_HELD
+        return self.data[kind][1]
+
+    def declare(self, state: Any, name: Optional[str]) -> None:
+        """The conversation (of the handler ``name``, or the only persistent one the update
+        has) goes to ``state`` after this callback: writes taken from now on carry it (PTB
+        sets it only when the callback returns, after a ``transaction(complete=True)`` in it
+        committed).
+
+        Raises:
+            ValueError: No persistent conversation of that name has a key for the update, or
+                several have and ``name`` was not given.
+        """
+        found = [c for c in self.conversations if name is None or c[0].name == name]
+        if not found:
+            raise ValueError(
+                "no persistent ConversationHandler"
+                + (f" named {name!r}" if name is not None else "")
+                + " has a conversation for this update"
+            )
+        if len(found) > 1:
+            raise ValueError(
+                "the update belongs to the persistent conversations "
+                + ", ".join(sorted(repr(c[0].name) for c in found)) + ": pass name="
+            )
+        self._declared[found[0][2]] = state
+
+    def _state_text(self, handler: Any, conversation: Tuple[Any, ...],
+                    key: StateKey) -> Tuple[bool, Optional[str]]:
+        """``(known, text)``: the conversation's state to write now (declared, else the
+        handler's); not known while a ``block=False`` callback's task runs."""
+        if key in self._declared:
+            state = self._declared[key]
+        else:
+            state = conversation_states(handler).get(conversation)
+            pending = pending_state(state)
+            if pending is not None:
+                done, state = pending
+                if not done:
+                    return False, None
+        if state is None or state == handler.END:
+            return True, None
+        return True, encode_state(state)
+
+    def _diff(self, base: Dict[StateKey, Tuple[Optional[str], int]]) -> Tuple[StateWrite, ...]:
+        """The writes from ``base`` (``key: (text, version)``; absent: no row) to now."""
+        out: List[StateWrite] = []
+        for key, value in self.data.values():
+            old = base.get(key)
+            if old is None and not value:
+                continue
+            encoded = encode_state(value)
+            if old is None or old[0] != encoded:
+                out.append(StateWrite(key, encoded, 0 if old is None else old[1]))
+        for handler, conversation, key in self.conversations:
+            known, text = self._state_text(handler, conversation, key)
+            old = base.get(key)
+            if known and text != (None if old is None else old[0]):
+                out.append(StateWrite(key, text, 0 if old is None else old[1]))
+        return tuple(out)
+
+    # -- the completion ---------------------------------------------------------------------
+    def writes(self) -> Tuple[StateWrite, ...]:
+        """What changed since the state was read, each write at the version read.
+
+        Unchanged state writes nothing; state that was absent and is still empty writes
+        nothing; a conversation that ended writes :obj:`None` where a row exists; a
+        ``block=False`` callback's state whose task has not ended is left as committed; a
+        declared next state (:meth:`declare`) is written in place of the handler's."""
+        return self._diff({k: (e.value, e.version) for k, e in self.loaded.items()})
+
+    def prepare(self) -> None:
+        """PTB finished handling the update: compute the writes now, in the update's own task
+        (a value that cannot be pickled fails this attempt here, named, instead of the
+        grouped completion it would join).
+
+        Raises:
+            TypeError: The state cannot be stored (the message names the fix).
+        """
+        try:
+            self._prepared = self.writes()
+        except Exception as exc:
+            raise TypeError(
+                f"FencedPersistence cannot store the state of update "
+                f"{getattr(self.update, 'update_id', None)}: {type(exc).__name__}: {exc}; keep "
+                "only picklable values in user_data, chat_data, bot_data and conversation "
+                "states"
+            ) from exc
+
+    def take(self) -> Tuple[StateWrite, ...]:
+        """The writes for the commit that completes the attempt: those :meth:`prepare`
+        computed, else computed now (a ``transaction(complete=True)`` inside a handler);
+        remembered (see :meth:`late_writes`)."""
+        self._taken = self._prepared if self._prepared is not None else self.writes()
+        return self._taken
+
+    def late_writes(self) -> Tuple[StateWrite, ...]:
+        """After a completion that landed with taken writes: what changed since (at the
+        versions that commit left), e.g. a conversation state PTB set when the callback
+        returned after its ``transaction(complete=True)``. None otherwise."""
+        if self._taken is None or not self._landed:
+            return ()
+        base = {k: (e.value, e.version) for k, e in self.loaded.items()}
+        for write in self._taken:
+            base[write.key] = (write.value, write.version + 1)
+        return self._diff(base)
+
+    def declared_differs(self) -> List[Tuple[str, Any, Any]]:
+        """``(handler name, declared, actual)`` where PTB set another state than declared."""
+        out = []
+        for handler, conversation, key in self.conversations:
+            if key in self._declared:
+                actual = conversation_states(handler).get(conversation)
+                declared = self._declared[key]
+                if actual is None and declared == handler.END:
+                    continue
+                if actual != declared:
+                    out.append((handler.name, declared, actual))
+        return out
+
+    def end(self, writes: Tuple[StateWrite, ...], landed: bool) -> None:
+        """The attempt ended: its ``writes`` landed with its completion (``landed``), or
+        nothing of it did (a failure, a lost claim, a conflict). Only the first call counts."""
+        if self._ended:
+            return
+        self._ended = True
+        self._landed = landed
+        self._on_end(self, writes, landed)
+
+    @property
+    def ended(self) -> bool:
+        """:obj:`bool`: :meth:`end` was called."""
+        return self._ended

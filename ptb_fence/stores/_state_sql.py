@@ -1,0 +1,229 @@
+"""Persisted bot state's SQL (:class:`~ptb_fence.StateStore`), shared by the SQLite and
+PostgreSQL stores: the table ``<table>_persistence`` of ``user_data``, ``chat_data``,
+``bot_data``, conversation states and the callback-data cache, one row per
+:class:`~ptb_fence.StateKey` with its version, and every statement on it, written once with
+``:name`` placeholders (PostgreSQL gets ``%(name)s``).
+
+A write is one conditional statement: a row the writer read at version ``v`` is updated only
+``WHERE version = v``; a row it read as absent is inserted ``ON CONFLICT DO NOTHING``. Either
+returns a row exactly when it landed, so a moved version is seen without a second read, and
+two transactions racing on one key never both land (PostgreSQL: the second waits for the
+first's row lock or its insert, then finds the new version and changes nothing).
+
+PostgreSQL first takes a transaction advisory lock per key written (one statement, the keys
+in ascending order), so transactions that write overlapping keys queue in one order instead of
+deadlocking on each other's row locks and inserts; the items of one call then run in their
+input order, as in SQLite (which holds the write lock) and the memory store.
+
+An attempt's writes land all together or not at all: they run inside a savepoint that also
+holds the attempt's settle, rolled back to when one of them (or the settle) does not land, so
+the other attempts of a grouped completion still commit.
+
+Table names are validated before they reach this module and always double-quoted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ptb_fence._values import STATE_KINDS, StateEntry, StateKey, StateWrite
+
+__all__ = [
+    "SAVEPOINT",
+    "StateStatements",
+    "apply_writes",
+    "check_kind",
+    "check_writes",
+    "state_table_name",
+]
+
+SAVEPOINT = "ptb_fence_state"
+"""The savepoint that holds one attempt's settle and state writes."""
+
+LOCK_CLASS = 0x70746273  # "ptbs": the advisory-lock namespace of state keys (two-int form)
+"""The first key of the PostgreSQL advisory locks on state keys (instances use another)."""
+
+
+def state_table_name(table: str) -> str:
+    """The state table of the update table ``table``: ``<table>_persistence``, or a name
+    derived from a digest when that would be longer than 63 characters (PostgreSQL would
+    truncate it silently)."""
+    name = f"{table}_persistence"
+    if len(name) <= 63:
+        return name
+    digest = hashlib.sha256(table.encode("utf-8")).hexdigest()[:16]
+    return f"ptb_fence_{digest}_persistence"
+
+
+def _postgres(sql: str) -> str:
+    return re.sub(r"(?<![:\w]):([a-z_0-9]+)", r"%(\1)s", sql)
+
+
+def check_kind(kind: Optional[str]) -> None:
+    """Refuse an unknown state kind (:exc:`ValueError` naming the kinds)."""
+    if kind is not None and kind not in STATE_KINDS:
+        raise ValueError(f"state kind {kind!r} is not one of {', '.join(STATE_KINDS)}")
+
+
+def check_writes(writes: Sequence[StateWrite]) -> List[StateWrite]:
+    """The writes as a list, checked: known kinds, text keys, versions ``>= 0``, text or
+    :obj:`None` values, no key twice (its second write could never land)."""
+    checked = list(writes)
+    seen = set()
+    for write in checked:
+        if not isinstance(write, StateWrite):
+            raise TypeError(f"not a StateWrite: {write!r}")
+        check_kind(write.key.kind)
+        if not isinstance(write.key.name, str) or not isinstance(write.key.key, str):
+            raise TypeError(f"a StateKey's name and key are text: {write.key!r}")
+        if isinstance(write.version, bool) or not isinstance(write.version, int) or (
+            write.version < 0
+        ):
+            raise ValueError(f"a StateWrite's version is an int >= 0, got {write.version!r}")
+        if write.value is not None and not isinstance(write.value, str):
+            raise TypeError(f"a StateWrite's value is text or None, got {type(write.value)}")
+        if write.key in seen:
+            raise ValueError(f"{write.key!r} is written twice in one attempt")
+        seen.add(write.key)
+    return checked
+
+
+class StateStatements:
+    """Every statement on the state table of one update table, for one dialect.
+
+    Args:
+        table: The update table (validated).
+        postgres: PostgreSQL (``%(name)s``, ``BIGINT``); else SQLite.
+    """
+
+    __slots__ = (
+        "create",
+        "exists",
+        "insert",
+        "list",
+        "lock",
+        "name",
+        "postgres",
+        "release",
+        "rollback_to",
+        "savepoint",
+        "update",
+    )
+
+    def __init__(self, table: str, *, postgres: bool) -> None:
+        self.name: str = state_table_name(table)
+        self.postgres = postgres
+        s = f'"{self.name}"'
+        integer = "BIGINT" if postgres else "INTEGER"
+        dialect = _postgres if postgres else (lambda sql: sql)
+        self.create: Tuple[str, ...] = (f"""
+CREATE TABLE IF NOT EXISTS {s} (
+    kind       TEXT      NOT NULL,  -- user, chat, bot, conversation, callback
+    name       TEXT      NOT NULL,  -- the conversation handler's name, else ''
+    key        TEXT      NOT NULL,  -- user/chat id, conversation key JSON, else ''
+    value      TEXT,                -- the encoded state; NULL: deleted (a tombstone)
+    version    {integer} NOT NULL,  -- how many writes landed on the row
+    updated_at {integer} NOT NULL,  -- epoch milliseconds of the last write
+    PRIMARY KEY (kind, name, key)
+)""",)
+        self.exists: str = (
+            "SELECT to_regclass(%(state)s)" if postgres
+            else "SELECT name FROM sqlite_master WHERE type = 'table' AND name = :state"
+        )
+        self.insert: str = dialect(f"""
+INSERT INTO {s} (kind, name, key, value, version, updated_at)
+VALUES (:kind, :name, :key, :value, 1, :at)
+ON CONFLICT (kind, name, key) DO NOTHING
+RETURNING version""")
+        self.update: str = dialect(f"""
+UPDATE {s} SET value = :value, version = version + 1, updated_at = :at
+WHERE kind = :kind AND name = :name AND key = :key AND version = :version
+RETURNING version""")
+        self.list: str = dialect(f"""
+SELECT kind, name, key, value, version FROM {s}
+WHERE (CAST(:kind AS TEXT) IS NULL OR kind = :kind)
+  AND (CAST(:name AS TEXT) IS NULL OR name = :name)
+  AND (CAST(:after_kind AS TEXT) IS NULL
+       OR (kind, name, key) > (:after_kind, :after_name, :after_key))
+ORDER BY kind, name, key
+LIMIT :limit""")
+        # PostgreSQL: one advisory lock per written key, ascending (see the module)
+        self.lock: str = (
+            f"SELECT count(pg_advisory_xact_lock({LOCK_CLASS}, k)) FROM "
+            "(SELECT DISTINCT unnest(%(keys)s::int[]) AS k ORDER BY k) AS keys"
+        )
+        self.savepoint = f"SAVEPOINT {SAVEPOINT}"
+        self.rollback_to = f"ROLLBACK TO SAVEPOINT {SAVEPOINT}"
+        self.release = f"RELEASE SAVEPOINT {SAVEPOINT}"
+
+    def read(self, count: int) -> str:
+        """One ``SELECT`` of ``count`` keys (parameters ``k0, n0, y0, k1, ...``)."""
+        values = ", ".join(f"(:k{i}, :n{i}, :y{i})" for i in range(count))
+        sql = (
+            f'SELECT kind, name, key, value, version FROM "{self.name}" '
+            f"WHERE (kind, name, key) IN (VALUES {values})"
+        )
+        return _postgres(sql) if self.postgres else sql
+
+    def lock_params(self, writes: Sequence[StateWrite]) -> Dict[str, Any]:
+        """The parameters of :attr:`lock`: a stable 32-bit number per key of ``writes`` (a
+        collision only makes two keys queue together)."""
+        numbers = set()
+        for write in writes:
+            text = "\x00".join((self.name, write.key.kind, write.key.name, write.key.key))
+            digest = hashlib.sha256(text.encode("utf-8")).digest()
+            numbers.add(int.from_bytes(digest[:4], "big", signed=True))
+        return {"keys": sorted(numbers)}
+
+    @staticmethod
+    def read_params(keys: Sequence[StateKey]) -> Dict[str, Any]:
+        """The parameters of :meth:`read`."""
+        params: Dict[str, Any] = {}
+        for i, key in enumerate(keys):
+            params.update({f"k{i}": key.kind, f"n{i}": key.name, f"y{i}": key.key})
+        return params
+
+    @staticmethod
+    def list_params(
+        kind: Optional[str], name: Optional[str], after: Optional[StateKey], limit: int
+    ) -> Dict[str, Any]:
+        """The parameters of :attr:`list`."""
+        return {
+            "kind": kind, "name": name, "limit": int(limit),
+            "after_kind": None if after is None else after.kind,
+            "after_name": None if after is None else after.name,
+            "after_key": None if after is None else after.key,
+        }
+
+
+def entries_of(rows: Sequence[Sequence[Any]]) -> Dict[StateKey, StateEntry]:
+    """``(kind, name, key, value, version)`` rows as entries."""
+    return {
+        StateKey(str(kind), str(name), str(key)): StateEntry(
+            None if value is None else str(value), int(version)
+        )
+        for kind, name, key, value, version in rows
+    }
+
+
+def apply_writes(
+    sql: StateStatements,
+    returns_row: Callable[[str, Dict[str, Any]], bool],
+    writes: Sequence[StateWrite],
+    at: int,
+) -> List[StateKey]:
+    """Run each write's conditional statement (``returns_row(statement, params)``: whether it
+    returned a row); the keys whose write did not land (their version had moved). The caller
+    rolls back to its savepoint when there are any."""
+    moved = []
+    for write in writes:
+        params = {
+            "kind": write.key.kind, "name": write.key.name, "key": write.key.key,
+            "value": write.value, "version": int(write.version), "at": int(at),
+        }
+        statement = sql.insert if write.version == 0 else sql.update
+        if not returns_row(statement, params):
+            moved.append(write.key)
+    return moved

@@ -1,0 +1,259 @@
+"""FencedPersistence in real bot processes (tests/processes/persistence_worker.py: a PTB
+``Application`` with a persistent three-step ``ConversationHandler``, ``run_polling()``, a
+FakeBotApi as Telegram) on SQLite and PostgreSQL: SIGKILL between steps and in the middle of a
+step, restart: the conversation continues at the right step, the domain rows and the state
+agree, no step is applied twice; a second process sharing PostgreSQL takes a killed process's
+update over and sees the first step's state; a failing attempt's change is not seen by its
+retry; the same user in two chats at once (one process, and two processes) loses no change."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import sqlite3
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import pytest
+
+from ptb_fence import PostgresUpdateStore, SQLiteUpdateStore, StateKey
+from ptb_fence._state_codec import conversation_state_key, decode_state
+from ptb_fence.testing import FakeBotApi
+from ptb_support import wait_sync
+from store_support import fresh_table_name
+from test_ptb_processes import Bots
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "persistence_worker.py")
+SLOT, CONFIRM = 1, 2
+DOMAIN = "(update_id BIGINT, user_id BIGINT, step INT, value TEXT, attempt INT, pid INT)"
+
+
+class Bed:
+    """A store (SQLite file or PostgreSQL table) with the bot's domain table."""
+
+    def __init__(self, url: str, table: str, domain: str, open_store: Any, query: Any) -> None:
+        self.url, self.table, self.domain = url, table, domain
+        self.open_store, self.query = open_store, query
+
+    def steps(self) -> List[Tuple[int, int, int, str]]:
+        """``(update_id, user_id, step, value)`` of every domain row, by update id."""
+        return sorted((int(u), int(us), int(s), str(v)) for u, us, s, v in self.query(
+            f"SELECT update_id, user_id, step, value FROM {self.domain}"))  # noqa: S608
+
+    def state(self, *keys: StateKey) -> Dict[StateKey, Any]:
+        """The committed state of ``keys`` (decoded; a deleted state is :obj:`None`)."""
+        store = self.open_store()
+        try:
+            rows = store.read_state(list(keys))
+        finally:
+            store.close()
+        return {k: None if e.value is None else decode_state(e.value) for k, e in rows.items()}
+
+    def completed(self, ids: List[int]) -> bool:
+        rows = dict(self.query(f"SELECT update_id, state FROM {self.table}"))  # noqa: S608
+        return all(rows.get(u) == "completed" for u in ids)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def bed(request: Any, tmp_path: Any) -> Iterator[Bed]:
+    if request.param == "sqlite":
+        path = str(tmp_path / "bot.db")
+        SQLiteUpdateStore(path).close()
+        conn = sqlite3.connect(path)
+        conn.execute(f"CREATE TABLE domain {DOMAIN}")
+        conn.commit()
+        conn.close()
+
+        def query(sql: str) -> List[Any]:
+            c = sqlite3.connect(path, timeout=10)
+            try:
+                return list(c.execute(sql))
+            finally:
+                c.close()
+
+        yield Bed("sqlite:///" + path, "telegram_updates", "domain",
+                  lambda: SQLiteUpdateStore(path), query)
+        return
+    import psycopg2
+
+    dsn, table = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_table")
+    domain = fresh_table_name()
+    request.getfixturevalue("pg_tables").append(domain)
+    PostgresUpdateStore(dsn, table).close()
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+
+    def pg_query(sql: str) -> List[Any]:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+            return list(cur.fetchall()) if cur.description else []
+
+    pg_query(f"CREATE TABLE {domain} {DOMAIN}")
+    try:
+        yield Bed(dsn, table, domain, lambda: PostgresUpdateStore(dsn, table), pg_query)
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def bots(tmp_path: Any) -> Iterator[Bots]:
+    directory = tmp_path / "bots"
+    directory.mkdir()
+    started = Bots(str(directory), WORKER)
+    yield started
+    for proc in started.procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+
+
+def seen(bots: Bots, update_id: int) -> List[Tuple[int, int, Dict[str, Any]]]:
+    """``(attempt, pid, what the handler saw)`` for each attempt that began ``update_id``."""
+    out = []
+    for path in glob.glob(os.path.join(bots.dir, f"seen.{update_id}.*")):
+        _, _, attempt, pid = os.path.basename(path).split(".")
+        with open(path, encoding="utf-8") as file:
+            out.append((int(attempt), int(pid), json.load(file)))
+    return sorted(out)
+
+
+def handled(bots: Bots, bed: Bed, ids: List[int], within: float = 60.0) -> None:
+    try:
+        wait_sync(f"updates {ids} completed", lambda: bed.completed(ids), within)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{bots.output()}") from None
+
+
+def stop(bots: Bots, proc: Any) -> None:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(30)
+
+
+USER = 5
+CONVERSATION = conversation_state_key("booking", (USER, USER))
+USER_DATA = StateKey("user", "", str(USER))
+
+
+def test_sigkill_between_and_in_the_middle_of_steps_the_conversation_continues(
+    bots: Bots, bed: Bed
+) -> None:
+    with FakeBotApi() as fake:
+        first = bots.spawn(fake, bed.url, bed.table, bed.domain, "--hang", "slot 10:00")
+        bots.wait_ready(first)
+        book = fake.inject_message(chat_id=USER, text="/book")
+        handled(bots, bed, [book])
+        bots.kill(first)  # between steps
+        assert bed.state(CONVERSATION, USER_DATA) == {CONVERSATION: SLOT,
+                                                      USER_DATA: {"booking": book}}
+        second = bots.spawn(fake, bed.url, bed.table, bed.domain, "--hang", "slot 10:00")
+        bots.wait_ready(second)
+        slot = fake.inject_message(chat_id=USER, text="slot 10:00")
+        wait_sync("the slot step hangs", lambda: glob.glob(
+            os.path.join(bots.dir, f"hanging.{slot}.{second.pid}")), 30)
+        bots.kill(second)  # in the middle of a step: user_data changed, nothing committed
+        assert bed.state(CONVERSATION, USER_DATA) == {CONVERSATION: SLOT,
+                                                      USER_DATA: {"booking": book}}
+        third = bots.spawn(fake, bed.url, bed.table, bed.domain)
+        bots.wait_ready(third)
+        handled(bots, bed, [slot])  # taken over from the dead process
+        confirm = fake.inject_message(chat_id=USER, text="yes")
+        handled(bots, bed, [confirm])
+        stop(bots, third)
+    # every attempt started from the committed state: the retried step saw step 1's state
+    assert [s[2] for s in seen(bots, slot)] == [
+        {"state": SLOT, "user_data": {"booking": book}},
+        {"state": SLOT, "user_data": {"booking": book}},
+    ]
+    assert seen(bots, confirm)[-1][2] == {
+        "state": CONFIRM, "user_data": {"booking": book, "slot": "slot 10:00"}}
+    # one domain row per step, and the state agrees with them
+    assert bed.steps() == [(book, USER, 1, "book"), (slot, USER, 2, "slot 10:00"),
+                           (confirm, USER, 3, "slot 10:00")]
+    assert bed.state(CONVERSATION, USER_DATA) == {
+        CONVERSATION: None,  # ended
+        USER_DATA: {"booking": book, "slot": "slot 10:00", "confirmed": "slot 10:00"},
+    }
+
+
+@pytest.mark.parametrize("bed", ["postgres"], indirect=True)
+def test_a_second_process_sharing_postgres_takes_over_and_sees_step_one(
+    bots: Bots, bed: Bed
+) -> None:
+    with FakeBotApi() as fake:
+        standby = bots.spawn(fake, bed.url, bed.table, bed.domain, "--no-poll")
+        poller = bots.spawn(fake, bed.url, bed.table, bed.domain, "--hang", "slot 11:00")
+        bots.wait_ready(standby, poller)
+        book = fake.inject_message(chat_id=USER, text="/book")
+        handled(bots, bed, [book])
+        slot = fake.inject_message(chat_id=USER, text="slot 11:00")
+        wait_sync("the slot step hangs in the poller", lambda: glob.glob(
+            os.path.join(bots.dir, f"hanging.{slot}.{poller.pid}")), 30)
+        bots.kill(poller)
+        handled(bots, bed, [slot])  # the standby process takes it over
+        bots.stop_all()
+    took_over = [entry for entry in seen(bots, slot) if entry[1] == standby.pid]
+    assert took_over and took_over[-1][2] == {"state": SLOT, "user_data": {"booking": book}}
+    assert [s[:3] for s in bed.steps()] == [(book, USER, 1), (slot, USER, 2)]
+    assert bed.state(CONVERSATION, USER_DATA) == {
+        CONVERSATION: CONFIRM, USER_DATA: {"booking": book, "slot": "slot 11:00"}}
+
+
+def test_a_failed_attempt_is_not_seen_by_its_retry(bots: Bots, bed: Bed) -> None:
+    with FakeBotApi() as fake:
+        bot = bots.spawn(fake, bed.url, bed.table, bed.domain, "--fail-once", "/set")
+        bots.wait_ready(bot)
+        update = fake.inject_message(chat_id=USER, text="/set")
+        handled(bots, bed, [update])
+        stop(bots, bot)
+    attempts = seen(bots, update)
+    assert [a[0] for a in attempts] == [1, 2]
+    assert attempts[1][2]["user_data"] == {}  # x = 1 of the failed attempt is not there
+    assert bed.state(USER_DATA) == {USER_DATA: {"x": 1}}
+    assert bed.steps() == [(update, USER, 0, "x")]  # only the retry's commit
+
+
+def _two_chats(fake: FakeBotApi, text: str) -> List[int]:
+    return [fake.inject_message(chat_id=-100 - i, text=text, user_id=USER) for i in range(2)]
+
+
+@pytest.mark.parametrize("text", ["/count", "/count txn"])
+def test_the_same_user_in_two_chats_at_once_loses_no_change(
+    bots: Bots, bed: Bed, text: str
+) -> None:
+    with FakeBotApi() as fake:
+        bot = bots.spawn(fake, bed.url, bed.table, bed.domain, "--count-peer")
+        bots.wait_ready(bot)
+        ids = _two_chats(fake, text)
+        handled(bots, bed, ids)
+        stop(bots, bot)
+    # both handlers read the count before either committed (each waited for the other's
+    # read): one of them conflicted and was retried
+    attempts = {u: seen(bots, u) for u in ids}
+    assert sorted(len(a) for a in attempts.values()) == [1, 2], attempts
+    retried = [a for a in attempts.values() if len(a) == 2][0]
+    assert retried[0][2]["user_data"] == {} and retried[1][2]["user_data"] == {"count": 1}
+    assert bed.state(USER_DATA) == {USER_DATA: {"count": 2}}
+    if text == "/count txn":
+        assert sorted(row[3] for row in bed.steps()) == ["1", "2"]  # the loser wrote nothing
+
+
+@pytest.mark.parametrize("bed", ["postgres"], indirect=True)
+def test_the_same_user_in_two_processes_at_once_loses_no_change(bots: Bots, bed: Bed) -> None:
+    """Two processes share the PostgreSQL store, each polling its own Telegram (two FakeBotApi
+    servers of one bot, so each gets one of the two updates); both handlers read the user's
+    count before either commits."""
+    with FakeBotApi() as one, FakeBotApi(token=one.token, first_update_id=5000) as other:
+        first = bots.spawn(one, bed.url, bed.table, bed.domain, "--count-peer")
+        second = bots.spawn(other, bed.url, bed.table, bed.domain, "--count-peer")
+        bots.wait_ready(first, second)
+        ids = [one.inject_message(chat_id=-100, text="/count", user_id=USER),
+               other.inject_message(chat_id=-101, text="/count", user_id=USER)]
+        handled(bots, bed, ids)
+        bots.stop_all()
+    assert {entry[1] for entry in seen(bots, ids[0])} == {first.pid}
+    assert {entry[1] for entry in seen(bots, ids[1])} == {second.pid}
+    first_reads = [seen(bots, u)[0][2]["user_data"] for u in ids]
+    assert first_reads == [{}, {}]  # both read before either committed
+    assert bed.state(USER_DATA) == {USER_DATA: {"count": 2}}  # neither change was lost
+    assert sorted(len(seen(bots, u)) for u in ids) == [1, 2]  # the conflicting one ran again
