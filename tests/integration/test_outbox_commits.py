@@ -202,7 +202,8 @@ def test_an_outbox_reply_costs_few_extra_commits(
     extra = tally.kinds["outbox"] / UPDATES
     print(f"\n{kind}/{front_end}: {UPDATES} updates, one outbox reply each, concurrency "
           f"{CONCURRENCY}: commits {dict(tally.kinds)}; extra commits per update {extra:.3f}; "
-          f"calls sent on their first claim {sum(c.tries == 1 for c in calls)}")
+          f"calls sent on their first claim {sum(c.tries == 1 for c in calls)}; errors of the "
+          f"others: {sorted({str(c.error) for c in calls if c.tries != 1})}")
     assert tally.kinds["updates"] > 0  # the counting saw the completions
     assert extra <= EXTRA_PER_UPDATE, (
         f"{tally.kinds['outbox']} commits wrote only the outbox for {UPDATES} updates"
