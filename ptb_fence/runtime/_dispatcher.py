@@ -634,6 +634,7 @@ class OutboxDispatcher:
             room = int(self._options.lease_seconds * 250)
             if self._now() > entry.due_at - room:
                 self._inflight.pop(entry.call_id, None)
+                self._held.discard(entry.call_id)
                 self._cond.notify_all()
                 _LOGGER.warning(
                     "outbox: call %s not sent: its sender lease (until %s) is (nearly) over, "
