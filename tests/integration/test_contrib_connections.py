@@ -461,3 +461,45 @@ def test_run_in_transaction_takes_a_session(
     assert intake.idle(20)
     assert seen == {"result": 7, "completed": True}
     assert env.bookings() == [(48, 1)] and env.state(48) == "completed"
+
+
+def test_an_outbox_call_in_a_session_block_commits_with_the_booking(
+    env: Env, intakes: List[UpdateIntake]
+) -> None:
+    """``attempt.outbox`` inside the block writes its call through the Session's transaction
+    (SQLite, psycopg 2 and psycopg 3 under SQLAlchemy): the crashed attempt's call is rolled
+    back with its flushed write, the retry's call commits with the booking and is sent once."""
+    import time
+
+    from ptb_fence.testing import FakeBotApi
+
+    calls: Dict[int, Any] = {}
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        uid = update["update_id"]
+        with Session(env.engine) as session:
+            with attempt.transaction(connection=session, complete=True):
+                session.add(env.Booking(update_id=uid, attempt=attempt.attempt))
+                calls[attempt.attempt] = attempt.outbox.send_message(7, f"booked {uid}")
+                if attempt.attempt == 1:
+                    session.flush()
+                    raise RuntimeError("crash after the ORM write and the outbox call")
+
+    with FakeBotApi() as fake:
+        clock = FakeClock()
+        intake = UpdateIntake(env.store, clock=clock, handle_attempt=handle_attempt,
+                              bot_token=fake.token, bot_base_url=fake.base_url)
+        intakes.append(intake)
+        intake.start()
+        intake.accept(body(61))
+        assert intake.idle(20)
+        assert env.bookings() == [] and env.store.list_calls(limit=10) == []  # rolled back
+        _retry_now(intake, clock)
+        assert env.bookings() == [(61, 2)] and env.state(61) == "completed"
+        assert isinstance(calls[2], int)  # written inside the transaction: its id at once
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not fake.sent_messages:
+            time.sleep(0.05)
+        [entry] = env.store.list_calls(limit=10)
+        assert entry.call_id == calls[2]
+        assert [m["text"] for m in fake.sent_messages] == ["booked 61"], fake.sent_messages
