@@ -28,7 +28,7 @@ from typing import (
 )
 
 from ptb_fence._durations import format_duration
-from ptb_fence._errors import StateConflictError
+from ptb_fence._errors import SchemaError, StateConflictError
 from ptb_fence.contract import ClaimTerms
 from ptb_fence._values import (
     Abandoned,
@@ -158,6 +158,7 @@ class Runtime:
         "_ingest_lock",
         "_reserved",
         "_redeliveries",
+        "_unary_claim_ids",
         "attempt_aware",
         "chat_order",
         "delivers_exhaustions",
@@ -195,6 +196,17 @@ class Runtime:
         self.options = options
         self.attempt_aware = attempt_aware
         self.delivers_exhaustions = handle_exhaustion
+        # unary handling claims with claim ids too where the store can run a suspect alone
+        # (a crash is then charged only to the handler that ran alone, as for attempt-aware
+        # handling); the handler still gets no Attempt. Cleared for good by a table without
+        # the claim_id column (see claim).
+        port = self.port
+        self._unary_claim_ids = (
+            not (attempt_aware or handle_exhaustion or options.strict_chat_order)
+            and "fenced" in port.capabilities
+            and port.isolates
+            and port.has_liveness
+        )
         self.stats = RuntimeStats()
         self.keeper = LeaseKeeper(self.port, options, self.report_store_error, self.stats)
         self._cursor: Optional[int] = None
@@ -337,6 +349,11 @@ class Runtime:
                 claim_id = identity.claim_id if self.uses_claim_ids else None
                 attempt = Attempt(self, update_id, identity.attempt, claim_id, lease_until, body)
                 self._note_suspect(attempt, identity)
+            elif self._unary_claim_ids:
+                claimed = self._claim_unary(update_id, terms, body)
+                if claimed is None:
+                    return None
+                attempt = claimed
             else:
                 number = self.stats.timed("claim", self.port.claim, update_id, terms)
                 if number is None:
@@ -355,6 +372,34 @@ class Runtime:
             )
         self.stats.attempt_started()
         self.keeper.register(attempt)
+        return attempt
+
+    def _claim_unary(
+        self, update_id: int, terms: ClaimTerms, body: Optional[str]
+    ) -> Optional[Attempt]:
+        """The claim of a unary attempt on a store that isolates suspects: ``claim_owned``, so
+        that a suspect row can run alone and a crash counts only once its handler started.
+        The attempt carries no claim id (it settles and renews as a unary attempt); only its
+        suspect claim keeps the identity, for ``mark_isolated``. A table without the
+        ``claim_id`` column (``create_table=False`` on a table from before fencing) refuses
+        the statement: from then on this runtime claims with the base ``claim``."""
+        try:
+            identity = self.stats.timed("claim", self.port.claim_owned, update_id, terms)
+        except SchemaError:
+            self._unary_claim_ids = False
+            _LOGGER.info(
+                "the table has no claim_id column: unary claims use the base claim, so a "
+                "crash counts against every update the process had claimed (apply the "
+                "migration of the store's schema to isolate them)"
+            )
+            number = self.stats.timed("claim", self.port.claim, update_id, terms)
+            if number is None:
+                return None
+            return Attempt(self, update_id, number, None, terms.lease_until, body)
+        if identity is None:
+            return None
+        attempt = Attempt(self, update_id, identity.attempt, None, terms.lease_until, body)
+        self._note_suspect(attempt, identity)
         return attempt
 
     @property

@@ -14,6 +14,9 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+import json
+import logging
+
 import psycopg2
 import psycopg2.extensions
 import psycopg2.pool
@@ -31,6 +34,7 @@ from ptb_fence import (
     SchemaError,
     StoreBusy,
     StoredUpdate,
+    UpdateIntake,
     is_durable,
     postgres_update_store_schema,
 )
@@ -781,6 +785,41 @@ def test_legacy_table_without_claim_id(pg_dsn: str, pg_table: str) -> None:
         got = rows(pg_dsn, pg_table)[7]
         assert got[3:6] == (T + 10, T, T + 20)
         assert all(type(v) is int for v in got[3:6])
+
+
+def test_unary_handling_on_a_legacy_table_claims_with_the_base_claim(
+    pg_dsn: str, pg_table: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unary handling claims with claim ids where the store isolates suspects; a table
+    without ``claim_id`` (``create_table=False``) refuses that, once, and the runtime claims
+    with the base ``claim`` from then on: every update is handled, no store error."""
+    from ptb_fence.testing import make_message_update
+
+    legacy_table(pg_dsn, pg_table)
+    handled: List[int] = []
+    errors: List[Tuple[str, BaseException]] = []
+    with PostgresUpdateStore(pg_dsn, pg_table, create_table=False) as s:
+        intake = UpdateIntake(
+            s,
+            handle=lambda update: handled.append(update["update_id"]),
+            on_store_error=lambda error, step: errors.append((step, error)),
+        )
+        with caplog.at_level(logging.INFO, logger="ptb_fence"):
+            intake.start()
+            try:
+                for update_id in (1, 2, 3):
+                    intake.accept(json.dumps(make_message_update(update_id, 1, "x")))
+                deadline = time.monotonic() + 20
+                while len(handled) < 3 and time.monotonic() < deadline:
+                    time.sleep(0.02)
+            finally:
+                intake.close()
+    assert sorted(handled) == [1, 2, 3]
+    assert errors == []
+    assert {u: r[1:3] for u, r in rows(pg_dsn, pg_table).items()} == {
+        u: ("completed", 1) for u in (1, 2, 3)
+    }
+    assert "the table has no claim_id column" in caplog.text
 
 
 def test_original_table_with_claim_id_and_due_at_not_null(pg_dsn: str, pg_table: str) -> None:

@@ -15,7 +15,8 @@ sweeps and takeovers hand it work recorded by others). ``--run-polling`` is acce
 It also stops when ``DIR/stop`` exists or ``--max-life`` passed.
 
 The handler writes one fenced domain row per attempt that commits, in
-``with attempt.transaction(complete=True)``. A message whose text is ``--hang`` sleeps
+``with attempt.transaction(complete=True)`` (with ``--unary`` it is ``handle=``: it only
+announces itself, the intake settles when it returns). A message whose text is ``--hang`` sleeps
 (after announcing itself) forever: its thread is abandoned by ``close()``, so the process
 leaves with ``os._exit`` once ``close()`` returned (a blocked worker thread would keep the
 interpreter alive).
@@ -121,9 +122,15 @@ def main(args: argparse.Namespace) -> None:
                 touch(os.path.join(args.dir, f"in_txn.{update_id}.{pid}"))
                 time.sleep(args.txn_seconds)  # the fenced transaction stays open meanwhile
 
+    def handle_unary(update: Dict[str, Any]) -> None:
+        text = (update.get("message") or {}).get("text")
+        touch(os.path.join(args.dir, f"started.{update['update_id']}.{pid}"))
+        crash_if(args, text)
+
+    handler = {"handle": handle_unary} if args.unary else {"handle_attempt": handle}
     intake = UpdateIntake(
         store,
-        handle_attempt=handle,
+        **handler,
         lease_seconds=args.lease,
         sweep_every_seconds=args.sweep,
         pending_grace_seconds=args.grace,

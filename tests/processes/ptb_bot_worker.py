@@ -7,7 +7,8 @@ Usage::
 
 ``BASE_URL``/``TOKEN`` point at a :class:`ptb_fence.testing.FakeBotApi` in the test process.
 ``STORE`` is ``sqlite:///absolute/path`` or a PostgreSQL DSN. The process builds the store and
-``FencedUpdateProcessor(...).install(Application.builder()...)``; with ``--poll`` it polls the
+``FencedUpdateProcessor(...).install(Application.builder()...)`` (``--unary``:
+``DurableUpdateProcessor``, whose handler only announces itself); with ``--poll`` it polls the
 fake server, without it it only runs the Application (its sweep hands over due updates). It
 runs until ``DIR/stop`` exists (or ``--max-life`` passed), then stops cleanly.
 A message whose text is ``--txn`` keeps its fenced transaction open ``--txn-seconds`` (after
@@ -51,7 +52,7 @@ from telegram.ext import (  # noqa: E402
     filters,
 )
 
-from ptb_fence.ptb import FencedUpdateProcessor  # noqa: E402
+from ptb_fence.ptb import DurableUpdateProcessor, FencedUpdateProcessor  # noqa: E402
 from worker_support import (  # noqa: E402
     add_worker_arguments,
     announce_ready,
@@ -94,9 +95,11 @@ async def main(args: argparse.Namespace) -> Any:
     )
 
     async def on_message(update: Update, context: Any) -> Any:
-        attempt = context.attempt
         touch(os.path.join(args.dir, f"started.{update.update_id}.{pid}"))
         crash_if(args, update.message.text)
+        if args.unary:  # no attempt: the processor settles when the handler returns
+            return ConversationHandler.END
+        attempt = context.attempt
         if args.hang and update.message.text == args.hang:
             await asyncio.sleep(3600)  # until SIGKILL
         marker = os.path.join(args.dir, f"stubborn.{update.update_id}")
@@ -129,7 +132,7 @@ async def main(args: argparse.Namespace) -> Any:
         await context.attempt.run_in_transaction(lambda conn: None, complete=True)
         return 0
 
-    processor = FencedUpdateProcessor(
+    processor = (DurableUpdateProcessor if args.unary else FencedUpdateProcessor)(
         store,
         lease_seconds=args.lease,
         sweep_every_seconds=args.sweep,

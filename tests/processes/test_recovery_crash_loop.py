@@ -4,7 +4,8 @@ One poison update whose handler kills its process (as a segfault in a C extensio
 killer would: SIGKILL, no cleanup) and five healthy updates of other chats arrive in one
 ``getUpdates`` batch, so the first process claims and starts all six together. A supervisor
 (this test) restarts the bot at once each time it dies, as ``Restart=always`` does. Real bot
-processes of both front ends (PTB ``run_polling()`` and a blocking ``UpdateIntake``), real
+processes of both front ends (PTB ``run_polling()`` and a blocking ``UpdateIntake``; attempt-aware
+and unary handling), real
 SQLite and PostgreSQL, the library's default lease (only the liveness takeover is fast).
 
 Every healthy handler runs and writes its fenced row exactly once; the poison alone spends its
@@ -40,10 +41,12 @@ def _settled(bed: Bed, ids: List[int]) -> bool:
     return all(states.get(u) in ("completed", "abandoned") for u in ids)
 
 
-@pytest.mark.parametrize("order", ["lax", "strict"])
+@pytest.mark.parametrize("order", ["lax", "strict", "unary"])
 def test_a_crash_looping_update_exhausts_alone(bots: Bots, bed: Bed, order: str) -> None:
     """With ``strict_chat_order`` one healthy update is in the poison's chat, behind it: it
-    waits for the poison's exhaustion, then runs."""
+    waits for the poison's exhaustion, then runs. ``unary``: unary handling
+    (``DurableUpdateProcessor``, ``UpdateIntake(handle=...)``), whose handler gets no attempt
+    and writes no fenced row: the same crash loop, checked in the store's attempts."""
     store = make_store(bed.url, bed.table)
     try:
         store.due(now=0, pending_before=0, limit=1)  # the schema, before the first crash
@@ -58,6 +61,8 @@ def test_a_crash_looping_update_exhausts_alone(bots: Bots, bed: Bed, order: str)
                 "--max-attempts", str(MAX_ATTEMPTS), "--stop-timeout", "2")
         if order == "strict":
             args += ("--strict-chat-order",)
+        if order == "unary":
+            args += ("--unary",)
         proc: Any = bots.spawn(fake, bed.url, bed.table, bed.domain, *args)
         restarts = 0
         began = time.monotonic()
@@ -85,5 +90,8 @@ def test_a_crash_looping_update_exhausts_alone(bots: Bots, bed: Bed, order: str)
     # one ran the poison alone and spent one of its attempts
     assert restarts == MAX_ATTEMPTS + 1, (restarts, bots.output())
     assert len(bots.started(poison)) == restarts, bots.started(poison)
+    assert all(attempts[u] == 1 for u in healthy), (attempts, bots.output())
+    if order == "unary":
+        return  # no fenced rows: a unary handler may run again after a crash (at least once)
     written = _exactly_once(bed, healthy)
     assert all(rows[0][1] == 1 for rows in written.values()), written  # one attempt each

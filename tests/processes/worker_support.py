@@ -53,6 +53,12 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-attempts", type=int, default=None)
     parser.add_argument("--strict-chat-order", action="store_true")
     parser.add_argument(
+        "--unary",
+        action="store_true",
+        help="unary handling (DurableUpdateProcessor, UpdateIntake(handle=...)): the handler "
+        "gets no attempt and writes no domain row",
+    )
+    parser.add_argument(
         "--fork-child",
         action="store_true",
         help="once ready, fork a long-lived child (multiprocessing, fork start method); its "

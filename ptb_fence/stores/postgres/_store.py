@@ -322,9 +322,9 @@ class PostgresUpdateStore:
     def _claim_sql(self, fenced: bool, counted: bool = False) -> str:
         """The claim statement: recording the instance where the table has that column and,
         where it has ``isolated_claim``, either reading back whether the row is suspect
-        (``claim_owned``) or, ``counted`` (the base ``claim``: unary handling never runs an
-        attempt alone), marking the take isolated at once, so that a crash during it counts
-        as it always did."""
+        (``claim_owned``) or, ``counted`` (the base ``claim``, whose attempt never runs alone:
+        the runtime claims with ``claim_owned`` wherever it isolates), marking the take
+        isolated at once, so that a crash during it counts as it always did."""
         liveness = self._liveness
         if self._db.has_column("instance"):
             if self._db.has_column("isolated_claim"):

@@ -233,8 +233,9 @@ class SQLiteStatements:
             UPDATE {t} SET {_take_or_spend(":claim_id")}
             WHERE update_id = :update_id AND {_CLAIMABLE}
             RETURNING state, attempts, claim_id, isolated_claim IS NOT NULL"""
-        # The base claim (unary handling, whose runtime never runs an attempt alone) marks its
-        # take as isolated at once: a crash during it counts (take_over_dead), as it always did.
+        # The base claim (its attempt never runs alone: the runtime claims with claim_owned
+        # wherever it isolates) marks its take as isolated at once: a crash during it counts
+        # (take_over_dead), as it always did.
         self.claim_counted = self.claim.replace(
             "\n            WHERE update_id = :update_id",
             """,
