@@ -208,10 +208,10 @@ def _freeze_between_transactions(proc: Any, bed: Bed, tries: int = 100) -> int:
         proc.send_signal(signal.SIGSTOP)
         time.sleep(0.3)  # a statement already sent reaches its backend and runs
         ports = _client_ports(proc.pid)
-        busy = bed.query(
+        busy = ports and bed.query(
             "SELECT state FROM pg_stat_activity WHERE client_port IN ({}) "  # noqa: S608
-            "AND state <> 'idle'".format(", ".join(str(p) for p in ports) or "NULL"))
-        if not busy:
+            "AND state <> 'idle'".format(", ".join(str(p) for p in ports)))
+        if ports and not busy:  # no sessions seen: not known to be outside a transaction
             return undone
         proc.send_signal(signal.SIGCONT)
         time.sleep(0.05)
