@@ -12,6 +12,7 @@ from typing import Optional, Tuple, Union
 __all__ = [
     "Abandoned",
     "AttemptEffects",
+    "CallClaim",
     "AttemptIdentity",
     "Completed",
     "Exhaustion",
@@ -232,18 +233,41 @@ Landing = Union[bool, StateConflict]
 
 
 @dataclass(frozen=True, slots=True)
+class CallClaim:
+    """Terms on which a completion's commit claims the calls it inserts for sending, so the
+    sender of this process needs no claim commit of its own before it sends them (see
+    :class:`ptb_fence.contract.ClaimedInsertOutboxStore`).
+
+    Args:
+        sender (:obj:`str`): The sender token the calls are claimed under.
+        lease_until (:obj:`int`): The end of that sender's lease on them (epoch ms).
+        limit (:obj:`int`): At most this many of the attempt's calls (the first ones, in
+            order) are inserted claimed; the others are inserted ``pending``.
+    """
+
+    sender: str
+    lease_until: int
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
 class AttemptEffects:
     """What an attempt's completion writes besides its settlement, in the same commit.
 
     Args:
         calls (Tuple[:class:`OutboxCall`, ...], optional): The Bot API calls the attempt
             queued, in order. Defaults to none.
+        claim (:class:`CallClaim` | :obj:`None`, optional): Insert the first ``claim.limit``
+            calls already claimed for sending, each one whose chat has no call ``pending``
+            or ``sending`` at that moment (only a store with ``claimed_calls`` is given
+            one). Defaults to :obj:`None`: every call is inserted ``pending``.
         state (Tuple[:class:`StateWrite`, ...], optional): The persisted bot state the attempt
             changed; all of them land with the completion or none does (a moved version makes
             the completion a :class:`StateConflict`). Defaults to none.
     """
 
     calls: Tuple[OutboxCall, ...] = ()
+    claim: Optional[CallClaim] = None
     state: Tuple[StateWrite, ...] = ()
 
 

@@ -77,6 +77,8 @@ __all__ = [
     "IsolatingUpdateStore",
     "LIVENESS_METHODS",
     "LivenessStore",
+    "CLAIMED_INSERT_METHODS",
+    "ClaimedInsertOutboxStore",
     "OUTBOX_METHODS",
     "OutboxStore",
     "ReleasingUpdateStore",
@@ -146,6 +148,9 @@ OUTBOX_METHODS = (
 """The methods of :class:`OutboxStore` (all or none; the store's ``settle_owned_many`` and
 ``add_claimed_and_settle_many`` then also take ``effects=``)."""
 
+CLAIMED_INSERT_METHODS = ("claimed_calls",)
+"""The method of :class:`ClaimedInsertOutboxStore` (an outbox store whose effect inserts honour
+:attr:`AttemptEffects.claim <ptb_fence.AttemptEffects.claim>`)."""
 STATE_METHODS = ("read_state", "write_state", "list_state")
 """The methods of :class:`StateStore` (all or none; the store's ``settle_owned_many``,
 ``add_claimed_and_settle_many`` and ``write_effects`` then also write
@@ -783,6 +788,31 @@ class OutboxStore(Protocol):
         """Operators: delete a ``pending`` or ``failed`` call; whether one was deleted."""
 
 
+class ClaimedInsertOutboxStore(Protocol):
+    """Optional, on an :class:`OutboxStore`: a completion's commit claims the calls it inserts
+    for this process's sender, so the sender needs no claim commit before sending them.
+
+    Having :meth:`claimed_calls` declares that every insert of :class:`AttemptEffects` (the
+    ``effects=`` of the settles, and :meth:`OutboxStore.write_effects`) honours
+    ``effects.claim``: of ``effects.calls`` in order, each of the first ``claim.limit`` is
+    inserted ``sending`` with ``sender = claim.sender``, ``due_at = claim.lease_until`` and
+    ``tries`` 1 exactly when it has no chat key or no call of its chat is ``pending`` or
+    ``sending`` at that moment (the calls inserted before it in the same transaction
+    included); every other call is inserted ``pending`` as without a claim. Concurrent
+    transactions never both insert a claimed call of one chat: the later one sees the
+    earlier one's call (SQLite: the write lock; PostgreSQL: a per-chat transaction lock taken
+    after the settles). So the chat rule of :class:`OutboxStore` holds as if the claim had
+    been made by :meth:`OutboxStore.claim_calls` right after the commit; a claimed call whose
+    sender dies is claimable by others once its lease lapses, and ``release_calls`` gives it
+    back like any other.
+
+    A store without it gets no ``claim`` from the runtime, whose sender then claims every call
+    with :meth:`OutboxStore.claim_calls`.
+    """
+
+    def claimed_calls(self, sender: str, *, limit: int) -> List[OutboxEntry]:
+        """The calls ``sending`` by ``sender`` (whatever their lease), by ``call_id``, at most
+        ``limit``. Reads only."""
 class StateStore(Protocol):
     """Optional (all methods or none): persisted bot state (``user_data``, ``chat_data``,
     ``bot_data``, conversation states, the callback-data cache) that commits with the update.
@@ -932,6 +962,9 @@ CAPABILITY_GROUPS: Tuple[CapabilityGroup, ...] = (
     _group("outbox", " ".join(OUTBOX_METHODS),
            "fenced replies: the Bot API calls an attempt queued are sent iff its completion "
            "committed", ("fenced", "settle_owned_many")),
+    _group("outbox_claimed_inserts", " ".join(CLAIMED_INSERT_METHODS),
+           "the commit that completes an update claims its calls for this process's sender: "
+           "no claim commit before sending them", ("outbox",)),
     _group("state", " ".join(STATE_METHODS),
            "FencedPersistence: user_data, chat_data, bot_data and conversation states commit "
            "with the update, versioned per key", ("fenced", "settle_owned_many", "outbox")),

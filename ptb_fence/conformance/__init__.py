@@ -112,6 +112,8 @@ _CHECKS: Tuple[RuleCheck, ...] = (
     _outbox.rule_outbox_claim,
     _outbox.rule_outbox_operators,
     _outbox.rule_outbox_concurrent_claim,
+    _outbox.rule_outbox_claimed_inserts,
+    _outbox.rule_outbox_concurrent_claimed_inserts,
     _state.rule_state_versions,
     _state.rule_state_effects,
     _state.rule_state_concurrent,

@@ -13,13 +13,14 @@ from typing import Any, Dict, List, Optional, Sequence, Set, cast
 
 from ptb_fence._values import (
     AttemptEffects,
+    CallClaim,
     AttemptIdentity,
     Completed,
     Failed,
     OutboxCall,
     OutboxEntry,
 )
-from ptb_fence.contract import OUTBOX_METHODS
+from ptb_fence.contract import CLAIMED_INSERT_METHODS, OUTBOX_METHODS
 from ptb_fence.conformance._probe import (
     JOIN_TIMEOUT,
     L,
@@ -467,3 +468,155 @@ def rule_outbox_concurrent_claim(p: Probe, fenced: bool, durable: bool) -> None:
              if not p.real_bool("record_sent", p.call("record_sent",
                                                       [(call_id, sender, "{}", T + 2)])[0])]
     p.expect(not wrong, f"record_sent by the sender that claimed the calls {wrong} did not land")
+
+
+def _has_claimed_inserts(p: Probe) -> bool:
+    return _has_outbox(p) and all(
+        has_method(p.store, method) for method in CLAIMED_INSERT_METHODS
+    )
+
+
+def _claimed(p: Probe, sender: str) -> List[int]:
+    """``claimed_calls(sender)``: the call ids, checked to be by ``call_id``."""
+    got = _entries(p, "claimed_calls", p.call("claimed_calls", sender, limit=10_000))
+    ids = [entry.call_id for entry in got]
+    p.expect(ids == sorted(ids), f"claimed_calls returned the calls {ids}: not by call_id")
+    return ids
+
+
+def _completed_claimed(
+    p: Probe, update_id: int, calls: Sequence[OutboxCall], at: int, claim: CallClaim
+) -> None:
+    """Record, claim and complete ``update_id`` at ``at`` with ``calls`` under ``claim``."""
+    p.require(p.add(update_id, f"o{update_id}", T), "add of a new update_id returned False")
+    identity = p.claim_owned(update_id, now=T, lease_until=T + L)
+    p.require(identity is not None, "claim_owned of a pending update returned None")
+    assert identity is not None
+    landed = bool_list(p, "settle_owned_many", p.call(
+        "settle_owned_many", [(identity, Completed(at=at))],
+        effects={identity: AttemptEffects(tuple(calls), claim=claim)},
+    ), 1)
+    p.require(landed == [True], f"settle_owned_many(effects=) of a live claim returned {landed}")
+
+
+@rule(
+    "outbox-claimed-inserts",
+    "fenced",
+    "a completion's effects with a claim insert the first claim.limit calls sending by its "
+    "sender when their chat has no unsent call, the others pending; claimed_calls reads them "
+    "back; their lease, record and release work as claim_calls'.",
+    applies="only with claimed_calls",
+)
+def rule_outbox_claimed_inserts(p: Probe, fenced: bool, durable: bool) -> None:
+    """Update 1 completes at T+100 with A (chat 1), B (chat 1), C (no chat), D (chat 2), E
+    (chat 3) under a claim for ``s1`` until T+500 with limit 4: A, C and D are ``sending`` by
+    s1 (``due_at`` T+500, ``tries`` 1), B ``pending`` (A holds chat 1), E ``pending`` (beyond
+    the limit); ``claimed_calls("s1")`` is [A, C, D], another sender's is empty;
+    ``claim_calls`` at T+100 takes only E. Update 2 then completes with F (chat 2) and G (chat
+    4) under s1's claim: F is ``pending`` (D holds chat 2), G ``sending``. ``record_sent`` of A
+    by s1 lands and then B is claimable; ``release_calls`` of G by s1 makes it ``pending``
+    (``tries`` 0); at T+501 ``claim_calls`` by s3 takes the lapsed C and D."""
+    if not _has_claimed_inserts(p):
+        return
+    claim = CallClaim("s1", T + 500, 4)
+    _completed_claimed(p, 1, (_call("A", 1, 0), _call("B", 1, 1), _call("C", None, 2),
+                              _call("D", 2, 3), _call("E", 3, 4)), T + 100, claim)
+    stored = _all(p)
+    ids = {e.method: e.call_id for e in stored.values()}
+    A, B, C, D, E = (ids[m] for m in "ABCDE")
+    for name in "ACD":
+        entry = stored[ids[name]]
+        p.expect(entry.state == "sending" and entry.due_at == T + 500 and entry.tries == 1,
+                 f"call {name}, in its chat's turn and within the claim's limit, was inserted "
+                 f"{entry.state!r} due at {stamp(entry.due_at)} with tries {entry.tries}; "
+                 f"expected 'sending' until the claim's lease {stamp(T + 500)}, tries 1")
+    for name, why in (("B", "A, inserted before it, holds chat 1"),
+                      ("E", "it is beyond the claim's limit 4")):
+        entry = stored[ids[name]]
+        p.expect(entry.state == "pending" and entry.tries == 0 and entry.due_at == T + 100,
+                 f"call {name} was inserted {entry.state!r} (tries {entry.tries}); expected "
+                 f"'pending' due at the completion's at ({why})")
+    got = _claimed(p, "s1")
+    p.expect(got == [A, C, D], f"claimed_calls('s1') returned {got}; expected {[A, C, D]}")
+    got = _claimed(p, "s2")
+    p.expect(got == [], f"claimed_calls('s2') returned {got}; s2 claimed nothing")
+    got = _claim(p, T + 100, "s2", lease=400)
+    p.expect(got == [E], f"claim_calls at {stamp(T + 100)} took {got}; expected only E (A, C "
+             "and D are claimed under a live lease, B waits behind A)")
+    _completed_claimed(p, 2, (_call("F", 2, 0), _call("G", 4, 1)), T + 150,
+                       CallClaim("s1", T + 500, 2))
+    stored = _all(p)
+    ids = {e.method: e.call_id for e in stored.values()}
+    F, G = ids["F"], ids["G"]
+    p.expect(stored[F].state == "pending",
+             f"call F of chat 2 was inserted {stored[F].state!r} while D of chat 2 is sending; "
+             "a chat with an unsent call gets no claimed insert")
+    p.expect(stored[G].state == "sending", f"call G of the idle chat 4 was inserted "
+             f"{stored[G].state!r}; expected 'sending' under the claim")
+    landed = bool_list(p, "record_sent", p.call("record_sent", [(A, "s1", "{}", T + 160)]), 1)
+    p.expect(landed == [True], "record_sent of a call claimed at insert by its sender did not "
+             "land")
+    got = _claim(p, T + 170, "s2", lease=300)
+    p.expect(got == [B], f"claim_calls at {stamp(T + 170)} took {got}; expected B (A sent "
+             "released chat 1; F waits behind D)")
+    released = bool_list(p, "release_calls", p.call("release_calls", [G], "s1", T + 180), 1)
+    p.expect(released == [True], "release_calls of a call claimed at insert by its sender did "
+             "not land")
+    entry = _all(p)[G]
+    p.expect(entry.state == "pending" and entry.tries == 0,
+             f"call G released is {entry.state!r} with tries {entry.tries}; expected 'pending' "
+             "with tries 0")
+    got = [i for i in _claim(p, T + 501, "s3") if i in (C, D)]
+    p.expect(got == [C, D], f"claim_calls at {stamp(T + 501)} took {got} of C and D; their "
+             f"claim's lease ended at {stamp(T + 500)}, so both are claimable")
+
+
+@rule(
+    "outbox-concurrent-claimed-inserts",
+    "fenced",
+    "completions committing claimed calls of one chat from 8 threads at once leave exactly "
+    "one of them sending.",
+    applies="only with claimed_calls",
+)
+def rule_outbox_concurrent_claimed_inserts(p: Probe, fenced: bool, durable: bool) -> None:
+    """8 updates claimed, 8 threads released together, each completing its update with one
+    call of chat 9 under its own sender's claim: exactly one call of chat 9 is ``sending``
+    afterwards, the other seven ``pending`` (a chat never has two claimed calls)."""
+    if not _has_claimed_inserts(p):
+        return
+    identities = []
+    for update_id in range(1, THREADS + 1):
+        p.require(p.add(update_id, f"c{update_id}", T), "add of a new update_id returned False")
+        identity = p.claim_owned(update_id, now=T, lease_until=T + L)
+        p.require(identity is not None, "claim_owned of a pending update returned None")
+        identities.append(identity)
+    barrier = threading.Barrier(THREADS, timeout=JOIN_TIMEOUT)
+    errors: List[BaseException] = []
+
+    def worker(index: int) -> None:
+        identity = identities[index]
+        try:
+            barrier.wait()
+            p.call("settle_owned_many", [(identity, Completed(at=T + 1))], effects={
+                identity: AttemptEffects((_call(f"m{index}", 9, 0),),
+                                         claim=CallClaim(f"sender-{index}", T + L, 1)),
+            })
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True,
+                                name=f"ptb-fence-check-claimed-{i}") for i in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(JOIN_TIMEOUT)
+    if any(thread.is_alive() for thread in threads):
+        p.fail(f"{THREADS} concurrent completions did not finish within {JOIN_TIMEOUT:.0f} s")
+        return
+    for error in errors:
+        if not isinstance(error, threading.BrokenBarrierError):
+            raise error
+    states = sorted(entry.state for entry in _all(p).values())
+    p.expect(states == ["pending"] * (THREADS - 1) + ["sending"],
+             f"{THREADS} concurrent completions each inserting a claimed call of chat 9 left "
+             f"the states {states}; expected one 'sending' and the rest 'pending'")

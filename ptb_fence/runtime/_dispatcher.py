@@ -5,19 +5,30 @@ front end gives it ``send(method, params) -> result`` (blocking; PTB: the Applic
 ``Bot.do_api_request`` run on its event loop, the blocking front end: an httpx client) and
 starts it. Its loop runs on a thread of its own:
 
+- on a store with claimed inserts (:class:`~ptb_fence.contract.ClaimedInsertOutboxStore`)
+  the commit that completes an update claims its calls for this sender already
+  (:meth:`OutboxDispatcher.claim_effects` gives the terms, at most as many calls as there are
+  free senders): the dispatcher reads them (no commit) and sends them, and claims with a
+  commit only what such a commit left ``pending`` (its chat had an unsent call, no free
+  sender) and what others left;
 - it claims calls (``claim_calls`` under a sender token and a lease of ``lease_seconds``; the
-  store gives a chat's calls one at a time, in commit order, across processes), at most as
-  many as it has free senders (``outbox_concurrency``), so nothing it claims waits unsent;
+  store gives a chat's calls one at a time, in commit order, across processes), at most
+  twice as many as it has senders (``outbox_concurrency``) claimed and not ended, and while
+  every sender is busy only a whole round of them at once: a claimed call waits at most one
+  round of sends for a sender, well inside its lease;
 - it is woken in-process right after a commit that carried calls, and otherwise looks every
   ``sweep_every_seconds`` (calls of a process that died before sending them, leases that
   lapsed) and when a retry it scheduled falls due;
-- results are recorded ``sent`` in groups (one ``record_sent`` for the calls that ended
-  together); failures are retried or failed by :func:`~ptb_fence.runtime._send_outcome.decide`;
+- results are recorded ``sent`` in groups: one ``record_sent`` for the calls that ended
+  within :data:`RECORD_WINDOW` seconds of the first (at once when no other request is in
+  flight, a later call of the chat waits, or a stop comes); failures are retried or failed by
+  :func:`~ptb_fence.runtime._send_outcome.decide`;
 - calls older than ``outbox_max_age_seconds`` end failed as expired, unsent;
 - failed calls are delivered to ``handle_send_failure`` (at least once; acknowledged when it
   returns), or acknowledged at once without one;
-- a stop releases at once what it claimed but did not start sending, waits for the requests
-  in flight (bounded), records their results.
+- a stop claims nothing more, waits for the requests in flight and the completions whose
+  commits claim calls for it (bounded), records the results, and releases at once every call
+  still claimed by it that it did not start sending.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ptb_fence.contract import OUTBOX_METHODS
-from ptb_fence._values import OutboxEntry
+from ptb_fence._values import AttemptEffects, AttemptIdentity, CallClaim, OutboxEntry
 from ptb_fence.runtime._daemon_pool import DaemonThreadPool
 from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._options import RuntimeOptions
@@ -46,7 +57,8 @@ from ptb_fence.runtime._stats import RuntimeStats
 if TYPE_CHECKING:
     import asyncio  # imported where used: import ptb_fence stays light
 
-__all__ = ["FAILURE_PAGE", "OutboxDispatcher", "Send", "no_outbox"]
+__all__ = ["FAILURE_PAGE", "RECORD_WINDOW", "ClaimReservation", "OutboxDispatcher", "Send",
+           "no_outbox"]
 
 _LOGGER = logging.getLogger("ptb_fence.outbox")
 
@@ -57,6 +69,21 @@ Send = Callable[[str, Dict[str, Any]], Any]
 FAILURE_PAGE = 100
 """Failed calls delivered per page."""
 
+RECORD_WINDOW = 0.1
+"""Seconds a sent call's result may wait to be recorded with the results that end after it
+(one commit for the group). A sender that dies in that time leaves the call to be sent again
+after its lease, as one that dies between Telegram's answer and the record does; Telegram
+takes about one message a second per chat, so a chat's next call waiting for the record is
+not slowed noticeably, and such a wait records at once anyway."""
+
+_CLAIM_AHEAD = 2
+"""Completion commits claim calls for at most this many times ``outbox_concurrency`` calls
+claimed and not ended (sending, or waiting for a sender)."""
+
+_READ_ALL = 10_000
+"""At most this many of its claimed calls are read back at once (those being sent, waiting
+to be recorded and claimed at insert: far fewer in practice)."""
+
 _FLOOD_CHATS = 3
 """``RetryAfter`` answers for this many different chats within one hold mean a flood limit of
 the whole bot: every chat is held until it ends."""
@@ -64,6 +91,21 @@ the whole bot: every chat is held until it ends."""
 _CallKey = Tuple[int, int, str, int]
 _Done = Tuple[OutboxEntry, Optional[str], Optional[BaseException]]
 """A call whose request ended: the entry, its result's JSON text or the error raised."""
+
+
+class ClaimReservation:
+    """Senders set aside for the calls one completion commit claims at insert.
+
+    Attributes:
+        slots (:obj:`int`): The senders reserved (the claims' limits summed).
+        keys (Dict[_CallKey, Optional[int]]): Per call that may be inserted claimed, its chat.
+    """
+
+    __slots__ = ("keys", "slots")
+
+    def __init__(self) -> None:
+        self.slots = 0
+        self.keys: Dict[_CallKey, Optional[int]] = {}
 
 
 def no_outbox(store: object) -> str:
@@ -93,13 +135,19 @@ class OutboxDispatcher:
 
     __slots__ = (
         "_awaiting",
+        "_behind",
+        "_claim_keys",
+        "_claims_open",
         "_cond",
         "_defaults",
         "_delivering",
         "_done",
+        "_done_since",
+        "_ended",
         "_failure_cursor",
         "_failures_due",
         "_flood",
+        "_held",
         "_hold_until",
         "_inflight",
         "_loop",
@@ -107,7 +155,10 @@ class OutboxDispatcher:
         "_options",
         "_pool",
         "_port",
+        "_read_due",
         "_report",
+        "_reserved",
+        "_seen",
         "_send",
         "_sender",
         "_sender_missing",
@@ -146,6 +197,16 @@ class OutboxDispatcher:
         self._inflight: Dict[int, OutboxEntry] = {}  # claimed here, not yet ended
         self._started: "set[int]" = set()  # of those, the ones whose request began
         self._done: List[_Done] = []
+        self._done_since = 0.0  # monotonic: when the oldest unrecorded result ended
+        # calls claimed at insert by completion commits (claim_effects .. claims_ended)
+        self._reserved = 0  # senders set aside for them
+        self._claims_open = 0  # such commits not ended yet
+        self._ended: List[Tuple[ClaimReservation, "set[_CallKey]"]] = []  # ended, not read
+        self._claim_keys: Dict[_CallKey, Optional[int]] = {}  # may be inserted claimed
+        self._seen: "set[_CallKey]" = set()  # read back claimed
+        self._read_due = False
+        self._held: "set[int]" = set()  # claimed by this run and not given up here yet
+        self._behind: Dict[Optional[int], int] = {}  # chat -> calls left pending behind ours
         self._unsent: List[int] = []  # claimed, never started (a stop came first)
         self._unrecorded: List[Tuple[int, str, str, int]] = []  # sent; record_sent failed
         self._next_retry: Optional[int] = None  # epoch ms of the earliest retry set here
@@ -199,6 +260,9 @@ class OutboxDispatcher:
         self._sender = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self._stopping = False
         self._woken = True  # a first claim at once: calls left by a previous run
+        self._reserved, self._claims_open, self._ended = 0, 0, []
+        self._claim_keys, self._seen, self._held, self._behind = {}, set(), set(), {}
+        self._read_due = False
         self._failures_due = True
         self._pool = DaemonThreadPool(self._options.outbox_concurrency, "ptb_fence_outbox")
         self._thread = threading.Thread(target=self._run, name="ptb_fence_outbox", daemon=True)
@@ -207,12 +271,76 @@ class OutboxDispatcher:
     def wake(self, handles: Sequence[HeldCall] = ()) -> None:
         """A commit carrying calls landed: send them now (``handles``: held calls whose ids
         this process learns when it claims them)."""
+        claim = not handles
         for handle in handles:
+            key = (handle.identity.update_id, handle.identity.attempt,
+                   handle.identity.claim_id, handle.seq)
             if handle.call_id is None:
-                self._awaiting[(handle.identity.update_id, handle.identity.attempt,
-                                handle.identity.claim_id, handle.seq)] = handle
+                self._awaiting[key] = handle
+            if key not in self._claim_keys:  # inserted pending: claimed with a commit
+                claim = True
+        if not claim:  # claimed in the commit: read back at claims_ended
+            return
         with self._cond:
             self._woken = True
+            self._cond.notify_all()
+
+    # -- claims at insert (a completion's commit claims its calls for this sender) ------------
+    def claim_effects(
+        self, effects: Mapping[AttemptIdentity, AttemptEffects]
+    ) -> Tuple[Dict[AttemptIdentity, AttemptEffects], Optional[ClaimReservation]]:
+        """For a completion about to commit ``effects``: the same effects with a
+        :class:`~ptb_fence.CallClaim` for as many calls as there are free senders (set aside
+        until :meth:`claims_ended`), and the reservation; ``effects`` unchanged and
+        :obj:`None` when nothing can be claimed (not running, stopping, no free sender, a
+        store without claimed inserts). Call :meth:`claims_ended` after the commit whatever
+        its outcome when a reservation was given."""
+        if not self._port.has_claimed_inserts:
+            return dict(effects), None
+        with self._cond:
+            if (self._stopping or self._send is None or not self.running
+                    or self._now() < self._hold_until):  # a flood hold: nothing sent now
+                return dict(effects), None
+            # a claimed call waits at most one round of sends for a sender: well inside
+            # its lease, and a flood hold refuses claims (above)
+            free = (_CLAIM_AHEAD * self._options.outbox_concurrency - len(self._inflight)
+                    - self._reserved)
+            if free <= 0:
+                return dict(effects), None
+            reservation = ClaimReservation()
+            lease_until = self._options.lease_deadline(self._now())
+            claimed: Dict[AttemptIdentity, AttemptEffects] = {}
+            for identity, held in effects.items():
+                limit = min(free - reservation.slots, len(held.calls))
+                if limit <= 0:
+                    claimed[identity] = held
+                    continue
+                claimed[identity] = AttemptEffects(
+                    calls=held.calls, claim=CallClaim(self._sender, lease_until, limit)
+                )
+                reservation.slots += limit
+                for call in held.calls[:limit]:
+                    key = (identity.update_id, identity.attempt, identity.claim_id, call.seq)
+                    reservation.keys[key] = call.chat_key
+            if not reservation.slots:
+                return claimed, None
+            self._reserved += reservation.slots
+            self._claims_open += 1
+            self._claim_keys.update(reservation.keys)
+            return claimed, reservation
+
+    def claims_ended(
+        self, reservation: Optional[ClaimReservation], landed: Sequence[AttemptIdentity]
+    ) -> None:
+        """The commit of ``reservation`` ended (``landed``: the identities whose completion
+        landed; none when it failed): read back what it claimed."""
+        if reservation is None:
+            return
+        ids = {(i.update_id, i.attempt, i.claim_id) for i in landed}
+        with self._cond:
+            self._claims_open -= 1
+            self._ended.append((reservation, {k for k in reservation.keys if k[:3] in ids}))
+            self._read_due = True
             self._cond.notify_all()
 
     def stop(self, timeout: Optional[float] = None) -> None:
@@ -254,16 +382,41 @@ class OutboxDispatcher:
     def _now(self) -> int:
         return self._options.now_ms()
 
+    def _claim_room(self) -> int:
+        """How many calls a claim takes now (under the condition's lock): while a sender is
+        free, up to :data:`_CLAIM_AHEAD` times ``outbox_concurrency`` claimed and not ended;
+        while all are busy, nothing until that room is a whole round of sends (one claim
+        commit per round, not per freed sender), so the senders never run dry."""
+        concurrency = self._options.outbox_concurrency
+        room = _CLAIM_AHEAD * concurrency - len(self._inflight) - self._reserved
+        if len(self._inflight) >= concurrency and room < concurrency:
+            return 0
+        return max(room, 0)
+
+    def _record_due(self, mono: float) -> bool:
+        """Whether the results that ended are recorded now (under the condition's lock)."""
+        if not self._done:
+            return False
+        return (
+            not self._started
+            or mono >= self._done_since + RECORD_WINDOW
+            or len(self._done) >= self._options.outbox_concurrency
+            or any(self._behind.get(entry.chat_key) for entry, _, _ in self._done)
+        )
+
     def _run(self) -> None:
         poll_ms = int(self._options.sweep_every_seconds * 1000)
         next_poll = 0  # epoch ms; 0: claim at once
         while True:
             with self._cond:
                 while True:
-                    if self._stopping or self._done:
+                    if self._stopping:
                         break
                     now = self._now()
-                    free = self._options.outbox_concurrency - len(self._inflight)
+                    mono = time.monotonic()
+                    if self._record_due(mono) or self._read_due:
+                        break
+                    free = self._claim_room()
                     held = now < self._hold_until
                     due = self._woken or now >= next_poll or (
                         self._next_retry is not None and now >= self._next_retry
@@ -273,42 +426,141 @@ class OutboxDispatcher:
                     wake_at = self._hold_until if held else min(
                         next_poll, self._next_retry or next_poll
                     )
-                    self._cond.wait(max(0.001, min((wake_at - now) / 1000.0, 1.0)))
-                self._woken = False
-                done, self._done = self._done, []
+                    wait = max(0.001, min((wake_at - now) / 1000.0, 1.0))
+                    if self._done:
+                        wait = min(wait, max(0.001, self._done_since + RECORD_WINDOW - mono))
+                    self._cond.wait(wait)
                 stopping = self._stopping
+                done: List[_Done] = []
+                if stopping or self._record_due(time.monotonic()):
+                    done, self._done = self._done, []
+                read, self._read_due = self._read_due, False
+                now = self._now()
+                claim = (
+                    self._woken or now >= next_poll
+                    or (self._next_retry is not None and now >= self._next_retry)
+                )
+                self._woken = False
             try:
                 self._record(done)
                 if stopping:
                     self._finish_stop()
                     return
+                if read:
+                    self._read_claimed()
+                with self._cond:
+                    claim = claim or self._woken
+                    self._woken = False
+                # a recorded call may have been what a pending call of its chat waited for,
+                # another process's too (not woken by this one): claim if any call is pending
+                # (a read; a claim is a commit)
+                if not claim and done:
+                    claim = self._pending_exists()
+                if not claim:
+                    continue
                 now = self._now()
                 if now < self._hold_until:  # claim the moment the hold ends
                     next_poll = min(next_poll, self._hold_until)
                     continue
                 if self._next_retry is not None and now >= self._next_retry:
                     self._next_retry = None
-                if now >= next_poll:  # a sweep round: failures of other processes too
+                sweep = now >= next_poll
+                if sweep:  # a sweep round: failures of other processes too
                     self._failures_due = True
-                full = self._claim_and_send()
-                next_poll = now if full else now + poll_ms
+                    if self._port.has_claimed_inserts:  # and any claimed call not read back
+                        self._read_claimed()
+                full = self._claim_and_send(sweep)
+                next_poll = now if full else (now + poll_ms if sweep else next_poll)
                 self._deliver_failures_soon()
             except Exception:  # never let the loop die: the next round tries again
                 _LOGGER.exception("outbox: the sender loop failed; it goes on")
                 next_poll = self._now() + 1000
 
+    def _pending_exists(self) -> bool:
+        """Whether the store has a call ``pending`` (a read; on an error: assume so)."""
+        try:
+            return bool(self._stats.timed(
+                "outbox", self._port.list_calls, state="pending", limit=1
+            ))
+        except Exception as exc:
+            self._report(exc, "outbox")
+            return True
+
+    def _read_claimed(self) -> None:
+        """Read back the calls completion commits claimed for this sender and send them;
+        what an ended commit left pending waits behind its chat's call, or is claimed now."""
+        with self._cond:
+            ended, self._ended = self._ended, []
+        try:  # all of them: those being sent or waiting to be recorded come first
+            entries = self._stats.timed(
+                "outbox", self._port.claimed_calls, self._sender, limit=_READ_ALL
+            )
+        except Exception as exc:
+            self._report(exc, "outbox")
+            with self._cond:  # read again next round
+                self._ended = ended + self._ended
+                self._read_due = True
+            return
+        now = self._now()
+        margin = int(self._options.lease_seconds * 500)
+        fresh = []
+        with self._cond:
+            for entry in entries:
+                key = _key(entry)
+                if entry.call_id in self._held:
+                    continue
+                if entry.due_at - now < margin:  # too little lease left: claimed afresh later
+                    continue
+                self._held.add(entry.call_id)
+                self._seen.add(key)
+                fresh.append(entry)
+            claim_now = False
+            for reservation, landed in ended:
+                self._reserved -= reservation.slots
+                for key, chat in reservation.keys.items():
+                    self._claim_keys.pop(key, None)
+                    seen = key in self._seen
+                    self._seen.discard(key)
+                    if key not in landed or seen:
+                        continue
+                    # inserted pending: its chat had an unsent call
+                    if any(e.chat_key == chat for e in self._inflight.values()) or any(
+                        e.chat_key == chat for e in fresh
+                    ):
+                        self._behind[chat] = self._behind.get(chat, 0) + 1
+                    else:  # behind another sender's call (whose record claims it next,
+                        claim_now = True  # see _pending_exists), or a sender is free now
+            if claim_now:
+                self._woken = True
+        self._start(fresh, now)
+
     def _finish_stop(self) -> None:
-        """The loop's last round: wait (bounded by :meth:`stop`) for the requests in flight,
-        record them, release what never started."""
+        """The loop's last round: wait (bounded by :meth:`stop`) for the requests in flight
+        and the commits claiming calls for it, record the results, release every call it
+        still holds that it did not start."""
         with self._cond:
             deadline = self._stop_deadline
-            while self._started and time.monotonic() < deadline:
+            while (self._started or self._claims_open) and time.monotonic() < deadline:
                 self._cond.wait(0.05)
             done, self._done = self._done, []
+            started = set(self._started)
             unsent, self._unsent = self._unsent, []
             # claimed and handed to a sender thread that has not begun: never begins now
             unsent.extend(cid for cid in self._inflight if cid not in self._started)
         self._record(done)
+        self._flush_unrecorded()
+        if self._port.has_claimed_inserts:  # and what commits claimed for it, read or not
+            try:
+                mine = self._stats.timed(
+                    "outbox", self._port.claimed_calls, self._sender, limit=_READ_ALL
+                )
+            except Exception as exc:
+                self._report(exc, "outbox")
+            else:
+                with self._cond:
+                    unrecorded = {item[0] for item in self._unrecorded}
+                unsent.extend(e.call_id for e in mine
+                              if e.call_id not in started and e.call_id not in unrecorded)
         if unsent:
             try:
                 landed = self._stats.timed(
@@ -319,12 +571,15 @@ class OutboxDispatcher:
                 self._report(exc, "outbox")
             else:
                 _LOGGER.info("outbox: %d claimed call(s) given back at the stop", sum(landed))
-        self._flush_unrecorded()
 
-    def _claim_and_send(self) -> bool:
+    def _claim_and_send(self, sweep: bool = True) -> bool:
         """Claim as many calls as there are free senders and start them; whether the claim
-        was full (more may be due at once)."""
-        free = self._options.outbox_concurrency - len(self._inflight)
+        was full (more may be due at once). ``sweep``: a sweep round (a claim that is not
+        full forgets the calls it knew waiting behind its chats: the next sweeps take them)."""
+        with self._cond:
+            free = self._claim_room()
+            if free <= 0:  # still due: claimed when a sender is free
+                self._woken = True
         if free <= 0 or self._send is None:
             return False
         now = self._now()
@@ -336,6 +591,15 @@ class OutboxDispatcher:
         except Exception as exc:
             self._report(exc, "outbox")
             return False
+        with self._cond:
+            self._held.update(entry.call_id for entry in claimed)
+            if sweep and len(claimed) < free:
+                self._behind = {}
+        self._start(claimed, now)
+        return len(claimed) >= free
+
+    def _start(self, claimed: Sequence[OutboxEntry], now: int) -> None:
+        """Hand calls claimed by this sender to the sender threads (expired ones fail)."""
         max_age = int(self._options.outbox_max_age_seconds * 1000)
         pool = self._pool
         for entry in claimed:
@@ -355,7 +619,6 @@ class OutboxDispatcher:
                 with self._cond:
                     self._inflight.pop(entry.call_id, None)
                     self._unsent.append(entry.call_id)
-        return len(claimed) >= free
 
     def _send_one(self, entry: OutboxEntry) -> None:
         """On a sender thread: one request, its result handed to the loop."""
@@ -371,6 +634,7 @@ class OutboxDispatcher:
             room = int(self._options.lease_seconds * 250)
             if self._now() > entry.due_at - room:
                 self._inflight.pop(entry.call_id, None)
+                self._held.discard(entry.call_id)
                 self._cond.notify_all()
                 _LOGGER.warning(
                     "outbox: call %s not sent: its sender lease (until %s) is (nearly) over, "
@@ -392,6 +656,8 @@ class OutboxDispatcher:
         with self._cond:
             self._started.discard(entry.call_id)
             self._inflight.pop(entry.call_id, None)
+            if not self._done:
+                self._done_since = time.monotonic()
             self._done.append((entry, result, error))
             self._cond.notify_all()
 
@@ -408,6 +674,18 @@ class OutboxDispatcher:
         for entry, _, error in done:
             if error is not None:
                 self._failed_send(entry, error)
+        with self._cond:
+            unrecorded = {item[0] for item in self._unrecorded}
+            for entry, _, _ in done:
+                if entry.call_id not in unrecorded:
+                    self._held.discard(entry.call_id)
+                behind = self._behind.get(entry.chat_key, 0)
+                if behind:  # the chat's next call is in turn now
+                    self._woken = True
+                    if behind > 1:
+                        self._behind[entry.chat_key] = behind - 1
+                    else:
+                        del self._behind[entry.chat_key]
 
     def _flush_unrecorded(self) -> None:
         """Record the sent calls in one commit (kept for the next round if it fails: until
@@ -422,6 +700,8 @@ class OutboxDispatcher:
             self._unrecorded = items + self._unrecorded
             return
         self._stats.calls_sent(sum(1 for ok in landed if ok))
+        with self._cond:
+            self._held.difference_update(item[0] for item in items)
         for (call_id, *_), ok in zip(items, landed):
             if not ok:
                 _LOGGER.warning(

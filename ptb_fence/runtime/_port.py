@@ -181,6 +181,7 @@ class StorePort:
         "_hold_liveness",
         "_mark_isolated",
         "_outbox",
+        "_claimed_inserts",
         "_state",
         "_owns_connection",
         "_release_liveness",
@@ -274,6 +275,7 @@ class StorePort:
         self._figures = method("figures", "figures")
         # the outbox group is all or nothing: the store itself, or None without it
         self._outbox: Any = store if has("outbox") else None
+        self._claimed_inserts: Any = store if has("outbox_claimed_inserts") else None
         self._state: Any = store if has("state") else None
         self._owns_connection = takes_connection(_optional(store, "owns"))
         self._settle_connection = takes_connection(self._settle_owned)
@@ -392,6 +394,11 @@ class StorePort:
         return self._outbox is not None
 
     @property
+    def has_claimed_inserts(self) -> bool:
+        """:obj:`bool`: The outbox store claims calls at insert for a sender
+        (:class:`~ptb_fence.contract.ClaimedInsertOutboxStore`): ``AttemptEffects.claim`` is
+        honoured and ``claimed_calls`` reads them back."""
+        return self._claimed_inserts is not None
     def has_state(self) -> bool:
         """:obj:`bool`: The store keeps persisted bot state that commits with the update
         (:class:`~ptb_fence.StateStore`)."""
@@ -801,6 +808,12 @@ class StorePort:
         return list(
             self._outbox.claim_calls(now=now, lease_until=lease_until, limit=limit, sender=sender)
         )
+
+    def claimed_calls(self, sender: str, *, limit: int) -> List[OutboxEntry]:
+        """``store.claimed_calls``; none without claimed inserts."""
+        if self._claimed_inserts is None:
+            return []
+        return list(self._claimed_inserts.claimed_calls(sender, limit=limit))
 
     def record_sent(self, items: Sequence[Tuple[int, str, str, int]]) -> List[bool]:
         """``store.record_sent``; nothing lands without an outbox."""

@@ -45,7 +45,7 @@ from ptb_fence._values import (
 )
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._chats import stored_chat_key
-from ptb_fence.runtime._dispatcher import OutboxDispatcher, no_outbox
+from ptb_fence.runtime._dispatcher import ClaimReservation, OutboxDispatcher, no_outbox
 from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._hop import StoreHop
 from ptb_fence.runtime._jobs import BackgroundJobs
@@ -481,20 +481,25 @@ class Runtime:
         if attempt.exhausted:
             return Outcome.EXHAUSTED
         taken = attempt.take_effects()
+        reservation = None
         landed: Landing
         try:
             if taken is None:
                 landed = self._store_settle(attempt, Completed(self.options.now_ms()))
             else:  # what the attempt holds rides the completion's commit
+                effects, reservation = self._claimed({attempt.identity: taken[0]})
                 landed = self.stats.timed(
                     "settle",
                     self.port.settle_owned_many,
                     [(attempt.identity, Completed(self.options.now_ms()))],
-                    effects={attempt.identity: taken[0]},
+                    effects=effects,
                 )[0]
         except Exception as exc:
+            self._claims_ended(reservation, [attempt], None)
             return self.completion_failed(attempt, exc)
-        return self.completion_settled(attempt, landed)
+        outcome = self.completion_settled(attempt, landed)
+        self._claims_ended(reservation, [attempt], [landed])  # after the wake: one read
+        return outcome
 
     def completion_settled(self, attempt: Attempt, landed: Landing) -> Outcome:
         """The outcome of a completion settle (also a grouped one): fire ``owner_lost`` if it
@@ -1040,19 +1045,46 @@ class Runtime:
             return []
         at = self.options.now_ms()
         fenced = all(attempt.fenced for attempt in attempts)
+        reservation = None
         try:
             if fenced:
+                effects, reservation = self._claimed(_held_effects(attempts))
                 landed = self.stats.timed(
                     "settle",
                     self.port.settle_owned_many,
                     [(attempt.identity, Completed(at)) for attempt in attempts],
-                    effects=_held_effects(attempts),
+                    effects=effects,
                 )
             else:
                 landed = [self._store_settle(attempt, Completed(at)) for attempt in attempts]
         except Exception as exc:
+            self._claims_ended(reservation, attempts, None)
             return [self.completion_failed(attempt, exc) for attempt in attempts]
-        return [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
+        outcomes = [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
+        self._claims_ended(reservation, attempts, landed)  # after the wakes: one read
+        return outcomes
+
+    def _claimed(
+        self, effects: Optional[Dict[AttemptIdentity, AttemptEffects]]
+    ) -> "Tuple[Optional[Dict[AttemptIdentity, AttemptEffects]], Optional[ClaimReservation]]":
+        """``effects`` with the calls this process's sender can take claimed in the commit
+        that writes them (a store with claimed inserts), and the senders set aside for them."""
+        if not effects or self.outbox is None:
+            return effects, None
+        return self.outbox.claim_effects(effects)
+
+    def _claims_ended(
+        self,
+        reservation: Optional[ClaimReservation],
+        attempts: Sequence[Attempt],
+        landed: Optional[Sequence[Landing]],
+    ) -> None:
+        """The commit of ``reservation`` ended (``landed``: per attempt, truthy when its
+        completion landed; :obj:`None`: it raised)."""
+        if reservation is None or self.outbox is None:
+            return
+        done = [] if landed is None else [a.identity for a, ok in zip(attempts, landed) if ok]
+        self.outbox.claims_ended(reservation, done)
 
     def record_and_complete(
         self,
@@ -1085,6 +1117,7 @@ class Runtime:
         terms = self.claim_terms()
         now = terms.now
         reserved = self._reserve(len(items), limited=False)
+        effects, reservation = self._claimed(_held_effects(attempts))
         try:
             try:
                 recorded, landed = self.stats.timed(
@@ -1093,9 +1126,10 @@ class Runtime:
                     self._rows(items, now),
                     [(attempt.identity, Completed(now)) for attempt in attempts],
                     terms,
-                    _held_effects(attempts),
+                    effects,
                 )
             except Exception as exc:
+                self._claims_ended(reservation, attempts, None)
                 self._ingest_failed(items)
                 failed = [self.completion_failed(attempt, exc) for attempt in attempts]
                 self._count_ended(failed)
@@ -1105,6 +1139,7 @@ class Runtime:
             self._unreserve(reserved)
         self._note_redeliveries(items, records)
         outcomes = [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
+        self._claims_ended(reservation, attempts, landed)  # after the wakes: one read
         self._count_ended(outcomes)
         return records, outcomes
 
@@ -1152,6 +1187,7 @@ class Runtime:
             return self.complete_many(attempts), []
         terms = self.claim_terms()
         at = terms.now
+        effects, reservation = self._claimed(_held_effects(attempts))
         try:
             landed, identities = self.stats.timed(
                 "settle",
@@ -1159,15 +1195,17 @@ class Runtime:
                 [(attempt.identity, Completed(at)) for attempt in attempts],
                 update_ids,
                 terms,
-                effects=_held_effects(attempts),
+                effects=effects,
             )
         except Exception as exc:
+            self._claims_ended(reservation, attempts, None)
             failed = [self.completion_failed(attempt, exc) for attempt in attempts]
             self._count_ended(failed)
             for update_id in update_ids:  # as if each had been claimed on its own
                 self.report_store_error(exc, "claim", ids={"update_id": update_id})
             return failed, [None] * len(update_ids)
         outcomes = [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
+        self._claims_ended(reservation, attempts, landed)  # after the wakes: one read
         self._count_ended(outcomes)
         lease_until = terms.lease_until
         claimed = [

@@ -29,6 +29,7 @@ from ptb_fence._values import (
     OUTBOX_STATES,
     AttemptEffects,
     AttemptIdentity,
+    CallClaim,
     OutboxCall,
     OutboxEntry,
 )
@@ -69,6 +70,11 @@ def _index(outbox: str, suffix: str) -> str:
     return f'"ptb_fence_{digest}_{suffix}"'
 
 
+def _literal(text: str) -> str:
+    """``text`` as an SQL string literal (a validated table name)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 def _postgres(sql: str) -> str:
     return re.sub(r"(?<![:\w]):([a-z_]+)", r"%(\1)s", sql)
 
@@ -85,6 +91,7 @@ class OutboxStatements:
     __slots__ = (
         "acknowledge",
         "claim",
+        "claimed",
         "counts",
         "create",
         "drop",
@@ -95,6 +102,7 @@ class OutboxStatements:
         "insert",
         "list_all",
         "list_state",
+        "lock_chat",
         "name",
         "prune",
         "record_sent",
@@ -171,14 +179,31 @@ WHERE call_id IN (
 )
 RETURNING {COLUMNS}"""
         sender = "call_id = :call_id AND state = 'sending' AND sender = :sender"
+        claim_go = f"""{'CAST(:claim AS BOOLEAN)' if postgres else ':claim'} AND (
+            CAST(:chat_key AS {integer}) IS NULL OR NOT EXISTS (
+                SELECT 1 FROM {o} AS e
+                WHERE e.chat_key = :chat_key AND e.state IN ('pending', 'sending')))"""
         statements: Dict[str, str] = {
             "claim": claim,
+            # claimed at insert (AttemptEffects.claim) only when the chat has no call pending
+            # or sending (the earlier inserts of this transaction included): the chat's
+            # earlier calls keep it, in call_id order, as claim_calls would
             "insert": f"""
 INSERT INTO {o} (update_id, attempt, claim_id, seq, chat_key, method, params, at_most_once,
-                 state, tries, due_at, created_at, acknowledged)
-VALUES (:update_id, :attempt, :claim_id, :seq, :chat_key, :method, :params, :at_most_once,
-        'pending', 0, :at, :at, FALSE)
+                 state, tries, due_at, created_at, sender, acknowledged)
+SELECT :update_id, :attempt, :claim_id, :seq, CAST(:chat_key AS {integer}), :method, :params,
+       :at_most_once,
+       CASE WHEN t.go THEN 'sending' ELSE 'pending' END,
+       CASE WHEN t.go THEN 1 ELSE 0 END,
+       CASE WHEN t.go THEN :lease_until ELSE :at END,
+       :at,
+       CASE WHEN t.go THEN :sender ELSE NULL END,
+       FALSE
+FROM (SELECT ({claim_go}) AS go) AS t
 RETURNING call_id""",
+            "claimed": f"""
+SELECT {COLUMNS} FROM {o} WHERE state = 'sending' AND sender = :sender
+ORDER BY call_id LIMIT :limit""",
             "record_sent": f"""
 UPDATE {o} SET state = 'sent', sent_at = :at, result = :result
 WHERE {sender} RETURNING call_id""",
@@ -222,6 +247,13 @@ WHERE (state = 'sent' AND sent_at < :before)
         st = {name: _postgres(sql) if postgres else sql for name, sql in statements.items()}
         self.claim: str = st["claim"]
         self.insert: str = st["insert"]
+        self.claimed: str = st["claimed"]
+        # one chat's claimed inserts of concurrent transactions one after the other: the
+        # second's NOT EXISTS then sees the first's committed call (READ COMMITTED)
+        self.lock_chat: str = (
+            f"SELECT pg_advisory_xact_lock(hashtext({_literal(self.name)}), "
+            "hashint8(%(chat_key)s))" if postgres else ""
+        )
         self.record_sent: str = st["record_sent"]
         self.retry: str = st["retry"]
         self.fail: str = st["fail"]
@@ -242,10 +274,14 @@ WHERE (state = 'sent' AND sent_at < :before)
 
 
 def call_params(
-    identity: AttemptIdentity, call: OutboxCall, at: int
+    identity: AttemptIdentity, call: OutboxCall, at: int, claim: Optional[CallClaim] = None
 ) -> Dict[str, Any]:
-    """The parameters of :attr:`OutboxStatements.insert` for one call."""
+    """The parameters of :attr:`OutboxStatements.insert` for one call (``claim``: inserted
+    claimed by its sender when the chat has no unsent call)."""
     return {
+        "claim": claim is not None,
+        "sender": None if claim is None else claim.sender,
+        "lease_until": int(at) if claim is None else int(claim.lease_until),
         "update_id": identity.update_id,
         "attempt": identity.attempt,
         "claim_id": identity.claim_id,
@@ -264,7 +300,12 @@ def effects_params(
     """The insert parameters of every call of ``effects`` (none for :obj:`None`)."""
     if effects is None:
         return []
-    return [call_params(identity, call, at) for call in effects.calls]
+    claim = effects.claim
+    limit = 0 if claim is None else max(int(claim.limit), 0)
+    return [
+        call_params(identity, call, at, claim if i < limit else None)
+        for i, call in enumerate(effects.calls)
+    ]
 
 
 def _optional_int(value: Any) -> Optional[int]:

@@ -507,3 +507,50 @@ def test_calls_of_a_sender_that_died_are_sent_after_its_lease(store: Any) -> Non
         assert _texts(fake) == ["left 0", "left 1"] and elapsed >= 1_500
     entry = store.get_call(claimed.call_id)
     assert entry is not None and entry.state == "sent" and entry.tries == 2
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
+def test_a_stop_releases_claimed_unsent_calls_at_once(shared_stores: Any) -> None:
+    """One sender, each request answered after 1 s: the first completion's call is being
+    sent, the second's was claimed by its completion's commit and waits for the sender.
+    The stop waits for the request in flight and gives the waiting claimed call back at once
+    (pending, tries 0), so the next process sends it without waiting for the 60 s lease."""
+    def handle(update: Dict[str, Any], attempt: Any) -> None:
+        attempt.outbox.reply_text(f"r{update['update_id']}")
+
+    store = shared_stores()
+    with FakeBotApi() as fake:
+        fake.delay("sendMessage", 1.0)
+        first = UpdateIntake(
+            shared_stores(), handle_attempt=handle, bot_token=fake.token,
+            bot_base_url=fake.base_url, outbox_concurrency=1, lease_seconds=60.0,
+            stop_timeout_seconds=10.0,
+        )
+        first.start()
+        try:
+            first.accept(body(1, chat=1))
+            assert wait_until(lambda: fake.calls_to("sendMessage"), 10)
+            first.accept(body(2, chat=2))
+            # claimed for this sender by the completion's commit, not sent
+            assert wait_until(lambda: len(store.list_calls(state="sending")) == 2, 10)
+            assert len(fake.calls_to("sendMessage")) == 1
+        finally:
+            stopped_at = time.monotonic()
+            first.close()
+        calls = {c.chat_key: c for c in store.list_calls()}
+        assert calls[1].state == "sent"  # the stop waited for the request in flight
+        assert calls[2].state == "pending" and calls[2].tries == 0  # given back at once
+        fake.delay("sendMessage", 0)
+        second = UpdateIntake(
+            shared_stores(), handle_attempt=handle, bot_token=fake.token,
+            bot_base_url=fake.base_url, lease_seconds=60.0,
+        )
+        second.start()
+        try:
+            assert wait_until(lambda: len(fake.sent_messages) == 2, 20)
+            assert time.monotonic() - stopped_at < 30  # not after the first's lease
+            assert wait_until(lambda: all(c.state == "sent" for c in store.list_calls()), 10)
+        finally:
+            second.close()
+    assert sorted(_texts(fake)) == ["r1", "r2"]  # each once
+    assert store.get_call(calls[2].call_id).tries == 1

@@ -395,3 +395,38 @@ def test_the_values_are_frozen_and_the_entry_names_its_attempt() -> None:
     entry = OutboxEntry(1, 2, 3, "c", 0, None, "m", "{}", False, "pending", 0, T, T, None,
                         None, None, False)
     assert entry.identity == AttemptIdentity(2, 3, "c")
+
+
+# -- calls claimed at insert ------------------------------------------------------------------------
+@pytest.mark.parametrize("store_kind", ["postgres", "sqlite"])
+def test_a_chats_claimed_insert_waits_for_an_open_one(store: Any) -> None:
+    """A transaction that inserted a claimed call of chat 9 and is still open makes another
+    completion's claimed insert of chat 9 wait for it (PostgreSQL: the chat's transaction
+    lock; SQLite: the write lock) and then see its call: exactly one call of the chat is
+    sending, the other pending behind it."""
+    from ptb_fence import CallClaim
+
+    first, second = claimed(store, 1), claimed(store, 2)
+    effects = calls(9)
+    done = threading.Event()
+    landed: List[Any] = []
+
+    def complete_second() -> None:
+        landed.extend(store.settle_owned_many(
+            [(second, Completed(T + 2))],
+            effects={second: AttemptEffects(effects.calls, claim=CallClaim("s2", T + L, 1))},
+        ))
+        done.set()
+
+    with store.transaction() as conn:
+        store.write_effects(first, AttemptEffects(effects.calls, claim=CallClaim("s1", T + L, 1)),
+                            T + 1, connection=conn)
+        thread = threading.Thread(target=complete_second, daemon=True)
+        thread.start()
+        done.wait(0.5)  # it must wait for this transaction's end
+    thread.join(30)
+    assert landed == [True]
+    states = {entry.update_id: entry.state for entry in store.list_calls()}
+    assert states == {1: "sending", 2: "pending"}
+    assert [e.update_id for e in store.claimed_calls("s1", limit=10)] == [1]
+    assert store.claimed_calls("s2", limit=10) == []

@@ -1062,6 +1062,63 @@ class OutboxCountsAcknowledgedAsFailedStore(MemoryUpdateStore):
         return counts
 
 
+class OutboxClaimsBusyChatStore(MemoryUpdateStore):
+    """A claimed insert ignores the chat: every call within the claim's limit is inserted
+    sending, even behind an unsent call of its chat."""
+
+    def _new_calls(
+        self, identity: AttemptIdentity, effects: AttemptEffects, at: int
+    ) -> List[CallRow]:
+        rows = super()._new_calls(identity, dataclasses.replace(effects, claim=None), at)
+        claim = effects.claim
+        if claim is not None:
+            for row in rows[: claim.limit]:
+                row.state, row.tries, row.due_at = "sending", 1, claim.lease_until
+                row.sender = claim.sender
+        return rows
+
+
+class OutboxClaimsPastLimitStore(MemoryUpdateStore):
+    """A claimed insert claims every call in its chat's turn, past the claim's limit."""
+
+    def _new_calls(
+        self, identity: AttemptIdentity, effects: AttemptEffects, at: int
+    ) -> List[CallRow]:
+        claim = effects.claim
+        if claim is not None:
+            effects = dataclasses.replace(
+                effects, claim=dataclasses.replace(claim, limit=len(effects.calls))
+            )
+        return super()._new_calls(identity, effects, at)
+
+
+class OutboxClaimedInsertRacesStore(MemoryUpdateStore):
+    """A claimed insert checks its chat, lets go of the lock, then inserts: concurrent
+    completions of one chat each see it idle (as two PostgreSQL transactions without the
+    chat lock would)."""
+
+    def _queue_landed(
+        self,
+        items: Sequence[Tuple[AttemptIdentity, Settlement]],
+        landed: Sequence[bool],
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]],
+    ) -> None:
+        if not effects:
+            return
+        made = []
+        for (identity, settlement), ok in zip(items, landed):
+            queued = effects.get(identity)
+            if ok and queued is not None:
+                made += self._new_calls(identity, queued, settlement.at)
+        self._lock.release()
+        try:
+            time.sleep(0.003)  # the other completions check the chat meanwhile
+        finally:
+            self._lock.acquire()
+        for call in made:
+            self._calls[call.call_id] = call
+
+
 # -- persisted bot state -------------------------------------------------------------------------
 class StateIgnoresVersionStore(MemoryUpdateStore):
     """Every state write lands whatever version its writer read (last writer wins)."""
@@ -1201,6 +1258,9 @@ class StateReadThenWriteStore(MemoryUpdateStore):
 
 
 BROKEN: Dict[Type[Any], Sequence[str]] = {
+    OutboxClaimsBusyChatStore: ("outbox-claimed-inserts", "outbox-concurrent-claimed-inserts"),
+    OutboxClaimsPastLimitStore: ("outbox-claimed-inserts",),
+    OutboxClaimedInsertRacesStore: ("outbox-concurrent-claimed-inserts",),
     StateIgnoresVersionStore: ("state-versions", "state-effects", "state-concurrent"),
     StateDeleteDropsRowStore: ("state-versions",),
     StatePruneDeletesStore: ("state-versions",),

@@ -5,6 +5,8 @@ and liveness, figures, the outbox, persisted bot state."""
 
 from __future__ import annotations
 
+import itertools
+
 import threading
 import uuid
 from contextlib import contextmanager
@@ -780,15 +782,28 @@ class MemoryUpdateStore:
     def _new_calls(
         self, identity: AttemptIdentity, effects: AttemptEffects, at: int
     ) -> List[CallRow]:
-        """Pending rows for the calls of ``effects`` (fresh, increasing call ids)."""
-        rows = []
-        for call in effects.calls:
-            rows.append(CallRow(
-                self._next_call, identity.update_id, identity.attempt, identity.claim_id,
-                int(call.seq), None if call.chat_key is None else int(call.chat_key),
-                call.method, call.params_json, bool(call.at_most_once), "pending", 0,
-                int(at), int(at),
+        """Rows for the calls of ``effects`` (fresh, increasing call ids): pending, or
+        sending under ``effects.claim`` for the first ``claim.limit`` whose chat has no call
+        pending or sending (in the store or among the rows made before it here)."""
+        rows: List[CallRow] = []
+        claim = effects.claim
+        limit = 0 if claim is None else max(int(claim.limit), 0)
+        for i, call in enumerate(effects.calls):
+            chat = None if call.chat_key is None else int(call.chat_key)
+            go = claim is not None and i < limit and (chat is None or not any(
+                other.chat_key == chat and other.state in ("pending", "sending")
+                for other in itertools.chain(self._calls.values(), self._staged or (), rows)
             ))
+            row = CallRow(
+                self._next_call, identity.update_id, identity.attempt, identity.claim_id,
+                int(call.seq), chat, call.method, call.params_json, bool(call.at_most_once),
+                "pending", 0, int(at), int(at),
+            )
+            if go:
+                assert claim is not None
+                row.state, row.tries, row.due_at = "sending", 1, int(claim.lease_until)
+                row.sender = claim.sender
+            rows.append(row)
             self._next_call += 1
         return rows
 
@@ -936,6 +951,14 @@ class MemoryUpdateStore:
                 call.tries += 1
                 call.sender = sender
             return [self._entry(call) for call in chosen]
+
+    def claimed_calls(self, sender: str, *, limit: int) -> List[OutboxEntry]:
+        """The calls ``sending`` by ``sender`` (claimed at insert or by :meth:`claim_calls`),
+        by ``call_id``, at most ``limit``; reads only."""
+        with self._lock:
+            mine = [call for _, call in sorted(self._calls.items())
+                    if call.state == "sending" and call.sender == sender]
+            return [self._entry(call) for call in mine[: max(int(limit), 0)]]
 
     def _sending(self, call_id: int, sender: str) -> Optional[CallRow]:
         call = self._calls.get(call_id)

@@ -61,7 +61,7 @@ def track(conn: Any) -> Any:
     return conn
 
 
-def _detach(conn: Any) -> None:
+def detach_in_child(conn: Any) -> None:
     """In a forked child: replace the child's copy of ``conn``'s socket by ``/dev/null``."""
     try:
         if conn.closed:
@@ -80,7 +80,7 @@ def _after_fork_in_child() -> None:
     for conn in list(_CONNECTIONS):
         _INHERITED.append(conn)
         _DETACHED.add(conn)
-        _detach(conn)
+        detach_in_child(conn)
     _CONNECTIONS.clear()
     for pool in list(_POOLS):
         pool.forget_inherited()

@@ -17,6 +17,7 @@ import threading
 import weakref
 from typing import Any, List, Optional
 
+from ptb_fence.stores.postgres._connections import detach_in_child
 from ptb_fence.stores.postgres._sql import RecoveryStatements, with_instance, with_suspect
 
 __all__ = ["PgLiveness"]
@@ -27,19 +28,6 @@ _INHERITED: List[Any] = []
 _HOLDERS: "weakref.WeakSet[PgLiveness]" = weakref.WeakSet()
 
 
-def _detach(conn: Any) -> None:
-    """In a forked child: replace the child's copy of ``conn``'s socket by ``/dev/null``."""
-    try:
-        fd = conn.fileno()
-    except Exception:  # closed: no socket
-        return
-    devnull = os.open(os.devnull, os.O_RDWR)
-    try:
-        os.dup2(devnull, fd, inheritable=False)
-    finally:
-        os.close(devnull)
-
-
 def _after_fork_in_child() -> None:
     for holder in list(_HOLDERS):
         holder.lock = threading.Lock()  # a parent thread may have held it: not in the child
@@ -47,7 +35,7 @@ def _after_fork_in_child() -> None:
         if conn is not None and holder.pid != os.getpid():
             holder.conn = None
             _INHERITED.append(conn)
-            _detach(conn)
+            detach_in_child(conn)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1451,6 +1451,12 @@ class PostgresUpdateStore:
 
         return self._db.run(work)
 
+    def claimed_calls(self, sender: str, *, limit: int) -> List[OutboxEntry]:
+        """The calls ``sending`` by ``sender`` (claimed at insert or by :meth:`claim_calls`),
+        by ``call_id``, at most ``limit``; reads only."""
+        return self._entries(self._db.sql.outbox.claimed,
+                             {"sender": str(sender), "limit": max(int(limit), 0)})
+
     def due_send_failures(
         self, *, limit: int, after_call_id: Optional[int] = None
     ) -> List[OutboxEntry]:

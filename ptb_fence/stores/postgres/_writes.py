@@ -259,13 +259,14 @@ def settle_owned_work(
                     landed[position] = True
         for position, statement, params in prepared:
             landed[position] = returns_row(cur, statement, params)
-        if effects:
+        if effects:  # one insert_calls: its chat locks sorted across the attempts
             ended = completed + [(p, i, s) for p, i, s, _ in stateful]
-            for position, identity, settlement in sorted(ended, key=lambda item: item[0]):
-                if landed[position]:
-                    insert_calls(
-                        sql, cur, effects_params(identity, effects.get(identity), settlement.at)
-                    )
+            insert_calls(sql, cur, [
+                params
+                for position, identity, settlement in sorted(ended, key=lambda item: item[0])
+                if landed[position]
+                for params in effects_params(identity, effects.get(identity), settlement.at)
+            ])
         return landed
 
     return work
@@ -305,7 +306,16 @@ def write_state_in(
 def insert_calls(
     sql: PostgresStatements, cur: Any, calls: Sequence[Dict[str, Any]]
 ) -> List[int]:
-    """Insert outbox calls in the cursor's transaction; their call ids, in order."""
+    """Insert outbox calls in the cursor's transaction; their call ids, in order.
+
+    Calls to insert claimed first lock their chats (sorted: two transactions never wait on
+    each other in a cycle), so that a concurrent transaction's claimed insert for the same
+    chat is committed, and seen by the chat check, before this one's: a chat never gets two
+    claimed calls at once. The locks come after every other statement of the transaction
+    (the settles), and nothing after them waits for a row lock."""
+    chats = sorted({int(p["chat_key"]) for p in calls if p["claim"] and p["chat_key"] is not None})
+    for chat in chats:
+        cur.execute(sql.outbox.lock_chat, {"chat_key": chat})
     ids = []
     for params in calls:
         cur.execute(sql.outbox.insert, params)

@@ -1247,6 +1247,12 @@ class SQLiteUpdateStore:
         with self._conns.using() as conn:
             return [entry_of(row) for row in conn.execute(statement, params).fetchall()]
 
+    def claimed_calls(self, sender: str, *, limit: int) -> List[OutboxEntry]:
+        """The calls ``sending`` by ``sender`` (claimed at insert or by :meth:`claim_calls`),
+        by ``call_id``, at most ``limit``; reads only."""
+        return self._entries(self._sql.outbox.claimed,
+                             {"sender": str(sender), "limit": max(int(limit), 0)})
+
     def due_send_failures(
         self, *, limit: int, after_call_id: Optional[int] = None
     ) -> List[OutboxEntry]:
