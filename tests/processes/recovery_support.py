@@ -169,6 +169,55 @@ def _all_handled(bots: Bots, bed: Bed, ids: List[int], within: float, what: str)
         raise AssertionError(f"{exc}\nnot completed: {late}\n{bots.output()}") from None
 
 
+def _client_ports(pid: int) -> List[int]:
+    """The local TCP ports of the sockets process ``pid`` has open (its database sessions
+    among them), read from /proc."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    ports = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):
+            continue
+        with open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if fields[9] in inodes:
+                    ports.append(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _freeze_between_transactions(proc: Any, bed: Bed, tries: int = 100) -> int:
+    """SIGSTOP ``proc`` at a moment when none of its PostgreSQL sessions is inside a
+    transaction; returns how many freezes had to be undone first.
+
+    A process frozen between a statement and its commit keeps that transaction's row locks
+    for as long as it stays frozen (the server cannot end it: the session is alive), so the
+    row it was renewing or settling cannot be claimed by anyone, lease or not; that is the
+    database's rule, not what a test of the lease means to show. Such a freeze is undone
+    (SIGCONT) and tried again a moment later. On SQLite nothing is checked."""
+    if not bed.url.startswith("postgresql"):
+        proc.send_signal(signal.SIGSTOP)
+        return 0
+    for undone in range(tries):
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(0.3)  # a statement already sent reaches its backend and runs
+        ports = _client_ports(proc.pid)
+        busy = ports and bed.query(
+            "SELECT state FROM pg_stat_activity WHERE client_port IN ({}) "  # noqa: S608
+            "AND state <> 'idle'".format(", ".join(str(p) for p in ports)))
+        if ports and not busy:  # no sessions seen: not known to be outside a transaction
+            return undone
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(0.05)
+    raise AssertionError(f"bot {proc.pid} was inside a transaction at each of {tries} freezes")
+
+
 def _exactly_once(bed: Bed, ids: List[int]) -> Dict[int, List[Tuple[int, int, str, int]]]:
     written = _by_update(bed.written())
     assert set(written) == set(ids)

@@ -16,7 +16,8 @@ from typing import Any, List
 
 from ptb_fence.testing import FakeBotApi
 from ptb_support import wait_sync
-from recovery_support import DEFAULTS, STOP_TIMEOUT, Bed, _all_handled, _exactly_once, _stop, bed, bots  # noqa: F401
+from recovery_support import (  # noqa: F401
+    DEFAULTS, STOP_TIMEOUT, Bed, _all_handled, _exactly_once, _freeze_between_transactions, _stop, bed, bots)
 from test_ptb_processes import Bots
 
 TAKEOVER_BOUND = 20.0
@@ -80,10 +81,13 @@ def test_a_frozen_process_is_not_taken_over_before_its_lease(bots: Bots, bed: Be
         bots.wait_ready(worker)
         slow = fake.inject_message(chat_id=9, text="slow")
         poller = bots.spawn(fake, bed.url, bed.table, bed.domain, "--poll", *short,
-                            "--slow", "slow", "--slow-seconds", "1.0")
+                            "--slow", "slow", "--slow-seconds", "3.0")
         bots.wait_ready(poller)
         wait_sync("the slow handler to start", lambda: poller.pid in bots.started(slow), 20)
-        poller.send_signal(signal.SIGSTOP)
+        # frozen in the handler's sleep, never inside one of its transactions (whose row locks
+        # nobody could take over while it is frozen); the sleep (3 s) ends within the freeze
+        # (at least lease * 0.6 + the takeover), so the thawed handler's fenced write is late
+        _freeze_between_transactions(poller, bed)
         frozen = time.monotonic()
         try:
             # alive (its liveness signal is held), so nobody takes it over before the lease

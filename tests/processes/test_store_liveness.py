@@ -792,3 +792,63 @@ def test_postgres_restart_is_no_proof_of_death(
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+@pytest.mark.timeout(90)
+def test_postgres_a_new_tables_schema_does_not_hold_up_live_takeover_checks(pg_dsn: str) -> None:
+    """Every store of a new table applies its schema, which includes ``ptb_fence_instances``,
+    the table that every live instance of the database refreshes at every takeover check. An
+    open transaction on it (a process frozen between its check and the commit, SIGSTOPped or
+    swapped out) must not make that schema queue for an ACCESS EXCLUSIVE lock: every other
+    instance's check would queue behind it (their takeover watch stuck, their own refreshes
+    late) for as long as the frozen process stays frozen. In a schema of its own, so that the
+    shared instances table of other tests is never locked."""
+    import threading
+    import uuid
+
+    import psycopg2
+
+    from ptb_fence import PostgresUpdateStore
+
+    schema = f"ptbf_frozen_{uuid.uuid4().hex[:8]}"
+    admin = psycopg2.connect(pg_dsn)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE SCHEMA {schema}")
+    sep = "&" if "?" in pg_dsn else "?"
+    dsn = f"{pg_dsn}{sep}options=-csearch_path%3D{schema}"
+    frozen = psycopg2.connect(dsn)
+    live = PostgresUpdateStore(dsn, table="live_updates")
+    done: dict = {}
+    try:
+        instance = live.hold_liveness()
+        live.take_over_dead(now=now_ms())
+        with frozen.cursor() as cur:  # its refresh, left uncommitted: the process froze here
+            cur.execute("UPDATE ptb_fence_instances SET seen_at = seen_at WHERE instance <> %s",
+                        (instance,))
+
+        def newcomer() -> None:
+            with PostgresUpdateStore(dsn, table="new_updates") as store:
+                done["newcomer"] = store.take_over_dead(now=now_ms())  # applies the schema
+
+        def check() -> None:
+            done["live"] = live.take_over_dead(now=now_ms())
+
+        starting = threading.Thread(target=newcomer, daemon=True)
+        starting.start()
+        time.sleep(1.0)  # the newcomer's schema is applied (or queued) first
+        checking = threading.Thread(target=check, daemon=True)
+        checking.start()
+        # short bounds: both wait forever when the schema queues, and meanwhile the waiting
+        # schema holds the database-wide metadata lock that every new store of the server takes
+        checking.join(5)
+        starting.join(5)
+        assert done == {"live": 0, "newcomer": 0}, (
+            f"still waiting behind the open transaction: {sorted({'live', 'newcomer'} - set(done))}")
+    finally:
+        frozen.rollback()
+        frozen.close()
+        live.close()
+        with admin.cursor() as cur:
+            cur.execute(f"DROP SCHEMA {schema} CASCADE")
+        admin.close()

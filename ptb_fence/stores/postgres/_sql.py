@@ -661,7 +661,20 @@ CREATE TABLE IF NOT EXISTS "{INSTANCES_TABLE}" (
     seen_at    BIGINT,                -- last refresh by its holder (server clock, epoch ms)
     PRIMARY KEY (table_name, instance)
 );
-ALTER TABLE "{INSTANCES_TABLE}" ADD COLUMN IF NOT EXISTS seen_at BIGINT;
+-- Every new update table's schema runs this: an unconditional ALTER TABLE would queue for an
+-- ACCESS EXCLUSIVE lock on the table that every live instance of the database refreshes, and
+-- while one open transaction (a frozen process between a statement and its commit) keeps it
+-- waiting, every instance's takeover check would wait behind it. Only a table that lacks the
+-- column is altered.
+DO $ptb_fence$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                   WHERE attrelid = to_regclass('"{INSTANCES_TABLE}"')
+                     AND attname = 'seen_at' AND NOT attisdropped) THEN
+        ALTER TABLE "{INSTANCES_TABLE}" ADD COLUMN IF NOT EXISTS seen_at BIGINT;
+    END IF;
+END
+$ptb_fence$;
 """
 
 
