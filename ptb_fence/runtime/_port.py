@@ -399,6 +399,8 @@ class StorePort:
         (:class:`~ptb_fence.contract.ClaimedInsertOutboxStore`): ``AttemptEffects.claim`` is
         honoured and ``claimed_calls`` reads them back."""
         return self._claimed_inserts is not None
+
+    @property
     def has_state(self) -> bool:
         """:obj:`bool`: The store keeps persisted bot state that commits with the update
         (:class:`~ptb_fence.StateStore`)."""

@@ -31,7 +31,11 @@ from store_support import fresh_table_name
 
 UPDATES = 300
 CONCURRENCY = 32
-EXTRA_PER_UPDATE = 0.35
+# how many commits ride along depends on how sends and completions overlap, i.e. on the
+# machine's load (0.06-0.29 measured on a loaded machine, 0.41 once beside the whole suite);
+# the bound is what every setup stays under while the design before claimed inserts and
+# grouped results (0.63-1.42) does not
+EXTRA_PER_UPDATE = 0.6
 """The bound asserted (measured well below it; the path without claims at insert and grouped
 records took 0.7 to 0.85 here): loose, since how the commits group depends on timing."""
 
