@@ -158,9 +158,7 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
         """As PTB's :attr:`telegram.ext.CallbackContext.user_data`; with
         :class:`~ptb_fence.ptb.FencedPersistence`, the attempt's copy while it handles the
         update."""
-        session = active_session()
-        held = NOT_HELD if session is None else session.data_of(self, "user")
-        return CallbackContext.user_data.fget(self) if held is NOT_HELD else held  # type: ignore[attr-defined]
+        return self._data_of("user", CallbackContext.user_data)
 
     @user_data.setter
     def user_data(self, value: object) -> None:
@@ -171,9 +169,7 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
         """As PTB's :attr:`telegram.ext.CallbackContext.chat_data`; with
         :class:`~ptb_fence.ptb.FencedPersistence`, the attempt's copy while it handles the
         update."""
-        session = active_session()
-        held = NOT_HELD if session is None else session.data_of(self, "chat")
-        return CallbackContext.chat_data.fget(self) if held is NOT_HELD else held  # type: ignore[attr-defined]
+        return self._data_of("chat", CallbackContext.chat_data)
 
     @chat_data.setter
     def chat_data(self, value: object) -> None:
@@ -184,13 +180,17 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
         """As PTB's :attr:`telegram.ext.CallbackContext.bot_data`; with
         :class:`~ptb_fence.ptb.FencedPersistence`, the attempt's copy while it handles the
         update."""
-        session = active_session()
-        held = NOT_HELD if session is None else session.data_of(self, "bot")
-        return CallbackContext.bot_data.fget(self) if held is NOT_HELD else held  # type: ignore[attr-defined]
+        return self._data_of("bot", CallbackContext.bot_data)
 
     @bot_data.setter
     def bot_data(self, value: object) -> None:
         CallbackContext.bot_data.fset(self, value)  # type: ignore[attr-defined]
+
+    def _data_of(self, kind: str, ptb_property: Any) -> Any:
+        """The attempt's copy of the ``kind`` data while it handles the update, else PTB's."""
+        session = active_session()
+        held = NOT_HELD if session is None else session.data_of(self, kind)
+        return ptb_property.fget(self) if held is NOT_HELD else held
 
     @classmethod
     def from_job(cls, job: Any, application: Any) -> Any:
