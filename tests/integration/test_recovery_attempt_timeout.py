@@ -154,15 +154,21 @@ def test_a_handler_ignoring_its_cancellation_is_counted_as_left_running(tmp_path
             app = build(processor, fake)
             app.add_handler(MessageHandler(filters.TEXT, handler))
             async with polling(app):
-                assert processor.stats().handlers_left_running == 0
-                stubborn = fake.inject_message(chat_id=1, text="stubborn")
-                # the retry completes while the first attempt's task still runs
-                await wait_for("the retry completed",
-                               lambda: rows(path).get(stubborn, ("",))[0] == "completed", 15)
-                stats = processor.stats()
-                assert stats.handlers_left_running == 1, stats
-                assert stats.attempts_running == 0, stats
-                let_go.set()
+                try:
+                    assert processor.stats().handlers_left_running == 0
+                    stubborn = fake.inject_message(chat_id=1, text="stubborn")
+                    # the retry completes while the first attempt's task still runs
+                    await wait_for("the retry completed",
+                                   lambda: rows(path).get(stubborn, ("",))[0] == "completed", 15)
+                    # the retry's handler returns just after its completing commit: the gauge
+                    # drops then, not at the commit
+                    await wait_for("the retry's attempt ended",
+                                   lambda: processor.stats().attempts_running == 0, 10)
+                    stats = processor.stats()
+                    assert stats.handlers_left_running == 1, stats
+                    assert stats.attempts_running == 0, stats
+                finally:
+                    let_go.set()  # a failed check must not leave the task running to the timeout
                 await wait_for("the stubborn task ended", lambda: ended == [stubborn], 10)
                 assert processor.stats().handlers_left_running == 0
 
