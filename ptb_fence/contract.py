@@ -78,7 +78,9 @@ __all__ = [
     "LIVENESS_METHODS",
     "LivenessStore",
     "CLAIMED_INSERT_METHODS",
+    "RECORD_AND_CLAIM_METHODS",
     "ClaimedInsertOutboxStore",
+    "RecordAndClaimOutboxStore",
     "OUTBOX_METHODS",
     "OutboxStore",
     "ReleasingUpdateStore",
@@ -151,6 +153,9 @@ OUTBOX_METHODS = (
 CLAIMED_INSERT_METHODS = ("claimed_calls",)
 """The method of :class:`ClaimedInsertOutboxStore` (an outbox store whose effect inserts honour
 :attr:`AttemptEffects.claim <ptb_fence.AttemptEffects.claim>`)."""
+RECORD_AND_CLAIM_METHODS = ("record_sent_and_claim",)
+"""The method of :class:`RecordAndClaimOutboxStore` (an outbox store that records results and
+claims the next calls in one commit)."""
 STATE_METHODS = ("read_state", "write_state", "list_state")
 """The methods of :class:`StateStore` (all or none; the store's ``settle_owned_many``,
 ``add_claimed_and_settle_many`` and ``write_effects`` then also write
@@ -813,6 +818,27 @@ class ClaimedInsertOutboxStore(Protocol):
     def claimed_calls(self, sender: str, *, limit: int) -> List[OutboxEntry]:
         """The calls ``sending`` by ``sender`` (whatever their lease), by ``call_id``, at most
         ``limit``. Reads only."""
+class RecordAndClaimOutboxStore(Protocol):
+    """Optional, on an :class:`OutboxStore`: a sender records the results of its calls and
+    claims the next calls in one commit (a chat's next call is in turn the moment its earlier
+    one is recorded, so without it every such call costs a record commit and a claim commit).
+    """
+
+    def record_sent_and_claim(
+        self,
+        items: Sequence[Tuple[int, str, str, int]],
+        *,
+        now: int,
+        lease_until: int,
+        limit: int,
+        sender: str,
+    ) -> Tuple[List[bool], List[OutboxEntry]]:
+        """In one transaction: :meth:`OutboxStore.record_sent` of ``items``, then
+        :meth:`OutboxStore.claim_calls` with the other arguments (so it sees the calls just
+        recorded as sent). Returns both results: per item whether it landed, and the calls
+        claimed by ``call_id``. A failure lands neither."""
+
+
 class StateStore(Protocol):
     """Optional (all methods or none): persisted bot state (``user_data``, ``chat_data``,
     ``bot_data``, conversation states, the callback-data cache) that commits with the update.
@@ -965,6 +991,9 @@ CAPABILITY_GROUPS: Tuple[CapabilityGroup, ...] = (
     _group("outbox_claimed_inserts", " ".join(CLAIMED_INSERT_METHODS),
            "the commit that completes an update claims its calls for this process's sender: "
            "no claim commit before sending them", ("outbox",)),
+    _group("outbox_record_and_claim", " ".join(RECORD_AND_CLAIM_METHODS),
+           "a sender records its results and claims the next calls (a chat's next one "
+           "among them) in one commit", ("outbox",)),
     _group("state", " ".join(STATE_METHODS),
            "FencedPersistence: user_data, chat_data, bot_data and conversation states commit "
            "with the update, versioned per key", ("fenced", "settle_owned_many", "outbox")),

@@ -114,6 +114,7 @@ _CHECKS: Tuple[RuleCheck, ...] = (
     _outbox.rule_outbox_concurrent_claim,
     _outbox.rule_outbox_claimed_inserts,
     _outbox.rule_outbox_concurrent_claimed_inserts,
+    _outbox.rule_outbox_record_and_claim,
     _state.rule_state_versions,
     _state.rule_state_effects,
     _state.rule_state_concurrent,

@@ -20,7 +20,7 @@ from ptb_fence._values import (
     OutboxCall,
     OutboxEntry,
 )
-from ptb_fence.contract import CLAIMED_INSERT_METHODS, OUTBOX_METHODS
+from ptb_fence.contract import CLAIMED_INSERT_METHODS, OUTBOX_METHODS, RECORD_AND_CLAIM_METHODS
 from ptb_fence.conformance._probe import (
     JOIN_TIMEOUT,
     L,
@@ -620,3 +620,64 @@ def rule_outbox_concurrent_claimed_inserts(p: Probe, fenced: bool, durable: bool
     p.expect(states == ["pending"] * (THREADS - 1) + ["sending"],
              f"{THREADS} concurrent completions each inserting a claimed call of chat 9 left "
              f"the states {states}; expected one 'sending' and the rest 'pending'")
+
+
+def _has_record_and_claim(p: Probe) -> bool:
+    return _has_outbox(p) and all(
+        has_method(p.store, method) for method in RECORD_AND_CLAIM_METHODS
+    )
+
+
+@rule(
+    "outbox-record-and-claim",
+    "fenced",
+    "record_sent_and_claim records the results, then claims in the same commit: a chat's "
+    "next call is claimed by the call that records its earlier one; a refused record still "
+    "claims; limit 0 claims nothing.",
+    applies="only with record_sent_and_claim",
+)
+def rule_outbox_record_and_claim(p: Probe, fenced: bool, durable: bool) -> None:
+    """Update 1 completes at T+10 with A, B (chat 1) and C (chat 2); ``claim_calls`` by s1
+    takes A and C. ``record_sent_and_claim`` of A by s1 at T+20 with limit 5 lands and claims
+    B (in turn once A is sent), ``sending`` by s1 until the lease given, ``tries`` 1; A is
+    ``sent`` with its result. Then a record of C by s2 (not its sender) is refused while its
+    claim, with limit 0, takes nothing; C is still ``sending`` by s1."""
+    if not _has_record_and_claim(p):
+        return
+    _completed(p, 1, (_call("A", 1, 0), _call("B", 1, 1), _call("C", 2, 2)), T + 10)
+    ids = {e.method: e.call_id for e in _all(p).values()}
+    A, B, C = ids["A"], ids["B"], ids["C"]
+    got = _claim(p, T + 10, "s1", lease=300)
+    p.require(got == [A, C], f"claim_calls took {got}; expected A and C (B waits behind A)")
+    value = p.call("record_sent_and_claim", [(A, "s1", '{"message_id": 5}', T + 20)],
+                   now=T + 20, lease_until=T + 400, limit=5, sender="s1")
+    ok = (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], list)
+          and isinstance(value[1], list))
+    if not p.check_type("record_sent_and_claim", ok,
+                        "a tuple (list of bool, list of OutboxEntry)", value):
+        return
+    landed = bool_list(p, "record_sent_and_claim", value[0], 1)
+    claimed = _entries(p, "record_sent_and_claim", value[1])
+    p.expect(landed == [True], f"record_sent_and_claim of A by its sender returned {landed}; "
+             "expected [True]")
+    p.expect([e.call_id for e in claimed] == [B],
+             f"record_sent_and_claim claimed {[e.call_id for e in claimed]}; expected B, "
+             "in its chat's turn once A is recorded sent in the same commit")
+    stored = _all(p)
+    p.expect(stored[A].state == "sent" and stored[A].result_json == '{"message_id": 5}',
+             f"A is {stored[A].state!r} with result {stored[A].result_json!r} after its "
+             "record; expected 'sent' with the result recorded")
+    p.expect(stored[B].state == "sending" and stored[B].due_at == T + 400
+             and stored[B].tries == 1,
+             f"B is {stored[B].state!r} due at {stamp(stored[B].due_at)} with tries "
+             f"{stored[B].tries}; expected 'sending' until {stamp(T + 400)}, tries 1")
+    value = p.call("record_sent_and_claim", [(C, "s2", "{}", T + 30)],
+                   now=T + 30, lease_until=T + 400, limit=0, sender="s2")
+    if isinstance(value, tuple) and len(value) == 2:
+        p.expect(bool_list(p, "record_sent_and_claim", value[0], 1) == [False],
+                 "record_sent_and_claim of C by s2 landed; only its sender s1 may record it")
+        p.expect(_entries(p, "record_sent_and_claim", value[1]) == [],
+                 "record_sent_and_claim with limit 0 claimed calls")
+    stored = _all(p)
+    p.expect(stored[C].state == "sending",
+             f"C is {stored[C].state!r} after a refused record; expected still 'sending'")

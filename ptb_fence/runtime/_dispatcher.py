@@ -19,9 +19,10 @@ starts it. Its loop runs on a thread of its own:
 - it is woken in-process right after a commit that carried calls, and otherwise looks every
   ``sweep_every_seconds`` (calls of a process that died before sending them, leases that
   lapsed) and when a retry it scheduled falls due;
-- results are recorded ``sent`` in groups: one ``record_sent`` for the calls that ended
-  within :data:`RECORD_WINDOW` seconds of the first (at once when no other request is in
-  flight, a later call of the chat waits, or a stop comes); failures are retried or failed by
+- results are recorded ``sent`` in groups: at most one ``record_sent`` commit per
+  :data:`RECORD_WINDOW` seconds, none waiting longer than that (a result after a quiet
+  spell is recorded at once; at once too when a later call of the chat waits or a stop
+  comes); failures are retried or failed by
   :func:`~ptb_fence.runtime._send_outcome.decide`;
 - calls older than ``outbox_max_age_seconds`` end failed as expired, unsent;
 - failed calls are delivered to ``handle_send_failure`` (at least once; acknowledged when it
@@ -71,7 +72,9 @@ FAILURE_PAGE = 100
 
 RECORD_WINDOW = 0.1
 """Seconds a sent call's result may wait to be recorded with the results that end after it
-(one commit for the group). A sender that dies in that time leaves the call to be sent again
+(one commit for the group), and the least time between two such commits: under load the
+records cost one commit per window whatever the rate, while a lone reply is recorded at
+once. A sender that dies in that time leaves the call to be sent again
 after its lease, as one that dies between Telegram's answer and the record does; Telegram
 takes about one message a second per chat, so a chat's next call waiting for the record is
 not slowed noticeably, and such a wait records at once anyway."""
@@ -148,6 +151,7 @@ class OutboxDispatcher:
         "_failures_due",
         "_flood",
         "_held",
+        "_last_record",
         "_hold_until",
         "_inflight",
         "_loop",
@@ -198,6 +202,7 @@ class OutboxDispatcher:
         self._started: "set[int]" = set()  # of those, the ones whose request began
         self._done: List[_Done] = []
         self._done_since = 0.0  # monotonic: when the oldest unrecorded result ended
+        self._last_record = 0.0  # monotonic: when results were last recorded
         # calls claimed at insert by completion commits (claim_effects .. claims_ended)
         self._reserved = 0  # senders set aside for them
         self._claims_open = 0  # such commits not ended yet
@@ -393,15 +398,18 @@ class OutboxDispatcher:
             return 0
         return max(room, 0)
 
+    def _record_at(self) -> float:
+        """When the results that ended are due to be recorded (monotonic; under the
+        condition's lock): a window after the last record, or after the oldest of them
+        ended if that is sooner (no result waits longer than a window)."""
+        return min(self._done_since, self._last_record) + RECORD_WINDOW
+
     def _record_due(self, mono: float) -> bool:
         """Whether the results that ended are recorded now (under the condition's lock)."""
         if not self._done:
             return False
-        return (
-            not self._started
-            or mono >= self._done_since + RECORD_WINDOW
-            or len(self._done) >= self._options.outbox_concurrency
-            or any(self._behind.get(entry.chat_key) for entry, _, _ in self._done)
+        return mono >= self._record_at() or any(
+            self._behind.get(entry.chat_key) for entry, _, _ in self._done
         )
 
     def _run(self) -> None:
@@ -428,7 +436,7 @@ class OutboxDispatcher:
                     )
                     wait = max(0.001, min((wake_at - now) / 1000.0, 1.0))
                     if self._done:
-                        wait = min(wait, max(0.001, self._done_since + RECORD_WINDOW - mono))
+                        wait = min(wait, max(0.001, self._record_at() - mono))
                     self._cond.wait(wait)
                 stopping = self._stopping
                 done: List[_Done] = []
@@ -442,19 +450,22 @@ class OutboxDispatcher:
                 )
                 self._woken = False
             try:
-                self._record(done)
+                swept = self._record(done)
                 if stopping:
                     self._finish_stop()
                     return
                 if read:
                     self._read_claimed()
                 with self._cond:
+                    if swept:  # the record's commit claimed every call in turn: what woke
+                        # this round before it is served; a sweep round stays due
+                        claim = self._now() >= next_poll
                     claim = claim or self._woken
                     self._woken = False
                 # a recorded call may have been what a pending call of its chat waited for,
                 # another process's too (not woken by this one): claim if any call is pending
                 # (a read; a claim is a commit)
-                if not claim and done:
+                if not claim and done and not swept:
                     claim = self._pending_exists()
                 if not claim:
                     continue
@@ -662,17 +673,21 @@ class OutboxDispatcher:
             self._cond.notify_all()
 
     # -- outcomes ------------------------------------------------------------------------------
-    def _record(self, done: Sequence[_Done]) -> None:
-        """Record what ended: the sent calls in one commit, then each failure's decision."""
+    def _record(self, done: Sequence[_Done]) -> bool:
+        """Record what ended: the sent calls in one commit that also claims the calls in
+        turn now (a chat's next call among them), then each failure's decision. Whether
+        that claim took every call in turn (nothing else is due until the next change)."""
         if not done:
             self._flush_unrecorded()
-            return
+            return False
         now = self._now()
         sent = [(e.call_id, self._sender, r, now) for e, r, err in done if err is None and r]
         self._unrecorded.extend(sent)
-        self._flush_unrecorded()
+        swept = self._flush_unrecorded(claim=True)
+        failed = False
         for entry, _, error in done:
             if error is not None:
+                failed = True
                 self._failed_send(entry, error)
         with self._cond:
             unrecorded = {item[0] for item in self._unrecorded}
@@ -681,33 +696,52 @@ class OutboxDispatcher:
                     self._held.discard(entry.call_id)
                 behind = self._behind.get(entry.chat_key, 0)
                 if behind:  # the chat's next call is in turn now
-                    self._woken = True
+                    if not swept or failed:  # not claimed with the record: claim it now
+                        self._woken = True
                     if behind > 1:
                         self._behind[entry.chat_key] = behind - 1
                     else:
                         del self._behind[entry.chat_key]
+        return swept and not failed
 
-    def _flush_unrecorded(self) -> None:
+    def _flush_unrecorded(self, claim: bool = False) -> bool:
         """Record the sent calls in one commit (kept for the next round if it fails: until
-        the sender lease lapses nobody else sends them)."""
+        the sender lease lapses nobody else sends them). ``claim``: the same commit claims
+        as many calls as there is room for, and they are started; whether that claim ran and
+        was not full (it took every call in turn)."""
         items, self._unrecorded = self._unrecorded, []
         if not items:
-            return
+            return False
+        with self._cond:
+            room = 0 if not claim or self._stopping or self._send is None else (
+                self._claim_room())
+        now = self._now()
+        if room > 0 and now < self._hold_until:  # a flood hold: nothing is claimed now
+            room = 0
+        self._last_record = time.monotonic()
         try:
-            landed = self._stats.timed("outbox", self._port.record_sent, items)
+            landed, claimed = self._stats.timed(
+                "outbox", self._port.record_sent_and_claim, items, now=now,
+                lease_until=self._options.lease_deadline(now), limit=room,
+                sender=self._sender,
+            )
         except Exception as exc:
             self._report(exc, "outbox")
             self._unrecorded = items + self._unrecorded
-            return
+            return False
         self._stats.calls_sent(sum(1 for ok in landed if ok))
         with self._cond:
             self._held.difference_update(item[0] for item in items)
+            self._held.update(entry.call_id for entry in claimed)
         for (call_id, *_), ok in zip(items, landed):
             if not ok:
                 _LOGGER.warning(
                     "outbox: call %s was sent but its sender lease had lapsed and another "
                     "sender holds it: it may be sent twice", call_id,
                 )
+        if claimed:
+            self._start(claimed, now)
+        return room > 0 and len(claimed) < room
 
     def _failed_send(self, entry: OutboxEntry, error: BaseException) -> None:
         now = self._now()

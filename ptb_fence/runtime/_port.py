@@ -182,6 +182,7 @@ class StorePort:
         "_mark_isolated",
         "_outbox",
         "_claimed_inserts",
+        "_record_and_claim",
         "_state",
         "_owns_connection",
         "_release_liveness",
@@ -276,6 +277,7 @@ class StorePort:
         # the outbox group is all or nothing: the store itself, or None without it
         self._outbox: Any = store if has("outbox") else None
         self._claimed_inserts: Any = store if has("outbox_claimed_inserts") else None
+        self._record_and_claim = method("outbox_record_and_claim", "record_sent_and_claim")
         self._state: Any = store if has("state") else None
         self._owns_connection = takes_connection(_optional(store, "owns"))
         self._settle_connection = takes_connection(self._settle_owned)
@@ -822,6 +824,29 @@ class StorePort:
         if self._outbox is None:
             return [False] * len(items)
         return [bool(ok) for ok in self._outbox.record_sent(list(items))]
+
+    def record_sent_and_claim(
+        self,
+        items: Sequence[Tuple[int, str, str, int]],
+        *,
+        now: int,
+        lease_until: int,
+        limit: int,
+        sender: str,
+    ) -> Tuple[List[bool], List[OutboxEntry]]:
+        """``store.record_sent_and_claim`` (one commit); on a store without it
+        :meth:`record_sent` then, when ``limit`` > 0, :meth:`claim_calls` (two)."""
+        if self._outbox is None:
+            return [False] * len(items), []
+        if self._record_and_claim is None:
+            landed = self.record_sent(items) if items else []
+            claimed = self.claim_calls(now=now, lease_until=lease_until, limit=limit,
+                                       sender=sender) if limit > 0 else []
+            return landed, claimed
+        landed, claimed = self._record_and_claim(
+            list(items), now=now, lease_until=lease_until, limit=limit, sender=sender
+        )
+        return [bool(ok) for ok in landed], list(claimed)
 
     def retry_call(self, call_id: int, sender: str, *, due_at: int, error: str) -> bool:
         """``store.retry_call``; :obj:`False` without an outbox."""

@@ -346,9 +346,13 @@ def test_per_chat_order_of_replies_across_two_processes_sharing_postgres(
     """Two processes handle one backlog concurrently; each handler bumps its chat's counter in
     its fenced transaction (a row lock held to the commit: the counter is the chat's commit
     order) and queues its reply in that transaction. Each chat's replies must reach
-    FakeBotApi as seq 1, 2, 3, ...: none before an earlier committed one."""
+    FakeBotApi as seq 1, 2, 3, ...: none before an earlier committed one.
+
+    A sender that records a chat's call claims the chat's next one in that commit, so a
+    busy chat stays with one sender; more chats than one sender may hold (twice its
+    ``outbox_concurrency``) make both processes send."""
     bed = pg_bed
-    chats, count = 6, 300
+    chats, count = 40, 400
     store = make_store(bed.url, bed.table)
     at = int(time.time() * 1000) - 3_600_000
     ids = list(range(1, count + 1))

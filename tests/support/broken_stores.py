@@ -1119,6 +1119,43 @@ class OutboxClaimedInsertRacesStore(MemoryUpdateStore):
             self._calls[call.call_id] = call
 
 
+class OutboxClaimsBeforeRecordStore(MemoryUpdateStore):
+    """``record_sent_and_claim`` claims first, then records: a chat's next call is not in
+    turn yet when the claim runs."""
+
+    def record_sent_and_claim(
+        self,
+        items: Sequence[Tuple[int, str, str, int]],
+        *,
+        now: int,
+        lease_until: int,
+        limit: int,
+        sender: str,
+    ) -> Tuple[List[bool], List[OutboxEntry]]:
+        with self._lock:
+            claimed = self.claim_calls(now=now, lease_until=lease_until, limit=limit,
+                                       sender=sender) if limit > 0 else []
+            return self.record_sent(items), claimed
+
+
+class OutboxRecordAndClaimDropsRecordStore(MemoryUpdateStore):
+    """``record_sent_and_claim`` claims and says the records landed, writing none."""
+
+    def record_sent_and_claim(
+        self,
+        items: Sequence[Tuple[int, str, str, int]],
+        *,
+        now: int,
+        lease_until: int,
+        limit: int,
+        sender: str,
+    ) -> Tuple[List[bool], List[OutboxEntry]]:
+        with self._lock:
+            claimed = self.claim_calls(now=now, lease_until=lease_until, limit=limit,
+                                       sender=sender) if limit > 0 else []
+            return [True] * len(items), claimed
+
+
 # -- persisted bot state -------------------------------------------------------------------------
 class StateIgnoresVersionStore(MemoryUpdateStore):
     """Every state write lands whatever version its writer read (last writer wins)."""
@@ -1261,6 +1298,8 @@ BROKEN: Dict[Type[Any], Sequence[str]] = {
     OutboxClaimsBusyChatStore: ("outbox-claimed-inserts", "outbox-concurrent-claimed-inserts"),
     OutboxClaimsPastLimitStore: ("outbox-claimed-inserts",),
     OutboxClaimedInsertRacesStore: ("outbox-concurrent-claimed-inserts",),
+    OutboxClaimsBeforeRecordStore: ("outbox-record-and-claim",),
+    OutboxRecordAndClaimDropsRecordStore: ("outbox-record-and-claim",),
     StateIgnoresVersionStore: ("state-versions", "state-effects", "state-concurrent"),
     StateDeleteDropsRowStore: ("state-versions",),
     StatePruneDeletesStore: ("state-versions",),

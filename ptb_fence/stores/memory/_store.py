@@ -980,6 +980,23 @@ class MemoryUpdateStore:
                 result.append(call is not None)
             return result
 
+    def record_sent_and_claim(
+        self,
+        items: Sequence[Tuple[int, str, str, int]],
+        *,
+        now: int,
+        lease_until: int,
+        limit: int,
+        sender: str,
+    ) -> Tuple[List[bool], List[OutboxEntry]]:
+        """:meth:`record_sent` then :meth:`claim_calls`, under one hold of the lock (optional
+        capability, see :class:`ptb_fence.RecordAndClaimOutboxStore`)."""
+        with self._lock:  # re-entrant: both steps as one
+            landed = self.record_sent(items)
+            claimed = self.claim_calls(now=now, lease_until=lease_until, limit=limit,
+                                       sender=sender) if limit > 0 else []
+            return landed, claimed
+
     def retry_call(self, call_id: int, sender: str, *, due_at: int, error: str) -> bool:
         """Sending by ``sender`` -> pending at ``due_at`` with ``error``."""
         with self._lock:

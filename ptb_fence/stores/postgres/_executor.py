@@ -236,6 +236,39 @@ class PgExecutor:
         assert last is not None
         raise last
 
+    def read(self, work: Callable[[Any], _T]) -> _T:
+        """Run ``work``, which reads with **one** statement, on a pooled connection in
+        autocommit mode: the statement is its own transaction, one round trip instead of
+        three (``BEGIN``, the statement, ``COMMIT``) and no commit at the driver. Retried on
+        a new connection if it was broken. Never for writes, nor for reads of several
+        statements that must see one snapshot."""
+        if self.closed:
+            raise closed_error()
+        if not self._schema_ready:  # ensuring the schema takes a transaction-scoped lock
+            return self.run(work)
+        last: Optional[BaseException] = None
+        for _ in range(self.source.capacity + 1):
+            conn = self.source.acquire(self.pool_timeout)
+            previous = conn.autocommit
+            try:
+                conn.autocommit = True
+                try:
+                    result = self._attempt(conn, work, False)
+                finally:
+                    if not conn.closed:
+                        conn.autocommit = previous
+            except Broken as broken:
+                self.source.release(conn, discard=True)
+                last = broken.error
+                continue
+            except BaseException:
+                self.source.release(conn, discard=bool(conn.closed))
+                raise
+            self.source.release(conn, discard=False)
+            return result
+        assert last is not None
+        raise last
+
     def run_renewal(self, work: Callable[[Any], _T]) -> _T:
         """Run ``work`` on the dedicated renewal connection (reconnecting if it broke)."""
         if self.closed:

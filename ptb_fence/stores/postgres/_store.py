@@ -1348,7 +1348,7 @@ class PostgresUpdateStore:
             cur.execute(state.read(len(keys)), state.read_params(keys))
             return entries_of(cur.fetchall())
 
-        return self._db.run(work)
+        return self._db.read(work)  # one SELECT: no transaction around it
 
     def write_state(self, writes: Sequence[StateWrite], at: int) -> Optional[StateConflict]:
         """Apply ``writes`` in one transaction, all or none (see
@@ -1425,6 +1425,39 @@ class PostgresUpdateStore:
             for call_id, sender, result, at in items
         ])
 
+    def record_sent_and_claim(
+        self,
+        items: Sequence[Tuple[int, str, str, int]],
+        *,
+        now: int,
+        lease_until: int,
+        limit: int,
+        sender: str,
+    ) -> Tuple[List[bool], List[OutboxEntry]]:
+        """:meth:`record_sent` then :meth:`claim_calls` in one transaction (optional
+        capability, see :class:`ptb_fence.RecordAndClaimOutboxStore`): the claim's statement
+        runs after the records, so it sees a chat's recorded call as sent and takes the
+        chat's next one."""
+        record = self._db.sql.outbox.record_sent
+        claim = self._db.sql.outbox.claim
+        rows = [{"call_id": call_id, "sender": who, "result": result, "at": int(at)}
+                for call_id, who, result, at in items]
+        limit = max(int(limit), 0)
+        params = {
+            "now": int(now), "lease_until": int(lease_until), "limit": limit,
+            "sender": str(sender),
+        }
+
+        def work(cur: Any) -> Tuple[List[bool], List[OutboxEntry]]:
+            landed = [returns_row(cur, record, one) for one in rows]
+            if limit <= 0:
+                return landed, []
+            cur.execute(claim, params)
+            claimed = sorted((entry_of(row) for row in cur.fetchall()), key=lambda e: e.call_id)
+            return landed, claimed
+
+        return self._db.run(work)
+
     def retry_call(self, call_id: int, sender: str, *, due_at: int, error: str) -> bool:
         """A call sending by ``sender`` goes back to pending at ``due_at`` with ``error``."""
         return self._one(self._db.sql.outbox.retry, {
@@ -1449,7 +1482,7 @@ class PostgresUpdateStore:
             cur.execute(sql, params)
             return [entry_of(row) for row in cur.fetchall()]
 
-        return self._db.run(work)
+        return self._db.read(work)  # one SELECT: no transaction around it
 
     def claimed_calls(self, sender: str, *, limit: int) -> List[OutboxEntry]:
         """The calls ``sending`` by ``sender`` (claimed at insert or by :meth:`claim_calls`),

@@ -1215,6 +1215,33 @@ class SQLiteUpdateStore:
                 for call_id, sender, result, at in items
             ]
 
+    def record_sent_and_claim(
+        self,
+        items: Sequence[Tuple[int, str, str, int]],
+        *,
+        now: int,
+        lease_until: int,
+        limit: int,
+        sender: str,
+    ) -> Tuple[List[bool], List[OutboxEntry]]:
+        """:meth:`record_sent` then :meth:`claim_calls` under one write lock, one commit
+        (optional capability, see :class:`ptb_fence.RecordAndClaimOutboxStore`)."""
+        params = {
+            "now": int_arg("now", now),
+            "lease_until": int_arg("lease_until", lease_until),
+            "limit": max(int(limit), 0),
+            "sender": str(sender),
+        }
+        with self._conns.immediate() as conn:
+            landed = [
+                conn.execute(self._sql.outbox.record_sent, {
+                    "call_id": call_id, "sender": who, "result": result, "at": at,
+                }).fetchone() is not None
+                for call_id, who, result, at in items
+            ]
+            rows = conn.execute(self._sql.outbox.claim, params).fetchall() if limit > 0 else []
+        return landed, sorted((entry_of(row) for row in rows), key=lambda e: e.call_id)
+
     def retry_call(self, call_id: int, sender: str, *, due_at: int, error: str) -> bool:
         """A call sending by ``sender`` goes back to pending at ``due_at`` with ``error``."""
         return self._sender_write(self._sql.outbox.retry, {
