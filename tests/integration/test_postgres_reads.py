@@ -1,0 +1,80 @@
+"""PostgreSQL single-statement reads (the outbox's listings, ``read_state``) run in autocommit
+mode: no ``BEGIN``/``COMMIT`` around them, the pooled connection handed back as it was lent
+(a caller's pool of connections not in autocommit stays so, and idle), and a connection
+broken under a read is replaced and the read retried."""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+import psycopg2
+import psycopg2.extensions
+import psycopg2.pool
+
+from ptb_fence import PostgresUpdateStore, StateKey, StateWrite
+from store_support import fresh_table_name
+
+
+def _counting_pool(dsn: str, commits: List[int]) -> Any:
+    class Connection(psycopg2.extensions.connection):  # type: ignore[misc]
+        def commit(self) -> None:
+            commits.append(1)
+            super().commit()
+
+    return psycopg2.pool.ThreadedConnectionPool(1, 4, dsn, connection_factory=Connection)
+
+
+def test_reads_commit_nothing_and_hand_the_connection_back_as_lent(
+    pg_dsn: str, pg_tables: List[str]
+) -> None:
+    table = fresh_table_name()
+    pg_tables.append(table)
+    commits: List[int] = []
+    pool = _counting_pool(pg_dsn, commits)
+    store = PostgresUpdateStore(pool, table=table, pool_size=4)
+    key = StateKey("user", "", "7")
+    try:
+        assert store.write_state([StateWrite(key, "v1", 0)], 1) is None
+        commits.clear()
+        for _ in range(5):
+            assert store.read_state([key])[key].value == "v1"
+            assert store.list_calls(limit=10) == []
+            assert store.claimed_calls("s", limit=10) == []
+        assert commits == [], f"{len(commits)} commits for 15 reads"
+        conn = pool.getconn()
+        try:  # the pool's connection: as the pool made it, and not inside a transaction
+            assert conn.autocommit is False
+            assert conn.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE
+        finally:
+            pool.putconn(conn)
+        assert store.write_state([StateWrite(key, "v2", 1)], 2) is None  # writes still commit
+        assert commits and store.read_state([key])[key].value == "v2"
+    finally:
+        store.close()
+        pool.closeall()
+
+
+def test_a_read_on_a_connection_broken_meanwhile_is_retried(
+    pg_dsn: str, pg_tables: List[str]
+) -> None:
+    table = fresh_table_name()
+    pg_tables.append(table)
+    store = PostgresUpdateStore(pg_dsn, table=table, pool_size=1)
+    key = StateKey("chat", "", "-5")
+    try:
+        assert store.write_state([StateWrite(key, "x", 0)], 1) is None
+        # the one pooled connection's backend is terminated from another connection
+        with store.transaction() as conn:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                (pid,) = cur.fetchone()
+        killer = psycopg2.connect(pg_dsn)
+        try:
+            killer.autocommit = True
+            with killer.cursor() as cur:
+                cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        finally:
+            killer.close()
+        assert store.read_state([key])[key].value == "x"  # on a new connection
+    finally:
+        store.close()
