@@ -12,13 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from telegram import Update
 
 from ptb_fence._update_ids import is_update_id
+from ptb_fence._values import StateEntry, StateKey
 from ptb_fence.ptb._bodies import ingest_error, parse_update, raw_body, update_body, valid_update_id
 from ptb_fence.ptb._group_commit import GroupCommit
+from ptb_fence.ptb._persistence import FencedPersistence
 from ptb_fence.ptb._state import Recorded, SharedState
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.runtime._attempt import Attempt
@@ -113,6 +115,12 @@ class Ingest:
         """``getUpdates`` answers are recorded now."""
         return self._state.started or self._state.batch_ingest
 
+    def _persistence(self) -> Tuple[Any, Optional[FencedPersistence]]:
+        """The Application and its FencedPersistence, if it has one."""
+        application = self._application()
+        persistence = getattr(application, "persistence", None)
+        return application, persistence if isinstance(persistence, FencedPersistence) else None
+
     def unqueue(self, update_id: int) -> None:
         """A recorded update will not be queued after all (stopping): release it."""
         self._state.unqueue(update_id)
@@ -123,9 +131,16 @@ class Ingest:
         if not valid_update_id(update):
             self._runtime.stats.invalid()
             return False
+        application, persistence = self._persistence()
         known = self._state.take_ingested(update.update_id)
         if known is not None:
+            if persistence is not None and known is not False:
+                # recorded with its getUpdates answer: its state is read now, with the
+                # updates of that answer queued with it (one read)
+                persistence.prefetch(application, update)
             return self._state.book(update.update_id, known)
+        # read right after the record, in the same store call (no read of its own later)
+        keys = [] if persistence is None else persistence.state_keys(application, update)
         state = self._state
         state.recording.add(update.update_id)  # a sweep meanwhile leaves it to this put
         try:
@@ -137,7 +152,7 @@ class Ingest:
             try:
                 body = update_body(update)
                 outcome = await self._writer.submit(
-                    ("add", (update.update_id, body, update_chat_key(update))),
+                    ("add", (update.update_id, body, update_chat_key(update), keys)),
                     orphan=lambda landed: self._hand_on(update, landed),
                 )
             except asyncio.CancelledError:
@@ -278,7 +293,8 @@ class Ingest:
         return await self._threads.call(self._runtime.claim_many, update_ids)
 
     async def _write_many(self, items: List[Tuple[str, Any]]) -> List[Any]:
-        """One group of writes: ``("add", (update_id, body, chat))`` records a fresh update (result:
+        """One group of writes: ``("add", (update_id, body, chat, state keys))`` records a fresh
+        update and reads its state keys after the commit, for FencedPersistence (result:
         what :meth:`Runtime.record_many` gives for it, or the exception to raise to ``put``),
         ``("done", attempt)`` completes an attempt (result: the outcome). The runtime does it
         in one commit where the store can."""
@@ -291,13 +307,30 @@ class Ingest:
         claimed: List[Optional[Attempt]] = []
         runtime = self._runtime
         if adds:
-            records, outcomes = await self._threads.call(
-                runtime.record_and_complete,
-                [(update_id, body) for _, (update_id, body, _) in adds],
-                attempts,
-                claim=True,
-                chats=[chat for _, (_, _, chat) in adds],
-            )
+            wanted = list(dict.fromkeys(k for _, (_, _, _, keys) in adds for k in keys))
+
+            def record_then_read() -> Tuple[Any, Optional[Dict[StateKey, StateEntry]]]:
+                done = runtime.record_and_complete(
+                    [(update_id, body) for _, (update_id, body, _, _) in adds],
+                    attempts,
+                    claim=True,
+                    chats=[chat for _, (_, _, chat, _) in adds],
+                )
+                rows = None
+                if wanted:
+                    try:
+                        rows = runtime.port.read_state(wanted)
+                    except Exception:  # each attempt reads for itself then (and reports)
+                        _LOGGER.debug("reading state ahead failed", exc_info=True)
+                return done, rows
+
+            (records, outcomes), rows = await self._threads.call(record_then_read)
+            if rows is not None:
+                _, persistence = self._persistence()
+                if persistence is not None:
+                    for _, (update_id, _, _, keys) in adds:
+                        if keys:
+                            persistence.deposit(update_id, keys, rows)
             if claims:  # after the records (which claim first, at ingest)
                 claimed = (await self._threads.call(runtime.complete_and_claim, [], claim_ids))[1]
             for n, (i, _) in enumerate(adds):

@@ -3,11 +3,13 @@ conversation states, committed with the update that changed them."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+import time
 import weakref
 from collections.abc import MutableMapping
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 from telegram import Update
 from telegram.ext import BasePersistence, ConversationHandler, PersistenceInput
@@ -35,6 +37,13 @@ _LOGGER = logging.getLogger("ptb_fence.ptb")
 
 _BOT = StateKey("bot")
 
+PREFETCH_MAX_AGE = 1.0
+"""Seconds a state read made when an update was recorded or queued is used for its attempt;
+older, the attempt reads again (in a backlog an update may wait long for a slot, and another
+process may have changed its state meanwhile)."""
+
+_Rows = Dict[StateKey, StateEntry]
+
 
 def _walk(handlers: Any) -> List[Any]:
     """Every handler, also those inside conversation handlers (entry points, states,
@@ -56,6 +65,17 @@ def _walk(handlers: Any) -> List[Any]:
     return out
 
 
+def _retrieve(rows: "Union[_Rows, asyncio.Future[_Rows]]") -> None:
+    """A read ahead nobody uses: its failure, if any, is retrieved (no asyncio warning)."""
+    if isinstance(rows, dict):
+        return
+    if rows.done():
+        if not rows.cancelled():
+            rows.exception()
+    else:
+        rows.add_done_callback(lambda f: None if f.cancelled() else f.exception())
+
+
 class FencedPersistence(BasePersistence[Any, Any, Any]):
     """A :class:`telegram.ext.BasePersistence` whose state commits with the update.
 
@@ -65,7 +85,8 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
     the grouped completion, or the handler's ``transaction(complete=True)`` (the same commit as
     its domain writes). Nothing of a failed, exhausted or stale attempt is written. Before an
     update is handled, its user's and chat's data, the ``bot_data`` and its conversation
-    states are read from the store (one read per update), so every attempt starts from the
+    states are read from the store (one read, made ahead when the update is recorded or
+    queued, shared by the updates recorded or queued together), so every attempt starts from the
     committed state: a retry does not see what a failed attempt changed, and after a restart
     or in another process sharing the store the conversation continues where the last
     completed update left it. Each piece of state is versioned: an attempt whose state
@@ -106,7 +127,8 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         ValueError: ``store_data.callback_data`` is :obj:`True`.
     """
 
-    __slots__ = ("_application", "_committed", "_lock", "_noticed", "_reads", "_store")
+    __slots__ = ("_application", "_committed", "_conversations", "_lock", "_noticed",
+                 "_prefetched", "_reads", "_store")
 
     def __init__(
         self,
@@ -135,10 +157,14 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         self._committed: Dict[StateKey, StateEntry] = {}
         self._lock = threading.Lock()
         self._noticed: Set[StateKey] = set()
+        self._conversations: Optional[Tuple[Tuple[Any, ...], List[Any]]] = None
         # the reads of updates that start together go to the store in one read_state
         self._reads: GroupCommit[List[StateKey], Dict[StateKey, StateEntry]] = GroupCommit(
             self._read_many, "ptb_fence-state-reads"
         )
+        # update id -> (its rows read ahead, or the read on its way; their keys; when)
+        self._prefetched: Dict[int, Tuple[Union[_Rows, "asyncio.Future[_Rows]"],
+                                          List[StateKey], float]] = {}
 
     @property
     def store(self) -> Any:
@@ -245,26 +271,26 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
             )
 
     def _persistent_conversations(self, application: Any) -> List[Any]:
-        return [
+        """The persistent conversation handlers, walked again only when the Application's
+        handlers changed (per update this is on the hot path)."""
+        handlers = application.handlers
+        shape = tuple((group, id(hs), len(hs)) for group, hs in handlers.items())
+        cached = self._conversations
+        if cached is not None and cached[0] == shape:
+            return cached[1]
+        found = [
             handler
-            for handler in _walk(h for group in application.handlers.values() for h in group)
+            for handler in _walk(h for group in handlers.values() for h in group)
             if isinstance(handler, ConversationHandler) and handler.persistent and handler.name
         ]
+        self._conversations = (shape, found)
+        return found
 
     # -- one update -------------------------------------------------------------------------
-    async def open_session(self, application: Any, update: object) -> Optional[StateSession]:
-        """Read the update's committed state (one store read, shared by the updates that
-        start together) and make it the attempt's:
-        private copies of its data, its conversation states set in the handlers. :obj:`None`
-        when there is nothing to fence here (not a Telegram update, no fenced attempt, or
-        another Application)."""
-        if not isinstance(update, Update) or self._application is None:
-            return None
-        if application is None or self._application() is not application:
-            return None
-        attempt = current_attempt()
-        if attempt is None or not attempt.fenced:
-            return None
+    def _keys(self, application: Any, update: Update) -> Tuple[
+        Dict[str, StateKey], List[Tuple[Any, Tuple[Any, ...], StateKey]]
+    ]:
+        """The update's data keys per kind and its persistent conversations."""
         wanted: Dict[str, StateKey] = {}
         if self.store_data.user_data and update.effective_user is not None:
             wanted["user"] = StateKey("user", "", str(update.effective_user.id))
@@ -279,8 +305,92 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
                 conversations.append(
                     (handler, conversation, conversation_state_key(handler.name, conversation))
                 )
+        return wanted, conversations
+
+    def state_keys(self, application: Any, update: object) -> List[StateKey]:
+        """The keys of ``update``'s state (its user's and chat's data, ``bot_data``, its
+        persistent conversations); none when this persistence does not fence it."""
+        if not isinstance(update, Update) or self._application is None:
+            return []
+        if self._application() is not application:
+            return []
+        wanted, conversations = self._keys(application, update)
+        return list(wanted.values()) + [state for _, _, state in conversations]
+
+    def _forget_old(self, now: float) -> None:
+        """Drop what was read ahead for updates not handled here in time (oldest first)."""
+        while self._prefetched:
+            oldest = next(iter(self._prefetched))
+            if now - self._prefetched[oldest][2] <= PREFETCH_MAX_AGE:
+                break
+            _retrieve(self._prefetched.pop(oldest)[0])
+
+    def deposit(self, update_id: int, keys: List[StateKey], rows: _Rows) -> None:
+        """The rows of ``keys`` were read right after ``update_id`` was recorded (in the same
+        store call): its attempt uses them instead of a read of its own if it starts within
+        :data:`PREFETCH_MAX_AGE`."""
+        now = time.monotonic()
+        self._forget_old(now)
+        self._learn(rows)
+        self._prefetched[update_id] = ({k: rows[k] for k in keys if k in rows}, keys, now)
+
+    def prefetch(self, application: Any, update: object) -> None:
+        """Start reading ``update``'s committed state now (it was recorded already: a
+        ``getUpdates`` answer), while it waits for its chat's turn and a slot; the updates
+        queued together share one read. Used as :meth:`deposit`'s rows are."""
+        if isinstance(update, Update) and update.update_id in self._prefetched:
+            return
+        keys = self.state_keys(application, update)
+        if not keys:
+            return
+        assert isinstance(update, Update)
+        now = time.monotonic()
+        self._forget_old(now)
+        future = asyncio.ensure_future(self._reads.submit(keys))
+        self._prefetched[update.update_id] = (future, keys, now)
+
+    async def _loaded(self, update: Update, keys: List[StateKey]) -> _Rows:
+        """The committed rows of ``keys``: those read ahead for the update if fresh and for
+        these keys, else a read now; the newer rows this process committed since take their
+        place (another process's change meanwhile is a version conflict at the completion,
+        retried from fresh state, as one during the handler is)."""
+        ahead = self._prefetched.pop(update.update_id, None)
+        loaded: Optional[_Rows] = None
+        if ahead is not None:
+            rows, ahead_keys, at = ahead
+            if ahead_keys == keys and time.monotonic() - at <= PREFETCH_MAX_AGE:
+                try:
+                    loaded = dict(rows if isinstance(rows, dict) else await rows)
+                except Exception:  # read again below; a failure there fails the attempt
+                    loaded = None
+            else:
+                _retrieve(rows)
+        if loaded is None:
+            loaded = dict(await self._reads.submit(keys)) if keys else {}
+        with self._lock:
+            for key in keys:
+                known = self._committed.get(key)
+                got = loaded.get(key)
+                if known is not None and (got is None or known.version > got.version):
+                    loaded[key] = known
+        return loaded
+
+    async def open_session(self, application: Any, update: object) -> Optional[StateSession]:
+        """Read the update's committed state (one store read, shared by the updates that
+        start together) and make it the attempt's:
+        private copies of its data, its conversation states set in the handlers. :obj:`None`
+        when there is nothing to fence here (not a Telegram update, no fenced attempt, or
+        another Application)."""
+        if not isinstance(update, Update) or self._application is None:
+            return None
+        if application is None or self._application() is not application:
+            return None
+        attempt = current_attempt()
+        if attempt is None or not attempt.fenced:
+            return None
+        wanted, conversations = self._keys(application, update)
         keys = list(wanted.values()) + [state for _, _, state in conversations]
-        loaded = await self._reads.submit(keys) if keys else {}
+        loaded = await self._loaded(update, keys)
         data: Dict[str, Tuple[StateKey, Any]] = {}
         for kind, key in wanted.items():
             entry = loaded.get(key)

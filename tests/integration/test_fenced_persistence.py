@@ -355,3 +355,92 @@ def test_ptbs_flush_writes_nothing_and_names_a_change_made_outside_an_update(
         assert len(outside) == 1 and "user_data of user 5" in outside[0], outside
     finally:
         store.close()
+
+
+# -- state read ahead ------------------------------------------------------------------------
+def _counter_app(store: Any, fake: Any, seen: List[Any], **options: Any) -> Any:
+    async def count(update: Any, context: Any) -> None:
+        seen.append((update.update_id, context.attempt.attempt, context.user_data.get("n")))
+        context.user_data["n"] = context.user_data.get("n", 0) + 1
+
+    processor = FencedUpdateProcessor(store, strict_chat_order=True, **options)
+    app = build(processor, fake, Application.builder().persistence(FencedPersistence(store)))
+    app.add_handler(MessageHandler(filters.TEXT, count))
+    return app
+
+
+class _CountingReads(SQLiteUpdateStore):
+    """Counts its ``read_state`` calls (the number of keys of each)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.reads: List[int] = []
+
+    def read_state(self, keys: Any) -> Any:
+        keys = list(keys)
+        self.reads.append(len(keys))
+        return super().read_state(keys)
+
+
+def test_updates_put_together_use_the_state_read_with_their_record(tmp_path: Path) -> None:
+    """A webhook burst: five updates of one user put at once. Each update's state is read in
+    the store call that records it (no read of its own when it starts), and each first attempt
+    sees the count its predecessors committed although its rows were read before they
+    completed: this process's newer commits take the place of what was read ahead."""
+    store = _CountingReads(str(tmp_path / "a.db"))
+    reads = store.reads
+    seen: List[Any] = []
+    try:
+        with FakeBotApi() as fake:
+            app = _counter_app(store, fake, seen)
+
+            async def main() -> None:
+                async with app:
+                    await app.start()
+                    from telegram import Update
+
+                    from ptb_fence.testing import make_message_update
+
+                    bodies = [make_message_update(100 + i, 5, f"m{i}", message_id=1 + i)
+                              for i in range(5)]
+                    await asyncio.gather(*(app.update_queue.put(Update.de_json(b, app.bot))
+                                           for b in bodies))
+                    for _ in range(500):
+                        if len(seen) >= 5 and store.figures().unsettled == 0:
+                            break
+                        await asyncio.sleep(0.01)
+                    await app.stop()
+
+            run(main())
+        assert [(attempt, n) for _, attempt, n in seen] == [
+            (1, None), (1, 1), (1, 2), (1, 3), (1, 4)], seen
+        assert len(reads) <= 2, reads  # read with the records (one group, or two), none later
+    finally:
+        store.close()
+
+
+def test_updates_of_one_getupdates_answer_share_one_state_read(tmp_path: Path) -> None:
+    """Polling: the updates of one getUpdates answer have their state read together when they
+    are queued (one read), and each sees what the one before it committed."""
+    store = _CountingReads(str(tmp_path / "a.db"))
+    reads = store.reads
+    seen: List[Any] = []
+    try:
+        with FakeBotApi() as fake:
+            for i in range(6):
+                fake.inject_message(chat_id=7, text=f"m{i}")
+            app = _counter_app(store, fake, seen)
+
+            async def main() -> None:
+                async with polling(app):
+                    for _ in range(500):
+                        if len(seen) >= 6 and store.figures().unsettled == 0:
+                            break
+                        await asyncio.sleep(0.01)
+
+            run(main())
+        assert [(attempt, n) for _, attempt, n in seen] == [
+            (1, None), (1, 1), (1, 2), (1, 3), (1, 4), (1, 5)], seen
+        assert len(reads) < 6, reads
+    finally:
+        store.close()
