@@ -28,10 +28,17 @@ import uuid
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from telegram import Update
-from telegram.ext import Application, TypeHandler
+from telegram.ext import (
+    Application,
+    ConversationHandler,
+    MessageHandler,
+    PicklePersistence,
+    TypeHandler,
+    filters,
+)
 
 from ptb_fence import PostgresUpdateStore, SQLiteUpdateStore
-from ptb_fence.ptb import DurableUpdateProcessor, FencedUpdateProcessor
+from ptb_fence.ptb import DurableUpdateProcessor, FencedPersistence, FencedUpdateProcessor
 from ptb_fence.stores._outbox_sql import outbox_table_name
 from ptb_fence.testing import FakeBotApi
 
@@ -57,8 +64,13 @@ from _common import (
 _LOGGER = logging.getLogger("bench")
 
 PTB_KINDS = ("plain", "durable", "fenced", "fenced-write", "naive", "fenced-write-reply",
-             "fenced-write-outbox")
+             "fenced-write-outbox", "conv-none", "conv-pickle", "conv-fenced")
 """Handler kinds; a ``poll-`` prefix runs the same kind over polling."""
+
+CONV_KINDS = ("conv-none", "conv-pickle", "conv-fenced")
+"""A conversation bot under FencedUpdateProcessor: a ConversationHandler whose every update
+changes ``user_data`` (``n += 1``), without persistence, with PTB's PicklePersistence, or with
+FencedPersistence (the state written in the completion's commit)."""
 
 REPLY_KINDS = ("fenced-write-reply", "fenced-write-outbox")
 """Kinds that reply once per update (``sendMessage``): directly with ``await
@@ -220,8 +232,21 @@ class _Run:
                 builder.request(reply_timer(self.tracker))
             if self.metrics:
                 self._scrape_metrics(processor)
+            if self.kind == "conv-pickle":
+                builder.persistence(PicklePersistence(os.path.join(
+                    self.cfg["workdir"], f"{self.tag}-{uuid.uuid4().hex[:8]}.pickle")))
+            elif self.kind == "conv-fenced":
+                builder.persistence(FencedPersistence(store))
         self.app = builder.build()
-        self.app.add_handler(TypeHandler(Update, self._handler()))
+        if self.kind in CONV_KINDS:
+            step = self._handler()
+            self.app.add_handler(ConversationHandler(
+                entry_points=[MessageHandler(filters.TEXT, step)],
+                states={1: [MessageHandler(filters.TEXT, step)]},
+                fallbacks=[], name="talk", persistent=self.kind != "conv-none",
+            ))
+        else:
+            self.app.add_handler(TypeHandler(Update, self._handler()))
 
     def _scrape_metrics(self, processor: Any) -> None:
         """Register the processor's metrics and scrape them every second on a thread of their
@@ -264,6 +289,15 @@ class _Run:
                 handled()  # completion is observed on the store's settle
 
             return noop
+
+        if kind in CONV_KINDS:
+
+            async def step(update: Update, context: Any) -> int:
+                context.user_data["n"] = context.user_data.get("n", 0) + 1
+                handled()  # completion is observed on the store's settle
+                return 1
+
+            return step
 
         if kind == "fenced-write":
             assert self.store_kind is not None and self.domain_table is not None

@@ -298,6 +298,14 @@ def all_rows(concurrencies: Sequence[int]) -> List[Row]:
                 f"{fast}, 32", "fast")
         )
     for store in ("sqlite", "pg"):
+        for persistence, what in (("none", "no persistence"), ("pickle", "PicklePersistence"),
+                                  ("fenced", "FencedPersistence")):
+            rows.append(
+                Row(f"poll-conv-{persistence}-{store}-32", f"poll-conv-{persistence}", store, 32,
+                    f"FencedUpdateProcessor, a ConversationHandler changing user_data per "
+                    f"update, {what}, {store}, {fast}, 32", "fast")
+            )
+    for store in ("sqlite", "pg"):
         rows.append(
             Row(f"poll-fenced-metrics-{store}-32", "poll-fenced-metrics", store, 32,
                 f"FencedUpdateProcessor, no-op, {store}, {fast}, 32; ptb_fence.metrics "
@@ -819,6 +827,23 @@ class Report:
             else:
                 detail = f"{num} {a:,.0f} / poll-plain-32 {plain_rate:,.0f} upd/s = {r:.2f}x"
             verdict(name, r, r >= goal, detail + f" (goal {goal:g}x)")
+
+        # FencedPersistence: a conversation bot against the same bot without persistence
+        for store in ("pg", "sqlite"):
+            fenced, none = f"poll-conv-fenced-{store}-32", f"poll-conv-none-{store}-32"
+            ratio_goal(f"[22] FencedPersistence {store} polling >= 0.7x no persistence",
+                       fenced, none, 0.7)
+            a, b = self.ok(fenced), self.ok(none)
+            ca = None if a is None else a.get("commits_per_update")
+            cb = None if b is None else b.get("commits_per_update")
+            extra = None if ca is None or cb is None else ca - cb
+            verdict(
+                f"[22] FencedPersistence {store}: <= 0.1 extra commits per update", extra,
+                None if extra is None else extra <= 0.1,
+                f"{fenced} or {none} not measured" if extra is None
+                else f"{ca:.3f} - {cb:.3f} = {extra:+.3f} commits/update at the driver (the "
+                "state rides in the completion commit; reads are single statements)",
+            )
 
         # fenced replies: the outbox against a direct reply after the same fenced write
         for store in ("pg", "sqlite"):
