@@ -128,7 +128,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
     """
 
     __slots__ = ("_application", "_committed", "_conversations", "_lock", "_noticed",
-                 "_prefetched", "_reads", "_store")
+                 "_prefetched", "_published", "_reads", "_store")
 
     def __init__(
         self,
@@ -158,6 +158,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         self._lock = threading.Lock()
         self._noticed: Set[StateKey] = set()
         self._conversations: Optional[Tuple[Tuple[Any, ...], List[Any]]] = None
+        self._published: Dict[StateKey, int] = {}  # the version shown in the Application's dicts
         # the reads of updates that start together go to the store in one read_state
         self._reads: GroupCommit[List[StateKey], Dict[StateKey, StateEntry]] = GroupCommit(
             self._read_many, "ptb_fence-state-reads"
@@ -513,8 +514,11 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         for kind, (key, value) in session.data.items():
             with self._lock:
                 newest = self._committed.get(key)
-            if newest is None or newest.value is None:
-                continue
+                if newest is None or newest.value is None:
+                    continue
+                if self._published.get(key) == newest.version:
+                    continue  # shown already (an update that did not change it)
+                self._published[key] = newest.version
             if kind == "bot":
                 target = application.bot_data
             elif kind == "user":

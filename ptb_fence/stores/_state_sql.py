@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ptb_fence._values import STATE_KINDS, StateEntry, StateKey, StateWrite
 
@@ -36,7 +36,9 @@ __all__ = [
     "apply_writes",
     "check_kind",
     "check_writes",
+    "settled_together",
     "state_table_name",
+    "write_params",
 ]
 
 SAVEPOINT = "ptb_fence_state"
@@ -90,6 +92,33 @@ def check_writes(writes: Sequence[StateWrite]) -> List[StateWrite]:
     return checked
 
 
+def settled_together(
+    stateful: Mapping[int, Sequence[StateWrite]], current: Mapping[StateKey, int]
+) -> Set[int]:
+    """Of the completions with state writes in one transaction (position: its writes), those
+    that settle with the completions without state and write afterwards in one go: no other
+    of them writes any of their keys, and each key's version in ``current`` (read under the
+    lock that keeps the keys, absent: ``0``) is the one the write read. The others (a version
+    that moved, a key two of them write) take the per-completion path: a savepoint, the
+    settle, the conditional writes, in input order."""
+    users: Dict[StateKey, int] = {}
+    for writes in stateful.values():
+        for write in writes:
+            users[write.key] = users.get(write.key, 0) + 1
+    return {
+        position for position, writes in stateful.items()
+        if all(users[w.key] == 1 and current.get(w.key, 0) == w.version for w in writes)
+    }
+
+
+def write_params(write: StateWrite, at: int) -> Dict[str, Any]:
+    """The parameters of one write's statement."""
+    return {
+        "kind": write.key.kind, "name": write.key.name, "key": write.key.key,
+        "value": write.value, "version": int(write.version), "at": int(at),
+    }
+
+
 class StateStatements:
     """Every statement on the state table of one update table, for one dialect.
 
@@ -102,6 +131,7 @@ class StateStatements:
         "create",
         "exists",
         "insert",
+        "insert_checked",
         "list",
         "lock",
         "name",
@@ -110,6 +140,7 @@ class StateStatements:
         "rollback_to",
         "savepoint",
         "update",
+        "update_checked",
     )
 
     def __init__(self, table: str, *, postgres: bool) -> None:
@@ -141,6 +172,14 @@ RETURNING version""")
 UPDATE {s} SET value = :value, version = version + 1, updated_at = :at
 WHERE kind = :kind AND name = :name AND key = :key AND version = :version
 RETURNING version""")
+        # a write whose version was checked under the lock that keeps the key (SQLite: the
+        # write lock), run for many rows at once (no RETURNING: executemany)
+        self.insert_checked: str = dialect(f"""
+INSERT INTO {s} (kind, name, key, value, version, updated_at)
+VALUES (:kind, :name, :key, :value, 1, :at)""")
+        self.update_checked: str = dialect(f"""
+UPDATE {s} SET value = :value, version = version + 1, updated_at = :at
+WHERE kind = :kind AND name = :name AND key = :key AND version = :version""")
         self.list: str = dialect(f"""
 SELECT kind, name, key, value, version FROM {s}
 WHERE (CAST(:kind AS TEXT) IS NULL OR kind = :kind)
@@ -219,10 +258,7 @@ def apply_writes(
     rolls back to its savepoint when there are any."""
     moved = []
     for write in writes:
-        params = {
-            "kind": write.key.kind, "name": write.key.name, "key": write.key.key,
-            "value": write.value, "version": int(write.version), "at": int(at),
-        }
+        params = write_params(write, at)
         statement = sql.insert if write.version == 0 else sql.update
         if not returns_row(statement, params):
             moved.append(write.key)

@@ -19,12 +19,19 @@ from ptb_fence._values import (
     Landing,
     Settlement,
     StateConflict,
+    StateKey,
     StateWrite,
 )
 from ptb_fence.contract import ClaimTerms
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._outbox_sql import effects_params
-from ptb_fence.stores._state_sql import apply_writes, check_writes
+from ptb_fence.stores._state_sql import (
+    apply_writes,
+    check_writes,
+    entries_of,
+    settled_together,
+    write_params,
+)
 from ptb_fence.stores.sqlite._connections import SQLiteConnections
 from ptb_fence.stores.sqlite._schema import new_claim_id
 from ptb_fence.stores.sqlite._sql import SQLiteStatements
@@ -196,21 +203,65 @@ def settle_owned_in(
     ``effects`` ride with each completion that landed, in the same transaction."""
     for each in (effects or {}).values():
         check_writes(each.state)  # refused before anything is written
+    stateful: Dict[int, Sequence[StateWrite]] = {}
+    for position, (identity, settlement) in enumerate(items):
+        queued = effects.get(identity) if effects else None
+        if queued is not None and queued.state and isinstance(settlement, Completed):
+            stateful[position] = queued.state
+    # the write lock is held: the versions read now are the ones the writes meet
+    together = settled_together(stateful, _versions(sql, conn, stateful)) if stateful else set()
+    checked: List[Dict[str, Any]] = []
     landed: List[Landing] = []
-    for identity, settlement in items:
+    for position, (identity, settlement) in enumerate(items):
         statement = settle_statement(sql, settlement, owned=True)
         params = settle_params(
             identity.update_id, identity.attempt, settlement, identity.claim_id
         )
-        queued = effects.get(identity) if effects else None
-        if queued is not None and queued.state and isinstance(settlement, Completed):
-            ok = settle_with_state(sql, conn, statement, params, queued.state, settlement.at)
+        if position in stateful and position not in together:
+            ok = settle_with_state(sql, conn, statement, params, stateful[position],
+                                   settlement.at)
         else:
             ok = bool(conn.execute(statement, params).fetchall())
+            if ok and position in together:
+                checked += [write_params(w, settlement.at) for w in stateful[position]]
         landed.append(ok)
         if ok and effects and isinstance(settlement, Completed):
             insert_calls(sql, conn, effects_params(identity, effects.get(identity), settlement.at))
+    if checked:
+        _write_checked(sql, conn, checked)
     return landed
+
+
+def _versions(
+    sql: SQLiteStatements, conn: sqlite3.Connection, stateful: Dict[int, Sequence[StateWrite]]
+) -> Dict[StateKey, int]:
+    """The versions of the keys written, read in one ``SELECT`` per 300 keys."""
+    keys = list(dict.fromkeys(w.key for writes in stateful.values() for w in writes))
+    found: Dict[StateKey, int] = {}
+    for start in range(0, len(keys), 300):  # SQLite binds at most 999 parameters
+        chunk = keys[start:start + 300]
+        rows = conn.execute(sql.state.read(len(chunk)), sql.state.read_params(chunk)).fetchall()
+        found.update({key: entry.version for key, entry in entries_of(rows).items()})
+    return found
+
+
+def _write_checked(
+    sql: SQLiteStatements, conn: sqlite3.Connection, checked: List[Dict[str, Any]]
+) -> None:
+    """The writes whose versions were checked under the write lock, in one ``executemany``
+    per statement; each must land (nothing else writes while the lock is held)."""
+    inserts = [p for p in checked if p["version"] == 0]
+    updates = [p for p in checked if p["version"] != 0]
+    changed = 0
+    if inserts:
+        changed += conn.executemany(sql.state.insert_checked, inserts).rowcount
+    if updates:
+        changed += conn.executemany(sql.state.update_checked, updates).rowcount
+    if changed != len(checked):  # the whole transaction rolls back
+        raise RuntimeError(
+            f"state rows changed while the write lock was held: {changed} of {len(checked)} "
+            "checked writes landed"
+        )
 
 
 def settle_with_state(
