@@ -206,6 +206,35 @@ LIMIT :limit""")
         )
         return _postgres(sql) if self.postgres else sql
 
+    def insert_rows(self, count: int) -> str:
+        """PostgreSQL: ``count`` checked inserts in one statement (positional parameters
+        ``kind, name, key, value, at`` per row, see :meth:`rows_params`)."""
+        values = ", ".join(["(%s, %s, %s, %s::text, 1, %s::bigint)"] * count)
+        return (f'INSERT INTO "{self.name}" (kind, name, key, value, version, updated_at) '
+                f"VALUES {values}")
+
+    def update_rows(self, count: int) -> str:
+        """PostgreSQL: ``count`` checked updates in one statement (positional parameters
+        ``kind, name, key, value, at, version`` per row, see :meth:`rows_params`)."""
+        values = ", ".join(["(%s, %s, %s, %s::text, %s::bigint, %s::bigint)"] * count)
+        return (
+            f'UPDATE "{self.name}" AS t SET value = v.value, version = t.version + 1, '
+            f"updated_at = v.at FROM (VALUES {values}) AS v(kind, name, key, value, at, version) "
+            "WHERE t.kind = v.kind AND t.name = v.name AND t.key = v.key "
+            "AND t.version = v.version"
+        )
+
+    @staticmethod
+    def rows_params(params: Sequence[Dict[str, Any]], with_version: bool) -> List[Any]:
+        """The positional parameters of :meth:`insert_rows` / :meth:`update_rows` for the
+        :func:`write_params` of several writes."""
+        out: List[Any] = []
+        for p in params:
+            out += [p["kind"], p["name"], p["key"], p["value"], p["at"]]
+            if with_version:
+                out.append(p["version"])
+        return out
+
     def lock_params(self, writes: Sequence[StateWrite]) -> Dict[str, Any]:
         """The parameters of :attr:`lock`: a stable 32-bit number per key of ``writes`` (a
         collision only makes two keys queue together)."""

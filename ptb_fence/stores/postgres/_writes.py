@@ -21,7 +21,13 @@ from ptb_fence._values import (
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._names import validate_update_id
 from ptb_fence.stores._outbox_sql import effects_params
-from ptb_fence.stores._state_sql import apply_writes, check_writes
+from ptb_fence.stores._state_sql import (
+    apply_writes,
+    check_writes,
+    entries_of,
+    settled_together,
+    write_params,
+)
 from ptb_fence.stores.postgres._executor import PgExecutor, returns_row
 from ptb_fence.stores.postgres._sql import PostgresStatements
 
@@ -207,7 +213,7 @@ def settle_owned_work(
         if isinstance(settlement, Completed) and state_of(identity)
     ]
     with_state = {position for position, _, _, _ in stateful}
-    completed = [
+    plain = [
         (position, identity, settlement)
         for position, (identity, settlement) in enumerate(items)
         if isinstance(settlement, Completed) and position not in with_state
@@ -227,10 +233,24 @@ def settle_owned_work(
 
     def work(cur: Any) -> List[Landing]:
         landed: List[Landing] = [False] * len(items)
+        together: Set[int] = set()
         if stateful:
             written = [write for _, _, _, writes in stateful for write in writes]
             cur.execute(sql.state.lock, sql.state.lock_params(written))
+            # every writer of these keys takes their locks first: the versions read now are
+            # the ones the writes meet
+            keys = list(dict.fromkeys(write.key for write in written))
+            cur.execute(sql.state.read(len(keys)), sql.state.read_params(keys))
+            current = {key: entry.version for key, entry in entries_of(cur.fetchall()).items()}
+            together = settled_together(
+                {position: writes for position, _, _, writes in stateful}, current
+            )
+        completed = sorted(plain + [(position, identity, settlement)
+                                    for position, identity, settlement, _ in stateful
+                                    if position in together], key=lambda item: item[0])
         for position, identity, settlement, writes in stateful:
+            if position in together:
+                continue  # settles with the completions below, writes after them
             statement, params = settle_params(
                 sql, identity.update_id, identity.attempt, settlement, owned=True
             )
@@ -257,10 +277,15 @@ def settle_owned_work(
                 if key in matched and key not in claimed:
                     claimed.add(key)
                     landed[position] = True
+        checked = [write_params(write, settlement.at)
+                   for position, _, settlement, writes in stateful
+                   if position in together and landed[position] for write in writes]
+        if checked:
+            _write_checked(sql, cur, checked)
         for position, statement, params in prepared:
             landed[position] = returns_row(cur, statement, params)
         if effects:  # one insert_calls: its chat locks sorted across the attempts
-            ended = completed + [(p, i, s) for p, i, s, _ in stateful]
+            ended = completed + [(p, i, s) for p, i, s, _ in stateful if p not in together]
             insert_calls(sql, cur, [
                 params
                 for position, identity, settlement in sorted(ended, key=lambda item: item[0])
@@ -270,6 +295,25 @@ def settle_owned_work(
         return landed
 
     return work
+
+
+def _write_checked(sql: PostgresStatements, cur: Any, checked: List[Dict[str, Any]]) -> None:
+    """The writes whose versions were read under their keys' locks: one statement for the
+    inserts, one for the updates; each must land (every writer of a key takes its lock)."""
+    inserts = [p for p in checked if p["version"] == 0]
+    updates = [p for p in checked if p["version"] != 0]
+    changed = 0
+    if inserts:
+        cur.execute(sql.state.insert_rows(len(inserts)), sql.state.rows_params(inserts, False))
+        changed += cur.rowcount
+    if updates:
+        cur.execute(sql.state.update_rows(len(updates)), sql.state.rows_params(updates, True))
+        changed += cur.rowcount
+    if changed != len(checked):  # the whole transaction rolls back
+        raise RuntimeError(
+            f"state rows changed while their locks were held: {changed} of {len(checked)} "
+            "checked writes landed"
+        )
 
 
 def _settle_with_state(
