@@ -43,6 +43,9 @@ older, the attempt reads again (in a backlog an update may wait long for a slot,
 process may have changed its state meanwhile)."""
 
 _Rows = Dict[StateKey, StateEntry]
+_Parts = Tuple[Dict[str, StateKey], List[Tuple[Any, Tuple[Any, ...], StateKey]]]
+"""An update's data keys per kind and its persistent conversations (handler, key, state
+key)."""
 
 
 def _walk(handlers: Any) -> List[Any]:
@@ -65,9 +68,9 @@ def _walk(handlers: Any) -> List[Any]:
     return out
 
 
-def _retrieve(rows: "Union[_Rows, asyncio.Future[_Rows]]") -> None:
+def _retrieve(rows: "Optional[Union[_Rows, asyncio.Future[_Rows]]]") -> None:
     """A read ahead nobody uses: its failure, if any, is retrieved (no asyncio warning)."""
-    if isinstance(rows, dict):
+    if rows is None or isinstance(rows, dict):
         return
     if rows.done():
         if not rows.cancelled():
@@ -164,8 +167,8 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
             self._read_many, "ptb_fence-state-reads"
         )
         # update id -> (its rows read ahead, or the read on its way; their keys; when)
-        self._prefetched: Dict[int, Tuple[Union[_Rows, "asyncio.Future[_Rows]"],
-                                          List[StateKey], float]] = {}
+        self._prefetched: Dict[int, Tuple[Optional[Union[_Rows, "asyncio.Future[_Rows]"]],
+                                          List[StateKey], float, Optional[_Parts]]] = {}
 
     @property
     def store(self) -> Any:
@@ -315,8 +318,14 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
             return []
         if self._application() is not application:
             return []
-        wanted, conversations = self._keys(application, update)
-        return list(wanted.values()) + [state for _, _, state in conversations]
+        now = time.monotonic()
+        self._forget_old(now)
+        parts = self._keys(application, update)
+        wanted, conversations = parts
+        keys = list(wanted.values()) + [state for _, _, state in conversations]
+        if keys:  # remembered for its attempt (with the rows read ahead, once they come)
+            self._prefetched[update.update_id] = (None, keys, now, parts)
+        return keys
 
     def _forget_old(self, now: float) -> None:
         """Drop what was read ahead for updates not handled here in time (oldest first)."""
@@ -333,7 +342,9 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         now = time.monotonic()
         self._forget_old(now)
         self._learn(rows)
-        self._prefetched[update_id] = ({k: rows[k] for k in keys if k in rows}, keys, now)
+        known = self._prefetched.get(update_id)
+        parts = None if known is None else known[3]
+        self._prefetched[update_id] = ({k: rows[k] for k in keys if k in rows}, keys, now, parts)
 
     def prefetch(self, application: Any, update: object) -> None:
         """Start reading ``update``'s committed state now (it was recorded already: a
@@ -345,10 +356,9 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         if not keys:
             return
         assert isinstance(update, Update)
-        now = time.monotonic()
-        self._forget_old(now)
+        _, _, now, parts = self._prefetched[update.update_id]
         future = asyncio.ensure_future(self._reads.submit(keys))
-        self._prefetched[update.update_id] = (future, keys, now)
+        self._prefetched[update.update_id] = (future, keys, now, parts)
 
     async def _loaded(self, update: Update, keys: List[StateKey]) -> _Rows:
         """The committed rows of ``keys``: those read ahead for the update if fresh and for
@@ -358,8 +368,9 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         ahead = self._prefetched.pop(update.update_id, None)
         loaded: Optional[_Rows] = None
         if ahead is not None:
-            rows, ahead_keys, at = ahead
-            if ahead_keys == keys and time.monotonic() - at <= PREFETCH_MAX_AGE:
+            rows, ahead_keys, at, _ = ahead
+            if (rows is not None and ahead_keys == keys
+                    and time.monotonic() - at <= PREFETCH_MAX_AGE):
                 try:
                     loaded = dict(rows if isinstance(rows, dict) else await rows)
                 except Exception:  # read again below; a failure there fails the attempt
@@ -389,7 +400,11 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         attempt = current_attempt()
         if attempt is None or not attempt.fenced:
             return None
-        wanted, conversations = self._keys(application, update)
+        ahead = self._prefetched.get(update.update_id)
+        parts = None if ahead is None else ahead[3]
+        # the keys computed when it was recorded or queued (the handlers' keys of one update
+        # do not change)
+        wanted, conversations = parts if parts is not None else self._keys(application, update)
         keys = list(wanted.values()) + [state for _, _, state in conversations]
         loaded = await self._loaded(update, keys)
         data: Dict[str, Tuple[StateKey, Any]] = {}
@@ -498,7 +513,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         if landed:
             self._learn({w.key: StateEntry(w.value, w.version + 1) for w in writes})
             if application is not None:
-                self._publish(application, session)
+                self._publish(application, session, {w.key: w.version + 1 for w in writes})
             return
         # nothing of the attempt landed: its conversation states go back to the committed
         # ones (its data were private copies: nothing to undo)
@@ -508,9 +523,13 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
             entry = committed.get(state, session.loaded.get(state))
             self._set_conversation(handler, conversation, entry)
 
-    def _publish(self, application: Any, session: StateSession) -> None:
+    def _publish(
+        self, application: Any, session: StateSession, wrote: Dict[StateKey, int]
+    ) -> None:
         """Show the committed data in the Application's dicts (jobs and other code read
-        them there), where they are mappings that can be updated in place."""
+        them there), where they are mappings that can be updated in place. ``wrote``: the
+        versions the session's landed writes left (their data are the session's own copies,
+        which nobody changes any more: copied as they are, not decoded again)."""
         for kind, (key, value) in session.data.items():
             with self._lock:
                 newest = self._committed.get(key)
@@ -528,7 +547,8 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
             if isinstance(target, MutableMapping) and isinstance(value, MutableMapping):
                 if target is not value:
                     target.clear()
-                    target.update(decode_state(newest.value))
+                    target.update(value if wrote.get(key) == newest.version
+                                  else decode_state(newest.value))
 
     def _notice_outside_change(self, key: StateKey, data: Any, what: str) -> None:
         """PTB's flush hands over data that differ from the committed ones: changed outside
