@@ -390,6 +390,22 @@ class SQLiteStatements:
               AND t.state = 'processing'
             RETURNING update_id, attempts + 1, claim_id"""
 
+    def complete_owned_many(self, count: int) -> str:
+        """``settle_owned(identity, Completed(at))`` for ``count`` distinct identities in one
+        statement.
+
+        Parameters, in order: the ``(update_id, attempt, claim_id, at)`` quadruples
+        flattened. Returns the completed ``(update_id, attempts, claim_id)``.
+        """
+        values = ", ".join(["(?, ?, ?, ?)"] * count)
+        return f"""
+            UPDATE {self.table} AS t
+            SET state = 'completed', settled_at = v.column4, error = NULL
+            FROM (VALUES {values}) AS v
+            WHERE t.update_id = v.column1 AND t.state = 'processing'
+              AND t.attempts = v.column2 AND t.due_at >= v.column4 AND t.claim_id = v.column3
+            RETURNING update_id, attempts, claim_id"""
+
     # -- batched renewals (positional parameters; one statement per chunk) -----------------
     def renew_many(self, count: int) -> str:
         """``renew`` for ``count`` ``(update_id, attempt)`` pairs in one statement.

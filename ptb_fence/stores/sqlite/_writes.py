@@ -210,26 +210,63 @@ def settle_owned_in(
             stateful[position] = queued.state
     # the write lock is held: the versions read now are the ones the writes meet
     together = settled_together(stateful, _versions(sql, conn, stateful)) if stateful else set()
-    checked: List[Dict[str, Any]] = []
-    landed: List[Landing] = []
+    landed: List[Landing] = [False] * len(items)
+    # the completions without state writes, and those whose writes were checked: one
+    # statement per chunk; the others one by one, in input order
+    grouped = [position for position, (_, settlement) in enumerate(items)
+               if isinstance(settlement, Completed)
+               and (position not in stateful or position in together)]
+    _complete_many(sql, conn, [(position, items[position]) for position in grouped], landed)
+    single = set(grouped)
     for position, (identity, settlement) in enumerate(items):
+        if position in single:
+            continue
         statement = settle_statement(sql, settlement, owned=True)
         params = settle_params(
             identity.update_id, identity.attempt, settlement, identity.claim_id
         )
-        if position in stateful and position not in together:
-            ok = settle_with_state(sql, conn, statement, params, stateful[position],
-                                   settlement.at)
+        if position in stateful:
+            landed[position] = settle_with_state(sql, conn, statement, params,
+                                                 stateful[position], settlement.at)
         else:
-            ok = bool(conn.execute(statement, params).fetchall())
-            if ok and position in together:
-                checked += [write_params(w, settlement.at) for w in stateful[position]]
-        landed.append(ok)
-        if ok and effects and isinstance(settlement, Completed):
-            insert_calls(sql, conn, effects_params(identity, effects.get(identity), settlement.at))
+            landed[position] = bool(conn.execute(statement, params).fetchall())
+    checked = [write_params(w, settlement.at)
+               for position, (_, settlement) in enumerate(items)
+               if position in together and landed[position] is True
+               for w in stateful[position]]
     if checked:
         _write_checked(sql, conn, checked)
+    if effects:  # in input order: a claimed insert sees the calls inserted before it
+        for position, (identity, settlement) in enumerate(items):
+            if landed[position] is True and isinstance(settlement, Completed):
+                insert_calls(sql, conn,
+                             effects_params(identity, effects.get(identity), settlement.at))
     return landed
+
+
+def _complete_many(
+    sql: SQLiteStatements,
+    conn: sqlite3.Connection,
+    completions: Sequence[Tuple[int, Tuple[AttemptIdentity, Settlement]]],
+    landed: List[Landing],
+) -> None:
+    """Complete ``(position, (identity, Completed))`` items in statements of many rows;
+    ``landed[position]`` is set for each that landed (an identity given twice: its first)."""
+    unique: Dict[AttemptIdentity, Tuple[int, int]] = {}
+    for position, (identity, settlement) in completions:
+        unique.setdefault(identity, (position, int(settlement.at)))
+    todo = list(unique.items())
+    size = max(1, max_variables(conn) // 4)
+    for start in range(0, len(todo), size):
+        chunk = todo[start:start + size]
+        params: List[Any] = []
+        for identity, (_, at) in chunk:
+            params += [identity.update_id, identity.attempt, identity.claim_id, at]
+        done = {(int(u), int(a), str(c)) for u, a, c in
+                conn.execute(sql.complete_owned_many(len(chunk)), params).fetchall()}
+        for identity, (position, _) in chunk:
+            if (identity.update_id, identity.attempt, identity.claim_id) in done:
+                landed[position] = True
 
 
 def _versions(
