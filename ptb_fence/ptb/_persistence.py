@@ -23,6 +23,7 @@ from ptb_fence.ptb._ptb_internals import (
 )
 from ptb_fence.ptb._state_session import (
     StateSession,
+    active_session,
     conversation_state_key,
     decode_state,
     encode_state,
@@ -34,6 +35,9 @@ __all__ = ["FencedPersistence"]
 _LOGGER = logging.getLogger("ptb_fence.ptb")
 
 _BOT = StateKey("bot")
+
+_DROP_TRIES = 5
+"""How often a drop of user or chat data is tried when another writer moves the row."""
 
 
 def _walk(handlers: Any) -> List[Any]:
@@ -80,6 +84,11 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         app = (processor.install(Application.builder().token(TOKEN))
                .persistence(FencedPersistence(store)).build())
 
+    ``Application.drop_user_data``/``drop_chat_data`` called by a handler of an update of
+    that user (chat) is written with the update's completion (a tombstone; a failed attempt
+    drops nothing); called elsewhere, PTB's next flush deletes the stored row (at the version
+    read, retried a few times when another writer moves it, a WARNING if that fails).
+
     Handlers see private copies of the data while they handle an update (through
     ``context``): ``context.application.user_data[...]`` (and jobs) see the committed data
     and changes made there are not persisted (a WARNING says so when PTB's flush meets one).
@@ -106,7 +115,8 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         ValueError: ``store_data.callback_data`` is :obj:`True`.
     """
 
-    __slots__ = ("_application", "_committed", "_lock", "_noticed", "_reads", "_store")
+    __slots__ = ("_application", "_committed", "_lock", "_noticed", "_reads", "_session_drops",
+                 "_store")
 
     def __init__(
         self,
@@ -135,6 +145,8 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         self._committed: Dict[StateKey, StateEntry] = {}
         self._lock = threading.Lock()
         self._noticed: Set[StateKey] = set()
+        # drops made while an update held the key: its completion writes them, not the flush
+        self._session_drops: Set[StateKey] = set()
         # the reads of updates that start together go to the store in one read_state
         self._reads: GroupCommit[List[StateKey], Dict[StateKey, StateEntry]] = GroupCommit(
             self._read_many, "ptb_fence-state-reads"
@@ -507,10 +519,71 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         """Writes nothing: the callback-data cache is not fenced."""
 
     async def drop_chat_data(self, chat_id: int) -> None:
-        """Writes nothing: ``Application.drop_chat_data`` is not fenced."""
+        """Delete the chat's data from the store (``Application.drop_chat_data``, applied by
+        PTB's next flush): see :meth:`drop_user_data`."""
+        await self._drop(StateKey("chat", "", str(chat_id)), f"chat_data of chat {chat_id}")
 
     async def drop_user_data(self, user_id: int) -> None:
-        """Writes nothing: ``Application.drop_user_data`` is not fenced."""
+        """Delete the user's data from the store (``Application.drop_user_data``, applied by
+        PTB's next flush, at the latest when the Application stops): a tombstone at the
+        version read, outside any update's fence; when another writer moved the version
+        meanwhile the row is read again and the drop retried, a few times, then given up with
+        a WARNING (a store error is logged the same way: PTB's flush would only hand it to the
+        error handlers without an update)."""
+        await self._drop(StateKey("user", "", str(user_id)), f"user_data of user {user_id}")
+
+    def dropping(self, application: Any, kind: str, ident: int) -> None:
+        """``Application.drop_user_data``/``drop_chat_data`` was called (the
+        :class:`~ptb_fence.ptb.FencedApplicationMixin` calls this before PTB drops its dict).
+        Inside the handling of an update whose session holds that user's or chat's data the
+        drop rides the update's completion (a failed attempt drops nothing) and PTB's later
+        flush leaves that row alone (a later update may have filled it again); elsewhere the
+        flush applies it."""
+        if self._application is None or self._application() is not application:
+            return
+        session = active_session()
+        key = StateKey(kind, "", str(ident))
+        if session is None or session.ended or session.holds(key) != kind:
+            return
+        session.drop(kind, self._empty(application, kind))
+        with self._lock:
+            self._session_drops.add(key)
+
+    async def _drop(self, key: StateKey, what: str) -> None:
+        application = None if self._application is None else self._application()
+        if application is None:
+            return
+        with self._lock:
+            if key in self._session_drops:  # an update's completion carries this drop
+                self._session_drops.discard(key)
+                return
+        processor: Any = getattr(application, "update_processor")
+        port = processor.runtime.port
+        try:
+            for _ in range(_DROP_TRIES):
+                rows: Dict[StateKey, StateEntry] = await processor.call_store(
+                    port.read_state, [key]
+                )
+                self._learn(rows)
+                entry = rows.get(key)
+                if entry is None or entry.value is None:
+                    return  # nothing stored (or dropped already)
+                write = StateWrite(key, None, entry.version)
+                conflict = await processor.call_store(
+                    port.write_state, (write,), processor.runtime.now_ms()
+                )
+                if conflict is None:
+                    self._learn({key: StateEntry(None, entry.version + 1)})
+                    return
+        except Exception as exc:  # the flush has no update to fail: say it here
+            _LOGGER.warning("FencedPersistence: %s was not dropped from the store: %s: %s",
+                            what, type(exc).__name__, exc)
+            return
+        _LOGGER.warning(
+            "FencedPersistence: %s was not dropped from the store: it changed %d times while "
+            "the drop was tried (another update kept writing it); drop it again", what,
+            _DROP_TRIES,
+        )
 
     async def refresh_user_data(self, user_id: int, user_data: Any) -> None:
         """Nothing: the update's data were read from the store before it was handled."""

@@ -355,3 +355,161 @@ def test_ptbs_flush_writes_nothing_and_names_a_change_made_outside_an_update(
         assert len(outside) == 1 and "user_data of user 5" in outside[0], outside
     finally:
         store.close()
+
+
+# -- Application.drop_user_data / drop_chat_data -----------------------------------------------
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
+def test_dropped_user_and_chat_data_stay_dropped_after_a_restart(
+    shared_stores: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Update 1 sets user_data and chat_data; update 2's handler drops both
+    (``context.application.drop_*``). PTB applies the drops at its flush, here the last one
+    at stop: the rows become tombstones, and a new Application on the same store (a restart)
+    hands the next update of that user and chat empty data."""
+    seen: List[Any] = []
+
+    async def keep(update: Any, context: Any) -> None:
+        context.user_data["a"] = 1
+        context.chat_data["b"] = 2
+
+    async def drop(update: Any, context: Any) -> None:
+        context.application.drop_user_data(update.effective_user.id)
+        context.application.drop_chat_data(update.effective_chat.id)
+
+    async def look(update: Any, context: Any) -> None:
+        seen.append((dict(context.user_data), dict(context.chat_data)))
+
+    def app_for(store: Any, fake: FakeBotApi) -> Any:
+        app = build(FencedUpdateProcessor(store), fake,
+                    Application.builder().persistence(FencedPersistence(store)))
+        app.add_handler(CommandHandler("keep", keep))
+        app.add_handler(CommandHandler("drop", drop))
+        app.add_handler(CommandHandler("look", look))
+        return app
+
+    user, chat = StateKey("user", "", "5"), StateKey("chat", "", "5")
+    with FakeBotApi() as fake:
+        store = shared_stores()
+
+        async def first() -> None:
+            app = app_for(store, fake)
+            async with polling(app):
+                fake.inject_message(chat_id=5, text="/keep")
+                for _ in range(300):
+                    if _read(store, user) == {"a": 1} and _read(store, chat) == {"b": 2}:
+                        break
+                    await asyncio.sleep(0.02)
+                fake.inject_message(chat_id=5, text="/drop")
+                for _ in range(300):
+                    if app.update_processor.stats().attempts_ended["completed"] >= 2:
+                        break
+                    await asyncio.sleep(0.02)
+                assert 5 not in app.user_data and 5 not in app.chat_data
+
+        with caplog.at_level(logging.WARNING, logger="ptb_fence.ptb"):
+            run(first())
+        rows = store.read_state([user, chat])
+        assert rows[user].value is None and rows[user].version == 2
+        assert rows[chat].value is None and rows[chat].version == 2
+
+        restarted = shared_stores()
+
+        async def second() -> None:
+            async with polling(app_for(restarted, fake)):
+                fake.inject_message(chat_id=5, text="/look")
+                for _ in range(300):
+                    if seen:
+                        return
+                    await asyncio.sleep(0.02)
+
+        run(second())
+    assert seen == [({}, {})]
+    assert not [r for r in caplog.records if "not dropped" in r.getMessage()]
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
+def test_a_drop_outside_any_update_is_written_by_ptbs_flush(shared_stores: Any) -> None:
+    """``Application.drop_user_data`` called outside any update (as a job would): PTB's flush
+    deletes the stored row (a tombstone at the version read); a handler of an update of
+    another user that drops that user's data is outside its session too and goes the same
+    way."""
+    async def keep(update: Any, context: Any) -> None:
+        context.user_data["a"] = update.effective_user.id
+        if update.effective_user.id == 7:
+            context.application.drop_user_data(6)
+
+    user6, user7 = StateKey("user", "", "6"), StateKey("user", "", "7")
+    store = shared_stores()
+    with FakeBotApi() as fake:
+        app = build(FencedUpdateProcessor(store), fake,
+                    Application.builder().persistence(FencedPersistence(store)))
+        app.add_handler(CommandHandler("keep", keep))
+
+        async def go() -> None:
+            async with polling(app):
+                fake.inject_message(chat_id=6, text="/keep")
+                for _ in range(300):
+                    if _read(store, user6) == {"a": 6}:
+                        break
+                    await asyncio.sleep(0.02)
+                app.drop_user_data(6)
+                await app.update_persistence()
+                entry = store.read_state([user6])[user6]
+                assert (entry.value, entry.version) == (None, 2)
+                fake.inject_message(chat_id=6, text="/keep")
+                for _ in range(300):
+                    if _read(store, user6) == {"a": 6}:
+                        break
+                    await asyncio.sleep(0.02)
+                fake.inject_message(chat_id=7, text="/keep")  # drops user 6 again
+                for _ in range(300):
+                    if _read(store, user7) == {"a": 7}:
+                        break
+                    await asyncio.sleep(0.02)
+
+        run(go())  # the last flush runs at stop
+    entry = store.read_state([user6])[user6]
+    assert (entry.value, entry.version) == (None, 4)
+
+
+def test_a_drop_by_a_failing_handler_is_not_written(tmp_path: Path) -> None:
+    """A handler that drops its user's data and then fails, every attempt: the drop rode
+    the completions that never landed, so the stored data stay (PTB's flush leaves the row
+    alone too)."""
+    store = SQLiteUpdateStore(str(tmp_path / "bot.db"))
+    user = StateKey("user", "", "5")
+
+    async def keep(update: Any, context: Any) -> None:
+        context.user_data["a"] = 1
+
+    async def drop(update: Any, context: Any) -> None:
+        context.application.drop_user_data(update.effective_user.id)
+        assert context.user_data == {}
+        raise RuntimeError("fails after dropping")
+
+    with FakeBotApi() as fake:
+        processor = FencedUpdateProcessor(store, max_attempts=2, retry=lambda e, a: 0.02)
+        app = build(processor, fake, Application.builder().persistence(FencedPersistence(store)))
+        app.add_handler(CommandHandler("keep", keep))
+        app.add_handler(CommandHandler("drop", drop))
+
+        async def go() -> None:
+            async with polling(app):
+                fake.inject_message(chat_id=5, text="/keep")
+                for _ in range(300):
+                    if _read(store, user) == {"a": 1}:
+                        break
+                    await asyncio.sleep(0.02)
+                fake.inject_message(chat_id=5, text="/drop")
+                for _ in range(300):
+                    if processor.stats().attempts_ended["abandoned"] >= 1:
+                        break
+                    await asyncio.sleep(0.02)
+                await app.update_persistence()
+
+        run(go())
+    try:
+        entry = store.read_state([user])[user]
+        assert (decode_state(entry.value), entry.version) == ({"a": 1}, 1)
+    finally:
+        store.close()
