@@ -320,8 +320,10 @@ class OutboxDispatcher:
                 if limit <= 0:
                     claimed[identity] = held
                     continue
+                # the same effects (its persisted state too), the first calls claimed
                 claimed[identity] = AttemptEffects(
-                    calls=held.calls, claim=CallClaim(self._sender, lease_until, limit)
+                    calls=held.calls, claim=CallClaim(self._sender, lease_until, limit),
+                    state=held.state,
                 )
                 reservation.slots += limit
                 for call in held.calls[:limit]:

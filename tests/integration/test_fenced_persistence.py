@@ -513,3 +513,35 @@ def test_a_drop_by_a_failing_handler_is_not_written(tmp_path: Path) -> None:
         assert (decode_state(entry.value), entry.version) == ({"a": 1}, 1)
     finally:
         store.close()
+
+
+def test_state_rides_a_completion_whose_outbox_calls_are_claimed_at_insert(tmp_path: Path) -> None:
+    """An update that changes user_data and queues a reply: the completion inserts the reply
+    already claimed for this process's sender, and still writes the user_data."""
+    store = SQLiteUpdateStore(str(tmp_path / "bot.db"))
+    user = StateKey("user", "", "5")
+
+    async def hello(update: Any, context: Any) -> None:
+        context.user_data["n"] = context.user_data.get("n", 0) + 1
+        context.attempt.outbox.reply_text(f"hello {context.user_data['n']}")
+
+    with FakeBotApi() as fake:
+        app = build(FencedUpdateProcessor(store), fake,
+                    Application.builder().persistence(FencedPersistence(store)))
+        app.add_handler(CommandHandler("hello", hello))
+
+        async def go() -> None:
+            async with polling(app):
+                for n in (1, 2):
+                    fake.inject_message(chat_id=5, text="/hello")
+                    for _ in range(300):
+                        if [m for m in fake.sent_messages if m["text"] == f"hello {n}"]:
+                            break
+                        await asyncio.sleep(0.02)
+
+        run(go())
+    try:
+        assert [m["text"] for m in fake.sent_messages] == ["hello 1", "hello 2"]
+        assert _read(store, user) == {"n": 2}
+    finally:
+        store.close()
