@@ -14,10 +14,17 @@ from telegram.ext import BasePersistence, ConversationHandler, PersistenceInput
 
 from ptb_fence._values import StateEntry, StateKey, StateWrite
 from ptb_fence.contract import STATE_METHODS, StoreCapabilities
+from ptb_fence.ptb._callback_data import (
+    keyboard_key,
+    pressed_keyboard,
+    record_keyboard,
+    resolve_press,
+)
 from ptb_fence.ptb._context import FencedCallbackContext
 from ptb_fence.ptb._group_commit import GroupCommit
 from ptb_fence.ptb._ptb_internals import (
     conversation_key,
+    fence_keyboard_cache,
     conversation_states,
     missing_conversation_internals,
 )
@@ -95,8 +102,22 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
     Not fenced, with a WARNING at start: ``block=False`` handlers (their changes made after
     the update completed are not persisted; a conversation state set by one is written when
     its task ended by the completion), ``conversation_timeout`` (the timeout is a job in one
-    process's JobQueue: its deadline is not persisted, so a restart or a takeover loses it)
-    and the callback-data cache (``store_data.callback_data`` must be :obj:`False`).
+    process's JobQueue: its deadline is not persisted, so a restart or a takeover loses it).
+
+    With ``arbitrary_callback_data`` (``Application.builder().arbitrary_callback_data(True)``)
+    the callback-data cache is fenced too: each inline keyboard an update puts into the bot's
+    cache (sent or edited with ``context.bot``, or queued through ``attempt.outbox``, whose
+    stored call then keeps the button ids) is one state row written with the commit that
+    completes the update (a keyboard queued inside a fenced transaction: with that
+    transaction); a failed attempt's keyboards are not written (its retry's are). A press
+    this process's cache cannot resolve (``InvalidCallbackData``: a keyboard sent by another
+    process, or before a restart) has its keyboard read in the same store read as the
+    update's data, and ``callback_query.data`` (and the buttons of the message it is under)
+    get the original objects before any handler sees them. Keyboards sent outside an update
+    (a job) stay in this process's cache only. The store's ``prune`` deletes the keyboard rows
+    written longer than ``retain_seconds`` ago, so presses of older keyboards resolve only in
+    a process whose cache still holds them (PTB's own LRU of ``maxsize`` keyboards);
+    ``drop_data``/``clear_callback_data`` change this process's cache only.
 
     Args:
         store: The processor's store; it must keep persisted state
@@ -104,15 +125,14 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
 
     Keyword Args:
         store_data (:class:`telegram.ext.PersistenceInput`, optional): Which data to fence.
-            Defaults to ``user_data``, ``chat_data`` and ``bot_data``; ``callback_data``
-            must be :obj:`False`.
+            Defaults to all: ``user_data``, ``chat_data``, ``bot_data`` and ``callback_data``
+            (the last only matters with ``arbitrary_callback_data``).
         update_interval (:obj:`float`, optional): How often PTB calls the ``update_*``
             methods (they write nothing: the fence writes; they only notice changes made
             outside an update). Defaults to ``60``.
 
     Raises:
         TypeError: The store keeps no persisted state (the message names its methods).
-        ValueError: ``store_data.callback_data`` is :obj:`True`.
     """
 
     __slots__ = ("_application", "_committed", "_lock", "_noticed", "_reads", "_session_drops",
@@ -125,12 +145,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         store_data: Optional[PersistenceInput] = None,
         update_interval: float = 60,
     ) -> None:
-        data = store_data if store_data is not None else PersistenceInput(callback_data=False)
-        if data.callback_data:
-            raise ValueError(
-                "FencedPersistence does not fence the callback-data cache (arbitrary callback "
-                "data): pass store_data=PersistenceInput(callback_data=False)"
-            )
+        data = store_data if store_data is not None else PersistenceInput()
         if "state" not in StoreCapabilities.of(store):
             raise TypeError(
                 f"{type(store).__name__} keeps no persisted bot state (StateStore: "
@@ -202,7 +217,21 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
                 "Install a python-telegram-bot version ptb_fence supports (22.x)"
             )
         self._application = weakref.ref(application)
+        if self._fences_keyboards(application):
+            if not fence_keyboard_cache(application.bot.callback_data_cache, record_keyboard):
+                _LOGGER.warning(
+                    "FencedPersistence cannot see the keyboards this python-telegram-bot's "
+                    "callback-data cache inserts: keyboards sent with context.bot are kept in "
+                    "this process only (those queued through attempt.outbox are written)"
+                )
         self._warn_unfenced(application)
+
+    def _fences_keyboards(self, application: Any) -> bool:
+        """The callback-data cache is fenced: ``store_data.callback_data`` and the bot has
+        one (``arbitrary_callback_data``)."""
+        return bool(self.store_data.callback_data) and (
+            getattr(application.bot, "callback_data_cache", None) is not None
+        )
 
     def _app(self) -> Any:
         application = None if self._application is None else self._application()
@@ -292,7 +321,16 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
                     (handler, conversation, conversation_state_key(handler.name, conversation))
                 )
         keys = list(wanted.values()) + [state for _, _, state in conversations]
+        fences_keyboards = self._fences_keyboards(application)
+        # a press of a keyboard this process's cache does not hold: read it with the rest
+        pressed = pressed_keyboard(update) if fences_keyboards else None
+        if pressed is not None:
+            keys.append(keyboard_key(pressed[0]))
         loaded = await self._reads.submit(keys) if keys else {}
+        if pressed is not None:
+            entry = loaded.pop(keyboard_key(pressed[0]), None)
+            resolve_press(getattr(application, "bot"), update, pressed[0],
+                          None if entry is None else entry.value)
         data: Dict[str, Tuple[StateKey, Any]] = {}
         for kind, key in wanted.items():
             entry = loaded.get(key)
@@ -304,6 +342,8 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         for handler, conversation, key in conversations:
             self._set_conversation(handler, conversation, loaded.get(key))
         session = StateSession(update, loaded, data, conversations, self._session_ended)
+        if fences_keyboards:
+            session.keyboards = {}
         # its writes ride the commit that completes the attempt; it learns how that went
         attempt.effects.hold_state(session)
         return session
@@ -388,6 +428,8 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         """Remember committed rows newer than the ones known."""
         with self._lock:
             for key, entry in rows.items():
+                if key.kind == "callback":
+                    continue  # written once, read once per process: nothing to remember
                 known = self._committed.get(key)
                 if known is None or known.version < entry.version:
                     self._committed[key] = entry
@@ -485,7 +527,8 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         return decode_state(entry.value)
 
     async def get_callback_data(self) -> None:
-        """:obj:`None`: the callback-data cache is not fenced."""
+        """:obj:`None`: nothing at start; a press of a keyboard this process's cache does not
+        hold reads that keyboard from the store before it is handled."""
         return None
 
     async def get_conversations(self, name: str) -> Dict[Any, Any]:
@@ -516,7 +559,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         self._notice_outside_change(_BOT, data, "bot_data")
 
     async def update_callback_data(self, data: Any) -> None:
-        """Writes nothing: the callback-data cache is not fenced."""
+        """Writes nothing: each keyboard was written with the update that sent it."""
 
     async def drop_chat_data(self, chat_id: int) -> None:
         """Delete the chat's data from the store (``Application.drop_chat_data``, applied by

@@ -62,7 +62,7 @@ class StateSession:
     """
 
     __slots__ = ("_contexts", "_declared", "_dropped", "_ended", "_landed", "_on_end", "_prepared", "_taken",
-                 "_token", "conversations", "data", "loaded", "update")
+                 "_token", "conversations", "data", "keyboards", "loaded", "update")
 
     def __init__(
         self,
@@ -82,6 +82,9 @@ class StateSession:
         self._landed = False
         self._declared: Dict[StateKey, Any] = {}
         self._dropped: Set[str] = set()
+        # with the callback-data cache fenced: the keyboards the attempt put into the bot's
+        # cache, {uuid: (uuid, access time, {button uuid: data})}, written with its completion
+        self.keyboards: Optional[Dict[str, Tuple[str, float, Dict[str, Any]]]] = None
         self._prepared: Optional[Tuple[StateWrite, ...]] = None
         self._taken: Optional[Tuple[StateWrite, ...]] = None
         self._token: Optional[contextvars.Token[Optional[StateSession]]] = None
@@ -187,6 +190,10 @@ class StateSession:
             old = base.get(key)
             if known and text != (None if old is None else old[0]):
                 out.append(StateWrite(key, text, 0 if old is None else old[1]))
+        for uuid, access_time, buttons in list((self.keyboards or {}).values()):
+            key = StateKey("callback", "", uuid)
+            if key not in base:  # new keyboards only (a late diff: not the ones taken)
+                out.append(StateWrite(key, encode_state((access_time, buttons)), 0))
         return tuple(out)
 
     # -- the completion ---------------------------------------------------------------------

@@ -49,13 +49,12 @@ def _conversation(**options: Any) -> ConversationHandler:
 
 
 # -- refusals ------------------------------------------------------------------------------------
-def test_a_store_without_state_and_callback_data_are_refused_at_construction() -> None:
+def test_a_store_without_state_is_refused_at_construction() -> None:
     with pytest.raises(TypeError, match="read_state, write_state, list_state"):
         FencedPersistence(FencedOnlyStore())
-    with pytest.raises(ValueError, match=r"PersistenceInput\(callback_data=False\)"):
-        FencedPersistence(MemoryUpdateStore(), store_data=PersistenceInput())
+    # the callback-data cache is fenced too (when the bot has one)
     persistence = FencedPersistence(MemoryUpdateStore())
-    assert persistence.store_data == PersistenceInput(callback_data=False)
+    assert persistence.store_data == PersistenceInput()
 
 
 def test_initialize_refuses_a_processor_that_cannot_fence_the_state(tmp_path: Path) -> None:
