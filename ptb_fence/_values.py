@@ -167,8 +167,8 @@ class StateKey:
         name (:obj:`str`): The conversation handler's name for ``conversation``; empty
             otherwise.
         key (:obj:`str`): The user id or chat id as decimal text (``user``, ``chat``), the
-            conversation key's JSON text (``conversation``); empty for ``bot`` and
-            ``callback``.
+            conversation key's JSON text (``conversation``), the keyboard's uuid (``callback``:
+            one row per keyboard of PTB's callback-data cache); empty for ``bot``.
     """
 
     kind: str

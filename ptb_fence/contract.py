@@ -863,8 +863,9 @@ class StateStore(Protocol):
     caller rolls back. The outbox calls of a conflicting item are not written either.
 
     The state table is ``<table>_persistence`` (SQLite, PostgreSQL), created with the store
-    and by ``ptb-fence migrate`` / ``postgres_update_store_schema``. ``prune`` never deletes
-    state. Each method is one transaction. The group needs the fenced group,
+    and by ``ptb-fence migrate`` / ``postgres_update_store_schema``. ``prune(before)`` deletes
+    no state but the callback-data cache's keyboards (kind ``callback``, written once each)
+    last written before ``before``. Each method is one transaction. The group needs the fenced group,
     ``settle_owned_many`` and the outbox (its ``write_effects`` carries the writes).
     """
 

@@ -88,7 +88,8 @@ def _conflict_on(value: object, *keys: StateKey) -> bool:
     "fenced",
     "read_state reads several keys at once; write_state lands all or none, each write only on "
     "the version its writer read (0: no row), leaving it one higher; a deleted state keeps "
-    "its version; list_state pages in key order; prune keeps state.",
+    "its version; list_state pages in key order; prune keeps state, except the callback-data "
+    "keyboards written before its bound.",
     applies="only with the state methods",
 )
 def rule_state_versions(p: Probe, fenced: bool, durable: bool) -> None:
@@ -98,7 +99,8 @@ def rule_state_versions(p: Probe, fenced: bool, durable: bool) -> None:
     conflict naming ``USER`` only and applies neither. ``USER`` at 1 with :obj:`None` deletes
     it: read back as value :obj:`None` at version 2; a write from 0 on it now conflicts, one from
     2 lands (version 3). ``list_state`` lists by ``(kind, name, key)``, filters by kind and
-    name, pages after a key, honours ``limit``; ``prune`` deletes no state.
+    name, pages after a key, honours ``limit``; ``prune`` deletes no state but the
+    callback-data keyboards (kind ``callback``) written before its bound.
     """
     if not _has_state(p):
         return
@@ -140,8 +142,18 @@ def rule_state_versions(p: Probe, fenced: bool, durable: bool) -> None:
     page = [k for k, _ in p.call("list_state", after=want[0], limit=2)]
     p.expect(page == want[1:3], f"list_state(after={want[0]}, limit=2) listed {page}; "
              f"expected {want[1:3]}")
+    keyboard = StateKey("callback", "", "0" * 32)
+    p.require(p.call("write_state", [StateWrite(keyboard, "k", 0)], T + 5) is None,
+              "write_state of a callback-data keyboard did not land")
+    p.prune(T + 5)
+    p.expect(_version(p, keyboard) == ("k", 1),
+             "prune(before) deleted a callback-data keyboard written at before (it deletes "
+             "those written earlier only)")
     p.prune(T + 10_000_000)
-    p.expect(len(p.call("list_state")) == 4, "prune deleted persisted state")
+    p.expect(len(p.call("list_state")) == 4, "prune deleted persisted state (it deletes only "
+             "callback-data keyboards)")
+    p.expect(_read(p, [keyboard]) == {}, "prune kept a callback-data keyboard written before "
+             "its bound (the keyboards are pruned with the updates' retain period)")
 
 
 @rule(

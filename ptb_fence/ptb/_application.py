@@ -245,6 +245,23 @@ class FencedApplicationMixin(_MixinBase):
     setattr(run_polling, "__signature__", inspect.signature(Application.run_polling))
     setattr(run_webhook, "__signature__", inspect.signature(Application.run_webhook))
 
+    def drop_user_data(self, user_id: int) -> None:
+        """PTB's :meth:`~telegram.ext.Application.drop_user_data`. With
+        :class:`~ptb_fence.ptb.FencedPersistence`, called by a handler of an update of that
+        user, the drop is written with the update's completion (and the handler's
+        ``context.user_data`` is empty from here on); elsewhere PTB's next flush deletes the
+        stored data."""
+        if isinstance(self.persistence, FencedPersistence):
+            self.persistence.dropping(self, "user", user_id)
+        super().drop_user_data(user_id)
+
+    def drop_chat_data(self, chat_id: int) -> None:
+        """PTB's :meth:`~telegram.ext.Application.drop_chat_data`, fenced as
+        :meth:`drop_user_data` is."""
+        if isinstance(self.persistence, FencedPersistence):
+            self.persistence.dropping(self, "chat", chat_id)
+        super().drop_chat_data(chat_id)
+
     def _fence_processor(self) -> Optional[ApplicationBinding]:
         processor = getattr(self, "update_processor", None)
         return processor if isinstance(processor, ApplicationBinding) else None

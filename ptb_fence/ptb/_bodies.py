@@ -8,6 +8,7 @@ from typing import Any, Optional, Sequence, Union
 
 from telegram import Update
 from telegram.error import TelegramError
+from telegram.ext import InvalidCallbackData
 
 from ptb_fence._fingerprint import fingerprint_known
 from ptb_fence._update_ids import is_update_id
@@ -65,7 +66,9 @@ def update_body(update: Update) -> str:
     ``arbitrary_callback_data`` PTB has replaced ``callback_query.data`` by the cached Python
     object before the queue; objects that are not JSON are stored as ``null`` (and the body
     gets ``"_ptb_fence": {"callback_data": "not stored"}``), so a replay of such an update
-    (retry, takeover, restart) sees ``callback_query.data`` as :obj:`None`.
+    (retry, takeover, restart) sees ``callback_query.data`` as :obj:`None`. Data PTB could
+    not resolve (``InvalidCallbackData``, the keyboard not in this process's cache) keep the
+    button's id, so a replay resolves it as on delivery (FencedPersistence: from the store).
     """
     try:
         return update.to_json()
@@ -73,8 +76,11 @@ def update_body(update: Update) -> str:
         data = update.to_dict()
         query = data.get("callback_query")
         if isinstance(query, dict):
-            query["data"] = None
-        data["_ptb_fence"] = {"callback_data": "not stored"}
+            raw = getattr(update.callback_query, "data", None)
+            kept = raw.callback_data if isinstance(raw, InvalidCallbackData) else None
+            query["data"] = kept if isinstance(kept, str) else None
+            if query["data"] is None:
+                data["_ptb_fence"] = {"callback_data": "not stored"}
         return json.dumps(data, default=_null)
 
 

@@ -16,15 +16,23 @@ from telegram.ext import BasePersistence, ConversationHandler, PersistenceInput
 
 from ptb_fence._values import StateEntry, StateKey, StateWrite
 from ptb_fence.contract import STATE_METHODS, StoreCapabilities
+from ptb_fence.ptb._callback_data import (
+    keyboard_key,
+    pressed_keyboard,
+    record_keyboard,
+    resolve_press,
+)
 from ptb_fence.ptb._context import FencedCallbackContext
 from ptb_fence.ptb._group_commit import GroupCommit
 from ptb_fence.ptb._ptb_internals import (
     conversation_key,
+    fence_keyboard_cache,
     conversation_states,
     missing_conversation_internals,
 )
 from ptb_fence.ptb._state_session import (
     StateSession,
+    active_session,
     conversation_state_key,
     decode_state,
     encode_state,
@@ -46,6 +54,9 @@ _Rows = Dict[StateKey, StateEntry]
 _Parts = Tuple[Dict[str, StateKey], List[Tuple[Any, Tuple[Any, ...], StateKey]]]
 """An update's data keys per kind and its persistent conversations (handler, key, state
 key)."""
+
+_DROP_TRIES = 5
+"""How often a drop of user or chat data is tried when another writer moves the row."""
 
 
 def _walk(handlers: Any) -> List[Any]:
@@ -104,14 +115,33 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         app = (processor.install(Application.builder().token(TOKEN))
                .persistence(FencedPersistence(store)).build())
 
+    ``Application.drop_user_data``/``drop_chat_data`` called by a handler of an update of
+    that user (chat) is written with the update's completion (a tombstone; a failed attempt
+    drops nothing); called elsewhere, PTB's next flush deletes the stored row (at the version
+    read, retried a few times when another writer moves it, a WARNING if that fails).
+
     Handlers see private copies of the data while they handle an update (through
     ``context``): ``context.application.user_data[...]`` (and jobs) see the committed data
     and changes made there are not persisted (a WARNING says so when PTB's flush meets one).
     Not fenced, with a WARNING at start: ``block=False`` handlers (their changes made after
     the update completed are not persisted; a conversation state set by one is written when
     its task ended by the completion), ``conversation_timeout`` (the timeout is a job in one
-    process's JobQueue: its deadline is not persisted, so a restart or a takeover loses it)
-    and the callback-data cache (``store_data.callback_data`` must be :obj:`False`).
+    process's JobQueue: its deadline is not persisted, so a restart or a takeover loses it).
+
+    With ``arbitrary_callback_data`` (``Application.builder().arbitrary_callback_data(True)``)
+    the callback-data cache is fenced too: each inline keyboard an update puts into the bot's
+    cache (sent or edited with ``context.bot``, or queued through ``attempt.outbox``, whose
+    stored call then keeps the button ids) is one state row written with the commit that
+    completes the update (a keyboard queued inside a fenced transaction: with that
+    transaction); a failed attempt's keyboards are not written (its retry's are). A press
+    this process's cache cannot resolve (``InvalidCallbackData``: a keyboard sent by another
+    process, or before a restart) has its keyboard read in the same store read as the
+    update's data, and ``callback_query.data`` (and the buttons of the message it is under)
+    get the original objects before any handler sees them. Keyboards sent outside an update
+    (a job) stay in this process's cache only. The store's ``prune`` deletes the keyboard rows
+    written longer than ``retain_seconds`` ago, so presses of older keyboards resolve only in
+    a process whose cache still holds them (PTB's own LRU of ``maxsize`` keyboards);
+    ``drop_data``/``clear_callback_data`` change this process's cache only.
 
     Args:
         store: The processor's store; it must keep persisted state
@@ -119,19 +149,18 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
 
     Keyword Args:
         store_data (:class:`telegram.ext.PersistenceInput`, optional): Which data to fence.
-            Defaults to ``user_data``, ``chat_data`` and ``bot_data``; ``callback_data``
-            must be :obj:`False`.
+            Defaults to all: ``user_data``, ``chat_data``, ``bot_data`` and ``callback_data``
+            (the last only matters with ``arbitrary_callback_data``).
         update_interval (:obj:`float`, optional): How often PTB calls the ``update_*``
             methods (they write nothing: the fence writes; they only notice changes made
             outside an update). Defaults to ``60``.
 
     Raises:
         TypeError: The store keeps no persisted state (the message names its methods).
-        ValueError: ``store_data.callback_data`` is :obj:`True`.
     """
 
     __slots__ = ("_application", "_committed", "_conversations", "_lock", "_noticed",
-                 "_prefetched", "_published", "_reads", "_store")
+                 "_prefetched", "_published", "_reads", "_session_drops", "_store")
 
     def __init__(
         self,
@@ -140,12 +169,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         store_data: Optional[PersistenceInput] = None,
         update_interval: float = 60,
     ) -> None:
-        data = store_data if store_data is not None else PersistenceInput(callback_data=False)
-        if data.callback_data:
-            raise ValueError(
-                "FencedPersistence does not fence the callback-data cache (arbitrary callback "
-                "data): pass store_data=PersistenceInput(callback_data=False)"
-            )
+        data = store_data if store_data is not None else PersistenceInput()
         if "state" not in StoreCapabilities.of(store):
             raise TypeError(
                 f"{type(store).__name__} keeps no persisted bot state (StateStore: "
@@ -162,6 +186,8 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         self._noticed: Set[StateKey] = set()
         self._conversations: Optional[Tuple[Tuple[Any, ...], List[Any]]] = None
         self._published: Dict[StateKey, int] = {}  # the version shown in the Application's dicts
+        # drops made while an update held the key: its completion writes them, not the flush
+        self._session_drops: Set[StateKey] = set()
         # the reads of updates that start together go to the store in one read_state
         self._reads: GroupCommit[List[StateKey], Dict[StateKey, StateEntry]] = GroupCommit(
             self._read_many, "ptb_fence-state-reads"
@@ -220,7 +246,21 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
                 "Install a python-telegram-bot version ptb_fence supports (22.x)"
             )
         self._application = weakref.ref(application)
+        if self._fences_keyboards(application):
+            if not fence_keyboard_cache(application.bot.callback_data_cache, record_keyboard):
+                _LOGGER.warning(
+                    "FencedPersistence cannot see the keyboards this python-telegram-bot's "
+                    "callback-data cache inserts: keyboards sent with context.bot are kept in "
+                    "this process only (those queued through attempt.outbox are written)"
+                )
         self._warn_unfenced(application)
+
+    def _fences_keyboards(self, application: Any) -> bool:
+        """The callback-data cache is fenced: ``store_data.callback_data`` and the bot has
+        one (``arbitrary_callback_data``)."""
+        return bool(self.store_data.callback_data) and (
+            getattr(application.bot, "callback_data_cache", None) is not None
+        )
 
     def _app(self) -> Any:
         application = None if self._application is None else self._application()
@@ -311,6 +351,17 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
                 )
         return wanted, conversations
 
+    def _read_keys(self, application: Any, update: Update, parts: _Parts) -> List[StateKey]:
+        """Every key the update's state read takes: its data, its conversations and, for a
+        press of a keyboard this process's cache does not hold, that keyboard's row."""
+        wanted, conversations = parts
+        keys = list(wanted.values()) + [state for _, _, state in conversations]
+        if self._fences_keyboards(application):
+            pressed = pressed_keyboard(update)
+            if pressed is not None:
+                keys.append(keyboard_key(pressed[0]))
+        return keys
+
     def state_keys(self, application: Any, update: object) -> List[StateKey]:
         """The keys of ``update``'s state (its user's and chat's data, ``bot_data``, its
         persistent conversations); none when this persistence does not fence it."""
@@ -321,8 +372,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         now = time.monotonic()
         self._forget_old(now)
         parts = self._keys(application, update)
-        wanted, conversations = parts
-        keys = list(wanted.values()) + [state for _, _, state in conversations]
+        keys = self._read_keys(application, update, parts)
         if keys:  # remembered for its attempt (with the rows read ahead, once they come)
             self._prefetched[update.update_id] = (None, keys, now, parts)
         return keys
@@ -404,9 +454,18 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         parts = None if ahead is None else ahead[3]
         # the keys computed when it was recorded or queued (the handlers' keys of one update
         # do not change)
-        wanted, conversations = parts if parts is not None else self._keys(application, update)
-        keys = list(wanted.values()) + [state for _, _, state in conversations]
+        if parts is None:
+            parts = self._keys(application, update)
+        wanted, conversations = parts
+        keys = self._read_keys(application, update, parts)
         loaded = await self._loaded(update, keys)
+        fences_keyboards = self._fences_keyboards(application)
+        # a press of a keyboard this process's cache does not hold: read with the rest
+        pressed = pressed_keyboard(update) if fences_keyboards else None
+        if pressed is not None:
+            entry = loaded.pop(keyboard_key(pressed[0]), None)
+            resolve_press(getattr(application, "bot"), update, pressed[0],
+                          None if entry is None else entry.value)
         data: Dict[str, Tuple[StateKey, Any]] = {}
         for kind, key in wanted.items():
             entry = loaded.get(key)
@@ -418,6 +477,8 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         for handler, conversation, key in conversations:
             self._set_conversation(handler, conversation, loaded.get(key))
         session = StateSession(update, loaded, data, conversations, self._session_ended)
+        if fences_keyboards:
+            session.keyboards = {}
         # its writes ride the commit that completes the attempt; it learns how that went
         attempt.effects.hold_state(session)
         return session
@@ -502,6 +563,8 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         """Remember committed rows newer than the ones known."""
         with self._lock:
             for key, entry in rows.items():
+                if key.kind == "callback":
+                    continue  # written once, read once per process: nothing to remember
                 known = self._committed.get(key)
                 if known is None or known.version < entry.version:
                     self._committed[key] = entry
@@ -607,7 +670,8 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         return decode_state(entry.value)
 
     async def get_callback_data(self) -> None:
-        """:obj:`None`: the callback-data cache is not fenced."""
+        """:obj:`None`: nothing at start; a press of a keyboard this process's cache does not
+        hold reads that keyboard from the store before it is handled."""
         return None
 
     async def get_conversations(self, name: str) -> Dict[Any, Any]:
@@ -638,13 +702,74 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         self._notice_outside_change(_BOT, data, "bot_data")
 
     async def update_callback_data(self, data: Any) -> None:
-        """Writes nothing: the callback-data cache is not fenced."""
+        """Writes nothing: each keyboard was written with the update that sent it."""
 
     async def drop_chat_data(self, chat_id: int) -> None:
-        """Writes nothing: ``Application.drop_chat_data`` is not fenced."""
+        """Delete the chat's data from the store (``Application.drop_chat_data``, applied by
+        PTB's next flush): see :meth:`drop_user_data`."""
+        await self._drop(StateKey("chat", "", str(chat_id)), f"chat_data of chat {chat_id}")
 
     async def drop_user_data(self, user_id: int) -> None:
-        """Writes nothing: ``Application.drop_user_data`` is not fenced."""
+        """Delete the user's data from the store (``Application.drop_user_data``, applied by
+        PTB's next flush, at the latest when the Application stops): a tombstone at the
+        version read, outside any update's fence; when another writer moved the version
+        meanwhile the row is read again and the drop retried, a few times, then given up with
+        a WARNING (a store error is logged the same way: PTB's flush would only hand it to the
+        error handlers without an update)."""
+        await self._drop(StateKey("user", "", str(user_id)), f"user_data of user {user_id}")
+
+    def dropping(self, application: Any, kind: str, ident: int) -> None:
+        """``Application.drop_user_data``/``drop_chat_data`` was called (the
+        :class:`~ptb_fence.ptb.FencedApplicationMixin` calls this before PTB drops its dict).
+        Inside the handling of an update whose session holds that user's or chat's data the
+        drop rides the update's completion (a failed attempt drops nothing) and PTB's later
+        flush leaves that row alone (a later update may have filled it again); elsewhere the
+        flush applies it."""
+        if self._application is None or self._application() is not application:
+            return
+        session = active_session()
+        key = StateKey(kind, "", str(ident))
+        if session is None or session.ended or session.holds(key) != kind:
+            return
+        session.drop(kind, self._empty(application, kind))
+        with self._lock:
+            self._session_drops.add(key)
+
+    async def _drop(self, key: StateKey, what: str) -> None:
+        application = None if self._application is None else self._application()
+        if application is None:
+            return
+        with self._lock:
+            if key in self._session_drops:  # an update's completion carries this drop
+                self._session_drops.discard(key)
+                return
+        processor: Any = getattr(application, "update_processor")
+        port = processor.runtime.port
+        try:
+            for _ in range(_DROP_TRIES):
+                rows: Dict[StateKey, StateEntry] = await processor.call_store(
+                    port.read_state, [key]
+                )
+                self._learn(rows)
+                entry = rows.get(key)
+                if entry is None or entry.value is None:
+                    return  # nothing stored (or dropped already)
+                write = StateWrite(key, None, entry.version)
+                conflict = await processor.call_store(
+                    port.write_state, (write,), processor.runtime.now_ms()
+                )
+                if conflict is None:
+                    self._learn({key: StateEntry(None, entry.version + 1)})
+                    return
+        except Exception as exc:  # the flush has no update to fail: say it here
+            _LOGGER.warning("FencedPersistence: %s was not dropped from the store: %s: %s",
+                            what, type(exc).__name__, exc)
+            return
+        _LOGGER.warning(
+            "FencedPersistence: %s was not dropped from the store: it changed %d times while "
+            "the drop was tried (another update kept writing it); drop it again", what,
+            _DROP_TRIES,
+        )
 
     async def refresh_user_data(self, user_id: int, user_data: Any) -> None:
         """Nothing: the update's data were read from the store before it was handled."""

@@ -35,6 +35,7 @@ from ptb_fence.ptb._interfaces import ApplicationBinding
 from ptb_fence.ptb._isolation import AsyncIsolationGate
 from ptb_fence.ptb._queue import DurableUpdateQueue
 from ptb_fence.ptb._request import unwrap_get_updates_request, wrap_get_updates_request
+from ptb_fence.ptb._callback_data import outbox_preparer
 from ptb_fence.ptb._sender import BotSender
 from ptb_fence.ptb._state import SharedState
 from ptb_fence.ptb._stopping import Stopping
@@ -333,6 +334,13 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             return
         defaults = getattr(application.bot, "defaults", None)
         outbox.defaults = dict(defaults.api_defaults) if defaults is not None else {}
+        # with arbitrary_callback_data a queued keyboard goes into the bot's cache as PTB
+        # puts the keyboards it sends: the outbox keeps the ids (JSON), presses resolve
+        bot = application.bot
+        outbox.prepare = (
+            outbox_preparer(bot) if getattr(bot, "callback_data_cache", None) is not None
+            else None
+        )
         loop = asyncio.get_running_loop()
         sender = BotSender(application.bot, loop, self._runtime.options.lease_seconds * 0.75)
         outbox.start(sender, loop=loop)

@@ -49,6 +49,21 @@ the installed PTB, failing with the name of the internal if a PTB release change
    the resolved state when the task has ended by the completion, else leaves the committed
    one.
 
+9. ``ExtBot._replace_keyboard`` hands every inline keyboard the bot sends or edits (with
+   ``arbitrary_callback_data``) to ``bot.callback_data_cache.process_keyboard``, and that
+   instance's class can be replaced by a subclass (``__class__`` assignment; the subclass
+   adds no slots). With the callback-data cache fenced, the cache is given a subclass whose
+   ``process_keyboard`` also tells the update being handled which keyboard it inserted, so
+   its completion writes the keyboard. PTB has no public hook for "a keyboard was cached".
+   If this changes, keyboards sent with ``context.bot`` are not written (the guard test
+   says so); those queued through ``attempt.outbox`` are.
+10. ``TelegramObject._unfrozen()``: PTB's own way (``CallbackDataCache.process_callback_query``)
+    to set ``CallbackQuery.data`` on a frozen object. A press of a keyboard this process's
+    cache does not hold (sent by another process, or before a restart) arrives as
+    ``InvalidCallbackData``; FencedPersistence reads the keyboard from the store and sets the
+    data to the original object as PTB would have (buttons use the public
+    ``InlineKeyboardButton.update_callback_data``).
+
 Not private, listed because their identity matters: the defaults of the public
 ``BaseRequest.do_request`` signature (PTB's "not given" marker), read with :mod:`inspect`.
 """
@@ -62,6 +77,8 @@ from telegram.request import BaseRequest
 
 __all__ = [
     "REQUEST_DEFAULT",
+    "fence_keyboard_cache",
+    "set_callback_query_data",
     "conversation_key",
     "conversation_states",
     "missing_conversation_internals",
@@ -211,3 +228,43 @@ def missing_conversation_internals() -> "list[str]":
                 and callable(getattr(PendingState, "resolve", None))):
             missing.append("PendingState.done/resolve (internal 8)")
     return missing
+
+
+def fence_keyboard_cache(cache: Any, on_keyboard: Any) -> bool:
+    """Make ``cache`` (a bot's ``CallbackDataCache``) call ``on_keyboard(original, sent)``
+    after each keyboard its ``process_keyboard`` inserted (internal 9): ``original`` the
+    markup given, ``sent`` the one with the buttons' data replaced by their ids.
+
+    Returns:
+        :obj:`False` (changing nothing) if this PTB keeps its cache otherwise.
+    """
+    from telegram.ext import CallbackDataCache
+
+    if not isinstance(cache, CallbackDataCache):
+        return False
+    cls = type(cache)
+    if getattr(cls, "ptb_fence_recorder", None) is not None:
+        fenced: Any = cls
+    else:
+        def process_keyboard(self: Any, reply_markup: Any) -> Any:
+            sent = super(fenced, self).process_keyboard(reply_markup)
+            if sent is not reply_markup:
+                fenced.ptb_fence_recorder(reply_markup, sent)
+            return sent
+
+        fenced = type(f"Fenced{cls.__name__}", (cls,), {
+            "__slots__": (), "process_keyboard": process_keyboard,
+            "ptb_fence_recorder": None,
+        })
+    fenced.ptb_fence_recorder = staticmethod(on_keyboard)
+    try:
+        cache.__class__ = fenced
+    except TypeError:  # pragma: no cover - a PTB we do not know
+        return False
+    return True
+
+
+def set_callback_query_data(query: Any, data: Any) -> None:
+    """Set ``query.data`` (a frozen ``CallbackQuery``) as PTB's cache does (internal 10)."""
+    with getattr(query, "_unfrozen")():
+        query.data = data

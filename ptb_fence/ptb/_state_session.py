@@ -61,8 +61,8 @@ class StateSession:
         on_end: Called with the session and whether its writes landed, once.
     """
 
-    __slots__ = ("_contexts", "_declared", "_ended", "_landed", "_on_end", "_prepared", "_taken",
-                 "_token", "conversations", "data", "loaded", "update")
+    __slots__ = ("_contexts", "_declared", "_dropped", "_ended", "_landed", "_on_end", "_prepared", "_taken",
+                 "_token", "conversations", "data", "keyboards", "loaded", "update")
 
     def __init__(
         self,
@@ -81,6 +81,10 @@ class StateSession:
         self._ended = False
         self._landed = False
         self._declared: Dict[StateKey, Any] = {}
+        self._dropped: Set[str] = set()
+        # with the callback-data cache fenced: the keyboards the attempt put into the bot's
+        # cache, {uuid: (uuid, access time, {button uuid: data})}, written with its completion
+        self.keyboards: Optional[Dict[str, Tuple[str, float, Dict[str, Any]]]] = None
         self._prepared: Optional[Tuple[StateWrite, ...]] = None
         self._taken: Optional[Tuple[StateWrite, ...]] = None
         self._token: Optional[contextvars.Token[Optional[StateSession]]] = None
@@ -111,6 +115,23 @@ class StateSession:
         if id(context) not in self._contexts or kind not in self.data:
             return NOT_HELD
         return self.data[kind][1]
+
+    def holds(self, key: StateKey) -> Optional[str]:
+        """The kind (``user``, ``chat``) under which the session holds ``key``, or
+        :obj:`None`."""
+        for kind, (held, _) in self.data.items():
+            if held == key:
+                return kind
+        return None
+
+    def drop(self, kind: str, empty: Any) -> None:
+        """``Application.drop_user_data``/``drop_chat_data`` of the ``kind`` data the session
+        holds, while it handles the update: from now on its contexts get ``empty`` and, unless
+        the handlers fill it again, the completion deletes the row (a tombstone) with the
+        update's other writes."""
+        key, _ = self.data[kind]
+        self.data[kind] = (key, empty)
+        self._dropped.add(kind)
 
     def declare(self, state: Any, name: Optional[str]) -> None:
         """The conversation (of the handler ``name``, or the only persistent one the update
@@ -156,11 +177,12 @@ class StateSession:
     def _diff(self, base: Dict[StateKey, Tuple[Optional[str], int]]) -> Tuple[StateWrite, ...]:
         """The writes from ``base`` (``key: (text, version)``; absent: no row) to now."""
         out: List[StateWrite] = []
-        for key, value in self.data.values():
+        for kind, (key, value) in self.data.items():
             old = base.get(key)
-            if old is None and not value:
-                continue
-            encoded = encode_state(value)
+            if (old is None or old[0] is None) and not value:
+                continue  # nothing stored (or a tombstone), nothing to store
+            # dropped and not filled again: delete the row
+            encoded = None if kind in self._dropped and not value else encode_state(value)
             if old is None or old[0] != encoded:
                 out.append(StateWrite(key, encoded, 0 if old is None else old[1]))
         for handler, conversation, key in self.conversations:
@@ -168,6 +190,10 @@ class StateSession:
             old = base.get(key)
             if known and text != (None if old is None else old[0]):
                 out.append(StateWrite(key, text, 0 if old is None else old[1]))
+        for uuid, access_time, buttons in list((self.keyboards or {}).values()):
+            key = StateKey("callback", "", uuid)
+            if key not in base:  # new keyboards only (a late diff: not the ones taken)
+                out.append(StateWrite(key, encode_state((access_time, buttons)), 0))
         return tuple(out)
 
     # -- the completion ---------------------------------------------------------------------

@@ -274,7 +274,8 @@ class Attempt:
             refusal = self._runtime.outbox_refusal()
             if refusal is not None:
                 raise TypeError(refusal)
-            outbox = Outbox(self, self._runtime.outbox_defaults())
+            outbox = Outbox(self, self._runtime.outbox_defaults(),
+                            self._runtime.outbox_prepare())
             with self._lock:
                 if self._outbox is None:
                     self._outbox = outbox

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 
 from ptb_fence.contract import OUTBOX_METHODS
 from ptb_fence._values import AttemptEffects, AttemptIdentity, CallClaim, OutboxEntry
+from ptb_fence.runtime._outbox_prepare import OutboxPrepare
 from ptb_fence.runtime._daemon_pool import DaemonThreadPool
 from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._options import RuntimeOptions
@@ -158,6 +159,7 @@ class OutboxDispatcher:
         "_next_retry",
         "_options",
         "_pool",
+        "_prepare",
         "_port",
         "_read_due",
         "_report",
@@ -188,6 +190,7 @@ class OutboxDispatcher:
         self._stats = stats
         self._report = report_store_error
         self._defaults: Dict[str, Any] = {}
+        self._prepare: Optional[OutboxPrepare] = None
         self._sender_missing: Optional[str] = None
         self._cond = threading.Condition()
         self._send: Optional[Send] = None
@@ -233,6 +236,17 @@ class OutboxDispatcher:
     @defaults.setter
     def defaults(self, values: Mapping[str, Any]) -> None:
         self._defaults = dict(values)
+
+    @property
+    def prepare(self) -> Optional[OutboxPrepare]:
+        """The front end's change to queued calls before they are kept as JSON (PTB with
+        ``arbitrary_callback_data``: inline keyboards go into the bot's callback-data cache),
+        or :obj:`None`."""
+        return self._prepare
+
+    @prepare.setter
+    def prepare(self, prepare: Optional[OutboxPrepare]) -> None:
+        self._prepare = prepare
 
     def refuse_calls(self, why: Optional[str]) -> None:
         """Make ``attempt.outbox`` refuse with ``why`` (the front end cannot send);
@@ -320,8 +334,10 @@ class OutboxDispatcher:
                 if limit <= 0:
                     claimed[identity] = held
                     continue
+                # the same effects (its persisted state too), the first calls claimed
                 claimed[identity] = AttemptEffects(
-                    calls=held.calls, claim=CallClaim(self._sender, lease_until, limit)
+                    calls=held.calls, claim=CallClaim(self._sender, lease_until, limit),
+                    state=held.state,
                 )
                 reservation.slots += limit
                 for call in held.calls[:limit]:

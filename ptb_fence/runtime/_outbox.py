@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Mapping, Optional, Protocol, Union
+from typing import Any, Dict, Mapping, Optional, Protocol, Tuple, Union
 
-from ptb_fence._values import AttemptEffects, AttemptIdentity, OutboxCall
+from ptb_fence._values import AttemptEffects, AttemptIdentity, OutboxCall, StateWrite
 from ptb_fence.runtime._bot_params import api_method, params_json, to_json_value
 from ptb_fence.runtime._chats import chat_key, stored_chat_key
 from ptb_fence.runtime._effects import HeldEffects, OpenTransaction
 from ptb_fence.runtime._held_call import HeldCall
+from ptb_fence.runtime._outbox_prepare import OutboxPrepare
 from ptb_fence.runtime._phase import AttemptHost
 
 __all__ = ["Outbox", "OutboxOwner", "QueuedCall"]
@@ -90,11 +91,13 @@ class Outbox:
     reported failed (``unknown outcome``) instead of sent again.
     """
 
-    __slots__ = ("_attempt", "_defaults", "_update")
+    __slots__ = ("_attempt", "_defaults", "_prepare", "_update")
 
-    def __init__(self, attempt: OutboxOwner, defaults: Mapping[str, Any]) -> None:
+    def __init__(self, attempt: OutboxOwner, defaults: Mapping[str, Any],
+                 prepare: "Optional[OutboxPrepare]" = None) -> None:
         self._attempt = attempt
         self._defaults = defaults
+        self._prepare = prepare
         self._update: Optional[Dict[str, Any]] = None
 
     def __repr__(self) -> str:
@@ -153,6 +156,10 @@ class Outbox:
         attempt = self._attempt
         attempt.raise_if_finished()
         name = api_method(method)
+        opened = attempt.open_transaction()
+        state: Tuple[StateWrite, ...] = ()
+        if self._prepare is not None:
+            params, state = self._prepare(name, dict(params), opened is not None)
         text = params_json(name, params, self._defaults)
         chat = params.get("chat_id")
         if chat is None:
@@ -161,12 +168,11 @@ class Outbox:
             key = stored_chat_key(chat) if not isinstance(chat, str) else _int_or_none(chat)
         effects = attempt.effects
         call = OutboxCall(name, text, key, effects.next_seq(), bool(at_most_once))
-        opened = attempt.open_transaction()
         if opened is not None:
             port = attempt.host.port
             call_id = port.write_effects(
                 attempt.identity,
-                AttemptEffects(calls=(call,)),
+                AttemptEffects(calls=(call,), state=state),
                 attempt.host.now_ms(),
                 connection=opened.connection,
             )[0]

@@ -86,6 +86,9 @@ class AttemptHost(Protocol):
     def outbox_defaults(self) -> Mapping[str, Any]:
         """The bot's defaults for outbox calls (PTB ``Defaults.api_defaults``; empty)."""
 
+    def outbox_prepare(self) -> Any:
+        """The front end's change to queued calls (``OutboxPrepare``), or :obj:`None`."""
+
     def calls_committed(self, handles: Any = ()) -> None:
         """A commit carrying outbox calls landed: wake this process's sender."""
 

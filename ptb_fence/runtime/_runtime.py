@@ -51,6 +51,7 @@ from ptb_fence.runtime._hop import StoreHop
 from ptb_fence.runtime._jobs import BackgroundJobs
 from ptb_fence.runtime._lease_keeper import LeaseKeeper
 from ptb_fence.runtime._options import RuntimeOptions
+from ptb_fence.runtime._outbox_prepare import OutboxPrepare
 from ptb_fence.runtime._phase import Phase
 from ptb_fence.runtime._outcome import Outcome, error_text, exhaustion_ids, ids
 from ptb_fence.runtime._port import Recorded, Row, StorePort
@@ -299,6 +300,10 @@ class Runtime:
     def outbox_defaults(self) -> Mapping[str, Any]:
         """The bot's defaults for outbox calls (empty without an outbox or defaults)."""
         return {} if self.outbox is None else self.outbox.defaults
+
+    def outbox_prepare(self) -> "Optional[OutboxPrepare]":
+        """The front end's change to queued calls (:obj:`None`: none, or no outbox)."""
+        return None if self.outbox is None else self.outbox.prepare
 
     def calls_committed(self, handles: Sequence[HeldCall] = ()) -> None:
         """A commit carrying outbox calls landed: wake the sender (no polling delay);

@@ -136,6 +136,7 @@ class StateStatements:
         "lock",
         "name",
         "postgres",
+        "prune",
         "release",
         "rollback_to",
         "savepoint",
@@ -188,6 +189,11 @@ WHERE (CAST(:kind AS TEXT) IS NULL OR kind = :kind)
        OR (kind, name, key) > (:after_kind, :after_name, :after_key))
 ORDER BY kind, name, key
 LIMIT :limit""")
+        # the callback-data cache's keyboards written before the retain period (the only
+        # state prune deletes: a keyboard row is written once and never read back into
+        # anything but PTB's cache, which holds at most maxsize keyboards anyway)
+        self.prune: str = dialect(f"""
+DELETE FROM {s} WHERE kind = 'callback' AND updated_at < :before""")
         # PostgreSQL: one advisory lock per written key, ascending (see the module)
         self.lock: str = (
             f"SELECT count(pg_advisory_xact_lock({LOCK_CLASS}, k)) FROM "

@@ -49,13 +49,12 @@ def _conversation(**options: Any) -> ConversationHandler:
 
 
 # -- refusals ------------------------------------------------------------------------------------
-def test_a_store_without_state_and_callback_data_are_refused_at_construction() -> None:
+def test_a_store_without_state_is_refused_at_construction() -> None:
     with pytest.raises(TypeError, match="read_state, write_state, list_state"):
         FencedPersistence(FencedOnlyStore())
-    with pytest.raises(ValueError, match=r"PersistenceInput\(callback_data=False\)"):
-        FencedPersistence(MemoryUpdateStore(), store_data=PersistenceInput())
+    # the callback-data cache is fenced too (when the bot has one)
     persistence = FencedPersistence(MemoryUpdateStore())
-    assert persistence.store_data == PersistenceInput(callback_data=False)
+    assert persistence.store_data == PersistenceInput()
 
 
 def test_initialize_refuses_a_processor_that_cannot_fence_the_state(tmp_path: Path) -> None:
@@ -442,5 +441,195 @@ def test_updates_of_one_getupdates_answer_share_one_state_read(tmp_path: Path) -
         assert [(attempt, n) for _, attempt, n in seen] == [
             (1, None), (1, 1), (1, 2), (1, 3), (1, 4), (1, 5)], seen
         assert len(reads) < 6, reads
+    finally:
+        store.close()
+
+
+# -- Application.drop_user_data / drop_chat_data -----------------------------------------------
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
+def test_dropped_user_and_chat_data_stay_dropped_after_a_restart(
+    shared_stores: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Update 1 sets user_data and chat_data; update 2's handler drops both
+    (``context.application.drop_*``). PTB applies the drops at its flush, here the last one
+    at stop: the rows become tombstones, and a new Application on the same store (a restart)
+    hands the next update of that user and chat empty data."""
+    seen: List[Any] = []
+
+    async def keep(update: Any, context: Any) -> None:
+        context.user_data["a"] = 1
+        context.chat_data["b"] = 2
+
+    async def drop(update: Any, context: Any) -> None:
+        context.application.drop_user_data(update.effective_user.id)
+        context.application.drop_chat_data(update.effective_chat.id)
+
+    async def look(update: Any, context: Any) -> None:
+        seen.append((dict(context.user_data), dict(context.chat_data)))
+
+    def app_for(store: Any, fake: FakeBotApi) -> Any:
+        app = build(FencedUpdateProcessor(store), fake,
+                    Application.builder().persistence(FencedPersistence(store)))
+        app.add_handler(CommandHandler("keep", keep))
+        app.add_handler(CommandHandler("drop", drop))
+        app.add_handler(CommandHandler("look", look))
+        return app
+
+    user, chat = StateKey("user", "", "5"), StateKey("chat", "", "5")
+    with FakeBotApi() as fake:
+        store = shared_stores()
+
+        async def first() -> None:
+            app = app_for(store, fake)
+            async with polling(app):
+                fake.inject_message(chat_id=5, text="/keep")
+                for _ in range(300):
+                    if _read(store, user) == {"a": 1} and _read(store, chat) == {"b": 2}:
+                        break
+                    await asyncio.sleep(0.02)
+                fake.inject_message(chat_id=5, text="/drop")
+                for _ in range(300):
+                    if app.update_processor.stats().attempts_ended["completed"] >= 2:
+                        break
+                    await asyncio.sleep(0.02)
+                assert 5 not in app.user_data and 5 not in app.chat_data
+
+        with caplog.at_level(logging.WARNING, logger="ptb_fence.ptb"):
+            run(first())
+        rows = store.read_state([user, chat])
+        assert rows[user].value is None and rows[user].version == 2
+        assert rows[chat].value is None and rows[chat].version == 2
+
+        restarted = shared_stores()
+
+        async def second() -> None:
+            async with polling(app_for(restarted, fake)):
+                fake.inject_message(chat_id=5, text="/look")
+                for _ in range(300):
+                    if seen:
+                        return
+                    await asyncio.sleep(0.02)
+
+        run(second())
+    assert seen == [({}, {})]
+    assert not [r for r in caplog.records if "not dropped" in r.getMessage()]
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
+def test_a_drop_outside_any_update_is_written_by_ptbs_flush(shared_stores: Any) -> None:
+    """``Application.drop_user_data`` called outside any update (as a job would): PTB's flush
+    deletes the stored row (a tombstone at the version read); a handler of an update of
+    another user that drops that user's data is outside its session too and goes the same
+    way."""
+    async def keep(update: Any, context: Any) -> None:
+        context.user_data["a"] = update.effective_user.id
+        if update.effective_user.id == 7:
+            context.application.drop_user_data(6)
+
+    user6, user7 = StateKey("user", "", "6"), StateKey("user", "", "7")
+    store = shared_stores()
+    with FakeBotApi() as fake:
+        app = build(FencedUpdateProcessor(store), fake,
+                    Application.builder().persistence(FencedPersistence(store)))
+        app.add_handler(CommandHandler("keep", keep))
+
+        async def go() -> None:
+            async with polling(app):
+                fake.inject_message(chat_id=6, text="/keep")
+                for _ in range(300):
+                    if _read(store, user6) == {"a": 6}:
+                        break
+                    await asyncio.sleep(0.02)
+                app.drop_user_data(6)
+                await app.update_persistence()
+                entry = store.read_state([user6])[user6]
+                assert (entry.value, entry.version) == (None, 2)
+                fake.inject_message(chat_id=6, text="/keep")
+                for _ in range(300):
+                    if _read(store, user6) == {"a": 6}:
+                        break
+                    await asyncio.sleep(0.02)
+                fake.inject_message(chat_id=7, text="/keep")  # drops user 6 again
+                for _ in range(300):
+                    if _read(store, user7) == {"a": 7}:
+                        break
+                    await asyncio.sleep(0.02)
+
+        run(go())  # the last flush runs at stop
+    entry = store.read_state([user6])[user6]
+    assert (entry.value, entry.version) == (None, 4)
+
+
+def test_a_drop_by_a_failing_handler_is_not_written(tmp_path: Path) -> None:
+    """A handler that drops its user's data and then fails, every attempt: the drop rode
+    the completions that never landed, so the stored data stay (PTB's flush leaves the row
+    alone too)."""
+    store = SQLiteUpdateStore(str(tmp_path / "bot.db"))
+    user = StateKey("user", "", "5")
+
+    async def keep(update: Any, context: Any) -> None:
+        context.user_data["a"] = 1
+
+    async def drop(update: Any, context: Any) -> None:
+        context.application.drop_user_data(update.effective_user.id)
+        assert context.user_data == {}
+        raise RuntimeError("fails after dropping")
+
+    with FakeBotApi() as fake:
+        processor = FencedUpdateProcessor(store, max_attempts=2, retry=lambda e, a: 0.02)
+        app = build(processor, fake, Application.builder().persistence(FencedPersistence(store)))
+        app.add_handler(CommandHandler("keep", keep))
+        app.add_handler(CommandHandler("drop", drop))
+
+        async def go() -> None:
+            async with polling(app):
+                fake.inject_message(chat_id=5, text="/keep")
+                for _ in range(300):
+                    if _read(store, user) == {"a": 1}:
+                        break
+                    await asyncio.sleep(0.02)
+                fake.inject_message(chat_id=5, text="/drop")
+                for _ in range(300):
+                    if processor.stats().attempts_ended["abandoned"] >= 1:
+                        break
+                    await asyncio.sleep(0.02)
+                await app.update_persistence()
+
+        run(go())
+    try:
+        entry = store.read_state([user])[user]
+        assert (decode_state(entry.value), entry.version) == ({"a": 1}, 1)
+    finally:
+        store.close()
+
+
+def test_state_rides_a_completion_whose_outbox_calls_are_claimed_at_insert(tmp_path: Path) -> None:
+    """An update that changes user_data and queues a reply: the completion inserts the reply
+    already claimed for this process's sender, and still writes the user_data."""
+    store = SQLiteUpdateStore(str(tmp_path / "bot.db"))
+    user = StateKey("user", "", "5")
+
+    async def hello(update: Any, context: Any) -> None:
+        context.user_data["n"] = context.user_data.get("n", 0) + 1
+        context.attempt.outbox.reply_text(f"hello {context.user_data['n']}")
+
+    with FakeBotApi() as fake:
+        app = build(FencedUpdateProcessor(store), fake,
+                    Application.builder().persistence(FencedPersistence(store)))
+        app.add_handler(CommandHandler("hello", hello))
+
+        async def go() -> None:
+            async with polling(app):
+                for n in (1, 2):
+                    fake.inject_message(chat_id=5, text="/hello")
+                    for _ in range(300):
+                        if [m for m in fake.sent_messages if m["text"] == f"hello {n}"]:
+                            break
+                        await asyncio.sleep(0.02)
+
+        run(go())
+    try:
+        assert [m["text"] for m in fake.sent_messages] == ["hello 1", "hello 2"]
+        assert _read(store, user) == {"n": 2}
     finally:
         store.close()

@@ -3,7 +3,8 @@
 Usage::
 
     python tests/processes/persistence_worker.py BASE_URL TOKEN STORE TABLE --dir DIR \\
-        --domain DOMAIN [--no-poll] [--hang TEXT] [--fail-once TEXT] [--count-sleep S]
+        --domain DOMAIN [--no-poll] [--hang TEXT] [--fail-once TEXT] [--count-sleep S] \\
+        [--callback-data]
 
 ``STORE`` is ``sqlite:///absolute/path`` or a PostgreSQL DSN; the bot is
 ``FencedUpdateProcessor(store).install(Application.builder()...).persistence(FencedPersistence(store))``
@@ -22,7 +23,10 @@ update, in this process or another, read the count too, so that two updates of o
 overlap)
 and completes without a transaction (the grouped completion carries the state); ``/count txn``
 does the same in ``transaction(complete=True)`` with a domain row. ``/set`` sets
-``user_data["x"] = 1`` and completes.
+``user_data["x"] = 1`` and completes. With ``--callback-data`` (``arbitrary_callback_data``)
+``/menu`` sends a keyboard whose button holds ``("choice", frozenset({update_id}))`` (not
+JSON) with ``context.bot`` (``/menu outbox``: queued through ``attempt.outbox``), and a press
+writes ``pressed.<update_id>.<pid>`` holding the ``repr`` of the data the handler got.
 
 Files in ``DIR``: ``ready.<pid>``; ``seen.<update_id>.<attempt>.<pid>`` (JSON: the conversation
 state the handler was called in, ``user_data`` as the handler first saw it); ``log.<pid>``.
@@ -45,9 +49,10 @@ from typing import Any, List
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-from telegram import Update  # noqa: E402
+from telegram import InlineKeyboardButton, InlineKeyboardMarkup, Update  # noqa: E402
 from telegram.ext import (  # noqa: E402
     Application,
+    CallbackQueryHandler,
     CommandHandler,
     ConversationHandler,
     MessageHandler,
@@ -74,6 +79,7 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--count-sleep", type=float, default=0.0)
     parser.add_argument("--count-peer", action="store_true",
                         help="/count waits (up to 15 s) until another update read the count too")
+    parser.add_argument("--callback-data", action="store_true")
     parser.add_argument("--lease", type=float, default=120.0)
     parser.add_argument("--max-concurrent", type=int, default=8)
     parser.add_argument("--max-life", type=float, default=120.0)
@@ -155,15 +161,27 @@ async def main(args: argparse.Namespace) -> Any:
             await step(update, context, 0, "x")  # fails the first attempt after x = 1
         context.user_data["x"] = 1
 
+    async def menu(update: Update, context: Any) -> None:
+        markup = InlineKeyboardMarkup([[InlineKeyboardButton(
+            "choose", callback_data=("choice", frozenset({update.update_id})))]])
+        if context.args == ["outbox"]:
+            context.attempt.outbox.reply_text("menu", reply_markup=markup)
+        else:
+            await context.bot.send_message(update.effective_chat.id, "menu", reply_markup=markup)
+
+    async def pressed(update: Update, context: Any) -> None:
+        name = f"pressed.{update.update_id}.{pid}"
+        with open(os.path.join(args.dir, name), "w", encoding="utf-8") as file:
+            file.write(repr(update.callback_query.data))
+
     processor = FencedUpdateProcessor(
         store, lease_seconds=args.lease, sweep_every_seconds=0.2, pending_grace_seconds=0.3,
         retry=lambda error, attempt: 0.1, max_concurrent=args.max_concurrent,
     )
-    app = (
-        processor.install(Application.builder().token(args.token).base_url(args.base_url))
-        .persistence(FencedPersistence(store))
-        .build()
-    )
+    builder = Application.builder().token(args.token).base_url(args.base_url)
+    if args.callback_data:
+        builder = builder.arbitrary_callback_data(True)
+    app = processor.install(builder).persistence(FencedPersistence(store)).build()
     app.add_handler(ConversationHandler(
         entry_points=[CommandHandler("book", book)],
         states={
@@ -176,6 +194,8 @@ async def main(args: argparse.Namespace) -> Any:
     ))
     app.add_handler(CommandHandler("count", count))
     app.add_handler(CommandHandler("set", set_x))
+    app.add_handler(CommandHandler("menu", menu))
+    app.add_handler(CallbackQueryHandler(pressed))
     if not args.no_poll:
 
         async def watch_stop_file(application: Any) -> None:

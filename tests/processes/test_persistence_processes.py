@@ -257,3 +257,28 @@ def test_the_same_user_in_two_processes_at_once_loses_no_change(bots: Bots, bed:
     assert first_reads == [{}, {}]  # both read before either committed
     assert bed.state(USER_DATA) == {USER_DATA: {"count": 2}}  # neither change was lost
     assert sorted(len(seen(bots, u)) for u in ids) == [1, 2]  # the conflicting one ran again
+
+
+@pytest.mark.parametrize("how", ["/menu", "/menu outbox"])
+def test_a_keyboard_sent_by_one_process_resolves_in_another(
+    bots: Bots, bed: Bed, how: str
+) -> None:
+    """Two processes share the store, each polling its own Telegram (two FakeBotApi servers of
+    one bot): the first sends a keyboard whose button holds an object that is not JSON (with
+    ``context.bot``, or queued through the outbox); the press reaches the second, whose cache
+    never saw the keyboard: its handler gets the original object, read from the store."""
+    with FakeBotApi() as one, FakeBotApi(token=one.token, first_update_id=5000) as other:
+        first = bots.spawn(one, bed.url, bed.table, bed.domain, "--callback-data")
+        second = bots.spawn(other, bed.url, bed.table, bed.domain, "--callback-data")
+        bots.wait_ready(first, second)
+        menu = one.inject_message(chat_id=USER, text=how)
+        handled(bots, bed, [menu])
+        shown = wait_sync("the keyboard shown", lambda: one.last_keyboard(USER), 30)
+        data = shown["inline_keyboard"][0][0]["callback_data"]
+        press = other.inject_callback_query(USER, data, message_id=shown["message_id"])
+        handled(bots, bed, [press])
+        bots.stop_all()
+    got = glob.glob(os.path.join(bots.dir, f"pressed.{press}.*"))
+    assert [os.path.basename(p).split(".")[2] for p in got] == [str(second.pid)]
+    with open(got[0], encoding="utf-8") as file:
+        assert file.read() == repr(("choice", frozenset({menu})))

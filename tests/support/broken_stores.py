@@ -1188,6 +1188,15 @@ class StatePruneDeletesStore(MemoryUpdateStore):
             return super().prune(before)
 
 
+class StatePruneKeepsKeyboardsStore(MemoryUpdateStore):
+    """``prune`` keeps the callback-data keyboards (their rows grow without bound)."""
+
+    def prune(self, before: int) -> int:
+        with self._lock:
+            self._keyboards_at.clear()
+            return super().prune(before)
+
+
 class StateConflictSettlesStore(MemoryUpdateStore):
     """A completion whose state conflicts is reported as a conflict but settled anyway (its
     update is completed without its writes: the state change is lost)."""
@@ -1303,6 +1312,7 @@ BROKEN: Dict[Type[Any], Sequence[str]] = {
     StateIgnoresVersionStore: ("state-versions", "state-effects", "state-concurrent"),
     StateDeleteDropsRowStore: ("state-versions",),
     StatePruneDeletesStore: ("state-versions",),
+    StatePruneKeepsKeyboardsStore: ("state-versions",),
     StateConflictSettlesStore: ("state-effects",),
     StateConflictAsFalseStore: ("state-effects",),
     StatePartialWritesStore: ("state-effects",),

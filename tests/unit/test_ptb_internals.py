@@ -419,3 +419,42 @@ def test_guard_pending_state_of_a_non_blocking_callback() -> None:
         assert internals.pending_state(1) is None
 
     asyncio.run(scenario())
+
+
+def test_guard_keyboards_the_bot_sends_reach_the_fenced_cache() -> None:
+    """Internal 9: ExtBot hands every inline keyboard it sends to its cache's
+    process_keyboard, and the cache's class can be replaced by a subclass."""
+    from telegram import InlineKeyboardButton, InlineKeyboardMarkup
+    from telegram.ext import CallbackDataCache
+
+    bot = ExtBot(TOKEN, arbitrary_callback_data=True)
+    cache = bot.callback_data_cache
+    assert isinstance(cache, CallbackDataCache)
+    seen: List[Tuple[Any, Any]] = []
+    assert internals.fence_keyboard_cache(cache, lambda original, sent: seen.append((original, sent)))
+    assert isinstance(bot.callback_data_cache, CallbackDataCache) and bot.callback_data_cache is cache
+    markup = InlineKeyboardMarkup([[InlineKeyboardButton("a", callback_data=object())]])
+    sent = getattr(bot, "_replace_keyboard")(markup)  # what ExtBot's send methods call
+    assert seen == [(markup, sent)], (
+        "ExtBot no longer sends keyboards through callback_data_cache.process_keyboard "
+        "(internal 9)")
+    assert isinstance(sent.inline_keyboard[0][0].callback_data, str)
+    # a markup without callback data inserts nothing and is not reported
+    plain = InlineKeyboardMarkup([[InlineKeyboardButton("u", url="https://example.org")]])
+    assert cache.process_keyboard(plain) is plain and len(seen) == 1
+    # fencing again only changes the recorder
+    assert internals.fence_keyboard_cache(cache, lambda original, sent: None)
+    cache.process_keyboard(markup)
+    assert len(seen) == 1
+    assert not internals.fence_keyboard_cache(object(), lambda original, sent: None)
+
+
+def test_guard_callback_query_data_can_be_set_on_a_frozen_query() -> None:
+    """Internal 10: TelegramObject._unfrozen() lets CallbackQuery.data be set."""
+    from telegram import CallbackQuery, User
+
+    query = CallbackQuery("1", User(1, "u", False), "chat", data="x")
+    with pytest.raises(AttributeError):
+        query.data = "y"  # type: ignore[misc]
+    internals.set_callback_query_data(query, {"any": "object"})
+    assert query.data == {"any": "object"}, "TelegramObject._unfrozen (internal 10) changed"

@@ -63,8 +63,8 @@ class MemoryUpdateStore:
     """
 
     __slots__ = (
-        "_bot_id", "_calls", "_liveness", "_lock", "_next_call", "_rows", "_staged", "_state",
-        "_staged_state",
+        "_bot_id", "_calls", "_keyboards_at", "_liveness", "_lock", "_next_call", "_rows",
+        "_staged", "_state", "_staged_state",
     )
 
     def __init__(self) -> None:
@@ -79,6 +79,8 @@ class MemoryUpdateStore:
         # _staged_state like its calls
         self._state: Dict[StateKey, StateEntry] = {}
         self._staged_state: Optional[Dict[StateKey, StateEntry]] = None
+        # when each callback-data keyboard was written (prune deletes the old ones)
+        self._keyboards_at: Dict[StateKey, int] = {}
         self._bot_id: Optional[int] = None
         self._liveness = Liveness()
 
@@ -306,7 +308,8 @@ class MemoryUpdateStore:
         return self._claimable(row, now)
 
     def prune(self, before: int) -> int:
-        """Delete completed/abandoned rows settled before ``before``; return the count."""
+        """Delete completed/abandoned rows settled before ``before``; return the count. The
+        outbox's history and the callback-data keyboards of the same window go too."""
         with self._lock:
             doomed = [
                 u
@@ -317,6 +320,10 @@ class MemoryUpdateStore:
             ]
             for u in doomed:
                 del self._rows[u]
+            # the callback-data keyboards of the same window (the only state pruned)
+            for key in [k for k, at in self._keyboards_at.items() if at < before]:
+                del self._keyboards_at[key]
+                self._state.pop(key, None)
             # the outbox's history of the same window (not counted: the count is of updates)
             for call_id in [
                 c.call_id for c in self._calls.values()
@@ -869,12 +876,13 @@ class MemoryUpdateStore:
                 moved.append(write.key)
         return tuple(moved)
 
-    @staticmethod
     def _put_state(
-        target: Dict[StateKey, StateEntry], writes: Sequence[StateWrite], at: int
+        self, target: Dict[StateKey, StateEntry], writes: Sequence[StateWrite], at: int
     ) -> None:
         for write in writes:
             target[write.key] = StateEntry(write.value, write.version + 1)
+            if write.key.kind == "callback":
+                self._keyboards_at[write.key] = at
 
     def read_state(self, keys: Sequence[StateKey]) -> Dict[StateKey, StateEntry]:
         """The committed rows of ``keys`` (absent keys are left out; see

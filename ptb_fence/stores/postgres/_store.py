@@ -494,19 +494,24 @@ class PostgresUpdateStore:
             before (:obj:`int`): The strict bound (epoch milliseconds).
 
         In the same transaction the outbox table, where it exists, loses its sent calls with
-        ``sent_at < before`` and its acknowledged failed calls with ``due_at < before`` (not
-        counted).
+        ``sent_at < before`` and its acknowledged failed calls with ``due_at < before``, and
+        the state table, where it exists, its callback-data keyboards (kind ``callback``)
+        written before ``before`` (neither counted; no other state is pruned).
 
         Returns:
             :obj:`int`: How many update rows were deleted.
         """
         outbox = self._db.sql.outbox
+        state = self._db.sql.state
 
         def work(cur: Any) -> int:
             # a table managed with create_table=False may have no outbox yet: prune as before
             cur.execute(outbox.exists, {"outbox": f'"{outbox.name}"'})
             if cur.fetchone()[0]:
                 cur.execute(outbox.prune, {"before": before})
+            cur.execute(state.exists, {"state": f'"{state.name}"'})
+            if cur.fetchone()[0]:
+                cur.execute(state.prune, {"before": before})
             cur.execute(self._db.sql.prune, {"before": before})
             return int(cur.rowcount)
 

@@ -409,13 +409,16 @@ class SQLiteUpdateStore:
 
         Pending, processing and failed rows and unacknowledged exhaustions are never pruned.
         In the same transaction the outbox loses its sent calls with ``sent_at < before`` and
-        its acknowledged failed calls with ``due_at < before`` (not counted).
+        its acknowledged failed calls with ``due_at < before``, and the persisted state its
+        callback-data keyboards (kind ``callback``) written before ``before`` (neither
+        counted; no other state is pruned).
 
         Returns:
             :obj:`int`: The number of update rows deleted.
         """
         with self._conns.immediate() as conn:
             conn.execute(self._sql.outbox.prune, {"before": before})
+            conn.execute(self._sql.state.prune, {"before": before})
             return int(conn.execute(self._sql.prune, {"before": before}).rowcount)
 
     # -- fenced contract -------------------------------------------------------------------

@@ -1,0 +1,19 @@
+"""The type of a front end's change to queued outbox calls (see
+:attr:`~ptb_fence.runtime._dispatcher.OutboxDispatcher.prepare`)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Tuple
+
+from ptb_fence._values import StateWrite
+
+__all__ = ["OutboxPrepare"]
+
+OutboxPrepare = Callable[
+    [str, Dict[str, Any], bool], Tuple[Dict[str, Any], Tuple[StateWrite, ...]]
+]
+"""``prepare(method, params, in_transaction) -> (params, state writes)``: the parameters to
+keep (e.g. an inline keyboard's callback data replaced by the ids PTB's callback-data cache
+gave them) and the persisted state the call needs with it; ``in_transaction``: the call is
+written inside an open fenced transaction, which then also carries those writes (held calls
+return none: the front end holds their state for the completion)."""
