@@ -203,6 +203,14 @@ DELETE FROM {s} WHERE kind = 'callback' AND updated_at < :before""")
         self.rollback_to = f"ROLLBACK TO SAVEPOINT {SAVEPOINT}"
         self.release = f"RELEASE SAVEPOINT {SAVEPOINT}"
 
+    def read_group(self, count: int) -> str:
+        """SQLite: one ``SELECT`` of ``count`` keys of one kind and name (parameters: kind,
+        name, the keys), a search of the primary key per key. (A row-value ``IN (VALUES
+        ...)`` scans the whole table in SQLite.)"""
+        marks = ", ".join(["?"] * count)
+        return (f'SELECT kind, name, key, value, version FROM "{self.name}" '
+                f"WHERE kind = ? AND name = ? AND key IN ({marks})")
+
     def read(self, count: int) -> str:
         """One ``SELECT`` of ``count`` keys (parameters ``k0, n0, y0, k1, ...``)."""
         values = ", ".join(f"(:k{i}, :n{i}, :y{i})" for i in range(count))

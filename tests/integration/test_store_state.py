@@ -355,3 +355,48 @@ def test_settle_and_claim_lands_the_fresh_writes_and_stops_only_the_stale_comple
         [(stale, Completed(T + 3))], [], ClaimTerms(now=T + 3, lease_until=T + L, max_attempts=5),
         effects={stale: writes((USER, "c", 0))})
     assert isinstance(again[0], StateConflict) and again[0].keys == (USER,)
+
+
+def test_sqlite_state_reads_search_the_key_never_scan_the_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every statement the SQLite store runs on the state table to read rows (``read_state``,
+    and the version check of grouped completions) finds each key through the primary key: a
+    scan of the whole table per read would grow with every user the bot has seen."""
+    seen: List[str] = []
+    connect = sqlite3.connect
+
+    def tracing(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = connect(*args, **kwargs)
+        conn.set_trace_callback(seen.append)
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", tracing)
+    path = str(tmp_path / "s.db")
+    store = SQLiteUpdateStore(path)
+    try:
+        keys = [StateKey("user", "", str(n)) for n in range(40)] + [
+            StateKey("conversation", "talk", f"[{n},{n}]") for n in range(40)]
+        assert store.write_state([StateWrite(k, "v", 0) for k in keys], T) is None
+        a, b = claimed(store, 1), claimed(store, 2)
+        seen.clear()
+        assert set(store.read_state(keys + [CHAT])) == set(keys)
+        landed = store.settle_owned_many(
+            [(a, Completed(T + 1)), (b, Completed(T + 1))],
+            effects={a: writes((keys[0], "w", 1)), b: writes((keys[41], "w", 1))},
+        )
+        assert landed == [True, True]
+    finally:
+        store.close()
+    table = state_table_name("telegram_updates")
+    reads = [sql for sql in seen if sql.lstrip().upper().startswith("SELECT")
+             and f'"{table}"' in sql]
+    assert reads, seen
+    plain = connect(path)
+    try:
+        for sql in reads:
+            plan = " | ".join(row[3] for row in plain.execute("EXPLAIN QUERY PLAN " + sql))
+            assert f"SCAN {table}" not in plan, (sql[:120], plan)
+            assert "SEARCH" in plan, (sql[:120], plan)
+    finally:
+        plain.close()

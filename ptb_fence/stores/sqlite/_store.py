@@ -74,6 +74,7 @@ from ptb_fence.stores.sqlite._writes import (
     settle_params,
     settle_statement,
     take,
+    read_state_in,
     write_state_in,
 )
 
@@ -1141,17 +1142,10 @@ class SQLiteUpdateStore:
 
     # -- persisted bot state ---------------------------------------------------------------
     def read_state(self, keys: Sequence[StateKey]) -> Dict[StateKey, StateEntry]:
-        """The committed rows of ``keys`` in one ``SELECT`` (see
-        :class:`ptb_fence.StateStore`); absent keys are left out."""
-        keys = list(dict.fromkeys(keys))
-        found: Dict[StateKey, StateEntry] = {}
-        state = self._sql.state
+        """The committed rows of ``keys``, one ``SELECT`` per kind and name, each key a search
+        of the primary key (see :class:`ptb_fence.StateStore`); absent keys are left out."""
         with self._conns.using() as conn:
-            for start in range(0, len(keys), 300):  # SQLite binds at most 999 parameters
-                chunk = keys[start:start + 300]
-                rows = conn.execute(state.read(len(chunk)), state.read_params(chunk))
-                found.update(entries_of(rows.fetchall()))
-        return found
+            return read_state_in(self._sql, conn, list(keys))
 
     def write_state(self, writes: Sequence[StateWrite], at: int) -> Optional[StateConflict]:
         """Apply ``writes`` in one transaction, all or none (see

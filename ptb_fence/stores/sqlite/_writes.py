@@ -19,6 +19,7 @@ from ptb_fence._values import (
     Landing,
     Settlement,
     StateConflict,
+    StateEntry,
     StateKey,
     StateWrite,
 )
@@ -272,13 +273,26 @@ def _complete_many(
 def _versions(
     sql: SQLiteStatements, conn: sqlite3.Connection, stateful: Dict[int, Sequence[StateWrite]]
 ) -> Dict[StateKey, int]:
-    """The versions of the keys written, read in one ``SELECT`` per 300 keys."""
-    keys = list(dict.fromkeys(w.key for writes in stateful.values() for w in writes))
-    found: Dict[StateKey, int] = {}
-    for start in range(0, len(keys), 300):  # SQLite binds at most 999 parameters
-        chunk = keys[start:start + 300]
-        rows = conn.execute(sql.state.read(len(chunk)), sql.state.read_params(chunk)).fetchall()
-        found.update({key: entry.version for key, entry in entries_of(rows).items()})
+    """The versions of the keys written."""
+    keys = [w.key for writes in stateful.values() for w in writes]
+    return {key: entry.version for key, entry in read_state_in(sql, conn, keys).items()}
+
+
+def read_state_in(
+    sql: SQLiteStatements, conn: sqlite3.Connection, keys: Sequence[StateKey]
+) -> Dict[StateKey, StateEntry]:
+    """The state rows of ``keys`` on ``conn``: one ``SELECT`` per kind and name (and per
+    chunk of the parameter limit), each key a search of the primary key."""
+    groups: Dict[Tuple[str, str], List[str]] = {}
+    for key in dict.fromkeys(keys):
+        groups.setdefault((key.kind, key.name), []).append(key.key)
+    size = max(1, max_variables(conn) - 2)
+    found: Dict[StateKey, StateEntry] = {}
+    for (kind, name), names in groups.items():
+        for start in range(0, len(names), size):
+            chunk = names[start:start + size]
+            rows = conn.execute(sql.state.read_group(len(chunk)), [kind, name, *chunk])
+            found.update(entries_of(rows.fetchall()))
     return found
 
 
