@@ -211,6 +211,26 @@ DELETE FROM {s} WHERE kind = 'callback' AND updated_at < :before""")
         return (f'SELECT kind, name, key, value, version FROM "{self.name}" '
                 f"WHERE kind = ? AND name = ? AND key IN ({marks})")
 
+    def read_any(self, groups: int) -> str:
+        """PostgreSQL: one ``SELECT`` of the keys of ``groups`` (kind, name) groups, each
+        ``kind = %s AND name = %s AND key = ANY(%s)`` (parameters per group: kind, name, the
+        list of keys; see :meth:`read_any_params`), joined by ``UNION ALL``: few parameters
+        however many keys, a search of the primary key per key."""
+        one = (f'SELECT kind, name, key, value, version FROM "{self.name}" '
+               "WHERE kind = %s AND name = %s AND key = ANY(%s::text[])")
+        return " UNION ALL ".join([one] * groups)
+
+    @staticmethod
+    def read_any_params(keys: Sequence[StateKey]) -> Tuple[int, List[Any]]:
+        """The group count and the parameters of :meth:`read_any` for ``keys``."""
+        groups: Dict[Tuple[str, str], List[str]] = {}
+        for key in dict.fromkeys(keys):
+            groups.setdefault((key.kind, key.name), []).append(key.key)
+        params: List[Any] = []
+        for (kind, name), names in groups.items():
+            params += [kind, name, names]
+        return len(groups), params
+
     def read(self, count: int) -> str:
         """One ``SELECT`` of ``count`` keys (parameters ``k0, n0, y0, k1, ...``)."""
         values = ", ".join(f"(:k{i}, :n{i}, :y{i})" for i in range(count))

@@ -1350,7 +1350,8 @@ class PostgresUpdateStore:
         state = self._db.sql.state
 
         def work(cur: Any) -> Dict[StateKey, StateEntry]:
-            cur.execute(state.read(len(keys)), state.read_params(keys))
+            groups, params = state.read_any_params(keys)
+            cur.execute(state.read_any(groups), params)
             return entries_of(cur.fetchall())
 
         return self._db.read(work)  # one SELECT: no transaction around it

@@ -240,7 +240,8 @@ def settle_owned_work(
             # every writer of these keys takes their locks first: the versions read now are
             # the ones the writes meet
             keys = list(dict.fromkeys(write.key for write in written))
-            cur.execute(sql.state.read(len(keys)), sql.state.read_params(keys))
+            groups, read_params = sql.state.read_any_params(keys)
+            cur.execute(sql.state.read_any(groups), read_params)
             current = {key: entry.version for key, entry in entries_of(cur.fetchall()).items()}
             together = settled_together(
                 {position: writes for position, _, _, writes in stateful}, current
