@@ -203,13 +203,16 @@ DELETE FROM {s} WHERE kind = 'callback' AND updated_at < :before""")
         self.rollback_to = f"ROLLBACK TO SAVEPOINT {SAVEPOINT}"
         self.release = f"RELEASE SAVEPOINT {SAVEPOINT}"
 
-    def read_group(self, count: int) -> str:
-        """SQLite: one ``SELECT`` of ``count`` keys of one kind and name (parameters: kind,
-        name, the keys), a search of the primary key per key. (A row-value ``IN (VALUES
-        ...)`` scans the whole table in SQLite.)"""
-        marks = ", ".join(["?"] * count)
-        return (f'SELECT kind, name, key, value, version FROM "{self.name}" '
-                f"WHERE kind = ? AND name = ? AND key IN ({marks})")
+    def read_groups(self, counts: Sequence[int]) -> str:
+        """SQLite: one ``SELECT`` of the keys of several (kind, name) groups, ``counts[i]``
+        keys in group ``i`` (parameters per group: kind, name, its keys), joined by ``UNION
+        ALL``: a search of the primary key per key. (A row-value ``IN (VALUES ...)`` scans
+        the whole table in SQLite.)"""
+        return " UNION ALL ".join(
+            f'SELECT kind, name, key, value, version FROM "{self.name}" '
+            f"WHERE kind = ? AND name = ? AND key IN ({', '.join(['?'] * count)})"
+            for count in counts
+        )
 
     def read_any(self, groups: int) -> str:
         """PostgreSQL: one ``SELECT`` of the keys of ``groups`` (kind, name) groups, each
@@ -301,11 +304,10 @@ DELETE FROM {s} WHERE kind = 'callback' AND updated_at < :before""")
 
 
 def entries_of(rows: Sequence[Sequence[Any]]) -> Dict[StateKey, StateEntry]:
-    """``(kind, name, key, value, version)`` rows as entries."""
+    """``(kind, name, key, value, version)`` rows as entries (the columns are text and
+    integers in both dialects: no conversion)."""
     return {
-        StateKey(str(kind), str(name), str(key)): StateEntry(
-            None if value is None else str(value), int(version)
-        )
+        StateKey(kind, name, key): StateEntry(value, version)
         for kind, name, key, value, version in rows
     }
 

@@ -400,3 +400,26 @@ def test_sqlite_state_reads_search_the_key_never_scan_the_table(
             assert "SEARCH" in plan, (sql[:120], plan)
     finally:
         plain.close()
+
+
+def test_sqlite_reads_many_keys_in_statements_within_the_parameter_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys of several kinds and names, more than one statement may bind: every row is
+    found, none twice, absent keys left out (the parameter limit made small here)."""
+    import ptb_fence.stores.sqlite._writes as sqlite_writes
+
+    store = SQLiteUpdateStore(str(tmp_path / "s.db"))
+    try:
+        keys = ([StateKey("user", "", str(n)) for n in range(130)]
+                + [StateKey("chat", "", str(-n)) for n in range(70)]
+                + [StateKey("conversation", "talk", f"[{n}]") for n in range(90)]
+                + [StateKey("conversation", "other", f"[{n}]") for n in range(5)])
+        assert store.write_state([StateWrite(k, f"v{i}", 0) for i, k in enumerate(keys)],
+                                 T) is None
+        monkeypatch.setattr(sqlite_writes, "max_variables", lambda conn: 50)
+        absent = [StateKey("user", "", "absent"), StateKey("bot", "", "")]
+        got = store.read_state(keys + absent + keys[:10])
+        assert got == {k: StateEntry(f"v{i}", 1) for i, k in enumerate(keys)}
+    finally:
+        store.close()

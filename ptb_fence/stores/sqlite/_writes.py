@@ -286,13 +286,26 @@ def read_state_in(
     groups: Dict[Tuple[str, str], List[str]] = {}
     for key in dict.fromkeys(keys):
         groups.setdefault((key.kind, key.name), []).append(key.key)
-    size = max(1, max_variables(conn) - 2)
+    limit = max(3, max_variables(conn))
     found: Dict[StateKey, StateEntry] = {}
+    counts: List[int] = []
+    params: List[Any] = []
+
+    def flush() -> None:
+        if counts:
+            rows = conn.execute(sql.state.read_groups(counts), params).fetchall()
+            found.update(entries_of(rows))
+            counts.clear()
+            params.clear()
+
     for (kind, name), names in groups.items():
-        for start in range(0, len(names), size):
-            chunk = names[start:start + size]
-            rows = conn.execute(sql.state.read_group(len(chunk)), [kind, name, *chunk])
-            found.update(entries_of(rows.fetchall()))
+        for start in range(0, len(names), limit - 2):
+            chunk = names[start:start + limit - 2]
+            if len(params) + 2 + len(chunk) > limit:
+                flush()
+            counts.append(len(chunk))
+            params.extend([kind, name, *chunk])
+    flush()
     return found
 
 
