@@ -2,9 +2,11 @@
 store (``import``, ``export``) and show one user's, chat's or conversation's state (``show``).
 
 The file is read and written with python-telegram-bot's own :class:`telegram.ext.PicklePersistence`
-format (a single file by default): ``user_data``, ``chat_data``, ``bot_data`` and the
-``conversations`` of every named handler. The callback-data cache is not moved
-(FencedPersistence does not fence it).
+format (a single file by default): ``user_data``, ``chat_data``, ``bot_data``, the
+``conversations`` of every named handler and the keyboards of the callback-data cache
+(``arbitrary_callback_data``; one ``callback`` row per keyboard, as FencedPersistence keeps
+them). The cache's callback-query ids are not moved: they only matter to the process that
+answered the queries.
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ def read_pickle(path: str, *, multi_file: bool = False) -> Dict[str, Any]:
         chats = await persistence.get_chat_data()
         bot = await persistence.get_bot_data()
         await persistence.get_conversations("")  # loads every handler's conversations
+        callback = await persistence.get_callback_data()
         return {"user_data": dict(users), "chat_data": dict(chats), "bot_data": bot,
-                "conversations": dict(persistence.conversations or {})}
+                "conversations": dict(persistence.conversations or {}),
+                "keyboards": list(callback[0]) if callback else []}
 
     try:
         return asyncio.run(load())
@@ -69,6 +73,8 @@ def _writes_of(data: Dict[str, Any]) -> Dict[StateKey, str]:
         for key, state in states.items():
             if state is not None:
                 texts[conversation_state_key(name, tuple(key))] = encode_state(state)
+    for uuid, access_time, buttons in data.get("keyboards", []):
+        texts[StateKey("callback", "", str(uuid))] = encode_state((access_time, dict(buttons)))
     return texts
 
 
@@ -133,6 +139,7 @@ def export_pickle(store: Any, path: str) -> Dict[str, int]:
     data: Dict[str, Any] = {"user_data": {}, "chat_data": {}, "bot_data": {},
                             "callback_data": None, "conversations": {}}
     counts: Dict[str, int] = {}
+    keyboards: List[Tuple[str, float, Dict[str, Any]]] = []
     for key, entry in stored_state(store):
         if entry.value is None:
             continue
@@ -145,9 +152,14 @@ def export_pickle(store: Any, path: str) -> Dict[str, int]:
             data["bot_data"] = value
         elif key.kind == "conversation":
             data["conversations"].setdefault(key.name, {})[state_key_tuple(key)] = value
+        elif key.kind == "callback":
+            access_time, buttons = value
+            keyboards.append((key.key, access_time, buttons))
         else:
             continue
         counts[key.kind] = counts.get(key.kind, 0) + 1
+    if keyboards:  # PTB's format: (keyboards, callback-query ids)
+        data["callback_data"] = (keyboards, {})
     with open(path, "wb") as file:
         pickle.dump(data, file)
     return counts

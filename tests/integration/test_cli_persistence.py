@@ -125,3 +125,51 @@ def test_import_refuses_a_missing_or_foreign_file(
     junk.write_bytes(b"not a pickle")
     code, _, err = run(capsys, "persistence", "import", str(junk), *common)
     assert code == 2 and "junk.pickle" in err
+
+
+def test_the_callback_data_cache_moves_with_import_and_export(
+    target: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """PTB's PicklePersistence keeps the keyboards of the callback-data cache
+    (``arbitrary_callback_data``): import writes one ``callback`` row per keyboard, as
+    FencedPersistence keeps them, and export gives them back in PTB's format."""
+    from ptb_fence.ptb._callback_data import keyboard_key
+
+    url, table, open_store = target
+    pickle_file = tmp_path / "cb.pickle"
+
+    async def write() -> None:
+        persistence = PicklePersistence(filepath=pickle_file)
+        await persistence.get_callback_data()
+        await persistence.update_callback_data(
+            ([("kb1", 1700000000.5, {"b1": ("slot", 10), "b2": frozenset({"x"})}),
+              ("kb2", 1700000001.0, {"c1": "yes"})], {"query-7": "kb1"})
+        )
+        await persistence.flush()
+
+    asyncio.run(write())
+    common = ("--store", url, "--table", table)
+    code, out, err = run(capsys, "persistence", "import", str(pickle_file), *common)
+    assert code == 0, err
+    assert "imported 2 state row(s)" in out and "2 callback" in out
+    store = open_store()
+    try:
+        got = store.read_state([keyboard_key("kb1"), keyboard_key("kb2")])
+        assert {k.key: decode_state(e.value) for k, e in got.items()} == {
+            "kb1": (1700000000.5, {"b1": ("slot", 10), "b2": frozenset({"x"})}),
+            "kb2": (1700000001.0, {"c1": "yes"}),
+        }
+    finally:
+        store.close()
+    exported = tmp_path / "cb-out.pickle"
+    code, out, err = run(capsys, "persistence", "export", str(exported), *common)
+    assert code == 0 and "exported 2 state row(s)" in out
+
+    async def read_back() -> Any:
+        return await PicklePersistence(filepath=exported).get_callback_data()
+
+    keyboards, queries = asyncio.run(read_back())
+    assert sorted(keyboards) == [
+        ("kb1", 1700000000.5, {"b1": ("slot", 10), "b2": frozenset({"x"})}),
+        ("kb2", 1700000001.0, {"c1": "yes"}),
+    ] and queries == {}
