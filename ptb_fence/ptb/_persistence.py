@@ -543,7 +543,15 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
             processor.runtime.port.read_state, wanted
         )
         self._learn(rows)
-        return [{key: rows[key] for key in keys if key in rows} for keys in requests]
+        out: List[Dict[StateKey, StateEntry]] = []
+        for keys in requests:
+            mine: Dict[StateKey, StateEntry] = {}
+            for key in keys:
+                entry = rows.get(key)
+                if entry is not None:
+                    mine[key] = entry
+            out.append(mine)
+        return out
 
     @staticmethod
     def _empty(application: Any, kind: str) -> Any:
