@@ -35,6 +35,8 @@ def decode_state(text: str) -> Any:
 
 def conversation_state_key(name: str, key: Tuple[Any, ...]) -> StateKey:
     """The :class:`~ptb_fence.StateKey` of conversation ``key`` of the handler ``name``."""
+    if all(type(part) is int for part in key):  # the usual (chat id, user id): JSON's text
+        return StateKey("conversation", name, "[" + ",".join(map(str, key)) + "]")
     return StateKey("conversation", name, json.dumps(list(key), separators=(",", ":")))
 
 

@@ -328,9 +328,9 @@ class Ingest:
             if rows is not None:
                 _, persistence = self._persistence()
                 if persistence is not None:
-                    for _, (update_id, _, _, keys) in adds:
-                        if keys:
-                            persistence.deposit(update_id, keys, rows)
+                    persistence.deposit(
+                        [(update_id, keys) for _, (update_id, _, _, keys) in adds if keys], rows
+                    )
             if claims:  # after the records (which claim first, at ingest)
                 claimed = (await self._threads.call(runtime.complete_and_claim, [], claim_ids))[1]
             for n, (i, _) in enumerate(adds):

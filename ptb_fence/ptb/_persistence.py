@@ -385,16 +385,22 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
                 break
             _retrieve(self._prefetched.pop(oldest)[0])
 
-    def deposit(self, update_id: int, keys: List[StateKey], rows: _Rows) -> None:
-        """The rows of ``keys`` were read right after ``update_id`` was recorded (in the same
-        store call): its attempt uses them instead of a read of its own if it starts within
-        :data:`PREFETCH_MAX_AGE`."""
+    def deposit(self, reads: List[Tuple[int, List[StateKey]]], rows: _Rows) -> None:
+        """``rows`` were read right after the updates of ``reads`` (``(update_id, keys)``)
+        were recorded, in the same store call: each attempt uses its rows instead of a read
+        of its own if it starts within :data:`PREFETCH_MAX_AGE`."""
         now = time.monotonic()
         self._forget_old(now)
-        self._learn(rows)
-        known = self._prefetched.get(update_id)
-        parts = None if known is None else known[3]
-        self._prefetched[update_id] = ({k: rows[k] for k in keys if k in rows}, keys, now, parts)
+        self._learn(rows)  # once for the group
+        for update_id, keys in reads:
+            known = self._prefetched.get(update_id)
+            parts = None if known is None else known[3]
+            mine: _Rows = {}
+            for key in keys:
+                entry = rows.get(key)
+                if entry is not None:
+                    mine[key] = entry
+            self._prefetched[update_id] = (mine, keys, now, parts)
 
     def prefetch(self, application: Any, update: object) -> None:
         """Start reading ``update``'s committed state now (it was recorded already: a
