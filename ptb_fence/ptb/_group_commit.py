@@ -65,13 +65,21 @@ class GroupCommit(Generic[In, Out]):
         If the caller is cancelled while the group is in the store, the item's result (a write
         that still landed) goes to ``orphan(result)`` instead of being lost.
         """
+        return await self.enqueue(item, orphan=orphan)
+
+    def enqueue(
+        self, item: In, *, orphan: Optional[Callable[[Out], None]] = None
+    ) -> "asyncio.Future[Out]":
+        """As :meth:`submit`, from a running event loop without awaiting: the future of
+        ``item``'s result (no task of its own for a caller that awaits it later, or never:
+        then read its result or exception, or asyncio warns)."""
         loop = asyncio.get_running_loop()
         future: "asyncio.Future[Out]" = loop.create_future()
         self._pending.append((item, future, orphan))
         if not self._flushing:
             self._flushing = True
             loop.create_task(self._flush(), name=self._name)
-        return await future
+        return future
 
     async def _flush(self) -> None:
         batch: List[Tuple[In, "asyncio.Future[Out]", Optional[Callable[[Out], None]]]] = []

@@ -413,7 +413,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
             return
         assert isinstance(update, Update)
         _, _, now, parts = self._prefetched[update.update_id]
-        future = asyncio.ensure_future(self._reads.submit(keys))
+        future = self._reads.enqueue(keys)
         self._prefetched[update.update_id] = (future, keys, now, parts)
 
     async def _loaded(self, update: Update, keys: List[StateKey]) -> _Rows:
