@@ -551,6 +551,8 @@ def test_a_sender_paused_past_its_lease_duplicates_only_what_telegram_had_answer
             quiet(fake)
             received = replies_by_update(fake)
             window = {r[1] for r in outbox_rows(bed) if r[5] == "sending" and received.get(r[1])}
+            # all 8 senders at once, each call once (a pool that ran fewer threads than
+            # outbox_concurrency began the 8th only after an answer)
             assert len(window) == len(received) == len(fake.calls_to("sendMessage")) == 8, (
                 outbox_rows(bed), received)
             sweeper = spawn(bots, fake, bed, "--lease", "8")
