@@ -36,6 +36,7 @@ class DaemonThreadPool(concurrent.futures.Executor):
         self._lock = threading.Lock()
         self._threads: "set[threading.Thread]" = set()
         self._idle = 0
+        self._waiting = 0  # jobs queued and not yet taken by a thread
         self._started = 0
         self._closed = False
 
@@ -46,7 +47,13 @@ class DaemonThreadPool(concurrent.futures.Executor):
             if self._closed:
                 raise RuntimeError("cannot schedule new work after shutdown")
             self._queue.put((future, fn, args, kwargs))
-            if self._idle == 0 and len(self._threads) < self._max:
+            self._waiting += 1
+            # a thread for every job no idle thread will take: an idle thread takes one job,
+            # and one woken by the first of a burst of submits still counts as idle when the
+            # next comes (counting idle threads alone ran a burst on one thread, its other
+            # jobs waiting for a whole job each: the outbox sent fewer calls at once than
+            # outbox_concurrency, a queued call waiting for a slow send, maybe past its lease)
+            if self._waiting > self._idle and len(self._threads) < self._max:
                 self._started += 1
                 thread = threading.Thread(
                     target=self._work, name=f"{self._name}_{self._started}", daemon=True
@@ -66,6 +73,8 @@ class DaemonThreadPool(concurrent.futures.Executor):
                 item = None
             with self._lock:
                 self._idle -= 1
+                if item is not None:
+                    self._waiting -= 1
                 if item is None:
                     if not self._closed and not self._queue.empty():
                         continue

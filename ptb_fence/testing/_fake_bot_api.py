@@ -378,7 +378,9 @@ class FakeBotApi:
 
     Faults to test against: :meth:`fail_next` (an error answer: 429 with ``retry_after``, 403,
     400, 500, ...), :meth:`cut_next` (the connection dropped after the request arrived, with or
-    without its effect: an unknown outcome) and :meth:`delay` (a slow answer, for timeouts).
+    without its effect: an unknown outcome), :meth:`delay` (a slow answer, for timeouts) and
+    :meth:`hold` (no answer until :meth:`release`: requests in flight at a moment the test
+    picks).
 
     Use it as a context manager, or call :meth:`start` and :meth:`stop`. It can be started again
     after :meth:`stop` on the same port with its state kept, to simulate an outage::
@@ -424,6 +426,7 @@ class FakeBotApi:
         "_epoch",
         "_failures",
         "_first_update_id",
+        "_holds",
         "_hook_errors",
         "_host",
         "_keyboards",
@@ -482,6 +485,7 @@ class FakeBotApi:
         self._webhook: dict[str, Any] = {"url": ""}
         self._failures: dict[str, deque[_Failure]] = {}
         self._delays: dict[str, float] = {}
+        self._holds: set[str] = set()
         self._message_ids: dict[int | str, int] = {}
         # per chat, the bot's messages that carry an inline keyboard now (message id -> text
         # and keyboard), the one sent or edited last at the end
@@ -911,6 +915,33 @@ class FakeBotApi:
             else:
                 self._delays.pop(method.lower(), None)
 
+    def hold(self, method: str) -> None:
+        """Keep every call of ``method`` that is waiting or arrives from now on unanswered
+        until :meth:`release` (after its :meth:`delay`, if any; before any fault of
+        :meth:`fail_next` or :meth:`cut_next`).
+
+        A held call is in :attr:`calls` at once and has no effect until it is released (a
+        held ``sendMessage`` is in :attr:`sent_messages` only after). Unlike a :meth:`delay`,
+        the answers go out when the test says: e.g. a client's requests all in flight
+        and none answered, whatever the machine's speed. The wait ends early when the server
+        stops.
+
+        Args:
+            method: The method name (case-insensitive).
+        """
+        with self._cond:
+            self._holds.add(method.lower())
+
+    def release(self, method: str) -> None:
+        """Answer the calls of ``method`` that :meth:`hold` keeps waiting, and stop holding.
+
+        Args:
+            method: The method name (case-insensitive).
+        """
+        with self._cond:
+            self._holds.discard(method.lower())
+            self._bump()
+
     # ------------------------------------------------------------------ observation
 
     @property
@@ -1082,6 +1113,8 @@ class FakeBotApi:
         if delay:
             with self._cond:
                 self._cond.wait_for(lambda: self._stale(epoch), timeout=delay)
+        with self._cond:
+            self._cond.wait_for(lambda: key not in self._holds or self._stale(epoch))
         fault: _Failure | None = None
         with self._cond:
             failures = self._failures.get(key)

@@ -623,6 +623,27 @@ def test_cut_next_and_fail_next_apply_in_the_order_queued(fake: FakeBotApi) -> N
     assert [m["text"] for m in fake.sent_messages] == ["d"]
 
 
+def test_hold_keeps_calls_unanswered_until_release_and_others_go_through(
+    fake: FakeBotApi,
+) -> None:
+    fake.hold("sendmessage")
+    answers: list[tuple[int, dict[str, Any]]] = []
+    senders = [threading.Thread(target=lambda t=text: answers.append(
+        raw_post(fake, "sendMessage", chat_id=5, text=t))) for text in ("one", "two")]
+    for sender in senders:
+        sender.start()
+    assert fake.wait_until(lambda: len(fake.calls_to("sendMessage")) == 2, WAIT)
+    assert raw_post(fake, "getMe")[0] == 200  # other methods are not held
+    time.sleep(0.2)
+    assert not answers and not fake.sent_messages  # received, no effect, no answer
+    fake.release("sendMessage")
+    for sender in senders:
+        sender.join(WAIT)
+    assert sorted(m["text"] for m in fake.sent_messages) == ["one", "two"]
+    assert [status for status, _ in answers] == [200, 200]
+    assert raw_post(fake, "sendMessage", chat_id=5, text="three")[0] == 200  # not held now
+
+
 def test_cut_get_updates_after_its_effect_confirms_and_hands_out_unseen_updates(
     fake: FakeBotApi,
 ) -> None:
