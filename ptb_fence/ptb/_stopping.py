@@ -171,7 +171,11 @@ class Stopping:
         tasks = [task for task in self._processing if task is not current]
         if not tasks:
             return
-        _, late = await asyncio.wait(tasks, timeout=max(until - loop.time(), 0.0))
+        _, waited = await asyncio.wait(tasks, timeout=max(until - loop.time(), 0.0))
+        # only those still processing: a task that processed its update meanwhile and went on
+        # (PTB's own update fetcher with max_concurrent 1, waiting for its queue's next item)
+        # is not a straggler, and a cancel would end PTB's fetcher with the stop's CancelledError
+        late = [task for task in waited if task in self._processing]
         if not late:
             return
         _LOGGER.warning(
