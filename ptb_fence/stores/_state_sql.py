@@ -234,15 +234,6 @@ DELETE FROM {s} WHERE kind = 'callback' AND updated_at < :before""")
             params += [kind, name, names]
         return len(groups), params
 
-    def read(self, count: int) -> str:
-        """One ``SELECT`` of ``count`` keys (parameters ``k0, n0, y0, k1, ...``)."""
-        values = ", ".join(f"(:k{i}, :n{i}, :y{i})" for i in range(count))
-        sql = (
-            f'SELECT kind, name, key, value, version FROM "{self.name}" '
-            f"WHERE (kind, name, key) IN (VALUES {values})"
-        )
-        return _postgres(sql) if self.postgres else sql
-
     def insert_rows(self, count: int) -> str:
         """PostgreSQL: ``count`` checked inserts in one statement (positional parameters
         ``kind, name, key, value, at`` per row, see :meth:`rows_params`)."""
@@ -281,14 +272,6 @@ DELETE FROM {s} WHERE kind = 'callback' AND updated_at < :before""")
             digest = hashlib.sha256(text.encode("utf-8")).digest()
             numbers.add(int.from_bytes(digest[:4], "big", signed=True))
         return {"keys": sorted(numbers)}
-
-    @staticmethod
-    def read_params(keys: Sequence[StateKey]) -> Dict[str, Any]:
-        """The parameters of :meth:`read`."""
-        params: Dict[str, Any] = {}
-        for i, key in enumerate(keys):
-            params.update({f"k{i}": key.kind, f"n{i}": key.name, f"y{i}": key.key})
-        return params
 
     @staticmethod
     def list_params(
