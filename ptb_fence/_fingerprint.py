@@ -88,6 +88,10 @@ store that does not fingerprint never makes the table grow)."""
 
 _MISSING = object()
 
+# json.dumps with non-default options builds a new encoder per call; one, made once, writes the
+# same text (the fingerprint must never change: stored rows are compared with it)
+_IDENTITY_ENCODER = json.JSONEncoder(sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+
 
 def fingerprint_known(body: str, data: Any) -> None:
     """Note the fingerprint of ``body``, the JSON text of the parsed update ``data``, so that
@@ -128,7 +132,28 @@ def _of_data(data: Any) -> Optional[str]:
     kinds = sorted(k for k, v in data.items() if k in KINDS and isinstance(v, dict))
     if not kinds:
         return None
-    parts: List[Any] = [[kind, _identity(data[kind])] for kind in kinds]
-    identity = ["update", data.get("update_id"), parts]
-    text = json.dumps(identity, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    text = _message_text(data, kinds[0]) if len(kinds) == 1 else None
+    if text is None:
+        text = _identity_text(data, kinds)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def _identity_text(data: Dict[str, Any], kinds: List[str]) -> str:
+    """The text the fingerprint hashes (the general rule)."""
+    parts: List[Any] = [[kind, _identity(data[kind])] for kind in kinds]
+    return _IDENTITY_ENCODER.encode(["update", data.get("update_id"), parts])
+
+
+def _message_text(data: Dict[str, Any], kind: str) -> Optional[str]:
+    """:func:`_identity_text` of the most common update, a new message (one kind, integer
+    ``update_id``, ``message_id`` and ``chat.id``, no ``id``, no ``edit_date``), written
+    directly: the same text, in about a sixth of the time. :obj:`None`: any other update."""
+    obj = data[kind]
+    chat = obj.get("chat")
+    if "id" in obj or "edit_date" in obj or not isinstance(chat, dict):
+        return None
+    update_id, message_id, chat_id = data.get("update_id"), obj.get("message_id"), chat.get("id")
+    # exactly int (bool is an int that JSON writes as true/false)
+    if type(update_id) is not int or type(message_id) is not int or type(chat_id) is not int:
+        return None
+    return f'["update",{update_id},[["{kind}",{{"chat.id":{chat_id},"message_id":{message_id}}}]]]'

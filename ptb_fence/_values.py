@@ -7,7 +7,7 @@ dictionary keys. Store-level times are integer milliseconds since the epoch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from typing import NamedTuple, Optional, Tuple, Union
 
 __all__ = [
     "Abandoned",
@@ -158,9 +158,11 @@ STATE_KINDS = ("user", "chat", "bot", "conversation", "callback")
 ``bot_data``, one conversation's state and the callback-data cache."""
 
 
-@dataclass(frozen=True, slots=True)
-class StateKey:
+class StateKey(NamedTuple):
     """Which piece of persisted bot state a row holds.
+
+    Immutable, compared and hashed by its three fields (a named tuple: an update's state
+    keys are looked up in several dicts per update, and a tuple hashes and compares in C).
 
     Args:
         kind (:obj:`str`): One of ``user``, ``chat``, ``bot``, ``conversation``, ``callback``.
@@ -176,9 +178,9 @@ class StateKey:
     key: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class StateEntry:
-    """A row of persisted bot state as stored.
+class StateEntry(NamedTuple):
+    """A row of persisted bot state as stored (immutable: a named tuple, as
+    :class:`StateKey`; several are made per update).
 
     Args:
         value (:obj:`str` | :obj:`None`): The state's encoded text (the store never reads

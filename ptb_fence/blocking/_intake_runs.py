@@ -113,8 +113,9 @@ class IntakeRuns:
         """Register a run that entered the isolation gate (``alone`` or not), and its
         timeout if ``attempt_timeout_seconds`` is set."""
         run = IntakeRun(key, update_id, attempt, alone)
-        with self._lock:
+        with self._lock:  # counted before release_all may count it gone
             self._runs[update_id] = run
+            self._runtime.stats.handler_began()
         timeout = self._runtime.options.attempt_timeout_seconds
         if timeout is not None:
             self._wakeups.call_later(timeout, lambda: self._time_out(run, timeout))
@@ -139,9 +140,13 @@ class IntakeRuns:
             return len(self._runs)
 
     def _forget(self, run: IntakeRun) -> None:
+        # once per run (the worker and a timeout may both forget it), before its end is
+        # counted: Stats never shows an attempt both running and ended
         with self._lock:
-            if self._runs.get(run.update_id) is run:
-                del self._runs[run.update_id]
+            if self._runs.get(run.update_id) is not run:
+                return
+            del self._runs[run.update_id]
+        self._runtime.stats.handler_gone()
 
     def _time_out(self, run: IntakeRun, timeout: float) -> None:
         # runs on the wakeup thread: settle on a thread of its own (a store call may block)
@@ -177,6 +182,8 @@ class IntakeRuns:
         with self._lock:
             runs = list(self._runs.values())
             self._runs.clear()
+        for _ in runs:
+            self._runtime.stats.handler_gone()
         ended: List[IntakeRun] = [run for run in runs if self._end(run, _RELEASED)]
         if ended:
             attempts = [run.attempt for run in ended]

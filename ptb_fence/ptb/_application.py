@@ -343,6 +343,10 @@ class FencedApplicationMixin(_MixinBase):
         PTB's own warnings (a task created while the Application is not running) point at the
         caller's line, as with a plain Application.
         """
+        if self.running:  # PTB warns only when not running: no warning to re-aim (and
+            # catch_warnings, per update on PTB's fetcher path, costs more than the task)
+            with outside_attempt():
+                return super().create_task(coroutine, update=update, name=name)
         with outside_attempt(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             task = super().create_task(coroutine, update=update, name=name)

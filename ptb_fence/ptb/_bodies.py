@@ -84,10 +84,14 @@ def update_body(update: Update) -> str:
         return json.dumps(data, default=_null)
 
 
+# what json.dumps(raw, ensure_ascii=False) writes, without building an encoder per update
+_UTF8_ENCODER = json.JSONEncoder(ensure_ascii=False)
+
+
 def raw_body(raw: Any) -> str:
     """The stored JSON text of a raw update: UTF-8 text, or ASCII escapes when the update
     holds a lone UTF-16 surrogate (valid JSON that no store can encode as UTF-8)."""
-    body = json.dumps(raw, ensure_ascii=False)
+    body = _UTF8_ENCODER.encode(raw)
     try:
         body.encode("utf-8")
     except UnicodeEncodeError:

@@ -45,6 +45,10 @@ class ChatTurns:
             raise
         return True
 
+    def waiting_count(self) -> int:
+        """How many tasks wait for their chat's turn."""
+        return self._order.waiting_count()
+
     def waiting(self, key: Hashable) -> bool:
         """Whether a task of ``key``'s chat waits for its turn."""
         return self._order.waiting(key)

@@ -104,7 +104,8 @@ class HandlerRun:
             self._guarded(coroutine),
             name=f"ptb_fence:update {attempt.update_id} attempt {attempt.attempt}",
         )
-        task.add_done_callback(self._ended)
+        # no done callback here: _guarded wakes the processor itself; one that never ran
+        # (cancelled before its first step) is one end() cancelled, which adds it
         if self._timeout is not None:
             self._timer = loop.call_later(self._timeout, self.end, _TIMEOUT)
         self._registry.add(self)
@@ -173,6 +174,7 @@ class HandlerRun:
         if self.reason is not None or task is None or task.done():
             return
         self.reason = reason
+        task.add_done_callback(self._ended)  # also if it never runs (see handle)
         task.cancel()
         self._grace = asyncio.get_running_loop().call_later(
             CANCEL_GRACE_SECONDS, self._ended, task

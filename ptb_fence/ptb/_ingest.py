@@ -34,6 +34,13 @@ _LOGGER = logging.getLogger("ptb_fence.ptb")
 _NO_ROOM: Any = object()
 """A grouped claim the bound had no room for (it waits and goes with a later group)."""
 
+POLL_AHEAD = 200
+"""The least :attr:`Ingest.poll_ahead`: two ``getUpdates`` pages (PTB's default ``limit`` is
+100), so the next page is fetched while a full one still waits (measured: with one page the
+pipeline ran dry at page ends and groups shrank; with four, the held tasks cost the garbage
+collector as much as no bound)."""
+
+
 class Ingest:
     """Records updates for one processor; the durable queue's
     :class:`~ptb_fence.ptb._interfaces.UpdateRecorder` and the getUpdates wrapper's
@@ -181,6 +188,23 @@ class Ingest:
             raise ingest_error(update.update_id, exc) from exc
         return self._state.book(update.update_id, outcome[0])
 
+    @property
+    def poll_ahead(self) -> int:
+        """:obj:`int`: A ``getUpdates`` is sent only while fewer updates than this wait for a
+        slot or run here: ``max(POLL_AHEAD, 2 * max_concurrent)``."""
+        return max(POLL_AHEAD, 2 * self._runtime.options.max_concurrent)
+
+    async def wait_for_room(self) -> None:
+        """Before the Updater's next ``getUpdates``: wait until fewer than
+        :attr:`poll_ahead` updates wait for a slot or run here (see
+        :meth:`SharedState.wait_for_room <ptb_fence.ptb._state.SharedState.wait_for_room>`).
+        Not for a ``getUpdates`` outside the Updater's polling (its last one in
+        ``Updater.stop()`` confirms the offset and must not wait)."""
+        updater = getattr(self._application(), "updater", None)
+        if updater is None or not updater.running or not self._state.started:
+            return
+        await self._state.wait_for_room(self.poll_ahead)
+
     async def record_batch(self, result: List[Any]) -> None:
         """Record a whole getUpdates answer in one commit (called by RecordingRequest)."""
         updater = getattr(self._application(), "updater", None)
@@ -197,7 +221,9 @@ class Ingest:
                 raws.append(raw)
             else:
                 self._runtime.stats.invalid()
-        chats = [chat_key(raw) for raw in raws]  # the rule of update_chat_key, on the dict
+        # the rule of update_chat_key, on the dict; stored only under strict_chat_order
+        chats = ([chat_key(raw) for raw in raws]
+                 if self._runtime.options.strict_chat_order else None)
         if not items:
             return
         # anything left from an earlier batch was never put (PTB stopped or dropped it):

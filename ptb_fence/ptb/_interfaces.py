@@ -53,6 +53,10 @@ class BatchRecorder(Protocol):
     def records_batches(self) -> bool:
         """``getUpdates`` answers are to be recorded now."""
 
+    async def wait_for_room(self) -> None:
+        """Before a ``getUpdates``: wait until the processor has room for another answer
+        (a backlog stays at Telegram, unconfirmed, instead of in this process)."""
+
     async def record_batch(self, result: List[Any]) -> None:
         """Record the ``result`` list of a ``getUpdates`` answer in one commit. Raises
         :class:`~ptb_fence.ptb.IngestError` if it could not be recorded."""

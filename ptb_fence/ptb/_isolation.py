@@ -43,8 +43,6 @@ class AsyncIsolationGate:
             :obj:`False` when the stop no longer lets the update start or, alone, when
             ``timeout`` seconds passed first; the handler must not start then.
         """
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
         if not alone:
             while (self._alone or self._waiting_alone) and not self._stopping(update_id):
                 await self._wait(None)
@@ -52,6 +50,8 @@ class AsyncIsolationGate:
                 return False
             self._running += 1
             return True
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         self._waiting_alone += 1
         try:
             while (self._alone or self._running) and not self._stopping(update_id):
@@ -66,6 +66,17 @@ class AsyncIsolationGate:
         finally:
             self._waiting_alone -= 1
             self._notify()  # starts held for this waiter may go on
+
+    def enter_now(self, attempt: Attempt) -> bool:
+        """Let ``attempt``'s handler start at once, without awaiting, when it needs no
+        isolation and no handler runs or waits to run alone (the usual case); :obj:`False`:
+        call :meth:`admit`. The caller calls :meth:`leave` once the handler ended."""
+        if attempt.runs_alone or self._alone or self._waiting_alone:
+            return False
+        if self._stopping(attempt.update_id):
+            return False  # admit refuses and gives it back
+        self._running += 1
+        return True
 
     async def admit(self, attempt: Attempt, runtime: Runtime, threads: StoreThreads) -> bool:
         """Enter for ``attempt``'s handler (alone when :attr:`Attempt.runs_alone`, after

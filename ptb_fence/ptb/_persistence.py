@@ -159,7 +159,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         TypeError: The store keeps no persisted state (the message names its methods).
     """
 
-    __slots__ = ("_application", "_committed", "_conversations", "_lock", "_noticed",
+    __slots__ = ("_application", "_committed", "_conversations", "_keyboards", "_lock", "_noticed",
                  "_prefetched", "_published", "_reads", "_session_drops", "_store")
 
     def __init__(
@@ -179,12 +179,13 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         super().__init__(store_data=data, update_interval=update_interval)
         self._store = store
         self._application: Optional["weakref.ref[Any]"] = None
+        self._keyboards = False  # the callback-data cache is fenced (set by attach)
         # the newest committed row this process knows per key (what a failed attempt's
         # conversation state goes back to, what jobs see in the Application's dicts)
         self._committed: Dict[StateKey, StateEntry] = {}
         self._lock = threading.Lock()
         self._noticed: Set[StateKey] = set()
-        self._conversations: Optional[Tuple[Tuple[Any, ...], List[Any]]] = None
+        self._conversations: Optional[Tuple[List[Tuple[Any, int, int]], List[Any]]] = None
         self._published: Dict[StateKey, int] = {}  # the version shown in the Application's dicts
         # drops made while an update held the key: its completion writes them, not the flush
         self._session_drops: Set[StateKey] = set()
@@ -246,7 +247,8 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
                 "Install a python-telegram-bot version ptb_fence supports (22.x)"
             )
         self._application = weakref.ref(application)
-        if self._fences_keyboards(application):
+        self._keyboards = self._fences_keyboards(application)  # per update: read once here
+        if self._keyboards:
             if not fence_keyboard_cache(application.bot.callback_data_cache, record_keyboard):
                 _LOGGER.warning(
                     "FencedPersistence cannot see the keyboards this python-telegram-bot's "
@@ -318,7 +320,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         """The persistent conversation handlers, walked again only when the Application's
         handlers changed (per update this is on the hot path)."""
         handlers = application.handlers
-        shape = tuple((group, id(hs), len(hs)) for group, hs in handlers.items())
+        shape = [(group, id(hs), len(hs)) for group, hs in handlers.items()]
         cached = self._conversations
         if cached is not None and cached[0] == shape:
             return cached[1]
@@ -356,7 +358,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         press of a keyboard this process's cache does not hold, that keyboard's row."""
         wanted, conversations = parts
         keys = list(wanted.values()) + [state for _, _, state in conversations]
-        if self._fences_keyboards(application):
+        if self._keyboards:
             pressed = pressed_keyboard(update)
             if pressed is not None:
                 keys.append(keyboard_key(pressed[0]))
@@ -465,7 +467,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         wanted, conversations = parts
         keys = self._read_keys(application, update, parts)
         loaded = await self._loaded(update, keys)
-        fences_keyboards = self._fences_keyboards(application)
+        fences_keyboards = self._keyboards
         # a press of a keyboard this process's cache does not hold: read with the rest
         pressed = pressed_keyboard(update) if fences_keyboards else None
         if pressed is not None:
@@ -590,7 +592,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         if landed:
             self._learn({w.key: StateEntry(w.value, w.version + 1) for w in writes})
             if application is not None:
-                self._publish(application, session, {w.key: w.version + 1 for w in writes})
+                self._publish(application, session, writes)
             return
         # nothing of the attempt landed: its conversation states go back to the committed
         # ones (its data were private copies: nothing to undo)
@@ -601,20 +603,23 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
             self._set_conversation(handler, conversation, entry)
 
     def _publish(
-        self, application: Any, session: StateSession, wrote: Dict[StateKey, int]
+        self, application: Any, session: StateSession, writes: Tuple[StateWrite, ...]
     ) -> None:
         """Show the committed data in the Application's dicts (jobs and other code read
-        them there), where they are mappings that can be updated in place. ``wrote``: the
-        versions the session's landed writes left (their data are the session's own copies,
-        which nobody changes any more: copied as they are, not decoded again)."""
-        for kind, (key, value) in session.data.items():
-            with self._lock:
+        them there), where they are mappings that can be updated in place. ``writes``: the
+        session's landed writes (their data are the session's own copies, which nobody
+        changes any more: copied as they are, not decoded again)."""
+        shown: List[Tuple[str, StateKey, Any, int, str]] = []
+        with self._lock:  # once per update: which data changed since they were shown
+            for kind, (key, value) in session.data.items():
                 newest = self._committed.get(key)
                 if newest is None or newest.value is None:
                     continue
                 if self._published.get(key) == newest.version:
                     continue  # shown already (an update that did not change it)
                 self._published[key] = newest.version
+                shown.append((kind, key, value, newest.version, newest.value))
+        for kind, key, value, version, text in shown:
             if kind == "bot":
                 target = application.bot_data
             elif kind == "user":
@@ -623,9 +628,9 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
                 target = application.chat_data[int(key.key)]
             if isinstance(target, MutableMapping) and isinstance(value, MutableMapping):
                 if target is not value:
+                    wrote = any(w.key == key and w.version + 1 == version for w in writes)
                     target.clear()
-                    target.update(value if wrote.get(key) == newest.version
-                                  else decode_state(newest.value))
+                    target.update(value if wrote else decode_state(text))
 
     def _notice_outside_change(self, key: StateKey, data: Any, what: str) -> None:
         """PTB's flush hands over data that differ from the committed ones: changed outside

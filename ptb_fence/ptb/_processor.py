@@ -117,6 +117,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         self._handlers = RunningHandlers()
         self._stopping = Stopping(runtime, self._threads, self._handlers)
         self._state = SharedState(self._stopping.release_soon)
+        self._state.parked = self._turns.waiting_count
         self._ingest = Ingest(
             runtime,
             self._state,
@@ -483,9 +484,13 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                     attempt = await self._ingest.claim(update.update_id)
                 if attempt is None:
                     return False  # not ours, or stopping: it stays in the store
-                if not await self._gate.admit(attempt, runtime, self._threads):
+                if not self._gate.enter_now(attempt) and not await self._gate.admit(
+                    attempt, runtime, self._threads
+                ):
                     return False  # given back: the stop no longer waits for it, or see admit
                 self._running += 1
+                runtime.stats.handler_began()
+                returned = False
                 attempt.update = update  # what attempt.outbox.reply_text answers
                 handled = UpdateState(update, attempt)
                 try:
@@ -497,7 +502,8 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                         # _handlers); a CancelledError its code raised is a failure
                         # (propagating it would kill PTB's update fetcher in sequential mode)
                         error = await run.handle(coroutine)
-                    runtime.stats.handler_time(time.perf_counter() - started)
+                    returned = True  # before its end may be counted
+                    runtime.stats.handler_gone(time.perf_counter() - started)
                     if error is not None and handled.error is None:
                         handled.error = error
                     if run.released:
@@ -515,6 +521,8 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                             runtime.settle, attempt, handled.error
                         )
                 finally:
+                    if not returned:  # cancelled while its handler ran
+                        runtime.stats.handler_gone()
                     self._gate.leave(attempt.runs_alone)
                     if completing is None:  # also when cancelled: stop renewing (the lease
                         runtime.end(attempt)  # lapses and a sweep retries; never stranded)

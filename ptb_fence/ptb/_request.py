@@ -68,8 +68,14 @@ class RecordingRequest(BaseRequest):
         connect_timeout: Any = REQUEST_DEFAULT,
         pool_timeout: Any = REQUEST_DEFAULT,
     ) -> Tuple[int, bytes]:
-        """Send the request; record a successful ``getUpdates`` batch before returning it."""
+        """Send the request; record a successful ``getUpdates`` batch before returning it.
+        A ``getUpdates`` of the Updater's polling is sent once the processor has room for
+        its answer (:meth:`Ingest.wait_for_room
+        <ptb_fence.ptb._ingest.Ingest.wait_for_room>`)."""
         self._parsed = None
+        get_updates = url.endswith("/getUpdates")
+        if get_updates and self._recorder.records_batches:
+            await self._recorder.wait_for_room()
         status, payload = await self._inner.do_request(
             url,
             method,
@@ -79,7 +85,7 @@ class RecordingRequest(BaseRequest):
             connect_timeout=connect_timeout,
             pool_timeout=pool_timeout,
         )
-        if self._recorder.records_batches and 200 <= status < 300 and url.endswith("/getUpdates"):
+        if get_updates and self._recorder.records_batches and 200 <= status < 300:
             try:
                 answer = json.loads(payload.decode("utf-8"))
             except (UnicodeDecodeError, ValueError):

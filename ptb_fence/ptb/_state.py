@@ -38,11 +38,16 @@ class SharedState:
         finishing: Ids of the updates queued or being processed when stopping began: they
             may still start until the stop's deadline (:meth:`may_start`).
         batch_ingest: The Bot's ``getUpdates`` answers are recorded whole.
+        parked: Returns how many of the updates held here wait for their chat's turn (the
+            processor's chat turns; they do not count for :meth:`wait_for_room`).
     """
 
     __slots__ = (
         "_finished",
         "_release",
+        "_room",
+        "_room_below",
+        "parked",
         "batch_ingest",
         "finishing",
         "inflight",
@@ -67,6 +72,11 @@ class SharedState:
         self.finishing: Set[int] = set()
         self._finished: Optional[asyncio.Event] = None
         self.batch_ingest = False
+        # how many held updates wait for their chat's turn (set by the processor)
+        self.parked: Callable[[], int] = lambda: 0
+        # the poller waiting for room (see wait_for_room), woken by done()
+        self._room: "Optional[asyncio.Future[None]]" = None
+        self._room_below = 0
 
     def held(self, update_id: int) -> bool:
         """Whether ``update_id`` is already on its way here: queued or processed
@@ -88,10 +98,42 @@ class SharedState:
         still start (:attr:`finishing`)."""
         self.stopping = True
         self.finishing = set(self.inflight)
+        self._wake_poller()
+
+    def holding(self) -> int:
+        """Updates held here that may take a slot: queued or processed, or recorded by a
+        ``getUpdates`` answer and about to be put, less those waiting for their chat's turn
+        (:attr:`parked`)."""
+        return len(self.inflight) + len(self.ingested) - self.parked()
+
+    async def wait_for_room(self, below: int, recheck: float = 1.0) -> None:
+        """Wait until fewer than ``below`` updates are :meth:`holding` here, or stopping
+        began. Used by the poller before each ``getUpdates``: Telegram keeps what is not
+        fetched (unconfirmed), so a backlog waits there instead of as tasks in this process
+        (whose memory, and the garbage collector's passes over it, grow with the backlog).
+        Updates waiting for their chat's turn do not count: a chat that floods the bot does
+        not hold back the other chats' updates. ``recheck``: seconds after which the count
+        is read again even unwoken."""
+        while self.holding() >= below and not self.stopping:
+            room = self._room
+            if room is None or room.done():
+                room = self._room = asyncio.get_running_loop().create_future()
+            self._room_below = below
+            await asyncio.wait((room,), timeout=recheck)
+
+    def _wake_poller(self) -> None:
+        room = self._room
+        if room is not None and not room.done() and (
+            self.stopping or self.holding() < self._room_below
+        ):
+            room.set_result(None)
+            self._room = None
 
     def done(self, update_id: int) -> None:
         """The processing of ``update_id`` ended (or it will not be queued after all)."""
         self.inflight.discard(update_id)
+        if self._room is not None:
+            self._wake_poller()
         finishing = self.finishing
         if finishing:
             finishing.discard(update_id)

@@ -12,7 +12,7 @@ what was read, each write conditional on the version read.
 from __future__ import annotations
 
 import contextvars
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from ptb_fence._state_codec import conversation_state_key, decode_state, encode_state
 from ptb_fence._values import StateEntry, StateKey, StateWrite
@@ -80,8 +80,10 @@ class StateSession:
         self._contexts: Set[int] = set()
         self._ended = False
         self._landed = False
-        self._declared: Dict[StateKey, Any] = {}
-        self._dropped: Set[str] = set()
+        # made when first needed (most attempts declare and drop nothing): fewer objects per
+        # update for the garbage collector to pass over
+        self._declared: Optional[Dict[StateKey, Any]] = None
+        self._dropped: Optional[Set[str]] = None
         # with the callback-data cache fenced: the keyboards the attempt put into the bot's
         # cache, {uuid: (uuid, access time, {button uuid: data})}, written with its completion
         self.keyboards: Optional[Dict[str, Tuple[str, float, Dict[str, Any]]]] = None
@@ -131,6 +133,8 @@ class StateSession:
         update's other writes."""
         key, _ = self.data[kind]
         self.data[kind] = (key, empty)
+        if self._dropped is None:
+            self._dropped = set()
         self._dropped.add(kind)
 
     def declare(self, state: Any, name: Optional[str]) -> None:
@@ -155,14 +159,17 @@ class StateSession:
                 "the update belongs to the persistent conversations "
                 + ", ".join(sorted(repr(c[0].name) for c in found)) + ": pass name="
             )
+        if self._declared is None:
+            self._declared = {}
         self._declared[found[0][2]] = state
 
     def _state_text(self, handler: Any, conversation: Tuple[Any, ...],
                     key: StateKey) -> Tuple[bool, Optional[str]]:
         """``(known, text)``: the conversation's state to write now (declared, else the
         handler's); not known while a ``block=False`` callback's task runs."""
-        if key in self._declared:
-            state = self._declared[key]
+        declared = self._declared
+        if declared is not None and key in declared:
+            state = declared[key]
         else:
             state = conversation_states(handler).get(conversation)
             pending = pending_state(state)
@@ -174,22 +181,23 @@ class StateSession:
             return True, None
         return True, encode_state(state)
 
-    def _diff(self, base: Dict[StateKey, Tuple[Optional[str], int]]) -> Tuple[StateWrite, ...]:
-        """The writes from ``base`` (``key: (text, version)``; absent: no row) to now."""
+    def _diff(self, base: Mapping[StateKey, StateEntry]) -> Tuple[StateWrite, ...]:
+        """The writes from ``base`` (absent: no row) to now."""
         out: List[StateWrite] = []
         for kind, (key, value) in self.data.items():
             old = base.get(key)
-            if (old is None or old[0] is None) and not value:
+            if (old is None or old.value is None) and not value:
                 continue  # nothing stored (or a tombstone), nothing to store
             # dropped and not filled again: delete the row
-            encoded = None if kind in self._dropped and not value else encode_state(value)
-            if old is None or old[0] != encoded:
-                out.append(StateWrite(key, encoded, 0 if old is None else old[1]))
+            dropped = self._dropped is not None and kind in self._dropped
+            encoded = None if dropped and not value else encode_state(value)
+            if old is None or old.value != encoded:
+                out.append(StateWrite(key, encoded, 0 if old is None else old.version))
         for handler, conversation, key in self.conversations:
             known, text = self._state_text(handler, conversation, key)
             old = base.get(key)
-            if known and text != (None if old is None else old[0]):
-                out.append(StateWrite(key, text, 0 if old is None else old[1]))
+            if known and text != (None if old is None else old.value):
+                out.append(StateWrite(key, text, 0 if old is None else old.version))
         for uuid, access_time, buttons in list((self.keyboards or {}).values()):
             key = StateKey("callback", "", uuid)
             if key not in base:  # new keyboards only (a late diff: not the ones taken)
@@ -204,7 +212,7 @@ class StateSession:
         nothing; a conversation that ended writes :obj:`None` where a row exists; a
         ``block=False`` callback's state whose task has not ended is left as committed; a
         declared next state (:meth:`declare`) is written in place of the handler's."""
-        return self._diff({k: (e.value, e.version) for k, e in self.loaded.items()})
+        return self._diff(self.loaded)
 
     def prepare(self) -> None:
         """PTB finished handling the update: compute the writes now, in the update's own task
@@ -237,14 +245,16 @@ class StateSession:
         returned after its ``transaction(complete=True)``. None otherwise."""
         if self._taken is None or not self._landed:
             return ()
-        base = {k: (e.value, e.version) for k, e in self.loaded.items()}
+        base = dict(self.loaded)
         for write in self._taken:
-            base[write.key] = (write.value, write.version + 1)
+            base[write.key] = StateEntry(write.value, write.version + 1)
         return self._diff(base)
 
     def declared_differs(self) -> List[Tuple[str, Any, Any]]:
         """``(handler name, declared, actual)`` where PTB set another state than declared."""
         out = []
+        if self._declared is None:
+            return []
         for handler, conversation, key in self.conversations:
             if key in self._declared:
                 actual = conversation_states(handler).get(conversation)

@@ -87,10 +87,6 @@ class Attempt:
         update_id (:obj:`int`): The update's id.
         attempt (:obj:`int`): The attempt number (from 1).
         claim_id (:obj:`str`): The persisted claim id of this attempt (opaque).
-        owner_lost (:class:`threading.Event`): Set when the lease keeper learns that this
-            attempt lost its update (renewal refused, the last proven lease passed, or its
-            settle did not land). Advisory: :meth:`owns` and :meth:`transaction` are the
-            authority.
     """
 
     __slots__ = (
@@ -104,6 +100,8 @@ class Attempt:
         "_identity",
         "_lock",
         "_loop_waiters",
+        "_lost",
+        "_lost_event",
         "_opening",
         "_outbox",
         "_phase",
@@ -115,7 +113,6 @@ class Attempt:
         "_update",
         "attempt",
         "claim_id",
-        "owner_lost",
         "update_id",
     )
 
@@ -135,7 +132,10 @@ class Attempt:
         self._identity = (
             AttemptIdentity(update_id, attempt, claim_id) if claim_id is not None else None
         )
-        self.owner_lost = threading.Event()
+        # owner_lost's Event is made when first asked for: most attempts never are, and an
+        # Event (a Condition and its lock) is the dearest part of an attempt to build
+        self._lost = False
+        self._lost_event: Optional[threading.Event] = None
         self._lock = threading.Lock()
         self._proven_until = proven_until
         self._phase = Phase.RUNNING
@@ -161,8 +161,29 @@ class Attempt:
     def __repr__(self) -> str:
         return (
             f"Attempt(update_id={self.update_id}, attempt={self.attempt}, "
-            f"claim_id={self.claim_id!r}, owner_lost={self.owner_lost.is_set()})"
+            f"claim_id={self.claim_id!r}, owner_lost={self._lost})"
         )
+
+    @property
+    def owner_lost(self) -> threading.Event:
+        """:class:`threading.Event`: Set when the lease keeper learns that this attempt lost
+        its update (renewal refused, the last proven lease passed, or its settle did not
+        land). Advisory: :meth:`owns` and :meth:`transaction` are the authority."""
+        event = self._lost_event
+        if event is None:
+            with self._lock:
+                event = self._lost_event
+                if event is None:
+                    event = threading.Event()
+                    if self._lost:
+                        event.set()
+                    self._lost_event = event
+        return event
+
+    @property
+    def lost(self) -> bool:
+        """:obj:`bool`: Whether :attr:`owner_lost` is set (without making its Event)."""
+        return self._lost
 
     @property
     def identity(self) -> AttemptIdentity:
@@ -456,9 +477,11 @@ class Attempt:
     def mark_owner_lost(self) -> None:
         """Set :attr:`owner_lost` and wake its asyncio waiters (idempotent)."""
         with self._lock:
-            if self.owner_lost.is_set():
+            if self._lost:
                 return
-            self.owner_lost.set()
+            self._lost = True
+            if self._lost_event is not None:
+                self._lost_event.set()
             waiters, self._loop_waiters = self._loop_waiters, []
         for loop, future in waiters:
             try:
@@ -473,14 +496,14 @@ class Attempt:
         loop = asyncio.get_running_loop()
         future: "asyncio.Future[None]" = loop.create_future()
         with self._lock:
-            if self.owner_lost.is_set():
+            if self._lost:
                 return
             self._loop_waiters.append((loop, future))
         await future
 
     def raise_if_lost(self) -> None:
         """Raise :exc:`~ptb_fence.OwnershipLost` if :attr:`owner_lost` is set."""
-        if self.owner_lost.is_set():
+        if self._lost:
             raise OwnershipLost(self.identity)
 
     # -- fenced writes ----------------------------------------------------------------------

@@ -278,7 +278,7 @@ class LeaseKeeper:
             # ended, or the runtime's settle decides (and fires it if needed), or it holds
             # its row lock inside a fenced transaction (provably still the owner)
             return
-        if not attempt.owner_lost.is_set():
+        if not attempt.lost:
             _LOGGER.warning(
                 "owner lost: update %s attempt %s (claim %s): %s",
                 attempt.update_id,

@@ -108,7 +108,9 @@ class FrontEndHooks(NamedTuple):
             its retry time (called on a store thread for a landed retry due before the next
             sweep; ``body``: the stored text the attempt was claimed with, when known).
             :obj:`None`: the next sweep takes every retry.
-        running_count: Attempts whose handler runs now (bounds the claims at ingest).
+        running_count: Attempts started here and not ended yet (bounds the claims at
+            ingest; :class:`Stats` counts the running handlers itself, see
+            :meth:`RuntimeStats.handler_began <ptb_fence.runtime._stats.RuntimeStats.handler_began>`).
         left_running_count: Handlers (threads or tasks) that passed their attempt timeout or
             the stop, were let go and still run (their attempts ended): a gauge for
             :class:`Stats`.
@@ -1356,7 +1358,6 @@ class Runtime:
     def snapshot(self) -> Stats:
         """What this runtime counted, and how things stand now (see :class:`Stats`)."""
         return self.stats.snapshot(
-            running=self._hooks.running_count(),
             claims_held=len(self.keeper.active()),
             now_ms=self.options.now_ms(),
             left_running=self._hooks.left_running_count(),

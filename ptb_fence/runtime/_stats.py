@@ -213,6 +213,7 @@ class RuntimeStats:
         "_figures",
         "_figures_read_at",
         "_handler",
+        "_handlers_running",
         "_ingest_errors",
         "_invalid",
         "_last_renewal_tick",
@@ -239,6 +240,9 @@ class RuntimeStats:
         self._renewal_failures = 0
         self._store_errors: Dict[str, int] = {}
         self._handler = _Histogram(HANDLER_BUCKETS)
+        # counted here, under the lock of the ended counters (not read from the front end):
+        # a snapshot never shows an attempt both running and ended
+        self._handlers_running = 0
         self._store: Dict[str, _Histogram] = {}
         self._figures: Optional[StoreFigures] = None
         self._figures_read_at: Optional[float] = None
@@ -294,6 +298,20 @@ class RuntimeStats:
         """A handler ran for ``seconds``."""
         with self._lock:
             self._handler.observe(seconds)
+
+    def handler_began(self) -> None:
+        """A handler began to run (:attr:`Stats.attempts_running` counts it)."""
+        with self._lock:
+            self._handlers_running += 1
+
+    def handler_gone(self, seconds: Optional[float] = None) -> None:
+        """A handler that began no longer counts as running: it returned (after
+        ``seconds``, observed when given), was let go, or was cancelled. Called before its
+        attempt's end is counted."""
+        with self._lock:
+            self._handlers_running -= 1
+            if seconds is not None:
+                self._handler.observe(seconds)
 
     # -- the outbox -------------------------------------------------------------------------
     def calls_sent(self, count: int) -> None:
@@ -390,11 +408,9 @@ class RuntimeStats:
         return self._last_renewal_tick
 
     # -- the snapshot -----------------------------------------------------------------------
-    def snapshot(
-        self, *, running: int, claims_held: int, now_ms: int, left_running: int = 0
-    ) -> Stats:
-        """The figures now (``running``, ``claims_held``, ``left_running``: the front end's
-        gauges; ``now_ms``: the runtime's clock, for the age of the oldest unsettled update)."""
+    def snapshot(self, *, claims_held: int, now_ms: int, left_running: int = 0) -> Stats:
+        """The figures now (``claims_held``, ``left_running``: the front end's gauges;
+        ``now_ms``: the runtime's clock, for the age of the oldest unsettled update)."""
         with self._lock:
             figures = self._figures
             oldest_age: Optional[float] = None
@@ -407,7 +423,7 @@ class RuntimeStats:
                 ingest_errors=self._ingest_errors,
                 attempts_started=self._attempts_started,
                 attempts_ended=types.MappingProxyType(dict(self._attempts_ended)),
-                attempts_running=running,
+                attempts_running=self._handlers_running,
                 claims_held=claims_held,
                 handlers_left_running=left_running,
                 lease_renewal_failures=self._renewal_failures,

@@ -269,7 +269,8 @@ def test_a_forked_child_does_not_end_or_use_its_parents_instance(tmp_path: Path)
 
 def _terminate_liveness_backend(dsn: str, instance: str) -> None:
     """End the backend holding ``instance``'s advisory lock (only that one: the server is
-    shared)."""
+    shared), and wait until it has exited: without a timeout ``pg_terminate_backend`` only
+    signals it, and the exiting backend may still hold the lock a moment later."""
     import psycopg2
 
     admin = psycopg2.connect(dsn)
@@ -277,7 +278,7 @@ def _terminate_liveness_backend(dsn: str, instance: str) -> None:
     try:
         with admin.cursor() as cur:
             cur.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_locks "
+                "SELECT pg_terminate_backend(pid, 10000) FROM pg_locks "
                 "WHERE locktype = 'advisory' AND classid = %s::oid AND objid = %s::oid",
                 (0x70746266, instance_key_u32(instance)),
             )

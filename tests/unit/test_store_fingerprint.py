@@ -113,3 +113,52 @@ def test_a_polled_body_is_fingerprinted_from_its_parsed_update_as_from_its_text(
     for n in range(_fingerprint._KNOWN_MOST + 10):
         raw_body({"update_id": n, "message": {"message_id": n, "chat": {"id": 1}}})
     assert len(_fingerprint._KNOWN) <= _fingerprint._KNOWN_MOST
+
+
+# Fingerprints computed by the implementation before the message fast path: stored rows are
+# compared with them, so they must never change.
+_GOLDEN = [
+    ({"update_id": 1, "message": {"message_id": 1, "date": 1700000000,
+                                  "chat": {"id": 5, "type": "private"}, "text": "hi"}},
+     "f5980cee6df546ef"),
+    ({"update_id": 2**40, "channel_post": {"message_id": 77, "date": 1,
+                                           "chat": {"id": -1001234567890, "type": "channel"}}},
+     "839eb17a98996cea"),
+    ({"update_id": 3, "edited_message": {"message_id": 9, "edit_date": 5,
+                                         "chat": {"id": 5, "type": "private"}}},
+     "3fe404607fe9f168"),
+    ({"update_id": 4, "message": {"message_id": True, "chat": {"id": 5}}}, "7729dc5779ac9cd7"),
+    ({"update_id": 5, "callback_query": {"id": "abc", "from": {"id": 3}}}, "1fb630ef8158e364"),
+    ({"update_id": 6, "message": {"message_id": 1, "chat": {"id": 5.0}}}, "50892fd9ee12bc93"),
+]
+
+
+@pytest.mark.parametrize("data,expected", _GOLDEN)
+def test_fingerprints_of_stored_rows_never_change(data: Dict[str, Any], expected: str) -> None:
+    assert update_fingerprint(json.dumps(data)) == expected
+
+
+def test_the_message_fast_path_writes_the_general_rules_text() -> None:
+    import random
+
+    from ptb_fence._fingerprint import KINDS, _identity_text, _message_text
+
+    rnd = random.Random(7)
+    values: list = [0, 1, -5, 2**62, 2**70, True, False, None, 1.5, "7", {"id": 3}, [1]]
+    fast = 0
+    for _ in range(20000):
+        kind = rnd.choice(["message", "edited_message", "channel_post", "business_message"])
+        obj: Dict[str, Any] = {}
+        for name in ("message_id", "chat", "id", "edit_date", "date", "from"):
+            if rnd.random() < 0.6:
+                value = rnd.choice(values)
+                if name == "chat" and rnd.random() < 0.7:
+                    value = {"id": rnd.choice(values), "type": "private"}
+                obj[name] = value
+        data = {"update_id": rnd.choice(values), kind: obj}
+        text = _message_text(data, kind)
+        if text is not None:
+            fast += 1
+            assert text == _identity_text(data, [kind]), data
+            assert kind in KINDS
+    assert fast > 50  # the fast path was exercised (66 times with this seed)

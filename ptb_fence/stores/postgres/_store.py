@@ -1352,7 +1352,7 @@ class PostgresUpdateStore:
         def work(cur: Any) -> Dict[StateKey, StateEntry]:
             groups, params = state.read_any_params(keys)
             cur.execute(state.read_any(groups), params)
-            return entries_of(cur.fetchall())
+            return entries_of(cur.fetchall(), keys)
 
         return self._db.read(work)  # one SELECT: no transaction around it
 

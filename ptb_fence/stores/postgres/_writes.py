@@ -242,7 +242,7 @@ def settle_owned_work(
             keys = list(dict.fromkeys(write.key for write in written))
             groups, read_params = sql.state.read_any_params(keys)
             cur.execute(sql.state.read_any(groups), read_params)
-            current = {key: entry.version for key, entry in entries_of(cur.fetchall()).items()}
+            current = {key: entry.version for key, entry in entries_of(cur.fetchall(), keys).items()}
             together = settled_together(
                 {position: writes for position, _, _, writes in stateful}, current
             )

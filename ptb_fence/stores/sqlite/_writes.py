@@ -294,7 +294,7 @@ def read_state_in(
     def flush() -> None:
         if counts:
             rows = conn.execute(sql.state.read_groups(counts), params).fetchall()
-            found.update(entries_of(rows))
+            found.update(entries_of(rows, keys))
             counts.clear()
             params.clear()
 
