@@ -760,6 +760,8 @@ def py_spy_report(path: str, top: int, gil: bool = False) -> str:
     """Aggregate py-spy's raw (collapsed) stacks: inclusive and own sample shares per frame."""
     inclusive: Dict[str, int] = {}
     own: Dict[str, int] = {}
+    owners: Dict[str, int] = {}
+    fence: Dict[str, int] = {}
     total = 0
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
@@ -778,6 +780,12 @@ def py_spy_report(path: str, top: int, gil: bool = False) -> str:
                 for frame in set(frames):
                     inclusive[frame] = inclusive.get(frame, 0) + count
                 own[frames[-1]] = own.get(frames[-1], 0) + count
+                who, frame = _innermost_owned(frames)
+                owners[who] = owners.get(who, 0) + count
+                if who == "ptb_fence":  # by function, its lines together
+                    name, _, where = frame.partition(" (")
+                    function = f"{name} ({where.rsplit(':', 1)[0]})"
+                    fence[function] = fence.get(function, 0) + count
     except OSError as exc:
         return f"py-spy produced no output: {exc}"
     if not total:
@@ -789,4 +797,36 @@ def py_spy_report(path: str, top: int, gil: bool = False) -> str:
     lines.append(f"top {top} own (leaf)")
     for frame, count in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
         lines.append(f"  {count / total * 100:5.1f}%  {frame}")
+    lines.append(
+        "by owner (each sample to the innermost frame of ptb_fence, python-telegram-bot or the "
+        "harness's store and driver counting; the stdlib, asyncio and the drivers count for the "
+        "code that called them; 'loop': asyncio's own scheduling, under none of them)"
+    )
+    for who, count in sorted(owners.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {count / total * 100:5.1f}%  {who}")
+    lines.append(
+        f"ptb_fence's share by function, top {top} (each ptb_fence sample to its innermost "
+        "ptb_fence function, all its lines together, with the stdlib and driver code it called; "
+        "% of all samples)"
+    )
+    for function, count in sorted(fence.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"  {count / total * 100:5.1f}%  {function}")
     return "\n".join(lines)
+
+
+# py-spy names a frame "function (path:line)", the path relative to its sys.path entry; the
+# harness's run.py frames are the roots of every stack (its event loop), so only its store and
+# driver proxies count as its own
+_OWNERS = (("(ptb_fence/", "ptb_fence"), ("(telegram/", "python-telegram-bot"),
+           ("(_common.py:", "harness (store and driver counting)"),
+           ("(_ptb_rows.py:", "harness (store and driver counting)"))
+
+
+def _innermost_owned(frames: Sequence[str]) -> Tuple[str, str]:
+    """Whose work a sample is (the innermost frame in ptb_fence, PTB or the harness) and that
+    frame; ``("loop", "")`` when it is under none of them."""
+    for frame in reversed(frames):
+        for marker, who in _OWNERS:
+            if marker in frame:
+                return who, frame
+    return "loop", ""

@@ -675,6 +675,9 @@ async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[s
     polling the fast server in this same process (``paired_plain``): the machine's load changes
     over the minutes between rows, and a ratio of runs seconds apart is steadier than a ratio of
     rows minutes apart.
+
+    With ``claims_check`` (and without ``claims_exact``), one more run after them, not timed,
+    tallies the claims held exactly (``claims_check_peak``); its figures stay out of the rest.
     """
     fake = FakeBotApi().start()
     cfg = dict(cfg, fake=fake)
@@ -714,6 +717,13 @@ async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[s
             and int(cfg.get("producers") or 1) == 1  # a burst row's latency is its -32 row's
         ):
             latency = await _latency_phase(cfg, counter)
+        claims_check = None
+        if cfg.get("claims_check") and not cfg.get("claims_exact"):
+            # the exact tally serialises the store calls that grant or end claims, which slows
+            # the row: its peak comes from one more run, outside the timed figures
+            claims_check = await _throughput_run(
+                dict(cfg, claims_exact=True), n, "claimscheck", counter, measure_server=False
+            )
     finally:
         fake.stop()
     rates = [r["rate"] for r in runs]
@@ -758,6 +768,9 @@ async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[s
         "claims_peak": max(
             (r["claims_peak"] for r in runs if r.get("claims_peak") is not None), default=None
         ),
+        "claims_check_peak": None if claims_check is None else claims_check["claims_peak"],
+        "claims_check_updates": None if claims_check is None else claims_check["n"],
+        "claims_check_rate": None if claims_check is None else claims_check["rate"],
         "store_calls_per_update": sum(calls.values()) / total_n if calls else None,
         "statements_per_update": driver.get("statements", 0) / total_n if counter.installed else None,
         "commits_per_update": driver.get("commits", 0) / total_n if counter.installed else None,

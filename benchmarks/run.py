@@ -106,11 +106,21 @@ What the columns count:
   server process's CPU time per update (``srv us/u``, from ``/proc/<pid>/stat``).
 - ``RSS MB``: peak RSS of the row's child process (``ru_maxrss``).
 
-The TARGETS section checks the goals of issue 14 (``[14]``: the polling rows' ratios to
-``poll-plain-32`` and ``poll-naive-pg-32``, the fenced write's CPU per update, commits per update,
-the backlog's rate and RSS growth), the outbox rows' goals (``poll-outbox-*`` against
-``poll-reply-*``: at least 0.8x the throughput, at most 0.1 extra commits per update, and the
-reply latency at low load printed) and the earlier goals on the ``update_queue.put`` rows.
+The TARGETS section checks the goals of issue 24 (``[24]``: fenced no-op polling at least 0.6x
+plain and at most 0.05 commits per update, the claims a process held at most
+``max_concurrent + ingest_claim_buffer``, the fenced write polling at least 0.25x plain and 2x
+naive, ptb_fence's CPU per no-op polled update over the paired plain runs' at most 120 us, and
+an INFO line of the backlog and burst rates to compare with the README by hand), of issue 14
+(``[14]``: the polling rows' ratios to ``poll-plain-32`` and ``poll-naive-pg-32``, the fenced
+write's CPU per update, commits per update, the backlog's rate and RSS growth), the outbox rows'
+goals (``poll-outbox-*`` against ``poll-reply-*``: at least 0.8x the throughput, at most 0.1 extra
+commits per update, and the reply latency at low load printed) and the earlier goals on the
+``update_queue.put`` rows.
+
+The claims bound is checked on ``poll-fenced-{sqlite,pg}-32`` by one more run of the row after
+its timed runs, not timed and not in its figures, with the claims tallied exactly (as
+``--claims-exact`` does: the store calls that grant or end claims run one at a time, which slows
+the row). With ``--claims-exact`` the timed runs' own tally is used instead.
 """
 
 from __future__ import annotations
@@ -527,6 +537,10 @@ class Report:
         result = self.ok(name)
         return None if result is None else result.get("median")
 
+    def claims_bound(self, concurrency: int) -> int:
+        """The most claims a process may hold: max_concurrent + ingest_claim_buffer."""
+        return concurrency + int(self.claim_buffer)
+
     def plain_for(self, row: Row) -> Optional[Dict[str, Any]]:
         if row.kind.startswith("poll-"):
             return self.ok("poll-plain-32") or self.ok(f"plain-{row.concurrency}")
@@ -645,7 +659,15 @@ class Report:
             if peak and row.kind.split("-")[-1] == "fenced":
                 parts.append(
                     f"claims held at most {peak} (bound max_concurrent + ingest_claim_buffer = "
-                    f"{row.concurrency + int(self.claim_buffer)}; tallied in commit order at the store proxy, --claims-exact)"
+                    f"{self.claims_bound(row.concurrency)}; tallied in commit order at the store proxy, --claims-exact)"
+                )
+            check = result.get("claims_check_peak")
+            if check is not None:
+                parts.append(
+                    f"claims held at most {check} in an untimed check run of "
+                    f"{result['claims_check_updates']:,} updates tallied in commit order "
+                    f"({_fmt_rate(result.get('claims_check_rate'))} upd/s with the calls serialised; "
+                    f"bound {self.claims_bound(row.concurrency)})"
                 )
             if row.kind == "pgqueuer":
                 drains = result["drain_rates"]
@@ -841,6 +863,88 @@ class Report:
                 else f"{ca:.3f} - {cb:.3f} = {extra:+.3f} commits/update at the driver ({why})",
             )
 
+        def commits_goal(title: str, name: str, limit: float, *, polled: bool = False) -> None:
+            # commits per handled update at the driver (and the server's xact_commit) of one row
+            result = self.ok(name)
+            value = None if result is None else result.get("commits_per_update")
+            srv = None if result is None else result.get("server_commits_per_update")
+            if value is None:
+                detail = f"{name} not measured"
+            elif polled:  # a polled batch recorded, claimed and settled in pages
+                detail = (f"{value:.3f} commits/update at the driver (1 per "
+                          f"{1 / value if value else float('inf'):,.1f} updates; server "
+                          f"xact_commit: {_fmt_num(srv, 3)}/update)")
+            else:
+                detail = (f"{value:.2f} commits/update at the driver (server xact_commit: "
+                          f"{_fmt_num(srv)}/update)")
+            verdict(title, value, None if value is None else value <= limit, detail)
+
+        def polled_commits_goal(issue: str, store: str) -> None:
+            name = f"poll-fenced-{store}-32"
+            commits_goal(f"{issue} fenced no-op {store} polling: <= 1 commit per 20 updates ({name})",
+                         name, 0.05, polled=True)
+
+        # issue 24: polling again, with the claims bound and ptb_fence's own CPU per update
+        for store in ("pg", "sqlite"):
+            plain_goal(f"[24] fenced no-op {store} polling >= 0.6x plain PTB polling no-op",
+                       f"poll-fenced-{store}-32", 0.6)
+        for store in ("pg", "sqlite"):
+            polled_commits_goal("[24]", store)
+        for store in ("pg", "sqlite"):
+            name = f"poll-fenced-{store}-32"
+            result = self.ok(name)
+            bound = self.claims_bound(32)
+            label = f"[24] fenced no-op {store} polling: claims held <= max_concurrent + ingest_claim_buffer"
+            if result is None:
+                verdict(label, None, None, f"{name} not measured")
+                continue
+            peak, source = result.get("claims_check_peak"), (
+                f"an untimed run of {result.get('claims_check_updates') or 0:,} updates of {name} "
+                "after its timed runs, claims tallied exactly in commit order")
+            if peak is None:
+                peak, source = result.get("claims_peak"), (
+                    f"the timed runs of {name}, --claims-exact: their rates are slowed by the tally")
+            if peak is None:
+                verdict(label, None, None, f"{name}: no exact claims tally (profiled?)")
+            else:
+                verdict(label, peak, peak <= bound,
+                        f"at most {peak} held, bound 32 + {self.claim_buffer} = {bound} ({source})")
+        plain_goal("[24] fenced write PG polling >= 0.25x plain PTB polling no-op",
+                   "poll-fenced-write-pg-32", 0.25)
+        x_write = self.polling_plain("poll-fenced-write-pg-32")[0]
+        x_naive = self.polling_plain("poll-naive-pg-32")[0]
+        paired = _ratio(x_write, x_naive)
+        ratio_goal("[24] fenced write PG polling >= 2x naive PG polling",
+                   "poll-fenced-write-pg-32", "poll-naive-pg-32", 2,
+                   "" if paired is None else
+                   f"; from their paired x plain: {x_write:.2f} / {x_naive:.2f} = {paired:.2f}x")
+        for store in ("pg", "sqlite"):
+            name = f"poll-fenced-{store}-32"
+            result = self.ok(name)
+            cpu = None if result is None else result.get("cpu_us_per_update")
+            plain_cpu = self.polling_plain(name)[2]
+            added = None if cpu is None or plain_cpu is None else cpu - plain_cpu
+            verdict(
+                f"[24] fenced no-op {store} polling: ptb_fence adds <= 120 us CPU/update", added,
+                None if added is None else added <= 120,
+                f"{name} or its paired plain runs not measured" if added is None
+                else f"bot {cpu:,.0f} - plain PTB polling {plain_cpu:,.0f} = {added:+,.0f} us/update "
+                f"(the bot process, all threads; medians of the runs)",
+            )
+        elsewhere = []
+        for name in ("backlog-sqlite", "backlog-pg", "backlog-write-sqlite", "backlog-write-pg"):
+            result = self.ok(name)
+            if result is not None:
+                elsewhere.append(f"{name} {result['backlog']['rate']:,.0f}")
+        for name in ("burst-fenced-sqlite-32", "burst-fenced-pg-32"):
+            if self.median(name) is not None:
+                elsewhere.append(f"{name} {self.median(name):,.0f}")
+        if elsewhere:
+            lines.append(
+                "  INFO  [24] no regression elsewhere (judge against the README's figures): "
+                + ", ".join(elsewhere) + " upd/s"
+            )
+
         # FencedPersistence: a conversation bot against the same bot without persistence
         for store in ("pg", "sqlite"):
             fenced, none = f"poll-conv-fenced-{store}-32", f"poll-conv-none-{store}-32"
@@ -906,17 +1010,7 @@ class Report:
                 f"scraped every second)",
             )
         for store in ("pg", "sqlite"):
-            name = f"poll-fenced-{store}-32"
-            result = self.ok(name)
-            value = None if result is None else result.get("commits_per_update")
-            srv = None if result is None else result.get("server_commits_per_update")
-            verdict(
-                f"[14] fenced no-op {store} polling: <= 1 commit per 20 updates ({name})", value,
-                None if value is None else value <= 0.05,
-                f"{name} not measured" if value is None
-                else f"{value:.3f} commits/update at the driver (1 per {1 / value if value else float('inf'):,.1f} "
-                f"updates; server xact_commit: {_fmt_num(srv, 3)}/update)",
-            )
+            polled_commits_goal("[14]", store)
         for store in ("pg", "sqlite"):
             name = f"backlog-{store}"
             result = self.ok(name)
@@ -996,15 +1090,7 @@ class Report:
                 else f"{fsq:,.0f} / {plain:,.0f} = {r * 100:.0f}%",
             )
         for name in ("fenced-pg-32", "fenced-pg-1"):
-            result = self.ok(name)
-            value = None if result is None else result.get("commits_per_update")
-            srv = None if result is None else result.get("server_commits_per_update")
-            verdict(
-                f"<= 1.5 commits per handled update on PostgreSQL ({name})", value,
-                None if value is None else value <= 1.5,
-                f"{name} not measured" if value is None
-                else f"{value:.2f} commits/update at the driver (server xact_commit: {_fmt_num(srv)}/update)",
-            )
+            commits_goal(f"<= 1.5 commits per handled update on PostgreSQL ({name})", name, 1.5)
         for row in self.rows:
             if row.kind != "lease":
                 continue
@@ -1233,6 +1319,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "processor_options": _processor_options(args.processor_option),
                 "processes": args.scale_processes,
                 "claims_exact": args.claims_exact,
+                # the fenced no-op polling rows' claims bound, from one untimed exact-tally run
+                "claims_check": row.kind == "poll-fenced" and not args.profile,
             }
             env_extra = {}
             if row.kind == "pgqueuer":
