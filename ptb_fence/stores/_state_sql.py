@@ -216,12 +216,18 @@ DELETE FROM {s} WHERE kind = 'callback' AND updated_at < :before""")
         """SQLite: one ``SELECT`` of the keys of several (kind, name) groups, ``counts[i]``
         keys in group ``i`` (parameters per group: kind, name, its keys), joined by ``UNION
         ALL``: a search of the primary key per key. (A row-value ``IN (VALUES ...)`` scans
-        the whole table in SQLite.)"""
-        return " UNION ALL ".join(
+        the whole table in SQLite.) It returns one row, the rows found as a JSON array of
+        ``[kind, name, key, value, version]`` arrays: Python's sqlite3 lets go of the GIL for
+        every row it steps to, and a store thread that wants it back waits for the event
+        loop's thread to yield it (up to the switch interval, 5 ms) once per row (measured:
+        300 rows beside a busy thread, about 1 s as rows, 3 ms as one JSON row)."""
+        union = " UNION ALL ".join(
             f'SELECT kind, name, key, value, version FROM "{self.name}" '
             f"WHERE kind = ? AND name = ? AND key IN ({', '.join(['?'] * count)})"
             for count in counts
         )
+        return (f"SELECT json_group_array(json_array(kind, name, key, value, version)) "
+                f"FROM ({union})")
 
     def read_any(self, groups: int) -> str:
         """PostgreSQL: one ``SELECT`` of the keys of ``groups`` (kind, name) groups, each

@@ -423,3 +423,20 @@ def test_sqlite_reads_many_keys_in_statements_within_the_parameter_limit(
         assert got == {k: StateEntry(f"v{i}", 1) for i, k in enumerate(keys)}
     finally:
         store.close()
+
+
+def test_state_reads_return_keys_and_values_exactly(store: Any) -> None:
+    """Keys and values of any text (quotes, backslashes, newlines, characters outside the
+    BMP) and a tombstone come back exactly as written (the SQLite store carries a read's rows
+    as one JSON text)."""
+    odd = StateKey("conversation", 'n"a\\me', '["\\u00e9", "\\"q\\"", "😀\\n"]')
+    plain = StateKey("user", "", "7")
+    gone = StateKey("chat", "", "-100")
+    value = 'pickle:é"\\\n😀' + "x" * 5000
+    assert store.write_state([StateWrite(odd, value, 0), StateWrite(plain, "1", 0),
+                              StateWrite(gone, "v", 0)], T) is None
+    assert store.write_state([StateWrite(gone, None, 1)], T + 1) is None
+    got = store.read_state([odd, plain, gone, StateKey("user", "", "8")])
+    assert got == {odd: StateEntry(value, 1), plain: StateEntry("1", 1),
+                   gone: StateEntry(None, 2)}
+    assert all(type(entry.version) is int for entry in got.values())

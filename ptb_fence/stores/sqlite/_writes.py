@@ -4,6 +4,7 @@ one transaction), argument checks."""
 
 from __future__ import annotations
 
+import json
 import operator
 import sqlite3
 import sys
@@ -293,8 +294,8 @@ def read_state_in(
 
     def flush() -> None:
         if counts:
-            rows = conn.execute(sql.state.read_groups(counts), params).fetchall()
-            found.update(entries_of(rows, keys))
+            (text,) = conn.execute(sql.state.read_groups(counts), params).fetchone()
+            found.update(entries_of(json.loads(text), keys))
             counts.clear()
             params.clear()
 
