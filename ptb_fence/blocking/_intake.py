@@ -617,6 +617,7 @@ class UpdateIntake:
                 run.outcome, exhaustion = runtime.settle(attempt, error)
         finally:
             runtime.end(attempt)
+            self._runs.settled(run)
         if exhaustion is not None:
             # delivered on a thread of its own: this worker releases the chat's turn now
             self._submit_exhaustion(exhaustion)

@@ -122,9 +122,22 @@ class IntakeRuns:
         return run
 
     def returned(self, run: IntakeRun) -> bool:
-        """The handler returned: :obj:`True` if the worker settles it (it was not ended)."""
+        """The handler returned: :obj:`True` if the worker settles it (it was not ended).
+        A run alone keeps the isolation gate until :meth:`settled`: were the next suspect let
+        in before this settle landed and crashed the process, the store would blame the crash
+        on this attempt too (its claim is marked isolated and still live)."""
         self._forget(run)
-        return self._end(run, _RETURNED)
+        if not run.finish(_RETURNED):
+            return False
+        if not run.alone:
+            self._gate.leave(False)
+        return True
+
+    def settled(self, run: IntakeRun) -> None:
+        """The worker settled a run :meth:`returned` gave it (landed or not): a run alone
+        leaves the isolation gate now."""
+        if run.alone:
+            self._gate.leave(True)
 
     def _end(self, run: IntakeRun, how: str) -> bool:
         """End ``run`` as ``how`` (once) and leave the isolation gate: a handler abandoned

@@ -513,7 +513,12 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                         handled.error = AttemptTimeout(update.update_id, attempt.attempt, timeout)
                     if handled.error is not None or attempt.exhausted:
                         attempt.body = update_body(update)
-                    if runtime.completes_in_group(attempt, handled.error):
+                    # an attempt alone settles before it leaves the gate: were the next
+                    # suspect let in before this settle landed and crashed the process, the
+                    # store would blame the crash on this attempt too (its claim is marked
+                    # isolated and still live)
+                    if (runtime.completes_in_group(attempt, handled.error)
+                            and not attempt.runs_alone):
                         attempt.begin_settling()
                         completing = attempt  # completed below, once the slot is given back
                     else:

@@ -16,9 +16,13 @@ import threading
 import time
 from typing import Any, Dict, List, Tuple
 
-from ptb_fence import UpdateIntake
+import pytest
+from ptb_fence import AttemptIdentity, UpdateIntake
 from ptb_fence.testing import FakeBotApi, make_message_update
-from ptb_support import wait_sync
+from ptb_fence.ptb import FencedUpdateProcessor
+from ptb_support import build, polling, run, wait_for, wait_sync
+from telegram import Update
+from telegram.ext import TypeHandler
 from recovery_support import STOP_TIMEOUT, Bed, _stop, bed  # noqa: F401
 from test_ptb_processes import Bots, bots  # noqa: F401
 from test_store_liveness import COUNT, Where, start_worker, where  # noqa: F401
@@ -86,6 +90,125 @@ def test_suspects_run_alone_fresh_updates_together(where: Where) -> None:  # noq
     assert all(attempts[u] == 1 for u in FRESH), attempts
     states = _attempts(where)
     assert all(states[u][0] == "completed" for u in list(SUSPECTS) + list(FRESH)), states
+
+
+_SETTLES = ("settle", "settle_owned", "settle_owned_many", "add_claimed_and_settle_many",
+            "settle_and_claim_many", "exhaust")
+
+
+def _update_ids(value: Any, depth: int = 0) -> List[int]:
+    """The update ids of the attempt identities in a store call's arguments."""
+    if isinstance(value, AttemptIdentity):
+        return [value.update_id]
+    if depth < 3 and isinstance(value, (list, tuple)):
+        return [u for item in value for u in _update_ids(item, depth + 1)]
+    return []
+
+
+class _SlowSuspectSettles:
+    """Wraps a store (same capabilities: every attribute is the wrapped store's): a settle of
+    a suspect's attempt takes 0.3 s longer, and ``log`` shows when each began and ended."""
+
+    def __init__(self, inner: Any, log: List[Tuple[str, int]], lock: threading.Lock) -> None:
+        self.inner, self._log, self._lock = inner, log, lock
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self.inner, name)
+        if name not in _SETTLES:
+            return target
+
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            ids = [args[0]] if name == "settle" else _update_ids(args)  # unary: by update id
+            suspects = [u for u in ids if u in SUSPECTS]
+            with self._lock:
+                self._log += [("settle", u) for u in suspects]
+            if suspects:
+                time.sleep(0.3)
+            try:
+                return target(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self._log += [("settled", u) for u in suspects]
+
+        return slow
+
+
+def _check_no_start_beside_a_settle(log: List[Tuple[str, int]]) -> None:
+    settling: List[int] = []
+    for what, update_id in log:
+        if what == "settle":
+            settling.append(update_id)
+        elif what == "settled":
+            settling.remove(update_id)
+        else:
+            assert not settling, (update_id, settling, log)  # started beside a settle
+    assert sorted(u for what, u in log if what == "start") == list(SUSPECTS), log
+
+
+@pytest.mark.parametrize("handling", ["unary", "attempt"])
+def test_a_suspect_holds_the_gate_until_its_settle_landed(  # noqa: F811
+    where: Where, handling: str
+) -> None:
+    """The next suspect starts only once the one before it is settled in the store: started
+    while that settle was still on its way, a crash of the next one would be blamed on both
+    (both claims marked isolated and live), and a healthy update would spend attempts beside a
+    crash-looping one."""
+    _kill_holder(where)
+    lock = threading.Lock()
+    log: List[Tuple[str, int]] = []
+
+    def handle(update: Dict[str, Any], attempt: Any = None) -> None:
+        with lock:
+            log.append(("start", update["update_id"]))
+
+    store = where.store()
+    options: Dict[str, Any] = (
+        {"handle": handle} if handling == "unary" else {"handle_attempt": handle})
+    intake = UpdateIntake(_SlowSuspectSettles(store, log, lock), max_concurrent=8, **options)
+    try:
+        intake.start()  # takes the dead process's claims over: six suspects
+        wait_sync("every suspect settled",
+                  lambda: sum(1 for what, _ in log if what == "settled") == COUNT, 60)
+        assert intake.idle(30)
+    finally:
+        intake.close()
+        store.close()
+    _check_no_start_beside_a_settle(log)
+    states = _attempts(where)
+    assert all(states[u][0] == "completed" for u in SUSPECTS), states
+
+
+def test_a_suspect_holds_the_gate_until_its_settle_landed_ptb(where: Where) -> None:  # noqa: F811
+    """The same for a PTB Application (``FencedUpdateProcessor``; its sweep takes the dead
+    process's claims over): a suspect's completion is not grouped to land after the gate let
+    the next suspect in."""
+    _kill_holder(where)
+    lock = threading.Lock()
+    log: List[Tuple[str, int]] = []
+
+    async def on_update(update: Update, context: Any) -> None:
+        with lock:
+            log.append(("start", update.update_id))
+
+    store = where.store()
+
+    async def scenario(fake: FakeBotApi) -> None:
+        processor = FencedUpdateProcessor(_SlowSuspectSettles(store, log, lock),
+                                          max_concurrent=8, sweep_every_seconds=0.2)
+        app = build(processor, fake)
+        app.add_handler(TypeHandler(Update, on_update))
+        async with polling(app):
+            await wait_for("every suspect settled",
+                           lambda: sum(1 for what, _ in log if what == "settled") == COUNT, 60)
+
+    try:
+        with FakeBotApi() as fake:
+            run(scenario(fake), timeout=120)
+    finally:
+        store.close()
+    _check_no_start_beside_a_settle(log)
+    states = _attempts(where)
+    assert all(states[u][0] == "completed" for u in SUSPECTS), states
 
 
 def test_close_gives_a_waiting_suspect_back(where: Where) -> None:  # noqa: F811
