@@ -49,7 +49,13 @@ def test_steps_counts_what_the_fence_adds_per_update() -> None:
     collector = _table(done.stdout, "the garbage collector")
     # every run allocates enough for young-generation passes; a full pass finds the heap
     assert collector["passes of generation 0 (per 1,000)"]["plain"] > 0, collector
-    assert collector["objects tracked at a full pass, max"]["fenced-sqlite"] > 10_000, collector
+    full_passes = collector["passes of generation 2 (per 1,000)"]["fenced-sqlite"]
+    if sys.version_info < (3, 13):  # 3.13's collector makes no full pass in a run this short
+        assert full_passes > 0, collector
+    if full_passes > 0:
+        assert collector["objects tracked at a full pass, max"]["fenced-sqlite"] > 10_000, collector
+    else:  # no full pass: no heap seen, and the table says so
+        assert collector["objects tracked at a full pass, max"]["fenced-sqlite"] == 0, collector
 
 
 def test_steps_gc_only_counts_the_collector_alone() -> None:
