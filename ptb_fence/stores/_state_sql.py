@@ -230,12 +230,18 @@ DELETE FROM {s} WHERE kind = 'callback' AND updated_at < :before""")
                 f"FROM ({union})")
 
     def read_any(self, groups: int) -> str:
-        """PostgreSQL: one ``SELECT`` of the keys of ``groups`` (kind, name) groups, each
-        ``kind = %s AND name = %s AND key = ANY(%s)`` (parameters per group: kind, name, the
-        list of keys; see :meth:`read_any_params`), joined by ``UNION ALL``: few parameters
-        however many keys, a search of the primary key per key."""
-        one = (f'SELECT kind, name, key, value, version FROM "{self.name}" '
-               "WHERE kind = %s AND name = %s AND key = ANY(%s::text[])")
+        """PostgreSQL: one ``SELECT`` of the keys of ``groups`` (kind, name) groups
+        (parameters per group: the list of keys, kind, name; see :meth:`read_any_params`),
+        joined by ``UNION ALL``: few parameters however many keys. Each key is one search of
+        the primary key, whatever the table's statistics say: the keys are unnested and each
+        looked up in a ``LATERAL`` subquery with ``LIMIT 1``, which the planner cannot turn
+        into a hash join or a filter. (``key = ANY(%s)`` was planned, on a table not yet
+        analyzed, as a scan of every row of the kind and name filtered by the array:
+        27 ms against 1.4 ms for 97 keys among 60,000 rows.)"""
+        one = ('SELECT s.kind, s.name, s.key, s.value, s.version '
+               "FROM unnest(%s::text[]) AS k(key), LATERAL ("
+               f'SELECT kind, name, key, value, version FROM "{self.name}" AS t '
+               "WHERE t.kind = %s AND t.name = %s AND t.key = k.key LIMIT 1) AS s")
         return " UNION ALL ".join([one] * groups)
 
     @staticmethod
@@ -246,7 +252,7 @@ DELETE FROM {s} WHERE kind = 'callback' AND updated_at < :before""")
             groups.setdefault((key.kind, key.name), []).append(key.key)
         params: List[Any] = []
         for (kind, name), names in groups.items():
-            params += [kind, name, names]
+            params += [names, kind, name]
         return len(groups), params
 
     def insert_rows(self, count: int) -> str:

@@ -78,3 +78,43 @@ def test_a_read_on_a_connection_broken_meanwhile_is_retried(
         assert store.read_state([key])[key].value == "x"  # on a new connection
     finally:
         store.close()
+
+
+def test_state_reads_search_each_key_even_on_a_table_not_analyzed(
+    pg_dsn: str, pg_tables: List[str]
+) -> None:
+    """A state read (``read_state`` and the completions' version check) looks each key up
+    in the primary key by kind, name and key, whatever the planner knows of the table: on a
+    fresh table of 20,000 users, not yet analyzed, ``key = ANY(...)`` had been planned as a
+    scan of every user row filtered by the array."""
+    from ptb_fence.stores._state_sql import StateStatements, state_table_name
+
+    table = fresh_table_name()
+    pg_tables.append(table)
+    store = PostgresUpdateStore(pg_dsn, table=table)
+    users = [StateKey("user", "", str(n)) for n in range(20_000)]
+    try:
+        assert store.write_state([StateWrite(k, "v", 0) for k in users[:3]], 1) is None
+        conn = psycopg2.connect(pg_dsn)
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute(
+                    f'INSERT INTO "{state_table_name(table)}" '  # noqa: S608
+                    "(kind, name, key, value, version, updated_at) "
+                    "SELECT 'user', '', n::text, 'v', 1, 1 FROM generate_series(3, 19999) n")
+            sql = StateStatements(table, postgres=True)
+            asked = users[::700] + [StateKey("conversation", "talk", "[1,1]"), StateKey("bot")]
+            groups, params = sql.read_any_params(asked)
+            with conn, conn.cursor() as cur:
+                cur.execute("EXPLAIN " + sql.read_any(groups), params)
+                plan = "\n".join(row[0] for row in cur.fetchall())
+        finally:
+            conn.close()
+        assert "Seq Scan" not in plan and "Filter" not in plan, plan
+        searches = [line for line in plan.splitlines() if "Index Cond" in line]
+        assert len(searches) == groups, plan  # the key is in every index search
+        assert all("AND (key = k" in line for line in searches), plan
+        got = store.read_state(asked)
+        assert set(got) == set(users[::700]) and all(e.value == "v" for e in got.values())
+    finally:
+        store.close()
