@@ -27,13 +27,19 @@ def _table(out: str, title: str = "per polled update") -> Dict[str, Dict[str, fl
     return table
 
 
-def test_steps_counts_what_the_fence_adds_per_update() -> None:
+def _steps(rows: str, *options: str) -> "subprocess.CompletedProcess[str]":
+    """``benchmarks/steps.py`` over 300 updates of ``rows``, as a user runs it; it succeeded."""
     done = subprocess.run(
-        [sys.executable, os.path.join(BENCHMARKS, "steps.py"), "--only", "plain,fenced-sqlite",
-         "--updates", "300", "--who"],
+        [sys.executable, os.path.join(BENCHMARKS, "steps.py"), "--only", rows,
+         "--updates", "300", *options],
         cwd=ROOT, capture_output=True, text=True, timeout=240,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_steps_counts_what_the_fence_adds_per_update() -> None:
+    done = _steps("plain,fenced-sqlite", "--who")
     table = _table(done.stdout)
     futures = table["asyncio futures made"]
     # plain PTB polling makes almost none per update; the fence one per await it adds (its
@@ -59,12 +65,7 @@ def test_steps_counts_what_the_fence_adds_per_update() -> None:
 
 
 def test_steps_gc_only_counts_the_collector_alone() -> None:
-    done = subprocess.run(
-        [sys.executable, os.path.join(BENCHMARKS, "steps.py"), "--only", "fenced-sqlite",
-         "--updates", "300", "--gc-only"],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _steps("fenced-sqlite", "--gc-only")
     assert "asyncio futures made" not in done.stdout  # no hooked runs
     collector = _table(done.stdout, "the garbage collector")
     assert set(collector) == {
