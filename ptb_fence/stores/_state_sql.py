@@ -47,6 +47,11 @@ SAVEPOINT = "ptb_fence_state"
 LOCK_CLASS = 0x70746273  # "ptbs": the advisory-lock namespace of state keys (two-int form)
 """The first key of the PostgreSQL advisory locks on state keys (instances use another)."""
 
+_LOCK = (
+    f"SELECT count(pg_advisory_xact_lock({LOCK_CLASS}, k)) FROM "
+    "(SELECT DISTINCT unnest({keys}::int[]) AS k ORDER BY k) AS keys"
+)
+
 
 def state_table_name(table: str) -> str:
     """The state table of the update table ``table``: ``<table>_persistence``, or a name
@@ -204,10 +209,7 @@ LIMIT :limit""")
         self.prune: str = dialect(f"""
 DELETE FROM {s} WHERE kind = 'callback' AND updated_at < :before""")
         # PostgreSQL: one advisory lock per written key, ascending (see the module)
-        self.lock: str = (
-            f"SELECT count(pg_advisory_xact_lock({LOCK_CLASS}, k)) FROM "
-            "(SELECT DISTINCT unnest(%(keys)s::int[]) AS k ORDER BY k) AS keys"
-        )
+        self.lock: str = _LOCK.format(keys="%(keys)s")
         self.savepoint = f"SAVEPOINT {SAVEPOINT}"
         self.rollback_to = f"ROLLBACK TO SAVEPOINT {SAVEPOINT}"
         self.release = f"RELEASE SAVEPOINT {SAVEPOINT}"
@@ -244,6 +246,15 @@ DELETE FROM {s} WHERE kind = 'callback' AND updated_at < :before""")
                "WHERE t.kind = %s AND t.name = %s AND t.key = k.key LIMIT 1) AS s")
         return " UNION ALL ".join([one] * groups)
 
+    def lock_then_read(self, groups: int) -> str:
+        """PostgreSQL: :attr:`lock`, then :meth:`read_any`, sent as one query (one round trip,
+        one wait of the store thread for the GIL instead of two). Parameters: the sorted lock
+        numbers (the ``keys`` of :meth:`lock_params`), then those of :meth:`read_any`. Each
+        statement of a multi-statement query takes its own snapshot (READ COMMITTED), so the
+        read, which starts once every lock is held, sees what their previous holders
+        committed; the driver returns the rows of the last statement, the read's."""
+        return f"{_LOCK.format(keys='%s')}; {self.read_any(groups)}"
+
     @staticmethod
     def read_any_params(keys: Sequence[StateKey]) -> Tuple[int, List[Any]]:
         """The group count and the parameters of :meth:`read_any` for ``keys``."""
@@ -254,35 +265,6 @@ DELETE FROM {s} WHERE kind = 'callback' AND updated_at < :before""")
         for (kind, name), names in groups.items():
             params += [names, kind, name]
         return len(groups), params
-
-    def insert_rows(self, count: int) -> str:
-        """PostgreSQL: ``count`` checked inserts in one statement (positional parameters
-        ``kind, name, key, value, at`` per row, see :meth:`rows_params`)."""
-        values = ", ".join(["(%s, %s, %s, %s::text, 1, %s::bigint)"] * count)
-        return (f'INSERT INTO "{self.name}" (kind, name, key, value, version, updated_at) '
-                f"VALUES {values}")
-
-    def update_rows(self, count: int) -> str:
-        """PostgreSQL: ``count`` checked updates in one statement (positional parameters
-        ``kind, name, key, value, at, version`` per row, see :meth:`rows_params`)."""
-        values = ", ".join(["(%s, %s, %s, %s::text, %s::bigint, %s::bigint)"] * count)
-        return (
-            f'UPDATE "{self.name}" AS t SET value = v.value, version = t.version + 1, '
-            f"updated_at = v.at FROM (VALUES {values}) AS v(kind, name, key, value, at, version) "
-            "WHERE t.kind = v.kind AND t.name = v.name AND t.key = v.key "
-            "AND t.version = v.version"
-        )
-
-    @staticmethod
-    def rows_params(params: Sequence[Dict[str, Any]], with_version: bool) -> List[Any]:
-        """The positional parameters of :meth:`insert_rows` / :meth:`update_rows` for the
-        :func:`write_params` of several writes."""
-        out: List[Any] = []
-        for p in params:
-            out += [p["kind"], p["name"], p["key"], p["value"], p["at"]]
-            if with_version:
-                out.append(p["version"])
-        return out
 
     def lock_params(self, writes: Sequence[StateWrite]) -> Dict[str, Any]:
         """The parameters of :attr:`lock`: a stable 32-bit number per key of ``writes`` (a

@@ -89,6 +89,31 @@ def test_a_grouped_settle_lands_the_fresh_writes_and_stops_only_the_stale_comple
     assert store.read_state([USER, CHAT]) == {USER: StateEntry("u3", 3), CHAT: StateEntry("c", 1)}
 
 
+def test_a_grouped_settle_writes_nothing_of_a_completion_that_lost_its_claim(
+    store: Any,
+) -> None:
+    """In one group: inserts and updates of several owners land with their completions;
+    the writes of an attempt whose claim moved on (its versions still current) land nowhere,
+    and the group still commits."""
+    other = StateKey("user", "", "8")
+    assert store.write_state([StateWrite(CHAT, "c1", 0)], T) is None
+    first, second = claimed(store, 1), claimed(store, 2)
+    lost = AttemptIdentity(3, 1, "0" * 32)  # never claimed with this id
+    assert store.add(3, '{"update_id": 3}', T)
+    assert store.claim_owned(3, now=T, lease_until=T + L, max_attempts=5) not in (None, lost)
+    landed = store.settle_owned_many(
+        [(first, Completed(T + 1)), (lost, Completed(T + 1)), (second, Completed(T + 1))],
+        effects={first: writes((USER, "u1", 0), (CHAT, "c2", 1)),
+                 lost: writes((other, "never", 0)),
+                 second: writes((StateKey("chat", "", "-6"), "c", 0))},
+    )
+    assert landed == [True, False, True]
+    assert store.read_state([USER, CHAT, other, StateKey("chat", "", "-6")]) == {
+        USER: StateEntry("u1", 1), CHAT: StateEntry("c2", 2),
+        StateKey("chat", "", "-6"): StateEntry("c", 1),
+    }
+
+
 def test_invalid_writes_are_refused_before_anything_settles(store: Any) -> None:
     identity = claimed(store, 1)
     for bad, error in (

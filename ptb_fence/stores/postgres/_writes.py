@@ -26,7 +26,6 @@ from ptb_fence.stores._state_sql import (
     check_writes,
     entries_of,
     settled_together,
-    write_params,
 )
 from ptb_fence.stores.postgres._executor import PgExecutor, returns_row
 from ptb_fence.stores.postgres._sql import PostgresStatements
@@ -197,9 +196,12 @@ def settle_owned_work(
     abandonments one statement each), to run on a cursor; then, in the same transaction, the
     outbox calls of ``effects`` for each completion that landed.
 
-    A completion with state writes settles on its own, in a savepoint with its writes (all
-    land or none; a moved version gives its :class:`~ptb_fence.StateConflict`), in input
-    order, after one statement took the advisory locks of every key written."""
+    The completions with state writes first take the advisory locks of every key written
+    and read those keys' versions (one round trip). Those whose versions still hold and whose
+    keys no other of them writes settle with the completions without state, their writes in
+    the same statement (landing with their completion only). Any other settles on its own, in
+    a savepoint with its writes (all land or none; a moved version gives its
+    :class:`~ptb_fence.StateConflict`), in input order."""
     for each in (effects or {}).values():
         check_writes(each.state)  # refused before anything is written
 
@@ -236,12 +238,12 @@ def settle_owned_work(
         together: Set[int] = set()
         if stateful:
             written = [write for _, _, _, writes in stateful for write in writes]
-            cur.execute(sql.state.lock, sql.state.lock_params(written))
-            # every writer of these keys takes their locks first: the versions read now are
-            # the ones the writes meet
+            # every writer of these keys takes their locks first: the versions read once
+            # they are held are the ones the writes meet
             keys = list(dict.fromkeys(write.key for write in written))
             groups, read_params = sql.state.read_any_params(keys)
-            cur.execute(sql.state.read_any(groups), read_params)
+            cur.execute(sql.state.lock_then_read(groups),
+                        [sql.state.lock_params(written)["keys"], *read_params])
             current = {key: entry.version for key, entry in entries_of(cur.fetchall(), keys).items()}
             together = settled_together(
                 {position: writes for position, _, _, writes in stateful}, current
@@ -259,30 +261,51 @@ def settle_owned_work(
             landed[position] = _settle_with_state(sql, cur, statement, params, writes,
                                                   settlement.at)
         if completed:
-            matched: Set[Tuple[int, int, str]] = set()
-            # one statement per distinct identity (VALUES must not repeat a target row)
+            # one row per distinct identity (VALUES must not repeat a target row); the state
+            # writes of the first position of each identity, the one that lands
+            writes_of = {position: writes for position, _, _, writes in stateful}
             seen: Set[AttemptIdentity] = set()
             unique = []
+            writing: Dict[AttemptIdentity, Tuple[StateWrite, ...]] = {}
             for position, identity, settlement in completed:
                 if identity not in seen:
                     seen.add(identity)
                     unique.append((identity, settlement))
+                    if writes_of.get(position):
+                        writing[identity] = writes_of[position]
             values: List[Any] = []
             for identity, settlement in unique:
                 values += [identity.update_id, identity.attempt, identity.claim_id, settlement.at]
-            cur.execute(sql.complete_owned_many(len(unique)), values)
-            matched = {(int(u), int(a), str(c)) for u, a, c in cur.fetchall()}
+            if writing:
+                rows = 0
+                for identity, settlement in unique:
+                    for write in writing.get(identity, ()):
+                        values += [identity.update_id, identity.attempt, identity.claim_id,
+                                   write.key.kind, write.key.name, write.key.key, write.value,
+                                   settlement.at, int(write.version)]
+                        rows += 1
+                cur.execute(sql.complete_owned_writing(len(unique), rows), values)
+            else:
+                cur.execute(sql.complete_owned_many(len(unique)), values)
+            results = cur.fetchall()
+            matched = {(int(row[0]), int(row[1]), str(row[2])) for row in results}
             claimed: Set[Tuple[int, int, str]] = set()
             for position, identity, _ in completed:
                 key = (identity.update_id, identity.attempt, identity.claim_id)
                 if key in matched and key not in claimed:
                     claimed.add(key)
                     landed[position] = True
-        checked = [write_params(write, settlement.at)
-                   for position, _, settlement, writes in stateful
-                   if position in together and landed[position] for write in writes]
-        if checked:
-            _write_checked(sql, cur, checked)
+            if writing:
+                expected = sum(
+                    len(writes) for identity, writes in writing.items()
+                    if (identity.update_id, identity.attempt, identity.claim_id) in matched
+                )
+                changed = int(results[0][3]) if results else 0
+                if changed != expected:  # the whole transaction rolls back
+                    raise RuntimeError(
+                        f"state rows changed while their locks were held: {changed} of "
+                        f"{expected} checked writes landed"
+                    )
         for position, statement, params in prepared:
             landed[position] = returns_row(cur, statement, params)
         if effects:  # one insert_calls: its chat locks sorted across the attempts
@@ -296,25 +319,6 @@ def settle_owned_work(
         return landed
 
     return work
-
-
-def _write_checked(sql: PostgresStatements, cur: Any, checked: List[Dict[str, Any]]) -> None:
-    """The writes whose versions were read under their keys' locks: one statement for the
-    inserts, one for the updates; each must land (every writer of a key takes its lock)."""
-    inserts = [p for p in checked if p["version"] == 0]
-    updates = [p for p in checked if p["version"] != 0]
-    changed = 0
-    if inserts:
-        cur.execute(sql.state.insert_rows(len(inserts)), sql.state.rows_params(inserts, False))
-        changed += cur.rowcount
-    if updates:
-        cur.execute(sql.state.update_rows(len(updates)), sql.state.rows_params(updates, True))
-        changed += cur.rowcount
-    if changed != len(checked):  # the whole transaction rolls back
-        raise RuntimeError(
-            f"state rows changed while their locks were held: {changed} of {len(checked)} "
-            "checked writes landed"
-        )
 
 
 def _settle_with_state(
