@@ -145,7 +145,6 @@ class StateStatements:
         "create",
         "exists",
         "insert",
-        "insert_checked",
         "list",
         "lock",
         "name",
@@ -155,7 +154,6 @@ class StateStatements:
         "rollback_to",
         "savepoint",
         "update",
-        "update_checked",
     )
 
     def __init__(self, table: str, *, postgres: bool) -> None:
@@ -187,14 +185,6 @@ RETURNING version""")
 UPDATE {s} SET value = :value, version = version + 1, updated_at = :at
 WHERE kind = :kind AND name = :name AND key = :key AND version = :version
 RETURNING version""")
-        # a write whose version was checked under the lock that keeps the key (SQLite: the
-        # write lock), run for many rows at once (no RETURNING: executemany)
-        self.insert_checked: str = dialect(f"""
-INSERT INTO {s} (kind, name, key, value, version, updated_at)
-VALUES (:kind, :name, :key, :value, 1, :at)""")
-        self.update_checked: str = dialect(f"""
-UPDATE {s} SET value = :value, version = version + 1, updated_at = :at
-WHERE kind = :kind AND name = :name AND key = :key AND version = :version""")
         self.list: str = dialect(f"""
 SELECT kind, name, key, value, version FROM {s}
 WHERE (CAST(:kind AS TEXT) IS NULL OR kind = :kind)
@@ -265,6 +255,26 @@ DELETE FROM {s} WHERE kind = 'callback' AND updated_at < :before""")
         for (kind, name), names in groups.items():
             params += [names, kind, name]
         return len(groups), params
+
+    def insert_rows(self, count: int) -> str:
+        """SQLite: ``count`` checked inserts in one statement (positional parameters ``kind,
+        name, key, value, at`` per row). One statement, one step: Python's sqlite3 lets go of
+        the GIL at every step, and an ``executemany`` steps once per row."""
+        values = ", ".join(["(?, ?, ?, ?, 1, ?)"] * count)
+        return (f'INSERT INTO "{self.name}" (kind, name, key, value, version, updated_at) '
+                f"VALUES {values}")
+
+    def update_rows(self, count: int) -> str:
+        """SQLite: ``count`` checked updates in one ``UPDATE ... FROM (VALUES ...)`` (positional
+        parameters ``kind, name, key, value, at, version`` per row; each row a search of the
+        primary key), one step as :meth:`insert_rows`."""
+        values = ", ".join(["(?, ?, ?, ?, ?, ?)"] * count)
+        return (
+            f'UPDATE "{self.name}" AS t SET value = v.column4, version = t.version + 1, '
+            f"updated_at = v.column5 FROM (VALUES {values}) AS v "
+            "WHERE t.kind = v.column1 AND t.name = v.column2 AND t.key = v.column3 "
+            "AND t.version = v.column6"
+        )
 
     def lock_params(self, writes: Sequence[StateWrite]) -> Dict[str, Any]:
         """The parameters of :attr:`lock`: a stable 32-bit number per key of ``writes`` (a

@@ -450,6 +450,33 @@ def test_sqlite_reads_many_keys_in_statements_within_the_parameter_limit(
         store.close()
 
 
+def test_sqlite_grouped_writes_span_statements_within_the_parameter_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grouped settle whose checked inserts and updates need more parameters than one
+    statement may bind (the limit made small here): every write lands once, in its row."""
+    import ptb_fence.stores.sqlite._writes as sqlite_writes
+
+    store = SQLiteUpdateStore(str(tmp_path / "s.db"))
+    try:
+        old = [StateKey("user", "", str(n)) for n in range(25)]
+        assert store.write_state([StateWrite(k, "old", 0) for k in old], T) is None
+        attempts = [claimed(store, n + 1) for n in range(25)]
+        monkeypatch.setattr(sqlite_writes, "max_variables", lambda conn: 50)
+        landed = store.settle_owned_many(
+            [(a, Completed(T + 1)) for a in attempts],
+            effects={a: writes((old[n], f"u{n}", 1), (StateKey("chat", "", str(-n)), f"c{n}", 0))
+                     for n, a in enumerate(attempts)},
+        )
+        assert landed == [True] * 25
+        got = store.read_state(old + [StateKey("chat", "", str(-n)) for n in range(25)])
+        assert got == {**{old[n]: StateEntry(f"u{n}", 2) for n in range(25)},
+                       **{StateKey("chat", "", str(-n)): StateEntry(f"c{n}", 1)
+                          for n in range(25)}}
+    finally:
+        store.close()
+
+
 def test_state_reads_return_keys_and_values_exactly(store: Any) -> None:
     """Keys and values of any text (quotes, backslashes, newlines, characters outside the
     BMP) and a tombstone come back exactly as written (the SQLite store carries a read's rows

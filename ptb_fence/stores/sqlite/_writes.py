@@ -313,15 +313,24 @@ def read_state_in(
 def _write_checked(
     sql: SQLiteStatements, conn: sqlite3.Connection, checked: List[Dict[str, Any]]
 ) -> None:
-    """The writes whose versions were checked under the write lock, in one ``executemany``
-    per statement; each must land (nothing else writes while the lock is held)."""
+    """The writes whose versions were checked under the write lock: the inserts in one
+    statement, the updates in another (per chunk of the parameter limit); each must land
+    (nothing else writes while the lock is held)."""
     inserts = [p for p in checked if p["version"] == 0]
     updates = [p for p in checked if p["version"] != 0]
+    limit = max_variables(conn)
     changed = 0
-    if inserts:
-        changed += conn.executemany(sql.state.insert_checked, inserts).rowcount
-    if updates:
-        changed += conn.executemany(sql.state.update_checked, updates).rowcount
+    for rows, width, statement in ((inserts, 5, sql.state.insert_rows),
+                                   (updates, 6, sql.state.update_rows)):
+        size = max(1, limit // width)
+        for start in range(0, len(rows), size):
+            chunk = rows[start:start + size]
+            params: List[Any] = []
+            for p in chunk:
+                params += [p["kind"], p["name"], p["key"], p["value"], p["at"]]
+                if width == 6:
+                    params.append(p["version"])
+            changed += conn.execute(statement(len(chunk)), params).rowcount
     if changed != len(checked):  # the whole transaction rolls back
         raise RuntimeError(
             f"state rows changed while the write lock was held: {changed} of {len(checked)} "
