@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 from ptb_fence._values import STATE_KINDS, StateEntry, StateKey, StateWrite
 
 __all__ = [
+    "GROUP_SAVEPOINT",
     "SAVEPOINT",
     "StateStatements",
     "apply_writes",
@@ -43,6 +44,9 @@ __all__ = [
 
 SAVEPOINT = "ptb_fence_state"
 """The savepoint that holds one attempt's settle and state writes."""
+
+GROUP_SAVEPOINT = "ptb_fence_group"
+"""The savepoint of a grouped completion's try with the versions its attempts read."""
 
 LOCK_CLASS = 0x70746273  # "ptbs": the advisory-lock namespace of state keys (two-int form)
 """The first key of the PostgreSQL advisory locks on state keys (instances use another)."""
@@ -151,8 +155,10 @@ class StateStatements:
         "postgres",
         "prune",
         "release",
+        "rollback_group",
         "rollback_to",
         "savepoint",
+        "savepoint_then_lock",
         "update",
     )
 
@@ -200,6 +206,9 @@ LIMIT :limit""")
 DELETE FROM {s} WHERE kind = 'callback' AND updated_at < :before""")
         # PostgreSQL: one advisory lock per written key, ascending (see the module)
         self.lock: str = _LOCK.format(keys="%(keys)s")
+        # the savepoint of a grouped completion's one-round-trip try (PostgreSQL)
+        self.savepoint_then_lock = f"SAVEPOINT {GROUP_SAVEPOINT}; {_LOCK.format(keys='%s')}; "
+        self.rollback_group = f"ROLLBACK TO SAVEPOINT {GROUP_SAVEPOINT}"
         self.savepoint = f"SAVEPOINT {SAVEPOINT}"
         self.rollback_to = f"ROLLBACK TO SAVEPOINT {SAVEPOINT}"
         self.release = f"RELEASE SAVEPOINT {SAVEPOINT}"

@@ -114,6 +114,35 @@ def test_a_grouped_settle_writes_nothing_of_a_completion_that_lost_its_claim(
     }
 
 
+@pytest.mark.parametrize("moved", ["updated", "inserted"])
+def test_a_moved_version_among_disjoint_writers_stops_only_its_own_completion(
+    store: Any, moved: str
+) -> None:
+    """The attempts of a group write different keys; one key moved after its attempt read
+    it (updated, or inserted where the attempt saw none): that attempt alone gets its
+    StateConflict and keeps its claim; the others' completions and writes land once."""
+    other = StateKey("user", "", "8")
+    assert store.write_state([StateWrite(CHAT, "c1", 0)], T) is None
+    if moved == "updated":
+        assert store.write_state([StateWrite(USER, "u1", 0)], T) is None
+        stale_write, current = (USER, "lost", 1), StateEntry("moved", 2)
+        assert store.write_state([StateWrite(USER, "moved", 1)], T) is None
+    else:
+        stale_write, current = (USER, "lost", 0), StateEntry("moved", 1)
+        assert store.write_state([StateWrite(USER, "moved", 0)], T) is None
+    stale, fresh, plain = claimed(store, 1), claimed(store, 2), claimed(store, 3)
+    landed = store.settle_owned_many(
+        [(stale, Completed(T + 1)), (fresh, Completed(T + 1)), (plain, Completed(T + 1))],
+        effects={stale: writes(stale_write), fresh: writes((CHAT, "c2", 1), (other, "o", 0))},
+    )
+    assert isinstance(landed[0], StateConflict) and landed[0].keys == (USER,)
+    assert landed[1:] == [True, True]
+    assert store.read_state([USER, CHAT, other]) == {
+        USER: current, CHAT: StateEntry("c2", 2), other: StateEntry("o", 1)}
+    assert store.owns(stale, T + 2)
+    assert not store.owns(fresh, T + 2) and not store.owns(plain, T + 2)
+
+
 def test_invalid_writes_are_refused_before_anything_settles(store: Any) -> None:
     identity = claimed(store, 1)
     for bad, error in (

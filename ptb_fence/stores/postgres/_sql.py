@@ -503,17 +503,17 @@ WHERE t.update_id = v.update_id AND t.state = 'processing' AND t.attempts = v.at
 RETURNING t.update_id, t.attempts, t.claim_id"""
 
     def complete_owned_writing(self, count: int, writes: int) -> str:
-        """:meth:`complete_owned_many` and the checked state writes of the completions that
-        match, in one statement (one round trip instead of three: the store thread waits for
-        the GIL after every one, up to the switch interval while the event loop is busy).
+        """:meth:`complete_owned_many` and the state writes of the completions that match,
+        in one statement (one round trip instead of three: the store thread waits for the
+        GIL after every one, up to the switch interval while the event loop is busy).
 
         Parameters: the ``count`` quadruples of :meth:`complete_owned_many`, then ``writes``
-        rows ``(update_id, attempt, claim_id, kind, name, key, value, at, version)``: the
-        writes of each attempt, whose versions were read under their keys' locks (version
-        0: the row was absent and is inserted). A write lands only with its attempt's
-        completion. Returns per matched completion ``(update_id, attempts, claim_id,
-        written)``, ``written`` being how many writes landed in all (the caller checks it
-        against the writes of the completions that matched)."""
+        rows ``(update_id, attempt, claim_id, kind, name, key, value, at, version)``, run
+        under their keys' locks. A write lands only with its attempt's completion, and only
+        on the version it read (version 0: the row was absent; inserted unless it is there
+        now). Returns per matched completion ``(update_id, attempts, claim_id, written)``,
+        ``written`` being how many writes landed in all: the caller compares it with the
+        writes of the completions that matched."""
         state = f'"{self.state.name}"'
         rows = ", ".join(
             ["(%s::BIGINT, %s::INT, %s::TEXT, %s::TEXT, %s::TEXT, %s::TEXT, %s::TEXT, "
@@ -531,6 +531,7 @@ JOIN done AS d ON d.update_id = w.update_id AND d.attempts = w.attempt
 ), inserted AS (
 INSERT INTO {state} (kind, name, key, value, version, updated_at)
 SELECT kind, name, key, value, 1, at FROM w WHERE version = 0
+ON CONFLICT (kind, name, key) DO NOTHING
 RETURNING 1
 ), updated AS (
 UPDATE {state} AS s SET value = w.value, version = s.version + 1, updated_at = w.at

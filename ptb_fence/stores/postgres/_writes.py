@@ -233,79 +233,106 @@ def settle_owned_work(
         params["claim_id"] = identity.claim_id
         prepared.append((position, statement, params))
 
+    writes_of = {position: writes for position, _, _, writes in stateful}
+    written = [write for writes in writes_of.values() for write in writes]
+    keys = list(dict.fromkeys(write.key for write in written))
+    # a key two of them write: never settled together (see settled_together)
+    disjoint = len(keys) == len(written)
+    lock_keys = sql.state.lock_params(written)["keys"] if stateful else []
+
+    def complete(
+        cur: Any, completed: List[Tuple[int, AttemptIdentity, Settlement]], prefix: str,
+        prefix_params: List[Any],
+    ) -> Optional[Set[Tuple[int, int, str]]]:
+        """Complete ``completed`` in one statement (after ``prefix``, sent in the same round
+        trip), with the state writes of those of them that have any; the identities that
+        matched, or None when a write of a matched completion did not land."""
+        # one row per distinct identity (VALUES must not repeat a target row); the state
+        # writes of the first position of each identity, the one that lands
+        seen: Set[AttemptIdentity] = set()
+        unique = []
+        writing: Dict[AttemptIdentity, Tuple[StateWrite, ...]] = {}
+        for position, identity, settlement in completed:
+            if identity not in seen:
+                seen.add(identity)
+                unique.append((identity, settlement))
+                if writes_of.get(position):
+                    writing[identity] = writes_of[position]
+        values: List[Any] = list(prefix_params)
+        for identity, settlement in unique:
+            values += [identity.update_id, identity.attempt, identity.claim_id, settlement.at]
+        if writing:
+            rows = 0
+            for identity, settlement in unique:
+                for write in writing.get(identity, ()):
+                    values += [identity.update_id, identity.attempt, identity.claim_id,
+                               write.key.kind, write.key.name, write.key.key, write.value,
+                               settlement.at, int(write.version)]
+                    rows += 1
+            cur.execute(prefix + sql.complete_owned_writing(len(unique), rows), values)
+        else:
+            cur.execute(prefix + sql.complete_owned_many(len(unique)), values)
+        results = cur.fetchall()
+        matched = {(int(row[0]), int(row[1]), str(row[2])) for row in results}
+        if writing:
+            expected = sum(
+                len(writes) for identity, writes in writing.items()
+                if (identity.update_id, identity.attempt, identity.claim_id) in matched
+            )
+            if (int(results[0][3]) if results else 0) != expected:
+                return None
+        return matched
+
     def work(cur: Any) -> List[Landing]:
         landed: List[Landing] = [False] * len(items)
         together: Set[int] = set()
-        if stateful:
-            written = [write for _, _, _, writes in stateful for write in writes]
-            # every writer of these keys takes their locks first: the versions read once
-            # they are held are the ones the writes meet
-            keys = list(dict.fromkeys(write.key for write in written))
-            groups, read_params = sql.state.read_any_params(keys)
-            cur.execute(sql.state.lock_then_read(groups),
-                        [sql.state.lock_params(written)["keys"], *read_params])
-            current = {key: entry.version for key, entry in entries_of(cur.fetchall(), keys).items()}
-            together = settled_together(
-                {position: writes for position, _, _, writes in stateful}, current
-            )
-        completed = sorted(plain + [(position, identity, settlement)
-                                    for position, identity, settlement, _ in stateful
-                                    if position in together], key=lambda item: item[0])
-        for position, identity, settlement, writes in stateful:
-            if position in together:
-                continue  # settles with the completions below, writes after them
-            statement, params = settle_params(
-                sql, identity.update_id, identity.attempt, settlement, owned=True
-            )
-            params["claim_id"] = identity.claim_id
-            landed[position] = _settle_with_state(sql, cur, statement, params, writes,
-                                                  settlement.at)
-        if completed:
-            # one row per distinct identity (VALUES must not repeat a target row); the state
-            # writes of the first position of each identity, the one that lands
-            writes_of = {position: writes for position, _, _, writes in stateful}
-            seen: Set[AttemptIdentity] = set()
-            unique = []
-            writing: Dict[AttemptIdentity, Tuple[StateWrite, ...]] = {}
-            for position, identity, settlement in completed:
-                if identity not in seen:
-                    seen.add(identity)
-                    unique.append((identity, settlement))
-                    if writes_of.get(position):
-                        writing[identity] = writes_of[position]
-            values: List[Any] = []
-            for identity, settlement in unique:
-                values += [identity.update_id, identity.attempt, identity.claim_id, settlement.at]
-            if writing:
-                rows = 0
-                for identity, settlement in unique:
-                    for write in writing.get(identity, ()):
-                        values += [identity.update_id, identity.attempt, identity.claim_id,
-                                   write.key.kind, write.key.name, write.key.key, write.value,
-                                   settlement.at, int(write.version)]
-                        rows += 1
-                cur.execute(sql.complete_owned_writing(len(unique), rows), values)
-            else:
-                cur.execute(sql.complete_owned_many(len(unique)), values)
-            results = cur.fetchall()
-            matched = {(int(row[0]), int(row[1]), str(row[2])) for row in results}
-            claimed: Set[Tuple[int, int, str]] = set()
-            for position, identity, _ in completed:
-                key = (identity.update_id, identity.attempt, identity.claim_id)
-                if key in matched and key not in claimed:
-                    claimed.add(key)
-                    landed[position] = True
-            if writing:
-                expected = sum(
-                    len(writes) for identity, writes in writing.items()
-                    if (identity.update_id, identity.attempt, identity.claim_id) in matched
+        matched: Optional[Set[Tuple[int, int, str]]] = None
+        completed: List[Tuple[int, AttemptIdentity, Settlement]] = []
+        if stateful and disjoint:
+            # The common case, in one round trip: every version the attempts read still
+            # holds. A savepoint, the keys' locks, then the completions with every write,
+            # each landing only if its version did. One that did not: back to the savepoint,
+            # and the versions are read to tell which attempts it stops.
+            together = set(writes_of)
+            completed = sorted(plain + [(p, i, s) for p, i, s, _ in stateful],
+                               key=lambda item: item[0])
+            matched = complete(cur, completed, sql.state.savepoint_then_lock, [lock_keys])
+            if matched is None:
+                cur.execute(sql.state.rollback_group)
+                together = set()
+        if matched is None:
+            if stateful:
+                # every writer of these keys takes their locks first: the versions read
+                # once they are held are the ones the writes meet
+                groups, read_params = sql.state.read_any_params(keys)
+                cur.execute(sql.state.lock_then_read(groups), [lock_keys, *read_params])
+                current = {key: entry.version
+                           for key, entry in entries_of(cur.fetchall(), keys).items()}
+                together = settled_together(writes_of, current)
+            completed = sorted(plain + [(p, i, s) for p, i, s, _ in stateful if p in together],
+                               key=lambda item: item[0])
+            for position, identity, settlement, writes in stateful:
+                if position in together:
+                    continue  # settles with the completions below, writes with them
+                statement, params = settle_params(
+                    sql, identity.update_id, identity.attempt, settlement, owned=True
                 )
-                changed = int(results[0][3]) if results else 0
-                if changed != expected:  # the whole transaction rolls back
+                params["claim_id"] = identity.claim_id
+                landed[position] = _settle_with_state(sql, cur, statement, params, writes,
+                                                      settlement.at)
+            if completed:
+                matched = complete(cur, completed, "", [])
+                if matched is None:  # the whole transaction rolls back
                     raise RuntimeError(
-                        f"state rows changed while their locks were held: {changed} of "
-                        f"{expected} checked writes landed"
+                        "state rows changed while their locks were held: a checked write "
+                        "did not land"
                     )
+        claimed: Set[Tuple[int, int, str]] = set()
+        for position, identity, _ in completed:
+            key = (identity.update_id, identity.attempt, identity.claim_id)
+            if matched is not None and key in matched and key not in claimed:
+                claimed.add(key)
+                landed[position] = True
         for position, statement, params in prepared:
             landed[position] = returns_row(cur, statement, params)
         if effects:  # one insert_calls: its chat locks sorted across the attempts
