@@ -1,7 +1,8 @@
 """PostgreSQL single-statement reads (the outbox's listings, ``read_state``) run in autocommit
 mode: no ``BEGIN``/``COMMIT`` around them, the pooled connection handed back as it was lent
 (a caller's pool of connections not in autocommit stays so, and idle), and a connection
-broken under a read is replaced and the read retried."""
+broken under a read is replaced and the read retried. The state reads and the grouped
+completions' state writes find their rows through the primary key on a table not analyzed."""
 
 from __future__ import annotations
 
@@ -116,5 +117,60 @@ def test_state_reads_search_each_key_even_on_a_table_not_analyzed(
         assert all("AND (key = k" in line for line in searches), plan
         got = store.read_state(asked)
         assert set(got) == set(users[::700]) and all(e.value == "v" for e in got.values())
+    finally:
+        store.close()
+
+
+def test_grouped_state_writes_search_each_key_on_a_table_not_analyzed(
+    pg_dsn: str, pg_tables: List[str]
+) -> None:
+    """A grouped completion's state updates (one statement with the completions) find each
+    row through the primary key on a fresh table of 60,000 rows, not yet analyzed, and land
+    where their completions matched."""
+    from ptb_fence import AttemptEffects, Completed
+    from ptb_fence.stores._state_sql import state_table_name
+    from ptb_fence.stores.postgres._sql import PostgresStatements
+
+    table = fresh_table_name()
+    pg_tables.append(table)
+    store = PostgresUpdateStore(pg_dsn, table=table)
+    try:
+        assert store.write_state([StateWrite(StateKey("user", "", "0"), "v", 0)], 1) is None
+        conn = psycopg2.connect(pg_dsn)
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute(
+                    f'INSERT INTO "{state_table_name(table)}" '  # noqa: S608
+                    "(kind, name, key, value, version, updated_at) "
+                    "SELECT 'user', '', n::text, 'v', 1, 1 FROM generate_series(1, 59999) n")
+            sql = PostgresStatements.for_table(table)
+            params: List[Any] = []
+            for n in range(30):
+                params += [n + 1, 1, "c", 5]
+            for n in range(30):
+                params += [n + 1, 1, "c", "user", "", str(n * 100), "w", 5, 1]
+            with conn, conn.cursor() as cur:
+                cur.execute("EXPLAIN " + sql.complete_owned_writing(30, 30), params)
+                plan = "\n".join(row[0] for row in cur.fetchall())
+        finally:
+            conn.close()
+        state_plan = plan[plan.index("CTE updated"):]
+        assert "Seq Scan" not in state_plan, plan
+        assert "_persistence_pkey" in state_plan and "Index Cond" in state_plan, plan
+        identities = []
+        for n in range(1, 4):
+            assert store.add(n, '{"update_id": %d}' % n, 1)
+            identity = store.claim_owned(n, now=1, lease_until=60_000, max_attempts=5)
+            assert identity is not None
+            identities.append(identity)
+        keys = [StateKey("user", "", str(n * 100)) for n in range(1, 4)]
+        landed = store.settle_owned_many(
+            [(i, Completed(2)) for i in identities],
+            effects={i: AttemptEffects(state=(StateWrite(k, "new", 1),))
+                     for i, k in zip(identities, keys)},
+        )
+        assert landed == [True, True, True]
+        assert {k: e.value for k, e in store.read_state(keys).items()} == dict.fromkeys(
+            keys, "new")
     finally:
         store.close()
