@@ -8,6 +8,7 @@ Tests live by layer: ``unit/`` (in memory, no database server, socket or process
 from __future__ import annotations
 
 import fcntl
+import glob
 import os
 import tempfile
 import time
@@ -160,7 +161,8 @@ def _one_test_alone_while_postgres_restarts(request: pytest.FixtureRequest) -> I
     """Under pytest-xdist, a test marked ``restarts_postgres`` runs while no other test runs.
 
     Every test holds a shared lock on a file of this test run; the restarting test announces
-    itself (a flag file: no new test starts meanwhile, so it cannot starve) and takes the lock
+    itself (a flag file of its worker's: no new test starts while any is there, so it cannot
+    starve; two restarting tests on two workers each remove only their own) and takes the lock
     exclusively. Without xdist (one process) there is nothing to exclude.
     """
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
@@ -168,7 +170,7 @@ def _one_test_alone_while_postgres_restarts(request: pytest.FixtureRequest) -> I
         yield
         return
     base = os.path.join(tempfile.gettempdir(), f"ptb_fence_tests_{run}")
-    flag = base + ".restarting"
+    flag = f"{base}.restarting.{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
     exclusive = request.node.get_closest_marker("restarts_postgres") is not None
     with open(base + ".lock", "a+") as handle:
         if exclusive:
@@ -182,7 +184,7 @@ def _one_test_alone_while_postgres_restarts(request: pytest.FixtureRequest) -> I
             finally:
                 os.unlink(flag)
             return
-        while os.path.exists(flag):
+        while glob.glob(glob.escape(base) + ".restarting.*"):
             time.sleep(0.05)
         fcntl.flock(handle, fcntl.LOCK_SH)
         try:
