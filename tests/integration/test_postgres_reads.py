@@ -25,6 +25,19 @@ def _counting_pool(dsn: str, commits: List[int]) -> Any:
     return psycopg2.pool.ThreadedConnectionPool(1, 4, dsn, connection_factory=Connection)
 
 
+def _add_users(conn: Any, table: str, first: int, last: int) -> None:
+    """Insert user rows ``first``..``last`` (value ``'v'``, version 1) into ``table``'s state
+    table in one statement, committed, leaving the table not analyzed."""
+    from ptb_fence.stores._state_sql import state_table_name
+
+    with conn, conn.cursor() as cur:
+        cur.execute(
+            f'INSERT INTO "{state_table_name(table)}" '  # noqa: S608
+            "(kind, name, key, value, version, updated_at) "
+            "SELECT 'user', '', n::text, 'v', 1, 1 FROM generate_series(%s, %s) n",
+            (first, last))
+
+
 def test_reads_commit_nothing_and_hand_the_connection_back_as_lent(
     pg_dsn: str, pg_tables: List[str]
 ) -> None:
@@ -88,7 +101,7 @@ def test_state_reads_search_each_key_even_on_a_table_not_analyzed(
     in the primary key by kind, name and key, whatever the planner knows of the table: on a
     fresh table of 20,000 users, not yet analyzed, ``key = ANY(...)`` had been planned as a
     scan of every user row filtered by the array."""
-    from ptb_fence.stores._state_sql import StateStatements, state_table_name
+    from ptb_fence.stores._state_sql import StateStatements
 
     table = fresh_table_name()
     pg_tables.append(table)
@@ -98,11 +111,7 @@ def test_state_reads_search_each_key_even_on_a_table_not_analyzed(
         assert store.write_state([StateWrite(k, "v", 0) for k in users[:3]], 1) is None
         conn = psycopg2.connect(pg_dsn)
         try:
-            with conn, conn.cursor() as cur:
-                cur.execute(
-                    f'INSERT INTO "{state_table_name(table)}" '  # noqa: S608
-                    "(kind, name, key, value, version, updated_at) "
-                    "SELECT 'user', '', n::text, 'v', 1, 1 FROM generate_series(3, 19999) n")
+            _add_users(conn, table, 3, 19_999)
             sql = StateStatements(table, postgres=True)
             asked = users[::700] + [StateKey("conversation", "talk", "[1,1]"), StateKey("bot")]
             groups, params = sql.read_any_params(asked)
@@ -128,7 +137,6 @@ def test_grouped_state_writes_search_each_key_on_a_table_not_analyzed(
     row through the primary key on a fresh table of 60,000 rows, not yet analyzed, and land
     where their completions matched."""
     from ptb_fence import AttemptEffects, Completed
-    from ptb_fence.stores._state_sql import state_table_name
     from ptb_fence.stores.postgres._sql import PostgresStatements
 
     table = fresh_table_name()
@@ -138,11 +146,7 @@ def test_grouped_state_writes_search_each_key_on_a_table_not_analyzed(
         assert store.write_state([StateWrite(StateKey("user", "", "0"), "v", 0)], 1) is None
         conn = psycopg2.connect(pg_dsn)
         try:
-            with conn, conn.cursor() as cur:
-                cur.execute(
-                    f'INSERT INTO "{state_table_name(table)}" '  # noqa: S608
-                    "(kind, name, key, value, version, updated_at) "
-                    "SELECT 'user', '', n::text, 'v', 1, 1 FROM generate_series(1, 59999) n")
+            _add_users(conn, table, 1, 59_999)
             sql = PostgresStatements.for_table(table)
             params: List[Any] = []
             for n in range(30):
