@@ -66,6 +66,14 @@ class Scraper:
         self._thread.join(10)
 
 
+def _assert_failures_counted(final: Stats, failing: int) -> None:
+    """Each update that fails once counts one ``failed`` attempt, unless that attempt's lease
+    lapsed first (a loaded machine, 1 s leases): then it ends ``lost`` and its update is retried
+    all the same. So ``failed`` is exact when nothing was lost, and short by at most ``lost``."""
+    failed, lost = final.attempts_ended["failed"], final.attempts_ended["lost"]
+    assert failing - lost <= failed <= failing, (failed, lost, failing)
+
+
 def test_a_ptb_processor_never_shows_an_attempt_running_and_ended(tmp_path: Any) -> None:
     store = SQLiteUpdateStore(str(tmp_path / "updates.db"))
     handled: Dict[int, int] = {}
@@ -94,7 +102,7 @@ def test_a_ptb_processor_never_shows_an_attempt_running_and_ended(tmp_path: Any)
         assert scraper.bad == [], scraper.bad[:5]
         assert scraper.snapshots >= 100 and scraper.busy >= 1, (scraper.snapshots, scraper.busy)
         final = processor.stats()
-        assert final.attempts_ended["failed"] == failing
+        _assert_failures_counted(final, failing)
         return final
 
     with FakeBotApi() as fake:
@@ -134,6 +142,6 @@ def test_an_intake_never_shows_an_attempt_running_and_ended(tmp_path: Any) -> No
         intake.close()
     assert scraper.bad == [], scraper.bad[:5]
     assert scraper.snapshots >= 100 and scraper.busy >= 1, (scraper.snapshots, scraper.busy)
-    assert final.attempts_ended["failed"] == UPDATES // 5
+    _assert_failures_counted(final, UPDATES // 5)
     assert final.attempts_running == 0
     assert final.attempts_started == sum(final.attempts_ended.values())
