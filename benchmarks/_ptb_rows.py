@@ -668,13 +668,28 @@ def pairs_with_plain(cfg: Dict[str, Any]) -> bool:
     return not (cfg["kind"] == "poll-plain" and (cfg.get("server") or "fast") == "fast")
 
 
+PAIRED_BASELINES = {"poll-conv-fenced": "poll-conv-none"}
+"""Rows whose measured runs also alternate with runs of another row's kind in the same process
+(``paired_rows``): a goal that compares the two reads the ratio of runs seconds apart, not of
+rows measured a minute apart on a machine whose speed drifts by tens of percent meanwhile."""
+
+
+def paired_baseline(cfg: Dict[str, Any]) -> Optional[str]:
+    """The kind ``cfg``'s runs alternate with (see :data:`PAIRED_BASELINES`), if any (not while
+    profiling)."""
+    if cfg.get("profile") or not cfg.get("paired", True):
+        return None
+    return PAIRED_BASELINES.get(cfg["kind"])
+
+
 async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[str, Any]:
     """Warm-up, ``runs`` measured runs, then the low-load latency phase.
 
     Polling rows (except plain PTB's own) alternate each measured run with a run of plain PTB
     polling the fast server in this same process (``paired_plain``): the machine's load changes
     over the minutes between rows, and a ratio of runs seconds apart is steadier than a ratio of
-    rows minutes apart.
+    rows minutes apart. Rows in :data:`PAIRED_BASELINES` also alternate with runs of their
+    baseline row's kind (``paired_rows``), each baseline run next to the row's run it pairs.
 
     With ``claims_check`` (and without ``claims_exact``), one more run after them, not timed,
     tallies the claims held exactly (``claims_check_peak``); its figures stay out of the rest.
@@ -684,6 +699,11 @@ async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[s
     paired = pairs_with_plain(cfg)
     plain_cfg = dict(cfg, kind="poll-plain", server="fast", store=None, row=cfg["row"] + "/plain")
     plain_runs: List[Dict[str, Any]] = []
+    base_kind = paired_baseline(cfg)
+    base_cfg = None if base_kind is None else dict(
+        cfg, kind=base_kind, row=cfg["row"] + "/" + base_kind[5:]
+    )
+    base_runs: List[Dict[str, Any]] = []
     try:
         n = int(cfg["updates"])
         warm = int(cfg.get("warmup", 0))
@@ -691,6 +711,8 @@ async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[s
             await _throughput_run(cfg, warm, "warmup", counter, measure_server=False)
             if paired:
                 await _throughput_run(plain_cfg, warm, "plainwarmup", counter, measure_server=False)
+            if base_cfg is not None:
+                await _throughput_run(base_cfg, warm, "basewarmup", counter, measure_server=False)
         runs = []
         profiler = Profiler(cfg.get("profile") or "", int(cfg.get("profile_top", 30)),
                             cfg["workdir"], bool(cfg.get("profile_gil")))
@@ -700,11 +722,19 @@ async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[s
                     plain_runs.append(
                         await _throughput_run(plain_cfg, n, f"plain{index}", counter, measure_server=False)
                     )
+                if base_cfg is not None and index % 2 == 0:
+                    base_runs.append(
+                        await _throughput_run(base_cfg, n, f"base{index}", counter, measure_server=False)
+                    )
                 runs.append(
                     await _throughput_run(
                         cfg, n, f"run{index}", counter, measure_server=True, profiler=profiler
                     )
                 )
+                if base_cfg is not None and index % 2 == 1:
+                    base_runs.append(
+                        await _throughput_run(base_cfg, n, f"base{index}", counter, measure_server=False)
+                    )
                 if paired and index % 2 == 1:
                     plain_runs.append(
                         await _throughput_run(plain_cfg, n, f"plain{index}", counter, measure_server=False)
@@ -754,8 +784,21 @@ async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[s
             "ratios": ratios,
             "ratio_median": median(ratios),
         }
+    paired_rows = None
+    if base_runs:
+        base_rates = [r["rate"] for r in base_runs]
+        base_ratios = [r["rate"] / b["rate"] for r, b in zip(runs, base_runs)]
+        paired_rows = {
+            "kind": base_kind,
+            "rates": base_rates,
+            "median": median(base_rates),
+            "cpu_us_per_update": median([b["cpu_seconds"] / b["n"] * 1e6 for b in base_runs]),
+            "ratios": base_ratios,
+            "ratio_median": median(base_ratios),
+        }
     return {
         "paired_plain": paired_plain,
+        "paired_rows": paired_rows,
         "rates": rates,
         "median": median(rates),
         "seconds": [r["seconds"] for r in runs],
