@@ -38,7 +38,10 @@ def decode_state(text: str) -> Any:
 
 def conversation_state_key(name: str, key: Tuple[Any, ...]) -> StateKey:
     """The :class:`~ptb_fence.StateKey` of conversation ``key`` of the handler ``name``."""
-    if all(type(part) is int for part in key):  # the usual (chat id, user id): JSON's text
+    if len(key) == 2 and type(key[0]) is int and type(key[1]) is int:
+        # the usual (chat id, user id), once per update: JSON's text without json
+        return StateKey("conversation", name, f"[{key[0]},{key[1]}]")
+    if all(type(part) is int for part in key):
         return StateKey("conversation", name, "[" + ",".join(map(str, key)) + "]")
     return StateKey("conversation", name, json.dumps(list(key), separators=(",", ":")))
 

@@ -79,6 +79,12 @@ def _walk(handlers: Any) -> List[Any]:
     return out
 
 
+def _mutable_mapping(value: Any) -> bool:
+    """``isinstance(value, MutableMapping)``, a plain dict (the usual data) answered at once
+    (asked per update: the ABC check is several calls)."""
+    return type(value) is dict or isinstance(value, MutableMapping)
+
+
 def _retrieve(rows: "Optional[Union[_Rows, asyncio.Future[_Rows]]]") -> None:
     """A read ahead nobody uses: its failure, if any, is retrieved (no asyncio warning)."""
     if rows is None or isinstance(rows, dict):
@@ -459,13 +465,14 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         if attempt is None or not attempt.fenced:
             return None
         ahead = self._prefetched.get(update.update_id)
-        parts = None if ahead is None else ahead[3]
         # the keys computed when it was recorded or queued (the handlers' keys of one update
         # do not change)
-        if parts is None:
+        if ahead is not None and ahead[3] is not None:
+            parts, keys = ahead[3], ahead[1]
+        else:
             parts = self._keys(application, update)
+            keys = self._read_keys(application, update, parts)
         wanted, conversations = parts
-        keys = self._read_keys(application, update, parts)
         loaded = await self._loaded(update, keys)
         fences_keyboards = self._keyboards
         # a press of a keyboard this process's cache does not hold: read with the rest
@@ -564,7 +571,9 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
     @staticmethod
     def _empty(application: Any, kind: str) -> Any:
         types = application.context_types
-        return {"user": types.user_data, "chat": types.chat_data, "bot": types.bot_data}[kind]()
+        if kind == "user":
+            return types.user_data()
+        return types.chat_data() if kind == "chat" else types.bot_data()
 
     @staticmethod
     def _set_conversation(handler: Any, conversation: Tuple[Any, ...],
@@ -619,6 +628,9 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
                     continue  # shown already (an update that did not change it)
                 self._published[key] = newest.version
                 shown.append((kind, key, value, newest.version, newest.value))
+        if not shown:
+            return
+        written = {w.key: w.version + 1 for w in writes}
         for kind, key, value, version, text in shown:
             if kind == "bot":
                 target = application.bot_data
@@ -626,11 +638,9 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
                 target = application.user_data[int(key.key)]
             else:
                 target = application.chat_data[int(key.key)]
-            if isinstance(target, MutableMapping) and isinstance(value, MutableMapping):
-                if target is not value:
-                    wrote = any(w.key == key and w.version + 1 == version for w in writes)
-                    target.clear()
-                    target.update(value if wrote else decode_state(text))
+            if _mutable_mapping(target) and _mutable_mapping(value) and target is not value:
+                target.clear()
+                target.update(value if written.get(key) == version else decode_state(text))
 
     def _notice_outside_change(self, key: StateKey, data: Any, what: str) -> None:
         """PTB's flush hands over data that differ from the committed ones: changed outside

@@ -70,6 +70,7 @@ Not private, listed because their identity matters: the defaults of the public
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Dict, Optional, Tuple
 
@@ -194,16 +195,22 @@ def conversation_key(handler: Any, update: Any) -> Optional[Tuple[Any, ...]]:
         key = getattr(handler, "_get_key")(update)
     except (RuntimeError, AttributeError):
         return None
-    return tuple(key)
+    return key if type(key) is tuple else tuple(key)
+
+
+@functools.lru_cache(maxsize=None)
+def _pending_state_class() -> type:
+    """PTB's ``PendingState`` class, imported once (asked once per update)."""
+    from telegram.ext._handlers.conversationhandler import PendingState
+
+    return PendingState
 
 
 def pending_state(value: Any) -> Optional[Tuple[bool, Any]]:
     """For a ``block=False`` callback's pending state (internal 8): ``(done, state)`` with
     the resolved state once its task ended (``state`` is :obj:`None` while not done);
     :obj:`None` for any other value."""
-    from telegram.ext._handlers.conversationhandler import PendingState
-
-    if not isinstance(value, PendingState):
+    if not isinstance(value, _pending_state_class()):
         return None
     if not value.done():
         return False, None
