@@ -183,3 +183,33 @@ def test_burst_and_backlog_write_rows(pg_dsn: str, tmp_path: Any) -> None:
     targets = out[out.index("TARGETS"):]
     assert "backlog after a restart, fenced write, sqlite: >= 1,000 upd/s: 300 updates" in targets
     assert "SKIP  [14] webhook burst, 32 producers, fenced PG" in targets  # the pg row not run
+
+
+def test_fenced_persistence_runs_alternate_with_runs_without_persistence(tmp_path: Any) -> None:
+    """The FencedPersistence goal reads ratios of runs made one after the other in one process
+    (each run of the row next to a run of the bot without persistence), and prints the ratio
+    of the two rows' medians beside it."""
+    results_file = tmp_path / "results.json"
+    proc = _harness(
+        ["--only", "poll-conv-fenced-sqlite-32,poll-conv-none-sqlite-32", "--poll-updates",
+         "200", "--runs", "2", "--warmup", "0", "--latency-seconds", "0",
+         "--json", str(results_file)],
+        {}, timeout=240,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr + out
+    results = json.loads(results_file.read_text())["results"]
+    assert results["poll-conv-none-sqlite-32"]["paired_rows"] is None  # the baseline itself
+    fenced = results["poll-conv-fenced-sqlite-32"]
+    paired = fenced["paired_rows"]
+    assert paired["kind"] == "poll-conv-none"
+    assert len(paired["rates"]) == 2 and all(rate > 0 for rate in paired["rates"])
+    assert paired["ratios"] == pytest.approx(
+        [rate / base for rate, base in zip(fenced["rates"], paired["rates"])]
+    )
+    assert paired["ratio_median"] == pytest.approx(sum(paired["ratios"]) / 2)
+    line = next(line for line in out.splitlines()
+                if "[22] FencedPersistence sqlite polling >= 0.7x" in line)
+    assert line.lstrip().startswith(("PASS", "FAIL")), line
+    assert f"median of 2 paired ratios {paired['ratio_median']:.2f}x" in line, line
+    assert "the two rows' medians: poll-conv-fenced-sqlite-32" in line, line
