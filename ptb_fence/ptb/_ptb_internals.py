@@ -199,7 +199,7 @@ def conversation_key(handler: Any, update: Any) -> Optional[Tuple[Any, ...]]:
 
 
 @functools.lru_cache(maxsize=None)
-def _pending_state_class() -> type:
+def _pending_state_class() -> Any:
     """PTB's ``PendingState`` class, imported once (asked once per update)."""
     from telegram.ext._handlers.conversationhandler import PendingState
 
