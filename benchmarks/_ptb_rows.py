@@ -682,6 +682,22 @@ def paired_baseline(cfg: Dict[str, Any]) -> Optional[str]:
     return PAIRED_BASELINES.get(cfg["kind"])
 
 
+def _paired(runs: List[Dict[str, Any]], others: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The figures of ``others``, runs alternated with ``runs`` (the i-th of each a pair), and
+    the ratios of each pair; :obj:`None` without such runs."""
+    if not others:
+        return None
+    rates = [r["rate"] for r in others]
+    ratios = [r["rate"] / o["rate"] for r, o in zip(runs, others)]
+    return {
+        "rates": rates,
+        "median": median(rates),
+        "cpu_us_per_update": median([o["cpu_seconds"] / o["n"] * 1e6 for o in others]),
+        "ratios": ratios,
+        "ratio_median": median(ratios),
+    }
+
+
 async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[str, Any]:
     """Warm-up, ``runs`` measured runs, then the low-load latency phase.
 
@@ -773,29 +789,10 @@ async def measure_ptb_row(cfg: Dict[str, Any], counter: DriverCounter) -> Dict[s
     server = [r["server_commits"] for r in runs if r.get("server_commits") is not None]
     pg_us = [r["pg_backend"]["cpu_seconds"] / r["n"] * 1e6 for r in runs if r.get("pg_backend")]
     notes = sorted({r["note"] for r in runs if r.get("note")})
-    paired_plain = None
-    if plain_runs:
-        plain_rates = [r["rate"] for r in plain_runs]
-        ratios = [r["rate"] / p["rate"] for r, p in zip(runs, plain_runs)]
-        paired_plain = {
-            "rates": plain_rates,
-            "median": median(plain_rates),
-            "cpu_us_per_update": median([r["cpu_seconds"] / r["n"] * 1e6 for r in plain_runs]),
-            "ratios": ratios,
-            "ratio_median": median(ratios),
-        }
-    paired_rows = None
-    if base_runs:
-        base_rates = [r["rate"] for r in base_runs]
-        base_ratios = [r["rate"] / b["rate"] for r, b in zip(runs, base_runs)]
-        paired_rows = {
-            "kind": base_kind,
-            "rates": base_rates,
-            "median": median(base_rates),
-            "cpu_us_per_update": median([b["cpu_seconds"] / b["n"] * 1e6 for b in base_runs]),
-            "ratios": base_ratios,
-            "ratio_median": median(base_ratios),
-        }
+    paired_plain = _paired(runs, plain_runs)
+    paired_rows = _paired(runs, base_runs)
+    if paired_rows is not None:
+        paired_rows["kind"] = base_kind
     return {
         "paired_plain": paired_plain,
         "paired_rows": paired_rows,
