@@ -834,15 +834,13 @@ class Report:
             # the other figure is shown beside it
             result = self.ok(num)
             paired = None if result is None else result.get("paired_rows")
+            if not paired:
+                ratio_goal(name, num, den, goal)
+                return
             a, b = self.median(num), self.median(den)
             rows = _ratio(a, b)
             rows_text = (None if rows is None or a is None or b is None
                          else f"{num} {a:,.0f} / {den} {b:,.0f} upd/s = {rows:.2f}x")
-            if not paired:
-                verdict(name, rows, None if rows is None else rows >= goal,
-                        f"{num} or {den} not measured" if rows_text is None
-                        else f"{rows_text} (goal {goal:g}x)")
-                return
             r = paired["ratio_median"]
             detail = (
                 f"{num} / {den[:-3]} runs alternated in one process: median of "
