@@ -37,6 +37,7 @@ from ptb_fence.ptb._state_session import (
     decode_state,
     encode_state,
 )
+from ptb_fence._state_codec import same_state
 from ptb_fence.runtime._attempt import current_attempt
 
 __all__ = ["FencedPersistence"]
@@ -652,7 +653,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         if committed is None or committed.value is None:
             if not data:
                 return
-        elif encode_state(data) == committed.value:
+        elif same_state(committed.value, data, encode_state(data)):
             return
         with self._lock:
             self._noticed.add(key)

@@ -14,7 +14,12 @@ from __future__ import annotations
 import contextvars
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
-from ptb_fence._state_codec import conversation_state_key, decode_state, encode_state
+from ptb_fence._state_codec import (
+    conversation_state_key,
+    decode_state,
+    encode_state,
+    same_state,
+)
 from ptb_fence._values import StateEntry, StateKey, StateWrite
 from ptb_fence.ptb._ptb_internals import conversation_states, pending_state
 
@@ -26,6 +31,17 @@ __all__ = [
     "decode_state",
     "encode_state",
 ]
+
+def _unchanged(stored: Optional[str], value: Any, encoded: Optional[str]) -> bool:
+    """Whether the row text ``stored`` (:obj:`None`: no state) already holds ``value``
+    (``encoded``: its text here). Texts that differ may hold the same state: a set pickled in
+    another process's hash order is not a change, so it is neither written nor a conflict."""
+    if stored == encoded:
+        return True
+    if stored is None or encoded is None:
+        return False
+    return same_state(stored, value, encoded)
+
 
 class _NotHeld:
     __slots__ = ()
@@ -164,9 +180,9 @@ class StateSession:
         self._declared[found[0][2]] = state
 
     def _state_text(self, handler: Any, conversation: Tuple[Any, ...],
-                    key: StateKey) -> Tuple[bool, Optional[str]]:
-        """``(known, text)``: the conversation's state to write now (declared, else the
-        handler's); not known while a ``block=False`` callback's task runs."""
+                    key: StateKey) -> Tuple[bool, Any, Optional[str]]:
+        """``(known, state, text)``: the conversation's state to write now (declared, else the
+        handler's) and its text; not known while a ``block=False`` callback's task runs."""
         declared = self._declared
         if declared is not None and key in declared:
             state = declared[key]
@@ -176,10 +192,10 @@ class StateSession:
             if pending is not None:
                 done, state = pending
                 if not done:
-                    return False, None
+                    return False, None, None
         if state is None or state == handler.END:
-            return True, None
-        return True, encode_state(state)
+            return True, None, None
+        return True, state, encode_state(state)
 
     def _diff(self, base: Mapping[StateKey, StateEntry]) -> Tuple[StateWrite, ...]:
         """The writes from ``base`` (absent: no row) to now."""
@@ -191,12 +207,12 @@ class StateSession:
             # dropped and not filled again: delete the row
             dropped = self._dropped is not None and kind in self._dropped
             encoded = None if dropped and not value else encode_state(value)
-            if old is None or old.value != encoded:
+            if old is None or not _unchanged(old.value, value, encoded):
                 out.append(StateWrite(key, encoded, 0 if old is None else old.version))
         for handler, conversation, key in self.conversations:
-            known, text = self._state_text(handler, conversation, key)
+            known, state, text = self._state_text(handler, conversation, key)
             old = base.get(key)
-            if known and text != (None if old is None else old.value):
+            if known and not _unchanged(None if old is None else old.value, state, text):
                 out.append(StateWrite(key, text, 0 if old is None else old.version))
         for uuid, access_time, buttons in list((self.keyboards or {}).values()):
             key = StateKey("callback", "", uuid)

@@ -4,7 +4,7 @@ Usage::
 
     python tests/processes/persistence_worker.py BASE_URL TOKEN STORE TABLE --dir DIR \\
         --domain DOMAIN [--no-poll] [--hang TEXT] [--fail-once TEXT] [--count-sleep S] \\
-        [--callback-data]
+        [--callback-data] [--inc-sleep S]
 
 ``STORE`` is ``sqlite:///absolute/path`` or a PostgreSQL DSN; the bot is
 ``FencedUpdateProcessor(store).install(Application.builder()...).persistence(FencedPersistence(store))``
@@ -23,7 +23,9 @@ update, in this process or another, read the count too, so that two updates of o
 overlap)
 and completes without a transaction (the grouped completion carries the state); ``/count txn``
 does the same in ``transaction(complete=True)`` with a domain row. ``/set`` sets
-``user_data["x"] = 1`` and completes. With ``--callback-data`` (``arbitrary_callback_data``)
+``user_data["x"] = 1`` and completes. ``/inc`` adds one to ``bot_data["n"]`` (after
+``--inc-sleep`` seconds); ``/tags`` sets ``bot_data["tags"]`` to a set of 64 strings; ``/look``
+only reads ``bot_data`` (a ``seen`` file per attempt). With ``--callback-data`` (``arbitrary_callback_data``)
 ``/menu`` sends a keyboard whose button holds ``("choice", frozenset({update_id}))`` (not
 JSON) with ``context.bot`` (``/menu outbox``: queued through ``attempt.outbox``), and a press
 writes ``pressed.<update_id>.<pid>`` holding the ``repr`` of the data the handler got.
@@ -80,6 +82,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--count-peer", action="store_true",
                         help="/count waits (up to 15 s) until another update read the count too")
     parser.add_argument("--callback-data", action="store_true")
+    parser.add_argument("--inc-sleep", type=float, default=0.0,
+                        help="/inc waits this long between reading and changing the total")
     parser.add_argument("--lease", type=float, default=120.0)
     parser.add_argument("--max-concurrent", type=int, default=8)
     parser.add_argument("--max-life", type=float, default=120.0)
@@ -155,6 +159,20 @@ async def main(args: argparse.Namespace) -> Any:
         if context.args == ["txn"]:
             await step(update, context, 0, str(before + 1))
 
+    async def inc(update: Update, context: Any) -> None:
+        seen(update, context, None)
+        before = context.bot_data.get("n", 0)
+        if args.inc_sleep:
+            await asyncio.sleep(args.inc_sleep)
+        context.bot_data["n"] = before + 1
+
+    async def tags(update: Update, context: Any) -> None:
+        context.bot_data["tags"] = {f"tag-{i}" for i in range(64)}
+
+    async def look(update: Update, context: Any) -> None:
+        seen(update, context, None)
+        assert len(context.bot_data["tags"]) == 64
+
     async def set_x(update: Update, context: Any) -> None:
         seen(update, context, None)
         if args.fail_once and update.message.text == args.fail_once:
@@ -194,6 +212,9 @@ async def main(args: argparse.Namespace) -> Any:
     ))
     app.add_handler(CommandHandler("count", count))
     app.add_handler(CommandHandler("set", set_x))
+    app.add_handler(CommandHandler("inc", inc))
+    app.add_handler(CommandHandler("tags", tags))
+    app.add_handler(CommandHandler("look", look))
     app.add_handler(CommandHandler("menu", menu))
     app.add_handler(CallbackQueryHandler(pressed))
     if not args.no_poll:

@@ -50,9 +50,23 @@ class Bed:
             store.close()
         return {k: None if e.value is None else decode_state(e.value) for k, e in rows.items()}
 
+    def versions(self, *keys: StateKey) -> Dict[StateKey, int]:
+        """The stored version of each of ``keys`` that has a row."""
+        store = self.open_store()
+        try:
+            rows = store.read_state(list(keys))
+        finally:
+            store.close()
+        return {k: e.version for k, e in rows.items()}
+
     def completed(self, ids: List[int]) -> bool:
         rows = dict(self.query(f"SELECT update_id, state FROM {self.table}"))  # noqa: S608
         return all(rows.get(u) == "completed" for u in ids)
+
+    def states(self, ids: List[int]) -> Dict[int, str]:
+        """The row state of each of ``ids``."""
+        rows = dict(self.query(f"SELECT update_id, state FROM {self.table}"))  # noqa: S608
+        return {u: str(rows.get(u)) for u in ids}
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -283,3 +297,42 @@ def test_a_keyboard_sent_by_one_process_resolves_in_another(
     assert [os.path.basename(p).split(".")[2] for p in got] == [str(second.pid)]
     with open(got[0], encoding="utf-8") as file:
         assert file.read() == repr(("choice", frozenset({menu})))
+
+
+BOT_DATA = StateKey("bot")
+
+
+def settled(bots: Bots, bed: Bed, ids: List[int], within: float = 90.0) -> Dict[int, str]:
+    """Wait until every update of ``ids`` is completed or abandoned; their row states."""
+    try:
+        wait_sync(f"updates {ids} settled", lambda: all(
+            s in ("completed", "abandoned") for s in bed.states(ids).values()), within)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{bed.states(ids)}\n{bots.output()}") from None
+    return bed.states(ids)
+
+
+def test_a_set_read_under_another_hash_seed_is_not_written(
+    bots: Bots, bed: Bed, monkeypatch: Any
+) -> None:
+    """``bot_data`` holds a set of strings written by a process with one ``PYTHONHASHSEED``;
+    40 read-only updates in a process with another seed write nothing: the version stays,
+    and each ran once (no conflict)."""
+    with FakeBotApi() as fake:
+        monkeypatch.setenv("PYTHONHASHSEED", "1")
+        writer = bots.spawn(fake, bed.url, bed.table, bed.domain)
+        bots.wait_ready(writer)
+        handled(bots, bed, [fake.inject_message(chat_id=USER, text="/tags")])
+        stop(bots, writer)
+        version = bed.versions(BOT_DATA)
+        assert version == {BOT_DATA: 1}
+        monkeypatch.setenv("PYTHONHASHSEED", "2")
+        reader = bots.spawn(fake, bed.url, bed.table, bed.domain, "--max-concurrent", "40")
+        bots.wait_ready(reader)
+        ids = [fake.inject_message(chat_id=2000 + i, text="/look") for i in range(40)]
+        states = settled(bots, bed, ids)
+        stop(bots, reader)
+    assert states == dict.fromkeys(ids, "completed")
+    assert bed.versions(BOT_DATA) == version
+    assert sum(len(seen(bots, u)) for u in ids) == 40
+    assert bed.state(BOT_DATA) == {BOT_DATA: {"tags": {f"tag-{i}" for i in range(64)}}}
