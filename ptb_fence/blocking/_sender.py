@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import threading
 from http import HTTPStatus
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
+
+from ptb_fence.runtime._bot_answers import answer_error
 
 __all__ = ["DEFAULT_BASE_URL", "HttpxSender"]
 
@@ -18,12 +20,14 @@ class HttpxSender:
     :class:`~ptb_fence.UpdateIntake`: a POST of the parameters as JSON to
     ``{base_url}{token}/{method}`` on one blocking ``httpx.Client`` (thread-safe, pooled).
 
-    Answers map to python-telegram-bot's exceptions as PTB's own request does, so the
-    dispatcher decides alike for both front ends: a ``retry_after`` → ``RetryAfter``,
-    ``migrate_to_chat_id`` → ``ChatMigrated``, 403 → ``Forbidden``, 400 → ``BadRequest``,
-    401/404 → ``InvalidToken``, 409 → ``Conflict``, other statuses → ``NetworkError``; an httpx
-    timeout → ``TimedOut`` and another httpx error → ``NetworkError``, each raised *from* the
-    httpx error (which tells whether the request left).
+    Answers map to python-telegram-bot's exceptions as PTB's own request does
+    (:func:`~ptb_fence.runtime._bot_answers.answer_error`), so the dispatcher decides alike
+    for both front ends from one table. A 401/404 names the method once the token is known
+    good, as for PTB's initialized bot (``EndPointNotFound``: a method Telegram does not
+    have fails at once): the first such answer checks the token with ``getMe``; before that
+    it is ``InvalidToken`` (retried: the operator fixes the token). An httpx timeout →
+    ``TimedOut`` and another httpx error → ``NetworkError``, each raised *from* the httpx
+    error (which tells whether the request left).
 
     Args:
         token: The bot's token.
@@ -31,7 +35,7 @@ class HttpxSender:
         timeout: Seconds for connecting, writing and reading one call.
     """
 
-    __slots__ = ("_client", "_lock", "_prefix", "_timeout")
+    __slots__ = ("_client", "_lock", "_prefix", "_timeout", "_token_good")
 
     def __init__(self, token: str, base_url: str = DEFAULT_BASE_URL, timeout: float = 10.0) -> None:
         if not isinstance(token, str) or not token:
@@ -40,6 +44,7 @@ class HttpxSender:
         self._timeout = timeout
         self._client: Optional[Any] = None
         self._lock = threading.Lock()
+        self._token_good = False  # a call answered ok: the token works
 
     def _http(self) -> Any:
         with self._lock:
@@ -58,6 +63,25 @@ class HttpxSender:
 
     def __call__(self, method: str, params: Dict[str, Any]) -> Any:
         """Send one call; the Bot API's ``result``, or the PTB exception for the answer."""
+        code, data = self._post(method, params)
+        if 200 <= code <= 299 and isinstance(data, dict) and data.get("ok"):
+            self._token_good = True
+            return data.get("result")
+        if code in (HTTPStatus.NOT_FOUND, HTTPStatus.UNAUTHORIZED) and not self._token_good:
+            self._check_token()
+        raise answer_error(method, code, data, token_known_good=self._token_good)
+
+    def _check_token(self) -> None:
+        """Learn whether the token works (``getMe``), as PTB's bot does at its start."""
+        try:
+            code, data = self._post("getMe", {})
+        except Exception:  # no answer: the token stays unknown, the call is retried
+            return
+        if 200 <= code <= 299 and isinstance(data, dict) and data.get("ok"):
+            self._token_good = True
+
+    def _post(self, method: str, params: Dict[str, Any]) -> Tuple[int, Any]:
+        """One POST: its HTTP status and JSON answer (:obj:`None`: not JSON)."""
         import httpx
         from telegram import error
 
@@ -67,31 +91,8 @@ class HttpxSender:
             raise error.TimedOut(f"{method}: {type(exc).__name__}: {exc}") from exc
         except httpx.HTTPError as exc:
             raise error.NetworkError(f"httpx.{type(exc).__name__}: {exc}") from exc
-        code = response.status_code
         try:
             data = json.loads(response.content)
         except ValueError:
             data = None
-        if 200 <= code <= 299 and isinstance(data, dict) and data.get("ok"):
-            return data.get("result")
-        try:
-            message = f"{HTTPStatus(code).phrase} ({code})"
-        except ValueError:
-            message = f"Unknown HTTPError ({code})"
-        if isinstance(data, dict):
-            message = data.get("description") or message
-            parameters = data.get("parameters") or {}
-            if isinstance(parameters, dict):
-                if parameters.get("migrate_to_chat_id"):
-                    raise error.ChatMigrated(parameters["migrate_to_chat_id"])
-                if parameters.get("retry_after"):
-                    raise error.RetryAfter(parameters["retry_after"])
-        if code == HTTPStatus.FORBIDDEN:
-            raise error.Forbidden(message)
-        if code in (HTTPStatus.NOT_FOUND, HTTPStatus.UNAUTHORIZED):
-            raise error.InvalidToken(message)
-        if code == HTTPStatus.BAD_REQUEST:
-            raise error.BadRequest(message)
-        if code == HTTPStatus.CONFLICT:
-            raise error.Conflict(message)
-        raise error.NetworkError(message)
+        return response.status_code, data

@@ -10,6 +10,7 @@ import datetime as dtm
 from typing import NamedTuple, Optional
 
 from ptb_fence._values import OutboxEntry
+from ptb_fence.runtime._bot_answers import FAIL, HOLD, outcome_of
 from ptb_fence.runtime._outcome import error_text
 
 __all__ = [
@@ -102,26 +103,29 @@ def _without_answer(error: BaseException) -> bool:
 
 
 def decide(entry: OutboxEntry, error: BaseException, *, global_hold: bool = False) -> SendDecision:
-    """The decision for ``entry`` whose send raised ``error``.
+    """The decision for ``entry`` whose send raised ``error``, by the one table of Bot API
+    answers (:data:`~ptb_fence.runtime._bot_answers.ANSWERS`), alike for both front ends.
 
     - ``RetryAfter``: retry after ``retry_after`` (the store holds the chat meanwhile: its
       earlier call is pending); ``global_hold``: hold every chat too (a flood limit seen across
       chats, see the dispatcher);
     - ``Forbidden`` (blocked, kicked, deactivated), ``BadRequest`` (chat not found, message to
       edit not found, message is not modified, text unparseable, ...), ``ChatMigrated``,
-      ``EndPointNotFound``: a refusal repeating cannot change: failed;
+      ``EndPointNotFound`` (a method Telegram does not have): a refusal repeating cannot
+      change: failed, and the chat's next call goes on;
     - no answer (``TimedOut``, a connection dropped after the request left): an idempotent
       method is retried; another is resent, unless the call is ``at_most_once`` (then failed
       as ``unknown outcome``); a request that provably never left is retried;
-    - anything else (5xx answers, ``InvalidToken``, ``Conflict``, unexpected errors): retried
-      with backoff.
+    - anything else (5xx answers, ``InvalidToken``, a revoked token, ``Conflict``, unexpected
+      errors): retried with backoff.
     """
     names = _names(error)
     text = error_text(error)
+    outcome = outcome_of(error)
     retry_after = retry_after_seconds(error)
-    if "RetryAfter" in names and retry_after is not None:
+    if outcome == HOLD and retry_after is not None:
         return SendDecision(False, max(retry_after, 0.0), text, hold_all=global_hold)
-    if names & {"Forbidden", "BadRequest", "ChatMigrated", "EndPointNotFound"}:
+    if outcome == FAIL:
         return SendDecision(True, 0.0, text)
     backoff = backoff_seconds(entry.tries)
     if ("NetworkError" in names or "TimedOut" in names) and not _not_sent(error) \
