@@ -55,7 +55,8 @@ class StateConflictError(RuntimeError):
 
     Raised by a store's ``write_effects`` inside the caller's transaction (roll it back: the
     domain writes were made from stale state too). The attempt still holds its claim; the
-    runtime fails it and retries it at once from fresh state.
+    runtime gives it back without spending it (a conflict never exhausts an update) and runs
+    the update again on fresh state.
 
     Args:
         keys (Tuple[:class:`ptb_fence.StateKey`, ...]): The state whose version had moved.

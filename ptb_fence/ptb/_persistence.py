@@ -112,7 +112,8 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
     or in another process sharing the store the conversation continues where the last
     completed update left it. Each piece of state is versioned: an attempt whose state
     changed meanwhile (the same user in two chats at once, two processes) does not complete
-    and is retried at once from the fresh state, so no change is silently lost.
+    and runs again on the fresh state, its attempt not spent (a conflict never exhausts an
+    update), so no change is silently lost.
 
     Set it with the builder, with a :class:`~ptb_fence.ptb.FencedUpdateProcessor` on the same
     store::

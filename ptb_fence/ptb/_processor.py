@@ -103,6 +103,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                 running_count=self._running_count,
                 left_running_count=self._left_running_count,
                 executor=self._executor,
+                body_of=self._body_of,
             ),
         )
         super().__init__(runtime_options.max_concurrent)
@@ -140,6 +141,13 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
     # -- the runtime's hooks into this front end ---------------------------------------------
     def _retry_soon(self, update_id: int, delay: float, body: Optional[str]) -> None:
         self._sweeper.retry_soon(update_id, delay, body)
+
+    @staticmethod
+    def _body_of(attempt: Attempt) -> Optional[str]:
+        # the update handled here is known to the attempt (what attempt.outbox answers)
+        if attempt.body is None and isinstance(attempt.update, Update):
+            return update_body(attempt.update)
+        return attempt.body
 
     def _running_count(self) -> int:
         return self._running

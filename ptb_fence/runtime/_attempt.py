@@ -9,14 +9,18 @@ import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
 
-from ptb_fence._errors import AttemptFinished, OwnershipLost, TransactionEnded
+from ptb_fence._errors import AttemptFinished, OwnershipLost, TransactionEnded, UsageError
 from ptb_fence._values import AttemptIdentity, Completed
 from ptb_fence.runtime._effects import HeldEffects, OpenTransaction
 from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._outbox import Outbox
+from ptb_fence.runtime._block_connection import BlockConnection
 from ptb_fence.runtime._connections import (
     COMMITTED_OR_ROLLED_BACK,
+    ROLLBACK_MARK,
     CallerConnection,
+    GivenConnection,
+    asyncio_refusal,
     caller_connection,
     dbapi_connection,
     interrupt,
@@ -51,6 +55,14 @@ _CURRENT: "contextvars.ContextVar[Optional[Attempt]]" = contextvars.ContextVar(
 # are written through its connection
 _OPEN: "contextvars.ContextVar[Optional[OpenTransaction]]" = contextvars.ContextVar(
     "ptb_fence_open_transaction", default=None
+)
+
+
+_MARKED = (
+    "was {how} inside the block: it was rolled back when the block ended, so nothing of it "
+    "was written and complete=True settled nothing (the attempt fails, not retried). To "
+    "retry the update raise an exception out of the block; to give up call "
+    "attempt.exhaust(reason) after it"
 )
 
 
@@ -189,7 +201,7 @@ class Attempt:
     def identity(self) -> AttemptIdentity:
         """:class:`~ptb_fence.AttemptIdentity`: The full identity of this attempt."""
         if self._identity is None:
-            raise TypeError(
+            raise UsageError(
                 "this attempt has no claim id: it was claimed with the base contract (unary "
                 "handling); use attempt-aware handling with a fenced store"
             )
@@ -287,14 +299,14 @@ class Attempt:
         outbox = self._outbox
         if outbox is None:
             if not self.fenced:
-                raise TypeError(
+                raise UsageError(
                     "attempt.outbox needs attempt-aware handling with a fenced store "
                     "(FencedUpdateProcessor, or UpdateIntake(handle_attempt=...)): an unfenced "
                     "attempt cannot decide what it committed"
                 )
             refusal = self._runtime.outbox_refusal()
             if refusal is not None:
-                raise TypeError(refusal)
+                raise UsageError(refusal)
             outbox = Outbox(self, self._runtime.outbox_defaults(),
                             self._runtime.outbox_prepare())
             with self._lock:
@@ -589,7 +601,8 @@ class Attempt:
         if connection is None:
             manager = port.transaction()  # TypeError naming the fix when the store has none
         else:
-            manager = given = caller_connection(connection)  # TypeError for unknown objects
+            # a TypeError for unknown objects
+            manager = given = caller_connection(connection, identity)
         holding = False
         opened: Optional[OpenTransaction] = None
         taken: "Optional[tuple[Any, Any]]" = None
@@ -632,19 +645,29 @@ class Attempt:
                 # that begins lazily): only a transaction open here can have been ended
                 open_here = (transaction_ended(conn) if given is None else given.ended()) is None
                 opened = OpenTransaction(self, conn)
+                # a DB-API connection reaches the block guarded: its commit() and rollback()
+                # are refused before they reach the database (an ORM's hooks do the same)
+                yielded = conn if given is None else given.yielded
+                guard = None
+                if yielded is not None and (given is None or isinstance(given, GivenConnection)):
+                    yielded = guard = BlockConnection(yielded, identity)
                 token = _OPEN.set(opened)
                 try:
-                    yield conn if given is None else given.yielded
+                    yield yielded
                 finally:  # before the commit: then the pool may lend it to other calls
                     _OPEN.reset(token)
                     if own:
                         with self._lock:
                             self._connections.remove(conn)
+                if guard is not None and guard.refused is not None:
+                    raise guard.refused  # caught in the block: it still fails
                 ended = transaction_ended(conn) if given is None else given.ended()
                 if ended is not None and (open_here or ended != COMMITTED_OR_ROLLED_BACK):
                     if first and ended == COMMITTED_OR_ROLLED_BACK:
                         # complete=True settled nothing
                         self._reopen(checked_at, given.store_connection() if given else conn)
+                    if ended.startswith(ROLLBACK_MARK):
+                        raise TransactionEnded(identity, ended, _MARKED.format(how=ended))
                     raise TransactionEnded(identity, ended)
                 if complete and inside:
                     # what the attempt held rides this commit (its ids are known at once)
@@ -795,14 +818,20 @@ class Attempt:
         Raises:
             OwnershipLost: The attempt no longer owns the update; ``fn``'s writes were
                 rolled back.
-            TypeError: ``fn`` is an ``async def`` function (or returned an awaitable): it
+            UsageError: ``fn`` is an ``async def`` function (or returned an awaitable): it
                 would write nothing. Pass a plain function; the transaction is rolled back.
+                Or ``connection`` is an asyncio connection or session (the message names
+                the recipe that works); nothing was opened.
             AttemptFinished: As in :meth:`transaction`.
             TransactionEnded: As in :meth:`transaction`.
         """
         self._raise_if_finished()
         if inspect.iscoroutinefunction(fn):
-            raise TypeError(_ASYNC_FN)
+            raise UsageError(_ASYNC_FN)
+        if connection is not None:
+            refused = asyncio_refusal(connection)  # at the call, not later on a thread
+            if refused is not None:
+                raise UsageError(refused)
 
         def run() -> T:
             with self.transaction(connection=connection, complete=complete) as conn:
@@ -810,7 +839,7 @@ class Attempt:
                 if inspect.isawaitable(result):
                     if inspect.iscoroutine(result):
                         result.close()  # never awaited: no "never awaited" warning either
-                    raise TypeError(_ASYNC_FN)  # rolls the transaction back
+                    raise UsageError(_ASYNC_FN)  # rolls the transaction back
                 return result
 
         return await self._off_loop(run)

@@ -21,6 +21,7 @@ class Outcome(str, Enum):
     ABANDONED = "abandoned"
     EXHAUSTED = "exhausted"
     LOST = "lost"
+    CONFLICTED = "conflicted"
 
     def __str__(self) -> str:
         return str(self.value)

@@ -58,6 +58,7 @@ from ptb_fence.runtime._port import Recorded, Row, StorePort
 from ptb_fence.runtime._recovery import AttemptTimeout, Recovery
 from ptb_fence.runtime._retry import default_retry
 from ptb_fence.runtime._alarms import Alarms, Health, oldest_date
+from ptb_fence.runtime._conflicts import ConflictRetries
 from ptb_fence.runtime._stats import RuntimeStats, Stats
 from ptb_fence.runtime._store_chat_order import StoreChatOrder
 from ptb_fence.runtime._sweep import SWEEP_PAGE, SweepPage
@@ -99,6 +100,10 @@ def _no_executor() -> Optional[StoreHop]:
     return None
 
 
+def _stored_body(attempt: Attempt) -> Optional[str]:
+    return attempt.body
+
+
 class FrontEndHooks(NamedTuple):
     """How the runtime calls back into its front end; given to :class:`Runtime` at
     construction (each front end passes its own, the defaults do nothing).
@@ -117,12 +122,15 @@ class FrontEndHooks(NamedTuple):
         executor: The store threads for blocking store work from asyncio
             (``Attempt.run_in_transaction`` and friends) while the front end runs;
             :obj:`None`: :func:`asyncio.to_thread`.
+        body_of: The stored text of an attempt's update, for an attempt claimed without it
+            (its update is handed back with it after a version conflict).
     """
 
     retry_soon: Optional[Callable[[int, float, Optional[str]], None]] = None
     running_count: Callable[[], int] = _none_running
     left_running_count: Callable[[], int] = _none_running
     executor: Callable[[], Optional[StoreHop]] = _no_executor
+    body_of: Callable[[Attempt], Optional[str]] = _stored_body
 
 
 class Runtime:
@@ -164,6 +172,7 @@ class Runtime:
         "_unary_claim_ids",
         "attempt_aware",
         "chat_order",
+        "conflicts",
         "delivers_exhaustions",
         "_hooks",
         "alarms",
@@ -225,6 +234,11 @@ class Runtime:
             self.port, options, self.keeper, self.report_store_error, self.stats
         )
         self.chat_order = StoreChatOrder(self.port, options, self.report_store_error)
+        # version conflicts: given back unspent, handed back one at a time per key
+        self.conflicts = ConflictRetries(
+            self.port, options, self.keeper, self.report_store_error, self.stats,
+            hooks.retry_soon,
+        )
         self.alarms = Alarms(self.stats, options)
         # the sender of the calls queued by attempts (a fenced front end on an outbox store)
         self.outbox: Optional[OutboxDispatcher] = (
@@ -556,7 +570,8 @@ class Runtime:
     def completion_settled(self, attempt: Attempt, landed: Landing) -> Outcome:
         """The outcome of a completion settle (also a grouped one): fire ``owner_lost`` if it
         did not land; a :class:`~ptb_fence.StateConflict` (persisted state it changed moved
-        meanwhile: the attempt still owns its update) fails the attempt, retried at once."""
+        meanwhile: the attempt still owns its update) gives the attempt back unspent, to run
+        again on the fresh state (see :meth:`settle_failed`)."""
         if isinstance(landed, StateConflict):
             attempt.drop_effects("persisted state the attempt changed was changed meanwhile")
             outcome, _ = self.settle_failed(attempt, StateConflictError(landed.keys))
@@ -612,6 +627,8 @@ class Runtime:
             # a completing transaction still open would carry what the attempt holds: kept
             # for it until it ended (below)
             attempt.drop_effects(_FAILED_DROPS)
+        if isinstance(error, StateConflictError) and self._given_back_unspent(attempt, error):
+            return Outcome.CONFLICTED, None, True
         options = self.options
         delay: Optional[float] = None
         if attempt.attempt < options.max_attempts and isinstance(error, StateConflictError):
@@ -689,6 +706,18 @@ class Runtime:
                     )
         self._report_failure(attempt, error, outcome, what, retrying)
         return outcome, exhaustion, True
+
+    def _given_back_unspent(self, attempt: Attempt, error: StateConflictError) -> bool:
+        """A version conflict: nothing is wrong with the update, so the attempt is not spent.
+        Its claim is released and its update handed back in turn
+        (:class:`~ptb_fence.runtime._conflicts.ConflictRetries`). :obj:`False` when the claim
+        could not be released: the conflict then settles as a failure, retried at once."""
+        if attempt.body is None:
+            try:
+                attempt.body = self._hooks.body_of(attempt)
+            except Exception:  # then the sweep hands it back
+                _LOGGER.exception("the stored text of update %s is unknown", attempt.update_id)
+        return self.conflicts.give_back(attempt, error.keys)
 
     def _report_failure(
         self, attempt: Attempt, error: BaseException, outcome: Outcome, what: str, retrying: bool
@@ -804,6 +833,7 @@ class Runtime:
         """The attempt is over: stop renewing it; late renewal results are ignored. Effects
         it still holds (it was released, or its completion never ran) are discarded."""
         self.keeper.unregister(attempt)
+        self.conflicts.ended(attempt)  # its update's turn after a conflict passes on
         # a completing transaction still open (e.g. past attempt_timeout_seconds) carries
         # them in its commit: dropped only once it ended (nothing left then if it committed)
         if not attempt.after_transactions(attempt.drop_effects):
@@ -1317,7 +1347,8 @@ class Runtime:
             rows = []
         else:
             self.stats.swept()
-        return SweepPage(rows, len(rows) >= SWEEP_PAGE)
+        # updates waiting for their turn after a conflict are handed back in turn instead
+        return SweepPage(self.conflicts.unswept(rows), len(rows) >= SWEEP_PAGE)
 
     def sweep_done(self, handed: int) -> None:
         """The end of a sweep that handed ``handed`` updates over: prune, read the store's

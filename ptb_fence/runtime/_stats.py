@@ -40,13 +40,15 @@ ATTEMPT_OUTCOMES = (
     "abandoned",
     "lost",
     "released",
+    "conflicted",
 )
 """How an attempt ended (each ended attempt counts once, under one of these):
 ``completed``; ``failed`` (a retry is scheduled); ``timed_out`` (ran past
 ``attempt_timeout_seconds``, a retry is scheduled); ``exhausted`` (a durable exhaustion);
 ``abandoned`` (its last attempt failed, no exhaustion handler); ``lost`` (its claim was lost:
 another process owns the update now); ``released`` (given back unfinished at a stop, its attempt
-not spent)."""
+not spent); ``conflicted`` (persisted state it changed was changed meanwhile: given back, its
+attempt not spent, it runs again on the fresh state)."""
 
 STORE_OPERATIONS = (
     "record",

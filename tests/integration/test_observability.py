@@ -63,7 +63,8 @@ def test_stats_count_what_an_intake_did(store: Any) -> None:
     before = intake.stats()
     assert isinstance(before, Stats) and before.updates_recorded == 0
     assert dict(before.attempts_ended) == dict.fromkeys(
-        ("completed", "failed", "timed_out", "exhausted", "abandoned", "lost", "released"), 0
+        ("completed", "failed", "timed_out", "exhausted", "abandoned", "lost", "released",
+         "conflicted"), 0
     )
     intake.start()
     try:

@@ -30,8 +30,10 @@ only reads ``bot_data`` (a ``seen`` file per attempt). With ``--callback-data`` 
 JSON) with ``context.bot`` (``/menu outbox``: queued through ``attempt.outbox``), and a press
 writes ``pressed.<update_id>.<pid>`` holding the ``repr`` of the data the handler got.
 
-Files in ``DIR``: ``ready.<pid>``; ``seen.<update_id>.<attempt>.<pid>`` (JSON: the conversation
-state the handler was called in, ``user_data`` as the handler first saw it); ``log.<pid>``.
+Files in ``DIR``: ``ready.<pid>``; ``seen.<update_id>.<attempt>.<pid>`` (a JSON line per run:
+the conversation state the handler was called in, ``user_data`` as the handler first saw it,
+the time; an attempt given back after a version conflict runs again with the same number);
+``log.<pid>``.
 A handler whose text is ``--hang`` sleeps after changing ``user_data`` (before its commit) until
 the process is killed; ``--fail-once`` makes the first attempt of that text set
 ``user_data["x"] = 1`` and then raise.
@@ -101,8 +103,10 @@ async def main(args: argparse.Namespace) -> Any:
 
     def seen(update: Update, context: Any, state: Any) -> None:
         name = f"seen.{update.update_id}.{context.attempt.attempt}.{pid}"
-        with open(os.path.join(args.dir, name), "w", encoding="utf-8") as file:
-            json.dump({"state": state, "user_data": dict(context.user_data)}, file)
+        # a line per run: an attempt given back after a conflict runs again with its number
+        with open(os.path.join(args.dir, name), "a", encoding="utf-8") as file:
+            file.write(json.dumps({"state": state, "user_data": dict(context.user_data),
+                                   "at": time.time()}) + "\n")
 
     async def step(update: Update, context: Any, number: int, value: str) -> None:
         text = update.message.text
