@@ -14,6 +14,8 @@ from ptb_fence._errors import (
     StoreBusy,
     TableBotMismatch,
     TransactionEnded,
+    UsageError,
+    is_misuse,
 )
 from ptb_fence.contract import (
     BatchUpdateStore,
@@ -133,11 +135,13 @@ __all__ = [
     "StoredUpdate",
     "TransactionEnded",
     "TransactionalUpdateStore",
+    "UsageError",
     "UpdateIntake",
     "UpdateStore",
     "__version__",
     "current_attempt",
     "default_retry",
+    "is_misuse",
     "is_durable",
     "is_fenced",
     "postgres_update_store_schema",

@@ -12,6 +12,7 @@ from ptb_fence._sockets import cut
 
 __all__ = [
     "COMMITTED_OR_ROLLED_BACK",
+    "ROLLBACK_MARK",
     "GivenConnection",
     "interrupt",
     "is_dbapi",
@@ -23,6 +24,11 @@ __all__ = [
 COMMITTED_OR_ROLLED_BACK = "committed or rolled back"
 """What :func:`transaction_ended` returns when the block ended the transaction itself (the
 connection is still usable)."""
+
+
+ROLLBACK_MARK = "marked for rollback"
+"""How an adapter's ``ended()`` begins when the block left its transaction marked for
+rollback (it is rolled back on exit, nothing of it lands)."""
 
 
 def target_of(connection: Any) -> Any:

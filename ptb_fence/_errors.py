@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar, Optional
 
 if TYPE_CHECKING:
     from ptb_fence._values import AttemptIdentity, StateKey
@@ -16,7 +16,19 @@ __all__ = [
     "StoreBusy",
     "TableBotMismatch",
     "TransactionEnded",
+    "UsageError",
+    "is_misuse",
 ]
+
+
+def is_misuse(error: BaseException) -> bool:
+    """Whether ``error`` is ptb_fence refusing a misuse of its own API.
+
+    Such an error comes back on every retry (the same code makes the same mistake), and a
+    retry could repeat what escaped the fence. The runtime ends its attempt at once as a final
+    failure, never retried. The marker is the class attribute ``ptb_fence_misuse``.
+    """
+    return getattr(error, "ptb_fence_misuse", False) is True
 
 
 class OwnershipLost(Exception):
@@ -102,26 +114,54 @@ class AttemptFinished(RuntimeError):
         )
 
 
-class TransactionEnded(RuntimeError):
-    """The code inside a fenced transaction committed, rolled back or closed it itself.
+class UsageError(TypeError):
+    """ptb_fence was called in a way that cannot work: a mistake in the handler's code.
 
-    Raised by :meth:`ptb_fence.Attempt.transaction` (and
-    :meth:`~ptb_fence.Attempt.run_in_transaction`) when the block returns: writes made before
-    such a commit landed *outside the fence*, and ``complete=True`` settled nothing. Do not
-    commit, roll back or close the yielded connection; the transaction commits on exit.
+    Examples: an ``async def`` given to :meth:`ptb_fence.Attempt.run_in_transaction`, an
+    asyncio connection given as ``connection=``, a file to upload given to the outbox. The
+    message names the fix. A handler that lets it out fails for good at once (see
+    :func:`is_misuse`): never retried.
+    """
+
+    ptb_fence_misuse: ClassVar[bool] = True
+
+
+class TransactionEnded(RuntimeError):
+    """The code inside a fenced transaction committed, rolled back or closed it itself, or
+    marked it for rollback.
+
+    Raised inside the block by the connection it was given (``commit()``, ``rollback()``,
+    ``close()``, a ``COMMIT`` statement: refused, nothing ended) and by a SQLAlchemy
+    ``session.commit()``. Raised by :meth:`ptb_fence.Attempt.transaction` (and
+    :meth:`~ptb_fence.Attempt.run_in_transaction`) when the block returns and the transaction
+    was ended by a way no guard saw (e.g. a ``COMMIT`` through a cursor), or was marked for
+    rollback (Django ``transaction.set_rollback(True)``, a SQLAlchemy session after a failed
+    flush). ``complete=True`` then settled nothing. A misuse (see :func:`is_misuse`): the
+    attempt fails for good at once, never retried.
 
     Args:
         identity (:class:`ptb_fence.AttemptIdentity`): The attempt's identity.
         how (:obj:`str`): What was found (e.g. ``"committed or rolled back"``, ``"closed"``).
+        message (:obj:`str`, optional): What happened and what to do, instead of the text
+            for a transaction ended by the block.
     """
 
-    __slots__ = ("identity",)
+    __slots__ = ("identity", "how")
 
-    def __init__(self, identity: "AttemptIdentity", how: str) -> None:
+    ptb_fence_misuse: ClassVar[bool] = True
+
+    def __init__(
+        self, identity: "AttemptIdentity", how: str, message: Optional[str] = None
+    ) -> None:
         self.identity = identity
-        super().__init__(
+        self.how = how
+        where = (
             f"the fenced transaction of update {identity.update_id} attempt {identity.attempt} "
-            f"(claim {identity.claim_id}) was {how} inside the block: writes made before that "
+            f"(claim {identity.claim_id})"
+        )
+        super().__init__(
+            f"{where} {message}" if message is not None else
+            f"{where} was {how} inside the block: writes made before that "
             "escaped the fence (do not commit or roll back or close the connection inside the "
             "block; it commits on exit); nothing was settled by complete=True"
         )

@@ -15,16 +15,22 @@ from __future__ import annotations
 import importlib
 from typing import Any, Optional
 
-from ptb_fence._dbapi import GivenConnection, transaction_ended
+from ptb_fence._errors import UsageError
+from ptb_fence._dbapi import ROLLBACK_MARK, GivenConnection, transaction_ended
 
 __all__ = ["DjangoTransaction", "dbapi_of"]
+
+_MARKED = (
+    f"{ROLLBACK_MARK} (transaction.set_rollback(True), or a database error caught inside the "
+    "atomic() block)"
+)
 
 
 def _wrapper(given: Any) -> Any:
     """``django.db.connection`` (a proxy) or ``django.db.connections[alias]``; TypeError for
     other Django objects."""
     if not (hasattr(given, "in_atomic_block") and hasattr(given, "ensure_connection")):
-        raise TypeError(
+        raise UsageError(
             "connection= takes a Django connection (django.db.connection or "
             f"django.db.connections[alias]), got {type(given).__module__}."
             f"{type(given).__qualname__}"
@@ -93,9 +99,13 @@ class DjangoTransaction:
         GivenConnection(self._raw).begin()
 
     def ended(self) -> Optional[str]:
-        """Whether the block committed, rolled back or closed the DB-API connection itself."""
+        """Whether the block committed, rolled back or closed the DB-API connection itself,
+        or marked the atomic block for rollback."""
         if self._given.connection is not self._raw:
             return "closed"
+        if self._given.needs_rollback:
+            # Django rolls the block back when it ends, the completion with it
+            return _MARKED
         return transaction_ended(self._raw)
 
     def store_connection(self) -> Any:

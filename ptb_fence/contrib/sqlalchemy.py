@@ -10,10 +10,13 @@ exception or a lost update.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Optional
+import threading
+from typing import TYPE_CHECKING, Any, Optional
 
+from ptb_fence._errors import TransactionEnded, UsageError
 from ptb_fence._dbapi import (
     COMMITTED_OR_ROLLED_BACK,
+    ROLLBACK_MARK,
     GivenConnection,
     transaction_ended,
 )
@@ -29,6 +32,50 @@ _BEGUN = (
 )
 
 
+if TYPE_CHECKING:
+    from ptb_fence._values import AttemptIdentity
+
+# Session.info key: the attempt whose fenced block runs in this Session's transaction
+_BLOCK = "ptb_fence.fenced_block"
+
+_REFUSED = (
+    "refused {what} inside the block: nothing was committed, and the block fails (rolled "
+    "back, not retried). ptb_fence has SQLAlchemy commit the {kind} when the block ends, "
+    "together with the ownership check and complete=True: do not commit it yourself (raise an "
+    "exception to roll it back; session.begin_nested() savepoints are fine)"
+)
+
+_FAILED = (
+    f"{ROLLBACK_MARK} (the Session's transaction failed, e.g. a flush error caught inside the "
+    "block, and SQLAlchemy rolled it back)"
+)
+
+_LISTENING = threading.Lock()
+_LISTENED: "list[bool]" = []
+
+
+def _refuse_session_commit(session: Any) -> None:
+    """SQLAlchemy's ``before_commit`` of every Session: refuse a commit of a Session whose
+    fenced block is running (a savepoint's release is no commit of it)."""
+    identity = session.info.get(_BLOCK)
+    if identity is not None and session.get_nested_transaction() is None:
+        raise TransactionEnded(identity, "refused", _REFUSED.format(what="session.commit()",
+                                                                    kind="Session"))
+
+
+def _listen_to_sessions() -> None:
+    """Register :func:`_refuse_session_commit` once, for every Session class (it costs a
+    dict look-up per commit of a Session outside fenced blocks)."""
+    if _LISTENED:
+        return
+    with _LISTENING:
+        if not _LISTENED:
+            importlib.import_module("sqlalchemy.event").listen(
+                _orm().Session, "before_commit", _refuse_session_commit
+            )
+            _LISTENED.append(True)
+
+
 def _orm() -> Any:
     # imported by name: type-checking ptb_fence needs neither SQLAlchemy nor its types
     return importlib.import_module("sqlalchemy.orm")
@@ -42,7 +89,7 @@ def _session_or_connection(given: Any) -> Any:
         given = given()
     if isinstance(given, (orm.Session, connection_type)):
         return given
-    raise TypeError(
+    raise UsageError(
         "connection= takes a SQLAlchemy Connection (engine.connect()) or Session, got "
         f"{type(given).__module__}.{type(given).__qualname__}"
     )
@@ -73,10 +120,13 @@ class SQLAlchemyTransaction:
         TypeError: ``given`` is another SQLAlchemy object (e.g. an ``Engine``).
     """
 
-    __slots__ = ("_given", "_session", "_connection", "_transaction", "_raw", "_dbapi")
+    __slots__ = ("_given", "_session", "_connection", "_transaction", "_raw", "_dbapi",
+                 "_identity", "_listener")
 
-    def __init__(self, given: Any) -> None:
+    def __init__(self, given: Any, identity: "Optional[AttemptIdentity]" = None) -> None:
         self._given = given
+        self._identity = identity
+        self._listener: Any = None
         target = _session_or_connection(given)
         self._session: Any = target if isinstance(target, _orm().Session) else None
         self._connection: Any = None if self._session is not None else target
@@ -103,6 +153,9 @@ class SQLAlchemyTransaction:
                                                kind="Session"))
             self._raw = session.connection().connection.dbapi_connection
             self._transaction = session.get_transaction()
+            if self._identity is not None:
+                _listen_to_sessions()
+                session.info[_BLOCK] = self._identity
         else:
             connection = self._connection
             if connection.in_transaction():
@@ -110,10 +163,32 @@ class SQLAlchemyTransaction:
                                                "transaction", kind="Connection"))
             self._transaction = connection.begin()
             self._raw = connection.connection.dbapi_connection
+            if self._identity is not None:
+                self._guard_connection(connection, self._identity)
         # on an engine in AUTOCOMMIT mode SQLAlchemy's commit is the driver's, which ends
         # nothing there (psycopg2): the transaction opened for the block is ended explicitly
         self._dbapi = GivenConnection(self._raw)
         return self._raw
+
+    def _guard_connection(self, connection: Any, identity: "AttemptIdentity") -> None:
+        """Refuse ``connection.commit()`` in the block: a listener on this Connection only
+        (about 18 us to add and remove), removed before the block's own commit."""
+
+        def refuse(conn: Any) -> None:
+            raise TransactionEnded(identity, "refused", _REFUSED.format(
+                what="connection.commit()", kind="Connection"))
+
+        importlib.import_module("sqlalchemy.event").listen(connection, "commit", refuse)
+        self._listener = refuse
+
+    def _unguard(self) -> None:
+        """The block is over: its own commit (or rollback) follows."""
+        if self._session is not None:
+            self._session.info.pop(_BLOCK, None)
+        elif self._listener is not None:
+            listener, self._listener = self._listener, None
+            importlib.import_module("sqlalchemy.event").remove(
+                self._connection, "commit", listener)
 
     def prepare(self) -> None:
         """Before the ownership check: open the DB-API transaction of a connection in
@@ -133,8 +208,12 @@ class SQLAlchemyTransaction:
         if self._session is not None:
             if self._session.get_transaction() is not self._transaction:
                 return COMMITTED_OR_ROLLED_BACK
+            if not self._transaction.is_active:
+                return _FAILED  # still the Session's, but it must be rolled back
         elif self._connection.closed:
             return "closed"
+        elif self._connection.invalidated:
+            return "closed or broken"
         if not self._transaction.is_active:
             return COMMITTED_OR_ROLLED_BACK
         return transaction_ended(self._raw)
@@ -146,6 +225,7 @@ class SQLAlchemyTransaction:
 
     def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
         transaction = self._transaction
+        self._unguard()
         if kind is None:
             try:
                 if self._session is not None:
@@ -174,3 +254,9 @@ class SQLAlchemyTransaction:
             self._session.rollback()
         elif self._transaction.is_active:
             self._transaction.rollback()
+        elif not self._connection.closed and self._raw is not None:
+            # a refused commit left the Connection's transaction inactive and the database's
+            # still open: the DB-API connection's rollback ends that one, the Connection's
+            # clears its own state (it would not reach the database any more)
+            self._raw.rollback()
+            self._connection.rollback()

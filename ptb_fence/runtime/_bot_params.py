@@ -9,6 +9,8 @@ import json
 import os
 from typing import Any, Dict, Mapping, Optional
 
+from ptb_fence._errors import UsageError
+
 __all__ = ["api_method", "params_json", "to_json_value"]
 
 _TEXT_METHODS = frozenset({
@@ -51,7 +53,7 @@ def to_json_value(value: Any, name: str = "value") -> Any:
     """
     if value is None or isinstance(value, (bool, int, float, str)):
         if isinstance(value, float) and value != value:
-            raise TypeError(f"{name}: NaN is not JSON")
+            raise UsageError(f"{name}: NaN is not JSON")
         return value
     if isinstance(value, enum.Enum):
         return to_json_value(value.value, name)
@@ -64,7 +66,7 @@ def to_json_value(value: Any, name: str = "value") -> Any:
     module = kind.__module__ or ""
     uploads = (bytes, bytearray, memoryview, os.PathLike)
     if kind.__name__ == "InputFile" or isinstance(value, uploads) or hasattr(value, "read"):
-        raise TypeError(f"{name} is a file to upload ({kind.__name__}): {_UPLOAD_HINT}")
+        raise UsageError(f"{name} is a file to upload ({kind.__name__}): {_UPLOAD_HINT}")
     if module.startswith("telegram") and callable(getattr(value, "to_dict", None)):
         return to_json_value(value.to_dict(), name)
     if isinstance(value, Mapping):
@@ -73,7 +75,7 @@ def to_json_value(value: Any, name: str = "value") -> Any:
         }
     if isinstance(value, (list, tuple)):
         return [to_json_value(v, f"{name}[{i}]") for i, v in enumerate(value)]
-    raise TypeError(
+    raise UsageError(
         f"{name} is a {kind.__name__}, which the outbox cannot keep as JSON (pass plain "
         "values, dicts, lists or python-telegram-bot objects)"
     )

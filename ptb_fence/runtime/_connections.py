@@ -3,10 +3,14 @@ Django through :mod:`ptb_fence.contrib`)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol
+import inspect
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
+from ptb_fence._errors import UsageError
+from ptb_fence.runtime._block_connection import BlockConnection
 from ptb_fence._dbapi import (
     COMMITTED_OR_ROLLED_BACK,
+    ROLLBACK_MARK,
     GivenConnection,
     interrupt,
     is_dbapi,
@@ -17,13 +21,40 @@ from ptb_fence._dbapi import (
 
 __all__ = [
     "COMMITTED_OR_ROLLED_BACK",
+    "ROLLBACK_MARK",
     "CallerConnection",
     "GivenConnection",
+    "asyncio_refusal",
     "caller_connection",
     "dbapi_connection",
     "interrupt",
     "transaction_ended",
 ]
+
+if TYPE_CHECKING:
+    from ptb_fence._values import AttemptIdentity
+
+# asyncio drivers known by their top-level package (never imported here)
+_ASYNC_DRIVERS = frozenset({"asyncpg", "aiosqlite", "aiopg", "aiomysql", "asyncmy", "aioodbc"})
+
+_ASYNC_SQLALCHEMY = (
+    "connection= got a SQLAlchemy asyncio object ({name}): a fenced transaction runs blocking "
+    "code (the ownership check, your writes, the commit) and cannot await. Use the sync "
+    "Session inside it: async with AsyncSession(engine) as session: await "
+    "session.run_sync(write), where write(sync_session) opens attempt.transaction("
+    "connection=sync_session, complete=True) (see the README, Using an ORM)"
+)
+_ASYNC_PSYCOPG = (
+    "connection= got a psycopg 3 asyncio object ({name}): a fenced transaction runs blocking "
+    "code and cannot await it. Pass a sync connection (psycopg.connect(...)) and run the "
+    "block on a worker thread: await attempt.run_in_transaction(fn, connection=conn)"
+)
+_ASYNC_OTHER = (
+    "connection= got an asyncio connection ({name}): a fenced transaction runs blocking code "
+    "and cannot await it. Pass a sync DB-API connection to the same database (psycopg2, "
+    "psycopg 3's psycopg.connect(...), sqlite3) or a SQLAlchemy Session, and run the block on "
+    "a worker thread: await attempt.run_in_transaction(fn, connection=conn)"
+)
 
 ACCEPTED = (
     "connection= takes a DB-API connection or cursor (sqlite3, psycopg2, psycopg 3, or "
@@ -62,7 +93,9 @@ class CallerConnection(Protocol):
         """A DB-API connection on which the store may undo a completion and commit."""
 
 
-def caller_connection(connection: Any) -> CallerConnection:
+def caller_connection(
+    connection: Any, identity: "Optional[AttemptIdentity]" = None
+) -> CallerConnection:
     """Wrap what a caller passed as ``connection=`` for a fenced transaction.
 
     DB-API connections and cursors (sqlite3, psycopg2, psycopg 3, other DB-API 2 drivers)
@@ -73,16 +106,48 @@ def caller_connection(connection: Any) -> CallerConnection:
     Raises:
         TypeError: Anything else, naming what is accepted.
     """
+    if isinstance(connection, BlockConnection):  # a fenced block's: the connection itself
+        connection = connection.target
     root = library_of(type(connection))
+    refused = asyncio_refusal(connection, root)
+    if refused is not None:
+        raise UsageError(refused)
     if root == "sqlalchemy":
         from ptb_fence.contrib.sqlalchemy import SQLAlchemyTransaction
 
-        return SQLAlchemyTransaction(connection)
+        return SQLAlchemyTransaction(connection, identity)
     if root == "django":
         from ptb_fence.contrib.django import DjangoTransaction
 
         return DjangoTransaction(connection)
     return GivenConnection(_checked(connection, root))
+
+
+def asyncio_refusal(connection: Any, root: Optional[str] = None) -> Optional[str]:
+    """Why ``connection`` cannot carry a fenced transaction because it is asyncio (an
+    ``AsyncSession``, a psycopg 3 ``AsyncConnection``, asyncpg's), naming the recipe that
+    works; :obj:`None` for anything else. Known by module and class names: nothing is
+    imported."""
+    kind = type(connection)
+    if root is None:
+        root = library_of(kind)
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    if root == "sqlite3":
+        return None  # the common case first: nothing more to look at
+    if root == "sqlalchemy":
+        if any((getattr(k, "__module__", None) or "").startswith("sqlalchemy.ext.asyncio")
+               for k in kind.__mro__):
+            return _ASYNC_SQLALCHEMY.format(name=name)
+        return None
+    if root == "psycopg":
+        if kind.__name__.startswith("Async"):
+            return _ASYNC_PSYCOPG.format(name=name)
+        return None
+    if (kind.__module__ or "").split(".")[0] in _ASYNC_DRIVERS or inspect.iscoroutinefunction(
+        getattr(kind, "commit", None)
+    ):
+        return _ASYNC_OTHER.format(name=name)
+    return None
 
 
 def _checked(connection: Any, root: str) -> Any:
@@ -91,7 +156,7 @@ def _checked(connection: Any, root: str) -> Any:
     if root in ("sqlite3", "psycopg2", "psycopg") or is_dbapi(target_of(connection)):
         return connection
     kind = type(connection)
-    raise TypeError(f"{ACCEPTED}; got {kind.__module__}.{kind.__qualname__}")
+    raise UsageError(f"{ACCEPTED}; got {kind.__module__}.{kind.__qualname__}")
 
 
 def dbapi_connection(connection: Any) -> Any:
@@ -102,7 +167,12 @@ def dbapi_connection(connection: Any) -> Any:
     Raises:
         TypeError: Anything else, naming what is accepted.
     """
+    if isinstance(connection, BlockConnection):  # a fenced block's: the connection itself
+        connection = connection.target
     root = library_of(type(connection))
+    refused = asyncio_refusal(connection, root)
+    if refused is not None:
+        raise UsageError(refused)
     if root == "sqlalchemy":
         from ptb_fence.contrib.sqlalchemy import dbapi_of
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Mapping, Optional, Protocol, Tuple, Union
 
+from ptb_fence._errors import UsageError
 from ptb_fence._values import AttemptEffects, AttemptIdentity, OutboxCall, StateWrite
 from ptb_fence.runtime._bot_params import api_method, params_json, to_json_value
 from ptb_fence.runtime._chats import chat_key, stored_chat_key
@@ -35,7 +36,7 @@ def _file_reference(name: str, value: Any) -> Any:
     if isinstance(file_id, str) and from_ptb and type(value).__name__ != "InputFile":
         return file_id
     to_json_value(value, name)  # raises the upload error for files, paths and bytes
-    raise TypeError(f"{name} must be a file_id or URL string, got {type(value).__name__}")
+    raise UsageError(f"{name} must be a file_id or URL string, got {type(value).__name__}")
 
 
 class OutboxOwner(Protocol):

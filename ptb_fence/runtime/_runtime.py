@@ -28,7 +28,7 @@ from typing import (
 )
 
 from ptb_fence._durations import format_duration
-from ptb_fence._errors import SchemaError, StateConflictError
+from ptb_fence._errors import SchemaError, StateConflictError, is_misuse
 from ptb_fence.contract import ClaimTerms
 from ptb_fence._values import (
     Abandoned,
@@ -631,7 +631,10 @@ class Runtime:
             return Outcome.CONFLICTED, None, True
         options = self.options
         delay: Optional[float] = None
-        if attempt.attempt < options.max_attempts and isinstance(error, StateConflictError):
+        misuse = is_misuse(error)
+        if misuse:
+            pass  # a mistake in the handler's use of ptb_fence: every retry would repeat it
+        elif attempt.attempt < options.max_attempts and isinstance(error, StateConflictError):
             delay = 0.0  # nothing is wrong with the update: it runs again on fresh state
         elif attempt.attempt < options.max_attempts:
             policy = options.retry or default_retry
@@ -690,6 +693,8 @@ class Runtime:
         attempt.drop_effects(_FAILED_DROPS)  # the failure landed: no completion can follow
         retrying = outcome == Outcome.RETRYING
         what: str = outcome.value
+        if misuse:
+            what += ", not retried: a misuse of ptb_fence, fix the handler"
         if outcome == Outcome.RETRYING:
             what = f"retry scheduled in {format_duration(delay or 0.0)}"
             if (delay or 0.0) < options.sweep_every_seconds:

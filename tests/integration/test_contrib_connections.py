@@ -196,30 +196,114 @@ def test_a_stale_attempts_orm_write_is_rolled_back_with_ownership_lost(
     assert env.state(43) == "processing"  # the takeover still holds it
 
 
-def test_a_session_commit_inside_the_block_is_transaction_ended(
+def test_a_session_commit_inside_the_block_is_refused_before_it_commits(
     env: Env, intakes: List[UpdateIntake]
 ) -> None:
+    """``session.commit()`` in the block raises ``TransactionEnded`` before SQLAlchemy
+    commits: neither the booking nor the outbox reply queued before it lands, nothing is
+    sent, and the attempt fails for good (not retried)."""
+    from ptb_fence.testing import FakeBotApi
+
     seen: Dict[str, Any] = {}
+    runs: List[int] = []
 
     def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        runs.append(attempt.attempt)
         with Session(env.engine) as session:
             try:
                 with attempt.transaction(connection=session, complete=True):
                     session.add(env.Booking(update_id=update["update_id"],
                                             attempt=attempt.attempt))
+                    attempt.outbox.send_message(7, "booked")
                     session.commit()
             except TransactionEnded as exc:
                 seen["error"] = exc
-            seen["completed"] = attempt.completed
-        raise RuntimeError("stop here")
+                raise
+            finally:
+                seen["completed"] = attempt.completed
+
+    with FakeBotApi() as fake:
+        clock = FakeClock()
+        intake = UpdateIntake(env.store, clock=clock, handle_attempt=handle_attempt,
+                              bot_token=fake.token, bot_base_url=fake.base_url)
+        intakes.append(intake)
+        intake.start()
+        intake.accept(body(44))
+        _retry_now(intake, clock)
+        _retry_now(intake, clock)
+        assert fake.sent_messages == []
+    assert isinstance(seen.get("error"), TransactionEnded), seen
+    assert "refused session.commit()" in str(seen["error"])
+    assert seen["completed"] is False and runs == [1]
+    assert env.state(44) == "abandoned"  # a misuse: not retried
+    assert env.bookings() == []  # refused before it committed
+    assert env.store.list_calls(limit=10) == []
+
+
+def test_a_connection_commit_inside_the_block_is_refused_before_it_commits(
+    env: Env, intakes: List[UpdateIntake]
+) -> None:
+    """``connection.commit()`` on a SQLAlchemy Connection in the block: refused, nothing
+    committed, the Connection usable afterwards."""
+    seen: Dict[str, Any] = {}
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        table = env.Booking.__table__
+        with env.engine.connect() as connection:
+            try:
+                with attempt.transaction(connection=connection, complete=True):
+                    connection.execute(table.insert().values(update_id=update["update_id"],
+                                                             attempt=attempt.attempt))
+                    connection.commit()
+            except TransactionEnded as exc:
+                seen["error"] = exc
+            seen["after"] = connection.execute(sa.select(sa.func.count()).select_from(
+                table)).scalar_one()
+            connection.rollback()
 
     intake, _ = _intake(env, intakes, handle_attempt)
-    intake.accept(body(44))
+    intake.accept(body(49))
     assert intake.idle(20)
-    assert isinstance(seen.get("error"), TransactionEnded), seen
+    assert "refused connection.commit()" in str(seen.get("error")), seen
+    assert seen["after"] == 0 and env.bookings() == []
+    assert env.state(49) == "completed"  # the handler returned after catching it
+
+
+def test_a_failed_flush_caught_in_the_block_never_reads_as_a_completion(
+    env: Env, intakes: List[UpdateIntake]
+) -> None:
+    """A flush error caught inside the block leaves the Session's transaction to be rolled
+    back (SQLAlchemy rolled it back, the completion with it): the block fails with an error
+    naming that, never a completion."""
+    seen: Dict[str, Any] = {}
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        with Session(env.engine) as session:
+            session.add(env.Booking(update_id=-1, attempt=0))
+            session.commit()
+        with Session(env.engine) as session:
+            try:
+                with attempt.transaction(connection=session, complete=True):
+                    session.add(env.Booking(update_id=-1, attempt=attempt.attempt))
+                    try:
+                        session.flush()  # the unique update_id: an IntegrityError
+                    except sa.exc.IntegrityError:
+                        seen["caught"] = True
+            except TransactionEnded as exc:
+                seen["error"] = exc
+                raise
+            finally:
+                seen["completed"] = attempt.completed
+
+    intake, _ = _intake(env, intakes, handle_attempt)
+    intake.accept(body(50))
+    assert intake.idle(20)
+    assert seen.get("caught") is True
+    assert "marked for rollback" in str(seen.get("error"))
+    assert "flush error" in str(seen["error"]) and "nothing of it" in str(seen["error"])
     assert seen["completed"] is False
-    assert env.state(44) == "failed"  # the completion the early commit carried was undone
-    assert env.bookings() == [(44, 1)]  # the escaped write (the handler's mistake)
+    assert env.state(50) == "abandoned"
+    assert env.bookings() == [(-1, 0)]
 
 
 def test_an_explicit_session_begin_is_refused_before_anything_runs(
@@ -358,7 +442,7 @@ def test_a_block_that_writes_nothing_completes_through_sqlalchemy(
 # -- psycopg 3 --------------------------------------------------------------------------------
 @pytest.mark.parametrize("autocommit", [False, True])
 @pytest.mark.parametrize("how", ["commit", "rollback", "nothing"])
-def test_a_psycopg3_connection_is_fenced_and_its_own_commit_is_detected(
+def test_a_psycopg3_connection_is_fenced_and_its_own_commit_is_refused(
     pg_dsn: str, pg_tables: List[str], intakes: List[UpdateIntake], how: str,
     autocommit: bool,
 ) -> None:
@@ -397,8 +481,9 @@ def test_a_psycopg3_connection_is_fenced_and_its_own_commit_is_detected(
             assert state == ("completed",)
         else:
             assert isinstance(seen.get("error"), TransactionEnded), seen
-            assert seen["completed"] is False and state == ("failed",)
-            assert written == ((1,) if how == "commit" else (0,))
+            assert f"refused {how}()" in str(seen["error"])
+            assert seen["completed"] is False and state == ("abandoned",)  # not retried
+            assert written == (0,)  # refused before anything committed
     finally:
         for intake in intakes:
             intake.close()
@@ -503,3 +588,127 @@ def test_an_outbox_call_in_a_session_block_commits_with_the_booking(
         [entry] = env.store.list_calls(limit=10)
         assert entry.call_id == calls[2]
         assert [m["text"] for m in fake.sent_messages] == ["booked 61"], fake.sent_messages
+
+
+# -- asyncio connections ------------------------------------------------------------------------
+def test_asyncio_connections_are_refused_at_the_call_naming_the_recipe(
+    pg_dsn: str, pg_tables: List[str], intakes: List[UpdateIntake]
+) -> None:
+    """A psycopg 3 ``AsyncConnection`` and a SQLAlchemy ``AsyncSession``/``AsyncConnection``
+    as ``connection=``: a ``UsageError`` (a ``TypeError``) at the call, before anything opens
+    or ``fn`` runs, naming what works; no coroutine is left un-awaited."""
+    import asyncio
+    import warnings
+
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    from ptb_fence import UsageError
+
+    table = "t_" + uuid.uuid4().hex[:16]
+    pg_tables.append(table)
+    store = PostgresUpdateStore(pg_dsn, table)
+    errors: Dict[str, Any] = {}
+    ran: List[str] = []
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        async def main() -> None:
+            engine = create_async_engine(pg_dsn.replace("postgresql://",
+                                                        "postgresql+psycopg://", 1))
+            aconn = await psycopg.AsyncConnection.connect(pg_dsn)
+            try:
+                async with AsyncSession(engine) as session, engine.connect() as core:
+                    for name, given in (("psycopg", aconn), ("session", session),
+                                        ("core", core)):
+                        try:
+                            await attempt.run_in_transaction(ran.append, connection=given,
+                                                             complete=True)
+                        except TypeError as exc:
+                            errors[name] = exc
+                        try:
+                            with attempt.transaction(connection=given, complete=True):
+                                ran.append(name)
+                        except TypeError as exc:
+                            errors[name + "-sync"] = exc
+            finally:
+                await aconn.close()
+                await engine.dispose()
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            asyncio.run(main())
+        errors["warnings"] = [str(w.message) for w in caught]
+
+    try:
+        no_engine: Any = None
+        intake, _ = _intake(Env(store, no_engine, str, None), intakes, handle_attempt)
+        intake.accept(body(70))
+        assert intake.idle(20)
+    finally:
+        for made in intakes:
+            made.close()
+        store.close()
+    assert ran == []
+    assert all(isinstance(errors[k], UsageError) for k in
+               ("psycopg", "psycopg-sync", "session", "session-sync", "core", "core-sync"))
+    assert "psycopg.connect" in str(errors["psycopg"]) and "AsyncConnection" in str(
+        errors["psycopg"])
+    assert "run_sync" in str(errors["session"]) and "AsyncSession" in str(errors["session"])
+    assert "run_sync" in str(errors["core-sync"])
+    assert not any("never awaited" in w for w in errors["warnings"]), errors["warnings"]
+
+
+def test_the_readme_asyncsession_recipe_completes_in_one_commit(
+    pg_dsn: str, pg_tables: List[str], intakes: List[UpdateIntake]
+) -> None:
+    """The README's recipe for an ``AsyncSession``: ``await session.run_sync(write)`` with
+    ``attempt.transaction(connection=sync_session, complete=True)`` inside ``write``: the
+    ORM write and the completion commit together; a crashed attempt's flushed write is
+    rolled back with the completion made at its start."""
+    import asyncio
+
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    table, bookings = "t_" + uuid.uuid4().hex[:16], "b_" + uuid.uuid4().hex[:12]
+    pg_tables += [table, bookings]
+    Booking = _model(bookings)
+    store = PostgresUpdateStore(pg_dsn, table)
+    url = pg_dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+    sync_engine = sa.create_engine(url)
+    Booking.metadata.create_all(sync_engine)
+    seen: Dict[int, Any] = {}
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        async def book() -> None:  # as a PTB handler would, on the event loop
+            async_engine = create_async_engine(url)
+
+            def write(session: Session) -> None:  # the AsyncSession's sync Session
+                with attempt.transaction(connection=session, complete=True):
+                    session.add(Booking(update_id=update["update_id"],
+                                        attempt=attempt.attempt))
+                    if attempt.attempt == 1:
+                        session.flush()
+                        raise RuntimeError("crash after the flushed write")
+
+            try:
+                async with AsyncSession(async_engine) as session:
+                    await session.run_sync(write)
+            finally:
+                await async_engine.dispose()
+                seen[attempt.attempt] = attempt.completed
+
+        asyncio.run(book())
+
+    try:
+        intake, clock = _intake(Env(store, sync_engine, str, Booking), intakes, handle_attempt)
+        intake.accept(body(71))
+        _retry_now(intake, clock)
+        env = Env(store, sync_engine, str, Booking)
+        assert seen == {1: False, 2: True}
+        assert env.bookings() == [(71, 2)]
+        with psycopg.connect(pg_dsn) as check:
+            assert check.execute(f"SELECT state FROM {table}").fetchall() == [("completed",)]
+    finally:
+        for made in intakes:
+            made.close()
+        sync_engine.dispose()
+        store.close()

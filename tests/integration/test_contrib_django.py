@@ -215,3 +215,40 @@ def test_a_stale_attempts_django_write_is_rolled_back_with_ownership_lost(
     assert seen["other"] is not None and isinstance(seen.get("error"), OwnershipLost), seen
     assert all(uid != 64 for uid, _ in env.bookings())
     assert env.state(64) == "processing"
+
+
+def test_a_block_marked_for_rollback_never_reads_as_a_completion(
+    env: Env, intakes: List[UpdateIntake]
+) -> None:
+    """``transaction.set_rollback(True)`` inside the block: Django rolls the block back when
+    it ends, the completion made at its start with it. The block fails with an error naming
+    the cause; the attempt is not completed and not retried; nothing was written."""
+    from django.db import transaction
+
+    clock = FakeClock()
+    seen: Dict[str, Any] = {}
+    runs: List[int] = []
+
+    def handle(update: Dict[str, Any], attempt: Any, connection: Any) -> None:
+        runs.append(attempt.attempt)
+        try:
+            with attempt.transaction(connection=connection, complete=True):
+                env.Booking.objects.using(env.alias).create(update_id=update["update_id"],
+                                                            attempt=attempt.attempt)
+                transaction.set_rollback(True, using=env.alias)
+        except TransactionEnded as exc:
+            seen["error"] = exc
+            raise
+        finally:
+            seen["completed"] = attempt.completed
+
+    _run(env, intakes, handle, 65, clock)
+    clock.advance(3600)
+    intakes[-1].sweep()
+    assert intakes[-1].idle(20)
+    error = seen.get("error")
+    assert isinstance(error, TransactionEnded), seen
+    assert "set_rollback(True)" in str(error) and "nothing of it was written" in str(error)
+    assert seen["completed"] is False and runs == [1]
+    assert env.state(65) == "abandoned"
+    assert all(uid != 65 for uid, _ in env.bookings())

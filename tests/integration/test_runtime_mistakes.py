@@ -30,7 +30,9 @@ from ptb_fence import (
     SQLiteUpdateStore,
     TransactionEnded,
     UpdateIntake,
+    UsageError,
 )
+from ptb_fence.testing import FakeBotApi
 from runtime_support import (
     FakeClock,
     Recorder,
@@ -186,11 +188,13 @@ def test_run_in_transaction_with_an_async_fn_raises_and_settles_nothing(
     assert not any("never awaited" in w for w in seen["warnings"])
     assert seen["completed"] is False and seen["lost"] is False
     assert backend.notes() == []  # rolled back
-    assert backend.state(7) == "failed"  # not completed: retried per policy
-    assert [type(f[0]) for f in failures.snapshot()] == [TypeError]
+    # a misuse of ptb_fence: failed for good at once, never retried
+    assert backend.state(7) == "abandoned"
+    assert [type(f[0]) for f in failures.snapshot()] == [UsageError]
+    assert all(f[2] is False for f in failures.snapshot())  # not retrying
     _retry_now(intake, clock)
-    assert backend.state(7) == "completed"
-    assert backend.notes() == [(7, 2)]
+    assert backend.state(7) == "abandoned"
+    assert backend.notes() == []
 
 
 # -- fn ends the transaction itself --------------------------------------------------------------
@@ -198,46 +202,119 @@ def _end_transaction(conn: Any, how: str) -> None:
     getattr(conn, how)()
 
 
-@pytest.mark.parametrize("how", ["commit", "rollback"])
+@pytest.mark.parametrize("how", ["commit", "rollback", "sql"])
 @pytest.mark.parametrize("complete", [True, False])
-def test_fn_ending_the_fenced_transaction_itself_is_loud(
+def test_fn_ending_the_fenced_transaction_itself_is_refused_before_anything_commits(
     backend: Backend, intakes: List[UpdateIntake], how: str, complete: bool, caplog: Any
 ) -> None:
+    """``conn.commit()``, ``conn.rollback()`` or a ``COMMIT`` statement on the connection the
+    block got: refused before it reaches the database, so neither the write nor the outbox
+    reply made before it lands; the attempt fails for good at once (logged once), so no
+    retry repeats the mistake."""
     clock = FakeClock()
-    seen: Dict[int, Any] = {}
+    seen: Dict[str, Any] = {}
+    runs: List[int] = []
 
     def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
         uid = update["update_id"]
-        if attempt.attempt == 1:
+        runs.append(attempt.attempt)
 
-            def write(conn: Any) -> None:
-                backend.insert(conn, uid, 1)
+        def write(conn: Any) -> None:
+            backend.insert(conn, uid, attempt.attempt)
+            attempt.outbox.send_message(5, "booked")
+            if how == "sql":
+                conn.execute("COMMIT")  # sqlite3's shortcut (psycopg2's have no execute())
+            else:
                 _end_transaction(conn, how)
 
-            try:
-                asyncio.run(attempt.run_in_transaction(write, complete=complete))
-            except TransactionEnded as exc:
-                seen["error"] = exc
-            seen["completed"] = attempt.completed
+        try:
+            asyncio.run(attempt.run_in_transaction(write, complete=complete))
+        except TransactionEnded as exc:
+            seen["error"] = exc
             seen["state_inside"] = backend.state(uid)
-            raise seen.get("error") or AssertionError("no TransactionEnded")
-        with attempt.transaction(complete=True) as conn:
-            backend.insert(conn, uid, attempt.attempt)
+            raise
+        finally:
+            seen["completed"] = attempt.completed
 
-    intake = _make(backend.store, intakes, clock, handle_attempt=handle_attempt)
-    intake.accept(body(8))
-    assert intake.idle(10)
+    if how == "sql" and backend.kind != "sqlite":
+        pytest.skip("psycopg2 connections have no execute(): a cursor's COMMIT is below")
+    failures = Recorder()
+    with FakeBotApi() as fake, caplog.at_level(logging.WARNING, logger="ptb_fence"):
+        intake = _make(backend.store, intakes, clock, handle_attempt=handle_attempt,
+                       on_failure=failures, bot_token=fake.token, bot_base_url=fake.base_url)
+        intake.accept(body(8))
+        assert intake.idle(10)
+        assert fake.sent_messages == []
     error = seen["error"]
     assert isinstance(error, TransactionEnded) and isinstance(error, RuntimeError)
     assert error.identity.update_id == 8
-    assert "escaped the fence" in str(error) and "do not commit or roll back" in str(error)
+    assert "refused" in str(error) and "nothing was committed" in str(error)
     assert seen["completed"] is False
     assert seen["state_inside"] == "processing"
-    assert backend.state(8) == "failed"
-    # the user's own commit landed (the mistake), the rollback did not
-    assert backend.notes() == ([(8, 1)] if how == "commit" else [])
+    assert backend.notes() == []  # refused before anything committed
+    assert backend.store.list_calls(limit=10) == []  # the reply never committed
+    assert backend.state(8) == "abandoned"  # not retried
+    assert [type(f[0]) for f in failures.snapshot()] == [TransactionEnded]
+    logged = [r.getMessage() for r in caplog.records if "update 8 attempt 1 failed" in
+              r.getMessage()]
+    assert len(logged) == 1 and "not retried" in logged[0] and "refused" in logged[0]
     _retry_now(intake, clock)
-    assert backend.state(8) == "completed"
+    assert runs == [1] and backend.state(8) == "abandoned"
+
+
+def test_a_caught_refusal_still_fails_the_block(
+    backend: Backend, intakes: List[UpdateIntake]
+) -> None:
+    """A refused ``commit()`` swallowed by the block: the block still fails (its author
+    thought something committed), rolled back, the attempt not completed."""
+    seen: Dict[str, Any] = {}
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        try:
+            with attempt.transaction(complete=True) as conn:
+                backend.insert(conn, update["update_id"], attempt.attempt)
+                try:
+                    conn.commit()
+                except TransactionEnded:
+                    seen["caught"] = True
+        except TransactionEnded as exc:
+            seen["error"] = exc
+        seen["completed"] = attempt.completed
+
+    intake = _make(backend.store, intakes, FakeClock(), handle_attempt=handle_attempt)
+    intake.accept(body(14))
+    assert intake.idle(10)
+    assert seen["caught"] is True and isinstance(seen.get("error"), TransactionEnded)
+    assert seen["completed"] is False
+    assert backend.notes() == []
+    assert backend.state(14) == "completed"  # the handler returned normally afterwards
+
+
+def test_a_commit_through_a_cursor_is_seen_at_the_end_and_not_retried(
+    backend: Backend, intakes: List[UpdateIntake]
+) -> None:
+    """A ``COMMIT`` through a cursor of the connection (which no guard sees) is found when
+    the block ends: ``TransactionEnded``, and the attempt is not retried, so the escaped
+    write lands once, not once per attempt."""
+    clock = FakeClock()
+    runs: List[int] = []
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        runs.append(attempt.attempt)
+        with attempt.transaction(complete=True) as conn:
+            backend.insert(conn, update["update_id"], attempt.attempt)
+            cur = conn.cursor()
+            cur.execute("COMMIT")
+            cur.close()
+
+    intake = _make(backend.store, intakes, clock, handle_attempt=handle_attempt)
+    intake.accept(body(15))
+    assert intake.idle(10)
+    _retry_now(intake, clock)
+    _retry_now(intake, clock)
+    assert runs == [1]
+    assert backend.notes() == [(15, 1)]  # escaped once (the handler's mistake)
+    assert backend.state(15) == "abandoned"
 
 
 def test_a_given_postgres_connection_closed_inside_the_block_is_loud(
@@ -263,7 +340,7 @@ def test_a_given_postgres_connection_closed_inside_the_block_is_loud(
         intake.accept(body(9))
         assert intake.idle(10)
         assert isinstance(seen.get("error"), TransactionEnded), seen
-        assert "closed" in str(seen["error"])
+        assert "refused close()" in str(seen["error"])  # before the connection closed
         assert seen["completed"] is False
         assert backend.state(9) == "failed"
         assert backend.notes() == []
@@ -440,7 +517,7 @@ def test_ptb_handler_passing_an_async_fn_gets_a_type_error_and_the_update_is_not
         app.add_handler(MessageHandler(filters.TEXT, on_message))
         update_id = fake.inject_message(chat_id=1, text="x")
         async with polling(app):
-            await wait_for("settled", lambda: rows(path).get(update_id, ("",))[0] == "completed")
+            await wait_for("settled", lambda: rows(path).get(update_id, ("",))[0] == "abandoned")
         return update_id
 
     try:
@@ -449,9 +526,9 @@ def test_ptb_handler_passing_an_async_fn_gets_a_type_error_and_the_update_is_not
     finally:
         store.close()
     assert len(seen) == 1 and "pass a plain function" in str(seen[0])
-    assert [type(f[0]) for f in failures.snapshot()] == [TypeError]
-    assert rows(path)[update_id][1] == 2  # attempt 1 failed, attempt 2 completed
-    assert [r[:2] for r in domain_rows(path)] == [(update_id, 2)]
+    assert [type(f[0]) for f in failures.snapshot()] == [UsageError]
+    assert rows(path)[update_id][1] == 1  # a misuse: failed for good, never retried
+    assert domain_rows(path) == []
 
 
 def test_ptb_second_complete_is_attempt_finished_not_a_takeover(tmp_path: Any, caplog: Any) -> None:
@@ -532,10 +609,10 @@ def test_a_given_sqlite_connection_committed_inside_the_block_is_loud(
         intake.accept(body(13))
         assert intake.idle(10)
         assert isinstance(seen.get("error"), TransactionEnded), seen
-        assert "committed or rolled back" in str(seen["error"])
+        assert "refused commit()" in str(seen["error"])
         assert seen["completed"] is False
-        assert backend.state(13) == "failed"
-        assert backend.notes() == [(13, 1)]  # the escaped write (the handler's mistake)
+        assert backend.state(13) == "failed"  # the handler's own error: retried
+        assert backend.notes() == []  # refused before it committed
     finally:
         intakes.remove(intake)
         intake.close()
