@@ -24,7 +24,7 @@ overlap)
 and completes without a transaction (the grouped completion carries the state); ``/count txn``
 does the same in ``transaction(complete=True)`` with a domain row. ``/set`` sets
 ``user_data["x"] = 1`` and completes. ``/inc`` adds one to ``bot_data["n"]`` (after
-``--inc-sleep`` seconds); ``/tags`` sets ``bot_data["tags"]`` to a set of 64 strings; ``/look``
+``--inc-sleep`` seconds; ``/inc slow``: after 0.3 s); ``/tags`` sets ``bot_data["tags"]`` to a set of 64 strings; ``/look``
 only reads ``bot_data`` (a ``seen`` file per attempt). With ``--callback-data`` (``arbitrary_callback_data``)
 ``/menu`` sends a keyboard whose button holds ``("choice", frozenset({update_id}))`` (not
 JSON) with ``context.bot`` (``/menu outbox``: queued through ``attempt.outbox``), and a press
@@ -166,8 +166,9 @@ async def main(args: argparse.Namespace) -> Any:
     async def inc(update: Update, context: Any) -> None:
         seen(update, context, None)
         before = context.bot_data.get("n", 0)
-        if args.inc_sleep:
-            await asyncio.sleep(args.inc_sleep)
+        pause = 0.3 if context.args == ["slow"] else args.inc_sleep
+        if pause:
+            await asyncio.sleep(pause)
         context.bot_data["n"] = before + 1
 
     async def tags(update: Update, context: Any) -> None:

@@ -353,6 +353,23 @@ def test_forty_concurrent_increments_of_bot_data_all_land(
     assert conflicts_logged(bots) == len(runs) - 40 >= 1  # they did overlap
 
 
+def test_a_slow_handler_contending_with_fast_ones_is_not_starved(bots: Bots, bed: Bed) -> None:
+    """One slow update (0.3 s) and 40 fast ones (0.02 s) all add one to ``bot_data["n"]`` at
+    once: the slow one loses every race against a fast one, yet the updates that conflicted
+    run one at a time in the order they conflicted, so it lands, its attempt never spent."""
+    with FakeBotApi() as fake:
+        bot = bots.spawn(fake, bed.url, bed.table, bed.domain, "--inc-sleep", "0.02",
+                         "--max-concurrent", "41")
+        bots.wait_ready(bot)
+        slow = fake.inject_message(chat_id=999, text="/inc slow")
+        ids = [slow] + [fake.inject_message(chat_id=1000 + i, text="/inc") for i in range(40)]
+        states = settled(bots, bed, ids)
+        stop(bots, bot)
+    assert states == dict.fromkeys(ids, "completed")
+    assert bed.state(BOT_DATA) == {BOT_DATA: {"n": 41}}
+    assert {run[0] for run in seen(bots, slow)} == {1}
+
+
 @pytest.mark.parametrize("bed", ["postgres"], indirect=True)
 def test_one_user_written_from_two_chats_by_two_processes_loses_no_change(
     bots: Bots, bed: Bed
