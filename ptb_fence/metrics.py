@@ -44,7 +44,8 @@ is what the sweep last read. ``prometheus_client`` is imported by :func:`registe
    * - ``ptb_fence_attempts_ended_total``
      - counter
      - ``outcome``
-     - Ended attempts: completed, failed, timed_out, exhausted, abandoned, lost, released
+     - Ended attempts: completed, failed, timed_out, exhausted, abandoned, lost, released,
+       conflicted
    * - ``ptb_fence_attempts_running``
      - gauge
      - 
