@@ -16,9 +16,11 @@ starts it. Its loop runs on a thread of its own:
   twice as many as it has senders (``outbox_concurrency``) claimed and not ended, and while
   every sender is busy only a whole round of them at once: a claimed call waits at most one
   round of sends for a sender, well inside its lease;
-- it is woken in-process right after a commit that carried calls, and otherwise looks every
-  ``sweep_every_seconds`` (calls of a process that died before sending them, leases that
-  lapsed) and when a retry it scheduled falls due;
+- it is woken in-process right after a commit that carried calls and right after the calls
+  of a provably dead process were taken over (its token names the store instance it holds
+  liveness under: the takeover of that instance's updates takes its calls too), and
+  otherwise looks every ``sweep_every_seconds`` (leases that lapsed) and when a retry it
+  scheduled falls due;
 - results are recorded ``sent`` in groups: at most one ``record_sent`` commit per
   :data:`RECORD_WINDOW` seconds, none waiting longer than that (a result after a quiet
   spell is recorded at once; at once too when a later call of the chat waits or a stop
@@ -55,6 +57,7 @@ from ptb_fence.runtime._outcome import error_text
 from ptb_fence.runtime._port import StorePort
 from ptb_fence.runtime._send_outcome import decide, retry_after_seconds
 from ptb_fence.runtime._stats import RuntimeStats
+from ptb_fence.stores._outbox_sql import sender_token
 
 if TYPE_CHECKING:
     import asyncio  # imported where used: import ptb_fence stays light
@@ -276,7 +279,14 @@ class OutboxDispatcher:
             return
         self._send = send
         self._loop = loop
-        self._sender = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        # the store instance this process holds liveness under, in the token: when the
+        # process dies, the takeover of its updates makes its calls claimable too
+        instance = getattr(self._port.store, "instance", None) if self._port.has_liveness \
+            else None
+        self._sender = sender_token(
+            f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}",
+            instance if isinstance(instance, str) else None,
+        )
         self._stopping = False
         self._woken = True  # a first claim at once: calls left by a previous run
         self._reserved, self._claims_open, self._ended = 0, 0, []

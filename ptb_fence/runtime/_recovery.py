@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._outcome import ids
@@ -82,9 +82,11 @@ class Recovery:
         keeper: The lease keeper; an attempt given back is no longer renewed.
         report: How a store error is reported (the runtime's ``report_store_error``).
         stats: Where released attempts and store call durations are counted.
+        taken_over: Called after dead processes' claims were made claimable (the outbox
+            dispatcher's ``wake``: their calls are sent at once); :obj:`None`: nothing.
     """
 
-    __slots__ = ("_keeper", "_options", "_port", "_report", "_stats")
+    __slots__ = ("_keeper", "_options", "_port", "_report", "_stats", "_taken_over")
 
     def __init__(
         self,
@@ -93,12 +95,14 @@ class Recovery:
         keeper: "LeaseKeeper",
         report: "ReportStoreError",
         stats: "RuntimeStats",
+        taken_over: "Optional[Callable[[], object]]" = None,
     ) -> None:
         self._port = port
         self._options = options
         self._keeper = keeper
         self._report = report
         self._stats = stats
+        self._taken_over = taken_over
 
     def release(self, attempts: Sequence[Attempt]) -> int:
         """Give ``attempts`` back to the store at once, in one ``release_many`` call.
@@ -262,7 +266,9 @@ class Recovery:
             self._report(exc, "sweep")
             return 0
         if count:
-            _LOGGER.info("took over %d update(s) of dead process(es)", count)
+            _LOGGER.info("took over %d update(s) and outbox call(s) of dead process(es)", count)
+            if self._taken_over is not None:
+                self._taken_over()
         return count
 
 

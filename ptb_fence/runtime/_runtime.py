@@ -231,7 +231,8 @@ class Runtime:
         self._redeliveries = itertools.count()
         self._hooks = hooks
         self.recovery = Recovery(
-            self.port, options, self.keeper, self.report_store_error, self.stats
+            self.port, options, self.keeper, self.report_store_error, self.stats,
+            taken_over=self._wake_senders,
         )
         self.chat_order = StoreChatOrder(self.port, options, self.report_store_error)
         # version conflicts: given back unspent, handed back one at a time per key
@@ -251,6 +252,11 @@ class Runtime:
             options,
             self.recovery.take_over_dead if self.port.has_liveness else None,
         )
+
+    def _wake_senders(self) -> None:
+        """Dead processes were taken over: the outbox claims their calls now."""
+        if self.outbox is not None:
+            self.outbox.wake()
 
     @property
     def executor(self) -> Optional[StoreHop]:

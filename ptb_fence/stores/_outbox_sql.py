@@ -9,7 +9,9 @@ Each rule is one conditional statement; its ``WHERE`` clause is the rule:
 * in turn in its chat: no other call of the chat ``pending`` or ``sending`` with a smaller
   ``call_id``, and none ``sending`` under a live lease; a call without a chat key always is.
   It reads the partial index ``(chat_key, call_id) WHERE state IN ('pending', 'sending')``;
-* a sender's writes (sent, retry, fail, release) need ``state = 'sending'`` and its token.
+* a sender's writes (sent, retry, fail, release) need ``state = 'sending'`` and its token;
+* a sender whose process is provably dead (its store instance, the suffix ``@<instance>`` of
+  its token, taken over by ``take_over_dead``) leaves its calls claimable at once.
 
 The claim is one statement: SQLite runs it under the write lock (``BEGIN IMMEDIATE``);
 PostgreSQL picks the rows ``FOR UPDATE SKIP LOCKED`` in a ``WITH`` and updates them in the
@@ -42,6 +44,8 @@ __all__ = [
     "effects_params",
     "entry_of",
     "outbox_table_name",
+    "sender_pattern",
+    "sender_token",
 ]
 
 COLUMNS = (
@@ -109,6 +113,7 @@ class OutboxStatements:
         "release",
         "retry",
         "retry_failed",
+        "take_over",
     )
 
     def __init__(self, table: str, *, postgres: bool) -> None:
@@ -237,6 +242,18 @@ WHERE call_id = :call_id AND state = 'failed' RETURNING call_id""",
             "drop": f"""
 DELETE FROM {o} WHERE call_id = :call_id AND state IN ('pending', 'failed')
 RETURNING call_id""",
+            # the calls a provably dead instance's sender holds: their lease lapses now, as
+            # its updates' do (the sender token ends with "@<instance>"); PostgreSQL skips a
+            # row another session still locks (the next takeover check of the instance, or
+            # its lease, takes it)
+            "take_over": f"""
+UPDATE {o} SET due_at = :now - 1
+WHERE call_id IN (
+    SELECT call_id FROM {o}
+    WHERE state = 'sending' AND due_at >= :now - 1 AND sender LIKE :pattern ESCAPE '!'
+    {'FOR UPDATE SKIP LOCKED' if postgres else ''}
+)
+RETURNING call_id""",
             # the history of the pruned window: sent calls, and failures acknowledged (an
             # acknowledgement sets due_at to its time)
             "prune": f"""
@@ -267,10 +284,25 @@ WHERE (state = 'sent' AND sent_at < :before)
         self.retry_failed: str = st["retry_failed"]
         self.drop: str = st["drop"]
         self.prune: str = st["prune"]
+        self.take_over: str = st["take_over"]
         self.exists: str = (
             "SELECT to_regclass(%(outbox)s) IS NOT NULL" if postgres
             else "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :outbox"
         )
+
+
+def sender_pattern(instance: str) -> str:
+    """The ``LIKE`` pattern (escape ``!``) of every sender token of store instance
+    ``instance`` (see :func:`sender_token`)."""
+    escaped = instance.replace("!", "!!").replace("%", "!%").replace("_", "!_")
+    return "%@" + escaped
+
+
+def sender_token(base: str, instance: Optional[str]) -> str:
+    """A sender token: ``base`` (``host:pid:random``), with ``@<instance>`` when the
+    sender's process holds a store liveness instance (its calls are then taken over with
+    its updates when the process dies)."""
+    return base if not instance else f"{base}@{instance}"
 
 
 def call_params(

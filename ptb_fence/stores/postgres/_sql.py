@@ -835,7 +835,7 @@ gone AS (
           WHERE r.state = 'processing' AND r.instance = d.instance
             AND r.update_id NOT IN (SELECT update_id FROM free))
 )
-SELECT count(*) FROM taken"""
+SELECT (SELECT count(*) FROM taken), ARRAY(SELECT instance FROM dead)"""
         # The same on a table with isolated_claim: a claim marked isolated (its handler ran
         # alone in the dead process, so the crash is its own) keeps its attempt and claim id
         # and its lease lapses now; every other claim is given back as release_many gives it

@@ -50,7 +50,7 @@ from ptb_fence._values import (
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._figures_sql import figures_of
 from ptb_fence.stores._names import validate_table_name, validate_update_id
-from ptb_fence.stores._outbox_sql import counts_of, effects_params, entry_of
+from ptb_fence.stores._outbox_sql import counts_of, effects_params, entry_of, sender_pattern
 from ptb_fence.stores._state_sql import check_kind, check_writes, entries_of
 from ptb_fence.stores._suspects import SuspectClaims
 from ptb_fence.stores.postgres._connections import close_quietly, open_source
@@ -1229,7 +1229,10 @@ class PostgresUpdateStore:
 
         def work(cur: Any) -> int:
             cur.execute(sql, params)
-            return int(cur.fetchone()[0])
+            count, dead = cur.fetchone()
+            # the dead instances' advisory locks are this transaction's until its commit
+            return int(count) + sum(self._take_over_calls(cur, instance, now)
+                                    for instance in dead or ())
 
         try:
             return self._db.run(work)  # the refresh first: holding again may take a while
@@ -1238,6 +1241,16 @@ class PostgresUpdateStore:
                 self._keep_liveness()
             except Exception:  # the database is unreachable: the next call tries again
                 pass
+
+    def _take_over_calls(self, cur: Any, instance: str, now: int) -> int:
+        """In :meth:`take_over_dead`'s transaction: the calls the dead ``instance``'s
+        sender holds become claimable at ``now``; how many."""
+        outbox = self._db.sql.outbox
+        cur.execute(outbox.exists, {"outbox": f'"{outbox.name}"'})
+        if not cur.fetchone()[0]:  # a table managed with create_table=False: no outbox
+            return 0
+        cur.execute(outbox.take_over, {"now": now, "pattern": sender_pattern(instance)})
+        return len(cur.fetchall())
 
     def _beats(self) -> bool:
         """Whether ``ptb_fence_instances`` has ``seen_at`` (read once). Without it (a schema

@@ -48,7 +48,7 @@ from ptb_fence._values import (
 )
 from ptb_fence.stores._figures_sql import figures_of
 from ptb_fence.stores._names import validate_table_name, validate_update_id
-from ptb_fence.stores._outbox_sql import counts_of, effects_params, entry_of
+from ptb_fence.stores._outbox_sql import counts_of, effects_params, entry_of, sender_pattern
 from ptb_fence.stores._state_sql import check_kind, check_writes, entries_of
 from ptb_fence.stores._suspects import SuspectClaims
 from ptb_fence.stores.sqlite._connections import SQLiteConnections
@@ -1060,6 +1060,7 @@ class SQLiteUpdateStore:
                         "table": self._table, "instance": instance, "now": now,
                     }
                     count += len(conn.execute(self._sql.take_over, params).fetchall())
+                    count += self._take_over_calls(conn, instance, now)
                     conn.execute(self._sql.delete_instance, params)
             for _instance, lock_path, _fd in locked:  # forgotten: its file goes too
                 unlink(lock_path)
@@ -1320,3 +1321,12 @@ class SQLiteUpdateStore:
     def drop_call(self, call_id: int) -> bool:
         """Operators: delete a pending or failed call."""
         return self._sender_write(self._sql.outbox.drop, {"call_id": call_id})
+
+    def _take_over_calls(self, conn: sqlite3.Connection, instance: str, now: int) -> int:
+        """In :meth:`take_over_dead`'s transaction: the calls the dead ``instance``'s
+        sender holds become claimable at ``now``; how many."""
+        outbox = self._sql.outbox
+        if conn.execute(outbox.exists, {"outbox": outbox.name}).fetchone() is None:
+            return 0
+        params = {"now": now, "pattern": sender_pattern(instance)}
+        return len(conn.execute(outbox.take_over, params).fetchall())
