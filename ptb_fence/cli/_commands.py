@@ -1029,13 +1029,14 @@ def _cmd_persistence(ctx: _Context) -> int:
     try:
         if args.action == "import":
             counts = _persistence.import_pickle(store, args.file, at=_now_ms(),
-                                                multi_file=args.multi_file, replace=args.replace)
+                                                multi_file=args.multi_file, replace=args.replace,
+                                                progress=_progress)
             _out(f"imported {sum(counts.values())} state row(s) from {args.file!r} into table "
                  f"{ctx.table!r}: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
                                        or "nothing to import"))
             return 0
         if args.action == "export":
-            counts = _persistence.export_pickle(store, args.file)
+            counts = _persistence.export_pickle(store, args.file, progress=_progress)
             _out(f"exported {sum(counts.values())} state row(s) of table {ctx.table!r} to "
                  f"{args.file!r}: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
                                       or "no state"))

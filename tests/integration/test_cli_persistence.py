@@ -82,19 +82,41 @@ def test_import_of_a_real_pickle_file_then_show_and_export(
     finally:
         store.close()
 
-    # again: refused (nothing changed), then replaced at the current versions
+    # again (an import that stopped, run once more): the rows holding the file's state stay
     code, out, err = run(capsys, "persistence", "import", str(pickle_file), *common)
-    assert code == 2 and "--replace" in err and out == ""
-    code, out, err = run(capsys, "persistence", "import", str(pickle_file), "--replace", *common)
+    assert code == 0 and "imported 5 state row(s)" in out, err
+    store = open_store()
+    try:
+        assert all(e.version == 1 for e in store.read_state(list(got)).values())
+    finally:
+        store.close()
+
+    # a file whose state differs: refused (nothing changed), then replaced at the current
+    # versions (only the rows that differ)
+    changed = tmp_path / "changed.pickle"
+    ptb_pickle(changed)
+
+    async def change() -> None:
+        persistence = PicklePersistence(filepath=changed)
+        await persistence.get_conversations("booking")  # loads the file's data
+        await persistence.update_conversation("booking", (5, 5), 3)
+        await persistence.flush()
+
+    asyncio.run(change())
+    code, out, err = run(capsys, "persistence", "import", str(changed), *common)
+    assert code == 2 and "--replace" in err and "conversation booking [5,5]" in err and out == ""
+    code, out, err = run(capsys, "persistence", "show", "--conversation", "booking", *common)
+    assert code == 0 and " 1 " in out
+    code, out, err = run(capsys, "persistence", "import", str(changed), "--replace", *common)
     assert code == 0, err
 
     code, out, err = run(capsys, "persistence", "show", "--user", "5", *common)
-    assert code == 0 and "user" in out and "'slot': '10:00'" in out and " 2 " in out
+    assert code == 0 and "user" in out and "'slot': '10:00'" in out and " 1 " in out
     code, out, err = run(capsys, "persistence", "show", "--conversation", "booking",
                          "--key", "[5, 5]", "--json", *common)
     assert code == 0, err
     assert json.loads(out) == [{"kind": "conversation", "name": "booking", "key": "[5,5]",
-                                "version": 2, "deleted": False, "value": "2"}]
+                                "version": 2, "deleted": False, "value": "3"}]
     code, out, err = run(capsys, "persistence", "show", "--chat", "42", *common)
     assert code == 0 and "no state stored" in out
 
@@ -110,7 +132,7 @@ def test_import_of_a_real_pickle_file_then_show_and_export(
     users, chats, bot, conversations = asyncio.run(read_back())
     assert users == {5: {"slot": "10:00", "n": 3}, 6: {"tags": {"a", "b"}}}
     assert chats == {-100: {"title": "Zoë's"}} and bot == {"bookings": 2}
-    assert conversations == {(5, 5): 2}
+    assert conversations == {(5, 5): 3}
 
 
 def test_import_refuses_a_missing_or_foreign_file(
