@@ -104,6 +104,11 @@ class GivenConnection:
         """The connection or cursor the caller passed (what the block receives)."""
         return self._connection
 
+    @property
+    def refused(self) -> None:
+        """Nothing here refuses (the block receives this connection guarded instead)."""
+        return None
+
     def ended(self) -> Optional[str]:
         """:func:`transaction_ended` of the connection."""
         return transaction_ended(self._target)

@@ -88,6 +88,11 @@ class DjangoTransaction:
         self._raw = self._given.connection
         return self._raw
 
+    @property
+    def refused(self) -> None:
+        """Nothing to record: Django itself refuses a commit inside ``atomic()``."""
+        return None
+
     def prepare(self) -> None:
         """Before the ownership check: open the DB-API transaction of a connection in
         autocommit mode, which the check's own statement would not."""

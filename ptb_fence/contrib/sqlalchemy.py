@@ -57,10 +57,9 @@ _LISTENED: "list[bool]" = []
 def _refuse_session_commit(session: Any) -> None:
     """SQLAlchemy's ``before_commit`` of every Session: refuse a commit of a Session whose
     fenced block is running (a savepoint's release is no commit of it)."""
-    identity = session.info.get(_BLOCK)
-    if identity is not None and session.get_nested_transaction() is None:
-        raise TransactionEnded(identity, "refused", _REFUSED.format(what="session.commit()",
-                                                                    kind="Session"))
+    block = session.info.get(_BLOCK)
+    if block is not None and session.get_nested_transaction() is None:
+        block.refuse("session.commit()")
 
 
 def _listen_to_sessions() -> None:
@@ -121,12 +120,13 @@ class SQLAlchemyTransaction:
     """
 
     __slots__ = ("_given", "_session", "_connection", "_transaction", "_raw", "_dbapi",
-                 "_identity", "_listener")
+                 "_identity", "_listener", "_refused")
 
     def __init__(self, given: Any, identity: "Optional[AttemptIdentity]" = None) -> None:
         self._given = given
         self._identity = identity
         self._listener: Any = None
+        self._refused: Optional[TransactionEnded] = None
         target = _session_or_connection(given)
         self._session: Any = target if isinstance(target, _orm().Session) else None
         self._connection: Any = None if self._session is not None else target
@@ -155,7 +155,7 @@ class SQLAlchemyTransaction:
             self._transaction = session.get_transaction()
             if self._identity is not None:
                 _listen_to_sessions()
-                session.info[_BLOCK] = self._identity
+                session.info[_BLOCK] = self
         else:
             connection = self._connection
             if connection.in_transaction():
@@ -164,19 +164,33 @@ class SQLAlchemyTransaction:
             self._transaction = connection.begin()
             self._raw = connection.connection.dbapi_connection
             if self._identity is not None:
-                self._guard_connection(connection, self._identity)
+                self._guard_connection(connection)
         # on an engine in AUTOCOMMIT mode SQLAlchemy's commit is the driver's, which ends
         # nothing there (psycopg2): the transaction opened for the block is ended explicitly
         self._dbapi = GivenConnection(self._raw)
         return self._raw
 
-    def _guard_connection(self, connection: Any, identity: "AttemptIdentity") -> None:
+    @property
+    def refused(self) -> Optional[TransactionEnded]:
+        """The refusal of a commit the block tried (raised in the block), or :obj:`None`."""
+        return self._refused
+
+    def refuse(self, what: str) -> None:
+        """Raise (and keep) the refusal of ``what`` tried in the block."""
+        assert self._identity is not None
+        kind = "Session" if self._session is not None else "Connection"
+        error = TransactionEnded(self._identity, "refused",
+                                 _REFUSED.format(what=what, kind=kind))
+        if self._refused is None:
+            self._refused = error
+        raise error
+
+    def _guard_connection(self, connection: Any) -> None:
         """Refuse ``connection.commit()`` in the block: a listener on this Connection only
         (about 18 us to add and remove), removed before the block's own commit."""
 
         def refuse(conn: Any) -> None:
-            raise TransactionEnded(identity, "refused", _REFUSED.format(
-                what="connection.commit()", kind="Connection"))
+            self.refuse("connection.commit()")
 
         importlib.import_module("sqlalchemy.event").listen(connection, "commit", refuse)
         self._listener = refuse

@@ -644,28 +644,41 @@ class Attempt:
                 # what a store's own transaction() yields may still be outside one (a store
                 # that begins lazily): only a transaction open here can have been ended
                 open_here = (transaction_ended(conn) if given is None else given.ended()) is None
-                opened = OpenTransaction(self, conn)
+                opened = OpenTransaction(self, conn, open_here)
                 # a DB-API connection reaches the block guarded: its commit() and rollback()
                 # are refused before they reach the database (an ORM's hooks do the same)
                 yielded = conn if given is None else given.yielded
-                guard = None
+                guard: Optional[BlockConnection] = None
                 if yielded is not None and (given is None or isinstance(given, GivenConnection)):
                     yielded = guard = BlockConnection(yielded, identity)
+                refusals = guard if guard is not None else given
                 token = _OPEN.set(opened)
                 try:
                     yield yielded
+                except BaseException:
+                    # the block may have ended the transaction by a way no guard saw before
+                    # it raised (a refused commit ended nothing)
+                    if open_here and (refusals is None or refusals.refused is None):
+                        self._undo_escape(
+                            opened, first, checked_at,
+                            given.store_connection() if given else conn,
+                            transaction_ended(conn) if given is None else given.ended(),
+                        )
+                    raise
                 finally:  # before the commit: then the pool may lend it to other calls
                     _OPEN.reset(token)
                     if own:
                         with self._lock:
                             self._connections.remove(conn)
-                if guard is not None and guard.refused is not None:
-                    raise guard.refused  # caught in the block: it still fails
+                if refusals is not None and refusals.refused is not None:
+                    raise refusals.refused  # caught in the block: it still fails
                 ended = transaction_ended(conn) if given is None else given.ended()
                 if ended is not None and (open_here or ended != COMMITTED_OR_ROLLED_BACK):
                     if first and ended == COMMITTED_OR_ROLLED_BACK:
                         # complete=True settled nothing
                         self._reopen(checked_at, given.store_connection() if given else conn)
+                    if opened.call_ids and not ended.startswith(ROLLBACK_MARK):
+                        self._drop_escaped(opened.call_ids)
                     if ended.startswith(ROLLBACK_MARK):
                         raise TransactionEnded(identity, ended, _MARKED.format(how=ended))
                     raise TransactionEnded(identity, ended)
@@ -748,6 +761,39 @@ class Attempt:
                 self.attempt,
                 exc_info=True,
             )
+
+    def _undo_escape(
+        self, opened: OpenTransaction, first: bool, checked_at: int, store_conn: Any,
+        ended: Optional[str],
+    ) -> None:
+        """The block raised after it had ended its transaction itself (``ended``), by a way
+        no guard saw: undo what escaped of the fence's own (the completion made at the start,
+        the outbox calls written), as when the block returns."""
+        if ended != COMMITTED_OR_ROLLED_BACK:
+            return
+        if first:
+            self._reopen(checked_at, store_conn)
+        if opened.call_ids:
+            self._drop_escaped(opened.call_ids)
+
+    def _drop_escaped(self, call_ids: "list[int]") -> None:
+        """The block ended its transaction itself after writing outbox calls: a commit
+        through a way no guard saw (a cursor's ``COMMIT``) may have committed them outside
+        the fence. Delete them before the dispatcher's next sweep finds them (the commit
+        that ended the block woke no sender)."""
+        port = self._runtime.port
+        for call_id in call_ids:
+            try:
+                port.drop_call(call_id)
+            except Exception:  # the TransactionEnded that follows is the error to report
+                _LOGGER.warning(
+                    "update %s attempt %s: outbox call %s escaped the fence with the block's "
+                    "own commit and could not be dropped",
+                    self.update_id,
+                    self.attempt,
+                    call_id,
+                    exc_info=True,
+                )
 
     def _complete_after_commit(self, checked_at: int) -> None:
         """Settle completed right after the caller's commit (a store without ``connection=``

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
-from ptb_fence._errors import UsageError
+from ptb_fence._errors import TransactionEnded, UsageError
 from ptb_fence.runtime._block_connection import BlockConnection
 from ptb_fence._dbapi import (
     COMMITTED_OR_ROLLED_BACK,
@@ -74,6 +74,11 @@ class CallerConnection(Protocol):
     @property
     def yielded(self) -> Any:
         """What the block receives (the object the caller passed)."""
+
+    @property
+    def refused(self) -> "Optional[TransactionEnded]":
+        """The refusal of a commit the block tried through the caller's object (raised in
+        the block, which fails with it), or :obj:`None`."""
 
     def __enter__(self) -> Any: ...
 

@@ -47,14 +47,20 @@ class OpenTransaction:
         connection: The connection the store's ``write_effects`` runs on (:obj:`None` for the
             memory store).
         wrote_calls (:obj:`bool`): A call was written in it (its commit wakes the sender).
+        call_ids (List[:obj:`int`]): The outbox ids of the calls written in it (dropped if
+            the block ended the transaction itself and they escaped with its commit).
+        checkable (:obj:`bool`): The connection's transaction was seen open at the start,
+            so one seen ended later was ended by the block.
     """
 
-    __slots__ = ("attempt", "connection", "wrote_calls")
+    __slots__ = ("attempt", "connection", "wrote_calls", "call_ids", "checkable")
 
-    def __init__(self, attempt: object, connection: Any) -> None:
+    def __init__(self, attempt: object, connection: Any, checkable: bool = False) -> None:
         self.attempt = attempt
         self.connection = connection
         self.wrote_calls = False
+        self.call_ids: List[int] = []
+        self.checkable = checkable
 
 
 class HeldEffects:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Mapping, Optional, Protocol, Tuple, Union
 
-from ptb_fence._errors import UsageError
+from ptb_fence._dbapi import transaction_ended
+from ptb_fence._errors import TransactionEnded, UsageError
 from ptb_fence._values import AttemptEffects, AttemptIdentity, OutboxCall, StateWrite
 from ptb_fence.runtime._bot_params import api_method, params_json, to_json_value
 from ptb_fence.runtime._chats import chat_key, stored_chat_key
@@ -19,6 +20,12 @@ __all__ = ["Outbox", "OutboxOwner", "QueuedCall"]
 QueuedCall = Union[int, HeldCall]
 """What :meth:`Outbox.call` returns: the outbox id of a call written inside a fenced
 transaction, or the :class:`~ptb_fence.HeldCall` of a call held for the completion."""
+
+_ENDED = (
+    "was {how} inside the block before this outbox call: the call was refused (a call "
+    "written now would not commit with the fenced transaction); do not commit or roll back "
+    "the connection inside the block"
+)
 
 _MESSAGE_FIELDS = (
     "message", "edited_message", "channel_post", "edited_channel_post", "business_message",
@@ -170,6 +177,9 @@ class Outbox:
         effects = attempt.effects
         call = OutboxCall(name, text, key, effects.next_seq(), bool(at_most_once))
         if opened is not None:
+            ended = transaction_ended(opened.connection) if opened.checkable else None
+            if ended is not None:  # its commit would not be the fenced one: never written
+                raise TransactionEnded(attempt.identity, ended, _ENDED.format(how=ended))
             port = attempt.host.port
             call_id = port.write_effects(
                 attempt.identity,
@@ -178,6 +188,7 @@ class Outbox:
                 connection=opened.connection,
             )[0]
             opened.wrote_calls = True
+            opened.call_ids.append(call_id)
             return call_id
         handle = HeldCall(attempt.identity, call.seq, name)
         try:

@@ -290,31 +290,47 @@ def test_a_caught_refusal_still_fails_the_block(
     assert backend.state(14) == "completed"  # the handler returned normally afterwards
 
 
+@pytest.mark.parametrize("reply", ["before", "after"])
 def test_a_commit_through_a_cursor_is_seen_at_the_end_and_not_retried(
-    backend: Backend, intakes: List[UpdateIntake]
+    backend: Backend, intakes: List[UpdateIntake], reply: str
 ) -> None:
     """A ``COMMIT`` through a cursor of the connection (which no guard sees) is found when
     the block ends: ``TransactionEnded``, and the attempt is not retried, so the escaped
-    write lands once, not once per attempt."""
+    write lands once, not once per attempt. An outbox reply queued before it is dropped
+    before any sender sees it, one queued after it is refused: nothing is sent."""
     clock = FakeClock()
     runs: List[int] = []
+    errors: List[BaseException] = []
 
     def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
         runs.append(attempt.attempt)
-        with attempt.transaction(complete=True) as conn:
-            backend.insert(conn, update["update_id"], attempt.attempt)
-            cur = conn.cursor()
-            cur.execute("COMMIT")
-            cur.close()
+        try:
+            with attempt.transaction(complete=True) as conn:
+                backend.insert(conn, update["update_id"], attempt.attempt)
+                if reply == "before":
+                    attempt.outbox.send_message(5, "booked")
+                cur = conn.cursor()
+                cur.execute("COMMIT")
+                cur.close()
+                if reply == "after":
+                    attempt.outbox.send_message(5, "booked")
+        except TransactionEnded as exc:
+            errors.append(exc)
+            raise
 
-    intake = _make(backend.store, intakes, clock, handle_attempt=handle_attempt)
-    intake.accept(body(15))
-    assert intake.idle(10)
-    _retry_now(intake, clock)
-    _retry_now(intake, clock)
-    assert runs == [1]
+    with FakeBotApi() as fake:
+        intake = _make(backend.store, intakes, clock, handle_attempt=handle_attempt,
+                       bot_token=fake.token, bot_base_url=fake.base_url)
+        intake.accept(body(15))
+        assert intake.idle(10)
+        _retry_now(intake, clock)
+        _retry_now(intake, clock)
+        assert fake.sent_messages == []
+    assert runs == [1] and len(errors) == 1
+    assert ("before this outbox call" in str(errors[0])) == (reply == "after")
     assert backend.notes() == [(15, 1)]  # escaped once (the handler's mistake)
     assert backend.state(15) == "abandoned"
+    assert backend.store.list_calls(limit=10) == []
 
 
 def test_a_given_postgres_connection_closed_inside_the_block_is_loud(
