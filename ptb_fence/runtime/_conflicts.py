@@ -195,8 +195,8 @@ class ConflictRetries:
     def ended(self, attempt: Attempt) -> None:
         """``attempt`` ended (any outcome): if its update held turns, the next waiting updates
         get them; an update that ended otherwise than by a conflict leaves the line."""
-        if not self._waiting:  # the usual case: nothing in line (a racy read is harmless:
-            return  # an update is put in line before its attempt ends, on the same thread)
+        if not self._waiting:  # the usual case: nothing in line (read unlocked: an update
+            return  # is put in line by its conflict's settle, which happens before its end)
         with self._lock:
             update_id = attempt.update_id
             identity = _identity(attempt)

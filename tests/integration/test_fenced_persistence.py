@@ -2,7 +2,8 @@
 construction and at ``initialize()`` (each message naming the fix), the WARNINGs at start for
 what cannot be fenced, and, for updates handled by polling, that the state commits with the
 update: a conversation continues from the store, a failed attempt's changes are not seen by
-its retry, handlers work on private copies, PTB's flush writes nothing."""
+its retry, handlers work on private copies, PTB's flush writes nothing, a version conflict
+spends no attempt."""
 
 from __future__ import annotations
 
@@ -631,5 +632,45 @@ def test_state_rides_a_completion_whose_outbox_calls_are_claimed_at_insert(tmp_p
     try:
         assert [m["text"] for m in fake.sent_messages] == ["hello 1", "hello 2"]
         assert _read(store, user) == {"n": 2}
+    finally:
+        store.close()
+
+
+def test_conflicts_with_one_attempt_allowed_are_given_back_unspent(tmp_path: Path) -> None:
+    """20 updates of 20 chats each add one to ``bot_data["n"]`` at once with
+    ``max_attempts=1``: a conflict spends no attempt, so none is abandoned; the stats count
+    every run past an update's first as ``conflicted``, none as failed."""
+    store = SQLiteUpdateStore(str(tmp_path / "bot.db"))
+    runs: List[int] = []
+
+    async def inc(update: Any, context: Any) -> None:
+        runs.append(context.attempt.attempt)
+        before = context.bot_data.get("n", 0)
+        await asyncio.sleep(0.05)
+        context.bot_data["n"] = before + 1
+
+    with FakeBotApi() as fake:
+        processor = FencedUpdateProcessor(store, max_attempts=1, max_concurrent=20)
+        app = build(processor, fake, Application.builder().persistence(FencedPersistence(store)))
+        app.add_handler(CommandHandler("inc", inc))
+
+        async def go() -> None:
+            async with polling(app):
+                for i in range(20):
+                    fake.inject_message(chat_id=100 + i, text="/inc")
+                for _ in range(600):
+                    ended = processor.stats().attempts_ended
+                    if ended["completed"] + ended["abandoned"] >= 20:
+                        return
+                    await asyncio.sleep(0.05)
+                raise AssertionError(f"not settled: {dict(processor.stats().attempts_ended)}")
+
+        run(go())
+    try:
+        ended = processor.stats().attempts_ended
+        assert (ended["completed"], ended["abandoned"], ended["failed"]) == (20, 0, 0)
+        assert ended["conflicted"] == len(runs) - 20 >= 1
+        assert set(runs) == {1}
+        assert _read(store, StateKey("bot")) == {"n": 20}
     finally:
         store.close()
