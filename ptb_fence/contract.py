@@ -116,8 +116,8 @@ BATCH_METHODS = (
 LIVENESS_METHODS = ("hold_liveness", "release_liveness", "take_over_dead")
 """The methods of :class:`LivenessStore` (all three or none)."""
 
-ISOLATING_METHODS = ("claimed_suspect", "mark_isolated")
-"""The methods of :class:`IsolatingUpdateStore` (both or none)."""
+ISOLATING_METHODS = ("claimed_suspect", "mark_isolated", "end_probation")
+"""The methods of :class:`IsolatingUpdateStore` (all or none)."""
 
 CHAT_ORDER_METHODS = ("add_many_in_chats", "claim_in_chat_order", "due_in_chat_order")
 """The methods of :class:`ChatOrderedUpdateStore` (all three or none)."""
@@ -543,10 +543,11 @@ class LivenessStore(Protocol):
         Without :class:`IsolatingUpdateStore` every such row keeps its attempts and claim id
         (``due_at = min(due_at, now - 1)``): a crashed attempt counts as spent, as after a
         lapsed lease. With it, only a row whose current claim was marked isolated
-        (:meth:`IsolatingUpdateStore.mark_isolated`: its handler ran alone in the dead
-        process) is handled so; every other row is given back as
+        (:meth:`IsolatingUpdateStore.mark_isolated`: its handler ran on probation or alone
+        in the dead process) is handled so. Every other row is given back as
         :meth:`ReleasingUpdateStore.release_many` gives it (``pending``, ``attempts - 1``,
-        ``due_at = now``, claim id kept) and becomes *suspect* (see there).
+        ``due_at = now``, claim id kept). It becomes *suspect*, or *suspect again* when its
+        handler had started there as a suspect (see there).
 
         Returns:
             The number of rows made claimable.
@@ -554,42 +555,59 @@ class LivenessStore(Protocol):
 
 
 class IsolatingUpdateStore(Protocol):
-    """Optional (both methods or none; used with :class:`LivenessStore`): a crash is charged
-    only to the attempt whose handler ran alone in the process that died.
+    """Optional (all three methods or none; used with :class:`LivenessStore`): a crash is
+    charged only to the attempt that most likely caused it.
 
     Several handlers start together in one process, so when it dies nobody knows which one
     killed it. With this capability ``take_over_dead`` counts a dead instance's attempt as
-    spent only when that exact claim was marked *isolated*; the attempts of the other rows are
-    given back and those rows become *suspect*. A row marked isolated is suspect as well: a
-    row stays suspect until it is replaced by a different update. The runtime runs the attempt
-    of a suspect row alone in its process (no other handler of the process runs meanwhile) and
-    marks its claim isolated right before its handler starts. So a handler that keeps killing
-    its process spends its own attempts only, and every other update claimed with it is
-    handled.
+    spent only when that exact claim was *marked* (:meth:`mark_isolated`). The attempts of
+    the other rows are given back and those rows become *suspect*. The runtime starts the
+    handler of a suspect row *on probation*: it marks the claim, starts the handler, and no
+    other handler of the process starts until the probation ends (a fraction of a second, or
+    the attempt's end). Then it ends the mark (:meth:`end_probation`) and the next suspect
+    may start. A handler that kills its process as it starts is charged alone, and the
+    updates of an ordinary crash run together again after a short stagger. A suspect row
+    whose handler had started as a suspect in the process that died, and was not charged,
+    is *suspect again*: its next attempt runs alone, marked for its whole run. So a handler
+    that keeps killing its process spends its own attempts only.
 
     Suspect rows are rare (only a dead instance makes them): a claim of a row that is not
     suspect costs no statement more.
     """
 
-    def claimed_suspect(self, identity: AttemptIdentity) -> bool:
-        """Whether ``identity``, a claim made through this store object in this process, took a
-        suspect row.
+    def claimed_suspect(self, identity: AttemptIdentity) -> int:
+        """The suspicion of the row that ``identity``, a claim made through this store object
+        in this process, took.
 
         Answered from what the claim statement read back (no statement): each claim is
         answered once, then forgotten; an identity this object did not claim (or already
-        answered) is :obj:`False`. A claim of a fresh row (``add_claimed_many``) is never
-        suspect.
+        answered) is 0. A claim of a fresh row (``add_claimed_many``) is never suspect.
+
+        Returns:
+            :obj:`int`: 0 (not suspect), 1 (suspect: its handler starts on probation) or 2
+            (suspect again: its handler runs alone).
         """
 
     def mark_isolated(self, identity: AttemptIdentity, *, at: int) -> bool:
         """Record, in one statement committed before returning, that the handler of this exact
-        claim starts now with no other handler running in its process: the row that is
-        ``processing`` with that update id, attempt and claim id and a lease live at ``at``
-        (``due_at >= at``) gets ``isolated_claim = claim_id``; nothing else changes.
+        claim starts now on probation or alone: the row that is ``processing`` with that
+        update id, attempt and claim id and a lease live at ``at`` (``due_at >= at``) is
+        marked; nothing else changes.
 
         Returns:
             :obj:`bool`: Whether it landed (:obj:`False`: not this claim, not processing, or
             its lease ended before ``at``).
+        """
+
+    def end_probation(self, identity: AttemptIdentity, *, at: int) -> bool:
+        """Record, in one statement committed before returning, that the handler of this exact
+        claim, marked by :meth:`mark_isolated`, ran past its probation: the mark ends, and a
+        crash of its process from now on gives the row back as suspect again instead of
+        charging its attempt. Lands under the same conditions as :meth:`mark_isolated`, and
+        only while the claim is marked.
+
+        Returns:
+            :obj:`bool`: Whether it landed.
         """
 
 
@@ -977,8 +995,8 @@ CAPABILITY_GROUPS: Tuple[CapabilityGroup, ...] = (
            "a graceful stop gives unfinished claims back at once", ("fenced",)),
     _group("liveness", "hold_liveness release_liveness take_over_dead",
            "the claims of a dead process are taken over before their lease ends"),
-    _group("isolation", "claimed_suspect mark_isolated",
-           "a crash is charged only to the attempt that ran alone"),
+    _group("isolation", "claimed_suspect mark_isolated end_probation",
+           "a crash is charged only to the attempt that most likely caused it"),
     _group("chat_order", "add_many_in_chats claim_in_chat_order due_in_chat_order",
            "strict_chat_order", ("fenced",)),
     _group("chat_keys", "unkeyed_in_chats set_chat_keys",

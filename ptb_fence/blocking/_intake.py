@@ -176,7 +176,7 @@ class UpdateIntake:
         self._claims: Optional[ThreadGroupCommit[Tuple[int, str], Optional[Attempt]]] = (
             ThreadGroupCommit(self._claim_group) if self._runtime.claims_in_groups else None
         )
-        # an attempt of a suspect row runs alone in this process (see _isolation)
+        # an attempt of a suspect row starts on probation or runs alone (see _isolation)
         self._gate = IsolationGate()
         self._runs = IntakeRuns(
             self._runtime,
@@ -293,7 +293,7 @@ class UpdateIntake:
             self._closed = True
             started = self._started
         self._runtime.alarms.stopped()
-        self._gate.close()  # a worker waiting to run alone gives its update back
+        self._gate.close()  # a worker waiting as a suspect gives its update back
         self._chats.drop_waiting()
         running: List[str] = []
         if started:
@@ -580,15 +580,17 @@ class UpdateIntake:
         attempt = runtime.claim(update_id, text) if claims is None else claims.submit((update_id, text))
         if attempt is None:
             return None
-        alone = attempt.runs_alone
-        if not self._gate.enter(alone):  # closing, or the running handlers did not end
+        entered, previous = self._gate.enter(attempt)
+        if not entered:  # closing, or the running handlers (or suspects) did not end in time
             runtime.recovery.release([attempt])  # its attempt not spent: claimable at once
             return None
-        if alone and not runtime.mark_isolated(attempt):
-            self._gate.leave(alone)
+        if previous is not None:  # its probation is over: a crash is no longer its alone
+            runtime.end_probation(previous)
+        if attempt.suspicion and not runtime.mark_isolated(attempt):
+            self._gate.leave(attempt)
             runtime.recovery.release([attempt])
             return None
-        run = self._runs.begin(key, update_id, attempt, alone)  # leaves the gate when it ends
+        run = self._runs.begin(key, update_id, attempt)  # leaves the gate when it ends
         attempt.update = update  # what attempt.outbox.reply_text answers
         token = enter_attempt(attempt) if attempt.fenced else None
         error: Optional[BaseException] = None

@@ -45,18 +45,19 @@ class IntakeRun:
         key: The chat key.
         update_id: The update.
         attempt: The attempt.
-        alone: It runs alone (it entered the isolation gate so).
+        marked: Its claim was marked as a suspect's (on probation or alone): it keeps the
+            isolation gate until it settled.
         outcome: How it was settled (:obj:`None` until then, or when released).
     """
 
-    __slots__ = ("_how", "_lock", "alone", "attempt", "key", "outcome", "thread", "update_id")
+    __slots__ = ("_how", "_lock", "attempt", "key", "marked", "outcome", "thread", "update_id")
 
-    def __init__(self, key: Hashable, update_id: int, attempt: Attempt, alone: bool) -> None:
+    def __init__(self, key: Hashable, update_id: int, attempt: Attempt) -> None:
         self.key = key
         self.update_id = update_id
         self.attempt = attempt
         self.thread = threading.current_thread()  # the worker running the handler
-        self.alone = alone
+        self.marked = attempt.suspicion > 0
         self._lock = threading.Lock()
         self._how: Optional[str] = None
         self.outcome: Optional[Outcome] = None
@@ -109,10 +110,10 @@ class IntakeRuns:
         self._lock = threading.Lock()
         self._runs: Dict[int, IntakeRun] = {}
 
-    def begin(self, key: Hashable, update_id: int, attempt: Attempt, alone: bool) -> IntakeRun:
-        """Register a run that entered the isolation gate (``alone`` or not), and its
-        timeout if ``attempt_timeout_seconds`` is set."""
-        run = IntakeRun(key, update_id, attempt, alone)
+    def begin(self, key: Hashable, update_id: int, attempt: Attempt) -> IntakeRun:
+        """Register a run that entered the isolation gate, and its timeout if
+        ``attempt_timeout_seconds`` is set."""
+        run = IntakeRun(key, update_id, attempt)
         with self._lock:  # counted before release_all may count it gone
             self._runs[update_id] = run
             self._runtime.stats.handler_began()
@@ -123,28 +124,28 @@ class IntakeRuns:
 
     def returned(self, run: IntakeRun) -> bool:
         """The handler returned: :obj:`True` if the worker settles it (it was not ended).
-        A run alone keeps the isolation gate until :meth:`settled`: were the next suspect let
+        A marked run keeps the isolation gate until :meth:`settled`: were the next suspect let
         in before this settle landed and crashed the process, the store would blame the crash
         on this attempt too (its claim is marked isolated and still live)."""
         self._forget(run)
         if not run.finish(_RETURNED):
             return False
-        if not run.alone:
-            self._gate.leave(False)
+        if not run.marked:
+            self._gate.leave(run.attempt)
         return True
 
     def settled(self, run: IntakeRun) -> None:
-        """The worker settled a run :meth:`returned` gave it (landed or not): a run alone
+        """The worker settled a run :meth:`returned` gave it (landed or not): a marked run
         leaves the isolation gate now."""
-        if run.alone:
-            self._gate.leave(True)
+        if run.marked:
+            self._gate.leave(run.attempt)
 
     def _end(self, run: IntakeRun, how: str) -> bool:
         """End ``run`` as ``how`` (once) and leave the isolation gate: a handler abandoned
         here (timed out, released) no longer holds an attempt that must run alone."""
         if not run.finish(how):
             return False
-        self._gate.leave(run.alone)
+        self._gate.leave(run.attempt)
         return True
 
     def count(self) -> int:

@@ -2,7 +2,7 @@
 
 Giving claims back (``release_many``), the liveness of an instance (``hold_liveness``,
 ``release_liveness``, ``take_over_dead``) and the isolation of a suspect claim
-(``claimed_suspect``, ``mark_isolated``). Each rule runs only for a store with its methods.
+(``claimed_suspect``, ``mark_isolated``, ``end_probation``). Each rule runs only for a store with its methods.
 What needs two processes (taking over a dead instance's claims, its rows becoming suspect) is
 tested for the shipped stores with real processes and signals, not here.
 """
@@ -141,36 +141,45 @@ def rule_liveness(p: Probe, fenced: bool, durable: bool) -> None:
 @rule(
     "isolation",
     "fenced",
-    "claimed_suspect/mark_isolated (when present): mark_isolated lands only for the "
-    "exact live claim (inclusive at due_at) and changes nothing else; claimed_suspect "
-    "is False for fresh and unknown claims, True once for the next claim of a marked "
-    "row.",
-    applies="only with ``claimed_suspect`` and ``mark_isolated``",
+    "claimed_suspect/mark_isolated/end_probation (when present): marks land only for the "
+    "exact live claim (inclusive at due_at) and change nothing else; claimed_suspect is 0 "
+    "for fresh and unknown claims, 2 once for the next claim of a marked row, 1 once for "
+    "the next claim of a row whose probation ended.",
+    applies="only with ``claimed_suspect``, ``mark_isolated`` and ``end_probation``",
 )
 def rule_isolation(p: Probe, fenced: bool, durable: bool) -> None:
-    """``claimed_suspect`` of a claim of a fresh row, of an unknown identity and of a claim already
-    answered returns :obj:`False`. ``mark_isolated(identity, at=...)`` lands (:obj:`True`) for the
-    exact live claim up to and including ``at == due_at``, and returns :obj:`False` at ``due_at +
-    1``, with a wrong claim id or attempt, for a completed row and for an unknown id; a landed mark
-    changes nothing else (the claim is still owned and settles). The next claim of a marked row
-    (after its lease) is suspect: ``claimed_suspect`` returns :obj:`True` for it, once. (A dead
-    instance's rows becoming suspect needs two processes: the shipped stores test it with real
-    processes and signals.)
+    """``claimed_suspect`` of a claim of a fresh row, of an unknown identity and of a claim
+    already answered returns 0 (an :obj:`int`, never a :obj:`bool`). ``mark_isolated(identity,
+    at=...)`` lands (:obj:`True`) for the exact live claim up to and including ``at ==
+    due_at``, and returns :obj:`False` at ``due_at + 1``, with a wrong claim id or attempt, for
+    a completed row and for an unknown id; a landed mark changes nothing else (the claim is
+    still owned and settles). ``end_probation`` lands only for a marked live claim, once. The
+    next claim of a marked row (after its lease) is suspect again: ``claimed_suspect`` returns
+    2 for it, once; of a row whose probation ended, 1. (A dead instance's rows becoming
+    suspect needs two processes: the shipped stores test it with real processes and signals.)
     """
-    if not all(has_method(p.store, m) for m in ("claimed_suspect", "mark_isolated")):
+    if not all(has_method(p.store, m) for m in ("claimed_suspect", "mark_isolated",
+                                                "end_probation")):
         return
 
-    def suspect(identity: AttemptIdentity) -> bool:
-        return p.real_bool("claimed_suspect", p.call("claimed_suspect", identity))
+    def suspicion(identity: AttemptIdentity) -> int:
+        value = p.call("claimed_suspect", identity)
+        p.check_type("claimed_suspect", type(value) is int and value in (0, 1, 2),
+                     "an int: 0, 1 or 2", value)
+        return int(value)
 
     def mark(identity: AttemptIdentity, at: int) -> bool:
         return p.real_bool("mark_isolated", p.call("mark_isolated", identity, at=at))
 
+    def end(identity: AttemptIdentity, at: int) -> bool:
+        return p.real_bool("end_probation", p.call("end_probation", identity, at=at))
+
     lease = T + L
     a = claimed_identity(p, 1, lease)
-    p.expect(not suspect(a), f"claimed_suspect({a}) of a fresh row's claim returned True")
-    p.expect(not suspect(AttemptIdentity(99, 1, "x")), "claimed_suspect of an identity the "
-             "store never returned returned True")
+    p.expect(suspicion(a) == 0, f"claimed_suspect({a}) of a fresh row's claim was not 0")
+    p.expect(suspicion(AttemptIdentity(99, 1, "x")) == 0, "claimed_suspect of an identity the "
+             "store never returned was not 0")
+    p.expect(not end(a, T + 1), "end_probation of a claim never marked returned True")
     wrong = AttemptIdentity(1, a.attempt, other_claim_id(a.claim_id))
     p.expect(not mark(wrong, T + 1), "mark_isolated with a wrong claim id returned True")
     p.expect(not mark(AttemptIdentity(1, a.attempt + 1, a.claim_id), T + 1),
@@ -185,13 +194,29 @@ def rule_isolation(p: Probe, fenced: bool, durable: bool) -> None:
     b = claimed_identity(p, 2, lease)
     p.require(p.settle_owned(b, Completed(at=T + 1)), "settle_owned of a live claim failed")
     p.expect(not mark(b, T + 2), "mark_isolated of a completed row returned True")
-    # a marked row stays suspect: its next claim (after the lease) runs alone again
+    # a marked row is suspect again: its next claim (after the lease) runs alone
     again = p.claim_owned(1, now=lease + 1, lease_until=FAR)
     p.require(again is not None, "claim_owned of a lapsed lease returned None")
     assert again is not None
-    p.expect(suspect(again), f"claimed_suspect({again}) returned False: the row was marked "
-             "isolated, so it is suspect")
-    p.expect(not suspect(again), f"claimed_suspect({again}) returned True twice: each claim "
-             "is answered once")
+    p.expect(suspicion(again) == 2, f"claimed_suspect({again}) was not 2: the row was marked "
+             "isolated, so it is suspect again")
+    p.expect(suspicion(again) == 0, f"claimed_suspect({again}) was not 0 the second time: "
+             "each claim is answered once")
     p.expect(p.settle_owned(again, Completed(at=lease + 2)), "settle_owned of the claim of a "
              "marked row failed")
+    # a probation that ended: the row stays suspect, its next claim starts on probation
+    c = claimed_identity(p, 3, lease)
+    p.require(mark(c, T + 1), "mark_isolated of a live claim returned False")
+    wrong = AttemptIdentity(3, c.attempt, other_claim_id(c.claim_id))
+    p.expect(not end(wrong, T + 1), "end_probation with a wrong claim id returned True")
+    p.expect(not end(c, lease + 1), f"end_probation at {stamp(lease + 1)}, after the lease "
+             f"(due_at {stamp(lease)}), returned True")
+    p.expect(end(c, lease), f"end_probation of the marked live claim at {stamp(lease)} "
+             "returned False")
+    p.expect(not end(c, lease), "end_probation of a claim no longer marked returned True")
+    p.expect(p.owns(c, lease), "the claim is no longer owned after end_probation")
+    later = p.claim_owned(3, now=lease + 1, lease_until=FAR)
+    p.require(later is not None, "claim_owned of a lapsed lease returned None")
+    assert later is not None
+    p.expect(suspicion(later) == 1, f"claimed_suspect({later}) was not 1: its probation "
+             "ended, so the row is suspect (not again)")

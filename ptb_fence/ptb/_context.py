@@ -232,7 +232,7 @@ def fenced_context_types(context_types: "ContextTypes[Any, Any, Any, Any]") -> A
 def warn_if_unmatched_rerun(handled: UpdateState, application: Any) -> None:
     """If the update of ``handled`` ran before, here or elsewhere (a retry: attempt 2 or
     later; a takeover after a crash: a suspect claim, whose attempt was given back, see
-    :attr:`~ptb_fence.Attempt.runs_alone`), and PTB's ``process_update`` just matched no
+    :attr:`~ptb_fence.Attempt.suspicion`), and PTB's ``process_update`` just matched no
     handler for it, log it at WARNING: it counts as handled and is settled completed, and the
     likely cause is state that lived in the process that ran it before.
 
@@ -242,7 +242,7 @@ def warn_if_unmatched_rerun(handled: UpdateState, application: Any) -> None:
     attempt = handled.attempt
     if handled.matched or handled.error is not None or attempt is None:
         return
-    if attempt.attempt < 2 and not attempt.runs_alone:  # its first run anywhere
+    if attempt.attempt < 2 and not attempt.suspicion:  # its first run anywhere
         return
     context_class = getattr(getattr(application, "context_types", None), "context", None)
     if not (isinstance(context_class, type) and issubclass(context_class, FencedCallbackContext)):

@@ -521,12 +521,12 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                         handled.error = AttemptTimeout(update.update_id, attempt.attempt, timeout)
                     if handled.error is not None or attempt.exhausted:
                         attempt.body = update_body(update)
-                    # an attempt alone settles before it leaves the gate: were the next
+                    # a suspect's attempt settles before it leaves the gate: were the next
                     # suspect let in before this settle landed and crashed the process, the
                     # store would blame the crash on this attempt too (its claim is marked
                     # isolated and still live)
                     if (runtime.completes_in_group(attempt, handled.error)
-                            and not attempt.runs_alone):
+                            and not attempt.suspicion):
                         attempt.begin_settling()
                         completing = attempt  # completed below, once the slot is given back
                     else:
@@ -536,7 +536,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                 finally:
                     if not returned:  # cancelled while its handler ran
                         runtime.stats.handler_gone()
-                    self._gate.leave(attempt.runs_alone)
+                    self._gate.leave(attempt)
                     if completing is None:  # also when cancelled: stop renewing (the lease
                         runtime.end(attempt)  # lapses and a sweep retries; never stranded)
                         self._running -= 1

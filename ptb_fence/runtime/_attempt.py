@@ -122,6 +122,7 @@ class Attempt:
         "_resume",
         "_runtime",
         "_suspect",
+        "_suspicion",
         "_update",
         "attempt",
         "claim_id",
@@ -163,6 +164,7 @@ class Attempt:
         # the claim of a suspect row (taken over from a process that died): the attempt runs
         # alone in this process and is marked isolated first (see the front ends)
         self._suspect: Optional[AttemptIdentity] = None
+        self._suspicion = 0
         self._loop_waiters: "list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]" = []
         # what the completion writes besides the settle (created on first use: an attempt that
         # queues nothing costs nothing)
@@ -213,22 +215,29 @@ class Attempt:
         return self._identity is not None
 
     @property
+    def suspicion(self) -> int:
+        """:obj:`int`: 0, or how suspect the row this attempt took is (a process that died
+        held an earlier claim of it, see :class:`~ptb_fence.IsolatingUpdateStore`). 1: its
+        handler starts on probation (no other handler starts meanwhile). 2: it runs alone."""
+        return self._suspicion
+
+    @property
     def runs_alone(self) -> bool:
-        """:obj:`bool`: This attempt took a *suspect* row (a process that died held an earlier
-        claim of it, see :class:`~ptb_fence.IsolatingUpdateStore`): its handler runs with no
+        """:obj:`bool`: This attempt took a row *suspect again*: its handler runs with no
         other handler of this process, and a crash during it counts against it alone."""
-        return self._suspect is not None
+        return self._suspicion >= 2
 
     @property
     def suspect_claim(self) -> Optional[AttemptIdentity]:
-        """:class:`~ptb_fence.AttemptIdentity` | :obj:`None`: The claim to mark isolated
-        before the handler starts (set only when :attr:`runs_alone`; also for unary handling,
+        """:class:`~ptb_fence.AttemptIdentity` | :obj:`None`: The claim to mark before the
+        handler starts (set only when :attr:`suspicion` is not 0; also for unary handling,
         whose attempts carry no claim id)."""
         return self._suspect
 
-    @suspect_claim.setter
-    def suspect_claim(self, identity: Optional[AttemptIdentity]) -> None:
+    def suspect(self, identity: AttemptIdentity, suspicion: int) -> None:
+        """This attempt's claim ``identity`` took a row of this ``suspicion`` (1 or 2)."""
         self._suspect = identity
+        self._suspicion = suspicion
 
     @property
     def phase(self) -> Phase:

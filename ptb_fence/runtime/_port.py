@@ -36,8 +36,8 @@ fallbacks:
   ``strict_chat_order`` refuses the store (:exc:`TypeError` naming the methods);
 - ``unkeyed_in_chats``/``set_chat_keys`` missing (both needed) → rows recorded without a chat
   key stay unordered (:attr:`StorePort.keys_chats` is :obj:`False`; a WARNING at start);
-- ``claimed_suspect``/``mark_isolated`` missing (:class:`~ptb_fence.IsolatingUpdateStore`,
-  both needed) → no claim is suspect, nothing to mark: every attempt runs with the others and
+- ``claimed_suspect``/``mark_isolated``/``end_probation`` missing
+  (:class:`~ptb_fence.IsolatingUpdateStore`, all three needed) → no claim is suspect, nothing to mark: every attempt runs with the others and
   a crash counts against every claim of the process that died
   (:attr:`StorePort.isolates` is :obj:`False`);
 - ``complete_owned``/``reopen_completed`` missing (:class:`~ptb_fence.CompletingUpdateStore`,
@@ -180,6 +180,7 @@ class StorePort:
         "_figures",
         "_hold_liveness",
         "_mark_isolated",
+        "_end_probation",
         "_outbox",
         "_claimed_inserts",
         "_record_and_claim",
@@ -271,6 +272,7 @@ class StorePort:
         self._take_over_dead = method("liveness", "take_over_dead")
         self._claimed_suspect = method("isolation", "claimed_suspect")
         self._mark_isolated = method("isolation", "mark_isolated")
+        self._end_probation = method("isolation", "end_probation")
         self._complete_owned = method("completing", "complete_owned")
         self._reopen_completed = method("completing", "reopen_completed")
         self._figures = method("figures", "figures")
@@ -346,7 +348,8 @@ class StorePort:
     @property
     def isolates(self) -> bool:
         """:obj:`bool`: The store tells which claims took a suspect row and records that an
-        attempt's handler starts alone (``claimed_suspect``, ``mark_isolated``)."""
+        attempt's handler starts on probation or alone (``claimed_suspect``,
+        ``mark_isolated``, ``end_probation``)."""
         return self._claimed_suspect is not None
 
     @property
@@ -717,12 +720,12 @@ class StorePort:
             return [False] * len(identities)
         return [bool(ok) for ok in self._release_many(identities, at=at)]
 
-    def claimed_suspect(self, identity: AttemptIdentity) -> bool:
-        """``store.claimed_suspect(identity)`` (no statement: the claim read it back);
-        :obj:`False` without the capability."""
+    def claimed_suspect(self, identity: AttemptIdentity) -> int:
+        """``store.claimed_suspect(identity)`` (no statement: the claim read it back): 0, 1
+        or 2; 0 without the capability."""
         if self._claimed_suspect is None:
-            return False
-        return bool(self._claimed_suspect(identity))
+            return 0
+        return min(max(int(self._claimed_suspect(identity)), 0), 2)
 
     def mark_isolated(self, identity: AttemptIdentity, at: int) -> bool:
         """``store.mark_isolated(identity, at=at)`` (one committed statement); :obj:`False`
@@ -730,6 +733,13 @@ class StorePort:
         if self._mark_isolated is None:
             return False
         return bool(self._mark_isolated(identity, at=at))
+
+    def end_probation(self, identity: AttemptIdentity, at: int) -> bool:
+        """``store.end_probation(identity, at=at)`` (one committed statement); :obj:`False`
+        without the capability."""
+        if self._end_probation is None:
+            return False
+        return bool(self._end_probation(identity, at=at))
 
     def hold_liveness(self) -> Optional[str]:
         """``store.hold_liveness()``: the instance id, or :obj:`None` without the

@@ -462,21 +462,24 @@ class Runtime:
         return attempt
 
     def _note_suspect(self, attempt: Attempt, identity: AttemptIdentity) -> None:
-        """Make ``attempt`` run alone if its claim took a suspect row (a dict lookup in the
-        store object, no statement)."""
-        if self.port.claimed_suspect(identity):
-            attempt.suspect_claim = identity
+        """Make ``attempt`` start on probation or run alone if its claim took a suspect row
+        (a dict lookup in the store object, no statement)."""
+        suspicion = self.port.claimed_suspect(identity)
+        if suspicion:
+            attempt.suspect(identity, suspicion)
             _LOGGER.info(
-                "update %s attempt %s runs alone: a process that died had claimed it (the "
-                "crash may have been its own)",
+                "update %s attempt %s %s: a process that died had claimed it (the crash may "
+                "have been its own)",
                 attempt.update_id,
                 attempt.attempt,
+                "runs alone" if attempt.runs_alone else "starts on probation",
                 extra=ids(attempt),
             )
 
     def mark_isolated(self, attempt: Attempt) -> bool:
-        """Before the handler of a suspect attempt starts alone: record it in the store (one
-        committed statement), so that a crash now counts against this attempt only.
+        """Before the handler of a suspect attempt starts on probation or alone: record it in
+        the store (one committed statement), so that a crash now counts against this attempt
+        only.
 
         Returns :obj:`False` when it did not land (the claim was lost meanwhile, or the store
         failed: reported as step ``"claim"``): then the handler must not start; give the
@@ -494,13 +497,26 @@ class Runtime:
             return False
         if not landed:
             _LOGGER.warning(
-                "update %s attempt %s lost its claim before its handler could start alone; "
-                "it runs later",
+                "update %s attempt %s lost its claim before its handler could start; it runs "
+                "later",
                 attempt.update_id,
                 attempt.attempt,
                 extra=ids(attempt),
             )
         return landed
+
+    def end_probation(self, attempt: Attempt) -> None:
+        """The handler of a suspect ``attempt`` ran past its probation: end its mark (one
+        committed statement), so that a crash from now on is not charged to it alone. Before
+        the next suspect's mark. Reported (step ``"claim"``), never raised: the mark then
+        stays until the attempt ends."""
+        identity = attempt.suspect_claim
+        if identity is None or attempt.finished:
+            return
+        try:
+            self.stats.timed("claim", self.port.end_probation, identity, self.options.now_ms())
+        except Exception as exc:
+            self.report_store_error(exc, "claim", ids=ids(attempt))
 
     def _store_settle(self, attempt: Attempt, settlement: Settlement) -> bool:
         """Settle; True when it landed (unary settles are assumed to land)."""

@@ -863,8 +863,9 @@ def test_table_without_isolated_claim_until_migrated(pg_dsn: str, pg_table: str)
         s.hold_liveness()
         assert s.add_many([(1, "a", T), (2, "b", T), (3, "c", T)]) == [True] * 3
         identity = claimed(s, 1, T, T + 900)
-        assert s.claimed_suspect(identity) is False
+        assert s.claimed_suspect(identity) == 0
         assert s.mark_isolated(identity, at=T) is False
+        assert s.end_probation(identity, at=T) is False
         (two, three) = s.claim_owned_many([2, 3], ClaimTerms(T, T + 900, 5))
         assert two is not None and three is not None and not s.claimed_suspect(two)
         assert s.claim(3, now=T + 901, lease_until=T + 1900, max_attempts=5) == 2

@@ -3,7 +3,8 @@
 Usage: python liveness_worker.py sqlite|postgres <path-or-dsn> <table> <first_id> <count> [tick]
 
 Records and claims ``count`` updates from ``first_id`` with a 120 s lease through a store
-object holding liveness, marks the first claim isolated (``mark_isolated``), prints
+object holding liveness, marks the first claim isolated (``mark_isolated``) and the second
+one isolated, then past its probation (``end_probation``), prints
 ``READY <instance>`` and waits for a line on stdin: ``exit`` releases liveness, closes the
 store and exits 0. With ``tick`` it also calls ``take_over_dead`` every half second, as the
 runtime of a running bot does (errors, e.g. while the server is down, are ignored).
@@ -46,8 +47,11 @@ def main() -> int:
             store.claim_owned(update_id, now=now, lease_until=now + 120_000, max_attempts=5)
         )
     assert all(identity is not None for identity in claimed), claimed
-    # the first claim's handler "started alone": a crash now counts against it only
+    # the first claim's handler "started alone": a crash now counts against it only; the
+    # second one's "started on probation" and ran past it: a crash is not its alone
     assert store.mark_isolated(claimed[0], at=now)
+    assert store.mark_isolated(claimed[1], at=now)
+    assert store.end_probation(claimed[1], at=now)
     print(f"READY {instance}", flush=True)
     stop = threading.Event()
     if sys.argv[6:7] == ["tick"]:

@@ -130,8 +130,10 @@ def test_killed_instance_is_taken_over_at_once(where: Where) -> None:
             assert [None if i is None else i.attempt for i in identities] == [2] + [1] * (
                 COUNT - 1
             ), identities
-            # and every one of them is suspect now: its attempt runs alone
-            assert all(store.claimed_suspect(i) for i in identities)
+            # and every one of them is suspect now: the charged one and the one whose handler
+            # had run past its probation are suspect again (alone); the others, whose
+            # handlers had not started as suspects, start on probation
+            assert [store.claimed_suspect(i) for i in identities] == [2, 2] + [1] * (COUNT - 2)
             assert time.monotonic() - killed_at < 15, "far sooner than the 120 s lease"
             assert instance not in where.instances()
             assert store.take_over_dead(now=now_ms()) == 0

@@ -790,19 +790,16 @@ class IsolatingMemoryStore(MemoryUpdateStore):
     def __init__(self) -> None:
         super().__init__()
         self._marked: Dict[int, str] = {}
-        self._suspect_claims: Set[AttemptIdentity] = set()
+        self._suspect_claims: Dict[AttemptIdentity, int] = {}
 
     def claim_owned(self, update_id: int, **kwargs: Any) -> Optional[AttemptIdentity]:
         identity = super().claim_owned(update_id, **kwargs)
         if identity is not None and update_id in self._marked:
-            self._suspect_claims.add(identity)
+            self._suspect_claims[identity] = 1 if self._marked[update_id] == "~" else 2
         return identity
 
-    def claimed_suspect(self, identity: AttemptIdentity) -> bool:
-        if identity not in self._suspect_claims:
-            return False
-        self._suspect_claims.discard(identity)
-        return True
+    def claimed_suspect(self, identity: AttemptIdentity) -> int:
+        return self._suspect_claims.pop(identity, 0)
 
     def _may_mark(self, identity: AttemptIdentity, at: int) -> bool:
         row = self._rows.get(identity.update_id)
@@ -815,6 +812,15 @@ class IsolatingMemoryStore(MemoryUpdateStore):
             self._marked[identity.update_id] = identity.claim_id
             return True
 
+    def end_probation(self, identity: AttemptIdentity, *, at: int) -> bool:
+        with self._lock:
+            if not self._may_mark(identity, at):
+                return False
+            if self._marked.get(identity.update_id) != identity.claim_id:
+                return False
+            self._marked[identity.update_id] = "~"
+            return True
+
 
 class MarkIsolatedIgnoresLeaseStore(IsolatingMemoryStore):
     """mark_isolated lands for a claim whose lease ended (it must hold at ``at``)."""
@@ -825,10 +831,21 @@ class MarkIsolatedIgnoresLeaseStore(IsolatingMemoryStore):
 
 
 class SuspectForgottenStore(IsolatingMemoryStore):
-    """claimed_suspect never says True: a marked row's next attempt would not run alone."""
+    """claimed_suspect never says suspect: a marked row's next attempt would not run alone."""
 
-    def claimed_suspect(self, identity: AttemptIdentity) -> bool:
-        return False
+    def claimed_suspect(self, identity: AttemptIdentity) -> int:
+        return 0
+
+
+class ProbationNeverEndsStore(IsolatingMemoryStore):
+    """end_probation lands but keeps the mark: a crash after the probation would be charged
+    to the attempt whose handler ran past it."""
+
+    def end_probation(self, identity: AttemptIdentity, *, at: int) -> bool:
+        with self._lock:
+            return self._may_mark(identity, at) and (
+                self._marked.get(identity.update_id) == identity.claim_id
+            )
 
 
 # -- claims of several rows (ClaimingUpdateStore) ------------------------------------------------
@@ -1342,6 +1359,7 @@ BROKEN: Dict[Type[Any], Sequence[str]] = {
     TakeOverLiveStore: ("liveness",),
     MarkIsolatedIgnoresLeaseStore: ("isolation",),
     SuspectForgottenStore: ("isolation",),
+    ProbationNeverEndsStore: ("isolation",),
     AddManyOverwritesStore: ("batch-add",),
     AddClaimedManyClaimsExistingStore: ("batch-claim-at-ingest",),
     SettleOwnedManyIgnoresClaimIdStore: ("batch-settle",),

@@ -57,6 +57,7 @@ from ptb_fence.stores._chat_order_sql import UNSETTLED, chat_index_name, due_pre
 from ptb_fence.stores._figures_sql import figures_sql
 from ptb_fence.stores._outbox_sql import OutboxStatements, outbox_table_name
 from ptb_fence.stores._state_sql import StateStatements, state_table_name
+from ptb_fence.stores._suspects import PROBATION_OVER, suspicion_sql, taken_over_mark_sql
 
 __all__ = [
     "BEAT_STALE_MS",
@@ -147,7 +148,7 @@ CREATE TABLE IF NOT EXISTS {t} (
     instance    TEXT,                 -- the live instance that made the claim (liveness)
     isolated_claim TEXT               -- NULL: never taken over from a dead process; else
                                       -- suspect, and = claim_id while that claim's handler
-                                      -- runs alone in its process
+                                      -- runs on probation or alone in its process
 );
 
 -- Tables created before fencing lack claim_id; older ones lack fingerprint, instance and
@@ -659,9 +660,9 @@ class ClaimStatements:
         """``claim_owned`` for the distinct ids of ``%(update_ids)s`` with the fresh claim ids
         ``%(claim_ids)s`` (same length). Returns ``update_id, state, attempts, claim_id`` of
         every row it changed (``state = 'abandoned'``: spent, not taken), with ``suspect``
-        a fifth column: whether the row is suspect (``isolated_claim`` not NULL)."""
+        a fifth column: the row's suspicion (0, 1 or 2, see ``stores/_suspects.py``)."""
         t = self.table
-        suspect_column = ", t.isolated_claim IS NOT NULL" if suspect else ""
+        suspect_column = ", " + suspicion_sql("t.isolated_claim") if suspect else ""
         return f"""\
 WITH v(update_id, new_claim_id) AS (
     SELECT * FROM unnest(%(update_ids)s::BIGINT[], %(claim_ids)s::TEXT[])
@@ -739,12 +740,12 @@ def with_instance(claim: str) -> str:
 
 
 def with_suspect(claim: str) -> str:
-    """A fenced claim statement that also reads back whether the row is suspect (a fourth
-    column, ``isolated_claim IS NOT NULL``; the claim does not change that column)."""
+    """A fenced claim statement that also reads back the row's suspicion (a fourth column: 0,
+    1 or 2, see ``stores/_suspects.py``; the claim does not change ``isolated_claim``)."""
     tail = "RETURNING state, attempts, claim_id"
     if not claim.endswith(tail):  # pragma: no cover - guards the statement's shape
         raise AssertionError("unexpected claim statement")
-    return claim + ", isolated_claim IS NOT NULL"
+    return claim + ", " + suspicion_sql()
 
 
 class RecoveryStatements:
@@ -754,6 +755,7 @@ class RecoveryStatements:
         "beats",
         "delete_instance",
         "due_released",
+        "end_probation",
         "insert_instance",
         "lock_instance",
         "mark_isolated",
@@ -837,11 +839,11 @@ gone AS (
 )
 SELECT (SELECT count(*) FROM taken), ARRAY(SELECT instance FROM dead)"""
         # The same on a table with isolated_claim: a claim marked isolated (its handler ran
-        # alone in the dead process, so the crash is its own) keeps its attempt and claim id
-        # and its lease lapses now; every other claim is given back as release_many gives it
-        # (the attempt not spent: any handler of the process may have killed it) and the row
-        # becomes suspect (isolated_claim not NULL, equal to no claim id): its next attempt
-        # runs alone.
+        # alone in the dead process, or started there on probation, so the crash is its own)
+        # keeps its attempt and claim id and its lease lapses now; every other claim is given
+        # back as release_many gives it (the attempt not spent: any handler of the process may
+        # have killed it) and the row becomes suspect, or suspect again when its handler had
+        # started there as a suspect (see stores/_suspects.py).
         # (NOT DISTINCT: a legacy unary claim writes no claim id and marks NULL = NULL)
         isolated = "isolated_claim IS NOT DISTINCT FROM claim_id"
         self.take_over_dead_isolating = self.take_over_dead.replace(
@@ -859,19 +861,25 @@ SELECT (SELECT count(*) FROM taken), ARRAY(SELECT instance FROM dead)"""
                       ELSE %(now)s::BIGINT END,
         instance = CASE WHEN {isolated} THEN instance ELSE NULL END,
         isolated_claim = CASE WHEN {isolated} THEN isolated_claim
-                              ELSE COALESCE(isolated_claim, '') END
+                              ELSE {taken_over_mark_sql()} END
     WHERE EXISTS (SELECT 1 FROM dead) AND update_id IN (SELECT update_id FROM free)
       AND state = 'processing' AND instance IN (SELECT instance FROM dead)
 """,
         )
         if self.take_over_dead_isolating == self.take_over_dead:  # pragma: no cover
             raise AssertionError("unexpected take_over_dead statement")
-        # The handler of this exact live claim starts alone in its process (claims of
-        # suspect rows only).
+        # The handler of this exact live claim starts on probation or alone in its process
+        # (claims of suspect rows only).
         self.mark_isolated = f"""\
 UPDATE {t} SET isolated_claim = claim_id
 WHERE update_id = %(update_id)s AND state = 'processing' AND attempts = %(attempt)s
   AND claim_id = %(claim_id)s AND due_at >= %(at)s
+RETURNING update_id"""
+        # The handler of this exact live claim, marked, ran past its probation.
+        self.end_probation = f"""\
+UPDATE {t} SET isolated_claim = '{PROBATION_OVER}'
+WHERE update_id = %(update_id)s AND state = 'processing' AND attempts = %(attempt)s
+  AND claim_id = %(claim_id)s AND isolated_claim = claim_id AND due_at >= %(at)s
 RETURNING update_id"""
 
     def release_many(self, count: int, instance: bool) -> str:

@@ -544,8 +544,8 @@ class PostgresUpdateStore:
         if row is None or row[0] != "processing":
             return None
         identity = AttemptIdentity(update_id=update_id, attempt=int(row[1]), claim_id=str(row[2]))
-        if len(row) > 3 and row[3]:  # a suspect row (IsolatingUpdateStore)
-            self._suspects.note(identity)
+        if len(row) > 3:  # the row's suspicion (IsolatingUpdateStore)
+            self._suspects.note(identity, int(row[3]))
         return identity
 
     def claim_owned_many(
@@ -596,8 +596,8 @@ class PostgresUpdateStore:
                 if row[1] == "processing":
                     identity = AttemptIdentity(int(row[0]), int(row[2]), str(row[3]))
                     by_id[identity.update_id] = identity
-                    if suspect and row[4]:
-                        self._suspects.note(identity)
+                    if suspect:
+                        self._suspects.note(identity, int(row[4]))
             return [by_id.pop(update_id, None) for update_id in ids]
 
         return work, taken
@@ -975,8 +975,8 @@ class PostgresUpdateStore:
         if row is None or row[0] != "processing":
             return None
         identity = AttemptIdentity(update_id=update_id, attempt=int(row[1]), claim_id=str(row[2]))
-        if suspect and row[3]:
-            self._suspects.note(identity)
+        if suspect:
+            self._suspects.note(identity, int(row[3]))
         return identity
 
     def due_in_chat_order(
@@ -1199,10 +1199,11 @@ class PostgresUpdateStore:
         An instance of this table (not this object's own) is dead when its advisory lock can
         be taken and its row was not refreshed for a few seconds since the server started (see
         ``_sql``). Of its ``processing`` rows, one whose claim was marked isolated
-        (:meth:`mark_isolated`: its handler ran alone there, so the crash is its own) gets
-        ``due_at = now - 1`` (never later than before; attempts and claim id kept); every
-        other row is given back (``pending``, ``attempts - 1``, ``due_at = now``, claim id
-        kept; listed by ``due`` at once) and becomes suspect. Any process can claim them at
+        (:meth:`mark_isolated`: its handler ran there alone or on probation, so the crash is
+        its own) gets ``due_at = now - 1`` (never later than before; attempts and claim id
+        kept); every other row is given back (``pending``, ``attempts - 1``, ``due_at = now``,
+        claim id kept; listed by ``due`` at once) and becomes suspect, or suspect again when
+        its handler had started there as a suspect. Any process can claim them at
         once (optional capabilities, see :class:`ptb_fence.LivenessStore` and
         :class:`ptb_fence.IsolatingUpdateStore`). A row that another session still locks (one
         the server keeps after the process died) is skipped, never waited for, and its instance
@@ -1260,18 +1261,17 @@ class PostgresUpdateStore:
             holder.beats = bool(self._db.run(lambda cur: _scalar(cur, holder.sql.beats)))
         return holder.beats
 
-    def claimed_suspect(self, identity: AttemptIdentity) -> bool:
-        """Whether ``identity``, claimed through this object in this process, took a suspect
-        row (a row whose earlier claim a dead instance held, given back by
-        :meth:`take_over_dead`). Read back by the claim statement itself: no statement here;
-        answered once per claim (optional capability, see
-        :class:`ptb_fence.IsolatingUpdateStore`)."""
+    def claimed_suspect(self, identity: AttemptIdentity) -> int:
+        """The suspicion of the row ``identity`` took, a claim made through this object in
+        this process: 0, 1 (a dead instance held it) or 2 (its handler had started there as
+        a suspect). Read back by the claim statement itself: no statement here; answered once
+        per claim (optional capability, see :class:`ptb_fence.IsolatingUpdateStore`)."""
         return self._suspects.take(identity)
 
     def mark_isolated(self, identity: AttemptIdentity, *, at: int) -> bool:
-        """Record, committed, that the handler of this exact live claim starts now alone in its
-        process (``isolated_claim = claim_id``), so that :meth:`take_over_dead` counts its
-        attempt as spent if the process dies (optional capability, see
+        """Record, committed, that the handler of this exact live claim starts now on
+        probation or alone (``isolated_claim = claim_id``), so that :meth:`take_over_dead`
+        counts its attempt as spent if the process dies (optional capability, see
         :class:`ptb_fence.IsolatingUpdateStore`).
 
         Returns:
@@ -1279,6 +1279,19 @@ class PostgresUpdateStore:
             claim id and ``due_at >= at``); :obj:`False` on a table without the
             ``isolated_claim`` column (it has no suspect rows).
         """
+        return self._isolation(self._liveness.sql.mark_isolated, identity, at)
+
+    def end_probation(self, identity: AttemptIdentity, *, at: int) -> bool:
+        """Record, committed, that the handler of this exact live claim, marked by
+        :meth:`mark_isolated`, ran past its probation: a crash from now on is not charged to
+        it alone (optional capability, see :class:`ptb_fence.IsolatingUpdateStore`).
+
+        Returns:
+            :obj:`bool`: Whether it landed (the claim is live at ``at`` and marked).
+        """
+        return self._isolation(self._liveness.sql.end_probation, identity, at)
+
+    def _isolation(self, sql: str, identity: AttemptIdentity, at: int) -> bool:
         if not self._db.has_column("isolated_claim"):
             return False
         params = {
@@ -1287,7 +1300,6 @@ class PostgresUpdateStore:
             "claim_id": identity.claim_id,
             "at": int(at),
         }
-        sql = self._liveness.sql.mark_isolated
 
         def work(cur: Any) -> bool:
             cur.execute(sql, params)

@@ -20,6 +20,7 @@ from ptb_fence.stores._chat_order_sql import UNSETTLED, chat_index_name, due_pre
 from ptb_fence.stores._figures_sql import figures_sql
 from ptb_fence.stores._outbox_sql import OutboxStatements
 from ptb_fence.stores._state_sql import StateStatements
+from ptb_fence.stores._suspects import PROBATION_OVER, suspicion_sql, taken_over_mark_sql
 
 __all__ = [
     "REQUIRED_COLUMNS",
@@ -81,6 +82,9 @@ def _take_or_spend(claim_id: str) -> str:
 
 
 # The exact live attempt at :at (``_live`` of the memory store).
+_SUSPICION = suspicion_sql()
+"""A claim's fourth (or fifth) returned column: the row's suspicion (stores/_suspects.py)."""
+
 _LIVE = "state = 'processing' AND attempts = :attempt AND due_at >= :at"
 
 
@@ -99,6 +103,7 @@ class SQLiteStatements:
         "add_instance",
         "add_isolated_claim",
         "mark_isolated",
+        "end_probation",
         "create_instances",
         "delete_instance",
         "insert_instance",
@@ -232,7 +237,7 @@ class SQLiteStatements:
         self.claim = f"""
             UPDATE {t} SET {_take_or_spend(":claim_id")}
             WHERE update_id = :update_id AND {_CLAIMABLE}
-            RETURNING state, attempts, claim_id, isolated_claim IS NOT NULL"""
+            RETURNING state, attempts, claim_id, {_SUSPICION}"""
         # The base claim (its attempt never runs alone: the runtime claims with claim_owned
         # wherever it isolates) marks its take as isolated at once: a crash during it counts
         # (take_over_dead), as it always did.
@@ -253,7 +258,7 @@ class SQLiteStatements:
             UPDATE {t} SET {_take_or_spend("lower(hex(randomblob(16)))")}
             WHERE update_id IN (SELECT value FROM json_each(:ids))
               AND {_CLAIMABLE.replace("state =", "+state =")}
-            RETURNING update_id, state, attempts, claim_id, isolated_claim IS NOT NULL"""
+            RETURNING update_id, state, attempts, claim_id, {_SUSPICION}"""
 
         # A renewal never shortens a lease and, with :now, never revives an expired one.
         self.renew = f"""
@@ -351,10 +356,11 @@ class SQLiteStatements:
             "WHERE table_name = :table AND (:me IS NULL OR instance <> :me)"
         )
         # The dead instance's claims: a claim marked isolated (its handler ran alone in the
-        # dead process, so the crash is its own) keeps its attempt and claim id and its lease
-        # lapses now; every other claim is given back as release_many gives it (the attempt
-        # not spent: any handler of the process may have killed it) and the row becomes
-        # suspect (isolated_claim not NULL, equal to no claim id): its next attempt runs alone.
+        # dead process, or started there on probation, so the crash is its own) keeps its
+        # attempt and claim id and its lease lapses now; every other claim is given back as
+        # release_many gives it (the attempt not spent: any handler of the process may have
+        # killed it) and the row becomes suspect, or suspect again when its handler had
+        # started there as a suspect (see stores/_suspects.py).
         isolated = "isolated_claim = claim_id"
         self.take_over = f"""
             UPDATE {t} SET
@@ -364,14 +370,20 @@ class SQLiteStatements:
                               ELSE :now END,
                 instance = CASE WHEN {isolated} THEN instance ELSE NULL END,
                 isolated_claim = CASE WHEN {isolated} THEN isolated_claim
-                                      ELSE COALESCE(isolated_claim, '') END
+                                      ELSE {taken_over_mark_sql()} END
             WHERE state = 'processing' AND instance = :instance
             RETURNING update_id"""
-        # The handler of this exact live claim starts alone in its process (claims of
-        # suspect rows only).
+        # The handler of this exact live claim starts on probation or alone in its process
+        # (claims of suspect rows only).
         self.mark_isolated = f"""
             UPDATE {t} SET isolated_claim = claim_id
             WHERE update_id = :update_id AND {_LIVE} AND claim_id = :claim_id
+            RETURNING update_id"""
+        # The handler of this exact live claim, marked, ran past its probation.
+        self.end_probation = f"""
+            UPDATE {t} SET isolated_claim = '{PROBATION_OVER}'
+            WHERE update_id = :update_id AND {_LIVE} AND claim_id = :claim_id
+              AND isolated_claim = claim_id
             RETURNING update_id"""
 
     def release_many(self, count: int) -> str:

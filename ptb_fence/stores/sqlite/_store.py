@@ -147,7 +147,9 @@ class SQLiteUpdateStore:
         ptb_fence.SchemaError: An existing table of that name lacks columns the store needs.
     """
 
-    __slots__ = ("__weakref__", "_conns", "_liveness", "_sql", "_suspects", "_table")
+    __slots__ = (
+        "__weakref__", "_conns", "_journal", "_liveness", "_sql", "_suspects", "_table"
+    )
 
     def __init__(
         self,
@@ -474,12 +476,11 @@ class SQLiteUpdateStore:
         params["ids"] = json.dumps(distinct)
         rows = conn.execute(self._sql.claim_owned_many, params).fetchall()
         taken: Dict[int, AttemptIdentity] = {}
-        for update_id, state, attempts, claim_id, suspect in rows:
+        for update_id, state, attempts, claim_id, suspicion in rows:
             if state == "processing":
                 identity = AttemptIdentity(int(update_id), int(attempts), str(claim_id))
                 taken[identity.update_id] = identity
-                if suspect:
-                    self._suspects.note(identity)
+                self._suspects.note(identity, int(suspicion))
         result: List[Optional[AttemptIdentity]] = []
         for update_id in ids:
             result.append(taken.pop(update_id, None))
@@ -1031,10 +1032,11 @@ class SQLiteUpdateStore:
         replaced or unreadable lock file proves nothing (one WARNING per unreadable file).
         First holds this object's own instance again if its lock file was removed. Of a dead
         instance's ``processing`` rows, one whose claim was marked isolated
-        (:meth:`mark_isolated`: its handler ran alone there, so the crash is its own) gets
-        ``due_at = now - 1`` (never later than before; attempts and claim id kept); every
-        other row is given back (``pending``, ``attempts - 1``, ``due_at = now``, claim id
-        kept; listed by ``due`` at once) and becomes suspect. Any process can claim them at
+        (:meth:`mark_isolated`: its handler ran there alone or on probation, so the crash is
+        its own) gets ``due_at = now - 1`` (never later than before; attempts and claim id
+        kept); every other row is given back (``pending``, ``attempts - 1``, ``due_at = now``,
+        claim id kept; listed by ``due`` at once) and becomes suspect, or suspect again when
+        its handler had started there as a suspect. Any process can claim them at
         once; the instance's row is deleted — all in one transaction (optional capabilities,
         see :class:`ptb_fence.LivenessStore` and :class:`ptb_fence.IsolatingUpdateStore`).
 
@@ -1069,24 +1071,36 @@ class SQLiteUpdateStore:
                 close_fd(fd)
         return count
 
-    def claimed_suspect(self, identity: AttemptIdentity) -> bool:
-        """Whether ``identity``, claimed through this object in this process, took a suspect
-        row (a row whose earlier claim a dead instance held, given back by
-        :meth:`take_over_dead`). Read back by the claim statement itself: no statement here;
-        answered once per claim (optional capability, see
-        :class:`ptb_fence.IsolatingUpdateStore`)."""
+    def claimed_suspect(self, identity: AttemptIdentity) -> int:
+        """The suspicion of the row ``identity`` took, a claim made through this object in
+        this process: 0, 1 (a dead instance held it) or 2 (its handler had started there as
+        a suspect). Read back by the claim statement itself: no statement here; answered once
+        per claim (optional capability, see :class:`ptb_fence.IsolatingUpdateStore`)."""
         return self._suspects.take(identity)
 
     def mark_isolated(self, identity: AttemptIdentity, *, at: int) -> bool:
-        """Record, committed, that the handler of this exact live claim starts now alone in its
-        process (``isolated_claim = claim_id``), so that :meth:`take_over_dead` counts its
-        attempt as spent if the process dies (optional capability, see
+        """Record, committed, that the handler of this exact live claim starts now on
+        probation or alone (``isolated_claim = claim_id``), so that :meth:`take_over_dead`
+        counts its attempt as spent if the process dies (optional capability, see
         :class:`ptb_fence.IsolatingUpdateStore`).
 
         Returns:
             :obj:`bool`: Whether it landed (the row is ``processing`` with this attempt and
             claim id and ``due_at >= at``).
         """
+        return self._isolation(self._sql.mark_isolated, identity, at)
+
+    def end_probation(self, identity: AttemptIdentity, *, at: int) -> bool:
+        """Record, committed, that the handler of this exact live claim, marked by
+        :meth:`mark_isolated`, ran past its probation: a crash from now on is not charged to
+        it alone (optional capability, see :class:`ptb_fence.IsolatingUpdateStore`).
+
+        Returns:
+            :obj:`bool`: Whether it landed (the claim is live at ``at`` and marked).
+        """
+        return self._isolation(self._sql.end_probation, identity, at)
+
+    def _isolation(self, sql: str, identity: AttemptIdentity, at: int) -> bool:
         params = {
             "update_id": identity.update_id,
             "attempt": identity.attempt,
@@ -1094,7 +1108,7 @@ class SQLiteUpdateStore:
             "at": int_arg("at", at),
         }
         with self._conns.immediate() as conn:
-            return bool(conn.execute(self._sql.mark_isolated, params).fetchall())
+            return bool(conn.execute(sql, params).fetchall())
 
     @property
     def instance(self) -> Optional[str]:

@@ -152,18 +152,18 @@ def take(
 ) -> Optional[AttemptIdentity]:
     """Claim ``update_id`` (for ``instance``) in one write transaction; its identity, or None
     if not taken. ``statement``: another claim statement with the same parameters (the
-    chat-order claim); default ``sql.claim``. A claim of a suspect row is noted in
-    ``suspects``."""
+    chat-order claim); default ``sql.claim``. The suspicion of the row it took is noted
+    in ``suspects``."""
     params = claim_params(terms, instance)
     params.update(update_id=update_id, claim_id=new_claim_id())
     with conns.immediate() as conn:
         rows = conn.execute(statement or sql.claim, params).fetchall()
     if not rows or rows[0][0] != "processing":
         return None
-    _, attempt, claim_id, suspect = rows[0]
+    _, attempt, claim_id, suspicion = rows[0]
     identity = AttemptIdentity(update_id, int(attempt), str(claim_id))
-    if suspect and suspects is not None:
-        suspects.note(identity)
+    if suspects is not None:
+        suspects.note(identity, int(suspicion))
     return identity
 
 
