@@ -26,10 +26,18 @@ _REFUSED = (
 )
 
 
+# the first characters a statement that ends the transaction can start with (a cheap test
+# before the pattern: most statements start with I, S, U, D or W)
+_FIRST = frozenset("cCeEaArR \t\r\n")
+
+
 def _ends_transaction(sql: Any) -> bool:
-    if isinstance(sql, (bytes, bytearray)):
+    if isinstance(sql, str):
+        if sql[:1] not in _FIRST:
+            return False
+    elif isinstance(sql, (bytes, bytearray)):
         sql = bytes(sql[:64]).decode("latin-1")
-    elif not isinstance(sql, str):
+    else:
         return False  # a composed query object: the driver renders it
     return _ENDS.match(sql) is not None
 
