@@ -13,12 +13,27 @@ a PTB bot) should call ``django.db.close_old_connections()`` when its handler is
 from __future__ import annotations
 
 import importlib
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from ptb_fence._errors import UsageError
+from ptb_fence._errors import TransactionEnded, UsageError
 from ptb_fence._dbapi import ROLLBACK_MARK, GivenConnection, transaction_ended
 
+if TYPE_CHECKING:
+    from ptb_fence._values import AttemptIdentity
+
 __all__ = ["DjangoTransaction", "dbapi_of"]
+
+# the text of Django's TransactionManagementError for commit(), rollback() and
+# set_autocommit() inside atomic()
+_FORBIDDEN = "forbidden when an 'atomic' block is active"
+
+_REFUSED = (
+    "refused a commit, rollback or autocommit switch inside the block (Django forbids it "
+    "inside atomic()): nothing was committed, and the block fails (rolled back, not "
+    "retried). Django commits the block when it ends, together with the ownership check and "
+    "complete=True: raise an exception to roll it back, or use atomic() inside it for "
+    "savepoints"
+)
 
 _MARKED = (
     f"{ROLLBACK_MARK} (transaction.set_rollback(True), or a database error caught inside the "
@@ -59,10 +74,11 @@ class DjangoTransaction:
         TypeError: ``given`` is another Django object.
     """
 
-    __slots__ = ("_given", "_atomic", "_raw")
+    __slots__ = ("_given", "_atomic", "_raw", "_identity")
 
-    def __init__(self, given: Any) -> None:
+    def __init__(self, given: Any, identity: "Optional[AttemptIdentity]" = None) -> None:
         self._given = _wrapper(given)
+        self._identity = identity
         self._atomic: Any = None
         self._raw: Any = None
 
@@ -119,3 +135,8 @@ class DjangoTransaction:
 
     def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
         self._atomic.__exit__(kind, error, traceback)
+        if (kind is not None and self._identity is not None and kind.__name__ ==
+                "TransactionManagementError" and _FORBIDDEN in str(error)):
+            # Django refused a commit, a rollback or autocommit in the block: the same
+            # mistake as a refused commit() anywhere else (final, never retried)
+            raise TransactionEnded(self._identity, "refused", _REFUSED) from error

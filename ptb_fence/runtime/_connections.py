@@ -124,7 +124,7 @@ def caller_connection(
     if root == "django":
         from ptb_fence.contrib.django import DjangoTransaction
 
-        return DjangoTransaction(connection)
+        return DjangoTransaction(connection, identity)
     return GivenConnection(_checked(connection, root))
 
 

@@ -252,3 +252,35 @@ def test_a_block_marked_for_rollback_never_reads_as_a_completion(
     assert seen["completed"] is False and runs == [1]
     assert env.state(65) == "abandoned"
     assert all(uid != 65 for uid, _ in env.bookings())
+
+
+def test_a_django_commit_inside_the_block_is_final_not_retried(
+    env: Env, intakes: List[UpdateIntake]
+) -> None:
+    """``transaction.commit()`` inside the block: Django refuses it inside ``atomic()``
+    before anything commits; the block fails with ``TransactionEnded`` (a misuse: the
+    attempt ends at once, not retried), nothing written."""
+    from django.db import transaction
+
+    clock = FakeClock()
+    seen: Dict[str, Any] = {}
+    runs: List[int] = []
+
+    def handle(update: Dict[str, Any], attempt: Any, connection: Any) -> None:
+        runs.append(attempt.attempt)
+        try:
+            with attempt.transaction(connection=connection, complete=True):
+                env.Booking.objects.using(env.alias).create(update_id=update["update_id"],
+                                                            attempt=attempt.attempt)
+                transaction.commit(using=env.alias)
+        except TransactionEnded as exc:
+            seen["error"] = exc
+            raise
+
+    _run(env, intakes, handle, 66, clock)
+    clock.advance(3600)
+    intakes[-1].sweep()
+    assert intakes[-1].idle(20)
+    assert "Django forbids it inside atomic()" in str(seen.get("error")), seen
+    assert runs == [1] and env.state(66) == "abandoned"
+    assert all(uid != 66 for uid, _ in env.bookings())
