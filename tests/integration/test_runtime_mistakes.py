@@ -633,3 +633,38 @@ def test_a_given_sqlite_connection_committed_inside_the_block_is_loud(
         intakes.remove(intake)
         intake.close()
         backend.store.close()
+
+
+def test_a_misuse_is_delivered_to_handle_exhaustion_at_once(
+    backend: Backend, intakes: List[UpdateIntake], caplog: Any
+) -> None:
+    """Bytes given to ``outbox.send_photo`` (a file to upload): ``UsageError``. With
+    ``handle_exhaustion`` the attempt is exhausted at once (not retried, whatever
+    ``max_attempts`` and the retry policy say) and delivered once, its error naming the fix;
+    one ERROR line says so."""
+    clock = FakeClock()
+    runs: List[int] = []
+    delivered: List[Any] = []
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        runs.append(attempt.attempt)
+        with attempt.transaction(complete=True) as conn:
+            backend.insert(conn, update["update_id"], attempt.attempt)
+            attempt.outbox.send_photo(5, b"\x89PNG...")
+
+    with FakeBotApi() as fake, caplog.at_level(logging.WARNING, logger="ptb_fence"):
+        intake = _make(backend.store, intakes, clock, handle_attempt=handle_attempt,
+                       handle_exhaustion=delivered.append, max_attempts=5,
+                       retry=lambda error, attempt: 0.0,
+                       bot_token=fake.token, bot_base_url=fake.base_url)
+        intake.accept(body(16))
+        assert intake.idle(10)
+        _retry_now(intake, clock)
+        assert fake.sent_messages == []
+    assert runs == [1]
+    assert [(e.update_id, e.attempt) for e in delivered] == [(16, 1)]
+    assert "UsageError" in delivered[0].error and "file to upload" in delivered[0].error
+    assert backend.notes() == [] and backend.store.list_calls(limit=10) == []
+    logged = [r for r in caplog.records if "update 16 attempt 1 failed" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].levelname == "ERROR"
+    assert "not retried: a misuse of ptb_fence" in logged[0].getMessage()
