@@ -22,6 +22,16 @@ Columns: seconds from the signal until every update is handled; updates that wai
 lapsed lease (handled more than 90 % of a lease after the signal); lost (not handled within
 ``--cap`` seconds); duplicates (more than one fenced domain row for an update).
 
+``sigkill-slow`` puts ``--slow-handlers`` updates (default 16, of other chats) whose handlers
+take ``--handler-seconds`` (default 2 s, as a handler calling a payment API or an LLM) in flight,
+SIGKILLs the process once every one of them started and restarts it at once: the row's time is
+from the kill until all are handled, and its goal (printed met or missed) is 3 handlers' time +
+5 s. ``crash-loop`` sends one update whose handler SIGKILLs its own process (as a segfault
+would) beside ``--slow-handlers`` healthy ones in one ``getUpdates`` batch, with
+``max_attempts=3``, and restarts the bot each time it dies (``Restart=always``): the row shows
+the crashes, the most runs of a healthy update (its handler's starts, goal 2) and the poison's
+end (abandoned after its attempts). Both are in the default list.
+
 ``backlog-share`` (not in the default list) records ``--backlog`` updates (default 20,000, over
 30 chats, received an hour ago: an outage) as ``pending`` straight into the store, then starts
 two processes (no polling: their sweeps take the backlog) and samples every 100 ms the rows in
@@ -59,7 +69,10 @@ LEASE = 120.0
 DEFAULTS = ["--lease", "120", "--sweep", "30", "--grace", "60", "--max-life", "600",
             "--max-concurrent", "32", "--slow", "w", "--slow-seconds", "0.05"]
 SCENARIOS = ["sigterm-burst", "sigint-stream", "sigterm-backlog", "sigkill-restart",
-             "sigkill-second", "hung-handler"]
+             "sigkill-second", "hung-handler", "sigkill-slow", "crash-loop"]
+CRASH_LOOP_ATTEMPTS = 3
+"""``max_attempts`` of the ``crash-loop`` scenario: the poison ends after this many charged
+crashes (plus the first, which no update is charged for)."""
 CLAIM_BOUND = 32 + 8
 """``--max-concurrent`` of :data:`DEFAULTS` + the default ``ingest_claim_buffer``."""
 
@@ -199,7 +212,8 @@ def _wait(predicate: Callable[[], Any], timeout: float) -> bool:
     return False
 
 
-def scenario(name: str, kind: str, updates: int, cap: float, front: str = "ptb") -> Any:
+def scenario(name: str, kind: str, updates: int, cap: float, front: str = "ptb",
+             handlers: int = 16, seconds: float = 2.0) -> Any:
     workdir = tempfile.mkdtemp(prefix="ptb_fence_recovery_")
     store = Store(kind, workdir)
     try:
@@ -208,6 +222,10 @@ def scenario(name: str, kind: str, updates: int, cap: float, front: str = "ptb")
             try:
                 if name == "backlog-share":
                     return _backlog_share(run, updates, cap)
+                if name == "sigkill-slow":
+                    return _sigkill_slow(run, handlers, seconds, cap)
+                if name == "crash-loop":
+                    return _crash_loop(run, handlers, seconds, cap)
                 return _scenario(name, run, updates, cap)
             finally:
                 run.end()
@@ -270,6 +288,68 @@ def _scenario(name: str, run: Run, updates: int, cap: float) -> Tuple[float, int
     waited = sum(1 for u in ids if u in done and done[u] / 1000.0 - signalled > 0.9 * LEASE)
     dups = sum(1 for c in store.domain_counts().values() if c > 1)
     return took, waited, lost, dups
+
+
+def _starts(run: Run, update_id: int) -> int:
+    """How many processes started ``update_id``'s handler (each writes ``started.<id>.<pid>``)."""
+    return len(glob.glob(os.path.join(run.dir, f"started.{update_id}.*")))
+
+
+def _sigkill_slow(run: Run, handlers: int, seconds: float, cap: float) -> Tuple[float, int, int, int]:
+    """``handlers`` slow handlers in flight, SIGKILL, an immediate restart: seconds from the
+    kill until all are handled, most runs of one update, lost, duplicates."""
+    slow = ("--slow", "slow", "--slow-seconds", str(seconds))
+    ids = [run.fake.inject_message(chat_id=100 + i, text="slow") for i in range(handlers)]
+    first = run.spawn("--run-polling", *slow)
+    run.ready(first)
+    _wait(lambda: all(_starts(run, u) for u in ids), cap)
+    killed = time.time()
+    first.send_signal(signal.SIGKILL)
+    first.wait(cap)
+    run.spawn("--run-polling", *slow)
+    _wait(lambda: set(run.store.completed()) >= set(ids), cap)
+    done = run.store.completed()
+    took = (max(done[u] for u in ids if u in done) / 1000.0 - killed) if done else float("nan")
+    lost = sum(1 for u in ids if u not in done)
+    dups = sum(1 for c in run.store.domain_counts().values() if c > 1)
+    return took, max(_starts(run, u) for u in ids), lost, dups
+
+
+def _crash_loop(run: Run, handlers: int, seconds: float, cap: float) -> Dict[str, Any]:
+    """A poison update beside ``handlers`` healthy ones (handlers of ``seconds`` / 10), the
+    bot restarted each time it dies, until every update settled or ``cap`` passed."""
+    extra = ("--crash", "crash", "--max-attempts", str(CRASH_LOOP_ATTEMPTS),
+             "--slow", "slow", "--slow-seconds", str(seconds / 10))
+    poison = run.fake.inject_message(chat_id=99, text="crash")
+    healthy = [run.fake.inject_message(chat_id=100 + i, text="slow") for i in range(handlers)]
+    began = time.time()
+    deadline = time.monotonic() + cap
+    proc = run.spawn("--run-polling", *extra)
+    crashes = 0
+
+    def settled() -> bool:
+        try:
+            states = dict(run.store._q(f"SELECT update_id, state FROM {run.store.table}"))
+        except Exception:  # noqa: BLE001 - the first process has not made its table yet
+            return False
+        return all(states.get(u) in ("completed", "abandoned") for u in [poison] + healthy)
+
+    while not settled() and time.monotonic() < deadline and crashes < 4 * CRASH_LOOP_ATTEMPTS:
+        if proc.poll() is not None:  # it died: the supervisor starts it again at once
+            crashes += 1
+            proc = run.spawn("--run-polling", *extra)
+        time.sleep(0.05)
+    took = time.time() - began
+    states = dict(run.store._q(f"SELECT update_id, state FROM {run.store.table}"))
+    done = run.store.completed()
+    return {
+        "crashes": crashes,
+        "took": took,
+        "healthy_runs": max(_starts(run, u) for u in healthy),
+        "poison": states.get(poison, "missing"),
+        "lost": sum(1 for u in healthy if u not in done),
+        "dups": sum(1 for c in run.store.domain_counts().values() if c > 1),
+    }
 
 
 def _peak_rss_mb(pid: int) -> Optional[float]:
@@ -355,21 +435,63 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="scenarios, comma-separated (also: backlog-share)")
     parser.add_argument("--front", default="ptb", help="ptb, intake or ptb,intake")
     parser.add_argument("--backlog", type=int, default=20_000, help="backlog-share's backlog")
+    parser.add_argument("--slow-handlers", type=int, default=16,
+                        help="sigkill-slow's handlers in flight; crash-loop's healthy updates")
+    parser.add_argument("--handler-seconds", type=float, default=2.0,
+                        help="sigkill-slow's handler time (crash-loop's: a tenth of it)")
     args = parser.parse_args(argv)
     if args.quick:
         args.updates, args.cap = 60, 60.0
     names = args.only.split(",")
+    special = ("backlog-share", "sigkill-slow", "crash-loop")
     failed = False
-    if any(name != "backlog-share" for name in names):
+    goals: List[str] = []
+    if any(name not in special for name in names):
         print(f"{'scenario':<18} {'front':<7} {'store':<9} {'signal->all handled':>20} "
               f"{'waited for lease':>17} {'lost':>5} {'dups':>5}")
-    for name in (n for n in names if n != "backlog-share"):
+    for name in (n for n in names if n not in special):
         for front in args.front.split(","):
             for kind in args.stores.split(","):
                 took, waited, lost, dups = scenario(name, kind, args.updates, args.cap, front)
                 failed |= bool(lost or dups)
                 print(f"{name:<18} {front:<7} {kind:<9} {took:>18.1f} s {waited:>17} {lost:>5} "
                       f"{dups:>5}", flush=True)
+    if "sigkill-slow" in names:
+        goal = 3 * args.handler_seconds + 5
+        print(f"{'scenario':<14} {'front':<7} {'store':<9} {'in flight':>9} {'handler':>8} "
+              f"{'kill->all handled':>18} {'most runs':>9} {'lost':>5} {'dups':>5}")
+        for front in args.front.split(","):
+            for kind in args.stores.split(","):
+                took, runs, lost, dups = scenario(
+                    "sigkill-slow", kind, 0, args.cap, front, args.slow_handlers,
+                    args.handler_seconds)
+                failed |= bool(lost or dups)
+                print(f"{'sigkill-slow':<14} {front:<7} {kind:<9} {args.slow_handlers:>9} "
+                      f"{args.handler_seconds:>7.1f}s {took:>16.1f} s {runs:>9} {lost:>5} "
+                      f"{dups:>5}", flush=True)
+                goals.append(f"sigkill-slow {front} {kind}: {took:.1f} s <= {goal:g} s "
+                             f"(3 handlers' time + 5 s): {'met' if took <= goal else 'MISSED'}")
+    if "crash-loop" in names:
+        print(f"{'scenario':<14} {'front':<7} {'store':<9} {'healthy':>7} {'crashes':>7} "
+              f"{'settled in':>11} {'most runs':>9} {'poison':>10} {'lost':>5} {'dups':>5}")
+        for front in args.front.split(","):
+            for kind in args.stores.split(","):
+                loop = scenario("crash-loop", kind, 0, args.cap, front, args.slow_handlers,
+                                args.handler_seconds)
+                failed |= bool(loop["lost"] or loop["dups"])
+                print(f"{'crash-loop':<14} {front:<7} {kind:<9} {args.slow_handlers:>7} "
+                      f"{loop['crashes']:>7} {loop['took']:>9.1f} s {loop['healthy_runs']:>9} "
+                      f"{loop['poison']:>10} {loop['lost']:>5} {loop['dups']:>5}", flush=True)
+                ok = (loop["healthy_runs"] <= 2 and loop["poison"] == "abandoned"
+                      and loop["crashes"] <= CRASH_LOOP_ATTEMPTS + 1)
+                goals.append(f"crash-loop {front} {kind}: {loop['crashes']} crashes, healthy "
+                             f"runs <= {loop['healthy_runs']}, poison {loop['poison']} (goal: "
+                             f"<= {CRASH_LOOP_ATTEMPTS + 1} crashes, <= 2 runs, abandoned): "
+                             f"{'met' if ok else 'MISSED'}")
+    if goals:
+        print("TARGETS")
+        for line in goals:
+            print("  " + line)
     if "backlog-share" in names:
         print(f"{'scenario':<14} {'front':<7} {'store':<9} {'backlog':>8} {'drained':>11} "
               f"{'proc':>5} {'max claims':>9} {'share':>6} {'peak RSS':>11} {'lost':>5} "

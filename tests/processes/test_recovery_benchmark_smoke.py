@@ -47,3 +47,20 @@ def test_recovery_benchmark_backlog_share_runs() -> None:
         claims, bound = row[7].split("/")
         assert 0 < int(claims) <= int(bound), row
     assert sum(float(row[8].rstrip("%")) for row in rows) > 99, rows  # every update, by one of them
+
+
+def test_recovery_benchmark_slow_crash_rows_run() -> None:
+    """The two rows of a crash with slow handlers in flight: an ordinary SIGKILL (goal: 3
+    handlers' time + 5 s) and a crash loop (goal: the poison abandoned after its attempts, a
+    healthy update run at most twice), each with its TARGETS line."""
+    lines = _run("--only", "sigkill-slow,crash-loop", "--stores", "sqlite", "--front", "ptb",
+                 "--slow-handlers", "4", "--handler-seconds", "1", "--cap", "90")
+    slow = [line.split() for line in lines if line.startswith("sigkill-slow ")]
+    assert len(slow) == 1 and slow[0][:5] == ["sigkill-slow", "ptb", "sqlite", "4", "1.0s"], lines
+    assert int(slow[0][7]) <= 2 and slow[0][8:] == ["0", "0"], slow  # runs, lost, dups
+    loop = [line.split() for line in lines if line.startswith("crash-loop ")]
+    assert len(loop) == 1 and loop[0][:4] == ["crash-loop", "ptb", "sqlite", "4"], lines
+    assert loop[0][7:] == [loop[0][7], "abandoned", "0", "0"] and int(loop[0][7]) <= 2, loop
+    targets = lines[lines.index("TARGETS") + 1:]
+    assert [t.split()[0] for t in targets] == ["sigkill-slow", "crash-loop"], targets
+    assert targets[1].endswith(": met"), targets  # the crash-loop bounds hold on any machine
