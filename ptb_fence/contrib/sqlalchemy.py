@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ptb_fence._errors import TransactionEnded, UsageError
 from ptb_fence._dbapi import (
-    COMMITTED_OR_ROLLED_BACK,
     ROLLBACK_MARK,
     GivenConnection,
     transaction_ended,
@@ -48,6 +47,11 @@ _REFUSED = (
 _FAILED = (
     f"{ROLLBACK_MARK} (the Session's transaction failed, e.g. a flush error caught inside the "
     "block, and SQLAlchemy rolled it back)"
+)
+
+_ROLLED_BACK = (
+    f"{ROLLBACK_MARK} (the block rolled it back itself: session.rollback(), "
+    "connection.rollback() or close())"
 )
 
 _LISTENING = threading.Lock()
@@ -219,9 +223,10 @@ class SQLAlchemyTransaction:
     def ended(self) -> Optional[str]:
         """Whether the block committed or rolled back (through SQLAlchemy or its DB-API
         connection) or closed the transaction itself."""
+        # SQLAlchemy's commit is refused in the block: a transaction it ended was rolled back
         if self._session is not None:
             if self._session.get_transaction() is not self._transaction:
-                return COMMITTED_OR_ROLLED_BACK
+                return _ROLLED_BACK
             if not self._transaction.is_active:
                 return _FAILED  # still the Session's, but it must be rolled back
         elif self._connection.closed:
@@ -229,8 +234,8 @@ class SQLAlchemyTransaction:
         elif self._connection.invalidated:
             return "closed or broken"
         if not self._transaction.is_active:
-            return COMMITTED_OR_ROLLED_BACK
-        return transaction_ended(self._raw)
+            return _ROLLED_BACK
+        return transaction_ended(self._raw)  # a commit through the DB-API connection
 
     def store_connection(self) -> Any:
         """A DB-API connection of the Session or Connection (to undo a completion that the

@@ -712,3 +712,40 @@ def test_the_readme_asyncsession_recipe_completes_in_one_commit(
             made.close()
         sync_engine.dispose()
         store.close()
+
+
+@pytest.mark.parametrize("given", ["session", "connection"])
+def test_a_rollback_inside_the_block_then_a_write_never_commits(
+    env: Env, intakes: List[UpdateIntake], given: str
+) -> None:
+    """``session.rollback()`` (or ``connection.rollback()``) in the block, then another
+    write: the rollback took the completion made at the start with it, and the write after
+    it is in a transaction no fence checked. The block fails naming the rollback, the later
+    write is rolled back too, nothing is completed, not retried."""
+    seen: Dict[str, Any] = {}
+    runs: List[int] = []
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        runs.append(attempt.attempt)
+        uid = update["update_id"]
+        table = env.Booking.__table__
+        opened = Session(env.engine) if given == "session" else env.engine.connect()
+        with opened as target:
+            try:
+                with attempt.transaction(connection=target, complete=True):
+                    target.execute(table.insert().values(update_id=uid, attempt=1))
+                    target.rollback()
+                    target.execute(table.insert().values(update_id=uid + 1000, attempt=1))
+            except TransactionEnded as exc:
+                seen["error"] = exc
+                raise
+            finally:
+                seen["completed"] = attempt.completed
+
+    intake, clock = _intake(env, intakes, handle_attempt)
+    intake.accept(body(51))
+    _retry_now(intake, clock)
+    assert "rolled it back itself" in str(seen.get("error")), seen
+    assert seen["completed"] is False and runs == [1]
+    assert env.bookings() == []
+    assert env.state(51) == "abandoned"
