@@ -668,11 +668,7 @@ class Attempt:
                     # the block may have ended the transaction by a way no guard saw before
                     # it raised (a refused commit ended nothing)
                     if open_here and (refusals is None or refusals.refused is None):
-                        self._undo_escape(
-                            opened, first, checked_at,
-                            given.store_connection() if given else conn,
-                            transaction_ended(conn) if given is None else given.ended(),
-                        )
+                        self._undo_escape(opened, first, checked_at, conn, given)
                     raise
                 finally:  # before the commit: then the pool may lend it to other calls
                     _OPEN.reset(token)
@@ -772,16 +768,28 @@ class Attempt:
             )
 
     def _undo_escape(
-        self, opened: OpenTransaction, first: bool, checked_at: int, store_conn: Any,
-        ended: Optional[str],
+        self, opened: OpenTransaction, first: bool, checked_at: int, conn: Any,
+        given: Optional[CallerConnection],
     ) -> None:
-        """The block raised after it had ended its transaction itself (``ended``), by a way
-        no guard saw: undo what escaped of the fence's own (the completion made at the start,
-        the outbox calls written), as when the block returns."""
-        if ended != COMMITTED_OR_ROLLED_BACK:
+        """The block raised: if it had ended its transaction itself first, by a way no guard
+        saw, undo what escaped of the fence's own (the completion made at the start, the
+        outbox calls written), as when the block returns. Never raises: the block's error
+        is the one to report."""
+        try:
+            ended = transaction_ended(conn) if given is None else given.ended()
+            if ended != COMMITTED_OR_ROLLED_BACK:
+                return
+            if first:
+                self._reopen(checked_at, conn if given is None else given.store_connection())
+        except Exception:
+            _LOGGER.warning(
+                "update %s attempt %s: could not tell whether the failed block had ended its "
+                "fenced transaction itself",
+                self.update_id,
+                self.attempt,
+                exc_info=True,
+            )
             return
-        if first:
-            self._reopen(checked_at, store_conn)
         if opened.call_ids:
             self._drop_escaped(opened.call_ids)
 
