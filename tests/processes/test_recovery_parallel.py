@@ -55,3 +55,29 @@ def test_a_sigkill_with_slow_handlers_in_flight_recovers_in_one_handlers_time(
         _stop(bots, second, signal.SIGTERM, STOP_TIMEOUT + 5)
     written = _exactly_once(bed, ids)
     assert all(row[0][3] == second.pid for row in written.values())
+
+
+def test_a_second_process_takes_over_slow_handlers_in_one_handlers_time(
+    bots: Bots, bed: Bed
+) -> None:
+    """The same crash, taken over by a second process that was already running (it takes the
+    dead process's claims over within about a second, then runs them 0.25 s apart)."""
+    slow = ("--slow", "slow", "--slow-seconds", str(HANDLER_SECONDS), "--max-concurrent", "32")
+    with FakeBotApi() as fake:
+        other = bots.spawn(fake, bed.url, bed.table, bed.domain, *DEFAULTS, *slow)
+        bots.wait_ready(other)
+        ids = [fake.inject_message(chat_id=100 + i, text="slow") for i in range(HANDLERS)]
+        poller = bots.spawn(fake, bed.url, bed.table, bed.domain, "--poll", *DEFAULTS, *slow)
+        bots.wait_ready(poller)
+        wait_sync("every slow handler to start in the poller",
+                  lambda: all(poller.pid in bots.started(u) for u in ids), 30)
+        bots.kill(poller)
+        killed = time.monotonic()
+        _all_handled(bots, bed, ids, GOAL + LOADED_MACHINE,
+                     "the other process handles every update the dead one held")
+        took = time.monotonic() - killed
+        print(f"took over {HANDLERS} x {HANDLER_SECONDS:g} s handlers in {took:.1f} s")
+        assert took < GOAL + LOADED_MACHINE, took
+        bots.stop_all()
+    written = _exactly_once(bed, ids)
+    assert all(row[0][3] == other.pid for row in written.values())
