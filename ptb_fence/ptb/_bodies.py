@@ -36,15 +36,17 @@ class IngestError(TelegramError):
     __slots__ = ()
 
 
+def _updates_text(update_ids: Union[Optional[int], Sequence[int]]) -> "tuple[str, Optional[int]]":
+    if isinstance(update_ids, int) or update_ids is None:
+        return f"update {update_ids}", update_ids
+    return ("updates " + ", ".join(str(u) for u in update_ids),
+            update_ids[0] if update_ids else None)
+
+
 def ingest_error(update_ids: Union[Optional[int], Sequence[int]], error: BaseException) -> IngestError:
     """Log that ``update_ids`` could not be recorded and return the :class:`IngestError` to
     raise (PTB then does not acknowledge them to Telegram)."""
-    if isinstance(update_ids, int) or update_ids is None:
-        what = f"update {update_ids}"
-        first = update_ids
-    else:
-        what = "updates " + ", ".join(str(u) for u in update_ids)
-        first = update_ids[0] if update_ids else None
+    what, first = _updates_text(update_ids)
     _INGEST_LOGGER.error(
         "could not record %s (%s: %s); not acknowledged to Telegram",
         what,
@@ -53,6 +55,26 @@ def ingest_error(update_ids: Union[Optional[int], Sequence[int]], error: BaseExc
         extra={"update_id": first},
     )
     return IngestError(f"ptb_fence could not record {what}: {type(error).__name__}")
+
+
+def log_recording_again(update_ids: Sequence[int], error: BaseException, level: int,
+                        wait: float, note: str = "") -> None:
+    """Log (at ``level``) that a batch could not be recorded and is tried again in ``wait``
+    seconds (``note``: what the line adds, e.g. that the next ones go to DEBUG)."""
+    if not _INGEST_LOGGER.isEnabledFor(level):
+        return
+    what, first = _updates_text(update_ids)
+    _INGEST_LOGGER.log(
+        level,
+        "could not record %s (%s: %s); not acknowledged to Telegram, recording again in "
+        "%.1f s%s",
+        what,
+        type(error).__name__,
+        error,
+        wait,
+        note,
+        extra={"update_id": first},
+    )
 
 
 def _null(_: object) -> None:

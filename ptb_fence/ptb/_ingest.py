@@ -16,14 +16,23 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from telegram import Update
 
+from ptb_fence._errors import is_misuse
 from ptb_fence._update_ids import is_update_id
 from ptb_fence._values import StateEntry, StateKey
-from ptb_fence.ptb._bodies import ingest_error, parse_update, raw_body, update_body, valid_update_id
+from ptb_fence.ptb._bodies import (
+    ingest_error,
+    log_recording_again,
+    parse_update,
+    raw_body,
+    update_body,
+    valid_update_id,
+)
 from ptb_fence.ptb._group_commit import GroupCommit
 from ptb_fence.ptb._persistence import FencedPersistence
 from ptb_fence.ptb._state import Recorded, SharedState
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.runtime._attempt import Attempt
+from ptb_fence.runtime._backoff import Backoff
 from ptb_fence.runtime._chats import chat_key, update_chat_key
 from ptb_fence.runtime._runtime import Runtime
 
@@ -229,15 +238,28 @@ class Ingest:
         # anything left from an earlier batch was never put (PTB stopped or dropped it):
         # give it back (claimable at once)
         self._state.release_preclaimed(ingested_only=True)
-        try:
-            outcome = await self._threads.call_handing_on(
-                lambda: self._runtime.record_many(items, claim=True, chats=chats),
-                lambda landed: self._hand_on_batch(raws, landed),
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            raise ingest_error([update_id for update_id, _ in items], exc) from exc
+        backoff = Backoff()
+        while True:
+            try:
+                outcome = await self._threads.call_handing_on(
+                    lambda: self._runtime.record_many(items, claim=True, chats=chats),
+                    lambda landed: self._hand_on_batch(raws, landed),
+                )
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                ids = [update_id for update_id, _ in items]
+                if is_misuse(exc) or updater is None or not updater.running:
+                    raise ingest_error(ids, exc) from exc
+                # the answer is in hand: recorded again after a back-off, not fetched again
+                # after PTB's (growing to 30 s: the work would resume that late)
+                wait = backoff.failed()
+                outage = self._runtime.stats.outage
+                level = outage.failed("ingest")
+                log_recording_again(ids, exc, level, wait,
+                                    outage.note("ingest") if level == logging.ERROR else "")
+                await asyncio.sleep(wait)
         for (update_id, _), value in zip(items, outcome):
             self._state.ingested[update_id] = value
 

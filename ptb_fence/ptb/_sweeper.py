@@ -16,6 +16,7 @@ from ptb_fence.ptb._deliveries import Deliveries
 from ptb_fence.ptb._state import SharedState
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.runtime._runtime import Runtime
+from ptb_fence.runtime._backoff import Backoff
 from ptb_fence.runtime._sweep import recheck_delay, retry_delay
 
 __all__ = ["Sweeper"]
@@ -43,6 +44,7 @@ class Sweeper:
 
     __slots__ = (
         "_application",
+        "_backoff",
         "_deliveries",
         "_extra",
         "_loop",
@@ -69,6 +71,7 @@ class Sweeper:
         self._deliveries = deliveries
         self._application = application
         self._redeliver = redeliver
+        self._backoff = Backoff()  # the sweeps' waits while the store does not answer
         self._task: Optional["asyncio.Task[None]"] = None
         self._extra: "Set[asyncio.Task[None]]" = set()
         # a retry due before the next sweep is handed back at its time (same fenced claim)
@@ -138,7 +141,15 @@ class Sweeper:
                 await self._wait_drained(interval)
                 continue
             include_fresh = False
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self._pause(interval))
+
+    def _pause(self, interval: float) -> float:
+        """The wait before the next sweep: the interval, or while the store does not answer
+        the back-off if that is longer (a short interval would try at once again and again)."""
+        if not self._runtime.stats.outage.ongoing:
+            self._backoff.answered()
+            return interval
+        return max(interval, self._backoff.failed())
 
     async def _wait_drained(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()

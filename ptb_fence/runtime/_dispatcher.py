@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 from ptb_fence.contract import OUTBOX_METHODS
 from ptb_fence._values import AttemptEffects, AttemptIdentity, CallClaim, OutboxEntry
 from ptb_fence.runtime._outbox_prepare import OutboxPrepare
+from ptb_fence.runtime._backoff import Backoff
 from ptb_fence.runtime._daemon_pool import DaemonThreadPool
 from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._options import RuntimeOptions
@@ -164,6 +165,8 @@ class OutboxDispatcher:
         "_pool",
         "_prepare",
         "_port",
+        "_read_at",
+        "_read_backoff",
         "_read_due",
         "_report",
         "_reserved",
@@ -216,6 +219,8 @@ class OutboxDispatcher:
         self._claim_keys: Dict[_CallKey, Optional[int]] = {}  # may be inserted claimed
         self._seen: "set[_CallKey]" = set()  # read back claimed
         self._read_due = False
+        self._read_at = 0.0  # monotonic: when a read that failed is tried again
+        self._read_backoff = Backoff()
         self._held: "set[int]" = set()  # claimed by this run and not given up here yet
         self._behind: Dict[Optional[int], int] = {}  # chat -> calls left pending behind ours
         self._unsent: List[int] = []  # claimed, never started (a stop came first)
@@ -448,7 +453,7 @@ class OutboxDispatcher:
                         break
                     now = self._now()
                     mono = time.monotonic()
-                    if self._record_due(mono) or self._read_due:
+                    if self._record_due(mono) or (self._read_due and mono >= self._read_at):
                         break
                     free = self._claim_room()
                     held = now < self._hold_until
@@ -463,12 +468,15 @@ class OutboxDispatcher:
                     wait = max(0.001, min((wake_at - now) / 1000.0, 1.0))
                     if self._done:
                         wait = min(wait, max(0.001, self._record_at() - mono))
+                    if self._read_due:  # a read that failed: again after its back-off
+                        wait = min(wait, max(0.001, self._read_at - mono))
                     self._cond.wait(wait)
                 stopping = self._stopping
                 done: List[_Done] = []
                 if stopping or self._record_due(time.monotonic()):
                     done, self._done = self._done, []
-                read, self._read_due = self._read_due, False
+                read = self._read_due and time.monotonic() >= self._read_at
+                self._read_due = self._read_due and not read
                 now = self._now()
                 claim = (
                     self._woken or now >= next_poll
@@ -534,10 +542,12 @@ class OutboxDispatcher:
             )
         except Exception as exc:
             self._report(exc, "outbox")
-            with self._cond:  # read again next round
+            with self._cond:  # read again after a back-off (at once: a busy loop in an outage)
                 self._ended = ended + self._ended
                 self._read_due = True
+                self._read_at = time.monotonic() + self._read_backoff.failed()
             return
+        self._read_backoff.answered()
         now = self._now()
         margin = int(self._options.lease_seconds * 500)
         fresh = []

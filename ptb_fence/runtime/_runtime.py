@@ -294,6 +294,9 @@ class Runtime:
     ) -> None:
         """Log a store error and pass it to ``on_store_error(error, step)``.
 
+        During an outage only the first errors of each step are logged at ERROR, the rest at
+        DEBUG, and the first store call that answers again says so once (see
+        :class:`~ptb_fence.runtime._outage.StoreOutage`); every error is counted and observed.
         The record carries ``step`` and ``update_id``, ``attempt``, ``claim_id`` (``ids``;
         :obj:`None` where the error concerns no single attempt) as ``extra`` fields.
         """
@@ -301,13 +304,18 @@ class Runtime:
         fields.update(ids or {})
         fields["step"] = step
         self.stats.store_error(step)
-        _LOGGER.error(
-            "store error during %s%s: %s",
-            step,
-            "" if fields["update_id"] is None else f" of update {fields['update_id']}",
-            error_text(error),
-            extra=fields,
-        )
+        # an outage fails every loop again and again: a few lines per step, then DEBUG
+        level = self.stats.outage.failed(step)
+        if _LOGGER.isEnabledFor(level):
+            _LOGGER.log(
+                level,
+                "store error during %s%s: %s%s",
+                step,
+                "" if fields["update_id"] is None else f" of update {fields['update_id']}",
+                error_text(error),
+                self.stats.outage.note(step) if level == logging.ERROR else "",
+                extra=fields,
+            )
         self._observe("on_store_error", error, step)
 
     # -- the outbox (what attempts hold for their completion) ---------------------------------

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from ptb_fence._values import StoreFigures
+from ptb_fence.runtime._outage import StoreOutage
 
 __all__ = [
     "ATTEMPT_OUTCOMES",
@@ -228,6 +229,7 @@ class RuntimeStats:
         "_store_errors",
         "ingest_failing_since",
         "oldest_unrecorded_date",
+        "outage",
         "store_failing_since",
     )
 
@@ -258,6 +260,9 @@ class RuntimeStats:
         self.oldest_unrecorded_date: Optional[int] = None
         # since when store calls fail (epoch seconds; None: the last one answered)
         self.store_failing_since: Optional[float] = None
+        # what the log says of the store errors of one outage (the first store call that
+        # answers ends it)
+        self.outage = StoreOutage()
 
     # -- ingest -----------------------------------------------------------------------------
     def recorded(self, added: int, duplicates: int) -> None:
@@ -348,6 +353,8 @@ class RuntimeStats:
                 self.store_failing_since = None
             elif self.store_failing_since is None:
                 self.store_failing_since = time.time()
+        if ok:
+            self.outage.answered()
 
     def timed(self, operation: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Call the store with ``fn(*args, **kwargs)`` and count its duration under
