@@ -16,6 +16,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import sysconfig
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -772,10 +773,15 @@ def test_masking_covers_every_spelling() -> None:
 
 # -- the installed script ----------------------------------------------------------------------
 def script() -> str:
-    path = shutil.which("ptb-fence")
-    if path is None:
-        pytest.fail("the ptb-fence console script is not installed: run `pip install -e .`")
-    return path
+    # the script pip installed beside this interpreter: a venv used by path (not activated)
+    # has it there, not on PATH
+    name = "ptb-fence.exe" if os.name == "nt" else "ptb-fence"
+    for folder in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    pytest.fail(f"the ptb-fence console script is not installed beside {sys.executable}: "
+                "run `python -m pip install -e .` with that interpreter")
 
 
 def test_installed_script_status_and_refusal(tmp_path: Any) -> None:
