@@ -549,8 +549,13 @@ class LivenessStore(Protocol):
         ``due_at = now``, claim id kept). It becomes *suspect*, or *suspect again* when its
         handler had started there as a suspect (see there).
 
+        A store with the outbox (:class:`OutboxStore`) also lets the lease of every
+        ``sending`` call of a dead instance's sender lapse now (``due_at = now - 1``): the
+        runtime's sender token ends with ``@<instance>`` (the instance its process holds), so
+        those calls are claimable at once, as the instance's updates are.
+
         Returns:
-            The number of rows made claimable.
+            The number of rows made claimable (updates and outbox calls).
         """
 
 

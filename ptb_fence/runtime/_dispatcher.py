@@ -161,6 +161,7 @@ class OutboxDispatcher:
         "_inflight",
         "_loop",
         "_next_retry",
+        "_noted",
         "_options",
         "_pool",
         "_prepare",
@@ -225,6 +226,7 @@ class OutboxDispatcher:
         self._behind: Dict[Optional[int], int] = {}  # chat -> calls left pending behind ours
         self._unsent: List[int] = []  # claimed, never started (a stop came first)
         self._unrecorded: List[Tuple[int, str, str, int]] = []  # sent; record_sent failed
+        self._noted: "set[int]" = set()  # sent, in the store's sent journal, counted
         self._next_retry: Optional[int] = None  # epoch ms of the earliest retry set here
         self._hold_until = 0  # epoch ms: a flood limit of the whole bot holds every chat
         self._flood: Dict[Optional[int], int] = {}  # chat -> end of its RetryAfter hold
@@ -700,6 +702,8 @@ class OutboxDispatcher:
                                 separators=(",", ":"), default=_json_default)
         except BaseException as exc:  # noqa: B036 - every failure is decided, none lost
             error = exc
+        if error is None and result:
+            self._note_sent(entry, result)
         with self._cond:
             self._started.discard(entry.call_id)
             self._inflight.pop(entry.call_id, None)
@@ -707,6 +711,21 @@ class OutboxDispatcher:
                 self._done_since = time.monotonic()
             self._done.append((entry, result, error))
             self._cond.notify_all()
+
+    def _note_sent(self, entry: OutboxEntry, result: str) -> None:
+        """On the sender thread, right after Telegram's answer: a store with a sent journal
+        (SQLite) records the call at once, whatever transaction holds its write lock, so the
+        send window stays the answer plus that one short commit. The grouped record follows
+        as usual (the journal is folded into it)."""
+        try:
+            noted = self._port.note_sent([(entry.call_id, self._sender, result, self._now())])
+        except Exception as exc:  # the grouped record still records it
+            self._report(exc, "outbox")
+            return
+        if noted:  # readers see it sent from now on: so do the stats
+            self._stats.calls_sent(1)
+            with self._cond:
+                self._noted.add(entry.call_id)
 
     # -- outcomes ------------------------------------------------------------------------------
     def _record(self, done: Sequence[_Done]) -> bool:
@@ -765,8 +784,11 @@ class OutboxDispatcher:
             self._report(exc, "outbox")
             self._unrecorded = items + self._unrecorded
             return False
-        self._stats.calls_sent(sum(1 for ok in landed if ok))
         with self._cond:
+            noted = self._noted
+            self._stats.calls_sent(sum(1 for (call_id, *_), ok in zip(items, landed)
+                                       if ok and call_id not in noted))
+            noted.difference_update(item[0] for item in items)
             self._held.difference_update(item[0] for item in items)
             self._held.update(entry.call_id for entry in claimed)
         for (call_id, *_), ok in zip(items, landed):

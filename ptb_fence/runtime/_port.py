@@ -182,6 +182,7 @@ class StorePort:
         "_mark_isolated",
         "_end_probation",
         "_outbox",
+        "_note_sent",
         "_claimed_inserts",
         "_record_and_claim",
         "_state",
@@ -280,6 +281,8 @@ class StorePort:
         self._outbox: Any = store if has("outbox") else None
         self._claimed_inserts: Any = store if has("outbox_claimed_inserts") else None
         self._record_and_claim = method("outbox_record_and_claim", "record_sent_and_claim")
+        # SQLite's sent journal: a sent call recorded at once, outside the write lock
+        self._note_sent = _optional(store, "note_sent") if self._outbox is not None else None
         self._state: Any = store if has("state") else None
         self._owns_connection = takes_connection(_optional(store, "owns"))
         self._settle_connection = takes_connection(self._settle_owned)
@@ -834,6 +837,14 @@ class StorePort:
         if self._outbox is None:
             return [False] * len(items)
         return [bool(ok) for ok in self._outbox.record_sent(list(items))]
+
+    def note_sent(self, items: Sequence[Tuple[int, str, str, int]]) -> bool:
+        """``store.note_sent(items)`` (SQLite: the sent journal, no write lock); whether the
+        store has it (:obj:`False`: nothing done, ``record_sent`` is the record)."""
+        if self._note_sent is None:
+            return False
+        self._note_sent(list(items))
+        return True
 
     def record_sent_and_claim(
         self,

@@ -3,7 +3,7 @@ few commits per hundred updates (the calls ride the completion's commit, claimed
 this process's sender; results are recorded in groups).
 
 Counted at the driver: every SQLite ``COMMIT`` the store's connections run (their trace
-callback) and every ``commit()`` of the PostgreSQL connections of a caller's pool, each
+callback; those of SQLite's sent journal, a file of its own, apart) and every ``commit()`` of the PostgreSQL connections of a caller's pool, each
 classified by what its transaction wrote. A transaction that wrote only the outbox table
 (a claim, a record of results, a retry, a release) is an extra commit of the outbox; the
 completions write the update table too. 300 updates of 300 chats, one reply each,
@@ -63,6 +63,14 @@ class CommitTally:
         elif text.startswith(_WRITES):  # each statement on the outbox names only it
             state["outbox" if self.outbox.upper() in text else "updates"] = True
 
+    def journal(self, sql: str) -> None:
+        """A statement on SQLite's sent journal: a file of its own, whose write lock only
+        senders take (one short commit per answer, the send window's record), counted apart
+        from the database's commits."""
+        if self.counting and sql.lstrip().upper().startswith("COMMIT"):
+            with self._lock:
+                self.kinds["journal"] += 1
+
     def commit(self, state: Dict[str, bool]) -> None:
         kind = "updates" if state.get("updates") else "outbox" if state.get("outbox") else "read"
         state.clear()
@@ -82,7 +90,10 @@ def sqlite_tally(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], Co
         tally = made.get("tally")
         if tally is not None:
             state: Dict[str, bool] = {}
-            conn.set_trace_callback(lambda sql: tally.statement(state, sql))
+            if str(args[0] if args else kwargs.get("database", "")).endswith(".sent"):
+                conn.set_trace_callback(tally.journal)
+            else:
+                conn.set_trace_callback(lambda sql: tally.statement(state, sql))
         return conn
 
     monkeypatch.setattr(sqlite3, "connect", counting_connect)
@@ -209,6 +220,8 @@ def test_an_outbox_reply_costs_few_extra_commits(
           f"calls sent on their first claim {sum(c.tries == 1 for c in calls)}; errors of the "
           f"others: {sorted({str(c.error) for c in calls if c.tries != 1})}")
     assert tally.kinds["updates"] > 0  # the counting saw the completions
+    # SQLite's sent journal: one commit per answer, and the deletes of groups recorded
+    assert tally.kinds["journal"] <= 2 * UPDATES, dict(tally.kinds)
     assert extra <= EXTRA_PER_UPDATE, (
         f"{tally.kinds['outbox']} commits wrote only the outbox for {UPDATES} updates"
     )

@@ -33,6 +33,10 @@ how (the first word):
   attempt is refused there) unless the second word is ``nowrite`` (then it returns, and the
   runtime's completion of a stale attempt is refused).
 - ``once``: as ``plain`` with the reply queued ``at_most_once``.
+- ``hold``: queues its reply; attempt 1's fenced write announces ``holding.<update_id>.<pid>``
+  inside its transaction and sleeps ``--slow-seconds`` there (on SQLite: holding the
+  database's write lock, as a long fenced transaction of one chat does); later attempts
+  write as ``plain``.
 
 ``handle_send_failure`` appends each failure as a JSON line to ``DIR/failures.<pid>``.
 Files in ``DIR``: ``ready.<pid>`` once running; ``log.<pid>`` the process log.
@@ -48,6 +52,7 @@ import os
 import random
 import signal
 import sys
+import time
 from typing import Any, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -121,6 +126,17 @@ def build(args: argparse.Namespace) -> Any:
 
             await jitter()
             await attempt.run_in_transaction(write_and_reply, complete=True)
+            return
+        if mode == "hold":
+            attempt.outbox.reply_text(reply)
+
+            def write_holding(conn: Any) -> None:
+                write(conn)
+                if attempt.attempt == 1:
+                    touch(os.path.join(args.dir, f"holding.{uid}.{pid}"))
+                    time.sleep(args.slow_seconds)
+
+            await attempt.run_in_transaction(write_holding)
             return
         await jitter()
         attempt.outbox.reply_text(reply, at_most_once=(mode == "once"))

@@ -105,6 +105,16 @@ def outbox_states(bed: Bed) -> Dict[str, int]:
     return counts
 
 
+def stored_states(bed: Bed) -> Dict[int, str]:
+    """Each call's state as the store reads it: on SQLite a call in the sent journal, not
+    folded into the table yet, is ``sent`` (recorded, never sent again)."""
+    store = make_store(bed.url, bed.table)
+    try:
+        return {entry.call_id: entry.state for entry in store.list_calls(limit=1_000_000)}
+    finally:
+        store.close()
+
+
 def committed(bed: Bed) -> Dict[int, List[Tuple[int, str, int]]]:
     """The fenced domain rows per update: (attempt, claim_id, pid)."""
     by: Dict[int, List[Tuple[int, str, int]]] = {}
@@ -213,8 +223,8 @@ def test_sigkill_at_random_points_every_update_ends_with_exactly_one_reply(
     grouped completion), half inside ``run_in_transaction(complete=True)``.
 
     The send window is measured, not guessed: once a killed process is dead and FakeBotApi has
-    gone quiet, a call still ``sending`` whose reply FakeBotApi already received was sent and
-    not recorded; the next process sends it again. Each such hit must account for exactly one
+    gone quiet, a call the store still reads ``sending`` whose reply FakeBotApi already
+    received was sent and not recorded; the next process sends it again. Each such hit must account for exactly one
     extra copy of that reply, and every other update must have exactly one."""
     rng = random.Random(2126)
     rounds, batch = 8, 150
@@ -244,7 +254,9 @@ def test_sigkill_at_random_points_every_update_ends_with_exactly_one_reply(
             received = replies_by_update(fake)
             in_flight = sum(s == "processing" for s in states.values())
             unsent, window = 0, 0
-            for _, update_id, _, _, _, state, _, _, _ in outbox_rows(bed):
+            shown = stored_states(bed)
+            for call_id, update_id, _, _, _, state, _, _, _ in outbox_rows(bed):
+                state = shown.get(call_id, state)
                 if state not in ("pending", "sending"):
                     continue
                 unsent += 1

@@ -52,6 +52,7 @@ from ptb_fence.stores._outbox_sql import counts_of, effects_params, entry_of, se
 from ptb_fence.stores._state_sql import check_kind, check_writes, entries_of
 from ptb_fence.stores._suspects import SuspectClaims
 from ptb_fence.stores.sqlite._connections import SQLiteConnections
+from ptb_fence.stores.sqlite._sent_journal import SentJournal, SentRow, fold_order
 from ptb_fence.stores.sqlite._liveness import (
     FileLiveness,
     close_fd,
@@ -192,6 +193,8 @@ class SQLiteUpdateStore:
         self._liveness = FileLiveness()
         self._suspects = SuspectClaims()
         self._sql = SQLiteStatements(self._table)
+        # sent calls recorded at once, whatever transaction holds the write lock
+        self._journal = SentJournal(path, synchronous.upper(), float(busy_timeout))
         self._conns = SQLiteConnections(
             path,
             f"SQLiteUpdateStore({path!r}, table={self._table!r})",
@@ -230,6 +233,7 @@ class SQLiteUpdateStore:
         except Exception:  # the file may be unwritable or closed: the lock ends with the fd
             pass
         self._conns.close()
+        self._journal.close()
 
     def __enter__(self: _S) -> _S:
         """Return the store itself."""
@@ -1206,7 +1210,9 @@ class SQLiteUpdateStore:
             "sender": str(sender),
         }
         with self._conns.immediate() as conn:
+            folded = self._fold_journal(conn)
             rows = conn.execute(self._sql.outbox.claim, params).fetchall()
+        self._forget_journaled(folded)
         return sorted((entry_of(row) for row in rows), key=lambda entry: entry.call_id)
 
     def _sender_write(self, statement: str, params: Dict[str, Any]) -> bool:
@@ -1220,12 +1226,10 @@ class SQLiteUpdateStore:
         if not items:
             return []
         with self._conns.immediate() as conn:
-            return [
-                conn.execute(self._sql.outbox.record_sent, {
-                    "call_id": call_id, "sender": sender, "result": result, "at": at,
-                }).fetchone() is not None
-                for call_id, sender, result, at in items
-            ]
+            folded = self._fold_journal(conn)
+            landed = self._record_sent_in(conn, items)
+        self._forget_journaled(folded + [item[0] for item in items])
+        return landed
 
     def record_sent_and_claim(
         self,
@@ -1244,15 +1248,60 @@ class SQLiteUpdateStore:
             "limit": max(int(limit), 0),
             "sender": str(sender),
         }
+        items = list(items)
         with self._conns.immediate() as conn:
-            landed = [
-                conn.execute(self._sql.outbox.record_sent, {
-                    "call_id": call_id, "sender": who, "result": result, "at": at,
-                }).fetchone() is not None
-                for call_id, who, result, at in items
-            ]
+            folded = self._fold_journal(conn)
+            landed = self._record_sent_in(conn, items)
             rows = conn.execute(self._sql.outbox.claim, params).fetchall() if limit > 0 else []
+        self._forget_journaled(folded + [item[0] for item in items])
         return landed, sorted((entry_of(row) for row in rows), key=lambda e: e.call_id)
+
+    def note_sent(self, items: Sequence[SentRow]) -> None:
+        """Record at once that ``(call_id, sender, result_json, at)`` were sent, without the
+        database's write lock: in the sent journal next to it (``<database>.sent``). A fenced
+        transaction of another chat may hold the write lock for seconds: a sender that dies
+        meanwhile would leave the call to be sent again. Every claim folds the journal in first
+        (a journaled call is recorded ``sent`` by its sender, never claimed), and the readers
+        show a journaled call as ``sent`` (optional, see ``runtime/_port.py``)."""
+        self._journal.note(self._sql.outbox.name, list(items))
+
+    def _fold_journal(self, conn: sqlite3.Connection) -> List[int]:
+        """Under the write lock, before any claim: record every journaled call ``sent`` as
+        :meth:`record_sent` would (only while its journaling sender holds it); the call ids,
+        forgotten by the journal after the commit."""
+        journaled = self._journal.read(self._sql.outbox.name)
+        for call_id, sender, result, at in fold_order(journaled):
+            conn.execute(self._sql.outbox.record_sent, {
+                "call_id": call_id, "sender": sender, "result": result, "at": at,
+            })
+        return list(journaled)
+
+    def _record_sent_in(
+        self, conn: sqlite3.Connection, items: Sequence[SentRow]
+    ) -> List[bool]:
+        """:meth:`record_sent` of ``items`` on ``conn``; a call a fold (this one or an
+        earlier one) recorded from its own sender's journal row landed too."""
+        landed = []
+        for call_id, sender, result, at in items:
+            ok = conn.execute(self._sql.outbox.record_sent, {
+                "call_id": call_id, "sender": sender, "result": result, "at": at,
+            }).fetchone() is not None
+            if not ok:
+                found = conn.execute(
+                    f'SELECT 1 FROM "{self._sql.outbox.name}" '  # noqa: S608
+                    "WHERE call_id = ? AND state = 'sent' AND sender = ?", (call_id, sender),
+                ).fetchone()
+                ok = found is not None
+            landed.append(ok)
+        return landed
+
+    def _forget_journaled(self, call_ids: Sequence[int]) -> None:
+        """The journal forgets calls whose record committed (a failure leaves rows that a
+        later fold records again: a no-op)."""
+        try:
+            self._journal.forget(self._sql.outbox.name, list(call_ids))
+        except sqlite3.Error:
+            pass
 
     def retry_call(self, call_id: int, sender: str, *, due_at: int, error: str) -> bool:
         """A call sending by ``sender`` goes back to pending at ``due_at`` with ``error``."""
@@ -1284,13 +1333,15 @@ class SQLiteUpdateStore:
 
     def _entries(self, statement: str, params: Dict[str, Any]) -> List[OutboxEntry]:
         with self._conns.using() as conn:
-            return [entry_of(row) for row in conn.execute(statement, params).fetchall()]
+            entries = [entry_of(row) for row in conn.execute(statement, params).fetchall()]
+            return self._journal.shown(conn, self._sql.outbox.name, entries)
 
     def claimed_calls(self, sender: str, *, limit: int) -> List[OutboxEntry]:
         """The calls ``sending`` by ``sender`` (claimed at insert or by :meth:`claim_calls`),
         by ``call_id``, at most ``limit``; reads only."""
-        return self._entries(self._sql.outbox.claimed,
-                             {"sender": str(sender), "limit": max(int(limit), 0)})
+        entries = self._entries(self._sql.outbox.claimed,
+                                {"sender": str(sender), "limit": max(int(limit), 0)})
+        return [entry for entry in entries if entry.state == "sending"]
 
     def due_send_failures(
         self, *, limit: int, after_call_id: Optional[int] = None
@@ -1319,13 +1370,35 @@ class SQLiteUpdateStore:
             "limit": max(int(limit), 0),
             "state": state,
         }
+        if state in ("sent", "sending"):
+            return self._list_journaled(str(state), params)
         statement = self._sql.outbox.list_all if state is None else self._sql.outbox.list_state
         return self._entries(statement, params)
+
+    def _list_journaled(self, state: str, params: Dict[str, Any]) -> List[OutboxEntry]:
+        """:meth:`list_calls` of ``sent`` or ``sending`` calls, a call in the sent journal
+        (not folded in yet) counted as ``sent``."""
+        outbox = self._sql.outbox
+        with self._conns.using() as conn:
+            unfolded = self._journal.unfolded(conn, outbox.name)
+            wider = dict(params, limit=params["limit"] + len(unfolded))
+            rows = conn.execute(outbox.list_state, wider).fetchall()
+            if state == "sent":
+                for call_id in sorted(unfolded):
+                    if call_id > params["after"]:
+                        rows += conn.execute(outbox.get, {"call_id": call_id}).fetchall()
+            entries = self._journal.shown(conn, outbox.name, [entry_of(row) for row in rows])
+        found = sorted((e for e in entries if e.state == state), key=lambda e: e.call_id)
+        return found[: params["limit"]]
 
     def outbox_counts(self) -> Dict[str, int]:
         """Calls per state (``failed``: not acknowledged; ``failed_acknowledged``)."""
         with self._conns.using() as conn:
-            return counts_of(conn.execute(self._sql.outbox.counts).fetchall())
+            counts = counts_of(conn.execute(self._sql.outbox.counts).fetchall())
+            journaled = len(self._journal.unfolded(conn, self._sql.outbox.name))
+        counts["sending"] -= journaled  # sent: in the journal, not folded in yet
+        counts["sent"] += journaled
+        return counts
 
     def retry_failed_call(self, call_id: int, at: int) -> bool:
         """Operators: a failed call goes back to pending at ``at``."""
