@@ -592,7 +592,9 @@ class UpdateIntake:
             return None
         run = self._runs.begin(key, update_id, attempt)  # leaves the gate when it ends
         attempt.update = update  # what attempt.outbox.reply_text answers
-        token = enter_attempt(attempt) if attempt.fenced else None
+        # a unary handler gets no attempt, also when it carries a claim id (handle_exhaustion)
+        aware = self._handle_attempt is not None and attempt.fenced
+        token = enter_attempt(attempt) if aware else None
         error: Optional[BaseException] = None
         started = time.perf_counter()
         try:

@@ -505,7 +505,10 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                     timeout = runtime.options.attempt_timeout_seconds
                     run = self._handlers.run(attempt, timeout)
                     started = time.perf_counter()
-                    with handling(handled, attempt if attempt.fenced else None):
+                    # a unary processor's handlers get no attempt, also when its attempts
+                    # carry claim ids (handle_exhaustion): they have nothing to fence with
+                    fenced = attempt if runtime.attempt_aware and attempt.fenced else None
+                    with handling(handled, fenced):
                         # in a task of its own, which a timeout or a stop ends (bounded: see
                         # _handlers); a CancelledError its code raised is a failure
                         # (propagating it would kill PTB's update fetcher in sequential mode)
@@ -567,9 +570,14 @@ class DurableUpdateProcessor(BaseFenceProcessor):
     Unary: plain PTB handlers, any base :class:`~ptb_fence.UpdateStore` (including a legacy
     PostgreSQL table). Each update is recorded before Telegram is told it was received,
     claimed under a lease, handled and settled; failures are retried with backoff.
+    Handlers get no :class:`~ptb_fence.Attempt` (``context.attempt`` and
+    :func:`ptb_fence.current_attempt` are :obj:`None`), also with ``handle_exhaustion``: for
+    fenced writes and ``attempt.outbox`` use :class:`FencedUpdateProcessor`.
 
     Args:
         store: An update store.
+        handle_exhaustion: ``handle_exhaustion(exhaustion)`` (sync or async), as for
+            :class:`FencedUpdateProcessor`; needs a fenced and durable store.
         **options: The options of :class:`ptb_fence.RuntimeOptions` (``max_attempts``,
             ``lease_seconds``, ``sweep_every_seconds``, ``pending_grace_seconds``,
             ``retain_seconds``, ``max_concurrent``, ``retry``, ``on_failure``,
@@ -578,8 +586,16 @@ class DurableUpdateProcessor(BaseFenceProcessor):
 
     __slots__ = ()
 
-    def __init__(self, store: UpdateStore, **options: Any) -> None:
-        super().__init__(store, attempt_aware=False, **options)
+    def __init__(
+        self,
+        store: UpdateStore,
+        *,
+        handle_exhaustion: Optional[Callable[[Exhaustion], Any]] = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(
+            store, attempt_aware=False, handle_exhaustion=handle_exhaustion, **options
+        )
 
 
 class FencedUpdateProcessor(BaseFenceProcessor):

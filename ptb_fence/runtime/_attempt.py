@@ -205,7 +205,8 @@ class Attempt:
         if self._identity is None:
             raise UsageError(
                 "this attempt has no claim id: it was claimed with the base contract (unary "
-                "handling); use attempt-aware handling with a fenced store"
+                "handling); use FencedUpdateProcessor (PTB) or UpdateIntake(handle_attempt=...) "
+                "with a fenced store"
             )
         return self._identity
 

@@ -324,7 +324,11 @@ class Runtime:
         if self.outbox is None:
             if not self.port.has_outbox:
                 return no_outbox(self.store)
-            return "attempt.outbox needs attempt-aware handling (a fenced front end)"
+            return (
+                "attempt.outbox needs attempt-aware handling: use FencedUpdateProcessor (PTB) "
+                "or UpdateIntake(handle_attempt=...), not DurableUpdateProcessor or "
+                "UpdateIntake(handle=...)"
+            )
         return self.outbox.refusal()
 
     def outbox_defaults(self) -> Mapping[str, Any]:

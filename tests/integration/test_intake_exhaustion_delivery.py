@@ -187,3 +187,26 @@ def test_a_failing_exhaustion_handler_is_entered_once_per_sweep(tmp_path: Any) -
     finally:
         intake.close(timeout=10)
         store.close()
+
+
+def test_a_unary_handler_gets_no_attempt_with_handle_exhaustion(tmp_path: Any) -> None:
+    """UpdateIntake(handle=...) with handle_exhaustion claims with claim ids, yet its handler
+    is unary: current_attempt() is None there, as without handle_exhaustion."""
+    from ptb_fence import current_attempt
+
+    store = SQLiteUpdateStore(str(tmp_path / "unary.db"))
+    seen: List[Any] = []
+
+    def handle(update: Dict[str, Any]) -> None:
+        seen.append(current_attempt())
+
+    intake = UpdateIntake(store, handle=handle, handle_exhaustion=print,
+                          sweep_every_seconds=0.1, pending_grace_seconds=0.2)
+    intake.start()
+    try:
+        assert intake.accept(_body(1, chat=1)) == "accepted"
+        _wait("the handler ran", lambda: len(seen) == 1)
+        assert seen == [None]
+    finally:
+        intake.close(timeout=10)
+        store.close()

@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Any, Dict, List
 
+import pytest
 from telegram import Update
 from telegram.ext import MessageHandler, filters
 
@@ -89,7 +90,10 @@ def test_attempt_is_visible_in_handler_threads_and_transactions(tmp_path: Any) -
     assert rows(path)[update_id][:2] == ("completed", 1)
 
 
-def test_unary_processor_handlers_have_no_attempt(tmp_path: Any) -> None:
+@pytest.mark.parametrize("exhaustions", [False, True], ids=["plain", "handle_exhaustion"])
+def test_unary_processor_handlers_have_no_attempt(tmp_path: Any, exhaustions: bool) -> None:
+    """Also with handle_exhaustion, whose attempts carry claim ids: the docs say there is no
+    attempt, and attempt.outbox could not be used with it anyway."""
     path = str(tmp_path / "updates.db")
     store = SQLiteUpdateStore(path)
     seen: List[Any] = []
@@ -98,7 +102,8 @@ def test_unary_processor_handlers_have_no_attempt(tmp_path: Any) -> None:
         seen.append((update.update_id, context.attempt, current_attempt()))
 
     async def scenario(fake: FakeBotApi) -> List[int]:
-        processor = DurableUpdateProcessor(store, **FAST)
+        extra: Dict[str, Any] = {"handle_exhaustion": print} if exhaustions else {}
+        processor = DurableUpdateProcessor(store, **extra, **FAST)
         app = build(processor, fake)
         app.add_handler(MessageHandler(filters.TEXT, on_message))
         ids = [fake.inject_message(chat_id=i, text="x") for i in range(1, 4)]

@@ -867,8 +867,27 @@ def test_unary_attempt_has_no_identity() -> None:
     store.add(1, body(1), 0)
     attempt = runtime.claim(1)
     assert attempt is not None and not attempt.fenced and attempt.claim_id == ""
-    with pytest.raises(TypeError, match="fenced store"):
+    with pytest.raises(TypeError, match="fenced store") as raised:
         attempt.identity
+    assert "FencedUpdateProcessor" in str(raised.value)
+    runtime.end(attempt)
+
+
+def test_outbox_of_a_durable_unary_attempt_names_the_front_end_to_use() -> None:
+    """A unary runtime with handle_exhaustion claims with claim ids (its attempts are fenced)
+    on an outbox store, yet has no sender: the refusal names FencedUpdateProcessor."""
+    from ptb_fence import RuntimeOptions, UsageError
+    from ptb_fence.runtime._runtime import Runtime
+
+    store = MemoryUpdateStore()
+    runtime = Runtime(store, RuntimeOptions(clock=FakeClock()), attempt_aware=False,
+                      handle_exhaustion=True)
+    store.add(1, body(1), 0)
+    attempt = runtime.claim(1)
+    assert attempt is not None and attempt.fenced
+    with pytest.raises(UsageError) as raised:
+        attempt.outbox
+    assert "FencedUpdateProcessor" in str(raised.value), raised.value
     runtime.end(attempt)
 
 
