@@ -1,6 +1,7 @@
 """A PostgreSQL outage under a running bot (tests/processes/outbox_worker.py: a PTB
-``Application`` with ``run_polling()``, replies through the outbox, FakeBotApi as Telegram),
-made by a TCP proxy between the bot and the server (tests/support/tcp_proxy.py): every
+``Application`` with ``run_polling()``, replies through the outbox, FakeBotApi as Telegram;
+tests/processes/intake_worker.py: an ``UpdateIntake`` whose sweeps find what another process
+recorded), made by a TCP proxy between the bot and the server (tests/support/tcp_proxy.py): every
 connection is closed and new ones are refused for the outage, then accepted again, while the
 server keeps running for everyone else.
 
@@ -13,6 +14,8 @@ once the store answers again; the work the outage held up must go on within a se
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 import re
 import time
@@ -21,13 +24,16 @@ from typing import Any, Iterator, List, Tuple
 import psycopg2.extensions
 import pytest
 
-from ptb_fence.testing import FakeBotApi
+from ptb_fence.testing import FakeBotApi, make_message_update
 from ptb_support import wait_sync
 from recovery_support import Bed, make_bed
 from tcp_proxy import TcpProxy
 from test_ptb_processes import Bots
+from worker_support import make_store
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "outbox_worker.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = {"ptb": os.path.join(HERE, "outbox_worker.py"),
+           "intake": os.path.join(HERE, "intake_worker.py")}
 OUTAGE = float(os.environ.get("PTB_FENCE_OUTAGE_SECONDS", "12"))
 TICK = os.sysconf("SC_CLK_TCK")
 ERRORS_PER_COMPONENT = 3
@@ -38,11 +44,14 @@ def bed(request: Any, tmp_path: Any) -> Iterator[Bed]:
     yield from make_bed(request, tmp_path)
 
 
-@pytest.fixture
-def bots(tmp_path: Any) -> Iterator[Bots]:
+@pytest.fixture(params=["ptb", "intake"])
+def bots(request: Any, tmp_path: Any) -> Iterator[Bots]:
+    """The bot processes of one front end: a PTB Application polling FakeBotApi, replying
+    through the outbox (``ptb``), or an ``UpdateIntake`` handed what the test records
+    (``intake``: its sweeps find it)."""
     directory = tmp_path / "bots"
     directory.mkdir()
-    started = Bots(str(directory), WORKER)
+    started = Bots(str(directory), WORKERS[request.param])
     yield started
     for proc in started.procs:
         if proc.poll() is None:
@@ -67,7 +76,8 @@ def errors_by_component(lines: List[str]) -> List[Tuple[str, int]]:
     the logger, with the step of a store error (``ptb_fence.runtime/outbox``)."""
     counts: "dict[str, int]" = {}
     for line in lines:
-        match = re.match(r"\S+ \S+ \d+ (\S+) ERROR (store error during (\w+))?", line)
+        # the intake worker's lines name the thread before the logger
+        match = re.match(r"\S+ \S+ \d+ (?:\S+ )?(\S+) ERROR (store error during (\w+))?", line)
         if match:
             name = match.group(1) + (f"/{match.group(3)}" if match.group(3) else "")
             counts[name] = counts.get(name, 0) + 1
@@ -87,13 +97,31 @@ def test_an_outage_backs_every_loop_off_and_work_resumes_at_once(
     proxy = TcpProxy((params.get("host", "127.0.0.1"), int(params.get("port", 5432)))).start()
     params.update(host="127.0.0.1", port=str(proxy.port))
     dsn = psycopg2.extensions.make_dsn(**params)
+    direct = make_store(bed.url, bed.table)  # the test's own way in: not through the proxy
+    ptb = bots.worker == WORKERS["ptb"]
     try:
         with FakeBotApi() as fake:
-            proc = bots.spawn(fake, dsn, bed.table, bed.domain, "--poll", "--lease", "5",
-                              "--sweep", "1", "--grace", "1")
+
+            def give(chat: int) -> int:
+                """An update for the bot: from Telegram (PTB), or recorded by another
+                process (the intake's sweep finds it)."""
+                if ptb:
+                    return fake.inject_message(chat_id=chat, text="inside")
+                update = make_message_update(1000 + chat, chat, "x")
+                direct.add(update["update_id"], json.dumps(update), int(time.time() * 1000))
+                return int(update["update_id"])
+
+            def done(update_id: int) -> bool:
+                if ptb:
+                    return replied(fake, update_id)
+                return bool(glob.glob(os.path.join(bots.dir, f"started.{update_id}.*")))
+
+            extra = (("--poll", "--sweep", "1", "--grace", "1") if ptb
+                     else ("--sweep", "0.5", "--grace", "0.01"))
+            proc = bots.spawn(fake, dsn, bed.table, bed.domain, "--lease", "5", *extra)
             bots.wait_ready(proc, timeout=60)
-            first = [fake.inject_message(chat_id=10 + i, text="inside") for i in range(3)]
-            wait_sync("the first replies", lambda: all(replied(fake, u) for u in first), 30)
+            first = [give(10 + i) for i in range(3)]
+            wait_sync("the first updates handled", lambda: all(done(u) for u in first), 30)
 
             time.sleep(1.0)
             idle_from = cpu_seconds(proc.pid)
@@ -104,21 +132,22 @@ def test_an_outage_backs_every_loop_off_and_work_resumes_at_once(
             proxy.cut()
             outage_from = cpu_seconds(proc.pid)
             time.sleep(1.0)
-            held = fake.inject_message(chat_id=20, text="inside")  # waits for the store
+            held = give(20)  # waits for the store
             time.sleep(OUTAGE - 1.0)
             outage = cpu_seconds(proc.pid) - outage_from
             during = log_lines(bots, proc.pid)[before:]
             assert proc.poll() is None, bots.output()
-            assert not replied(fake, held)
+            assert not done(held)
 
             proxy.restore()
             back = time.monotonic()
-            wait_sync("the held update's reply", lambda: replied(fake, held), 30, step=0.01)
+            wait_sync("the held update handled", lambda: done(held), 30, step=0.01)
             resumed = time.monotonic() - back
             time.sleep(2.0)
             after = log_lines(bots, proc.pid)[before + len(during):]
     finally:
         proxy.close()
+        direct.close()
     errors = errors_by_component(during)
     print(f"\noutage {OUTAGE:g} s: {sum(n for _, n in errors)} ERROR lines {errors}, "
           f"{len(during)} lines in all; CPU {outage:.2f} s (idle {idle:.2f} s over as long); "
