@@ -113,26 +113,31 @@ class BlockConnection:
         return BlockConnection(self._target.connection, self._identity)
 
     def commit(self) -> NoReturn:
+        """Refused: the fenced transaction commits when the block ends."""
         self._refuse("commit()")
 
     def rollback(self) -> NoReturn:
+        """Refused: raise an exception to roll the block back."""
         self._refuse("rollback()")
 
     def close(self) -> None:
+        """Refused for the connection (a cursor closes)."""
         if not self._cursor:
             self._refuse("close()")
         self._target.close()
 
     def executescript(self, script: str) -> Any:
-        # sqlite3 commits the open transaction before it runs a script
+        """Refused: sqlite3 commits the open transaction before it runs a script."""
         self._refuse("executescript() (sqlite3 commits before the script)")
 
     def execute(self, sql: Any, *args: Any, **kwargs: Any) -> Any:
+        """The driver's ``execute()``, unless ``sql`` ends the transaction (refused)."""
         if _ends_transaction(sql):
             self._refuse(f"{str(sql).strip()[:20]!r} through execute()")
         return self._target.execute(sql, *args, **kwargs)
 
     def executemany(self, sql: Any, *args: Any, **kwargs: Any) -> Any:
+        """The driver's ``executemany()``, unless ``sql`` ends the transaction (refused)."""
         if _ends_transaction(sql):
             self._refuse(f"{str(sql).strip()[:20]!r} through executemany()")
         return self._target.executemany(sql, *args, **kwargs)

@@ -117,7 +117,8 @@ class RuntimeOptions:
             Default 86400.
         max_concurrent (:obj:`int`): Updates handled at once (different chats). Default 32.
         retry: ``retry(error, attempt) -> seconds | None``; default
-            :func:`ptb_fence.runtime.default_retry`.
+            :func:`ptb_fence.runtime.default_retry`. Not asked for a misuse of ptb_fence
+            (:func:`ptb_fence.is_misuse`): that attempt fails for good at once.
         on_failure: ``on_failure(error, attempt, retrying)`` observer of failed attempts.
         on_exhaustion_failure: ``on_exhaustion_failure(error, exhaustion)`` observer of a
             failing exhaustion handler.
