@@ -551,10 +551,14 @@ class Attempt:
         Opens a transaction on a connection of the store's own driver (``sqlite3.Connection``
         for SQLite, a psycopg2 connection for PostgreSQL, :obj:`None` for the memory store) —
         or uses ``connection`` —, checks :meth:`owns` inside it, yields the connection for the
-        domain writes, and commits on exit. Do not commit, roll back or close the yielded
-        connection yourself (:exc:`~ptb_fence.TransactionEnded`). With ``complete=True`` on a
-        store with ``complete_owned`` (:class:`~ptb_fence.CompletingUpdateStore`: the SQLite
-        and PostgreSQL stores) the check and the completion are one conditional statement at
+        domain writes, and commits on exit. The block cannot commit, roll back or close it
+        itself: a DB-API connection is yielded wrapped (the driver's own in all else), whose
+        ``commit()``, ``rollback()``, ``close()`` and ``COMMIT`` statements raise
+        :exc:`~ptb_fence.TransactionEnded` before anything reaches the database (a SQLAlchemy
+        Session or Connection and Django refuse their commits the same way). With
+        ``complete=True`` on a store with ``complete_owned``
+        (:class:`~ptb_fence.CompletingUpdateStore`: the SQLite and PostgreSQL stores) the
+        check and the completion are one conditional statement at
         the start, which holds the row until the commit; an exception in the block rolls both
         back, so the attempt still owns its update and fails or is retried as usual.
 
@@ -592,10 +596,13 @@ class Attempt:
             OwnershipLost: The attempt no longer owns the update; everything was rolled back.
             AttemptFinished: The attempt was already completed or exhausted, or its handler
                 returned (a mistake in the handler, not a lost lease); nothing was opened.
-            TransactionEnded: The block committed, rolled back or closed the connection
-                itself; ``complete=True`` settled nothing.
-            TypeError: ``connection`` is none of the above (the message names what is
-                accepted); nothing was opened.
+            TransactionEnded: The block tried to commit, roll back or close the connection
+                (refused), ended its transaction by a way no guard saw (a cursor's
+                ``COMMIT``: the outbox calls written in it are dropped), or left it marked for
+                rollback (Django ``set_rollback(True)``, a failed SQLAlchemy flush);
+                ``complete=True`` settled nothing. A misuse: the attempt is not retried.
+            UsageError: ``connection`` is none of the above, or an asyncio connection or
+                session (the message names what works); nothing was opened. A misuse.
         """
         runtime = self._runtime
         port = runtime.port
