@@ -110,6 +110,13 @@ _STRING_PARAMS = frozenset(
     }
 )
 
+_NOT_MODIFIED = (
+    "Bad Request: message is not modified: specified new message content and reply markup "
+    "are exactly the same as a current content and reply markup of the message"
+)
+_REMEMBERED_CONTENTS = 1000
+"""Messages per chat whose content the fake keeps (to refuse an edit that changes nothing)."""
+
 _WEBHOOK_CONFLICT = (
     "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete "
     "the webhook first"
@@ -205,6 +212,12 @@ def _decode_field(name: str, raw: str) -> Any:
         return json.loads(raw)
     except ValueError:
         return raw
+
+
+def _inline_markup(params: dict[str, Any]) -> Any:
+    """The inline keyboard a call gives its message (:obj:`None`: none, or another kind)."""
+    markup = params.get("reply_markup")
+    return markup if isinstance(markup, dict) and "inline_keyboard" in markup else None
 
 
 def _chat_key(chat_id: Any) -> int | str:
@@ -374,7 +387,14 @@ class FakeBotApi:
 
     Messages the bot sends or edits with an inline keyboard are remembered per chat:
     :meth:`press_button` queues the press of a button of the last one (an edit without
-    ``reply_markup`` removes a keyboard, as in Telegram).
+    ``reply_markup`` removes a keyboard, as in Telegram). An ``editMessageText``,
+    ``editMessageCaption`` or ``editMessageReplyMarkup`` of a message the bot sent here that
+    changes neither its text (or caption, with entities) nor its inline keyboard answers 400
+    ``Bad Request: message is not modified``, as Telegram does (PTB raises ``BadRequest``).
+
+    What happened is readable: :attr:`calls` (every request, failed ones too),
+    :attr:`effective_calls` (those that took effect), :attr:`sent_messages`,
+    :attr:`answered_callback_queries` and :meth:`calls_to`.
 
     Faults to test against: :meth:`fail_next` (an error answer: 429 with ``retry_after``, 403,
     400, 500, ...), :meth:`cut_next` (the connection dropped after the request arrived, with or
@@ -421,8 +441,10 @@ class FakeBotApi:
         "_calls",
         "_cond",
         "_confirmed",
+        "_contents",
         "_delays",
         "_dropped",
+        "_effective",
         "_epoch",
         "_failures",
         "_first_update_id",
@@ -481,6 +503,10 @@ class FakeBotApi:
         self._dropped: set[int] = set()
         self._sent: list[dict[str, Any]] = []
         self._calls: list[ApiCall] = []
+        self._effective: list[ApiCall] = []
+        # per chat, what the bot's messages show (text or caption, entities, inline keyboard),
+        # newest last: an edit that would change nothing is refused, as Telegram does
+        self._contents: dict[int | str, dict[int, tuple[Any, Any, Any]]] = {}
         self._callback_answers: list[dict[str, Any]] = []
         self._webhook: dict[str, Any] = {"url": ""}
         self._failures: dict[str, deque[_Failure]] = {}
@@ -962,6 +988,19 @@ class FakeBotApi:
         with self._cond:
             return [ApiCall(call.method, copy.deepcopy(call.params)) for call in self._calls]
 
+    @property
+    def effective_calls(self) -> list[ApiCall]:
+        """The requests that took effect, in the order they did (copies): answered ``ok``, or
+        cut by :meth:`cut_next` after their effect.
+
+        Left out: calls :meth:`fail_next` failed, calls cut before their effect, held calls
+        not released yet, and calls Telegram refuses (an unknown chat, an empty text, an edit
+        that changes nothing). What a chat's user saw is here, once per time it happened: a
+        reply sent twice is here twice, a refused one is not.
+        """
+        with self._cond:
+            return [ApiCall(call.method, copy.deepcopy(call.params)) for call in self._effective]
+
     def calls_to(self, method: str) -> list[dict[str, Any]]:
         """The parameters of every call of ``method`` (case-insensitive), in order.
 
@@ -1124,13 +1163,20 @@ class FakeBotApi:
                 if fault.count <= 0:
                     failures.popleft()
         if fault is None:
-            return self._dispatch(key, params, epoch)
+            result = self._dispatch(key, params, epoch)
+            self._took_effect(method, params)
+            return result
         if fault.cut == "after":
             self._dispatch(key, params, epoch)
+            self._took_effect(method, params)
         if fault.cut is not None:
             raise _CutConnection()
         parameters = {"retry_after": fault.retry_after} if fault.retry_after else None
         raise _ApiError(fault.error_code, fault.description, parameters)
+
+    def _took_effect(self, method: str, params: dict[str, Any]) -> None:
+        with self._cond:
+            self._effective.append(ApiCall(method, params))
 
     def _stale(self, epoch: int) -> bool:
         # Caller holds self._cond. True once the server stopped (or restarted) since the request.
@@ -1184,10 +1230,12 @@ class FakeBotApi:
         if key.startswith("send") or key == "forwardmessage":
             message = self._message_result(params)
             self._track_keyboard(message, params, edit=False)
+            self._remember_content(message, params)
             return message
         if key.startswith("editmessage"):
             if params.get("inline_message_id"):
                 return True
+            self._edit_content(key, params)
             message = self._message_result(params, message_id=params.get("message_id"))
             self._track_keyboard(message, params, edit=True)
             return message
@@ -1214,6 +1262,44 @@ class FakeBotApi:
         if isinstance(markup, dict) and "inline_keyboard" in markup:
             message["reply_markup"] = markup
         return message
+
+    def _remember_content(self, message: dict[str, Any], params: dict[str, Any]) -> None:
+        """Keep what a message the bot sent shows (for :meth:`_edit_content`)."""
+        text = params.get("text") if "text" in params else params.get("caption")
+        entities = params.get("entities") if "text" in params else params.get("caption_entities")
+        content = (text, entities, _inline_markup(params))
+        self._keep_content(_chat_key(params.get("chat_id")), message["message_id"], content)
+
+    def _keep_content(
+        self, chat: int | str, message_id: int, content: tuple[Any, Any, Any]
+    ) -> None:
+        with self._cond:
+            shown = self._contents.setdefault(chat, {})
+            shown.pop(message_id, None)
+            shown[message_id] = content
+            while len(shown) > _REMEMBERED_CONTENTS:
+                del shown[next(iter(shown))]
+
+    def _edit_content(self, key: str, params: dict[str, Any]) -> None:
+        """Refuse an ``editMessageText``/``editMessageCaption``/``editMessageReplyMarkup`` of
+        a message the fake knows whose content and inline keyboard it would leave as they
+        are (Telegram: 400 ``message is not modified``); else keep the new content."""
+        chat = _chat_key(params.get("chat_id"))
+        message_id = _as_int(params.get("message_id"), 0, "message_id")
+        with self._cond:
+            current = self._contents.get(chat, {}).get(message_id)
+        markup = _inline_markup(params)
+        if key == "editmessagetext":
+            new = (params.get("text"), params.get("entities"), markup)
+        elif key == "editmessagecaption":
+            new = (params.get("caption"), params.get("caption_entities"), markup)
+        elif key == "editmessagereplymarkup":
+            new = (None, None, markup) if current is None else (current[0], current[1], markup)
+        else:
+            return
+        if new == current:
+            raise _ApiError(400, _NOT_MODIFIED)
+        self._keep_content(chat, message_id, new)
 
     def _track_keyboard(
         self, message: dict[str, Any], params: dict[str, Any], *, edit: bool
@@ -1248,6 +1334,7 @@ class FakeBotApi:
             message_id = self._next_message_id(chat)
         message = self._message_result(params, message_id=message_id)
         self._track_keyboard(message, params, edit=False)
+        self._remember_content(message, params)
         with self._cond:
             self._sent.append(dict(params, message_id=message_id))
             self._bump()

@@ -609,6 +609,54 @@ def test_cut_next_drops_the_connection_after_or_without_the_effect(fake: FakeBot
         fake.cut_next("sendMessage", 0, after_effect=True)
 
 
+def test_effective_calls_list_what_took_effect_once_per_time(fake: FakeBotApi) -> None:
+    """Failed, refused and cut-before calls are in ``calls`` only; a call cut after its effect
+    and a repeat of it are both in ``effective_calls`` (the user saw it twice)."""
+    fake.fail_next("sendMessage", error_code=500)
+    fake.cut_next("sendMessage", after_effect=False)
+    fake.cut_next("sendMessage", after_effect=True)
+    assert raw_post(fake, "sendMessage", chat_id=5, text="failed")[0] == 500
+    for text in ("cut before", "cut after"):
+        with pytest.raises(http.client.RemoteDisconnected):
+            raw_post(fake, "sendMessage", chat_id=5, text=text)
+    assert raw_post(fake, "sendMessage", chat_id=5, text="cut after")[0] == 200
+    assert raw_post(fake, "sendMessage", chat_id=5, text=" ")[0] == 400  # empty: refused
+    assert raw_post(fake, "answerCallbackQuery", callback_query_id="q1")[0] == 200
+    effective = fake.effective_calls
+    assert [(c.method, c.params.get("text")) for c in effective] == [
+        ("sendMessage", "cut after"), ("sendMessage", "cut after"), ("answerCallbackQuery", None)]
+    assert len(fake.calls) == 6
+    effective[0].params["text"] = "changed"  # a copy
+    assert fake.effective_calls[0].params["text"] == "cut after"
+
+
+def test_an_edit_that_changes_nothing_is_refused_as_telegram_does(fake: FakeBotApi) -> None:
+    """A real PTB bot: editing a message to the text and keyboard it shows raises PTB's
+    BadRequest ("Message is not modified"); a change of text or of keyboard is accepted."""
+    from telegram.error import BadRequest
+
+    async def scenario() -> None:
+        app = build_app(fake)
+        async with app:
+            keyboard = InlineKeyboardMarkup([[InlineKeyboardButton("A", callback_data="a")]])
+            sent = await app.bot.send_message(7, "pick", reply_markup=keyboard)
+            with pytest.raises(BadRequest, match="[Mm]essage is not modified"):
+                await app.bot.edit_message_text("pick", 7, sent.message_id, reply_markup=keyboard)
+            with pytest.raises(BadRequest, match="[Mm]essage is not modified"):
+                await app.bot.edit_message_reply_markup(7, sent.message_id, reply_markup=keyboard)
+            await app.bot.edit_message_text("pick", 7, sent.message_id)  # keyboard removed
+            with pytest.raises(BadRequest, match="[Mm]essage is not modified"):
+                await app.bot.edit_message_text("pick", 7, sent.message_id)
+            await app.bot.edit_message_text("picked", 7, sent.message_id)
+            photo = await app.bot.send_photo(7, "https://example.org/p.jpg", caption="c")
+            with pytest.raises(BadRequest, match="[Mm]essage is not modified"):
+                await app.bot.edit_message_caption(7, photo.message_id, caption="c")
+
+    run(scenario())
+    edits = [c for c in fake.effective_calls if c.method.startswith("edit")]
+    assert [c.params.get("text") for c in edits] == ["pick", "picked"]
+
+
 def test_cut_next_and_fail_next_apply_in_the_order_queued(fake: FakeBotApi) -> None:
     fake.fail_next("sendMessage", error_code=403, description="Forbidden: bot was blocked")
     fake.cut_next("sendMessage", after_effect=False)
