@@ -60,13 +60,18 @@ class BlockConnection:
         identity: The attempt whose fenced transaction it is.
     """
 
-    __slots__ = ("_target", "_identity", "_refused", "_cursor")
+    __slots__ = ("_target", "_identity", "_refused", "_cursor", "_owner")
 
-    def __init__(self, target: Any, identity: "AttemptIdentity") -> None:
+    def __init__(
+        self, target: Any, identity: "AttemptIdentity", owner: "BlockConnection | None" = None
+    ) -> None:
         object.__setattr__(self, "_target", target)
         object.__setattr__(self, "_identity", identity)
         object.__setattr__(self, "_refused", None)
         object.__setattr__(self, "_cursor", not hasattr(target, "commit"))
+        # the one the block received, which keeps the refusal (a cursor's connection is made
+        # when asked for)
+        object.__setattr__(self, "_owner", owner if owner is not None else self)
 
     @property
     def refused(self) -> "TransactionEnded | None":
@@ -80,8 +85,9 @@ class BlockConnection:
 
     def _refuse(self, what: str) -> NoReturn:
         error = TransactionEnded(self._identity, "refused", _REFUSED.format(what=what))
-        if self._refused is None:
-            object.__setattr__(self, "_refused", error)
+        owner = self._owner
+        if owner._refused is None:
+            object.__setattr__(owner, "_refused", error)
         raise error
 
     def __getattr__(self, name: str) -> Any:
@@ -110,7 +116,7 @@ class BlockConnection:
     @property
     def connection(self) -> Any:
         """A cursor's connection, guarded the same way."""
-        return BlockConnection(self._target.connection, self._identity)
+        return BlockConnection(self._target.connection, self._identity, self._owner)
 
     def commit(self) -> NoReturn:
         """Refused: the fenced transaction commits when the block ends."""

@@ -671,3 +671,40 @@ def test_a_misuse_is_delivered_to_handle_exhaustion_at_once(
     logged = [r for r in caplog.records if "update 16 attempt 1 failed" in r.getMessage()]
     assert len(logged) == 1 and logged[0].levelname == "ERROR"
     assert "not retried: a misuse of ptb_fence" in logged[0].getMessage()
+
+
+def test_a_given_cursors_connection_refuses_its_commit_and_the_block_fails(
+    tmp_path: Any, intakes: List[UpdateIntake]
+) -> None:
+    """A cursor given as ``connection=``: the block gets it guarded, and so is its
+    ``.connection``; a refused ``commit()`` there that the block catches still fails it."""
+    backend = _sqlite_backend(tmp_path)
+    path = str(tmp_path / "mistakes.db")
+    seen: Dict[str, Any] = {}
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        conn = sqlite3.connect(path, timeout=10)
+        try:
+            with attempt.transaction(connection=conn.cursor(), complete=True) as cur:
+                backend.insert(cur, update["update_id"], attempt.attempt)
+                try:
+                    cur.connection.commit()
+                except TransactionEnded:
+                    seen["caught"] = True
+        except TransactionEnded as exc:
+            seen["error"] = exc
+        finally:
+            conn.close()
+        seen["completed"] = attempt.completed
+
+    try:
+        intake = _make(backend.store, intakes, FakeClock(), handle_attempt=handle_attempt)
+        intake.accept(body(17))
+        assert intake.idle(10)
+        assert seen.get("caught") is True
+        assert "refused commit()" in str(seen.get("error")), seen
+        assert seen["completed"] is False and backend.notes() == []
+    finally:
+        intakes.remove(intake)
+        intake.close()
+        backend.store.close()
