@@ -150,6 +150,7 @@ class _Failure:
     retry_after: int | None
     # "before" or "after" (the call's effect): drop the connection instead of answering
     cut: str | None = None
+    migrate_to_chat_id: int | None = None
 
 
 class _CutConnection(Exception):
@@ -858,6 +859,7 @@ class FakeBotApi:
         error_code: int | None = None,
         description: str | None = None,
         retry_after: int | None = None,
+        migrate_to_chat_id: int | None = None,
     ) -> None:
         """Make the next ``count`` calls of ``method`` fail before they have any effect (see
         :meth:`cut_next` for a call whose answer is lost instead).
@@ -865,7 +867,8 @@ class FakeBotApi:
         A failed ``getUpdates`` confirms nothing and returns nothing. The call is still recorded
         in :attr:`calls`. PTB maps the answer to an exception by HTTP status: 401/404 →
         ``InvalidToken``, 400 → ``BadRequest``, 403 → ``Forbidden``, 409 → ``Conflict``, other
-        codes → ``NetworkError``; any ``retry_after`` → ``RetryAfter``.
+        codes → ``NetworkError``; any ``retry_after`` → ``RetryAfter``; any
+        ``migrate_to_chat_id`` → ``ChatMigrated``.
 
         Args:
             method: The method name (case-insensitive, e.g. ``"getUpdates"``).
@@ -874,10 +877,13 @@ class FakeBotApi:
                 is given, else 500.
             description: The error description; a Telegram-like default fits the code.
             retry_after: Seconds for ``parameters.retry_after`` (flood control).
+            migrate_to_chat_id: ``parameters.migrate_to_chat_id`` (the group became a
+                supergroup; with it the code defaults to 400).
         """
         if count < 1:
             raise ValueError("count must be >= 1")
-        code = error_code if error_code is not None else (429 if retry_after else 500)
+        code = error_code if error_code is not None else (
+            429 if retry_after else 400 if migrate_to_chat_id else 500)
         if description is None:
             if retry_after:
                 description = f"Too Many Requests: retry after {retry_after}"
@@ -892,7 +898,8 @@ class FakeBotApi:
                 }.get(code, "Internal Server Error")
         with self._cond:
             self._failures.setdefault(method.lower(), deque()).append(
-                _Failure(count, code, description, retry_after)
+                _Failure(count, code, description, retry_after,
+                         migrate_to_chat_id=migrate_to_chat_id)
             )
 
     def cut_next(self, method: str, count: int = 1, *, after_effect: bool) -> None:
@@ -1171,7 +1178,11 @@ class FakeBotApi:
             self._took_effect(method, params)
         if fault.cut is not None:
             raise _CutConnection()
-        parameters = {"retry_after": fault.retry_after} if fault.retry_after else None
+        parameters: dict[str, Any] = {}
+        if fault.retry_after:
+            parameters["retry_after"] = fault.retry_after
+        if fault.migrate_to_chat_id:
+            parameters["migrate_to_chat_id"] = fault.migrate_to_chat_id
         raise _ApiError(fault.error_code, fault.description, parameters)
 
     def _took_effect(self, method: str, params: dict[str, Any]) -> None:

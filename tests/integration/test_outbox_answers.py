@@ -28,8 +28,11 @@ from ptb_fence.testing import FakeBotApi
 from ptb_support import FAST, build, polling, run, wait_for
 from runtime_support import body, wait_until
 
-# (method, HTTP status, description, retry_after) -> the table's outcome
-ROWS: List[Tuple[str, Optional[int], Optional[str], Optional[int], str]] = [
+Row = Tuple[str, Optional[int], Optional[str], Optional[int], str]
+"""(method, HTTP status, description, retry_after or migrate_to_chat_id, the table's
+outcome)."""
+
+ROWS: List[Row] = [
     ("sendMessage", None, None, None, SENT),
     ("sendMessage", 400, "Bad Request: chat not found", None, FAIL),
     ("sendMessage", 403, "Forbidden: bot was blocked by the user", None, FAIL),
@@ -37,6 +40,8 @@ ROWS: List[Tuple[str, Optional[int], Optional[str], Optional[int], str]] = [
     ("sendMessage", 401, "Unauthorized", None, RETRY),  # the token revoked since
     ("sendMessage", 409, "Conflict: terminated by other getUpdates request", None, RETRY),
     ("sendMessage", 429, None, 3, HOLD),
+    ("sendMessage", 400, "Bad Request: group chat was upgraded to a supergroup chat", -1001,
+     FAIL),  # parameters.migrate_to_chat_id
     ("sendMessage", 429, "Too Many Requests", None, RETRY),  # no retry_after: backoff
     ("sendMessage", 500, "Internal Server Error", None, RETRY),
     ("sendMessage", 502, "Bad Gateway", None, RETRY),
@@ -48,11 +53,14 @@ def _entry(method: str) -> OutboxEntry:
                        None, None, False)
 
 
-def _outcome(method: str, send: Any) -> str:
-    """What the dispatcher makes of one real send: sent, or its decision's kind."""
+def _outcome(method: str, send: Any, raised: Optional[List[str]] = None) -> str:
+    """What the dispatcher makes of one real send: sent, or its decision's kind (the error's
+    class appended to ``raised``)."""
     try:
         send(method, {"chat_id": 42, "text": "hi"})
     except Exception as exc:
+        if raised is not None:
+            raised.append(type(exc).__name__)
         decision = decide(_entry(method), exc)
         if decision.fail:
             return FAIL
@@ -88,21 +96,26 @@ def fake() -> Iterator[FakeBotApi]:
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r[0]}-{r[1]}-{r[3]}")
 def test_each_answer_has_the_tables_outcome_on_both_front_ends(
-    row: Tuple[str, Optional[int], Optional[str], Optional[int], str],
-    fake: FakeBotApi, ptb_sender: BotSender,
+    row: Row, fake: FakeBotApi, ptb_sender: BotSender,
 ) -> None:
-    method, code, description, retry_after, expected = row
+    method, code, description, parameter, expected = row
+    retry_after = parameter if parameter is not None and parameter > 0 else None
+    migrate = parameter if parameter is not None and parameter < 0 else None
     blocking = HttpxSender(fake.token, fake.base_url, timeout=10.0)
     got: Dict[str, str] = {}
+    raised: Dict[str, List[str]] = {"ptb": [], "blocking": []}
     try:
         for name, send in (("ptb", ptb_sender), ("blocking", blocking)):
             if code is not None:
                 fake.fail_next(method, error_code=code, description=description,
-                               retry_after=retry_after)
-            got[name] = _outcome(method, send)
+                               retry_after=retry_after, migrate_to_chat_id=migrate)
+            got[name] = _outcome(method, send, raised[name])
     finally:
         blocking.close()
     assert got == {"ptb": expected, "blocking": expected}, row
+    assert raised["ptb"] == raised["blocking"], raised  # the same error, not just the outcome
+    if migrate is not None:
+        assert raised["ptb"] == ["ChatMigrated"], raised
 
 
 def test_the_table_names_every_outcome_and_known_error() -> None:
