@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
+from ptb_fence.runtime._backoff import Backoff
 from ptb_fence.runtime._lease_keeper import EXECUTOR, new_scheduler
 
 if TYPE_CHECKING:
     from ptb_fence.runtime._lease_keeper import LeaseKeeper
     from ptb_fence.runtime._options import RuntimeOptions
+    from ptb_fence.runtime._outage import StoreOutage
 
 __all__ = ["BackgroundJobs", "TAKEOVER_EVERY_SECONDS"]
 
@@ -30,19 +33,33 @@ class BackgroundJobs:
         options: The runtime's options (``sweep_every_seconds``).
         take_over_dead: Makes dead processes' claims claimable, returns how many; run every
             :data:`TAKEOVER_EVERY_SECONDS` (:obj:`None`: the store has no liveness signals).
+        outage: The store's outage, if any: while it lasts the sweep and the takeover watch
+            skip their runs until a back-off passed (the lease keeper's tick never skips: it
+            also ends the attempts whose lease lapsed).
     """
 
-    __slots__ = ("_counts", "_jobs", "_keeper", "_lock", "_options", "_scheduler", "_take_over_dead")
+    __slots__ = (
+        "_counts",
+        "_jobs",
+        "_keeper",
+        "_lock",
+        "_options",
+        "_outage",
+        "_scheduler",
+        "_take_over_dead",
+    )
 
     def __init__(
         self,
         keeper: "LeaseKeeper",
         options: "RuntimeOptions",
         take_over_dead: Optional[Callable[[], int]],
+        outage: "Optional[StoreOutage]" = None,
     ) -> None:
         self._keeper = keeper
         self._options = options
         self._take_over_dead = take_over_dead
+        self._outage = outage
         self._scheduler: Any = None
         self._lock = threading.Lock()  # start/stop
         self._jobs = threading.Condition()  # guards _counts
@@ -66,7 +83,7 @@ class BackgroundJobs:
             self._keeper.add_job(scheduler, wrap=self._tracked)
             if sweep is not None:
                 scheduler.add_job(
-                    self._tracked(sweep, "ptb_fence sweep"),
+                    self._tracked(self._spaced(sweep), "ptb_fence sweep"),
                     "interval",
                     executor=EXECUTOR,
                     seconds=self._options.sweep_every_seconds,
@@ -79,7 +96,7 @@ class BackgroundJobs:
             if self._take_over_dead is not None:
                 every = min(TAKEOVER_EVERY_SECONDS, self._options.sweep_every_seconds)
                 scheduler.add_job(
-                    self._tracked(self._watch(taken_over), "ptb_fence takeover"),
+                    self._tracked(self._spaced(self._watch(taken_over)), "ptb_fence takeover"),
                     "interval",
                     executor=EXECUTOR,
                     seconds=every,
@@ -99,6 +116,28 @@ class BackgroundJobs:
                 taken_over()
 
         return watch
+
+    def _spaced(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """``fn``, skipped while the store does not answer until its back-off passed (a short
+        interval would try again and again: 0.1 s doubling to 0.8 s between the tries)."""
+        outage = self._outage
+        if outage is None:
+            return fn
+        backoff = Backoff()
+        next_try = [0.0]  # monotonic
+
+        def run() -> Any:
+            if outage.ongoing and time.monotonic() < next_try[0]:
+                return None
+            try:
+                return fn()
+            finally:
+                if outage.ongoing:
+                    next_try[0] = time.monotonic() + backoff.failed()
+                else:
+                    backoff.answered()
+
+        return run
 
     def _tracked(self, fn: Callable[[], Any], name: str) -> Callable[[], Any]:
         """``fn`` counted while it runs, so :meth:`stop` can wait for it with a bound."""

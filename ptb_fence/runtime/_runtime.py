@@ -251,6 +251,7 @@ class Runtime:
             self.keeper,
             options,
             self.recovery.take_over_dead if self.port.has_liveness else None,
+            self.stats.outage,
         )
 
     def _wake_senders(self) -> None:
