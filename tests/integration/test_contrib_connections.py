@@ -749,3 +749,30 @@ def test_a_rollback_inside_the_block_then_a_write_never_commits(
     assert seen["completed"] is False and runs == [1]
     assert env.bookings() == []
     assert env.state(51) == "abandoned"
+
+
+def test_a_savepoint_inside_a_session_block_is_no_refused_commit(
+    env: Env, intakes: List[UpdateIntake]
+) -> None:
+    """``session.begin_nested()`` in the block: its release is no commit of the Session (the
+    refusal lets it through), a rolled-back savepoint drops only its own write, and the block
+    completes with the rest."""
+    seen: Dict[str, Any] = {}
+
+    def handle_attempt(update: Dict[str, Any], attempt: Any) -> None:
+        uid = update["update_id"]
+        with Session(env.engine) as session:
+            with attempt.transaction(connection=session, complete=True):
+                with session.begin_nested():
+                    session.add(env.Booking(update_id=uid, attempt=attempt.attempt))
+                nested = session.begin_nested()
+                session.add(env.Booking(update_id=uid + 1000, attempt=attempt.attempt))
+                session.flush()
+                nested.rollback()
+            seen["completed"] = attempt.completed
+
+    intake, _ = _intake(env, intakes, handle_attempt)
+    intake.accept(body(52))
+    assert intake.idle(20)
+    assert seen == {"completed": True}
+    assert env.bookings() == [(52, 1)] and env.state(52) == "completed"
