@@ -298,6 +298,7 @@ class OutboxDispatcher:
         self._woken = True  # a first claim at once: calls left by a previous run
         self._reserved, self._claims_open, self._ended = 0, 0, []
         self._claim_keys, self._seen, self._held, self._behind = {}, set(), set(), {}
+        self._noted = set()
         self._read_due = False
         self._failures_due = True
         self._pool = DaemonThreadPool(self._options.outbox_concurrency, "ptb_fence_outbox")
