@@ -151,7 +151,8 @@ def test_an_outage_backs_every_loop_off_and_work_resumes_at_once(
     errors = errors_by_component(during)
     print(f"\noutage {OUTAGE:g} s: {sum(n for _, n in errors)} ERROR lines {errors}, "
           f"{len(during)} lines in all; CPU {outage:.2f} s (idle {idle:.2f} s over as long); "
-          f"resumed {resumed:.2f} s after the store came back")
+          f"resumed {resumed:.2f} s after the store came back; "
+          + "".join(line.split(" WARNING ", 1)[1] for line in after if "answers again" in line))
     assert all(n <= ERRORS_PER_COMPONENT for _, n in errors), (errors, during[-20:])
     assert outage <= 1.5 * idle + 0.1, (outage, idle)
     assert resumed <= 1.0, resumed
