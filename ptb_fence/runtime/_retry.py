@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import datetime as dtm
+import random
 from typing import Optional
 
 __all__ = ["default_retry", "is_permanent_telegram_error"]
 
 BASE_DELAY_SECONDS = 5.0
 MAX_DELAY_SECONDS = 15 * 60.0
+JITTER = 0.1
+"""The backoff is spread by up to this fraction either way (±10 %): updates that failed
+together (a database or Telegram outage) are not retried together."""
+
+# its own generator: a handler that seeds ``random`` must not make the retries of many
+# processes fall in step again
+_RANDOM = random.SystemRandom()
 
 # Lower-cased fragments of Bot API refusals that repeating cannot fix.
 _PERMANENT_FRAGMENTS = (
@@ -65,8 +73,9 @@ def _retry_after_seconds(error: BaseException) -> Optional[float]:
 def default_retry(error: BaseException, attempt: int) -> Optional[float]:
     """The default retry policy: seconds to wait before the next attempt, or :obj:`None`.
 
-    Backoff is ``5 s × 4^(attempt−1)`` capped at 15 minutes; Telegram's ``retry_after`` wins when
-    it is longer; refusals that repeating cannot fix (see :func:`is_permanent_telegram_error`)
+    Backoff is ``5 s × 4^(attempt−1)`` capped at 15 minutes, spread by up to ±10 %
+    (:data:`JITTER`: updates that failed together are not retried together); Telegram's
+    ``retry_after`` wins when it is longer (exactly: never a retry before it); refusals that repeating cannot fix (see :func:`is_permanent_telegram_error`)
     give up at once; any other error is retried.
 
     Args:
@@ -77,6 +86,7 @@ def default_retry(error: BaseException, attempt: int) -> Optional[float]:
         return None
     exponent = min(max(0, attempt - 1), 10)  # 5 s x 4^6 already exceeds the cap
     delay = min(BASE_DELAY_SECONDS * (4.0**exponent), MAX_DELAY_SECONDS)
+    delay *= _RANDOM.uniform(1.0 - JITTER, 1.0 + JITTER)
     retry_after = _retry_after_seconds(error)
     if retry_after is not None and retry_after > delay:
         delay = retry_after

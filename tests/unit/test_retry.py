@@ -42,11 +42,24 @@ PERMANENT = [
     [(1, 5.0), (2, 20.0), (3, 80.0), (4, 320.0), (5, 900.0), (6, 900.0), (7, 900.0), (8, 900.0)],
 )
 def test_default_backoff(attempt: int, expected: float) -> None:
-    assert default_retry(RuntimeError("boom"), attempt) == expected
+    assert near(default_retry(RuntimeError("boom"), attempt), expected)
 
 
 def test_default_backoff_stays_capped_for_huge_attempt_numbers() -> None:
-    assert default_retry(RuntimeError("boom"), 10_000) == 900.0
+    assert near(default_retry(RuntimeError("boom"), 10_000), 900.0)
+
+
+def near(delay: "float | None", expected: float) -> bool:
+    """Whether ``delay`` is ``expected`` give or take the default policy's ±10 %."""
+    return delay is not None and 0.9 * expected <= delay <= 1.1 * expected
+
+
+def test_default_backoff_is_spread_so_failures_together_are_not_retried_together() -> None:
+    delays = [default_retry(RuntimeError("boom"), 2) for _ in range(400)]
+    assert all(near(delay, 20.0) for delay in delays)
+    # 400 draws of ±10 %: both tails are reached and hardly two updates retry together
+    assert min(delays) < 18.5 and max(delays) > 21.5  # type: ignore[type-var]
+    assert len(set(delays)) >= 390
 
 
 @pytest.mark.parametrize("error", PERMANENT, ids=lambda e: str(e)[:40])
@@ -70,28 +83,35 @@ def test_permanent_refusals_give_up_at_once(error: Exception, attempt: int) -> N
 )
 def test_unknown_errors_are_retried(error: Exception) -> None:
     assert not is_permanent_telegram_error(error)
-    assert default_retry(error, 1) == 5.0
-    assert default_retry(error, 2) == 20.0
+    assert near(default_retry(error, 1), 5.0)
+    assert near(default_retry(error, 2), 20.0)
 
 
 @pytest.mark.parametrize(
-    ("retry_after", "attempt", "expected"),
+    ("retry_after", "attempt", "expected", "exact"),
     [
-        (30, 1, 30.0),  # longer than 5 s: wins
-        (30, 3, 80.0),  # shorter than the backoff: backoff wins
-        (dtm.timedelta(seconds=90), 2, 90.0),
-        (dtm.timedelta(seconds=7), 3, 80.0),
-        (3000, 8, 3000.0),  # wins even beyond the 15 min cap
-        (dtm.timedelta(minutes=40), 6, 2400.0),
+        (30, 1, 30.0, True),  # longer than 5 s: wins, exactly
+        (30, 3, 80.0, False),  # shorter than the backoff: backoff wins (give or take 10 %)
+        (dtm.timedelta(seconds=90), 2, 90.0, True),
+        (dtm.timedelta(seconds=7), 3, 80.0, False),
+        (22, 2, 22.0, True),  # the top of the backoff's spread (18-22 s): never before it
+        (3000, 8, 3000.0, True),  # wins even beyond the 15 min cap
+        (dtm.timedelta(minutes=40), 6, 2400.0, True),
     ],
 )
 def test_retry_after_is_honoured_when_longer(
-    retry_after: "int | dtm.timedelta", attempt: int, expected: float
+    retry_after: "int | dtm.timedelta", attempt: int, expected: float, exact: bool
 ) -> None:
     error = RetryAfter(retry_after)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no PTB deprecation warning from reading it
-        assert default_retry(error, attempt) == expected
+        delays = [default_retry(error, attempt) for _ in range(200)]
+    if exact:
+        assert set(delays) == {expected}
+    else:
+        assert all(near(delay, expected) for delay in delays)
+    floor = retry_after.total_seconds() if isinstance(retry_after, dtm.timedelta) else retry_after
+    assert all(delay is not None and delay >= floor for delay in delays)
 
 
 # -- the policy inside the pipeline -----------------------------------------------------------
