@@ -4,8 +4,8 @@ While the database is down every background loop keeps failing: the lease keeper
 the outbox's sender, the figures. Each of their errors is counted (``Stats.store_errors``) and
 passed to ``on_store_error``, but only the first :data:`ERRORS_LOGGED` of each step per outage
 are logged at ERROR (with a note that the rest are counted, not logged); the others go to
-DEBUG. The first store call that answers again ends the outage with one WARNING line: how long
-it lasted and how many errors each step met.
+DEBUG. The first store call that answers again ends the outage with one line: how long it
+lasted and how many errors each step met (WARNING when errors went unlogged, else INFO).
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ class StoreOutage:
                 "until the store answers again)" if last else "")
 
     def answered(self) -> None:
-        """A store call answered: end the outage, with one WARNING line if there was one."""
+        """A store call answered: end the outage, with one line if there was one (WARNING when
+        some of its errors were logged at DEBUG only, else INFO)."""
         if self._since is None:  # the usual case: no lock taken
             return
         with self._lock:
@@ -73,7 +74,11 @@ class StoreOutage:
             errors, self._errors = self._errors, {}
         if since is None:
             return
-        _LOGGER.warning(
+        # a WARNING when errors went unlogged (at DEBUG): the line that closes them; a lone
+        # error that was logged whole gets an INFO line
+        muted = any(count > ERRORS_LOGGED for count in errors.values())
+        _LOGGER.log(
+            logging.WARNING if muted else logging.INFO,
             "the store answers again after %.1f s of errors: %d store error(s) during the "
             "outage (%s)",
             self._clock() - since,

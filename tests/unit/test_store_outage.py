@@ -40,6 +40,8 @@ def test_an_outage_logs_two_errors_per_step_and_one_line_when_the_store_answers(
     assert caplog.records[0].levelno == logging.WARNING
     assert not outage.ongoing
     assert outage.failed("outbox") == logging.ERROR  # a new outage starts afresh
+    outage.answered()  # a lone error, logged whole: its end is said at INFO
+    assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.INFO]
 
 
 def test_the_waits_double_to_the_last_with_jitter_and_start_over_after_an_answer() -> None:
