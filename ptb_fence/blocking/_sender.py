@@ -24,7 +24,7 @@ class HttpxSender:
     (:func:`~ptb_fence.runtime._bot_answers.answer_error`), so the dispatcher decides alike
     for both front ends from one table. A 401/404 names the method once the token is known
     good, as for PTB's initialized bot (``EndPointNotFound``: a method Telegram does not
-    have fails at once): the first such answer checks the token with ``getMe``; before that
+    have fails at once). The first such answer checks the token with ``getMe``. Before that
     it is ``InvalidToken`` (retried: the operator fixes the token). An httpx timeout →
     ``TimedOut`` and another httpx error → ``NetworkError``, each raised *from* the httpx
     error (which tells whether the request left).

@@ -44,8 +44,8 @@ class AnswerRule(NamedTuple):
         answer: The Bot API answer, for people (HTTP status, ``error_code``, description).
         error: The ``telegram.error`` class both front ends raise for it.
         outcome: :data:`SENT`, :data:`RETRY`, :data:`HOLD` or :data:`FAIL`.
-        said: A pattern of the description behind the error (its own text or its cause's);
-            :obj:`None`: any.
+        said: A pattern of the description behind the error (its own text or its cause's).
+            :obj:`None` matches any.
     """
 
     answer: str
@@ -59,8 +59,8 @@ ANSWERS: Tuple[AnswerRule, ...] = (
     AnswerRule("any status with parameters.migrate_to_chat_id", "ChatMigrated", FAIL),
     AnswerRule("403 Forbidden: blocked, kicked, deactivated", "Forbidden", FAIL),
     AnswerRule("400 Bad Request: chat not found, text unparseable, ...", "BadRequest", FAIL),
-    # a known-good token whose answer is 401: the token was revoked since; the calls wait
-    # for the operator to fix it
+    # a known-good token whose answer is 401: the token was revoked since. The calls wait
+    # for the operator to fix it.
     AnswerRule("401 Unauthorized, the token known good before", "EndPointNotFound", RETRY,
                re.compile(r"^Unauthorized", re.IGNORECASE)),
     # Telegram answers 404 for a malformed token and for a method it does not have: with a
@@ -68,9 +68,9 @@ ANSWERS: Tuple[AnswerRule, ...] = (
     AnswerRule("404 Not Found, the token known good", "EndPointNotFound", FAIL),
     AnswerRule("401/404 with a token not known good", "InvalidToken", RETRY),
     AnswerRule("409 Conflict", "Conflict", RETRY),
-    AnswerRule("429 without retry_after, 5xx, other statuses; no answer", "NetworkError", RETRY),
+    AnswerRule("429 without retry_after, 5xx, other statuses, no answer", "NetworkError", RETRY),
 )
-"""Every Bot API answer to a call that is not ``ok``, first match wins; an error none
+"""Every Bot API answer to a call that is not ``ok``. The first match wins. An error none
 matches (an unexpected exception) is retried. ``TimedOut`` and a connection lost after the
 request left are a :data:`RETRY` of their own kind: the outcome is unknown (see
 :func:`~ptb_fence.runtime._send_outcome.decide`)."""

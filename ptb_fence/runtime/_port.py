@@ -839,8 +839,8 @@ class StorePort:
         return [bool(ok) for ok in self._outbox.record_sent(list(items))]
 
     def note_sent(self, items: Sequence[Tuple[int, str, str, int]]) -> bool:
-        """``store.note_sent(items)`` (SQLite: the sent journal, no write lock); whether the
-        store has it (:obj:`False`: nothing done, ``record_sent`` is the record)."""
+        """``store.note_sent(items)`` (SQLite: the sent journal, no write lock). Returns
+        whether the store has it (:obj:`False`: nothing done, ``record_sent`` is the record)."""
         if self._note_sent is None:
             return False
         self._note_sent(list(items))

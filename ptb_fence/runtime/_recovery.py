@@ -96,7 +96,7 @@ class Recovery:
         report: How a store error is reported (the runtime's ``report_store_error``).
         stats: Where released attempts and store call durations are counted.
         taken_over: Called after dead processes' claims were made claimable (the outbox
-            dispatcher's ``wake``: their calls are sent at once); :obj:`None`: nothing.
+            dispatcher's ``wake``: their calls are sent at once). :obj:`None`: nothing.
     """
 
     __slots__ = ("_keeper", "_options", "_port", "_report", "_stats", "_taken_over")

@@ -243,7 +243,7 @@ WHERE call_id = :call_id AND state = 'failed' RETURNING call_id""",
 DELETE FROM {o} WHERE call_id = :call_id AND state IN ('pending', 'failed')
 RETURNING call_id""",
             # the calls a provably dead instance's sender holds: their lease lapses now, as
-            # its updates' do (the sender token ends with "@<instance>"); PostgreSQL skips a
+            # its updates' do (the sender token ends with "@<instance>"). PostgreSQL skips a
             # row another session still locks (the next takeover check of the instance, or
             # its lease, takes it)
             "take_over": f"""

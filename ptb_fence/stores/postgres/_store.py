@@ -1245,7 +1245,7 @@ class PostgresUpdateStore:
 
     def _take_over_calls(self, cur: Any, instance: str, now: int) -> int:
         """In :meth:`take_over_dead`'s transaction: the calls the dead ``instance``'s
-        sender holds become claimable at ``now``; how many."""
+        sender holds become claimable at ``now``. Returns how many."""
         outbox = self._db.sql.outbox
         cur.execute(outbox.exists, {"outbox": f'"{outbox.name}"'})
         if not cur.fetchone()[0]:  # a table managed with create_table=False: no outbox

@@ -66,7 +66,7 @@ class SentJournal:
         self._lock = threading.Lock()
 
     def _connection(self, create: bool) -> Optional[sqlite3.Connection]:
-        """The connection (under ``_lock``); :obj:`None` when the file is not there and
+        """The connection (under ``_lock``). :obj:`None` when the file is not there and
         ``create`` is false (nothing was ever journaled: readers need no file)."""
         if self._pid != os.getpid():  # a forked child: never touch the parent's connection
             self._conn, self._pid = None, os.getpid()

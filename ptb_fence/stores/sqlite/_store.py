@@ -1267,8 +1267,8 @@ class SQLiteUpdateStore:
 
     def _fold_journal(self, conn: sqlite3.Connection) -> List[int]:
         """Under the write lock, before any claim: record every journaled call ``sent`` as
-        :meth:`record_sent` would (only while its journaling sender holds it); the call ids,
-        forgotten by the journal after the commit."""
+        :meth:`record_sent` would (only while its journaling sender holds it). Returns the call
+        ids, which the journal forgets after the commit."""
         journaled = self._journal.read(self._sql.outbox.name)
         for call_id, sender, result, at in fold_order(journaled):
             conn.execute(self._sql.outbox.record_sent, {
@@ -1279,7 +1279,7 @@ class SQLiteUpdateStore:
     def _record_sent_in(
         self, conn: sqlite3.Connection, items: Sequence[SentRow]
     ) -> List[bool]:
-        """:meth:`record_sent` of ``items`` on ``conn``; a call a fold (this one or an
+        """:meth:`record_sent` of ``items`` on ``conn``. A call a fold (this one or an
         earlier one) recorded from its own sender's journal row landed too."""
         landed = []
         for call_id, sender, result, at in items:
@@ -1411,7 +1411,7 @@ class SQLiteUpdateStore:
 
     def _take_over_calls(self, conn: sqlite3.Connection, instance: str, now: int) -> int:
         """In :meth:`take_over_dead`'s transaction: the calls the dead ``instance``'s
-        sender holds become claimable at ``now``; how many."""
+        sender holds become claimable at ``now``. Returns how many."""
         outbox = self._sql.outbox
         if conn.execute(outbox.exists, {"outbox": outbox.name}).fetchone() is None:
             return 0
