@@ -292,7 +292,7 @@ class OutboxDispatcher:
             else None
         self._sender = sender_token(
             f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}",
-            instance if isinstance(instance, str) else None,
+            self._port.held_instance,
         )
         self._stopping = False
         self._woken = True  # a first claim at once: calls left by a previous run

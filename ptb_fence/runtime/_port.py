@@ -181,6 +181,7 @@ class StorePort:
         "_hold_liveness",
         "_mark_isolated",
         "_end_probation",
+        "held_instance",
         "_outbox",
         "_note_sent",
         "_claimed_inserts",
@@ -274,6 +275,8 @@ class StorePort:
         self._claimed_suspect = method("isolation", "claimed_suspect")
         self._mark_isolated = method("isolation", "mark_isolated")
         self._end_probation = method("isolation", "end_probation")
+        # the instance this process holds liveness under (hold_liveness), or None
+        self.held_instance: Optional[str] = None
         self._complete_owned = method("completing", "complete_owned")
         self._reopen_completed = method("completing", "reopen_completed")
         self._figures = method("figures", "figures")
@@ -746,13 +749,15 @@ class StorePort:
 
     def hold_liveness(self) -> Optional[str]:
         """``store.hold_liveness()``: the instance id, or :obj:`None` without the
-        capability."""
+        capability. Kept as :attr:`held_instance`."""
         if self._hold_liveness is None:
             return None
-        return str(self._hold_liveness())
+        self.held_instance = str(self._hold_liveness())
+        return self.held_instance
 
     def release_liveness(self) -> None:
         """``store.release_liveness()``; nothing without the capability."""
+        self.held_instance = None
         if self._release_liveness is not None:
             self._release_liveness()
 
