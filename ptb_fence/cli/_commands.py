@@ -53,10 +53,17 @@ from ptb_fence.cli._target import StoreTarget
 from ptb_fence.stores import validate_table_name
 from ptb_fence.stores._outbox_sql import outbox_table_name
 from ptb_fence.stores._state_sql import state_table_name
+from ptb_fence.cli._progress import ProgressBar
+from ptb_fence.stores.postgres._migration import (
+    PostgresSchemaState,
+    index_statements,
+    read_schema_state,
+    schema_without_indexes,
+)
 from ptb_fence.stores.postgres._sql import (
     POSTGRES_FORGET_TABLE,
     POSTGRES_META_EXISTS,
-    POSTGRES_TABLE_STATE,
+    schema_lock_key,
 )
 
 __all__ = ["build_parser", "main"]
@@ -331,7 +338,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_outbox_parser(command, common, _positive_int("limit"))
 
     command("schema", "print the idempotent PostgreSQL migration for --table")
-    command("migrate", "apply the PostgreSQL migration (SQLite stores migrate themselves)")
+    sub = command("migrate", "apply the PostgreSQL migration (SQLite stores migrate themselves)")
+    sub.description = (
+        "Apply the PostgreSQL migration of --table. On a table that exists, missing columns "
+        "and tables are added in one short transaction and missing indexes are built with "
+        "CREATE INDEX CONCURRENTLY (writers are not blocked). --check changes nothing: exit "
+        "0 when the schema is current, 1 when it is behind."
+    )
+    sub.add_argument("--check", action="store_true",
+                     help="change nothing: exit 1 if the schema is behind, 0 if current")
+    sub.add_argument("--json", action="store_true", help="print JSON")
     command("check", "run the conformance check on scratch tables (never your table)")
     return parser
 
@@ -876,11 +892,47 @@ def _cmd_schema(ctx: _Context) -> int:
     return 0
 
 
-def _pg_table_state(cur: Any, table: str) -> "tuple[bool, bool, int]":
-    quoted = f'"{table}"'
-    cur.execute(POSTGRES_TABLE_STATE, {"q": quoted})
-    exists, has_claim_id, indexes = cur.fetchone()
-    return bool(exists), bool(has_claim_id), int(indexes or 0)
+def _migrate_changes(before: PostgresSchemaState, after: PostgresSchemaState) -> List[str]:
+    """What a migration changed, from the states before and after it."""
+    if not before.table_exists:
+        return ["created the table"] if after.table_exists else []
+    changes = []
+    for column in before.missing_columns:
+        if column not in after.missing_columns:
+            changes.append(f"added the {column} column")
+    for name in before.missing_tables:
+        if name not in after.missing_tables:
+            if name == outbox_table_name(before.table):
+                changes.append(f"created the outbox table {name!r}")
+            elif name == state_table_name(before.table):
+                changes.append(f"created the state table {name!r}")
+            else:
+                changes.append(f"created the table {name!r}")
+    for name in before.missing_indexes + before.invalid_indexes:
+        if name not in after.missing_indexes + after.invalid_indexes:
+            changes.append(f"built the index {name} concurrently")
+    return changes
+
+
+def _build_indexes(cur: Any, table: str, state: PostgresSchemaState, bar: ProgressBar) -> None:
+    """Build the missing (and rebuild the invalid) indexes of an existing table with
+    ``CREATE INDEX CONCURRENTLY`` (autocommit): writers are not blocked while it scans."""
+    if not (state.missing_indexes or state.invalid_indexes):
+        return
+    # one migrator at a time (CONCURRENTLY cannot run in a transaction, so a session lock;
+    # the stores' own migration waits for it too, then finds the indexes built)
+    cur.execute("SELECT pg_advisory_lock(%s)", (schema_lock_key(table),))
+    try:
+        for name, definition in index_statements(table):
+            if name in state.invalid_indexes:
+                cur.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+            elif name not in state.missing_indexes:
+                continue
+            bar.advance(0, f"building index {name} …")
+            cur.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} {definition}")
+            bar.advance(1, f"built index {name}")
+    finally:
+        cur.execute("SELECT pg_advisory_unlock(%s)", (schema_lock_key(table),))
 
 
 def _cmd_migrate(ctx: _Context) -> int:
@@ -888,45 +940,78 @@ def _cmd_migrate(ctx: _Context) -> int:
 
     table = ctx.validate_table()
     target = ctx.target
+    check, as_json = ctx.args.check, ctx.args.json
     if target.is_sqlite:
-        _out(_SQLITE_SELF_MIGRATES)
+        if as_json:
+            _json({"store": target.display, "table": table, "dialect": "sqlite",
+                   "current": True, "changes": [], "note": _SQLITE_SELF_MIGRATES})
+        else:
+            _out(_SQLITE_SELF_MIGRATES)
         return 0
     import psycopg2
 
-    outbox = {"outbox": f'"{outbox_table_name(table)}"'}
-    state = {"state": f'"{state_table_name(table)}"'}
     conn = target.connect_postgres()
     try:
         with conn.cursor() as cur:
-            before = _pg_table_state(cur, table)
-            cur.execute("SELECT to_regclass(%(outbox)s) IS NOT NULL", outbox)
-            had_outbox = bool(cur.fetchone()[0])
-            cur.execute("SELECT to_regclass(%(state)s) IS NOT NULL", state)
-            had_state = bool(cur.fetchone()[0])
-            cur.execute(postgres_update_store_schema(table))
-            after = _pg_table_state(cur, table)
-        conn.commit()
+            before = read_schema_state(cur, table)
+            conn.rollback()
+            if check:
+                return _report_schema_check(ctx, before)
+            steps = int(before.needs_ddl)
+            if before.table_exists:
+                steps += len(before.missing_indexes) + len(before.invalid_indexes)
+            bar = ProgressBar(f"migrate {table!r}", steps, unit="step(s)", say=_progress)
+            if not before.table_exists:
+                # a new, empty table: its indexes are built in the same transaction
+                bar.advance(0, "creating the tables …")
+                cur.execute(postgres_update_store_schema(table))
+                conn.commit()
+                bar.advance(1, "created the tables")
+            elif before.needs_ddl:
+                bar.advance(0, "adding the missing columns and tables …")
+                cur.execute(schema_without_indexes(table))
+                conn.commit()
+                bar.advance(1, "added the missing columns and tables")
+            if before.table_exists:
+                state = read_schema_state(cur, table)
+                conn.rollback()
+                bar.total = bar.done + len(state.missing_indexes) + len(state.invalid_indexes)
+                conn.autocommit = True
+                _build_indexes(cur, table, state, bar)
+                conn.autocommit = False
+            after = read_schema_state(cur, table)
+            conn.rollback()
+            if steps:
+                bar.finish()
     except psycopg2.Error as exc:
         raise ctx.store_error(exc) from None
     finally:
         conn.close()
-    changes = []
-    if not before[0]:
-        changes.append("created the table")
-    elif not before[1]:
-        changes.append("added the claim_id column")
-    if after[2] > before[2] and before[0]:
-        changes.append("created the (state, due_at) index")
-    if before[0] and not had_outbox:
-        changes.append(f"created the outbox table {outbox_table_name(table)!r}")
-    if before[0] and not had_state:
-        changes.append(f"created the state table {state_table_name(table)!r}")
-    _LOGGER.info("migrate: %s", "; ".join(changes) or "up to date", extra={"table": table})
-    if changes:
+    changes = _migrate_changes(before, after)
+    _LOGGER.info("migrate: %s", "; ".join(changes) or "up to date",
+                 extra={"table": table, "changes": changes})
+    if as_json:
+        _json({"store": target.display, "table": table, "dialect": "postgresql",
+               "current": after.current, "changes": changes, "before": before.as_json(),
+               "after": after.as_json()})
+    elif changes:
         _out(f"migrated table {table!r} in {target.display}: {', '.join(changes)}")
     else:
         _out(f"table {table!r} in {target.display} is up to date; nothing changed")
     return 0
+
+
+def _report_schema_check(ctx: _Context, state: PostgresSchemaState) -> int:
+    """``migrate --check``: exit 0 when the schema is current, 1 when it is behind."""
+    if ctx.args.json:
+        _json(dict(state.as_json(), store=ctx.target.display, table=state.table,
+                   dialect="postgresql"))
+    elif state.current:
+        _out(f"table {state.table!r} in {ctx.target.display} is up to date")
+    else:
+        _out(f"table {state.table!r} in {ctx.target.display} is behind: it lacks "
+             f"{', '.join(state.gaps())}; apply it with `{PROG} migrate`")
+    return 0 if state.current else 1
 
 
 # -- check -------------------------------------------------------------------------------------

@@ -1,11 +1,15 @@
 """``ptb-fence health``: the checks of an update table, their thresholds, and a probe whose
 time is bounded.
 
-A probe reads the table once (read-only, one snapshot) and judges six checks, eight when the
+A probe reads the table once (read-only, one snapshot) and judges seven checks, nine when the
 table has an outbox table:
 
 - ``store`` — the store answered, and the table exists with the columns of an update table,
   within ``timeout``;
+- ``schema`` — nothing of the current schema is missing: a PostgreSQL table created by an
+  older release (a column, an index or a shared table missing) needs ``ptb-fence migrate``
+  (a missing outbox or state table is noted, not failed; SQLite stores migrate their table
+  when they open it: always passes);
 - ``pending_age`` — the oldest pending update has waited at most ``max_pending_age`` since it
   was recorded;
 - ``failed_age`` — no failed update's retry has been due for longer than ``max_failed_age``;
@@ -36,6 +40,9 @@ from ptb_fence.cli._format import format_age, one_line
 from ptb_fence.cli._inspect import TableInspector
 from ptb_fence.cli._rows import HealthFigures, Oldest
 from ptb_fence.cli._target import StoreTarget
+from ptb_fence.stores._outbox_sql import outbox_table_name
+from ptb_fence.stores._state_sql import state_table_name
+from ptb_fence.stores.postgres._migration import PostgresSchemaState, read_schema_state
 
 __all__ = [
     "DEFAULT_MAX_EXHAUSTIONS",
@@ -51,6 +58,7 @@ __all__ = [
     "HealthThresholds",
     "judge",
     "probe",
+    "schema_check",
 ]
 
 # Why these defaults: with the default options a pending row left behind is swept 60 s
@@ -269,7 +277,7 @@ def _outbox_checks(figures: HealthFigures, thresholds: HealthThresholds) -> List
 class _Probe:
     """One read of the table, run in its own thread so that the caller can stop waiting."""
 
-    __slots__ = ("conn", "error", "figures", "phase", "table", "target", "timeout")
+    __slots__ = ("conn", "error", "figures", "phase", "schema", "table", "target", "timeout")
 
     def __init__(self, target: StoreTarget, table: str, timeout: float) -> None:
         self.target = target
@@ -278,6 +286,7 @@ class _Probe:
         self.conn: Any = None
         self.phase = "connecting"
         self.figures: Optional[HealthFigures] = None
+        self.schema: Optional[PostgresSchemaState] = None
         self.error: Optional[BaseException] = None
 
     def run(self) -> None:
@@ -291,6 +300,11 @@ class _Probe:
             self.phase = "reading the table"
             with TableInspector(target, self.table, conn=self.conn) as inspector:
                 self.figures = inspector.health(int(time.time() * 1000))
+                if not target.is_sqlite:
+                    self.phase = "reading the schema"
+                    with self.conn.cursor() as cur:
+                        self.schema = read_schema_state(cur, self.table)
+                    self.conn.rollback()
         except BaseException as exc:  # reported by the waiting thread
             self.error = exc
 
@@ -327,7 +341,7 @@ def probe(target: StoreTarget, table: str, thresholds: HealthThresholds) -> Heal
         thresholds (:class:`HealthThresholds`): The limits.
 
     Returns:
-        :class:`HealthReport`: Only the ``store`` check when it failed, else all six (eight
+        :class:`HealthReport`: Only the ``store`` check when it failed, else all seven (nine
         with an outbox table).
 
     Raises:
@@ -375,4 +389,37 @@ def probe(target: StoreTarget, table: str, thresholds: HealthThresholds) -> Heal
         limit_s,
         "seconds",
     )
-    return HealthReport((store, *judge(figures, thresholds)), figures.now)
+    return HealthReport((store, schema_check(work.schema), *judge(figures, thresholds)),
+                        figures.now)
+
+
+def schema_check(state: Optional[PostgresSchemaState]) -> HealthCheck:
+    """The ``schema`` check: fails when the PostgreSQL table is behind the current schema
+    (``state`` :obj:`None`: a SQLite table, which its store migrates when it opens it)."""
+    if state is None:
+        return HealthCheck(
+            "schema", True, "SQLite: the store migrates its table when it opens it", 0.0, 0.0,
+            "count",
+        )
+    # a missing outbox or state table is no fault of the table: a bot that never used them
+    # (made before them) runs as before, and the outbox checks are left out
+    optional = (outbox_table_name(state.table), state_table_name(state.table))
+    absent = [name for name in state.missing_tables if name in optional]
+    gaps = [gap for gap in state.gaps() if not any(repr(name) in gap for name in absent)]
+    if not gaps:
+        note = "" if not absent else (
+            f"; no {' or '.join(repr(name) for name in absent)} yet (`ptb-fence migrate` "
+            "creates it)"
+        )
+        return HealthCheck("schema", True, "current: nothing to migrate" + note, 0.0, 0.0,
+                           "count")
+    return HealthCheck(
+        "schema",
+        False,
+        f"the table was made by an older release and lacks {', '.join(gaps)}; apply the "
+        "migration with `ptb-fence migrate` (`ptb-fence migrate --check` tells when it is "
+        "done)",
+        float(len(gaps)),
+        0.0,
+        "count",
+    )

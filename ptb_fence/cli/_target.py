@@ -16,6 +16,11 @@ __all__ = ["StoreTarget"]
 
 _SQLITE_PREFIX = "sqlite:///"
 _POSTGRES_SCHEMES = ("postgresql", "postgres")
+# SQLAlchemy names the driver after a "+" (postgresql+psycopg2://, sqlite+pysqlite:///): the
+# command line connects with psycopg2 or sqlite3 whatever driver the application uses
+_DRIVER = re.compile(r"^(postgresql|postgres|sqlite)\+[A-Za-z0-9_]+(?=://)", re.IGNORECASE)
+# the keywords of a libpq key=value connection string that make it one (not a file path)
+_KEYWORD_DSN = re.compile(r"^\s*(host|hostaddr|port|dbname|user|password|service|sslmode)\s*=")
 _CONNECT_TIMEOUT = 10
 _KV_SECRET = re.compile(r"((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]+)", re.IGNORECASE)
 
@@ -81,7 +86,10 @@ class StoreTarget:
 
     ``sqlite:///relative/path.db`` and ``sqlite:////absolute/path.db`` (the path is everything
     after ``sqlite:///``, as in SQLAlchemy), a plain path to an existing file (taken as SQLite),
-    or a ``postgresql://`` / ``postgres://`` libpq URI.
+    a ``postgresql://`` / ``postgres://`` libpq URI, or a libpq keyword string
+    (``host=db dbname=bot user=bot``). A SQLAlchemy URL's driver is dropped
+    (``postgresql+psycopg2://`` is ``postgresql://``): an application's own setting can be
+    passed as it is.
     The password of a DSN never appears in :attr:`display` or in messages passed through
     :meth:`redact`.
 
@@ -103,7 +111,7 @@ class StoreTarget:
                 "no store given: pass --store sqlite:///path/to.db or --store "
                 "postgresql://user@host/db (or set PTB_FENCE_STORE)"
             )
-        url = url.strip()
+        url = _DRIVER.sub(lambda m: m.group(1), url.strip())
         self._secrets = _secrets(url)
         scheme = url.split(":", 1)[0].lower() if ":" in url else ""
         if scheme == "sqlite":
@@ -123,6 +131,11 @@ class StoreTarget:
             self.dsn = url
             self.display = self._mask(url)
             self._check_dsn()
+        elif "://" not in url and _KEYWORD_DSN.match(url):
+            self.kind = "postgresql"
+            self.dsn = url
+            self.display = self.redact(_KV_SECRET.sub(lambda m: m.group(1) + "***", url))
+            self._check_dsn()
         elif _looks_like_path(url) and os.path.isfile(url):
             # a plain path to an existing file: the SQLite file it names
             self.kind = "sqlite"
@@ -140,7 +153,10 @@ class StoreTarget:
                         f"{what} and no file {url!r} exists: for a SQLite file write "
                         f"--store {_SQLITE_PREFIX}{url} (or a postgresql:// DSN)"
                     )
-            raise Refused(f"{what}: use --store sqlite:///path/to.db or a postgresql:// DSN")
+            raise Refused(
+                f"{what}: use --store sqlite:///path/to.db, a postgresql:// DSN or a libpq "
+                "keyword string (host=... dbname=...)"
+            )
 
     # -- secrets ---------------------------------------------------------------------------
     def _mask(self, url: str) -> str:

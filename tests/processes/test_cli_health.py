@@ -35,7 +35,7 @@ from ptb_fence.stores._outbox_sql import outbox_table_name
 
 PASSWORD = "HealthPr0beSecret"
 MINUTE = 60_000
-TABLE_CHECKS = ["store", "pending_age", "failed_age", "lapsed_age", "exhaustions",
+TABLE_CHECKS = ["store", "schema", "pending_age", "failed_age", "lapsed_age", "exhaustions",
                 "exhaustion_age"]
 CHECKS = TABLE_CHECKS + ["unsent_age", "failed_calls"]  # the stores make an outbox table
 SENDER = "health-test-sender"
@@ -218,7 +218,7 @@ def test_healthy_table_exits_0(table: Table) -> None:
     table.healthy_rows()
     code, out, err, _ = health(*table.args())
     assert (code, err) == (0, ""), out + err
-    assert out.startswith("healthy: all 8 checks passed\n"), out
+    assert out.startswith("healthy: all 9 checks passed\n"), out
     assert verdicts(out) == {name: "ok" for name in CHECKS}
     assert "update 2 has been pending for" in check_line(out, "pending_age")
     assert "no failed update is due" in check_line(out, "failed_age")
@@ -243,7 +243,7 @@ def test_old_pending_row_exits_1_naming_the_check(table: Table) -> None:
     before = table.snapshot()
     code, out, err, _ = health(*table.args())
     assert code == 1 and err == "", out + err
-    assert out.startswith("unhealthy: 1 of 8 checks failed: pending_age\n"), out
+    assert out.startswith("unhealthy: 1 of 9 checks failed: pending_age\n"), out
     assert verdicts(out) == dict({name: "ok" for name in CHECKS}, pending_age="FAIL")
     line = check_line(out, "pending_age")
     assert line.startswith("FAIL")
@@ -265,7 +265,7 @@ def test_failed_row_due_for_long_exits_1(table: Table) -> None:
     assert verdicts(out)["failed_age"] == "FAIL"
     assert re.search(r"failed update 2 has been due for (9m 59s|10m 0\ds) \(threshold 5m 00s\)",
                      check_line(out, "failed_age"))
-    assert "unhealthy: 1 of 8 checks failed: failed_age" in out
+    assert "unhealthy: 1 of 9 checks failed: failed_age" in out
 
 
 def test_lapsed_lease_not_taken_over_exits_1(table: Table) -> None:
@@ -609,3 +609,35 @@ def test_help_documents_the_exit_statuses() -> None:
     for option in ("--json", "--max-pending-age", "--max-failed-age", "--max-lapsed-age",
                    "--max-exhaustions", "--max-exhaustion-age", "--timeout"):
         assert option in text
+
+
+# -- the schema --------------------------------------------------------------------------------
+def test_a_legacy_postgres_table_is_unhealthy_until_migrated(pg_dsn: str, pg_table: str) -> None:
+    """A table made by a release before fencing (no claim_id, no index): ``health`` names what
+    it lacks and ``ptb-fence migrate``; after the migration the same probe is healthy."""
+    conn = psycopg2.connect(pg_dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                f'CREATE TABLE "{pg_table}" (update_id BIGINT PRIMARY KEY, body TEXT NOT NULL, '
+                "state TEXT NOT NULL, attempts INT NOT NULL DEFAULT 0, due_at BIGINT NOT NULL, "
+                "received_at BIGINT NOT NULL, settled_at BIGINT, error TEXT)"
+            )
+        conn.commit()
+    finally:
+        conn.close()
+    args = ["--store", pg_dsn, "--table", pg_table, "health"]
+    code, out, err, _ = health(*args)
+    assert code == 1, out + err
+    line = check_line(out, "schema")
+    assert line.startswith("FAIL") and "column claim_id" in line and "ptb-fence migrate" in line
+    assert f'index "{pg_table}_state_due_at_idx"' in line
+    assert verdicts(out)["store"] == "ok"
+    code, out, err, _ = health(*args, "--json")
+    schema = {c["name"]: c for c in json.loads(out)["checks"]}["schema"]
+    assert code == 1 and schema["ok"] is False and schema["value"] >= 6, schema
+    code, out, err, _ = health("--store", pg_dsn, "--table", pg_table, "migrate")
+    assert code == 0, out + err
+    code, out, err, _ = health(*args)
+    assert code == 0, out + err
+    assert check_line(out, "schema").startswith("ok") and "current" in out
