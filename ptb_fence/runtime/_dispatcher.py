@@ -288,8 +288,6 @@ class OutboxDispatcher:
         self._loop = loop
         # the store instance this process holds liveness under, in the token: when the
         # process dies, the takeover of its updates makes its calls claimable too
-        instance = getattr(self._port.store, "instance", None) if self._port.has_liveness \
-            else None
         self._sender = sender_token(
             f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}",
             self._port.held_instance,
