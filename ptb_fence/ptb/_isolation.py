@@ -1,14 +1,11 @@
 """AsyncIsolationGate: the handlers of one processor run together, one starts on probation,
 or one runs alone.
 
-The asyncio twin of :class:`ptb_fence.blocking._isolation.IsolationGate` (see there for why):
-the attempt of a suspect row starts on probation (no other handler starts for
-:data:`~ptb_fence.runtime._recovery.PROBATION_SECONDS`, or until it ended); the attempt of a
-row suspect again waits until the handlers running now have ended, and no handler starts
-until it has ended. Everything else enters at once without awaiting while no suspect waits,
-runs alone or is on probation. An update the stop no longer lets start does not enter (a
-waiter sees it at the next change: a handler ending, or its own deadline). Used on the event
-loop only.
+The asyncio twin of :class:`ptb_fence.blocking._isolation.IsolationGate`: the rules live in
+:class:`~ptb_fence.runtime._isolation.IsolationState`, and this gate waits for them on the
+event loop. Everything enters at once without awaiting while no suspect waits, runs alone or
+is on probation. An update the stop no longer lets start does not enter (a waiter sees it at
+the next change: a handler ending, or its own deadline). Used on the event loop only.
 """
 
 from __future__ import annotations
@@ -18,7 +15,8 @@ from typing import Callable, Optional, Tuple
 
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.runtime._attempt import Attempt
-from ptb_fence.runtime._recovery import ALONE_WAIT_SECONDS, PROBATION_SECONDS
+from ptb_fence.runtime._isolation import IsolationState
+from ptb_fence.runtime._recovery import ALONE_WAIT_SECONDS
 from ptb_fence.runtime._runtime import Runtime
 
 __all__ = ["AsyncIsolationGate"]
@@ -28,24 +26,11 @@ class AsyncIsolationGate:
     """A writer-preferring readers-writer gate for handler tasks of one event loop, with one
     probation at a time."""
 
-    __slots__ = (
-        "_alone",
-        "_changed",
-        "_probation",
-        "_probation_ends",
-        "_running",
-        "_stopping",
-        "_waiting_alone",
-        "_waiting_probation",
-    )
+    __slots__ = ("_changed", "_state", "_stopping")
 
     def __init__(self, refused: Callable[[int], bool]) -> None:
-        self._running = 0  # handlers running together (those on probation among them)
-        self._alone = False  # a handler runs alone
-        self._waiting_alone = 0  # handlers waiting to run alone (new starts wait for them)
-        self._waiting_probation = 0  # suspects waiting for their probation (fresh ones wait)
-        self._probation: Optional[Attempt] = None  # the last suspect that started, until it left
-        self._probation_ends = 0.0  # loop time: when no start waits for it any more
+        # the loop's clock: the state is read on the loop only
+        self._state = IsolationState(lambda: asyncio.get_running_loop().time())
         self._stopping = refused  # refused(update_id): the stop no longer lets it start
         self._changed: Optional[asyncio.Event] = None  # set (and replaced) on every change
 
@@ -61,81 +46,38 @@ class AsyncIsolationGate:
             suspect whose probation this one ends (still running and marked: end its mark
             first).
         """
-        update_id = attempt.update_id
         suspicion = attempt.suspicion
         loop = asyncio.get_running_loop()
-        if suspicion == 0:
-            while not self._stopping(update_id):
-                held = self._held_for(loop, waiting_suspects=True)
-                if held is None:
-                    break
-                await self._wait(held)
-            if self._stopping(update_id):
-                return False, None
-            self._running += 1
-            return True, None
-        deadline = None if timeout is None else loop.time() + timeout
-        if suspicion >= 2:
-            self._waiting_alone += 1
-            try:
-                while (self._alone or self._running) and not self._stopping(update_id):
-                    left = None if deadline is None else deadline - loop.time()
-                    if left is not None and left <= 0:
-                        return False, None
-                    await self._wait(left)
-                if self._stopping(update_id):
-                    return False, None
-                self._alone = True
-                return True, None
-            finally:
-                self._waiting_alone -= 1
-                self._notify()  # starts held for this waiter may go on
-        self._waiting_probation += 1
+        deadline = None if timeout is None or not suspicion else loop.time() + timeout
+        state = self._state
+        state.waiting(suspicion, 1)
         try:
-            while not self._stopping(update_id):
-                held = self._held_for(loop, waiting_suspects=False)
+            while not self._stopping(attempt.update_id):
+                held = state.held_for(suspicion)
                 if held is None:
-                    break
-                left = None if deadline is None else deadline - loop.time()
-                if left is not None and left <= 0:
-                    return False, None
-                await self._wait(held if left is None else min(held, left))
-            if self._stopping(update_id):
-                return False, None
-            previous, self._probation = self._probation, attempt
-            self._probation_ends = loop.time() + PROBATION_SECONDS
-            self._running += 1
-            return True, previous
+                    return True, state.start(attempt)
+                if deadline is not None:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        return False, None
+                    held = min(held, left)
+                await self._wait(held)
+            return False, None
         finally:
-            self._waiting_probation -= 1
-            self._notify()
-
-    def _held_for(
-        self, loop: asyncio.AbstractEventLoop, *, waiting_suspects: bool
-    ) -> Optional[float]:
-        """How long a start waits at most before it looks again (:obj:`None`: it may start):
-        while a handler runs or waits to run alone, while a probation lasts and, for a fresh
-        start (``waiting_suspects``), while suspects wait for theirs."""
-        if self._alone or self._waiting_alone or (waiting_suspects and self._waiting_probation):
-            return 1.0  # woken by the change; the timeout only guards a lost wake-up
-        if self._probation is not None:
-            left = self._probation_ends - loop.time()
-            if left > 0:
-                return left
-        return None
+            state.waiting(suspicion, -1)
+            if suspicion:
+                self._notify()  # starts held for this waiter may go on
 
     def enter_now(self, attempt: Attempt) -> bool:
         """Let ``attempt``'s handler start at once, without awaiting, when it is not suspect
         and no handler runs alone, is on probation or waits as a suspect (the usual case);
         :obj:`False`: call :meth:`admit`. The caller calls :meth:`leave` once the handler
         ended."""
-        if attempt.suspicion or self._alone or self._waiting_alone or self._waiting_probation:
+        if attempt.suspicion or self._state.held_for(0) is not None:
             return False
-        if self._probation is not None:
-            return False  # admit looks at the clock
         if self._stopping(attempt.update_id):
             return False  # admit refuses and gives it back
-        self._running += 1
+        self._state.start(attempt)
         return True
 
     async def admit(self, attempt: Attempt, runtime: Runtime, threads: StoreThreads) -> bool:
@@ -143,9 +85,9 @@ class AsyncIsolationGate:
         marking it in the store). The caller calls :meth:`leave` once the handler ended.
 
         Returns:
-            :obj:`False` when the handler must not start: the stop no longer lets it, the handlers running
-            here did not end in time, or the claim was lost. The attempt was then given back
-            (its attempt not spent) and ended.
+            :obj:`False` when the handler must not start: the stop no longer lets it, the
+            handlers running here did not end in time, or the claim was lost. The attempt was
+            then given back (its attempt not spent) and ended.
         """
         entered = False
         try:
@@ -181,10 +123,5 @@ class AsyncIsolationGate:
 
     def leave(self, attempt: Attempt) -> None:
         """A handler that :meth:`enter` let start has ended (or was released)."""
-        if attempt.suspicion >= 2:
-            self._alone = False
-        else:
-            self._running -= 1
-            if self._probation is attempt:
-                self._probation = None
+        self._state.leave(attempt)
         self._notify()

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALONE_WAIT_SECONDS",
-    "PROBATION_SECONDS",
     "STOP_MARGIN_SECONDS",
     "AttemptTimeout",
     "Recovery",
@@ -51,11 +50,6 @@ ALONE_WAIT_SECONDS = 10.0
 """How long an attempt that must run alone waits for the running handlers to end (new starts
 are held meanwhile), or a suspect for its probation, before it is given back for a later
 sweep."""
-
-PROBATION_SECONDS = 0.25
-"""How long no other handler starts after the handler of a suspect started (unless it ended
-first). A handler that kills its process within this time is charged alone. The suspects of
-an ordinary crash start this far apart: 16 of them in 4 s, all running together then."""
 
 
 class AttemptTimeout(Exception):
