@@ -65,14 +65,17 @@ def test_flaky_handler_succeeds_on_attempt_3(intakes) -> None:
     assert intake.accept(body(10)) == "accepted"
     assert intake.idle(5)
     r = row(store, 10)
-    assert (r.state, r.attempts, r.due_at) == ("failed", 1, clock.ms() + 5_000)
+    # the default backoff: 5 s, then 20 s, each give or take 10 %
+    wait_ms = r.due_at - clock.ms()
+    assert (r.state, r.attempts) == ("failed", 1) and 4_500 <= wait_ms <= 5_500
     assert r.error == "ConnectionError: flaky 1"
     # not due before the backoff passed
-    assert run_due(intake, clock, 4.9) == 0
-    assert run_due(intake, clock, 0.1) == 1
+    assert run_due(intake, clock, (wait_ms - 100) / 1000) == 0
+    assert run_due(intake, clock, 0.2) == 1
     r = row(store, 10)
-    assert (r.state, r.attempts, r.due_at) == ("failed", 2, clock.ms() + 20_000)
-    assert run_due(intake, clock, 20) == 1
+    wait_ms = r.due_at - clock.ms()
+    assert (r.state, r.attempts) == ("failed", 2) and 18_000 <= wait_ms <= 22_000
+    assert run_due(intake, clock, wait_ms / 1000 + 0.001) == 1
     r = row(store, 10)
     assert (r.state, r.attempts, r.error) == ("completed", 3, None)
     assert [a.attempt for a in seen] == [1, 2, 3]
@@ -100,7 +103,7 @@ def test_unary_handler_on_a_base_only_store(intakes) -> None:
     intake.accept(body(1))
     assert intake.idle(5)
     assert row(store, 1).state == "failed"
-    assert run_due(intake, clock, 5) == 1
+    assert run_due(intake, clock, 5.5) == 1  # the default backoff: 5 s give or take 10 %
     assert row(store, 1).state == "completed"
     assert runs == [1, 1] and seen_attempt == [None, None]
     assert store.count("claim") == 2 and store.count("settle") == 2
@@ -702,7 +705,7 @@ def test_a_handler_raising_a_base_exception_is_a_failed_attempt(intakes, error) 
     r = row(store, 1)
     assert (r.state, r.attempts) == ("failed", 1)
     assert failures.snapshot()[0][0] is error
-    assert run_due(intake, clock, 5) == 1
+    assert run_due(intake, clock, 5.5) == 1  # the default backoff: 5 s give or take 10 %
     assert row(store, 1).state == "completed" and runs == [1, 1]
 
 
