@@ -22,6 +22,14 @@ from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequ
 from ptb_fence._update_ids import is_update_id
 from ptb_fence._errors import SchemaError, StoreBusy
 from ptb_fence._values import AttemptIdentity
+from ptb_fence.cli._bulk import (
+    BulkOutcome,
+    acknowledge_each,
+    exhaustion_json,
+    pick_exhaustions,
+    pick_retries,
+    retry_each,
+)
 from ptb_fence.cli._errors import CommandError, Refused, StoreFailure
 from ptb_fence.cli._format import (
     clip,
@@ -157,6 +165,25 @@ def _state(text: str) -> str:
     return text
 
 
+def _retry_state(text: str) -> str:
+    if text not in ("failed", "abandoned"):
+        raise argparse.ArgumentTypeError(
+            f"invalid state {text!r}: retry makes failed or abandoned updates claimable again"
+        )
+    return text
+
+
+def _bulk_options(sub: argparse.ArgumentParser, what: str) -> None:
+    """The options of a bulk ``retry`` or ``ack``."""
+    sub.add_argument("--older-than", type=_duration, metavar="DURATION",
+                     help=f"bulk: only those {what} longer ago (90s, 15m, 12h, 7d)")
+    sub.add_argument("--limit", type=_positive_int("limit"), metavar="N",
+                     help="bulk: at most N (default: all)")
+    sub.add_argument("--dry-run", action="store_true",
+                     help="bulk: list what would change and change nothing")
+    sub.add_argument("--json", action="store_true", help="print JSON: what changed")
+
+
 # -- parser ------------------------------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line and exit status 2 (as :class:`Refused`)."""
@@ -224,7 +251,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = command(
         "status", "counts per state, oldest pending age, what is due now, the outbox's counts"
     )
-    sub.add_argument("--json", action="store_true", help="print JSON")
+    sub.add_argument("--json", action="store_true",
+                     help="print JSON (with --watch: one line per refresh)")
+    sub.add_argument(
+        "--watch", nargs="?", type=_duration, const=2_000, default=None, metavar="DURATION",
+        help="refresh every DURATION (default 2s) until Ctrl-C; a store error is shown and "
+        "the next refresh tries again",
+    )
 
     sub = command(
         "health",
@@ -293,21 +326,35 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--after", type=_update_id, metavar="UPDATE_ID", help="the paging cursor")
     sub.add_argument("--json", action="store_true", help="print JSON")
 
-    sub = command("ack", "acknowledge one exhaustion by its exact identity")
-    sub.add_argument("update_id", type=_update_id, metavar="UPDATE_ID")
-    sub.add_argument("--attempt", type=_positive_int("attempt"), required=True, metavar="N")
-    sub.add_argument("--claim-id", type=_claim_id, required=True, metavar="CLAIM_ID")
+    sub = command(
+        "ack",
+        "acknowledge one exhaustion by its exact identity, or in bulk with --all "
+        "[--older-than DURATION]",
+    )
+    sub.add_argument("update_id", type=_update_id, metavar="UPDATE_ID", nargs="?")
+    sub.add_argument("--attempt", type=_positive_int("attempt"), metavar="N")
+    sub.add_argument("--claim-id", type=_claim_id, metavar="CLAIM_ID")
+    sub.add_argument("--all", action="store_true",
+                     help="every unacknowledged exhaustion (with --older-than: exhausted "
+                     "longer ago), each by the identity read")
+    _bulk_options(sub, "exhausted")
 
-    command(
+    sub = command(
         "retry",
-        "make a failed or abandoned update claimable again with a full new set of attempts",
-    ).add_argument("update_id", type=_update_id, metavar="UPDATE_ID")
+        "make a failed or abandoned update claimable again with a full new set of attempts; "
+        "in bulk with --state STATE [--older-than DURATION]",
+    )
+    sub.add_argument("update_id", type=_update_id, metavar="UPDATE_ID", nargs="?")
+    sub.add_argument("--state", type=_retry_state, metavar="STATE",
+                     help="bulk: every update in this state (failed or abandoned)")
+    _bulk_options(sub, "received")
 
     sub = command("prune", "delete completed/abandoned rows settled longer ago than DURATION")
     sub.add_argument(
         "--older-than", type=_duration, required=True, metavar="DURATION",
         help="e.g. 90s, 15m, 12h, 7d",
     )
+    sub.add_argument("--json", action="store_true", help="print JSON: what was deleted")
 
     sub = command(
         "persistence",
@@ -322,9 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the file was written with PicklePersistence(single_file=False)")
     act.add_argument("--replace", action="store_true",
                      help="overwrite state the store already holds for the file's keys")
+    act.add_argument("--json", action="store_true", help="print JSON: the rows imported")
     act = actions.add_parser("export", parents=[common],
                              help="write the store's state to a PicklePersistence file")
     act.add_argument("file", metavar="PICKLE_FILE")
+    act.add_argument("--json", action="store_true", help="print JSON: the rows exported")
     act = actions.add_parser("show", parents=[common],
                              help="one user's, chat's or conversation's state, or the bot's")
     which = act.add_mutually_exclusive_group(required=True)
@@ -337,7 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     act.add_argument("--json", action="store_true", help="print JSON")
     add_outbox_parser(command, common, _positive_int("limit"))
 
-    command("schema", "print the idempotent PostgreSQL migration for --table")
+    command("schema", "print the idempotent PostgreSQL migration for --table").add_argument(
+        "--json", action="store_true", help="print JSON: the table and the SQL"
+    )
     sub = command("migrate", "apply the PostgreSQL migration (SQLite stores migrate themselves)")
     sub.description = (
         "Apply the PostgreSQL migration of --table. On a table that exists, missing columns "
@@ -348,7 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--check", action="store_true",
                      help="change nothing: exit 1 if the schema is behind, 0 if current")
     sub.add_argument("--json", action="store_true", help="print JSON")
-    command("check", "run the conformance check on scratch tables (never your table)")
+    command(
+        "check", "run the conformance check on scratch tables (never your table)"
+    ).add_argument("--json", action="store_true", help="print JSON: the violations")
     return parser
 
 
@@ -412,7 +465,43 @@ class _Context:
 
 
 # -- status ------------------------------------------------------------------------------------
+_CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen (a terminal only)
+
+
 def _cmd_status(ctx: _Context) -> int:
+    every = ctx.args.watch
+    if every is None:
+        return _status_once(ctx, compact=False)
+    ctx.validate_table()
+    target = ctx.target  # a bad --store is a usage error (exit 2), before any refresh
+    clear = sys.stdout.isatty() and not ctx.args.json
+    refreshes = 0
+    try:
+        while True:
+            if clear:
+                print(_CLEAR, end="", file=sys.stdout)
+            try:
+                _status_once(ctx, compact=True)
+            except StoreFailure as exc:
+                # the view stays up through an outage: the next refresh tries again
+                text = target.redact(one_line(exc))
+                if ctx.args.json:
+                    _out(json.dumps({"now": _now_ms(), "error": text}, ensure_ascii=False))
+                else:
+                    _out(f"store unreachable at {format_time(_now_ms(), millis=True)}: {text}")
+            refreshes += 1
+            if not ctx.args.json:
+                _out()
+                _out(f"refreshed every {format_age(every)} ({refreshes} so far); Ctrl-C stops")
+            time.sleep(every / 1000.0)
+    except KeyboardInterrupt:
+        # the operator's way to end a watch: not an error
+        if not ctx.args.json:
+            _out()
+        return 0
+
+
+def _status_once(ctx: _Context, *, compact: bool) -> int:
     now = _now_ms()
     with ctx.inspector() as inspector:
         report = inspector.status(now)
@@ -424,7 +513,10 @@ def _cmd_status(ctx: _Context) -> int:
     if outbox is not None and outbox[1] is not None:
         outbox_age = max(now - outbox[1], 0)
     if ctx.args.json:
-        _json(
+        emit: Callable[[Any], None] = (
+            (lambda data: _out(json.dumps(data, ensure_ascii=False))) if compact else _json
+        )
+        emit(
             {
                 "store": ctx.target.display,
                 "table": ctx.table,
@@ -743,6 +835,19 @@ def _explain_refused_ack(row: Optional[UpdateRow], identity: AttemptIdentity) ->
 
 def _cmd_ack(ctx: _Context) -> int:
     args = ctx.args
+    if args.all:
+        if args.update_id is not None or args.attempt or args.claim_id:
+            raise Refused("ack --all acknowledges in bulk: name no UPDATE_ID, --attempt or "
+                          "--claim-id with it")
+        return _ack_bulk(ctx)
+    if args.older_than is not None or args.limit or args.dry_run:
+        raise Refused("--older-than, --limit and --dry-run go with ack --all (bulk)")
+    if args.update_id is None or not args.attempt or not args.claim_id:
+        raise Refused(
+            "name the exhaustion: ack UPDATE_ID --attempt N --claim-id CLAIM_ID (see "
+            f"`{PROG} exhaustions`), or acknowledge in bulk with ack --all [--older-than "
+            "DURATION] [--dry-run]"
+        )
     identity = AttemptIdentity(
         update_id=args.update_id, attempt=args.attempt, claim_id=args.claim_id
     )
@@ -773,6 +878,10 @@ def _cmd_ack(ctx: _Context) -> int:
         "ack: exhaustion of update %s attempt %s (claim %s) acknowledged by the operator",
         identity.update_id, identity.attempt, identity.claim_id, extra=extra,
     )
+    if args.json:
+        _json({"acknowledged": [{"update_id": identity.update_id, "attempt": identity.attempt,
+                                 "claim_id": identity.claim_id}]})
+        return 0
     _out(
         f"acknowledged the exhaustion of update {identity.update_id} (attempt "
         f"{identity.attempt}, claim {identity.claim_id}): it is settled history now and is "
@@ -781,8 +890,117 @@ def _cmd_ack(ctx: _Context) -> int:
     return 0
 
 
+def _ack_bulk(ctx: _Context) -> int:
+    """``ack --all [--older-than D] [--limit N] [--dry-run]``."""
+    args = ctx.args
+    now = _now_ms()
+    before = None if args.older_than is None else now - args.older_than
+    ctx.inspector().close()  # the table must exist; never create it
+    store = ctx.open_store()
+    try:
+        picked = pick_exhaustions(store, before, args.limit)
+        changed: List[int] = []
+        skipped: List[Tuple[int, str]] = []
+        if not args.dry_run and picked:
+            bar = ProgressBar("ack", len(picked), unit="exhaustion(s)", say=_progress)
+            changed, skipped = acknowledge_each(store, picked, now, bar.advance)
+            bar.finish()
+    except CommandError:
+        raise
+    except Exception as exc:
+        raise ctx.store_error(exc) from None
+    finally:
+        store.close()
+    outcome = BulkOutcome(args.dry_run, tuple(exhaustion_json(e) for e in picked),
+                          tuple(changed), tuple(skipped))
+    if not args.dry_run:
+        _LOGGER.info("ack: %d exhaustion(s) acknowledged in bulk by the operator (%d skipped)",
+                     len(changed), len(skipped),
+                     extra={"table": ctx.table, "update_ids": changed})
+    if args.json:
+        _json(outcome.as_json())
+        return 0
+    age = "" if before is None else f" exhausted before {format_time(before, millis=True)}"
+    if not picked:
+        _out(f"no unacknowledged exhaustions{age}; nothing changed")
+        return 0
+    _out(render_table(
+        ("UPDATE_ID", "ATTEMPT", "CLAIM_ID", "EXHAUSTED (UTC)", "ERROR"),
+        [(e.update_id, e.attempt, e.claim_id, format_time(e.exhausted_at),
+          clip(e.error, _ERROR_WIDTH)) for e in picked],
+        right=(0, 1),
+    ))
+    if args.dry_run:
+        _out(f"dry run: would acknowledge {len(picked)} exhaustion(s){age}; nothing changed")
+        return 0
+    _report_bulk("acknowledged", changed, skipped)
+    return 0
+
+
+def _report_bulk(verb: str, changed: List[int], skipped: List[Tuple[int, str]]) -> None:
+    _out(f"{verb} {len(changed)} update(s)" + (f", skipped {len(skipped)}:" if skipped else ""))
+    for update_id, why in skipped:
+        _out(f"  {update_id}: {why}")
+
+
 # -- retry -------------------------------------------------------------------------------------
+def _retry_bulk(ctx: _Context) -> int:
+    """``retry --state S [--older-than D] [--limit N] [--dry-run]``."""
+    args = ctx.args
+    now = _now_ms()
+    before = None if args.older_than is None else now - args.older_than
+    with ctx.inspector() as inspector:
+        picked = pick_retries(inspector, args.state, before, args.limit)
+        changed: List[int] = []
+        skipped: List[Tuple[int, str]] = []
+        if not args.dry_run and picked:
+            bar = ProgressBar("retry", len(picked), unit="update(s)", say=_progress)
+            changed, skipped = retry_each(inspector, picked, bar.advance)
+            bar.finish()
+    outcome = BulkOutcome(args.dry_run, tuple(r.as_json() for r in picked), tuple(changed),
+                          tuple(skipped))
+    if not args.dry_run:
+        _LOGGER.info("retry: %d %s update(s) -> pending in bulk, attempts -> 0 (%d skipped)",
+                     len(changed), args.state, len(skipped),
+                     extra={"table": ctx.table, "update_ids": changed,
+                            "previous_state": args.state})
+    if args.json:
+        _json(outcome.as_json())
+        return 0
+    age = "" if before is None else f" received before {format_time(before, millis=True)}"
+    if not picked:
+        _out(f"no {args.state} updates{age}; nothing changed")
+        return 0
+    _out(render_table(
+        ("UPDATE_ID", "STATE", "ATTEMPTS", "RECEIVED (UTC)", "ERROR"),
+        [(r.update_id, r.state, r.attempts, format_time(r.received_at),
+          clip(r.error, _ERROR_WIDTH)) for r in picked],
+        right=(0, 2),
+    ))
+    if args.dry_run:
+        _out(f"dry run: would make {len(picked)} {args.state} update(s){age} pending with a "
+             "full new set of attempts; nothing changed")
+        return 0
+    _report_bulk("retried", changed, skipped)
+    _out("each got a full new set of attempts; the next sweep of a running bot claims them")
+    return 0
+
+
 def _cmd_retry(ctx: _Context) -> int:
+    args = ctx.args
+    if args.state is not None:
+        if args.update_id is not None:
+            raise Refused("retry --state retries in bulk: name no UPDATE_ID with it")
+        return _retry_bulk(ctx)
+    if args.older_than is not None or args.limit or args.dry_run:
+        raise Refused("--older-than, --limit and --dry-run go with retry --state (bulk)")
+    if args.update_id is None:
+        raise Refused("name the update: retry UPDATE_ID, or retry in bulk with retry --state "
+                      "failed|abandoned [--older-than DURATION] [--dry-run]")
+    return _retry_one(ctx)
+
+
+def _retry_one(ctx: _Context) -> int:
     update_id = ctx.args.update_id
     with ctx.inspector() as inspector:
         before, changed = inspector.retry(update_id)
@@ -821,6 +1039,10 @@ def _cmd_retry(ctx: _Context) -> int:
             "table": ctx.table,
         },
     )
+    if ctx.args.json:
+        _json({"changed": [update_id], "before": before.as_json(), "state": "pending",
+               "attempts": 0, "was_exhaustion": was_exhaustion})
+        return 0
     state = "abandoned, an unacknowledged exhaustion" if was_exhaustion else before.state
     _out(f"update {update_id}: {state} -> pending")
     _out(
@@ -840,35 +1062,53 @@ def _cmd_retry(ctx: _Context) -> int:
 
 
 # -- prune -------------------------------------------------------------------------------------
+_PRUNE_BATCH = 10_000  # rows per transaction: a long prune never holds one long transaction
+
+
 def _cmd_prune(ctx: _Context) -> int:
     older_than = ctx.args.older_than
-    ctx.inspector().close()  # the table must exist; never create it
     now = _now_ms()
     before = now - older_than
+    with ctx.inspector() as inspector:  # the table must exist; never create it
+        total, bounds = inspector.prune_bounds(before, _PRUNE_BATCH)
     if older_than < _DAY_MS:
         _progress(
             "warning: pruning rows settled less than 24h ago; Telegram may still redeliver "
             "such an update, which would then be recorded and handled again"
         )
     _progress(
-        f"pruning completed and abandoned rows (acknowledged exhaustions included) of {ctx.table!r} settled before "
-        f"{format_time(before, millis=True)} …"
+        f"pruning completed and abandoned rows (acknowledged exhaustions included) of "
+        f"{ctx.table!r} settled before {format_time(before, millis=True)}: {total:,} row(s) …"
     )
     started = time.monotonic()
+    bar = ProgressBar("prune", total, unit="row(s)", say=_progress)
+    deleted = 0
     store = ctx.open_store()
     try:
-        deleted = int(store.prune(before))
+        # oldest first, one transaction per batch (each bound deletes the rows settled before
+        # it); the last bound is the command's, which also takes rows settled meanwhile
+        for bound in [*bounds, before]:
+            batch = int(store.prune(bound))
+            deleted += batch
+            bar.advance(batch)
     except Exception as exc:
         raise ctx.store_error(exc) from None
     finally:
         store.close()
+    if total:
+        bar.finish()
+    elapsed = time.monotonic() - started
     _LOGGER.info(
         "prune: %d row(s) settled before %s deleted", deleted, iso_time(before),
         extra={"table": ctx.table, "deleted": deleted},
     )
+    if ctx.args.json:
+        _json({"table": ctx.table, "deleted": deleted, "settled_before": before,
+               "settled_before_utc": iso_time(before), "seconds": round(elapsed, 3)})
+        return 0
     _out(
         f"pruned {deleted} row(s) settled before {format_time(before, millis=True)} in "
-        f"{time.monotonic() - started:.2f}s (pending, processing and failed rows and "
+        f"{elapsed:.2f}s (pending, processing and failed rows and "
         "unacknowledged exhaustions are never pruned)"
     )
     return 0
@@ -885,7 +1125,13 @@ def _cmd_schema(ctx: _Context) -> int:
     from ptb_fence.stores import postgres_update_store_schema
 
     table = ctx.validate_table()
-    if ctx.store_url and ctx.target.is_sqlite:
+    sqlite = bool(ctx.store_url) and ctx.target.is_sqlite
+    if ctx.args.json:
+        _json({"table": table, "dialect": "sqlite" if sqlite else "postgresql",
+               "sql": None if sqlite else postgres_update_store_schema(table),
+               "note": _SQLITE_SELF_MIGRATES if sqlite else None})
+        return 0
+    if sqlite:
         _out(_SQLITE_SELF_MIGRATES)
         return 0
     _out(postgres_update_store_schema(table).rstrip("\n"))
@@ -1069,6 +1315,11 @@ def _cmd_check(ctx: _Context) -> int:
             _drop_scratch_tables(target, tables)
         store_name = "PostgresUpdateStore"
     elapsed = time.monotonic() - started
+    if ctx.args.json:
+        _json({"store": store_name, "rules": total, "seconds": round(elapsed, 1),
+               "conforms": not violations,
+               "violations": [target.redact(one_line(v)) for v in violations]})
+        return 1 if violations else 0
     for violation in violations:
         _out(target.redact(one_line(violation)))
     if violations:
@@ -1116,12 +1367,20 @@ def _cmd_persistence(ctx: _Context) -> int:
             counts = _persistence.import_pickle(store, args.file, at=_now_ms(),
                                                 multi_file=args.multi_file, replace=args.replace,
                                                 progress=_progress)
+            if args.json:
+                _json({"imported": sum(counts.values()), "counts": counts, "file": args.file,
+                       "table": ctx.table})
+                return 0
             _out(f"imported {sum(counts.values())} state row(s) from {args.file!r} into table "
                  f"{ctx.table!r}: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
                                        or "nothing to import"))
             return 0
         if args.action == "export":
             counts = _persistence.export_pickle(store, args.file, progress=_progress)
+            if args.json:
+                _json({"exported": sum(counts.values()), "counts": counts, "file": args.file,
+                       "table": ctx.table})
+                return 0
             _out(f"exported {sum(counts.values())} state row(s) of table {ctx.table!r} to "
                  f"{args.file!r}: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
                                       or "no state"))

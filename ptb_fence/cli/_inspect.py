@@ -240,6 +240,35 @@ class TableInspector:
         result: Optional[UpdateRow] = self._read(work)
         return result
 
+    def prune_bounds(self, before: int, every: int) -> Tuple[int, List[int]]:
+        """How many update rows ``prune`` would delete before ``before``, and the
+        ``settled_at`` of every ``every``-th of them (oldest first): the bounds of batches of
+        about ``every`` rows."""
+        t = f'"{self.table}"'
+        sqlite = self.target.is_sqlite
+
+        def p(name: str) -> str:
+            return f":{name}" if sqlite else f"%({name})s"
+
+        where = (
+            f"state IN ('completed', 'abandoned') AND settled_at IS NOT NULL "
+            f"AND settled_at < {p('before')}"
+        )
+        params = {"before": before, "every": every}
+
+        def work() -> Tuple[int, List[int]]:
+            count = int(self._query(f"SELECT COUNT(*) FROM {t} WHERE {where}", params)[0][0])
+            bounds = [int(r[0]) for r in self._query(
+                f"SELECT settled_at FROM (SELECT settled_at, ROW_NUMBER() OVER "
+                f"(ORDER BY settled_at) AS n FROM {t} WHERE {where}) AS ranked "
+                f"WHERE n {'%' if sqlite else '%%'} {p('every')} = 0 ORDER BY settled_at",
+                params,
+            )]
+            return count, bounds
+
+        result: Tuple[int, List[int]] = self._read(work)
+        return result
+
     # -- retry -----------------------------------------------------------------------------
     def retry(self, update_id: int) -> Tuple[Optional[UpdateRow], bool]:
         """Make a failed or abandoned update claimable again (see :mod:`ptb_fence.cli._sql`).

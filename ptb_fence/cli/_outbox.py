@@ -104,13 +104,17 @@ def add_outbox_parser(
     sub.add_argument("call_id", type=_call_id, metavar="CALL_ID")
     sub.add_argument("--json", action="store_true", help="print JSON")
 
-    command(
+    sub = command(
         "retry", "send a failed call again: it goes back to pending, due now (tries and error kept)"
-    ).add_argument("call_id", type=_call_id, metavar="CALL_ID")
+    )
+    sub.add_argument("call_id", type=_call_id, metavar="CALL_ID")
+    sub.add_argument("--json", action="store_true", help="print JSON: the call as it was")
 
-    command(
+    sub = command(
         "drop", "delete a pending or failed call: it is never sent (a call being sent is refused)"
-    ).add_argument("call_id", type=_call_id, metavar="CALL_ID")
+    )
+    sub.add_argument("call_id", type=_call_id, metavar="CALL_ID")
+    sub.add_argument("--json", action="store_true", help="print JSON: the call as it was")
 
 
 # -- values ------------------------------------------------------------------------------------
@@ -371,6 +375,10 @@ def _retry(
             "nothing changed"
         )
     _log("retry", before, inspector.table, "failed -> pending")
+    if args.json:
+        out(json.dumps({"retried": before.call_id, "before": call_json(before),
+                        "state": "pending"}, indent=2, ensure_ascii=False))
+        return 0
     out(f"call {before.call_id} ({_what(before)}): {_state_label(before)} -> pending, due now")
     out(f"tries so far: {before.tries} (kept)")
     if before.error:
@@ -404,6 +412,10 @@ def _drop(args: argparse.Namespace, inspector: TableInspector, out: Callable[[st
             "deletes pending or failed calls; nothing changed"
         )
     _log("drop", before, inspector.table, f"{before.state}: deleted, never sent")
+    if args.json:
+        out(json.dumps({"dropped": before.call_id, "before": call_json(before)}, indent=2,
+                       ensure_ascii=False))
+        return 0
     out(f"dropped call {before.call_id} ({_what(before)}), {_state_label(before)}: it is never "
         "sent")
     if before.state == "failed" and not before.acknowledged:

@@ -27,6 +27,7 @@ from ptb_fence._state_codec import (
 )
 from ptb_fence._values import StateEntry, StateKey, StateWrite
 from ptb_fence.cli._errors import Refused
+from ptb_fence.cli._progress import bar
 
 __all__ = ["BATCH", "export_pickle", "import_pickle", "iter_state", "read_pickle", "show_state",
            "stored_state"]
@@ -125,7 +126,8 @@ def stored_state(store: Any, kind: Optional[str] = None,
 
 
 class _Progress:
-    """Progress lines for a long import or export, at most one a second and one at the end.
+    """Progress lines for a long import or export, at most one a second and one at the end
+    (a bar when the total is known).
 
     Args:
         say: Where a line goes (the command's stderr).
@@ -150,8 +152,8 @@ class _Progress:
         if self._say is None or (not final and now - self._last < 1.0):
             return
         self._last = now
-        of = "" if self._total is None else f" of {self._total:,}"
-        self._say(f"{self._verb} {self.done:,}{of} state row(s)")
+        # the same bar as the other long commands (prune, migrate)
+        self._say(f"{self._verb} {bar(self.done, self._total)} state row(s)")
 
 
 def _present(current: Dict[StateKey, StateEntry], batch: _Batch) -> List[StateKey]:

@@ -100,7 +100,7 @@ def test_a_200000_user_file_imports_and_exports_with_bounded_locks(
     took = time.monotonic() - started
     assert process.returncode == 0, err
     assert f"imported {USERS} state row(s)" in out and f"{USERS} user" in out
-    assert f"imported {USERS:,} of {USERS:,} state row(s)" in err
+    assert f"imported [{'#' * 24}] {USERS:,}/{USERS:,} state row(s)" in err
     assert errors == [], errors[:3]
     assert 0 < most <= BATCH, most
     conn = psycopg2.connect(pg_dsn)
