@@ -66,7 +66,7 @@ is what the sweep last read. ``prometheus_client`` is imported by :func:`registe
    * - ``ptb_fence_store_errors_total``
      - counter
      - ``step``
-     - Store errors: ingest, claim, renew, settle, sweep
+     - Store errors: ingest, claim, renew, settle, sweep, outbox (each at 0 from the start)
    * - ``ptb_fence_handler_duration_seconds``
      - histogram
      - 
@@ -78,15 +78,15 @@ is what the sweep last read. ``prometheus_client`` is imported by :func:`registe
        figures, outbox
    * - ``ptb_fence_unsettled_updates``
      - gauge
-     - 
+     - ``scope``
      - Updates pending, running or failed in the store
    * - ``ptb_fence_oldest_unsettled_update_age_seconds``
      - gauge
-     - 
+     - ``scope``
      - Age of the oldest of them
    * - ``ptb_fence_exhaustions_waiting``
      - gauge
-     - 
+     - ``scope``
      - Unacknowledged exhaustions in the store
    * - ``ptb_fence_outbox_sends_total``
      - counter
@@ -94,21 +94,81 @@ is what the sweep last read. ``prometheus_client`` is imported by :func:`registe
      - Outbox calls this process sent, failed, or retried (a failed send scheduled again)
    * - ``ptb_fence_outbox_calls``
      - gauge
-     - ``state``
+     - ``scope``, ``state``
      - Outbox calls in the store: pending, sending, sent, failed, failed_acknowledged
+   * - ``ptb_fence_last_sweep_timestamp_seconds``
+     - gauge
+     - 
+     - When a sweep of this process last read the store (epoch seconds)
+   * - ``ptb_fence_last_lease_tick_timestamp_seconds``
+     - gauge
+     - 
+     - When this process's lease keeper last ran (epoch seconds)
+   * - ``ptb_fence_build_info``
+     - gauge
+     - ``version``, ``python_telegram_bot``, ``python``
+     - Always 1: the versions this process runs
 
-The three store gauges above are present once the sweep has read the store (a store with the
-``figures`` capability: the shipped ones); ``ptb_fence_outbox_calls`` once it has read the
-outbox of a fenced front end's store.
+Every counter is present at 0 from the first scrape. The three store gauges above are present
+once the sweep has read the store (a store with the ``figures`` capability: the shipped ones);
+``ptb_fence_outbox_calls`` once it has read the outbox of a fenced front end's store; the two
+timestamps once the sweep and the lease keeper ran.
+
+The gauges labelled ``scope="store"`` say what the store holds: every process sharing it exports
+the same figure, so aggregate them with ``max()``, never ``sum()``. The Prometheus alert rules
+and the Grafana dashboard that ship with the package (:func:`alert_rules_path`,
+:func:`grafana_dashboard_path`) do.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator, List, Mapping, Optional, Union
 
-from ptb_fence.runtime._stats import HistogramSnapshot, Stats
+import functools
+import os
+import platform
 
-__all__ = ["StatsCollector", "register"]
+from ptb_fence.runtime._stats import (
+    STORE_BUCKETS,
+    STORE_ERROR_STEPS,
+    STORE_OPERATIONS,
+    HistogramSnapshot,
+    Stats,
+)
+
+__all__ = ["StatsCollector", "alert_rules_path", "grafana_dashboard_path", "register"]
+
+_MONITORING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "monitoring")
+
+# a store operation that has not run yet: its series at 0 (present from the start)
+_EMPTY_STORE_HISTOGRAM = HistogramSnapshot(
+    tuple((bound, 0) for bound in STORE_BUCKETS + (float("inf"),)), 0.0, 0
+)
+
+
+def alert_rules_path() -> str:
+    """The path of the Prometheus alert rules that ship with ptb_fence
+    (``ptb_fence/monitoring/alerts.yml``: load it with ``rule_files:``)."""
+    return os.path.join(_MONITORING, "alerts.yml")
+
+
+def grafana_dashboard_path() -> str:
+    """The path of the Grafana dashboard that ships with ptb_fence
+    (``ptb_fence/monitoring/grafana.json``: import it, choosing your Prometheus data
+    source)."""
+    return os.path.join(_MONITORING, "grafana.json")
+
+
+@functools.lru_cache(maxsize=1)
+def _build() -> "tuple[str, str, str]":
+    """ptb_fence's, python-telegram-bot's and Python's versions (read once)."""
+    from ptb_fence import __version__
+
+    try:
+        from telegram import __version__ as ptb_version
+    except ImportError:  # pragma: no cover - a dependency
+        ptb_version = "none"
+    return __version__, str(ptb_version), platform.python_version()
 
 StatsSource = Union[Callable[[], Stats], Any]
 """A processor or an :class:`~ptb_fence.UpdateIntake` (anything with ``stats()``), or a
@@ -220,29 +280,65 @@ class StatsCollector:
                     stats.handlers_left_running)
         yield counter("lease_renewal_failures", "Lease renewals that failed or were refused.",
                       stats.lease_renewal_failures)
+        # every step from the start, at 0: rate() and increase() need the series before the
+        # first error, and an alert on it must not wait for one
         yield by(core.CounterMetricFamily, "store_errors", "Store errors by step.", "step",
-                 stats.store_errors)
+                 {**dict.fromkeys(STORE_ERROR_STEPS, 0), **stats.store_errors})
         yield histogram("handler_duration_seconds", "Handler durations.", None,
                         {"": stats.handler_seconds})
         yield histogram("store_call_duration_seconds", "Store call durations by operation.",
-                        "operation", stats.store_seconds)
+                        "operation",
+                        {**dict.fromkeys(STORE_OPERATIONS, _EMPTY_STORE_HISTOGRAM),
+                         **stats.store_seconds})
+
+        # what the store holds, the same in every process sharing it: labelled scope="store",
+        # to be aggregated with max() (a sum() over the processes would count it once per
+        # process)
+        def store_gauge(name: str, doc: str, value: float) -> Any:
+            family = core.GaugeMetricFamily(f"ptb_fence_{name}", doc, labels=names + ["scope"])
+            family.add_metric(values + ["store"], value)
+            return family
+
         if stats.unsettled is not None:
-            yield gauge("unsettled_updates", "Updates pending, running or failed in the store.",
-                        stats.unsettled)
+            yield store_gauge("unsettled_updates",
+                              "Updates pending, running or failed in the store (max() across "
+                              "processes).", stats.unsettled)
         if stats.oldest_unsettled_age_seconds is not None:
-            yield gauge("oldest_unsettled_update_age_seconds",
-                        "Age of the oldest unsettled update in the store.",
-                        stats.oldest_unsettled_age_seconds)
+            yield store_gauge("oldest_unsettled_update_age_seconds",
+                              "Age of the oldest unsettled update in the store (max() across "
+                              "processes).", stats.oldest_unsettled_age_seconds)
         if stats.exhaustions_waiting is not None:
-            yield gauge("exhaustions_waiting", "Unacknowledged exhaustions in the store.",
-                        stats.exhaustions_waiting)
+            yield store_gauge("exhaustions_waiting",
+                              "Unacknowledged exhaustions in the store (max() across processes).",
+                              stats.exhaustions_waiting)
         yield by(core.CounterMetricFamily, "outbox_sends",
                  "Outbox calls sent, failed or retried by this process.", "result",
                  {"sent": stats.calls_sent, "failed": stats.calls_failed,
                   "retried": stats.calls_retried})
         if stats.outbox is not None:
-            yield by(core.GaugeMetricFamily, "outbox_calls", "Outbox calls in the store by state.",
-                     "state", stats.outbox)
+            family = core.GaugeMetricFamily(
+                "ptb_fence_outbox_calls",
+                "Outbox calls in the store by state (max() across processes).",
+                labels=names + ["scope", "state"],
+            )
+            for state, count in sorted(stats.outbox.items()):
+                family.add_metric(values + ["store", state], count)
+            yield family
+        if stats.last_sweep_at is not None:
+            yield gauge("last_sweep_timestamp_seconds",
+                        "When a sweep of this process last read the store (epoch seconds).",
+                        stats.last_sweep_at)
+        if stats.last_renewal_tick_at is not None:
+            yield gauge("last_lease_tick_timestamp_seconds",
+                        "When this process's lease keeper last ran (epoch seconds).",
+                        stats.last_renewal_tick_at)
+        info = core.GaugeMetricFamily(
+            "ptb_fence_build_info",
+            "The versions this process runs (always 1).",
+            labels=names + ["version", "python_telegram_bot", "python"],
+        )
+        info.add_metric(values + list(_build()), 1)
+        yield info
 
 
 def register(

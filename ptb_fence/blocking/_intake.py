@@ -245,6 +245,7 @@ class UpdateIntake:
                 raise RuntimeError("this UpdateIntake is closed; make a new one")
             if self._started:
                 return
+            self._runtime.probes.start()  # first: a port in use fails the start before anything ran
             self._workers.start()
             self._started = True
         # this process's liveness signal: its claims are taken over at once elsewhere only
@@ -293,6 +294,7 @@ class UpdateIntake:
             self._closed = True
             started = self._started
         self._runtime.alarms.stopped()
+        self._runtime.probes.stop()
         self._gate.close()  # a worker waiting as a suspect gives its update back
         self._chats.drop_waiting()
         running: List[str] = []

@@ -10,6 +10,7 @@ from telegram import Update
 from telegram.error import TelegramError
 from telegram.ext import InvalidCallbackData
 
+from ptb_fence._events import event
 from ptb_fence._fingerprint import fingerprint_known
 from ptb_fence._update_ids import is_update_id
 
@@ -73,7 +74,7 @@ def log_recording_again(update_ids: Sequence[int], error: BaseException, level: 
         error,
         wait,
         note,
-        extra={"update_id": first},
+        extra=event("recording_again", update_id=first),
     )
 
 

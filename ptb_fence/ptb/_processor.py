@@ -312,12 +312,14 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                 "handle_exhaustion=... to be told",
                 type(self).__name__,
             )
+        self._runtime.probes.start()  # first: a port in use fails the start before anything ran
         # per Application: undone at shutdown; refused if another running processor has it
         state.batch_ingest = wrap_get_updates_request(application.bot, self._ingest)
         self._threads.start(self._runtime.options.max_concurrent + 4)
         try:
             await self._bind_bot(application)
         except BaseException:
+            self._runtime.probes.stop()
             self._threads.stop()
             unwrap_get_updates_request(application.bot, self._ingest)
             state.batch_ingest = False
@@ -405,6 +407,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         state.started = False
         state.stopping = True
         self._runtime.alarms.stopped()
+        self._runtime.probes.stop()
         await self._sweeper.stop()
         await self._deliveries.cancel_all()  # unacknowledged: delivered at the next start
         unwrap_get_updates_request(self._get_application().bot, self._ingest)

@@ -15,8 +15,9 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from ptb_fence._events import event
 from ptb_fence._durations import format_duration
 
 from ptb_fence.runtime._options import AlarmThresholds, RuntimeOptions
@@ -143,9 +144,10 @@ class Alarms:
             else:
                 return
         if message is not None:
-            _LOGGER.warning("%s", message, extra={"alarm": name})
+            _LOGGER.warning("%s", message, extra=event("alarm", alarm=name))
         elif cleared:
-            _LOGGER.info("cleared: %s", name.replace("_", " "), extra={"alarm": name})
+            _LOGGER.info("cleared: %s", name.replace("_", " "),
+                         extra=event("alarm_cleared", alarm=name))
 
     def _conditions(self, limits: AlarmThresholds) -> List[Tuple[str, Optional[str]]]:
         stats = self._stats
@@ -214,22 +216,58 @@ class Alarms:
         """Whether the front end is healthy now: started and not stopped, the store answering
         (its last call did not fail), the lease keeper on time, a sweep read the store
         recently, recording not failing."""
-        problems: List[str] = []
+        return self._verdict(
+            running,
+            lambda up: (
+                self._store_problems()
+                + self._loop_problems(up, self._stats.last_sweep_at, "read the store")
+                + self._ingest_problems()
+            ),
+        )
+
+    def liveness(self, *, running: bool) -> Health:
+        """Whether this process's loops tick (a liveness probe): started, the lease keeper on
+        time, a sweep ran recently. A store that does not answer is no problem here: the
+        sweep still runs (and backs off), and restarting the process would not help."""
+        return self._verdict(
+            running, lambda up: self._loop_problems(up, self._stats.last_sweep_run_at, "ran")
+        )
+
+    def readiness(self, *, running: bool) -> Health:
+        """Whether this process can do its work (a readiness probe): started, the store
+        answering (its last call did not fail), recording not failing."""
+        return self._verdict(running, lambda up: self._store_problems() + self._ingest_problems())
+
+    def _verdict(self, running: bool, problems: Callable[[float], List[str]]) -> Health:
         started = self._started_at
         if not running or started is None:
             return Health(False, ("not running (not started, or stopped)",))
-        stats = self._stats
+        found = problems(time.monotonic() - started)
+        return Health(not found, tuple(found))
+
+    def _store_problems(self) -> List[str]:
+        failing = self._stats.store_failing_since
+        if failing is None:
+            return []
+        return [
+            f"the store has not answered for {format_duration(time.time() - failing)} "
+            "(its last calls failed)"
+        ]
+
+    def _ingest_problems(self) -> List[str]:
+        ingest = self._stats.ingest_failing_since
+        if ingest is None:
+            return []
+        return [f"recording updates fails since {format_duration(time.time() - ingest)} ago"]
+
+    def _loop_problems(self, up: float, swept: Optional[float], did: str) -> List[str]:
+        """The lease keeper's tick and the sweep (``swept``: when it last ran, or read the
+        store, as ``did`` says) against their intervals, ``up`` seconds after the start."""
+        problems: List[str] = []
         now_wall = time.time()
-        up = time.monotonic() - started
-        failing = stats.store_failing_since
-        if failing is not None:
-            problems.append(
-                f"the store has not answered for {format_duration(now_wall - failing)} "
-                "(its last calls failed)"
-            )
         tick_every = self._options.lease_seconds / 4.0
         late_after = 3 * tick_every + 5.0
-        tick = stats.last_renewal_tick_at
+        tick = self._stats.last_renewal_tick_at
         if (tick is None and up > late_after) or (
             tick is not None and now_wall - tick > late_after
         ):
@@ -238,16 +276,8 @@ class Alarms:
                 f"{format_duration(tick_every)}): leases may lapse"
             )
         sweep_late = 2 * self._options.sweep_every_seconds + 10.0
-        swept = stats.last_sweep_at
         if (swept is None and up > sweep_late) or (
             swept is not None and now_wall - swept > sweep_late
         ):
-            problems.append(
-                f"no sweep read the store in the last {format_duration(sweep_late)}"
-            )
-        ingest = stats.ingest_failing_since
-        if ingest is not None:
-            problems.append(
-                f"recording updates fails since {format_duration(now_wall - ingest)} ago"
-            )
-        return Health(not problems, tuple(problems))
+            problems.append(f"no sweep {did} in the last {format_duration(sweep_late)}")
+        return problems

@@ -47,6 +47,7 @@ import uuid
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ptb_fence._events import event
 from ptb_fence.contract import OUTBOX_METHODS
 from ptb_fence._values import AttemptEffects, AttemptIdentity, CallClaim, OutboxEntry
 from ptb_fence.runtime._outbox_prepare import OutboxPrepare
@@ -827,7 +828,7 @@ class OutboxDispatcher:
             "left without an answer" if decision.unknown else "was not sent",
             decision.delay_seconds,
             " (every chat held: a flood limit)" if decision.hold_all else "",
-            extra={"call_id": entry.call_id, "error": decision.error},
+            extra=event("outbox_send_retried", call_id=entry.call_id, error=decision.error),
         )
 
     def _flooded(self, entry: OutboxEntry, error: BaseException, now: int) -> bool:
@@ -857,8 +858,8 @@ class OutboxDispatcher:
         _LOGGER.warning(
             "outbox: %s call %s of update %s (chat %s) failed, not retried: %s",
             entry.method, entry.call_id, entry.update_id, entry.chat_key, text,
-            extra={"call_id": entry.call_id, "update_id": entry.update_id,
-                   "attempt": entry.attempt, "claim_id": entry.claim_id},
+            extra=event("outbox_call_failed", call_id=entry.call_id, update_id=entry.update_id,
+                        attempt=entry.attempt, claim_id=entry.claim_id),
         )
         if self._options.handle_send_failure is None:
             try:  # nobody to tell: the WARNING was the report; prunable from now on

@@ -6,6 +6,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
+from ptb_fence._events import event
 from ptb_fence.runtime._stats import RuntimeStats
 
 if TYPE_CHECKING:
@@ -285,11 +286,12 @@ class LeaseKeeper:
                 attempt.attempt,
                 attempt.claim_id or "-",
                 why,
-                extra={
-                    "update_id": attempt.update_id,
-                    "attempt": attempt.attempt,
-                    "claim_id": attempt.claim_id or None,
-                    "reason": why,
-                },
+                extra=event(
+                    "claim_lost",
+                    update_id=attempt.update_id,
+                    attempt=attempt.attempt,
+                    claim_id=attempt.claim_id or None,
+                    reason=why,
+                ),
             )
         attempt.mark_owner_lost()

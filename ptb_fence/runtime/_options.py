@@ -36,6 +36,26 @@ def _bool(name: str, value: Any) -> bool:
     return value
 
 
+def _port_or_none(name: str, value: Any) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise ValueError(
+            f"{name} must be a TCP port (0 to 65535; 0: any free port) or None (no probe "
+            f"server), got {value!r}"
+        )
+    return value
+
+
+def _host(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise TypeError(
+            f"{name} must be a host name or address to listen on (e.g. '127.0.0.1', or "
+            f"'0.0.0.0' for every interface), got {value!r}"
+        )
+    return value
+
+
 def _callable_or_none(name: str, value: Any) -> Any:
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be callable or None, got {value!r}")
@@ -173,12 +193,21 @@ class RuntimeOptions:
             :class:`~ptb_fence.OutboxEntry`; when it returns normally the failure is
             acknowledged, when it raises it is delivered again. Without it a failure is
             logged (WARNING) and acknowledged. Default :obj:`None`.
+        probe_port (:obj:`int` | :obj:`None`): Serve this process's probes over HTTP on this
+            port while it runs: ``/healthz`` (200 while its loops tick: a liveness probe),
+            ``/readyz`` (200 while its store answers: a readiness probe) and ``/metrics``
+            (Prometheus, with the ``[metrics]`` extra). ``0`` picks a free port. Default
+            :obj:`None` (no probe server).
+        probe_host (:obj:`str`): The address the probe server listens on. Default
+            ``"127.0.0.1"`` (this host only: give ``"0.0.0.0"`` for a probe from outside a
+            container).
 
     Raises:
         ValueError: A numeric option is not positive (``ingest_claim_buffer``: negative), or a duration is neither a number nor a
-            ``timedelta`` (the message names the option).
-        TypeError: A callback is not callable, ``strict_chat_order`` is not a bool, or
-            ``alarms`` is not an :class:`~ptb_fence.AlarmThresholds`.
+            ``timedelta`` (the message names the option), or ``probe_port`` is not a port.
+        TypeError: A callback is not callable, ``strict_chat_order`` is not a bool,
+            ``alarms`` is not an :class:`~ptb_fence.AlarmThresholds`, or ``probe_host`` is
+            not a non-empty string.
     """
 
     max_attempts: int = 5
@@ -200,6 +229,8 @@ class RuntimeOptions:
     outbox_concurrency: int = 8
     outbox_max_age_seconds: float = 86400.0
     handle_send_failure: Optional[Callable[["OutboxEntry"], Any]] = None
+    probe_port: Optional[int] = None
+    probe_host: str = "127.0.0.1"
 
     # The constructor takes durations as ``float | int | timedelta``; the attributes are always
     # float seconds, so code reading them needs no conversion.
@@ -224,6 +255,8 @@ class RuntimeOptions:
         outbox_concurrency: int = 8,
         outbox_max_age_seconds: Duration = 86400.0,
         handle_send_failure: Optional[Callable[["OutboxEntry"], Any]] = None,
+        probe_port: Optional[int] = None,
+        probe_host: str = "127.0.0.1",
     ) -> None:
         values: "dict[str, Any]" = {
             "max_attempts": _positive_int("max_attempts", max_attempts),
@@ -255,6 +288,8 @@ class RuntimeOptions:
                 "outbox_max_age_seconds", outbox_max_age_seconds
             ),
             "handle_send_failure": _callable_or_none("handle_send_failure", handle_send_failure),
+            "probe_port": _port_or_none("probe_port", probe_port),
+            "probe_host": _host("probe_host", probe_host),
         }
         if alarms is not None and not isinstance(alarms, AlarmThresholds):
             raise TypeError(

@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Callable, Dict, Optional
 
+from ptb_fence._events import event
+
 __all__ = ["ERRORS_LOGGED", "StoreOutage"]
 
 _LOGGER = logging.getLogger("ptb_fence.store")
@@ -84,6 +86,6 @@ class StoreOutage:
             self._clock() - since,
             sum(errors.values()),
             ", ".join(f"{step} {n}" for step, n in sorted(errors.items())),
-            extra={"outage_seconds": round(self._clock() - since, 3),
-                   "store_errors": dict(errors)},
+            extra=event("store_answers_again", outage_seconds=round(self._clock() - since, 3),
+                        store_errors=dict(errors)),
         )

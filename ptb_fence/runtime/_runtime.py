@@ -27,6 +27,7 @@ from typing import (
     Union,
 )
 
+from ptb_fence._events import event
 from ptb_fence._durations import format_duration
 from ptb_fence._errors import SchemaError, StateConflictError, is_misuse
 from ptb_fence.contract import ClaimTerms
@@ -59,6 +60,7 @@ from ptb_fence.runtime._recovery import AttemptTimeout, Recovery
 from ptb_fence.runtime._retry import default_retry
 from ptb_fence.runtime._alarms import Alarms, Health, oldest_date
 from ptb_fence.runtime._conflicts import ConflictRetries
+from ptb_fence.runtime._probes import ProbeServer
 from ptb_fence.runtime._stats import RuntimeStats, Stats
 from ptb_fence.runtime._store_chat_order import StoreChatOrder
 from ptb_fence.runtime._sweep import SWEEP_PAGE, SweepPage
@@ -158,6 +160,8 @@ class Runtime:
             across processes (``strict_chat_order``).
         jobs (:class:`~ptb_fence.runtime._jobs.BackgroundJobs`): The scheduler jobs (lease
             renewal, the front end's sweep, the takeover watch).
+        probes (:class:`~ptb_fence.runtime._probes.ProbeServer`): ``/healthz``, ``/readyz``
+            and ``/metrics`` over HTTP (``probe_port``), started and stopped by the front end.
 
     Raises:
         TypeError: The store lacks a method the configuration needs (the message names them).
@@ -181,6 +185,7 @@ class Runtime:
         "options",
         "outbox",
         "port",
+        "probes",
         "recovery",
         "stats",
         "store",
@@ -253,6 +258,13 @@ class Runtime:
             self.recovery.take_over_dead if self.port.has_liveness else None,
             self.stats.outage,
         )
+        self.probes = ProbeServer(
+            options.probe_host,
+            options.probe_port,
+            lambda: self.alarms.liveness(running=self.jobs.running),
+            lambda: self.alarms.readiness(running=self.jobs.running),
+            self.snapshot,
+        )
 
     def _wake_senders(self) -> None:
         """Dead processes were taken over: the outbox claims their calls now."""
@@ -315,7 +327,7 @@ class Runtime:
                 "" if fields["update_id"] is None else f" of update {fields['update_id']}",
                 error_text(error),
                 self.stats.outage.note(step) if level == logging.ERROR else "",
-                extra=fields,
+                extra=event("store_error", **fields),
             )
         self._observe("on_store_error", error, step)
 
@@ -769,7 +781,7 @@ class Runtime:
             attempt.attempt,
             what,
             error_text(error),
-            extra=dict(ids(attempt), outcome=outcome.value),
+            extra=event("attempt_failed", **ids(attempt), outcome=outcome.value),
         )
         self._observe("on_failure", error, attempt, retrying)
 
@@ -850,7 +862,7 @@ class Runtime:
                 attempt.update_id,
                 attempt.attempt,
                 reason,
-                extra=ids(attempt),
+                extra=event("update_exhausted", **ids(attempt)),
             )
         else:
             attempt.mark_owner_lost()
@@ -1380,6 +1392,7 @@ class Runtime:
         """The due updates one sweep hands over (:data:`~ptb_fence.runtime._sweep.SWEEP_PAGE`
         at most, see :meth:`due_page`). A store error is reported (step ``"sweep"``) and
         gives an empty page: the next sweep tries again."""
+        self.stats.sweep_ran()
         try:
             rows = self.due_page(limit=SWEEP_PAGE, include_fresh=include_fresh)
         except Exception as exc:

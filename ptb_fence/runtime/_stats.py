@@ -29,6 +29,7 @@ __all__ = [
     "HistogramSnapshot",
     "RuntimeStats",
     "STORE_BUCKETS",
+    "STORE_ERROR_STEPS",
     "STORE_OPERATIONS",
     "Stats",
 ]
@@ -65,6 +66,9 @@ STORE_OPERATIONS = (
     "outbox",
 )
 """The store operations whose durations are measured (a small fixed label set)."""
+
+STORE_ERROR_STEPS = ("ingest", "claim", "renew", "settle", "sweep", "outbox")
+"""The steps a store error is counted under (``Stats.store_errors``, ``on_store_error``)."""
 
 T = TypeVar("T")
 
@@ -221,6 +225,7 @@ class RuntimeStats:
         "_invalid",
         "_last_renewal_tick",
         "_last_sweep",
+        "_last_sweep_run",
         "_lock",
         "_outbox",
         "_recorded",
@@ -251,6 +256,9 @@ class RuntimeStats:
         self._figures: Optional[StoreFigures] = None
         self._figures_read_at: Optional[float] = None
         self._last_sweep: Optional[float] = None
+        # a sweep that ran, whether the store answered or not (the liveness probe's: an outage
+        # of the store must not read as a process that stopped)
+        self._last_sweep_run: Optional[float] = None
         self._last_renewal_tick: Optional[float] = None
         self._calls: Dict[str, int] = {"sent": 0, "failed": 0, "retried": 0}
         self._outbox: Optional[Dict[str, int]] = None
@@ -390,6 +398,10 @@ class RuntimeStats:
         """A sweep read the due updates."""
         self._last_sweep = time.time()
 
+    def sweep_ran(self) -> None:
+        """A sweep ran (the store answered or not)."""
+        self._last_sweep_run = time.time()
+
     def figures(self, figures: StoreFigures) -> None:
         """The sweep read the store's figures."""
         with self._lock:
@@ -410,6 +422,11 @@ class RuntimeStats:
     def last_sweep_at(self) -> Optional[float]:
         """When a sweep last read the due updates (epoch seconds)."""
         return self._last_sweep
+
+    @property
+    def last_sweep_run_at(self) -> Optional[float]:
+        """When a sweep last ran, the store answering or not (epoch seconds)."""
+        return self._last_sweep_run
 
     @property
     def last_renewal_tick_at(self) -> Optional[float]:

@@ -90,6 +90,8 @@ def test_wheel_metadata_and_contents(dist: Path) -> None:
         assert "Copyright (c) 2026 ptb_fence contributors" in archive.read(
             license_names[0]).decode()
     assert "ptb_fence/py.typed" in names
+    # the monitoring kit (ptb_fence.metrics.alert_rules_path(), grafana_dashboard_path())
+    assert {"ptb_fence/monitoring/alerts.yml", "ptb_fence/monitoring/grafana.json"} <= set(names)
     assert "ptb_fence/testing/__main__.py" in names
     assert not any(n.startswith(("tests/", "examples/", "benchmarks/")) for n in names)
     assert meta["Name"].replace("-", "_") == "ptb_fence" and meta["Version"] == ptb_fence.__version__
@@ -132,7 +134,8 @@ def test_sdist_has_what_its_tests_need_and_runs_from_itself(
             archive.extractall(tmp_path)  # noqa: S202 - our own archive
     tree = tmp_path / f"ptb_fence-{ptb_fence.__version__}"
     for name in ("LICENSE", "README.rst", "pyproject.toml", "setup.cfg", "setup.py",
-                 "ptb_fence/py.typed", "examples/polling_sqlite.py", "benchmarks/run.py",
+                 "ptb_fence/py.typed", "ptb_fence/monitoring/alerts.yml",
+                 "ptb_fence/monitoring/grafana.json", "examples/polling_sqlite.py", "benchmarks/run.py",
                  "tests/conftest.py", "tests/support/ptb_support.py",
                  "tests/unit/test_durations.py"):
         assert (tree / name).is_file(), name

@@ -48,6 +48,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--txn", default="", help="text of messages whose fenced transaction is slow")
     parser.add_argument("--txn-seconds", type=float, default=3.0,
                         help="how long the --txn messages' fenced transaction stays open")
+    parser.add_argument("--probe-port", type=int, default=None,
+                        help="serve /healthz, /readyz and /metrics on 127.0.0.1 (probe_port=)")
     parser.add_argument("--stop-timeout", type=float, default=None)
     parser.add_argument("--attempt-timeout", type=float, default=None)
     parser.add_argument("--max-attempts", type=int, default=None)
@@ -137,6 +139,8 @@ def extra_options(args: argparse.Namespace) -> Dict[str, Any]:
         options["max_attempts"] = args.max_attempts
     if args.strict_chat_order:
         options["strict_chat_order"] = True
+    if args.probe_port is not None:
+        options["probe_port"] = args.probe_port
     if args.exhaustions:
         import logging
 
