@@ -18,7 +18,7 @@ EVENTS: Dict[str, str] = {
     "store_error": "a store call failed (``step`` names what it was doing)",
     "store_answers_again": "the first store call that answered after store errors",
     "recording_again": "a getUpdates answer could not be recorded; it is recorded again",
-    "attempt_failed": "a handler's attempt failed (``outcome``: failed, exhausted, ...)",
+    "attempt_failed": "a handler's attempt failed (``outcome``: retrying, exhausted, abandoned)",
     "update_exhausted": "a handler exhausted its update (``attempt.exhaust``)",
     "claim_lost": "a claim was lost: another process owns the update now",
     "outbox_send_retried": "an outbox call was not sent and is retried",

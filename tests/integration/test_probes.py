@@ -210,3 +210,86 @@ def test_a_ptb_handler_blocking_the_event_loop_fails_healthz_not_readyz(tmp_path
     assert before and all(pair == (200, 200) for pair in before), watcher.seen
     after = [(h, r) for at, h, r in watcher.seen if returned[0] + 1.0 < at < returned[0] + 2.0]
     assert after and all(pair == (200, 200) for pair in after), watcher.seen
+
+
+# -- README's Docker and Kubernetes snippets --------------------------------------------------
+def probes_section() -> str:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.rst").read_text(encoding="utf-8")
+    start = readme.index("\nProbes: liveness, readiness and metrics over HTTP\n")
+    return readme[start:readme.index("\nAlert rules and a dashboard\n", start)]
+
+
+def read_yaml(text: str) -> Any:
+    """The mappings, lists and scalars of a YAML block in block style: enough for a Kubernetes
+    snippet, so the test does not need PyYAML (not a dependency)."""
+    lines = [[len(line) - len(line.lstrip()), line.strip()] for line in text.splitlines()
+             if line.strip() and not line.strip().startswith("#")]
+
+    def scalar(text: str) -> Any:
+        text = text.strip().strip("\"'")
+        return int(text) if text.isdigit() else text
+
+    def block(i: int, indent: int) -> Tuple[Any, int]:
+        if lines[i][1].startswith("- "):
+            items = []
+            while i < len(lines) and lines[i][0] == indent and lines[i][1].startswith("- "):
+                lines[i] = [indent + 2, lines[i][1][2:]]  # the item's first line
+                item, i = block(i, indent + 2)
+                items.append(item)
+            return items, i
+        mapping = {}
+        while i < len(lines) and lines[i][0] == indent and not lines[i][1].startswith("- "):
+            key, _, rest = lines[i][1].partition(":")
+            i += 1
+            if rest.strip():
+                mapping[key] = scalar(rest)
+            else:
+                mapping[key], i = block(i, lines[i][0])
+        return mapping, i
+
+    return block(0, lines[0][0])[0]
+
+
+def test_the_readme_kubernetes_snippet_probes_healthz_and_readyz() -> None:
+    section = probes_section()
+    start = section.index(".. code-block:: yaml\n") + len(".. code-block:: yaml\n")
+    end = section.index("\nThe liveness probe restarts", start)
+    snippet = section[start:end]
+    manifest = read_yaml(snippet)
+    try:
+        import yaml
+    except ImportError:
+        pass
+    else:  # the minimal reader reads it as PyYAML does
+        assert yaml.safe_load(snippet) == {"containers": manifest["containers"]} == manifest
+    (container,) = manifest["containers"]
+    (port,) = container["ports"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port["name"]}
+    for probe_spec in (container["livenessProbe"], container["readinessProbe"]):
+        assert probe_spec["timeoutSeconds"] > 1 and probe_spec["failureThreshold"] >= 2
+    # the port the processor listens on, from outside the pod
+    assert f'probe_port={port["containerPort"]}, probe_host="0.0.0.0"' in section
+
+
+def test_the_readme_docker_healthcheck_runs_against_a_real_intake(tmp_path: Any) -> None:
+    (line,) = [ln.strip() for ln in probes_section().splitlines()
+               if ln.strip().startswith("HEALTHCHECK ")]
+    command = line.split(" CMD ", 1)[1]
+    assert "http://127.0.0.1:9102/healthz" in command and command.endswith("|| exit 1")
+    store = SQLiteUpdateStore(str(tmp_path / "bot.db"))
+    intake = UpdateIntake(store, handle=lambda update: None, probe_port=0)
+    intake.start()
+    port = port_of(intake)
+    # the command as Docker runs it (/bin/sh -c), the interpreter being this one
+    command = command.replace(":9102/", f":{port}/").replace("python -c", f"{sys.executable} -c", 1)
+    try:
+        healthy = subprocess.run(["/bin/sh", "-c", command], capture_output=True, timeout=30)
+    finally:
+        intake.close()
+        store.close()
+    stopped = subprocess.run(["/bin/sh", "-c", command], capture_output=True, timeout=30)
+    assert healthy.returncode == 0, healthy.stderr
+    assert stopped.returncode == 1, stopped.stderr
