@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import importlib
 import threading
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, FrozenSet, Optional
 
 from ptb_fence._errors import TransactionEnded, UsageError
+from ptb_fence.contrib._tables import DEFAULT_TABLE, owned_tables
 from ptb_fence._dbapi import (
     ROLLBACK_MARK,
     GivenConnection,
     transaction_ended,
 )
 
-__all__ = ["SQLAlchemyTransaction", "dbapi_of"]
+__all__ = [
+    "SQLAlchemyTransaction",
+    "alembic_include_object",
+    "dbapi_of",
+    "include_object",
+    "ptb_fence_tables",
+]
 
 _BEGUN = (
     "attempt.transaction(connection=...) begins and commits the SQLAlchemy transaction "
@@ -279,3 +286,59 @@ class SQLAlchemyTransaction:
             # clears its own state (it would not reach the database any more)
             self._raw.rollback()
             self._connection.rollback()
+
+
+# -- Alembic -------------------------------------------------------------------------------------
+IncludeObject = Callable[[Any, Optional[str], str, bool, Any], bool]
+"""The signature of Alembic's ``include_object`` hook."""
+
+
+def ptb_fence_tables(*tables: str) -> FrozenSet[str]:
+    """The tables of ptb_fence stores on the update tables ``tables`` (default
+    ``telegram_updates``): each update table, its ``_outbox`` and ``_state`` tables, and the
+    shared ``ptb_fence_meta`` and ``ptb_fence_instances``.
+
+    Raises:
+        ValueError: A name that is not a valid table name.
+    """
+    return owned_tables(tables or (DEFAULT_TABLE,))
+
+
+def alembic_include_object(*tables: str, chain: Optional[IncludeObject] = None) -> IncludeObject:
+    """An ``include_object`` hook for Alembic that leaves ptb_fence's tables out.
+
+    The stores create and migrate their own tables, which are in no application's
+    ``MetaData``: without the hook, ``alembic revision --autogenerate`` proposes to drop them
+    (and their indexes). Pass it in ``env.py``::
+
+        from ptb_fence.contrib.sqlalchemy import alembic_include_object
+
+        context.configure(..., include_object=alembic_include_object("bot_updates"))
+
+    Args:
+        *tables (:obj:`str`): The update tables of the bot's stores (default
+            ``telegram_updates``).
+        chain (optional): The application's own hook, asked about everything else.
+
+    Returns:
+        The hook: :obj:`False` for a ptb_fence table and its indexes and constraints.
+    """
+    names = ptb_fence_tables(*tables)
+
+    def include_object(
+        obj: Any, name: Optional[str], type_: str, reflected: bool, compare_to: Any
+    ) -> bool:
+        if type_ == "table":
+            owner = name
+        else:  # an index, a column or a constraint: of which table
+            owner = getattr(getattr(obj, "table", None), "name", None)
+        if owner in names:
+            return False
+        return True if chain is None else bool(chain(obj, name, type_, reflected, compare_to))
+
+    return include_object
+
+
+include_object: IncludeObject = alembic_include_object()
+"""The Alembic hook for a bot on the default ``telegram_updates`` table
+(``context.configure(..., include_object=include_object)``)."""

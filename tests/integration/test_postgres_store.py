@@ -198,7 +198,7 @@ def test_long_table_names_get_distinct_indexes(pg_dsn: str, pg_tables: List[str]
 
 
 def test_constructor_checks_arguments(pg_dsn: str) -> None:
-    with pytest.raises(TypeError, match="DSN string or a psycopg2 connection pool"):
+    with pytest.raises(TypeError, match="DSN string, a psycopg2 connection pool"):
         PostgresUpdateStore(object())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="pool_size"):
         PostgresUpdateStore(pg_dsn, pool_size=0)

@@ -21,12 +21,14 @@ import threading
 import time
 import urllib.parse
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 from ptb_fence._errors import StoreBusy
 
 if TYPE_CHECKING:
     import psycopg2.pool
+
+    from ptb_fence.stores.postgres._engine_pool import EnginePool
 
 __all__ = [
     "Broken",
@@ -35,7 +37,11 @@ __all__ = [
     "UserPool",
     "close_quietly",
     "closed_error",
+    "dsn_opener",
+    "factory_opener",
     "open_source",
+    "register_pool",
+    "track",
     "redact",
     "rollback_quietly",
     "secrets_of",
@@ -46,7 +52,7 @@ DEFAULT_CONNECT_TIMEOUT = 10
 # Every connection the store opened or took from a caller's pool in this process, and its
 # pools: a forked child detaches the first and empties the second (_after_fork_in_child).
 _CONNECTIONS: "weakref.WeakSet[Any]" = weakref.WeakSet()
-_POOLS: "weakref.WeakSet[Union[DsnPool, UserPool]]" = weakref.WeakSet()
+_POOLS: "weakref.WeakSet[Any]" = weakref.WeakSet()  # each has forget_inherited()
 _INHERITED: List[Any] = []  # the parent's connections in a forked child: never closed
 _DETACHED: "weakref.WeakSet[Any]" = weakref.WeakSet()  # the same, to recognise them
 
@@ -173,27 +179,61 @@ def busy(timeout: float, capacity: int) -> StoreBusy:
     )
 
 
+def register_pool(pool: Any) -> None:
+    """Have a forked child call ``pool.forget_inherited()``."""
+    _POOLS.add(pool)
+
+
 def closed_error() -> RuntimeError:
     return RuntimeError("this PostgresUpdateStore is closed; create a new store to continue")
 
 
-class DsnPool:
-    """A small blocking pool: at most ``size`` connections, callers wait for a free one."""
+def dsn_opener(dsn: str, secrets: Set[str]) -> Callable[[], Any]:
+    """What opens a connection to ``dsn`` (with ``connect_timeout=10`` unless it sets one)."""
+    import psycopg2.extensions
 
-    __slots__ = (
-        "__weakref__", "_args", "_kwargs", "_secrets", "capacity", "_cond", "_idle", "_open",
-        "_closed",
-    )
+    args: Tuple[Any, ...] = (dsn,)
+    kwargs: Dict[str, Any] = {}
+    if "connect_timeout" not in psycopg2.extensions.parse_dsn(dsn):
+        # Bound the wait for an unreachable server (libpq's default is to wait forever).
+        kwargs["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT
+    return lambda: open_connection(args, kwargs, secrets)
 
-    def __init__(self, dsn: str, size: int, secrets: Set[str]) -> None:
+
+def factory_opener(factory: Callable[[], Any]) -> Callable[[], Any]:
+    """What opens a connection with an application's connection factory (checked to be a
+    psycopg2 connection: the store's SQL and error handling are psycopg2's)."""
+
+    def opener() -> Any:
         import psycopg2.extensions
 
-        self._args: Tuple[Any, ...] = (dsn,)
-        self._kwargs: Dict[str, Any] = {}
-        if "connect_timeout" not in psycopg2.extensions.parse_dsn(dsn):
-            # Bound the wait for an unreachable server (libpq's default is to wait forever).
-            self._kwargs["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT
-        self._secrets = secrets
+        conn = factory()
+        if not isinstance(conn, psycopg2.extensions.connection):
+            kind = f"{type(conn).__module__}.{type(conn).__qualname__}"
+            close_quietly(conn)
+            raise TypeError(
+                f"the connection factory given to PostgresUpdateStore returned {kind}: it "
+                "must return a new psycopg2 connection (psycopg2.connect(...)); psycopg 3 "
+                "and other drivers are not supported"
+            )
+        return track(conn)
+
+    return opener
+
+
+class DsnPool:
+    """A small blocking pool: at most ``size`` connections, callers wait for a free one.
+
+    Its connections are opened by ``opener``: from a DSN (:func:`dsn_opener`) or by an
+    application's connection factory (:func:`factory_opener`).
+    """
+
+    __slots__ = (
+        "__weakref__", "_opener", "capacity", "_cond", "_idle", "_open", "_closed",
+    )
+
+    def __init__(self, opener: Callable[[], Any], size: int) -> None:
+        self._opener = opener
         self.capacity = size
         self._cond = threading.Condition()
         self._idle: List[Any] = []
@@ -209,7 +249,7 @@ class DsnPool:
         self._open = 0
 
     def connect(self) -> Any:
-        return open_connection(self._args, self._kwargs, self._secrets)
+        return self._opener()
 
     def acquire(self, timeout: float) -> Any:
         deadline = time.monotonic() + timeout
@@ -348,7 +388,7 @@ class UserPool:
         self._closed = True
 
 
-Source = Union[DsnPool, UserPool]
+Source = Union[DsnPool, UserPool, "EnginePool"]
 
 
 class Broken(Exception):
@@ -381,13 +421,21 @@ def open_source(dsn_or_pool: Any, pool_size: int) -> Source:
             # A fragment of an unparsable DSN may be part of a password: quote nothing.
             problem = re.sub(r'"[^"]*"', '"…"', problem)
             raise ValueError(f"invalid PostgreSQL DSN: {problem}")
-        return DsnPool(dsn_or_pool, pool_size, secrets)
+        return DsnPool(dsn_opener(dsn_or_pool, secrets), pool_size)
     if isinstance(dsn_or_pool, psycopg2.pool.AbstractConnectionPool):
         args = tuple(getattr(dsn_or_pool, "_args", ()))
         kwargs = dict(getattr(dsn_or_pool, "_kwargs", {}))
         dsn = args[0] if args and isinstance(args[0], str) else kwargs.get("dsn")
         return UserPool(dsn_or_pool, secrets_of(dsn, kwargs))
+    if type(dsn_or_pool).__module__.startswith("sqlalchemy."):
+        from ptb_fence.stores.postgres._engine_pool import EnginePool
+
+        return EnginePool(dsn_or_pool, pool_size)
+    if callable(dsn_or_pool):
+        return DsnPool(factory_opener(dsn_or_pool), pool_size)
     raise TypeError(
-        "PostgresUpdateStore needs a DSN string or a psycopg2 connection pool "
-        f"(psycopg2.pool.AbstractConnectionPool), not {type(dsn_or_pool).__name__}"
+        "PostgresUpdateStore needs a DSN string, a psycopg2 connection pool "
+        "(psycopg2.pool.AbstractConnectionPool), a SQLAlchemy Engine on psycopg2 or a "
+        f"connection factory (a callable returning a psycopg2 connection), not "
+        f"{type(dsn_or_pool).__name__}"
     )

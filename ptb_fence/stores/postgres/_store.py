@@ -156,12 +156,21 @@ class PostgresUpdateStore:
     :exc:`ptb_fence.SchemaError` naming :func:`postgres_update_store_schema` when it is missing.
 
     Args:
-        dsn_or_pool (:obj:`str` | :class:`psycopg2.pool.AbstractConnectionPool`): A libpq
-            connection string or URI, or a psycopg2 connection pool (for example a
-            :class:`psycopg2.pool.ThreadedConnectionPool`). The store never closes a pool it was
-            given; its ``maxconn`` bounds the store's concurrent connections, and the renewal
-            connection is opened with the pool's connection arguments. With a DSN that sets no
-            ``connect_timeout``, connections are opened with ``connect_timeout=10``.
+        dsn_or_pool (:obj:`str` | :class:`psycopg2.pool.AbstractConnectionPool` | \
+            :class:`sqlalchemy.engine.Engine` | :obj:`callable`): Where connections come from.
+            A libpq connection string or URI (with no ``connect_timeout`` in it, connections
+            are opened with ``connect_timeout=10``). A psycopg2 connection pool (for example a
+            :class:`psycopg2.pool.ThreadedConnectionPool`): its ``maxconn`` bounds the store's
+            concurrent connections, and the renewal and liveness connections are opened with
+            the pool's connection arguments. An application's SQLAlchemy ``Engine`` on
+            ``postgresql+psycopg2``: the store borrows the engine's pooled connections (at most
+            ``pool_size`` at once) and gives them back, so the bot opens no second pool; its
+            two dedicated connections (lease renewals, the liveness lock) are made by the
+            engine and detached from its pool, so they never take a pooled slot. A connection
+            factory (a callable returning a new psycopg2 connection, e.g. with the
+            application's SSL and ``application_name`` settings): the store opens its pooled
+            and dedicated connections with it. The store never closes a pool or disposes an
+            engine it was given.
         table (:obj:`str`, optional): The table name; must fully match
             ``[A-Za-z_][A-Za-z0-9_]{0,62}``. It is used double-quoted, i.e. exactly as given.
             Defaults to ``"telegram_updates"``.
@@ -171,22 +180,25 @@ class PostgresUpdateStore:
             manage the schema yourself. Defaults to :obj:`True`.
 
     Keyword Args:
-        pool_size (:obj:`int`, optional): With a DSN, the most pooled connections the store
-            opens (renewals use one more). Ignored when a pool is given. Defaults to ``8``.
+        pool_size (:obj:`int`, optional): With a DSN or a connection factory, the most pooled
+            connections the store opens; with an engine, the most of its connections the store
+            holds at once (renewals and liveness use one more each). Ignored when a psycopg2
+            pool is given. Defaults to ``8``.
         pool_timeout (:obj:`float`, optional): Seconds a caller waits for a free connection
             before :exc:`ptb_fence.StoreBusy`. Defaults to ``30.0``.
 
     Raises:
         ValueError: For a bad table name, a malformed DSN (its password is not repeated) or a
             non-positive ``pool_size``/``pool_timeout``.
-        TypeError: If ``dsn_or_pool`` is neither a string nor a psycopg2 pool.
+        TypeError: If ``dsn_or_pool`` is none of these.
+        ptb_fence.UsageError: An engine that is not a synchronous one on psycopg2.
     """
 
     __slots__ = ("_create_table", "_db", "_liveness", "_suspects")
 
     def __init__(
         self,
-        dsn_or_pool: Union[str, "psycopg2.pool.AbstractConnectionPool"],
+        dsn_or_pool: Union[str, "psycopg2.pool.AbstractConnectionPool", Callable[[], Any], Any],
         table: str = "telegram_updates",
         create_table: bool = True,
         *,
