@@ -377,7 +377,9 @@ def test_blocking_intake_end_to_end(store: Any) -> None:
             for result, count in (("sent", 1), ("failed", 1), ("retried", 1)):
                 assert registry.get_sample_value(
                     "ptb_fence_outbox_sends_total", {"result": result}) == count
-            assert registry.get_sample_value("ptb_fence_outbox_calls", {"state": "pending"}) == 0
+            # a store-wide gauge: labelled scope="store" (max() over the processes)
+            assert registry.get_sample_value(
+                "ptb_fence_outbox_calls", {"scope": "store", "state": "pending"}) == 0
         finally:
             intake.close()
         assert _texts(fake) == ["hi from the intake"]
