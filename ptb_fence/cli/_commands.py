@@ -59,6 +59,7 @@ from ptb_fence.cli._outbox import add_outbox_parser, run_outbox
 from ptb_fence.cli._rows import UpdateRow
 from ptb_fence.cli._target import StoreTarget
 from ptb_fence.stores import validate_table_name
+from ptb_fence.stores._names import split_table_name
 from ptb_fence.stores._outbox_sql import outbox_table_name
 from ptb_fence.stores._state_sql import state_table_name
 from ptb_fence.cli._progress import ProgressBar
@@ -418,15 +419,32 @@ class _Context:
         self._target: Optional[StoreTarget] = None
 
     def validate_table(self) -> str:
+        """The bare table name (``--table schema.table``: the connections work in the schema)."""
         try:
-            return validate_table_name(self.table)
+            return split_table_name(self.table)[1]
+        except ValueError as exc:
+            raise Refused(str(exc)) from None
+
+    @property
+    def schema(self) -> Optional[str]:
+        """The schema of ``--table schema.table`` (:obj:`None`: the search_path's)."""
+        try:
+            return split_table_name(self.table)[0]
         except ValueError as exc:
             raise Refused(str(exc)) from None
 
     @property
     def target(self) -> StoreTarget:
         if self._target is None:
-            self._target = StoreTarget(self.store_url or "")
+            target = StoreTarget(self.store_url or "")
+            schema = self.schema
+            if schema is not None:
+                if target.is_sqlite:
+                    raise Refused(
+                        f"--table {self.table!r}: SQLite has no schemas; name the table alone"
+                    )
+                target.schema = schema
+            self._target = target
         return self._target
 
     @property
@@ -449,7 +467,7 @@ class _Context:
 
             assert target.dsn is not None
             return PostgresUpdateStore(
-                target.dsn, table, create_table=False, pool_size=2, pool_timeout=10.0
+                target.dsn, self.table, create_table=False, pool_size=2, pool_timeout=10.0
             )
         except Exception as exc:
             raise self.store_error(exc) from None
@@ -1128,13 +1146,13 @@ def _cmd_schema(ctx: _Context) -> int:
     sqlite = bool(ctx.store_url) and ctx.target.is_sqlite
     if ctx.args.json:
         _json({"table": table, "dialect": "sqlite" if sqlite else "postgresql",
-               "sql": None if sqlite else postgres_update_store_schema(table),
+               "sql": None if sqlite else postgres_update_store_schema(ctx.table),
                "note": _SQLITE_SELF_MIGRATES if sqlite else None})
         return 0
     if sqlite:
         _out(_SQLITE_SELF_MIGRATES)
         return 0
-    _out(postgres_update_store_schema(table).rstrip("\n"))
+    _out(postgres_update_store_schema(ctx.table).rstrip("\n"))
     return 0
 
 
@@ -1210,7 +1228,8 @@ def _cmd_migrate(ctx: _Context) -> int:
             if not before.table_exists:
                 # a new, empty table: its indexes are built in the same transaction
                 bar.advance(0, "creating the tables …")
-                cur.execute(postgres_update_store_schema(table))
+                # --table schema.table: the script creates the schema and runs in it
+                cur.execute(postgres_update_store_schema(ctx.table))
                 conn.commit()
                 bar.advance(1, "created the tables")
             elif before.needs_ddl:
@@ -1264,7 +1283,7 @@ def _report_schema_check(ctx: _Context, state: PostgresSchemaState) -> int:
 def _cmd_check(ctx: _Context) -> int:
     from ptb_fence.conformance import RULES, check_update_store
 
-    target = ctx.target
+    target = StoreTarget(ctx.store_url or "")  # scratch tables: never --table's schema
     total = len(RULES)
     counter = iter(range(1, 10_000))
     started = time.monotonic()

@@ -100,12 +100,14 @@ class StoreTarget:
         ptb_fence.cli._errors.Refused: The URL is empty, has an unknown scheme or no path.
     """
 
-    __slots__ = ("_secrets", "display", "dsn", "kind", "path")
+    __slots__ = ("_secrets", "display", "dsn", "kind", "path", "schema")
 
     def __init__(self, url: str) -> None:
         self._secrets: FrozenSet[str] = frozenset()
         self.dsn: Optional[str] = None
         self.path: Optional[str] = None
+        # PostgreSQL: the schema of --table schema.table (connections get it as search_path)
+        self.schema: Optional[str] = None
         if not isinstance(url, str) or not url.strip():
             raise Refused(
                 "no store given: pass --store sqlite:///path/to.db or --store "
@@ -256,6 +258,11 @@ class StoreTarget:
             kwargs["connect_timeout"] = max(2, math.ceil(timeout))
         elif "connect_timeout" not in psycopg2.extensions.parse_dsn(self.dsn):
             kwargs["connect_timeout"] = _CONNECT_TIMEOUT
+        if self.schema is not None:
+            from ptb_fence.stores.postgres._connections import search_path_option
+
+            options = psycopg2.extensions.parse_dsn(self.dsn).get("options")
+            kwargs["options"] = search_path_option(options, self.schema)
         failure: Optional[str] = None
         try:
             return psycopg2.connect(self.dsn, **kwargs)

@@ -23,6 +23,28 @@ def validate_table_name(table: object) -> str:
     return table
 
 
+def split_table_name(name: object) -> "tuple[str | None, str]":
+    """Split ``schema.table`` into its two parts, each validated like a table name.
+
+    A name without a dot is ``(None, table)``. PostgreSQL stores and the command line accept a
+    schema-qualified name: their connections then work with ``search_path`` set to the schema,
+    and every table of the store (its outbox, state, meta and instances tables) lives there.
+
+    Raises:
+        ValueError: A part that is not a valid name, or more than one dot.
+    """
+    if isinstance(name, str) and name.count(".") == 1:
+        schema, table = name.split(".")
+        if _TABLE_NAME.fullmatch(schema) is None:
+            raise ValueError(
+                f"invalid schema name {schema!r} in {name!r}: a schema name must match "
+                "[A-Za-z_][A-Za-z0-9_]{0,62} (letters, digits and underscores, at most 63 "
+                "characters, not starting with a digit)"
+            )
+        return schema, validate_table_name(table)
+    return None, validate_table_name(name)
+
+
 def validate_update_id(update_id: object) -> int:
     """Return ``update_id`` if it can be a Telegram ``update_id``, else raise.
 

@@ -4,6 +4,7 @@ PostgreSQL server."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any, Dict, List
 
@@ -26,6 +27,17 @@ def backends(dsn: str, name: str) -> List[str]:
             return [str(row[0]) for row in cur.fetchall()]
     finally:
         conn.close()
+
+
+def settled_backends(dsn: str, name: str, expected: int, timeout: float = 10.0) -> List[str]:
+    """``backends`` once their number is ``expected`` (a closed connection's backend leaves
+    the server's list a moment after the client closed it), or as they are at the deadline."""
+    deadline = time.monotonic() + timeout
+    found = backends(dsn, name)
+    while len(found) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+        found = backends(dsn, name)
+    return found
 
 
 def exercise(store: PostgresUpdateStore) -> None:
@@ -69,11 +81,12 @@ def test_an_engine_lends_its_pool_and_the_store_opens_none(pg_dsn: str, pg_table
     finally:
         store.close()
     # closing the store gives the dedicated connections up and leaves the engine working
-    assert len(backends(pg_dsn, name)) == engine.pool.checkedin()
+    pooled = engine.pool.checkedin()
+    assert len(settled_backends(pg_dsn, name, pooled)) == pooled
     with engine.connect() as conn:
         assert conn.execute(sqlalchemy.text("SELECT 1")).scalar() == 1
     engine.dispose()
-    assert backends(pg_dsn, name) == []
+    assert settled_backends(pg_dsn, name, 0) == []
 
 
 def test_a_store_on_a_busy_engine_waits_then_reports_busy(pg_dsn: str, pg_table: str) -> None:
@@ -110,7 +123,7 @@ def test_a_connection_factory_opens_the_stores_connections(pg_dsn: str, pg_table
         assert len(backends(pg_dsn, name)) == calls["n"]
     finally:
         store.close()
-    assert backends(pg_dsn, name) == []
+    assert settled_backends(pg_dsn, name, 0) == []
 
 
 def test_engines_and_factories_the_store_cannot_use_are_refused(

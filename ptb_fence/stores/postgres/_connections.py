@@ -188,21 +188,33 @@ def closed_error() -> RuntimeError:
     return RuntimeError("this PostgresUpdateStore is closed; create a new store to continue")
 
 
-def dsn_opener(dsn: str, secrets: Set[str]) -> Callable[[], Any]:
-    """What opens a connection to ``dsn`` (with ``connect_timeout=10`` unless it sets one)."""
+def search_path_option(options: Optional[str], schema: str) -> str:
+    """libpq ``options`` that set ``search_path`` to ``schema`` (validated), after any the DSN
+    already had. Quoted, so that the schema's case is kept."""
+    setting = f'-c search_path="{schema}"'
+    return f"{options} {setting}" if options else setting
+
+
+def dsn_opener(dsn: str, secrets: Set[str], schema: Optional[str] = None) -> Callable[[], Any]:
+    """What opens a connection to ``dsn`` (with ``connect_timeout=10`` unless it sets one, and
+    ``search_path`` set to ``schema`` when given)."""
     import psycopg2.extensions
 
     args: Tuple[Any, ...] = (dsn,)
     kwargs: Dict[str, Any] = {}
-    if "connect_timeout" not in psycopg2.extensions.parse_dsn(dsn):
+    parsed = psycopg2.extensions.parse_dsn(dsn)
+    if "connect_timeout" not in parsed:
         # Bound the wait for an unreachable server (libpq's default is to wait forever).
         kwargs["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT
+    if schema is not None:
+        kwargs["options"] = search_path_option(parsed.get("options"), schema)
     return lambda: open_connection(args, kwargs, secrets)
 
 
-def factory_opener(factory: Callable[[], Any]) -> Callable[[], Any]:
+def factory_opener(factory: Callable[[], Any], schema: Optional[str] = None) -> Callable[[], Any]:
     """What opens a connection with an application's connection factory (checked to be a
-    psycopg2 connection: the store's SQL and error handling are psycopg2's)."""
+    psycopg2 connection: the store's SQL and error handling are psycopg2's), its
+    ``search_path`` set to ``schema`` when given."""
 
     def opener() -> Any:
         import psycopg2.extensions
@@ -216,6 +228,15 @@ def factory_opener(factory: Callable[[], Any]) -> Callable[[], Any]:
                 "must return a new psycopg2 connection (psycopg2.connect(...)); psycopg 3 "
                 "and other drivers are not supported"
             )
+        if schema is not None:
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(f'SET search_path TO "{schema}"')
+                if not conn.autocommit:
+                    conn.commit()  # a session setting: it outlives this transaction
+            except BaseException:
+                close_quietly(conn)
+                raise
         return track(conn)
 
     return opener
@@ -400,15 +421,31 @@ class Broken(Exception):
 
 
 
-def open_source(dsn_or_pool: Any, pool_size: int) -> Source:
-    """The connection source for a DSN string or a caller's psycopg2 pool.
+def open_source(dsn_or_pool: Any, pool_size: int, schema: Optional[str] = None) -> Source:
+    """The connection source for a DSN string, a caller's psycopg2 pool, a SQLAlchemy Engine
+    or a connection factory; with ``schema``, connections work in that schema
+    (``search_path``), which only connections the store opens itself can do.
 
     Raises:
         ValueError: For a malformed DSN (its password is not repeated).
-        TypeError: If ``dsn_or_pool`` is neither a string nor a psycopg2 pool.
+        TypeError: If ``dsn_or_pool`` is none of these.
+        ptb_fence.UsageError: A schema with a pool or an engine (whose connections the
+            application shares).
     """
     import psycopg2.extensions
     import psycopg2.pool
+
+    shared = isinstance(dsn_or_pool, psycopg2.pool.AbstractConnectionPool) or type(
+        dsn_or_pool
+    ).__module__.startswith("sqlalchemy.")
+    if schema is not None and shared:
+        from ptb_fence._errors import UsageError
+
+        raise UsageError(
+            f"a schema-qualified table ({schema}.…) needs connections the store opens itself, "
+            "with search_path set to the schema: pass a DSN or a connection factory, or set "
+            "search_path on your pool's connections and pass the bare table name"
+        )
 
     if isinstance(dsn_or_pool, str):
         secrets = secrets_of(dsn_or_pool)
@@ -421,7 +458,7 @@ def open_source(dsn_or_pool: Any, pool_size: int) -> Source:
             # A fragment of an unparsable DSN may be part of a password: quote nothing.
             problem = re.sub(r'"[^"]*"', '"…"', problem)
             raise ValueError(f"invalid PostgreSQL DSN: {problem}")
-        return DsnPool(dsn_opener(dsn_or_pool, secrets), pool_size)
+        return DsnPool(dsn_opener(dsn_or_pool, secrets, schema), pool_size)
     if isinstance(dsn_or_pool, psycopg2.pool.AbstractConnectionPool):
         args = tuple(getattr(dsn_or_pool, "_args", ()))
         kwargs = dict(getattr(dsn_or_pool, "_kwargs", {}))
@@ -432,7 +469,7 @@ def open_source(dsn_or_pool: Any, pool_size: int) -> Source:
 
         return EnginePool(dsn_or_pool, pool_size)
     if callable(dsn_or_pool):
-        return DsnPool(factory_opener(dsn_or_pool), pool_size)
+        return DsnPool(factory_opener(dsn_or_pool, schema), pool_size)
     raise TypeError(
         "PostgresUpdateStore needs a DSN string, a psycopg2 connection pool "
         "(psycopg2.pool.AbstractConnectionPool), a SQLAlchemy Engine on psycopg2 or a "

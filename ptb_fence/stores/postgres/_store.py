@@ -49,7 +49,7 @@ from ptb_fence._values import (
 )
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._figures_sql import figures_of
-from ptb_fence.stores._names import validate_table_name, validate_update_id
+from ptb_fence.stores._names import split_table_name, validate_update_id
 from ptb_fence.stores._outbox_sql import counts_of, effects_params, entry_of, sender_pattern
 from ptb_fence.stores._state_sql import check_kind, check_writes, entries_of
 from ptb_fence.stores._suspects import SuspectClaims
@@ -97,7 +97,9 @@ def postgres_update_store_schema(table: str = "telegram_updates") -> str:
     ``cursor.execute``) when you construct the store with ``create_table=False``.
 
     Args:
-        table (:obj:`str`, optional): The table name. Defaults to ``"telegram_updates"``.
+        table (:obj:`str`, optional): The table name, or ``schema.table``: the migration then
+            creates the schema if it is missing and runs in it (``SET LOCAL search_path``, so
+            apply it in one transaction). Defaults to ``"telegram_updates"``.
 
     Returns:
         :obj:`str`: The migration, several SQL statements separated by semicolons.
@@ -105,7 +107,14 @@ def postgres_update_store_schema(table: str = "telegram_updates") -> str:
     Raises:
         ValueError: If ``table`` is not a valid table name (checked before anything else).
     """
-    return schema_sql(validate_table_name(table))
+    schema, name = split_table_name(table)
+    if schema is None:
+        return schema_sql(name)
+    # the whole script in the schema: SET LOCAL lasts until its transaction ends
+    return (
+        f'CREATE SCHEMA IF NOT EXISTS "{schema}";\n'
+        f'SET LOCAL search_path TO "{schema}";\n' + schema_sql(name)
+    )
 
 
 def _identity_params(identity: AttemptIdentity, at: int) -> Dict[str, Any]:
@@ -173,6 +182,10 @@ class PostgresUpdateStore:
             engine it was given.
         table (:obj:`str`, optional): The table name; must fully match
             ``[A-Za-z_][A-Za-z0-9_]{0,62}``. It is used double-quoted, i.e. exactly as given.
+            ``schema.table`` (both parts such names) puts the store in that schema: its
+            connections (a DSN's or a connection factory's) get ``search_path`` set to it, so
+            every table of the store lives there, and :attr:`table` is the bare name. The
+            schema must exist (``ptb-fence migrate --table schema.table`` creates it).
             Defaults to ``"telegram_updates"``.
         create_table (:obj:`bool`, optional): Ensure the schema (see
             :func:`postgres_update_store_schema`) before first use. If that fails (for example
@@ -205,7 +218,7 @@ class PostgresUpdateStore:
         pool_size: int = 8,
         pool_timeout: float = 30.0,
     ) -> None:
-        table = validate_table_name(table)
+        schema, table = split_table_name(table)
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
             raise ValueError(f"pool_size must be a positive integer, not {pool_size!r}")
         if (
@@ -214,7 +227,7 @@ class PostgresUpdateStore:
             or not pool_timeout > 0
         ):
             raise ValueError(f"pool_timeout must be a positive number of seconds, not {pool_timeout!r}")
-        source = open_source(dsn_or_pool, pool_size)
+        source = open_source(dsn_or_pool, pool_size, schema)
         self._create_table = bool(create_table)
         self._db = PgExecutor(source, table, self._create_table, float(pool_timeout))
         self._liveness = PgLiveness(table, self._db.sql.claim, self._db.sql.claim_fenced)
