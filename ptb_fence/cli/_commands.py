@@ -1,7 +1,7 @@
 """The ``ptb-fence`` commands: argument parsing and one function per command.
 
-Exit statuses: ``0`` success; ``1`` the conformance check found violations, or ``health`` found
-the table unhealthy; ``2`` bad input or a refused action (a one-line message on stderr; nothing
+Exit statuses: ``0`` success; ``1`` the conformance check found violations, ``health`` found
+the table unhealthy, or ``migrate --check`` found the schema behind; ``2`` bad input or a refused action (a one-line message on stderr; nothing
 was changed); ``3`` the store could not be reached or failed (``health`` reports that as
 unhealthy, ``1``); ``130`` interrupted.
 """
@@ -229,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         description=(
             "Inspect and operate a ptb_fence update table (SQLite or PostgreSQL). Exit status: "
-            "0 ok, 1 check found violations or health found the table unhealthy, 2 bad input "
+            "0 ok, 1 check found violations, health found the table unhealthy or migrate "
+            "--check found the schema behind, 2 bad input "
             "or refused (nothing changed), 3 store unreachable or failed (for health: 1)."
         ),
         epilog="`python -m ptb_fence demo` runs the offline demo bot instead.",
@@ -1494,8 +1495,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv: The arguments without the program name; :obj:`None` uses ``sys.argv[1:]``.
 
     Returns:
-        :obj:`int`: The exit status: ``0`` ok, ``1`` the conformance check found violations
-        or ``health`` found the table unhealthy (an unreachable store included), ``2`` bad
+        :obj:`int`: The exit status: ``0`` ok, ``1`` the conformance check found violations,
+        ``health`` found the table unhealthy (an unreachable store included) or ``migrate
+        --check`` found the schema behind, ``2`` bad
         input or a refused action (nothing changed), ``3`` the store could not be reached or
         failed, ``130`` interrupted.
     """
