@@ -182,3 +182,36 @@ def test_schema_and_migrate_print_json(table: Table, capsys: Any) -> None:
     assert code == 0 and data["table"] == table.table
     code, out, _ = run(capsys, *table.args("migrate", "--json"))
     assert code == 0 and json.loads(out)["current"] is True
+
+
+def test_prune_of_more_rows_than_a_batch_deletes_each_once(table: Table, capsys: Any) -> None:
+    """25,000 settled rows (three batches of about 10,000, many sharing a settled_at) and a
+    few that must stay: the batches together delete exactly the old ones."""
+    table.completed(30_000, HOUR)  # too recent (and the store makes its table)
+    table.failed(30_001, 20 * 24 * HOUR)  # never pruned
+    old = table.now - 10 * 24 * HOUR
+    rows = [(n, "{}", "completed", 1, old, old, old + n // 7) for n in range(1, 25_001)]
+    sql = (f'INSERT INTO "{table.table}" (update_id, body, state, attempts, due_at, '
+           "received_at, settled_at) VALUES (?, ?, ?, ?, ?, ?, ?)")
+    if table.url.startswith("sqlite"):
+        import sqlite3
+
+        conn: Any = sqlite3.connect(table.url[len("sqlite:///"):])
+        conn.executemany(sql, rows)
+        conn.commit()
+        conn.close()
+    else:
+        import psycopg2
+        import psycopg2.extras
+
+        conn = psycopg2.connect(table.url)
+        with conn.cursor() as cur:
+            psycopg2.extras.execute_batch(cur, sql.replace("?", "%s"), rows, page_size=5_000)
+        conn.commit()
+        conn.close()
+    code, out, err = run(capsys, *table.args("prune", "--older-than", "2d", "--json"))
+    assert code == 0, err
+    assert json.loads(out)["deleted"] == 25_000
+    assert "25,000 row(s)" in err and "/25,000 row(s)" in err
+    code, out, _ = run(capsys, *table.args("status", "--json"))
+    assert json.loads(out)["total"] == 2
