@@ -63,8 +63,9 @@ def _read_body(environ: Dict[str, Any], limit: int) -> "bytes | str":
 def webhook_app(
     intake: Any,
     *,
-    secret_token: str,
+    secret_token: Optional[str] = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    allow_no_secret_token: bool = False,
 ) -> Callable[[Dict[str, Any], StartResponse], Iterable[bytes]]:
     """Build a WSGI application that records Telegram webhook updates through ``intake``.
 
@@ -78,12 +79,24 @@ def webhook_app(
         secret_token (:obj:`str`): The secret given to ``setWebhook`` (1–256 characters of
             ``A-Z a-z 0-9 _ -``).
         max_body_bytes (:obj:`int`): The body size bound (default 1 MiB).
+        allow_no_secret_token (:obj:`bool`): Accept requests without checking a secret: only
+            behind a proxy that checks them itself (default :obj:`False`).
 
     Raises:
-        ValueError: ``secret_token`` is not a valid Telegram secret, or ``max_body_bytes`` is
-            not positive.
+        ValueError: ``secret_token`` is not a valid Telegram secret (none given, without
+            ``allow_no_secret_token=True``), or ``max_body_bytes`` is not positive.
     """
-    if not isinstance(secret_token, str) or _SECRET.fullmatch(secret_token) is None:
+    if secret_token is None and not allow_no_secret_token:
+        raise ValueError(
+            "webhook_app() without secret_token: anyone who finds the webhook's URL can post "
+            "forged updates, and they would be recorded and handled. Pass secret_token=... "
+            "(1-256 characters of A-Z, a-z, 0-9, _ and -, e.g. secrets.token_urlsafe(32)) and "
+            "give the same to setWebhook; requests without it get 403. Behind a proxy that "
+            "checks the requests itself, pass allow_no_secret_token=True instead"
+        )
+    if secret_token is not None and (
+        not isinstance(secret_token, str) or _SECRET.fullmatch(secret_token) is None
+    ):
         raise ValueError(
             "secret_token must be 1-256 characters of A-Z, a-z, 0-9, _ and - (the value you "
             "pass to setWebhook)"
@@ -92,15 +105,16 @@ def webhook_app(
         raise ValueError(f"max_body_bytes must be a positive integer, got {max_body_bytes!r}")
     if not callable(getattr(intake, "accept", None)):
         raise TypeError("webhook_app needs an intake with accept(body), e.g. UpdateIntake")
-    expected = secret_token.encode("ascii")
+    expected = None if secret_token is None else secret_token.encode("ascii")
 
     def app(environ: Dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD", "GET").upper() != "POST":
             return _reply(start_response, "405 Method Not Allowed", b"POST only\n", [("Allow", "POST")])
-        given = environ.get("HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN")
-        given_bytes = given.encode("latin-1", "replace") if isinstance(given, str) else b""
-        if not hmac.compare_digest(given_bytes, expected):
-            return _reply(start_response, "403 Forbidden", b"forbidden\n")
+        if expected is not None:
+            given = environ.get("HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN")
+            given_bytes = given.encode("latin-1", "replace") if isinstance(given, str) else b""
+            if not hmac.compare_digest(given_bytes, expected):
+                return _reply(start_response, "403 Forbidden", b"forbidden\n")
         body = _read_body(environ, max_body_bytes)
         if isinstance(body, str):
             return _reply(start_response, body, body[4:].encode() + b"\n")

@@ -38,6 +38,21 @@ _DROP_WARNED: "contextvars.ContextVar[bool]" = contextvars.ContextVar(
 """Set while ``run_polling``/``run_webhook`` runs: they warned already, their updater does
 not warn again (its tasks inherit the context)."""
 
+_NO_SECRET_ALLOWED: "contextvars.ContextVar[bool]" = contextvars.ContextVar(
+    "ptb_fence_no_secret_allowed", default=False
+)
+"""Set while ``run_webhook(allow_no_secret_token=True)`` runs: its updater's
+``start_webhook`` (in a task that inherits the context) takes the opt-out too."""
+
+NO_SECRET_TOKEN = (
+    "{name}() without secret_token: anyone who finds the webhook's URL can post forged "
+    "updates, and they would be recorded and handled. Pass secret_token=... (1-256 characters "
+    "of A-Z, a-z, 0-9, _ and -, e.g. secrets.token_urlsafe(32)): PTB gives it to setWebhook "
+    "and answers 403 to a request that does not carry it. Behind a proxy that checks the "
+    "requests itself, pass allow_no_secret_token=True to {name}() instead"
+)
+"""The refusal of a webhook started without a secret token (``{name}``: the call)."""
+
 if TYPE_CHECKING:
     # The mix-in only ever sits in front of an Application; tell the type checker so, so that
     # its overrides and ``super()`` calls are checked against PTB's signatures.
@@ -103,6 +118,29 @@ def _warn_drop_pending(
         )
 
 
+def _require_secret(
+    method: Callable[..., Any], name: str, owner: Any, args: Any, kwargs: Any, allowed: bool
+) -> None:
+    """Refuse a webhook started without ``secret_token`` unless ``allowed``."""
+    if allowed or _NO_SECRET_ALLOWED.get():
+        return
+    try:
+        arguments = inspect.signature(method).bind(owner, *args, **kwargs).arguments
+    except TypeError:
+        return  # PTB reports the bad call itself
+    if not arguments.get("secret_token"):
+        raise ValueError(NO_SECRET_TOKEN.format(name=name))
+
+
+def _with_opt_out(method: Callable[..., Any]) -> inspect.Signature:
+    """PTB's signature of ``method`` and the keyword ``allow_no_secret_token=False``."""
+    signature = inspect.signature(method)
+    opt_out = inspect.Parameter(
+        "allow_no_secret_token", inspect.Parameter.KEYWORD_ONLY, default=False
+    )
+    return signature.replace(parameters=[*signature.parameters.values(), opt_out])
+
+
 class FencedUpdater(Updater):
     """PTB's :class:`telegram.ext.Updater`, warning about ``drop_pending_updates=True`` in
     :meth:`start_polling` and :meth:`start_webhook` as ``run_polling`` does (the
@@ -118,16 +156,27 @@ class FencedUpdater(Updater):
             _warn_drop_pending(Updater.start_polling, "updater.start_polling", self, args, kwargs)
         return await super().start_polling(*args, **kwargs)
 
-    async def start_webhook(self, *args: Any, **kwargs: Any) -> Any:
+    async def start_webhook(
+        self, *args: Any, allow_no_secret_token: bool = False, **kwargs: Any
+    ) -> Any:
         """PTB's :meth:`~telegram.ext.Updater.start_webhook`; warns about
-        ``drop_pending_updates=True``."""
+        ``drop_pending_updates=True``.
+
+        Raises:
+            ValueError: No ``secret_token`` is given (forged updates would be handled), and
+                ``allow_no_secret_token=True`` (a proxy in front checks the requests) is not.
+        """
+        _require_secret(
+            Updater.start_webhook, "updater.start_webhook", self, args, kwargs,
+            allow_no_secret_token,
+        )
         if not _DROP_WARNED.get():
             _warn_drop_pending(Updater.start_webhook, "updater.start_webhook", self, args, kwargs)
         return await super().start_webhook(*args, **kwargs)
 
     # the overrides take *args/**kwargs; show PTB's parameters (help(), IDEs, inspect)
     setattr(start_polling, "__signature__", inspect.signature(Updater.start_polling))
-    setattr(start_webhook, "__signature__", inspect.signature(Updater.start_webhook))
+    setattr(start_webhook, "__signature__", _with_opt_out(Updater.start_webhook))
 
 
 class FencedApplicationMixin(_MixinBase):
@@ -231,19 +280,33 @@ class FencedApplicationMixin(_MixinBase):
         finally:
             _DROP_WARNED.reset(token)
 
-    def run_webhook(self, *args: Any, **kwargs: Any) -> None:
+    def run_webhook(
+        self, *args: Any, allow_no_secret_token: bool = False, **kwargs: Any
+    ) -> None:
         """PTB's :meth:`~telegram.ext.Application.run_webhook`; warns about
-        ``drop_pending_updates=True`` as :meth:`run_polling` does."""
+        ``drop_pending_updates=True`` as :meth:`run_polling` does.
+
+        Raises:
+            ValueError: No ``secret_token`` is given (forged updates would be recorded and
+                handled), and ``allow_no_secret_token=True`` (a proxy in front checks the
+                requests) is not; before anything starts.
+        """
+        if self.updater is not None:  # else PTB says that run_webhook needs an Updater
+            _require_secret(
+                Application.run_webhook, "run_webhook", self, args, kwargs, allow_no_secret_token
+            )
         _warn_drop_pending(Application.run_webhook, "run_webhook", self, args, kwargs)
         token = _DROP_WARNED.set(True)
+        allowed = _NO_SECRET_ALLOWED.set(allow_no_secret_token)
         try:
             super().run_webhook(*args, **kwargs)
         finally:
+            _NO_SECRET_ALLOWED.reset(allowed)
             _DROP_WARNED.reset(token)
 
     # the overrides take *args/**kwargs; show PTB's parameters (help(), IDEs, inspect)
     setattr(run_polling, "__signature__", inspect.signature(Application.run_polling))
-    setattr(run_webhook, "__signature__", inspect.signature(Application.run_webhook))
+    setattr(run_webhook, "__signature__", _with_opt_out(Application.run_webhook))
 
     def drop_user_data(self, user_id: int) -> None:
         """PTB's :meth:`~telegram.ext.Application.drop_user_data`. With

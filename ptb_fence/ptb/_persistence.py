@@ -302,6 +302,18 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
                     type(handler).__name__,
                     getattr(getattr(handler, "callback", None), "__name__", "?"),
                 )
+            if isinstance(handler, ConversationHandler) and not handler.persistent:
+                _LOGGER.warning(
+                    "FencedPersistence: ConversationHandler %r is not persistent "
+                    "(persistent=False, PTB's default): its conversations live in this "
+                    "process's memory, lost on a restart or a kill and unknown to other "
+                    "processes. Pass persistent=True and a name=... to the ConversationHandler "
+                    "to fence its states with the updates",
+                    handler.name or "entered by " + ", ".join(
+                        getattr(getattr(entry, "callback", None), "__name__", "?")
+                        for entry in handler.entry_points
+                    ),
+                )
             if isinstance(handler, ConversationHandler) and handler.persistent:
                 if handler.conversation_timeout:
                     _LOGGER.warning(

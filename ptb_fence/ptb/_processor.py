@@ -28,6 +28,7 @@ from ptb_fence.ptb._bodies import update_body
 from ptb_fence.ptb._chat_turns import ChatTurns
 from ptb_fence.ptb._context import FencedCallbackContext
 from ptb_fence.ptb._deliveries import Deliveries
+from ptb_fence.ptb._direct_sends import DirectSendWatch, unwatch_direct_sends, watch_direct_sends
 from ptb_fence.ptb._handlers import RunningHandlers
 from ptb_fence.ptb._handling import UpdateState, handling
 from ptb_fence.ptb._ingest import Ingest
@@ -41,7 +42,12 @@ from ptb_fence.ptb._state import SharedState
 from ptb_fence.ptb._stopping import Stopping
 from ptb_fence.ptb._sweeper import Sweeper
 from ptb_fence.ptb._threads import StoreThreads
-from ptb_fence.ptb._wiring import BuilderType, configure_builder, warn_non_blocking
+from ptb_fence.ptb._wiring import (
+    BuilderType,
+    configure_builder,
+    warn_non_blocking,
+    warn_unfenced_persistence,
+)
 from ptb_fence.runtime._chats import update_chat_key
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._held_call import HeldCall
@@ -79,6 +85,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         "_sweeper",
         "_threads",
         "_turns",
+        "_watch",
     )
 
     def __init__(
@@ -108,6 +115,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         )
         super().__init__(runtime_options.max_concurrent)
         self._handle_exhaustion = handle_exhaustion
+        self._watch: Optional[DirectSendWatch] = None  # a fenced handler's direct sends
         # weakly, as PTB's JobQueue holds it: the Application holds this processor
         self._application_ref: "Optional[weakref.ReferenceType[Any]]" = None
         self._slots = asyncio.Semaphore(runtime_options.max_concurrent)
@@ -305,6 +313,8 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                 "queue; wire it with processor.install(builder)"
             )
         warn_non_blocking(application)
+        if self._runtime.attempt_aware:
+            warn_unfenced_persistence(application)
         if self._runtime.attempt_aware and self._handle_exhaustion is None:
             _LOGGER.warning(
                 "%s has no handle_exhaustion: an update whose last attempt fails is "
@@ -335,6 +345,8 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         self._runtime.alarms.started()
         self._sweeper.start()
         self._start_outbox(application)
+        if self._runtime.outbox is not None:  # attempt.outbox is the fix the WARNING names
+            self._watch = watch_direct_sends(application.bot)
         state.started = True
 
     def _start_outbox(self, application: Any) -> None:
@@ -411,6 +423,8 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         await self._sweeper.stop()
         await self._deliveries.cancel_all()  # unacknowledged: delivered at the next start
         unwrap_get_updates_request(self._get_application().bot, self._ingest)
+        unwatch_direct_sends(self._get_application().bot, self._watch)
+        self._watch = None
         state.batch_ingest = False
         state.release_preclaimed()
         self._handlers.report_left_running()

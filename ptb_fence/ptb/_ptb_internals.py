@@ -22,6 +22,9 @@ the installed PTB, failing with the name of the internal if a PTB release change
    once it is set PTB refuses every later ``get_updates_*`` setter and ``.bot(...)``; and a
    ``Bot`` shared by Applications built one after another must record for the one that runs.
    If the tuple is not there, ptb_fence records update by update (slower, equally durable).
+   The other request of the tuple is wrapped the same way by a FencedUpdateProcessor, to see
+   a handler's direct sends (:class:`~ptb_fence.ptb._direct_sends.DirectSendWatch`); without
+   the tuple that WARNING is not given.
 4. ``Application.process_error`` takes the handlers it runs from
    ``application.error_handlers.items()`` (a public attribute; *how* PTB reads it is not
    documented). PTB runs non-blocking error handlers as tasks with its private
@@ -88,6 +91,7 @@ __all__ = [
     "require_internals",
     "builder_application_class",
     "get_updates_request",
+    "set_bot_request",
     "set_get_updates_request",
 ]
 
@@ -135,6 +139,22 @@ def set_get_updates_request(bot: Any, request: BaseRequest) -> bool:
         return False
     try:
         object.__setattr__(bot, "_request", (request, requests[1]))
+    except (AttributeError, TypeError):  # pragma: no cover - a PTB we do not know
+        return False
+    return True
+
+
+def set_bot_request(bot: Any, request: BaseRequest) -> bool:
+    """Make ``bot`` send every method but ``getUpdates`` through ``request`` (internal 3.).
+
+    Returns:
+        :obj:`False` (changing nothing) if this PTB keeps the requests otherwise.
+    """
+    requests = get_updates_request(bot)
+    if requests is None:
+        return False
+    try:
+        object.__setattr__(bot, "_request", (requests[0], request))
     except (AttributeError, TypeError):  # pragma: no cover - a PTB we do not know
         return False
     return True

@@ -10,9 +10,10 @@ from typing import Any, TypeVar
 from telegram.ext import Application, ApplicationBuilder, BaseUpdateProcessor
 
 from ptb_fence.ptb._application import fenced_application_class
+from ptb_fence.ptb._persistence import FencedPersistence
 from ptb_fence.ptb._ptb_internals import builder_application_class, require_internals
 
-__all__ = ["BuilderType", "configure_builder", "warn_non_blocking"]
+__all__ = ["BuilderType", "configure_builder", "warn_non_blocking", "warn_unfenced_persistence"]
 
 _LOGGER = logging.getLogger("ptb_fence.ptb")
 
@@ -60,3 +61,21 @@ def warn_non_blocking(application: Any) -> None:
                     handler,
                     group,
                 )
+
+
+def warn_unfenced_persistence(application: Any) -> None:
+    """Warn when a fenced Application persists its data with anything but
+    :class:`~ptb_fence.ptb.FencedPersistence` (``PicklePersistence``, a ``DictPersistence``,
+    your own ``BasePersistence``)."""
+    persistence = application.persistence
+    if persistence is None or isinstance(persistence, FencedPersistence):
+        return
+    _LOGGER.warning(
+        "%s under a FencedUpdateProcessor: user_data, chat_data, bot_data and conversation "
+        "states live in this process and reach the file only at PTB's flush, not with the "
+        "update's commit, so a kill loses what changed since then, another process never "
+        "sees it, and a failed attempt's changes stay for its retry. Use "
+        "persistence(ptb_fence.ptb.FencedPersistence(store)) with the processor's store "
+        "(ptb-fence persistence import moves a PicklePersistence file into it)",
+        type(persistence).__name__,
+    )

@@ -514,7 +514,9 @@ def test_drop_pending_updates_warns(tmp_path: Any, caplog: Any, method: str) -> 
             asyncio.set_event_loop(loop)
             try:
                 with caplog.at_level(logging.WARNING, logger="ptb_fence"):
-                    getattr(app, method)(drop_pending_updates=True, stop_signals=None, close_loop=False)
+                    secret = {"secret_token": "s3cret"} if method == "run_webhook" else {}
+                    getattr(app, method)(drop_pending_updates=True, stop_signals=None,
+                                         close_loop=False, **secret)
             finally:
                 asyncio.set_event_loop(None)
                 loop.close()
