@@ -61,6 +61,7 @@ from ptb_fence._values import (
 from ptb_fence.runtime._alarms import Health
 from ptb_fence.runtime._options import AlarmThresholds
 from ptb_fence.runtime._stats import HistogramSnapshot, Stats
+from ptb_fence.runtime._delivered import DeliveredExhaustion
 from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._outbox import Outbox
 from ptb_fence.runtime import (
@@ -99,6 +100,7 @@ __all__ = [
     "LivenessStore",
     "ReleasingUpdateStore",
     "Completed",
+    "DeliveredExhaustion",
     "DurableUpdateStore",
     "Exhaustion",
     "Failed",

@@ -720,7 +720,10 @@ class OutboxStore(Protocol):
     settlement's ``at``, ``tries`` 0); a settle that did not land writes none of its calls,
     effects of identities not settled in the call are ignored, and ``effects=None`` (or empty)
     is exactly the call without the keyword. Or :meth:`write_effects` writes them inside the
-    attempt's own fenced transaction.
+    attempt's own fenced transaction. A durable outbox store's ``acknowledge_exhaustion(identity,
+    at, *, effects=...)`` inserts the calls of ``effects`` (queued by ``handle_exhaustion`` on
+    ``exhaustion.outbox``) in the acknowledgement's transaction, only when it acknowledges; a
+    store whose ``acknowledge_exhaustion`` takes no ``effects`` refuses ``exhaustion.outbox``.
 
     A call is ``pending`` (due at ``due_at``), ``sending`` (claimed by a sender token; its lease
     ends at ``due_at``, held while ``due_at >= now``), ``sent`` or ``failed`` (acknowledged or

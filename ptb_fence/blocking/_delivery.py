@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from ptb_fence._values import AttemptIdentity, Exhaustion
+from ptb_fence.runtime._delivered import DeliveredExhaustion
 from ptb_fence.runtime._exhaustions import SLOW_DELIVERY_SECONDS, ExhaustionDeliveries
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ class ExhaustionDelivery:
     def __init__(
         self,
         runtime: "Runtime",
-        handler: Callable[[Exhaustion], Any],
+        handler: Callable[[DeliveredExhaustion], Any],
         wait_seconds: float = DELIVERY_WAIT_SECONDS,
     ) -> None:
         self._decisions = ExhaustionDeliveries(runtime)
@@ -112,6 +113,7 @@ class ExhaustionDelivery:
         timer.daemon = True
         timer.start()
         error: Optional[BaseException] = None
+        exhaustion = decisions.delivered(exhaustion)  # with its outbox
         try:
             try:
                 self._handler(exhaustion)

@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, Hashable, List, Literal, Optional, Set, 
 from ptb_fence._durations import format_duration
 from ptb_fence.contract import UpdateStore
 from ptb_fence._values import Exhaustion, OutboxEntry, StoredUpdate
+from ptb_fence.runtime._delivered import DeliveredExhaustion
 from ptb_fence.blocking._sender import DEFAULT_BASE_URL, HttpxSender
 from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._attempt import Attempt, enter_attempt, exit_attempt
@@ -101,7 +102,7 @@ class UpdateIntake:
         *,
         handle: Optional[Callable[[Dict[str, Any]], Any]] = None,
         handle_attempt: Optional[Callable[[Dict[str, Any], Attempt], Any]] = None,
-        handle_exhaustion: Optional[Callable[[Exhaustion], Any]] = None,
+        handle_exhaustion: Optional[Callable[[DeliveredExhaustion], Any]] = None,
         bot_token: Optional[str] = None,
         bot_base_url: str = DEFAULT_BASE_URL,
         **options: Any,

@@ -374,6 +374,8 @@ class FencedApplicationMixin(_MixinBase):
             and not isinstance(error, ApplicationHandlerStop)
         ):
             state.error = error
+            if state.attempt is not None:  # what attempt.retry_follows reads
+                state.attempt.report_failure(error)
             if not self.error_handlers:
                 attempt = current_attempt()
                 if attempt is None or not attempt.completed:

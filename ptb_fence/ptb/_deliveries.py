@@ -14,6 +14,7 @@ import threading
 from typing import Any, Callable, List, Optional, Set, TypeVar
 
 from ptb_fence._values import Exhaustion
+from ptb_fence.runtime._delivered import DeliveredExhaustion
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.runtime._runtime import Runtime
 from ptb_fence.runtime._exhaustions import SLOW_DELIVERY_SECONDS, ExhaustionDeliveries
@@ -40,7 +41,7 @@ class Deliveries:
         self,
         runtime: Runtime,
         threads: StoreThreads,
-        handler: Optional[Callable[[Exhaustion], Any]],
+        handler: Optional[Callable[[DeliveredExhaustion], Any]],
     ) -> None:
         self._decisions = ExhaustionDeliveries(runtime)
         self._threads = threads
@@ -88,6 +89,7 @@ class Deliveries:
             SLOW_DELIVERY_SECONDS, decisions.slow, exhaustion, SLOW_DELIVERY_SECONDS
         )
         error: Optional[BaseException] = None
+        exhaustion = decisions.delivered(exhaustion)  # with its outbox
         try:
             try:
                 if inspect.iscoroutinefunction(handler):

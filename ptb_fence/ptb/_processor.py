@@ -23,6 +23,7 @@ from telegram.ext import BaseUpdateProcessor
 
 from ptb_fence.contract import UpdateStore
 from ptb_fence._values import Exhaustion, OutboxEntry
+from ptb_fence.runtime._delivered import DeliveredExhaustion
 from ptb_fence.ptb._application import FencedApplicationMixin
 from ptb_fence.ptb._bodies import update_body
 from ptb_fence.ptb._chat_turns import ChatTurns
@@ -93,7 +94,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         store: UpdateStore,
         *,
         attempt_aware: bool,
-        handle_exhaustion: Optional[Callable[[Exhaustion], Any]] = None,
+        handle_exhaustion: Optional[Callable[[DeliveredExhaustion], Any]] = None,
         **options: Any,
     ) -> None:
         if handle_exhaustion is not None and not callable(handle_exhaustion):
@@ -607,7 +608,7 @@ class DurableUpdateProcessor(BaseFenceProcessor):
         self,
         store: UpdateStore,
         *,
-        handle_exhaustion: Optional[Callable[[Exhaustion], Any]] = None,
+        handle_exhaustion: Optional[Callable[[DeliveredExhaustion], Any]] = None,
         **options: Any,
     ) -> None:
         super().__init__(
@@ -639,7 +640,7 @@ class FencedUpdateProcessor(BaseFenceProcessor):
         self,
         store: UpdateStore,
         *,
-        handle_exhaustion: Optional[Callable[[Exhaustion], Any]] = None,
+        handle_exhaustion: Optional[Callable[[DeliveredExhaustion], Any]] = None,
         **options: Any,
     ) -> None:
         super().__init__(store, attempt_aware=True, handle_exhaustion=handle_exhaustion, **options)

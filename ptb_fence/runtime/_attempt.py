@@ -108,6 +108,7 @@ class Attempt:
         "_effects",
         "_exhausted_at",
         "_exhausted_error",
+        "_failure",
         "_holding",
         "_identity",
         "_lock",
@@ -120,6 +121,7 @@ class Attempt:
         "_proven_until",
         "_result",
         "_resume",
+        "_retry_decision",
         "_runtime",
         "_suspect",
         "_suspicion",
@@ -171,6 +173,9 @@ class Attempt:
         self._effects: Optional[HeldEffects] = None
         self._outbox: Optional[Outbox] = None
         self._update: Any = None
+        self._failure: Optional[BaseException] = None  # reported by the front end
+        # the retry decision for a failure, made once (see Runtime.retry_delay)
+        self._retry_decision: "Optional[tuple[BaseException, Optional[float]]]" = None
 
     def __repr__(self) -> str:
         return (
@@ -290,6 +295,44 @@ class Attempt:
     @update.setter
     def update(self, update: Any) -> None:
         self._update = update
+
+    @property
+    def failure(self) -> Optional[BaseException]:
+        """:exc:`BaseException` | :obj:`None`: The failure the front end reported for this
+        attempt (PTB: the handler's exception, before any error handler runs)."""
+        return self._failure
+
+    def report_failure(self, error: BaseException) -> None:
+        """The front end's report that this attempt's handler failed with ``error`` (the
+        first report is kept: it is what the attempt settles with)."""
+        if self._failure is None:
+            self._failure = error
+
+    @property
+    def retry_follows(self) -> bool:
+        """:obj:`bool`: Whether the update runs again after the failure reported for this
+        attempt (:attr:`failure`, PTB's ``context.error`` in an error handler).
+
+        :obj:`False` on its last attempt, for a misuse, when the retry policy gives up, after
+        :meth:`exhaust`, and when no failure was reported. Decided once: the settle uses the
+        same answer. An error handler that talks to the user can say nothing while it is
+        :obj:`True`; ``handle_exhaustion`` is the place to tell the user once (its
+        ``exhaustion.outbox`` commits with the acknowledgement).
+        """
+        error = self._failure
+        if error is None or self._result is not None:
+            return False
+        return self._runtime.retry_follows(self, error)
+
+    @property
+    def retry_decision(self) -> "Optional[tuple[BaseException, Optional[float]]]":
+        """The failure whose retry was decided, and the delay (seconds; :obj:`None`: no
+        retry), or :obj:`None`: not decided yet."""
+        return self._retry_decision
+
+    @retry_decision.setter
+    def retry_decision(self, decided: "tuple[BaseException, Optional[float]]") -> None:
+        self._retry_decision = decided
 
     @property
     def host(self) -> AttemptHost:

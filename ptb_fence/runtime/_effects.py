@@ -85,6 +85,11 @@ class HeldEffects:
         self._taken_state: Tuple[StateWrite, ...] = ()
 
     @property
+    def closed(self) -> bool:
+        """:obj:`bool`: Nothing more can be held (committed, or discarded)."""
+        return self._closed is not None
+
+    @property
     def empty(self) -> bool:
         """:obj:`bool`: Nothing is held (the completion writes no effects)."""
         return not self._calls and self._state is None

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Deque, List, Optional, Set
 
 from ptb_fence._durations import format_duration
 from ptb_fence._values import AttemptIdentity, Exhaustion
+from ptb_fence.runtime._delivered import DeliveredExhaustion
 
 if TYPE_CHECKING:
     from ptb_fence.runtime._runtime import Runtime
@@ -161,6 +162,11 @@ class ExhaustionDeliveries:
                 admitted.append(exhaustion)
         return admitted
 
+    def delivered(self, exhaustion: Exhaustion) -> DeliveredExhaustion:
+        """What the handler receives for ``exhaustion``: with an ``outbox`` whose calls commit
+        with the acknowledgement (:meth:`finish` writes them)."""
+        return self._runtime.delivered(exhaustion)
+
     def finish(self, exhaustion: Exhaustion, error: Optional[BaseException]) -> bool:
         """A delivery ended: the handler returned (``error`` :obj:`None`: acknowledge the
         exhaustion with its exact identity) or raised ``error`` (reported: ERROR log and
@@ -174,6 +180,7 @@ class ExhaustionDeliveries:
         acknowledged = False
         try:
             if error is not None:
+                _drop_calls(exhaustion, "the exhaustion handler raised: it stays due")
                 self._runtime.exhaustion_failed(error, exhaustion)
                 return False
             acknowledged = self._runtime.acknowledge(exhaustion)
@@ -191,6 +198,7 @@ class ExhaustionDeliveries:
     def abandon(self, exhaustion: Exhaustion) -> None:
         """Free the slot of a delivery that ends undecided (cancelled at stop, closed): the
         exhaustion stays due."""
+        _drop_calls(exhaustion, "the exhaustion's delivery was cancelled: it stays due")
         with self._lock:
             self._delivering.discard(exhaustion.identity)
 
@@ -210,3 +218,9 @@ class ExhaustionDeliveries:
                 "claim_id": exhaustion.claim_id,
             },
         )
+
+
+def _drop_calls(exhaustion: Exhaustion, why: str) -> None:
+    """A delivery ended without an acknowledgement: its queued calls are never sent."""
+    if isinstance(exhaustion, DeliveredExhaustion):
+        exhaustion.calls.discard(why)

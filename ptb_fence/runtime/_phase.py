@@ -92,4 +92,7 @@ class AttemptHost(Protocol):
     def calls_committed(self, handles: Any = ()) -> None:
         """A commit carrying outbox calls landed: wake this process's sender."""
 
+    def retry_follows(self, attempt: Any, error: BaseException) -> bool:
+        """Whether the update runs again after ``attempt`` failed with ``error``."""
+
 

@@ -66,6 +66,7 @@ transactions and binding, figures, the outbox.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import (
     Any,
@@ -512,9 +513,26 @@ class StorePort:
         """``store.due_exhaustions``."""
         return list(self.store.due_exhaustions(limit=limit, after_update_id=after_update_id))
 
-    def acknowledge_exhaustion(self, identity: AttemptIdentity, at: int) -> bool:
-        """``store.acknowledge_exhaustion``."""
-        return bool(self.store.acknowledge_exhaustion(identity, at))
+    def acknowledge_exhaustion(
+        self, identity: AttemptIdentity, at: int, effects: Optional[AttemptEffects] = None
+    ) -> bool:
+        """``store.acknowledge_exhaustion``; with ``effects`` (an outbox store that takes
+        them, see :attr:`acknowledges_with_calls`) their calls are inserted in its commit."""
+        if effects is None or not effects.calls:
+            return bool(self.store.acknowledge_exhaustion(identity, at))
+        return bool(self.store.acknowledge_exhaustion(identity, at, effects=effects))
+
+    @property
+    def acknowledges_with_calls(self) -> bool:
+        """:obj:`bool`: The store's ``acknowledge_exhaustion`` takes ``effects=`` (outbox
+        calls inserted in the acknowledgement's commit): the stores ptb_fence ships do."""
+        if not self.has_outbox:
+            return False
+        try:
+            parameters = inspect.signature(self.store.acknowledge_exhaustion).parameters
+        except (TypeError, ValueError):  # pragma: no cover - a builtin without a signature
+            return False
+        return "effects" in parameters
 
     # -- batches (with per-row fallbacks) ---------------------------------------------------
     def add_many(self, rows: Sequence[Row]) -> List[bool]:

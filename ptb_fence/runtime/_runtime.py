@@ -47,6 +47,7 @@ from ptb_fence._values import (
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._chats import stored_chat_key
 from ptb_fence.runtime._dispatcher import ClaimReservation, OutboxDispatcher, no_outbox
+from ptb_fence.runtime._delivered import DeliveredExhaustion, ExhaustionCalls
 from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._hop import StoreHop
 from ptb_fence.runtime._jobs import BackgroundJobs
@@ -677,29 +678,8 @@ class Runtime:
         if isinstance(error, StateConflictError) and self._given_back_unspent(attempt, error):
             return Outcome.CONFLICTED, None, True
         options = self.options
-        delay: Optional[float] = None
         misuse = is_misuse(error)
-        if misuse:
-            pass  # a mistake in the handler's use of ptb_fence: every retry would repeat it
-        elif attempt.attempt < options.max_attempts and isinstance(error, StateConflictError):
-            delay = 0.0  # nothing is wrong with the update: it runs again on fresh state
-        elif attempt.attempt < options.max_attempts:
-            policy = options.retry or default_retry
-            try:
-                delay = policy(error, attempt.attempt)
-                if delay is not None:
-                    delay = float(delay)  # a non-number is a broken policy, like raising
-                    if delay != delay:
-                        raise ValueError("the retry policy returned NaN")
-            except Exception:
-                _LOGGER.exception(
-                    "retry policy raised or returned neither seconds nor None; using the "
-                    "default policy"
-                )
-                delay = default_retry(error, attempt.attempt)
-            if delay is not None:
-                # negative means now; infinity (or absurd values) must not overflow the store
-                delay = min(max(delay, 0.0), _MAX_RETRY_DELAY_SECONDS)
+        delay = self.retry_delay(attempt, error)
         now = options.now_ms()
         text = error_text(error)
         exhaustion: Optional[Exhaustion] = None
@@ -758,6 +738,53 @@ class Runtime:
                     )
         self._report_failure(attempt, error, outcome, what, retrying)
         return outcome, exhaustion, True
+
+    def retry_follows(self, attempt: Attempt, error: BaseException) -> bool:
+        """Whether the update runs again after ``attempt`` failed with ``error`` (what
+        :attr:`Attempt.retry_follows <ptb_fence.Attempt.retry_follows>` answers): a version
+        conflict always does (it spends no attempt), otherwise as :meth:`retry_delay`."""
+        if isinstance(error, StateConflictError):
+            return True
+        return self.retry_delay(attempt, error) is not None
+
+    def retry_delay(self, attempt: Attempt, error: BaseException) -> Optional[float]:
+        """When ``attempt``'s update runs again after it failed with ``error``: seconds from
+        now, or :obj:`None` (never: exhausted or abandoned). Decided once per attempt and
+        error (the retry policy is asked once), so an error handler that read
+        ``attempt.retry_follows`` and the settle agree."""
+        decided = attempt.retry_decision
+        if decided is not None and decided[0] is error:
+            return decided[1]
+        delay = self._decide_retry(attempt, error)
+        attempt.retry_decision = (error, delay)
+        return delay
+
+    def _decide_retry(self, attempt: Attempt, error: BaseException) -> Optional[float]:
+        options = self.options
+        if is_misuse(error):
+            return None  # a mistake in the handler's use of ptb_fence: every retry repeats it
+        if attempt.attempt >= options.max_attempts:
+            return None
+        if isinstance(error, StateConflictError):
+            return 0.0  # nothing is wrong with the update: it runs again on fresh state
+        policy = options.retry or default_retry
+        delay: Optional[float]
+        try:
+            delay = policy(error, attempt.attempt)
+            if delay is not None:
+                delay = float(delay)  # a non-number is a broken policy, like raising
+                if delay != delay:
+                    raise ValueError("the retry policy returned NaN")
+        except Exception:
+            _LOGGER.exception(
+                "retry policy raised or returned neither seconds nor None; using the "
+                "default policy"
+            )
+            delay = default_retry(error, attempt.attempt)
+        if delay is None:
+            return None
+        # negative means now; infinity (or absurd values) must not overflow the store
+        return min(max(delay, 0.0), _MAX_RETRY_DELAY_SECONDS)
 
     def _given_back_unspent(self, attempt: Attempt, error: StateConflictError) -> bool:
         """A version conflict: nothing is wrong with the update, so the attempt is not spent.
@@ -892,8 +919,24 @@ class Runtime:
             attempt.drop_effects()
 
     # -- exhaustion delivery ----------------------------------------------------------------
+    def delivered(self, exhaustion: Exhaustion) -> DeliveredExhaustion:
+        """``exhaustion`` as ``handle_exhaustion`` receives it: with an outbox whose calls
+        :meth:`acknowledge` writes in the acknowledgement's commit."""
+        refusal = self.outbox_refusal()
+        if refusal is None and not self.port.acknowledges_with_calls:
+            refusal = (
+                f"exhaustion.outbox needs a store whose acknowledge_exhaustion takes effects= "
+                f"(the SQLite, PostgreSQL and memory stores do; {type(self.store).__name__} "
+                "does not)"
+            )
+        return DeliveredExhaustion.of(exhaustion, ExhaustionCalls(self, exhaustion, refusal))
+
     def acknowledge(self, exhaustion: Exhaustion) -> bool:
-        """Acknowledge a delivered exhaustion with its exact identity."""
+        """Acknowledge a delivered exhaustion with its exact identity; the calls its handler
+        queued (a :class:`DeliveredExhaustion`) are written in the same commit, and dropped
+        when it does not land."""
+        calls = exhaustion.calls if isinstance(exhaustion, DeliveredExhaustion) else None
+        taken = None if calls is None else calls.take()
         try:
             ok = bool(
                 self.stats.timed(
@@ -901,11 +944,21 @@ class Runtime:
                     self.port.acknowledge_exhaustion,
                     exhaustion.identity,
                     self.options.now_ms(),
+                    None if taken is None else taken[0],
                 )
             )
         except Exception as exc:
+            if calls is not None:
+                calls.discard("the exhaustion's acknowledgement failed in the store")
             self.report_store_error(exc, "sweep", ids=exhaustion_ids(exhaustion))
             return False
+        if calls is not None:
+            if ok:
+                handles = calls.landed()
+                if handles:
+                    self.calls_committed(handles)
+            else:
+                calls.discard("the exhaustion was acknowledged elsewhere")
         if ok:
             _LOGGER.info(
                 "exhaustion of update %s attempt %s acknowledged",

@@ -553,8 +553,12 @@ class MemoryUpdateStore:
                         break
             return result
 
-    def acknowledge_exhaustion(self, identity: AttemptIdentity, at: int) -> bool:
-        """Acknowledge the exhaustion with exactly this identity; it becomes prunable."""
+    def acknowledge_exhaustion(
+        self, identity: AttemptIdentity, at: int, *, effects: Optional[AttemptEffects] = None
+    ) -> bool:
+        """Acknowledge the exhaustion with exactly this identity; it becomes prunable. With
+        ``effects``, their outbox calls are inserted as pending with it, only when it
+        acknowledges (see :class:`ptb_fence.OutboxStore`)."""
         with self._lock:
             row = self._rows.get(identity.update_id)
             if (
@@ -566,6 +570,9 @@ class MemoryUpdateStore:
             ):
                 return False
             row.settled_at = at
+            if effects is not None and effects.calls:
+                for call in self._new_calls(identity, effects, at):
+                    self._calls[call.call_id] = call
             return True
 
     # -- chat order ------------------------------------------------------------------------

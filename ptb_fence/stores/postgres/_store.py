@@ -915,8 +915,12 @@ class PostgresUpdateStore:
 
         return self._db.run(work)
 
-    def acknowledge_exhaustion(self, identity: AttemptIdentity, at: int) -> bool:
-        """Acknowledge the exhaustion with exactly this identity; it becomes prunable.
+    def acknowledge_exhaustion(
+        self, identity: AttemptIdentity, at: int, *, effects: Optional[AttemptEffects] = None
+    ) -> bool:
+        """Acknowledge the exhaustion with exactly this identity; it becomes prunable. With
+        ``effects``, their outbox calls are inserted as pending in the same commit, only when
+        it acknowledges (see :class:`ptb_fence.OutboxStore`).
 
         Returns:
             :obj:`bool`: :obj:`True` the first time for the exact identity of an unacknowledged
@@ -928,8 +932,17 @@ class PostgresUpdateStore:
             "claim_id": identity.claim_id,
             "at": at,
         }
-        sql = self._db.sql.acknowledge_exhaustion
-        return self._db.run(lambda cur: returns_row(cur, sql, params))
+        sql = self._db.sql
+        calls = effects_params(identity, effects, at) if effects is not None else []
+
+        def work(cur: Any) -> bool:
+            if not returns_row(cur, sql.acknowledge_exhaustion, params):
+                return False
+            if calls:
+                insert_calls(sql, cur, calls)
+            return True
+
+        return self._db.run(work)
 
     # -- chat order ------------------------------------------------------------------------
     def add_many_in_chats(self, rows: Sequence[ChatRow]) -> List[bool]:

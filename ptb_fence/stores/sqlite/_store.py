@@ -779,8 +779,12 @@ class SQLiteUpdateStore:
             for update_id, attempt, claim_id, body, due_at, error in rows
         ]
 
-    def acknowledge_exhaustion(self, identity: AttemptIdentity, at: int) -> bool:
+    def acknowledge_exhaustion(
+        self, identity: AttemptIdentity, at: int, *, effects: Optional[AttemptEffects] = None
+    ) -> bool:
         """Acknowledge the exhaustion with exactly this identity; it becomes prunable history.
+        With ``effects``, their outbox calls are inserted as pending in the same commit, only
+        when it acknowledges (see :class:`ptb_fence.OutboxStore`).
 
         Returns:
             :obj:`bool`: :obj:`True` once; :obj:`False` for a wrong identity or a second call.
@@ -792,7 +796,10 @@ class SQLiteUpdateStore:
             "at": at,
         }
         with self._conns.immediate() as conn:
-            return bool(conn.execute(self._sql.ack_exhaustion, params).fetchall())
+            acknowledged = bool(conn.execute(self._sql.ack_exhaustion, params).fetchall())
+            if acknowledged and effects is not None and effects.calls:
+                insert_calls(self._sql, conn, effects_params(identity, effects, at))
+            return acknowledged
 
     # -- chat order ------------------------------------------------------------------------
     def add_many_in_chats(
