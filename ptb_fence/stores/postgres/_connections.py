@@ -21,25 +21,21 @@ import threading
 import time
 import urllib.parse
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from ptb_fence._errors import StoreBusy
 
 if TYPE_CHECKING:
     import psycopg2.pool
 
-    from ptb_fence.stores.postgres._engine_pool import EnginePool
-
 __all__ = [
     "Broken",
     "DsnPool",
-    "Source",
     "UserPool",
     "close_quietly",
     "closed_error",
     "dsn_opener",
     "factory_opener",
-    "open_source",
     "register_pool",
     "track",
     "redact",
@@ -409,70 +405,9 @@ class UserPool:
         self._closed = True
 
 
-Source = Union[DsnPool, UserPool, "EnginePool"]
-
-
 class Broken(Exception):
     """The connection broke before the commit was sent: nothing was written, safe to retry."""
 
     def __init__(self, error: BaseException) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-
-def open_source(dsn_or_pool: Any, pool_size: int, schema: Optional[str] = None) -> Source:
-    """The connection source for a DSN string, a caller's psycopg2 pool, a SQLAlchemy Engine
-    or a connection factory; with ``schema``, connections work in that schema
-    (``search_path``), which only connections the store opens itself can do.
-
-    Raises:
-        ValueError: For a malformed DSN (its password is not repeated).
-        TypeError: If ``dsn_or_pool`` is none of these.
-        ptb_fence.UsageError: A schema with a pool or an engine (whose connections the
-            application shares).
-    """
-    import psycopg2.extensions
-    import psycopg2.pool
-
-    shared = isinstance(dsn_or_pool, psycopg2.pool.AbstractConnectionPool) or type(
-        dsn_or_pool
-    ).__module__.startswith("sqlalchemy.")
-    if schema is not None and shared:
-        from ptb_fence._errors import UsageError
-
-        raise UsageError(
-            f"a schema-qualified table ({schema}.…) needs connections the store opens itself, "
-            "with search_path set to the schema: pass a DSN or a connection factory, or set "
-            "search_path on your pool's connections and pass the bare table name"
-        )
-
-    if isinstance(dsn_or_pool, str):
-        secrets = secrets_of(dsn_or_pool)
-        problem: Optional[str] = None
-        try:
-            psycopg2.extensions.parse_dsn(dsn_or_pool)
-        except psycopg2.Error as exc:
-            problem = redact(str(exc).strip(), secrets)
-        if problem is not None:
-            # A fragment of an unparsable DSN may be part of a password: quote nothing.
-            problem = re.sub(r'"[^"]*"', '"…"', problem)
-            raise ValueError(f"invalid PostgreSQL DSN: {problem}")
-        return DsnPool(dsn_opener(dsn_or_pool, secrets, schema), pool_size)
-    if isinstance(dsn_or_pool, psycopg2.pool.AbstractConnectionPool):
-        args = tuple(getattr(dsn_or_pool, "_args", ()))
-        kwargs = dict(getattr(dsn_or_pool, "_kwargs", {}))
-        dsn = args[0] if args and isinstance(args[0], str) else kwargs.get("dsn")
-        return UserPool(dsn_or_pool, secrets_of(dsn, kwargs))
-    if type(dsn_or_pool).__module__.startswith("sqlalchemy."):
-        from ptb_fence.stores.postgres._engine_pool import EnginePool
-
-        return EnginePool(dsn_or_pool, pool_size)
-    if callable(dsn_or_pool):
-        return DsnPool(factory_opener(dsn_or_pool, schema), pool_size)
-    raise TypeError(
-        "PostgresUpdateStore needs a DSN string, a psycopg2 connection pool "
-        "(psycopg2.pool.AbstractConnectionPool), a SQLAlchemy Engine on psycopg2 or a "
-        f"connection factory (a callable returning a psycopg2 connection), not "
-        f"{type(dsn_or_pool).__name__}"
-    )

@@ -12,11 +12,11 @@ from ptb_fence._errors import RowLocked, SchemaError, StoreBusy
 from ptb_fence._sockets import cut
 from ptb_fence.stores.postgres._connections import (
     Broken,
-    Source,
     close_quietly,
     closed_error,
     rollback_quietly,
 )
+from ptb_fence.stores.postgres._sources import Source
 from ptb_fence.stores.postgres._sql import COLUMNS_CHECK, PostgresStatements
 
 __all__ = ["PgExecutor", "returns_row"]

@@ -53,7 +53,8 @@ from ptb_fence.stores._names import split_table_name, validate_update_id
 from ptb_fence.stores._outbox_sql import counts_of, effects_params, entry_of, sender_pattern
 from ptb_fence.stores._state_sql import check_kind, check_writes, entries_of
 from ptb_fence.stores._suspects import SuspectClaims
-from ptb_fence.stores.postgres._connections import close_quietly, open_source
+from ptb_fence.stores.postgres._connections import close_quietly
+from ptb_fence.stores.postgres._sources import open_source
 from ptb_fence.stores.postgres._executor import PgExecutor, returns_row
 from ptb_fence.stores.postgres._liveness import PgLiveness
 from ptb_fence.stores.postgres._sql import (
