@@ -52,3 +52,45 @@ def test_the_waits_double_to_the_last_with_jitter_and_start_over_after_an_answer
     assert bounds[-1] == BACKOFF_LAST
     backoff.answered()
     assert BACKOFF_FIRST / 2 <= backoff.failed() <= BACKOFF_FIRST
+
+
+class _LiveStore:
+    """A memory store with a liveness signal whose release answers while the database is
+    down (as a store that closes its liveness connection would)."""
+
+    def __init__(self) -> None:
+        from ptb_fence import MemoryUpdateStore
+
+        self.inner = MemoryUpdateStore()
+        self.released = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def hold_liveness(self) -> str:
+        return "me"
+
+    def release_liveness(self) -> None:
+        self.released += 1
+
+    def take_over_dead(self, *, now: int) -> int:
+        return 0
+
+
+def test_letting_go_of_the_liveness_signal_does_not_end_an_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stop during an outage lets go of its liveness signal, which may need no answer from
+    the database: the log must not say the store answers again."""
+    from ptb_fence import RuntimeOptions
+    from ptb_fence.runtime._runtime import Runtime
+
+    caplog.set_level(logging.DEBUG, logger="ptb_fence.store")
+    store = _LiveStore()
+    runtime = Runtime(store, RuntimeOptions(), attempt_aware=True, handle_exhaustion=False)
+    runtime.report_store_error(ConnectionError("server closed the connection"), "sweep")
+    assert runtime.stats.outage.ongoing
+    runtime.recovery.release_liveness()
+    assert store.released == 1
+    assert runtime.stats.outage.ongoing
+    assert not [r for r in caplog.records if "answers again" in r.getMessage()]
