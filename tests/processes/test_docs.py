@@ -1,11 +1,23 @@
-"""The API reference builds with Sphinx, warnings as errors, and names every public name."""
+"""The documentation site builds with Sphinx, warnings as errors, and is what it says.
 
+One build serves every test here: the reference names every public name, the site's search
+finds the everyday questions, intersphinx links go upstream without network, the command
+line page lists every command of the parser, and the option table lists every option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import html
 import importlib
+import json
 import posixpath
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Dict, Iterator, List, Set, Tuple
 
 import pytest
 
@@ -21,7 +33,7 @@ PUBLIC_MODULES = (
 
 
 @pytest.fixture(scope="module")
-def built_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("docs")
     result = subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
@@ -32,31 +44,166 @@ def built_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _documented_names(build: Path) -> "set[str]":
+def _text(page: Path) -> str:
+    """A built page's article as plain text (code blocks are split into highlighted spans)."""
+    markup = page.read_text(encoding="utf-8")
+    start = markup.find("<article")
+    article = markup[start:markup.find("</article>", start)] if start >= 0 else markup
+    return html.unescape(re.sub(r"<[^>]+>", "", article))
+
+
+def _documented(build: Path) -> "Dict[str, str]":
+    """Each object the site documents, with the page it is on."""
     from sphinx.util.inventory import InventoryFile
 
     with open(build / "objects.inv", "rb") as f:
         inventory = InventoryFile.load(f, "", posixpath.join)
-    names: "set[str]" = set()
+    pages: "Dict[str, str]" = {}
     for entries in inventory.values():
-        names.update(entries)
-    return names
+        for name, entry in entries.items():
+            # the uri is "page.html#anchor"; older Sphinx gives a tuple (project, version, uri, _)
+            uri = entry.uri if hasattr(entry, "uri") else entry[2]
+            pages[name] = uri.split("#")[0]
+    return pages
 
 
-def test_every_public_name_has_a_reference_entry(built_reference: Path) -> None:
-    documented = _documented_names(built_reference)
+def test_every_public_name_has_a_reference_entry(built_site: Path) -> None:
+    documented = _documented(built_site)
     missing = [
         f"{module}.{name}"
         for module in PUBLIC_MODULES
         for name in importlib.import_module(module).__all__
         if not name.startswith("__") and f"{module}.{name}" not in documented
     ]
-    assert missing == [], f"public names missing from docs/api/*.rst: {missing}"
+    assert missing == [], f"public names missing from docs/reference/*.rst: {missing}"
 
 
-def test_the_guide_is_the_readme(built_reference: Path) -> None:
-    html = (built_reference / "guide.html").read_text(encoding="utf-8")
-    guide = re.sub(r"<[^>]+>", "", html)  # code blocks are split into highlighted spans
-    # The two fresh-machine commands are the README's first instructions.
-    assert "python -m ptb_fence demo" in guide
-    assert "FencedUpdateProcessor" in guide
+def test_the_user_pages_show_the_public_members_only(built_site: Path) -> None:
+    """``Attempt`` shows what a handler calls, not the runtime's plumbing."""
+    documented = _documented(built_site)
+    attempt = {name.rsplit(".", 1)[1] for name in documented
+               if name.startswith("ptb_fence.Attempt.")}
+    assert {"outbox", "transaction", "run_in_transaction", "exhaust", "retry_follows"} <= attempt
+    assert not attempt & {"begin_settling", "take_effects", "renewed", "mark_owner_lost"}
+    # The store contract is on the page for store authors, away from the stores a bot uses.
+    assert documented["ptb_fence.UpdateStore.claim"] == "reference/store-contract.html"
+    assert "ptb_fence.SQLiteUpdateStore.claim_owned" not in documented
+
+
+def test_every_error_is_on_the_errors_page_with_what_to_do(built_site: Path) -> None:
+    documented = _documented(built_site)
+    errors = [
+        f"{module}.{name}"
+        for module in PUBLIC_MODULES
+        for name in importlib.import_module(module).__all__
+        if isinstance(getattr(importlib.import_module(module), name), type)
+        and issubclass(getattr(importlib.import_module(module), name), Exception)
+    ]
+    assert len(errors) >= 10
+    assert {error: documented.get(error) for error in errors} == {
+        error: "reference/errors.html" for error in errors
+    }
+    page = _text(built_site / "reference" / "errors.html")
+    assert page.count("What to do:") == len(errors)
+
+
+def _search(build: Path, word: str) -> "Set[str]":
+    """The pages Sphinx's own search finds for ``word``, read from the built searchindex.js."""
+    from sphinx.search.en import SearchEnglish
+
+    text = (build / "searchindex.js").read_text(encoding="utf-8")
+    index = json.loads(text[text.index("(") + 1:text.rindex(")")])
+    stem = SearchEnglish({}).stem(word.lower())
+    found: "Set[str]" = set()
+    for table in ("terms", "titleterms"):
+        hits = index[table].get(stem, [])
+        found.update(index["docnames"][hit] for hit in ([hits] if isinstance(hits, int) else hits))
+    return found
+
+
+@pytest.mark.parametrize(("word", "page"), [
+    ("monitoring", "reference/metrics"),
+    ("outbox", "reference/api"),
+    ("PicklePersistence", "reference/cli"),
+    ("strict_chat_order", "reference/options"),
+    ("recovery", "explanation/recovery"),
+])
+def test_the_search_finds_the_page(built_site: Path, word: str, page: str) -> None:
+    assert page in _search(built_site, word)
+
+
+def test_intersphinx_links_go_upstream_without_network(built_site: Path) -> None:
+    """docs/_inventories/*.inv stand in for the upstream inventories (CI has no network)."""
+    pages = "".join(path.read_text(encoding="utf-8")
+                    for path in (built_site / "reference").glob("*.html"))
+    for url in (
+        "https://docs.python-telegram-bot.org/en/v22.x/telegram.ext.application.html"
+        "#telegram.ext.Application",
+        "https://docs.python.org/3/library/datetime.html#datetime.timedelta",
+        "https://www.psycopg.org/docs/pool.html#psycopg2.pool.ThreadedConnectionPool",
+        "https://docs.sqlalchemy.org/en/20/core/connections.html#sqlalchemy.engine.Engine",
+    ):
+        assert f'href="{url}"' in pages, url
+
+
+def _commands(parser: argparse.ArgumentParser, path: "Tuple[str, ...]" = ()) -> Iterator[
+    "Tuple[Tuple[str, ...], argparse.ArgumentParser]"
+]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield path + (name,), sub
+                yield from _commands(sub, path + (name,))
+
+
+def test_the_cli_page_lists_every_command_and_option(built_site: Path) -> None:
+    from ptb_fence.cli import build_parser
+
+    page = _text(built_site / "reference" / "cli.html")
+    commands = list(_commands(build_parser()))
+    assert len(commands) >= 18
+    for path, parser in commands:
+        section = f"ptb-fence {' '.join(path)}"
+        assert f"{section}¶" in page, section
+        assert f"usage: {section}" in page, section
+        body = page.split(f"{section}¶", 1)[1]
+        for action in parser._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag != "--help":
+                    assert flag in body, f"{section} {flag}"
+
+
+def test_the_option_table_lists_every_option_the_processors_take(built_site: Path) -> None:
+    from ptb_fence import MemoryUpdateStore, RuntimeOptions, UpdateIntake
+    from ptb_fence.ptb import DurableUpdateProcessor, FencedUpdateProcessor
+
+    page = _text(built_site / "reference" / "options.html")
+    table = page[page.index("meaning"):]
+    rows: "List[str]" = [line.strip() for line in table.splitlines() if line.strip()]
+    fields = dataclasses.fields(RuntimeOptions)
+    for field in fields:
+        assert field.name in rows, field.name
+        default = rows[rows.index(field.name) + 1]
+        if isinstance(field.default, (int, float)) and not isinstance(field.default, bool):
+            assert float(default) == field.default, field.name
+        elif field.default is None or isinstance(field.default, (bool, str)):
+            assert default == repr(field.default), field.name
+    # Every option in the table is a keyword the front ends take, and nothing else is.
+    options = {field.name: getattr(RuntimeOptions(), field.name) for field in fields}
+    with MemoryUpdateStore() as store:
+        for front_end in (FencedUpdateProcessor, DurableUpdateProcessor):
+            assert front_end(store, **options).runtime.options == RuntimeOptions(**options)
+            with pytest.raises(TypeError, match="valid options are"):
+                front_end(store, not_an_option=1)
+        intake = UpdateIntake(store, handle=lambda update: None, **options)
+        assert intake.options == RuntimeOptions(**options)
+        with pytest.raises(TypeError, match="valid options are"):
+            UpdateIntake(store, handle=lambda update: None, not_an_option=1)
+
+
+def test_the_changelog_is_on_the_site(built_site: Path) -> None:
+    import ptb_fence
+
+    changes = _text(built_site / "changes.html")
+    assert f"{ptb_fence.__version__} (unreleased)" in changes
+    assert 'href="changes.html"' in (built_site / "index.html").read_text(encoding="utf-8")
