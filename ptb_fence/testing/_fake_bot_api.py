@@ -408,9 +408,9 @@ class FakeBotApi:
 
         with FakeBotApi() as fake:
             app = ApplicationBuilder().token(fake.token).base_url(fake.base_url).build()
-            ...
             update_id = fake.inject_message(chat_id=42, text="hi")
-            assert fake.wait_confirmed([update_id], timeout=5)
+            # Run the application here. Then wait until it confirmed the update:
+            # fake.wait_confirmed([update_id], timeout=5)
 
     Args:
         token: The bot token the server accepts (``"<digits>:<letters, digits, _ or ->"``).

@@ -118,12 +118,14 @@ class SQLiteUpdateStore:
         .. code-block:: python
 
             store = SQLiteUpdateStore("bot.sqlite3")
-            identity = store.claim_owned(update_id, now=now, lease_until=now + 120_000,
-                                         max_attempts=5)
+            now = int(time.time() * 1000)
+            store.add(7, '{"update_id": 7}', now)
+            identity = store.claim_owned(7, now=now, lease_until=now + 120_000, max_attempts=5)
             with store.transaction() as conn:
-                if not store.owns(identity, now_ms(), connection=conn):
+                conn.execute("CREATE TABLE IF NOT EXISTS replies (update_id, text)")
+                if not store.owns(identity, now, connection=conn):
                     raise OwnershipLost(identity)
-                conn.execute("INSERT INTO replies VALUES (?, ?)", (identity.update_id, text))
+                conn.execute("INSERT INTO replies VALUES (?, ?)", (identity.update_id, "hi"))
 
     Args:
         path (:obj:`str` | :obj:`os.PathLike`): The database file. It is created if missing; its
