@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any, List, Optional, Tuple
 
 import pytest
@@ -212,13 +213,12 @@ def test_a_ptb_handler_blocking_the_event_loop_fails_healthz_not_readyz(tmp_path
     assert after and all(pair == (200, 200) for pair in after), watcher.seen
 
 
-# -- README's Docker and Kubernetes snippets --------------------------------------------------
-def probes_section() -> str:
-    from pathlib import Path
+# -- the monitoring how-to's Docker and Kubernetes snippets (docs/howto/monitoring.rst) -----
+HOWTO = Path(__file__).resolve().parents[2] / "examples" / "howto"
 
-    readme = (Path(__file__).resolve().parents[2] / "README.rst").read_text(encoding="utf-8")
-    start = readme.index("\nProbes: liveness, readiness and metrics over HTTP\n")
-    return readme[start:readme.index("\nAlert rules and a dashboard\n", start)]
+
+def howto_file(name: str) -> str:
+    return (HOWTO / name).read_text(encoding="utf-8")
 
 
 def read_yaml(text: str) -> Any:
@@ -252,11 +252,8 @@ def read_yaml(text: str) -> Any:
     return block(0, lines[0][0])[0]
 
 
-def test_the_readme_kubernetes_snippet_probes_healthz_and_readyz() -> None:
-    section = probes_section()
-    start = section.index(".. code-block:: yaml\n") + len(".. code-block:: yaml\n")
-    end = section.index("\nThe liveness probe restarts", start)
-    snippet = section[start:end]
+def test_the_kubernetes_snippet_probes_healthz_and_readyz() -> None:
+    snippet = howto_file("kubernetes-probes.yaml")
     manifest = read_yaml(snippet)
     try:
         import yaml
@@ -271,11 +268,11 @@ def test_the_readme_kubernetes_snippet_probes_healthz_and_readyz() -> None:
     for probe_spec in (container["livenessProbe"], container["readinessProbe"]):
         assert probe_spec["timeoutSeconds"] > 1 and probe_spec["failureThreshold"] >= 2
     # the port the processor listens on, from outside the pod
-    assert f'probe_port={port["containerPort"]}, probe_host="0.0.0.0"' in section
+    assert f'probe_port={port["containerPort"]}, probe_host="0.0.0.0"' in howto_file("probes.py")
 
 
-def test_the_readme_docker_healthcheck_runs_against_a_real_intake(tmp_path: Any) -> None:
-    (line,) = [ln.strip() for ln in probes_section().splitlines()
+def test_the_docker_healthcheck_runs_against_a_real_intake(tmp_path: Any) -> None:
+    (line,) = [ln.strip() for ln in howto_file("Dockerfile.healthcheck").splitlines()
                if ln.strip().startswith("HEALTHCHECK ")]
     command = line.split(" CMD ", 1)[1]
     assert "http://127.0.0.1:9102/healthz" in command and command.endswith("|| exit 1")

@@ -1,14 +1,13 @@
-"""README.rst's "Testing your bot" runs as written: its pytest file passes, in a process of its
-own, against the installed FakeBotApi (press_button, fail_next, cut_next, delay, hold,
+"""The testing how-to's booking test (``examples/howto/test_booking.py``, included in
+docs/howto/testing-with-fakebotapi.rst) runs as written: it passes, in a process of its own,
+against the installed FakeBotApi (press_button, fail_next, cut_next, delay, hold,
 effective_calls and the refusal of an edit that changes nothing)."""
 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,24 +15,13 @@ import pytest
 pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parents[2]
+BOOKING_TEST = ROOT / "examples" / "howto" / "test_booking.py"
 
 
-def _section_code(title: str) -> str:
-    readme = (ROOT / "README.rst").read_text()
-    match = re.search(rf"^{re.escape(title)}\n-+\n(.*?)(?=^\S[^\n]*\n-+\n)", readme, re.M | re.S)
-    assert match, f"README.rst has no section {title!r}"
-    text = match.group(1)
-    lines = text[text.index(".. code-block:: python"):].splitlines()[1:]
-    block = []
-    for line in lines:
-        if line.strip() and not line.startswith(" "):
-            break
-        block.append(line)
-    return textwrap.dedent("\n".join(block)).strip("\n") + "\n"
-
-
-def test_the_readme_booking_test_passes_as_written(tmp_path: Path) -> None:
-    code = _section_code("Testing your bot")
+def test_the_howto_booking_test_passes_as_written(tmp_path: Path) -> None:
+    code = BOOKING_TEST.read_text()
+    page = (ROOT / "docs" / "howto" / "testing-with-fakebotapi.rst").read_text()
+    assert ".. literalinclude:: ../../examples/howto/test_booking.py" in page
     for name in ("press_button", "fail_next", "cut_next", "delay", "hold", "effective_calls",
                  "not modified"):
         assert name in code, name
