@@ -1,6 +1,7 @@
-"""Logging conventions: every logger of the package is named in README's *Logging* section,
-and the lines an operator matches carry a stable ``ptb_fence_event`` in their ``extra`` (the
-README's table of events is ``ptb_fence._events.EVENTS``), checked on the records a real
+"""Logging conventions: every logger of the package is named in the *Logs* section of
+docs/howto/monitoring.rst, and the lines an operator matches carry a stable
+``ptb_fence_event`` in their ``extra`` (that page's table of events is
+``ptb_fence._events.EVENTS``), checked on the records a real
 ``UpdateIntake`` logs through a failing handler, a store outage and an alarm.
 """
 
@@ -24,9 +25,8 @@ PACKAGE = ROOT / "ptb_fence"
 
 
 def logging_section() -> str:
-    readme = (ROOT / "README.rst").read_text(encoding="utf-8")
-    start = readme.index("\nLogging\n~~~~~~~\n")
-    return readme[start:readme.index("\nInside ptb_fence\n", start)]
+    page = (ROOT / "docs" / "howto" / "monitoring.rst").read_text(encoding="utf-8")
+    return page[page.index("\nLogs\n----\n"):]
 
 
 def package_loggers() -> Set[str]:
@@ -58,7 +58,7 @@ def package_loggers() -> Set[str]:
     return names
 
 
-def test_every_logger_of_the_package_is_in_the_readme() -> None:
+def test_every_logger_of_the_package_is_in_the_monitoring_page() -> None:
     loggers = package_loggers()
     assert {"ptb_fence.store", "ptb_fence.outbox", "ptb_fence.probes",
             "ptb_fence.scheduler"} <= loggers
@@ -66,7 +66,7 @@ def test_every_logger_of_the_package_is_in_the_readme() -> None:
     assert loggers == table, (sorted(loggers - table), sorted(table - loggers))
 
 
-def test_the_readme_lists_every_event() -> None:
+def test_the_monitoring_page_lists_every_event() -> None:
     table = set(re.findall(r"^``([a-z_]+)``\s{2,}", logging_section(), re.M)) - {EVENT_KEY}
     assert table == set(EVENTS), table ^ set(EVENTS)
 
