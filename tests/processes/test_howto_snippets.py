@@ -134,18 +134,27 @@ def test_sqlalchemy_async_recipe_commits_the_row_and_the_completion_together(
         sync_engine.dispose()
 
 
-def test_sqlalchemy_pool_store_borrows_the_engine(pg_dsn: str, pg_table: str) -> None:
-    url = pg_dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
-    store = snippet("sqlalchemy_pool").open_store(url)
-    try:
-        assert store.add(1, update_body(1), 1) is True
-        assert store.add(1, update_body(1), 1) is False  # a redelivery is not recorded again
-    finally:
-        store.close()
-    # the snippet's store uses the default table name: drop what it made
+def test_sqlalchemy_pool_store_borrows_the_engine(pg_dsn: str) -> None:
+    # The snippet uses the default table name: in a schema of its own, so that no other
+    # test's table is touched (the engine's connections get it as their search_path).
+    schema = "s_howto_" + uuid.uuid4().hex[:10]
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        for suffix in ("", "_outbox", "_persistence"):
-            conn.execute(f"DROP TABLE IF EXISTS telegram_updates{suffix} CASCADE")
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    scoped = pg_dsn + ("&" if "?" in pg_dsn else "?") + f"options=-csearch_path%3D{schema}"
+    try:
+        url = scoped.replace("postgresql://", "postgresql+psycopg2://", 1)
+        store = snippet("sqlalchemy_pool").open_store(url)
+        try:
+            assert store.add(1, update_body(1), 1) is True
+            assert store.add(1, update_body(1), 1) is False  # a redelivery: not recorded again
+        finally:
+            store.close()
+        with psycopg.connect(pg_dsn) as check:
+            assert check.execute(f'SELECT update_id FROM "{schema}".telegram_updates'
+                                 ).fetchall() == [(1,)]
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 # -- psycopg 3 ----------------------------------------------------------------------------------
@@ -153,15 +162,17 @@ def test_psycopg3_recipe_commits_the_note_and_the_completion_together(
     pg_dsn: str, pg_tables: List[str], intakes: List[UpdateIntake]
 ) -> None:
     table = "t_" + uuid.uuid4().hex[:16]
-    pg_tables += [table, "notes"]
+    pg_tables.append(table)
+    schema = "s_howto_" + uuid.uuid4().hex[:10]  # the snippet's "notes", apart from others'
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS notes (update_id BIGINT PRIMARY KEY, text TEXT)")
-        conn.execute("DELETE FROM notes WHERE update_id = 8")
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(f'CREATE TABLE "{schema}".notes (update_id BIGINT PRIMARY KEY, text TEXT)')
+    conninfo = f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}options=-csearch_path%3D{schema},public"
     save_note = snippet("psycopg3_write").save_note
     store = PostgresUpdateStore(pg_dsn, table)
     intake = UpdateIntake(
         store, handle_attempt=lambda update, attempt: asyncio.run(
-            save_note(attempt, pg_dsn, "buy milk")))
+            save_note(attempt, conninfo, "buy milk")))
     intakes.append(intake)
     intake.start()
     try:
@@ -169,11 +180,13 @@ def test_psycopg3_recipe_commits_the_note_and_the_completion_together(
         with psycopg.connect(pg_dsn) as check:
             until(lambda: check.execute(f"SELECT state FROM {table}").fetchall()
                   == [("completed",)])
-            assert check.execute("SELECT * FROM notes WHERE update_id = 8").fetchall() == [
+            assert check.execute(f'SELECT * FROM "{schema}".notes').fetchall() == [
                 (8, "buy milk")]
     finally:
         intake.close()
         store.close()
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 # -- Alembic --------------------------------------------------------------------------------
