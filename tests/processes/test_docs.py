@@ -121,15 +121,42 @@ def _search(build: Path, word: str) -> "Set[str]":
     return found
 
 
-@pytest.mark.parametrize(("word", "page"), [
-    ("monitoring", "reference/metrics"),
-    ("outbox", "reference/api"),
-    ("PicklePersistence", "reference/cli"),
-    ("strict_chat_order", "reference/options"),
-    ("recovery", "explanation/recovery"),
+@pytest.mark.parametrize(("words", "page"), [
+    (("monitoring",), "howto/monitoring"),
+    (("reply", "outbox"), "tutorial/02-replies-through-the-outbox"),
+    (("two", "processes"), "howto/several-processes-and-webhooks"),
+    (("migrate", "PicklePersistence"), "howto/migrate-picklepersistence"),
+    (("Prometheus",), "howto/monitoring"),
+    (("strict_chat_order",), "reference/options"),
+    (("recovery",), "explanation/recovery"),
 ])
-def test_the_search_finds_the_page(built_site: Path, word: str, page: str) -> None:
-    assert page in _search(built_site, word)
+def test_the_search_finds_the_page(built_site: Path, words: "Tuple[str, ...]", page: str) -> None:
+    """Sphinx's search shows the pages that have every word of the query."""
+    found = set.intersection(*(_search(built_site, word) for word in words))
+    assert page in found
+
+
+def test_the_sidebar_shows_the_four_sections_and_every_page(built_site: Path) -> None:
+    markup = (built_site / "index.html").read_text(encoding="utf-8")
+    # furo's sidebar comes before the page's article
+    sidebar = markup[markup.index('class="sidebar-tree"'):markup.index("<article")]
+    captions = re.findall(r'<span class="caption-text">(.*?)</span>', sidebar)
+    assert captions == ["Tutorial", "How-to guides", "Reference", "Explanation", "Project"]
+    pages = {str(path.relative_to(built_site)) for path in built_site.glob("*/*.html")
+             if path.parent.name in ("tutorial", "howto", "reference", "explanation")}
+    assert len(pages) >= 35
+    linked = set(re.findall(r'href="([a-z]+/[^"#]+\.html)"', sidebar))
+    assert pages - linked == set()
+
+
+def test_the_everyday_questions_are_one_click_from_the_index(built_site: Path) -> None:
+    markup = (built_site / "index.html").read_text(encoding="utf-8")
+    tasks = markup[markup.index('id="common-tasks"'):]
+    tasks = tasks[:tasks.index("</section>")]
+    for page in ("tutorial/02-replies-through-the-outbox.html",
+                 "howto/several-processes-and-webhooks.html",
+                 "howto/migrate-picklepersistence.html", "howto/monitoring.html"):
+        assert f'href="{page}"' in tasks, page
 
 
 def test_intersphinx_links_go_upstream_without_network(built_site: Path) -> None:
