@@ -85,6 +85,11 @@ def test_the_user_pages_show_the_public_members_only(built_site: Path) -> None:
                if name.startswith("ptb_fence.Attempt.")}
     assert {"outbox", "transaction", "run_in_transaction", "exhaust", "retry_follows"} <= attempt
     assert not attempt & {"begin_settling", "take_effects", "renewed", "mark_owner_lost"}
+    # A processor shows what a bot calls, not the hooks PTB calls.
+    processor = {name.rsplit(".", 1)[1] for name in documented
+                 if name.startswith("ptb_fence.ptb.FencedUpdateProcessor.")}
+    assert {"install", "stats", "healthy", "outbox_call"} <= processor
+    assert not processor & {"do_process_update", "process_update", "initialize", "shutdown"}
     # The store contract is on the page for store authors, away from the stores a bot uses.
     assert documented["ptb_fence.UpdateStore.claim"] == "reference/store-contract.html"
     assert "ptb_fence.SQLiteUpdateStore.claim_owned" not in documented
