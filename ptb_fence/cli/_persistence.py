@@ -59,9 +59,14 @@ def read_pickle(path: str, *, multi_file: bool = False) -> Dict[str, Any]:
         users = await persistence.get_user_data()
         chats = await persistence.get_chat_data()
         bot = await persistence.get_bot_data()
-        await persistence.get_conversations("")  # loads every handler's conversations
+        try:
+            await persistence.get_conversations("")  # loads every handler's conversations
+        except AttributeError:  # PTB wrote None: the bot had no persistent conversation
+            persistence.conversations = {}
         callback = await persistence.get_callback_data()
-        return {"user_data": dict(users), "chat_data": dict(chats), "bot_data": bot,
+        # a kind the bot did not store (PersistenceInput(chat_data=False), ...) is None in
+        # the file: nothing of it to import
+        return {"user_data": dict(users or {}), "chat_data": dict(chats or {}), "bot_data": bot,
                 "conversations": dict(persistence.conversations or {}),
                 "keyboards": list(callback[0]) if callback else []}
 

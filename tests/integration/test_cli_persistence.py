@@ -195,3 +195,35 @@ def test_the_callback_data_cache_moves_with_import_and_export(
         ("kb1", 1700000000.5, {"b1": ("slot", 10), "b2": frozenset({"x"})}),
         ("kb2", 1700000001.0, {"c1": "yes"}),
     ] and queries == {}
+
+
+def test_import_of_a_file_of_a_bot_that_stored_no_chat_data(
+    target: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bot with ``PersistenceInput(chat_data=False)`` never loads chat_data: PTB writes None
+    for it (and for bot_data). The import takes the users and ignores the kinds not stored."""
+    from telegram.ext import PersistenceInput
+
+    url, table, open_store = target
+    pickle_file = tmp_path / "users_only.pickle"
+
+    async def write() -> None:
+        persistence = PicklePersistence(
+            filepath=pickle_file,
+            store_data=PersistenceInput(chat_data=False, bot_data=False, callback_data=False),
+        )
+        await persistence.update_user_data(5, {"slot": "10:00"})
+        await persistence.flush()
+
+    asyncio.run(write())
+    code, out, err = run(capsys, "persistence", "import", str(pickle_file),
+                         "--store", url, "--table", table)
+    assert code == 0, err
+    assert "imported 1 state row(s)" in out, out
+    store = open_store()
+    try:
+        got = store.read_state([StateKey("user", "", "5")])
+        assert {k: decode_state(e.value) for k, e in got.items()} == {
+            StateKey("user", "", "5"): {"slot": "10:00"}}
+    finally:
+        store.close()
