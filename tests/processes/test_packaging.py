@@ -133,7 +133,8 @@ def test_sdist_has_what_its_tests_need_and_runs_from_itself(
         archive.extractall(tmp_path, filter="data") if sys.version_info >= (3, 12) else \
             archive.extractall(tmp_path)  # noqa: S202 - our own archive
     tree = tmp_path / f"ptb_fence-{ptb_fence.__version__}"
-    for name in ("LICENSE", "README.rst", "pyproject.toml", "setup.cfg", "setup.py",
+    for name in ("LICENSE", "README.rst", "CHANGES.rst", "docs/_inventories/telegram.inv",
+                 "pyproject.toml", "setup.cfg", "setup.py",
                  "ptb_fence/py.typed", "ptb_fence/monitoring/alerts.yml",
                  "ptb_fence/monitoring/grafana.json", "examples/polling_sqlite.py", "benchmarks/run.py",
                  "tests/conftest.py", "tests/support/ptb_support.py",
