@@ -39,6 +39,7 @@ class Scraper:
         self._stop = threading.Event()
         self.snapshots = 0
         self.busy = 0  # snapshots that showed a handler running
+        self.saw_busy = threading.Event()  # set at the first of them
         self.bad: List[str] = []
         self._thread = threading.Thread(target=self._loop, name="scraper", daemon=True)
 
@@ -49,6 +50,7 @@ class Scraper:
             ended = sum(stats.attempts_ended.values())
             if stats.attempts_running:
                 self.busy += 1
+                self.saw_busy.set()
             if stats.attempts_running < 0 or (
                 stats.attempts_running + ended > stats.attempts_started
             ):
@@ -117,11 +119,17 @@ def test_an_intake_never_shows_an_attempt_running_and_ended(tmp_path: Any) -> No
     seen: Set[int] = set()
     lock = threading.Lock()
 
+    scraping: List[Scraper] = []
+
     def handle(update: Dict[str, Any], attempt: Any) -> None:
         update_id = update["update_id"]
         with lock:
             first = update_id not in seen
             seen.add(update_id)
+        if update_id == 1:
+            # the handlers are instant: one stays running until a snapshot saw it (on a
+            # loaded machine the scraper could otherwise see none)
+            scraping[0].saw_busy.wait(10)
         if update_id % 5 == 0 and first:
             raise RuntimeError("fails once")
 
@@ -130,6 +138,7 @@ def test_an_intake_never_shows_an_attempt_running_and_ended(tmp_path: Any) -> No
     intake.start()
     try:
         with Scraper(intake.stats) as scraper:
+            scraping.append(scraper)
             for update_id in range(1, UPDATES + 1):
                 assert intake.accept(body(update_id, chat=update_id % 40)) == "accepted"
             wait_sync(
