@@ -6,7 +6,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Build from the checkout even when the package is not installed (a plain clone).
 sys.path.insert(0, os.path.abspath(os.path.join(HERE, "..")))
-# Small local extensions: the CLI and the option table, rendered from the code.
+# Small local extensions: the CLI, the option table and the capability table, rendered from
+# the code.
 sys.path.insert(0, os.path.join(HERE, "_ext"))
 
 import ptb_fence  # noqa: E402
@@ -23,6 +24,7 @@ extensions = [
     "sphinx.ext.doctest",
     "ptb_fence_cli",
     "ptb_fence_options",
+    "ptb_fence_capabilities",
 ]
 
 # Google-style docstrings, as python-telegram-bot writes them.

@@ -233,6 +233,24 @@ def test_the_option_table_lists_every_option_the_processors_take(built_site: Pat
             UpdateIntake(store, handle=lambda update: None, not_an_option=1)
 
 
+def test_the_store_contract_page_lists_every_capability_with_its_methods(
+    built_site: Path,
+) -> None:
+    from ptb_fence.contract import CAPABILITY_GROUPS
+
+    markup = (built_site / "reference" / "store-contract.html").read_text(encoding="utf-8")
+    table = markup[markup.index('id="capabilities"'):]
+    table = table[table.index("<tbody>"):table.index("</tbody>")]
+    rows = [[html.unescape(re.sub(r"<[^>]+>", "", cell)).strip()
+             for cell in re.findall(r"<td>(.*?)</td>", row, re.DOTALL)]
+            for row in re.findall(r"<tr[^>]*>(.*?)</tr>", table, re.DOTALL)]
+    assert [row[0] for row in rows] == [group.name for group in CAPABILITY_GROUPS]
+    for row, group in zip(rows, CAPABILITY_GROUPS):
+        assert re.findall(r"[a-z_]+", row[1]) == list(group.methods), group.name
+        for required in group.requires:
+            assert required in row[2], (group.name, required)
+
+
 def test_the_changelog_is_on_the_site(built_site: Path) -> None:
     import ptb_fence
 
