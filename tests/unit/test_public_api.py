@@ -338,7 +338,8 @@ def _api_problems(blocks: List[str]) -> List[str]:
 
 def test_readme_code_uses_real_names_and_methods() -> None:
     blocks = _readme_python_blocks()
-    assert len(blocks) >= 4, blocks
+    # the README keeps its first bot; the site's code is included from files that tests run
+    assert len(blocks) >= 1, blocks
     problems = _api_problems(blocks)
     assert not problems, f"README code does not match the API: {problems}"
 
