@@ -27,14 +27,14 @@ EVENTS: Dict[str, str] = {
     "alarm_cleared": "an alarm condition cleared (``alarm`` names it)",
     "probes_started": "the probe server listens (``probe_port``)",
 }
-"""Every event, with what it means (README's *Logging* section lists the same)."""
+"""Every event, with what it means (the monitoring how-to's *Logs* section lists the same)."""
 
 
 def event(name: str, **fields: object) -> "dict[str, object]":
     """The ``extra`` of a log record of event ``name``, with ``fields``.
 
     Raises:
-        KeyError: ``name`` is not one of :data:`EVENTS` (add it there and to README).
+        KeyError: ``name`` is not one of :data:`EVENTS` (add it there and to docs/howto/monitoring.rst).
     """
     if name not in EVENTS:
         raise KeyError(f"unknown log event {name!r}: add it to ptb_fence._events.EVENTS")

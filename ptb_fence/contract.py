@@ -1026,7 +1026,7 @@ CAPABILITY_GROUPS: Tuple[CapabilityGroup, ...] = (
            "with the update, versioned per key", ("fenced", "settle_owned_many", "outbox")),
 )
 """Tuple[:class:`CapabilityGroup`, ...]: Every capability of the store contract with the
-methods it needs (the README's capability table)."""
+methods it needs (the capability table of the store contract's reference page)."""
 
 
 def takes_connection(method: Optional[Callable[..., Any]]) -> bool:

@@ -42,7 +42,7 @@ _ASYNC_SQLALCHEMY = (
     "code (the ownership check, your writes, the commit) and cannot await. Use the sync "
     "Session inside it: async with AsyncSession(engine) as session: await "
     "session.run_sync(write), where write(sync_session) opens attempt.transaction("
-    "connection=sync_session, complete=True) (see the README, Using an ORM)"
+    "connection=sync_session, complete=True) (see the docs, How-to guides, SQLAlchemy)"
 )
 _ASYNC_PSYCOPG = (
     "connection= got a psycopg 3 asyncio object ({name}): a fenced transaction runs blocking "

@@ -89,7 +89,7 @@ class Outbox:
       commit.
 
     After the commit the process's dispatcher sends the calls, each chat's in order, at least
-    once (see the README, "Fenced replies").
+    once (see the tutorial, "Replies through the outbox").
 
     Parameters are keyword arguments as the Bot API (and PTB's ``Bot`` methods) name them;
     PTB objects (``InlineKeyboardMarkup``, ``ReplyParameters``, ...) are kept as their
