@@ -336,6 +336,28 @@ def test_every_code_block_of_the_reference_runs(
     assert ran >= 10
 
 
+def test_the_pages_outside_the_tutorial_and_the_guides_type_no_code() -> None:
+    """The index, the reference, the explanations and the changelog show code only from
+    docstrings (run by the test above) or rendered from the code (the CLI, the tables).
+
+    The tutorial and the how-to guides include files that tests run
+    (tests/unit/test_docs_code_is_tested.py).
+    """
+    pages = [ROOT / "CHANGES.rst"] + [
+        page for page in sorted((ROOT / "docs").rglob("*.rst"))
+        if page.relative_to(ROOT / "docs").parts[0] not in ("tutorial", "howto")
+    ]
+    assert len(pages) >= 20
+    typed = {
+        str(page.relative_to(ROOT)): line
+        for page in pages
+        for line in page.read_text(encoding="utf-8").splitlines()
+        if re.match(r"\s*\.\. (code-block|code|literalinclude|sourcecode)::", line)
+        or (line.rstrip().endswith("::") and not line.lstrip().startswith(".."))
+    }
+    assert typed == {}
+
+
 def test_the_doctests_and_the_internal_links_pass(tmp_path: Path) -> None:
     """``-b doctest`` runs the pages' doctest blocks, ``-b linkcheck`` their references.
 
