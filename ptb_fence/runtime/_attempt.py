@@ -287,9 +287,13 @@ class Attempt:
 
     @property
     def update(self) -> Any:
-        """The update being handled, as the front end has it (PTB: the ``telegram.Update``;
-        :class:`~ptb_fence.UpdateIntake`: the update dict); :obj:`None` when not known (then
-        :attr:`body` is read). :attr:`outbox` reads it for ``reply_text``."""
+        """:class:`telegram.Update` | :obj:`dict` | :obj:`None`: The update being handled, as
+        the front end has it.
+
+        PTB gives the :class:`telegram.Update`. :class:`~ptb_fence.UpdateIntake` gives the
+        update dict. It is :obj:`None` when not known, and then :attr:`body` is read.
+        :attr:`outbox` reads it for ``reply_text``.
+        """
         return self._update
 
     @update.setter

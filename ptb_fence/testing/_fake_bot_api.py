@@ -611,18 +611,19 @@ class FakeBotApi:
 
     @property
     def base_url(self) -> str:
-        """The value for ``ApplicationBuilder().base_url(...)``: ``"<url>/bot"``."""
+        """:obj:`str`: The value for ``ApplicationBuilder().base_url(...)``, ``"<url>/bot"``."""
         return f"{self.url}/bot"
 
     @property
     def base_file_url(self) -> str:
-        """The value for ``ApplicationBuilder().base_file_url(...)``: ``"<url>/file/bot"``."""
+        """:obj:`str`: The value for ``ApplicationBuilder().base_file_url(...)``,
+        ``"<url>/file/bot"``."""
         return f"{self.url}/file/bot"
 
     @property
     def first_update_id(self) -> int:
-        """The id the first update without one got (or gets): ``first_update_id``, or the
-        run-unique default chosen when the server was made."""
+        """:obj:`int`: The id the first update without one got (or gets). It is
+        ``first_update_id``, or the run-unique default chosen when the server was made."""
         return self._first_update_id
 
     @property
@@ -997,8 +998,8 @@ class FakeBotApi:
 
     @property
     def effective_calls(self) -> list[ApiCall]:
-        """The requests that took effect, in the order they did (copies): answered ``ok``, or
-        cut by :meth:`cut_next` after their effect.
+        """List[:class:`ApiCall`]: The requests that took effect, in the order they did
+        (copies). They were answered ``ok``, or cut by :meth:`cut_next` after their effect.
 
         Left out: calls :meth:`fail_next` failed, calls cut before their effect, held calls
         not released yet, and calls Telegram refuses (an unknown chat, an empty text, an edit

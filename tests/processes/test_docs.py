@@ -114,6 +114,23 @@ def test_the_user_pages_show_the_public_members_only(built_site: Path) -> None:
     assert "ptb_fence.SQLiteUpdateStore.claim_owned" not in documented
 
 
+def test_every_property_type_on_the_reference_is_a_type(built_site: Path) -> None:
+    """A property docstring that opens with "text: more" is read as "type: description".
+
+    Its type field then shows a sentence (\"The update being handled, as the front end has it
+    (PTB\"). Such docstrings open with their type, as python-telegram-bot's do.
+    """
+    sentences = []
+    for page in sorted((built_site / "reference").glob("*.html")):
+        markup = page.read_text(encoding="utf-8")
+        for field in re.findall(r'>Type<span class="colon">:</span></dt>\s*<dd[^>]*>(.*?)</dd>',
+                                markup, re.DOTALL):
+            text = " ".join(html.unescape(re.sub(r"<[^>]+>", "", field)).split())
+            if len(text) > 45 or text.count("(") != text.count(")"):
+                sentences.append(f"{page.name}: {text}")
+    assert sentences == []
+
+
 def test_every_error_is_on_the_errors_page_with_what_to_do(built_site: Path) -> None:
     documented = _documented(built_site)
     errors = [
