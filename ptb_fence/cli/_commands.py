@@ -468,7 +468,8 @@ class _Context:
 
             assert target.dsn is not None
             return PostgresUpdateStore(
-                target.dsn, self.table, create_table=False, pool_size=2, pool_timeout=10.0
+                target.dsn, table, create_table=False, schema=self.schema, pool_size=2,
+                pool_timeout=10.0,
             )
         except Exception as exc:
             raise self.store_error(exc) from None
@@ -1147,13 +1148,13 @@ def _cmd_schema(ctx: _Context) -> int:
     sqlite = bool(ctx.store_url) and ctx.target.is_sqlite
     if ctx.args.json:
         _json({"table": table, "dialect": "sqlite" if sqlite else "postgresql",
-               "sql": None if sqlite else postgres_update_store_schema(ctx.table),
+               "sql": None if sqlite else postgres_update_store_schema(table, schema=ctx.schema),
                "note": _SQLITE_SELF_MIGRATES if sqlite else None})
         return 0
     if sqlite:
         _out(_SQLITE_SELF_MIGRATES)
         return 0
-    _out(postgres_update_store_schema(ctx.table).rstrip("\n"))
+    _out(postgres_update_store_schema(table, schema=ctx.schema).rstrip("\n"))
     return 0
 
 
@@ -1230,7 +1231,7 @@ def _cmd_migrate(ctx: _Context) -> int:
                 # a new, empty table: its indexes are built in the same transaction
                 bar.advance(0, "creating the tables …")
                 # --table schema.table: the script creates the schema and runs in it
-                cur.execute(postgres_update_store_schema(ctx.table))
+                cur.execute(postgres_update_store_schema(table, schema=ctx.schema))
                 conn.commit()
                 bar.advance(1, "created the tables")
             elif before.needs_ddl:

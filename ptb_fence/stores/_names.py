@@ -24,25 +24,29 @@ def validate_table_name(table: object) -> str:
 
 
 def split_table_name(name: object) -> "tuple[str | None, str]":
-    """Split ``schema.table`` into its two parts, each validated like a table name.
-
-    A name without a dot is ``(None, table)``. PostgreSQL stores and the command line accept a
-    schema-qualified name: their connections then work with ``search_path`` set to the schema,
-    and every table of the store (its outbox, state, meta and instances tables) lives there.
+    """Split the command line's ``schema.table`` into its two parts, each validated like a
+    table name (a name without a dot is ``(None, table)``). The stores take the two apart:
+    ``PostgresUpdateStore(dsn, table, schema=...)``.
 
     Raises:
         ValueError: A part that is not a valid name, or more than one dot.
     """
     if isinstance(name, str) and name.count(".") == 1:
         schema, table = name.split(".")
-        if _TABLE_NAME.fullmatch(schema) is None:
-            raise ValueError(
-                f"invalid schema name {schema!r} in {name!r}: a schema name must match "
-                "[A-Za-z_][A-Za-z0-9_]{0,62} (letters, digits and underscores, at most 63 "
-                "characters, not starting with a digit)"
-            )
-        return schema, validate_table_name(table)
+        return validate_schema_name(schema), validate_table_name(table)
     return None, validate_table_name(name)
+
+
+def validate_schema_name(schema: object) -> str:
+    """Return ``schema`` if it is a safe schema name (the rule of table names), else raise
+    :exc:`ValueError`."""
+    if not isinstance(schema, str) or _TABLE_NAME.fullmatch(schema) is None:
+        raise ValueError(
+            f"invalid schema name {schema!r}: a schema name must match "
+            "[A-Za-z_][A-Za-z0-9_]{0,62} (letters, digits and underscores, at most 63 "
+            "characters, not starting with a digit)"
+        )
+    return schema
 
 
 def validate_update_id(update_id: object) -> int:

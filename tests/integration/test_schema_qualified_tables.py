@@ -71,7 +71,7 @@ def test_the_cli_and_the_store_work_in_the_schema(
     }
     code, out, err = run(capsys, *args, "migrate", "--check")
     assert code == 0, out + err
-    store = PostgresUpdateStore(pg_dsn, qualified, create_table=False)
+    store = PostgresUpdateStore(pg_dsn, "bot_updates", create_table=False, schema=schema)
     try:
         assert store.table == "bot_updates"
         assert store.add(7, '{"update_id": 7}', T)
@@ -99,17 +99,17 @@ def test_the_cli_and_the_store_work_in_the_schema(
 
 
 def test_one_table_name_in_two_schemas_is_two_tables(pg_dsn: str, schemas: List[str]) -> None:
-    first, second = (f"{schema}.updates" for schema in schemas)
-    for name in (first, second):
+    first, second = schemas
+    for schema in (first, second):
         conn = psycopg2.connect(pg_dsn)
         try:
             with conn.cursor() as cur:
-                cur.execute(postgres_update_store_schema(name))  # one transaction
+                cur.execute(postgres_update_store_schema("updates", schema=schema))  # one transaction
             conn.commit()
         finally:
             conn.close()
-    one = PostgresUpdateStore(pg_dsn, first)
-    two = PostgresUpdateStore(lambda: psycopg2.connect(pg_dsn), second)  # a factory too
+    one = PostgresUpdateStore(pg_dsn, "updates", schema=first)
+    two = PostgresUpdateStore(lambda: psycopg2.connect(pg_dsn), "updates", schema=second)  # a factory too
     try:
         assert one.add(1, '{"update_id": 1}', T)
         assert two.add(2, '{"update_id": 2}', T)
@@ -127,18 +127,20 @@ def test_what_cannot_work_in_a_schema_is_refused(
     pool = psycopg2.pool.ThreadedConnectionPool(1, 2, pg_dsn)
     try:
         with pytest.raises(UsageError, match="pass a DSN or a connection factory"):
-            PostgresUpdateStore(pool, f"{schemas[0]}.t")
+            PostgresUpdateStore(pool, "t", schema=schemas[0])
     finally:
         pool.closeall()
     with pytest.raises(ValueError, match="invalid schema name"):
-        PostgresUpdateStore(pg_dsn, "bad-schema.t")
+        PostgresUpdateStore(pg_dsn, "t", schema="bad-schema")
     with pytest.raises(ValueError, match="invalid table name"):
-        PostgresUpdateStore(pg_dsn, "a.b.c")
+        PostgresUpdateStore(pg_dsn, "a.b")  # the table name's rule: a schema is its own keyword
+    with pytest.raises(ValueError, match="invalid table name"):
+        postgres_update_store_schema("s.t")
     path = tmp_path / "bot.db"
     SQLiteUpdateStore(str(path)).close()
     code, out, err = run(capsys, "--store", f"sqlite:///{path}", "--table", "s.telegram_updates",
                          "status")
     assert code == 2 and "SQLite has no schemas" in err
-    assert postgres_update_store_schema("Mixed.t").startswith(
+    assert postgres_update_store_schema("t", schema="Mixed").startswith(
         'CREATE SCHEMA IF NOT EXISTS "Mixed";\nSET LOCAL search_path TO "Mixed";'
     )

@@ -49,7 +49,11 @@ from ptb_fence._values import (
 )
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._figures_sql import figures_of
-from ptb_fence.stores._names import split_table_name, validate_update_id
+from ptb_fence.stores._names import (
+    validate_schema_name,
+    validate_table_name,
+    validate_update_id,
+)
 from ptb_fence.stores._outbox_sql import counts_of, effects_params, entry_of, sender_pattern
 from ptb_fence.stores._state_sql import check_kind, check_writes, entries_of
 from ptb_fence.stores._suspects import SuspectClaims
@@ -87,7 +91,9 @@ _S = TypeVar("_S", bound="PostgresUpdateStore")
 ChatRow = Tuple[int, str, int, Optional[int]]
 
 
-def postgres_update_store_schema(table: str = "telegram_updates") -> str:
+def postgres_update_store_schema(
+    table: str = "telegram_updates", *, schema: Optional[str] = None
+) -> str:
     """Return the idempotent SQL migration for a :class:`PostgresUpdateStore` table.
 
     It creates the table if it is missing, adds the ``claim_id`` column to a table created
@@ -98,19 +104,22 @@ def postgres_update_store_schema(table: str = "telegram_updates") -> str:
     ``cursor.execute``) when you construct the store with ``create_table=False``.
 
     Args:
-        table (:obj:`str`, optional): The table name, or ``schema.table``: the migration then
-            creates the schema if it is missing and runs in it (``SET LOCAL search_path``, so
-            apply it in one transaction). Defaults to ``"telegram_updates"``.
+        table (:obj:`str`, optional): The table name. Defaults to ``"telegram_updates"``.
+        schema (:obj:`str`, optional): A schema of its own: the migration then creates the
+            schema if it is missing and runs in it (``SET LOCAL search_path``, so apply it in
+            one transaction). Defaults to the connection's ``search_path``.
 
     Returns:
         :obj:`str`: The migration, several SQL statements separated by semicolons.
 
     Raises:
-        ValueError: If ``table`` is not a valid table name (checked before anything else).
+        ValueError: If ``table`` is not a valid table name, or ``schema`` not a valid schema
+            name (checked before anything else).
     """
-    schema, name = split_table_name(table)
+    name = validate_table_name(table)
     if schema is None:
         return schema_sql(name)
+    schema = validate_schema_name(schema)
     # the whole script in the schema: SET LOCAL lasts until its transaction ends
     return (
         f'CREATE SCHEMA IF NOT EXISTS "{schema}";\n'
@@ -183,10 +192,6 @@ class PostgresUpdateStore:
             engine it was given.
         table (:obj:`str`, optional): The table name; must fully match
             ``[A-Za-z_][A-Za-z0-9_]{0,62}``. It is used double-quoted, i.e. exactly as given.
-            ``schema.table`` (both parts such names) puts the store in that schema: its
-            connections (a DSN's or a connection factory's) get ``search_path`` set to it, so
-            every table of the store lives there, and :attr:`table` is the bare name. The
-            schema must exist (``ptb-fence migrate --table schema.table`` creates it).
             Defaults to ``"telegram_updates"``.
         create_table (:obj:`bool`, optional): Ensure the schema (see
             :func:`postgres_update_store_schema`) before first use. If that fails (for example
@@ -194,6 +199,11 @@ class PostgresUpdateStore:
             manage the schema yourself. Defaults to :obj:`True`.
 
     Keyword Args:
+        schema (:obj:`str`, optional): A schema of its own (the rule of table names): the
+            store's connections (a DSN's or a connection factory's) get ``search_path`` set to
+            it, so every table of the store lives there. The schema must exist
+            (``ptb-fence migrate --table schema.table`` creates it). Defaults to the
+            connections' ``search_path``.
         pool_size (:obj:`int`, optional): With a DSN or a connection factory, the most pooled
             connections the store opens; with an engine, the most of its connections the store
             holds at once (renewals and liveness use one more each). Ignored when a psycopg2
@@ -202,7 +212,7 @@ class PostgresUpdateStore:
             before :exc:`ptb_fence.StoreBusy`. Defaults to ``30.0``.
 
     Raises:
-        ValueError: For a bad table name, a malformed DSN (its password is not repeated) or a
+        ValueError: For a bad table or schema name, a malformed DSN (its password is not repeated) or a
             non-positive ``pool_size``/``pool_timeout``.
         TypeError: If ``dsn_or_pool`` is none of these.
         ptb_fence.UsageError: An engine that is not a synchronous one on psycopg2.
@@ -216,10 +226,13 @@ class PostgresUpdateStore:
         table: str = "telegram_updates",
         create_table: bool = True,
         *,
+        schema: Optional[str] = None,
         pool_size: int = 8,
         pool_timeout: float = 30.0,
     ) -> None:
-        schema, table = split_table_name(table)
+        table = validate_table_name(table)
+        if schema is not None:
+            schema = validate_schema_name(schema)
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
             raise ValueError(f"pool_size must be a positive integer, not {pool_size!r}")
         if (
