@@ -280,6 +280,20 @@ def test_webhook_postgres_two_processes_sweeper_takes_over_a_killed_webhook(
     runner.wait_for("two replies", lambda: len(fake.sent_messages) >= 2, 30,
                     alive=[webhook, sweeper])
 
+    def recorded_sent() -> int:
+        conn = psycopg2.connect(pg_dsn)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT count(*) FROM \"{pg_table}_outbox\" WHERE state = 'sent'")
+                return int(cur.fetchone()[0])
+        finally:
+            conn.close()
+
+    # a reply killed between Telegram's answer and its record is sent again by the process that
+    # takes the dead one's calls over (the send window): the kill below waits for the records
+    runner.wait_for("the two replies recorded sent", lambda: recorded_sent() >= 2, 30,
+                    alive=[webhook, sweeper])
+
     # Update 510: the webhook process hangs in the handler ("typing…" never answers), is
     # killed, and the sweep-only process takes the update over once it finds the webhook dead.
     fake.delay("sendChatAction", 30)
