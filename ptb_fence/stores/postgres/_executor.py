@@ -354,13 +354,18 @@ class PgExecutor:
             self.run(lambda cur: None)  # ensure the schema on a pooled connection first
         failure: Optional[BaseException] = None
         try:
-            if callable(getattr(connection, "execute", None)):  # a cursor
+            # a psycopg 3 connection (and SQLAlchemy 2.0's adapter of one, under an
+            # AsyncSession) also has execute(): only what has no cursor() is a cursor
+            if not callable(getattr(connection, "cursor", None)):
                 result = connection.execute(sql, params)
                 reader = result if callable(getattr(result, "fetchone", None)) else connection
                 return reader.fetchone() is not None
-            with connection.cursor() as cur:
+            cur = connection.cursor()  # not a context manager under every adapter
+            try:
                 cur.execute(sql, params)
                 return cur.fetchone() is not None
+            finally:
+                cur.close()
         except Exception as exc:
             failure = exc
         assert failure is not None
