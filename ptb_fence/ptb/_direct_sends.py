@@ -20,6 +20,7 @@ from typing import Any, Optional, Set, Tuple
 from telegram.request import BaseRequest, RequestData
 
 from ptb_fence.ptb._ptb_internals import REQUEST_DEFAULT, get_updates_request, set_bot_request
+from ptb_fence.ptb._wrapped_request import WrappedRequest
 from ptb_fence.runtime._attempt import current_attempt
 
 __all__ = ["DIRECT_CALLS", "DirectSendWatch", "unwatch_direct_sends", "watch_direct_sends"]
@@ -59,37 +60,19 @@ def _caller() -> Tuple[Optional[CodeType], str]:
     return None, "?"
 
 
-class DirectSendWatch(BaseRequest):
+class DirectSendWatch(WrappedRequest):
     """Wraps the Bot's request for every method but ``getUpdates``: a call that changes
     something for a user (not a ``get*`` read, not one of :data:`DIRECT_CALLS`), made while a
     fenced attempt is current, is logged at WARNING once per handler and method. Everything
     is delegated unchanged; the outbox's own sends run outside any attempt.
     """
 
-    __slots__ = ("_inner", "_lock", "_warned")
+    __slots__ = ("_lock", "_warned")
 
     def __init__(self, inner: BaseRequest) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._lock = threading.Lock()
         self._warned: Set[Tuple[Optional[CodeType], str]] = set()
-
-    @property
-    def inner(self) -> BaseRequest:
-        """The wrapped request object."""
-        return self._inner
-
-    @property
-    def read_timeout(self) -> Optional[float]:
-        """The wrapped request's read timeout."""
-        return self._inner.read_timeout
-
-    async def initialize(self) -> None:
-        """Initialize the wrapped request."""
-        await self._inner.initialize()
-
-    async def shutdown(self) -> None:
-        """Shut the wrapped request down."""
-        await self._inner.shutdown()
 
     async def do_request(
         self,

@@ -10,13 +10,14 @@ from telegram.request import BaseRequest, RequestData
 
 from ptb_fence.ptb._interfaces import BatchRecorder
 from ptb_fence.ptb._ptb_internals import REQUEST_DEFAULT, get_updates_request, set_get_updates_request
+from ptb_fence.ptb._wrapped_request import WrappedRequest
 
 __all__ = ["RecordingRequest", "unwrap_get_updates_request", "wrap_get_updates_request"]
 
 _LOGGER = logging.getLogger("ptb_fence.ingest")
 
 
-class RecordingRequest(BaseRequest):
+class RecordingRequest(WrappedRequest):
     """Wraps the request object PTB uses for ``getUpdates``.
 
     When a ``getUpdates`` answer arrives, the whole batch is recorded in the store in one
@@ -27,36 +28,18 @@ class RecordingRequest(BaseRequest):
     else is delegated unchanged.
     """
 
-    __slots__ = ("_inner", "_parsed", "_recorder")
+    __slots__ = ("_parsed", "_recorder")
 
     def __init__(self, inner: BaseRequest, recorder: BatchRecorder) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._recorder = recorder
         # the getUpdates answer parsed here, handed to PTB's parse_json_payload (one parse)
         self._parsed: Optional[Tuple[bytes, Any]] = None
 
     @property
-    def inner(self) -> BaseRequest:
-        """The wrapped request object."""
-        return self._inner
-
-    @property
     def recorder(self) -> BatchRecorder:
         """What records the ``getUpdates`` answers (a processor's ingest)."""
         return self._recorder
-
-    @property
-    def read_timeout(self) -> Optional[float]:
-        """The wrapped request's read timeout."""
-        return self._inner.read_timeout
-
-    async def initialize(self) -> None:
-        """Initialize the wrapped request."""
-        await self._inner.initialize()
-
-    async def shutdown(self) -> None:
-        """Shut the wrapped request down."""
-        await self._inner.shutdown()
 
     async def do_request(
         self,
