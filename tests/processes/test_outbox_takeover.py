@@ -42,7 +42,7 @@ def test_a_killed_senders_calls_are_sent_by_another_process_within_seconds(
     bed: Bed, bots: Bots, capsys: Any, taker: str,
 ) -> None:
     """FakeBotApi holds sendMessage: the bot (lease 30 s) has its 8 senders' requests in
-    flight and 8 more calls claimed and not begun when it is SIGKILLed; 4 later replies of
+    flight and more calls claimed ahead (up to 8) when it is SIGKILLed; 4 later replies of
     those chats wait behind them. Telegram then answers the 8 (they took effect). Another bot
     process that was already running (sweeping every 30 s), or the bot started again at
     once, sends every call within the bound: the 8 in flight a second time, every other
@@ -57,16 +57,15 @@ def test_a_killed_senders_calls_are_sent_by_another_process_within_seconds(
 
         def ready() -> bool:
             states = bed.states()
-            # the sender claims in groups: the last call may be claimed a moment after the
-            # eighth request went out
             return (len(fake.calls_to("sendMessage")) >= 8
-                    and all(states.get(u) == "completed" for u in every)
-                    and len([r for r in outbox_rows(bed) if r[5] == "sending"]) >= 16)
+                    and all(states.get(u) == "completed" for u in every))
 
-        wait_sync("every update completed, eight requests in flight, sixteen claimed", ready, 60)
+        wait_sync("every update completed and eight requests in flight", ready, 60)
         in_flight = {int(c["text"].split()[1]) for c in fake.calls_to("sendMessage")}
+        # the sender also claims calls ahead of its free senders, in groups: how many (up to
+        # the 8 more of those chats) depends on timing; the rest wait pending
         sending = [r for r in outbox_rows(bed) if r[5] == "sending"]
-        assert len(in_flight) == 8 and len(sending) == 16, (in_flight, outbox_rows(bed))
+        assert len(in_flight) == 8 and len(sending) >= 8, (in_flight, outbox_rows(bed))
         if taker == "another":
             # running before the kill, started once the sender holds every call it can (so
             # that its own sender, which claims what is due, finds nothing to take before)
