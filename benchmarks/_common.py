@@ -322,7 +322,7 @@ def _resolve(future: "asyncio.Future[None]") -> None:
 
 
 # -- the store proxy ----------------------------------------------------------------------------
-_SETTLE_WORDS = ("settle", "complete")
+_SETTLE_WORDS = ("settle", "complete", "commit")
 
 
 def _observes(name: str) -> bool:
@@ -337,7 +337,7 @@ class CountingStore:
     observed on the settle methods the library uses today: ``settle(…, Completed)``,
     ``settle_owned(identity, Completed)`` without ``connection`` (a settle inside a caller's
     transaction is only final at the caller's commit; those rows mark completion in their
-    handler), and ``settle_owned_many`` (per landed item).
+    handler), and ``commit`` (per landed settlement of its batch).
     """
 
     def __init__(
@@ -415,14 +415,12 @@ class CountingStore:
 
 
 _CLAIM_GRANTS = frozenset(
-    {"claim_owned", "claim_owned_many", "add_claimed_many", "add_claimed_and_settle_many",
-     "settle_and_claim_many", "claim_in_chat_order"}
+    {"commit", "claim_owned", "claim_in_chat_order"}
 )
 """Store methods whose result holds the identities of claims they granted."""
 
 _CLAIM_ENDS = frozenset(
-    {"settle_owned", "settle_owned_many", "add_claimed_and_settle_many", "settle_and_claim_many",
-     "release_many", "exhaust"}
+    {"commit", "settle_owned", "release_many", "exhaust"}
 )
 """Store methods that end claims (the settles that landed, the claims given back)."""
 
@@ -451,7 +449,10 @@ class ClaimTally:
 
     def observe(self, name: str, args: Sequence[Any], kwargs: Dict[str, Any], result: Any) -> None:
         granted = ended = 0
-        if kwargs.get("connection") is None:
+        if name == "commit":  # a batch store's commit: its claims and settlements in one
+            granted = sum(1 for i in (*result.claimed_records, *result.claims) if i is not None)
+            ended = sum(1 for landed in result.landed if landed is True)
+        elif kwargs.get("connection") is None:
             if name in _CLAIM_ENDS:
                 ended = _ended_count(name, args, kwargs, result)
             if name in _CLAIM_GRANTS:
@@ -518,6 +519,12 @@ def _observe_settle(
     tracker: CompletionTracker, name: str, args: Sequence[Any], kwargs: Dict[str, Any], result: Any
 ) -> None:
     now = time.perf_counter()
+    if name == "commit":  # a batch store's commit: its settlements, with what landed
+        batch = args[0]
+        for (identity, settlement), landed in zip(batch.settlements, result.landed):
+            if landed is True and isinstance(settlement, Completed):
+                tracker.mark(int(identity.update_id), now)
+        return
     if name == "settle":
         update_id, _attempt, settlement = (list(args) + [None] * 3)[:3]
         settlement = kwargs.get("settlement", settlement)

@@ -7,10 +7,16 @@ Usage::
     python benchmarks/fenced_write.py poll --kind fenced-pg --updates 3000 --concurrency 32
     python benchmarks/fenced_write.py poll --kind plain
     python benchmarks/fenced_write.py latency --kind fenced-sqlite --count 300 --rate 20
+    python benchmarks/fenced_write.py writes --kind fenced-pg --count 3000 --concurrency 32
+    python benchmarks/fenced_write.py writes --kind fenced-pg --steps 1   # the cost of a step
 
 ``poll`` prints updates/s and the bot process's CPU µs per update (first to last handled
 update); ``latency`` puts one update at a time (``update_queue.put``, as a webhook does) and
 prints p50/p99 from the put to the handler's end (for the fenced kinds: after the fenced commit).
+``writes`` measures the fenced write alone, without PTB: ``--concurrency`` tasks await
+``run_in_transaction(insert, complete=True)`` for ``--count`` claimed attempts on 8 store
+threads, grouped (the library's path) and alone (a transaction of its own each), alternating;
+it prints writes/s, CPU µs and commits (PostgreSQL, counted at the driver) per write.
 Only for measuring: noisy on a shared machine; compare kinds within one sitting.
 """
 
@@ -309,6 +315,85 @@ def latency(kind: str, count: int, rate: float) -> Dict[str, Any]:
     return out
 
 
+def writes(kind: str, count: int, concurrency: int, grouped: bool,
+           steps: int = 0) -> Dict[str, Any]:
+    """``count`` fenced writes by ``concurrency`` tasks on 8 store threads, without PTB.
+
+    With ``steps`` each attempt first does that many ``attempt.step`` calls (a no-op ``fn``).
+    """
+    from ptb_fence import PostgresUpdateStore, RuntimeOptions, SQLiteUpdateStore
+    from ptb_fence.runtime._hop import StoreHop
+    from ptb_fence.runtime._runtime import FrontEndHooks, Runtime
+
+    commits = [0]
+    workdir = tempfile.mkdtemp(prefix="fenced-write-")
+    pool: Any = None
+    if kind == "fenced-sqlite":
+        store: Any = SQLiteUpdateStore(os.path.join(workdir, "w.db"))
+        with store.transaction() as conn:
+            conn.execute("CREATE TABLE notes (update_id INTEGER PRIMARY KEY, body TEXT)")
+    else:
+        import psycopg2.extensions
+        import psycopg2.pool
+
+        class Counting(psycopg2.extensions.connection):
+            def commit(self) -> None:
+                commits[0] += 1
+                super().commit()
+
+        dsn = os.environ.get("PTB_FENCE_POSTGRES_DSN",
+                             "postgresql://postgres@127.0.0.1:5432/test")
+        pool = psycopg2.pool.ThreadedConnectionPool(1, 8, dsn, connection_factory=Counting)
+        store = PostgresUpdateStore(pool, "fw_" + uuid.uuid4().hex[:12])
+        with store.transaction() as conn:
+            with conn.cursor() as cur:
+                cur.execute(f'CREATE TABLE "{store.table}_notes" '
+                            "(update_id BIGINT PRIMARY KEY, body TEXT)")
+    hop = StoreHop(8, 8 + concurrency)
+    runtime = Runtime(store, RuntimeOptions(lease_seconds=60), attempt_aware=True,
+                      handle_exhaustion=False, hooks=FrontEndHooks(executor=lambda: hop))
+    now = int(time.time() * 1000)
+    store.add_many([(i, json.dumps(_update(i, 50)), now) for i in range(1, count + 1)])
+    attempts = [runtime.claim(i) for i in range(1, count + 1)]
+
+    async def run() -> "tuple[float, float, int]":
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(attempt: Any) -> None:
+            write = _insert(kind, store, attempt.update_id, "x")
+            async with gate:
+                for number in range(steps):
+                    await attempt.step(f"step-{number}", lambda key: {"key": key})
+                if grouped:
+                    await attempt.run_in_transaction(write, complete=True)
+                else:  # as before grouping: each in a transaction of its own
+                    await hop.run(lambda: attempt.run_alone(write, None, True))
+
+        before = commits[0]
+        t0, c0 = time.perf_counter(), _cpu()
+        await asyncio.gather(*(one(a) for a in attempts))
+        return time.perf_counter() - t0, _cpu() - c0, commits[0] - before
+
+    try:
+        seconds, cpu, committed = asyncio.run(run())
+        assert all(a is not None and a.completed for a in attempts)
+    finally:
+        hop.stop()
+        _drop(kind, store)
+        if pool is not None:
+            pool.closeall()
+    return {
+        "kind": kind,
+        "grouped": grouped,
+        "writes": count,
+        "steps_per_write": steps,
+        "concurrency": concurrency,
+        "writes_s": round(count / seconds, 1),
+        "cpu_us_per_write": round(cpu * 1e6 / count, 1),
+        **({"commits_per_write": round(committed / count, 3)} if kind == "fenced-pg" else {}),
+    }
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -324,11 +409,26 @@ def main(argv: Optional[List[str]] = None) -> None:
     lat.add_argument("--kind", choices=("plain", "fenced-pg", "fenced-sqlite"), required=True)
     lat.add_argument("--count", type=int, default=300)
     lat.add_argument("--rate", type=float, default=20.0)
+    w = commands.add_parser("writes")
+    w.add_argument("--kind", choices=("fenced-pg", "fenced-sqlite"), required=True)
+    w.add_argument("--count", type=int, default=3000)
+    w.add_argument("--concurrency", type=int, default=32)
+    w.add_argument("--rounds", type=int, default=3)
+    w.add_argument("--steps", type=int, default=0,
+                   help="also run each round with this many attempt.step calls per write")
     args = parser.parse_args(argv)
     if args.command == "serve":
         serve(args.updates, args.chats)
     elif args.command == "poll":
         print(json.dumps(poll(args.kind, args.updates, args.concurrency, args.chats)), flush=True)
+    elif args.command == "writes":
+        for _ in range(args.rounds):  # alternating: the machine's load hits both alike
+            for grouped in (False, True):
+                print(json.dumps(writes(args.kind, args.count, args.concurrency, grouped)),
+                      flush=True)
+            if args.steps:  # the cost of the steps: compare with the grouped row above
+                print(json.dumps(writes(args.kind, args.count, args.concurrency, True,
+                                        args.steps)), flush=True)
     else:
         print(json.dumps(latency(args.kind, args.count, args.rate)), flush=True)
 

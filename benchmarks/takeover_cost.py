@@ -34,7 +34,7 @@ import psycopg2  # noqa: E402
 import psycopg2.extensions  # noqa: E402
 
 from ptb_fence import PostgresUpdateStore  # noqa: E402
-from ptb_fence.stores.postgres._sql import CLASS_ID, INSTANCES_TABLE, RecoveryStatements, instance_key  # noqa: E402
+from ptb_fence.stores.postgres._sql import CLASS_ID, INSTANCES_TABLE, instance_key, statements  # noqa: E402
 
 DSN = os.environ.get("PTB_FENCE_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 COUNT: Dict[str, int] = {"statements": 0}
@@ -117,7 +117,7 @@ UNRESTRICTED = ("WHERE EXISTS (SELECT 1 FROM dead)\n      AND ", "WHERE ")
 
 
 def explain(admin: Any, table: str, me: Optional[str], before: bool = False) -> List[str]:
-    sql = RecoveryStatements(table).take_over_dead
+    sql = statements(table)["take_over_dead"]
     if before:
         sql = sql.replace(*UNRESTRICTED)
     with admin.cursor() as cur:

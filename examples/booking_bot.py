@@ -18,6 +18,11 @@ What each piece does:
   commit that carries it lands.
 - **The booking is a fenced write.** The row, the reply and the update's completion are one
   commit (``complete=True``). A stale attempt cannot write.
+- **A durable reminder** (``durable_jobs=True``). The booking schedules it with PTB's
+  ``run_once``, in the commit that books. It lives in the database, so it survives a restart.
+  It runs once across processes and sends through the outbox.
+- **A durable conversation timeout.** ``conversation_timeout`` of the persistent conversation
+  is a job in the database too. A conversation left open ends once, after a restart as well.
 - **strict_chat_order** starts a chat's update only after the chat's earlier updates ended,
   across processes.
 - **A second process** (``--no-polling``) shares the database. It takes over the updates of a
@@ -39,6 +44,8 @@ In a third terminal, the second process::
 Then type ``!button 10:00`` in the first terminal, and then a name such as ``Ada``.
 Kill the polling process with ``kill -9`` while it books (``--work-seconds 5`` gives you time).
 The second process books the slot once and sends the reply once.
+It sends the reminder 15 minutes before the slot (``--remind-after 10`` sends it 10 seconds
+after the booking instead).
 
 Run it against Telegram::
 
@@ -53,13 +60,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dtm
 import logging
 import os
 import signal
 import sqlite3
 import sys
 import urllib.parse
-from typing import List, Optional
+from typing import List, Optional, Union
 
 from telegram import InlineKeyboardButton, InlineKeyboardMarkup, Update
 from telegram.ext import (
@@ -69,6 +77,7 @@ from telegram.ext import (
     ContextTypes,
     ConversationHandler,
     MessageHandler,
+    TypeHandler,
     filters,
 )
 
@@ -86,6 +95,8 @@ SCHEMA = (
     " name TEXT NOT NULL, update_id INTEGER NOT NULL)"
 )
 INSERT = "INSERT INTO bookings VALUES (?, ?, ?, ?) ON CONFLICT (slot) DO NOTHING"
+BOOKED = "SELECT 1 FROM bookings WHERE slot = ? AND update_id = ?"
+REMIND_BEFORE = dtm.timedelta(minutes=15)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -97,6 +108,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="do not poll: handle what other processes recorded or left behind")
     parser.add_argument("--work-seconds", type=float, default=0.0,
                         help="seconds the last step works before it books (time to kill it)")
+    parser.add_argument("--remind-after", type=float, default=None, metavar="SECONDS",
+                        help="send the reminder this long after the booking "
+                             "(default: 15 minutes before the slot)")
+    parser.add_argument("--conversation-timeout", type=float, default=600.0, metavar="SECONDS",
+                        help="end a conversation left open this long")
     parser.add_argument("--lease-seconds", type=float, default=120.0, help="lease per attempt")
     parser.add_argument("--sweep-every", type=float, default=30.0, help="sweep interval (s)")
     return parser.parse_args(argv)
@@ -110,6 +126,36 @@ def open_store(args: argparse.Namespace) -> SQLiteUpdateStore:
     return store
 
 
+def reminder_time(slot: str, remind_after: Optional[float]) -> Union[float, dtm.datetime]:
+    """When to remind of ``slot``: ``remind_after`` seconds from now, or before its next start."""
+    if remind_after is not None:
+        return remind_after
+    now = dtm.datetime.now().astimezone()
+    hour, minute = (int(part) for part in slot.split(":"))
+    start = now.replace(hour=hour, minute=minute, second=0, microsecond=0)
+    if start - REMIND_BEFORE <= now:
+        start += dtm.timedelta(days=1)
+    return start - REMIND_BEFORE
+
+
+async def remind(context: FencedCallbackContext) -> None:
+    """The reminder: a durable job's callback.
+
+    It is defined at module level, so the store keeps it by name and any process finds it.
+    Its run is a fenced attempt. It reminds only if the booking it was scheduled for holds.
+    """
+    attempt, job = context.require_attempt(), context.job
+    assert job is not None and job.chat_id is not None and isinstance(job.data, dict)
+    chat_id, slot, who = job.chat_id, job.data["slot"], job.data["name"]
+    booked_by = job.data["update_id"]  # the update that booked it
+
+    def check_and_send(conn: sqlite3.Connection) -> None:
+        if conn.execute(BOOKED, (slot, booked_by)).fetchone() is not None:
+            attempt.outbox.send_message(chat_id, f"Reminder: {slot} is booked for {who}.")
+
+    await attempt.run_in_transaction(check_and_send, complete=True)
+
+
 def build(args: argparse.Namespace, token: str, store: SQLiteUpdateStore) -> Application:  # type: ignore[type-arg]
     """The Application: processor, persistence and the conversation."""
     async def on_exhaustion(exhaustion: Exhaustion) -> None:
@@ -120,6 +166,7 @@ def build(args: argparse.Namespace, token: str, store: SQLiteUpdateStore) -> App
         store,
         handle_exhaustion=on_exhaustion,
         strict_chat_order=True,
+        durable_jobs=True,  # the Application's job_queue keeps its jobs in the store
         lease_seconds=args.lease_seconds,
         sweep_every_seconds=args.sweep_every,
     )
@@ -159,17 +206,30 @@ def build(args: argparse.Namespace, token: str, store: SQLiteUpdateStore) -> App
             attempt.outbox.reply_text(f"Booked {slot} for {who}." if booked
                                       else f"Sorry, {slot} is taken.")
 
+        # The reminder commits with this update. A failed or stale attempt schedules nothing.
+        assert context.job_queue is not None
+        context.job_queue.run_once(
+            remind, reminder_time(slot, args.remind_after), chat_id=message.chat_id,
+            data={"slot": slot, "name": who, "update_id": attempt.update_id})
         # The conversation ends in the same commit as the booking row.
         context.next_conversation_state(ConversationHandler.END)
         await attempt.run_in_transaction(write, complete=True)
         context.user_data.pop("slot", None)
         return ConversationHandler.END
 
+    async def timed_out(update: Update, context: FencedCallbackContext) -> None:
+        # Runs once when the conversation times out, in whichever process runs the timeout.
+        assert update.effective_chat is not None
+        context.require_attempt().outbox.send_message(
+            update.effective_chat.id, "No booking made. Send /book to start again.")
+
     app.add_handler(ConversationHandler(
         entry_points=[CommandHandler("book", start)],
         states={PICK: [CallbackQueryHandler(pick)],
-                NAME: [MessageHandler(filters.TEXT & ~filters.COMMAND, name)]},
+                NAME: [MessageHandler(filters.TEXT & ~filters.COMMAND, name)],
+                ConversationHandler.TIMEOUT: [TypeHandler(Update, timed_out)]},
         fallbacks=[], name="booking", persistent=True, per_message=False,
+        conversation_timeout=args.conversation_timeout,  # a durable job under FencedPersistence
     ))
     return app
 

@@ -3,7 +3,7 @@
 
 ptb_fence ships SQLite, PostgreSQL and in-memory stores. For another database (MySQL, Redis,
 DynamoDB, an ORM, ...) you write a store yourself: a plain class with the methods of
-:class:`ptb_fence.DurableUpdateStore` (no base class needed; capabilities are detected by duck
+:class:`ptb_fence.DurableUpdateStore` (no base class needed; the levels are detected by duck
 typing). This example writes one from scratch, :class:`DictUpdateStore`, and runs the public
 conformance check, :func:`ptb_fence.conformance.check_update_store`, against it. The check runs
 every rule of the store contract (one record per update, leases, fencing by claim id, retries,
@@ -15,12 +15,12 @@ Here that step runs under one lock. In SQL it is one ``UPDATE ... WHERE <precond
 ...`` statement (see the SQL next to each method); in Redis one Lua script. Never read a row,
 decide in Python, and write it back in a second step: two processes would both decide "free".
 
-No outbox: this store has none of the methods of :class:`ptb_fence.OutboxStore` (an optional
-capability, all methods or none), so ``attempt.outbox`` raises :exc:`TypeError` with it and the
-handler below sends nothing to Telegram. A handler of yours on such a store sends its replies
+No outbox: this store is no :class:`ptb_fence.BatchStore` declaring ``outbox`` in its
+:class:`ptb_fence.StoreFeatures`, so ``attempt.outbox`` raises with it and the handler below
+sends nothing to Telegram. A handler of yours on such a store sends its replies
 itself (``bot.send_message``, an HTTP call): after the completion's commit a reply may be lost
 in a crash, before it a reply may be sent twice; ``attempt.outbox`` (sent iff the completion
-committed, at least once) needs a store that also implements ``OutboxStore`` and passes
+committed, at least once) needs a batch store that declares the outbox and passes
 ``check_update_store`` with it, as the SQLite and PostgreSQL stores do.
 
 Run it::

@@ -1,4 +1,4 @@
-"""``python -m ptb_fence``: ``demo`` runs the offline demo; other commands are the CLI."""
+"""``python -m ptb_fence``: ``demo`` runs the offline demo. Other commands are the CLI."""
 
 from __future__ import annotations
 

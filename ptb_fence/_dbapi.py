@@ -37,9 +37,10 @@ def target_of(connection: Any) -> Any:
 
 
 def _pg_status(target: Any) -> Optional[int]:
-    """A PostgreSQL connection's transaction status (0 idle, 1 active, 2 in a transaction, 3
-    failed, 4 unknown/broken): psycopg2's ``get_transaction_status()``, psycopg 3's
-    ``info.transaction_status``; :obj:`None` for other drivers."""
+    """A PostgreSQL connection's transaction status, or :obj:`None` for other drivers.
+
+    It is psycopg2's ``get_transaction_status()`` or psycopg 3's ``info.transaction_status``:
+    0 idle, 1 active, 2 in a transaction, 3 failed, 4 unknown/broken."""
     status = getattr(target, "get_transaction_status", None)
     if callable(status):
         return int(status())
@@ -62,8 +63,8 @@ def transaction_ended(connection: Any) -> Optional[str]:
     """How the block ended its own transaction, or :obj:`None` while it is still open.
 
     sqlite3 (autocommit outside the block): ``in_transaction`` is false after a commit or
-    rollback, and raises once closed. psycopg2 and psycopg 3: ``closed`` is true once closed;
-    the transaction status is IDLE (0) after a commit or rollback, UNKNOWN (4) when the
+    rollback, and raises once closed. psycopg2 and psycopg 3: ``closed`` is true once closed.
+    Their transaction status is IDLE (0) after a commit or rollback, UNKNOWN (4) when the
     connection is broken. Anything else (the memory store's :obj:`None`, other drivers) cannot
     be checked and counts as open.
     """
@@ -130,11 +131,13 @@ class GivenConnection:
         return self._connection
 
     def prepare(self) -> None:
-        """Before the ownership check: open the transaction of a connection in autocommit mode
-        (sqlite3 on Python 3.12+, psycopg2, psycopg 3) if none is open. The check would
-        otherwise run outside any transaction (PostgreSQL's row lock would end with its
-        statement, and the store refuses that); this block commits it with ``COMMIT`` anyway.
-        Other connections begin with the check's first statement, or in :meth:`begin`."""
+        """Before the ownership check, open the transaction of a connection in autocommit mode.
+
+        This concerns sqlite3 on Python 3.12+, psycopg2 and psycopg 3, when no transaction is
+        open. The check would otherwise run outside any transaction, and the store refuses
+        that (PostgreSQL's row lock would end with its statement). This block commits it with
+        ``COMMIT`` anyway. Other connections begin with the check's first statement, or in
+        :meth:`begin`."""
         if self._explicit:
             self.begin()
 
@@ -160,10 +163,11 @@ class GivenConnection:
             cur.execute("BEGIN" if self._explicit else "SELECT 1")
 
     def finish(self, commit: bool) -> None:
-        """End, with ``COMMIT`` (or ``ROLLBACK``), the transaction of a connection in
-        autocommit mode, whose driver's ``commit()`` and ``rollback()`` would leave it open
-        (psycopg2); nothing for other connections. For a library that ends the transaction
-        through the driver (SQLAlchemy), before it does."""
+        """End the transaction of a connection in autocommit mode with ``COMMIT`` or ``ROLLBACK``.
+
+        Its driver's ``commit()`` and ``rollback()`` would leave it open (psycopg2). Other
+        connections are left alone. For a library that ends the transaction through the driver
+        (SQLAlchemy), call it before the library does."""
         if self._explicit:
             self._end("COMMIT" if commit else "ROLLBACK")
 
@@ -200,8 +204,8 @@ def interrupt(connection: Any) -> bool:
     Cuts the connection's socket (:func:`ptb_fence._sockets.cut`): the server rolls the
     transaction back (its row locks go with it) and the thread using the connection gets an
     error at its next statement or commit instead of writing. Returns :obj:`False` for
-    connections it cannot interrupt (sqlite3, whose lock only its own thread can end; other
-    drivers; an already closed connection).
+    connections it cannot interrupt: sqlite3 (whose lock only its own thread can end), other
+    drivers, and an already closed connection.
     """
     target = None if connection is None else target_of(connection)
     if target is None or isinstance(target, sqlite3.Connection):

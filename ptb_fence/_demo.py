@@ -1,14 +1,13 @@
 """``python -m ptb_fence demo``: the main job, offline.
 
 A real python-telegram-bot ``Application`` polls a fake Bot API with a
-:class:`~ptb_fence.ptb.FencedUpdateProcessor` over SQLite. Every handler makes a fenced write
-and queues its reply through the outbox in the same transaction
-(``run_in_transaction(..., complete=True)``; ``attempt.outbox.reply_text``): the reply is sent
-iff that commit lands. The demo pauses one bot process past its lease (SIGSTOP) so that another
-takes its update over and the stale attempt is fenced out (its write and its reply), then
-SIGKILLs it in the middle of a handler and restarts a poller. At the end it checks from the
-database and the fake server that nothing was lost, nothing was written twice, every update got
-its reply and no reply came from a stale attempt.
+:class:`~ptb_fence.ptb.FencedUpdateProcessor` over SQLite. Every handler makes a fenced write.
+It queues its reply with ``attempt.outbox.reply_text`` in the same transaction
+(``run_in_transaction(..., complete=True)``). So the reply is sent iff that commit lands.
+The demo pauses one bot process past its lease (SIGSTOP), and another takes its update over.
+The stale attempt's write and reply are fenced out. Then the demo SIGKILLs that process in a
+handler and restarts a poller. At the end the database and the fake server show that nothing
+was lost or written twice, every update got its reply, and no reply came from a stale attempt.
 """
 
 from __future__ import annotations
@@ -25,10 +24,20 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from ptb_fence.stores._outbox_sql import outbox_table_name
+from ptb_fence.stores._queries import Statements, load
+
 __all__ = ["main"]
 
 LEASE_SECONDS = 1.5
 SLOW_SECONDS = 4.0
+TABLE = "telegram_updates"  # the store's default table
+
+
+def _statements() -> Statements:
+    """The demo's statements (``demo.sql``) and the store's admin ones, on its tables."""
+    names = {"ledger": "demo_ledger", "table": TABLE, "outbox": outbox_table_name(TABLE)}
+    return load("sqlite", "ptb_fence.stores.sqlite", ("admin.sql", "demo.sql")).fill(names, {})
 
 
 # -- the bot (runs in a child process) ---------------------------------------------------------
@@ -54,8 +63,8 @@ def _run_bot(args: argparse.Namespace) -> int:
             fh.write(f"{line} {os.getpid()}\n")
 
     async def handle(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
-        # install() sets FencedCallbackContext at run time; the builder's static context type
-        # stays PTB's default, which has no ``attempt``
+        # install() sets FencedCallbackContext at run time. The builder's static context type
+        # stays PTB's default, which has no ``attempt``.
         attempt = context.attempt  # type: ignore[attr-defined]
         message = update.effective_message
         assert attempt is not None and message is not None
@@ -67,11 +76,10 @@ def _run_bot(args: argparse.Namespace) -> int:
             await asyncio.sleep(0.002)
 
         def write(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO demo_ledger (update_id, chat_id, attempt, claim_id, pid) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (update.update_id, message.chat_id, attempt.attempt, attempt.claim_id, os.getpid()),
-            )
+            conn.execute(_statements()["demo_book"], {
+                "update_id": update.update_id, "chat_id": message.chat_id,
+                "attempt": attempt.attempt, "claim_id": attempt.claim_id, "pid": os.getpid(),
+            })
             # queued in this transaction: sent after it commits, never if it is refused
             attempt.outbox.reply_text(f"booked #{update.update_id} (attempt {attempt.attempt})")
 
@@ -118,8 +126,10 @@ def _run_bot(args: argparse.Namespace) -> int:
 
 
 def _wait_stopped(pid: int, timeout: float = 2.0) -> None:
-    """Wait until every thread of ``pid`` is stopped (Linux: ``/proc``); elsewhere a short
-    sleep. A thread still running after ``SIGSTOP`` was sent could take SQLite's write lock."""
+    """Wait until every thread of ``pid`` is stopped.
+
+    On Linux it reads ``/proc``. Elsewhere it sleeps a short while.
+    A thread still running after ``SIGSTOP`` was sent could take SQLite's write lock."""
     tasks = Path(f"/proc/{pid}/task")
     if not tasks.is_dir():
         time.sleep(0.05)
@@ -176,9 +186,7 @@ class _Demo:
     def ledger(self) -> Dict[str, int]:
         conn = sqlite3.connect(self.db, timeout=30)
         try:
-            rows, distinct = conn.execute(
-                "SELECT COUNT(*), COUNT(DISTINCT update_id) FROM demo_ledger"
-            ).fetchone()
+            rows, distinct = conn.execute(_statements()["demo_ledger_counts"]).fetchone()
         finally:
             conn.close()
         return {"rows": rows, "distinct": distinct}
@@ -213,8 +221,8 @@ class _Demo:
     def pause_outside_a_write(self, proc: "subprocess.Popen[bytes]") -> None:
         """SIGSTOP ``proc`` at a moment when it does not hold SQLite's write lock.
 
-        A process paused inside a write transaction blocks every other process's writes on
-        the file until it resumes (SQLite has one writer at a time); the demo wants to show a
+        SQLite has one writer at a time. So a process paused inside a write transaction blocks
+        every other process's writes on the file until it resumes. The demo wants to show a
         pause *past the lease*, so it re-pauses until the lock is free.
         """
         for _ in range(100):
@@ -222,8 +230,8 @@ class _Demo:
             _wait_stopped(proc.pid)  # kill() returns before every thread has stopped
             conn = sqlite3.connect(self.db, timeout=0.3, isolation_level=None)
             try:
-                conn.execute("BEGIN IMMEDIATE")
-                conn.execute("ROLLBACK")
+                conn.execute(_statements()["admin_begin_write"])
+                conn.execute(_statements()["admin_rollback"])
                 return
             except sqlite3.OperationalError:
                 os.kill(proc.pid, signal.SIGCONT)
@@ -250,10 +258,7 @@ class _Demo:
 
         SQLiteUpdateStore(str(self.db)).close()  # creates the schema
         conn = sqlite3.connect(self.db)
-        conn.execute(
-            "CREATE TABLE demo_ledger (update_id INTEGER NOT NULL, chat_id INTEGER, "
-            "attempt INTEGER, claim_id TEXT, pid INTEGER)"
-        )
+        conn.execute(_statements()["demo_create_ledger"])
         conn.commit()
         conn.close()
         first = (self.total * 2) // 3
@@ -321,7 +326,7 @@ class _Demo:
         conn = sqlite3.connect(self.db, timeout=30)
         try:
             return conn.execute(
-                "SELECT 1 FROM demo_ledger WHERE update_id = ?", (update_id,)
+                _statements()["demo_booked"], {"update_id": update_id}
             ).fetchone() is not None
         finally:
             conn.close()
@@ -329,17 +334,14 @@ class _Demo:
     def report(self, confirmed: int, replies: List["tuple[int, int]"]) -> int:
         conn = sqlite3.connect(self.db, timeout=30)
         try:
-            committed = dict(conn.execute("SELECT update_id, attempt FROM demo_ledger"))
+            sql = _statements()
+            committed = dict(conn.execute(sql["demo_bookings"]))
             handled = set(committed)
-            writes = conn.execute("SELECT COUNT(*) FROM demo_ledger").fetchone()[0]
-            attempts = conn.execute(
-                "SELECT COALESCE(SUM(attempts), 0) FROM telegram_updates"
-            ).fetchone()[0]
+            writes = conn.execute(sql["demo_booking_count"]).fetchone()[0]
+            attempts = conn.execute(sql["demo_attempts"]).fetchone()[0]
             # how often each update's reply was claimed by a sender: a claim after the first
             # means the sender before it died or was paused holding the call
-            tries = dict(conn.execute(
-                "SELECT update_id, SUM(tries) FROM telegram_updates_outbox GROUP BY update_id"
-            ))
+            tries = dict(conn.execute(sql["demo_reply_tries"]))
         finally:
             conn.close()
         sent = set(self.sent)

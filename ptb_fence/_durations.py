@@ -1,7 +1,7 @@
 """Durations: accept ``float | int | timedelta`` options and print durations for humans.
 
-python-telegram-bot 22 takes durations as ``int | datetime.timedelta`` (its ``TimePeriod``);
-ptb_fence's duration options accept the same and plain floats. :func:`format_duration` is the
+python-telegram-bot 22 takes durations as ``int | datetime.timedelta`` (its ``TimePeriod``).
+The duration options of ptb_fence accept the same and plain floats. :func:`format_duration` is the
 one place that turns a duration into text (``250 ms``, ``5 s``, ``1h 00m``, ``2d 03h``), for the
 command line and for log lines.
 """
@@ -62,7 +62,7 @@ def format_duration(seconds: Union[float, int, _dt.timedelta]) -> str:
         seconds: Seconds or a :class:`datetime.timedelta`.
 
     Returns:
-        :obj:`str`: The text; ``"inf"``/``"nan"`` for non-finite input.
+        :obj:`str`: The text. ``"inf"``/``"nan"`` for non-finite input.
     """
     value = seconds.total_seconds() if isinstance(seconds, _dt.timedelta) else float(seconds)
     if math.isnan(value):

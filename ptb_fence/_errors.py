@@ -65,8 +65,8 @@ class StateConflictError(RuntimeError):
     """Persisted bot state the attempt changed was changed by another attempt since it was
     read: the attempt's writes must not land.
 
-    Raised by a store's ``write_effects`` inside the caller's transaction (roll it back: the
-    domain writes were made from stale state too). The attempt still holds its claim; the
+    Raised by a store's ``write_effects`` inside the caller's transaction. Roll it back: the
+    domain writes were made from stale state too. The attempt still holds its claim. The
     runtime gives it back without spending it (a conflict never exhausts an update) and runs
     the update again on fresh state.
 
@@ -172,9 +172,9 @@ class RowLocked(RuntimeError):
 
     Raised by :meth:`ptb_fence.PostgresUpdateStore.renew` and
     :meth:`~ptb_fence.PostgresUpdateStore.renew_owned` after waiting a short bound (200 ms)
-    instead of waiting for the lock. The lease was neither renewed nor refused: usually the
+    instead of waiting for the lock. The lease was neither renewed nor refused. Usually the
     attempt's own fenced transaction holds the row (``owns(..., connection=conn)`` takes it
-    ``FOR UPDATE``). Not an ownership loss; renew again later.
+    ``FOR UPDATE``). It is not an ownership loss. Renew again later.
     """
 
 

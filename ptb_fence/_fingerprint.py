@@ -1,23 +1,12 @@
 """The fingerprint of an update body: which update it is, independent of its serialization.
 
-The same Telegram update may be recorded from two serializations: the polling batch path
-stores ``json.dumps(raw)`` of Telegram's dict, the ``put`` path stores PTB's
-``update.to_json()``, which drops unknown or ``None`` fields, adds defaults and reorders keys.
-Comparing bodies byte by byte would take these for two different updates (and re-handle a
-completed one). The fingerprint hashes only fields that identify an update and that both
-serializations keep: the update's kind (``message``, ``callback_query`` …) and, inside it,
-the object's identity: a query's or poll's ``id`` (and ``from.id``); else a message's
-``message_id`` and ``chat.id`` (and ``edit_date`` of an edit); else ``date``, ``chat.id``,
-``from.id``, ``user.id`` and ``poll_id`` (those present). A message's ``date`` is not used:
-message ids are unique per chat, and a test helper that stamps "now" on each delivery of one
-message must not make two updates of it. Stores use it to tell "the same
-update again" (a plain duplicate) from "the same ``update_id`` with a different update"
-(a settled old row is replaced, an unsettled one kept and the event logged at WARNING).
-
-Only the known update kinds of the Bot API (:data:`KINDS`) count. A body with none of them (a
-future kind, not a JSON object, not a Telegram update) has no fingerprint (:obj:`None`): it
-never replaces a stored row and is never replaced — when in doubt, a completed update is not
-handled twice.
+The same update may be recorded from two serializations: ``json.dumps(raw)`` of Telegram's dict
+on the polling batch path, PTB's ``update.to_json()`` on the ``put`` path. The fingerprint
+hashes only fields that identify an update and that both keep: the update's kind and, inside
+it, the object's identity (:data:`KINDS`, see the rules below). Stores use it to tell "the same
+update again" from "the same ``update_id`` with a different update". A body of no known kind
+has no fingerprint (:obj:`None`). It never replaces a stored row and is never replaced, so a
+completed update is not handled twice.
 """
 
 from __future__ import annotations
@@ -41,8 +30,8 @@ KINDS = frozenset(
 """The update kinds (the optional fields of Telegram's ``Update`` object) a fingerprint uses."""
 
 # What identifies the object inside an update, first match wins (paths inside the kind's object):
-# a query/poll by its id; a message (or reaction) by its chat and message id (message ids are
-# unique per chat, so its date adds nothing; an edit adds edit_date); anything else by date,
+# a query/poll by its id. A message (or reaction) by its chat and message id (message ids are
+# unique per chat, so its date adds nothing, and an edit adds edit_date). Anything else by date,
 # chat, sender and poll id.
 _BY_ID: Tuple[Tuple[str, ...], ...] = (("id",), ("from", "id"))
 _BY_MESSAGE: Tuple[Tuple[str, ...], ...] = (("message_id",), ("chat", "id"), ("edit_date",))
@@ -88,7 +77,7 @@ store that does not fingerprint never makes the table grow)."""
 
 _MISSING = object()
 
-# json.dumps with non-default options builds a new encoder per call; one, made once, writes the
+# json.dumps with non-default options builds a new encoder per call. One, made once, writes the
 # same text (the fingerprint must never change: stored rows are compared with it)
 _IDENTITY_ENCODER = json.JSONEncoder(sort_keys=True, ensure_ascii=True, separators=(",", ":"))
 
@@ -106,7 +95,7 @@ def update_fingerprint(body: str) -> Optional[str]:
     """A short, stable hash saying which update ``body`` is.
 
     Two serializations of one update (Telegram's raw JSON and PTB's ``Update.to_json()``)
-    give the same fingerprint; two different updates differ (another kind, date, message,
+    give the same fingerprint. Two different updates differ (another kind, date, message,
     chat, sender or query id).
 
     Args:

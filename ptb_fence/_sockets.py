@@ -16,8 +16,8 @@ def cut(connection: Any) -> bool:
     """Shut the socket of a psycopg2 connection down (both directions), from any thread.
 
     The thread using the connection gets an error at once, whether it waits for the server
-    (which may not answer at all: frozen, partitioned) or runs Python code between statements;
-    the server, once it sees the client gone, rolls back the connection's open transaction and
+    (which may not answer at all: frozen, partitioned) or runs Python code between statements.
+    The server, once it sees the client gone, rolls back the connection's open transaction and
     drops its locks. Returns :obj:`False` when there is no socket to cut (closed, or not a
     psycopg2 connection).
     """

@@ -1,6 +1,6 @@
 """How persisted bot state is encoded in a state row (shared by FencedPersistence and the
 ``ptb-fence persistence`` commands): pickled, as PicklePersistence keeps it (any picklable
-object, exactly), in base64 text so every store keeps it in a text column; the conversation
+object, exactly), in base64 text so every store keeps it in a text column. The conversation
 key of a row is the key's JSON list.
 
 A pickle is not a canonical form: a ``set`` or ``frozenset`` is pickled in the order of its

@@ -18,6 +18,8 @@ def update_id_problem(update_id: object) -> Optional[str]:
     :data:`MAX_UPDATE_ID`. Stores must not see anything else (SQLite would turn ``None`` into
     a fresh rowid, ``1.0`` into ``1``).
     """
+    if type(update_id) is int and 0 <= update_id <= MAX_UPDATE_ID:
+        return None  # the usual case first: this runs several times per update
     if isinstance(update_id, bool) or not isinstance(update_id, int):
         return "update_id is missing or not an integer"
     if update_id < 0 or update_id > MAX_UPDATE_ID:
@@ -27,4 +29,6 @@ def update_id_problem(update_id: object) -> Optional[str]:
 
 def is_update_id(update_id: object) -> bool:
     """:obj:`True` when ``update_id`` is a valid Telegram ``update_id``."""
+    if type(update_id) is int:
+        return 0 <= update_id <= MAX_UPDATE_ID
     return update_id_problem(update_id) is None

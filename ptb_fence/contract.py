@@ -1,27 +1,18 @@
-"""The store contract: three capability levels, detected by duck typing, plus the optional
-capabilities the runtime uses when a store offers them (:class:`BatchUpdateStore`,
-:class:`TransactionalUpdateStore`, :class:`BotBoundStore`, :class:`ReleasingUpdateStore`,
-:class:`LivenessStore`, :class:`IsolatingUpdateStore`, :class:`ChatOrderedUpdateStore`,
-:class:`CompletingUpdateStore`, :class:`ClaimingUpdateStore`, :class:`FiguresStore`,
-:class:`OutboxStore`).
+"""The store contract: what a store does for the runtime.
 
-The contract is batch-first: where an operation has a batch form (``claim_owned_many``,
-``renew_owned_many``, ``settle_owned_many``) a store may offer that form alone and the runtime
-derives the single-row call from it. :data:`CAPABILITY_GROUPS` lists which methods each
-capability needs; a group is all or nothing (:class:`StoreCapabilities` refuses a store that
-has part of one). The six base methods are the one group every store has, unchanged.
-
-Every method is blocking and each rule is one conditional statement on one row. The methods'
-docstrings below state the rules; :func:`ptb_fence.conformance.check_update_store` checks them,
-boundaries included (a lease is held while ``due_at >= now``; a failed row is due when
-``due_at <= now``; ``prune`` deletes only when ``settled_at < before``). Times are integer
-milliseconds since the epoch.
+The seed's three levels are :class:`UpdateStore`, :class:`FencedUpdateStore` and
+:class:`DurableUpdateStore`. They are detected by duck typing. A :class:`BatchStore` adds one
+``commit`` of a whole :class:`Batch` and declares its optional parts in :class:`StoreFeatures`.
+:class:`OutboxStore` and :class:`StateStore` are two of those parts. Every method is blocking.
+Each rule is one conditional statement on one row. Times are integer epoch milliseconds.
+:func:`ptb_fence.conformance.check_update_store` checks the rules, boundaries included.
+See the store contract page of the docs for the rules of each optional part.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import (
     Any,
     Callable,
@@ -29,6 +20,7 @@ from typing import (
     Dict,
     FrozenSet,
     List,
+    Mapping,
     Optional,
     Protocol,
     Sequence,
@@ -40,53 +32,56 @@ from ptb_fence._values import (
     AttemptEffects,
     AttemptIdentity,
     Exhaustion,
+    Landing,
     OutboxEntry,
+    PaceBucket,
     Settlement,
     StateConflict,
     StateEntry,
     StateKey,
     StateWrite,
+    JobFire,
+    JobWrite,
+    StepRecord,
     StoreFigures,
+    StoredJob,
     StoredUpdate,
 )
 
 __all__ = [
     "BASE_METHODS",
-    "BATCH_METHODS",
-    "BatchUpdateStore",
-    "BotBoundStore",
+    "Batch",
+    "BatchStore",
+    "Committed",
     "CAPABILITY_GROUPS",
     "CHAT_KEYING_METHODS",
     "CHAT_ORDER_METHODS",
     "ChatKey",
-    "ChatOrderedUpdateStore",
     "ChatRow",
     "CapabilityGroup",
     "ClaimTerms",
-    "ClaimingUpdateStore",
     "COMPLETING_METHODS",
-    "CompletingUpdateStore",
-    "TransactionalUpdateStore",
     "DURABLE_METHODS",
     "DurableUpdateStore",
+    "BATCH_STORE_METHODS",
+    "FEATURE_GROUPS",
+    "FEATURE_METHODS",
     "FENCED_METHODS",
     "FencedUpdateStore",
     "FIGURES_METHODS",
-    "FiguresStore",
     "ISOLATING_METHODS",
-    "IsolatingUpdateStore",
     "LIVENESS_METHODS",
-    "LivenessStore",
     "CLAIMED_INSERT_METHODS",
     "RECORD_AND_CLAIM_METHODS",
-    "ClaimedInsertOutboxStore",
-    "RecordAndClaimOutboxStore",
-    "OUTBOX_METHODS",
     "OutboxStore",
-    "ReleasingUpdateStore",
+    "OUTBOX_METHODS",
     "STATE_METHODS",
+    "STEP_METHODS",
+    "JOB_METHODS",
+    "PACE_METHODS",
     "StateStore",
     "StoreCapabilities",
+    "StoreFeatures",
     "UpdateStore",
     "is_durable",
     "is_fenced",
@@ -102,35 +97,23 @@ FENCED_METHODS = BASE_METHODS + ("claim_owned", "renew_owned", "owns", "settle_o
 DURABLE_METHODS = FENCED_METHODS + ("exhaust", "due_exhaustions", "acknowledge_exhaustion")
 """The methods of :class:`DurableUpdateStore`: the fenced ten plus three."""
 
-BATCH_METHODS = (
-    "add_many",
-    "add_claimed_many",
-    "add_claimed_and_settle_many",
-    "renew_many",
-    "renew_owned_many",
-    "settle_owned_many",
-    "settle_and_claim_many",
-)
-"""The optional methods of :class:`BatchUpdateStore`; each is independently optional."""
-
 LIVENESS_METHODS = ("hold_liveness", "release_liveness", "take_over_dead")
-"""The methods of :class:`LivenessStore` (all three or none)."""
+"""The methods of the declared part ``liveness``."""
 
 ISOLATING_METHODS = ("claimed_suspect", "mark_isolated", "end_probation")
-"""The methods of :class:`IsolatingUpdateStore` (all or none)."""
+"""The methods of the declared part ``isolation``."""
 
 CHAT_ORDER_METHODS = ("add_many_in_chats", "claim_in_chat_order", "due_in_chat_order")
-"""The methods of :class:`ChatOrderedUpdateStore` (all three or none)."""
+"""The methods of the declared part ``chat_order`` that order the chats."""
 
 CHAT_KEYING_METHODS = ("unkeyed_in_chats", "set_chat_keys")
-"""The optional pair of a :class:`ChatOrderedUpdateStore` that keys rows recorded without a
-chat key (both or none)."""
+"""The methods of the declared part ``chat_order`` that key rows recorded without a chat key."""
 
 COMPLETING_METHODS = ("complete_owned", "reopen_completed")
-"""The methods of :class:`CompletingUpdateStore` (both or none)."""
+"""The methods that complete an attempt at the start of a fenced transaction."""
 
 FIGURES_METHODS = ("figures",)
-"""The method of :class:`FiguresStore`."""
+"""The method of the declared part ``figures``."""
 
 OUTBOX_METHODS = (
     "write_effects",
@@ -147,26 +130,35 @@ OUTBOX_METHODS = (
     "retry_failed_call",
     "drop_call",
 )
-"""The methods of :class:`OutboxStore` (all or none; the store's ``settle_owned_many`` and
-``add_claimed_and_settle_many`` then also take ``effects=``)."""
+"""The methods of :class:`OutboxStore`, the declared part ``outbox``."""
 
 CLAIMED_INSERT_METHODS = ("claimed_calls",)
-"""The method of :class:`ClaimedInsertOutboxStore` (an outbox store whose effect inserts honour
-:attr:`AttemptEffects.claim <ptb_fence.AttemptEffects.claim>`)."""
+"""The method of :class:`OutboxStore` that reads the calls inserted claimed for a sender."""
+
 RECORD_AND_CLAIM_METHODS = ("record_sent_and_claim",)
-"""The method of :class:`RecordAndClaimOutboxStore` (an outbox store that records results and
-claims the next calls in one commit)."""
+"""The method of :class:`OutboxStore` that records results and claims in one commit."""
+
 STATE_METHODS = ("read_state", "write_state", "list_state")
-"""The methods of :class:`StateStore` (all or none; the store's ``settle_owned_many``,
-``add_claimed_and_settle_many`` and ``write_effects`` then also write
-:attr:`AttemptEffects.state`)."""
+"""The methods of :class:`StateStore`, the declared part ``state``."""
+
+STEP_METHODS = ("read_step", "record_step", "steps_of")
+"""The methods of the declared part ``steps``."""
+
+JOB_METHODS = ("schedule_jobs", "cancel_jobs", "due_jobs", "fire_jobs", "list_jobs", "get_job",
+               "run_job_now")
+"""The methods of the declared part ``jobs``."""
+
+PACE_METHODS = ("take_send_slots", "hold_sends")
+"""The methods of the declared part ``pacing``."""
 
 Row = Tuple[int, str, int]
 """An update to record: ``(update_id, body, received_at)``."""
 
 ChatRow = Tuple[int, str, int, Optional[int]]
-"""An update to record with its chat key: ``(update_id, body, received_at, chat_key)``;
-``chat_key`` :obj:`None` means the update belongs to no chat (it is never ordered)."""
+"""An update to record with its chat key: ``(update_id, body, received_at, chat_key)``.
+
+A ``chat_key`` of :obj:`None` means the update belongs to no chat. It is never ordered.
+"""
 
 ChatKey = Tuple[int, str, int]
 """The chat key of a recorded row: ``(update_id, body, chat_key)``."""
@@ -174,16 +166,18 @@ ChatKey = Tuple[int, str, int]
 
 @dataclass(frozen=True, slots=True)
 class ClaimTerms:
-    """The terms every claim of one call is made on: what :meth:`UpdateStore.claim` takes as
-    keywords, as one value for the batch claims (:meth:`ClaimingUpdateStore.claim_owned_many`).
+    """The terms every claim of one call is made on.
 
-    A store author reads the fields; the runtime builds the value once per claim call.
+    They are the keywords of :meth:`UpdateStore.claim`, as one value for the claims of a
+    :class:`Batch` (:meth:`BatchStore.commit`). A store author reads the fields. The runtime
+    builds the value once per claim call.
 
     Args:
-        now (:obj:`int`): The claim time (epoch milliseconds): a row is claimable at ``now``
-            (``pending``; ``failed`` with ``due_at <= now``; ``processing`` with
-            ``due_at < now``).
-        lease_until (:obj:`int`): The lease of a claim made (``due_at``); ``>= now``.
+        now (:obj:`int`): The claim time (epoch milliseconds). A row is claimable at ``now``
+            when it is ``pending``, ``failed`` with ``due_at <= now`` or ``processing`` with
+            ``due_at < now``.
+        lease_until (:obj:`int`): The lease of a claim made (its ``due_at``). It is
+            ``>= now``.
         max_attempts (:obj:`int`): A claimable row whose ``attempts`` reached this is spent:
             abandoned instead of claimed.
         durable_exhaustion (:obj:`bool`): A spent row becomes an unacknowledged exhaustion
@@ -205,7 +199,11 @@ class UpdateStore(Protocol):
     """
 
     def add(self, update_id: int, body: str, received_at: int) -> bool:
-        """Insert a pending row; :obj:`False` if ``update_id`` exists in any state."""
+        """Insert a pending row.
+
+        Returns:
+            :obj:`bool`: :obj:`False` if ``update_id`` exists in any state.
+        """
 
     def claim(
         self,
@@ -218,32 +216,47 @@ class UpdateStore(Protocol):
     ) -> Optional[int]:
         """Take a claimable row for a new attempt and return the attempt number.
 
-        If the row is claimable but its attempts are spent, abandon it (an unacknowledged
-        exhaustion when ``durable_exhaustion``) and return :obj:`None`. Return :obj:`None` as well
-        for a live lease, a final row or an unknown id.
+        If the row is claimable but its attempts are spent, abandon it and return :obj:`None`.
+        With ``durable_exhaustion`` the abandoned row is an unacknowledged exhaustion. Return
+        :obj:`None` as well for a live lease, a final row or an unknown id.
         """
 
     def renew(
         self, update_id: int, attempt: int, lease_until: int, now: Optional[int] = None
     ) -> bool:
-        """Extend the lease of ``attempt`` to at least ``lease_until``; never shortens it and,
-        with ``now``, never revives an expired one. :obj:`True` when the row matched."""
+        """Extend the lease of ``attempt`` to at least ``lease_until``.
+
+        It never shortens the lease. With ``now``, it never revives an expired one.
+
+        Returns:
+            :obj:`bool`: :obj:`True` when the row matched.
+        """
 
     def settle(self, update_id: int, attempt: int, settlement: Settlement) -> None:
         """Record the result of ``attempt`` if it still holds an unexpired lease at
-        ``settlement.at``; otherwise do nothing."""
+        ``settlement.at``.
+
+        Otherwise do nothing.
+        """
 
     def due(self, *, now: int, pending_before: int, limit: int) -> List[StoredUpdate]:
-        """Rows to hand over: pending with ``received_at <= pending_before``, failed with
-        ``due_at <= now``, processing with ``due_at < now``; by ``update_id``; at most
-        ``limit``.
+        """Rows to hand over, by ``update_id``, at most ``limit``.
 
-        A store with :meth:`ReleasingUpdateStore.release_many` also lists every *released*
-        row at once, whatever ``pending_before``: a pending row that carries a claim id (only
-        a release leaves one on a pending row; ``add`` never writes one)."""
+        The rows are pending with ``received_at <= pending_before``, failed with
+        ``due_at <= now`` and processing with ``due_at < now``.
+
+        A store with :meth:`BatchStore.release_many` also lists every *released* row at once,
+        whatever ``pending_before``. Every :class:`BatchStore` has it. A released row is a
+        pending row that carries a claim id. Only a release leaves one on a pending row.
+        ``add`` never writes one.
+        """
 
     def prune(self, before: int) -> int:
-        """Delete completed and abandoned rows with ``settled_at < before``; return the count."""
+        """Delete completed and abandoned rows with ``settled_at < before``.
+
+        Returns:
+            :obj:`int`: The count of rows deleted.
+        """
 
 
 @runtime_checkable
@@ -269,16 +282,19 @@ class FencedUpdateStore(UpdateStore, Protocol):
     def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
         """:obj:`True` only while this exact claim holds a lease unexpired at ``at``.
 
-        With ``connection`` (the caller's DB-API connection or cursor), the check runs on it,
-        inside the caller's transaction (PostgreSQL: ``SELECT … FOR UPDATE``); see
-        :class:`TransactionalUpdateStore` for what the runtime relies on.
+        With ``connection`` (the caller's DB-API connection or cursor), the check runs on it.
+        It then runs inside the caller's transaction (PostgreSQL: ``SELECT … FOR UPDATE``).
+        :meth:`BatchStore.owns` says what the runtime relies on.
         """
 
     def settle_owned(self, identity: AttemptIdentity, settlement: Settlement) -> bool:
-        """As :meth:`settle`, and the claim id must match; returns whether it landed.
+        """As :meth:`settle`, and the claim id must match.
 
-        The ``connection=`` keyword is an optional capability: see
-        :class:`TransactionalUpdateStore`.
+        The ``connection=`` keyword is optional. :meth:`BatchStore.settle_owned` says what it
+        does.
+
+        Returns:
+            :obj:`bool`: Whether it landed.
         """
 
 
@@ -295,461 +311,61 @@ class DurableUpdateStore(FencedUpdateStore, Protocol):
         """Unacknowledged exhaustions with ``update_id > after_update_id``, by ``update_id``."""
 
     def acknowledge_exhaustion(self, identity: AttemptIdentity, at: int) -> bool:
-        """Acknowledge the exhaustion with exactly this identity; it becomes prunable."""
+        """Acknowledge the exhaustion with exactly this identity.
 
-
-class BatchUpdateStore(Protocol):
-    """Optional: several rows per call (one statement and one commit in the SQL stores).
-
-    Each method is independently optional; the runtime uses the ones a store has and falls back
-    to the loop of single calls for the others. Each must equal that loop row by row,
-    refusals included, and land all or nothing (one commit). :meth:`renew_owned_many` and
-    :meth:`settle_owned_many` are also the batch forms of
-    :meth:`FencedUpdateStore.renew_owned` and :meth:`FencedUpdateStore.settle_owned`: a store
-    with the batch form needs no single one (see :data:`CAPABILITY_GROUPS`).
-    """
-
-    def add_many(self, rows: Sequence[Row]) -> List[bool]:
-        """``[add(*row) for row in rows]`` in one commit, all or nothing."""
-
-    def add_claimed_many(
-        self, rows: Sequence[Row], *, lease_until: int
-    ) -> List[Optional[AttemptIdentity]]:
-        """Record fresh updates already claimed for attempt 1, in one commit.
-
-        Per row: a new ``update_id`` is inserted as ``processing`` with ``attempts = 1``,
-        ``due_at = lease_until`` and a fresh claim id, and its identity is returned; an existing
-        one returns :obj:`None` and changes nothing — except where :meth:`UpdateStore.add`
-        documents that a *different* update replaces a settled row: then the row is replaced
-        by the claimed one and its identity is returned.
-        """
-
-    def add_claimed_and_settle_many(
-        self,
-        rows: Sequence[Row],
-        *,
-        lease_until: int,
-        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
-    ) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
-        """:meth:`add_claimed_many` and :meth:`settle_owned_many` in one commit."""
-
-    def renew_many(
-        self, leases: Sequence[Tuple[int, int]], lease_until: int, now: int
-    ) -> List[Optional[bool]]:
-        """Renew ``(update_id, attempt)`` leases as :meth:`UpdateStore.renew` with ``now``.
-
-        Per position: :obj:`True` renewed, :obj:`False` refused, :obj:`None` the row is locked
-        by another open transaction right now (undecided; PostgreSQL ``FOR UPDATE SKIP
-        LOCKED``): neither renewed nor refused.
-        """
-
-    def renew_owned_many(
-        self, identities: Sequence[AttemptIdentity], lease_until: int, now: int
-    ) -> List[Optional[bool]]:
-        """As :meth:`renew_many` for :meth:`FencedUpdateStore.renew_owned` (claim ids must
-        match); :obj:`None` means locked right now, undecided."""
-
-    def settle_owned_many(
-        self, items: Sequence[Tuple[AttemptIdentity, Settlement]]
-    ) -> List[bool]:
-        """``[settle_owned(i, s) for i, s in items]`` in one commit; per position whether that
-        settlement landed."""
-
-    def settle_and_claim_many(
-        self,
-        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
-        update_ids: Sequence[int],
-        terms: ClaimTerms,
-    ) -> Tuple[List[bool], List[Optional[AttemptIdentity]]]:
-        """:meth:`settle_owned_many` then :meth:`ClaimingUpdateStore.claim_owned_many`
-        (``update_ids`` on ``terms``) in one commit, all or nothing; returns both results.
-
-        The runtime claims the updates that take the slots of finished attempts in the commit
-        that settles those attempts, so the claims a process holds stay bounded with one commit
-        per group instead of two. An outbox store also takes ``effects=`` here, as in
-        :meth:`settle_owned_many`.
-        """
-
-
-class ClaimingUpdateStore(Protocol):
-    """Optional: claim several rows for their next attempt in one statement (one commit in
-    the SQL stores). It is also the batch form of :meth:`FencedUpdateStore.claim_owned`: a
-    store with it needs no ``claim_owned`` (the runtime claims one row as a batch of one);
-    without it the runtime claims row by row with ``claim_owned``.
-
-    :meth:`claim_owned_many` applies exactly the rule of ``claim_owned`` to each row, on the
-    same :class:`ClaimTerms`: a claimable row (``pending``; ``failed`` with ``due_at <= now``;
-    ``processing`` with ``due_at < now`` — a lease is held while ``due_at >= now``) whose
-    ``attempts < max_attempts`` is taken for attempt ``attempts + 1`` with lease
-    ``lease_until`` and a fresh claim id; a claimable row whose attempts are spent is abandoned
-    exactly as ``claim_owned`` abandons it (an unacknowledged exhaustion with
-    ``durable_exhaustion``) and gives no identity. Everything lands in one commit, all or
-    nothing. ``lease_until >= now`` is assumed (a claim made by the call is then live for the
-    rest of it).
-
-    A store written for the earlier form, ``claim_owned_many(update_ids, *, now, lease_until,
-    max_attempts, durable_exhaustion=False)`` (keywords, told apart by its ``now`` parameter),
-    keeps working: the runtime calls it that way.
-
-    The runtime uses it for the updates that start together (the slots freed by one grouped
-    completion, a backlog handed over by a sweep): one commit for all their claims.
-    """
-
-    def claim_owned_many(
-        self, update_ids: Sequence[int], terms: ClaimTerms
-    ) -> List[Optional[AttemptIdentity]]:
-        """``[claim_owned(u, **terms) for u in update_ids]`` in one statement.
-
-        Returns:
-            Per input position the identity (read back from the row) or :obj:`None`: not
-            claimable at ``terms.now`` (a live lease, a ``failed`` row before its retry time, a
-            completed or abandoned row), attempts spent (the row is abandoned), an unknown id,
-            or an id repeated in ``update_ids`` (claimed at its first position only). A store
-            may lock the rows in ``update_id`` order; a row held by an open transaction is
-            waited for, as ``claim_owned`` waits.
-        """
-
-
-@runtime_checkable
-class TransactionalUpdateStore(Protocol):
-    """Optional: fenced writes inside a transaction, for ``Attempt.transaction``.
-
-    Without :meth:`transaction`, ``Attempt.transaction()`` needs ``connection=``. Without the
-    ``connection=`` keyword on :meth:`owns`/:meth:`settle_owned`, a caller's transaction is not
-    fenced by the database: ownership is checked on the store before the block (advisory) and
-    ``complete=True`` settles right *after* the caller's commit — at-least-once completion, not
-    exactly-once (the runtime logs one WARNING naming this at start).
-    """
-
-    def transaction(self) -> ContextManager[Any]:
-        """Open a transaction on a connection of the store's driver and yield the connection
-        (:obj:`None` where there is none, e.g. the memory store); commit on normal exit, roll
-        back on an exception."""
-
-    def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
-        """As :meth:`FencedUpdateStore.owns`. With ``connection`` (the caller's DB-API
-        connection or cursor) the check runs on it, inside the caller's transaction, and holds
-        the row until that transaction ends (PostgreSQL ``SELECT … FOR UPDATE``; SQLite the
-        database's write lock)."""
-
-    def settle_owned(
-        self, identity: AttemptIdentity, settlement: Settlement, *, connection: Any = None
-    ) -> bool:
-        """As :meth:`FencedUpdateStore.settle_owned`. With ``connection`` the statement runs on
-        the caller's connection inside its transaction, so it commits or rolls back with it."""
-
-
-class CompletingUpdateStore(Protocol):
-    """Optional (with :class:`TransactionalUpdateStore`): a fenced ``complete=True``
-    transaction checks ownership and settles in ONE conditional statement at its start.
-
-    Without it the runtime checks with ``owns(connection=)`` first and settles with
-    ``settle_owned(connection=)`` last: the same result, one statement more. Both methods run
-    on the caller's connection (or cursor) and never end the caller's transaction.
-    """
-
-    def complete_owned(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
-        """Inside the caller's open transaction: if this exact claim (update id, attempt and
-        claim id) is ``processing`` with ``due_at >= at`` (a lease ending exactly at ``at``
-        still holds), set it ``completed`` with ``settled_at = at`` (lease and attempts kept)
-        and keep its row held until that transaction ends (PostgreSQL: the row lock of the
-        ``UPDATE``; SQLite: the database's write lock), so a competing claim waits and then
-        sees the completed row. One statement; nothing is committed here.
-
-        The caller's commit lands the completion with the caller's writes; the caller's
-        rollback restores the claim exactly as it was (still owned, same lease), so the
-        attempt can write again, fail or be retried normally.
-
-        Returns:
-            :obj:`bool`: Whether this claim was owned at ``at`` and is now completed in the
-            caller's transaction (:obj:`False`: nothing changed).
-        """
-
-    def reopen_completed(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
-        """Undo a :meth:`complete_owned` that a caller committed by mistake (the caller's
-        block committed its own transaction): only the row of this exact claim that is
-        ``completed`` with ``settled_at = at`` goes back to ``processing`` (``settled_at``
-        NULL, lease, attempts and claim id kept). Runs on ``connection`` (its transaction
-        ended) and commits at once.
-
-        Returns:
-            :obj:`bool`: Whether that completion was undone (:obj:`False`: the caller's block
-            rolled back, or the row is not that completion).
-        """
-
-
-@runtime_checkable
-class BotBoundStore(Protocol):
-    """Optional: a store that records which bot owns its table."""
-
-    def bind_bot(self, bot_id: int) -> None:
-        """Record that the table belongs to bot ``bot_id`` (the first binder wins).
-
-        Raises:
-            ptb_fence.TableBotMismatch: The table belongs to another bot.
-        """
-
-
-class ReleasingUpdateStore(Protocol):
-    """Optional: give claimed updates back at once, without spending their attempt."""
-
-    def release_many(self, identities: Sequence[AttemptIdentity], *, at: int) -> List[bool]:
-        """Release the exact claims in ``identities``, in one statement (one commit).
-
-        Per identity whose row is ``processing`` with that attempt and claim id (the lease need
-        not be live): ``state = 'pending'``, ``attempts = attempts - 1`` (the attempt is not
-        counted as spent), ``due_at = at``, ``error`` and ``claim_id`` kept. The row is then
-        claimable at once by any process and listed by ``due`` whatever ``pending_before``;
-        the next claim returns the same attempt number with a fresh claim id, so the released
-        identity is refused by ``owns``/``renew_owned``/``settle_owned`` from the release on.
-
-        Returns:
-            Per input position, whether that claim was released (:obj:`False`: not this claim,
-            not processing, an id repeated in the input, or — PostgreSQL — the row is locked by
-            an open transaction right now).
-        """
-
-
-class LivenessStore(Protocol):
-    """Optional: a store object holds a liveness signal for the process using it, claims
-    made through it record that *instance*, and another process can take over the claims of
-    a provably dead instance before their lease ends.
-
-    "Provably dead" means the signal is gone in a way only the end of the process explains
-    (PostgreSQL: a session advisory lock of the instance's connection that is free while the
-    instance has stopped refreshing its row; SQLite: an OS file lock on a file that names the
-    instance). A live process that lost its signal (a terminated backend, a deleted lock file)
-    holds it again and is never taken for dead meanwhile; a frozen process (SIGSTOP, a long GC
-    pause) still holds it: the claims of both wait for their lease as before. A child made by
-    ``os.fork()`` does not keep its parent's signal.
-    """
-
-    def hold_liveness(self) -> str:
-        """Start holding this store object's liveness signal (idempotent); return the
-        instance id (opaque, non-empty text). Claims made through this object from now on
-        record it."""
-
-    def release_liveness(self) -> None:
-        """Stop holding the signal (graceful stop; also done by ``close()``) and forget the
-        instance. Idempotent. Rows it claimed keep their lease (release them first)."""
-
-    def take_over_dead(self, *, now: int) -> int:
-        """Make the ``processing`` rows of every provably dead instance claimable at ``now``
-        and forget those instances. Never touches the caller's own instance or a live (even
-        frozen) one. Never waits for a row that another transaction still locks (a database
-        session that outlived its process): such a row is left, and its instance kept, for a
-        later call.
-
-        Without :class:`IsolatingUpdateStore` every such row keeps its attempts and claim id
-        (``due_at = min(due_at, now - 1)``): a crashed attempt counts as spent, as after a
-        lapsed lease. With it, only a row whose current claim was marked isolated
-        (:meth:`IsolatingUpdateStore.mark_isolated`: its handler ran on probation or alone
-        in the dead process) is handled so. Every other row is given back as
-        :meth:`ReleasingUpdateStore.release_many` gives it (``pending``, ``attempts - 1``,
-        ``due_at = now``, claim id kept). It becomes *suspect*, or *suspect again* when its
-        handler had started there as a suspect (see there).
-
-        A store with the outbox (:class:`OutboxStore`) also lets the lease of every
-        ``sending`` call of a dead instance's sender lapse now (``due_at = now - 1``): the
-        runtime's sender token ends with ``@<instance>`` (the instance its process holds), so
-        those calls are claimable at once, as the instance's updates are.
-
-        Returns:
-            The number of rows made claimable (updates and outbox calls).
-        """
-
-
-class IsolatingUpdateStore(Protocol):
-    """Optional (all three methods or none; used with :class:`LivenessStore`): a crash is
-    charged only to the attempt that most likely caused it.
-
-    Several handlers start together in one process, so when it dies nobody knows which one
-    killed it. With this capability ``take_over_dead`` counts a dead instance's attempt as
-    spent only when that exact claim was *marked* (:meth:`mark_isolated`). The attempts of
-    the other rows are given back and those rows become *suspect*. The runtime starts the
-    handler of a suspect row *on probation*: it marks the claim, starts the handler, and no
-    other handler of the process starts until the probation ends (a fraction of a second, or
-    the attempt's end). Then it ends the mark (:meth:`end_probation`) and the next suspect
-    may start. A handler that kills its process as it starts is charged alone, and the
-    updates of an ordinary crash run together again after a short stagger. A suspect row
-    whose handler had started as a suspect in the process that died, and was not charged,
-    is *suspect again*: its next attempt runs alone, marked for its whole run. So a handler
-    that keeps killing its process spends its own attempts only.
-
-    Suspect rows are rare (only a dead instance makes them): a claim of a row that is not
-    suspect costs no statement more.
-    """
-
-    def claimed_suspect(self, identity: AttemptIdentity) -> int:
-        """The suspicion of the row that ``identity``, a claim made through this store object
-        in this process, took.
-
-        Answered from what the claim statement read back (no statement): each claim is
-        answered once, then forgotten; an identity this object did not claim (or already
-        answered) is 0. A claim of a fresh row (``add_claimed_many``) is never suspect.
-
-        Returns:
-            :obj:`int`: 0 (not suspect), 1 (suspect: its handler starts on probation) or 2
-            (suspect again: its handler runs alone).
-        """
-
-    def mark_isolated(self, identity: AttemptIdentity, *, at: int) -> bool:
-        """Record, in one statement committed before returning, that the handler of this exact
-        claim starts now on probation or alone: the row that is ``processing`` with that
-        update id, attempt and claim id and a lease live at ``at`` (``due_at >= at``) is
-        marked; nothing else changes.
-
-        Returns:
-            :obj:`bool`: Whether it landed (:obj:`False`: not this claim, not processing, or
-            its lease ended before ``at``).
-        """
-
-    def end_probation(self, identity: AttemptIdentity, *, at: int) -> bool:
-        """Record, in one statement committed before returning, that the handler of this exact
-        claim, marked by :meth:`mark_isolated`, ran past its probation: the mark ends, and a
-        crash of its process from now on gives the row back as suspect again instead of
-        charging its attempt. Lands under the same conditions as :meth:`mark_isolated`, and
-        only while the claim is marked.
-
-        Returns:
-            :obj:`bool`: Whether it landed.
-        """
-
-
-class ChatOrderedUpdateStore(Protocol):
-    """Optional (all three methods or none): the store keeps the order of each chat, for
-    ``strict_chat_order``.
-
-    A row may carry a *chat key* (an integer), written once when the row is recorded by
-    :meth:`add_many_in_chats`; rows recorded otherwise have none. At time ``now``:
-
-    - a row is *unsettled* while its state is ``pending``, ``processing`` (leased or lapsed)
-      or ``failed`` (waiting for its retry or due); ``completed`` and ``abandoned`` rows are
-      settled, an unacknowledged exhaustion included: an exhausted update releases its chat;
-    - a row with chat key ``k`` is *in turn* at ``now`` when no *other* row with chat key ``k``
-      is unsettled with a smaller ``update_id``, and no other row with chat key ``k`` is
-      ``processing`` with a lease live at ``now`` (``due_at >= now``; a lapsed lease blocks
-      only rows above it). A row without a chat key is always in turn.
-
-    So of each chat at most one row is in turn (its lowest unsettled one, while no attempt of
-    the chat runs). Each check is part of the one conditional statement that claims or lists,
-    so it holds across processes sharing the store (within each claim statement's view: an
-    update recorded *after* a higher one of its chat was claimed is not ordered before it).
-
-    Rows recorded without a chat key by a process without ``strict_chat_order`` (or before it
-    was turned on) would never be ordered. A store that also has the optional pair
-    ``unkeyed_in_chats(*, after_update_id=None, limit)`` (the unsettled rows without a chat key,
-    by ``update_id``, after ``after_update_id``, as :class:`~ptb_fence.StoredUpdate`) and
-    ``set_chat_keys(keys)`` (for ``(update_id, body, chat_key)``: set the key of a row that has
-    none, is unsettled and holds exactly ``body``, in one commit; return how many were set)
-    has them keyed from their stored bodies when a ``strict_chat_order`` runtime starts, before
-    its first claim; without the pair it logs a WARNING instead.
-    """
-
-    def add_many_in_chats(self, rows: Sequence[ChatRow]) -> List[bool]:
-        """As :meth:`BatchUpdateStore.add_many` for ``(update_id, body, received_at,
-        chat_key)`` rows, recording each row's chat key (:obj:`None`: no chat). A row that
-        is not inserted (the id exists) keeps the chat key it has; a settled row replaced by a
-        different update (see :meth:`UpdateStore.add`) takes the new one."""
-
-    def claim_in_chat_order(
-        self,
-        update_id: int,
-        *,
-        now: int,
-        lease_until: int,
-        max_attempts: int,
-        durable_exhaustion: bool = False,
-    ) -> Optional[AttemptIdentity]:
-        """As :meth:`FencedUpdateStore.claim_owned`, and the row must also be in turn at
-        ``now``; otherwise return :obj:`None` and change nothing (a row whose attempts are
-        spent is abandoned only when it is in turn)."""
-
-    def due_in_chat_order(
-        self, *, now: int, pending_before: int, limit: int, chat_key: Optional[int] = None
-    ) -> List[StoredUpdate]:
-        """As :meth:`UpdateStore.due`, listing only rows in turn at ``now`` (so at most one
-        row per chat key; a chat whose lowest unsettled row is not due lists nothing). With
-        ``chat_key``, only rows of that chat."""
-
-
-class FiguresStore(Protocol):
-    """Optional: the store counts, for operators, what waits in it (:class:`StoreFigures`).
-
-    The runtime's sweep reads the figures at most every few seconds (never per scrape of a
-    metrics endpoint): the age of the oldest unsettled update, the exhaustions waiting for
-    their acknowledgement, and under ``strict_chat_order`` the chat held longest by one update.
-    """
-
-    def figures(self) -> StoreFigures:
-        """Count the waiting rows; blocking, read-only (one read transaction, or one
-        statement, in the SQL stores: the figures are one consistent view), no arguments.
-
-        - ``unsettled``: the rows whose state is ``pending``, ``processing`` (leased or lapsed:
-          there is no ``now``) or ``failed``; ``oldest_unsettled_received_at`` is the smallest
-          ``received_at`` of those (:obj:`None` when there are none). ``completed`` and
-          ``abandoned`` rows never count here, an unacknowledged exhaustion included.
-        - ``exhaustions_waiting``: the ``abandoned`` rows whose ``settled_at`` is NULL (what
-          :meth:`DurableUpdateStore.due_exhaustions` lists); an acknowledged exhaustion, or a
-          row abandoned with ``settled_at`` set, does not count. ``oldest_exhaustion_at`` is the
-          smallest ``due_at`` of those (when it was exhausted; :obj:`None` when there are none).
-        - ``held_chat``: only a store with a chat key per row (:class:`ChatOrderedUpdateStore`);
-          rows without a chat key are ignored. Of the chat keys that two or more unsettled rows
-          carry (a chat whose later updates wait behind its oldest one), the one whose
-          smallest ``received_at`` among its unsettled rows is the smallest; on a tie, the
-          smaller chat key. ``held_chat_since`` is that smallest ``received_at``. Both are
-          :obj:`None` when no chat key is carried by two unsettled rows, and always for a store
-          without chat keys.
-
-        Times are epoch milliseconds; the counts and times are :obj:`int`.
-
-        Returns:
-            :class:`StoreFigures`: The figures.
+        It becomes prunable.
         """
 
 
 class OutboxStore(Protocol):
-    """Optional (all methods or none): the outbox of Bot API calls, sent iff the attempt that
-    queued them committed.
+    """The outbox of Bot API calls, sent iff the attempt that queued them committed.
 
-    An attempt's calls (:class:`AttemptEffects`) are written in the commit that completes it:
-    ``settle_owned_many(items, *, effects=...)`` and ``add_claimed_and_settle_many(..., *,
-    effects=...)`` take a mapping from identity to effects and, in the same transaction as
-    the settles, insert the calls of every settlement that *landed* and is
-    :class:`~ptb_fence.Completed` (``pending``, ``due_at`` and ``created_at`` = the
-    settlement's ``at``, ``tries`` 0); a settle that did not land writes none of its calls,
-    effects of identities not settled in the call are ignored, and ``effects=None`` (or empty)
-    is exactly the call without the keyword. Or :meth:`write_effects` writes them inside the
-    attempt's own fenced transaction. A durable outbox store's ``acknowledge_exhaustion(identity,
-    at, *, effects=...)`` inserts the calls of ``effects`` (queued by ``handle_exhaustion`` on
-    ``exhaustion.outbox``) in the acknowledgement's transaction, only when it acknowledges; a
-    store whose ``acknowledge_exhaustion`` takes no ``effects`` refuses ``exhaustion.outbox``.
+    A store declares this part as ``outbox`` in :class:`StoreFeatures`. It then has all these
+    methods. The runtime never calls them on a store that does not declare the part.
 
-    A call is ``pending`` (due at ``due_at``), ``sending`` (claimed by a sender token; its lease
-    ends at ``due_at``, held while ``due_at >= now``), ``sent`` or ``failed`` (acknowledged or
-    not). Calls with a chat key are sent one at a time per chat, in ``call_id`` order: a call
-    with chat key ``k`` is claimable only when no other call of ``k`` that is ``pending`` or
-    ``sending`` has a smaller ``call_id``, and none is ``sending`` under a live lease (so a held
-    earlier call, due later or being sent, holds the chat; ``sent`` and ``failed`` calls release
-    it). Calls without a chat key are not ordered. Each method is one transaction, except
-    :meth:`write_effects`, which runs in the caller's. Times are epoch milliseconds.
+    An attempt's calls (:class:`AttemptEffects`) are written in the commit that completes it.
+    :meth:`BatchStore.commit` takes them as ``Batch.effects``, a mapping from identity to
+    effects. It inserts the calls of every settlement that *landed* and is
+    :class:`~ptb_fence.Completed`, in the same transaction as the settlements. Each call is
+    ``pending``, with ``due_at`` and ``created_at`` set to the settlement's ``at`` and ``tries``
+    0. A settlement that did not land writes none of its calls. Effects of identities not
+    settled in the batch are ignored. A batch whose effects are :obj:`None` or empty is exactly
+    a batch without them. Or :meth:`write_effects` writes the calls inside the attempt's own
+    fenced transaction.
 
-    ``prune(before)`` of such a store also deletes the ``sent`` calls with ``sent_at <
-    before`` and the acknowledged ``failed`` calls with ``due_at < before`` (an acknowledgement
-    sets ``due_at`` to its time); it still returns the count of update rows deleted.
+    A durable outbox store's ``acknowledge_exhaustion(identity, at, *, effects=...)`` inserts
+    the calls of ``effects`` in the acknowledgement's transaction. It inserts them only when it
+    acknowledges. ``handle_exhaustion`` queues them on ``exhaustion.outbox``. With a store whose
+    ``acknowledge_exhaustion`` takes no ``effects``, ``exhaustion.outbox`` is refused.
 
-    The group needs the fenced group and ``settle_owned_many`` (the effects ride in its
-    commit).
+    A call is ``pending``, ``sending``, ``sent`` or ``failed``. A ``pending`` call is due at
+    ``due_at``. A ``sending`` call is claimed by a sender token. Its lease ends at ``due_at``
+    and is held while ``due_at >= now``. A ``failed`` call is acknowledged or not.
+
+    Calls with a chat key are sent one at a time per chat, in ``call_id`` order. A call with
+    chat key ``k`` is claimable only when no other call of ``k`` that is ``pending`` or
+    ``sending`` has a smaller ``call_id``. No other call of ``k`` may be ``sending`` under a
+    live lease either. So a held earlier call, due later or being sent, holds the chat.
+    ``sent`` and ``failed`` calls release it. Calls without a chat key are not ordered.
+
+    Each method is one transaction. :meth:`write_effects` is the exception, since it runs in
+    the caller's. Times are epoch milliseconds.
+
+    ``prune(before)`` of such a store also deletes the ``sent`` calls with
+    ``sent_at < before``. It deletes the acknowledged ``failed`` calls with ``due_at < before``
+    as well. An acknowledgement sets ``due_at`` to its time. ``prune`` still returns the count
+    of update rows deleted.
     """
 
     def write_effects(
         self, identity: AttemptIdentity, effects: AttemptEffects, at: int, *, connection: Any
     ) -> List[int]:
-        """Inside the caller's open transaction on ``connection`` (as
-        :meth:`CompletingUpdateStore.complete_owned` takes it): insert the calls of
-        ``effects`` for ``identity`` (``pending``, ``due_at`` and ``created_at`` = ``at``).
-        Nothing is committed: the caller's commit lands them, its rollback discards them. It
-        does not check ownership (the caller's fenced transaction does).
+        """Insert the calls of ``effects`` for ``identity`` inside the caller's open transaction.
+
+        The transaction is the one on ``connection``, as :meth:`BatchStore.complete_owned`
+        takes it. Each call is ``pending``, with ``due_at`` and ``created_at`` set to ``at``.
+        Nothing is committed. The caller's commit lands the calls. Its rollback discards them.
+        It does not check ownership, since the caller's fenced transaction does.
 
         Returns:
             List[:obj:`int`]: The call ids, in the order of ``effects.calls``.
@@ -758,19 +374,23 @@ class OutboxStore(Protocol):
     def claim_calls(
         self, *, now: int, lease_until: int, limit: int, sender: str
     ) -> List[OutboxEntry]:
-        """Claim the calls to send now, lowest ``call_id`` first, at most ``limit``: a call
-        is claimable when ``pending`` with ``due_at <= now``, or ``sending`` with ``due_at <
-        now`` (the sender's lease lapsed), and in turn in its chat (see the class). Each
-        becomes ``sending`` with ``due_at = lease_until``, ``tries + 1`` and ``sender``.
-        Concurrent claimers never get the same call.
+        """Claim the calls to send now, lowest ``call_id`` first, at most ``limit``.
+
+        A call is claimable when it is ``pending`` with ``due_at <= now``. It is claimable as
+        well when it is ``sending`` with ``due_at < now``, since the sender's lease lapsed. It
+        must also be in turn in its chat (see the class). Each claimed call becomes ``sending``
+        with ``due_at = lease_until``, ``tries + 1`` and ``sender``. Concurrent claimers never
+        get the same call.
 
         Returns:
             List[:class:`~ptb_fence.OutboxEntry`]: The claimed calls as they are now.
         """
 
     def record_sent(self, items: Sequence[Tuple[int, str, str, int]]) -> List[bool]:
-        """For ``(call_id, sender, result_json, at)``: a call ``sending`` by exactly
-        ``sender`` becomes ``sent`` with ``sent_at = at`` and the result. One transaction.
+        """Record the results of sent calls, in one transaction.
+
+        Each item is ``(call_id, sender, result_json, at)``. A call ``sending`` by exactly
+        ``sender`` becomes ``sent`` with ``sent_at = at`` and the result.
 
         Returns:
             List[:obj:`bool`]: Per item, whether it landed.
@@ -778,15 +398,30 @@ class OutboxStore(Protocol):
 
     def retry_call(self, call_id: int, sender: str, *, due_at: int, error: str) -> bool:
         """A call ``sending`` by ``sender`` goes back to ``pending`` at ``due_at`` with
-        ``error``; whether it landed."""
+        ``error``.
+
+        Returns:
+            :obj:`bool`: Whether it landed.
+        """
 
     def fail_call(self, call_id: int, sender: str, *, at: int, error: str) -> bool:
-        """A call ``sending`` by ``sender`` becomes ``failed`` (not acknowledged, ``due_at =
-        at``, ``sent_at`` NULL) with ``error``; it releases its chat. Whether it landed."""
+        """A call ``sending`` by ``sender`` becomes ``failed`` with ``error``.
+
+        It is not acknowledged, with ``due_at = at`` and ``sent_at`` NULL. It releases its chat.
+
+        Returns:
+            :obj:`bool`: Whether it landed.
+        """
 
     def release_calls(self, call_ids: Sequence[int], sender: str, at: int) -> List[bool]:
-        """Give calls back (a graceful stop): each ``sending`` by ``sender`` becomes
-        ``pending`` with ``due_at = at`` and ``tries - 1``. Per call id, whether it landed."""
+        """Give calls back (a graceful stop).
+
+        Each call ``sending`` by ``sender`` becomes ``pending`` with ``due_at = at`` and
+        ``tries - 1``.
+
+        Returns:
+            List[:obj:`bool`]: Per call id, whether it landed.
+        """
 
     def due_send_failures(
         self, *, limit: int, after_call_id: Optional[int] = None
@@ -795,8 +430,13 @@ class OutboxStore(Protocol):
         ``call_id``, at most ``limit``."""
 
     def acknowledge_send_failure(self, call_id: int, at: int) -> bool:
-        """A ``failed`` call not acknowledged becomes acknowledged with ``due_at = at``
-        (prunable from then); whether it landed."""
+        """A ``failed`` call not acknowledged becomes acknowledged with ``due_at = at``.
+
+        It is prunable from then.
+
+        Returns:
+            :obj:`bool`: Whether it landed.
+        """
 
     def get_call(self, call_id: int) -> Optional[OutboxEntry]:
         """The call, or :obj:`None`."""
@@ -808,47 +448,34 @@ class OutboxStore(Protocol):
         ``call_id``, at most ``limit``."""
 
     def outbox_counts(self) -> Dict[str, int]:
-        """How many calls per state: the keys ``pending``, ``sending``, ``sent``, ``failed``
-        (not acknowledged) and ``failed_acknowledged``, each present."""
+        """How many calls per state.
+
+        The keys are ``pending``, ``sending``, ``sent``, ``failed`` (not acknowledged) and
+        ``failed_acknowledged``. Each key is present.
+        """
 
     def retry_failed_call(self, call_id: int, at: int) -> bool:
-        """Operators: a ``failed`` call goes back to ``pending`` at ``at`` (not acknowledged;
-        error and tries kept); whether it landed."""
+        """Operators: a ``failed`` call goes back to ``pending`` at ``at``.
+
+        It is not acknowledged. Its error and tries are kept.
+
+        Returns:
+            :obj:`bool`: Whether it landed.
+        """
 
     def drop_call(self, call_id: int) -> bool:
-        """Operators: delete a ``pending`` or ``failed`` call; whether one was deleted."""
+        """Operators: delete a ``pending`` or ``failed`` call.
 
-
-class ClaimedInsertOutboxStore(Protocol):
-    """Optional, on an :class:`OutboxStore`: a completion's commit claims the calls it inserts
-    for this process's sender, so the sender needs no claim commit before sending them.
-
-    Having :meth:`claimed_calls` declares that every insert of :class:`AttemptEffects` (the
-    ``effects=`` of the settles, and :meth:`OutboxStore.write_effects`) honours
-    ``effects.claim``: of ``effects.calls`` in order, each of the first ``claim.limit`` is
-    inserted ``sending`` with ``sender = claim.sender``, ``due_at = claim.lease_until`` and
-    ``tries`` 1 exactly when it has no chat key or no call of its chat is ``pending`` or
-    ``sending`` at that moment (the calls inserted before it in the same transaction
-    included); every other call is inserted ``pending`` as without a claim. Concurrent
-    transactions never both insert a claimed call of one chat: the later one sees the
-    earlier one's call (SQLite: the write lock; PostgreSQL: a per-chat transaction lock taken
-    after the settles). So the chat rule of :class:`OutboxStore` holds as if the claim had
-    been made by :meth:`OutboxStore.claim_calls` right after the commit; a claimed call whose
-    sender dies is claimable by others once its lease lapses, and ``release_calls`` gives it
-    back like any other.
-
-    A store without it gets no ``claim`` from the runtime, whose sender then claims every call
-    with :meth:`OutboxStore.claim_calls`.
-    """
+        Returns:
+            :obj:`bool`: Whether one was deleted.
+        """
 
     def claimed_calls(self, sender: str, *, limit: int) -> List[OutboxEntry]:
         """The calls ``sending`` by ``sender`` (whatever their lease), by ``call_id``, at most
-        ``limit``. Reads only."""
-class RecordAndClaimOutboxStore(Protocol):
-    """Optional, on an :class:`OutboxStore`: a sender records the results of its calls and
-    claims the next calls in one commit (a chat's next call is in turn the moment its earlier
-    one is recorded, so without it every such call costs a record commit and a claim commit).
-    """
+        ``limit``.
+
+        It only reads.
+        """
 
     def record_sent_and_claim(
         self,
@@ -859,50 +486,63 @@ class RecordAndClaimOutboxStore(Protocol):
         limit: int,
         sender: str,
     ) -> Tuple[List[bool], List[OutboxEntry]]:
-        """In one transaction: :meth:`OutboxStore.record_sent` of ``items``, then
-        :meth:`OutboxStore.claim_calls` with the other arguments (so it sees the calls just
-        recorded as sent). Returns both results: per item whether it landed, and the calls
-        claimed by ``call_id``. A failure lands neither."""
+        """Record results and claim the next calls, in one transaction.
+
+        It runs :meth:`OutboxStore.record_sent` of ``items``. Then it runs
+        :meth:`OutboxStore.claim_calls` with the other arguments. So the claim sees the calls
+        just recorded as sent. A failure lands neither.
+
+        Returns:
+            Tuple[List[:obj:`bool`], List[:class:`~ptb_fence.OutboxEntry`]]: Both results. Per
+            item whether it landed, and the calls claimed, by ``call_id``.
+        """
 
 
 class StateStore(Protocol):
-    """Optional (all methods or none): persisted bot state (``user_data``, ``chat_data``,
-    ``bot_data``, conversation states, the callback-data cache) that commits with the update.
+    """Persisted bot state that commits with the update.
 
-    Each piece of state is one row, named by a :class:`StateKey`, holding opaque text (the
-    store never reads it) and a version: the number of writes that landed on it. A
-    :class:`StateWrite` lands only if the row's version is still the one the writer read (``0``:
-    no row) and leaves it one higher; a write of :obj:`None` keeps the row as a tombstone with
-    its version.
+    The state is ``user_data``, ``chat_data``, ``bot_data``, conversation states and the
+    callback-data cache. A store declares this part as ``state`` in :class:`StoreFeatures`. It
+    then has all these methods. The part needs ``outbox``, since
+    :meth:`OutboxStore.write_effects` carries the writes.
+
+    Each piece of state is one row, named by a :class:`StateKey`. The row holds opaque text,
+    which the store never reads, and a version. The version is the number of writes that landed
+    on the row. A :class:`StateWrite` lands only if the row's version is still the one the
+    writer read. Version ``0`` means no row. A write that lands leaves the version one higher. A
+    write of :obj:`None` keeps the row as a tombstone with its version.
 
     An attempt's state writes (:attr:`AttemptEffects.state`) ride in the commit that completes
-    it, all or none: ``settle_owned_many(items, *, effects=...)``,
-    ``add_claimed_and_settle_many(..., *, effects=...)`` and ``settle_and_claim_many(..., *,
-    effects=...)`` apply, for each settlement that is
-    :class:`~ptb_fence.Completed` and owned, its writes together with the settle; if any of
-    them finds another version, none of that item's writes is applied, the item does not
-    settle (it stays claimed by the attempt) and its result is a :class:`StateConflict` naming
-    the keys (falsy, so it reads as not landed) — the other items of the call still land. A
-    settle that does not land for another reason applies none of its writes (:obj:`False`).
-    :meth:`OutboxStore.write_effects` applies them inside the caller's open transaction and
-    raises :exc:`~ptb_fence.StateConflictError` (applying none) on a moved version: the
-    caller rolls back. The outbox calls of a conflicting item are not written either.
+    it, all or none. :meth:`BatchStore.commit` applies the writes of each settlement that is
+    :class:`~ptb_fence.Completed` and owned, together with the settle. Suppose one of them finds
+    another version. Then none of that item's writes is applied. The item does not settle and
+    stays claimed by the attempt. Its result is a :class:`StateConflict` naming the keys. It is
+    falsy, so it reads as not landed. The other items of the batch still land. The outbox calls
+    of a conflicting item are not written either. A settle that does not land for another reason
+    applies none of its writes (:obj:`False`).
 
-    The state table is ``<table>_persistence`` (SQLite, PostgreSQL), created with the store
-    and by ``ptb-fence migrate`` / ``postgres_update_store_schema``. ``prune(before)`` deletes
-    no state but the callback-data cache's keyboards (kind ``callback``, written once each)
-    last written before ``before``. Each method is one transaction. The group needs the fenced group,
-    ``settle_owned_many`` and the outbox (its ``write_effects`` carries the writes).
+    :meth:`OutboxStore.write_effects` applies the writes inside the caller's open transaction.
+    On a moved version it applies none and raises :exc:`~ptb_fence.StateConflictError`. The
+    caller then rolls back.
+
+    The state table is ``<table>_persistence`` (SQLite, PostgreSQL). It is created with the
+    store, and by ``ptb-fence migrate`` or ``postgres_update_store_schema``. ``prune(before)``
+    deletes no state but the callback-data cache's keyboards last written before ``before``.
+    Those are the rows of kind ``callback``, each written once. Each method is one transaction.
     """
 
     def read_state(self, keys: Sequence[StateKey]) -> Dict[StateKey, StateEntry]:
-        """The rows of ``keys`` as committed, in one read (one snapshot); a key without a row
-        is absent from the result (version ``0``). Tombstones are returned (value
-        :obj:`None`) with their versions."""
+        """The rows of ``keys`` as committed, in one read (one snapshot).
+
+        A key without a row is absent from the result (version ``0``). Tombstones are returned
+        (value :obj:`None`) with their versions.
+        """
 
     def write_state(self, writes: Sequence[StateWrite], at: int) -> Optional[StateConflict]:
-        """Apply ``writes`` in one transaction, all or none (operators: an import). Each is
-        conditional on its version as in a completion; ``at`` is the rows' change time.
+        """Apply ``writes`` in one transaction, all or none (operators: an import).
+
+        Each write is conditional on its version, as in a completion. ``at`` is the rows' change
+        time.
 
         Returns:
             :obj:`None` when every write landed, else the :class:`StateConflict` naming the
@@ -917,8 +557,560 @@ class StateStore(Protocol):
         after: Optional[StateKey] = None,
         limit: int = 100,
     ) -> List[Tuple[StateKey, StateEntry]]:
-        """The rows (of ``kind`` and ``name`` when given) whose key sorts after ``after``
-        (by ``(kind, name, key)``), in that order, at most ``limit``; tombstones included."""
+        """The rows whose key sorts after ``after``, in key order, at most ``limit``.
+
+        Keys sort by ``(kind, name, key)``. With ``kind`` or ``name``, only the rows of those
+        are listed. Tombstones are included.
+        """
+
+
+# -- the batch contract -------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StoreFeatures:
+    """The optional parts of the contract a store offers, declared as data.
+
+    A store says what it offers in its ``features`` attribute. The runtime reads the declaration
+    once at start and never probes for methods. The conformance kit checks that every declared
+    part works. PTB's :class:`telegram.ext.PersistenceInput` declares a persistence's parts the
+    same way.
+
+    Args:
+        outbox (:obj:`bool`): Fenced replies: :class:`OutboxStore`.
+        state (:obj:`bool`): Persisted bot state that commits with the update:
+            :class:`StateStore`. Needs the outbox.
+        liveness (:obj:`bool`): The claims of a dead process are taken over before their lease
+            ends: :meth:`BatchStore.take_over_dead`.
+        chat_order (:obj:`bool`): ``strict_chat_order``: :meth:`BatchStore.claim_in_chat_order`.
+        isolation (:obj:`bool`): A crash is charged to the attempt that most likely caused it:
+            :meth:`BatchStore.mark_isolated`.
+        figures (:obj:`bool`): Operators' figures: :meth:`BatchStore.figures`.
+        steps (:obj:`bool`): Recorded steps, fenced per attempt and kept until their update is
+            pruned: :meth:`BatchStore.record_step`.
+        jobs (:obj:`bool`): Durable jobs whose runs are recorded as update rows:
+            :meth:`BatchStore.fire_jobs`. A store that declares it also writes the jobs of
+            :attr:`AttemptEffects.jobs` with a completion.
+        pacing (:obj:`bool`): Sends paced for every process of the bot, holds included:
+            :meth:`BatchStore.take_send_slots`.
+    """
+
+    outbox: bool = False
+    state: bool = False
+    liveness: bool = False
+    chat_order: bool = False
+    isolation: bool = False
+    figures: bool = False
+    steps: bool = False
+    jobs: bool = False
+    pacing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.state and not self.outbox:
+            raise ValueError(
+                "StoreFeatures(state=True) needs outbox=True: state writes ride in the commit "
+                "that writes the outbox calls"
+            )
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        """Tuple[:obj:`str`, ...]: The names of the declared parts, in field order."""
+        return tuple(name for name in FEATURE_METHODS if getattr(self, name))
+
+    @property
+    def methods(self) -> Tuple[str, ...]:
+        """Tuple[:obj:`str`, ...]: The methods the declared parts need."""
+        return tuple(method for name in self.names for method in FEATURE_METHODS[name])
+
+
+FEATURE_METHODS: Dict[str, Tuple[str, ...]] = {
+    "outbox": OUTBOX_METHODS + CLAIMED_INSERT_METHODS + RECORD_AND_CLAIM_METHODS,
+    "state": STATE_METHODS,
+    "liveness": LIVENESS_METHODS,
+    "chat_order": CHAT_ORDER_METHODS + CHAT_KEYING_METHODS,
+    "isolation": ISOLATING_METHODS,
+    "figures": FIGURES_METHODS,
+    "steps": STEP_METHODS,
+    "jobs": JOB_METHODS,
+    "pacing": PACE_METHODS,
+}
+"""Dict[:obj:`str`, Tuple[:obj:`str`, ...]]: Per optional part of :class:`StoreFeatures`, the
+methods a store that declares it must have."""
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Everything one commit of the runtime writes, for :meth:`BatchStore.commit`.
+
+    The parts apply in field order, in one transaction, all or nothing. Settlements come before
+    claims, so a claim never counts on a completion that did not land.
+
+    Args:
+        terms (:class:`ClaimTerms` | :obj:`None`): The terms of its claims and claimed records.
+            A batch without either needs none.
+        records (Tuple[Row, ...]): Fresh updates to record ``pending``.
+        claimed_records (Tuple[Row, ...]): Fresh updates to record already claimed for attempt
+            1 with lease ``terms.lease_until``.
+        settlements (Tuple[Tuple[:class:`AttemptIdentity`, :class:`Settlement`], ...]):
+            Attempts to settle, each only while its attempt owns the update.
+        effects (Mapping[:class:`AttemptIdentity`, :class:`AttemptEffects`] | :obj:`None`):
+            The outbox calls and state writes of settlements that complete. They land with
+            their completion or not at all.
+        claims (Tuple[:obj:`int`, ...]): Updates to claim for their next attempt on ``terms``.
+    """
+
+    terms: Optional[ClaimTerms] = None
+    records: Tuple[Row, ...] = ()
+    claimed_records: Tuple[Row, ...] = ()
+    settlements: Tuple[Tuple[AttemptIdentity, Settlement], ...] = ()
+    effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None
+    claims: Tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.terms is None and (self.claims or self.claimed_records):
+            raise ValueError("a Batch with claims or claimed records needs terms")
+
+    @property
+    def empty(self) -> bool:
+        """:obj:`bool`: The batch writes nothing."""
+        return not (self.records or self.claimed_records or self.settlements or self.claims)
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """What a :class:`Batch` commit learnt, position by position.
+
+    Args:
+        recorded (Tuple[:obj:`bool`, ...]): Per record: new (:obj:`True`) or a duplicate.
+        claimed_records (Tuple[:class:`AttemptIdentity` | :obj:`None`, ...]): Per claimed
+            record: its identity, or :obj:`None` for a duplicate.
+        landed (Tuple[Landing, ...]): Per settlement: whether it landed, or the
+            :class:`StateConflict` that kept it from landing.
+        claims (Tuple[:class:`AttemptIdentity` | :obj:`None`, ...]): Per claim: the identity,
+            or :obj:`None` when the update was not taken.
+        call_ids (Mapping[:class:`AttemptIdentity`, Tuple[:obj:`int`, ...]]): The outbox ids of
+            the calls each landed completion wrote, in call order.
+        sending (FrozenSet[:obj:`int`]): The ids among them inserted already claimed for
+            the sender of their :class:`~ptb_fence.CallClaim`.
+    """
+
+    recorded: Tuple[bool, ...] = ()
+    claimed_records: Tuple[Optional[AttemptIdentity], ...] = ()
+    landed: Tuple[Landing, ...] = ()
+    claims: Tuple[Optional[AttemptIdentity], ...] = ()
+    call_ids: Mapping[AttemptIdentity, Tuple[int, ...]] = field(default_factory=dict)
+    sending: FrozenSet[int] = frozenset()
+
+
+BATCH_STORE_METHODS = DURABLE_METHODS + (
+    "commit",
+    "renew_many",
+    "renew_owned_many",
+    "release_many",
+    "transaction",
+    "complete_owned",
+    "reopen_completed",
+    "bind_bot",
+)
+"""The methods every :class:`BatchStore` has, whatever it declares."""
+
+FEATURE_GROUPS: Dict[str, Tuple[str, ...]] = {
+    "outbox": ("outbox", "outbox_claimed_inserts", "outbox_record_and_claim"),
+    "state": ("state",),
+    "liveness": ("liveness",),
+    "chat_order": ("chat_order", "chat_keys"),
+    "isolation": ("isolation",),
+    "figures": ("figures",),
+    "steps": ("steps",),
+    "jobs": ("jobs",),
+    "pacing": ("pacing",),
+}
+"""Per optional part of :class:`StoreFeatures`, the :data:`CAPABILITY_GROUPS` it stands for."""
+
+
+class BatchStore(DurableUpdateStore, Protocol):
+    """The store ptb_fence's runtime works best with: durable, batch-first, parts declared.
+
+    ``commit``, the renewals, the fenced transactions, ``bind_bot`` and ``release_many`` are
+    required. ``commit`` is the one batch method: it records, claims and settles in one
+    transaction. The optional parts are declared in :attr:`features`. A store need not have the methods of a part it does not declare. The
+    runtime never calls them. The rules of each part are on the store contract page of the docs.
+    """
+
+    features: StoreFeatures
+    """:class:`StoreFeatures`: The optional parts this store offers."""
+
+    def commit(self, batch: Batch) -> Committed:
+        """Apply ``batch`` in one transaction and return what it learnt.
+
+        Each part follows the rule of its single-row method. ``records`` are added as by
+        :meth:`UpdateStore.add`. ``claimed_records`` are added already claimed for attempt 1,
+        with a fresh claim id each. ``settlements`` land as by
+        :meth:`FencedUpdateStore.settle_owned`, with their ``effects`` (see
+        :class:`StateStore`). ``claims`` are taken as by :meth:`FencedUpdateStore.claim_owned`.
+        An id repeated in ``claims`` is taken only at its first position. A failure rolls the
+        whole batch back and raises.
+        """
+
+    # -- renewal -----------------------------------------------------------------------
+    def renew_many(
+        self, leases: Sequence[Tuple[int, int]], lease_until: int, now: int
+    ) -> List[Optional[bool]]:
+        """Renew ``(update_id, attempt)`` leases as :meth:`UpdateStore.renew` with ``now``.
+
+        Returns:
+            List[:obj:`bool` | :obj:`None`]: Per position, :obj:`True` (renewed), :obj:`False`
+            (refused) or :obj:`None`. :obj:`None` means another open transaction locks the row
+            right now (PostgreSQL ``FOR UPDATE SKIP LOCKED``). The lease is then undecided,
+            neither renewed nor refused.
+        """
+
+    def renew_owned_many(
+        self, identities: Sequence[AttemptIdentity], lease_until: int, now: int
+    ) -> List[Optional[bool]]:
+        """As :meth:`renew_many` for :meth:`FencedUpdateStore.renew_owned`.
+
+        The claim ids must match. :obj:`None` means locked right now, undecided.
+        """
+
+    # -- fenced transactions -----------------------------------------------------------
+    def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
+        """As :meth:`FencedUpdateStore.owns`. With ``connection`` the check runs on it.
+
+        ``connection`` is the caller's DB-API connection or cursor. The check runs inside the
+        caller's transaction and holds the row until that transaction ends (PostgreSQL
+        ``SELECT … FOR UPDATE``, SQLite the database's write lock).
+        """
+
+    def settle_owned(
+        self, identity: AttemptIdentity, settlement: Settlement, *, connection: Any = None
+    ) -> bool:
+        """As :meth:`FencedUpdateStore.settle_owned`. With ``connection`` it runs on it.
+
+        The statement then commits or rolls back with the caller's transaction.
+        """
+
+    def transaction(self) -> ContextManager[Any]:
+        """Open a transaction on a connection of the store's driver and yield the connection.
+
+        It yields :obj:`None` where there is no connection, e.g. in the memory store. It commits
+        on normal exit. It rolls back on an exception.
+        """
+
+    def complete_owned(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        """Complete this exact claim inside the caller's open transaction.
+
+        The claim is its update id, attempt and claim id. If it is ``processing`` with
+        ``due_at >= at``, it becomes ``completed`` with ``settled_at = at``. A lease ending
+        exactly at ``at`` still holds. The lease and attempts are kept. The row stays held
+        until that transaction ends (PostgreSQL: the row lock of the ``UPDATE``, SQLite: the
+        database's write lock). So a competing claim waits and then sees the completed row. It
+        is one statement. Nothing is committed here.
+
+        The caller's commit lands the completion with the caller's writes. The caller's
+        rollback restores the claim exactly as it was, still owned with the same lease. The
+        attempt can then write again, fail or be retried normally.
+
+        Returns:
+            :obj:`bool`: Whether this claim was owned at ``at`` and is now completed in the
+            caller's transaction (:obj:`False`: nothing changed).
+        """
+
+    def reopen_completed(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        """Undo a :meth:`complete_owned` that a caller committed by mistake.
+
+        That happens when the caller's block committed its own transaction. Only the row of this
+        exact claim that is ``completed`` with ``settled_at = at`` goes back to ``processing``.
+        Its ``settled_at`` becomes NULL. Its lease, attempts and claim id are kept. It runs on
+        ``connection``, whose transaction ended, and commits at once.
+
+        Returns:
+            :obj:`bool`: Whether that completion was undone (:obj:`False`: the caller's block
+            rolled back, or the row is not that completion).
+        """
+
+    # -- the table's bot and releases --------------------------------------------------
+    def bind_bot(self, bot_id: int) -> None:
+        """Record that the table belongs to bot ``bot_id`` (the first binder wins).
+
+        Raises:
+            ptb_fence.TableBotMismatch: The table belongs to another bot.
+        """
+
+    def release_many(self, identities: Sequence[AttemptIdentity], *, at: int) -> List[bool]:
+        """Release the exact claims in ``identities``, in one statement (one commit).
+
+        A claim is released when its row is ``processing`` with that attempt and claim id. The
+        lease need not be live. The row gets ``state = 'pending'``,
+        ``attempts = attempts - 1`` and ``due_at = at``. So the attempt is not counted as spent.
+        ``error`` and ``claim_id`` are kept. The row is then claimable at once by any process.
+        ``due`` lists it whatever ``pending_before``. The next claim returns the same attempt
+        number with a fresh claim id. So ``owns``, ``renew_owned`` and ``settle_owned`` refuse
+        the released identity from the release on.
+
+        Returns:
+            List[:obj:`bool`]: Per input position, whether that claim was released. It is
+            :obj:`False` for another claim, a row not processing or an id repeated in the
+            input. On PostgreSQL it is also :obj:`False` while an open transaction locks the
+            row.
+        """
+
+    # -- liveness (declared: ``liveness``) ---------------------------------------------
+    def hold_liveness(self) -> str:
+        """Start holding this store object's liveness signal and return the instance id.
+
+        It is idempotent. The instance id is opaque, non-empty text. Claims made through this
+        object from now on record it.
+        """
+
+    def release_liveness(self) -> None:
+        """Stop holding the signal and forget the instance.
+
+        A graceful stop calls it. ``close()`` does it too. It is idempotent. Rows it claimed
+        keep their lease, so release them first.
+        """
+
+    def take_over_dead(self, *, now: int) -> int:
+        """Make the ``processing`` rows of every provably dead instance claimable at ``now``.
+
+        It then forgets those instances. It never touches the caller's own instance or a live
+        one, even a frozen one. It never waits for a row that another transaction still locks.
+        Such a transaction is a database session that outlived its process. The row is left for
+        a later call, and its instance is kept.
+
+        Without the ``isolation`` part, every such row keeps its attempts and claim id, with
+        ``due_at = min(due_at, now - 1)``. A crashed attempt then counts as spent, as after a
+        lapsed lease. With ``isolation``, only a row whose current claim was marked isolated is
+        handled so. :meth:`mark_isolated` marks a claim whose handler ran on probation or alone
+        in the dead process. Every other row is given back as :meth:`release_many` gives it:
+        ``pending``, ``attempts - 1``, ``due_at = now`` and the claim id kept. The row becomes
+        *suspect*. It becomes *suspect again* when its handler had started there as a suspect
+        (see :meth:`claimed_suspect`).
+
+        A store that declares ``outbox`` also lets the lease of every ``sending`` call of a dead
+        instance's sender lapse now (``due_at = now - 1``). The runtime's sender token ends with
+        ``@<instance>``, the instance its process holds. So those calls are claimable at once,
+        as the instance's updates are.
+
+        Returns:
+            :obj:`int`: The number of rows made claimable (updates and outbox calls).
+        """
+
+    # -- isolation (declared: ``isolation``) -------------------------------------------
+    def claimed_suspect(self, identity: AttemptIdentity) -> int:
+        """The suspicion of the row that ``identity`` took.
+
+        ``identity`` is a claim made through this store object in this process. The answer
+        comes from what the claim statement read back, with no statement of its own. Each claim
+        is answered once, then forgotten. An identity this object did not claim, or already
+        answered, gives 0. A fresh row claimed as it is recorded (``Batch.claimed_records``) is
+        never suspect.
+
+        Returns:
+            :obj:`int`: 0 (not suspect), 1 (suspect: its handler starts on probation) or 2
+            (suspect again: its handler runs alone).
+        """
+
+    def mark_isolated(self, identity: AttemptIdentity, *, at: int) -> bool:
+        """Record that the handler of this exact claim starts now on probation or alone.
+
+        It is one statement, committed before returning. It marks the row that is
+        ``processing`` with that update id, attempt and claim id and a lease live at ``at``
+        (``due_at >= at``). Nothing else changes.
+
+        Returns:
+            :obj:`bool`: Whether it landed (:obj:`False`: not this claim, not processing, or
+            its lease ended before ``at``).
+        """
+
+    def end_probation(self, identity: AttemptIdentity, *, at: int) -> bool:
+        """Record that the handler of this exact claim ran past its probation.
+
+        :meth:`mark_isolated` marked the claim. It is one statement, committed before returning.
+        The mark ends. From now on a crash of its process gives the row back as suspect again.
+        The crash no longer charges its attempt. It lands under the same conditions as
+        :meth:`mark_isolated`, and only while the claim is marked.
+
+        Returns:
+            :obj:`bool`: Whether it landed.
+        """
+
+    # -- chat order (declared: ``chat_order``) -----------------------------------------
+    def add_many_in_chats(self, rows: Sequence[ChatRow]) -> List[bool]:
+        """Record ``(update_id, body, received_at, chat_key)`` rows with their chat keys.
+
+        It records them in one commit, as the ``records`` of a :meth:`commit`. A chat key of
+        :obj:`None` means no chat. A row that is not inserted, since the id exists, keeps the
+        chat key it has. A settled row replaced by a different update (see
+        :meth:`UpdateStore.add`) takes the new one.
+
+        Returns:
+            List[:obj:`bool`]: Per row, as for ``records``: new (:obj:`True`) or a duplicate.
+        """
+
+    def claim_in_chat_order(
+        self,
+        update_id: int,
+        *,
+        now: int,
+        lease_until: int,
+        max_attempts: int,
+        durable_exhaustion: bool = False,
+    ) -> Optional[AttemptIdentity]:
+        """As :meth:`FencedUpdateStore.claim_owned`, and the row must also be in turn at ``now``.
+
+        Otherwise return :obj:`None` and change nothing. A row whose attempts are spent is
+        abandoned only when it is in turn.
+        """
+
+    def due_in_chat_order(
+        self, *, now: int, pending_before: int, limit: int, chat_key: Optional[int] = None
+    ) -> List[StoredUpdate]:
+        """As :meth:`UpdateStore.due`, listing only rows in turn at ``now``.
+
+        So it lists at most one row per chat key. A chat whose lowest unsettled row is not due
+        lists nothing. With ``chat_key``, it lists only rows of that chat.
+        """
+
+    def unkeyed_in_chats(
+        self, *, after_update_id: Optional[int] = None, limit: int
+    ) -> List[StoredUpdate]:
+        """The unsettled rows without a chat key, by ``update_id``, after ``after_update_id``."""
+
+    def set_chat_keys(self, keys: Sequence[ChatKey]) -> int:
+        """Key the rows of ``(update_id, body, chat_key)`` that have no key yet.
+
+        A row is keyed only while it is unsettled and holds exactly ``body``. One commit.
+        Returns how many rows were keyed.
+        """
+
+    # -- figures (declared: ``figures``) -----------------------------------------------
+    def figures(self) -> StoreFigures:
+        """Count the waiting rows.
+
+        It is blocking and read-only, with no arguments. The SQL stores read in one read
+        transaction, or one statement, so the figures are one consistent view.
+
+        - ``unsettled``: the rows whose state is ``pending``, ``processing`` or ``failed``. A
+          ``processing`` row counts leased or lapsed, since there is no ``now``.
+          ``oldest_unsettled_received_at`` is the smallest ``received_at`` of those
+          (:obj:`None` when there are none). ``completed`` and ``abandoned`` rows never count
+          here, an unacknowledged exhaustion included.
+        - ``exhaustions_waiting``: the ``abandoned`` rows whose ``settled_at`` is NULL, as
+          :meth:`DurableUpdateStore.due_exhaustions` lists them. An acknowledged exhaustion
+          does not count. Nor does a row abandoned with ``settled_at`` set.
+          ``oldest_exhaustion_at`` is the smallest ``due_at`` of those, the time it was
+          exhausted (:obj:`None` when there are none).
+        - ``held_chat``: only for a store with a chat key per row (declared ``chat_order``).
+          Rows without a chat key are ignored. Take the chat keys that two or more unsettled
+          rows carry (a chat whose later updates wait behind its oldest one). It is the one
+          whose smallest ``received_at`` among its unsettled rows is the smallest. On a tie it
+          is the smaller chat key. ``held_chat_since`` is that smallest ``received_at``. Both
+          are :obj:`None` when no chat key is carried by two unsettled rows. They are always
+          :obj:`None` for a store without chat keys.
+
+        Times are epoch milliseconds. The counts and times are :obj:`int`.
+
+        Returns:
+            :class:`StoreFigures`: The figures.
+        """
+
+    # -- steps (declared: ``steps``) ---------------------------------------------------
+    def read_step(self, key: str) -> Optional[StepRecord]:
+        """The record of the effect key ``key``, or :obj:`None`.
+
+        It is a plain read of committed records.
+        """
+
+    def record_step(self, record: StepRecord, *, connection: Any = None) -> bool:
+        """Record a step's result while its attempt owns the update.
+
+        The attempt is ``(record.update_id, record.attempt, record.claim_id)``. It owns the
+        update at ``record.recorded_at`` as :meth:`owns` decides. The row is ``processing``
+        with that attempt and claim id and ``due_at >= record.recorded_at``. A lease ending
+        exactly at ``recorded_at`` still holds. When the key is recorded already, the earlier
+        record is kept unchanged. It is one statement on PostgreSQL, so the database decides.
+
+        With ``connection`` it runs inside the caller's open transaction, as
+        :meth:`complete_owned` takes it. Nothing is committed then. The caller's rollback
+        discards the record. Without ``connection`` it is one transaction of its own, committed
+        before returning.
+
+        ``prune(before)`` deletes the records of the update rows it deletes. A record whose
+        update row stays is kept, whatever the row's state.
+
+        Returns:
+            :obj:`bool`: Whether the attempt owns the update. :obj:`True` means the key's record
+            stands, this one or an earlier one. :obj:`False` means nothing was written.
+        """
+
+    def steps_of(self, update_id: int) -> List[StepRecord]:
+        """The records of ``update_id``, by ``recorded_at`` and then by key."""
+
+    # -- jobs (declared: ``jobs``) -----------------------------------------------------
+    def schedule_jobs(self, jobs: Sequence[JobWrite], at: int, *,
+                      connection: Any = None) -> List[StoredJob]:
+        """Write ``jobs`` and return them as stored, in order.
+
+        A job that is not keyed is added. A keyed job is declared: while a live job
+        (``scheduled`` or ``paused``) is keyed by the same name, that job is kept with its id
+        and its runs. Its callback, data, chat, user and options become the new ones. Its next
+        run stays, unless the schedule text changed: then it takes the new ``next_run_at``.
+        Concurrent declarations of one name leave one job. A job without a next run is stored
+        ``ended``. With ``connection`` it runs in the caller's transaction, uncommitted.
+        """
+
+    def cancel_jobs(self, job_ids: Sequence[int], at: int, *,
+                    connection: Any = None) -> List[bool]:
+        """Cancel jobs: they run no more. Per id, whether the job was live."""
+
+    def due_jobs(self, now: int, limit: int) -> List[StoredJob]:
+        """The ``scheduled`` jobs whose ``next_run_at <= now``, earliest first, at most
+        ``limit``. A plain read."""
+
+    def fire_jobs(self, fires: Sequence[JobFire], at: int) -> List[bool]:
+        """Fire runs: per fire, whether it fired.
+
+        A fire applies only while its job is ``scheduled`` with ``runs`` runs and its next run
+        at ``due_at``. It then counts the run, moves the job on to ``next_run_at`` (``ended``
+        when that is :obj:`None`) and, unless ``skip``, records ``body`` as a ``pending`` row
+        ``update_id`` received at ``at`` with ``chat_key``. Both in one transaction. So a run
+        fires once however many processes fire it.
+        """
+
+    def list_jobs(self, *, name: Optional[str] = None, include_ended: bool = False,
+                  after_job_id: int = 0, limit: int = 1000) -> List[StoredJob]:
+        """The jobs after ``after_job_id``, by id: the live ones (all with ``include_ended``),
+        named ``name`` when given."""
+
+    def get_job(self, job_id: int) -> Optional[StoredJob]:
+        """One job by id, or :obj:`None`."""
+
+    def run_job_now(self, job_id: int, at: int) -> bool:
+        """Make a live job due at ``at`` (and ``scheduled``). Whether it was live."""
+
+    # -- pacing (declared: ``pacing``) -------------------------------------------------
+    def take_send_slots(
+        self, wants: Sequence[Sequence[PaceBucket]], *, now: int, horizon_ms: int
+    ) -> List[int]:
+        """Take a send slot for each want, in order, in one transaction.
+
+        A want is the buckets one send is paced by. It may go at the latest of ``now``, each
+        bucket's next time less its tolerance, and each bucket's hold. When that is at most
+        ``horizon_ms`` after ``now``, the slot is taken. Each of its buckets then moves on by
+        its interval from that time. Otherwise nothing changes for that want. A bucket never
+        seen is free. Concurrent callers never get overlapping slots of one bucket. A negative
+        ``horizon_ms`` takes nothing: it reads when each want could go.
+
+        Returns:
+            List[:obj:`int`]: Per want, its time. A time at most ``now + horizon_ms`` is a slot
+            taken. A later one is when to ask again.
+        """
+
+    def hold_sends(self, holds: Sequence[Tuple[str, int]]) -> None:
+        """Hold buckets, in one transaction: each ``(key, until)`` grants no slot before ``until``.
+
+        A hold never shortens an earlier one. ``prune(before)`` deletes the buckets whose next
+        time and hold are both before ``before``.
+        """
 
 
 def missing_methods(store: object, names: "tuple[str, ...]") -> List[str]:
@@ -927,11 +1119,7 @@ def missing_methods(store: object, names: "tuple[str, ...]") -> List[str]:
 
 
 def is_fenced(store: object) -> bool:
-    """Return :obj:`True` if ``store`` has every method of :class:`FencedUpdateStore`.
-
-    A store with batch forms instead of some single-row ones (``claim_owned_many`` for
-    ``claim_owned``, ...) is fenced for the runtime (``"fenced" in StoreCapabilities.of(store)``)
-    but not a :class:`FencedUpdateStore`: this answers the Protocol's question only."""
+    """Return :obj:`True` if ``store`` has every method of :class:`FencedUpdateStore`."""
     return not missing_methods(store, FENCED_METHODS)
 
 
@@ -945,10 +1133,13 @@ def is_durable(store: object) -> bool:
 class CapabilityGroup:
     """One capability of the store contract and the methods it needs, all or nothing.
 
+    A store without ``commit`` is probed group by group. A :class:`BatchStore` declares its
+    parts instead (:data:`FEATURE_GROUPS`).
+
     Args:
         name (:obj:`str`): The capability's name, as :class:`StoreCapabilities` lists it.
         needs (Tuple[Tuple[:obj:`str`, ...], ...]): Per operation, the methods that provide it:
-            any one of them is enough (the single-row form first, then its batch forms).
+            any one of them is enough.
         feature (:obj:`str`): What the runtime does with the capability.
         requires (Tuple[:obj:`str`, ...]): The groups a store with this one must have too.
     """
@@ -973,27 +1164,13 @@ def _group(name: str, needs: str, feature: str, requires: Tuple[str, ...] = ()) 
 CAPABILITY_GROUPS: Tuple[CapabilityGroup, ...] = (
     _group("base", "add claim renew settle due prune",
            "every store: record, claim, renew, settle, hand over and prune (the unary handler)"),
-    _group("fenced",
-           "claim_owned|claim_owned_many renew_owned|renew_owned_many owns "
-           "settle_owned|settle_owned_many",
+    _group("fenced", "claim_owned renew_owned owns settle_owned",
            "attempt-aware handling and exhaustion handling: claims with a persisted claim id"),
     _group("durable", "exhaust due_exhaustions acknowledge_exhaustion",
            "handle_exhaustion: terminal failures kept until acknowledged", ("fenced",)),
-    _group("add_many", "add_many", "one commit for the updates recorded together"),
     _group("renew_many", "renew_many", "one statement per renewal round (unary attempts)"),
-    _group("claim_owned_many", "claim_owned_many",
-           "one commit for the claims of updates that start together", ("fenced",)),
     _group("renew_owned_many", "renew_owned_many",
            "one statement per renewal round (fenced attempts)", ("fenced",)),
-    _group("settle_owned_many", "settle_owned_many",
-           "one commit for the completions that end together", ("fenced",)),
-    _group("add_claimed_many", "add_claimed_many",
-           "claim at ingest: record and claim fresh updates in one commit", ("fenced",)),
-    _group("add_claimed_and_settle_many", "add_claimed_and_settle_many",
-           "record, claim and settle in one commit", ("fenced",)),
-    _group("settle_and_claim_many", "settle_and_claim_many",
-           "settle finished attempts and claim the updates that take their slots in one "
-           "commit", ("fenced",)),
     _group("transaction", "transaction", "attempt.transaction() without connection="),
     _group("completing", "complete_owned reopen_completed",
            "a complete=True transaction owns and settles in one statement at its start",
@@ -1012,9 +1189,17 @@ CAPABILITY_GROUPS: Tuple[CapabilityGroup, ...] = (
     _group("figures", "figures",
            "operators' figures: the oldest unsettled update, the exhaustions waiting, the "
            "chat held longest"),
+    _group("steps", " ".join(STEP_METHODS),
+           "attempt.step: a step's result is recorded while its attempt owns the update and "
+           "read back by later attempts", ("fenced",)),
+    _group("jobs", " ".join(JOB_METHODS),
+           "durable jobs: a due run is recorded as an update row once across processes, a job "
+           "scheduled by an attempt is written by its completion", ("fenced",)),
+    _group("pacing", " ".join(PACE_METHODS),
+           "store-wide pacing: the sends of every process share one pace and one hold"),
     _group("outbox", " ".join(OUTBOX_METHODS),
            "fenced replies: the Bot API calls an attempt queued are sent iff its completion "
-           "committed", ("fenced", "settle_owned_many")),
+           "committed", ("fenced",)),
     _group("outbox_claimed_inserts", " ".join(CLAIMED_INSERT_METHODS),
            "the commit that completes an update claims its calls for this process's sender: "
            "no claim commit before sending them", ("outbox",)),
@@ -1023,10 +1208,14 @@ CAPABILITY_GROUPS: Tuple[CapabilityGroup, ...] = (
            "among them) in one commit", ("outbox",)),
     _group("state", " ".join(STATE_METHODS),
            "FencedPersistence: user_data, chat_data, bot_data and conversation states commit "
-           "with the update, versioned per key", ("fenced", "settle_owned_many", "outbox")),
+           "with the update, versioned per key", ("fenced", "outbox")),
 )
 """Tuple[:class:`CapabilityGroup`, ...]: Every capability of the store contract with the
-methods it needs (the capability table of the store contract's reference page)."""
+methods it needs.
+
+It is the capability table of the store contract's reference page. A store without ``commit``
+is probed for each group. A batch store's groups follow from its declaration.
+"""
 
 
 def takes_connection(method: Optional[Callable[..., Any]]) -> bool:
@@ -1042,27 +1231,19 @@ def takes_connection(method: Optional[Callable[..., Any]]) -> bool:
     )
 
 
-def takes_claim_keywords(method: Callable[..., Any]) -> bool:
-    """Whether a batch claim is the earlier keyword form (it has a parameter ``now``) rather
-    than the :class:`ClaimTerms` form; a method whose signature cannot be read takes terms."""
-    try:
-        return "now" in inspect.signature(method).parameters
-    except (TypeError, ValueError):  # pragma: no cover - a builtin without a signature
-        return False
-
-
 @dataclass(frozen=True, slots=True)
 class StoreCapabilities:
-    """What a store offers, decided once from its methods (:meth:`of`); the runtime logs it at
-    start.
+    """What a store offers, decided once from its methods (:meth:`of`).
+
+    The runtime logs it at start.
 
     Args:
         store (:obj:`str`): The store's type name.
         groups (FrozenSet[:obj:`str`]): The names of the :data:`CAPABILITY_GROUPS` the store has
             whole.
-        caller_transactions (:obj:`bool`): ``owns`` and ``settle_owned`` take ``connection=``, so
-            a ``complete=True`` transaction settles inside the caller's commit (exactly-once;
-            :class:`TransactionalUpdateStore`).
+        caller_transactions (:obj:`bool`): ``owns`` and ``settle_owned`` take ``connection=``.
+            A ``complete=True`` transaction then settles inside the caller's commit, exactly
+            once (see :meth:`BatchStore.settle_owned`).
     """
 
     store: str
@@ -1075,12 +1256,12 @@ class StoreCapabilities:
 
         Raises:
             TypeError: The store has part of a group but not all of it, or a group without a
-                group it requires; the message names the methods it has and the ones it lacks.
+                group it requires. The message names the methods it has and the ones it lacks.
         """
         name = type(store).__name__
         groups = set()
         for group in CAPABILITY_GROUPS:
-            # an operation is there when any of its forms is (single row or batch)
+            # an operation is there when any of its forms is
             have = [forms for forms in group.needs
                     if len(missing_methods(store, forms)) < len(forms)]
             if len(have) == len(group.needs):

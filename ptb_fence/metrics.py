@@ -1,123 +1,12 @@
-"""Prometheus metrics of a processor or an :class:`~ptb_fence.UpdateIntake` (the ``[metrics]``
-extra: ``pip install 'ptb_fence[metrics]'``).
+"""Prometheus metrics of a processor or an :class:`~ptb_fence.UpdateIntake`.
 
-One call registers them; expose the registry as you already do (one line)::
+They need the ``[metrics]`` extra: ``pip install 'ptb_fence[metrics]'``. One call registers
+them. Expose the registry as you already do, e.g. ``register(processor)`` then
+``prometheus_client.start_http_server(9100)``. The figures are read from ``stats()`` at scrape
+time, with no store call. What only the store knows is what the sweep last read.
+``prometheus_client`` is imported by :func:`register`, never by ``import ptb_fence``.
 
-    from prometheus_client import start_http_server
-    from ptb_fence.metrics import register
-
-    register(processor)            # or an UpdateIntake
-    start_http_server(9100)        # or mount prometheus_client's WSGI/ASGI app in your server
-
-The figures are read from ``stats()`` at scrape time (counters kept by the runtime, no store
-call); what only the store knows (unsettled updates, the oldest one's age, exhaustions waiting)
-is what the sweep last read. ``prometheus_client`` is imported by :func:`register`, never by
-``import ptb_fence``.
-
-.. list-table::
-   :header-rows: 1
-
-   * - Name
-     - Type
-     - Labels
-     - Meaning
-   * - ``ptb_fence_updates_recorded_total``
-     - counter
-     - 
-     - Updates recorded by this process
-   * - ``ptb_fence_updates_duplicate_total``
-     - counter
-     - 
-     - Redeliveries not recorded again
-   * - ``ptb_fence_updates_invalid_total``
-     - counter
-     - 
-     - Bodies refused as not a Telegram update
-   * - ``ptb_fence_ingest_errors_total``
-     - counter
-     - 
-     - Recordings that failed (those updates were not acknowledged)
-   * - ``ptb_fence_attempts_started_total``
-     - counter
-     - 
-     - Attempts claimed by this process
-   * - ``ptb_fence_attempts_ended_total``
-     - counter
-     - ``outcome``
-     - Ended attempts: completed, failed, timed_out, exhausted, abandoned, lost, released,
-       conflicted
-   * - ``ptb_fence_attempts_running``
-     - gauge
-     - 
-     - Handlers running now
-   * - ``ptb_fence_claims_held``
-     - gauge
-     - 
-     - Claims held and renewed now
-   * - ``ptb_fence_handlers_left_running``
-     - gauge
-     - 
-     - Handlers let go after their attempt ended (timeout, stop) that still run: stuck worker
-       threads, tasks that ignored their cancellation
-   * - ``ptb_fence_lease_renewal_failures_total``
-     - counter
-     - 
-     - Renewals that failed or were refused
-   * - ``ptb_fence_store_errors_total``
-     - counter
-     - ``step``
-     - Store errors: ingest, claim, renew, settle, sweep, outbox (each at 0 from the start)
-   * - ``ptb_fence_handler_duration_seconds``
-     - histogram
-     - 
-     - Handler durations
-   * - ``ptb_fence_store_call_duration_seconds``
-     - histogram
-     - ``operation``
-     - Store calls: record, claim, renew, settle, sweep, exhaustions, prune, release, liveness,
-       figures, outbox
-   * - ``ptb_fence_unsettled_updates``
-     - gauge
-     - ``scope``
-     - Updates pending, running or failed in the store
-   * - ``ptb_fence_oldest_unsettled_update_age_seconds``
-     - gauge
-     - ``scope``
-     - Age of the oldest of them
-   * - ``ptb_fence_exhaustions_waiting``
-     - gauge
-     - ``scope``
-     - Unacknowledged exhaustions in the store
-   * - ``ptb_fence_outbox_sends_total``
-     - counter
-     - ``result``
-     - Outbox calls this process sent, failed, or retried (a failed send scheduled again)
-   * - ``ptb_fence_outbox_calls``
-     - gauge
-     - ``scope``, ``state``
-     - Outbox calls in the store: pending, sending, sent, failed, failed_acknowledged
-   * - ``ptb_fence_last_sweep_timestamp_seconds``
-     - gauge
-     - 
-     - When a sweep of this process last read the store (epoch seconds)
-   * - ``ptb_fence_last_lease_tick_timestamp_seconds``
-     - gauge
-     - 
-     - When this process's lease keeper last ran (epoch seconds)
-   * - ``ptb_fence_build_info``
-     - gauge
-     - ``version``, ``python_telegram_bot``, ``python``
-     - Always 1: the versions this process runs
-
-Every counter is present at 0 from the first scrape. The three store gauges above are present
-once the sweep has read the store (a store with the ``figures`` capability: the shipped ones);
-``ptb_fence_outbox_calls`` once it has read the outbox of a fenced front end's store; the two
-timestamps once the sweep and the lease keeper ran.
-
-The gauges labelled ``scope="store"`` say what the store holds: every process sharing it exports
-the same figure, so aggregate them with ``max()``, never ``sum()``. The Prometheus alert rules
-and the Grafana dashboard that ship with the package (:func:`alert_rules_path`,
-:func:`grafana_dashboard_path`) do.
+See :doc:`/reference/metrics` for every metric, its labels and when it appears.
 """
 
 from __future__ import annotations
@@ -190,8 +79,9 @@ def _le(bound: float) -> str:
 
 
 class StatsCollector:
-    """A ``prometheus_client`` collector of one source's :class:`~ptb_fence.Stats` (made by
-    :func:`register`; unregister it with ``registry.unregister(collector)``).
+    """A ``prometheus_client`` collector of one source's :class:`~ptb_fence.Stats`.
+
+    :func:`register` makes it. Unregister it with ``registry.unregister(collector)``.
 
     Args:
         source: A processor or an :class:`~ptb_fence.UpdateIntake`, or a callable returning
@@ -324,6 +214,23 @@ class StatsCollector:
             for state, count in sorted(stats.outbox.items()):
                 family.add_metric(values + ["store", state], count)
             yield family
+        yield gauge("job_runs_running",
+                    "Runs of durable jobs this process holds claims on now.",
+                    stats.job_runs_running)
+        yield counter("job_runs_failed",
+                      "Attempts at durable job runs that failed in this process, a retry "
+                      "scheduled.", stats.job_runs_failed)
+        yield counter("job_runs_exhausted",
+                      "Durable job runs whose last attempt failed in this process.",
+                      stats.job_runs_exhausted)
+        if stats.jobs_due is not None:
+            yield store_gauge("jobs_due",
+                              "Durable jobs due and not yet fired (max() across processes).",
+                              stats.jobs_due)
+        if stats.jobs_late_seconds is not None:
+            yield store_gauge("jobs_late_seconds",
+                              "How late the most overdue due durable job is, 0 when none is "
+                              "due (max() across processes).", stats.jobs_late_seconds)
         if stats.last_sweep_at is not None:
             yield gauge("last_sweep_timestamp_seconds",
                         "When a sweep of this process last read the store (epoch seconds).",

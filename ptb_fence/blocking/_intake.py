@@ -14,21 +14,24 @@ from ptb_fence._values import Exhaustion, OutboxEntry, StoredUpdate
 from ptb_fence.runtime._delivered import DeliveredExhaustion
 from ptb_fence.blocking._sender import DEFAULT_BASE_URL, HttpxSender
 from ptb_fence.runtime._held_call import HeldCall
-from ptb_fence.runtime._attempt import Attempt, enter_attempt, exit_attempt
+from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._chats import ChatOrder, chat_key
 from ptb_fence.runtime._alarms import Health
 from ptb_fence.runtime._runtime import FrontEndHooks, Record, Runtime
 from ptb_fence.runtime._stats import Stats
 from ptb_fence.runtime._sweep import recheck_delay, retry_delay
-from ptb_fence.blocking._delivery import ExhaustionDelivery
+from ptb_fence.blocking._deliveries import ThreadDeliveries
 from ptb_fence.runtime._ingest import InvalidUpdate, parse_update_body
-from ptb_fence.blocking._intake_runs import IntakeRun, IntakeRuns, IntakeWorkers
-from ptb_fence.blocking._isolation import IsolationGate
+from ptb_fence.blocking._flow_adapter import ThreadFlowAdapter
+from ptb_fence.blocking._intake_runs import IntakeRuns, IntakeWorkers
+from ptb_fence.blocking._isolation import ThreadIsolationGate
 from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._outcome import Outcome
 from ptb_fence.runtime._recovery import STOP_MARGIN_SECONDS
-from ptb_fence.blocking._thread_group import ThreadGroupCommit
+from ptb_fence.blocking._group_commit import ThreadGroupCommit
+from ptb_fence.blocking._jobs import IntakeJobQueue
 from ptb_fence.blocking._wakeups import Wakeups
+from ptb_fence.runtime._durable_jobs import FIRE_PAGE, DurableJobs, job_run_of
 
 __all__ = ["UpdateIntake"]
 
@@ -42,22 +45,23 @@ class UpdateIntake:
 
     Every update is recorded in the store by :meth:`accept` before it returns (answer
     Telegram only after that), then claimed under a lease, handled on a worker thread and
-    settled. Failures retry with backoff; a final failure becomes a durable exhaustion when
+    settled. Failures retry with backoff. A final failure becomes a durable exhaustion when
     ``handle_exhaustion`` is given.
 
     Args:
-        store: An update store (:class:`~ptb_fence.UpdateStore`; fenced for ``handle_attempt``,
-            durable for ``handle_exhaustion``).
+        store: An update store (:class:`~ptb_fence.UpdateStore`). It must be fenced for
+            ``handle_attempt`` and durable for ``handle_exhaustion``.
         handle: ``handle(update_dict)``: unary handler (any base store, including a legacy
             PostgreSQL table).
         handle_attempt: ``handle_attempt(update_dict, attempt)``: attempt-aware handler that
             receives the :class:`~ptb_fence.Attempt` (needs a fenced store).
         handle_exhaustion: ``handle_exhaustion(exhaustion)``: called at least once per
-            exhaustion; the exhaustion is acknowledged when it returns normally.
+            exhaustion. The exhaustion is acknowledged when it returns normally.
         bot_token: The bot's token: with an outbox store (:class:`~ptb_fence.OutboxStore`)
             and ``handle_attempt`` the intake sends the calls handlers queue with
             ``attempt.outbox`` (a blocking httpx client). Without it ``attempt.outbox``
-            refuses with a :exc:`TypeError` (nothing would send the calls here).
+            refuses with a :exc:`TypeError` (nothing would send the calls here). Its bot id
+            is part of every ``attempt.effect_key``.
         bot_base_url: The Bot API base URL the token is appended to (default
             ``"https://api.telegram.org/bot"``, as PTB's ``base_url``).
         **options: The options of :class:`~ptb_fence.runtime.RuntimeOptions`
@@ -73,16 +77,17 @@ class UpdateIntake:
     """
 
     __slots__ = (
+        "_adapter",
         "_chats",
         "_claims",
-        "_completions",
         "_closed",
         "_delivery",
         "_delivery_lock",
+        "_durable_jobs",
         "_gate",
-        "_handle",
-        "_handle_attempt",
         "_handle_exhaustion",
+        "_job_looks",
+        "_jobs",
         "_lock",
         "_refill",
         "_records",
@@ -128,6 +133,9 @@ class UpdateIntake:
                 left_running_count=self._left_running_count,
             ),
         )
+        head = (bot_token or "").split(":", 1)[0]
+        if head.isdigit():  # the bot of attempt.effect_key (the store is not bound to it)
+            self._runtime.port.bot_id = int(head)
         outbox = self._runtime.outbox
         self._sender: Optional[HttpxSender] = None
         if outbox is not None:
@@ -138,8 +146,6 @@ class UpdateIntake:
                 )
             else:
                 self._sender = HttpxSender(bot_token, bot_base_url)
-        self._handle = handle
-        self._handle_attempt = handle_attempt
         self._handle_exhaustion = handle_exhaustion
         self._lock = threading.Lock()
         self._sweep_lock = threading.Lock()
@@ -148,7 +154,7 @@ class UpdateIntake:
         # nor on the sweep: a hanging one blocks neither (the runtime's decisions: at most one
         # delivery per exhaustion, at most MAX_DELIVERIES at once)
         self._delivery = (
-            ExhaustionDelivery(self._runtime, handle_exhaustion)
+            ThreadDeliveries(self._runtime, handle_exhaustion)
             if handle_exhaustion is not None
             else None
         )
@@ -170,7 +176,7 @@ class UpdateIntake:
         self._records: ThreadGroupCommit[Tuple[int, str, Hashable], Record] = ThreadGroupCommit(
             self._record_group
         )
-        self._completions: ThreadGroupCommit[Attempt, Outcome] = ThreadGroupCommit(
+        completions: ThreadGroupCommit[Attempt, Outcome] = ThreadGroupCommit(
             self._runtime.complete_many
         )
         # workers that start together claim together (one commit) where the store can
@@ -178,7 +184,7 @@ class UpdateIntake:
             ThreadGroupCommit(self._claim_group) if self._runtime.claims_in_groups else None
         )
         # an attempt of a suspect row starts on probation or runs alone (see _isolation)
-        self._gate = IsolationGate()
+        self._gate = ThreadIsolationGate()
         self._runs = IntakeRuns(
             self._runtime,
             self._wakeups,
@@ -187,8 +193,79 @@ class UpdateIntake:
             self._submit_exhaustion,
             self._gate,
         )
+        handler = handle_attempt if handle_attempt is not None else handle
+        assert handler is not None  # exactly one, checked above
+        # durable jobs: on a store that keeps them, for attempt-aware handling. A run is an
+        # update whose body carries the job: it goes to the job's callback, not the handler
+        self._jobs: Optional[IntakeJobQueue] = None
+        self._durable_jobs: Optional[DurableJobs] = None
+        self._job_looks = Wakeups("ptb_fence-jobs")
+        if handle_attempt is not None and self._runtime.port.has_jobs:
+            self._durable_jobs = DurableJobs(self._runtime.port, self._runtime.now_ms,
+                                             self._runtime.options.strict_chat_order)
+            self._jobs = IntakeJobQueue(self._durable_jobs,
+                                        lambda: self._runtime.now_ms() / 1000)
+            handler = self._handler_with_jobs(handle_attempt, self._jobs)
+        # the per-update flow (runtime._flow), each update on its worker thread
+        self._adapter = ThreadFlowAdapter(
+            self._runtime,
+            self._gate,
+            self._runs,
+            self._claims,
+            completions,
+            handler,
+            handle_attempt is not None,
+            self._turn_done,
+            self._submit_exhaustion,
+        )
 
     # -- properties -------------------------------------------------------------------------
+    @property
+    def jobs(self) -> IntakeJobQueue:
+        """:class:`~ptb_fence.blocking.IntakeJobQueue`: The durable jobs of this intake.
+
+        Raises:
+            TypeError: The intake has no ``handle_attempt``, or its store keeps no jobs
+                (``StoreFeatures(jobs=True)``).
+        """
+        if self._jobs is None:
+            raise TypeError(
+                "UpdateIntake.jobs needs handle_attempt=... and a store that keeps jobs "
+                "(StoreFeatures(jobs=True): SQLiteUpdateStore, PostgresUpdateStore, "
+                f"MemoryUpdateStore); {type(self.store).__name__} with "
+                f"{'handle_attempt' if self._runtime.attempt_aware else 'handle'} has none"
+            )
+        return self._jobs
+
+    @staticmethod
+    def _handler_with_jobs(handle_attempt: Callable[[Dict[str, Any], Attempt], Any],
+                           jobs: IntakeJobQueue) -> Callable[[Dict[str, Any], Attempt], Any]:
+        def handle(update: Dict[str, Any], attempt: Attempt) -> Any:
+            run = job_run_of(update)
+            if run is not None:
+                return jobs.run(run, attempt)
+            return handle_attempt(update, attempt)
+
+        return handle
+
+    def _look_for_jobs(self) -> None:
+        """Fire the due runs of durable jobs and hand them to the workers, then look again."""
+        durable = self._durable_jobs
+        if durable is None or self._closed:
+            return
+        try:
+            fired = durable.fire_due()
+        except Exception as exc:  # the store did not answer: the next look tries again
+            _LOGGER.warning("jobs: looking for due runs failed (%s): trying again", exc)
+            fired = []
+        for update_id, body in fired:
+            if self._closed:
+                break
+            self._dispatch(update_id, body, json.loads(body))
+        interval = min(1.0, self._runtime.options.sweep_every_seconds)
+        self._job_looks.call_later(0.0 if len(fired) >= FIRE_PAGE else interval,
+                                   self._look_for_jobs)
+
     @property
     def store(self) -> Any:
         """The update store."""
@@ -205,9 +282,10 @@ class UpdateIntake:
         return self._runtime
 
     def stats(self) -> Stats:
-        """What this intake counted since it was created, and how things stand now: a frozen
-        :class:`~ptb_fence.Stats` snapshot (cheap: no store call), for your own metrics
-        system; :mod:`ptb_fence.metrics` exposes the same to Prometheus."""
+        """What this intake counted since it was created, and how things stand now.
+
+        A frozen :class:`~ptb_fence.Stats` snapshot for your own metrics system. It is cheap
+        (no store call). :mod:`ptb_fence.metrics` exposes the same to Prometheus."""
         return self._runtime.snapshot()
 
     def healthy(self) -> Health:
@@ -237,7 +315,7 @@ class UpdateIntake:
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
-        """Start workers, the lease keeper and the periodic sweep; take every pending row.
+        """Start workers, the lease keeper and the periodic sweep, and take every pending row.
 
         Idempotent. Updates accepted before ``start()`` are handled now.
         """
@@ -258,31 +336,28 @@ class UpdateIntake:
         if self._sender is not None and self._runtime.outbox is not None:
             self._runtime.outbox.start(self._sender)
         self._sweep(include_fresh=True)
+        if self._durable_jobs is not None:
+            self._job_looks.call_later(0.0, self._look_for_jobs)
 
     def close(self, timeout: Optional[float] = None) -> None:
         """Stop taking work and wait (bounded) for running attempts to finish.
 
-        Updates waiting for their turn are left in the store (pending or failed) for the next
-        start or another process. Running attempts get ``stop_timeout_seconds`` (or
-        ``timeout``, if shorter) to finish; then they are released in one ``release_many``
-        (claimable at once by any process, the attempt not counted as spent; their fenced
-        writes are refused from then on) and their threads abandoned: they run on until their
-        handler returns (a worker thread cannot be stopped), and keep the interpreter from
-        exiting until then. :meth:`accept` still records after ``close()``, so nothing
-        posted late is lost. Does not close the store.
+        Updates waiting for their turn stay in the store for the next start or another
+        process. Running attempts get ``stop_timeout_seconds`` (or ``timeout``, if shorter) to
+        finish. Then they are released in one ``release_many``, their attempts not spent. Their
+        fenced writes are refused from then on. Their threads are abandoned and run on until
+        their handler returns. :meth:`accept` still records after ``close()``, so nothing posted
+        late is lost. It does not close the store.
 
-        Waits for every thread the intake started: workers, the lease keeper and sweep
-        jobs, refill sweeps and exhaustion deliveries (none starts after close(); the rest stay
-        due in the store). Close the store only after ``close()`` returned.
+        It waits for every thread the intake started. Close the store only after ``close()``
+        returned.
 
         Args:
-            timeout: Seconds to wait in all (:obj:`None`: attempts get
-                ``stop_timeout_seconds``, then the intake's own store work — the last lease
-                renewal, sweep and refill runs — at most 2 s more, so a database that does
-                not answer cannot hold ``close()``; exhaustion deliveries as long as they
-                need). Giving back the attempts still running may take up to 2 s beyond it
-                (milliseconds when the store answers). What is still running after it is
-                named in a WARNING.
+            timeout: Seconds to wait in all. With :obj:`None`, attempts get
+                ``stop_timeout_seconds`` and the intake's own store work at most 2 s more, so a
+                database that does not answer cannot hold ``close()``. Exhaustion deliveries
+                get as long as they need. Giving back the attempts still running may take up
+                to 2 s beyond it. What still runs after it is named in a WARNING.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -316,7 +391,7 @@ class UpdateIntake:
                         running_now,
                         format_duration(waited),
                     )
-        # giving back what still runs takes milliseconds when the store answers; it gets the
+        # Giving back what still runs takes milliseconds when the store answers. It gets the
         # margin even past ``timeout`` (a release cut short would strand the update for its
         # lease), and no more: a database that does not answer must not hold close()
         self._runs.release_all(STOP_MARGIN_SECONDS)
@@ -327,6 +402,7 @@ class UpdateIntake:
             return max(0.0, until - time.monotonic())
 
         running += self._wakeups.close(internal())
+        running += self._job_looks.close(internal())
         running += self._runtime.jobs.stop(internal())
         outbox = self._runtime.outbox
         if outbox is not None and self._sender is not None:
@@ -378,7 +454,7 @@ class UpdateIntake:
 
         Returns:
             ``"accepted"`` (recorded now), ``"duplicate"`` (already recorded) or ``"invalid"``
-            (not an update; nothing stored).
+            (not an update, nothing stored).
 
         Raises:
             Exception: A store error propagates: the update was not recorded, so do not
@@ -499,25 +575,27 @@ class UpdateIntake:
             self._chats.done(key, update_id)
 
     def _run_update(self, key: Hashable, update_id: int, item: Any) -> None:
-        run: Optional[IntakeRun] = None
         try:
-            if not self._closed:
-                run = self._process(key, update_id, item[0], item[1])
-        except BaseException:  # pragma: no cover - _process never raises
+            if self._closed:
+                self._turn_done(key, update_id, None)
+            else:  # the flow passes the chat's turn on
+                self._adapter.process(key, update_id, item[0], item[1])
+        except BaseException:  # pragma: no cover - the flow never raises
             _LOGGER.exception(
                 "unexpected error processing update %s", update_id, extra={"update_id": update_id}
             )
         finally:
-            if run is None or not run.timed_out:  # a timed-out run passed the turn on already
-                self._turn_done(key, update_id, None if run is None else run.outcome)
             if self._refill and len(self._chats) == 0 and not self._closed:
                 self._refill = False
                 self._start_refill()
 
     def _turn_done(self, key: Hashable, update_id: int, outcome: Optional[Outcome]) -> None:
-        """Pass the chat's turn on; under ``strict_chat_order`` first queue the chat's next
-        update from the store (:meth:`StoreChatOrder.successor <ptb_fence.runtime._store_chat_order.StoreChatOrder.successor>`; ``outcome`` :obj:`None`: not
-        claimed)."""
+        """Pass the chat's turn on.
+
+        Under ``strict_chat_order`` it first queues the chat's next update from the store
+        (:meth:`StoreChatOrder.successor
+        <ptb_fence.runtime._store_chat_order.StoreChatOrder.successor>`). An ``outcome`` of
+        :obj:`None` means not claimed."""
         try:
             if not self._closed:
                 waiting = self._chats.waiting(key)
@@ -574,58 +652,3 @@ class UpdateIntake:
     def _submit_exhaustion(self, exhaustion: Exhaustion) -> None:
         if self._delivery is not None:
             self._delivery.submit([exhaustion])
-
-    def _process(
-        self, key: Hashable, update_id: int, text: str, update: Dict[str, Any]
-    ) -> Optional[IntakeRun]:
-        runtime = self._runtime
-        claims = self._claims  # workers that start at the same time claim in one commit
-        attempt = runtime.claim(update_id, text) if claims is None else claims.submit((update_id, text))
-        if attempt is None:
-            return None
-        entered, previous = self._gate.enter(attempt)
-        if not entered:  # closing, or the running handlers (or suspects) did not end in time
-            runtime.recovery.release([attempt])  # its attempt not spent: claimable at once
-            return None
-        if previous is not None:  # its probation is over: a crash is no longer its alone
-            runtime.end_probation(previous)
-        if attempt.suspicion and not runtime.mark_isolated(attempt):
-            self._gate.leave(attempt)
-            runtime.recovery.release([attempt])
-            return None
-        run = self._runs.begin(key, update_id, attempt)  # leaves the gate when it ends
-        attempt.update = update  # what attempt.outbox.reply_text answers
-        # a unary handler gets no attempt, also when it carries a claim id (handle_exhaustion)
-        aware = self._handle_attempt is not None and attempt.fenced
-        token = enter_attempt(attempt) if aware else None
-        error: Optional[BaseException] = None
-        started = time.perf_counter()
-        try:
-            if self._handle_attempt is not None:
-                self._handle_attempt(update, attempt)
-            else:
-                assert self._handle is not None
-                self._handle(update)
-        except BaseException as exc:  # noqa: B036 - SystemExit, CancelledError, … fail the
-            error = exc  # attempt too; re-raising would skip settle and end (renewed forever)
-        finally:
-            if token is not None:
-                exit_attempt(token)
-            runtime.stats.handler_time(time.perf_counter() - started)
-        if not self._runs.returned(run):
-            return run  # timed out or released meanwhile: settled (or released) already
-        exhaustion: Optional[Exhaustion] = None
-        try:
-            if runtime.completes_in_group(attempt, error):
-                # one commit with the completions of the workers that finish at the same time
-                attempt.begin_settling()
-                run.outcome = self._completions.submit(attempt)
-            else:
-                run.outcome, exhaustion = runtime.settle(attempt, error)
-        finally:
-            runtime.end(attempt)
-            self._runs.settled(run)
-        if exhaustion is not None:
-            # delivered on a thread of its own: this worker releases the chat's turn now
-            self._submit_exhaustion(exhaustion)
-        return run

@@ -1,13 +1,11 @@
-"""IntakeRuns: the attempts running on UpdateIntake's worker threads, each endable once;
-IntakeWorkers: those threads.
+"""IntakeRuns: the attempts running on UpdateIntake's worker threads, each endable once.
 
-A run ends exactly once, whichever comes first: its handler returned (the worker settles it),
-``attempt_timeout_seconds`` passed (the attempt is settled failed with
-:exc:`~ptb_fence.AttemptTimeout` and ended here, and the chat's turn passes on; the worker
-thread cannot be stopped and runs on, abandoned, and a new worker takes its place) or
-:meth:`UpdateIntake.close` gave up waiting (the attempt is released: claimable at once
-elsewhere). An abandoned handler's fenced writes are refused, since its attempt no longer owns
-the update.
+IntakeWorkers are those threads. A run ends exactly once, whichever comes first. Its handler
+returns and the worker settles it. Or ``attempt_timeout_seconds`` passes: the attempt is settled
+failed with :exc:`~ptb_fence.AttemptTimeout` and the chat's turn passes on. The worker thread
+runs on, abandoned, and a new worker takes its place. Or :meth:`UpdateIntake.close` gives up
+waiting: the attempt is released, claimable at once elsewhere. An abandoned handler's fenced
+writes are refused, since its attempt no longer owns the update.
 """
 
 from __future__ import annotations
@@ -22,14 +20,12 @@ from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple
 from ptb_fence._durations import format_duration
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._runtime import Runtime
-from ptb_fence.blocking._isolation import IsolationGate
+from ptb_fence.blocking._isolation import ThreadIsolationGate
 from ptb_fence.runtime._outcome import Outcome
 from ptb_fence.runtime._recovery import AttemptTimeout
 from ptb_fence.blocking._wakeups import Wakeups
 
 __all__ = ["IntakeRun", "IntakeRuns", "IntakeWorkers"]
-
-_LOGGER = logging.getLogger("ptb_fence.intake")
 
 _LOGGER = logging.getLogger("ptb_fence.intake")
 
@@ -45,25 +41,20 @@ class IntakeRun:
         key: The chat key.
         update_id: The update.
         attempt: The attempt.
-        marked: Its claim was marked as a suspect's (on probation or alone): it keeps the
-            isolation gate until it settled.
-        outcome: How it was settled (:obj:`None` until then, or when released).
     """
 
-    __slots__ = ("_how", "_lock", "attempt", "key", "marked", "outcome", "thread", "update_id")
+    __slots__ = ("_how", "_lock", "attempt", "key", "thread", "update_id")
 
     def __init__(self, key: Hashable, update_id: int, attempt: Attempt) -> None:
         self.key = key
         self.update_id = update_id
         self.attempt = attempt
         self.thread = threading.current_thread()  # the worker running the handler
-        self.marked = attempt.suspicion > 0
         self._lock = threading.Lock()
         self._how: Optional[str] = None
-        self.outcome: Optional[Outcome] = None
 
     def finish(self, how: str) -> bool:
-        """End the run as ``how``; :obj:`False` if it already ended otherwise."""
+        """End the run as ``how``. Returns :obj:`False` if it already ended otherwise."""
         with self._lock:
             if self._how is not None:
                 return False
@@ -85,7 +76,7 @@ class IntakeRuns:
         workers: The worker threads (a timed-out run's thread stops counting there).
         turn_done: ``turn_done(key, update_id, outcome)``: pass the chat's turn on.
         deliver: ``deliver(exhaustion)``: hand an exhaustion to its delivery.
-        gate: The isolation gate every run entered; a run leaves it when it ends.
+        gate: The isolation gate every run entered. A run leaves it when it ends.
     """
 
     __slots__ = (
@@ -99,7 +90,7 @@ class IntakeRuns:
         workers: "IntakeWorkers",
         turn_done: Callable[[Hashable, int, Optional[Outcome]], None],
         deliver: Callable[[Any], None],
-        gate: IsolationGate,
+        gate: ThreadIsolationGate,
     ) -> None:
         self._gate = gate
         self._runtime = runtime
@@ -123,22 +114,10 @@ class IntakeRuns:
         return run
 
     def returned(self, run: IntakeRun) -> bool:
-        """The handler returned: :obj:`True` if the worker settles it (it was not ended).
-        A marked run keeps the isolation gate until :meth:`settled`: were the next suspect let
-        in before this settle landed and crashed the process, the store would blame the crash
-        on this attempt too (its claim is marked isolated and still live)."""
+        """The handler returned: :obj:`True` if the worker settles it and leaves the isolation
+        gate (it was not ended)."""
         self._forget(run)
-        if not run.finish(_RETURNED):
-            return False
-        if not run.marked:
-            self._gate.leave(run.attempt)
-        return True
-
-    def settled(self, run: IntakeRun) -> None:
-        """The worker settled a run :meth:`returned` gave it (landed or not): a marked run
-        leaves the isolation gate now."""
-        if run.marked:
-            self._gate.leave(run.attempt)
+        return run.finish(_RETURNED)
 
     def _end(self, run: IntakeRun, how: str) -> bool:
         """End ``run`` as ``how`` (once) and leave the isolation gate: a handler abandoned
@@ -180,18 +159,19 @@ class IntakeRuns:
         self._forget(run)
         runtime = self._runtime
         error = AttemptTimeout(run.update_id, run.attempt.attempt, timeout)
+        outcome: Optional[Outcome] = None
         try:
-            run.outcome, exhaustion = runtime.settle(run.attempt, error)
+            outcome, exhaustion = runtime.settle(run.attempt, error)
         finally:
             runtime.end(run.attempt)
-            self._turn_done(run.key, run.update_id, run.outcome)
+            self._turn_done(run.key, run.update_id, outcome)
         if exhaustion is not None:
             self._deliver(exhaustion)
 
     def release_all(self, seconds: float) -> int:
         """Release every run still going (:meth:`Recovery.give_back
         <ptb_fence.runtime._recovery.Recovery.give_back>`: their open fenced transactions are
-        ended first), waiting at most ``seconds``; their worker threads are abandoned.
+        ended first), waiting at most ``seconds``. Their worker threads are abandoned.
         Returns how many runs were ended here."""
         with self._lock:
             runs = list(self._runs.values())
@@ -231,7 +211,7 @@ class IntakeWorkers:
     A handler that passed ``attempt_timeout_seconds`` keeps its thread (a thread cannot be
     stopped), but from then on it no longer counts against ``size``: its place goes to the next
     update at once, on a new thread. At most ``size`` stuck threads are replaced this way (the
-    threads never exceed ``2 * size``); beyond that the intake runs fewer handlers at once until
+    threads never exceed ``2 * size``). Beyond that the intake runs fewer handlers at once until
     a stuck one returns. A stuck thread that returns takes no more work of its own: its place
     was given away (it stays in the pool as an idle thread).
 
@@ -265,7 +245,7 @@ class IntakeWorkers:
             )
 
     def submit(self, job: _Job) -> bool:
-        """Run ``job`` when a place is free; :obj:`False` once shut down (not taken)."""
+        """Run ``job`` when a place is free. Returns :obj:`False` once shut down (not taken)."""
         with self._lock:
             pool = self._pool
             if pool is None:

@@ -1,13 +1,13 @@
-"""IsolationGate: the handlers of one blocking front end run together, one starts on
+"""ThreadIsolationGate: the handlers of one blocking front end run together, one starts on
 probation, or one runs alone.
 
-The rules live in :class:`~ptb_fence.runtime._isolation.IsolationState`; this gate waits for
+The rules live in :class:`~ptb_fence.runtime._isolation.IsolationState`. This gate waits for
 them with a lock and a condition (its asyncio twin is
 :class:`ptb_fence.ptb._isolation.AsyncIsolationGate`). A start that needs no isolation takes
 the lock and a counter, no store call. The wait of a suspect is bounded
-(:data:`~ptb_fence.runtime._recovery.ALONE_WAIT_SECONDS`): a handler that never ends (without
-``attempt_timeout_seconds``) must not stop the process; the suspect is then given back (its
-attempt not spent) and runs at a later sweep.
+(:data:`~ptb_fence.runtime._recovery.ALONE_WAIT_SECONDS`), so a handler that never ends
+(without ``attempt_timeout_seconds``) cannot stop the process. The suspect is then given back
+(its attempt not spent) and runs at a later sweep.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._isolation import IsolationState
 from ptb_fence.runtime._recovery import ALONE_WAIT_SECONDS
 
-__all__ = ["IsolationGate"]
+__all__ = ["ThreadIsolationGate"]
 
 
-class IsolationGate:
+class ThreadIsolationGate:
     """A writer-preferring readers-writer gate for handler threads (thread-safe), with one
     probation at a time."""
 
@@ -33,6 +33,18 @@ class IsolationGate:
         self._cond = threading.Condition()
         self._state = IsolationState(time.monotonic)
         self._closed = False
+
+    def enter_now(self, attempt: Attempt) -> bool:
+        """Let ``attempt``'s handler start at once when it is not suspect and no handler runs
+        alone, is on probation or waits as a suspect (the usual case). On :obj:`False` call
+        :meth:`enter`. The caller calls :meth:`leave` once the handler ended."""
+        if attempt.suspicion:
+            return False
+        with self._cond:
+            if self._closed or self._state.held_for(0) is not None:
+                return False  # enter refuses a closed gate, and the attempt is given back
+            self._state.start(attempt)
+            return True
 
     def enter(
         self, attempt: Attempt, timeout: Optional[float] = ALONE_WAIT_SECONDS

@@ -62,7 +62,7 @@ class HttpxSender:
             client.close()
 
     def __call__(self, method: str, params: Dict[str, Any]) -> Any:
-        """Send one call; the Bot API's ``result``, or the PTB exception for the answer."""
+        """Send one call and return the Bot API's ``result``, or raise PTB's exception for it."""
         code, data = self._post(method, params)
         if 200 <= code <= 299 and isinstance(data, dict) and data.get("ok"):
             self._token_good = True

@@ -18,7 +18,7 @@ class Wakeups:
     """Runs ``fn()`` at ``delay`` seconds from now, on one daemon thread, in due order.
 
     Guarantee: a scheduled callback runs once, not before its time, unless :meth:`close` came
-    first (then it never runs). Callbacks must be short (they hand work on); one that raises is
+    first (then it never runs). Callbacks must be short (they hand work on). One that raises is
     logged and the others still run.
     """
 
@@ -33,7 +33,9 @@ class Wakeups:
         self._closed = False
 
     def call_later(self, delay: float, fn: Callable[[], None]) -> bool:
-        """Run ``fn`` after ``delay`` seconds; :obj:`False` (nothing scheduled) once closed."""
+        """Run ``fn`` after ``delay`` seconds.
+
+        Returns :obj:`False` (nothing scheduled) once closed."""
         due = time.monotonic() + max(0.0, delay)
         with self._cond:
             if self._closed:
@@ -51,7 +53,7 @@ class Wakeups:
             return len(self._heap)
 
     def close(self, timeout: Optional[float] = None) -> List[str]:
-        """Drop what has not run yet and stop the thread; returns its name if still running."""
+        """Drop what has not run yet and stop the thread. Returns its name if still running."""
         with self._cond:
             self._closed = True
             self._heap.clear()

@@ -32,7 +32,7 @@ def _reply(
 
 
 def _read_body(environ: Dict[str, Any], limit: int) -> "bytes | str":
-    """Read the request body; returns the bytes or a status line to answer with."""
+    """Read the request body. Returns the bytes or a status line to answer with."""
     stream = environ.get("wsgi.input")
     raw_length = environ.get("CONTENT_LENGTH") or ""
     if raw_length.strip() == "":
@@ -41,7 +41,7 @@ def _read_body(environ: Dict[str, Any], limit: int) -> "bytes | str":
         data = stream.read(limit + 1)
         return "413 Payload Too Large" if len(data) > limit else data
     digits = raw_length.strip()
-    # Content-Length is 1*DIGIT (RFC 9110); int() would also take "1_0", "+5" or "٥"
+    # Content-Length is 1*DIGIT (RFC 9110). int() would also take "1_0", "+5" or "٥".
     if _DIGITS.fullmatch(digits) is None:
         return "400 Bad Request"
     if len(digits.lstrip("0")) > len(str(limit)) or int(digits) > limit:
@@ -69,10 +69,11 @@ def webhook_app(
 ) -> Callable[[Dict[str, Any], StartResponse], Iterable[bytes]]:
     """Build a WSGI application that records Telegram webhook updates through ``intake``.
 
-    Answers: non-POST → 405 (``Allow: POST``); missing or wrong
-    ``X-Telegram-Bot-Api-Secret-Token`` → 403 (compared in constant time, before the body is
-    read); body over ``max_body_bytes`` → 413; not an update → 400; accepted or duplicate →
-    200, only after the row is committed; store failure → 503, so Telegram redelivers.
+    It answers 405 to a non-POST (``Allow: POST``). It answers 403 to a missing or wrong
+    ``X-Telegram-Bot-Api-Secret-Token`` (compared in constant time, before the body is read).
+    It answers 413 to a body over ``max_body_bytes`` and 400 to a body that is no update.
+    It answers 200 to an accepted or duplicate update, only after the row is committed.
+    It answers 503 to a store failure, so Telegram redelivers.
 
     Args:
         intake (:class:`~ptb_fence.UpdateIntake`): Anything with ``accept(body)``.

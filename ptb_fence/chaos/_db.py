@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import sqlite3
 import urllib.parse
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 from ptb_fence.stores._admin_sql import AdminStatements
+from ptb_fence.stores._jobs_sql import jobs_table_name
+from ptb_fence.stores._pace import pace_table_name
 from ptb_fence.stores._outbox_sql import outbox_table_name
+from ptb_fence.stores._queries import Statements, load
 from ptb_fence.stores._state_sql import state_table_name
+from ptb_fence.stores._steps_sql import steps_table_name
 from ptb_fence.stores.postgres._sql import postgres_admin_statements
 from ptb_fence.stores.sqlite._sql import sqlite_admin_statements
 
@@ -20,19 +24,20 @@ _SQLITE_PREFIX = "sqlite:///"
 class ChaosDatabase:
     """Where a chaos run keeps its rows, and how to reach them.
 
-    A run uses five tables in one database, all named ``<prefix>_<name>``:
+    A run uses these tables in one database, all named ``<prefix>_<name>``:
 
     - ``updates``: the :class:`~ptb_fence.SQLiteUpdateStore` /
-      :class:`~ptb_fence.PostgresUpdateStore` table of the run;
-    - ``domain``: the handlers' fenced domain writes, one row per write and **no unique key**, so
-      a double write shows up as a second row of the same ``update_id``;
-    - ``runs``: the handler-run log, one row per handler run (written before the handler does
-      anything else);
-    - ``events``: what the workers report (``fenced_out`` transactions, ``skip`` of an
-      idempotent plain-transaction write, ``tx_error``, ``exhaustion_failed``);
-    - ``exhaustions``: one row per exhaustion delivered to ``handle_exhaustion``;
-    - ``claims``: every claim of the ``updates`` table, written by a trigger in the claim's own
-      transaction (an instrument of the run: it shows claims whose handler never started).
+      :class:`~ptb_fence.PostgresUpdateStore` table of the run.
+    - ``domain``: the handlers' fenced domain writes, one row per write. It has **no unique
+      key**, so a double write shows up as a second row of the same ``update_id``.
+    - ``runs``: the handler-run log, one row per handler run. The row is written before the
+      handler does anything else.
+    - ``events``: what the workers report. These are ``fenced_out`` transactions, ``skip`` of
+      an idempotent plain-transaction write, ``tx_error`` and ``exhaustion_failed``.
+    - ``exhaustions``: one row per exhaustion delivered to ``handle_exhaustion``.
+    - ``claims``: every claim of the ``updates`` table. A trigger writes it in the claim's own
+      transaction. It is an instrument of the run, which shows claims whose handler never
+      started.
 
     Args:
         url (:obj:`str`): ``sqlite:///absolute/path`` or a PostgreSQL DSN (URI or key/value).
@@ -42,11 +47,12 @@ class ChaosDatabase:
         ValueError: An empty SQLite path.
     """
 
-    __slots__ = ("kind", "path", "prefix", "url")
+    __slots__ = ("_statements", "kind", "path", "prefix", "url")
 
     def __init__(self, url: str, prefix: str) -> None:
         self.url = url
         self.prefix = prefix
+        self._statements: Optional[Statements] = None
         if url.startswith(_SQLITE_PREFIX):
             self.kind = "sqlite"
             self.path: Optional[str] = url[len(_SQLITE_PREFIX) - 1 :]
@@ -66,22 +72,41 @@ class ChaosDatabase:
         """:obj:`bool`: Whether the run uses a SQLite file."""
         return self.kind == "sqlite"
 
-    @property
-    def placeholder(self) -> str:
-        """:obj:`str`: The driver's placeholder (``?`` or ``%s``)."""
-        return "?" if self.is_sqlite else "%s"
-
     def admin_sql(self) -> AdminStatements:
-        """The store's admin statements for the run's ``updates`` table (no parameters used
-        by the runner, so they run unchanged through :meth:`query`)."""
+        """The store's admin statements for the run's ``updates`` table.
+
+        The runner uses those without parameters, so they run unchanged through :meth:`query`.
+        """
         table = self.table("updates")
         if self.is_sqlite:
             return sqlite_admin_statements(table)
         return postgres_admin_statements(table)
 
-    def sql(self, text: str) -> str:
-        """``text`` (written with ``?`` placeholders) in the driver's placeholder style."""
-        return text if self.is_sqlite else text.replace("?", "%s")
+    def statements(self) -> Statements:
+        """The runner's own statements (the dialect's ``chaos.sql``) on the run's tables.
+
+        Their values are named parameters (``:name`` on SQLite, ``%(name)s`` on PostgreSQL).
+        """
+        # filled once: a worker reads them for every handler run
+        if self._statements is not None:
+            return self._statements
+        names = {name: self.table(name) for name in
+                 ("updates", "domain", "runs", "events", "exhaustions", "claims")}
+        names.update(
+            domain_index=self.table("domain") + "_update_idx",
+            claims_function=self.table("claims") + "_fn",
+            claims_trigger=self.table("claims") + "_trg",
+            claims_update_trigger=self.table("claims") + "_update_trg",
+            claims_insert_trigger=self.table("claims") + "_insert_trg",
+            outbox=outbox_table_name(self.table("updates")),
+            state=state_table_name(self.table("updates")),
+            steps=steps_table_name(self.table("updates")),
+            jobs=jobs_table_name(self.table("updates")),
+            pace=pace_table_name(self.table("updates")),
+        )
+        package = "ptb_fence.stores." + ("sqlite" if self.is_sqlite else "postgres")
+        self._statements = load(self.kind, package, ("chaos.sql",)).fill(names, {})
+        return self._statements
 
     def dsn(self, application_name: str) -> str:
         """The PostgreSQL DSN with ``application_name`` set (for ``pg_terminate_backend``)."""
@@ -121,95 +146,71 @@ class ChaosDatabase:
         """A new autocommit connection for the runner (reads, DDL, ``pg_terminate_backend``)."""
         if self.is_sqlite:
             assert self.path is not None
-            lite = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
-            lite.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-            return lite
+            # timeout= is SQLite's busy timeout
+            return sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
         import psycopg2
 
         conn = psycopg2.connect(
             self.dsn(application_name), connect_timeout=max(1, int(timeout))
         )
         conn.autocommit = True
-        self.query(conn, "SET statement_timeout = ?", (int(timeout * 1000),))
+        with conn.cursor() as cur:
+            cur.execute(self.statements()["chaos_statement_timeout"], {"ms": int(timeout * 1000)})
         return conn
 
-    def query(self, conn: Any, text: str, params: Sequence[Any] = ()) -> List[Tuple[Any, ...]]:
-        """Run one statement on ``conn`` (``?`` placeholders) and return its rows."""
+    def query(
+        self, conn: Any, text: str, params: Optional[Mapping[str, Any]] = None
+    ) -> List[Tuple[Any, ...]]:
+        """Run the statement ``text`` on ``conn`` with named ``params`` and return its rows."""
         cur = conn.cursor()
         try:
-            cur.execute(self.sql(text), tuple(params))
+            cur.execute(text, dict(params or {}))
             return [tuple(row) for row in cur.fetchall()] if cur.description is not None else []
         finally:
             cur.close()
 
+    def run(
+        self, conn: Any, name: str, params: Optional[Mapping[str, Any]] = None
+    ) -> List[Tuple[Any, ...]]:
+        """Run the statement ``name`` of the dialect's ``chaos.sql`` on ``conn``.
+
+        Args:
+            conn: A DB-API connection to the run's database.
+            name: The statement's name.
+            params: Its named parameters, if it has any.
+
+        Returns:
+            The statement's rows (none for a statement that returns no rows).
+        """
+        return self.query(conn, self.statements()[name], params)
+
     # -- schema ----------------------------------------------------------------------------
     def create_tables(self, conn: Any) -> None:
         """Create the run's own tables (the store creates ``updates`` itself)."""
-        bigint = "INTEGER" if self.is_sqlite else "BIGINT"
-        statements = [
-            # no unique key anywhere: a double write must be visible as two rows
-            f"CREATE TABLE IF NOT EXISTS {self.table('domain')} (update_id {bigint} NOT NULL, "
-            f"attempt INTEGER NOT NULL, claim_id TEXT NOT NULL, pid INTEGER NOT NULL, "
-            f"path TEXT NOT NULL, written_at {bigint} NOT NULL)",
-            f"CREATE INDEX IF NOT EXISTS {self.table('domain')}_update_idx "
-            f"ON {self.table('domain')} (update_id)",
-            f"CREATE TABLE IF NOT EXISTS {self.table('runs')} (update_id {bigint} NOT NULL, "
-            f"attempt INTEGER NOT NULL, claim_id TEXT NOT NULL, pid INTEGER NOT NULL, "
-            f"started_at {bigint} NOT NULL)",
-            f"CREATE TABLE IF NOT EXISTS {self.table('events')} (kind TEXT NOT NULL, "
-            f"update_id {bigint} NOT NULL, attempt INTEGER NOT NULL, claim_id TEXT NOT NULL, "
-            f"pid INTEGER NOT NULL, at {bigint} NOT NULL, detail TEXT)",
-            f"CREATE TABLE IF NOT EXISTS {self.table('exhaustions')} (update_id {bigint} "
-            f"NOT NULL, attempt INTEGER NOT NULL, claim_id TEXT NOT NULL, error TEXT, "
-            f"pid INTEGER NOT NULL, delivered_at {bigint} NOT NULL)",
-            f"CREATE TABLE IF NOT EXISTS {self.table('claims')} (update_id {bigint} NOT NULL, "
-            f"attempt INTEGER NOT NULL, claim_id TEXT NOT NULL, due_at {bigint} NOT NULL)",
-        ]
-        for statement in statements:
-            self.query(conn, statement)
+        for name in ("chaos_create_domain", "chaos_create_domain_index", "chaos_create_runs",
+                     "chaos_create_events", "chaos_create_exhaustions", "chaos_create_claims"):
+            self.run(conn, name)
 
     def create_claim_log(self, conn: Any) -> None:
         """Log every claim of the ``updates`` table into ``claims`` (triggers).
 
-        A claim is a row that becomes (or is inserted as) ``processing`` with a new claim id;
-        renewals and settlements do not change the claim id and are not logged.
+        A claim is a row that becomes (or is inserted as) ``processing`` with a new claim id.
+        Renewals and settlements do not change the claim id and are not logged.
         """
-        updates, claims = self.table("updates"), self.table("claims")
-        columns = f"{claims} (update_id, attempt, claim_id, due_at)"
-        values = "(NEW.update_id, NEW.attempts, NEW.claim_id, NEW.due_at)"
-        if self.is_sqlite:
-            for event, condition in (
-                ("UPDATE OF claim_id", "NEW.claim_id IS NOT OLD.claim_id AND "),
-                ("INSERT", ""),
-            ):
-                name = f"{claims}_{event.split()[0].lower()}_trg"
-                self.query(
-                    conn,
-                    f"CREATE TRIGGER IF NOT EXISTS {name} AFTER {event} ON {updates} "
-                    f"WHEN {condition}NEW.state = 'processing' "
-                    f"BEGIN INSERT INTO {columns} VALUES {values}; END",
-                )
-            return
-        self.query(
-            conn,
-            f"CREATE OR REPLACE FUNCTION {claims}_fn() RETURNS trigger LANGUAGE plpgsql AS $$ "
-            f"BEGIN IF NEW.state = 'processing' AND (TG_OP = 'INSERT' OR NEW.claim_id IS "
-            f"DISTINCT FROM OLD.claim_id) THEN INSERT INTO {columns} VALUES {values}; END IF; "
-            f"RETURN NULL; END $$",
+        names: Tuple[str, ...] = (
+            ("chaos_claim_log_update_trigger", "chaos_claim_log_insert_trigger")
+            if self.is_sqlite
+            else ("chaos_claim_log_function", "chaos_drop_claim_log_trigger",
+                  "chaos_claim_log_trigger")
         )
-        self.query(conn, f"DROP TRIGGER IF EXISTS {claims}_trg ON {updates}")
-        self.query(
-            conn,
-            f"CREATE TRIGGER {claims}_trg AFTER INSERT OR UPDATE ON {updates} "
-            f"FOR EACH ROW EXECUTE FUNCTION {claims}_fn()",
-        )
+        for name in names:
+            self.run(conn, name)
 
     def drop_tables(self, conn: Any) -> None:
-        """Drop every table of the run."""
-        for name in ("updates", "domain", "runs", "events", "exhaustions", "claims"):
-            self.query(conn, f"DROP TABLE IF EXISTS {self.table(name)}")
-        # the outbox and state tables the update store made beside its table
-        self.query(conn, f"DROP TABLE IF EXISTS {outbox_table_name(self.table('updates'))}")
-        self.query(conn, f"DROP TABLE IF EXISTS {state_table_name(self.table('updates'))}")
+        """Drop every table of the run (and the outbox, state, steps, jobs and pace tables the
+        update store made beside its table)."""
+        for name in ("updates", "domain", "runs", "events", "exhaustions", "claims", "outbox",
+                     "state", "steps", "jobs", "pace"):
+            self.run(conn, "chaos_drop_" + name)
         if not self.is_sqlite:
-            self.query(conn, f"DROP FUNCTION IF EXISTS {self.table('claims')}_fn()")
+            self.run(conn, "chaos_drop_claim_log_function")

@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import IO, Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ptb_fence.chaos._db import ChaosDatabase
 
@@ -36,6 +36,8 @@ reach its handler: the worker died, or the claim's commit broke after it landed 
 unknown). The lease term covers a claim that waited for a row (PostgreSQL) or the write lock
 (SQLite) held by a paused worker, which is paused for ``lease + 1 s``."""
 _EXPLAIN_AFTER_MS = 1000
+_RECORD_SLACK_MS = 5
+"""A request or a call may be stamped up to this long after the step's record (two clocks)."""
 
 
 def _now_ms() -> int:
@@ -46,15 +48,15 @@ class ChaosConfig:
     """The settings of one chaos run (see ``python -m ptb_fence.chaos --help``).
 
     Args:
-        store (:obj:`str`, optional): ``sqlite:///absolute/path`` or a PostgreSQL DSN; default a
+        store (:obj:`str`, optional): ``sqlite:///absolute/path`` or a PostgreSQL DSN. Default a
             SQLite file in a new temporary directory.
-        updates (:obj:`int`, optional): Updates to drive; default 5000 on PostgreSQL, 2000 on
+        updates (:obj:`int`, optional): Updates to drive. Default 5000 on PostgreSQL, 2000 on
             SQLite.
         workers (:obj:`int`, optional): Worker processes. Default 4.
-        seed (:obj:`int`, optional): Seed of the plan and of the fault schedule; default random.
+        seed (:obj:`int`, optional): Seed of the plan and of the fault schedule. Default random.
         duration_limit (:obj:`float`, optional): Give up (and fail) after this many seconds.
         pg_restart (:obj:`bool`, optional): Restart PostgreSQL once mid-run. Default :obj:`True`.
-        rate (:obj:`float`, optional): Updates delivered per second; default 100 on PostgreSQL,
+        rate (:obj:`float`, optional): Updates delivered per second. Default 100 on PostgreSQL,
             50 on SQLite.
         fault_every (:obj:`float`, optional): Mean seconds between faults. Default 1.5.
         lease (:obj:`float`, optional): The workers' ``lease_seconds``. Default 1.0.
@@ -62,8 +64,11 @@ class ChaosConfig:
         max_attempts (:obj:`int`, optional): The workers' ``max_attempts``. Default 5.
         max_concurrent (:obj:`int`, optional): The workers' ``max_concurrent``. Default 8.
         keep (:obj:`bool`, optional): Keep the tables and the work directory after a pass.
-        run_id (:obj:`str`, optional): Names the run's tables (``chaos_<run_id>_*``); default
+        run_id (:obj:`str`, optional): Names the run's tables (``chaos_<run_id>_*``). Default
             random.
+        payments (:obj:`bool`, optional): The handlers charge a
+            :class:`~ptb_fence.testing.FakePaymentApi` in a step, and the run checks the charges.
+            Default :obj:`True`.
     """
 
     __slots__ = (
@@ -73,6 +78,7 @@ class ChaosConfig:
         "lease",
         "max_attempts",
         "max_concurrent",
+        "payments",
         "pg_restart",
         "rate",
         "run_id",
@@ -100,6 +106,7 @@ class ChaosConfig:
         max_concurrent: int = 8,
         keep: bool = False,
         run_id: Optional[str] = None,
+        payments: bool = True,
     ) -> None:
         postgres = store is not None and not store.startswith("sqlite:///")
         self.store = store
@@ -116,6 +123,7 @@ class ChaosConfig:
         self.max_concurrent = max_concurrent
         self.keep = keep
         self.run_id = run_id or uuid.uuid4().hex[:8]
+        self.payments = payments
         for name in ("updates", "workers", "max_attempts", "max_concurrent"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
@@ -157,7 +165,7 @@ class _Update:
 class _Worker:
     """The runner's view of one worker slot."""
 
-    __slots__ = ("expected_death", "log", "proc", "slot", "starts", "stopped_until")
+    __slots__ = ("expected_death", "log", "paused_at", "proc", "slot", "starts", "stopped_until")
 
     def __init__(self, slot: int) -> None:
         self.slot = slot
@@ -165,6 +173,7 @@ class _Worker:
         self.log: Optional[IO[bytes]] = None
         self.expected_death = False
         self.stopped_until: Optional[float] = None
+        self.paused_at: Optional[int] = None  # when the process was last SIGSTOPped (ms)
         self.starts = 0
 
     @property
@@ -197,6 +206,7 @@ class ChaosRunner:
         "_fed",
         "_notes",
         "_out",
+        "_pay",
         "_plan",
         "_recorder",
         "_recorder_queue",
@@ -242,6 +252,7 @@ class ChaosRunner:
         self._faults: Dict[str, int] = {KILL: 0, STOP: 0, TERMINATE: 0, RESTART: 0}
         self._terminated_backends = 0
         self._fault_times: List[Tuple[str, int, int]] = []
+        self._pay: Any = None  # the FakePaymentApi of a run with payments
         self._notes: Dict[str, str] = {}
         self._unexpected: List[str] = []
         self._recorder_queue: "queue.Queue[Optional[Tuple[int, str]]]" = queue.Queue()
@@ -260,8 +271,10 @@ class ChaosRunner:
         return time.monotonic() - self._t0
 
     # -- database ----------------------------------------------------------------------------
-    def _query(self, text: str, params: Sequence[Any] = ()) -> Optional[List[Tuple[Any, ...]]]:
-        """A runner query; None if the database is unreachable right now (reconnects later)."""
+    def _query(
+        self, text: str, params: Optional[Mapping[str, Any]] = None
+    ) -> Optional[List[Tuple[Any, ...]]]:
+        """A runner query. Returns None if the database is unreachable right now (reconnects later)."""
         try:
             if self._conn is None:
                 self._conn = self._db.connect(self._app_name + "_runner", timeout=2.0)
@@ -275,7 +288,9 @@ class ChaosRunner:
                     pass
             return None
 
-    def _query_patiently(self, text: str, params: Sequence[Any] = (), patience: float = 120.0) -> List[Tuple[Any, ...]]:
+    def _query_patiently(
+        self, text: str, params: Optional[Mapping[str, Any]] = None, patience: float = 120.0
+    ) -> List[Tuple[Any, ...]]:
         deadline = time.monotonic() + patience
         while True:
             rows = self._query(text, params)
@@ -307,7 +322,10 @@ class ChaosRunner:
             if i in failing:
                 behaviour = "fail"
             elif rng.random() < 0.10:
-                behaviour = rng.choice(("transient-before", "transient-inside"))
+                behaviour = rng.choice(
+                    ("transient-before", "transient-step", "transient-inside")
+                    if config.payments else ("transient-before", "transient-inside")
+                )
             else:
                 behaviour = "ok"
             path = "plain" if rng.random() < 0.20 else "complete"
@@ -343,7 +361,7 @@ class ChaosRunner:
             str(config.max_attempts),
             "--max-concurrent",
             str(config.max_concurrent),
-        ]
+        ] + (["--pay", self._pay.url] if self._pay is not None else [])
 
     def _spawn(self, worker: _Worker) -> None:
         env = dict(os.environ)
@@ -361,6 +379,7 @@ class ChaosRunner:
         )
         worker.expected_death = False
         worker.stopped_until = None
+        worker.paused_at = None
         worker.starts += 1
 
     def _wait_ready(self) -> None:
@@ -429,7 +448,7 @@ class ChaosRunner:
 
     # -- feeding -------------------------------------------------------------------------------
     def _record_loop(self, store: Any) -> None:
-        """The runner's own share: recorded straight into the store; only sweeps take them."""
+        """The runner's own share: recorded straight into the store. Only sweeps take them."""
         try:
             done = False
             while not done:
@@ -482,9 +501,7 @@ class ChaosRunner:
             return None
         if prefer_busy:
             # the worker that started a handler most recently is likely to have attempts in flight
-            rows = self._query(
-                f"SELECT pid FROM {self._db.table('runs')} ORDER BY started_at DESC LIMIT 1"
-            )
+            rows = self._query(self._db.statements()["chaos_latest_run_pid"])
             if rows:
                 for worker in running:
                     if worker.proc is not None and worker.proc.pid == rows[0][0]:
@@ -497,15 +514,23 @@ class ChaosRunner:
             if worker is None or worker.proc is None:
                 return False
             worker.expected_death = True
-            self._log_fault(KILL, _now_ms(), _now_ms(), worker.proc.pid)
+            now = _now_ms()
+            # a pause holds back the claims made right before it: a kill soon after the pause
+            # explains them as if it had struck when the pause began
+            lease_ms = int(self._config.lease * 1000)
+            window = (lease_ms + 1000) + lease_ms + _EXPLAIN_SLACK_MS
+            paused = worker.paused_at
+            start = paused if paused is not None and now - paused <= window else now
+            self._log_fault(KILL, start, now, worker.proc.pid)
             os.kill(worker.proc.pid, signal.SIGKILL)
             worker.proc.wait()
-            self._spawn(worker)  # restarted at once; it goes on with its feed
+            self._spawn(worker)  # restarted at once. It goes on with its feed
         elif kind == STOP:
             worker = self._pick(prefer_busy=True)
             if worker is None or worker.proc is None:
                 return False
             self._log_fault(STOP, _now_ms(), _now_ms(), worker.proc.pid)
+            worker.paused_at = _now_ms()
             os.kill(worker.proc.pid, signal.SIGSTOP)
             worker.stopped_until = time.monotonic() + self._config.lease + 1.0
         elif kind == TERMINATE:
@@ -513,9 +538,8 @@ class ChaosRunner:
                 return False
             started = _now_ms()
             rows = self._query(
-                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name = ? AND pid <> pg_backend_pid()) AS t",
-                (self._app_name,),
+                self._db.statements()["chaos_terminate_backends"],
+                {"application_name": self._app_name},
             )
             if rows is None:
                 return False
@@ -617,7 +641,7 @@ class ChaosRunner:
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> int:
-        """Run the configuration; print progress and the table. Returns the exit code."""
+        """Run the configuration. Print progress and the table. Returns the exit code."""
         config = self._config
         db = self._db
         self._t0 = time.monotonic()
@@ -634,6 +658,11 @@ class ChaosRunner:
         if restart_reason is not None:
             self._say(f"PostgreSQL restart skipped: {restart_reason}")
         self._say(f"work directory: {self._dir}")
+        if config.payments:
+            from ptb_fence.testing import FakePaymentApi
+
+            self._pay = FakePaymentApi().start()
+            self._say(f"payments: a FakePaymentApi at {self._pay.url}")
         store = self._make_store()
         store.due(now=0, pending_before=0, limit=1)  # the table exists before any worker starts
         conn = db.connect(self._app_name + "_runner", timeout=30.0)
@@ -715,6 +744,9 @@ class ChaosRunner:
         if not db.is_sqlite:
             wait_for_postgres(db.url, timeout=120.0)
         verdict = self._verify(limit_reached)
+        if self._pay is not None:
+            verdict["payments"] = self._verify_payments(verdict["failures"])
+            self._pay.stop()
         ok = not verdict["failures"]
         self._print_table(verdict, ok)
         if self._conn is not None:
@@ -727,7 +759,9 @@ class ChaosRunner:
         return 0 if ok else 1
 
     def close(self) -> None:
-        """Stop every worker still running (after an interruption)."""
+        """Stop every worker still running (after an interruption), and the payment API."""
+        if self._pay is not None:
+            self._pay.stop()
         for worker in self._workers:
             if worker.proc is not None and worker.proc.poll() is None:
                 try:
@@ -752,34 +786,29 @@ class ChaosRunner:
         config = self._config
         db = self._db
         q = self._query_patiently
+        sql = db.statements()
         rows = {
             int(u): (str(state), int(attempts), settled, claim)
             for u, state, attempts, settled, claim in q(db.admin_sql().all_rows)
         }
         domain: Dict[int, int] = {}
         domain_keys: Set[Tuple[int, int, str]] = set()
-        for u, a, c in q(f"SELECT update_id, attempt, claim_id FROM {db.table('domain')}"):
+        for u, a, c in q(sql["chaos_domain_writes"]):
             domain[int(u)] = domain.get(int(u), 0) + 1
             domain_keys.add((int(u), int(a), str(c)))
         runs: Dict[int, Set[Tuple[int, str]]] = {}
-        for u, a, c in q(f"SELECT DISTINCT update_id, attempt, claim_id FROM {db.table('runs')}"):
+        for u, a, c in q(sql["chaos_runs"]):
             runs.setdefault(int(u), set()).add((int(a), str(c)))
         delivered = {
             (int(u), int(a), str(c))
-            for u, a, c in q(
-                f"SELECT DISTINCT update_id, attempt, claim_id FROM {db.table('exhaustions')}"
-            )
+            for u, a, c in q(sql["chaos_exhaustions"])
         }
         lease_ms = max(1, int(config.lease * 1000))
         claims: Dict[int, Dict[Tuple[int, str], int]] = {}
-        for u, a, c, due_at in q(
-            f"SELECT update_id, attempt, claim_id, due_at FROM {db.table('claims')}"
-        ):
+        for u, a, c, due_at in q(sql["chaos_claims"]):
             claims.setdefault(int(u), {})[(int(a), str(c))] = int(due_at) - lease_ms
         events: Dict[str, List[Tuple[int, int, str]]] = {}
-        for kind, u, a, c in q(
-            f"SELECT kind, update_id, attempt, claim_id FROM {db.table('events')}"
-        ):
+        for kind, u, a, c in q(sql["chaos_events"]):
             events.setdefault(str(kind), []).append((int(u), int(a), str(c)))
 
         failures: List[str] = []
@@ -940,6 +969,179 @@ class ChaosRunner:
             "stats": stats,
         }
 
+    def _read_steps(self) -> Dict[int, List[Any]]:
+        """The step records of every planned update, read through the store."""
+        deadline = time.monotonic() + 120.0
+        while True:
+            store = None
+            try:
+                store = self._make_store()
+                return {p.update_id: store.steps_of(p.update_id) for p in self._plan}
+            except Exception:  # the database is still coming back: try again
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+            finally:
+                if store is not None:
+                    store.close()
+
+    def _read_calls(self) -> List[Dict[str, Any]]:
+        """The workers' log of every call of the step's function (``DIR/calls.*.jsonl``)."""
+        calls: List[Dict[str, Any]] = []
+        for name in sorted(os.listdir(self._dir)):
+            if not (name.startswith("calls.") and name.endswith(".jsonl")):
+                continue
+            with open(os.path.join(self._dir, name), encoding="utf-8") as handle:
+                for line in handle:
+                    try:
+                        calls.append(json.loads(line))
+                    except ValueError:  # a line cut short by a SIGKILL
+                        continue
+        return calls
+
+    def _verify_payments(self, failures: List[str]) -> Dict[str, Any]:
+        """Check the payment API's charges and requests against the step records.
+
+        Every update is charged at most once. An update with a step record is charged exactly
+        once, with the record's key and id. A completed update has a step record. No step
+        that began after its record landed calls its function. A stale attempt's step that
+        read no record may still call, with the same key. Every request after a record
+        comes from such a call or from one made before the record. Violations go to
+        ``failures``.
+        """
+        assert self._pay is not None
+        charges = self._pay.charges
+        requests = self._pay.requests
+        steps = self._read_steps()
+        calls = self._read_calls()
+        planned = {p.update_id for p in self._plan}
+        rows = {
+            int(u): str(state)
+            for u, state, _a, _s, _c in self._query_patiently(self._db.admin_sql().all_rows)
+        }
+        records: Dict[int, Any] = {}
+        odd_records = []
+        for u, found in steps.items():
+            if len(found) != 1 or found[0].name != "charge":
+                if found:
+                    odd_records.append((u, [r.name for r in found]))
+                continue
+            records[u] = found[0]
+        if odd_records:
+            failures.append(f"step records other than one 'charge' step: {odd_records[:5]}")
+        charged: Dict[int, List[Dict[str, Any]]] = {}
+        stray = []
+        for made in charges:
+            reference = str(made.get("reference"))
+            if reference.isdigit() and int(reference) in planned:
+                charged.setdefault(int(reference), []).append(made)
+            else:
+                stray.append(made["id"])
+        if stray:
+            failures.append(f"charges of updates never planned: {stray[:5]}")
+        twice = [(u, len(c)) for u, c in charged.items() if len(c) > 1]
+        if twice:
+            failures.append(
+                f"updates charged more than once = {len(twice)} (update, charges): {twice[:5]}"
+            )
+        uncharged = [u for u in records if not charged.get(u)]
+        if uncharged:
+            failures.append(f"step records with no charge at the payment API: {uncharged[:5]}")
+        unrecorded = [u for u, state in rows.items() if state == "completed" and u not in records]
+        if unrecorded:
+            failures.append(f"completed updates without their step record: {unrecorded[:5]}")
+        mismatched = [
+            u for u, record in records.items()
+            if charged.get(u) and (
+                charged[u][0]["idempotency_key"] != record.key
+                or json.loads(record.result) != {"id": charged[u][0]["id"]}
+            )
+        ]
+        if mismatched:
+            failures.append(
+                f"step records that are not their update's charge (key or id): {mismatched[:5]}"
+            )
+
+        # after a record landed no step calls its function. Only a stale attempt whose step
+        # read no record before it landed may call, with the same key. Its request may arrive
+        # after the record, and the API answers it with the same charge
+        key_update = {record.key: u for u, record in records.items()}
+        budget: Dict[str, int] = {}  # requests each key may still send after its record
+        late_calls, bad_calls = 0, []
+        for call in calls:
+            key = str(call["key"])
+            record = records.get(int(call["update_id"]))
+            if record is None or record.key != key:
+                continue
+            if call["called"] <= record.recorded_at + _RECORD_SLACK_MS:
+                budget[key] = budget.get(key, 0) + 1
+                continue
+            late_calls += 1
+            if call["began"] <= record.recorded_at + _RECORD_SLACK_MS and (
+                call["claim_id"] != record.claim_id
+            ):
+                budget[key] = budget.get(key, 0) + 1
+            else:
+                bad_calls.append((call["update_id"], call["attempt"], call["began"],
+                                  call["called"], record.recorded_at))
+        if bad_calls:
+            failures.append(
+                "step functions called by a step that began after its record landed (update, "
+                f"attempt, step began ms, called ms, recorded ms): {bad_calls[:5]}"
+            )
+        seen: Set[Optional[str]] = set()
+        reused, late_requests, bad_requests = 0, 0, []
+        late: List[Tuple[Any, int, Any]] = []
+        for request in requests:
+            if request.key in seen:
+                reused += 1
+            seen.add(request.key)
+            body = request.body
+            reference = str(body.get("reference")) if isinstance(body, dict) else ""
+            owner = int(reference) if reference.isdigit() else key_update.get(request.key or "")
+            record = records.get(owner) if owner is not None else None
+            if record is None:
+                continue
+            at = int(request.time * 1000)
+            if request.key == record.key:
+                # each request used up one call of its key
+                budget[record.key] = budget.get(record.key, 0) - 1
+            if at > record.recorded_at + _RECORD_SLACK_MS:
+                late.append((owner, at, record))
+                late_requests += 1
+                if request.key != record.key:
+                    bad_requests.append((owner, request.key, at, record.recorded_at))
+        over = {key for key, left in budget.items() if left < 0}
+        bad_requests += [
+            (owner, record.key, at, record.recorded_at) for owner, at, record in late
+            if record.key in over
+        ]
+        if bad_requests:
+            failures.append(
+                "payment requests after the step's record landed that no call before it "
+                f"explains (update, key, request ms, recorded ms): {bad_requests[:5]}"
+            )
+        exhausted = [u for u, state in rows.items() if state == "abandoned"]
+        return {
+            "charges": len(charges),
+            "charged": len(charged),
+            "twice": len(twice),
+            "records": len(records),
+            "records_once": sum(1 for u in records if len(charged.get(u, [])) == 1),
+            "exhausted_recorded": sum(1 for u in exhausted if u in records),
+            "exhausted_charged": sum(1 for u in exhausted if charged.get(u)),
+            "exhausted": len(exhausted),
+            "requests": len(requests),
+            "reused": reused,
+            "calls": len(calls),
+            "late_calls": late_calls,
+            "late_requests": late_requests,
+            "step_fenced_out": len(
+                [e for e in self._query_patiently(self._db.statements()["chaos_events"])
+                 if e[0] == "step_refused"]
+            ),
+        }
+
     def _explained(self, claimed_at: int) -> bool:
         """Whether a fault may have stopped a claim made at ``claimed_at`` reaching its handler."""
         before = int(self._config.lease * 1000) + _EXPLAIN_SLACK_MS
@@ -1009,6 +1211,9 @@ class ChaosRunner:
             ("lost updates", str(v["lost"])),
             ("exhaustions", f"{v['exhausted']} ({v['exhausted_acknowledged']} acknowledged, "
                             f"{v['exhausted_other']} not planned to fail)"),
+        ]
+        rows += self._payment_rows(v.get("payments"))
+        rows += [
             ("wall time", f"{self._elapsed():.1f} s"),
             ("result", "PASS" if ok else "FAIL"),
         ]
@@ -1023,7 +1228,31 @@ class ChaosRunner:
         for failure in v["failures"]:
             self._say(f"FAIL: {failure}")
         if ok:
-            self._say("PASS: nothing lost, nothing written twice, every exhaustion delivered")
+            self._say(
+                "PASS: nothing lost, nothing written twice, every exhaustion delivered"
+                + (", every update charged at most once" if v.get("payments") else "")
+            )
+
+    def _payment_rows(self, p: Optional[Dict[str, Any]]) -> List[Tuple[str, str]]:
+        """The table's rows about payments made in steps."""
+        if p is None:
+            return [("payments", "off (--no-payments)")]
+        return [
+            ("payments: charges", f"{p['charges']} ({p['charged']} updates charged, "
+                                  f"{p['twice']} charged twice)"),
+            ("payments: step records", f"{p['records']} ({p['records_once']} charged exactly "
+                                       "once)"),
+            ("payments: exhausted after their step",
+             f"{p['exhausted_recorded']} of {p['exhausted']} ({p['exhausted_charged']} charged)"),
+            ("payments: step function calls", str(p["calls"])),
+            ("payments: requests", str(p["requests"])),
+            ("payments: requests with a reused key", str(p["reused"])),
+            ("payments: calls after the record",
+             f"{p['late_calls']} (stale steps that read no record before it landed)"),
+            ("payments: requests after the record",
+             f"{p['late_requests']} (sent by calls made before the record landed)"),
+            ("payments: step records refused (stale)", str(p["step_fenced_out"])),
+        ]
 
 
 def wait_for_postgres(dsn: str, timeout: float) -> bool:
@@ -1101,6 +1330,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> ChaosConfig:
         "--keep", action="store_true", help="keep the tables and the work directory after a pass"
     )
     parser.add_argument("--run-id", help="names the tables chaos_<run-id>_* (default random)")
+    parser.add_argument(
+        "--no-payments",
+        action="store_true",
+        help="the handlers charge no FakePaymentApi in a step (default: they do, and the run "
+        "checks every update is charged at most once)",
+    )
     ns = parser.parse_args(argv)
     try:
         return ChaosConfig(
@@ -1118,6 +1353,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> ChaosConfig:
             max_concurrent=ns.max_concurrent,
             keep=ns.keep,
             run_id=ns.run_id,
+            payments=not ns.no_payments,
         )
     except ValueError as exc:
         parser.error(str(exc))
@@ -1125,7 +1361,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> ChaosConfig:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m ptb_fence.chaos``: run one configuration; 0 when every criterion holds."""
+    """``python -m ptb_fence.chaos``: run one configuration. Returns 0 when every criterion holds."""
     config = parse_args(argv)
     try:
         runner = ChaosRunner(config)

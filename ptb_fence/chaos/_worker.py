@@ -1,27 +1,13 @@
 """ChaosWorker: one bot process of a chaos run (``python -m ptb_fence.chaos._worker``).
 
 The runner (:mod:`ptb_fence.chaos`) starts several of these, kills, pauses and restarts them.
-A worker builds the run's store and a real :class:`~ptb_fence.UpdateIntake` (short lease, fast
-sweeps, durable exhaustions), then feeds the update bodies the runner appends to its feed file
-``DIR/feed.<slot>.jsonl`` through :meth:`UpdateIntake.accept`, remembering how far it got in
-``DIR/progress.<slot>`` (a restarted worker goes on from there; what it accepts again is a
-``duplicate``, as when Telegram redelivers).
-
-The handler reads its instructions from the update's text, ``chaos <path> <behaviour>``:
-
-- it first appends a row to the handler-run log (``<prefix>_runs``);
-- ``path`` ``complete``: one domain row written in ``attempt.transaction(complete=True)`` (the
-  completion commits with the write); ``plain``: ``attempt.transaction()`` that writes the
-  domain row unless one exists already (an idempotent write: the fence makes the check safe),
-  and the runtime settles afterwards;
-- ``behaviour`` ``ok``; ``transient-before`` / ``transient-inside``: attempt 1 fails before the
-  transaction / inside it after the domain write (which must roll back); ``fail``: every attempt
-  fails, so the update is exhausted after ``max_attempts`` runs.
-
-A transaction refused with :exc:`~ptb_fence.OwnershipLost` is reported as a ``fenced_out`` event.
-The exhaustion handler records each delivery in ``<prefix>_exhaustions`` (and fails on purpose
-now and then, so the sweep must deliver it again). Everything the runner checks is in the
-database; ``DIR/stats.<slot>.<pid>.json`` holds informational counters only.
+A worker runs a real :class:`~ptb_fence.UpdateIntake` on the run's store. It feeds it the bodies
+the runner appends to ``DIR/feed.<slot>.jsonl`` and remembers its place in
+``DIR/progress.<slot>``. A restarted worker goes on from there, as when Telegram redelivers.
+The handler reads ``chaos <path> <behaviour>`` from the update's text. It logs its run. With
+``--pay URL`` it charges that payment API in the step ``charge``, logging each call to
+``DIR/calls.<slot>.<pid>.jsonl``. Then it writes one domain row, fails once, or always fails.
+``DIR/stats.<slot>.<pid>.json`` holds informational counters only.
 """
 
 from __future__ import annotations
@@ -35,12 +21,13 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from ptb_fence import OwnershipLost, UpdateIntake
 from ptb_fence._values import Exhaustion
 from ptb_fence.chaos._db import ChaosDatabase
 from ptb_fence.runtime import Attempt
+from ptb_fence.testing import charge
 
 __all__ = ["ChaosWorker", "main"]
 
@@ -67,6 +54,7 @@ class ChaosWorker:
         "_db",
         "_dir",
         "_intake",
+        "_calls",
         "_lock",
         "_parent",
         "_pid",
@@ -89,9 +77,10 @@ class ChaosWorker:
         self._signalled: List[int] = []
         self._counters: Dict[str, int] = {}
         self._store: Any = None
+        self._calls: Optional[int] = None
         self._intake: Optional[UpdateIntake] = None
         # for the runner's own tests only: "unfenced" writes outside the fence, "no-write" skips
-        # the domain write; both must make the run fail
+        # the domain write, "pay-twice" charges again after the step. Each must make the run fail
         self._sabotage = os.environ.get("PTB_FENCE_CHAOS_SABOTAGE", "")
 
     # -- helpers -----------------------------------------------------------------------------
@@ -126,12 +115,12 @@ class ChaosWorker:
             pool_size=self._args.max_concurrent + 4,
         )
 
-    def _write(self, text: str, params: Tuple[Any, ...]) -> None:
-        """One INSERT in its own transaction, retried while the database is unreachable.
+    def _write(self, name: str, params: Dict[str, Any]) -> None:
+        """The INSERT ``name`` in its own transaction, retried while the database is unreachable.
 
         A commit whose outcome is unknown may be retried: readers count distinct rows.
         """
-        sql = self._db.sql(text)
+        sql = self._db.statements()[name]
         deadline = time.monotonic() + _WRITE_PATIENCE
         while True:
             try:
@@ -150,57 +139,52 @@ class ChaosWorker:
                 time.sleep(0.1)
 
     def _event(self, kind: str, update_id: int, attempt: int, claim_id: str, detail: str = "") -> None:
-        self._write(
-            f"INSERT INTO {self._db.table('events')} "
-            "(kind, update_id, attempt, claim_id, pid, at, detail) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (kind, update_id, attempt, claim_id, self._pid, _now_ms(), detail[:500]),
-        )
+        self._write("chaos_insert_event", {
+            "kind": kind, "update_id": update_id, "attempt": attempt, "claim_id": claim_id,
+            "pid": self._pid, "at": _now_ms(), "detail": detail[:500],
+        })
 
     # -- the handlers ------------------------------------------------------------------------
     def handle(self, update: Dict[str, Any], attempt: Attempt) -> None:
         """``handle_attempt``: log the run, then do (or fail) the fenced domain write."""
-        db = self._db
-        self._write(
-            f"INSERT INTO {db.table('runs')} (update_id, attempt, claim_id, pid, started_at) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (attempt.update_id, attempt.attempt, attempt.claim_id, self._pid, _now_ms()),
-        )
+        sql = self._db.statements()
+        identity: Dict[str, Any] = {
+            "update_id": attempt.update_id, "attempt": attempt.attempt,
+            "claim_id": attempt.claim_id, "pid": self._pid,
+        }
+        self._write("chaos_insert_run", dict(identity, started_at=_now_ms()))
         text = str((update.get("message") or {}).get("text", ""))
         parts = text.split()
         path = parts[1] if len(parts) > 1 else "complete"
         behaviour = parts[2] if len(parts) > 2 else "ok"
         with self._lock:
             work = self._rng.uniform(self._args.work_min, self._args.work_max)
-        time.sleep(work)  # the handler's "work": attempts are in flight when faults strike
-        if behaviour == "fail":
-            raise InjectedFailure(f"update {attempt.update_id} always fails (attempt {attempt.attempt})")
+            share = self._rng.random() if self._args.pay else 1.0
+        time.sleep(work * share)  # the handler's "work": attempts are in flight when faults strike
         first = attempt.attempt == 1
         if behaviour == "transient-before" and first:
-            raise InjectedFailure("transient failure before the transaction (attempt 1)")
+            raise InjectedFailure("transient failure before the step and the transaction")
+        if self._args.pay:
+            self._pay(attempt, behaviour, work * (1.0 - share))
+        if behaviour == "fail":
+            raise InjectedFailure(f"update {attempt.update_id} always fails (attempt {attempt.attempt})")
         complete = path == "complete"
         skip = self._sabotage == "no-write"
-        row = (attempt.update_id, attempt.attempt, attempt.claim_id, self._pid, path, _now_ms())
-        insert = db.sql(
-            f"INSERT INTO {db.table('domain')} "
-            "(update_id, attempt, claim_id, pid, path, written_at) VALUES (?, ?, ?, ?, ?, ?)"
-        )
+        row = dict(identity, path=path, written_at=_now_ms())
         if self._sabotage == "unfenced":  # a broken handler, to prove the checks bite
-            self._write(insert, row)
+            self._write("chaos_insert_domain", row)
             skip = True
         try:
             with attempt.transaction(complete=complete) as conn:
                 cur = conn.cursor()
                 try:
                     if not complete and not skip:
-                        cur.execute(
-                            db.sql(f"SELECT count(*) FROM {db.table('domain')} WHERE update_id = ?"),
-                            (attempt.update_id,),
-                        )
+                        cur.execute(sql["chaos_count_domain"], {"update_id": attempt.update_id})
                         skip = bool(cur.fetchone()[0])
                         if skip:
                             self._count("skip")
                     if not skip:
-                        cur.execute(insert, row)
+                        cur.execute(sql["chaos_insert_domain"], row)
                 finally:
                     cur.close()
                 if behaviour == "transient-inside" and first:
@@ -221,6 +205,51 @@ class ChaosWorker:
         if skip and not self._sabotage:
             self._event("skip", attempt.update_id, attempt.attempt, attempt.claim_id)
 
+    def _pay(self, attempt: Attempt, behaviour: str, pause: float) -> None:
+        """Charge the update in the step ``charge``, then go on with the handler."""
+        url: str = self._args.pay
+        update_id = attempt.update_id
+        amount = 100 + update_id % 900
+        began = _now_ms()
+
+        def charge_once(key: str) -> Dict[str, Any]:
+            self._log_call(attempt, key, began)
+            self._count("step_calls")
+            charged = charge(url, key, amount=amount, reference=str(update_id))
+            # a fault in this pause strikes after the charge and before its record
+            time.sleep(pause)
+            if behaviour == "transient-step" and attempt.attempt == 1:
+                raise InjectedFailure("transient failure in the step after the charge (attempt 1)")
+            return {"id": charged["id"]}
+
+        try:
+            attempt.step_blocking("charge", charge_once)
+        except OwnershipLost:
+            self._count("step_refused")
+            self._event("step_refused", update_id, attempt.attempt, attempt.claim_id)
+            raise
+        if self._sabotage == "pay-twice":  # a broken handler, to prove the checks bite
+            again = f"{attempt.effect_key('charge')}-{attempt.attempt}-{attempt.claim_id}"
+            charge(url, again, amount=amount, reference=str(update_id))
+
+    def _log_call(self, attempt: Attempt, key: str, began: int) -> None:
+        """Append one call of the step's function to ``DIR/calls.<slot>.<pid>.jsonl``.
+
+        One ``os.write`` per line: a line written survives a SIGKILL.
+        """
+        line = json.dumps({
+            "update_id": attempt.update_id, "attempt": attempt.attempt,
+            "claim_id": attempt.claim_id, "pid": self._pid, "key": key, "began": began,
+            "called": _now_ms(),
+        }, separators=(",", ":"))
+        with self._lock:
+            if self._calls is None:
+                self._calls = os.open(
+                    self._path(f"calls.{self._args.slot}.{self._pid}.jsonl"),
+                    os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644,
+                )
+            os.write(self._calls, (line + "\n").encode("utf-8"))
+
     def handle_exhaustion(self, exhaustion: Exhaustion) -> None:
         """``handle_exhaustion``: record the delivery (fails on purpose now and then)."""
         with self._lock:
@@ -230,18 +259,14 @@ class ChaosWorker:
                 "exhaustion_failed", exhaustion.update_id, exhaustion.attempt, exhaustion.claim_id
             )
             raise InjectedFailure(f"exhaustion handler fails once for update {exhaustion.update_id}")
-        self._write(
-            f"INSERT INTO {self._db.table('exhaustions')} "
-            "(update_id, attempt, claim_id, error, pid, delivered_at) VALUES (?, ?, ?, ?, ?, ?)",
-            (
-                exhaustion.update_id,
-                exhaustion.attempt,
-                exhaustion.claim_id,
-                (exhaustion.error or "")[:500],
-                self._pid,
-                _now_ms(),
-            ),
-        )
+        self._write("chaos_insert_exhaustion", {
+            "update_id": exhaustion.update_id,
+            "attempt": exhaustion.attempt,
+            "claim_id": exhaustion.claim_id,
+            "error": (exhaustion.error or "")[:500],
+            "pid": self._pid,
+            "delivered_at": _now_ms(),
+        })
 
     def _store_error(self, error: BaseException, step: str) -> None:
         self._count(f"store_error_{step}")
@@ -262,7 +287,7 @@ class ChaosWorker:
         os.replace(tmp, target)
 
     def _accept(self, intake: UpdateIntake, line: bytes) -> bool:
-        """Accept one body, retrying while the store is down; False when stopping."""
+        """Accept one body, retrying while the store is down. Returns False when stopping."""
         while not self._signalled:
             try:
                 result = intake.accept(line)
@@ -335,6 +360,8 @@ class ChaosWorker:
         finally:
             self._write_stats()
             self._store.close()
+            if self._calls is not None:
+                os.close(self._calls)
         return 0
 
 
@@ -363,6 +390,7 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--work-min", type=float, default=0.005)
     parser.add_argument("--work-max", type=float, default=0.05)
     parser.add_argument("--exhaustion-failure-rate", type=float, default=0.25)
+    parser.add_argument("--pay", default="", help="the FakePaymentApi's url (empty: no payments)")
     return parser.parse_args(argv)
 
 

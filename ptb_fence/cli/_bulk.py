@@ -1,9 +1,10 @@
 """The bulk ``retry`` and ``ack`` of the command line: which rows they pick, one conditional
 change per row.
 
-Each row is changed in its own short transaction by the same rule as the single command (the
-conditional ``UPDATE`` of ``retry``, the exact identity of ``acknowledge_exhaustion``): a row
-that changed between the pick and its change is skipped, never forced.
+Each row is changed in its own short transaction by the same rule as the single command.
+That rule is the conditional ``UPDATE`` of ``retry``, or the exact identity of
+``acknowledge_exhaustion``. So a row that changed between the pick and its change is skipped,
+never forced.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def exhaustion_json(exhaustion: Any) -> Dict[str, Any]:
 def acknowledge_each(
     store: Any, picked: List[Any], at: int, step: Callable[[], None]
 ) -> Tuple[List[int], List[Tuple[int, str]]]:
-    """Acknowledge each picked exhaustion by its exact identity; ``step()`` after each."""
+    """Acknowledge each picked exhaustion by its exact identity, with ``step()`` after each."""
     changed: List[int] = []
     skipped: List[Tuple[int, str]] = []
     for exhaustion in picked:
@@ -117,8 +118,9 @@ def acknowledge_each(
 def retry_each(
     inspector: TableInspector, picked: List[UpdateRow], step: Callable[[], None]
 ) -> Tuple[List[int], List[Tuple[int, str]]]:
-    """Retry each picked row with the single ``retry``'s conditional change; ``step()`` after
-    each."""
+    """Retry each picked row with the single ``retry``'s conditional change.
+
+    ``step()`` runs after each."""
     changed: List[int] = []
     skipped: List[Tuple[int, str]] = []
     for row in picked:

@@ -1,9 +1,6 @@
 """The ``ptb-fence`` commands: argument parsing and one function per command.
 
-Exit statuses: ``0`` success; ``1`` the conformance check found violations, ``health`` found
-the table unhealthy, or ``migrate --check`` found the schema behind; ``2`` bad input or a refused action (a one-line message on stderr; nothing
-was changed); ``3`` the store could not be reached or failed (``health`` reports that as
-unhealthy, ``1``); ``130`` interrupted.
+:func:`main` gives the exit statuses.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequ
 
 from ptb_fence._update_ids import is_update_id
 from ptb_fence._errors import SchemaError, StoreBusy
-from ptb_fence._values import AttemptIdentity
+from ptb_fence._values import AttemptIdentity, StepRecord
 from ptb_fence.cli._bulk import (
     BulkOutcome,
     acknowledge_each,
@@ -55,6 +52,7 @@ from ptb_fence.cli._health import (
     probe,
 )
 from ptb_fence.cli._inspect import STATES, TableInspector
+from ptb_fence.cli._jobs import add_jobs_parser, require_jobs, run_jobs
 from ptb_fence.cli._outbox import add_outbox_parser, run_outbox
 from ptb_fence.cli._rows import UpdateRow
 from ptb_fence.cli._target import StoreTarget
@@ -63,17 +61,8 @@ from ptb_fence.stores._names import split_table_name
 from ptb_fence.stores._outbox_sql import outbox_table_name
 from ptb_fence.stores._state_sql import state_table_name
 from ptb_fence.cli._progress import ProgressBar
-from ptb_fence.stores.postgres._migration import (
-    PostgresSchemaState,
-    index_statements,
-    read_schema_state,
-    schema_without_indexes,
-)
-from ptb_fence.stores.postgres._sql import (
-    POSTGRES_FORGET_TABLE,
-    POSTGRES_META_EXISTS,
-    schema_lock_key,
-)
+from ptb_fence.stores.postgres._migration import PostgresSchemaState, read_schema_state
+from ptb_fence.stores.postgres._sql import index_names, schema_lock_key, statements
 
 __all__ = ["build_parser", "main"]
 
@@ -319,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--after", type=_update_id, metavar="UPDATE_ID", help="rows after this id")
     sub.add_argument("--json", action="store_true", help="print JSON")
 
-    sub = command("show", "one update: its state, attempts, error, times (UTC) and body")
+    sub = command("show", "one update: its state, attempts, error, times (UTC), steps and body")
     sub.add_argument("update_id", type=_update_id, metavar="UPDATE_ID")
     sub.add_argument("--json", action="store_true", help="print JSON")
 
@@ -387,6 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --conversation: one key, e.g. [5, 7] (default: every key)")
     act.add_argument("--json", action="store_true", help="print JSON")
     add_outbox_parser(command, common, _positive_int("limit"))
+    add_jobs_parser(command, common, _positive_int("limit"))
 
     command("schema", "print the idempotent PostgreSQL migration for --table").add_argument(
         "--json", action="store_true", help="print JSON: the table and the SQL"
@@ -737,14 +727,49 @@ def _due_label(row: UpdateRow, now: int) -> str:
     return f"{when} ({note})"
 
 
+def _step_json(step: StepRecord) -> Dict[str, Any]:
+    return {
+        "name": step.name,
+        "key": step.key,
+        "attempt": step.attempt,
+        "claim_id": step.claim_id,
+        "recorded_at": step.recorded_at,
+        "recorded_at_utc": iso_time(step.recorded_at),
+        "result": step.result,
+    }
+
+
+def _show_steps(steps: Sequence[StepRecord]) -> None:
+    """The recorded steps of ``show``, one line each, the result cut short."""
+    if not steps:
+        _out("steps: none recorded")
+        return
+    _out(f"steps ({len(steps)}):")
+    _out(
+        render_table(
+            ("NAME", "KEY", "ATTEMPT", "RECORDED (UTC)", "RESULT"),
+            [
+                (clip(s.name, 24), s.key, s.attempt, format_time(s.recorded_at, millis=True),
+                 clip(one_line(s.result), _ERROR_WIDTH))
+                for s in steps
+            ],
+            right=(2,),
+        )
+    )
+
+
 def _cmd_show(ctx: _Context) -> int:
     update_id = ctx.args.update_id
     with ctx.inspector() as inspector:
         row = inspector.row(update_id)
+        steps = None if row is None else inspector.steps(update_id)
     if row is None:
         raise Refused(f"no update {update_id} in table {ctx.table!r}")
     if ctx.args.json:
-        _json(row.as_json(body=True))
+        data = row.as_json(body=True)
+        # None: the table has no steps table (made before steps)
+        data["steps"] = None if steps is None else [_step_json(s) for s in steps]
+        _json(data)
         return 0
     now = _now_ms()
     exhaustion = "no"
@@ -768,6 +793,8 @@ def _cmd_show(ctx: _Context) -> int:
             ]
         )
     )
+    if steps is not None:
+        _show_steps(steps)
     _out("body:")
     _out(pretty_body(row.body or ""))
     if row.unacknowledged_exhaustion:
@@ -784,7 +811,7 @@ def _cmd_show(ctx: _Context) -> int:
 # -- exhaustions / ack -------------------------------------------------------------------------
 def _cmd_exhaustions(ctx: _Context) -> int:
     args = ctx.args
-    ctx.inspector().close()  # the table must exist; never create it
+    ctx.inspector().close()  # the table must exist, and is never created
     store = ctx.open_store()
     try:
         page = list(store.due_exhaustions(limit=args.limit, after_update_id=args.after))
@@ -915,7 +942,7 @@ def _ack_bulk(ctx: _Context) -> int:
     args = ctx.args
     now = _now_ms()
     before = None if args.older_than is None else now - args.older_than
-    ctx.inspector().close()  # the table must exist; never create it
+    ctx.inspector().close()  # the table must exist, and is never created
     store = ctx.open_store()
     try:
         picked = pick_exhaustions(store, before, args.limit)
@@ -1089,7 +1116,7 @@ def _cmd_prune(ctx: _Context) -> int:
     older_than = ctx.args.older_than
     now = _now_ms()
     before = now - older_than
-    with ctx.inspector() as inspector:  # the table must exist; never create it
+    with ctx.inspector() as inspector:  # the table must exist, and is never created
         total, bounds = inspector.prune_bounds(before, _PRUNE_BATCH)
     if older_than < _DAY_MS:
         _progress(
@@ -1105,8 +1132,8 @@ def _cmd_prune(ctx: _Context) -> int:
     deleted = 0
     store = ctx.open_store()
     try:
-        # oldest first, one transaction per batch (each bound deletes the rows settled before
-        # it); the last bound is the command's, which also takes rows settled meanwhile
+        # Oldest first, one transaction per batch. Each bound deletes the rows settled before
+        # it. The last bound is the command's, which also takes rows settled meanwhile.
         for bound in [*bounds, before]:
             batch = int(store.prune(bound))
             deleted += batch
@@ -1185,20 +1212,21 @@ def _build_indexes(cur: Any, table: str, state: PostgresSchemaState, bar: Progre
     ``CREATE INDEX CONCURRENTLY`` (autocommit): writers are not blocked while it scans."""
     if not (state.missing_indexes or state.invalid_indexes):
         return
-    # one migrator at a time (CONCURRENTLY cannot run in a transaction, so a session lock;
-    # the stores' own migration waits for it too, then finds the indexes built)
-    cur.execute("SELECT pg_advisory_lock(%s)", (schema_lock_key(table),))
+    # One migrator at a time. CONCURRENTLY cannot run in a transaction, so this is a session
+    # lock. The stores' own migration waits for it too, then finds the indexes built.
+    sql, lock = statements(table), {"key": schema_lock_key(table)}
+    cur.execute(sql["admin_lock_schema"], lock)
     try:
-        for name, definition in index_statements(table):
+        for key, name, _ in index_names(table):
             if name in state.invalid_indexes:
-                cur.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+                cur.execute(sql["drop_" + key])
             elif name not in state.missing_indexes:
                 continue
             bar.advance(0, f"building index {name} …")
-            cur.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} {definition}")
+            cur.execute(sql["build_" + key])
             bar.advance(1, f"built index {name}")
     finally:
-        cur.execute("SELECT pg_advisory_unlock(%s)", (schema_lock_key(table),))
+        cur.execute(sql["admin_unlock_schema"], lock)
 
 
 def _cmd_migrate(ctx: _Context) -> int:
@@ -1236,7 +1264,7 @@ def _cmd_migrate(ctx: _Context) -> int:
                 bar.advance(1, "created the tables")
             elif before.needs_ddl:
                 bar.advance(0, "adding the missing columns and tables …")
-                cur.execute(schema_without_indexes(table))
+                cur.execute(statements(table)["schema_tables"])
                 conn.commit()
                 bar.advance(1, "added the missing columns and tables")
             if before.table_exists:
@@ -1359,13 +1387,13 @@ def _drop_scratch_tables(target: StoreTarget, tables: Sequence[str]) -> None:
         conn.autocommit = True
         with conn.cursor() as cur:
             for name in tables:
-                validate_table_name(name)
-                cur.execute(f'DROP TABLE IF EXISTS "{name}"')
-                cur.execute(f'DROP TABLE IF EXISTS "{outbox_table_name(name)}"')
-                cur.execute(f'DROP TABLE IF EXISTS "{state_table_name(name)}"')
-                cur.execute(POSTGRES_META_EXISTS)
+                sql = statements(validate_table_name(name))
+                for drop in ("admin_drop_table", "admin_drop_outbox", "admin_drop_state",
+                             "admin_drop_steps", "admin_drop_jobs", "admin_drop_pace"):
+                    cur.execute(sql[drop])
+                cur.execute(sql["meta_exists"])
                 if cur.fetchone()[0]:  # the conformance rule bind-bot binds scratch tables
-                    cur.execute(POSTGRES_FORGET_TABLE, {"table": name})
+                    cur.execute(sql["forget_table"], {"table": name})
     finally:
         conn.close()
     _progress(f"dropped {len(tables)} scratch table(s)")
@@ -1375,6 +1403,22 @@ def _drop_scratch_tables(target: StoreTarget, tables: Sequence[str]) -> None:
 def _cmd_outbox(ctx: _Context) -> int:
     with ctx.inspector() as inspector:
         return run_outbox(ctx.args, inspector, now=_now_ms(), out=_out)
+
+
+# -- jobs --------------------------------------------------------------------------------------
+def _cmd_jobs(ctx: _Context) -> int:
+    store = ctx.open_store()
+    try:
+        require_jobs(store)
+        if ctx.args.jobs_command != "show":
+            return run_jobs(ctx.args, store, now=_now_ms(), out=_out)
+        with ctx.inspector() as inspector:
+            return run_jobs(
+                ctx.args, store, now=_now_ms(), out=_out,
+                rows_after=lambda after, limit: inspector.rows(after=after, limit=limit),
+            )
+    finally:
+        store.close()
 
 
 # -- persistence -------------------------------------------------------------------------------
@@ -1440,6 +1484,7 @@ _COMMANDS: Dict[str, Callable[[_Context], int]] = {
     "check": _cmd_check,
     "persistence": _cmd_persistence,
     "outbox": _cmd_outbox,
+    "jobs": _cmd_jobs,
 }
 
 
@@ -1493,14 +1538,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the ``ptb-fence`` command line.
 
     Args:
-        argv: The arguments without the program name; :obj:`None` uses ``sys.argv[1:]``.
+        argv: The arguments without the program name. :obj:`None` uses ``sys.argv[1:]``.
 
     Returns:
-        :obj:`int`: The exit status: ``0`` ok, ``1`` the conformance check found violations,
-        ``health`` found the table unhealthy (an unreachable store included) or ``migrate
-        --check`` found the schema behind, ``2`` bad
-        input or a refused action (nothing changed), ``3`` the store could not be reached or
-        failed, ``130`` interrupted.
+        :obj:`int`: The exit status.
+
+        - ``0``: ok.
+        - ``1``: the conformance check found violations, ``health`` found the table unhealthy
+          (an unreachable store included), or ``migrate --check`` found the schema behind.
+        - ``2``: bad input or a refused action. A one-line message goes to stderr, and
+          nothing was changed.
+        - ``3``: the store could not be reached or failed.
+        - ``130``: interrupted.
     """
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:

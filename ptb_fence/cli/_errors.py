@@ -6,7 +6,7 @@ __all__ = ["CommandError", "Refused", "StoreFailure"]
 
 
 class CommandError(Exception):
-    """A command stopped with a one-line message; ``status`` is the process exit status."""
+    """A command stopped with a one-line message. ``status`` is the process exit status."""
 
     status = 1
 

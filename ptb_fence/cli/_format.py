@@ -29,7 +29,7 @@ def parse_duration(text: str) -> int:
     """Parse a duration such as ``90s``, ``15m``, ``12h``, ``7d`` (also ``ms``, ``w``).
 
     Args:
-        text (:obj:`str`): A positive number followed by one unit; no spaces inside.
+        text (:obj:`str`): A positive number followed by one unit, with no spaces inside.
 
     Returns:
         :obj:`int`: The duration in milliseconds (at least 1).
@@ -54,7 +54,7 @@ def _utc(ms: int) -> _dt.datetime:
 
 
 def format_time(ms: Optional[int], *, millis: bool = False) -> str:
-    """``2024-05-01 12:00:00`` (UTC) for epoch milliseconds; ``-`` for :obj:`None`.
+    """``2024-05-01 12:00:00`` (UTC) for epoch milliseconds, ``-`` for :obj:`None`.
 
     Args:
         ms (:obj:`int` | :obj:`None`): Epoch milliseconds.
@@ -72,7 +72,9 @@ def format_time(ms: Optional[int], *, millis: bool = False) -> str:
 
 
 def iso_time(ms: Optional[int]) -> Optional[str]:
-    """ISO 8601 UTC text (``2024-05-01T12:00:00.123Z``) for JSON output; :obj:`None` stays."""
+    """ISO 8601 UTC text (``2024-05-01T12:00:00.123Z``) for JSON output.
+
+    :obj:`None` stays :obj:`None`."""
     if ms is None:
         return None
     try:
@@ -83,9 +85,11 @@ def iso_time(ms: Optional[int]) -> Optional[str]:
 
 
 def format_age(ms: int) -> str:
-    """A short human duration of ``ms`` milliseconds: ``250 ms``, ``45 s``, ``2m 03s``,
-    ``3h 05m``, ``2d 04h`` (whole seconds from one second on; see
-    :func:`ptb_fence._durations.format_duration`)."""
+    """A short human duration of ``ms`` milliseconds.
+
+    Examples are ``250 ms``, ``45 s``, ``2m 03s``, ``3h 05m`` and ``2d 04h``.
+    From one second on it shows whole seconds (see :func:`ptb_fence._durations.format_duration`).
+    """
     ms = int(ms)
     if ms < 0:
         return "-" + format_age(-ms)
@@ -98,7 +102,9 @@ def one_line(text: Any) -> str:
 
 
 def clip(text: Optional[str], width: int) -> str:
-    """``text`` on one line, cut to ``width`` characters (with ``…``); ``-`` for :obj:`None`."""
+    """``text`` on one line, cut to ``width`` characters with ``…``.
+
+    :obj:`None` gives ``-``."""
     if text is None or text == "":
         return "-"
     flat = one_line(text)

@@ -1,30 +1,10 @@
-"""``ptb-fence health``: the checks of an update table, their thresholds, and a probe whose
-time is bounded.
+"""``ptb-fence health``: the checks of an update table, their thresholds, and a bounded probe.
 
-A probe reads the table once (read-only, one snapshot) and judges seven checks, nine when the
-table has an outbox table:
-
-- ``store`` — the store answered, and the table exists with the columns of an update table,
-  within ``timeout``;
-- ``schema`` — nothing of the current schema is missing: a PostgreSQL table created by an
-  older release (a column, an index or a shared table missing) needs ``ptb-fence migrate``
-  (a missing outbox or state table is noted, not failed; SQLite stores migrate their table
-  when they open it: always passes);
-- ``pending_age`` — the oldest pending update has waited at most ``max_pending_age`` since it
-  was recorded;
-- ``failed_age`` — no failed update's retry has been due for longer than ``max_failed_age``;
-- ``lapsed_age`` — no processing update's lease lapsed longer than ``max_lapsed_age`` ago
-  without being taken over;
-- ``exhaustions`` — at most ``max_exhaustions`` unacknowledged exhaustions;
-- ``exhaustion_age`` — no unacknowledged exhaustion is older than ``max_exhaustion_age``;
-- ``unsent_age`` (outbox) — no outbox call committed longer than ``max_unsent_age`` ago is
-  still unsent (pending or sending);
-- ``failed_calls`` (outbox) — at most ``max_failed_calls`` failed outbox calls are
-  unacknowledged.
-
-The table checks run only when the ``store`` check passed. An unreachable store, a missing
-table and a store that does not answer in time all fail the ``store`` check: for a health probe
-they are the store being unhealthy, not an error of the command.
+A probe reads the table once, read-only, in one snapshot. :func:`probe` lists its checks.
+The table checks run only when the ``store`` check passed.
+An unreachable store, a missing table and a store that does not answer in time all fail the
+``store`` check. For a health probe they are the store being unhealthy, not an error of the
+command.
 """
 
 from __future__ import annotations
@@ -69,22 +49,22 @@ __all__ = [
 DEFAULT_MAX_PENDING_AGE_MS = 5 * 60_000
 DEFAULT_MAX_FAILED_AGE_MS = 5 * 60_000
 DEFAULT_MAX_LAPSED_AGE_MS = 5 * 60_000
-# An exhaustion is delivered to handle_exhaustion by every sweep until the handler returns
-# (which acknowledges it); one still unacknowledged after an hour has failed about 120
-# deliveries, or nothing is delivering.
+# Every sweep delivers an exhaustion to handle_exhaustion until the handler returns, which
+# acknowledges it. One still unacknowledged after an hour has failed about 120 deliveries, or
+# nothing is delivering.
 DEFAULT_MAX_EXHAUSTION_AGE_MS = 60 * 60_000
 # A sweep delivers at most 100 exhaustions: more than that waiting is a backlog deliveries do
 # not keep up with (a burst of failures, or a handler that keeps failing).
 DEFAULT_MAX_EXHAUSTIONS = 100
-# A committed call is sent at once by a running process's dispatcher; a call Telegram throttles
+# A running process's dispatcher sends a committed call at once. A call Telegram throttles
 # (429 retry_after, usually seconds) or that meets a network error waits and is retried. Five
 # minutes unsent means no process is sending (none running with a bot token, or all stuck).
 DEFAULT_MAX_UNSENT_AGE_MS = 5 * 60_000
 # A failed call (refused by Telegram, or tried too often) waits for handle_send_failure, which
-# acknowledges it; as for exhaustions, more than 100 waiting is a backlog.
+# acknowledges it. As for exhaustions, more than 100 waiting is a backlog.
 DEFAULT_MAX_FAILED_CALLS = 100
-# Below the usual probe timeouts (Docker's HEALTHCHECK 30 s); set the orchestrator's timeout
-# above it (Kubernetes' default of 1 s is too short for any Python process).
+# Below the usual probe timeouts (Docker's HEALTHCHECK 30 s). Set the orchestrator's timeout
+# above it, since Kubernetes' default of 1 s is too short for any Python process.
 DEFAULT_TIMEOUT_MS = 5_000
 
 _CANCEL_GRACE_S = 1.0  # how long a timed-out probe waits for the cancelled query to return
@@ -102,7 +82,7 @@ _FAILED_CALLS_HINT = (
 class HealthThresholds:
     """The limits a probe judges against (durations in milliseconds).
 
-    An age check fails when the age is longer than its limit; the ``exhaustions`` check fails
+    An age check fails when the age is longer than its limit. The ``exhaustions`` check fails
     when there are more than ``max_exhaustions``.
     """
 
@@ -121,8 +101,8 @@ class HealthCheck:
     """The verdict of one check.
 
     ``value`` and ``threshold`` are seconds (``unit`` ``"seconds"``) or a number of rows
-    (``unit`` ``"count"``); ``value`` is :obj:`None` when nothing was measured (no row of that
-    kind, or the store could not be read).
+    (``unit`` ``"count"``). ``value`` is :obj:`None` when nothing was measured. That is so when
+    there is no row of that kind, or the store could not be read.
     """
 
     name: str
@@ -148,8 +128,10 @@ class HealthCheck:
 
 @dataclass(frozen=True)
 class HealthReport:
-    """The checks of one probe, ``store`` first; ``now`` is when the table was read (epoch
-    milliseconds; :obj:`None` if it was not)."""
+    """The checks of one probe, ``store`` first.
+
+    ``now`` is when the table was read, in epoch milliseconds. It is :obj:`None` if the table
+    was not read."""
 
     checks: Tuple[HealthCheck, ...]
     now: Optional[int]
@@ -183,7 +165,7 @@ def _age_check(
     threshold = _seconds(limit)
     if oldest is None:
         return HealthCheck(name, True, none, None, threshold, "seconds")
-    # the bot's clock wrote the row; a probe whose clock is behind sees no negative age
+    # The bot's clock wrote the row. A probe whose clock is behind sees no negative age.
     age = max(now - oldest.since, 0)
     ok = age <= limit
     text = describe.format(update_id=oldest.update_id, age=format_age(age))
@@ -330,10 +312,31 @@ def _is_store_error(exc: BaseException) -> bool:
 
 
 def probe(target: StoreTarget, table: str, thresholds: HealthThresholds) -> HealthReport:
-    """Read ``table`` once and judge it; never waits much longer than ``thresholds.timeout``.
+    """Read ``table`` once and judge it, never waiting much longer than ``thresholds.timeout``.
 
-    The connection attempt is bounded too (libpq's ``connect_timeout``, SQLite's busy timeout);
-    a read still running at the deadline is cancelled and the ``store`` check fails.
+    The connection attempt is bounded too (libpq's ``connect_timeout``, SQLite's busy timeout).
+    A read still running at the deadline is cancelled, and the ``store`` check fails.
+
+    It judges seven checks, nine when the table has an outbox table:
+
+    - ``store``: the store answered within ``timeout``. The table exists with the columns of
+      an update table.
+    - ``schema``: nothing of the current schema is missing. A PostgreSQL table created by an
+      older release needs ``ptb-fence migrate`` when a column, an index or a shared table is
+      missing. A missing outbox or state table is noted, not failed. SQLite stores migrate
+      their table when they open it, so there it always passes.
+    - ``pending_age``: the oldest pending update has waited at most ``max_pending_age`` since
+      it was recorded.
+    - ``failed_age``: no failed update's retry has been due for longer than
+      ``max_failed_age``.
+    - ``lapsed_age``: no processing update's lease lapsed longer than ``max_lapsed_age`` ago
+      without being taken over.
+    - ``exhaustions``: at most ``max_exhaustions`` unacknowledged exhaustions.
+    - ``exhaustion_age``: no unacknowledged exhaustion is older than ``max_exhaustion_age``.
+    - ``unsent_age`` (outbox): no outbox call committed longer than ``max_unsent_age`` ago is
+      still unsent (pending or sending).
+    - ``failed_calls`` (outbox): at most ``max_failed_calls`` failed outbox calls are
+      unacknowledged.
 
     Args:
         target (:class:`~ptb_fence.cli._target.StoreTarget`): The database.

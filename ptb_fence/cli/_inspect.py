@@ -1,20 +1,24 @@
-"""TableInspector: direct SQL on the public table layout (status, health, list, show, retry)
-and on its outbox table (``ptb-fence outbox``, the outbox counts of ``status``)."""
+"""TableInspector: direct SQL on the public table layout (status, health, list, show, retry),
+on its outbox table (``ptb-fence outbox``, the outbox counts of ``status``) and on its steps
+table (the steps of ``show``)."""
 
 from __future__ import annotations
 
 import sqlite3
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
-from ptb_fence._values import OutboxEntry
+from ptb_fence._values import OutboxEntry, StepRecord
 from ptb_fence.cli._errors import Refused, StoreFailure
 from ptb_fence.cli._format import one_line
 from ptb_fence.cli._rows import HealthFigures, Oldest, OldestCall, StatusReport, UpdateRow
 from ptb_fence.cli._target import StoreTarget
 from ptb_fence.stores import validate_table_name
-from ptb_fence.stores._outbox_sql import OutboxStatements, counts_of, entry_of
-from ptb_fence.stores.postgres._sql import postgres_admin_statements
-from ptb_fence.stores.sqlite._sql import REQUIRED_COLUMNS, sqlite_admin_statements
+from ptb_fence.stores._admin_sql import admin_statements
+from ptb_fence.stores._outbox_sql import counts_of, entry_of, outbox_table_name
+from ptb_fence.stores._steps_sql import record_of, steps_table_name
+from ptb_fence.stores.postgres._sql import statements as postgres_statements
+from ptb_fence.stores.sqlite._sql import REQUIRED_COLUMNS
+from ptb_fence.stores.sqlite._sql import statements as sqlite_statements
 
 __all__ = ["STATES", "TableInspector"]
 
@@ -33,8 +37,8 @@ class TableInspector:
         target (:class:`StoreTarget`): The database.
         table (:obj:`str`): The table name (validated here before any SQL runs).
         conn (optional): A connection to ``target`` already opened by the caller (with
-            :meth:`StoreTarget.connect_sqlite` or :meth:`StoreTarget.connect_postgres`); the
-            inspector owns it from now on and closes it. By default it opens its own.
+            :meth:`StoreTarget.connect_sqlite` or :meth:`StoreTarget.connect_postgres`).
+            The inspector owns it from now on and closes it. By default it opens its own.
 
     Raises:
         ptb_fence.cli._errors.Refused: Bad table name, no such file or table, or a table
@@ -42,7 +46,7 @@ class TableInspector:
         ptb_fence.cli._errors.StoreFailure: The database cannot be reached.
     """
 
-    __slots__ = ("_conn", "_outbox", "_sql", "has_claim_id", "table", "target")
+    __slots__ = ("_conn", "_named", "_outbox", "_sql", "has_claim_id", "table", "target")
 
     def __init__(self, target: StoreTarget, table: str, *, conn: Any = None) -> None:
         self._conn: Any = conn
@@ -52,6 +56,9 @@ class TableInspector:
             self.close()
             raise Refused(str(exc)) from None
         self.target = target
+        # the store's own statements of the table (admin_*, outbox_*), run by name
+        self._named = (sqlite_statements if target.is_sqlite else postgres_statements)(self.table)
+        self._outbox = outbox_table_name(self.table)
         if self._conn is None:
             self._conn = (
                 target.connect_sqlite() if target.is_sqlite else target.connect_postgres()
@@ -67,11 +74,7 @@ class TableInspector:
                     f"(it lacks {', '.join(missing)}); check --table"
                 )
             self.has_claim_id = "claim_id" in columns
-            if target.is_sqlite:
-                self._sql = sqlite_admin_statements(self.table, has_claim_id=self.has_claim_id)
-            else:
-                self._sql = postgres_admin_statements(self.table, has_claim_id=self.has_claim_id)
-            self._outbox = OutboxStatements(self.table, postgres=not target.is_sqlite)
+            self._sql = admin_statements(self._named, has_claim_id=self.has_claim_id)
         except BaseException:
             self.close()
             raise
@@ -124,7 +127,7 @@ class TableInspector:
                     return work()
                 finally:
                     if self._conn.in_transaction:
-                        self._conn.execute("ROLLBACK")
+                        self._conn.execute(self._named["admin_rollback"])
             try:
                 self._query(self._sql.begin_read)
                 return work()
@@ -135,17 +138,16 @@ class TableInspector:
 
     def _columns(self) -> Optional[Set[str]]:
         try:
+            named = self._named
             if self.target.is_sqlite:
-                probe = sqlite_admin_statements(self.table)
-                if not self._query(probe.table_exists, {"table": self.table}):
+                if not self._query(named["admin_table_exists"], {"table": self.table}):
                     return None
-                return {str(r[1]) for r in self._query(probe.columns)}
-            probe = postgres_admin_statements(self.table)
+                return {str(r[1]) for r in self._query(named["table_info"])}
             quoted = {"quoted": f'"{self.table}"'}
             try:
-                if not self._query(probe.table_exists, quoted)[0][0]:
+                if not self._query(named["table_exists"], quoted)[0][0]:
                     return None
-                return {str(r[0]) for r in self._query(probe.columns, quoted)}
+                return {str(r[0]) for r in self._query(named["table_columns"], quoted)}
             finally:
                 self._conn.rollback()
         except (sqlite3.Error, _pg_error()) as exc:
@@ -175,9 +177,11 @@ class TableInspector:
         return result
 
     def health(self, now: int) -> HealthFigures:
-        """The oldest pending row, the oldest due retry, the oldest lapsed lease, the
-        unacknowledged exhaustions and, with an outbox table, its oldest unsent call and its
-        unacknowledged failed calls at ``now`` (what ``ptb-fence health`` judges)."""
+        """The figures ``ptb-fence health`` judges at ``now``.
+
+        They are the oldest pending row, the oldest due retry, the oldest lapsed lease and the
+        unacknowledged exhaustions. With an outbox table they include its oldest unsent call
+        and its unacknowledged failed calls."""
         at = {"now": now}
 
         def oldest(sql: str, params: Optional[Dict[str, Any]] = None) -> Optional[Oldest]:
@@ -185,22 +189,16 @@ class TableInspector:
             return Oldest(int(found[0][0]), int(found[0][1])) if found else None
 
         has_outbox = self.outbox_exists()
-        o = f'"{self._outbox.name}"'
 
         def oldest_unsent() -> Optional[OldestCall]:
-            found = self._query(
-                f"SELECT call_id, update_id, created_at FROM {o} "
-                "WHERE state IN ('pending', 'sending') ORDER BY created_at, call_id LIMIT 1"
-            )
+            found = self._query(self._sql.oldest_unsent_call)
             if not found:
                 return None
             call_id, update_id, since = found[0]
             return OldestCall(int(call_id), int(update_id), int(since))
 
         def failed_calls() -> int:
-            found = self._query(
-                f"SELECT COUNT(*) FROM {o} WHERE state = 'failed' AND NOT acknowledged"
-            )
+            found = self._query(self._sql.failed_call_count)
             return int(found[0][0])
 
         def work() -> HealthFigures:
@@ -222,8 +220,9 @@ class TableInspector:
     def rows(
         self, *, state: Optional[str] = None, limit: int = 50, after: Optional[int] = None
     ) -> List[UpdateRow]:
-        """Rows by ``update_id`` (optionally of one ``state``, after ``after``), at most
-        ``limit``; bodies are not read."""
+        """At most ``limit`` rows by ``update_id``, optionally of one ``state``, after ``after``.
+
+        Bodies are not read."""
         params = {"state": state, "limit": limit, "after": after}
         result: List[UpdateRow] = self._read(
             lambda: [UpdateRow.from_db(r) for r in self._query(self._sql.list_rows, params)]
@@ -240,30 +239,34 @@ class TableInspector:
         result: Optional[UpdateRow] = self._read(work)
         return result
 
+    def steps(self, update_id: int) -> Optional[List[StepRecord]]:
+        """The recorded steps of ``update_id``, by ``recorded_at`` and then by key.
+
+        It is :obj:`None` when the table has no steps table. A PostgreSQL table made before
+        steps, and not migrated since, has none. So does a SQLite file no store opened since.
+        """
+        name = steps_table_name(self.table)
+
+        def work() -> Optional[List[StepRecord]]:
+            param = name if self.target.is_sqlite else f'"{name}"'
+            found = self._query(self._named["steps_exists"], {"steps": param})
+            if not (found and found[0][0]):
+                return None
+            rows = self._query(self._named["steps_of"], {"update_id": update_id})
+            return [record_of(r) for r in rows]
+
+        result: Optional[List[StepRecord]] = self._read(work)
+        return result
+
     def prune_bounds(self, before: int, every: int) -> Tuple[int, List[int]]:
         """How many update rows ``prune`` would delete before ``before``, and the
         ``settled_at`` of every ``every``-th of them (oldest first): the bounds of batches of
         about ``every`` rows."""
-        t = f'"{self.table}"'
-        sqlite = self.target.is_sqlite
-
-        def p(name: str) -> str:
-            return f":{name}" if sqlite else f"%({name})s"
-
-        where = (
-            f"state IN ('completed', 'abandoned') AND settled_at IS NOT NULL "
-            f"AND settled_at < {p('before')}"
-        )
         params = {"before": before, "every": every}
 
         def work() -> Tuple[int, List[int]]:
-            count = int(self._query(f"SELECT COUNT(*) FROM {t} WHERE {where}", params)[0][0])
-            bounds = [int(r[0]) for r in self._query(
-                f"SELECT settled_at FROM (SELECT settled_at, ROW_NUMBER() OVER "
-                f"(ORDER BY settled_at) AS n FROM {t} WHERE {where}) AS ranked "
-                f"WHERE n {'%' if sqlite else '%%'} {p('every')} = 0 ORDER BY settled_at",
-                params,
-            )]
+            count = int(self._query(self._sql.prune_count, params)[0][0])
+            bounds = [int(r[0]) for r in self._query(self._sql.prune_bounds, params)]
             return count, bounds
 
         result: Tuple[int, List[int]] = self._read(work)
@@ -271,7 +274,7 @@ class TableInspector:
 
     # -- retry -----------------------------------------------------------------------------
     def retry(self, update_id: int) -> Tuple[Optional[UpdateRow], bool]:
-        """Make a failed or abandoned update claimable again (see :mod:`ptb_fence.cli._sql`).
+        """Make a failed or abandoned update claimable again (the ``admin_retry`` statement).
 
         In one write transaction: read the row (PostgreSQL: ``FOR UPDATE``), then run the one
         conditional ``UPDATE`` that matches only a failed/abandoned row as it was read.
@@ -292,10 +295,10 @@ class TableInspector:
                     if before is not None and before.state in ("failed", "abandoned"):
                         params = dict(key, state=before.state, attempts=before.attempts)
                         changed = bool(self._query(self._sql.retry, params))
-                    conn.execute("COMMIT" if changed else "ROLLBACK")
+                    conn.execute(self._named["admin_commit" if changed else "admin_rollback"])
                 except BaseException:
                     if conn.in_transaction:
-                        conn.execute("ROLLBACK")
+                        conn.execute(self._named["admin_rollback"])
                     raise
                 return before, changed
             try:
@@ -322,15 +325,15 @@ class TableInspector:
     @property
     def outbox_table(self) -> str:
         """:obj:`str`: The name of the table's outbox table (``<table>_outbox``)."""
-        return self._outbox.name
+        return self._outbox
 
     def outbox_exists(self) -> bool:
         """Whether the outbox table exists (a PostgreSQL table made before the outbox, and
         not migrated since, has none)."""
-        name = self._outbox.name if self.target.is_sqlite else f'"{self._outbox.name}"'
+        name = self._outbox if self.target.is_sqlite else f'"{self._outbox}"'
 
         def work() -> bool:
-            found = self._query(self._outbox.exists, {"outbox": name})
+            found = self._query(self._named["outbox_exists"], {"outbox": name})
             return bool(found and found[0][0])
 
         result: bool = self._read(work)
@@ -348,7 +351,7 @@ class TableInspector:
         else:
             how = "create it with `ptb-fence migrate` (it keeps every row of the update table)"
         return (
-            f"table {self.table!r} in {where} has no outbox table {self._outbox.name!r} (it "
+            f"table {self.table!r} in {where} has no outbox table {self._outbox!r} (it "
             f"was made before the outbox): {how}"
         )
 
@@ -356,25 +359,24 @@ class TableInspector:
         """Refuse (exit 2) when the outbox table does not exist.
 
         Raises:
-            ptb_fence.cli._errors.Refused: No outbox table; the message says how to make it.
+            ptb_fence.cli._errors.Refused: No outbox table. The message says how to make it.
         """
         if not self.outbox_exists():
             raise Refused(self.missing_outbox())
 
     def outbox_counts(self) -> Optional[Tuple[Dict[str, int], Optional[int]]]:
-        """The calls per state (``pending``, ``sending``, ``sent``, ``failed``,
-        ``failed_acknowledged``) and the creation time of the oldest unsent call (pending or
-        sending; :obj:`None` when there is none), read in one snapshot; :obj:`None` when the
-        table has no outbox."""
+        """The calls per state and the creation time of the oldest unsent call.
+
+        The states are ``pending``, ``sending``, ``sent``, ``failed`` and
+        ``failed_acknowledged``. An unsent call is pending or sending. The time is
+        :obj:`None` when there is none. Both are read in one snapshot. The whole is
+        :obj:`None` when the table has no outbox."""
         if not self.outbox_exists():
             return None
-        o = f'"{self._outbox.name}"'
 
         def work() -> Tuple[Dict[str, int], Optional[int]]:
-            counts = counts_of(self._query(self._outbox.counts))
-            oldest = self._query(
-                f"SELECT MIN(created_at) FROM {o} WHERE state IN ('pending', 'sending')"
-            )
+            counts = counts_of(self._query(self._named["outbox_counts"]))
+            oldest = self._query(self._sql.oldest_unsent_at)
             since = oldest[0][0] if oldest else None
             return counts, None if since is None else int(since)
 
@@ -387,9 +389,9 @@ class TableInspector:
         """Outbox calls by ``call_id`` (of ``state`` when given, after ``after``), at most
         ``limit``."""
         params: Dict[str, Any] = {"limit": limit, "after": -1 if after is None else after}
-        sql = self._outbox.list_all
+        sql = self._named["outbox_list_all"]
         if state is not None:
-            sql, params["state"] = self._outbox.list_state, state
+            sql, params["state"] = self._named["outbox_list_state"], state
         result: List[OutboxEntry] = self._read(
             lambda: [entry_of(r) for r in self._query(sql, params)]
         )
@@ -399,28 +401,34 @@ class TableInspector:
         """The outbox call ``call_id``, or :obj:`None`."""
 
         def work() -> Optional[OutboxEntry]:
-            found = self._query(self._outbox.get, {"call_id": call_id})
+            found = self._query(self._named["outbox_get"], {"call_id": call_id})
             return entry_of(found[0]) if found else None
 
         result: Optional[OutboxEntry] = self._read(work)
         return result
 
     def retry_call(self, call_id: int, now: int) -> Tuple[Optional[OutboxEntry], bool]:
-        """A ``failed`` call goes back to ``pending``, due at ``now`` (the store's
-        ``retry_failed_call`` statement: error and tries kept, no longer acknowledged).
+        """A ``failed`` call goes back to ``pending``, due at ``now``.
+
+        It runs the store's ``retry_failed_call`` statement. The error and tries are kept,
+        and the call is no longer acknowledged.
 
         Returns:
-            ``(call before, changed)``; nothing is changed when ``changed`` is :obj:`False`.
+            ``(call before, changed)``. Nothing is changed when ``changed`` is :obj:`False`.
         """
-        return self._change_call(call_id, self._outbox.retry_failed, {"at": now}, ("failed",))
+        return self._change_call(
+            call_id, self._named["outbox_retry_failed"], {"at": now}, ("failed",)
+        )
 
     def drop_call(self, call_id: int) -> Tuple[Optional[OutboxEntry], bool]:
         """Delete a ``pending`` or ``failed`` call (the store's ``drop_call`` statement).
 
         Returns:
-            ``(call before, changed)``; nothing is changed when ``changed`` is :obj:`False`.
+            ``(call before, changed)``. Nothing is changed when ``changed`` is :obj:`False`.
         """
-        return self._change_call(call_id, self._outbox.drop, {}, ("pending", "failed"))
+        return self._change_call(
+            call_id, self._named["outbox_drop"], {}, ("pending", "failed")
+        )
 
     def _change_call(
         self, call_id: int, sql: str, params: Dict[str, Any], states: Tuple[str, ...]
@@ -430,7 +438,7 @@ class TableInspector:
         key = {"call_id": call_id}
 
         def work() -> Tuple[Tuple[Optional[OutboxEntry], bool], bool]:
-            found = self._query(self._outbox.get, key)
+            found = self._query(self._named["outbox_get"], key)
             before = entry_of(found[0]) if found else None
             changed = False
             if before is not None and before.state in states:
@@ -440,18 +448,20 @@ class TableInspector:
         return self._write(work)
 
     def _write(self, work: Callable[[], Tuple[_T, bool]]) -> _T:
-        """Run ``work()`` in one write transaction; it returns its result and whether to
-        commit (else the transaction is rolled back)."""
+        """Run ``work()`` in one write transaction.
+
+        ``work()`` returns its result and whether to commit. Otherwise the transaction is
+        rolled back."""
         try:
             if self.target.is_sqlite:
                 conn = self._conn
                 conn.execute(self._sql.begin_write)
                 try:
                     result, commit = work()
-                    conn.execute("COMMIT" if commit else "ROLLBACK")
+                    conn.execute(self._named["admin_commit" if commit else "admin_rollback"])
                 except BaseException:
                     if conn.in_transaction:
-                        conn.execute("ROLLBACK")
+                        conn.execute(self._named["admin_rollback"])
                     raise
                 return result
             try:

@@ -1,10 +1,10 @@
 """``ptb-fence outbox``: list, show, retry and drop the Bot API calls in a table's outbox.
 
-The outbox holds the calls attempts queued (``attempt.outbox``), each sent only if the commit
-that completed its attempt landed. These commands read it with plain SQL through
-:class:`~ptb_fence.cli._inspect.TableInspector` (never creating a table); ``retry`` and
-``drop`` are the store's own conditional statements (``retry_failed_call``, ``drop_call``), so
-a call being sent is never disturbed.
+The outbox holds the calls attempts queued (``attempt.outbox``). Each is sent only if the
+commit that completed its attempt landed. These commands read it with plain SQL through
+:class:`~ptb_fence.cli._inspect.TableInspector`, which never creates a table. ``retry`` and
+``drop`` are the store's own conditional statements (``retry_failed_call``, ``drop_call``).
+So a call being sent is never disturbed.
 """
 
 from __future__ import annotations
@@ -128,8 +128,9 @@ def _decoded(text: Optional[str]) -> Any:
 
 
 def call_json(entry: OutboxEntry, *, full: bool = False) -> Dict[str, Any]:
-    """A call as a JSON-ready dict (times as epoch ms and as ISO 8601 UTC); ``full`` adds the
-    parameters and the result (decoded JSON)."""
+    """A call as a JSON-ready dict, with times as epoch ms and as ISO 8601 UTC.
+
+    ``full`` adds the parameters and the result (decoded JSON)."""
     data: Dict[str, Any] = {
         "call_id": entry.call_id,
         "state": entry.state,

@@ -1,12 +1,12 @@
 """``ptb-fence persistence``: move a bot's state between a PicklePersistence file and the
 store (``import``, ``export``) and show one user's, chat's or conversation's state (``show``).
 
-The file is read and written with python-telegram-bot's own :class:`telegram.ext.PicklePersistence`
-format (a single file by default): ``user_data``, ``chat_data``, ``bot_data``, the
+The file has python-telegram-bot's own :class:`telegram.ext.PicklePersistence` format (a
+single file by default). It holds ``user_data``, ``chat_data``, ``bot_data``, the
 ``conversations`` of every named handler and the keyboards of the callback-data cache
-(``arbitrary_callback_data``; one ``callback`` row per keyboard, as FencedPersistence keeps
-them). The cache's callback-query ids are not moved: they only matter to the process that
-answered the queries.
+(``arbitrary_callback_data``). Each keyboard is one ``callback`` row, as FencedPersistence
+keeps them. The cache's callback-query ids are not moved. They only matter to the process
+that answered the queries.
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ __all__ = ["BATCH", "export_pickle", "import_pickle", "iter_state", "read_pickle
 _PAGE = 500
 
 BATCH = 1000
-"""Keys written per transaction by an import: PostgreSQL holds an advisory lock per key until
-the commit, and a stock server's lock table has room for about 6,400 locks (64 per
-connection) shared by every session."""
+"""Keys written per transaction by an import.
+
+PostgreSQL holds an advisory lock per key until the commit. A stock server's lock table has
+room for about 6,400 locks (64 per connection), shared by every session."""
 
 _TRIES = 5
 
@@ -176,8 +177,8 @@ def import_pickle(store: Any, path: str, *, at: int, multi_file: bool = False,
     """Write the file's state into the store, :data:`BATCH` keys per transaction.
 
     One transaction for every key would hold a PostgreSQL advisory lock per key until its
-    commit: the server's lock table (``max_locks_per_transaction`` times the connections) is
-    full beyond about 10,000 keys, and every other session on the server then fails too.
+    commit. The server's lock table (``max_locks_per_transaction`` times the connections) is
+    full beyond about 10,000 keys. Every other session on the server then fails too.
     A batch holds at most :data:`BATCH` locks, for a moment.
 
     Without ``replace`` a key that already holds other state in the store is refused: every

@@ -12,8 +12,9 @@ __all__ = ["HealthFigures", "Oldest", "OldestCall", "StatusReport", "UpdateRow"]
 
 @dataclass(frozen=True)
 class UpdateRow:
-    """One row of the update table (its public layout, README "Stores"); times are epoch
-    milliseconds."""
+    """One row of the update table (its public layout, README "Stores").
+
+    Times are epoch milliseconds."""
 
     update_id: int
     state: str

@@ -84,12 +84,16 @@ def _looks_like_path(text: str) -> bool:
 class StoreTarget:
     """Where a command works: a SQLite file or a PostgreSQL database, from a ``--store`` URL.
 
-    ``sqlite:///relative/path.db`` and ``sqlite:////absolute/path.db`` (the path is everything
-    after ``sqlite:///``, as in SQLAlchemy), a plain path to an existing file (taken as SQLite),
-    a ``postgresql://`` / ``postgres://`` libpq URI, or a libpq keyword string
-    (``host=db dbname=bot user=bot``). A SQLAlchemy URL's driver is dropped
-    (``postgresql+psycopg2://`` is ``postgresql://``): an application's own setting can be
-    passed as it is.
+    The URL is one of these:
+
+    - ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``. The path is
+      everything after ``sqlite:///``, as in SQLAlchemy.
+    - A plain path to an existing file, taken as SQLite.
+    - A ``postgresql://`` / ``postgres://`` libpq URI.
+    - A libpq keyword string (``host=db dbname=bot user=bot``).
+
+    A SQLAlchemy URL's driver is dropped (``postgresql+psycopg2://`` is ``postgresql://``).
+    So an application's own setting can be passed as it is.
     The password of a DSN never appears in :attr:`display` or in messages passed through
     :meth:`redact`.
 
@@ -206,7 +210,7 @@ class StoreTarget:
         return self.kind == "sqlite"
 
     def connect_sqlite(self, timeout: Optional[float] = None) -> sqlite3.Connection:
-        """Open the existing SQLite file (never creates one); autocommit mode.
+        """Open the existing SQLite file in autocommit mode. It never creates one.
 
         Args:
             timeout (:obj:`float`, optional): Seconds to wait for a lock held by a writer
@@ -231,8 +235,8 @@ class StoreTarget:
         uri = "file:" + urllib.parse.quote(self.path) + "?mode=rw"
         wait = 10.0 if timeout is None else timeout
         try:
+            # timeout= is SQLite's busy timeout
             conn = sqlite3.connect(uri, uri=True, timeout=wait, isolation_level=None)
-            conn.execute(f"PRAGMA busy_timeout = {int(wait * 1000)}")
         except sqlite3.Error as exc:
             raise StoreFailure(f"cannot open the SQLite database {self.path}: {exc}") from None
         return conn
@@ -242,10 +246,10 @@ class StoreTarget:
 
         Args:
             timeout (:obj:`float`, optional): The ``connect_timeout`` in seconds, used even when
-                the DSN sets one (libpq's minimum is 2 s; by default the DSN's, else 10 s).
+                the DSN sets one. libpq's minimum is 2 s. By default it is the DSN's, else 10 s.
 
         Raises:
-            ptb_fence.cli._errors.StoreFailure: The server cannot be reached; the message never
+            ptb_fence.cli._errors.StoreFailure: The server cannot be reached. The message never
                 contains the password.
         """
         import psycopg2
@@ -254,7 +258,7 @@ class StoreTarget:
         assert self.dsn is not None
         kwargs: Dict[str, Any] = {}
         if timeout is not None:
-            # whole seconds only; libpq takes anything below 2 as 2
+            # Whole seconds only. libpq takes anything below 2 as 2.
             kwargs["connect_timeout"] = max(2, math.ceil(timeout))
         elif "connect_timeout" not in psycopg2.extensions.parse_dsn(self.dsn):
             kwargs["connect_timeout"] = _CONNECT_TIMEOUT

@@ -1,58 +1,13 @@
 """The public conformance check for update stores.
 
-:func:`check_update_store` runs the rules of the ``ptb_fence`` store contract against any
-store and returns what it violates. The three stores that ship with ``ptb_fence`` pass it; authors
-of custom stores (another database, another driver, an ORM) run it in their own test suite::
-
-    from ptb_fence.conformance import check_update_store
-
-    def test_my_store_conforms(tmp_path):
-        counter = iter(range(1_000_000))
-
-        def make():
-            # A FRESH, EMPTY store on every call: one table/file/schema per call.
-            return MyUpdateStore(f"{tmp_path}/store-{next(counter)}.db")
-
-        assert check_update_store(make) == []
-
-How it works:
-
-* ``make`` is called once per rule and must return a new, **empty** store each time (rows from
-  an earlier rule would change what a later rule sees). After the rule the store's ``close()`` is
-  called when it has one. The check does not clean up files or tables; do that in your fixture.
-* The capability level is detected by duck typing on the first store
-  (:class:`ptb_fence.StoreCapabilities`): base rules run for every store, fenced rules (and the
-  fenced tails of base rules) only for a fenced store, durable rules only for a durable store. A
-  base store is never blamed for lacking fenced or durable methods; a store with part of a
-  capability group (e.g. two of the three liveness methods) gets one violation naming the
-  methods. A fenced store may offer the batch forms (``claim_owned_many``, ``renew_owned_many``,
-  ``settle_owned_many``) instead of the single-row ones: its rules call them with a batch of
-  one.
-* Each violation is one string ``"<rule>: <what happened>"``. A rule stops at the first exception
-  the store raises, reported as ``"<rule>: raised <ExcType>: <message> (from store.<method>)"``,
-  and the check goes on with the next rule. An empty list means the store conforms.
-* Besides the behaviour, every rule checks the returned types: booleans must be real
-  :obj:`bool` objects (``type(x) is bool``; ``1`` or ``0`` are reported), attempt numbers and
-  :meth:`~ptb_fence.UpdateStore.prune` counts :obj:`int`, claim ids non-empty :obj:`str`, and
-  :meth:`~ptb_fence.UpdateStore.due`/``due_exhaustions``/``claim_owned`` return
-  :class:`~ptb_fence.StoredUpdate`/:class:`~ptb_fence.Exhaustion`/
-  :class:`~ptb_fence.AttemptIdentity` objects.
-* Times are fixed epoch milliseconds around ``T = 1_700_000_000_000``; messages write them as
-  ``T+60001``. The whole check takes well under a second for an in-memory store; the
-  concurrency rules use 8 real threads released together by a :class:`threading.Barrier`.
-* It imports nothing from ``telegram``: it can run wherever the store runs.
-
-``ptb-fence check --store URL`` (or ``python -m ptb_fence.conformance --store URL``, the same
-command) runs the check on the shipped store for that URL: on scratch files (SQLite) or scratch
-tables in that database (PostgreSQL), never on your table.
-
-The rules come in families, listed below with what each rule checks: the base contract (one
-record per update, the lease, attempt ownership, retry and spend, the due listing, pruning),
-concurrent claims, lease renewal, the batched forms of the store methods, the table's bot, the
-fence (also inside the caller's transaction), recovery (releasing claims, liveness, isolation),
-chat order, the figures for operators, the outbox, persisted bot state and durable exhaustion. Each heading says the level a rule needs and the stores it
-runs for; rules for an optional method return at once when the store lacks it. :data:`RULES`
-holds them in the order they run.
+:func:`check_update_store` runs the rules of the ``ptb_fence`` store contract against a store.
+It returns what the store violates.
+The three stores that ship with ``ptb_fence`` pass it.
+Authors of a custom store run it in their own test suite.
+``ptb-fence check --store URL`` runs it on a shipped store, on scratch files or tables.
+The rules come in families, listed below with what each rule checks.
+Each heading says the level a rule needs and the stores it runs for.
+:data:`RULES` holds the rules in the order they run.
 """
 
 from __future__ import annotations
@@ -66,14 +21,18 @@ from ptb_fence.conformance import (
     _batches,
     _bot,
     _chat_order,
+    _commit,
     _durable,
     _fence,
     _figures,
+    _jobs,
     _outbox,
+    _pacing,
     _races,
     _recovery,
     _renewal,
     _state,
+    _steps,
 )
 from ptb_fence.conformance._probe import Abort, Probe, StoreRaised
 from ptb_fence.conformance._rule import LEVELS, ConformanceRule, RuleCheck
@@ -98,6 +57,7 @@ _CHECKS: Tuple[RuleCheck, ...] = (
     _batches.rule_batch_settle,
     _batches.rule_combined_write,
     _batches.rule_settle_and_claim,
+    _commit.rule_features,
     _fence.rule_transaction,
     _fence.rule_connection_fence,
     _fence.rule_completing,
@@ -118,10 +78,21 @@ _CHECKS: Tuple[RuleCheck, ...] = (
     _state.rule_state_versions,
     _state.rule_state_effects,
     _state.rule_state_concurrent,
+    _steps.rule_steps,
     _durable.rule_durable_exhaustion,
+    _commit.rule_batch_commit,
+    _commit.rule_batch_commit_atomic,
+    _jobs.rule_jobs,
+    _jobs.rule_jobs_concurrent_fire,
+    _jobs.rule_jobs_effects,
+    _pacing.rule_pacing,
+    _pacing.rule_pacing_concurrent,
 )
-"""The declared rules in the order they run: the base rules first (the first detects the
-store's level), the durable rule last."""
+"""The declared rules in the order they run.
+
+The base rules come first, and the first of them detects the store's level.
+The durable rules come last.
+"""
 
 RULES: Tuple[ConformanceRule, ...] = tuple(check.rule for check in _CHECKS)
 """Tuple[:class:`ConformanceRule`, ...]: The rules of :func:`check_update_store`, in the order
@@ -129,8 +100,12 @@ they run. Their names prefix the violations."""
 
 
 def _rules_by_family(checks: Tuple[RuleCheck, ...]) -> str:
-    """The rule list of this module's documentation: each family (the first line of its
-    module's docstring) with its rules, families in the order their first rule runs."""
+    """The rule list of this module's documentation.
+
+    Each family comes with its rules.
+    The family's title is the first line of its module's docstring.
+    Families come in the order their first rule runs.
+    """
     families: List[str] = []
     by_family: Dict[str, List[RuleCheck]] = {}
     for check in checks:
@@ -166,23 +141,42 @@ def _raised(rule: str, error: BaseException, where: str) -> str:
 
 
 def check_update_store(make: Callable[[], UpdateStore]) -> List[str]:
-    """Check a store against the rules of the store contract (see the module docstring).
+    """Check a store against the rules of the store contract.
+
+    ``make`` must return a new, empty store on every call.
+    Rows from an earlier rule would change what a later rule sees.
+    The check does not clean up files or tables, so your fixture does that.
+    Run the check in your test suite::
+
+        from ptb_fence.conformance import check_update_store
+
+        def test_my_store_conforms(tmp_path):
+            counter = iter(range(1_000_000))
+
+            def make():
+                # A FRESH, EMPTY store on every call: one table/file/schema per call.
+                return MyUpdateStore(f"{tmp_path}/store-{next(counter)}.db")
+
+            assert check_update_store(make) == []
+
+    The capability level comes from the first store, through :class:`ptb_fence.StoreCapabilities`.
+    Fenced rules run only for a fenced store.
+    Durable rules run only for a durable store.
+    The batch rules run only for a batch store, one that declares ``features`` and has
+    ``commit``.
+    A store with part of a capability group gets one violation.
+    It names the methods the store has and lacks, and nothing else is checked.
 
     Args:
         make (Callable[[], :class:`ptb_fence.UpdateStore`]): Returns a new, empty store on every
-            call. It is called once per rule that runs; each store is closed (when it has
-            ``close()``) after its rule.
+            call. It is called once per rule that runs. Each store is closed after its rule, when
+            it has ``close()``.
 
     Returns:
         List[:obj:`str`]: The violations, each ``"<rule>: <what happened>"`` with a rule name from
-        :data:`RULES`; an empty list means the store conforms. A rule that raises is reported as
-        ``"<rule>: raised <ExcType>: <message> (from store.<method>)"`` and the check goes on with
-        the next rule. Fenced rules run only for a fenced store and durable rules only for a
-        durable store (detected on the first store, :class:`ptb_fence.StoreCapabilities`: the
-        batch forms count, so a store with ``claim_owned_many``, ``renew_owned_many`` and
-        ``settle_owned_many`` instead of the single-row forms is fenced, its rules run through
-        batches of one). A store with part of a capability group gets one violation naming the
-        methods it has and lacks, and nothing else is checked.
+        :data:`RULES`. An empty list means the store conforms. A rule that raises is reported as
+        ``"<rule>: raised <ExcType>: <message> (from store.<method>)"``. The check then goes on
+        with the next rule.
     """
     violations: List[str] = []
     level: Optional[int] = None

@@ -1,8 +1,10 @@
 """The base contract.
 
 One record per update, the lease, attempt ownership, retry and spend, the due listing and
-pruning. These rules run for every store; where a fenced store has the ``*_owned`` twin of a
-base method, the rule checks that too (its fenced tail).
+pruning.
+These rules run for every store.
+A fenced store may have the ``*_owned`` twin of a base method.
+The rule then checks that twin too, in its fenced tail.
 """
 
 from __future__ import annotations
@@ -20,11 +22,16 @@ from ptb_fence.conformance._rule import rule
     "A second add of an update_id returns False in every state and changes nothing.",
 )
 def rule_one_record(p: Probe, fenced: bool, durable: bool) -> None:
-    """A second ``add`` of the same update returns :obj:`False` in every state (pending,
-    processing, failed, completed, abandoned — and, durable, an unacknowledged exhaustion) and
-    leaves the row as it was (first body kept, lease not reset); so does a different body while the
-    row is live (pending, processing, failed, an unacknowledged exhaustion). (A store may replace a
-    *settled* row when a different update arrives with its id; not checked here.)
+    """A second ``add`` of the same update returns :obj:`False` in every state.
+
+    The states are pending, processing, failed, completed and abandoned.
+    A durable store adds one more, an unacknowledged exhaustion.
+    The refused ``add`` leaves the row as it was.
+    The first body stays and the lease is not reset.
+    A different body is refused the same way while the row is live.
+    A live row is pending, processing, failed or an unacknowledged exhaustion.
+    A store may replace a *settled* row when a different update arrives with its id.
+    This rule does not check that.
     """
     p.require(p.add(1, "first", T), "add of a new update_id 1 returned False")
     p.expect(
@@ -108,11 +115,15 @@ def rule_one_record(p: Probe, fenced: bool, durable: bool) -> None:
     "lists it with its body; renew with now never revives an expired lease.",
 )
 def rule_lease(p: Probe, fenced: bool, durable: bool) -> None:
-    """A live lease is not taken (``claim`` at ``now == due_at`` returns :obj:`None`), a lapsed one
-    is (``now == due_at + 1``, attempt + 1); ``due`` does not list a live lease and lists a lapsed
-    one with its body; ``renew`` with ``now`` works at ``now == due_at`` and never revives an
-    expired lease. Fenced tail: the same for ``claim_owned`` / ``renew_owned``, with a new claim
-    id.
+    """A live lease is not taken. A lapsed lease is.
+
+    ``claim`` at ``now == due_at`` returns :obj:`None`.
+    ``claim`` at ``now == due_at + 1`` takes the update with attempt + 1.
+    ``due`` does not list a live lease.
+    It lists a lapsed one with its body.
+    ``renew`` with ``now`` works at ``now == due_at``.
+    It never revives an expired lease.
+    Fenced tail: the same holds for ``claim_owned`` and ``renew_owned``, with a new claim id.
     """
     unknown = p.claim(404, now=T, lease_until=T + L)
     p.expect(unknown is None, f"claim of an unknown update_id returned {unknown!r}")
@@ -189,11 +200,16 @@ def rule_lease(p: Probe, fenced: bool, durable: bool) -> None:
     "settle_owned.",
 )
 def rule_ownership(p: Probe, fenced: bool, durable: bool) -> None:
-    """Only the attempt holding the update renews or settles it: another attempt number is refused
-    by ``renew`` and ``settle``; a settle at ``at == due_at`` lands, one at ``due_at + 1`` does
-    not. Fenced tail: ``renew_owned``/``owns``/``settle_owned`` refuse a wrong attempt and a wrong
-    claim id, an expired lease cannot ``settle_owned``, the settle at exactly ``due_at`` lands and
-    returns :obj:`True`, a second one returns :obj:`False`.
+    """Only the attempt holding the update renews or settles it.
+
+    ``renew`` and ``settle`` refuse another attempt number.
+    A settle at ``at == due_at`` lands.
+    A settle at ``due_at + 1`` does not.
+    Fenced tail: ``renew_owned``, ``owns`` and ``settle_owned`` refuse a wrong attempt.
+    They refuse a wrong claim id too.
+    An expired lease cannot ``settle_owned``.
+    A ``settle_owned`` at exactly ``due_at`` lands and returns :obj:`True`.
+    A second one returns :obj:`False`.
     """
     p.require(p.add(1, "b", T), "add of a new update_id returned False")
     p.require(p.claim(1, now=T, lease_until=T + L) == 1, "claim of a pending update failed")
@@ -314,11 +330,15 @@ def rule_ownership(p: Probe, fenced: bool, durable: bool) -> None:
     "(settled at the spend's now, prunable).",
 )
 def rule_retry_and_spend(p: Probe, fenced: bool, durable: bool) -> None:
-    """A failed update is due exactly at its retry time (``due_at <= now``) and not 1 ms before; a
-    claim with ``attempts >= max_attempts`` abandons it (returns :obj:`None`, never claimable or
-    due again, ``settled_at`` = the spend's ``now`` so ``prune`` deletes it from ``now + 1``); a
-    claim at a live lease never spends. Fenced tail: the same for ``claim_owned``; durable: a spend
-    without ``durable_exhaustion`` is not an exhaustion.
+    """A failed update is due exactly at its retry time (``due_at <= now``).
+
+    It is not due 1 ms before.
+    A claim with ``attempts >= max_attempts`` abandons the update and returns :obj:`None`.
+    The update is then never claimable or due again.
+    Its ``settled_at`` is the spend's ``now``, so ``prune`` deletes it from ``now + 1``.
+    A claim at a live lease never spends.
+    Fenced tail: the same holds for ``claim_owned``.
+    Durable: a spend without ``durable_exhaustion`` is not an exhaustion.
     """
     p.require(p.add(1, "b1", T), "add of a new update_id returned False")
     p.require(
@@ -435,10 +455,15 @@ def rule_retry_and_spend(p: Probe, fenced: bool, durable: bool) -> None:
     "received_at <= pending_before.",
 )
 def rule_due_listing(p: Probe, fenced: bool, durable: bool) -> None:
-    """``due`` lists by numeric ``update_id`` (``2**40`` included, bodies exact), at most ``limit``
-    rows, pending rows only when ``received_at <= pending_before`` (exact boundary), failed rows
-    from their retry time, processing rows after their lease, never completed rows. (A store with
-    ``release_many`` also lists a released row at once: see ``release``.)
+    """``due`` lists by numeric ``update_id``.
+
+    ``2**40`` is included and the bodies are exact.
+    It lists at most ``limit`` rows.
+    It lists pending rows only when ``received_at <= pending_before``, at the exact boundary.
+    It lists failed rows from their retry time.
+    It lists processing rows after their lease.
+    It never lists completed rows.
+    A store with ``release_many`` also lists a released row at once (see ``release``).
     """
     big = 2**40
     rows = [(100, T), (7, T + 10), (big, T), (12, T + 20), (9, T + 10), (30, T)]
@@ -471,7 +496,8 @@ def rule_due_listing(p: Probe, fenced: bool, durable: bool) -> None:
     p.settle(12, 1, Failed(at=T + 31, retry_at=T + 500, error="boom"))
     p.require(p.claim(100, now=T + 30, lease_until=T + L) == 1, "claim of update 100 failed")
     p.settle(100, 1, Completed(at=T + 31))
-    # pending rows 7, 30, big; processing 9 (lease T+400); failed 12 (retry T+500); 100 done.
+    # Rows 7, 30 and big are pending, 9 is processing (lease T+400), 12 failed (retry T+500).
+    # Row 100 is done.
     expect_ids(T + 400, T + 1000, 100, [7, 30, big])
     expect_ids(T + 401, T + 1000, 100, [7, 9, 30, big])
     expect_ids(T + 500, T + 1000, 100, [7, 9, 12, 30, big])
@@ -487,10 +513,14 @@ def rule_due_listing(p: Probe, fenced: bool, durable: bool) -> None:
     "the id can be added again and restarts at attempt 1.",
 )
 def rule_prune(p: Probe, fenced: bool, durable: bool) -> None:
-    """``prune(before)`` deletes completed and abandoned rows with ``settled_at < before`` only
-    (``prune(settled_at)`` deletes nothing, ``prune(settled_at + 1)`` deletes it) and returns the
-    count; pending, processing (live or lapsed) and failed rows are never pruned; a pruned
-    ``update_id`` can be added again and starts at attempt 1 with its new body.
+    """``prune(before)`` deletes completed and abandoned rows with ``settled_at < before`` only.
+
+    ``prune(settled_at)`` deletes nothing.
+    ``prune(settled_at + 1)`` deletes the row.
+    ``prune`` returns the count.
+    Pending, processing (live or lapsed) and failed rows are never pruned.
+    A pruned ``update_id`` can be added again.
+    It starts at attempt 1 with its new body.
     """
     for update_id in range(1, 9):
         p.require(p.add(update_id, f"b{update_id}", T), "add of a new update_id returned False")

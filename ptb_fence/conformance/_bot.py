@@ -18,8 +18,10 @@ from ptb_fence.conformance._rule import rule
     applies="only for a store with ``bind_bot``",
 )
 def rule_bind_bot(p: Probe, fenced: bool, durable: bool) -> None:
-    """``bind_bot`` with the same bot id again is a no-op; another bot id raises
-    :exc:`ptb_fence.TableBotMismatch` (the first binder wins) and the owner stays.
+    """``bind_bot`` with the same bot id again is a no-op.
+
+    Another bot id raises :exc:`ptb_fence.TableBotMismatch`, because the first binder wins.
+    The owner stays.
     """
     if not has_method(p.store, "bind_bot"):
         return

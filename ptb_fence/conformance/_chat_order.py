@@ -1,8 +1,9 @@
 """Chat order.
 
-Of each chat only the lowest unsettled update is claimed or listed, and rows recorded without a
-chat key can be keyed later. The rules run only for a store with the chat-order methods (and,
-for ``chat-keys``, the keying methods).
+Of each chat only the lowest unsettled update is claimed or listed.
+Rows recorded without a chat key can be keyed later.
+The rules run only for a store with the chat-order methods.
+``chat-keys`` also needs the keying methods.
 """
 
 from __future__ import annotations
@@ -49,11 +50,16 @@ def _chat_due(
     applies="only with ``add_many_in_chats``, ``claim_in_chat_order``, ``due_in_chat_order``",
 )
 def rule_chat_order(p: Probe, fenced: bool, durable: bool) -> None:
-    """``add_many_in_chats`` equals ``add_many`` position by position; of each chat key only the
-    lowest unsettled update is claimed (``claim_in_chat_order``) or listed (``due_in_chat_order``):
-    not while a lower update is pending, processing or failed waiting for its retry (listed from
-    ``due_at`` on, inclusive), nor while another update of the chat holds a lease live at ``now``
-    (inclusive); an abandoned update releases its chat; rows without a chat key never wait;
+    """``add_many_in_chats`` equals ``add_many`` position by position.
+
+    Of each chat key only the lowest unsettled update is claimed or listed.
+    ``claim_in_chat_order`` claims and ``due_in_chat_order`` lists.
+    An update waits while a lower update of its chat is pending or processing.
+    It also waits while a lower update failed and waits for its retry.
+    That failed update is listed from its ``due_at`` on, inclusive.
+    An update waits while another update of its chat holds a lease live at ``now`` (inclusive).
+    An abandoned update releases its chat.
+    Rows without a chat key never wait.
     ``chat_key=`` lists one chat only.
     """
     if not all(has_method(p.store, m) for m in CHAT_ORDER_METHODS):
@@ -99,8 +105,8 @@ def rule_chat_order(p: Probe, fenced: bool, durable: bool) -> None:
     c = _chat_claim(p, 2, T + 102, T + 300)
     p.expect(c is not None, "claim_in_chat_order(2) returned None after update 1 of its chat "
              "was abandoned (a settled update releases its chat)")
-    # a lower update recorded after a higher one was claimed waits while that attempt's lease
-    # is live (inclusive), not after it lapsed
+    # A lower update recorded after a higher one was claimed waits while that attempt's lease
+    # is live (inclusive). It no longer waits after the lease lapsed.
     p.require(bool_list(p, "add_many_in_chats", p.call("add_many_in_chats", [(20, "c20", T, 9)]),
                      1) == [True], "add_many_in_chats of a new update_id returned [False]")
     d = _chat_claim(p, 20, T + 1, T + 400)
@@ -130,10 +136,13 @@ def _unkeyed(p: Probe, **kwargs: Any) -> List[int]:
     applies="only with the chat-order methods and ``unkeyed_in_chats``, ``set_chat_keys``",
 )
 def rule_chat_keys(p: Probe, fenced: bool, durable: bool) -> None:
-    """``unkeyed_in_chats`` lists the unsettled rows without a chat key by ``update_id`` (not a
-    keyed or a settled one), after ``after_update_id``, at most ``limit``; ``set_chat_keys`` keys
-    only a row that has no key and holds exactly the given body, returns how many it keyed, and the
-    keyed row then holds its chat like one recorded with the key.
+    """``unkeyed_in_chats`` lists the unsettled rows without a chat key by ``update_id``.
+
+    It lists neither a keyed nor a settled row.
+    It lists after ``after_update_id``, at most ``limit`` rows.
+    ``set_chat_keys`` keys only a row that has no key and holds exactly the given body.
+    It returns how many rows it keyed.
+    A keyed row then holds its chat like one recorded with the key.
     """
     if not all(has_method(p.store, m) for m in CHAT_ORDER_METHODS + CHAT_KEYING_METHODS):
         return

@@ -1,7 +1,7 @@
 """Durable exhaustion.
 
-An update whose attempts are spent, or that a handler gave up on, stays visible until its exact
-attempt acknowledges it.
+An update may have spent its attempts, or a handler may have given up on it.
+It then stays visible until its exact attempt acknowledges it.
 """
 
 from __future__ import annotations
@@ -35,15 +35,21 @@ def _find(p: Probe, update_id: int) -> Optional[Exhaustion]:
     "acknowledges them; cursor paging sees each once.",
 )
 def rule_durable_exhaustion(p: Probe, fenced: bool, durable: bool) -> None:
-    """A spent ``claim_owned(..., durable_exhaustion=True)`` becomes a visible exhaustion (listed
-    with the last attempt and claim id, ``exhausted_at`` = the spend's ``now``, the body and
-    ``'attempts spent'``), is not due and not prunable; acknowledgements with a wrong claim id or
-    attempt are refused; the exact one returns :obj:`True` once, then :obj:`False`, and the row is
-    then prunable (strict bound). ``exhaust`` works at ``at == due_at``, keeps its error and
-    ``exhausted_at = at``; an expired attempt cannot exhaust and does not block a reclaim; wrong
-    identities cannot exhaust; paging with ``limit`` and ``after_update_id`` sees every exhaustion
-    once, in order; a base ``claim(..., durable_exhaustion=True)`` spend is visible too (with a
-    non-empty claim id even when the earlier claims wrote none).
+    """A spent ``claim_owned(..., durable_exhaustion=True)`` becomes a visible exhaustion.
+
+    It is listed with the last attempt and claim id, the body and ``'attempts spent'``.
+    Its ``exhausted_at`` is the spend's ``now``.
+    It is not due and not prunable.
+    Acknowledgements with a wrong claim id or attempt are refused.
+    The exact one returns :obj:`True` once, then :obj:`False`.
+    The row is then prunable, with a strict bound.
+    ``exhaust`` works at ``at == due_at``.
+    It keeps its error and sets ``exhausted_at = at``.
+    An expired attempt cannot exhaust and does not block a reclaim.
+    Wrong identities cannot exhaust.
+    Paging with ``limit`` and ``after_update_id`` sees every exhaustion once, in order.
+    A base ``claim(..., durable_exhaustion=True)`` spend is visible too.
+    Its claim id is non-empty even when the earlier claims wrote none.
     """
     lease = T + L
     # A: a spent claim_owned(durable_exhaustion=True) after the owner was lost.

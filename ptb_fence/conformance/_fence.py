@@ -1,7 +1,8 @@
 """The fence.
 
-Only the live claim writes, also inside the caller's transaction. ``fence`` runs for every
-fenced store; ``transaction()``, ``owns``/``settle_owned(connection=...)`` and
+Only the live claim writes, also inside the caller's transaction.
+``fence`` runs for every fenced store.
+``transaction()``, ``owns``/``settle_owned(connection=...)`` and
 ``complete_owned``/``reopen_completed`` are checked when the store has them.
 """
 
@@ -34,8 +35,10 @@ class _Rollback(Exception):
 
 
 def _takes_connection(store: Any, method: str) -> bool:
-    """Whether ``store.method`` exists and accepts the ``connection=`` keyword (duck typing;
-    a store with only the batch form of ``settle_owned`` has no such keyword)."""
+    """Whether ``store.method`` exists and accepts the ``connection=`` keyword (duck typing).
+
+    A store with only the batch form of ``settle_owned`` has no such keyword.
+    """
     return takes_connection(getattr(store, method, None))
 
 
@@ -47,8 +50,11 @@ def _takes_connection(store: Any, method: str) -> bool:
     applies="only for a store with ``transaction()``",
 )
 def rule_transaction(p: Probe, fenced: bool, durable: bool) -> None:
-    """The block's exception is re-raised unchanged and, when ``settle_owned`` takes
-    ``connection=``, a settle made in it is rolled back; a block that ends normally commits.
+    """A block that ends normally commits.
+
+    The block's exception is re-raised unchanged.
+    ``settle_owned`` may take ``connection=``.
+    A settle made with it in a block that raises is then rolled back.
     """
     if not has_method(p.store, "transaction"):
         return
@@ -87,13 +93,18 @@ def rule_transaction(p: Probe, fenced: bool, durable: bool) -> None:
     applies="only with ``transaction()`` and ``connection=`` on ``owns``/``settle_owned``",
 )
 def rule_connection_fence(p: Probe, fenced: bool, durable: bool) -> None:
-    """Inside ``with store.transaction() as conn``: ``owns(identity, at, connection=conn)``
-    confirms the live claim; ``settle_owned(..., connection=conn)`` rolls back when the block
-    raises and lands when it commits; and while the block holds the row (after
-    ``owns(connection=conn)``), a ``claim_owned`` from another thread with the lease lapsed does
-    not take it: it waits and, after the commit, returns :obj:`None`. A ``transaction()`` that
-    yields :obj:`None` (no connection, like :class:`ptb_fence.MemoryUpdateStore`'s, which holds the
-    store's lock) is checked for the competing claim only.
+    """``owns`` and ``settle_owned`` take part in the caller's transaction.
+
+    The rule works inside ``with store.transaction() as conn``.
+    ``owns(identity, at, connection=conn)`` confirms the live claim.
+    ``settle_owned(..., connection=conn)`` rolls back when the block raises.
+    It lands when the block commits.
+    The block holds the row after ``owns(connection=conn)``.
+    Meanwhile a ``claim_owned`` from another thread with the lease lapsed does not take the row.
+    It waits and returns :obj:`None` after the commit.
+    A ``transaction()`` may yield :obj:`None` (no connection).
+    :class:`ptb_fence.MemoryUpdateStore`'s does, and it holds the store's lock.
+    Such a store is checked for the competing claim only.
     """
     if not (
         has_method(p.store, "transaction")
@@ -102,8 +113,8 @@ def rule_connection_fence(p: Probe, fenced: bool, durable: bool) -> None:
     ):
         return
     a = claimed_identity(p, 1, T + L)
-    # 1. a settle on the caller's connection rolls back with the caller's transaction (a
-    # transaction() that yields None has no connection to roll back: only its lock is checked)
+    # 1. A settle on the caller's connection rolls back with the caller's transaction.
+    # A transaction() that yields None has no connection to roll back. Only its lock is checked.
     yielded: List[Any] = []
     try:
         with p.call("transaction") as conn:
@@ -121,7 +132,7 @@ def rule_connection_fence(p: Probe, fenced: bool, durable: bool) -> None:
             "settle_owned(connection=conn) landed although the caller's transaction rolled "
             "back (it must run on the caller's connection and never commit by itself)",
         )
-    # 2. while the caller's transaction holds the row, a competing claim does not take it
+    # 2. While the caller's transaction holds the row, a competing claim does not take it.
     started = threading.Event()
     result: List[Any] = []
 
@@ -170,13 +181,19 @@ def rule_connection_fence(p: Probe, fenced: bool, durable: bool) -> None:
     applies="only with ``transaction()``, ``complete_owned`` and ``reopen_completed``",
 )
 def rule_completing(p: Probe, fenced: bool, durable: bool) -> None:
-    """Inside ``with store.transaction() as conn``: ``complete_owned(identity, at,
-    connection=conn)`` completes the live claim with ``at == due_at`` and is rolled back with the
-    block (the claim is owned again, same lease); at ``due_at + 1`` or with a wrong claim id it
-    returns :obj:`False` and changes nothing; while the block holds the completed row a
-    ``claim_owned`` from another thread with the lease lapsed waits and, after the commit, returns
-    :obj:`None`. ``reopen_completed(identity, at, connection=conn)`` turns back exactly that
-    completion (same claim id and ``at``), once, with the claim's lease kept.
+    """``complete_owned`` and ``reopen_completed`` run inside the caller's transaction.
+
+    The rule works inside ``with store.transaction() as conn``.
+    ``complete_owned(identity, at, connection=conn)`` completes the live claim.
+    It does so with ``at == due_at`` too.
+    It is rolled back with the block, and the claim is owned again with the same lease.
+    At ``due_at + 1`` or with a wrong claim id it returns :obj:`False` and changes nothing.
+    The block holds the completed row.
+    Meanwhile a ``claim_owned`` from another thread with the lease lapsed waits.
+    It returns :obj:`None` after the commit.
+    ``reopen_completed(identity, at, connection=conn)`` turns back exactly that completion.
+    It needs the same claim id and ``at``.
+    It works once and keeps the claim's lease.
     """
     if not (
         has_method(p.store, "transaction")
@@ -194,7 +211,7 @@ def rule_completing(p: Probe, fenced: bool, durable: bool) -> None:
         return p.real_bool("reopen_completed", value)
 
     a = claimed_identity(p, 1, T + L)
-    # 1. a lease ending exactly at the check holds; the caller's rollback restores the claim
+    # 1. A lease ending exactly at the check holds. The caller's rollback restores the claim.
     try:
         with p.call("transaction") as conn:
             p.require(complete(a, T + L, conn), "complete_owned returned False for the live "
@@ -204,7 +221,7 @@ def rule_completing(p: Probe, fenced: bool, durable: bool) -> None:
         pass
     p.require(p.owns(a, T + L), "complete_owned landed although the caller's transaction "
               "rolled back: the rollback must restore the claim (owned, same lease)")
-    # 2. refusals change nothing: the lease ended 1 ms before the check; a stale claim id
+    # 2. Refusals change nothing. The lease ended 1 ms before the check, or the claim id is stale.
     stale = AttemptIdentity(1, a.attempt, other_claim_id(a.claim_id))
     with p.call("transaction") as conn:
         p.expect(not complete(a, T + L + 1, conn), f"complete_owned at {stamp(T + L + 1)} "
@@ -213,7 +230,7 @@ def rule_completing(p: Probe, fenced: bool, durable: bool) -> None:
                  "claim id")
     p.require(p.owns(a, T + L), "a refused complete_owned changed the row: the claim is no "
               "longer owned")
-    # 3. the row stays held against a competing claim until the caller's commit
+    # 3. The row stays held against a competing claim until the caller's commit.
     result: List[Any] = []
     started = threading.Event()
 
@@ -242,7 +259,7 @@ def rule_completing(p: Probe, fenced: bool, durable: bool) -> None:
              f"completed by complete_owned in the caller's transaction ({competitor!r}): the "
              "row must stay held until the caller's transaction ends")
     p.require(not p.owns(a, T + 5), "the complete_owned of a committed transaction did not land")
-    # 4. reopen_completed undoes exactly that completion, once
+    # 4. reopen_completed undoes exactly that completion, once.
     with p.call("transaction") as conn:
         p.expect(not reopen(a, T + 6, conn), "reopen_completed undid a completion made at "
                  f"another time ({stamp(T + 6)}, completed at {stamp(T + 5)})")
@@ -263,11 +280,15 @@ def rule_completing(p: Probe, fenced: bool, durable: bool) -> None:
     "identities from before a prune and re-add are refused.",
 )
 def rule_fence(p: Probe, fenced: bool, durable: bool) -> None:
-    """``owns`` is inclusive at ``due_at`` and :obj:`False` at ``due_at + 1``; a wrong claim id or
-    attempt is refused by ``owns``/``renew_owned``/``settle_owned`` and changes nothing; no
-    resurrection after expiry; a reclaim gets attempt + 1 and a different claim id and the old
-    identity is refused; after ``prune`` and a new ``add`` of the same ``update_id`` the attempt
-    restarts at 1 and the old identity ``(update_id, 1, old claim id)`` is refused.
+    """``owns`` is inclusive at ``due_at`` and :obj:`False` at ``due_at + 1``.
+
+    ``owns``, ``renew_owned`` and ``settle_owned`` refuse a wrong claim id or attempt.
+    A refused call changes nothing.
+    There is no resurrection after expiry.
+    A reclaim gets attempt + 1 and a different claim id.
+    The old identity is then refused.
+    ``prune`` and a new ``add`` of the same ``update_id`` restart the attempt at 1.
+    The old identity ``(update_id, 1, old claim id)`` is then refused.
     """
     p.require(p.add(1, "b", T), "add of a new update_id returned False")
     first = p.claim_owned(1, now=T, lease_until=T + L)

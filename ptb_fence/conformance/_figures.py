@@ -1,8 +1,9 @@
 """Figures for operators.
 
-What ``figures()`` counts: the unsettled rows and the oldest of them, the unacknowledged
-exhaustions and the oldest of them, and in a chat-ordered store the chat held longest by one
-update. The rule runs only for a store with ``figures``.
+``figures()`` counts the unsettled rows and gives the oldest of them.
+It counts the unacknowledged exhaustions and gives the oldest of them.
+In a chat-ordered store it names the chat held longest by one update.
+The rule runs only for a store with ``figures``.
 """
 
 from __future__ import annotations
@@ -58,7 +59,11 @@ def _expect(p: Probe, want: StoreFigures, when: str, why: str) -> None:
 
 
 def _claimed(p: Probe, update_id: int, received_at: int, now: int) -> int:
-    """Record ``update_id`` (no chat key) and claim it with the base ``claim``; the attempt."""
+    """Record ``update_id`` (no chat key) and claim it with the base ``claim``.
+
+    Returns:
+        The attempt.
+    """
     p.require(p.add(update_id, f"f{update_id}", received_at),
               "add of a new update_id returned False")
     return _claim(p, update_id, now)
@@ -81,25 +86,33 @@ def _claim(p: Probe, update_id: int, now: int) -> int:
     applies="only with ``figures``",
 )
 def rule_figures(p: Probe, fenced: bool, durable: bool) -> None:
-    """An empty store has no figures (zero counts, every time and the chat :obj:`None`). A
-    pending, a processing and a failed row are counted, and the oldest ``received_at`` is the
-    smallest among them (not the lowest ``update_id``'s, not a ``due_at``); a completed row
-    and a row abandoned with ``settled_at`` set (even an older one) count nowhere; rows
-    without a chat key never make a held chat. Durable stores: an exhaustion by ``exhaust`` and
-    one by a ``durable_exhaustion`` spend are counted with the smallest ``due_at`` (when each
-    ended), an acknowledged one (even an earlier one) is not, and neither counts as unsettled.
-    The figures follow the rows: a completion and an acknowledgement change them. Chat-ordered
-    stores: of the chats with two or more unsettled rows (pending, processing, failed; a
-    completed row of the chat does not count), the one whose smallest unsettled ``received_at``
-    is the smallest is held, since that ``received_at`` (not its lowest ``update_id``'s); a
-    chat with one unsettled row is never held, however old; on a tie the smaller chat key.
+    """An empty store has no figures: zero counts, and every time and the chat are :obj:`None`.
+
+    A pending, a processing and a failed row are counted.
+    The oldest ``received_at`` is the smallest among them.
+    It is neither the lowest ``update_id``'s nor a ``due_at``.
+    A completed row counts nowhere.
+    Neither does a row abandoned with ``settled_at`` set, even an older one.
+    Rows without a chat key never make a held chat.
+    Durable stores: an exhaustion by ``exhaust`` is counted.
+    So is one by a ``durable_exhaustion`` spend.
+    Their oldest time is the smallest ``due_at``, when each ended.
+    An acknowledged exhaustion is not counted, even an earlier one.
+    No exhaustion counts as unsettled.
+    The figures follow the rows: a completion and an acknowledgement change them.
+    Chat-ordered stores: a chat is held when it has two or more unsettled rows.
+    Unsettled rows are pending, processing or failed. A completed row of the chat does not count.
+    Of those chats, the one whose smallest unsettled ``received_at`` is the smallest is held.
+    It is held since that ``received_at``, not since its lowest ``update_id``'s.
+    A chat with one unsettled row is never held, however old.
+    On a tie the smaller chat key wins.
     """
     if not all(has_method(p.store, m) for m in FIGURES_METHODS):
         return
     _expect(p, StoreFigures(0, None, 0, None), "of an empty store", "nothing waits in it")
 
-    # the oldest row is completed and the next oldest abandoned: neither waits; of the
-    # three that wait the failed one is the oldest, though its update_id and due_at are not
+    # The oldest row is completed and the next oldest abandoned, so neither waits. Of the
+    # three that wait the failed one is the oldest, though its update_id and due_at are not.
     p.require(p.add(1, "f1", T + 30), "add of a new update_id returned False")  # pending
     _claimed(p, 2, T + 20, T + 30)  # processing
     p.settle(3, _claimed(p, 3, T + 10, T + 30), Failed(at=T + 31, retry_at=T + 1000, error="x"))
@@ -140,8 +153,8 @@ def rule_figures(p: Probe, fenced: bool, durable: bool) -> None:
                 "acknowledgement, the oldest ended at T+200; 8 is acknowledged; none is "
                 "unsettled")
 
-    # the figures follow the rows: the failed row completes, the oldest exhaustion is
-    # acknowledged
+    # The figures follow the rows. The failed row completes and the oldest exhaustion is
+    # acknowledged.
     p.settle(3, _claim(p, 3, T + 1000), Completed(at=T + 1001))
     if durable:
         listed = {exhaustion.update_id: exhaustion for exhaustion in p.due_exhaustions()}
@@ -158,7 +171,7 @@ def rule_figures(p: Probe, fenced: bool, durable: bool) -> None:
 
     if not all(has_method(p.store, m) for m in CHAT_ORDER_METHODS):
         return
-    # each claim below takes the row in turn in its chat (a store may order its base claim too)
+    # Each claim below takes the row in turn in its chat. A store may order its base claim too.
     rows = [
         (20, "c20", T + 52, 7), (21, "c21", T + 60, 7),  # chat 7: two unsettled, since T+52
         (22, "c22", T + 40, 8),  # chat 8: one row, the oldest chat row that waits

@@ -1,15 +1,17 @@
 """The outbox.
 
-The Bot API calls an attempt queued are written only with its landed completion (or inside
-its own transaction, undone by its rollback); a sender claims them due, one call per chat in
-order, under a lease, and only the claiming sender records what became of them. The rules run
-only for a store with every method of :class:`~ptb_fence.OutboxStore`.
+The Bot API calls an attempt queued are written only with its landed completion.
+They may also be written inside the attempt's own transaction, and its rollback undoes them.
+A sender claims them when due, under a lease.
+It claims one call per chat, in order.
+Only the claiming sender records what became of them.
+The rules run only for a store with every method of :class:`~ptb_fence.OutboxStore`.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Set, cast
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, cast
 
 from ptb_fence._values import (
     AttemptEffects,
@@ -19,8 +21,15 @@ from ptb_fence._values import (
     Failed,
     OutboxCall,
     OutboxEntry,
+    Settlement,
 )
-from ptb_fence.contract import CLAIMED_INSERT_METHODS, OUTBOX_METHODS, RECORD_AND_CLAIM_METHODS
+from ptb_fence.contract import (
+    CLAIMED_INSERT_METHODS,
+    OUTBOX_METHODS,
+    RECORD_AND_CLAIM_METHODS,
+    Batch,
+    ClaimTerms,
+)
 from ptb_fence.conformance._probe import (
     JOIN_TIMEOUT,
     L,
@@ -62,7 +71,11 @@ def _all(p: Probe) -> Dict[int, OutboxEntry]:
 
 
 def _claim(p: Probe, now: int, sender: str, limit: int = 100, lease: int = 100) -> List[int]:
-    """``claim_calls`` at ``now`` for ``sender`` (lease ``now + lease``): the call ids."""
+    """``claim_calls`` at ``now`` for ``sender``, with the lease ``now + lease``.
+
+    Returns:
+        The call ids.
+    """
     got = _entries(p, "claim_calls", p.call(
         "claim_calls", now=now, lease_until=now + lease, limit=limit, sender=sender
     ))
@@ -80,38 +93,51 @@ def _claim(p: Probe, now: int, sender: str, limit: int = 100, lease: int = 100) 
 def _completed(
     p: Probe, update_id: int, calls: Sequence[OutboxCall], at: int
 ) -> AttemptIdentity:
-    """Record ``update_id``, claim it and complete it at ``at`` with ``calls``; the identity."""
+    """Record ``update_id``, claim it and complete it at ``at`` with ``calls``.
+
+    Returns:
+        The identity.
+    """
     p.require(p.add(update_id, f"o{update_id}", T), "add of a new update_id returned False")
     identity = p.claim_owned(update_id, now=T, lease_until=T + L)
     p.require(identity is not None, "claim_owned of a pending update returned None")
     assert identity is not None
-    landed = bool_list(p, "settle_owned_many", p.call(
-        "settle_owned_many", [(identity, Completed(at=at))],
+    landed = bool_list(p, "commit", p.settle_batch(Batch(
+        settlements=((identity, Completed(at=at)),),
         effects={identity: AttemptEffects(tuple(calls))},
-    ), 1)
-    p.require(landed == [True], f"settle_owned_many(effects=) of a live claim returned {landed}")
+    )), 1)
+    p.require(landed == [True], f"commit of a live claim's completion with effects landed {landed}")
     return identity
 
 
 @rule(
     "outbox-effects",
     "fenced",
-    "the calls of settle_owned_many/add_claimed_and_settle_many(effects=) are written with "
-    "each completion that landed and no other settlement, and write_effects' calls land and "
+    "the calls of a commit's effects are written with each completion that landed and no "
+    "other settlement, and write_effects' calls land and "
     "vanish with the caller's transaction.",
     applies="only with the outbox methods",
 )
 def rule_outbox_effects(p: Probe, fenced: bool, durable: bool) -> None:
-    """A live claim completed with two calls writes both, ``pending`` with ``due_at`` and
-    ``created_at`` the completion's ``at``, ``tries`` 0, the attempt's identity and each call's
-    fields, in ``seq`` order (increasing call ids); ``get_call`` returns the same entry. In one
-    ``settle_owned_many`` with effects for four identities, only the completion that lands
-    writes calls: not a completion with a wrong claim id, not one after its lease ended (``at``
-    past ``due_at``), not a :class:`~ptb_fence.Failed` settlement, not an identity that is not
-    settled in the call. ``add_claimed_and_settle_many(effects=)`` writes the calls of its landed
-    completion only. With ``transaction()``: ``write_effects(identity, effects, at,
-    connection=conn)`` returns the new call ids; a block that raises leaves no call, a block
-    that ends normally leaves them ``pending`` at ``at``.
+    """A live claim completed with two calls writes both.
+
+    Each is ``pending`` with ``tries`` 0.
+    Its ``due_at`` and ``created_at`` are the completion's ``at``.
+    Each has the attempt's identity and the call's fields.
+    They are in ``seq`` order, with increasing call ids.
+    ``get_call`` returns the same entry.
+    One ``commit`` then settles four identities with effects for five.
+    Only the completion that lands writes calls.
+    A completion with a wrong claim id writes none.
+    Neither does one after its lease ended (``at`` past ``due_at``).
+    Neither does a :class:`~ptb_fence.Failed` settlement.
+    Neither does an identity that is not settled in the commit.
+    A commit with a claimed record and two settlements writes the calls of its landed
+    completion only.
+    The rest needs ``transaction()``.
+    ``write_effects(identity, effects, at, connection=conn)`` returns the new call ids.
+    A block that raises leaves no call.
+    A block that ends normally leaves them ``pending`` at ``at``.
     """
     if not _has_outbox(p):
         return
@@ -134,7 +160,7 @@ def rule_outbox_effects(p: Probe, fenced: bool, durable: bool) -> None:
     p.expect(p.call("get_call", max(e.call_id for e in stored) + 1000) is None,
              "get_call of an unknown call id did not return None")
 
-    # four settlements with effects: only the live completion (update 5) lands its calls
+    # Four settlements with effects. Only the live completion (update 5) lands its calls.
     identities = []
     for update_id in (2, 3, 4, 5):
         p.require(p.add(update_id, f"o{update_id}", T), "add of a new update_id returned False")
@@ -144,7 +170,7 @@ def rule_outbox_effects(p: Probe, fenced: bool, durable: bool) -> None:
     two, three, four, five = cast(List[AttemptIdentity], identities)
     stranger = AttemptIdentity(6, 1, "never-claimed")
     wrong = AttemptIdentity(two.update_id, two.attempt, other_claim_id(two.claim_id))
-    items = [
+    items: List[Tuple[AttemptIdentity, Settlement]] = [
         (wrong, Completed(at=T + 50)),  # not this claim
         (three, Completed(at=T + 101)),  # the lease ended at T+100
         (four, Failed(at=T + 50, retry_at=T + 500, error="x")),  # lands, but no completion
@@ -154,34 +180,33 @@ def rule_outbox_effects(p: Probe, fenced: bool, durable: bool) -> None:
         identity: AttemptEffects((_call(f"m{identity.update_id}", None, 0),))
         for identity in (wrong, three, four, five, stranger)
     }
-    landed = bool_list(p, "settle_owned_many",
-                       p.call("settle_owned_many", items, effects=effects), 4)
-    p.require(landed == [False, False, True, True], f"settle_owned_many returned {landed} for a "
+    landed = bool_list(p, "commit",
+                       p.settle_batch(Batch(settlements=tuple(items), effects=effects)), 4)
+    p.require(landed == [False, False, True, True], f"commit landed {landed} for a "
               "wrong claim id, a lapsed lease, a failure and a live completion; expected "
               "[False, False, True, True]")
     written = sorted(e.method for e in _all(p).values() if e.update_id != 1)
-    p.expect(written == ["m5"], f"settle_owned_many(effects=) wrote the calls {written}; only "
+    p.expect(written == ["m5"], f"commit with effects wrote the calls {written}; only "
              "the landed completion's (m5) may be written: a settle that did not land, a "
              "failure and an identity not settled write none")
 
-    # the combined write: its landed completion writes, the refused one does not
+    # The combined write. Its landed completion writes and the refused one does not.
     p.require(p.add(7, "o7", T), "add of a new update_id returned False")
     seven = p.claim_owned(7, now=T, lease_until=T + L)
     p.require(seven is not None, "claim_owned of a pending update returned None")
     assert seven is not None
     late = AttemptIdentity(2, two.attempt, two.claim_id)  # its lease ended at T+100
-    value = p.call(
-        "add_claimed_and_settle_many", [(8, "o8", T + 200)], lease_until=T + L,
-        settlements=[(seven, Completed(at=T + 200)), (late, Completed(at=T + 200))],
+    landed = bool_list(p, "commit", p.settle_batch(Batch(
+        ClaimTerms(T + 200, T + L, 5),
+        claimed_records=((8, "o8", T + 200),),
+        settlements=((seven, Completed(at=T + 200)), (late, Completed(at=T + 200))),
         effects={seven: AttemptEffects((_call("m7", 3, 0),)),
                  late: AttemptEffects((_call("m2", 3, 0),))},
-    )
-    landed = bool_list(p, "add_claimed_and_settle_many", value[1] if isinstance(value, tuple)
-                       else value, 2)
-    p.expect(landed == [True, False], f"add_claimed_and_settle_many settled {landed}; expected "
-             "[True, False] (a live claim, a lapsed one)")
+    )), 2)
+    p.expect(landed == [True, False], f"commit with a claimed record settled {landed}; "
+             "expected [True, False] (a live claim, a lapsed one)")
     written = sorted(e.method for e in _all(p).values() if e.update_id not in (1, 5))
-    p.expect(written == ["m7"], f"add_claimed_and_settle_many(effects=) wrote the calls "
+    p.expect(written == ["m7"], f"commit with a claimed record and effects wrote the calls "
              f"{written}; expected only the landed completion's ['m7']")
 
     if not has_method(p.store, "transaction"):
@@ -224,15 +249,25 @@ def rule_outbox_effects(p: Probe, fenced: bool, durable: bool) -> None:
     applies="only with the outbox methods",
 )
 def rule_outbox_claim(p: Probe, fenced: bool, durable: bool) -> None:
-    """Calls A (chat 1), B (chat 1), C (no chat) and D (chat 2), completed at T+100: nothing
-    is claimable at T+99; at T+100 (``due_at <= now``) A, C and D are, not B (A holds chat 1);
-    at T+200 none (leases until T+200 are held at T+200); at T+201 A, C and D again (lapsed:
-    ``due_at < now``; ``tries`` 2), B still held by A. ``record_sent`` by the first sender is
-    refused, by the current one lands (``sent``, ``sent_at``, the result); then B is claimable.
-    ``retry_call``, ``fail_call`` and ``release_calls`` by another sender are refused. B retried
-    to T+1000 holds chat 1: a later call E of chat 1 (due at T+300) is not claimed at T+400, B is
-    at T+1000; B failed releases the chat: E is claimed. E released: ``pending`` at the release
-    time with ``tries - 1``, claimable at once; ``limit`` 1 takes the lowest claimable call.
+    """Calls A (chat 1), B (chat 1), C (no chat) and D (chat 2) are completed at T+100.
+
+    Nothing is claimable at T+99.
+    At T+100 (``due_at <= now``) A, C and D are claimable.
+    B is not, because A holds chat 1.
+    At T+200 none is, because leases until T+200 are held at T+200.
+    At T+201 A, C and D are claimable again, lapsed (``due_at < now``), with ``tries`` 2.
+    B is still held by A.
+    ``record_sent`` by the first sender is refused.
+    ``record_sent`` by the current sender lands with ``sent``, ``sent_at`` and the result.
+    Then B is claimable.
+    ``retry_call``, ``fail_call`` and ``release_calls`` by another sender are refused.
+    B retried to T+1000 holds chat 1.
+    A later call E of chat 1 (due at T+300) is not claimed at T+400.
+    B is claimed at T+1000.
+    B failed releases the chat, and E is claimed.
+    E released is ``pending`` at the release time with ``tries - 1``.
+    It is claimable at once.
+    ``limit`` 1 takes the lowest claimable call.
     """
     if not _has_outbox(p):
         return
@@ -324,15 +359,22 @@ def rule_outbox_claim(p: Probe, fenced: bool, durable: bool) -> None:
     applies="only with the outbox methods",
 )
 def rule_outbox_operators(p: Probe, fenced: bool, durable: bool) -> None:
-    """Of three calls failed, ``due_send_failures`` lists the unacknowledged by ``call_id``,
-    after a cursor and up to ``limit``; ``acknowledge_send_failure`` lands once; an
-    acknowledged call is listed no more. ``outbox_counts`` has every key (``pending``,
-    ``sending``, ``sent``, ``failed``, ``failed_acknowledged``) with the right counts.
-    ``retry_failed_call`` makes a failed call ``pending`` at its time (refused for a sent call);
+    """Three calls fail.
+
+    ``due_send_failures`` lists the unacknowledged ones by ``call_id``.
+    It lists after a cursor and up to ``limit``.
+    ``acknowledge_send_failure`` lands once.
+    An acknowledged call is listed no more.
+    ``outbox_counts`` has every key with the right counts.
+    The keys are ``pending``, ``sending``, ``sent``, ``failed`` and ``failed_acknowledged``.
+    ``retry_failed_call`` makes a failed call ``pending`` at its time.
+    It is refused for a sent call.
     ``drop_call`` deletes a pending or failed call, never a ``sending`` or ``sent`` one.
-    ``list_calls(state=)`` filters, ``after_call_id`` pages. ``prune(before)`` deletes a sent
-    call with ``sent_at < before`` and an acknowledged failed one with ``due_at < before``
-    (not at the bound), never a pending one or an unacknowledged failure.
+    ``list_calls(state=)`` filters and ``after_call_id`` pages.
+    ``prune(before)`` deletes a sent call with ``sent_at < before``.
+    It deletes an acknowledged failed call with ``due_at < before``.
+    It deletes neither at the bound.
+    It never deletes a pending call or an unacknowledged failure.
     """
     if not _has_outbox(p):
         return
@@ -390,7 +432,7 @@ def rule_outbox_operators(p: Probe, fenced: bool, durable: bool) -> None:
     p.expect(p.real_bool("drop_call", p.call("drop_call", ids[2])),
              "drop_call of a failed call returned False")
     p.expect(p.call("get_call", ids[2]) is None, "a dropped call is still stored")
-    # prune: the bound is strict; sent at T+20, acknowledged at T+30
+    # The bound of prune is strict. A call was sent at T+20 and one acknowledged at T+30.
     p.prune(T + 20)
     p.expect(ids[3] in _all(p), f"prune({stamp(T + 20)}) deleted a call sent at that time")
     p.prune(T + 21)
@@ -412,10 +454,13 @@ def rule_outbox_operators(p: Probe, fenced: bool, durable: bool) -> None:
     applies="only with the outbox methods",
 )
 def rule_outbox_concurrent_claim(p: Probe, fenced: bool, durable: bool) -> None:
-    """60 due calls (40 without a chat, 20 over 5 chats), 8 threads released together, each
-    claiming 3 calls at a time with its own sender token until a claim returns none: no call
-    id is returned twice, and every call without a chat and the first call of each chat were
-    claimed (the later calls of a chat wait behind the first, which is never recorded sent).
+    """60 calls are due: 40 without a chat and 20 over 5 chats.
+
+    8 threads are released together.
+    Each claims 3 calls at a time with its own sender token until a claim returns none.
+    No call id is returned twice.
+    Every call without a chat was claimed, and so was the first call of each chat.
+    The later calls of a chat wait behind the first, which is never recorded sent.
     """
     if not _has_outbox(p):
         return
@@ -477,7 +522,11 @@ def _has_claimed_inserts(p: Probe) -> bool:
 
 
 def _claimed(p: Probe, sender: str) -> List[int]:
-    """``claimed_calls(sender)``: the call ids, checked to be by ``call_id``."""
+    """``claimed_calls(sender)``, checked to be by ``call_id``.
+
+    Returns:
+        The call ids.
+    """
     got = _entries(p, "claimed_calls", p.call("claimed_calls", sender, limit=10_000))
     ids = [entry.call_id for entry in got]
     p.expect(ids == sorted(ids), f"claimed_calls returned the calls {ids}: not by call_id")
@@ -492,11 +541,11 @@ def _completed_claimed(
     identity = p.claim_owned(update_id, now=T, lease_until=T + L)
     p.require(identity is not None, "claim_owned of a pending update returned None")
     assert identity is not None
-    landed = bool_list(p, "settle_owned_many", p.call(
-        "settle_owned_many", [(identity, Completed(at=at))],
+    landed = bool_list(p, "commit", p.settle_batch(Batch(
+        settlements=((identity, Completed(at=at)),),
         effects={identity: AttemptEffects(tuple(calls), claim=claim)},
-    ), 1)
-    p.require(landed == [True], f"settle_owned_many(effects=) of a live claim returned {landed}")
+    )), 1)
+    p.require(landed == [True], f"commit of a live claim's completion with effects landed {landed}")
 
 
 @rule(
@@ -508,14 +557,23 @@ def _completed_claimed(
     applies="only with claimed_calls",
 )
 def rule_outbox_claimed_inserts(p: Probe, fenced: bool, durable: bool) -> None:
-    """Update 1 completes at T+100 with A (chat 1), B (chat 1), C (no chat), D (chat 2), E
-    (chat 3) under a claim for ``s1`` until T+500 with limit 4: A, C and D are ``sending`` by
-    s1 (``due_at`` T+500, ``tries`` 1), B ``pending`` (A holds chat 1), E ``pending`` (beyond
-    the limit); ``claimed_calls("s1")`` is [A, C, D], another sender's is empty;
-    ``claim_calls`` at T+100 takes only E. Update 2 then completes with F (chat 2) and G (chat
-    4) under s1's claim: F is ``pending`` (D holds chat 2), G ``sending``. ``record_sent`` of A
-    by s1 lands and then B is claimable; ``release_calls`` of G by s1 makes it ``pending``
-    (``tries`` 0); at T+501 ``claim_calls`` by s3 takes the lapsed C and D."""
+    """Update 1 completes at T+100 with calls under a claim.
+
+    The calls are A (chat 1), B (chat 1), C (no chat), D (chat 2) and E (chat 3).
+    The claim is for ``s1`` until T+500 with limit 4.
+    A, C and D are ``sending`` by s1, with ``due_at`` T+500 and ``tries`` 1.
+    B is ``pending``, because A holds chat 1.
+    E is ``pending``, because it is beyond the limit.
+    ``claimed_calls("s1")`` is [A, C, D].
+    Another sender's is empty.
+    ``claim_calls`` at T+100 takes only E.
+    Update 2 then completes with F (chat 2) and G (chat 4) under s1's claim.
+    F is ``pending``, because D holds chat 2.
+    G is ``sending``.
+    ``record_sent`` of A by s1 lands, and then B is claimable.
+    ``release_calls`` of G by s1 makes it ``pending`` with ``tries`` 0.
+    At T+501 ``claim_calls`` by s3 takes the lapsed C and D.
+    """
     if not _has_claimed_inserts(p):
         return
     claim = CallClaim("s1", T + 500, 4)
@@ -579,9 +637,13 @@ def rule_outbox_claimed_inserts(p: Probe, fenced: bool, durable: bool) -> None:
     applies="only with claimed_calls",
 )
 def rule_outbox_concurrent_claimed_inserts(p: Probe, fenced: bool, durable: bool) -> None:
-    """8 updates claimed, 8 threads released together, each completing its update with one
-    call of chat 9 under its own sender's claim: exactly one call of chat 9 is ``sending``
-    afterwards, the other seven ``pending`` (a chat never has two claimed calls)."""
+    """8 updates are claimed and 8 threads are released together.
+
+    Each thread completes its update with one call of chat 9 under its own sender's claim.
+    Exactly one call of chat 9 is ``sending`` afterwards.
+    The other seven are ``pending``.
+    A chat never has two claimed calls.
+    """
     if not _has_claimed_inserts(p):
         return
     identities = []
@@ -594,13 +656,13 @@ def rule_outbox_concurrent_claimed_inserts(p: Probe, fenced: bool, durable: bool
     errors: List[BaseException] = []
 
     def worker(index: int) -> None:
-        identity = identities[index]
+        identity = cast(AttemptIdentity, identities[index])
         try:
             barrier.wait()
-            p.call("settle_owned_many", [(identity, Completed(at=T + 1))], effects={
+            p.call("commit", Batch(settlements=((identity, Completed(at=T + 1)),), effects={
                 identity: AttemptEffects((_call(f"m{index}", 9, 0),),
                                          claim=CallClaim(f"sender-{index}", T + L, 1)),
-            })
+            }))
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -637,11 +699,17 @@ def _has_record_and_claim(p: Probe) -> bool:
     applies="only with record_sent_and_claim",
 )
 def rule_outbox_record_and_claim(p: Probe, fenced: bool, durable: bool) -> None:
-    """Update 1 completes at T+10 with A, B (chat 1) and C (chat 2); ``claim_calls`` by s1
-    takes A and C. ``record_sent_and_claim`` of A by s1 at T+20 with limit 5 lands and claims
-    B (in turn once A is sent), ``sending`` by s1 until the lease given, ``tries`` 1; A is
-    ``sent`` with its result. Then a record of C by s2 (not its sender) is refused while its
-    claim, with limit 0, takes nothing; C is still ``sending`` by s1."""
+    """Update 1 completes at T+10 with A, B (chat 1) and C (chat 2).
+
+    ``claim_calls`` by s1 takes A and C.
+    ``record_sent_and_claim`` of A by s1 at T+20 with limit 5 lands.
+    It claims B, which is in turn once A is sent.
+    B is ``sending`` by s1 until the lease given, with ``tries`` 1.
+    A is ``sent`` with its result.
+    Then a record of C by s2, which is not its sender, is refused.
+    Its claim, with limit 0, takes nothing.
+    C is still ``sending`` by s1.
+    """
     if not _has_record_and_claim(p):
         return
     _completed(p, 1, (_call("A", 1, 0), _call("B", 1, 1), _call("C", 2, 2)), T + 10)

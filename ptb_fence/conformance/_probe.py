@@ -1,9 +1,11 @@
 """The probe a rule calls the store through, and the helpers the rule families share.
 
-:class:`Probe` calls one store for one rule: it checks the type of every value the store returns
-(real bools, int attempts, :class:`~ptb_fence.AttemptIdentity` objects, ...), collects the
-violations as ``"<rule>: <what happened>"`` and turns an exception the store raises into
-:class:`StoreRaised`, naming the method. Times are epoch milliseconds around :data:`T`.
+:class:`Probe` calls one store for one rule.
+It checks the type of every value the store returns: real bools, int attempts,
+:class:`~ptb_fence.AttemptIdentity` objects and so on.
+It collects the violations as ``"<rule>: <what happened>"``.
+It turns an exception the store raises into :class:`StoreRaised`, which names the method.
+Times are epoch milliseconds around :data:`T`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import uuid
 from typing import Any, Dict, List, Optional, Set, Tuple, cast
 
 from ptb_fence._values import AttemptIdentity, Exhaustion, Settlement, StoredUpdate
-from ptb_fence.contract import ClaimTerms, takes_claim_keywords
+from ptb_fence.contract import Batch, Committed, StoreFeatures
 
 T = 1_700_000_000_000
 """The check's time origin (epoch milliseconds)."""
@@ -24,7 +26,7 @@ FAR = T + 10**9
 THREADS = 8
 """How many threads the concurrency rules release together."""
 JOIN_TIMEOUT = 30.0
-"""How long (seconds) the check waits for a thread it started before it reports a hang."""
+"""How long (seconds) the check waits for a thread it started. It then reports a hang."""
 
 
 def stamp(t: int) -> str:
@@ -42,8 +44,11 @@ def other_claim_id(claim_id: str) -> str:
 def _claim_terms(
     now: int, lease_until: int, max_attempts: int, durable_exhaustion: Optional[bool]
 ) -> Dict[str, Any]:
-    """The keyword arguments of ``claim``/``claim_owned``; ``durable_exhaustion`` only when the
-    rule passes it, so a store without the parameter is still called the way it accepts."""
+    """The keyword arguments of ``claim``/``claim_owned``.
+
+    ``durable_exhaustion`` is there only when the rule passes it.
+    A store without the parameter is so called the way it accepts.
+    """
     terms: Dict[str, Any] = {"now": now, "lease_until": lease_until, "max_attempts": max_attempts}
     if durable_exhaustion is not None:
         terms["durable_exhaustion"] = durable_exhaustion
@@ -178,7 +183,7 @@ class Probe:
         self.check_type("prune", type(value) is int, "an int count", value)
         return cast(int, value)
 
-    # -- fenced contract (a store with only the batch form is called with a batch of one) --
+    # -- fenced contract -------------------------------------------------------------------
     def claim_owned(
         self,
         update_id: int,
@@ -188,39 +193,18 @@ class Probe:
         max_attempts: int = 5,
         durable_exhaustion: Optional[bool] = None,
     ) -> Optional[AttemptIdentity]:
-        if not has_method(self.store, "claim_owned"):
-            terms = ClaimTerms(now, lease_until, max_attempts, bool(durable_exhaustion))
-            value = self.claim_owned_many([update_id], terms)
-            ok = isinstance(value, list) and len(value) == 1
-            self.check_type("claim_owned_many", ok, "a list of 1 identity-or-None", value)
-            value = value[0] if ok else None
-        else:
-            kwargs = _claim_terms(now, lease_until, max_attempts, durable_exhaustion)
-            value = self.call("claim_owned", update_id, **kwargs)
+        kwargs = _claim_terms(now, lease_until, max_attempts, durable_exhaustion)
+        value = self.call("claim_owned", update_id, **kwargs)
         if value is not None and not self.check_identity("claim_owned", value):
             raise Abort
         return cast(Optional[AttemptIdentity], value)
-
-    def claim_owned_many(self, update_ids: List[int], terms: ClaimTerms) -> Any:
-        """``claim_owned_many`` in the form the store has: :class:`~ptb_fence.ClaimTerms`, or
-        the earlier keywords."""
-        if takes_claim_keywords(getattr(self.store, "claim_owned_many")):
-            return self.call(
-                "claim_owned_many",
-                update_ids,
-                now=terms.now,
-                lease_until=terms.lease_until,
-                max_attempts=terms.max_attempts,
-                durable_exhaustion=terms.durable_exhaustion,
-            )
-        return self.call("claim_owned_many", update_ids, terms)
 
     def renew_owned(
         self, identity: AttemptIdentity, lease_until: int, now: Optional[int] = None
     ) -> bool:
         if not has_method(self.store, "renew_owned"):
-            # the batch form always takes now; a time before every lease checks no expiry,
-            # as renew_owned without now
+            # The batch form always takes now. A time before every lease checks no expiry,
+            # as renew_owned without now does.
             since = -(2**62) if now is None else now
             value = self.call("renew_owned_many", [identity], lease_until, since)
             ok = isinstance(value, list) and len(value) == 1 and type(value[0]) is bool
@@ -238,13 +222,29 @@ class Probe:
     def settle_owned(
         self, identity: AttemptIdentity, settlement: Settlement, **connection: Any
     ) -> bool:
-        if not connection and not has_method(self.store, "settle_owned"):
-            value = self.call("settle_owned_many", [(identity, settlement)])
-            ok = isinstance(value, list) and len(value) == 1 and type(value[0]) is bool
-            self.check_type("settle_owned_many", ok, "a list of 1 real bool", value)
-            return bool(value[0]) if ok else False
         value = self.call("settle_owned", identity, settlement, **connection)
         return self.real_bool("settle_owned", value)
+
+    def commit(self, batch: Batch) -> Committed:
+        """``store.commit(batch)``, checked to return a :class:`~ptb_fence.contract.Committed`."""
+        value = self.call("commit", batch)
+        ok = isinstance(value, Committed)
+        self.check_type("commit", ok, "a Committed", value)
+        self.require(ok, "commit did not return a Committed")
+        assert isinstance(value, Committed)
+        return value
+
+    def settle_batch(self, batch: Batch) -> List[Any]:
+        """The landings of ``commit(batch)``, checked to be one per settlement.
+
+        Each is a real bool or a :class:`~ptb_fence.StateConflict`.
+        """
+        landed = list(self.commit(batch).landed)
+        self.check_type(
+            "commit", len(landed) == len(batch.settlements),
+            f"Committed.landed with {len(batch.settlements)} items, one per settlement", landed,
+        )
+        return landed
 
     def release_many_one(self, identity: AttemptIdentity, at: int) -> bool:
         value = self.call("release_many", [identity], at=at)
@@ -289,6 +289,13 @@ class Probe:
         return self.real_bool(
             "acknowledge_exhaustion", self.call("acknowledge_exhaustion", identity, at)
         )
+
+
+def is_batch_store(store: Any) -> bool:
+    """Whether the store declares :class:`~ptb_fence.StoreFeatures` and has ``commit``."""
+    return isinstance(getattr(store, "features", None), StoreFeatures) and has_method(
+        store, "commit"
+    )
 
 
 def has_method(store: Any, method: str) -> bool:

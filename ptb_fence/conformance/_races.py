@@ -1,7 +1,8 @@
 """Concurrent claims.
 
-Of 8 threads claiming one update at once, exactly one wins. The threads are released together
-by a :class:`threading.Barrier`, over fresh updates and over lapsed leases.
+Of 8 threads claiming one update at once, exactly one wins.
+A :class:`threading.Barrier` releases the threads together.
+The races run over fresh updates and over lapsed leases.
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ from ptb_fence.conformance._rule import rule
 
 
 def _race(p: Probe, call: Callable[[], Any]) -> Optional[List[Any]]:
-    """Run ``call`` in 8 threads released together; return the results (None on timeout)."""
+    """Run ``call`` in 8 threads released together.
+
+    Returns:
+        The results, or :obj:`None` on a timeout.
+    """
     barrier = threading.Barrier(THREADS, timeout=JOIN_TIMEOUT)
     results: List[Any] = [None] * THREADS
     errors: List[BaseException] = []
@@ -47,8 +52,10 @@ def _race(p: Probe, call: Callable[[], Any]) -> Optional[List[Any]]:
 
 
 def _race_rounds(p: Probe) -> Sequence[Tuple[int, int, int]]:
-    """Record updates 1-4 and return the ``(update_id, now, expected attempt)`` races: four
-    pending updates, then two lapsed leases."""
+    """Record updates 1-4 and return the races as ``(update_id, now, expected attempt)``.
+
+    The races are four pending updates, then two lapsed leases.
+    """
     for update_id in range(1, 5):
         p.require(p.add(update_id, f"b{update_id}", T), "add of a new update_id returned False")
     return (
@@ -67,8 +74,9 @@ def _race_rounds(p: Probe) -> Sequence[Tuple[int, int, int]]:
     "Of 8 concurrent claims of one update exactly one wins.",
 )
 def rule_concurrent_claim(p: Probe, fenced: bool, durable: bool) -> None:
-    """Of 8 concurrent ``claim`` calls on one update exactly one wins; repeated over fresh updates
-    and over lapsed-lease takeovers.
+    """Of 8 concurrent ``claim`` calls on one update exactly one wins.
+
+    The race repeats over fresh updates and over lapsed-lease takeovers.
     """
     for update_id, now, expected in _race_rounds(p):
 
@@ -93,7 +101,9 @@ def rule_concurrent_claim(p: Probe, fenced: bool, durable: bool) -> None:
     "Of 8 concurrent claim_owned calls of one update exactly one wins.",
 )
 def rule_concurrent_claim_owned(p: Probe, fenced: bool, durable: bool) -> None:
-    """The same for ``claim_owned``; the winner's identity is owned.
+    """The same holds for ``claim_owned``.
+
+    The winner's identity owns the update.
     """
     for update_id, now, expected in _race_rounds(p):
 

@@ -2,9 +2,10 @@
 
 Giving claims back (``release_many``), the liveness of an instance (``hold_liveness``,
 ``release_liveness``, ``take_over_dead``) and the isolation of a suspect claim
-(``claimed_suspect``, ``mark_isolated``, ``end_probation``). Each rule runs only for a store with its methods.
-What needs two processes (taking over a dead instance's claims, its rows becoming suspect) is
-tested for the shipped stores with real processes and signals, not here.
+(``claimed_suspect``, ``mark_isolated``, ``end_probation``).
+Each rule runs only for a store with its methods.
+Some of it needs two processes: taking over a dead instance's claims, its rows becoming suspect.
+The shipped stores test that with real processes and signals, not here.
 """
 
 from __future__ import annotations
@@ -33,14 +34,18 @@ from ptb_fence.conformance._rule import rule
     applies="only for a store with ``release_many``",
 )
 def rule_release(p: Probe, fenced: bool, durable: bool) -> None:
-    """``release_many(identities, at=...)`` releases exactly the claims that are ``processing``
-    with that attempt and claim id (a lapsed lease included) and returns one real bool per
-    position: a wrong claim id, a completed row and an unknown id are not released. A released
-    identity is refused at once by ``owns``/``renew_owned``/``settle_owned``; ``due`` lists the
-    released rows at once whatever ``pending_before`` (a fresh pending row still waits for
-    ``pending_before``); the next claim gets the same attempt number (even with ``max_attempts``
-    equal to it: the attempt was not spent) and a fresh claim id, after which the released identity
-    is neither owned nor releasable. ``release_many([])`` returns ``[]``.
+    """``release_many(identities, at=...)`` releases exactly the claims that are ``processing``.
+
+    A claim must match the attempt and claim id. A lapsed lease is included.
+    It returns one real bool per position.
+    A wrong claim id, a completed row and an unknown id are not released.
+    ``owns``, ``renew_owned`` and ``settle_owned`` refuse a released identity at once.
+    ``due`` lists the released rows at once whatever ``pending_before``.
+    A fresh pending row still waits for ``pending_before``.
+    The next claim gets the same attempt number and a fresh claim id.
+    It does so even with ``max_attempts`` equal to that number, since the attempt was not spent.
+    The released identity is then neither owned nor releasable.
+    ``release_many([])`` returns ``[]``.
     """
     if not has_method(p.store, "release_many"):
         return
@@ -48,7 +53,7 @@ def rule_release(p: Probe, fenced: bool, durable: bool) -> None:
     b = claimed_identity(p, 2, T + L)
     c = claimed_identity(p, 3, T + L)
     p.require(p.settle_owned(c, Completed(at=T + 1)), "settle_owned of a live claim failed")
-    d = claimed_identity(p, 4, T + 5)  # its lease lapses before the release: still releasable
+    d = claimed_identity(p, 4, T + 5)  # its lease lapses before the release, still releasable
     p.require(p.add(5, "b5", T + 100), "add of a new update_id returned False")
     wrong = AttemptIdentity(2, b.attempt, other_claim_id(b.claim_id))
     at = T + 10
@@ -104,11 +109,15 @@ def rule_release(p: Probe, fenced: bool, durable: bool) -> None:
     applies="only with ``hold_liveness``, ``release_liveness``, ``take_over_dead``",
 )
 def rule_liveness(p: Probe, fenced: bool, durable: bool) -> None:
-    """``hold_liveness()`` returns a non-empty str and the same one again;
-    ``take_over_dead(now=...)`` returns an int and never makes a live claim of the caller's own
-    instance claimable; after ``release_liveness()`` (idempotent) the claims made before and a
-    claim made without liveness keep their live leases. (Taking over a dead process's claims needs
-    two processes: the shipped stores test it with real processes and signals.)
+    """``hold_liveness()`` returns a non-empty str, and the same one again.
+
+    ``take_over_dead(now=...)`` returns an int.
+    It never makes a live claim of the caller's own instance claimable.
+    ``release_liveness()`` is idempotent.
+    After it, the claims made before keep their live leases.
+    So does a claim made without liveness.
+    Taking over a dead process's claims needs two processes.
+    The shipped stores test it with real processes and signals.
     """
     needed = ("hold_liveness", "release_liveness", "take_over_dead")
     if not all(has_method(p.store, m) for m in needed):
@@ -148,15 +157,21 @@ def rule_liveness(p: Probe, fenced: bool, durable: bool) -> None:
     applies="only with ``claimed_suspect``, ``mark_isolated`` and ``end_probation``",
 )
 def rule_isolation(p: Probe, fenced: bool, durable: bool) -> None:
-    """``claimed_suspect`` of a claim of a fresh row, of an unknown identity and of a claim
-    already answered returns 0 (an :obj:`int`, never a :obj:`bool`). ``mark_isolated(identity,
-    at=...)`` lands (:obj:`True`) for the exact live claim up to and including ``at ==
-    due_at``, and returns :obj:`False` at ``due_at + 1``, with a wrong claim id or attempt, for
-    a completed row and for an unknown id; a landed mark changes nothing else (the claim is
-    still owned and settles). ``end_probation`` lands only for a marked live claim, once. The
-    next claim of a marked row (after its lease) is suspect again: ``claimed_suspect`` returns
-    2 for it, once; of a row whose probation ended, 1. (A dead instance's rows becoming
-    suspect needs two processes: the shipped stores test it with real processes and signals.)
+    """``claimed_suspect`` returns 0 for a claim of a fresh row.
+
+    It also returns 0 for an unknown identity and for a claim already answered.
+    It returns an :obj:`int`, never a :obj:`bool`.
+    ``mark_isolated(identity, at=...)`` lands (:obj:`True`) for the exact live claim.
+    It lands up to and including ``at == due_at``.
+    It returns :obj:`False` at ``due_at + 1`` and with a wrong claim id or attempt.
+    It returns :obj:`False` for a completed row and for an unknown id too.
+    A landed mark changes nothing else. The claim is still owned and settles.
+    ``end_probation`` lands only for a marked live claim, once.
+    The next claim of a marked row (after its lease) is suspect again.
+    ``claimed_suspect`` returns 2 for it, once.
+    For the next claim of a row whose probation ended it returns 1.
+    A dead instance's rows becoming suspect needs two processes.
+    The shipped stores test it with real processes and signals.
     """
     if not all(has_method(p.store, m) for m in ("claimed_suspect", "mark_isolated",
                                                 "end_probation")):
@@ -194,7 +209,7 @@ def rule_isolation(p: Probe, fenced: bool, durable: bool) -> None:
     b = claimed_identity(p, 2, lease)
     p.require(p.settle_owned(b, Completed(at=T + 1)), "settle_owned of a live claim failed")
     p.expect(not mark(b, T + 2), "mark_isolated of a completed row returned True")
-    # a marked row is suspect again: its next claim (after the lease) runs alone
+    # A marked row is suspect again. Its next claim (after the lease) runs alone.
     again = p.claim_owned(1, now=lease + 1, lease_until=FAR)
     p.require(again is not None, "claim_owned of a lapsed lease returned None")
     assert again is not None
@@ -204,7 +219,7 @@ def rule_isolation(p: Probe, fenced: bool, durable: bool) -> None:
              "each claim is answered once")
     p.expect(p.settle_owned(again, Completed(at=lease + 2)), "settle_owned of the claim of a "
              "marked row failed")
-    # a probation that ended: the row stays suspect, its next claim starts on probation
+    # After its probation ended the row stays suspect. Its next claim starts on probation.
     c = claimed_identity(p, 3, lease)
     p.require(mark(c, T + 1), "mark_isolated of a live claim returned False")
     wrong = AttemptIdentity(3, c.attempt, other_claim_id(c.claim_id))

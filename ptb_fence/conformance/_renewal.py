@@ -1,6 +1,7 @@
 """Lease renewal.
 
-A renewal never shortens a lease, and a batched renewal equals the loop of single renewals.
+A renewal never shortens a lease.
+A batched renewal equals the loop of single renewals.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ from ptb_fence.conformance._rule import rule
     "lease.",
 )
 def rule_renewal(p: Probe, fenced: bool, durable: bool) -> None:
-    """``renew`` with an earlier ``lease_until`` returns :obj:`True` and keeps the later lease
-    (checked by claimability at the times in between), with and without ``now``; a later
-    ``lease_until`` extends it. Fenced tail: the same with ``renew_owned``, checked with ``owns``.
+    """``renew`` with an earlier ``lease_until`` returns :obj:`True` and keeps the later lease.
+
+    The rule checks this by claimability at the times in between.
+    It holds with and without ``now``.
+    A later ``lease_until`` extends the lease.
+    Fenced tail: the same holds for ``renew_owned``, checked with ``owns``.
     """
     p.require(p.add(1, "b", T), "add of a new update_id returned False")
     p.require(p.claim(1, now=T, lease_until=T + L) == 1, "claim of a pending update failed")
@@ -124,11 +128,13 @@ def _batch(p: Probe, method: str, keys: List[Any], lease_until: int, now: int) -
     applies="only for a store with ``renew_many`` / ``renew_owned_many``",
 )
 def rule_batch_renewal(p: Probe, fenced: bool, durable: bool) -> None:
-    """A batched renewal equals the loop of single renewals position by position: a live lease
-    (given twice) is renewed, a wrong attempt or claim id, an expired lease and an unknown id are
-    refused, and the renewed lease holds while the refused ones are not revived. An entry may be
-    :obj:`None` only for a row locked by another open transaction (the check holds no locks, so
-    every entry here must be a real bool).
+    """A batched renewal equals the loop of single renewals position by position.
+
+    A live lease, given twice, is renewed.
+    A wrong attempt or claim id, an expired lease and an unknown id are refused.
+    The renewed lease holds and the refused ones are not revived.
+    An entry may be :obj:`None` only for a row locked by another open transaction.
+    The check holds no locks, so every entry here must be a real bool.
     """
     has_many = callable(getattr(p.store, "renew_many", None))
     has_owned_many = fenced and callable(getattr(p.store, "renew_owned_many", None))

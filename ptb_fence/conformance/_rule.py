@@ -1,10 +1,12 @@
 """What a conformance rule is, and how a family module declares one.
 
-A family module declares each rule with :func:`rule` right above the function that checks it:
-the rule's name, the capability level it needs, its one-sentence description and which stores
-it applies to sit in the decorator, and what exactly it checks in the function's docstring. So
-each rule is written in one place; the package builds :data:`ptb_fence.conformance.RULES` and
-the rule list of its documentation from these declarations.
+A family module declares each rule with :func:`rule` right above the function that checks it.
+The decorator holds the rule's name, the capability level it needs and its one-sentence
+description, and the stores it applies to.
+The function's docstring says what exactly the rule checks.
+So each rule is written in one place.
+The package builds :data:`ptb_fence.conformance.RULES` and the rule list of its documentation
+from these declarations.
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ _EVERY: Dict[str, str] = {
 }
 
 RuleFunction = Callable[[Probe, bool, bool], None]
-"""A rule's check: called with the probe of a fresh store and whether the store is fenced and
-durable; it reports through the probe and returns nothing."""
+"""A rule's check.
+
+It is called with the probe of a fresh store and whether the store is fenced and durable.
+It reports through the probe and returns nothing.
+"""
 
 
 @dataclass(frozen=True)
@@ -47,8 +52,11 @@ class ConformanceRule:
 
 @dataclass(frozen=True)
 class RuleCheck:
-    """A declared rule: its public :class:`ConformanceRule`, the stores it applies to, what it
-    checks in detail (reStructuredText) and the function that checks it."""
+    """A declared rule.
+
+    It holds the public :class:`ConformanceRule`, the stores the rule applies to, what it checks in
+    detail (reStructuredText) and the function that checks it.
+    """
 
     rule: ConformanceRule
     applies: str
@@ -65,19 +73,19 @@ def rule(
         name: The rule name that prefixes its violations.
         level: The capability level it needs (one of :data:`LEVELS`).
         description: What it checks, in one sentence (:attr:`ConformanceRule.description`).
-        applies: Which stores of that level it runs for, when not all of them, e.g.
-            ``"only for a store with release_many"``; the function itself returns early for
-            a store without the capability.
+        applies: Which stores of that level it runs for, when not all of them.
+            An example is ``"only for a store with release_many"``.
+            The function itself returns early for a store without the capability.
 
     Returns:
-        A decorator that turns the function into a :class:`RuleCheck`; the function's docstring
-        is the rule's detailed description.
+        A decorator that turns the function into a :class:`RuleCheck`.
+        The function's docstring is the rule's detailed description.
     """
     if level not in LEVELS:
         raise ValueError(f"rule {name!r}: level {level!r} is not one of {', '.join(LEVELS)}")
 
     def declare(function: RuleFunction) -> RuleCheck:
-        # under python -OO there are no docstrings: the description stands in for the details
+        # Under python -OO there are no docstrings, so the description stands in for the details.
         details = inspect.cleandoc(function.__doc__) if function.__doc__ else description
         return RuleCheck(
             ConformanceRule(name, level, description), applies or _EVERY[level], details, function

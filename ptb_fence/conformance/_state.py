@@ -1,10 +1,12 @@
 """Persisted bot state.
 
-Each piece of state is a versioned row: a write lands only on the version its writer read and
-leaves it one higher, so two writers from one version never both land. An attempt's writes ride
-in the commit that completes it, all or none; a moved version stops only that attempt's
-completion (it stays claimed, told apart from a lost claim), never the others of the call. The
-rules run only for a store with every method of :class:`~ptb_fence.StateStore`.
+Each piece of state is a versioned row.
+A write lands only on the version its writer read, and leaves it one higher.
+So two writers from one version never both land.
+An attempt's writes ride in the commit that completes it, all or none.
+A moved version stops only that attempt's completion, never the others of the call.
+That attempt stays claimed, told apart from a lost claim.
+The rules run only for a store with every method of :class:`~ptb_fence.StateStore`.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ from ptb_fence._values import (
     Completed,
     Failed,
     OutboxCall,
+    Settlement,
     StateConflict,
     StateEntry,
     StateKey,
     StateWrite,
 )
-from ptb_fence.contract import OUTBOX_METHODS, STATE_METHODS
+from ptb_fence.contract import OUTBOX_METHODS, STATE_METHODS, Batch, ClaimTerms
 from ptb_fence.conformance._probe import (
     JOIN_TIMEOUT,
     L,
@@ -93,14 +96,20 @@ def _conflict_on(value: object, *keys: StateKey) -> bool:
     applies="only with the state methods",
 )
 def rule_state_versions(p: Probe, fenced: bool, durable: bool) -> None:
-    """Nothing is stored at first (``read_state`` of three keys: an empty dict). Writing
-    ``USER`` and ``CHAT`` from version 0 lands (versions 1, text kept exactly, a non-ASCII one
-    too). A batch of a good write (``CHAT`` at 1) and a stale one (``USER`` at 0) returns the
-    conflict naming ``USER`` only and applies neither. ``USER`` at 1 with :obj:`None` deletes
-    it: read back as value :obj:`None` at version 2; a write from 0 on it now conflicts, one from
-    2 lands (version 3). ``list_state`` lists by ``(kind, name, key)``, filters by kind and
-    name, pages after a key, honours ``limit``; ``prune`` deletes no state but the
-    callback-data keyboards (kind ``callback``) written before its bound.
+    """Nothing is stored at first: ``read_state`` of three keys gives an empty dict.
+
+    Writing ``USER`` and ``CHAT`` from version 0 lands.
+    Both are then at version 1, with the text kept exactly, a non-ASCII one too.
+    Take a batch of a good write (``CHAT`` at 1) and a stale one (``USER`` at 0).
+    It returns the conflict naming ``USER`` only and applies neither write.
+    ``USER`` at 1 with :obj:`None` deletes the state.
+    It reads back as value :obj:`None` at version 2.
+    A write from 0 on it now conflicts.
+    A write from 2 lands, at version 3.
+    ``list_state`` lists by ``(kind, name, key)``.
+    It filters by kind and name, pages after a key and honours ``limit``.
+    ``prune`` deletes no state but the callback-data keyboards (kind ``callback``).
+    It deletes those written before its bound.
     """
     if not _has_state(p):
         return
@@ -159,32 +168,39 @@ def rule_state_versions(p: Probe, fenced: bool, durable: bool) -> None:
 @rule(
     "state-effects",
     "fenced",
-    "the state writes of settle_owned_many/add_claimed_and_settle_many(effects=) land with "
-    "each owned completion, all or none; a moved version returns a StateConflict, leaves that "
+    "the state writes of a commit's effects land with each owned completion, all or none; a moved version returns a StateConflict, leaves that "
     "attempt claimed and stops none of the others; write_effects' writes land and vanish with "
     "the caller's transaction and raise StateConflictError on a moved version.",
     applies="only with the state and outbox methods",
 )
 def rule_state_effects(p: Probe, fenced: bool, durable: bool) -> None:
-    """Five claims settled in one ``settle_owned_many``: A completes writing ``USER`` from 0
-    and ``CHAT`` from 0 (lands: both at version 1); B completes writing ``CONVERSATION`` from 0
-    and ``USER`` from 0 with an outbox call (``USER`` moved: B's result is a StateConflict
-    naming ``USER``, B still owns its update, neither of B's writes nor its call is written); C
-    is a wrong claim id writing ``BOT`` (``False``, nothing written); D fails writing ``BOT``
-    (the failure lands, nothing written); E completes without writes (lands). B's completion
-    then lands on a second call with fresh versions. ``add_claimed_and_settle_many`` does the
-    same for a conflicting and a landing completion. With ``transaction()``: ``write_effects``
-    writes land with the block's commit and vanish with its rollback; a moved version raises
-    :exc:`~ptb_fence.StateConflictError` and writes nothing of that call even if the caller
-    commits afterwards.
+    """Five claims are settled in one ``commit``.
+
+    A completes writing ``USER`` from 0 and ``CHAT`` from 0.
+    It lands and both are at version 1.
+    B completes writing ``CONVERSATION`` from 0 and ``USER`` from 0, with an outbox call.
+    ``USER`` has moved, so B's result is a StateConflict naming ``USER``.
+    B still owns its update.
+    None of B's writes is written, nor its call.
+    C is a wrong claim id writing ``BOT``. It gives ``False`` and writes nothing.
+    D fails writing ``BOT``. The failure lands and nothing is written.
+    E completes without writes and lands.
+    B's completion then lands on a second call with fresh versions.
+    A commit with a claimed record does the same for a conflicting and a landing completion.
+    The rest needs ``transaction()``.
+    ``write_effects`` writes land with the block's commit and vanish with its rollback.
+    A moved version raises :exc:`~ptb_fence.StateConflictError`.
+    Nothing of that call is written, even if the caller commits afterwards.
     """
     if not _has_state(p):
         return
     a, b, c_real, d, e = (claimed_identity(p, u, T + L) for u in (1, 2, 3, 4, 5))
     c = AttemptIdentity(c_real.update_id, c_real.attempt, other_claim_id(c_real.claim_id))
     call = OutboxCall("sendMessage", '{"text": "b"}', 7, 0)
-    items = [(a, Completed(T + 10)), (b, Completed(T + 10)), (c, Completed(T + 10)),
-             (d, Failed(T + 10, T + 100, "x")), (e, Completed(T + 10))]
+    items: List[Tuple[AttemptIdentity, Settlement]] = [
+        (a, Completed(T + 10)), (b, Completed(T + 10)), (c, Completed(T + 10)),
+        (d, Failed(T + 10, T + 100, "x")), (e, Completed(T + 10)),
+    ]
     effects = {
         a: AttemptEffects(state=(StateWrite(USER, "a", 0), StateWrite(CHAT, "a", 0))),
         b: AttemptEffects(calls=(call,), state=(StateWrite(CONVERSATION, "b", 0),
@@ -192,15 +208,15 @@ def rule_state_effects(p: Probe, fenced: bool, durable: bool) -> None:
         c: AttemptEffects(state=(StateWrite(BOT, "c", 0),)),
         d: AttemptEffects(state=(StateWrite(BOT, "d", 0),)),
     }
-    got = _landings(p, "settle_owned_many", p.call("settle_owned_many", items, effects=effects),
+    got = _landings(p, "commit", p.settle_batch(Batch(settlements=tuple(items), effects=effects)),
                     5)
     p.expect(got[0] is True and got[3] is True and got[4] is True,
-             f"settle_owned_many returned {got}; the completion writing fresh state, the "
+             f"commit landed {got}; the completion writing fresh state, the "
              "failure and the completion without writes must land (True)")
-    p.expect(_conflict_on(got[1], USER), f"settle_owned_many returned {got[1]!r} for a "
+    p.expect(_conflict_on(got[1], USER), f"commit landed {got[1]!r} for a "
              f"completion whose write of {USER} was from a version that had moved; expected a "
              "StateConflict naming exactly that key")
-    p.expect(got[2] is False, f"settle_owned_many returned {got[2]!r} for a wrong claim id; "
+    p.expect(got[2] is False, f"commit landed {got[2]!r} for a wrong claim id; "
              "expected False")
     state = _read(p, [USER, CHAT, CONVERSATION, BOT])
     p.expect(state == {USER: StateEntry("a", 1), CHAT: StateEntry("a", 1)},
@@ -213,32 +229,32 @@ def rule_state_effects(p: Probe, fenced: bool, durable: bool) -> None:
     calls = p.call("list_calls", limit=100)
     p.expect(calls == [], f"a completion stopped by a StateConflict wrote its outbox calls "
              f"{calls}")
-    again = _landings(p, "settle_owned_many", p.call(
-        "settle_owned_many", [(b, Completed(T + 12))],
+    again = _landings(p, "commit", p.settle_batch(Batch(
+        settlements=((b, Completed(T + 12)),),
         effects={b: AttemptEffects(calls=(call,), state=(StateWrite(CONVERSATION, "b", 0),
-                                                          StateWrite(USER, "b", 1)))}), 1)
+                                                          StateWrite(USER, "b", 1)))})), 1)
     p.expect(again == [True], f"the retried completion with fresh versions returned {again}")
     p.expect(_version(p, USER) == ("b", 2) and _version(p, CONVERSATION) == ("b", 1),
              "the retried completion's writes did not land as written")
     p.expect(len(p.call("list_calls", limit=100)) == 1, "the retried completion's call is "
              "not written once")
 
-    # the combined write: the conflicting completion stays claimed, the other lands
+    # The combined write. The conflicting completion stays claimed and the other lands.
     f, g = claimed_identity(p, 6, T + L), claimed_identity(p, 7, T + L)
-    value = p.call(
-        "add_claimed_and_settle_many", [(8, "s8", T + 20)], lease_until=T + L,
-        settlements=[(f, Completed(T + 20)), (g, Completed(T + 20))],
+    value = p.settle_batch(Batch(
+        ClaimTerms(T + 20, T + L, 5),
+        claimed_records=((8, "s8", T + 20),),
+        settlements=((f, Completed(T + 20)), (g, Completed(T + 20))),
         effects={f: AttemptEffects(state=(StateWrite(CHAT, "f", 0),)),
                  g: AttemptEffects(state=(StateWrite(CHAT, "g", 1),))},
-    )
-    landed = _landings(p, "add_claimed_and_settle_many",
-                       value[1] if isinstance(value, tuple) else value, 2)
+    ))
+    landed = _landings(p, "commit", value, 2)
     p.expect(_conflict_on(landed[0], CHAT) and landed[1] is True,
-             f"add_claimed_and_settle_many returned {landed}; expected a StateConflict on "
+             f"commit with a claimed record landed {landed}; expected a StateConflict on "
              f"{CHAT} for the stale completion and True for the fresh one")
-    p.expect(_version(p, CHAT) == ("g", 2), f"add_claimed_and_settle_many left {CHAT} at "
+    p.expect(_version(p, CHAT) == ("g", 2), f"commit with a claimed record left {CHAT} at "
              f"{_version(p, CHAT)}; expected ('g', 2)")
-    p.expect(p.owns(f, T + 21), "add_claimed_and_settle_many settled a completion stopped by "
+    p.expect(p.owns(f, T + 21), "commit with a claimed record settled a completion stopped by "
              "a StateConflict")
 
     if not has_method(p.store, "transaction"):
@@ -283,12 +299,18 @@ def rule_state_effects(p: Probe, fenced: bool, durable: bool) -> None:
     applies="only with the state methods",
 )
 def rule_state_concurrent(p: Probe, fenced: bool, durable: bool) -> None:
-    """8 threads, 3 claimed updates each, in rounds of two barriers: every thread with an
-    update left reads a counter, all wait, then each completes its current update writing
-    counter + 1 at the version it read (the others meanwhile: nothing), all wait. Since all
-    read one version, exactly one completion lands per round, the others return a
-    StateConflict and keep their claims for the next round. After 24 rounds every completion
-    landed exactly once and the counter is 24 at version 24.
+    """8 threads hold 3 claimed updates each and run in rounds of two barriers.
+
+    In a round every thread with an update left reads a counter.
+    All threads wait at the first barrier.
+    Then each such thread completes its current update.
+    It writes counter + 1 at the version it read.
+    The other threads do nothing meanwhile.
+    All threads wait at the second barrier.
+    All read one version, so exactly one completion lands per round.
+    The others return a StateConflict and keep their claims for the next round.
+    After 24 rounds every completion landed exactly once.
+    The counter is then 24 at version 24.
     """
     if not _has_state(p):
         return
@@ -314,9 +336,10 @@ def rule_state_concurrent(p: Probe, fenced: bool, durable: bool) -> None:
                 barrier.wait()
                 if left and read is not None:
                     identity = left[0]
-                    got = p.call("settle_owned_many", [(identity, Completed(T + 1))], effects={
-                        identity: AttemptEffects(state=(StateWrite(counter, str(read[0] + 1),
-                                                                   read[1]),))})[0]
+                    got = p.call("commit", Batch(
+                        settlements=((identity, Completed(T + 1)),), effects={
+                            identity: AttemptEffects(state=(StateWrite(counter, str(read[0] + 1),
+                                                                       read[1]),))})).landed[0]
                     if not isinstance(got, StateConflict):
                         results[index].append(got)
                         left.pop(0)

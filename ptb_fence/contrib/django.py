@@ -42,8 +42,9 @@ _MARKED = (
 
 
 def _wrapper(given: Any) -> Any:
-    """``django.db.connection`` (a proxy) or ``django.db.connections[alias]``; TypeError for
-    other Django objects."""
+    """``django.db.connection`` (a proxy) or ``django.db.connections[alias]``.
+
+    Raises TypeError for other Django objects."""
     if not (hasattr(given, "in_atomic_block") and hasattr(given, "ensure_connection")):
         raise UsageError(
             "connection= takes a Django connection (django.db.connection or "
@@ -63,7 +64,7 @@ def dbapi_of(given: Any) -> Any:
 class DjangoTransaction:
     """One fenced transaction as a Django ``transaction.atomic()`` block.
 
-    Entering opens the atomic block and returns its DB-API connection for the store; leaving
+    Entering opens the atomic block and returns its DB-API connection for the store. Leaving
     ends it (Django commits, or rolls back on an exception). Inside another ``atomic()``
     block it is refused: Django would commit later, after the attempt counted as done.
 

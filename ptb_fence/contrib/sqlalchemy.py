@@ -92,7 +92,7 @@ def _orm() -> Any:
 
 
 def _session_or_connection(given: Any) -> Any:
-    """A Session (also behind a ``scoped_session``) or a Connection; TypeError otherwise."""
+    """A Session (also behind a ``scoped_session``) or a Connection, else TypeError."""
     orm = _orm()
     connection_type = importlib.import_module("sqlalchemy.engine").Connection
     if isinstance(given, orm.scoped_session):
@@ -117,10 +117,10 @@ def dbapi_of(given: Any) -> Any:
 class SQLAlchemyTransaction:
     """One fenced transaction in a SQLAlchemy Session's or Connection's transaction.
 
-    Entering begins it (a Session joins the transaction it began by itself, e.g. for an
-    earlier query; an explicit ``session.begin()`` block or a Connection already in a
-    transaction is refused: the commit would not be this block's) and returns the DB-API
-    connection for the store; leaving commits through SQLAlchemy, or rolls back.
+    Entering begins it and returns the DB-API connection for the store. A Session joins the
+    transaction it began by itself, e.g. for an earlier query. An explicit ``session.begin()``
+    block or a Connection already in a transaction is refused: the commit would not be this
+    block's. Leaving commits through SQLAlchemy, or rolls back.
 
     Args:
         given: A ``sqlalchemy.orm.Session`` (or ``scoped_session``) or a

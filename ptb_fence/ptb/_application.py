@@ -54,7 +54,7 @@ NO_SECRET_TOKEN = (
 """The refusal of a webhook started without a secret token (``{name}``: the call)."""
 
 if TYPE_CHECKING:
-    # The mix-in only ever sits in front of an Application; tell the type checker so, so that
+    # The mix-in only ever sits in front of an Application. Tell the type checker so, so that
     # its overrides and ``super()`` calls are checked against PTB's signatures.
     _MixinBase = Application[Any, Any, Any, Any, Any, Any]
 else:
@@ -64,7 +64,7 @@ else:
 def _outside_attempt_in_own_task(callback: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap an error handler so that it runs outside the attempt when PTB runs it as a task.
 
-    PTB decides (``block`` and ``Defaults(block=...)``); the wrapper only looks at where it
+    PTB decides (``block`` and ``Defaults(block=...)``). The wrapper only looks at where it
     runs: in the task that reports the error (blocking: inside the attempt) or in a task of
     its own (outside it).
     """
@@ -150,7 +150,7 @@ class FencedUpdater(Updater):
     __slots__ = ()
 
     async def start_polling(self, *args: Any, **kwargs: Any) -> Any:
-        """PTB's :meth:`~telegram.ext.Updater.start_polling`; warns about
+        """PTB's :meth:`~telegram.ext.Updater.start_polling`. Warns about
         ``drop_pending_updates=True``."""
         if not _DROP_WARNED.get():
             _warn_drop_pending(Updater.start_polling, "updater.start_polling", self, args, kwargs)
@@ -159,7 +159,7 @@ class FencedUpdater(Updater):
     async def start_webhook(
         self, *args: Any, allow_no_secret_token: bool = False, **kwargs: Any
     ) -> Any:
-        """PTB's :meth:`~telegram.ext.Updater.start_webhook`; warns about
+        """PTB's :meth:`~telegram.ext.Updater.start_webhook`. Warns about
         ``drop_pending_updates=True``.
 
         Raises:
@@ -174,7 +174,7 @@ class FencedUpdater(Updater):
             _warn_drop_pending(Updater.start_webhook, "updater.start_webhook", self, args, kwargs)
         return await super().start_webhook(*args, **kwargs)
 
-    # the overrides take *args/**kwargs; show PTB's parameters (help(), IDEs, inspect)
+    # the overrides take *args/**kwargs. Show PTB's parameters (help(), IDEs, inspect)
     setattr(start_polling, "__signature__", inspect.signature(Updater.start_polling))
     setattr(start_webhook, "__signature__", _with_opt_out(Updater.start_webhook))
 
@@ -182,20 +182,17 @@ class FencedUpdater(Updater):
 class FencedApplicationMixin(_MixinBase):
     """Mix-in for :class:`telegram.ext.Application` subclasses used with a ptb_fence processor.
 
-    - Gives handlers ``context.attempt``: the ``context_types`` PTB passes to the constructor
-      get a context class derived from the user's one (if any) and
-      :class:`~ptb_fence.ptb.FencedCallbackContext` (``bot_data``/``chat_data``/``user_data``
-      types are kept), whether ``context_types`` were set on the builder before or after
-      ``install``.
-    - Attaches the application to its :class:`~ptb_fence.ptb.DurableUpdateProcessor` /
-      :class:`~ptb_fence.ptb.FencedUpdateProcessor` (the processor refuses to start without it).
-    - Marks the attempt failed when a handler raises: PTB routes handler exceptions to
-      :meth:`process_error` (the processor would otherwise see success). This happens before
-      any error handler runs, so user error handlers and ``Defaults(block=False)`` do not hide
-      failures. :class:`telegram.ext.ApplicationHandlerStop` is not a failure.
-    - Runs tasks made with :meth:`create_task` (``block=False`` handlers among them) and
-      error handlers that PTB runs as tasks outside the attempt: ``current_attempt()`` and
-      ``context.attempt`` are :obj:`None` there. Blocking error handlers run inside it.
+    - It gives handlers ``context.attempt``. The ``context_types`` PTB passes to the
+      constructor get a context class derived from the user's one and
+      :class:`~ptb_fence.ptb.FencedCallbackContext`. The data types are kept.
+    - It attaches the application to its :class:`~ptb_fence.ptb.DurableUpdateProcessor` or
+      :class:`~ptb_fence.ptb.FencedUpdateProcessor`. The processor refuses to start without it.
+    - It marks the attempt failed when a handler raises, before any error handler runs. So
+      user error handlers and ``Defaults(block=False)`` do not hide failures.
+      :class:`telegram.ext.ApplicationHandlerStop` is not a failure.
+    - It runs tasks made with :meth:`create_task` and error handlers that PTB runs as tasks
+      outside the attempt. ``current_attempt()`` and ``context.attempt`` are :obj:`None` there.
+      Blocking error handlers run inside it.
 
     :meth:`ptb_fence.ptb.FencedUpdateProcessor.install` applies it for you, also to an
     ``application_class`` you set on the builder *before* ``install``. If you set one after,
@@ -246,7 +243,7 @@ class FencedApplicationMixin(_MixinBase):
         await super().initialize()
 
     async def start(self) -> None:
-        """Start the Application; the processor resumes handing due updates over."""
+        """Start the Application. The processor resumes handing due updates over."""
         await super().start()
         processor = self._fence_processor()
         if processor is not None:
@@ -257,7 +254,7 @@ class FencedApplicationMixin(_MixinBase):
 
         Before PTB's ``stop()`` waits for the update queue to drain, the processor stops its
         sweep and queues nothing more (updates put from now on are recorded and left to the
-        next start or another process); the updates already in the queue are handled and
+        next start or another process). The updates already in the queue are handled and
         running handlers finish, within ``stop_timeout_seconds``. Then what is claimed but not
         started is released in one call (claimable at once by any process, the attempt not
         counted) and the handlers still running are cancelled and their attempts released the
@@ -270,7 +267,7 @@ class FencedApplicationMixin(_MixinBase):
         await super().stop()
 
     def run_polling(self, *args: Any, **kwargs: Any) -> None:
-        """PTB's :meth:`~telegram.ext.Application.run_polling`; warns about
+        """PTB's :meth:`~telegram.ext.Application.run_polling`. Warns about
         ``drop_pending_updates=True``, which makes Telegram discard every update it still
         holds at each start."""
         _warn_drop_pending(Application.run_polling, "run_polling", self, args, kwargs)
@@ -283,13 +280,13 @@ class FencedApplicationMixin(_MixinBase):
     def run_webhook(
         self, *args: Any, allow_no_secret_token: bool = False, **kwargs: Any
     ) -> None:
-        """PTB's :meth:`~telegram.ext.Application.run_webhook`; warns about
+        """PTB's :meth:`~telegram.ext.Application.run_webhook`. Warns about
         ``drop_pending_updates=True`` as :meth:`run_polling` does.
 
         Raises:
             ValueError: No ``secret_token`` is given (forged updates would be recorded and
                 handled), and ``allow_no_secret_token=True`` (a proxy in front checks the
-                requests) is not; before anything starts.
+                requests) is not. It is raised before anything starts.
         """
         if self.updater is not None:  # else PTB says that run_webhook needs an Updater
             _require_secret(
@@ -304,7 +301,7 @@ class FencedApplicationMixin(_MixinBase):
             _NO_SECRET_ALLOWED.reset(allowed)
             _DROP_WARNED.reset(token)
 
-    # the overrides take *args/**kwargs; show PTB's parameters (help(), IDEs, inspect)
+    # the overrides take *args/**kwargs. Show PTB's parameters (help(), IDEs, inspect)
     setattr(run_polling, "__signature__", inspect.signature(Application.run_polling))
     setattr(run_webhook, "__signature__", _with_opt_out(Application.run_webhook))
 
@@ -312,7 +309,7 @@ class FencedApplicationMixin(_MixinBase):
         """PTB's :meth:`~telegram.ext.Application.drop_user_data`. With
         :class:`~ptb_fence.ptb.FencedPersistence`, called by a handler of an update of that
         user, the drop is written with the update's completion (and the handler's
-        ``context.user_data`` is empty from here on); elsewhere PTB's next flush deletes the
+        ``context.user_data`` is empty from here on). Elsewhere PTB's next flush deletes the
         stored data."""
         if isinstance(self.persistence, FencedPersistence):
             self.persistence.dropping(self, "user", user_id)
@@ -330,7 +327,7 @@ class FencedApplicationMixin(_MixinBase):
         return processor if isinstance(processor, ApplicationBinding) else None
 
     async def process_update(self, update: object) -> None:
-        """PTB's :meth:`~telegram.ext.Application.process_update`; when it ran an update that
+        """PTB's :meth:`~telegram.ext.Application.process_update`. When it ran an update that
         ran before (attempt 2 or later) and no handler matched it, a WARNING says that per
         process state (a conversation's) may be stale.
 
@@ -380,7 +377,7 @@ class FencedApplicationMixin(_MixinBase):
                 attempt = current_attempt()
                 if attempt is None or not attempt.completed:
                     # PTB would log "No error handlers are registered" with the whole
-                    # traceback for every failed attempt; ptb_fence logs the failure once
+                    # traceback for every failed attempt. ptb_fence logs the failure once
                     # (WARNING, with update id, attempt, claim id, the error's type and message)
                     # when it settles the attempt, so the traceback goes to DEBUG here (for an
                     # attempt that completed already the settle logs it, also at DEBUG)
@@ -402,7 +399,7 @@ class FencedApplicationMixin(_MixinBase):
     def create_task(
         self, coroutine: Any, update: Optional[object] = None, *, name: Optional[str] = None
     ) -> Any:
-        """PTB's :meth:`~telegram.ext.Application.create_task`; the task runs outside the
+        """PTB's :meth:`~telegram.ext.Application.create_task`. The task runs outside the
         current attempt.
 
         PTB's own warnings (a task created while the Application is not running) point at the

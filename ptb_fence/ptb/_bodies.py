@@ -1,4 +1,4 @@
-"""What is stored for an update and how it reads back; the error that refuses an ingest."""
+"""What is stored for an update and how it reads back. The error that refuses an ingest."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ _LOGGER = logging.getLogger("ptb_fence.ptb")
 
 
 class IngestError(TelegramError):
-    """An update could not be recorded; it was not acknowledged to Telegram.
+    """An update could not be recorded. It was not acknowledged to Telegram.
 
     A :class:`telegram.error.TelegramError`, so PTB's polling loop retries the same offset and
     the webhook answers 5xx: Telegram delivers the update again.
@@ -87,7 +87,7 @@ def update_body(update: Update) -> str:
 
     Updates arrive in PTB already parsed, so the stored body is ``update.to_json()``. With
     ``arbitrary_callback_data`` PTB has replaced ``callback_query.data`` by the cached Python
-    object before the queue; objects that are not JSON are stored as ``null`` (and the body
+    object before the queue. Objects that are not JSON are stored as ``null`` (and the body
     gets ``"_ptb_fence": {"callback_data": "not stored"}``), so a replay of such an update
     (retry, takeover, restart) sees ``callback_query.data`` as :obj:`None`. Data PTB could
     not resolve (``InvalidCallbackData``, the keyboard not in this process's cache) keep the
@@ -136,7 +136,7 @@ def parse_update(data: Any, bot: Any) -> Optional[Update]:
 
 
 def valid_update_id(update: Update) -> bool:
-    """Whether ``update`` has a Telegram ``update_id``; logs a WARNING (nothing is recorded)
+    """Whether ``update`` has a Telegram ``update_id``. Logs a WARNING (nothing is recorded)
     when it has not."""
     update_id = update.update_id
     if is_update_id(update_id):

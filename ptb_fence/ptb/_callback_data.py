@@ -4,7 +4,7 @@ of it reaches a process whose cache does not hold it.
 
 A keyboard's row is ``StateKey("callback", "", keyboard_uuid)`` holding the encoded
 ``(access_time, {button_uuid: callback_data})``, as PTB's ``CallbackDataCache`` keeps it.
-Rows are written once (from version 0: the uuids are random); ``prune`` deletes the rows
+Rows are written once (from version 0: the uuids are random). ``prune`` deletes the rows
 written before the store's retain period (see the README).
 """
 
@@ -98,8 +98,8 @@ def pressed_keyboard(update: Any) -> Optional[Tuple[str, str]]:
 def resolve_press(bot: Any, update: Any, uuid: str, value: Optional[str]) -> bool:
     """Resolve the press of keyboard ``uuid`` (see :func:`pressed_keyboard`) from its stored
     row's ``value``: ``callback_query.data`` and the buttons of the message it is under get
-    their original objects, and the bot's cache learns the keyboard (as if it had sent it;
-    ``drop_data`` works). :obj:`False` when the row is missing (the data stay
+    their original objects, and the bot's cache learns the keyboard as if it had sent it
+    (``drop_data`` works). :obj:`False` when the row is missing (the data stay
     ``InvalidCallbackData``)."""
     cache: Any = getattr(bot, "callback_data_cache", None)
     if value is None or not isinstance(cache, CallbackDataCache):

@@ -12,10 +12,10 @@ __all__ = ["ChatTurns"]
 
 
 class ChatTurns:
-    """Lets one task per chat key run at a time; waiters are woken in ``update_id`` order.
+    """Lets one task per chat key run at a time. Waiters are woken in ``update_id`` order.
 
-    Used on the event loop thread only. A turn is handed on by resolving the waiter's future;
-    a waiter cancelled before its turn leaves the queue, one cancelled as its turn came passes
+    Used on the event loop thread only. A turn is handed on by resolving the waiter's future.
+    A waiter cancelled before its turn leaves the queue, one cancelled as its turn came passes
     it on.
     """
 
@@ -31,7 +31,7 @@ class ChatTurns:
             future.set_result(None)
 
     async def acquire(self, key: Hashable, update_id: int) -> bool:
-        """Wait for ``key``'s turn; :obj:`False` (no turn taken) if ``update_id`` is already
+        """Wait for ``key``'s turn. Returns :obj:`False` (no turn taken) if ``update_id`` is already
         waiting or running here."""
         future: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
         if not self._order.submit(key, update_id, future):

@@ -28,7 +28,7 @@ _Context = TypeVar("_Context", bound="FencedCallbackContext")
 
 
 class AttemptUnavailable(RuntimeError):
-    """:meth:`FencedCallbackContext.require_attempt` was called where no attempt exists; the
+    """:meth:`FencedCallbackContext.require_attempt` was called where no attempt exists. The
     message names the cause."""
 
     __slots__ = ()
@@ -56,7 +56,7 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
         # which a type checker reads as a queue of plain CallbackContexts: a job callback
         # taking this class (or a subclass) would be refused. The queue holds callbacks
         # called with this very context class (PTB builds every context from the
-        # Application's one), so type it so; nothing changes at run time.
+        # Application's one), so type it so. Nothing changes at run time.
         @property
         def job_queue(  # type: ignore[override]  # narrower than PTB's unbound JobQueue[ST]
             self: _Context,
@@ -73,13 +73,13 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
         return current_attempt()
 
     def require_attempt(self) -> Attempt:
-        """The :class:`ptb_fence.Attempt` handling the current update; never :obj:`None`.
+        """The :class:`ptb_fence.Attempt` handling the current update. Never :obj:`None`.
 
         Returns:
             The current attempt.
 
         Raises:
-            AttemptUnavailable: (a :exc:`RuntimeError`) There is none here; the message says
+            AttemptUnavailable: (a :exc:`RuntimeError`) There is none here. The message says
                 why: the Application uses the unary
                 :class:`~ptb_fence.ptb.DurableUpdateProcessor` (use
                 :class:`~ptb_fence.ptb.FencedUpdateProcessor`), or this code runs in a job,
@@ -114,7 +114,7 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
     @classmethod
     def from_update(cls, update: object, application: Any) -> Any:
         """Build the context of a handler of ``update`` (PTB does so once a handler matched
-        it); the processor learns that the update did not go unhandled."""
+        it). The processor learns that the update did not go unhandled."""
         state = update_state()
         if state is not None and state.update is update:
             state.matched = True
@@ -152,10 +152,10 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
         session.declare(state, name)
 
     # With FencedPersistence, a handler of the update works on the attempt's private copies
-    # of the data (committed with its completion, dropped when it fails); elsewhere, PTB's.
+    # of the data (committed with its completion, dropped when it fails). Elsewhere, PTB's.
     @property
     def user_data(self) -> Any:
-        """As PTB's :attr:`telegram.ext.CallbackContext.user_data`; with
+        """As PTB's :attr:`telegram.ext.CallbackContext.user_data`. With
         :class:`~ptb_fence.ptb.FencedPersistence`, the attempt's copy while it handles the
         update."""
         return self._data_of("user", CallbackContext.user_data)
@@ -166,7 +166,7 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
 
     @property
     def chat_data(self) -> Any:
-        """As PTB's :attr:`telegram.ext.CallbackContext.chat_data`; with
+        """As PTB's :attr:`telegram.ext.CallbackContext.chat_data`. With
         :class:`~ptb_fence.ptb.FencedPersistence`, the attempt's copy while it handles the
         update."""
         return self._data_of("chat", CallbackContext.chat_data)
@@ -177,7 +177,7 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
 
     @property
     def bot_data(self) -> Any:
-        """As PTB's :attr:`telegram.ext.CallbackContext.bot_data`; with
+        """As PTB's :attr:`telegram.ext.CallbackContext.bot_data`. With
         :class:`~ptb_fence.ptb.FencedPersistence`, the attempt's copy while it handles the
         update."""
         return self._data_of("bot", CallbackContext.bot_data)
@@ -210,7 +210,7 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
 def fenced_context_types(context_types: "ContextTypes[Any, Any, Any, Any]") -> Any:
     """``context_types`` whose context class derives from :class:`FencedCallbackContext`.
 
-    Returned unchanged if it already does; else the same ``bot_data``/``chat_data``/
+    Returned unchanged if it already does. Else the same ``bot_data``/``chat_data``/
     ``user_data`` types with a context class derived from both the user's class and
     :class:`FencedCallbackContext`.
     """
@@ -230,9 +230,8 @@ def fenced_context_types(context_types: "ContextTypes[Any, Any, Any, Any]") -> A
 
 
 def warn_if_unmatched_rerun(handled: UpdateState, application: Any) -> None:
-    """If the update of ``handled`` ran before, here or elsewhere (a retry: attempt 2 or
-    later; a takeover after a crash: a suspect claim, whose attempt was given back, see
-    :attr:`~ptb_fence.Attempt.suspicion`), and PTB's ``process_update`` just matched no
+    """If the update of ``handled`` ran before, here or elsewhere (a retry, or a takeover after
+    a crash, see :attr:`~ptb_fence.Attempt.suspicion`), and PTB's ``process_update`` just matched no
     handler for it, log it at WARNING: it counts as handled and is settled completed, and the
     likely cause is state that lived in the process that ran it before.
 

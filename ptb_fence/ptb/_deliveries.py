@@ -1,8 +1,8 @@
-"""Deliveries: exhaustions handed to ``handle_exhaustion``, each in a task of its own.
+"""AsyncDeliveries: exhaustions handed to ``handle_exhaustion``, each in a task of its own.
 
 The decisions (which are due, which start now, acknowledgement, failure, logging) are
-:class:`~ptb_fence.runtime._exhaustions.ExhaustionDeliveries`, shared with ``UpdateIntake``;
-this module only runs them in tasks (a blocking handler in a daemon thread).
+:class:`~ptb_fence.runtime._exhaustions.ExhaustionDeliveries`, shared with ``UpdateIntake``.
+This module only runs them in tasks (a blocking handler in a daemon thread).
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.runtime._runtime import Runtime
 from ptb_fence.runtime._exhaustions import SLOW_DELIVERY_SECONDS, ExhaustionDeliveries
 
-__all__ = ["Deliveries"]
+__all__ = ["AsyncDeliveries"]
 
 T = TypeVar("T")
 
 
-class Deliveries:
+class AsyncDeliveries:
     """Delivers exhaustions to ``handler`` in tasks, as the runtime decides.
 
     At most one delivery of one exhaustion runs at a time in this process, and at most
-    :data:`~ptb_fence.runtime._exhaustions.MAX_DELIVERIES` at once; one that is not started
+    :data:`~ptb_fence.runtime._exhaustions.MAX_DELIVERIES` at once. One that is not started
     stays due and waits for a slot: a delivery that ends starts it. A blocking handler runs in
     a daemon thread: a hanging one holds neither the chat, the sweep, the store threads nor
     interpreter exit. A failed delivery (or acknowledgement) is reported and left due: it is
@@ -54,7 +54,7 @@ class Deliveries:
         return self._handler is not None
 
     def due(self) -> List[Exhaustion]:
-        """The next page of due exhaustions (store failures reported); blocking."""
+        """The next page of due exhaustions (store failures reported). Blocking."""
         return self._decisions.due() if self._handler is not None else []
 
     def start(self, exhaustion: Exhaustion) -> None:

@@ -29,14 +29,14 @@ _LOGGER = logging.getLogger("ptb_fence.ptb")
 
 DIRECT_CALLS = frozenset({
     # the README recommends answering these directly ("Calls with a deadline": feedback for
-    # the user now, right whatever becomes of the attempt); not answerPreCheckoutQuery, whose
+    # the user now, right whatever becomes of the attempt). Not answerPreCheckoutQuery, whose
     # ok=True is a promise that belongs in the outbox with the reservation
     "answercallbackquery",
     "answerinlinequery",
     # a typing indicator: nothing the user keeps, harmless when repeated
     "sendchataction",
 })
-"""Methods (lower case) a fenced handler may send directly without a WARNING; so may every
+"""Methods (lower case) a fenced handler may send directly without a WARNING. So may every
 ``get*`` method (reads)."""
 
 # frames of these packages are the call's way to the request, not the handler that made it
@@ -64,7 +64,7 @@ class DirectSendWatch(WrappedRequest):
     """Wraps the Bot's request for every method but ``getUpdates``: a call that changes
     something for a user (not a ``get*`` read, not one of :data:`DIRECT_CALLS`), made while a
     fenced attempt is current, is logged at WARNING once per handler and method. Everything
-    is delegated unchanged; the outbox's own sends run outside any attempt.
+    is delegated unchanged. The outbox's own sends run outside any attempt.
     """
 
     __slots__ = ("_lock", "_warned")
@@ -84,7 +84,7 @@ class DirectSendWatch(WrappedRequest):
         connect_timeout: Any = REQUEST_DEFAULT,
         pool_timeout: Any = REQUEST_DEFAULT,
     ) -> Tuple[int, bytes]:
-        """Send the request; first log a fenced handler's direct send (see the class)."""
+        """Send the request. First log a fenced handler's direct send (see the class)."""
         attempt = current_attempt()
         if attempt is not None and attempt.fenced:
             self._note(url.rsplit("/", 1)[-1])
@@ -123,7 +123,7 @@ class DirectSendWatch(WrappedRequest):
 
 def watch_direct_sends(bot: Any) -> Optional[DirectSendWatch]:
     """Wrap ``bot``'s request for every method but ``getUpdates`` in a
-    :class:`DirectSendWatch`; :obj:`None` (nothing changed) if the bot does not look as
+    :class:`DirectSendWatch`. Returns :obj:`None` (nothing changed) if the bot does not look as
     expected, or it is watched already."""
     requests = get_updates_request(bot)
     if requests is None or not isinstance(requests[1], BaseRequest):

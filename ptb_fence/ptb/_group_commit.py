@@ -1,6 +1,6 @@
 """Group commit: work items that arrive together go to the store in one call (one commit).
 
-Its blocking twin is :class:`ptb_fence.blocking._thread_group.ThreadGroupCommit`; one test spec
+Its blocking twin is :class:`ptb_fence.blocking._group_commit.ThreadGroupCommit`. One test spec
 (``tests/unit/test_group_commit_twins.py``) holds both to the same behaviour.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Awaitable, Callable, Generic, List, Optional, Sequence, Tuple, TypeVar
 
-__all__ = ["GroupCommit"]
+__all__ = ["AsyncGroupCommit"]
 
 MAX_GROUP = 256
 """The most items in one call."""
@@ -24,24 +24,22 @@ In = TypeVar("In")
 Out = TypeVar("Out")
 
 
-class GroupCommit(Generic[In, Out]):
+class AsyncGroupCommit(Generic[In, Out]):
     """Sends items to ``run_many(items) -> results`` in groups, one group in flight at a time.
 
-    The first item is sent at once; items that arrive while a group is in flight are sent
-    together in the next call. Every caller waits for its own result (or exception), so
-    nothing is reported done before the store call that does it has returned — the same
-    guarantee as one call per item, with one commit per group.
+    The first item is sent at once. Items that arrive while a group is in flight are sent
+    together in the next call. Every caller waits for its own result (or exception). So nothing
+    is reported done before its store call has returned, with one commit per group.
 
     Args:
         run_many: An async callable taking a list of items and returning one result per item
-            (e.g. a thread-pool hop to ``settle_owned_many`` or ``add_claimed_many``); a
+            (e.g. a thread-pool hop to the store's ``commit``). A
             result that is an exception is raised to that item's caller.
         name: Task name prefix.
         gather: A group is sent once a loop iteration added no item to it (at most
-            :data:`MAX_GATHER` iterations) instead of after one iteration: the items of tasks
-            that advance together over a few iterations (the updates one group started, which
-            end and free their slots together) go in one call, not split over two that then
-            stay out of step.
+            :data:`MAX_GATHER` iterations), not after one iteration. So tasks that advance
+            together over a few iterations go in one call, not split over two that then stay
+            out of step.
     """
 
     __slots__ = ("_flushing", "_gather", "_name", "_pending", "_run_many")

@@ -1,18 +1,12 @@
 """RunningHandlers: the handlers running in this processor, each in a run that can be ended.
 
-A handler (PTB's ``process_update`` coroutine for one update) runs in a task of its own, which
-the processor's task waits for through a :class:`HandlerRun`. The run ends it by cancelling
+A handler (PTB's ``process_update`` for one update) runs in a task of its own. The run cancels
 that task when ``attempt_timeout_seconds`` passed (:attr:`HandlerRun.timed_out`) or when a stop
-gave up waiting for it (:attr:`HandlerRun.released`: its attempt was released first). A
-cancelled handler gets :data:`CANCEL_GRACE_SECONDS` to end (its cleanup runs); one that is
-still running then (it swallowed the cancellation, or its cleanup awaits something long) is
-left to run on, detached and named in a WARNING, and the processor goes on without it: the
-attempt is settled (or was released), its lease no longer renewed, its fenced writes refused,
-and the chat's next update may start. So neither a timeout nor a stop waits for a handler's
-cooperation longer than the grace.
-
-Running the handler in a task of its own also tells a cancellation of the processor's task
-from a ``CancelledError`` that handler code raised itself (a failure), on every Python version.
+gave up waiting for it (:attr:`HandlerRun.released`). A cancelled handler gets
+:data:`CANCEL_GRACE_SECONDS` to end. One still running then is left to run on, detached and
+named in a WARNING. Its attempt is settled or released, and its fenced writes are refused.
+So neither a timeout nor a stop waits for a handler's cooperation longer than the grace. The
+own task also tells a cancellation of the processor from a ``CancelledError`` the handler raised.
 """
 
 from __future__ import annotations
@@ -104,7 +98,7 @@ class HandlerRun:
             self._guarded(coroutine),
             name=f"ptb_fence:update {attempt.update_id} attempt {attempt.attempt}",
         )
-        # no done callback here: _guarded wakes the processor itself; one that never ran
+        # no done callback here: _guarded wakes the processor itself. One that never ran
         # (cancelled before its first step) is one end() cancelled, which adds it
         if self._timeout is not None:
             self._timer = loop.call_later(self._timeout, self.end, _TIMEOUT)
@@ -169,7 +163,7 @@ class HandlerRun:
 
     def end(self, reason: str) -> None:
         """End the handler now (on the event loop): cancel it and give it
-        :data:`CANCEL_GRACE_SECONDS`; no-op once it ended."""
+        :data:`CANCEL_GRACE_SECONDS`. No-op once it ended."""
         task = self._task
         if self.reason is not None or task is None or task.done():
             return
@@ -211,7 +205,7 @@ class RunningHandlers:
             self._idle.set()
 
     def detach(self, run: HandlerRun, task: "asyncio.Task[Any]", why: str) -> None:
-        """Leave ``task`` (``run``'s handler, cancelled) running; the processor goes on."""
+        """Leave ``task`` (``run``'s handler, cancelled) running. The processor goes on."""
         attempt = run.attempt
         _LOGGER.warning(
             "update %s attempt %s: its handler was cancelled (%s) but ignored its cancellation "
@@ -259,7 +253,9 @@ class RunningHandlers:
             )
 
     async def wait_idle(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds until no handler runs; :obj:`True` when none does."""
+        """Wait up to ``timeout`` seconds until no handler runs.
+
+        Returns :obj:`True` when none does."""
         if not self._runs:
             return True
         self._idle = asyncio.Event()

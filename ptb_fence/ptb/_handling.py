@@ -1,6 +1,6 @@
 """The update being handled in the current task: its state and its attempt (context vars).
 
-The processor enters an update with :func:`handling`; the Application mix-in and the context
+The flow adapter enters an update with :func:`handling`. The Application mix-in and the context
 read :func:`update_state` and leave the attempt (:func:`outside_attempt`, :func:`leave_attempt`)
 for code that runs outside the update's handling (tasks, jobs, error handlers run as tasks).
 """
@@ -18,7 +18,7 @@ __all__ = ["UpdateState", "handling", "leave_attempt", "outside_attempt", "updat
 class UpdateState:
     """What the processor learns about one update while PTB handles it under ``attempt``:
     ``error`` is the first failure reported for it (a handler's exception routed to
-    ``process_error``); ``matched`` whether a handler took it (PTB built a context for it: it
+    ``process_error``). ``matched`` whether a handler took it (PTB built a context for it: it
     does so only for a handler whose ``check_update`` matched, or to report an error)."""
 
     __slots__ = ("attempt", "error", "matched", "update")
@@ -42,7 +42,7 @@ def update_state() -> Optional[UpdateState]:
 
 class handling:  # noqa: N801 - used like a function: ``with handling(state, attempt):``
     """Within the ``with`` block, this task handles ``state.update`` under ``attempt``
-    (:obj:`None` for a unary processor, both :obj:`None` for no update); both are reset on
+    (:obj:`None` for a unary processor, both :obj:`None` for no update). Both are reset on
     the way out. (A class, not a generator: it runs twice per update on the hot path.)"""
 
     __slots__ = ("_attempt", "_attempt_token", "_state", "_state_token")

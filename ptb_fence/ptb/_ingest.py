@@ -1,10 +1,10 @@
 """Ingest: recording updates before they are acknowledged, and grouped completions.
 
-Records one update put into the durable queue (grouped with the others put at the same time),
-a whole ``getUpdates`` answer in one commit, claimed at ingest with a fenced store that can;
-hands on what landed while its ingest was cancelled; completes successful fenced attempts in
-groups (one commit for the completions, and the fresh updates, that arrive together); and
-claims the updates that start together in one more commit.
+It records one update put into the durable queue, grouped with the others put at the same time.
+It records a whole ``getUpdates`` answer in one commit, claimed at ingest with a fenced store
+that can. It hands on what landed while its ingest was cancelled. It completes successful fenced
+attempts in groups: one commit for the completions, and the fresh updates, that arrive
+together. It claims the updates that start together in one more commit.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ptb_fence.ptb._bodies import (
     update_body,
     valid_update_id,
 )
-from ptb_fence.ptb._group_commit import GroupCommit
+from ptb_fence.ptb._group_commit import AsyncGroupCommit
 from ptb_fence.ptb._persistence import FencedPersistence
 from ptb_fence.ptb._state import Recorded, SharedState
 from ptb_fence.ptb._threads import StoreThreads
@@ -45,13 +45,13 @@ _NO_ROOM: Any = object()
 
 POLL_AHEAD = 200
 """The least :attr:`Ingest.poll_ahead`: two ``getUpdates`` pages (PTB's default ``limit`` is
-100), so the next page is fetched while a full one still waits (measured: with one page the
-pipeline ran dry at page ends and groups shrank; with four, the held tasks cost the garbage
-collector as much as no bound)."""
+100), so the next page is fetched while a full one still waits. Measured: with one page the
+pipeline ran dry at page ends and groups shrank. With four, the held tasks cost the garbage
+collector as much as no bound."""
 
 
 class Ingest:
-    """Records updates for one processor; the durable queue's
+    """Records updates for one processor. The durable queue's
     :class:`~ptb_fence.ptb._interfaces.UpdateRecorder` and the getUpdates wrapper's
     :class:`~ptb_fence.ptb._interfaces.BatchRecorder`.
 
@@ -60,7 +60,7 @@ class Ingest:
         state: The state shared with the processor and its sweeper.
         threads: The store threads.
         application: Returns the attached Application (or :obj:`None`).
-        redeliver: Queues an update that is already recorded; :obj:`False` when stopping.
+        redeliver: Queues an update that is already recorded. Returns :obj:`False` when stopping.
         processor_name: The class name of the processor (for messages).
     """
 
@@ -96,15 +96,15 @@ class Ingest:
         # group commits: updates put at the same time (webhook) are recorded together, and
         # completions that arrive together are settled together
         # (fresh updates and completions that arrive together share one commit when the store
-        # can do both in one transaction: add_claimed_and_settle_many)
+        # can do both in one transaction: its commit)
         # (claims ride in it where the store settles and claims in one commit: its groups
-        # then wait for the items of the updates that advance together, see GroupCommit)
-        self._writer: GroupCommit[Tuple[str, Any], Any] = GroupCommit(
+        # then wait for the items of the updates that advance together, see AsyncGroupCommit)
+        self._writer: AsyncGroupCommit[Tuple[str, Any], Any] = AsyncGroupCommit(
             self._write_many, "ptb_fence:write", gather=runtime.claims_with_completions
         )
         # claims of the updates that start together: one commit per group, in a pipeline of
         # their own (a group of claims is in the store while a group of completions is)
-        self._claims: GroupCommit[int, Optional[Attempt]] = GroupCommit(
+        self._claims: AsyncGroupCommit[int, Optional[Attempt]] = AsyncGroupCommit(
             self._claim_many, "ptb_fence:claim"
         )
         self._claiming = 0  # claims submitted and not yet back
@@ -142,7 +142,7 @@ class Ingest:
         self._state.unqueue(update_id)
 
     async def record(self, update: Update) -> bool:
-        """Record ``update`` (grouped with the updates put at the same time); :obj:`False`
+        """Record ``update`` (grouped with the updates put at the same time). Returns :obj:`False`
         for a duplicate or an update without a Telegram ``update_id``."""
         if not valid_update_id(update):
             self._runtime.stats.invalid()
@@ -230,7 +230,7 @@ class Ingest:
                 raws.append(raw)
             else:
                 self._runtime.stats.invalid()
-        # the rule of update_chat_key, on the dict; stored only under strict_chat_order
+        # the rule of update_chat_key, on the dict. Stored only under strict_chat_order
         chats = ([chat_key(raw) for raw in raws]
                  if self._runtime.options.strict_chat_order else None)
         if not items:
@@ -268,7 +268,7 @@ class Ingest:
         """Complete ``attempt`` (one that :meth:`Runtime.completes_in_group
         <ptb_fence.runtime._runtime.Runtime.completes_in_group>`) in one commit with the
         completions (and fresh updates) that arrive at the same time, then end it (also when cancelled: no longer renewed, no
-        longer held); returns the runtime's outcome."""
+        longer held). Returns the runtime's outcome."""
         try:
             return await self._writer.submit(("done", attempt))
         finally:
@@ -310,9 +310,9 @@ class Ingest:
 
     async def _claim_with_completions(self, update_id: int) -> Optional[Attempt]:
         """Claim in the writer's next group, in the commit that settles the completions of
-        that group (``settle_and_claim_many``): the slots those completions free are claimed
+        that group (one ``commit``): the slots those completions free are claimed
         in the commit that frees them. The group admits as many claims as the bound leaves
-        room for once its completions landed; a claim it has no room for waits for an attempt
+        room for once its completions landed. A claim it has no room for waits for an attempt
         to end and goes with a later group."""
         while True:
             result = await self._writer.submit(("claim", update_id), orphan=self._release_orphan)
@@ -385,7 +385,7 @@ class Ingest:
                 results[i] = records if isinstance(records, BaseException) else records[n]
         else:
             # the claims the bound has room for (the completions of this group, which land in
-            # the same commit, make room) are admitted; the others wait for a later group
+            # the same commit, make room) are admitted. The others wait for a later group
             outcomes, claimed = await self._threads.call(
                 runtime.complete_and_claim, attempts, claim_ids
             )

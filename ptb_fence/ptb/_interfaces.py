@@ -27,7 +27,7 @@ class UpdateRecorder(Protocol):
         """``Application.stop()`` began: nothing more is queued."""
 
     async def record(self, update: "Update") -> bool:
-        """Record ``update`` durably; :obj:`False` if it must not be queued (a duplicate, or
+        """Record ``update`` durably. Returns :obj:`False` if it must not be queued (a duplicate, or
         not a Telegram update). Raises :class:`~ptb_fence.ptb.IngestError` if it could not
         be recorded."""
 
@@ -65,7 +65,7 @@ class BatchRecorder(Protocol):
 class ApplicationBinding(abc.ABC):
     """The processor as :class:`~ptb_fence.ptb.FencedApplicationMixin` sees it.
 
-    :class:`~ptb_fence.ptb.BaseFenceProcessor` implements it; the mix-in calls these methods
+    :class:`~ptb_fence.ptb.BaseFenceProcessor` implements it. The mix-in calls these methods
     at the matching points of the Application's life.
     """
 

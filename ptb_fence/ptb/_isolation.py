@@ -1,7 +1,7 @@
 """AsyncIsolationGate: the handlers of one processor run together, one starts on probation,
 or one runs alone.
 
-The asyncio twin of :class:`ptb_fence.blocking._isolation.IsolationGate`: the rules live in
+The asyncio twin of :class:`ptb_fence.blocking._isolation.ThreadIsolationGate`. The rules live in
 :class:`~ptb_fence.runtime._isolation.IsolationState`, and this gate waits for them on the
 event loop. Everything enters at once without awaiting while no suspect waits, runs alone or
 is on probation. An update the stop no longer lets start does not enter (a waiter sees it at
@@ -13,11 +13,9 @@ from __future__ import annotations
 import asyncio
 from typing import Callable, Optional, Tuple
 
-from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._isolation import IsolationState
 from ptb_fence.runtime._recovery import ALONE_WAIT_SECONDS
-from ptb_fence.runtime._runtime import Runtime
 
 __all__ = ["AsyncIsolationGate"]
 
@@ -70,43 +68,15 @@ class AsyncIsolationGate:
 
     def enter_now(self, attempt: Attempt) -> bool:
         """Let ``attempt``'s handler start at once, without awaiting, when it is not suspect
-        and no handler runs alone, is on probation or waits as a suspect (the usual case);
-        :obj:`False`: call :meth:`admit`. The caller calls :meth:`leave` once the handler
+        and no handler runs alone, is on probation or waits as a suspect (the usual case).
+        On :obj:`False` call :meth:`enter`. The caller calls :meth:`leave` once the handler
         ended."""
         if attempt.suspicion or self._state.held_for(0) is not None:
             return False
         if self._stopping(attempt.update_id):
-            return False  # admit refuses and gives it back
+            return False  # enter refuses, and the attempt is given back
         self._state.start(attempt)
         return True
-
-    async def admit(self, attempt: Attempt, runtime: Runtime, threads: StoreThreads) -> bool:
-        """Enter for ``attempt``'s handler (on probation or alone when it is suspect, after
-        marking it in the store). The caller calls :meth:`leave` once the handler ended.
-
-        Returns:
-            :obj:`False` when the handler must not start: the stop no longer lets it, the
-            handlers running here did not end in time, or the claim was lost. The attempt was
-            then given back (its attempt not spent) and ended.
-        """
-        entered = False
-        try:
-            entered, previous = await self.enter(attempt)
-            if entered and previous is not None:  # its probation is over
-                await threads.call(runtime.end_probation, previous)
-            if entered and attempt.suspicion and not await threads.call(
-                runtime.mark_isolated, attempt
-            ):
-                self.leave(attempt)
-                entered = False
-        except BaseException:  # cancelled: stop renewing it (the lease lapses)
-            if entered:
-                self.leave(attempt)
-            runtime.end(attempt)
-            raise
-        if not entered:
-            await threads.call(runtime.recovery.release, [attempt])
-        return entered
 
     async def _wait(self, timeout: Optional[float]) -> None:
         if self._changed is None:

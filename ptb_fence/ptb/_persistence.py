@@ -23,7 +23,7 @@ from ptb_fence.ptb._callback_data import (
     resolve_press,
 )
 from ptb_fence.ptb._context import FencedCallbackContext
-from ptb_fence.ptb._group_commit import GroupCommit
+from ptb_fence.ptb._group_commit import AsyncGroupCommit
 from ptb_fence.ptb._ptb_internals import (
     conversation_key,
     fence_keyboard_cache,
@@ -39,6 +39,12 @@ from ptb_fence.ptb._state_session import (
 )
 from ptb_fence._state_codec import same_state
 from ptb_fence.runtime._attempt import current_attempt
+from ptb_fence.runtime._durable_jobs import job_run_of
+from ptb_fence.ptb._job_queue import (
+    CONVERSATION_TIMEOUT,
+    FencedJobQueue,
+    conversation_timeout_of,
+)
 
 __all__ = ["FencedPersistence"]
 
@@ -47,8 +53,8 @@ _LOGGER = logging.getLogger("ptb_fence.ptb")
 _BOT = StateKey("bot")
 
 PREFETCH_MAX_AGE = 1.0
-"""Seconds a state read made when an update was recorded or queued is used for its attempt;
-older, the attempt reads again (in a backlog an update may wait long for a slot, and another
+"""Seconds a state read made when an update was recorded or queued is used for its attempt.
+Older, the attempt reads again (in a backlog an update may wait long for a slot, and another
 process may have changed its state meanwhile)."""
 
 _Rows = Dict[StateKey, StateEntry]
@@ -62,7 +68,7 @@ _DROP_TRIES = 5
 
 def _walk(handlers: Any) -> List[Any]:
     """Every handler, also those inside conversation handlers (entry points, states,
-    fallbacks), depth first; each once."""
+    fallbacks), depth first, each once."""
     seen: Set[int] = set()
     out: List[Any] = []
     stack = list(reversed(list(handlers)))
@@ -102,18 +108,14 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
 
     The changes an update's handlers make to ``context.user_data``, ``context.chat_data``,
     ``context.bot_data`` and to the states of persistent :class:`~telegram.ext.ConversationHandler`
-    s (``persistent=True, name=...``) are written **in the commit that completes the update**:
-    the grouped completion, or the handler's ``transaction(complete=True)`` (the same commit as
-    its domain writes). Nothing of a failed, exhausted or stale attempt is written. Before an
-    update is handled, its user's and chat's data, the ``bot_data`` and its conversation
-    states are read from the store (one read, made ahead when the update is recorded or
-    queued, shared by the updates recorded or queued together), so every attempt starts from the
-    committed state: a retry does not see what a failed attempt changed, and after a restart
-    or in another process sharing the store the conversation continues where the last
-    completed update left it. Each piece of state is versioned: an attempt whose state
-    changed meanwhile (the same user in two chats at once, two processes) does not complete
-    and runs again on the fresh state, its attempt not spent (a conflict never exhausts an
-    update), so no change is silently lost.
+    s (``persistent=True, name=...``) are written **in the commit that completes the update**.
+    That is the grouped completion, or the handler's ``transaction(complete=True)`` with its
+    domain writes. Nothing of a failed, exhausted or stale attempt is written. Before an update
+    is handled, its state is read from the store, so every attempt starts from the committed
+    state. A retry does not see what a failed attempt changed. After a restart, or in another
+    process sharing the store, a conversation continues where the last completed update left it.
+    Each piece of state is versioned. An attempt whose state changed meanwhile does not
+    complete. It runs again on the fresh state, its attempt not spent, so no change is lost.
 
     Set it with the builder, with a :class:`~ptb_fence.ptb.FencedUpdateProcessor` on the same
     store::
@@ -123,36 +125,20 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         app = (processor.install(Application.builder().token(TOKEN))
                .persistence(FencedPersistence(store)).build())
 
-    ``Application.drop_user_data``/``drop_chat_data`` called by a handler of an update of
-    that user (chat) is written with the update's completion (a tombstone; a failed attempt
-    drops nothing); called elsewhere, PTB's next flush deletes the stored row (at the version
-    read, retried a few times when another writer moves it, a WARNING if that fails).
+    ``Application.drop_user_data``/``drop_chat_data`` called by a handler of an update of that
+    user (chat) is written with the update's completion. Called elsewhere, PTB's next flush
+    deletes the stored row. Handlers see private copies of the data through ``context``.
+    ``context.application.user_data[...]`` and jobs see the committed data, and changes made
+    there are not persisted.
 
-    Handlers see private copies of the data while they handle an update (through
-    ``context``): ``context.application.user_data[...]`` (and jobs) see the committed data
-    and changes made there are not persisted (a WARNING says so when PTB's flush meets one).
-    Not fenced, with a WARNING at start: ``block=False`` handlers (their changes made after
-    the update completed are not persisted; a conversation state set by one is written when
-    its task ended by the completion), ``conversation_timeout`` (the timeout is a job in one
-    process's JobQueue: its deadline is not persisted, so a restart or a takeover loses it).
-
-    With ``arbitrary_callback_data`` (``Application.builder().arbitrary_callback_data(True)``)
-    the callback-data cache is fenced too: each inline keyboard an update puts into the bot's
-    cache (sent or edited with ``context.bot``, or queued through ``attempt.outbox``, whose
-    stored call then keeps the button ids) is one state row written with the commit that
-    completes the update (a keyboard queued inside a fenced transaction: with that
-    transaction); a failed attempt's keyboards are not written (its retry's are). A press
-    this process's cache cannot resolve (``InvalidCallbackData``: a keyboard sent by another
-    process, or before a restart) has its keyboard read in the same store read as the
-    update's data, and ``callback_query.data`` (and the buttons of the message it is under)
-    get the original objects before any handler sees them. Keyboards sent outside an update
-    (a job) stay in this process's cache only. The store's ``prune`` deletes the keyboard rows
-    written longer than ``retain_seconds`` ago, so presses of older keyboards resolve only in
-    a process whose cache still holds them (PTB's own LRU of ``maxsize`` keyboards);
-    ``drop_data``/``clear_callback_data`` change this process's cache only.
+    With ``arbitrary_callback_data`` the callback-data cache is fenced too. Each inline keyboard
+    an update puts into the bot's cache is a state row written with the update's completion. A
+    press this process's cache cannot resolve has its keyboard read from the store, and the
+    handlers see the original objects. See :doc:`/explanation/limits` for what stays unfenced:
+    ``block=False`` handlers, ``conversation_timeout`` and keyboards sent outside an update.
 
     Args:
-        store: The processor's store; it must keep persisted state
+        store: The processor's store. It must keep persisted state
             (:class:`~ptb_fence.StateStore`: the shipped stores do).
 
     Keyword Args:
@@ -160,8 +146,8 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
             Defaults to all: ``user_data``, ``chat_data``, ``bot_data`` and ``callback_data``
             (the last only matters with ``arbitrary_callback_data``).
         update_interval (:obj:`float`, optional): How often PTB calls the ``update_*``
-            methods (they write nothing: the fence writes; they only notice changes made
-            outside an update). Defaults to ``60``.
+            methods (they write nothing, since the fence writes, and only notice changes
+            made outside an update). Defaults to ``60``.
 
     Raises:
         TypeError: The store keeps no persisted state (the message names its methods).
@@ -198,10 +184,10 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         # drops made while an update held the key: its completion writes them, not the flush
         self._session_drops: Set[StateKey] = set()
         # the reads of updates that start together go to the store in one read_state
-        self._reads: GroupCommit[List[StateKey], Dict[StateKey, StateEntry]] = GroupCommit(
-            self._read_many, "ptb_fence-state-reads"
+        self._reads: AsyncGroupCommit[List[StateKey], Dict[StateKey, StateEntry]] = (
+            AsyncGroupCommit(self._read_many, "ptb_fence-state-reads")
         )
-        # update id -> (its rows read ahead, or the read on its way; their keys; when)
+        # update id -> (its rows read ahead or the read on its way, their keys, when)
         self._prefetched: Dict[int, Tuple[Optional[Union[_Rows, "asyncio.Future[_Rows]"]],
                                           List[StateKey], float, Optional[_Parts]]] = {}
 
@@ -212,7 +198,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
 
     # -- wiring -----------------------------------------------------------------------------
     def attach(self, application: Any) -> None:
-        """Check that ``application`` can fence this persistence and bind to it; called by
+        """Check that ``application`` can fence this persistence and bind to it. Called by
         :class:`~ptb_fence.ptb.FencedApplicationMixin` at ``initialize()``, before PTB loads
         any persisted data. Logs a WARNING for each use that cannot be fenced.
 
@@ -314,18 +300,21 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
                         for entry in handler.entry_points
                     ),
                 )
+            durable = isinstance(application.job_queue, FencedJobQueue)
             if isinstance(handler, ConversationHandler) and handler.persistent:
-                if handler.conversation_timeout:
+                if handler.conversation_timeout and not durable:
                     _LOGGER.warning(
                         "FencedPersistence: ConversationHandler %r has conversation_timeout: "
                         "the timeout is a job in this process's JobQueue and its deadline is "
                         "not persisted, so after a restart or a takeover by another process "
-                        "the conversation does not time out (its state is still fenced)",
+                        "the conversation does not time out (its state is still fenced). "
+                        "FencedUpdateProcessor(store, durable_jobs=True) keeps it in the store",
                         handler.name,
                     )
         queue = application.job_queue
         try:
-            jobs = [] if queue is None else list(queue.jobs())
+            # a durable job runs as an update: what it changes commits with it
+            jobs = [] if queue is None or isinstance(queue, FencedJobQueue) else list(queue.jobs())
         except Exception:  # a scheduler that cannot list its jobs before it runs
             jobs = []
         for job in jobs:
@@ -358,15 +347,20 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
     ]:
         """The update's data keys per kind and its persistent conversations."""
         wanted: Dict[str, StateKey] = {}
-        if self.store_data.user_data and update.effective_user is not None:
-            wanted["user"] = StateKey("user", "", str(update.effective_user.id))
-        if self.store_data.chat_data and update.effective_chat is not None:
-            wanted["chat"] = StateKey("chat", "", str(update.effective_chat.id))
+        user_id, chat_id = _user_and_chat(update)
+        if self.store_data.user_data and user_id is not None:
+            wanted["user"] = StateKey("user", "", str(user_id))
+        if self.store_data.chat_data and chat_id is not None:
+            wanted["chat"] = StateKey("chat", "", str(chat_id))
         if self.store_data.bot_data:
             wanted["bot"] = _BOT
         conversations: List[Tuple[Any, Tuple[Any, ...], StateKey]] = []
+        timed_out = _timed_out(update)
         for handler in self._persistent_conversations(application):
-            conversation = conversation_key(handler, update)
+            if timed_out is not None:  # a timeout's run: its one conversation
+                conversation = timed_out[1] if timed_out[0] == handler.name else None
+            else:
+                conversation = conversation_key(handler, update)
             if conversation is not None:
                 conversations.append(
                     (handler, conversation, conversation_state_key(handler.name, conversation))
@@ -386,7 +380,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
 
     def state_keys(self, application: Any, update: object) -> List[StateKey]:
         """The keys of ``update``'s state (its user's and chat's data, ``bot_data``, its
-        persistent conversations); none when this persistence does not fence it."""
+        persistent conversations). None when this persistence does not fence it."""
         if not isinstance(update, Update) or self._application is None:
             return []
         if self._application() is not application:
@@ -426,7 +420,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
 
     def prefetch(self, application: Any, update: object) -> None:
         """Start reading ``update``'s committed state now (it was recorded already: a
-        ``getUpdates`` answer), while it waits for its chat's turn and a slot; the updates
+        ``getUpdates`` answer), while it waits for its chat's turn and a slot. The updates
         queued together share one read. Used as :meth:`deposit`'s rows are."""
         if isinstance(update, Update) and update.update_id in self._prefetched:
             return
@@ -440,7 +434,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
 
     async def _loaded(self, update: Update, keys: List[StateKey]) -> _Rows:
         """The committed rows of ``keys``: those read ahead for the update if fresh and for
-        these keys, else a read now; the newer rows this process committed since take their
+        these keys, else a read now. The newer rows this process committed since take their
         place (another process's change meanwhile is a version conflict at the completion,
         retried from fresh state, as one during the handler is)."""
         ahead = self._prefetched.pop(update.update_id, None)
@@ -451,7 +445,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
                     and time.monotonic() - at <= PREFETCH_MAX_AGE):
                 try:
                     loaded = dict(rows if isinstance(rows, dict) else await rows)
-                except Exception:  # read again below; a failure there fails the attempt
+                except Exception:  # read again below. A failure there fails the attempt
                     loaded = None
             else:
                 _retrieve(rows)
@@ -508,14 +502,14 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         session = StateSession(update, loaded, data, conversations, self._session_ended)
         if fences_keyboards:
             session.keyboards = {}
-        # its writes ride the commit that completes the attempt; it learns how that went
+        # its writes ride the commit that completes the attempt. It learns how that went
         attempt.effects.hold_state(session)
         return session
 
     async def handled(self, application: Any, session: StateSession, failed: bool) -> None:
         """PTB finished handling the session's update. A failure undoes the attempt's
         conversation states at once (its data were private copies). Otherwise its writes
-        ride the completion; if a ``transaction(complete=True)`` completed it already and
+        ride the completion. If a ``transaction(complete=True)`` completed it already and
         state changed after that commit (a conversation state set by the callback's return
         without :meth:`~ptb_fence.ptb.FencedCallbackContext.next_conversation_state`), that
         change is written right away, outside the fence, with a WARNING: a crash in between
@@ -565,7 +559,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
             )
 
     async def _read_many(self, requests: List[List[StateKey]]) -> List[Dict[StateKey, StateEntry]]:
-        """One store read for the keys of several updates; each gets its own rows."""
+        """One store read for the keys of several updates. Each gets its own rows."""
         processor: Any = getattr(self._app(), "update_processor")
         wanted = list(dict.fromkeys(key for keys in requests for key in keys))
         rows: Dict[StateKey, StateEntry] = await processor.call_store(
@@ -698,7 +692,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         return {}
 
     async def get_bot_data(self) -> Any:
-        """The committed ``bot_data`` (jobs see it; each update reads it again).
+        """The committed ``bot_data``, as jobs see it. Each update reads it again.
 
         Raises:
             RuntimeError: Not attached to a ptb_fence Application.
@@ -713,7 +707,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         return decode_state(entry.value)
 
     async def get_callback_data(self) -> None:
-        """:obj:`None`: nothing at start; a press of a keyboard this process's cache does not
+        """:obj:`None`: nothing at start. A press of a keyboard this process's cache does not
         hold reads that keyboard from the store before it is handled."""
         return None
 
@@ -730,18 +724,18 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         """Writes nothing: the state was written with the update that set it."""
 
     async def update_user_data(self, user_id: int, data: Any) -> None:
-        """Writes nothing (the fence wrote what handlers changed); a WARNING if ``data``
+        """Writes nothing (the fence wrote what handlers changed). It logs a WARNING if ``data``
         differs from the committed data (changed outside any update)."""
         self._notice_outside_change(StateKey("user", "", str(user_id)), data,
                                     f"user_data of user {user_id}")
 
     async def update_chat_data(self, chat_id: int, data: Any) -> None:
-        """Writes nothing; a WARNING if ``data`` differs from the committed data."""
+        """Writes nothing. It logs a WARNING if ``data`` differs from the committed data."""
         self._notice_outside_change(StateKey("chat", "", str(chat_id)), data,
                                     f"chat_data of chat {chat_id}")
 
     async def update_bot_data(self, data: Any) -> None:
-        """Writes nothing; a WARNING if ``data`` differs from the committed data."""
+        """Writes nothing. It logs a WARNING if ``data`` differs from the committed data."""
         self._notice_outside_change(_BOT, data, "bot_data")
 
     async def update_callback_data(self, data: Any) -> None:
@@ -755,7 +749,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
     async def drop_user_data(self, user_id: int) -> None:
         """Delete the user's data from the store (``Application.drop_user_data``, applied by
         PTB's next flush, at the latest when the Application stops): a tombstone at the
-        version read, outside any update's fence; when another writer moved the version
+        version read, outside any update's fence. When another writer moved the version
         meanwhile the row is read again and the drop retried, a few times, then given up with
         a WARNING (a store error is logged the same way: PTB's flush would only hand it to the
         error handlers without an update)."""
@@ -766,7 +760,7 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
         :class:`~ptb_fence.ptb.FencedApplicationMixin` calls this before PTB drops its dict).
         Inside the handling of an update whose session holds that user's or chat's data the
         drop rides the update's completion (a failed attempt drops nothing) and PTB's later
-        flush leaves that row alone (a later update may have filled it again); elsewhere the
+        flush leaves that row alone (a later update may have filled it again). Elsewhere the
         flush applies it."""
         if self._application is None or self._application() is not application:
             return
@@ -825,3 +819,26 @@ class FencedPersistence(BasePersistence[Any, Any, Any]):
 
     async def flush(self) -> None:
         """Nothing to flush: every change was committed with its update."""
+
+
+def _user_and_chat(update: Update) -> Tuple[Optional[int], Optional[int]]:
+    """The user and the chat whose data an update's handlers get (a durable job's run: the
+    job's)."""
+    run = job_run_of(update.api_kwargs)
+    if run is not None:
+        return run.user_id, run.chat_id
+    user, chat = update.effective_user, update.effective_chat
+    return (None if user is None else user.id), (None if chat is None else chat.id)
+
+
+def _timed_out(update: Update) -> Optional[Tuple[str, Tuple[Any, ...]]]:
+    """The handler name and conversation key of a conversation timeout's run, or
+    :obj:`None`."""
+    run = job_run_of(update.api_kwargs)
+    if run is None or not run.callback.startswith(CONVERSATION_TIMEOUT):
+        return None
+    try:
+        found = conversation_timeout_of(run.name, decode_state(run.data))
+    except Exception:  # a run this process cannot read runs without the conversation
+        return None
+    return None if found is None else (found[0], found[1])

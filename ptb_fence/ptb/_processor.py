@@ -1,20 +1,18 @@
 """DurableUpdateProcessor and FencedUpdateProcessor: ptb_fence inside a PTB Application.
 
 The processor's life cycle (wiring with ``install``, ``initialize``, stopping, ``shutdown``)
-and the handling of one update (``process_update``/``do_process_update``: the chat's turn, a
-slot, the claim, the handlers, the settlement). Recording is in ``_ingest``, the sweep and
-the retry timers in ``_sweeper``, exhaustion delivery in ``_deliveries``, the state they
-share in ``_state``.
+and PTB's entry for one update (``process_update``/``do_process_update``). The update's own
+sequence (the claim, the gate, the handler, the settlement, the chat's turn) is the runtime's
+:class:`~ptb_fence.runtime._flow.UpdateFlow`, run by ``_flow_adapter``. Recording is in
+``_ingest``, the sweep and the retry timers in ``_sweeper``, exhaustion delivery in
+``_deliveries``, the state they share in ``_state``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import inspect
 import logging
-import time
 import weakref
 from typing import Any, Awaitable, Callable, Optional
 
@@ -22,19 +20,19 @@ from telegram import Update
 from telegram.ext import BaseUpdateProcessor
 
 from ptb_fence.contract import UpdateStore
-from ptb_fence._values import Exhaustion, OutboxEntry
+from ptb_fence._values import OutboxEntry
 from ptb_fence.runtime._delivered import DeliveredExhaustion
 from ptb_fence.ptb._application import FencedApplicationMixin
 from ptb_fence.ptb._bodies import update_body
-from ptb_fence.ptb._chat_turns import ChatTurns
 from ptb_fence.ptb._context import FencedCallbackContext
-from ptb_fence.ptb._deliveries import Deliveries
+from ptb_fence.ptb._deliveries import AsyncDeliveries
+from ptb_fence.ptb._flow_adapter import AsyncFlowAdapter
 from ptb_fence.ptb._direct_sends import DirectSendWatch, unwatch_direct_sends, watch_direct_sends
 from ptb_fence.ptb._handlers import RunningHandlers
-from ptb_fence.ptb._handling import UpdateState, handling
 from ptb_fence.ptb._ingest import Ingest
 from ptb_fence.ptb._interfaces import ApplicationBinding
-from ptb_fence.ptb._isolation import AsyncIsolationGate
+from ptb_fence.ptb._job_pump import JobPump
+from ptb_fence.ptb._job_queue import FencedJobQueue, install_job_runner
 from ptb_fence.ptb._queue import DurableUpdateQueue
 from ptb_fence.ptb._request import unwrap_get_updates_request, wrap_get_updates_request
 from ptb_fence.ptb._callback_data import outbox_preparer
@@ -49,14 +47,13 @@ from ptb_fence.ptb._wiring import (
     warn_non_blocking,
     warn_unfenced_persistence,
 )
-from ptb_fence.runtime._chats import update_chat_key
 from ptb_fence.runtime._attempt import Attempt
+from ptb_fence.runtime._durable_jobs import DurableJobs
 from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._hop import StoreHop
 from ptb_fence.runtime._alarms import Health
 from ptb_fence.runtime._runtime import FrontEndHooks, Runtime
 from ptb_fence.runtime._options import RuntimeOptions
-from ptb_fence.runtime._recovery import AttemptTimeout
 from ptb_fence.runtime._stats import Stats
 
 __all__ = ["BaseFenceProcessor", "DurableUpdateProcessor", "FencedUpdateProcessor"]
@@ -71,21 +68,21 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
     """
 
     __slots__ = (
+        "_adapter",
         "_application_ref",
         "_deliveries",
-        "_gate",
+        "_durable_jobs",
         "_handle_exhaustion",
         "_handlers",
         "_ingest",
+        "_job_pump",
+        "_job_queue",
         "_queue",
-        "_running",
         "_runtime",
-        "_slots",
         "_state",
         "_stopping",
         "_sweeper",
         "_threads",
-        "_turns",
         "_watch",
     )
 
@@ -95,6 +92,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         *,
         attempt_aware: bool,
         handle_exhaustion: Optional[Callable[[DeliveredExhaustion], Any]] = None,
+        durable_jobs: bool = False,
         **options: Any,
     ) -> None:
         if handle_exhaustion is not None and not callable(handle_exhaustion):
@@ -119,15 +117,10 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         self._watch: Optional[DirectSendWatch] = None  # a fenced handler's direct sends
         # weakly, as PTB's JobQueue holds it: the Application holds this processor
         self._application_ref: "Optional[weakref.ReferenceType[Any]]" = None
-        self._slots = asyncio.Semaphore(runtime_options.max_concurrent)
-        self._turns = ChatTurns()
-        self._gate = AsyncIsolationGate(lambda u: not self._state.may_start(u))  # _isolation
-        self._running = 0
         self._threads = StoreThreads()
         self._handlers = RunningHandlers()
         self._stopping = Stopping(runtime, self._threads, self._handlers)
         self._state = SharedState(self._stopping.release_soon)
-        self._state.parked = self._turns.waiting_count
         self._ingest = Ingest(
             runtime,
             self._state,
@@ -137,7 +130,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             type(self).__name__,
         )
         self._queue = DurableUpdateQueue(self._ingest)
-        self._deliveries = Deliveries(runtime, self._threads, handle_exhaustion)
+        self._deliveries = AsyncDeliveries(runtime, self._threads, handle_exhaustion)
         self._sweeper = Sweeper(
             runtime,
             self._state,
@@ -146,6 +139,33 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
             self._get_application,
             self._redeliver,
         )
+        # the per-update flow (runtime._flow), on this event loop
+        self._adapter = AsyncFlowAdapter(
+            runtime,
+            self._state,
+            self._threads,
+            self._handlers,
+            self._ingest,
+            self._sweeper,
+            self._deliveries,
+        )
+        self._state.parked = self._adapter.waiting_count
+        self._durable_jobs: Optional[DurableJobs] = None
+        self._job_queue: Optional[FencedJobQueue] = None
+        self._job_pump: Optional[JobPump] = None
+        if durable_jobs:
+            if not runtime.port.has_jobs:
+                raise TypeError(
+                    f"{type(self).__name__}(durable_jobs=True) needs a store that keeps jobs: "
+                    f"{type(store).__name__} does not declare StoreFeatures(jobs=True) "
+                    "(SQLiteUpdateStore, PostgresUpdateStore and MemoryUpdateStore do)"
+                )
+            self._durable_jobs = DurableJobs(runtime.port, runtime.now_ms,
+                                             runtime_options.strict_chat_order)
+            self._job_queue = FencedJobQueue()
+            self._job_pump = JobPump(self._durable_jobs, self._threads,
+                                     self._sweeper.hand_over,
+                                     runtime_options.sweep_every_seconds)
 
     # -- the runtime's hooks into this front end ---------------------------------------------
     def _retry_soon(self, update_id: int, delay: float, body: Optional[str]) -> None:
@@ -159,7 +179,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         return attempt.body
 
     def _running_count(self) -> int:
-        return self._running
+        return self._adapter.running
 
     def _left_running_count(self) -> int:
         return self._handlers.left_running()
@@ -176,7 +196,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
     @property
     def current_concurrent_updates(self) -> int:
         """:obj:`int`: Updates being handled right now (a snapshot)."""
-        return self._running
+        return self._adapter.running
 
     @property
     def queue(self) -> DurableUpdateQueue:
@@ -202,7 +222,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
     def stats(self) -> Stats:
         """What this processor counted since it was created, and how things stand now: a
         frozen :class:`~ptb_fence.Stats` snapshot (cheap: no store call), for your own
-        metrics system; :mod:`ptb_fence.metrics` exposes the same to Prometheus."""
+        metrics system. :mod:`ptb_fence.metrics` exposes the same to Prometheus."""
         return self._runtime.snapshot()
 
     def outbox_call(self, call: "int | HeldCall") -> Optional[OutboxEntry]:
@@ -231,7 +251,9 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
 
     @property
     def application(self) -> Any:
-        """The attached :class:`telegram.ext.Application`; :obj:`None` before ``build()`` and
+        """The attached :class:`telegram.ext.Application`.
+
+        It is :obj:`None` before ``build()`` and
         once the Application is gone (the processor holds it weakly, as PTB's ``JobQueue``
         does)."""
         return self._get_application()
@@ -250,22 +272,31 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         Sets the processor (``concurrent_updates``), the durable ``update_queue``, a context
         type with ``context.attempt`` and an Application class that reports handler failures.
         An ``application_class`` or ``context_types`` you set *before* ``install`` is kept and
-        extended; hooks (``post_init``, ``post_stop``, ``post_shutdown``) are left to you.
+        extended. Hooks (``post_init``, ``post_stop``, ``post_shutdown``) are left to you.
         So a whole app is::
 
             app = processor.install(Application.builder().token(TOKEN)).build()
 
         Raises:
             RuntimeError: The builder already has an ``updater`` (whose queue would bypass
-                the durable one): pass none; polling and webhooks work as usual.
+                the durable one): pass none. Polling and webhooks work as usual.
         """
-        return configure_builder(builder, self, self._queue)
+        configured = configure_builder(builder, self, self._queue)
+        if self._job_queue is not None:
+            configured.job_queue(self._job_queue)
+        return configured
+
+    @property
+    def job_queue(self) -> Optional[FencedJobQueue]:
+        """:class:`~ptb_fence.ptb.FencedJobQueue` | :obj:`None`: The durable job queue
+        (``durable_jobs=True``), also the Application's ``job_queue``."""
+        return self._job_queue
 
     def attach(self, application: Any) -> None:
         """Bind this processor to ``application``.
 
-        Called by :class:`~ptb_fence.ptb.FencedApplicationMixin`'s constructor (``build()``);
-        not needed in user code. The processor holds the Application weakly.
+        Called by :class:`~ptb_fence.ptb.FencedApplicationMixin`'s constructor (``build()``).
+        Not needed in user code. The processor holds the Application weakly.
 
         Raises:
             RuntimeError: The processor belongs to another Application, or ``application``'s
@@ -281,6 +312,16 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                 "Was .update_queue(...) set on the builder after install()? Remove it: "
                 "processor.install(builder) gives the Application its queue"
             )
+        if self._job_queue is not None:
+            if application.job_queue is not self._job_queue:
+                raise RuntimeError(
+                    f"{type(self).__name__}(durable_jobs=True): the Application's job_queue is "
+                    "not the processor's FencedJobQueue, so jobs would live in memory. Was "
+                    ".job_queue(...) set on the builder after install()? Remove it"
+                )
+            assert self._durable_jobs is not None
+            self._job_queue.bind(self._durable_jobs)
+            install_job_runner(application, self._job_queue)
         self._application_ref = weakref.ref(application)
         context_class = application.context_types.context
         if self._runtime.attempt_aware and not issubclass(context_class, FencedCallbackContext):
@@ -292,7 +333,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
 
     # -- lifecycle --------------------------------------------------------------------------
     async def initialize(self) -> None:
-        """Start the lease keeper and the sweep (idempotent; PTB may call it twice).
+        """Start the lease keeper and the sweep. Idempotent, since PTB may call it twice.
 
         Raises:
             RuntimeError: The processor is not wired into its Application with
@@ -324,7 +365,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                 type(self).__name__,
             )
         self._runtime.probes.start()  # first: a port in use fails the start before anything ran
-        # per Application: undone at shutdown; refused if another running processor has it
+        # per Application: undone at shutdown. Refused if another running processor has it
         state.batch_ingest = wrap_get_updates_request(application.bot, self._ingest)
         self._threads.start(self._runtime.options.max_concurrent + 4)
         try:
@@ -345,6 +386,8 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         self._runtime.jobs.start(taken_over=self._sweeper.sweep_soon)
         self._runtime.alarms.started()
         self._sweeper.start()
+        if self._job_pump is not None:
+            self._job_pump.start()
         self._start_outbox(application)
         if self._runtime.outbox is not None:  # attempt.outbox is the fix the WARNING names
             self._watch = watch_direct_sends(application.bot)
@@ -370,8 +413,8 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         outbox.start(sender, loop=loop)
 
     async def _stop_outbox(self) -> None:
-        """Give back the calls claimed and not started, wait (bounded) for those in flight;
-        off the event loop, which the requests in flight still need."""
+        """Give back the calls claimed and not started, wait (bounded) for those in flight.
+        Off the event loop, which the requests in flight still need."""
         outbox = self._runtime.outbox
         if outbox is not None:
             await asyncio.get_running_loop().run_in_executor(None, outbox.stop)
@@ -385,24 +428,28 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
 
     async def application_stopping(self) -> None:
         """``Application.stop()`` began: queue nothing more, handle the updates already in
-        the queue and let running handlers finish, within ``stop_timeout_seconds``; then
+        the queue and let running handlers finish, within ``stop_timeout_seconds``. Then
         release what is left and cancel the handlers still running (see ``_stopping``).
 
-        Called by :class:`~ptb_fence.ptb.FencedApplicationMixin`; not needed in user code.
+        Called by :class:`~ptb_fence.ptb.FencedApplicationMixin`. Not needed in user code.
         """
         self._state.begin_stopping()
         await self._sweeper.stop()
+        if self._job_pump is not None:
+            await self._job_pump.stop()
         await self._stopping.stop(self._state)
         await self._stop_outbox()
 
     def application_started(self) -> None:
         """``Application.start()`` ran (again): resume queueing and sweeping.
 
-        Called by :class:`~ptb_fence.ptb.FencedApplicationMixin`; not needed in user code.
+        Called by :class:`~ptb_fence.ptb.FencedApplicationMixin`. Not needed in user code.
         """
         self._state.stopping = False
         if self._state.started:
             self._sweeper.start()
+            if self._job_pump is not None:
+                self._job_pump.start()
             application = self._get_application()
             if application is not None:
                 self._start_outbox(application)
@@ -411,8 +458,8 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         """Stop the sweep and the lease keeper, give back unstarted claims and this
         process's liveness signal, and release the thread pool.
 
-        Attempts still running (``shutdown`` without ``stop``) are left to their lease;
-        nothing recorded is lost.
+        Attempts still running (``shutdown`` without ``stop``) are left to their lease.
+        Nothing recorded is lost.
         """
         state = self._state
         if not state.started:
@@ -422,6 +469,8 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         self._runtime.alarms.stopped()
         self._runtime.probes.stop()
         await self._sweeper.stop()
+        if self._job_pump is not None:
+            await self._job_pump.stop()
         await self._deliveries.cancel_all()  # unacknowledged: delivered at the next start
         unwrap_get_updates_request(self._get_application().bot, self._ingest)
         unwatch_direct_sends(self._get_application().bot, self._watch)
@@ -441,28 +490,23 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         handed over (none once ``Application.stop()`` began)."""
         return (await self._sweeper.sweep(include_fresh))[0]
     # -- processing -------------------------------------------------------------------------
-    async def process_update(  # type: ignore[misc]  # PTB marks it @final; see below
+    async def process_update(  # type: ignore[misc]  # PTB marks it @final. See below
         self, update: object, coroutine: "Awaitable[Any]"
     ) -> None:
         """Call :meth:`do_process_update` without PTB's semaphore.
 
-        A chat waiting for its turn must not hold a concurrency permit; ptb_fence's own slots
+        A chat waiting for its turn must not hold a concurrency permit. ptb_fence's own slots
         (taken only once it is the chat's turn) enforce ``max_concurrent``.
 
         Objects that are not :class:`telegram.Update` (e.g. a ``TypeHandler`` payload) take a
-        slot too; so does the whole call when a subclass overrides :meth:`do_process_update`
+        slot too. So does the whole call when a subclass overrides :meth:`do_process_update`
         (everything the processor runs counts against ``max_concurrent``).
         """
         overridden = type(self).do_process_update is not BaseFenceProcessor.do_process_update
         if isinstance(update, Update) and not overridden:
             await self.do_process_update(update, coroutine)
             return
-        async with self._slots:
-            token = _HOLDING_SLOT.set(True)
-            try:
-                await self.do_process_update(update, coroutine)
-            finally:
-                _HOLDING_SLOT.reset(token)
+        await self._adapter.in_slot(lambda: self.do_process_update(update, coroutine))
 
     async def do_process_update(self, update: object, coroutine: "Awaitable[Any]") -> None:
         """Claim, handle and settle one update. Never raises (a raise would kill PTB's
@@ -476,7 +520,7 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         awaited = False
         task = self._stopping.processing()
         try:
-            awaited = await self._process(update, coroutine)
+            awaited = await self._adapter.process(update, coroutine)
         except Exception:
             _LOGGER.exception(
                 "unexpected error processing update %s; the lease and the sweep take care of it",
@@ -493,101 +537,13 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
                 if inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED:
                     coroutine.close()
 
-    async def _process(self, update: Update, coroutine: "Awaitable[Any]") -> bool:
-        runtime = self._runtime
-        key = update_chat_key(update)
-        exhaustion: Optional[Exhaustion] = None
-        outcome = None
-        completing: Optional[Attempt] = None
-        if not await self._turns.acquire(key, update.update_id):
-            return False  # already waiting or running here
-        try:
-            # the slot may already be held for the whole call (see process_update)
-            slot = contextlib.nullcontext() if _HOLDING_SLOT.get() else self._slots
-            async with slot:
-                attempt = self._state.take_preclaimed(update.update_id)
-                if attempt is None and self._state.may_start(update.update_id):
-                    attempt = await self._ingest.claim(update.update_id)
-                if attempt is None:
-                    return False  # not ours, or stopping: it stays in the store
-                if not self._gate.enter_now(attempt) and not await self._gate.admit(
-                    attempt, runtime, self._threads
-                ):
-                    return False  # given back: the stop no longer waits for it, or see admit
-                self._running += 1
-                runtime.stats.handler_began()
-                returned = False
-                attempt.update = update  # what attempt.outbox.reply_text answers
-                handled = UpdateState(update, attempt)
-                try:
-                    timeout = runtime.options.attempt_timeout_seconds
-                    run = self._handlers.run(attempt, timeout)
-                    started = time.perf_counter()
-                    # a unary processor's handlers get no attempt, also when its attempts
-                    # carry claim ids (handle_exhaustion): they have nothing to fence with
-                    fenced = attempt if runtime.attempt_aware and attempt.fenced else None
-                    with handling(handled, fenced):
-                        # in a task of its own, which a timeout or a stop ends (bounded: see
-                        # _handlers); a CancelledError its code raised is a failure
-                        # (propagating it would kill PTB's update fetcher in sequential mode)
-                        error = await run.handle(coroutine)
-                    returned = True  # before its end may be counted
-                    runtime.stats.handler_gone(time.perf_counter() - started)
-                    if error is not None and handled.error is None:
-                        handled.error = error
-                    if run.released:
-                        return True  # released by the stop: nothing to settle
-                    if run.timed_out:
-                        assert timeout is not None
-                        handled.error = AttemptTimeout(update.update_id, attempt.attempt, timeout)
-                    if handled.error is not None or attempt.exhausted:
-                        attempt.body = update_body(update)
-                    # a suspect's attempt settles before it leaves the gate: were the next
-                    # suspect let in before this settle landed and crashed the process, the
-                    # store would blame the crash on this attempt too (its claim is marked
-                    # isolated and still live)
-                    if (runtime.completes_in_group(attempt, handled.error)
-                            and not attempt.suspicion):
-                        attempt.begin_settling()
-                        completing = attempt  # completed below, once the slot is given back
-                    else:
-                        outcome, exhaustion = await self._threads.call(
-                            runtime.settle, attempt, handled.error
-                        )
-                finally:
-                    if not returned:  # cancelled while its handler ran
-                        runtime.stats.handler_gone()
-                    self._gate.leave(attempt)
-                    if completing is None:  # also when cancelled: stop renewing (the lease
-                        runtime.end(attempt)  # lapses and a sweep retries; never stranded)
-                        self._running -= 1
-            if completing is not None:
-                # grouped with the completions of other updates (one commit); the slot is given
-                # back first, so the update that takes it claims while this is in the store
-                try:
-                    outcome = await self._ingest.complete(completing)  # and ends it
-                finally:
-                    self._running -= 1
-            return True
-        finally:  # strict_chat_order: the chat's next update from the store (a task)
-            self._sweeper.chat_successor_soon(key, outcome, self._turns.waiting(key))
-            self._turns.release(key, update.update_id)
-            if exhaustion is not None:
-                # in its own task, after the chat's turn is released: a slow or hanging
-                # exhaustion handler holds neither the chat nor the sweep
-                self._deliveries.start(exhaustion)
-
-_HOLDING_SLOT: "contextvars.ContextVar[bool]" = contextvars.ContextVar(
-    "ptb_fence_holding_slot", default=False
-)
-
 
 class DurableUpdateProcessor(BaseFenceProcessor):
     """A :class:`telegram.ext.BaseUpdateProcessor` that makes a PTB Application lose nothing.
 
     Unary: plain PTB handlers, any base :class:`~ptb_fence.UpdateStore` (including a legacy
     PostgreSQL table). Each update is recorded before Telegram is told it was received,
-    claimed under a lease, handled and settled; failures are retried with backoff.
+    claimed under a lease, handled and settled. Failures are retried with backoff.
     Handlers get no :class:`~ptb_fence.Attempt` (``context.attempt`` and
     :func:`ptb_fence.current_attempt` are :obj:`None`), also with ``handle_exhaustion``: for
     fenced writes and ``attempt.outbox`` use :class:`FencedUpdateProcessor`.
@@ -595,7 +551,7 @@ class DurableUpdateProcessor(BaseFenceProcessor):
     Args:
         store: An update store.
         handle_exhaustion: ``handle_exhaustion(exhaustion)`` (sync or async), as for
-            :class:`FencedUpdateProcessor`; needs a fenced and durable store.
+            :class:`FencedUpdateProcessor`. Needs a fenced and durable store.
         **options: The options of :class:`ptb_fence.RuntimeOptions` (``max_attempts``,
             ``lease_seconds``, ``sweep_every_seconds``, ``pending_grace_seconds``,
             ``retain_seconds``, ``max_concurrent``, ``retry``, ``on_failure``,
@@ -620,18 +576,21 @@ class FencedUpdateProcessor(BaseFenceProcessor):
     """A :class:`telegram.ext.BaseUpdateProcessor` with attempt-aware, fenced handling.
 
     Handlers get the :class:`ptb_fence.Attempt` as ``context.attempt`` and from
-    :func:`ptb_fence.current_attempt`; fenced writes go through
+    :func:`ptb_fence.current_attempt`. Fenced writes go through
     ``await context.attempt.run_in_transaction(fn, complete=...)``.
 
     Args:
         store: A fenced store (:class:`~ptb_fence.FencedUpdateStore`).
         handle_exhaustion: ``handle_exhaustion(exhaustion)`` (sync or async), called at least
-            once per exhaustion; needs a durable store.
+            once per exhaustion. Needs a durable store.
+        durable_jobs (:obj:`bool`, optional): Keep the Application's jobs in the store:
+            :meth:`install` sets a :class:`~ptb_fence.ptb.FencedJobQueue`. Each run is
+            handled once across processes, as a fenced update. Defaults to :obj:`False`.
         **options: As for :class:`DurableUpdateProcessor`.
 
     Raises:
-        TypeError: The store is not fenced (or not durable with ``handle_exhaustion``); the
-            message names the missing methods.
+        TypeError: The store is not fenced (or not durable with ``handle_exhaustion``), or
+            keeps no jobs with ``durable_jobs=True``. The message names what is missing.
     """
 
     __slots__ = ()
@@ -641,6 +600,8 @@ class FencedUpdateProcessor(BaseFenceProcessor):
         store: UpdateStore,
         *,
         handle_exhaustion: Optional[Callable[[DeliveredExhaustion], Any]] = None,
+        durable_jobs: bool = False,
         **options: Any,
     ) -> None:
-        super().__init__(store, attempt_aware=True, handle_exhaustion=handle_exhaustion, **options)
+        super().__init__(store, attempt_aware=True, handle_exhaustion=handle_exhaustion,
+                         durable_jobs=durable_jobs, **options)

@@ -37,7 +37,7 @@ class DurableUpdateQueue(asyncio.Queue[object]):
                 return
             if recorder.stopping:
                 # Application.stop() is waiting on join(): queued now it would never be
-                # taken. It is recorded; the next start (or another process) handles it.
+                # taken. It is recorded. The next start (or another process) handles it.
                 recorder.unqueue(item.update_id)
                 return
         # the queue is unbounded: asyncio.Queue.put would only call our put_nowait again

@@ -51,7 +51,7 @@ class RecordingRequest(WrappedRequest):
         connect_timeout: Any = REQUEST_DEFAULT,
         pool_timeout: Any = REQUEST_DEFAULT,
     ) -> Tuple[int, bytes]:
-        """Send the request; record a successful ``getUpdates`` batch before returning it.
+        """Send the request. Record a successful ``getUpdates`` batch before returning it.
         A ``getUpdates`` of the Updater's polling is sent once the processor has room for
         its answer (:meth:`Ingest.wait_for_room
         <ptb_fence.ptb._ingest.Ingest.wait_for_room>`)."""
@@ -81,7 +81,7 @@ class RecordingRequest(WrappedRequest):
         return status, payload
 
     def parse_json_payload(self, payload: bytes) -> Any:  # type: ignore[override]
-        """PTB's parse of an answer; the ``getUpdates`` answer that :meth:`do_request` parsed
+        """PTB's parse of an answer. The ``getUpdates`` answer that :meth:`do_request` parsed
         to record it is not parsed twice (PTB's ``Update.de_json`` copies what it reads, so
         the recorded dicts are not changed)."""
         parsed, self._parsed = self._parsed, None
@@ -93,7 +93,7 @@ class RecordingRequest(WrappedRequest):
 def wrap_get_updates_request(bot: Any, recorder: BatchRecorder) -> bool:
     """Install a :class:`RecordingRequest` around ``bot``'s ``getUpdates`` request.
 
-    Returns :obj:`False` (and changes nothing) if the bot does not look as expected; updates
+    Returns :obj:`False` (and changes nothing) if the bot does not look as expected. Updates
     are then recorded one by one by the durable queue — slower, equally durable. (Why not
     ``ApplicationBuilder.get_updates_request()``: see ``_ptb_internals``, internal 3.)
     """

@@ -18,7 +18,7 @@ class BotSender:
     Args:
         bot: The Application's ``Bot`` (an ``ExtBot``).
         loop: The Application's running event loop.
-        timeout: The longest wait for one call (a rate limiter may hold it long); then it
+        timeout: The longest wait for one call (a rate limiter may hold it long). Then it
             counts as left without an answer (``TimedOut``).
     """
 
@@ -28,7 +28,7 @@ class BotSender:
         self._bot = bot
         self._loop = loop
         self._timeout = timeout
-        # PTB suggests Bot.send_message over do_api_request("sendMessage"); the outbox sends
+        # PTB suggests Bot.send_message over do_api_request("sendMessage"). The outbox sends
         # JSON it already holds, on purpose: hide that hint for this module's calls only
         warnings.filterwarnings(
             "ignore", message=r"Please use 'Bot\.", module=r"ptb_fence\.ptb\._sender"
@@ -38,7 +38,7 @@ class BotSender:
         return await self._bot.do_api_request(method, api_kwargs=params)
 
     def __call__(self, method: str, params: Dict[str, Any]) -> Any:
-        """Send one call; its result (the Bot API's ``result``), or the ``telegram.error``
+        """Send one call. Its result (the Bot API's ``result``), or the ``telegram.error``
         PTB raised."""
         future = asyncio.run_coroutine_threadsafe(self._request(method, params), self._loop)
         try:

@@ -21,13 +21,11 @@ class SharedState:
 
     Used on the event loop thread only. Guarantees:
 
-    - an ``update_id`` is in :attr:`inflight` from the moment it is booked for the queue until
-      its processing ends (or it is released), so the sweep and the retry timers never queue
-      an update that is already queued or running here;
-    - a pre-claimed :class:`Attempt` held here (in :attr:`ingested` or :attr:`preclaimed`) is
-      either taken by the update's processing or given back with ``release`` (claimable at
-      once elsewhere where the store can, else its lease lapses and a sweep retries the
-      update): none is dropped while its lease keeps being renewed.
+    - An ``update_id`` is in :attr:`inflight` from its booking for the queue until its
+      processing ends or it is released. So the sweep and the retry timers never queue an
+      update that is already queued or running here.
+    - A pre-claimed :class:`Attempt` held here is either taken by the update's processing or
+      given back with ``release``. None is dropped while its lease keeps being renewed.
 
     Attributes:
         inflight: Ids of updates queued or being processed here.
@@ -39,7 +37,7 @@ class SharedState:
             may still start until the stop's deadline (:meth:`may_start`).
         batch_ingest: The Bot's ``getUpdates`` answers are recorded whole.
         parked: Returns how many of the updates held here wait for their chat's turn (the
-            processor's chat turns; they do not count for :meth:`wait_for_room`).
+            processor's chat turns). They do not count for :meth:`wait_for_room`.
     """
 
     __slots__ = (
@@ -94,7 +92,7 @@ class SharedState:
         return not self.stopping or update_id in self.finishing
 
     def begin_stopping(self) -> None:
-        """Stopping began: queue nothing more; the updates queued or being processed now may
+        """Stopping began: queue nothing more. The updates queued or being processed now may
         still start (:attr:`finishing`)."""
         self.stopping = True
         self.finishing = set(self.inflight)
@@ -142,7 +140,7 @@ class SharedState:
 
     async def wait_finished(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until every update of :attr:`finishing` was
-        processed; :obj:`True` when they were. Then (either way) nothing more may start."""
+        processed. Returns :obj:`True` when they were. Then (either way) nothing more may start."""
         try:
             if self.finishing:
                 self._finished = asyncio.Event()
@@ -156,7 +154,7 @@ class SharedState:
             self.finishing = set()
 
     def book(self, update_id: int, outcome: Recorded) -> bool:
-        """Book one recorded update for processing; :obj:`False` for a duplicate."""
+        """Book one recorded update for processing. Returns :obj:`False` for a duplicate."""
         if outcome is False:
             return False
         if isinstance(outcome, Attempt):

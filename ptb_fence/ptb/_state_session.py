@@ -3,7 +3,7 @@ read before PTB handled it to the writes its completion carries.
 
 The attempt works on private copies of the update's ``user_data``, ``chat_data`` and
 ``bot_data`` (:class:`~ptb_fence.ptb.FencedCallbackContext` hands them out while the session is
-active), so nothing a failed attempt changed is seen by anyone else; the conversation states
+active), so nothing a failed attempt changed is seen by anyone else. The conversation states
 live in the handlers' own dicts, set to the committed state before the update is handled and
 put back when the attempt does not complete. :meth:`StateSession.writes` is the difference to
 what was read, each write conditional on the version read.
@@ -182,7 +182,7 @@ class StateSession:
     def _state_text(self, handler: Any, conversation: Tuple[Any, ...],
                     key: StateKey) -> Tuple[bool, Any, Optional[str]]:
         """``(known, state, text)``: the conversation's state to write now (declared, else the
-        handler's) and its text; not known while a ``block=False`` callback's task runs."""
+        handler's) and its text. Not known while a ``block=False`` callback's task runs."""
         declared = self._declared
         if declared is not None and key in declared:
             state = declared[key]
@@ -224,9 +224,9 @@ class StateSession:
     def writes(self) -> Tuple[StateWrite, ...]:
         """What changed since the state was read, each write at the version read.
 
-        Unchanged state writes nothing; state that was absent and is still empty writes
-        nothing; a conversation that ended writes :obj:`None` where a row exists; a
-        ``block=False`` callback's state whose task has not ended is left as committed; a
+        Unchanged state writes nothing. State that was absent and is still empty writes
+        nothing. A conversation that ended writes :obj:`None` where a row exists. A
+        ``block=False`` callback's state whose task has not ended is left as committed. A
         declared next state (:meth:`declare`) is written in place of the handler's."""
         return self._diff(self.loaded)
 
@@ -250,8 +250,8 @@ class StateSession:
 
     def take(self) -> Tuple[StateWrite, ...]:
         """The writes for the commit that completes the attempt: those :meth:`prepare`
-        computed, else computed now (a ``transaction(complete=True)`` inside a handler);
-        remembered (see :meth:`late_writes`)."""
+        computed, else computed now (a ``transaction(complete=True)`` inside a handler).
+        Remembered (see :meth:`late_writes`)."""
         self._taken = self._prepared if self._prepared is not None else self.writes()
         return self._taken
 

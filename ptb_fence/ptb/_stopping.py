@@ -1,16 +1,12 @@
 """Stopping: how a processor ends its work when ``Application.stop()`` begins, in bounded time.
 
-Once stopping begins nothing new is queued. The updates already in the queue (and the
-running handlers) get ``stop_timeout_seconds`` to be handled, as PTB's ``stop()`` promises
-("after processing any pending updates"). At that deadline nothing more starts: what is
-still claimed but not started is released in one ``release_many`` (claimable at once by any
-process, the attempt not counted as spent); the handlers still running are cancelled and
-their attempts released the same way, their open fenced transactions ended first (a row that
-its own transaction locks cannot be released).
-
-Every store call of the stop is waited for only until :data:`STOP_MARGIN_SECONDS` after that
-deadline (a server that does not answer — frozen, partitioned — must not hold the process):
-the call goes on on its store thread, and what it did not give back is covered by its lease.
+Once stopping begins nothing new is queued. The queued updates and the running handlers get
+``stop_timeout_seconds``, as PTB's ``stop()`` promises ("after processing any pending updates").
+At that deadline what is claimed but not started is released in one ``release_many``. The
+handlers still running are cancelled and their attempts released the same way, their open
+fenced transactions ended first. Every store call of the stop is waited for only until
+:data:`STOP_MARGIN_SECONDS` after that deadline, so a server that does not answer cannot hold
+the process. What such a call did not give back is covered by its lease.
 """
 
 from __future__ import annotations
@@ -72,8 +68,8 @@ class Stopping:
 
     def end_abandoned(self, task: "Optional[asyncio.Task[Any]]") -> bool:
         """Called where ``task`` (the current task) caught a CancelledError: :obj:`True` if
-        the stop cancelled it (it waited for the store past the stop's margin; the cancel
-        request is withdrawn, the task ends normally), :obj:`False` if someone else did (the
+        the stop cancelled it (it waited for the store past the stop's margin, so the cancel
+        request is withdrawn and the task ends normally), :obj:`False` if someone else did (the
         caller re-raises)."""
         if task is None or task not in self._abandoned:
             return False
@@ -82,7 +78,7 @@ class Stopping:
         return True
 
     def release_soon(self, attempts: List[Attempt]) -> None:
-        """Release ``attempts`` on a store thread (called on the event loop; see
+        """Release ``attempts`` on a store thread, called on the event loop (see
         :meth:`drain`). Without a running loop or store threads: stop renewing them (their
         leases lapse)."""
         if not attempts:
@@ -103,7 +99,7 @@ class Stopping:
         return await self._threads.call(self._runtime.recovery.release, attempts)
 
     async def call_until(self, fn: Callable[[], T], until: float, what: str) -> Optional[T]:
-        """``fn()`` on a store thread, waited for until the loop time ``until``; :obj:`None`
+        """``fn()`` on a store thread, waited for until the loop time ``until``. Returns :obj:`None`
         (logged as a WARNING naming ``what``) when it did not return by then: it goes on on
         its store thread (a daemon thread: it never keeps the process alive)."""
         loop = asyncio.get_running_loop()
@@ -140,7 +136,7 @@ class Stopping:
         if finished and await self._handlers.wait_idle(max(deadline - loop.time(), 0.0)):
             await self._abandon_stragglers(final)
             return
-        # the deadline: nothing more starts; what is claimed and waits is given back
+        # the deadline: nothing more starts. What is claimed and waits is given back
         unstarted = state.take_unstarted()
         runs = self._handlers.snapshot()
         if runs:
@@ -217,8 +213,9 @@ class Stopping:
 
 
 def uncancel_current_task() -> None:
-    """Undo one cancel request of the current task (Python 3.11+; Python 3.10 keeps no
-    count): called where a cancellation made by the processor itself is swallowed."""
+    """Undo one cancel request of the current task (Python 3.11+, Python 3.10 keeps no count).
+
+    Called where a cancellation made by the processor itself is swallowed."""
     task = asyncio.current_task()
     if sys.version_info >= (3, 11) and task is not None:
         task.uncancel()

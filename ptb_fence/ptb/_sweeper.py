@@ -12,7 +12,7 @@ from typing import Any, Callable, Hashable, List, Optional, Set, Tuple
 from telegram import Update
 
 from ptb_fence.ptb._bodies import parse_update
-from ptb_fence.ptb._deliveries import Deliveries
+from ptb_fence.ptb._deliveries import AsyncDeliveries
 from ptb_fence.ptb._state import SharedState
 from ptb_fence.ptb._threads import StoreThreads
 from ptb_fence.runtime._runtime import Runtime
@@ -39,7 +39,7 @@ class Sweeper:
         threads: The store threads.
         deliveries: Where due exhaustions are delivered.
         application: Returns the attached Application (or :obj:`None`).
-        redeliver: Queues an update that is already recorded; :obj:`False` when stopping.
+        redeliver: Queues an update that is already recorded. Returns :obj:`False` when stopping.
     """
 
     __slots__ = (
@@ -61,7 +61,7 @@ class Sweeper:
         runtime: Runtime,
         state: SharedState,
         threads: StoreThreads,
-        deliveries: Deliveries,
+        deliveries: AsyncDeliveries,
         application: Callable[[], Any],
         redeliver: Callable[[Update], bool],
     ) -> None:
@@ -159,7 +159,7 @@ class Sweeper:
             await asyncio.sleep(0.01)
 
     async def sweep(self, include_fresh: bool) -> Tuple[int, bool]:
-        """One sweep; returns the number of updates queued and whether the page was full."""
+        """One sweep. Returns the number of updates queued and whether the page was full."""
         runtime = self._runtime
         state = self._state
         application = self._application()
@@ -227,6 +227,10 @@ class Sweeper:
             return
         self._hand_over(update_id, body)
 
+    def hand_over(self, update_id: int, body: str) -> None:
+        """Queue a recorded update that is not in flight here (a durable job's run)."""
+        self._hand_over(update_id, body)
+
     def _hand_over(self, update_id: int, body: str) -> None:
         """Queue a stored update that is not in flight here (a failure to parse is left to
         the sweep, which reports it)."""
@@ -245,8 +249,9 @@ class Sweeper:
 
     def chat_successor_soon(self, key: Hashable, outcome: Any, waiting: bool) -> None:
         """Under ``strict_chat_order``, when the processor is done with an update of ``key``'s
-        chat (``outcome``; :obj:`None`: not claimed) and no other waits here: look up the
-        chat's next update in a task and queue it (:meth:`StoreChatOrder.successor <ptb_fence.runtime._store_chat_order.StoreChatOrder.successor>`)."""
+        chat (``outcome``, :obj:`None` if not claimed) and no other waits here, look up the
+        chat's next update in a task and queue it (:meth:`StoreChatOrder.successor
+        <ptb_fence.runtime._store_chat_order.StoreChatOrder.successor>`)."""
         state = self._state
         if not self._runtime.chat_order.strict or waiting or state.stopping or not state.started:
             return

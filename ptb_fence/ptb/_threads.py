@@ -13,8 +13,8 @@ T = TypeVar("T")
 
 _CORE_THREADS = 8
 """Store threads that take calls first (see :class:`~ptb_fence.runtime._hop.StoreHop`): few
-threads competing for the GIL (as many as PostgresUpdateStore's default pool has connections);
-more start only while every one is stuck in a slow call."""
+threads competing for the GIL (as many as PostgresUpdateStore's default pool has connections).
+More start only while every one is stuck in a slow call."""
 
 
 class StoreThreads:
@@ -55,7 +55,7 @@ class StoreThreads:
         return await hop.run(fn)
 
     async def call_handing_on(self, fn: Callable[[], T], on_orphan: Callable[[T], None]) -> T:
-        """Run ``fn`` on the store threads; if the caller is cancelled while it runs, its
+        """Run ``fn`` on the store threads. If the caller is cancelled while it runs, its
         result (a write that still lands) goes to ``on_orphan`` instead of being lost."""
         loop = asyncio.get_running_loop()
         hop = self._hop

@@ -1,7 +1,7 @@
 """Alarms and health: what an operator must hear about, said once per interval, and whether
 this process is ready for a probe.
 
-The sweep (and a failed recording) asks :meth:`Alarms.check`; each condition that holds logs
+The sweep (and a failed recording) asks :meth:`Alarms.check`. Each condition that holds logs
 one WARNING under ``ptb_fence.alarms``, then stays quiet for ``interval_seconds`` while it keeps
 holding (never a flood), and logs once more (INFO) when it clears. The conditions read only what
 the runtime already counted (:class:`~ptb_fence.runtime._stats.RuntimeStats`) and the store's
@@ -51,8 +51,10 @@ _DATED = (
 
 
 def oldest_date(bodies: Iterable[str]) -> Optional[int]:
-    """The oldest Telegram ``date`` (epoch seconds) among update bodies, where they carry one
-    (a message, a post, a member change, a callback query's message; :obj:`None`: none)."""
+    """The oldest Telegram ``date`` (epoch seconds) among update bodies, or :obj:`None`.
+
+    The bodies that carry one are a message, a post, a member change and a callback query's
+    message."""
     oldest: Optional[int] = None
     for body in bodies:
         try:
@@ -209,19 +211,34 @@ class Alarms:
                     "'ptb-fence exhaustions'"
                 )
         conditions.append(("exhaustion_unacknowledged", message))
+        conditions.append(("jobs_late", self._jobs_late(limits)))
         return conditions
+
+    def _jobs_late(self, limits: AlarmThresholds) -> Optional[str]:
+        """What the jobs-late alarm says, or :obj:`None` while no due job is that late."""
+        late = self._stats.jobs_late_seconds
+        due = self._stats.jobs_due_count
+        if late is None or not due or late < limits.jobs_late_seconds:
+            return None
+        return (
+            f"{due} durable job(s) due and not fired, the most overdue late by "
+            f"{format_duration(late)}: is a process with durable jobs running and its store "
+            "answering? see 'ptb-fence jobs list'"
+        )
 
     # -- health -----------------------------------------------------------------------------
     def health(self, *, running: bool) -> Health:
         """Whether the front end is healthy now: started and not stopped, the store answering
         (its last call did not fail), the lease keeper on time, a sweep read the store
-        recently, recording not failing."""
+        recently, recording not failing, no durable job late past
+        :attr:`AlarmThresholds.jobs_late_seconds` (while the alarms are on)."""
         return self._verdict(
             running,
             lambda up: (
                 self._store_problems()
                 + self._loop_problems(up, self._stats.last_sweep_at, "read the store")
                 + self._ingest_problems()
+                + self._jobs_problems()
             ),
         )
 
@@ -253,6 +270,16 @@ class Alarms:
             f"the store has not answered for {format_duration(time.time() - failing)} "
             "(its last calls failed)"
         ]
+
+    def _jobs_problems(self) -> List[str]:
+        """Durable jobs late past the alarm's threshold. Readiness leaves them out: the
+        lateness is the same in every process sharing the store, so it would take them all
+        out of service."""
+        thresholds = self._options.alarms
+        if thresholds is None:
+            return []
+        late = self._jobs_late(thresholds)
+        return [] if late is None else [late.split(": is ", 1)[0]]
 
     def _ingest_problems(self) -> List[str]:
         ingest = self._stats.ingest_failing_since

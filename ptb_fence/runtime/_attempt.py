@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
 
 from ptb_fence._errors import AttemptFinished, OwnershipLost, TransactionEnded, UsageError
-from ptb_fence._values import AttemptIdentity, Completed
+from ptb_fence._values import AttemptIdentity, Completed, StepRecord
 from ptb_fence.runtime._effects import HeldEffects, OpenTransaction
 from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._outbox import Outbox
@@ -26,6 +26,8 @@ from ptb_fence.runtime._connections import (
     interrupt,
     transaction_ended,
 )
+from ptb_fence.runtime._steps import decode_result, effect_key, encode_result, step_name
+from ptb_fence.runtime._transaction_group import run_grouped
 from ptb_fence.runtime._phase import (
     _ALREADY_COMPLETED,
     _ASYNC_FN,
@@ -40,7 +42,14 @@ from ptb_fence.runtime._phase import (
 if TYPE_CHECKING:
     import asyncio  # imported where used: import ptb_fence stays light
 
-__all__ = ["Attempt", "Phase", "current_attempt", "enter_attempt", "exit_attempt"]
+__all__ = [
+    "Attempt",
+    "FencedBlock",
+    "Phase",
+    "current_attempt",
+    "enter_attempt",
+    "exit_attempt",
+]
 
 
 _LOGGER = logging.getLogger("ptb_fence.runtime")
@@ -77,7 +86,7 @@ def current_attempt() -> "Optional[Attempt]":
 
 def enter_attempt(attempt: "Optional[Attempt]") -> "contextvars.Token[Optional[Attempt]]":
     """Make ``attempt`` the :func:`current_attempt` of this context (a front end does this
-    around a handler; :obj:`None`: no attempt). Pass the token to :func:`exit_attempt`."""
+    around a handler. :obj:`None`: no attempt). Pass the token to :func:`exit_attempt`."""
     return _CURRENT.set(attempt)
 
 
@@ -94,7 +103,7 @@ class Attempt:
     :func:`current_attempt`.
 
     Attributes:
-        identity (:class:`~ptb_fence.AttemptIdentity`): The capability of this attempt; the
+        identity (:class:`~ptb_fence.AttemptIdentity`): The capability of this attempt. The
             idempotency key of everything it does.
         update_id (:obj:`int`): The update's id.
         attempt (:obj:`int`): The attempt number (from 1).
@@ -223,7 +232,7 @@ class Attempt:
     @property
     def suspicion(self) -> int:
         """:obj:`int`: 0, or how suspect the row this attempt took is (a process that died
-        held an earlier claim of it, see :class:`~ptb_fence.IsolatingUpdateStore`). 1: its
+        held an earlier claim of it, see :class:`~ptb_fence.BatchStore`). 1: its
         handler starts on probation (no other handler starts meanwhile). 2: it runs alone."""
         return self._suspicion
 
@@ -236,7 +245,7 @@ class Attempt:
     @property
     def suspect_claim(self) -> Optional[AttemptIdentity]:
         """:class:`~ptb_fence.AttemptIdentity` | :obj:`None`: The claim to mark before the
-        handler starts (set only when :attr:`suspicion` is not 0; also for unary handling,
+        handler starts (set only when :attr:`suspicion` is not 0, also for unary handling,
         whose attempts carry no claim id)."""
         return self._suspect
 
@@ -320,7 +329,7 @@ class Attempt:
         :obj:`False` on its last attempt, for a misuse, when the retry policy gives up, after
         :meth:`exhaust`, and when no failure was reported. Decided once: the settle uses the
         same answer. An error handler that talks to the user can say nothing while it is
-        :obj:`True`; ``handle_exhaustion`` is the place to tell the user once (its
+        :obj:`True`. ``handle_exhaustion`` is the place to tell the user once (its
         ``exhaustion.outbox`` commits with the acknowledgement).
         """
         error = self._failure
@@ -330,7 +339,7 @@ class Attempt:
 
     @property
     def retry_decision(self) -> "Optional[tuple[BaseException, Optional[float]]]":
-        """The failure whose retry was decided, and the delay (seconds; :obj:`None`: no
+        """The failure whose retry was decided, and the delay (seconds, or :obj:`None` for no
         retry), or :obj:`None`: not decided yet."""
         return self._retry_decision
 
@@ -390,8 +399,8 @@ class Attempt:
         return None if held is None else held.take()
 
     def effects_landed(self) -> "tuple[HeldCall, ...]":
-        """For the runtime: the completion landed; the handles of the held calls it carried
-        (resolved; empty: it carried none). Nothing more can be held."""
+        """For the runtime: the completion landed. The handles of the held calls it carried
+        (resolved, empty when it carried none). Nothing more can be held."""
         held = self._effects
         return () if held is None else held.landed()
 
@@ -409,7 +418,7 @@ class Attempt:
 
     def raise_if_finished(self) -> None:
         """Raise :exc:`~ptb_fence.AttemptFinished` if no commit of this attempt can carry a
-        new write any more (completed, exhausted, or its handler returned); a write inside an
+        new write any more (completed, exhausted, or its handler returned). A write inside an
         open fenced transaction of it rides that transaction."""
         if self.open_transaction() is not None:
             return
@@ -445,7 +454,7 @@ class Attempt:
         check succeeded.
 
         It then holds the row lock (PostgreSQL: its ``FOR UPDATE`` check, or with
-        ``complete=True`` its completing ``UPDATE``; SQLite the database's write lock), so
+        ``complete=True`` its completing ``UPDATE``, SQLite the database's write lock), so
         nobody else can claim the update until that transaction ends: the attempt provably
         still owns it, even past its lease. The lease keeper neither renews it nor
         reports it lost meanwhile.
@@ -460,7 +469,7 @@ class Attempt:
 
     # -- transitions (the runtime and the lease keeper call these) ---------------------------
     def begin_settling(self) -> None:
-        """RUNNING → SETTLING: the handler returned; the runtime's settle decides from now on
+        """RUNNING → SETTLING: the handler returned. The runtime's settle decides from now on
         whether the owner was lost (renewals continue meanwhile)."""
         with self._lock:
             if self._phase is Phase.RUNNING:
@@ -479,7 +488,7 @@ class Attempt:
             self._proven_until = min(self._proven_until, at)  # nothing left to renew
 
     def end(self) -> None:
-        """→ ENDED: the attempt left the lease keeper; late renewal results are ignored."""
+        """→ ENDED: the attempt left the lease keeper. Late renewal results are ignored."""
         with self._lock:
             self._phase = Phase.ENDED
 
@@ -496,7 +505,7 @@ class Attempt:
                 self._phase = Phase.COMPLETED if committed else self._resume
 
     def renewed(self, ok: Optional[bool], lease_until: int) -> bool:
-        """Apply a renewal result; return :obj:`True` when it proves the update lost.
+        """Apply a renewal result. Return :obj:`True` when it proves the update lost.
 
         ``ok`` :obj:`None` (the row was locked right now) is undecided, as is a refusal while
         this attempt holds its fence (its own transaction locks the row).
@@ -582,7 +591,7 @@ class Attempt:
         Args:
             connection: The caller's open DB-API connection (or cursor) to the store's
                 database, or a SQLAlchemy ``Connection``/``Session`` or Django connection on
-                it (their DB-API connection is used; a Session begins its transaction); the
+                it (their DB-API connection is used and a Session begins its transaction). The
                 check then runs inside the caller's transaction (PostgreSQL:
                 ``SELECT … FOR UPDATE``). Without it the answer is advisory only.
         """
@@ -604,34 +613,34 @@ class Attempt:
         :exc:`~ptb_fence.TransactionEnded` before anything reaches the database (a SQLAlchemy
         Session or Connection and Django refuse their commits the same way). With
         ``complete=True`` on a store with ``complete_owned``
-        (:class:`~ptb_fence.CompletingUpdateStore`: the SQLite and PostgreSQL stores) the
+        (:class:`~ptb_fence.BatchStore`: the SQLite and PostgreSQL stores) the
         check and the completion are one conditional statement at
-        the start, which holds the row until the commit; an exception in the block rolls both
+        the start, which holds the row until the commit. An exception in the block rolls both
         back, so the attempt still owns its update and fails or is retried as usual.
 
         How long it may stay open: while it is open the ownership check's lock is held
-        (PostgreSQL: the update's row; SQLite: the whole database's write lock), the attempt's
+        (PostgreSQL: the update's row, SQLite: the whole database's write lock), the attempt's
         lease is not renewed and it is not reported lost. With ``complete=True`` it completes
         however long it stayed open (settled at the time of its ownership check). Without, it
-        keeps the update only if it ends within about 3/4 of ``lease_seconds``; after that the
+        keeps the update only if it ends within about 3/4 of ``lease_seconds``. After that the
         next renewal is refused and :attr:`owner_lost` fires. On SQLite every other write of
         every process (renewals, claims, records) waits meanwhile, at most the store's
         ``busy_timeout``, then fails and is reported: keep fenced transactions short.
 
         ``connection`` may be what the handler holds, on the store's database:
 
-        - a DB-API connection or cursor (sqlite3, psycopg2, psycopg 3, another driver's); it
+        - a DB-API connection or cursor (sqlite3, psycopg2, psycopg 3, another driver's). It
           is committed (or rolled back) on exit. One in autocommit mode is put in a
           transaction (``BEGIN``) before the ownership check and ends with ``COMMIT`` (or
-          ``ROLLBACK``); a block that writes nothing runs in a transaction too;
+          ``ROLLBACK``). A block that writes nothing runs in a transaction too.
         - a SQLAlchemy 2 ``Session`` (or ``scoped_session``) or ``Connection``: the check and
           the settle run on its DB-API connection, in its transaction, and on exit the Session
           is flushed and committed (a Connection's transaction committed) by SQLAlchemy. The
           block receives the Session or Connection. A Session inside ``session.begin()`` or
           a Connection already in a transaction is refused (:exc:`ValueError`): their commit
-          would come later, after the attempt counted as completed;
+          would come later, after the attempt counted as completed.
         - a Django connection (``django.db.connection``): the transaction is a
-          ``transaction.atomic()`` block that Django commits on exit; refused inside another
+          ``transaction.atomic()`` block that Django commits on exit. Refused inside another
           ``atomic()`` block (:exc:`ValueError`).
 
         Args:
@@ -640,167 +649,36 @@ class Attempt:
                 after the commit never re-runs the handler.
 
         Raises:
-            OwnershipLost: The attempt no longer owns the update; everything was rolled back.
+            OwnershipLost: The attempt no longer owns the update. Everything was rolled back.
             AttemptFinished: The attempt was already completed or exhausted, or its handler
-                returned (a mistake in the handler, not a lost lease); nothing was opened.
+                returned (a mistake in the handler, not a lost lease). Nothing was opened.
             TransactionEnded: The block tried to commit, roll back or close the connection
                 (refused), ended its transaction by a way no guard saw (a cursor's
                 ``COMMIT``: the outbox calls written in it are dropped), or left it marked for
-                rollback (Django ``set_rollback(True)``, a failed SQLAlchemy flush);
+                rollback (Django ``set_rollback(True)``, a failed SQLAlchemy flush).
                 ``complete=True`` settled nothing. A misuse: the attempt is not retried.
             UsageError: ``connection`` is none of the above, or an asyncio connection or
-                session (the message names what works); nothing was opened. A misuse.
+                session (the message names what works). Nothing was opened. A misuse.
         """
-        runtime = self._runtime
-        port = runtime.port
-        identity = self.identity
-        self._raise_if_finished()
-        # a store whose owns/settle_owned take no connection= cannot settle inside the
-        # caller's commit: it settles right after it (at-least-once completion; see StorePort)
-        inside = port.atomic_completion
-        # with the capability, the ownership check IS the settle: one conditional statement at
-        # the start that locks the row until the commit (the rollback restores the claim)
-        first = complete and inside and port.completes_first
-        given: Optional[CallerConnection] = None
-        if connection is None:
-            manager = port.transaction()  # TypeError naming the fix when the store has none
-        else:
-            # a TypeError for unknown objects
-            manager = given = caller_connection(connection, identity)
-        holding = False
-        opened: Optional[OpenTransaction] = None
-        taken: "Optional[tuple[Any, Any]]" = None
-        landed_calls: "tuple[HeldCall, ...]" = ()
-        call_ids: "Optional[list[int]]" = None
-        with self._lock:
-            # from here until the transaction ends the lease keeper leaves this attempt's row
-            # alone: once the ownership check below locked it, a renewal would wait on the lock
-            self._opening += 1
+        block = FencedBlock(self, connection, complete)
         try:
-            with manager as conn:
-                if given is not None:
-                    # a connection in autocommit mode is put in a transaction first: the
-                    # check's row lock must last until this block's commit
-                    given.prepare()
-                checked_at = runtime.now_ms()
-                if first:
-                    owned = port.complete_owned(identity, checked_at, connection=conn)
-                else:
-                    owned = port.owns(identity, checked_at, connection=conn)
-                if not owned:
-                    self._raise_if_finished()  # it finished meanwhile (e.g. another thread)
-                    runtime.log_transaction_refused(self)
-                    # the database's refusal is the authoritative proof of loss
-                    self.mark_owner_lost()
-                    raise OwnershipLost(identity)
-                own = connection is None and conn is not None  # a stop may interrupt it
-                with self._lock:
-                    self._holding += 1
-                    holding = True
-                    if own:
-                        self._connections.append(conn)
-                if given is not None:
-                    # a store whose owns does not use the caller's connection left it outside
-                    # a transaction: open one, so the block's reads and writes are one
-                    # transaction and a block that writes nothing is not taken for one that
-                    # committed
-                    given.begin()
-                # what a store's own transaction() yields may still be outside one (a store
-                # that begins lazily): only a transaction open here can have been ended
-                open_here = (transaction_ended(conn) if given is None else given.ended()) is None
-                opened = OpenTransaction(self, conn, open_here)
-                # a DB-API connection reaches the block guarded: its commit() and rollback()
-                # are refused before they reach the database (an ORM's hooks do the same)
-                yielded = conn if given is None else given.yielded
-                guard: Optional[BlockConnection] = None
-                if yielded is not None and (given is None or isinstance(given, GivenConnection)):
-                    yielded = guard = BlockConnection(yielded, identity)
-                refusals = guard if guard is not None else given
-                token = _OPEN.set(opened)
+            with block.manager as conn:
+                yielded = block.enter(conn)
                 try:
                     yield yielded
                 except BaseException:
-                    # the block may have ended the transaction by a way no guard saw before
-                    # it raised (a refused commit ended nothing)
-                    if open_here and (refusals is None or refusals.refused is None):
-                        self._undo_escape(opened, first, checked_at, conn, given)
+                    block.raised()
                     raise
                 finally:  # before the commit: then the pool may lend it to other calls
-                    _OPEN.reset(token)
-                    if own:
-                        with self._lock:
-                            self._connections.remove(conn)
-                if refusals is not None and refusals.refused is not None:
-                    raise refusals.refused  # caught in the block: it still fails
-                ended = transaction_ended(conn) if given is None else given.ended()
-                if ended is not None and (open_here or ended != COMMITTED_OR_ROLLED_BACK):
-                    if first and ended == COMMITTED_OR_ROLLED_BACK:
-                        # complete=True settled nothing
-                        self._reopen(checked_at, given.store_connection() if given else conn)
-                    if opened.call_ids and not ended.startswith(ROLLBACK_MARK):
-                        self._drop_escaped(opened.call_ids)
-                    if ended.startswith(ROLLBACK_MARK):
-                        raise TransactionEnded(identity, ended, _MARKED.format(how=ended))
-                    raise TransactionEnded(identity, ended)
-                if complete and inside:
-                    # what the attempt held rides this commit (its ids are known at once)
-                    taken = self.take_effects()
-                    if taken is not None:
-                        call_ids = port.write_effects(
-                            identity, taken[0], runtime.now_ms(), connection=conn
-                        )
-                    self._begin_completing()
-                    # Completed at the time of the ownership check, not "now": the check locked
-                    # the row (PostgreSQL FOR UPDATE; SQLite the database's write lock; the
-                    # memory store its lock) and the lock is held until this commit, so no
-                    # other claim can have happened since. A competing claim waits for the lock
-                    # and then sees the completed row. So a transaction that stayed open past
-                    # its lease still completes, exactly once.
-                    settled = first or port.settle_owned(
-                        identity, Completed(checked_at), connection=conn
-                    )
-                    if not settled:
-                        self.mark_owner_lost()
-                        raise OwnershipLost(identity)
-            # committed
-            if taken is not None:
-                taken = None
-                landed_calls = self.effects.landed(call_ids)
-            elif complete and inside:
-                self.effects_landed()  # completed: nothing more can be held
-            if complete and inside:
-                self._end_completing(True)
-            elif complete:
-                self._complete_after_commit(checked_at)
-            if landed_calls or (opened is not None and opened.wrote_calls):
-                runtime.calls_committed(landed_calls)
+                    block.left()
+                block.before_commit()
+            block.committed()
         finally:
-            if taken is not None:  # written, then rolled back: still held for a completion
-                self.effects.restore()
-            # also when the commit itself failed: the attempt is then not complete
-            if complete:
-                self._end_completing(False)  # no-op once committed
-            with self._lock:
-                self._opening -= 1
-                if holding:
-                    self._holding -= 1
-                after: "list[Callable[[], None]]" = []
-                if self._opening == 0:
-                    after, self._after = self._after, []
-            for callback in after:
-                try:
-                    callback()
-                except Exception:  # what waited for this transaction must not break its end
-                    _LOGGER.exception(
-                        "update %s attempt %s: reporting the end of its fenced transaction "
-                        "failed",
-                        self.update_id,
-                        self.attempt,
-                    )
+            block.end()
 
     def interrupt_transactions(self) -> int:
         """End this attempt's open fenced transactions on the store's own PostgreSQL
-        connections at once (a stop gave up waiting; the update is released next): the
+        connections at once (a stop gave up waiting and the update is released next): the
         connection is cut, the server rolls back and unlocks the row, the block's next
         statement or commit fails. Others (a caller's connection, SQLite, the memory store)
         end by themselves. Returns how many were interrupted."""
@@ -809,7 +687,7 @@ class Attempt:
 
     def _reopen(self, checked_at: int, conn: Any) -> None:
         """The block ended the transaction itself: if it committed, its commit also landed
-        the completion made at the start; undo it (the handler's mistake is reported as
+        the completion made at the start. Undo it (the handler's mistake is reported as
         :exc:`~ptb_fence.TransactionEnded` and the attempt fails and is retried as usual)."""
         try:
             self._runtime.port.reopen_completed(self.identity, checked_at, connection=conn)
@@ -900,20 +778,135 @@ class Attempt:
             self.mark_owner_lost()
 
     def exhaust(self, reason: str) -> None:
-        """Record a terminal failure now: no more retries; the exhaustion handler is called.
+        """Record a terminal failure now: no more retries. The exhaustion handler is called.
 
         With a durable store and an exhaustion handler the update becomes an unacknowledged
-        exhaustion (delivered until acknowledged); otherwise it is settled abandoned.
+        exhaustion (delivered until acknowledged). Otherwise it is settled abandoned.
 
         Raises:
-            OwnershipLost: The attempt no longer owns the update; nothing was recorded.
+            OwnershipLost: The attempt no longer owns the update. Nothing was recorded.
             AttemptFinished: The attempt was already completed or exhausted, or its handler
-                returned; nothing was recorded.
+                returned. Nothing was recorded.
         """
         if not isinstance(reason, str) or not reason:
             raise ValueError("exhaust(reason) needs a non-empty reason text")
         self._raise_if_finished()
         if not self._runtime.settle_exhausted(self, reason):
+            raise OwnershipLost(self.identity)
+
+    # -- effect keys and recorded steps -----------------------------------------------------
+    def effect_key(self, name: str) -> str:
+        """Return the idempotency key of the work ``name`` of this update.
+
+        It is the same in every attempt at this update: a retry, a takeover after a crash,
+        a run after a deploy. It differs for another update, another name and another bot.
+        Pass it to an API that honours idempotency keys (a payment provider), so the work is
+        applied once however often it is asked for.
+
+        The key is 45 characters long: ``ptbf-`` and 40 lowercase hexadecimal digits. It is
+        safe in an HTTP header and in a URL.
+
+        Args:
+            name (:obj:`str`): What the work is, unique within the handler (e.g. ``"charge"``).
+                At most 200 characters.
+
+        Raises:
+            UsageError: ``name`` is empty, too long or not a :obj:`str`.
+        """
+        return effect_key(self._runtime.port.bot_id, self.update_id, self._body, self._update,
+                          name)
+
+    async def step(self, name: str, fn: Callable[[str], Any]) -> Any:
+        """Do the work ``name`` once across the attempts at this update, and return its result.
+
+        If an earlier attempt recorded a result for ``name``, it is returned and ``fn`` is not
+        called. Otherwise ``fn(key)`` is called with :meth:`effect_key` of ``name``. It may be
+        a plain or an ``async def`` function. Its result must be JSON. It is recorded at once,
+        fenced, in a commit of its own: the record stays when the attempt fails later, and a
+        stale attempt's record is refused. Concurrent steps share commits.
+
+        One window is left: a crash after ``fn`` returned and before its record landed calls
+        ``fn`` again in the next attempt, with the same key. An API that honours the key
+        applies the work once.
+
+        Args:
+            name (:obj:`str`): What the work is (see :meth:`effect_key`).
+            fn: Called with the effect key. It does the work and returns what the retry needs.
+
+        Returns:
+            The result, decoded from its JSON (a tuple comes back as a list).
+
+        Raises:
+            OwnershipLost: The attempt no longer owns its update. The work was done, its
+                result is not recorded. The new owner calls ``fn`` again with the same key.
+            UsageError: The store records no steps, the result is not JSON, ``name`` is not
+                a name, or the step was called inside :meth:`transaction`.
+            AttemptFinished: As in :meth:`transaction`.
+        """
+        key = self._begin_step(name)
+        found = await self._off_loop(lambda: self._runtime.port.read_step(key))
+        if found is not None:
+            return decode_result(found.result)
+        result = fn(key)
+        if inspect.isawaitable(result):
+            result = await result
+        text = encode_result(name, result)
+        await self.run_in_transaction(lambda conn: self._record_step(conn, key, name, text))
+        return decode_result(text)
+
+    def step_blocking(self, name: str, fn: Callable[[str], Any]) -> Any:
+        """The blocking form of :meth:`step`, for :class:`~ptb_fence.UpdateIntake` handlers
+        and worker threads. ``fn`` must be a plain function.
+
+        Raises:
+            UsageError: ``fn`` returned an awaitable (use ``await attempt.step(...)``), or as
+                in :meth:`step`.
+            OwnershipLost: As in :meth:`step`.
+            AttemptFinished: As in :meth:`transaction`.
+        """
+        key = self._begin_step(name)
+        found = self._runtime.port.read_step(key)
+        if found is not None:
+            return decode_result(found.result)
+        result = fn(key)
+        if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()
+            raise UsageError(
+                f"step {name!r}: fn returned an awaitable. step_blocking calls a plain "
+                "function. In an async handler use 'await attempt.step(name, fn)'"
+            )
+        text = encode_result(name, result)
+        with self.transaction() as conn:
+            self._record_step(conn, key, name, text)
+        return decode_result(text)
+
+    def steps(self) -> "list[StepRecord]":
+        """Return the steps recorded for this update so far, by any attempt (a blocking read).
+        Empty on a store without steps."""
+        return self._runtime.port.steps_of(self.update_id)
+
+    def _begin_step(self, name: str) -> str:
+        """Check a step may start here. Its effect key."""
+        step_name(name)
+        self._raise_if_finished()
+        if not self._runtime.port.has_steps:
+            raise UsageError(self._runtime.port.no_steps())
+        self.identity  # noqa: B018 - raises the fix for an attempt without a claim id
+        if _OPEN.get() is not None:
+            # its record is a commit of its own: inside an open block it would wait for that
+            # block's lock (SQLite) or outlive its rollback
+            raise UsageError(
+                f"step {name!r} was called inside attempt.transaction(): call it before or "
+                "after the block. Its result is recorded in a commit of its own"
+            )
+        return self.effect_key(name)
+
+    def _record_step(self, conn: Any, key: str, name: str, text: str) -> None:
+        """Inside a fenced transaction: record the step, refused if the attempt lost."""
+        record = StepRecord(key, self.update_id, name, text, self.attempt, self.claim_id,
+                            self._runtime.now_ms())
+        if not self._runtime.port.record_step(record, connection=conn):
             raise OwnershipLost(self.identity)
 
     # -- asyncio forms: the blocking store calls run off the event loop ---------------------
@@ -924,9 +917,18 @@ class Attempt:
 
         The asyncio form of :meth:`transaction`: it never blocks the event loop.
 
+        On the store's own connection (no ``connection=``, a store with ``complete_owned``)
+        concurrent calls share commits. One that finds two transactions of the store in
+        flight waits on the event loop (no thread held) and then runs with the others that
+        waited, in one transaction, each in a savepoint of its own, with one commit. What
+        holds for :meth:`transaction` holds for each of them. A block that raises, or whose
+        attempt lost its update, is rolled back to its savepoint alone and its caller gets
+        its error. When the shared commit fails, each runs again in a transaction of its
+        own. At low load a call runs alone at once, as before.
+
         Args:
-            fn: Called with the transaction's connection; its result is returned.
-            connection: As in :meth:`transaction` (e.g. a SQLAlchemy ``Session``); ``fn``
+            fn: Called with the transaction's connection. Its result is returned.
+            connection: As in :meth:`transaction` (e.g. a SQLAlchemy ``Session``). ``fn``
                 receives it. For Django call :meth:`transaction` in a function you run
                 with :func:`asyncio.to_thread` instead, and close that thread's connection
                 there (``django.db.close_old_connections()``): Django connections belong to
@@ -934,12 +936,12 @@ class Attempt:
             complete: As in :meth:`transaction`.
 
         Raises:
-            OwnershipLost: The attempt no longer owns the update; ``fn``'s writes were
+            OwnershipLost: The attempt no longer owns the update. ``fn``'s writes were
                 rolled back.
             UsageError: ``fn`` is an ``async def`` function (or returned an awaitable): it
-                would write nothing. Pass a plain function; the transaction is rolled back.
+                would write nothing. Pass a plain function. The transaction is rolled back.
                 Or ``connection`` is an asyncio connection or session (the message names
-                the recipe that works); nothing was opened.
+                the recipe that works). Nothing was opened.
             AttemptFinished: As in :meth:`transaction`.
             TransactionEnded: As in :meth:`transaction`.
         """
@@ -951,16 +953,31 @@ class Attempt:
             if refused is not None:
                 raise UsageError(refused)
 
-        def run() -> T:
-            with self.transaction(connection=connection, complete=complete) as conn:
-                result = fn(conn)
-                if inspect.isawaitable(result):
-                    if inspect.iscoroutine(result):
-                        result.close()  # never awaited: no "never awaited" warning either
-                    raise UsageError(_ASYNC_FN)  # rolls the transaction back
-                return result
+        if connection is None and self._runtime.port.completes_first:
+            # commits, not statements, are what concurrent fenced writes wait for: those
+            # that arrive while the store's transactions are in flight share the next one
+            return await run_grouped(self, fn, complete, self._off_loop)
+        return await self._off_loop(lambda: self.run_alone(fn, connection, complete))
 
-        return await self._off_loop(run)
+    def open_block(self, complete: bool) -> "FencedBlock":
+        """Open a fenced block of this attempt on a connection a group commits."""
+        return FencedBlock(self, None, complete, False)
+
+    def run_alone(self, fn: Callable[[Any], T], connection: Any = None,
+                  complete: bool = False) -> T:
+        """Run ``fn(connection)`` inside :meth:`transaction`, on this thread, in a
+        transaction of its own. Returns ``fn``'s result.
+
+        Raises:
+            UsageError: ``fn`` returned an awaitable (the transaction is rolled back).
+        """
+        with self.transaction(connection=connection, complete=complete) as conn:
+            result = fn(conn)
+            if inspect.isawaitable(result):
+                if inspect.iscoroutine(result):
+                    result.close()  # never awaited: no "never awaited" warning either
+                raise UsageError(_ASYNC_FN)  # rolls the transaction back
+            return result
 
     async def _off_loop(self, fn: Callable[[], T]) -> T:
         """Run blocking ``fn`` on the runtime's store threads (keeping context variables)."""
@@ -978,6 +995,291 @@ class Attempt:
     async def exhaust_async(self, reason: str) -> None:
         """The asyncio form of :meth:`exhaust`: the store call runs off the event loop."""
         await self._off_loop(lambda: self.exhaust(reason))
+
+
+class FencedBlock:
+    """One fenced transaction of an attempt, in the steps its driver takes.
+
+    :meth:`Attempt.transaction` drives one around the store's own commit (or the caller's).
+    A :class:`~ptb_fence.runtime._transaction_group.TransactionGroup` drives several on one
+    connection, a savepoint each, and commits them together. Building one opens it (the
+    lease keeper leaves the row alone): :meth:`end` must follow, whatever happens.
+
+    Args:
+        attempt: The attempt whose transaction it is.
+        connection: The caller's connection, or :obj:`None` for the store's own.
+        complete: Also settle the attempt as completed in the same commit.
+        store_transaction: Open the store's own transaction as :attr:`manager`
+            (:obj:`False`: the driver brings the connection and commits it).
+
+    Raises:
+        AttemptFinished: As in :meth:`Attempt.transaction`. Nothing was opened.
+        UsageError: As in :meth:`Attempt.transaction`. Nothing was opened.
+    """
+
+    __slots__ = (
+        "_call_ids",
+        "_checked_at",
+        "_complete",
+        "_conn",
+        "_first",
+        "_given",
+        "_holding",
+        "_inside",
+        "_open_here",
+        "_opened",
+        "_own",
+        "_refusals",
+        "_taken",
+        "_token",
+        "attempt",
+        "identity",
+        "manager",
+    )
+
+    def __init__(
+        self, attempt: Attempt, connection: Any, complete: bool, store_transaction: bool = True
+    ) -> None:
+        port = attempt.host.port
+        identity = self.identity = attempt.identity
+        attempt._raise_if_finished()
+        self.attempt = attempt
+        self._complete = complete
+        # a store whose owns/settle_owned take no connection= cannot settle inside the
+        # caller's commit: it settles right after it (at-least-once completion, see StorePort)
+        self._inside = inside = port.atomic_completion
+        # with the capability, the ownership check IS the settle: one conditional statement at
+        # the start that locks the row until the commit (the rollback restores the claim)
+        self._first = complete and inside and port.completes_first
+        self._given: Optional[CallerConnection] = None
+        self.manager: Any = None
+        if connection is not None:
+            # a TypeError for unknown objects
+            self.manager = self._given = caller_connection(connection, identity)
+        elif store_transaction:
+            self.manager = port.transaction()  # TypeError naming the fix when the store has none
+        self._conn: Any = None
+        self._checked_at = 0
+        self._holding = False
+        self._own = False
+        self._open_here = False
+        self._opened: Optional[OpenTransaction] = None
+        self._refusals: "Optional[BlockConnection | CallerConnection]" = None
+        self._token: "Optional[contextvars.Token[Optional[OpenTransaction]]]" = None
+        self._taken: "Optional[tuple[Any, Any]]" = None
+        self._call_ids: "Optional[list[int]]" = None
+        with attempt._lock:
+            # from here until the transaction ends the lease keeper leaves this attempt's row
+            # alone: once the ownership check below locked it, a renewal would wait on the lock
+            attempt._opening += 1
+
+    def enter(self, conn: Any, check: Any = None) -> Any:
+        """Check ownership inside the transaction open on ``conn`` (through ``check``, the
+        same connection as the driver wants the check sent, when given), and return what the
+        block receives.
+
+        Raises:
+            OwnershipLost: The attempt no longer owns the update.
+        """
+        attempt = self.attempt
+        runtime = attempt.host
+        port = runtime.port
+        identity = self.identity
+        given = self._given
+        if given is not None:
+            # a connection in autocommit mode is put in a transaction first: the check's row
+            # lock must last until this block's commit
+            given.prepare()
+        self._checked_at = checked_at = runtime.now_ms()
+        if self._first:
+            owned = port.complete_owned(identity, checked_at, connection=check or conn)
+        else:
+            owned = port.owns(identity, checked_at, connection=check or conn)
+        if not owned:
+            attempt._raise_if_finished()  # it finished meanwhile (e.g. another thread)
+            runtime.log_transaction_refused(attempt)
+            # the database's refusal is the authoritative proof of loss
+            attempt.mark_owner_lost()
+            raise OwnershipLost(identity)
+        self._conn = conn
+        own = self._own = given is None and conn is not None  # a stop may interrupt it
+        with attempt._lock:
+            attempt._holding += 1
+            self._holding = True
+            if own:
+                attempt._connections.append(conn)
+        if given is not None:
+            # a store whose owns does not use the caller's connection left it outside a
+            # transaction: open one, so the block's reads and writes are one transaction and
+            # a block that writes nothing is not taken for one that committed
+            given.begin()
+        # what a store's own transaction() yields may still be outside one (a store that
+        # begins lazily): only a transaction open here can have been ended
+        self._open_here = (transaction_ended(conn) if given is None else given.ended()) is None
+        self._opened = opened = OpenTransaction(attempt, conn, self._open_here)
+        # a DB-API connection reaches the block guarded: its commit() and rollback() are
+        # refused before they reach the database (an ORM's hooks do the same)
+        yielded = conn if given is None else given.yielded
+        guard: Optional[BlockConnection] = None
+        if yielded is not None and (given is None or isinstance(given, GivenConnection)):
+            yielded = guard = BlockConnection(yielded, identity)
+        self._refusals = guard if guard is not None else given
+        self._token = _OPEN.set(opened)
+        return yielded
+
+    def run(self, fn: Callable[[Any], T], conn: Any, check: Any = None) -> T:
+        """:meth:`enter`, ``fn`` with what the block receives, :meth:`left` and
+        :meth:`before_commit`, with this attempt the :func:`current_attempt`. Returns
+        ``fn``'s result.
+
+        Raises:
+            UsageError: ``fn`` returned an awaitable (it would write nothing).
+        """
+        token = _CURRENT.set(self.attempt)
+        try:
+            yielded = self.enter(conn, check)
+            try:
+                result = fn(yielded)
+                if inspect.isawaitable(result):
+                    if inspect.iscoroutine(result):
+                        result.close()  # never awaited: no "never awaited" warning either
+                    raise UsageError(_ASYNC_FN)
+            except BaseException:
+                self.raised()
+                raise
+            finally:
+                self.left()
+            self.before_commit()
+            return result
+        finally:
+            _CURRENT.reset(token)
+
+    def raised(self) -> None:
+        """The block raised: undo what escaped of it if it had ended its transaction itself
+        by a way no guard saw (a refused commit ended nothing)."""
+        refusals = self._refusals
+        if self._open_here and (refusals is None or refusals.refused is None):
+            assert self._opened is not None
+            self.attempt._undo_escape(
+                self._opened, self._first, self._checked_at, self._conn, self._given
+            )
+
+    def landed_with_escape(self) -> Optional[bool]:
+        """After another block ended the shared transaction itself: whether this block's
+        completion landed with it (it was committed, not rolled back), or :obj:`None` when
+        this block made no completion at its start to tell by."""
+        if not self._first:
+            return None
+        port = self.attempt.host.port
+        return not port.owns(self.identity, self._checked_at)
+
+    def left(self) -> None:
+        """The block returned or raised (before the commit: then the pool may lend the
+        connection to other calls)."""
+        if self._token is not None:
+            _OPEN.reset(self._token)
+            self._token = None
+        if self._own:
+            self._own = False
+            attempt = self.attempt
+            with attempt._lock:
+                attempt._connections.remove(self._conn)
+
+    def before_commit(self) -> None:
+        """The block returned: refuse what it ended itself, then write the held effects and
+        the completion.
+
+        Raises:
+            TransactionEnded: As in :meth:`Attempt.transaction`.
+            OwnershipLost: The completion's settle did not land.
+        """
+        refusals = self._refusals
+        if refusals is not None and refusals.refused is not None:
+            raise refusals.refused  # caught in the block: it still fails
+        attempt = self.attempt
+        runtime = attempt.host
+        port = runtime.port
+        identity = self.identity
+        given = self._given
+        conn = self._conn
+        opened = self._opened
+        assert opened is not None
+        ended = transaction_ended(conn) if given is None else given.ended()
+        if ended is not None and (self._open_here or ended != COMMITTED_OR_ROLLED_BACK):
+            if self._first and ended == COMMITTED_OR_ROLLED_BACK:
+                # complete=True settled nothing
+                attempt._reopen(self._checked_at, given.store_connection() if given else conn)
+            if opened.call_ids and not ended.startswith(ROLLBACK_MARK):
+                attempt._drop_escaped(opened.call_ids)
+            if ended.startswith(ROLLBACK_MARK):
+                raise TransactionEnded(identity, ended, _MARKED.format(how=ended))
+            raise TransactionEnded(identity, ended)
+        if self._complete and self._inside:
+            # what the attempt held rides this commit (its ids are known at once)
+            self._taken = taken = attempt.take_effects()
+            if taken is not None:
+                self._call_ids = port.write_effects(
+                    identity, taken[0], runtime.now_ms(), connection=conn
+                )
+            attempt._begin_completing()
+            # Completed at the time of the ownership check, not "now": the check locked the row
+            # (PostgreSQL FOR UPDATE, SQLite the database's write lock, the memory store its
+            # lock) and the lock is held until this commit, so no other claim can have
+            # happened since. A competing claim waits for the lock and then sees the completed
+            # row. So a transaction that stayed open past its lease still completes, exactly
+            # once.
+            settled = self._first or port.settle_owned(
+                identity, Completed(self._checked_at), connection=conn
+            )
+            if not settled:
+                attempt.mark_owner_lost()
+                raise OwnershipLost(identity)
+
+    def committed(self) -> None:
+        """The commit landed: resolve the effects it carried, complete the attempt, wake the
+        sender."""
+        attempt = self.attempt
+        completes = self._complete and self._inside
+        landed_calls: "tuple[HeldCall, ...]" = ()
+        if self._taken is not None:
+            self._taken = None
+            landed_calls = attempt.effects.landed(self._call_ids)
+        elif completes:
+            attempt.effects_landed()  # completed: nothing more can be held
+        if completes:
+            attempt._end_completing(True)
+        elif self._complete:
+            attempt._complete_after_commit(self._checked_at)
+        if landed_calls or (self._opened is not None and self._opened.wrote_calls):
+            attempt.host.calls_committed(landed_calls)
+
+    def end(self) -> None:
+        """The transaction ended, committed or not (after :meth:`committed` when it was):
+        restore what did not land, and tell who waits for the attempt's transactions."""
+        attempt = self.attempt
+        if self._taken is not None:  # written, then rolled back: still held for a completion
+            self._taken = None
+            attempt.effects.restore()
+        # also when the commit itself failed: the attempt is then not complete
+        if self._complete:
+            attempt._end_completing(False)  # no-op once committed
+        with attempt._lock:
+            attempt._opening -= 1
+            if self._holding:
+                self._holding = False
+                attempt._holding -= 1
+            after: "list[Callable[[], None]]" = []
+            if attempt._opening == 0:
+                after, attempt._after = attempt._after, []
+        for callback in after:
+            try:
+                callback()
+            except Exception:  # what waited for this transaction must not break its end
+                _LOGGER.exception(
+                    "update %s attempt %s: reporting the end of its fenced transaction failed",
+                    attempt.update_id,
+                    attempt.attempt,
+                )
 
 
 def _set_future(future: "asyncio.Future[None]") -> None:

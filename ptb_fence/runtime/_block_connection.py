@@ -52,7 +52,7 @@ class BlockConnection:
     :exc:`~ptb_fence.TransactionEnded` before anything reaches the database. The block
     fails with it even if the code catches it: its author thought something ended. Every
     other attribute is the connection's own. A cursor's ``connection`` is guarded the same
-    way; a cursor from ``cursor()`` is the driver's own (its ``COMMIT`` is seen when the
+    way. A cursor from ``cursor()`` is the driver's own (its ``COMMIT`` is seen when the
     block ends).
 
     Args:

@@ -17,6 +17,7 @@ __all__ = [
     "ANSWERS",
     "FAIL",
     "HOLD",
+    "MIGRATE",
     "RETRY",
     "SENT",
     "AnswerRule",
@@ -25,7 +26,7 @@ __all__ = [
 ]
 
 SENT = "sent"
-"""Telegram did it (``ok: true``)."""
+"""Telegram did it (``ok: true``), or an answer says an earlier try did it."""
 
 RETRY = "retry"
 """Try again after a backoff (the chat's later calls wait)."""
@@ -35,6 +36,13 @@ HOLD = "hold"
 
 FAIL = "fail"
 """A refusal repeating cannot change: end the call ``failed`` (the chat goes on)."""
+
+MIGRATE = "migrate"
+"""The group became a supergroup: send the call once more, to the new chat.
+
+:func:`~ptb_fence.runtime._send_call.send_call` does it within the same claim.
+The answer to that send decides the call.
+A second ``ChatMigrated`` fails it (never a second hop)."""
 
 
 class AnswerRule(NamedTuple):
@@ -46,17 +54,29 @@ class AnswerRule(NamedTuple):
         outcome: :data:`SENT`, :data:`RETRY`, :data:`HOLD` or :data:`FAIL`.
         said: A pattern of the description behind the error (its own text or its cause's).
             :obj:`None` matches any.
+        methods: A pattern of the methods the row is for. :obj:`None` matches any.
+        after_unknown: The row holds only after an earlier try whose outcome was unknown.
     """
 
     answer: str
     error: str
     outcome: str
     said: Optional[Pattern[str]] = None
+    methods: Optional[Pattern[str]] = None
+    after_unknown: bool = False
 
 
 ANSWERS: Tuple[AnswerRule, ...] = (
     AnswerRule("any status with parameters.retry_after", "RetryAfter", HOLD),
-    AnswerRule("any status with parameters.migrate_to_chat_id", "ChatMigrated", FAIL),
+    AnswerRule("any status with parameters.migrate_to_chat_id", "ChatMigrated", MIGRATE),
+    # after a try whose outcome was unknown these say that try did it. On a first try they are
+    # the caller's own mistake (an edit that changes nothing, a wrong message id): FAIL below
+    AnswerRule("400 Bad Request: message is not modified, to an edit*, after an unknown "
+               "outcome", "BadRequest", SENT, re.compile(r"message is not modified", re.I),
+               re.compile(r"^edit"), after_unknown=True),
+    AnswerRule("400 Bad Request: message to delete not found, after an unknown outcome",
+               "BadRequest", SENT, re.compile(r"message to delete not found", re.I),
+               re.compile(r"^deleteMessages?$"), after_unknown=True),
     AnswerRule("403 Forbidden: blocked, kicked, deactivated", "Forbidden", FAIL),
     AnswerRule("400 Bad Request: chat not found, text unparseable, ...", "BadRequest", FAIL),
     # a known-good token whose answer is 401: the token was revoked since. The calls wait
@@ -70,10 +90,25 @@ ANSWERS: Tuple[AnswerRule, ...] = (
     AnswerRule("409 Conflict", "Conflict", RETRY),
     AnswerRule("429 without retry_after, 5xx, other statuses, no answer", "NetworkError", RETRY),
 )
-"""Every Bot API answer to a call that is not ``ok``. The first match wins. An error none
-matches (an unexpected exception) is retried. ``TimedOut`` and a connection lost after the
-request left are a :data:`RETRY` of their own kind: the outcome is unknown (see
-:func:`~ptb_fence.runtime._send_outcome.decide`)."""
+"""Every Bot API answer to a call that is not ``ok``.
+
+The first match wins.
+An error none matches (an unexpected exception) is retried.
+``TimedOut`` and a connection lost after the request left are a :data:`RETRY` of their own
+kind: the outcome is unknown (see :func:`~ptb_fence.runtime._send_outcome.decide`).
+
+"Already done" is success.
+After such an unknown outcome the earlier try may have done the call.
+Then ``message is not modified`` to an ``edit*`` method is :data:`SENT`.
+So is ``message to delete not found`` to ``deleteMessage`` or ``deleteMessages``.
+The call is recorded sent with the result ``true``.
+Without an earlier unknown outcome both stay :data:`FAIL`.
+A first try's edit that changes nothing is the caller's mistake, and it is reported.
+``message can't be deleted`` stays :data:`FAIL` always.
+Telegram says it for a message the bot may not delete (no right, too old).
+The message is still there, so it is no sign of an earlier delete.
+
+``ChatMigrated`` is :data:`MIGRATE`: the call is sent once more to the supergroup."""
 
 
 def _names(error: BaseException) -> "set[str]":
@@ -87,11 +122,21 @@ def _said(error: BaseException) -> str:
     return str(cause if cause is not None else error)
 
 
-def outcome_of(error: BaseException) -> str:
-    """The outcome :data:`ANSWERS` gives ``error`` (:data:`RETRY` when no row matches)."""
+def outcome_of(error: BaseException, method: str = "", after_unknown: bool = False) -> str:
+    """The outcome :data:`ANSWERS` gives ``error`` (:data:`RETRY` when no row matches).
+
+    Args:
+        error: What the send raised.
+        method: The Bot API method sent.
+        after_unknown: An earlier try of the call had an unknown outcome.
+    """
     names = _names(error)
     for rule in ANSWERS:
-        if rule.error in names and (rule.said is None or rule.said.search(_said(error))):
+        if rule.error not in names or (rule.after_unknown and not after_unknown):
+            continue
+        if rule.methods is not None and not rule.methods.search(method):
+            continue
+        if rule.said is None or rule.said.search(_said(error)):
             return rule.outcome
     return RETRY
 

@@ -49,7 +49,7 @@ def to_json_value(value: Any, name: str = "value") -> Any:
 
     Raises:
         TypeError: A file to upload (``InputFile``, bytes, a path, an open file) or another
-            object JSON cannot hold; the message names the parameter.
+            object JSON cannot hold. The message names the parameter.
     """
     if value is None or isinstance(value, (bool, int, float, str)):
         if isinstance(value, float) and value != value:

@@ -1,7 +1,7 @@
 """Per-chat order: updates of one chat run one after another, in update_id order.
 
-One definition of the chat key (:func:`chat_key` for an update dict, :func:`update_chat_key`
-for a python-telegram-bot ``Update``; :func:`stored_chat_key` is what a store records) and one
+One definition of the chat key: :func:`chat_key` for an update dict, :func:`update_chat_key`
+for a python-telegram-bot ``Update``, :func:`stored_chat_key` for what a store records. One
 in-process turn keeper, :class:`ChatOrder`, used by both front ends: ``UpdateIntake`` starts a
 worker from its ``start`` callback, the PTB processor wakes an asyncio future
 (:class:`ptb_fence.ptb._chat_turns.ChatTurns`). Across processes (``strict_chat_order``) the
@@ -15,7 +15,12 @@ import threading
 from collections.abc import Mapping  # not typing's alias: its isinstance is 5x slower
 from typing import Any, Callable, Dict, Hashable, List, Optional, Set, Tuple
 
-__all__ = ["ChatOrder", "chat_key", "stored_chat_key", "update_chat_key"]
+
+__all__ = ["ChatOrder", "JOB_KEY", "chat_key", "stored_chat_key", "update_chat_key"]
+
+
+JOB_KEY = "ptb_fence_job"
+"""The key of a durable job run's payload in its update body (see ``_durable_jobs``)."""
 
 
 def chat_key(update: Mapping[str, Any]) -> Hashable:
@@ -26,6 +31,11 @@ def chat_key(update: Mapping[str, Any]) -> Hashable:
     """
     for name, value in update.items():
         if name == "update_id" or not isinstance(value, Mapping):
+            continue
+        if name == JOB_KEY:  # a durable job's run: its job's chat, else its user
+            for field in ("chat_id", "user_id"):
+                if isinstance(value.get(field), int):
+                    return int(value[field])
             continue
         chat = value.get("chat")
         if not isinstance(chat, Mapping):
@@ -52,6 +62,11 @@ def update_chat_key(update: Any) -> Hashable:
     user = update.effective_user
     if user is not None:
         return int(user.id)
+    job = (getattr(update, "api_kwargs", None) or {}).get(JOB_KEY)
+    if isinstance(job, Mapping):  # a durable job's run: its job's chat, else its user
+        for field in ("chat_id", "user_id"):
+            if isinstance(job.get(field), int):
+                return int(job[field])
     return ("update", update.update_id)
 
 
@@ -75,8 +90,8 @@ class ChatOrder:
 
     def __init__(self, start: Callable[[Hashable, int, Any], None]) -> None:
         self._start = start
-        # taken as the lock itself (no Python frame per use, as the Condition's would add);
-        # the condition only wakes wait_empty
+        # taken as the lock itself (no Python frame per use, as the Condition's would add).
+        # The condition only wakes wait_empty
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._queues: Dict[Hashable, List[Tuple[int, int, Any]]] = {}
@@ -93,7 +108,7 @@ class ChatOrder:
             return update_id in self._known
 
     def submit(self, key: Hashable, update_id: int, item: Any) -> bool:
-        """Queue an update; :obj:`False` if it is already queued or running here."""
+        """Queue an update. Returns :obj:`False` if it is already queued or running here."""
         with self._lock:
             if update_id in self._known:
                 return False
@@ -124,7 +139,7 @@ class ChatOrder:
 
     def waiting_count(self) -> int:
         """How many updates wait for their chat's turn (each busy chat runs one of those it
-        knows); read without the lock, a snapshot."""
+        knows). Read without the lock, a snapshot."""
         return len(self._known) - len(self._busy)
 
     def waiting(self, key: Hashable) -> bool:
@@ -133,8 +148,8 @@ class ChatOrder:
             return bool(self._queues.get(key))
 
     def withdraw(self, key: Hashable, update_id: int) -> bool:
-        """Take a waiting update out of its chat's queue (e.g. its task was cancelled);
-        :obj:`False` if it is not waiting (already started: call :meth:`done` instead)."""
+        """Take a waiting update out of its chat's queue (e.g. its task was cancelled).
+        Returns :obj:`False` if it is not waiting (already started: call :meth:`done` instead)."""
         with self._lock:
             queue = self._queues.get(key)
             if not queue:
@@ -149,7 +164,7 @@ class ChatOrder:
             return True
 
     def drop_waiting(self) -> int:
-        """Forget every update still waiting for its chat's turn; return how many."""
+        """Forget every update still waiting for its chat's turn. Returns how many."""
         with self._lock:
             dropped = 0
             for key, queue in list(self._queues.items()):
@@ -161,6 +176,6 @@ class ChatOrder:
             return dropped
 
     def wait_empty(self, timeout: "float | None") -> bool:
-        """Wait until nothing is queued or running; :obj:`False` on timeout."""
+        """Wait until nothing is queued or running. Returns :obj:`False` on timeout."""
         with self._cond:
             return self._cond.wait_for(lambda: not self._known, timeout)

@@ -1,19 +1,12 @@
-"""ConflictRetries: attempts whose persisted state moved meanwhile, given back unspent and
-retried from fresh state, one at a time per key in this process.
+"""ConflictRetries: attempts whose persisted state moved meanwhile, given back unspent.
 
-A version conflict (:exc:`~ptb_fence.StateConflictError`: another attempt wrote state this one
-read) says nothing against the update: its handler succeeded on state that is now stale. So
-the attempt is not settled as a failure (that would spend one of ``max_attempts``, and under
-contention exhaust the update): its claim is released (``release_many``: the row is pending
-again, its attempt not counted), and the update runs again on the state that won.
-
-Fairness. Attempts that conflicted on a key wait here in the order they first conflicted and
-are handed back one at a time per key: the one handed back runs alone among them, so it
-conflicts again only with an update that was not waiting (a fresh one, another process), and
-every round lets one write land. An update that conflicts again keeps its place and waits a
-jittered delay that grows with its conflicts in a row (desynchronising processes that share
-the store). The sweep leaves the waiting updates to this order (another process's sweep may
-take one: then its turn passes on).
+A version conflict (:exc:`~ptb_fence.StateConflictError`) says nothing against the update.
+Its handler succeeded on state that is now stale. So the attempt is not settled as a failure,
+which would spend one of ``max_attempts``. Its claim is released (``release_many``) and the
+update runs again on the state that won. Attempts that conflicted on a key wait here in the
+order they first conflicted. They are handed back one at a time per key, so every round lets
+one write land. A repeated conflict waits a jittered delay that grows with its conflicts in a
+row. See :doc:`/explanation/guarantees` for the bounds this gives.
 """
 
 from __future__ import annotations
@@ -45,7 +38,7 @@ _LOGGER = logging.getLogger("ptb_fence.runtime")
 
 CONFLICT_DELAY_SECONDS = 0.02
 """The delay before the retry of an update's second conflict in a row (its first is retried
-at once); it doubles with each further conflict, up to :data:`CONFLICT_DELAY_CAP_SECONDS`,
+at once). It doubles with each further conflict, up to :data:`CONFLICT_DELAY_CAP_SECONDS`,
 and is jittered (between half and all of it)."""
 
 CONFLICT_DELAY_CAP_SECONDS = 1.0
@@ -89,11 +82,11 @@ class ConflictRetries:
     Args:
         port: The store port (its ``release_many``).
         options: The runtime's options (its clock).
-        keeper: The lease keeper; an attempt given back is no longer renewed.
+        keeper: The lease keeper. An attempt given back is no longer renewed.
         report: How a store error is reported (the runtime's ``report_store_error``).
         stats: Where release durations are timed.
-        hand: How an update is handed back to the front end (its ``retry_soon``);
-            :obj:`None`: the sweep takes the released updates, in no order.
+        hand: How an update is handed back to the front end (its ``retry_soon``).
+            With :obj:`None` the sweep takes the released updates, in no order.
     """
 
     __slots__ = ("_hand", "_keeper", "_lock", "_options", "_port", "_random", "_report",
@@ -166,7 +159,7 @@ class ConflictRetries:
         return True
 
     def _wait(self, attempt: Attempt, keys: Tuple[StateKey, ...]) -> int:
-        """Put the update in line (keeping its place if it waited already); its conflicts in a
+        """Put the update in line (keeping its place if it waited already). Its conflicts in a
         row."""
         if self._hand is None:
             return 1  # no front end to hand it back: the sweep takes it
@@ -194,7 +187,7 @@ class ConflictRetries:
     # -- turns ------------------------------------------------------------------------------
     def ended(self, attempt: Attempt) -> None:
         """``attempt`` ended (any outcome): if its update held turns, the next waiting updates
-        get them; an update that ended otherwise than by a conflict leaves the line."""
+        get them. An update that ended otherwise than by a conflict leaves the line."""
         if not self._waiting:  # the usual case: nothing in line (read unlocked: an update
             return  # is put in line by its conflict's settle, which happens before its end)
         with self._lock:
@@ -252,7 +245,7 @@ class ConflictRetries:
 
     def _next(self) -> List[Tuple[int, float, Optional[str]]]:
         """Give turns to the waiting updates whose keys are free and that no earlier waiting
-        update shares a key with (first come, first served per key); what to hand back."""
+        update shares a key with (first come, first served per key). What to hand back."""
         now = time.monotonic()
         self._lapse(now)
         taken: Set[StateKey] = set(self._turns)
@@ -278,7 +271,7 @@ class ConflictRetries:
         for update_id, delay, body in handed:
             try:
                 hand(update_id, delay, body)
-            except Exception:  # the turn lapses; the sweep then takes it
+            except Exception:  # the turn lapses. The sweep then takes it
                 _LOGGER.exception("could not hand update %s back after its conflict", update_id)
 
 

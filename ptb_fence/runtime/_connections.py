@@ -1,5 +1,6 @@
-"""The caller's connections around a fenced transaction (DB-API drivers; SQLAlchemy and
-Django through :mod:`ptb_fence.contrib`)."""
+"""The caller's connections around a fenced transaction.
+
+DB-API drivers are used directly. SQLAlchemy and Django go through :mod:`ptb_fence.contrib`."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ class CallerConnection(Protocol):
     """A caller's connection around a fenced transaction (see :func:`caller_connection`).
 
     Entering opens (or joins) the caller's transaction and returns the DB-API connection (or
-    cursor) the store's ``owns``/``settle_owned`` run on; leaving commits it (through the
+    cursor) the store's ``owns``/``settle_owned`` run on. Leaving commits it (through the
     library that owns it) or, on an exception, rolls it back.
     """
 
@@ -104,7 +105,7 @@ def caller_connection(
     """Wrap what a caller passed as ``connection=`` for a fenced transaction.
 
     DB-API connections and cursors (sqlite3, psycopg2, psycopg 3, other DB-API 2 drivers)
-    are used as they are; a SQLAlchemy ``Connection`` or ``Session`` and a Django connection
+    are used as they are. A SQLAlchemy ``Connection`` or ``Session`` and a Django connection
     go through :mod:`ptb_fence.contrib` (imported only here, so ``import ptb_fence`` never
     imports SQLAlchemy or Django).
 
@@ -131,7 +132,7 @@ def caller_connection(
 def asyncio_refusal(connection: Any, root: Optional[str] = None) -> Optional[str]:
     """Why ``connection`` cannot carry a fenced transaction because it is asyncio (an
     ``AsyncSession``, a psycopg 3 ``AsyncConnection``, asyncpg's), naming the recipe that
-    works; :obj:`None` for anything else. Known by module and class names: nothing is
+    works. Returns :obj:`None` for anything else. Known by module and class names: nothing is
     imported."""
     kind = type(connection)
     if root is None:
@@ -156,7 +157,7 @@ def asyncio_refusal(connection: Any, root: Optional[str] = None) -> Optional[str
 
 
 def _checked(connection: Any, root: str) -> Any:
-    """``connection`` if it is a DB-API connection or cursor; TypeError naming what is
+    """``connection`` if it is a DB-API connection or cursor. Raises TypeError naming what is
     accepted otherwise (never the store's SQL failing on it later)."""
     if root in ("sqlite3", "psycopg2", "psycopg") or is_dbapi(target_of(connection)):
         return connection
@@ -167,7 +168,7 @@ def _checked(connection: Any, root: str) -> Any:
 def dbapi_connection(connection: Any) -> Any:
     """The DB-API connection (or cursor) for ``owns(connection=...)``: a SQLAlchemy
     ``Connection`` or ``Session`` and a Django connection give theirs (a Session begins its
-    transaction); DB-API connections and cursors are passed on as they are.
+    transaction). DB-API connections and cursors are passed on as they are.
 
     Raises:
         TypeError: Anything else, naming what is accepted.

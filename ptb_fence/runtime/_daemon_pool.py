@@ -21,7 +21,7 @@ class DaemonThreadPool(concurrent.futures.Executor):
     :class:`concurrent.futures.ThreadPoolExecutor` joins its threads when the interpreter
     exits: one job blocked in a store call (a database that does not answer: frozen,
     partitioned) would keep the process from exiting however the stop bounded its own waits.
-    These threads are daemon threads: the process exits with them still blocked; the work they
+    These threads are daemon threads: the process exits with them still blocked. The work they
     did not finish is covered by the store's leases.
 
     Args:
@@ -41,7 +41,7 @@ class DaemonThreadPool(concurrent.futures.Executor):
         self._closed = False
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> "concurrent.futures.Future[Any]":
-        """Run ``fn(*args, **kwargs)`` on a pool thread; its future."""
+        """Run ``fn(*args, **kwargs)`` on a pool thread and return its future."""
         future: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
         with self._lock:
             if self._closed:
@@ -91,7 +91,7 @@ class DaemonThreadPool(concurrent.futures.Executor):
             del item, future, fn, args, kwargs
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Take no more work; the threads end once the queued work ran (joined if ``wait``)."""
+        """Take no more work. The threads end once the queued work ran (joined if ``wait``)."""
         with self._lock:
             self._closed = True
             threads = list(self._threads)

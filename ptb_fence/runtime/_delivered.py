@@ -1,7 +1,7 @@
 """DeliveredExhaustion: what ``handle_exhaustion`` receives, with an outbox whose calls commit
 with the exhaustion's acknowledgement.
 
-An error handler runs once per failed attempt; ``handle_exhaustion`` once per update that will
+An error handler runs once per failed attempt. ``handle_exhaustion`` runs once per update that will
 not run again (at least once: until it returns). A message to the user queued there
 (``exhaustion.outbox.reply_text("Sorry ...")``) is written in the commit that acknowledges the
 exhaustion: sent iff that commit lands, so once, however often the handler ran before.

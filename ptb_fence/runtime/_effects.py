@@ -2,10 +2,10 @@
 
 One place for every effect that must land exactly when the completion lands (the outbox's Bot
 API calls, and the persisted bot state of a :class:`StateSource` such as FencedPersistence's
-session): the attempt *has* one; the runtime takes its :class:`~ptb_fence.AttemptEffects`
-when it completes the attempt (the grouped completion's ``settle_owned_many(effects=...)``,
-``add_claimed_and_settle_many(effects=...)``, or a ``transaction(complete=True)`` through
-``write_effects``), then tells it whether that commit landed.
+session): the attempt *has* one. The runtime takes its :class:`~ptb_fence.AttemptEffects`
+when it completes the attempt (the grouped completion's ``commit`` with ``Batch.effects``, or
+a ``transaction(complete=True)`` through ``write_effects``), then tells it whether that commit
+landed.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 import threading
 from typing import Any, List, Optional, Protocol, Sequence, Tuple
 
-from ptb_fence._values import AttemptEffects, OutboxCall, StateWrite
+from ptb_fence._values import AttemptEffects, JobWrite, OutboxCall, StateWrite
 from ptb_fence.runtime._held_call import HeldCall
 
 __all__ = ["HeldEffects", "OpenTransaction", "StateSource", "Taken"]
@@ -71,8 +71,8 @@ class HeldEffects:
     call made then could not ride the commit, and is refused rather than lost.
     """
 
-    __slots__ = ("_calls", "_handles", "_lock", "_next_seq", "_state", "_taken", "_taken_state",
-                 "_closed")
+    __slots__ = ("_calls", "_cancels", "_handles", "_jobs", "_lock", "_next_seq", "_state",
+                 "_taken", "_taken_state", "_closed")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -83,6 +83,9 @@ class HeldEffects:
         self._closed: Optional[str] = None  # why nothing more can be held
         self._state: Optional[StateSource] = None
         self._taken_state: Tuple[StateWrite, ...] = ()
+        # durable jobs scheduled and removed, each with the object the handler holds
+        self._jobs: List[Tuple[JobWrite, Any]] = []
+        self._cancels: List[Any] = []
 
     @property
     def closed(self) -> bool:
@@ -92,7 +95,7 @@ class HeldEffects:
     @property
     def empty(self) -> bool:
         """:obj:`bool`: Nothing is held (the completion writes no effects)."""
-        return not self._calls and self._state is None
+        return not self._calls and self._state is None and not self._jobs and not self._cancels
 
     def hold_state(self, source: StateSource) -> None:
         """Write ``source``'s state with the completion (asked when it is written) and tell it
@@ -135,16 +138,55 @@ class HeldEffects:
             self._calls.append(call)
             self._handles.append(handle)
 
+    def hold_job(self, write: JobWrite, job: Any) -> None:
+        """Write the durable job ``write`` with the completion. ``job`` is the handler's object
+        of it (its ``job_id`` is not known before the commit).
+
+        Raises:
+            RuntimeError: As :meth:`hold_call`.
+        """
+        with self._lock:
+            self._refuse_if_closed_or_taken("a job scheduled")
+            self._jobs.append((write, job))
+
+    def cancel_job(self, job: Any) -> None:
+        """Remove the durable job ``job`` with the completion (one scheduled by this attempt:
+        it is not written at all).
+
+        Raises:
+            RuntimeError: As :meth:`hold_call`.
+        """
+        with self._lock:
+            self._refuse_if_closed_or_taken("a job removed")
+            kept = [(write, held) for write, held in self._jobs if held is not job]
+            if len(kept) != len(self._jobs):
+                self._jobs = kept
+            elif getattr(job, "job_id", None) is not None:
+                self._cancels.append(job)
+
+    def _refuse_if_closed_or_taken(self, what: str) -> None:
+        if self._closed is not None:
+            raise RuntimeError(self._closed)
+        if self._taken:
+            raise RuntimeError(
+                f"the attempt's completion is being committed right now: {what} from another "
+                "thread at this moment cannot ride it. Do it before the handler completes"
+            )
+
     def take(self) -> Optional[Taken]:
         """The effects to write now, or :obj:`None` when nothing is held. Until
         :meth:`landed` or :meth:`restore`, nothing more can be held."""
         with self._lock:
             state = self._take_state()
             self._taken_state = state
-            if not self._calls and not state:
+            if not self._calls and not state and not self._jobs and not self._cancels:
                 return None
             self._taken = True
-            return AttemptEffects(calls=tuple(self._calls), state=state), tuple(self._handles)
+            return AttemptEffects(
+                calls=tuple(self._calls), state=state,
+                jobs=tuple(write for write, _ in self._jobs),
+                cancelled_jobs=tuple(int(job.job_id) for job in self._cancels),
+            ), tuple(self._handles)
 
     def landed(self, call_ids: Optional[Sequence[int]] = None) -> Tuple[HeldCall, ...]:
         """The completion committed, with the taken effects if any were taken
@@ -154,6 +196,7 @@ class HeldEffects:
             handles: List[HeldCall] = []
             if self._taken:
                 handles, self._handles, self._calls = self._handles, [], []
+                self._jobs, self._cancels = [], []
             self._taken = False
             self._closed = "the attempt's completion committed: nothing more can ride it"
             source, self._state = self._state, None
@@ -164,17 +207,18 @@ class HeldEffects:
         return tuple(handles)
 
     def restore(self) -> None:
-        """The commit that carried the taken effects rolled back; the attempt still owns its
+        """The commit that carried the taken effects rolled back. The attempt still owns its
         update (e.g. its ``transaction(complete=True)`` block raised): keep them held."""
         with self._lock:
             self._taken = False
             self._taken_state = ()
 
     def discard(self, why: str = "the attempt ended without completing") -> None:
-        """The attempt did not complete: drop everything held (never written, never sent);
-        later calls are refused with ``why``."""
+        """The attempt did not complete: drop everything held (never written, never sent).
+        Later calls are refused with ``why``."""
         with self._lock:
             handles, self._handles, self._calls = self._handles, [], []
+            self._jobs, self._cancels = [], []
             self._taken = False
             self._closed = why
             source, self._state = self._state, None
@@ -192,7 +236,7 @@ class HeldEffects:
 
     @staticmethod
     def _tell(source: Optional[StateSource], writes: Tuple[StateWrite, ...], landed: bool) -> None:
-        """Tell the state source how the attempt ended; its failure is logged, never raised
+        """Tell the state source how the attempt ended. Its failure is logged, never raised
         into the completion (which already happened)."""
         if source is None:
             return

@@ -1,17 +1,12 @@
 """ExhaustionDeliveries: the decisions of exhaustion delivery, shared by both front ends.
 
-Which exhaustions are due (a sweep fetches as many as there are free delivery slots, in the
-order of a rotating cursor; each delivery that ends fetches the next ones, up to
-:data:`_PER_SWEEP` (100) per sweep, so a failing first page can never
-starve the rest and a failing handler is entered at most that often per sweep), which of them
-start now (one delivery per exhaustion identity in a process, at most :data:`MAX_DELIVERIES`
-at once; one left out for want of a slot waits here, and a delivery that ends starts it before
-fetching a page: the cursor may be past it already), what the end of a delivery means
-(acknowledged with its exact identity, or reported and left due so that a later sweep delivers
-it again) and what is logged. The front ends keep only the mechanics: ``UpdateIntake`` runs
-each delivery on a thread (:class:`~ptb_fence.blocking._delivery.ExhaustionDelivery`), the PTB
-processor in a task (:class:`~ptb_fence.ptb._deliveries.Deliveries`). Thread-safe; the store
-calls block.
+It decides which exhaustions are due: a sweep fetches as many as there are free delivery slots,
+in the order of a rotating cursor, up to :data:`_PER_SWEEP` per sweep. It decides which start
+now: one delivery per exhaustion identity, at most :data:`MAX_DELIVERIES` at once. It decides
+what the end of a delivery means (acknowledged, or reported and left due) and what is logged.
+The front ends keep only the mechanics: ``UpdateIntake`` runs each delivery on a thread
+(:class:`~ptb_fence.blocking._deliveries.ThreadDeliveries`), the PTB processor in a task
+(:class:`~ptb_fence.ptb._deliveries.AsyncDeliveries`). Thread-safe. The store calls block.
 """
 
 from __future__ import annotations
@@ -40,10 +35,10 @@ __all__ = ["MAX_DELIVERIES", "SLOW_DELIVERY_SECONDS", "ExhaustionDeliveries"]
 _LOGGER = logging.getLogger("ptb_fence.runtime")
 
 MAX_DELIVERIES = 8
-"""Exhaustion deliveries running at once in one process; the others stay due."""
+"""Exhaustion deliveries running at once in one process. The others stay due."""
 
 SLOW_DELIVERY_SECONDS = 30.0
-"""After this long a running delivery is logged (WARNING) as slow; it is left running and never
+"""After this long a running delivery is logged (WARNING) as slow. It is left running and never
 started again for the same exhaustion while it runs."""
 
 
@@ -77,7 +72,7 @@ class ExhaustionDeliveries:
         self._acknowledged_order: Deque[AttemptIdentity] = collections.deque()
         self._budget = 0  # deliveries the current sweep may still lead to
         self._more = False  # the last page was full: more may be due after it
-        # due, not started for want of a slot (admitted in this order as slots free); the page
+        # due, not started for want of a slot (admitted in this order as slots free). The page
         # cursor may be past them, so the deliveries that end start them, not only a sweep
         self._waiting: "collections.OrderedDict[AttemptIdentity, Exhaustion]" = (
             collections.OrderedDict()
@@ -141,7 +136,7 @@ class ExhaustionDeliveries:
         """The exhaustions to deliver now: not being delivered (nor just acknowledged) in this
         process, and no more than the free slots. Each one returned holds a slot until
         :meth:`finish` or :meth:`abandon`. The others wait for a slot: the deliveries that end
-        start them (:meth:`more_due`), however far the page cursor has moved meanwhile; a slot
+        start them (:meth:`more_due`), however far the page cursor has moved meanwhile. A slot
         is held now, so one of them ends after this and looks. Beyond :data:`_REMEMBERED`
         waiting, the oldest is left to a later sweep (it stays due in the store)."""
         admitted = []
@@ -168,11 +163,12 @@ class ExhaustionDeliveries:
         return self._runtime.delivered(exhaustion)
 
     def finish(self, exhaustion: Exhaustion, error: Optional[BaseException]) -> bool:
-        """A delivery ended: the handler returned (``error`` :obj:`None`: acknowledge the
-        exhaustion with its exact identity) or raised ``error`` (reported: ERROR log and
-        ``on_exhaustion_failure``; it stays due and a later sweep delivers it again). A store
-        failure while acknowledging is reported and leaves it due too. Frees its slot.
-        Blocking.
+        """A delivery ended. Frees its slot. Blocking.
+
+        If the handler returned (``error`` is :obj:`None`), the exhaustion is acknowledged with
+        its exact identity. If it raised ``error``, that is reported (an ERROR log and
+        ``on_exhaustion_failure``) and the exhaustion stays due for a later sweep. A store
+        failure while acknowledging is reported and leaves it due too.
 
         Returns:
             Whether the exhaustion was acknowledged.

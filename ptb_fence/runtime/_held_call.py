@@ -14,21 +14,22 @@ class HeldCall:
     """A Bot API call an attempt holds until the commit that completes its update.
 
     :meth:`ptb_fence.Outbox.call` (and its shortcuts) return one for a call made outside a
-    fenced transaction: such a call has no row, and so no outbox id, until the completion
+    fenced transaction. Such a call has no row, and so no outbox id, until the completion
     commits. The handle says honestly where the call is:
 
-    - ``"held"``: the attempt holds it; it is written in the completion's commit;
-    - ``"committed"``: the completion committed, so the call is in the outbox and will be
-      sent (at least once). :attr:`call_id` is its outbox id when this process learnt it
-      (a ``transaction(complete=True)`` returns the ids at once; a grouped completion does not,
-      and this process's dispatcher fills it in when it claims the call); otherwise
-      :obj:`None` — the call is still identified by :attr:`identity` and :attr:`seq`;
-    - ``"discarded"``: the attempt failed or lost its update: the call is never sent.
+    - ``"held"``: the attempt holds it. It is written in the completion's commit.
+    - ``"committed"``: the completion committed. So the call is in the outbox and will be
+      sent at least once. :attr:`call_id` is its outbox id when this process learnt it.
+      A ``transaction(complete=True)`` returns the ids at once. A grouped completion does
+      not, and this process's dispatcher fills the id in when it claims the call.
+      Otherwise :attr:`call_id` is :obj:`None`, and :attr:`identity` and :attr:`seq` still
+      identify the call.
+    - ``"discarded"``: the attempt failed or lost its update. The call is never sent.
 
     Attributes:
         identity (:class:`~ptb_fence.AttemptIdentity`): The attempt that made the call.
-        seq (:obj:`int`): The call's position among the calls of that attempt; with
-            ``identity`` its key in the outbox (:attr:`ptb_fence.OutboxEntry.seq`).
+        seq (:obj:`int`): The call's position among the calls of that attempt. With
+            ``identity`` it is the call's key in the outbox (:attr:`ptb_fence.OutboxEntry.seq`).
         method (:obj:`str`): The Bot API method.
     """
 

@@ -40,13 +40,13 @@ def _resolve(future: "asyncio.Future[Any]", ok: bool, value: Any) -> None:
 class StoreHop:
     """Runs blocking store calls for asyncio callers on a few store threads.
 
-    One call costs one :class:`asyncio.Future`, one context copy and one queue entry: the
+    One call costs one :class:`asyncio.Future`, one context copy and one queue entry. The
     thread runs the call in the caller's context and hands the result straight to the loop,
-    without a :class:`concurrent.futures.Future` (and its ``Condition``) in between; results
-    that finish while a hand-back is pending go with it (one wake-up of the loop for all). Only ``core`` threads take calls while they keep finishing, so
-    few threads compete for the GIL at once (returning from a database call each needs it);
-    one more (up to ``limit``) starts only when every thread is busy and none finished for
-    50 ms (slow calls never hold the others up for long), and it ends once no call is queued.
+    without a :class:`concurrent.futures.Future` in between. Results that finish while a
+    hand-back is pending go with it, in one wake-up of the loop. Only ``core`` threads take
+    calls while they keep finishing, so few threads compete for the GIL. One more thread (up to
+    ``limit``) starts only when every thread is busy and none finished for 50 ms. It ends once
+    no call is queued.
 
     Args:
         core: Threads that take calls first (at least 1).
@@ -125,7 +125,7 @@ class StoreHop:
         return await self.submit(asyncio.get_running_loop(), fn)
 
     def stop(self) -> None:
-        """Take no more calls; the threads end once the calls already queued ran (not
+        """Take no more calls. The threads end once the calls already queued ran (not
         waited for here)."""
         with self._lock:
             if self._closed:

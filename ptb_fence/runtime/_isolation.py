@@ -1,12 +1,12 @@
 """IsolationState: who may start a handler now, for the isolation gates of both front ends.
 
 A process that died while several handlers ran cannot tell which one killed it, so the store
-gives its claims back as *suspect* (:class:`~ptb_fence.IsolatingUpdateStore`). A suspect's
+gives its claims back as *suspect* (:class:`~ptb_fence.BatchStore`). A suspect's
 handler starts on probation: no other handler starts for :data:`PROBATION_SECONDS`, or until
 it ended. A row *suspect again* runs alone: it waits until the running handlers ended, and no
 other one starts until it ended (writer preference: waiting suspects hold fresh starts, so
 they cannot starve). This class keeps the counters and these rules. It never waits: the gates
-(:class:`ptb_fence.blocking._isolation.IsolationGate` with a lock and a condition,
+(:class:`ptb_fence.blocking._isolation.ThreadIsolationGate` with a lock and a condition,
 :class:`ptb_fence.ptb._isolation.AsyncIsolationGate` on the event loop) wait and wake.
 """
 

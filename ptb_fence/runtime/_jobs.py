@@ -20,7 +20,7 @@ __all__ = ["BackgroundJobs", "TAKEOVER_EVERY_SECONDS"]
 
 TAKEOVER_EVERY_SECONDS = 1.0
 """How often a runtime whose store has liveness signals looks for dead processes' claims
-(at most; never less often than its sweep)."""
+(at most). It looks never less often than its sweep."""
 
 _LOGGER = logging.getLogger("ptb_fence.runtime")
 
@@ -31,7 +31,7 @@ class BackgroundJobs:
     Args:
         keeper: The lease keeper whose tick runs as a job.
         options: The runtime's options (``sweep_every_seconds``).
-        take_over_dead: Makes dead processes' claims claimable, returns how many; run every
+        take_over_dead: Makes dead processes' claims claimable, returns how many. Run every
             :data:`TAKEOVER_EVERY_SECONDS` (:obj:`None`: the store has no liveness signals).
         outage: The store's outage, if any: while it lasts the sweep and the takeover watch
             skip their runs until a back-off passed (the lease keeper's tick never skips: it
@@ -89,7 +89,7 @@ class BackgroundJobs:
                     seconds=self._options.sweep_every_seconds,
                     id="ptb_fence_sweep",
                     name="ptb_fence sweep",
-                    # the sweep has its own non-blocking lock; extra instances return at once
+                    # the sweep has its own non-blocking lock. Extra instances return at once
                     # instead of APScheduler warning that a run was skipped
                     max_instances=3,
                 )

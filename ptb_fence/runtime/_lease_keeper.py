@@ -27,13 +27,13 @@ _LOGGER = logging.getLogger("ptb_fence.lease")
 def new_scheduler() -> "BackgroundScheduler":
     """A fresh APScheduler 3 background scheduler: UTC, daemon threads, nothing skipped.
 
-    APScheduler's defaults drop late runs (``misfire_grace_time`` of 1 s, ``max_instances=1``);
-    here a late run still runs (``misfire_grace_time=None``, coalesced into one) and a slow
+    APScheduler's defaults drop late runs (``misfire_grace_time`` of 1 s, ``max_instances=1``).
+    Here a late run still runs (``misfire_grace_time=None``, coalesced into one) and a slow
     run does not make the next one vanish (``max_instances=4``). A new scheduler is built for
     every start because APScheduler 3's ``shutdown()`` drops its jobs.
 
     Quiet by default: APScheduler logs every job run at INFO ("Running job …", "… executed
-    successfully") and every start; for ptb_fence's own scheduler those records go to the
+    successfully") and every start. For ptb_fence's own scheduler those records go to the
     loggers ``ptb_fence.scheduler`` and ``apscheduler.executors.ptb_fence``, which start at
     WARNING unless you configured them (set them to INFO to see every renewal and sweep run).
     Jobs must be added with ``executor=EXECUTOR``.
@@ -80,7 +80,7 @@ class LeaseKeeper:
     """Renews the leases of every active attempt of one runtime, one tick at a time.
 
     Where the store offers a batched renewal (``renew_owned_many`` / ``renew_many``) one
-    statement per tick renews every active lease; otherwise one call per attempt. A refused
+    statement per tick renews every active lease. Otherwise one call per attempt. A refused
     renewal, or the last proven lease passing, fires that attempt's ``owner_lost``. A renewal
     that raises is reported (``on_store_error(error, "renew")``) and does not fire it by itself.
     A result of :obj:`None` (the row is locked by another open transaction right now) is
@@ -125,7 +125,7 @@ class LeaseKeeper:
             self._active[(attempt.update_id, attempt.attempt)] = attempt
 
     def unregister(self, attempt: "Attempt") -> None:
-        """Stop renewing ``attempt``'s lease (it ended); late renewal results are ignored."""
+        """Stop renewing ``attempt``'s lease (it ended). Late renewal results are ignored."""
         attempt.end()
         with self._lock:
             key = (attempt.update_id, attempt.attempt)
@@ -174,13 +174,13 @@ class LeaseKeeper:
         live = []
         for attempt in attempts:
             if attempt.holds_fence:
-                continue  # holds its row lock: provably owned; a renewal would wait on it
+                continue  # holds its row lock: provably owned. A renewal would wait on it
             if attempt.proven_until < now:
                 self._lost(attempt, "its last proven lease passed")
             elif not attempt.in_fenced_transaction:
                 live.append(attempt)
         if not live or not self._renewing.acquire(blocking=False):
-            return  # the previous renewal is still running; deadlines were checked above
+            return  # the previous renewal is still running. Deadlines were checked above
         try:
             self._renew_all(live, lease_until, now)
         finally:
@@ -268,7 +268,7 @@ class LeaseKeeper:
 
     def _apply(self, attempt: "Attempt", ok: Optional[bool], lease_until: int) -> None:
         # None or a refusal while it holds its fence: undecided (the row is locked right now,
-        # maybe by this attempt's own fenced transaction, which proves ownership); the deadline
+        # maybe by this attempt's own fenced transaction, which proves ownership). The deadline
         # and later ticks decide
         if attempt.renewed(ok, lease_until):
             self._stats.renewal_refused()

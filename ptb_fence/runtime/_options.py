@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ptb_fence._durations import Duration, duration_seconds
+from ptb_fence.runtime._pacer import OutboxPacing
 
 if TYPE_CHECKING:
     from ptb_fence._values import Exhaustion, OutboxEntry
@@ -65,7 +66,7 @@ def _callable_or_none(name: str, value: Any) -> Any:
 @dataclass(frozen=True)
 class AlarmThresholds:
     """When ptb_fence logs an alarm (a WARNING under the ``ptb_fence.alarms`` logger), given as
-    the ``alarms=`` option; ``alarms=None`` turns them off.
+    the ``alarms=`` option. ``alarms=None`` turns them off.
 
     Each condition logs once, then again every ``interval_seconds`` while it holds, and once
     (INFO) when it clears. All durations are seconds.
@@ -83,6 +84,10 @@ class AlarmThresholds:
             for its acknowledgement. Defaults to 3600.
         interval_seconds (:obj:`float`): The quiet time between two alarms of one condition.
             Defaults to 300.
+        jobs_late_seconds (:obj:`float`): A durable job due this long ago has not fired yet
+            (no process with durable jobs runs, or its store calls fail). It also makes
+            ``healthy()`` false. The sweep reads the due jobs at most every 10 s. Defaults
+            to 60.
     """
 
     ingest_failing_seconds: float = 60.0
@@ -90,6 +95,7 @@ class AlarmThresholds:
     chat_held_seconds: float = 300.0
     exhaustion_unacknowledged_seconds: float = 3600.0
     interval_seconds: float = 300.0
+    jobs_late_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -98,6 +104,7 @@ class AlarmThresholds:
             "chat_held_seconds",
             "exhaustion_unacknowledged_seconds",
             "interval_seconds",
+            "jobs_late_seconds",
         ):
             value = getattr(self, name)
             if (
@@ -118,7 +125,7 @@ class RuntimeOptions:
     """The options of the runtime, validated on construction.
 
     Durations are seconds (:obj:`int` or :obj:`float`) or a :class:`datetime.timedelta`, as
-    python-telegram-bot 22's ``TimePeriod``; they are stored as :obj:`float` seconds here, and
+    python-telegram-bot 22's ``TimePeriod``. They are stored as :obj:`float` seconds here, and
     the store sees integer milliseconds.
 
     Args:
@@ -136,51 +143,47 @@ class RuntimeOptions:
             Settled rows are pruned this long after settling.
             Default 86400.
         max_concurrent (:obj:`int`): Updates handled at once (different chats). Default 32.
-        retry: ``retry(error, attempt) -> seconds | None``; default
+        retry: ``retry(error, attempt) -> seconds | None``. Default
             :func:`ptb_fence.runtime.default_retry`. Not asked for a misuse of ptb_fence
             (:func:`ptb_fence.is_misuse`): that attempt fails for good at once.
         on_failure: ``on_failure(error, attempt, retrying)`` observer of failed attempts.
         on_exhaustion_failure: ``on_exhaustion_failure(error, exhaustion)`` observer of a
             failing exhaustion handler.
-        on_store_error: ``on_store_error(error, step)`` observer of store errors; ``step`` is one
+        on_store_error: ``on_store_error(error, step)`` observer of store errors. ``step`` is one
             of ``"claim"``, ``"renew"``, ``"settle"``, ``"sweep"``.
-        clock: ``clock() -> float`` seconds since the epoch (default :func:`time.time`); the
+        clock: ``clock() -> float`` seconds since the epoch (default :func:`time.time`). The
             store sees ``int(clock() * 1000)``.
         stop_timeout_seconds (:obj:`float` | :class:`datetime.timedelta`):
             Once stopping began (``Application.stop()``, :meth:`UpdateIntake.close`), how long
             running handlers (and, in a PTB Application, the updates already queued) may still
-            finish; then their attempts are released (claimable at once elsewhere, not counted
-            as spent; their fenced writes are refused, open fenced transactions on the store's
-            PostgreSQL connections are rolled back) and their tasks cancelled (asyncio; one
-            still running 1 s later is left running) or abandoned (threads). A PTB stop ends
-            within this + 5 s, also when the database does not answer.
-            Default 10.
+            finish. Then their attempts are released, not counted as spent. Their fenced
+            writes are refused. Their open fenced transactions on the store's PostgreSQL
+            connections are rolled back. Their asyncio tasks are cancelled, and their threads
+            are abandoned. A PTB stop ends within this + 5 s, also when the database does not
+            answer. Default 10. See :doc:`/explanation/recovery`.
         attempt_timeout_seconds (:obj:`float` | :class:`datetime.timedelta` | :obj:`None`):
-            How long one attempt's handler may run: then it fails with
-            :exc:`~ptb_fence.AttemptTimeout` (retried by the ``retry`` policy, or exhausted),
-            its lease is no longer renewed and its fenced writes are refused; an asyncio
-            handler is cancelled (and left running if it has not ended 1 s later), a blocking
-            one is abandoned (its thread runs on, no longer counted against
-            ``max_concurrent``). An attempt that completed stays completed. Default
+            How long one attempt's handler may run. Then it fails with
+            :exc:`~ptb_fence.AttemptTimeout`, retried by the ``retry`` policy or exhausted. Its
+            lease is no longer renewed and its fenced writes are refused. An asyncio handler is
+            cancelled. A blocking one is abandoned, and its thread no longer counts against
+            ``max_concurrent``. An attempt that completed stays completed. Default
             :obj:`None` (no limit).
         ingest_claim_buffer (:obj:`int`): A fenced store that records and claims in one
             commit claims at ingest at most ``max_concurrent + ingest_claim_buffer`` minus the
-            claims this process already holds; the rest of a batch is recorded ``pending``
-            (claimable by any process; this one claims them when it gets to them), so a crash
+            claims this process already holds. The rest of a batch is recorded ``pending``
+            (claimable by any process, this one claims them when it gets to them), so a crash
             strands at most that many for a lease. Default 8.
         strict_chat_order (:obj:`bool`): An update of a chat is never started while an
-            earlier update of the same chat is unsettled (pending, processing, or failed and
-            waiting for its retry), in this process or any other sharing the store; an
-            exhausted or abandoned update releases its chat. Needs a
-            :class:`~ptb_fence.ChatOrderedUpdateStore`, and every process sharing the store
-            must use it. Updates are then recorded with their chat and claimed only when it is
-            their chat's turn (never at ingest). A failing update delays its chat by its retry
-            delay; other chats are not held up. Default :obj:`False` (order of first attempts
-            within one process only).
+            earlier update of the same chat is unsettled, in this process or any other sharing
+            the store. An exhausted or abandoned update releases its chat. It needs a
+            :class:`~ptb_fence.BatchStore`, and every process sharing the store
+            must use it. A failing update delays its chat by its retry delay. Other chats are
+            not held up. Default :obj:`False` (order of first attempts within one process
+            only). See :ref:`chat-order`.
         alarms (:class:`~ptb_fence.AlarmThresholds` | :obj:`None`): When to log an alarm (a
             WARNING under ``ptb_fence.alarms``, once per condition per interval): recording
             failing, the oldest unsettled update too old, a chat held too long, exhaustions
-            unacknowledged too long. :obj:`None` turns the alarms off. Default
+            unacknowledged too long, durable jobs late. :obj:`None` turns the alarms off. Default
             ``AlarmThresholds()``.
         outbox_concurrency (:obj:`int`): Outbox calls sent at once by this process (each
             chat's calls one at a time, in order, whatever this is). Default 8.
@@ -190,7 +193,7 @@ class RuntimeOptions:
         handle_send_failure: ``handle_send_failure(entry)`` (sync or async), called at least
             once for every outbox call that ended ``failed`` (a permanent refusal, an unknown
             outcome of an ``at_most_once`` call, expiry) with its
-            :class:`~ptb_fence.OutboxEntry`; when it returns normally the failure is
+            :class:`~ptb_fence.OutboxEntry`. When it returns normally the failure is
             acknowledged, when it raises it is delivered again. Without it a failure is
             logged (WARNING) and acknowledged. Default :obj:`None`.
         probe_port (:obj:`int` | :obj:`None`): Serve this process's probes over HTTP on this
@@ -201,6 +204,10 @@ class RuntimeOptions:
         probe_host (:obj:`str`): The address the probe server listens on. Default
             ``"127.0.0.1"`` (this host only: give ``"0.0.0.0"`` for a probe from outside a
             container).
+        outbox_pacing (:class:`~ptb_fence.OutboxPacing` | :obj:`None`): Telegram's limits
+            every outbox send is paced by, shared by every process of the bot through the
+            store. Pass ``OutboxPacing()`` for Telegram's limits. Default :obj:`None`: sends go
+            as fast as the senders go.
 
     Raises:
         ValueError: A numeric option is not positive (``ingest_claim_buffer``: negative), or a duration is neither a number nor a
@@ -231,8 +238,9 @@ class RuntimeOptions:
     handle_send_failure: Optional[Callable[["OutboxEntry"], Any]] = None
     probe_port: Optional[int] = None
     probe_host: str = "127.0.0.1"
+    outbox_pacing: Optional[OutboxPacing] = None
 
-    # The constructor takes durations as ``float | int | timedelta``; the attributes are always
+    # The constructor takes durations as ``float | int | timedelta``. The attributes are always
     # float seconds, so code reading them needs no conversion.
     def __init__(
         self,
@@ -257,6 +265,7 @@ class RuntimeOptions:
         handle_send_failure: Optional[Callable[["OutboxEntry"], Any]] = None,
         probe_port: Optional[int] = None,
         probe_host: str = "127.0.0.1",
+        outbox_pacing: Optional[OutboxPacing] = None,
     ) -> None:
         values: "dict[str, Any]" = {
             "max_attempts": _positive_int("max_attempts", max_attempts),
@@ -290,7 +299,13 @@ class RuntimeOptions:
             "handle_send_failure": _callable_or_none("handle_send_failure", handle_send_failure),
             "probe_port": _port_or_none("probe_port", probe_port),
             "probe_host": _host("probe_host", probe_host),
+            "outbox_pacing": outbox_pacing,
         }
+        if outbox_pacing is not None and not isinstance(outbox_pacing, OutboxPacing):
+            raise TypeError(
+                "outbox_pacing must be an OutboxPacing (or None to send unpaced), got "
+                f"{outbox_pacing!r}"
+            )
         if alarms is not None and not isinstance(alarms, AlarmThresholds):
             raise TypeError(
                 f"alarms must be an AlarmThresholds (or None to turn them off), got {alarms!r}"

@@ -3,7 +3,7 @@
 While the database is down every background loop keeps failing: the lease keeper, the sweep,
 the outbox's sender, the figures. Each of their errors is counted (``Stats.store_errors``) and
 passed to ``on_store_error``, but only the first :data:`ERRORS_LOGGED` of each step per outage
-are logged at ERROR (with a note that the rest are counted, not logged); the others go to
+are logged at ERROR (with a note that the rest are counted, not logged). The others go to
 DEBUG. The first store call that answers again ends the outage with one line: how long it
 lasted and how many errors each step met (WARNING when errors went unlogged, else INFO).
 """
@@ -76,7 +76,7 @@ class StoreOutage:
             errors, self._errors = self._errors, {}
         if since is None:
             return
-        # a WARNING when errors went unlogged (at DEBUG): the line that closes them; a lone
+        # a WARNING when errors went unlogged (at DEBUG): the line that closes them. A lone
         # error that was logged whole gets an INFO line
         muted = any(count > ERRORS_LOGGED for count in errors.values())
         _LOGGER.log(

@@ -35,7 +35,7 @@ _MESSAGE_FIELDS = (
 
 def _file_reference(name: str, value: Any) -> Any:
     """A ``photo``/``document`` given as file id or URL (a PTB ``PhotoSize``/``Document``
-    stands for its ``file_id``); anything to upload is refused."""
+    stands for its ``file_id``). Anything to upload is refused."""
     if isinstance(value, str):
         return value
     file_id = getattr(value, "file_id", None)
@@ -76,26 +76,22 @@ class Outbox:
     """The Bot API calls of one attempt, sent iff the attempt's commit carried them.
 
     A handler gets it as ``attempt.outbox`` (``context.attempt.outbox`` in PTB). Every method
-    queues one call and returns at once; nothing goes to Telegram from here:
+    queues one call and returns at once. Nothing goes to Telegram from here:
 
-    - inside an open fenced transaction of this attempt (``with attempt.transaction():``, the
-      function given to ``run_in_transaction``) the call's row is inserted through that
-      transaction: it commits or rolls back with it, and the call's outbox id
-      (:obj:`int`) is returned;
-    - anywhere else in the handler the attempt holds the call and the commit that completes
-      the update writes it (the grouped completion after the handler returned, or a later
-      ``transaction(complete=True)``); a :class:`~ptb_fence.HeldCall` is returned. A failed
-      attempt's held calls are discarded (its retry queues its own), a stale attempt's never
-      commit.
+    - Inside an open fenced transaction of this attempt, the call's row is inserted through
+      that transaction. It commits or rolls back with it. The call's outbox id (:obj:`int`)
+      is returned.
+    - Anywhere else in the handler, the attempt holds the call. The commit that completes the
+      update writes it. A :class:`~ptb_fence.HeldCall` is returned. A failed or stale
+      attempt's held calls never commit.
 
-    After the commit the process's dispatcher sends the calls, each chat's in order, at least
-    once (see the tutorial, "Replies through the outbox").
+    After the commit the process's dispatcher sends the calls at least once, each chat's in
+    order (see the tutorial, "Replies through the outbox").
 
-    Parameters are keyword arguments as the Bot API (and PTB's ``Bot`` methods) name them;
-    PTB objects (``InlineKeyboardMarkup``, ``ReplyParameters``, ...) are kept as their
-    ``to_dict()``, :obj:`None` values are left out, and the bot's ``Defaults`` (PTB front end)
-    apply as PTB applies them. Files go by ``file_id`` or URL only: the outbox keeps JSON.
-    ``at_most_once=True`` on any call: if its request leaves and no answer comes back, it is
+    Parameters are keyword arguments as the Bot API (and PTB's ``Bot`` methods) name them.
+    PTB objects are kept as their ``to_dict()``, and :obj:`None` values are left out. The bot's
+    ``Defaults`` apply as PTB applies them. Files go by ``file_id`` or URL only, since the
+    outbox keeps JSON. A call with ``at_most_once=True`` whose request got no answer is
     reported failed (``unknown outcome``) instead of sent again.
     """
 
@@ -144,7 +140,7 @@ class Outbox:
         """Queue the Bot API call ``method(**params)``.
 
         Args:
-            method: The Bot API method (``"sendMessage"``; PTB's ``"send_message"`` works too).
+            method: The Bot API method (``"sendMessage"``, PTB's ``"send_message"`` works too).
             at_most_once: If the request leaves and no answer comes back (a timeout, a
                 dropped connection), record the call failed (``unknown outcome``) instead of
                 sending it again. Calls that are safe to repeat (edits, deletes,
@@ -153,7 +149,7 @@ class Outbox:
 
         Returns:
             :obj:`int` | :class:`~ptb_fence.HeldCall`: Inside a fenced transaction of this
-            attempt, the call's outbox id; elsewhere the handle of the held call.
+            attempt, the call's outbox id. Elsewhere the handle of the held call.
 
         Raises:
             AttemptFinished: The attempt completed, was exhausted or its handler returned:
@@ -310,7 +306,7 @@ class Outbox:
 
         Raises:
             TypeError: ``photo`` is a file to upload (``InputFile``, bytes, a path, an open
-                file): the outbox keeps JSON; upload it directly and queue its ``file_id``.
+                file): the outbox keeps JSON. Upload it directly and queue its ``file_id``.
         """
         return self.call("sendPhoto", chat_id=chat_id, photo=_file_reference("photo", photo), **kw)
 
@@ -327,7 +323,7 @@ class Outbox:
 
 
 def _int_or_none(text: str) -> Optional[int]:
-    """A chat id given as text ("-100123"): its number; a ``@username`` is not ordered."""
+    """A chat id given as text ("-100123"): its number. A ``@username`` is not ordered."""
     try:
         return int(text)
     except ValueError:

@@ -12,8 +12,10 @@ __all__ = ["OutboxPrepare"]
 OutboxPrepare = Callable[
     [str, Dict[str, Any], bool], Tuple[Dict[str, Any], Tuple[StateWrite, ...]]
 ]
-"""``prepare(method, params, in_transaction) -> (params, state writes)``: the parameters to
-keep (e.g. an inline keyboard's callback data replaced by the ids PTB's callback-data cache
-gave them) and the persisted state the call needs with it; ``in_transaction``: the call is
-written inside an open fenced transaction, which then also carries those writes (held calls
-return none: the front end holds their state for the completion)."""
+"""``prepare(method, params, in_transaction) -> (params, state writes)``.
+
+It returns the parameters to keep and the persisted state the call needs with them.
+For example an inline keyboard's callback data is replaced by the ids PTB's callback-data
+cache gave them. ``in_transaction`` says the call is written inside an open fenced
+transaction. That transaction then carries those writes too. Held calls return no writes,
+because the front end holds their state for the completion."""

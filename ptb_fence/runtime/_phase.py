@@ -42,13 +42,13 @@ class Phase(Enum):
     """
 
     RUNNING = "running"
-    """Claimed; the handler runs; the lease keeper renews it."""
+    """Claimed. The handler runs. The lease keeper renews it."""
     COMPLETING = "completing"
     """A ``transaction(complete=True)`` is settling inside its commit."""
     COMPLETED = "completed"
     """A ``transaction(complete=True)`` committed."""
     SETTLING = "settling"
-    """The handler returned; the runtime settles (a refused renewal is expected)."""
+    """The handler returned. The runtime settles (a refused renewal is expected)."""
     EXHAUSTED = "exhausted"
     """A terminal failure was recorded (handler ``exhaust()`` or the retry policy)."""
     ENDED = "ended"
@@ -78,13 +78,13 @@ class AttemptHost(Protocol):
         """Log a fenced transaction refused because the attempt lost its update."""
 
     def settle_exhausted(self, attempt: Any, reason: str) -> bool:
-        """Record a handler-terminal failure; :obj:`True` when it landed."""
+        """Record a handler-terminal failure. Returns :obj:`True` when it landed."""
 
     def outbox_refusal(self) -> Optional[str]:
         """Why ``attempt.outbox`` cannot be used here (the fix named), or :obj:`None`."""
 
     def outbox_defaults(self) -> Mapping[str, Any]:
-        """The bot's defaults for outbox calls (PTB ``Defaults.api_defaults``; empty)."""
+        """The bot's defaults for outbox calls (PTB ``Defaults.api_defaults``, or empty)."""
 
     def outbox_prepare(self) -> Any:
         """The front end's change to queued calls (``OutboxPrepare``), or :obj:`None`."""

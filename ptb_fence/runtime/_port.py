@@ -1,67 +1,10 @@
 """StorePort: the user's store wrapped once, with every operation the runtime uses.
 
-The one place that probes a store for its capabilities (:class:`~ptb_fence.StoreCapabilities`,
-logged once at INFO; a store with part of a capability group is refused there with a
-:exc:`TypeError` naming the methods). It decides once, at construction, which calls exist, and
-always offers both the single-row and the batch form of each operation: the single-row claim,
-renewal and settlement of a fenced store that has only the batch forms (``claim_owned_many``,
-``renew_owned_many``, ``settle_owned_many``) are a batch of one, and a store that has only the
-base, fenced and durable single-row methods (:class:`~ptb_fence.UpdateStore`,
-:class:`~ptb_fence.FencedUpdateStore`, :class:`~ptb_fence.DurableUpdateStore`) gets these
-fallbacks:
-
-- batch calls → the loop of single calls (not one commit: a failure part way leaves the
-  earlier rows written; each row is still correct on its own);
-- ``add_claimed_many`` → per row ``add`` then ``claim_owned`` with the runtime's own
-  ``max_attempts`` and ``durable_exhaustion`` (a row another process claimed in between is
-  then claimed exactly as a later sweep would: never spent or abandoned early); a row added
-  but not claimed here is :obj:`True` (see :meth:`StorePort.record_claimed`);
-- ``transaction()`` missing → :exc:`TypeError` naming the fix (pass ``connection=``);
-- ``owns``/``settle_owned`` without a ``connection=`` keyword → ownership is checked on the
-  store (advisory, before the caller's writes) and ``complete=True`` settles right *after* the
-  caller's commit: at-least-once completion, not exactly-once (one WARNING at construction);
-- ``bind_bot`` missing → nothing to do;
-- ``release_many`` missing (:class:`~ptb_fence.ReleasingUpdateStore`) → every claim is
-  reported not released (:obj:`False`): the update waits for its lease to lapse
-  (:attr:`StorePort.releases` is :obj:`False`);
-- ``claim_owned_many`` missing (:class:`~ptb_fence.ClaimingUpdateStore`) → the loop of
-  ``claim_owned`` (an id repeated in the input is claimed at its first position only); a
-  ``claim_owned_many`` of the earlier keyword form is called with keywords;
-- ``hold_liveness``/``release_liveness``/``take_over_dead`` missing
-  (:class:`~ptb_fence.LivenessStore`, all three needed) → no instance (:obj:`None`), nothing
-  to release, nothing taken over (``0``): a dead process's claims wait for their lease
-  (:attr:`StorePort.has_liveness` is :obj:`False`);
-- ``add_many_in_chats``/``claim_in_chat_order``/``due_in_chat_order`` missing
-  (:class:`~ptb_fence.ChatOrderedUpdateStore`, all three needed) → no fallback:
-  ``strict_chat_order`` refuses the store (:exc:`TypeError` naming the methods);
-- ``unkeyed_in_chats``/``set_chat_keys`` missing (both needed) → rows recorded without a chat
-  key stay unordered (:attr:`StorePort.keys_chats` is :obj:`False`; a WARNING at start);
-- ``claimed_suspect``/``mark_isolated``/``end_probation`` missing
-  (:class:`~ptb_fence.IsolatingUpdateStore`, all three needed) → no claim is suspect, nothing to mark: every attempt runs with the others and
-  a crash counts against every claim of the process that died
-  (:attr:`StorePort.isolates` is :obj:`False`);
-- ``complete_owned``/``reopen_completed`` missing (:class:`~ptb_fence.CompletingUpdateStore`,
-  both needed) → a ``complete=True`` transaction checks with ``owns(connection=)`` first and
-  settles with ``settle_owned(connection=)`` last (:attr:`StorePort.completes_first` is
-  :obj:`False`);
-- ``figures`` missing (:class:`~ptb_fence.FiguresStore`) → :meth:`StorePort.figures` is
-  :obj:`None`: the store counts nothing for operators (:attr:`StorePort.has_figures` is
-  :obj:`False`);
-- the outbox group missing (:class:`~ptb_fence.OutboxStore`) → no outbox
-  (:attr:`StorePort.has_outbox` is :obj:`False`): its readers return nothing (no calls,
-  :obj:`None` counts), its sender writes land nowhere (:obj:`False`), and effects passed to
-  a settle or to :meth:`StorePort.write_effects` are refused with a :exc:`TypeError` (never
-  dropped). ``effects=`` reaches the store's batch settles only when the store has the group
-  and there are effects: otherwise the store is called exactly as before.
-- the state group missing (:class:`~ptb_fence.StateStore`) → no persisted bot state
-  (:attr:`StorePort.has_state` is :obj:`False`): :meth:`StorePort.read_state` and
-  :meth:`StorePort.list_state` find nothing, and state writes (in effects or
-  :meth:`StorePort.write_state`) are refused with a :exc:`TypeError` (never dropped).
-
-Sections of :class:`StorePort`: construction and the flags decided once, the base contract,
-the fenced contract (single-row forms over the batch forms where needed), the durable contract,
-batches, claims of several rows, chat order, recovery (release, liveness, isolation),
-transactions and binding, figures, the outbox.
+A batch store (:class:`~ptb_fence.BatchStore`) declares its parts. The port reads the
+declaration once and sends every batch to ``commit``. A store without ``commit`` is probed
+once for its capability groups (:class:`~ptb_fence.StoreCapabilities`). A store with part of
+a group is refused with a :exc:`TypeError` naming the methods. What the port does for a part a
+store lacks is listed on :class:`StorePort`.
 """
 
 from __future__ import annotations
@@ -88,16 +31,28 @@ from ptb_fence._values import (
     Exhaustion,
     Landing,
     OutboxEntry,
+    PaceBucket,
     Settlement,
     StateConflict,
     StateEntry,
     StateKey,
     StateWrite,
+    JobFire,
+    JobWrite,
+    StepRecord,
     StoreFigures,
+    StoredJob,
     StoredUpdate,
 )
+from ptb_fence.stores.memory._pace import MemoryPace
+from ptb_fence._errors import UsageError
 from ptb_fence.contract import (
     BASE_METHODS,
+    BATCH_STORE_METHODS,
+    FEATURE_GROUPS,
+    Batch,
+    Committed,
+    StoreFeatures,
     CAPABILITY_GROUPS,
     OUTBOX_METHODS,
     STATE_METHODS,
@@ -107,7 +62,6 @@ from ptb_fence.contract import (
     StoreCapabilities,
     takes_connection,
     missing_methods,
-    takes_claim_keywords,
 )
 
 __all__ = ["Recorded", "Row", "StorePort"]
@@ -143,10 +97,44 @@ def _lacking(store: object, group: str) -> str:
     return ", ".join(names)
 
 
+_BATCH_GROUPS = ("base", "fenced", "durable", "renew_many", "renew_owned_many", "transaction",
+                 "completing", "bind_bot", "release")
+"""The capability groups every batch store has."""
+
+
+def _declared(store: object, features: StoreFeatures) -> StoreCapabilities:
+    """The capabilities of a batch store, read from its declaration (no probing).
+
+    Raises:
+        TypeError: The store lacks a method that a batch store or a declared part needs.
+    """
+    name = type(store).__name__
+    missing = missing_methods(store, BATCH_STORE_METHODS + features.methods)
+    if missing:
+        raise TypeError(
+            f"{name} declares {features} but lacks {', '.join(missing)}: a BatchStore has "
+            f"{', '.join(BATCH_STORE_METHODS)}, and each declared part has its methods "
+            "(ptb_fence.contract.FEATURE_METHODS)"
+        )
+    groups = set(_BATCH_GROUPS)
+    for part in features.names:
+        groups.update(FEATURE_GROUPS[part])
+    connection = all(
+        takes_connection(getattr(store, method, None)) for method in ("owns", "settle_owned")
+    )
+    return StoreCapabilities(name, frozenset(groups), connection)
+
+
+def _seed_levels(found: StoreCapabilities) -> StoreCapabilities:
+    """A store without ``commit`` is used at the seed's levels only (its other methods are
+    never called)."""
+    groups = found.groups & {"base", "fenced", "durable"}
+    return StoreCapabilities(found.store, frozenset(groups), found.caller_transactions)
+
 
 def _keywords(terms: ClaimTerms) -> "dict[str, Any]":
     """``terms`` as the keywords of the single-row claims of the contract (``claim_owned``,
-    ``claim_in_chat_order``, and a batch claim written before :class:`ClaimTerms`)."""
+    ``claim_in_chat_order``)."""
     return {
         "now": terms.now,
         "lease_until": terms.lease_until,
@@ -156,6 +144,19 @@ def _keywords(terms: ClaimTerms) -> "dict[str, Any]":
 
 class StorePort:
     """The user's store behind one typed interface (built once per runtime).
+
+    What it does for a part a store lacks:
+
+    - Batches become loops of single calls on a store of the seed's levels. Each row is still
+      correct on its own, but a failure part way leaves the earlier rows written.
+    - Without ``transaction()``, a fenced transaction needs ``connection=``.
+    - Without ``connection=`` on ``owns`` and ``settle_owned``, completion is at least once.
+      The port warns once at construction.
+    - Without releases, liveness, isolation or figures, the port reports nothing released,
+      taken over, suspect or counted. Claims then wait for their lease.
+    - Without chat order, ``strict_chat_order`` refuses the store.
+    - Without the outbox or persisted state, their readers find nothing. Writes for them
+      are refused with a :exc:`TypeError`, never dropped.
 
     Args:
         store: The user's update store.
@@ -169,13 +170,9 @@ class StorePort:
     """
 
     __slots__ = (
-        "_add_claimed_and_settle_many",
-        "_add_claimed_many",
-        "_add_many",
         "_bind_bot",
-        "_claim_keywords",
+        "_commit",
         "_claim_owned",
-        "_claim_owned_many",
         "_claimed_suspect",
         "_complete_owned",
         "_figures",
@@ -188,6 +185,9 @@ class StorePort:
         "_claimed_inserts",
         "_record_and_claim",
         "_state",
+        "_steps",
+        "_jobs",
+        "_pace",
         "_owns_connection",
         "_release_liveness",
         "_release_many",
@@ -197,10 +197,9 @@ class StorePort:
         "_reopen_completed",
         "_settle_connection",
         "_settle_owned",
-        "_settle_and_claim_many",
-        "_settle_owned_many",
         "_take_over_dead",
         "_transaction",
+        "bot_id",
         "capabilities",
         "store",
     )
@@ -220,8 +219,12 @@ class StorePort:
             raise TypeError(
                 f"{component} needs an update store; {name} lacks {', '.join(missing)}"
             )
+        features = getattr(store, "features", None)
         try:
-            capabilities = StoreCapabilities.of(store)
+            if isinstance(features, StoreFeatures):
+                capabilities = _declared(store, features)
+            else:
+                capabilities = _seed_levels(StoreCapabilities.of(store))
         except TypeError as exc:
             raise TypeError(f"{component}: {exc}") from None
         for wanted, group, need, kind in (
@@ -241,7 +244,7 @@ class StorePort:
             )
             raise TypeError(
                 f"{component}: strict_chat_order needs a store that keeps chat order "
-                f"(ChatOrderedUpdateStore); {name} lacks {lacks}"
+                f"(BatchStore); {name} lacks {lacks}"
             )
         self.store = store
         self.capabilities = capabilities
@@ -251,22 +254,13 @@ class StorePort:
             # a method of a group the store does not have whole is never called
             return _optional(store, method_name) if has(group) else None
 
-        self._add_many = method("add_many", "add_many")
-        self._add_claimed_many = method("add_claimed_many", "add_claimed_many")
-        self._add_claimed_and_settle_many = method(
-            "add_claimed_and_settle_many", "add_claimed_and_settle_many"
-        )
+        # a batch store declares its features: then commit carries every batch
+        self._commit = _optional(store, "commit") if isinstance(features, StoreFeatures) else None
         self._renew_many = method("renew_many", "renew_many")
         self._claim_owned = method("fenced", "claim_owned")
         self._renew_owned = method("fenced", "renew_owned")
         self._settle_owned = method("fenced", "settle_owned")
-        self._claim_owned_many = method("claim_owned_many", "claim_owned_many")
         self._renew_owned_many = method("renew_owned_many", "renew_owned_many")
-        self._settle_owned_many = method("settle_owned_many", "settle_owned_many")
-        self._settle_and_claim_many = method("settle_and_claim_many", "settle_and_claim_many")
-        self._claim_keywords = self._claim_owned_many is not None and takes_claim_keywords(
-            self._claim_owned_many
-        )
         self._transaction = method("transaction", "transaction")
         self._bind_bot = method("bind_bot", "bind_bot")
         self._release_many = method("release", "release_many")
@@ -288,12 +282,18 @@ class StorePort:
         # SQLite's sent journal: a sent call recorded at once, outside the write lock
         self._note_sent = _optional(store, "note_sent") if self._outbox is not None else None
         self._state: Any = store if has("state") else None
+        self._steps: Any = store if has("steps") else None
+        self._jobs: Any = store if has("jobs") else None
+        # the pace of every process (StoreFeatures.pacing), else this process's alone
+        self._pace: Any = store if has("pacing") else MemoryPace()
+        # the bot whose updates these are (its id from the token), once a front end knows it
+        self.bot_id: Optional[int] = None
         self._owns_connection = takes_connection(_optional(store, "owns"))
         self._settle_connection = takes_connection(self._settle_owned)
         _LOGGER.info("%s: store capabilities: %s", component, capabilities)
         if fenced and not self.atomic_completion:
             _LOGGER.warning(
-                "%s: %s.%s has no connection= keyword (TransactionalUpdateStore): "
+                "%s: %s.%s has no connection= keyword (BatchStore): "
                 "attempt.transaction(complete=True) settles right after the caller's commit "
                 "instead of in it, so completion is at-least-once, not exactly-once (a crash "
                 "between the two runs the handler again); add connection= to owns and "
@@ -307,23 +307,6 @@ class StorePort:
         return f"StorePort({self.store!r})"
 
     # -- decided once -----------------------------------------------------------------------
-    @property
-    def claims_at_ingest(self) -> bool:
-        """:obj:`bool`: The store records and claims fresh updates in one commit
-        (``add_claimed_many``)."""
-        return self._add_claimed_many is not None
-
-    @property
-    def records_and_settles_together(self) -> bool:
-        """:obj:`bool`: The store records, claims and settles in one commit
-        (``add_claimed_and_settle_many``)."""
-        return self._add_claimed_and_settle_many is not None
-
-    @property
-    def settles_in_batches(self) -> bool:
-        """:obj:`bool`: ``settle_owned_many`` is one call (one commit) in the store."""
-        return self._settle_owned_many is not None
-
     @property
     def renews_owned_in_batches(self) -> bool:
         """:obj:`bool`: ``renew_owned_many`` is one call in the store."""
@@ -341,7 +324,7 @@ class StorePort:
 
     @property
     def releases(self) -> bool:
-        """:obj:`bool`: The store gives claims back at once (``release_many``); otherwise a
+        """:obj:`bool`: The store gives claims back at once (``release_many``). Otherwise a
         claim that is not finished waits for its lease."""
         return self._release_many is not None
 
@@ -366,17 +349,6 @@ class StorePort:
         return self._owns_connection and self._settle_connection
 
     @property
-    def claims_many_at_once(self) -> bool:
-        """:obj:`bool`: ``claim_owned_many`` is one statement (one commit) in the store."""
-        return self._claim_owned_many is not None
-
-    @property
-    def settles_and_claims_together(self) -> bool:
-        """:obj:`bool`: The store settles finished attempts and claims the updates that take
-        their slots in one commit (``settle_and_claim_many``)."""
-        return self._settle_and_claim_many is not None
-
-    @property
     def orders_chats(self) -> bool:
         """:obj:`bool`: The store keeps chat order (``add_many_in_chats``,
         ``claim_in_chat_order``, ``due_in_chat_order``)."""
@@ -391,7 +363,7 @@ class StorePort:
     @property
     def completes_first(self) -> bool:
         """:obj:`bool`: A ``complete=True`` transaction checks ownership and settles in one
-        statement at its start (``complete_owned``; ``reopen_completed`` undoes it)."""
+        statement at its start (``complete_owned``, undone by ``reopen_completed``)."""
         return self._complete_owned is not None
 
     @property
@@ -408,9 +380,28 @@ class StorePort:
     @property
     def has_claimed_inserts(self) -> bool:
         """:obj:`bool`: The outbox store claims calls at insert for a sender
-        (:class:`~ptb_fence.contract.ClaimedInsertOutboxStore`): ``AttemptEffects.claim`` is
+        (:class:`~ptb_fence.contract.OutboxStore`): ``AttemptEffects.claim`` is
         honoured and ``claimed_calls`` reads them back."""
         return self._claimed_inserts is not None
+
+    @property
+    def has_steps(self) -> bool:
+        """:obj:`bool`: The store records the results of steps (``StoreFeatures.steps``)."""
+        return self._steps is not None
+
+    def take_send_slots(self, wants: Sequence[Sequence[PaceBucket]], now: int,
+                        horizon_ms: int) -> List[int]:
+        """``store.take_send_slots``, or this process's own pace without the part."""
+        return list(self._pace.take_send_slots(wants, now=now, horizon_ms=horizon_ms))
+
+    def hold_sends(self, holds: Sequence[Tuple[str, int]]) -> None:
+        """``store.hold_sends``, or this process's own pace without the part."""
+        self._pace.hold_sends(holds)
+
+    @property
+    def has_jobs(self) -> bool:
+        """:obj:`bool`: The store keeps durable jobs (``StoreFeatures.jobs``)."""
+        return self._jobs is not None
 
     @property
     def has_state(self) -> bool:
@@ -449,23 +440,20 @@ class StorePort:
         """``store.prune``."""
         return int(self.store.prune(before))
 
-    # -- fenced contract (a single-row form over the batch form where the store has only that)
+    # -- fenced contract ------------------------------------------------------------------------
     def claim_owned(self, update_id: int, terms: ClaimTerms) -> Optional[AttemptIdentity]:
-        """``store.claim_owned``, or ``store.claim_owned_many`` of one id."""
-        if self._claim_owned is None:
-            return self._claim_batch([update_id], terms)[0]
+        """``store.claim_owned``."""
+        assert self._claim_owned is not None  # a fenced store has it
         identity: Optional[AttemptIdentity] = self._claim_owned(update_id, **_keywords(terms))
         return identity
 
     def renew_owned(self, identity: AttemptIdentity, lease_until: int, now: int) -> bool:
-        """``store.renew_owned``, or ``store.renew_owned_many`` of one identity (a row locked
-        right now, undecided there, is reported not renewed)."""
-        if self._renew_owned is None:
-            return bool(self.renew_owned_many([identity], lease_until, now)[0])
+        """``store.renew_owned``."""
+        assert self._renew_owned is not None  # a fenced store has it
         return bool(self._renew_owned(identity, lease_until, now))
 
     def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
-        """``store.owns``; ``connection`` is passed only to a store that takes it (otherwise
+        """``store.owns``. ``connection`` is passed only to a store that takes it (otherwise
         the answer is advisory)."""
         if connection is not None and self._owns_connection:
             return bool(self.store.owns(identity, at, connection=connection))
@@ -480,16 +468,14 @@ class StorePort:
             TypeError: ``connection`` given to a store whose ``settle_owned`` does not take it
                 (check :attr:`atomic_completion` first).
         """
+        assert self._settle_owned is not None  # a fenced store has it
         if connection is None:
-            if self._settle_owned is None:  # the store settles in batches only
-                return bool(self.settle_owned_many([(identity, settlement)])[0])
             return bool(self._settle_owned(identity, settlement))
         if not self._settle_connection:
             raise TypeError(
-                f"{type(self.store).__name__}.settle_owned() takes no connection=; it cannot "
+                f"{type(self.store).__name__}.settle_owned() takes no connection=, so it cannot "
                 "settle inside the caller's transaction"
             )
-        assert self._settle_owned is not None  # _settle_connection: the store has it
         return bool(self._settle_owned(identity, settlement, connection=connection))
 
     def complete_owned(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
@@ -516,7 +502,7 @@ class StorePort:
     def acknowledge_exhaustion(
         self, identity: AttemptIdentity, at: int, effects: Optional[AttemptEffects] = None
     ) -> bool:
-        """``store.acknowledge_exhaustion``; with ``effects`` (an outbox store that takes
+        """``store.acknowledge_exhaustion``. With ``effects`` (an outbox store that takes
         them, see :attr:`acknowledges_with_calls`) their calls are inserted in its commit."""
         if effects is None or not effects.calls:
             return bool(self.store.acknowledge_exhaustion(identity, at))
@@ -534,55 +520,58 @@ class StorePort:
             return False
         return "effects" in parameters
 
-    # -- batches (with per-row fallbacks) ---------------------------------------------------
+    # -- the group commit -------------------------------------------------------------------
+    @property
+    def commits_batches(self) -> bool:
+        """:obj:`bool`: The store commits a whole :class:`~ptb_fence.contract.Batch` in one
+        call (:class:`~ptb_fence.contract.BatchStore`)."""
+        return self._commit is not None
+
+    def commit(self, batch: Batch) -> Committed:
+        """Commit ``batch``: one ``store.commit`` on a batch store.
+
+        A store without ``commit`` (the seed's levels) gets its single calls, one after the
+        other.
+        """
+        if batch.empty:
+            return Committed()
+        if self._commit is not None:
+            committed: Committed = self._commit(batch)
+            return committed
+        return self._commit_in_parts(batch)
+
+    def _commit_in_parts(self, batch: Batch) -> Committed:
+        """A batch on a store of the seed's levels: its single calls, one after the other.
+
+        The settlements come before the claims, so a claim never counts on a completion that
+        did not land.
+        """
+        recorded = tuple(self.add(*row) for row in batch.records)
+        claimed: List[Optional[AttemptIdentity]] = []
+        for row in batch.claimed_records:
+            assert batch.terms is not None  # a Batch with claimed records has terms
+            claimed.append(self.claim_owned(row[0], batch.terms) if self.add(*row) else None)
+        landed = self.settle_owned_many(batch.settlements, effects=batch.effects)
+        taken: List[Optional[AttemptIdentity]] = []
+        if batch.claims:
+            assert batch.terms is not None
+            taken = self.claim_owned_many(batch.claims, batch.terms)
+        return Committed(recorded, tuple(claimed), tuple(landed), tuple(taken))
+
+    # -- batches: one commit on a batch store, loops of single calls at the seed's levels ----
     def add_many(self, rows: Sequence[Row]) -> List[bool]:
-        """``store.add_many`` (one commit) or the loop of ``add``."""
-        if self._add_many is not None and len(rows) > 1:
-            return [bool(added) for added in self._add_many(list(rows))]
+        """Record ``rows`` pending: one commit, or the loop of ``add``."""
+        if self._commit is not None:
+            return list(self.commit(Batch(records=tuple(rows))).recorded)
         return [self.add(*row) for row in rows]
 
     def record_claimed(self, rows: Sequence[Row], terms: ClaimTerms) -> List[Recorded]:
-        """Record fresh rows claimed for their first attempt.
+        """Record fresh rows claimed for their first attempt (a batch store only).
 
-        Per row: the identity (recorded and claimed here), :obj:`True` (recorded but not
-        claimed here: only in the fallback, when another process took it in between) or
-        :obj:`False` (the id exists). ``add_claimed_many`` does it in one commit; the fallback
-        is ``add`` then ``claim_owned`` with ``max_attempts``/``durable_exhaustion`` per row.
+        Per row it gives the identity, or :obj:`False` when the id exists.
         """
-        if self._add_claimed_many is not None:
-            identities = self._add_claimed_many(list(rows), lease_until=terms.lease_until)
-            return [False if identity is None else identity for identity in identities]
-        return [self._add_then_claim(row, terms) for row in rows]
-
-    def _add_then_claim(self, row: Row, terms: ClaimTerms) -> Recorded:
-        if not self.add(*row):
-            return False
-        identity = self.claim_owned(row[0], terms)
-        return True if identity is None else identity
-
-    def record_claimed_and_settle(
-        self,
-        rows: Sequence[Row],
-        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
-        terms: ClaimTerms,
-        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> Tuple[List[Recorded], List[Landing]]:
-        """:meth:`record_claimed` and :meth:`settle_owned_many` (with ``effects``): one
-        commit with ``add_claimed_and_settle_many``, else the two calls one after the other."""
-        if self._add_claimed_and_settle_many is not None:
-            extra = self._effects_keyword(effects)
-            identities, landed = self._add_claimed_and_settle_many(
-                list(rows), lease_until=terms.lease_until, settlements=list(settlements),
-                **extra,
-            )
-            return (
-                [False if identity is None else identity for identity in identities],
-                [_landing(ok) for ok in landed],
-            )
-        return (
-            self.record_claimed(rows, terms),
-            self.settle_owned_many(settlements, effects=effects),
-        )
+        got = self.commit(Batch(terms, claimed_records=tuple(rows))).claimed_records
+        return [False if identity is None else identity for identity in got]
 
     def settle_owned_many(
         self,
@@ -590,51 +579,48 @@ class StorePort:
         *,
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
     ) -> List[Landing]:
-        """``store.settle_owned_many`` (one commit) or the loop of ``settle_owned``. With
-        ``effects`` (an outbox store: it has ``settle_owned_many``), the calls of the landed
-        completions ride in the same commit."""
-        extra = self._effects_keyword(effects)
-        if self._settle_owned_many is not None:
-            return [_landing(ok) for ok in self._settle_owned_many(list(items), **extra)]
-        return [self.settle_owned(identity, settlement) for identity, settlement in items]
-
-    def _effects_keyword(
-        self, effects: Optional[Mapping[AttemptIdentity, AttemptEffects]]
-    ) -> Dict[str, Any]:
-        """``{"effects": ...}`` for an outbox store given calls; ``{}`` when there are none
-        (the store is called as before).
+        """Settle ``items``: one commit with ``effects``, or the loop of ``settle_owned``.
 
         Raises:
-            TypeError: Calls for a store without the outbox (they would be lost).
+            TypeError: Effects for a store without the outbox (they would be lost).
         """
-        if not effects or not any(e.calls or e.state for e in effects.values()):
-            return {}
-        self._require_outbox("effects=")
-        if any(e.state for e in effects.values()):
-            self._require_state("effects= with state writes")
-        return {"effects": dict(effects)}
+        if self._commit is not None:
+            return list(self.commit(Batch(settlements=tuple(items), effects=effects)).landed)
+        self._refuse_effects(effects)
+        return [self.settle_owned(identity, settlement) for identity, settlement in items]
+
+    def _refuse_effects(self, effects: Optional[Mapping[AttemptIdentity, AttemptEffects]]) -> None:
+        """Refuse calls or state writes for a store that cannot keep them."""
+        if effects and any(e.calls or e.state for e in effects.values()):
+            self._require_outbox("effects=")
+            if any(e.state for e in effects.values()):
+                self._require_state("effects= with state writes")
 
     def _require_state(self, what: str) -> Any:
         if self._state is None:
             raise TypeError(
-                f"{type(self.store).__name__} keeps no persisted bot state (StateStore: "
-                f"{', '.join(STATE_METHODS)}): {what} needs it"
+                f"{type(self.store).__name__} keeps no persisted bot state: {what} needs a "
+                f"BatchStore that declares StoreFeatures(state=True) and has "
+                f"{', '.join(STATE_METHODS)}"
             )
         return self._state
 
     def _require_outbox(self, what: str) -> Any:
         if self._outbox is None:
             raise TypeError(
-                f"{type(self.store).__name__} has no outbox (OutboxStore: "
-                f"{', '.join(OUTBOX_METHODS)}): {what} needs one"
+                f"{type(self.store).__name__} has no outbox: {what} needs a BatchStore that "
+                f"declares StoreFeatures(outbox=True) and has {', '.join(OUTBOX_METHODS)}"
             )
         return self._outbox
 
     def renew_owned_many(
         self, identities: Sequence[AttemptIdentity], lease_until: int, now: int
     ) -> List[Optional[bool]]:
-        """``store.renew_owned_many`` or the loop of ``renew_owned``. Per position
-        :obj:`True`/:obj:`False`, or :obj:`None`: locked right now (undecided)."""
+        """``store.renew_owned_many``, or the loop of ``renew_owned``.
+
+        Per position :obj:`True` or :obj:`False`, or :obj:`None` when the row is locked right
+        now (undecided).
+        """
         if self._renew_owned_many is not None:
             results = self._renew_owned_many(list(identities), lease_until, now)
             return [None if ok is None else bool(ok) for ok in results]
@@ -643,22 +629,23 @@ class StorePort:
     def renew_many(
         self, leases: Sequence[Tuple[int, int]], lease_until: int, now: int
     ) -> List[Optional[bool]]:
-        """``store.renew_many`` or the loop of ``renew`` (as :meth:`renew_owned_many`)."""
+        """``store.renew_many``, or the loop of ``renew`` (as :meth:`renew_owned_many`)."""
         if self._renew_many is not None:
             results = self._renew_many(list(leases), lease_until, now)
             return [None if ok is None else bool(ok) for ok in results]
         return [self.renew(update_id, attempt, lease_until, now) for update_id, attempt in leases]
 
-    # -- claims of several rows (ClaimingUpdateStore) ------------------------------------------
     def claim_owned_many(
         self, update_ids: Sequence[int], terms: ClaimTerms
     ) -> List[Optional[AttemptIdentity]]:
-        """``store.claim_owned_many`` (one commit) or the loop of ``claim_owned``: per
-        position the identity or :obj:`None` (an id repeated in the input is claimed at its
-        first position only)."""
+        """Claim ``update_ids``: one commit, or the loop of ``claim_owned``.
+
+        Per position it gives the identity or :obj:`None`. An id repeated in the input is
+        claimed at its first position only.
+        """
         ids = list(update_ids)
-        if self._claim_owned_many is not None and (len(ids) > 1 or self._claim_owned is None):
-            return self._claim_batch(ids, terms)
+        if self._commit is not None:
+            return list(self.commit(Batch(terms, claims=tuple(ids))).claims)
         seen: Set[int] = set()
         result: List[Optional[AttemptIdentity]] = []
         for update_id in ids:
@@ -669,39 +656,7 @@ class StorePort:
             result.append(identity)
         return result
 
-    def settle_and_claim(
-        self,
-        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
-        update_ids: Sequence[int],
-        terms: ClaimTerms,
-        *,
-        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> Tuple[List[Landing], List[Optional[AttemptIdentity]]]:
-        """:meth:`settle_owned_many` (with ``effects``) and :meth:`claim_owned_many`: one
-        commit with ``settle_and_claim_many``, else the two calls one after the other (the
-        settles first, so a claim never counts on a completion that did not land)."""
-        if self._settle_and_claim_many is None:
-            landed = self.settle_owned_many(settlements, effects=effects) if settlements else []
-            return landed, self.claim_owned_many(update_ids, terms) if update_ids else []
-        extra = self._effects_keyword(effects)
-        landed, identities = self._settle_and_claim_many(
-            list(settlements), list(update_ids), terms, **extra
-        )
-        return [_landing(ok) for ok in landed], list(identities)
-
-    def _claim_batch(
-        self, update_ids: List[int], terms: ClaimTerms
-    ) -> List[Optional[AttemptIdentity]]:
-        """``store.claim_owned_many`` in the form the store has (terms, or the earlier
-        keywords)."""
-        assert self._claim_owned_many is not None
-        if self._claim_keywords:
-            got = self._claim_owned_many(update_ids, **_keywords(terms))
-        else:
-            got = self._claim_owned_many(update_ids, terms)
-        return list(got)
-
-    # -- chat order (ChatOrderedUpdateStore; no fallback: strict_chat_order refuses a store
+    # -- chat order (BatchStore, no fallback: strict_chat_order refuses a store
     #    without it at construction) ------------------------------------------------------------
     def unkeyed_in_chats(self, *, after_update_id: Optional[int], limit: int) -> List[StoredUpdate]:
         """``store.unkeyed_in_chats``: unsettled rows without a chat key, by ``update_id``."""
@@ -737,7 +692,7 @@ class StorePort:
     # -- recovery (release, liveness) -------------------------------------------------------
     def release_many(self, identities: Sequence[AttemptIdentity], at: int) -> List[bool]:
         """``store.release_many(identities, at=at)`` (one statement): per position whether
-        that claim was released; without the capability every position is :obj:`False` (the
+        that claim was released. Without the capability every position is :obj:`False` (the
         update waits for its lease)."""
         identities = list(identities)
         if self._release_many is None or not identities:
@@ -746,20 +701,20 @@ class StorePort:
 
     def claimed_suspect(self, identity: AttemptIdentity) -> int:
         """``store.claimed_suspect(identity)`` (no statement: the claim read it back): 0, 1
-        or 2; 0 without the capability."""
+        or 2. 0 without the capability."""
         if self._claimed_suspect is None:
             return 0
         return min(max(int(self._claimed_suspect(identity)), 0), 2)
 
     def mark_isolated(self, identity: AttemptIdentity, at: int) -> bool:
-        """``store.mark_isolated(identity, at=at)`` (one committed statement); :obj:`False`
+        """``store.mark_isolated(identity, at=at)`` (one committed statement). :obj:`False`
         without the capability."""
         if self._mark_isolated is None:
             return False
         return bool(self._mark_isolated(identity, at=at))
 
     def end_probation(self, identity: AttemptIdentity, at: int) -> bool:
-        """``store.end_probation(identity, at=at)`` (one committed statement); :obj:`False`
+        """``store.end_probation(identity, at=at)`` (one committed statement). :obj:`False`
         without the capability."""
         if self._end_probation is None:
             return False
@@ -774,13 +729,13 @@ class StorePort:
         return self.held_instance
 
     def release_liveness(self) -> None:
-        """``store.release_liveness()``; nothing without the capability."""
+        """``store.release_liveness()``. Nothing without the capability."""
         self.held_instance = None
         if self._release_liveness is not None:
             self._release_liveness()
 
     def take_over_dead(self, now: int) -> int:
-        """``store.take_over_dead(now=now)``: rows made claimable; ``0`` without the
+        """``store.take_over_dead(now=now)``: rows made claimable. ``0`` without the
         capability."""
         if self._take_over_dead is None:
             return 0
@@ -791,7 +746,7 @@ class StorePort:
         """``store.transaction()``.
 
         Raises:
-            TypeError: The store has none; the message names the fix (``connection=``).
+            TypeError: The store has none. The message names the fix (``connection=``).
         """
         if self._transaction is None:
             raise TypeError(
@@ -802,13 +757,15 @@ class StorePort:
         return manager
 
     def bind_bot(self, bot_id: int) -> None:
-        """``store.bind_bot`` where the store records its bot; otherwise nothing."""
+        """Note the bot (:attr:`bot_id`) and call ``store.bind_bot`` where the store records
+        its bot."""
+        self.bot_id = bot_id
         if self._bind_bot is not None:
             self._bind_bot(bot_id)
 
-    # -- figures (FiguresStore) -------------------------------------------------------------
+    # -- figures (BatchStore) -------------------------------------------------------------
     def figures(self) -> Optional[StoreFigures]:
-        """``store.figures()``: what waits in the store (one read-only look); :obj:`None`
+        """``store.figures()``: what waits in the store (one read-only look). :obj:`None`
         without the capability.
 
         Raises:
@@ -825,11 +782,85 @@ class StorePort:
             )
         return figures
 
+    # -- recorded steps (StoreFeatures.steps) ------------------------------------------------
+    def no_steps(self) -> str:
+        """The :exc:`~ptb_fence.UsageError` text for a step on a store without steps."""
+        return (
+            f"{type(self.store).__name__} does not record steps: attempt.step needs a store "
+            "that declares StoreFeatures(steps=True) (SQLiteUpdateStore, PostgresUpdateStore, "
+            "MemoryUpdateStore). attempt.effect_key(name) works on every store"
+        )
+
+    def read_step(self, key: str) -> Optional[StepRecord]:
+        """``store.read_step``: the record of an effect key, or :obj:`None`."""
+        if self._steps is None:
+            raise UsageError(self.no_steps())
+        found = self._steps.read_step(key)
+        if found is not None and not isinstance(found, StepRecord):
+            raise TypeError(
+                f"{type(self.store).__name__}.read_step() returned {type(found).__name__}; "
+                "it must return a ptb_fence.StepRecord or None"
+            )
+        return found
+
+    def record_step(self, record: StepRecord, *, connection: Any) -> bool:
+        """``store.record_step`` in the caller's transaction: whether the attempt owns its
+        update (the record stands) or not (nothing written)."""
+        if self._steps is None:
+            raise UsageError(self.no_steps())
+        return bool(self._steps.record_step(record, connection=connection))
+
+    def steps_of(self, update_id: int) -> List[StepRecord]:
+        """``store.steps_of``: the recorded steps of an update id (none without steps)."""
+        if self._steps is None:
+            return []
+        return list(self._steps.steps_of(update_id))
+
+    # -- durable jobs (StoreFeatures.jobs) ------------------------------------------------
+    def _jobs_store(self) -> Any:
+        if self._jobs is None:
+            raise TypeError(
+                f"{type(self.store).__name__} keeps no jobs: durable jobs need a store that "
+                "declares StoreFeatures(jobs=True)"
+            )
+        return self._jobs
+
+    def schedule_jobs(self, jobs: Sequence[JobWrite], at: int) -> List[StoredJob]:
+        """``store.schedule_jobs``: the jobs as stored."""
+        return list(self._jobs_store().schedule_jobs(list(jobs), at))
+
+    def cancel_jobs(self, job_ids: Sequence[int], at: int) -> List[bool]:
+        """``store.cancel_jobs``: per id, whether the job was live."""
+        return [bool(done) for done in self._jobs_store().cancel_jobs(list(job_ids), at)]
+
+    def due_jobs(self, now: int, limit: int) -> List[StoredJob]:
+        """``store.due_jobs``: the jobs due now, earliest first."""
+        return list(self._jobs_store().due_jobs(now, limit))
+
+    def fire_jobs(self, fires: Sequence[JobFire], at: int) -> List[bool]:
+        """``store.fire_jobs``: per fire, whether it fired."""
+        return [bool(done) for done in self._jobs_store().fire_jobs(list(fires), at)]
+
+    def list_jobs(self, *, name: Optional[str] = None, include_ended: bool = False,
+                  after_job_id: int = 0, limit: int = 1000) -> List[StoredJob]:
+        """``store.list_jobs``."""
+        return list(self._jobs_store().list_jobs(
+            name=name, include_ended=include_ended, after_job_id=after_job_id, limit=limit))
+
+    def get_job(self, job_id: int) -> Optional[StoredJob]:
+        """``store.get_job``."""
+        found = self._jobs_store().get_job(job_id)
+        return found if isinstance(found, StoredJob) else None
+
+    def run_job_now(self, job_id: int, at: int) -> bool:
+        """``store.run_job_now``."""
+        return bool(self._jobs_store().run_job_now(job_id, at))
+
     # -- the outbox (OutboxStore) -----------------------------------------------------------
     def write_effects(
         self, identity: AttemptIdentity, effects: AttemptEffects, at: int, *, connection: Any
     ) -> List[int]:
-        """``store.write_effects``: the calls inside the caller's transaction; their ids.
+        """``store.write_effects``: the calls inside the caller's transaction. Their ids.
 
         Raises:
             TypeError: The store has no outbox.
@@ -842,7 +873,7 @@ class StorePort:
     def claim_calls(
         self, *, now: int, lease_until: int, limit: int, sender: str
     ) -> List[OutboxEntry]:
-        """``store.claim_calls``; none without an outbox."""
+        """``store.claim_calls``. None without an outbox."""
         if self._outbox is None:
             return []
         return list(
@@ -850,13 +881,13 @@ class StorePort:
         )
 
     def claimed_calls(self, sender: str, *, limit: int) -> List[OutboxEntry]:
-        """``store.claimed_calls``; none without claimed inserts."""
+        """``store.claimed_calls``. None without claimed inserts."""
         if self._claimed_inserts is None:
             return []
         return list(self._claimed_inserts.claimed_calls(sender, limit=limit))
 
     def record_sent(self, items: Sequence[Tuple[int, str, str, int]]) -> List[bool]:
-        """``store.record_sent``; nothing lands without an outbox."""
+        """``store.record_sent``. Nothing lands without an outbox."""
         if self._outbox is None:
             return [False] * len(items)
         return [bool(ok) for ok in self._outbox.record_sent(list(items))]
@@ -878,7 +909,7 @@ class StorePort:
         limit: int,
         sender: str,
     ) -> Tuple[List[bool], List[OutboxEntry]]:
-        """``store.record_sent_and_claim`` (one commit); on a store without it
+        """``store.record_sent_and_claim`` (one commit). On a store without it
         :meth:`record_sent` then, when ``limit`` > 0, :meth:`claim_calls` (two)."""
         if self._outbox is None:
             return [False] * len(items), []
@@ -893,19 +924,19 @@ class StorePort:
         return [bool(ok) for ok in landed], list(claimed)
 
     def retry_call(self, call_id: int, sender: str, *, due_at: int, error: str) -> bool:
-        """``store.retry_call``; :obj:`False` without an outbox."""
+        """``store.retry_call``. :obj:`False` without an outbox."""
         if self._outbox is None:
             return False
         return bool(self._outbox.retry_call(call_id, sender, due_at=due_at, error=error))
 
     def fail_call(self, call_id: int, sender: str, *, at: int, error: str) -> bool:
-        """``store.fail_call``; :obj:`False` without an outbox."""
+        """``store.fail_call``. :obj:`False` without an outbox."""
         if self._outbox is None:
             return False
         return bool(self._outbox.fail_call(call_id, sender, at=at, error=error))
 
     def release_calls(self, call_ids: Sequence[int], sender: str, at: int) -> List[bool]:
-        """``store.release_calls``; nothing lands without an outbox."""
+        """``store.release_calls``. Nothing lands without an outbox."""
         if self._outbox is None:
             return [False] * len(call_ids)
         return [bool(ok) for ok in self._outbox.release_calls(list(call_ids), sender, at)]
@@ -913,19 +944,19 @@ class StorePort:
     def due_send_failures(
         self, *, limit: int, after_call_id: Optional[int] = None
     ) -> List[OutboxEntry]:
-        """``store.due_send_failures``; none without an outbox."""
+        """``store.due_send_failures``. None without an outbox."""
         if self._outbox is None:
             return []
         return list(self._outbox.due_send_failures(limit=limit, after_call_id=after_call_id))
 
     def acknowledge_send_failure(self, call_id: int, at: int) -> bool:
-        """``store.acknowledge_send_failure``; :obj:`False` without an outbox."""
+        """``store.acknowledge_send_failure``. :obj:`False` without an outbox."""
         if self._outbox is None:
             return False
         return bool(self._outbox.acknowledge_send_failure(call_id, at))
 
     def get_call(self, call_id: int) -> Optional[OutboxEntry]:
-        """``store.get_call``; :obj:`None` without an outbox."""
+        """``store.get_call``. :obj:`None` without an outbox."""
         if self._outbox is None:
             return None
         entry: Optional[OutboxEntry] = self._outbox.get_call(call_id)
@@ -934,32 +965,32 @@ class StorePort:
     def list_calls(
         self, *, state: Optional[str] = None, limit: int = 100, after_call_id: Optional[int] = None
     ) -> List[OutboxEntry]:
-        """``store.list_calls``; none without an outbox."""
+        """``store.list_calls``. None without an outbox."""
         if self._outbox is None:
             return []
         return list(self._outbox.list_calls(state=state, limit=limit, after_call_id=after_call_id))
 
     def outbox_counts(self) -> Optional[Dict[str, int]]:
-        """``store.outbox_counts``; :obj:`None` without an outbox."""
+        """``store.outbox_counts``. :obj:`None` without an outbox."""
         if self._outbox is None:
             return None
         return {str(k): int(v) for k, v in self._outbox.outbox_counts().items()}
 
     def retry_failed_call(self, call_id: int, at: int) -> bool:
-        """``store.retry_failed_call``; :obj:`False` without an outbox."""
+        """``store.retry_failed_call``. :obj:`False` without an outbox."""
         if self._outbox is None:
             return False
         return bool(self._outbox.retry_failed_call(call_id, at))
 
     def drop_call(self, call_id: int) -> bool:
-        """``store.drop_call``; :obj:`False` without an outbox."""
+        """``store.drop_call``. :obj:`False` without an outbox."""
         if self._outbox is None:
             return False
         return bool(self._outbox.drop_call(call_id))
 
     # -- persisted bot state (StateStore) ---------------------------------------------------
     def read_state(self, keys: Sequence[StateKey]) -> Dict[StateKey, StateEntry]:
-        """``store.read_state``: the committed rows of ``keys`` in one read; none without
+        """``store.read_state``: the committed rows of ``keys`` in one read. None without
         the capability."""
         if self._state is None or not keys:
             return {}
@@ -967,7 +998,7 @@ class StorePort:
         return {key: entry for key, entry in found.items()}
 
     def write_state(self, writes: Sequence[StateWrite], at: int) -> Optional[StateConflict]:
-        """``store.write_state``: all or none; the conflict, else :obj:`None`.
+        """``store.write_state``: all or none. The conflict, else :obj:`None`.
 
         Raises:
             TypeError: The store keeps no state.
@@ -984,7 +1015,7 @@ class StorePort:
         after: Optional[StateKey] = None,
         limit: int = 100,
     ) -> List[Tuple[StateKey, StateEntry]]:
-        """``store.list_state``; none without the capability."""
+        """``store.list_state``. None without the capability."""
         if self._state is None:
             return []
         return list(self._state.list_state(kind=kind, name=name, after=after, limit=limit))

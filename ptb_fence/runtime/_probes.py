@@ -4,7 +4,7 @@
 recently), 503 otherwise: a liveness probe, which a store outage does not fail (restarting every
 pod would not bring the database back). ``/readyz`` answers 200 while the store answers, 503
 during an outage: a readiness probe. ``/metrics`` is the process's metrics in Prometheus's text
-format (with the ``[metrics]`` extra; 404 naming it otherwise). Each probe reads what the
+format (with the ``[metrics]`` extra, else 404 naming it). Each probe reads what the
 runtime already counted: no store call per request.
 
 The server runs on a daemon thread from the front end's start to its stop.
@@ -90,7 +90,7 @@ class ProbeServer:
 
     Args:
         host: The address to listen on.
-        port: The port (``0``: a free one; :obj:`None`: no server).
+        port: The port (``0`` for a free one, :obj:`None` for no server).
         liveness: Whether the loops tick now.
         readiness: Whether the store answers now.
         stats: A :class:`~ptb_fence.Stats` snapshot now (for ``/metrics``).
@@ -153,7 +153,7 @@ class ProbeServer:
         return str(CONTENT_TYPE_LATEST), bytes(generate_latest(registry))
 
     def start(self) -> None:
-        """Listen and serve on a daemon thread (nothing without a port; idempotent).
+        """Listen and serve on a daemon thread, if there is a port. Idempotent.
 
         Raises:
             OSError: The address cannot be listened on (the message names ``probe_port``).

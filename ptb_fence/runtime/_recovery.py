@@ -3,7 +3,7 @@
 :class:`Recovery` is a collaborator of :class:`~ptb_fence.runtime._runtime.Runtime`
 (``runtime.recovery``): the front ends call it when stopping begins (:meth:`Recovery.release`,
 :meth:`Recovery.give_back`), at start and shutdown (:meth:`Recovery.hold_liveness`,
-:meth:`Recovery.release_liveness`); the runtime's sweep and takeover watch call
+:meth:`Recovery.release_liveness`). The runtime's sweep and takeover watch call
 :meth:`Recovery.take_over_dead`. Blocking calls only.
 """
 
@@ -38,7 +38,7 @@ is left, ending open fenced transactions), and how long the PTB processor's ``sh
 waits for its own (the lease keeper's last tick, the liveness signal). So
 ``Application.stop()`` returns within ``stop_timeout_seconds`` + 2 s and ``run_polling()``
 within ``stop_timeout_seconds`` + 5 s (then the store's ``close()``), even when the database
-does not answer; ``UpdateIntake.close()`` gives its own store work the same 2 s."""
+does not answer. ``UpdateIntake.close()`` gives its own store work the same 2 s."""
 
 
 RELEASE_RETRY_SECONDS = 0.5
@@ -57,7 +57,7 @@ class AttemptTimeout(Exception):
 
     The attempt fails with this error and is retried by the ``retry`` policy (or exhausted).
     The handler was cancelled (asyncio) or abandoned (a blocking :class:`~ptb_fence.UpdateIntake`
-    handler: its thread runs on); its fenced writes are refused from then on, because the
+    handler: its thread runs on). Its fenced writes are refused from then on, because the
     attempt has been settled.
 
     Args:
@@ -86,7 +86,7 @@ class Recovery:
     Args:
         port: The store port.
         options: The runtime's options (its clock).
-        keeper: The lease keeper; an attempt given back is no longer renewed.
+        keeper: The lease keeper. An attempt given back is no longer renewed.
         report: How a store error is reported (the runtime's ``report_store_error``).
         stats: Where released attempts and store call durations are counted.
         taken_over: Called after dead processes' claims were made claimable (the outbox
@@ -114,11 +114,11 @@ class Recovery:
     def release(self, attempts: Sequence[Attempt]) -> int:
         """Give ``attempts`` back to the store at once, in one ``release_many`` call.
 
-        Each row becomes claimable now by any process, its attempt not counted as spent; the
+        Each row becomes claimable now by any process, its attempt not counted as spent. The
         next claim writes a fresh claim id, so these attempts' fenced writes are refused from
         now on. Every attempt is ended here (no more renewals). A row another short
         transaction locks right now (a lease renewal in flight) is tried again for up to
-        :data:`RELEASE_RETRY_SECONDS`; what is still not released then is logged (a WARNING
+        :data:`RELEASE_RETRY_SECONDS`. What is still not released then is logged (a WARNING
         each) and waits for its lease. Attempts that cannot be released (unfenced, or a store
         without ``release_many``) wait for their lease.
 
@@ -139,13 +139,13 @@ class Recovery:
         return released
 
     def give_back(self, attempts: Sequence[Attempt], grace: float) -> List[Attempt]:
-        """Release the attempts a stop gave up waiting for; their open fenced transactions
+        """Release the attempts a stop gave up waiting for. Their open fenced transactions
         are ended first. Blocking: at most about ``grace`` seconds (plus one store call).
 
         A locked row cannot be released (the release skips locked rows, never waits). A row
         that its attempt's own open fenced transaction locks is freed by cutting the store's
         own PostgreSQL connections of such transactions
-        (:meth:`Attempt.interrupt_transactions`: rolled back by the server); one that another
+        (:meth:`Attempt.interrupt_transactions`: rolled back by the server). One that another
         short transaction locks (a lease renewal in flight, an operator's ``SELECT ... FOR
         UPDATE``) frees itself. So the release is tried again until the row is free, the
         attempt settled, or ``grace`` passed. Each attempt is ended here (no more renewals).
@@ -172,8 +172,8 @@ class Recovery:
         self, attempts: List[Attempt], deadline: float, *, interrupt: bool
     ) -> Tuple[int, List[Attempt], Optional[BaseException]]:
         """``release_many`` of ``attempts``, tried again for those whose row was not released
-        while they are not settled, until ``deadline`` (monotonic); with ``interrupt`` their
-        open fenced transactions are ended first. Logs what was released; returns how many,
+        while they are not settled, until ``deadline`` (monotonic). With ``interrupt`` their
+        open fenced transactions are ended first. Logs what was released. Returns how many,
         the attempts not released (not settled) and the store error that ended the tries."""
         pending = attempts
         released = 0
@@ -269,7 +269,7 @@ class Recovery:
 
     def take_over_dead(self) -> int:
         """Make the claims of provably dead instances claimable now (reported, never
-        raised); returns how many."""
+        raised). Returns how many."""
         try:
             count = self._stats.timed("liveness", self._port.take_over_dead, self._options.now_ms())
         except Exception as exc:

@@ -74,9 +74,10 @@ def default_retry(error: BaseException, attempt: int) -> Optional[float]:
     """The default retry policy: seconds to wait before the next attempt, or :obj:`None`.
 
     Backoff is ``5 s × 4^(attempt−1)`` capped at 15 minutes, spread by up to ±10 %
-    (:data:`JITTER`: updates that failed together are not retried together); Telegram's
-    ``retry_after`` wins when it is longer (exactly: never a retry before it); refusals that repeating cannot fix (see :func:`is_permanent_telegram_error`)
-    give up at once; any other error is retried.
+    (:data:`JITTER`: updates that failed together are not retried together). Telegram's
+    ``retry_after`` wins when it is longer (exactly: never a retry before it). Refusals that
+    repeating cannot fix (see :func:`is_permanent_telegram_error`) give up at once. Any other
+    error is retried.
 
     Args:
         error: The exception the attempt failed with.

@@ -1,6 +1,6 @@
 """Runtime: the decisions shared by UpdateIntake and the PTB processors.
 
-The store makes each step atomic; the runtime decides when to claim, how long a lease lives,
+The store makes each step atomic. The runtime decides when to claim, how long a lease lives,
 when an attempt has lost its update, when to retry, when to give up and how a final failure is
 delivered. It knows nothing about threads or asyncio: the front ends call it from wherever they
 run handlers (blocking calls only).
@@ -8,6 +8,7 @@ run handlers (blocking calls only).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -30,7 +31,7 @@ from typing import (
 from ptb_fence._events import event
 from ptb_fence._durations import format_duration
 from ptb_fence._errors import SchemaError, StateConflictError, is_misuse
-from ptb_fence.contract import ClaimTerms
+from ptb_fence.contract import Batch, ClaimTerms, Committed
 from ptb_fence._values import (
     Abandoned,
     AttemptEffects,
@@ -56,13 +57,14 @@ from ptb_fence.runtime._options import RuntimeOptions
 from ptb_fence.runtime._outbox_prepare import OutboxPrepare
 from ptb_fence.runtime._phase import Phase
 from ptb_fence.runtime._outcome import Outcome, error_text, exhaustion_ids, ids
-from ptb_fence.runtime._port import Recorded, Row, StorePort
+from ptb_fence.runtime._port import Row, StorePort
 from ptb_fence.runtime._recovery import AttemptTimeout, Recovery
 from ptb_fence.runtime._retry import default_retry
 from ptb_fence.runtime._alarms import Alarms, Health, oldest_date
 from ptb_fence.runtime._conflicts import ConflictRetries
 from ptb_fence.runtime._probes import ProbeServer
-from ptb_fence.runtime._stats import RuntimeStats, Stats
+from ptb_fence.runtime._durable_jobs import RUN_ID_BASE
+from ptb_fence.runtime._stats import JOB_FIGURES_LIMIT, RuntimeStats, Stats
 from ptb_fence.runtime._store_chat_order import StoreChatOrder
 from ptb_fence.runtime._sweep import SWEEP_PAGE, SweepPage
 
@@ -79,13 +81,13 @@ FIGURES_EVERY_SECONDS = 10.0
 waiting) at most this often: a count on the store, never per metrics scrape."""
 
 _MAX_RETRY_DELAY_SECONDS = 366 * 86400.0
-"""Retry delays from a custom policy are clamped to this (a year; keeps store times finite)."""
+"""Retry delays from a custom policy are clamped to this (a year, which keeps store times finite)."""
 
 _FAILED_DROPS = "the attempt failed: its retry queues its own calls"
 """Why a failed attempt's held calls are discarded."""
 
 REDELIVERIES_AT_INFO = 5
-"""How many redeliveries dropped at ingest one runtime logs at INFO; later ones at DEBUG (a
+"""How many redeliveries dropped at ingest one runtime logs at INFO. Later ones at DEBUG (a
 redelivery is normal for webhooks, but a bot that drops every new message must be able to see
 why)."""
 
@@ -93,6 +95,20 @@ Record = Union[Attempt, bool]
 """Per recorded update: the :class:`~ptb_fence.Attempt` it was claimed with at ingest (already
 registered with the lease keeper), :obj:`True` (recorded pending) or :obj:`False` (the id
 exists: a duplicate)."""
+
+
+class _Group(NamedTuple):
+    """What a group commit gave its callers."""
+
+    records: "Union[List[Record], BaseException]"
+    """Per item its record, or the store error that kept them all from being recorded."""
+    outcomes: List[Outcome]
+    """Per completed attempt its outcome."""
+    claimed: "List[Optional[Attempt]]"
+    """Per admitted claim the attempt, or :obj:`None` when it was not taken."""
+
+
+_NO_LOCK = contextlib.nullcontext()
 
 
 def _none_running() -> int:
@@ -108,22 +124,22 @@ def _stored_body(attempt: Attempt) -> Optional[str]:
 
 
 class FrontEndHooks(NamedTuple):
-    """How the runtime calls back into its front end; given to :class:`Runtime` at
+    """How the runtime calls back into its front end. Given to :class:`Runtime` at
     construction (each front end passes its own, the defaults do nothing).
 
     Attributes:
         retry_soon: ``retry_soon(update_id, delay_seconds, body)``: hand the update back at
             its retry time (called on a store thread for a landed retry due before the next
-            sweep; ``body``: the stored text the attempt was claimed with, when known).
+            sweep. ``body``: the stored text the attempt was claimed with, when known).
             :obj:`None`: the next sweep takes every retry.
         running_count: Attempts started here and not ended yet (bounds the claims at
-            ingest; :class:`Stats` counts the running handlers itself, see
+            ingest. :class:`Stats` counts the running handlers itself, see
             :meth:`RuntimeStats.handler_began <ptb_fence.runtime._stats.RuntimeStats.handler_began>`).
         left_running_count: Handlers (threads or tasks) that passed their attempt timeout or
             the stop, were let go and still run (their attempts ended): a gauge for
             :class:`Stats`.
         executor: The store threads for blocking store work from asyncio
-            (``Attempt.run_in_transaction`` and friends) while the front end runs;
+            (``Attempt.run_in_transaction`` and friends) while the front end runs.
             :obj:`None`: :func:`asyncio.to_thread`.
         body_of: The stored text of an attempt's update, for an attempt claimed without it
             (its update is handed back with it after a version conflict).
@@ -150,7 +166,7 @@ class Runtime:
         hooks (:class:`FrontEndHooks`): How the runtime calls back into its front end.
 
     Attributes:
-        store: The user's store as given (for display; the runtime never calls it directly).
+        store: The user's store as given (for display, the runtime never calls it directly).
         port (:class:`~ptb_fence.runtime._port.StorePort`): The store behind one typed
             interface: every store call of the runtime goes through it.
         keeper (:class:`~ptb_fence.runtime._lease_keeper.LeaseKeeper`): Renews the leases of
@@ -216,7 +232,7 @@ class Runtime:
         self.delivers_exhaustions = handle_exhaustion
         # unary handling claims with claim ids too where the store can run a suspect alone
         # (a crash is then charged only to the handler that ran alone, as for attempt-aware
-        # handling); the handler still gets no Attempt. Cleared for good by a table without
+        # handling). The handler still gets no Attempt. Cleared for good by a table without
         # the claim_id column (see claim).
         port = self.port
         self._unary_claim_ids = (
@@ -310,8 +326,8 @@ class Runtime:
 
         During an outage only the first errors of each step are logged at ERROR, the rest at
         DEBUG, and the first store call that answers again says so once (see
-        :class:`~ptb_fence.runtime._outage.StoreOutage`); every error is counted and observed.
-        The record carries ``step`` and ``update_id``, ``attempt``, ``claim_id`` (``ids``;
+        :class:`~ptb_fence.runtime._outage.StoreOutage`). Every error is counted and observed.
+        The record carries ``step`` and ``update_id``, ``attempt``, ``claim_id`` (``ids``,
         :obj:`None` where the error concerns no single attempt) as ``extra`` fields.
         """
         fields: "dict[str, Any]" = {"update_id": None, "attempt": None, "claim_id": None}
@@ -354,7 +370,7 @@ class Runtime:
         return None if self.outbox is None else self.outbox.prepare
 
     def calls_committed(self, handles: Sequence[HeldCall] = ()) -> None:
-        """A commit carrying outbox calls landed: wake the sender (no polling delay);
+        """A commit carrying outbox calls landed: wake the sender (no polling delay).
         ``handles``: the held calls it carried (their ids are learnt when claimed)."""
         if self.outbox is not None:
             self.outbox.wake(handles)
@@ -386,7 +402,7 @@ class Runtime:
         """Claim ``update_id`` for a new attempt and register it with the lease keeper.
 
         Returns :obj:`None` when it was not taken (a live lease elsewhere, a final row, attempts
-        spent) or when the store failed (reported as step ``"claim"``; the lease and the sweep
+        spent) or when the store failed (reported as step ``"claim"``, the lease and the sweep
         take care of the update).
         """
         options = self.options
@@ -432,7 +448,7 @@ class Runtime:
     ) -> Optional[Attempt]:
         """The claim of a unary attempt on a store that isolates suspects: ``claim_owned``, so
         that a suspect row can run alone and a crash counts only once its handler started.
-        The attempt carries no claim id (it settles and renews as a unary attempt); only its
+        The attempt carries no claim id (it settles and renews as a unary attempt). Only its
         suspect claim keeps the identity, for ``mark_isolated``. A table without the
         ``claim_id`` column (``create_table=False`` on a table from before fencing) refuses
         the statement: from then on this runtime claims with the base ``claim``."""
@@ -468,8 +484,8 @@ class Runtime:
         *,
         at_ingest: bool = True,
     ) -> Attempt:
-        """Register an attempt the store already claimed (``add_claimed_many`` at ingest, or
-        ``claim_owned_many``) and return it."""
+        """Register an attempt the store already claimed (a claimed record at ingest, or a
+        claim of a commit) and return it."""
         attempt = Attempt(
             self, identity.update_id, identity.attempt, identity.claim_id, lease_until, body
         )
@@ -508,7 +524,7 @@ class Runtime:
         only.
 
         Returns :obj:`False` when it did not land (the claim was lost meanwhile, or the store
-        failed: reported as step ``"claim"``): then the handler must not start; give the
+        failed: reported as step ``"claim"``): then the handler must not start. Give the
         attempt back with :meth:`~ptb_fence.runtime._recovery.Recovery.release`.
         """
         identity = attempt.suspect_claim
@@ -545,7 +561,7 @@ class Runtime:
             self.report_store_error(exc, "claim", ids=ids(attempt))
 
     def _store_settle(self, attempt: Attempt, settlement: Settlement) -> bool:
-        """Settle; True when it landed (unary settles are assumed to land)."""
+        """Settle. True when it landed (unary settles are assumed to land)."""
         timed = self.stats.timed
         if attempt.fenced:
             return bool(timed("settle", self.port.settle_owned, attempt.identity, settlement))
@@ -562,18 +578,19 @@ class Runtime:
         """
         outcome, exhaustion, decided = self._settle(attempt, error)
         if decided:  # otherwise counted once its open fenced transaction ends
-            self._count_ended([outcome], error)
+            self._count_ended([outcome], error, job_run=attempt.update_id >= RUN_ID_BASE)
         return outcome, exhaustion
 
     def _count_ended(
-        self, outcomes: Sequence[Outcome], error: Optional[BaseException] = None
+        self, outcomes: Sequence[Outcome], error: Optional[BaseException] = None,
+        job_run: bool = False,
     ) -> None:
         for outcome in outcomes:
             if outcome == Outcome.RETRYING:
                 label = "timed_out" if isinstance(error, AttemptTimeout) else "failed"
             else:
                 label = outcome.value
-            self.stats.attempt_ended(label)
+            self.stats.attempt_ended(label, job_run=job_run)
 
     def _settle(
         self, attempt: Attempt, error: Optional[BaseException]
@@ -589,35 +606,23 @@ class Runtime:
         return self._settle_failed(attempt, error)  # it discards what the attempt holds
 
     def settle_completed(self, attempt: Attempt) -> Outcome:
-        """Settle a successful attempt as completed; fire ``owner_lost`` if it did not land."""
+        """Settle a successful attempt as completed. Fire ``owner_lost`` if it did not land."""
         if attempt.completed:
             return Outcome.COMPLETED
         if attempt.exhausted:
             return Outcome.EXHAUSTED
         taken = attempt.take_effects()
-        reservation = None
-        landed: Landing
+        if taken is not None:  # what the attempt holds rides the completion's commit
+            return self._commit(attempts=[attempt], effects={attempt.identity: taken[0]}).outcomes[0]
         try:
-            if taken is None:
-                landed = self._store_settle(attempt, Completed(self.options.now_ms()))
-            else:  # what the attempt holds rides the completion's commit
-                effects, reservation = self._claimed({attempt.identity: taken[0]})
-                landed = self.stats.timed(
-                    "settle",
-                    self.port.settle_owned_many,
-                    [(attempt.identity, Completed(self.options.now_ms()))],
-                    effects=effects,
-                )[0]
+            landed = self._store_settle(attempt, Completed(self.options.now_ms()))
         except Exception as exc:
-            self._claims_ended(reservation, [attempt], None)
             return self.completion_failed(attempt, exc)
-        outcome = self.completion_settled(attempt, landed)
-        self._claims_ended(reservation, [attempt], [landed])  # after the wake: one read
-        return outcome
+        return self.completion_settled(attempt, landed)
 
     def completion_settled(self, attempt: Attempt, landed: Landing) -> Outcome:
         """The outcome of a completion settle (also a grouped one): fire ``owner_lost`` if it
-        did not land; a :class:`~ptb_fence.StateConflict` (persisted state it changed moved
+        did not land. A :class:`~ptb_fence.StateConflict` (persisted state it changed moved
         meanwhile: the attempt still owns its update) gives the attempt back unspent, to run
         again on the fresh state (see :meth:`settle_failed`)."""
         if isinstance(landed, StateConflict):
@@ -641,7 +646,7 @@ class Runtime:
         return Outcome.COMPLETED
 
     def completion_failed(self, attempt: Attempt, error: BaseException) -> Outcome:
-        """A completion settle raised: report it; the lease and the sweep take over."""
+        """A completion settle raised: report it. The lease and the sweep take over."""
         attempt.drop_effects("the attempt's completion failed in the store")
         self.report_store_error(error, "settle", ids=ids(attempt))
         return Outcome.LOST
@@ -660,14 +665,14 @@ class Runtime:
     def _settle_failed(
         self, attempt: Attempt, error: BaseException
     ) -> "tuple[Outcome, Optional[Exhaustion], bool]":
-        # the third value: whether the outcome is decided (and reported) now; False when it
+        # the third value: whether the outcome is decided (and reported) now. False when it
         # waits for a fenced transaction still open, which reports and counts it as it ends
         if attempt.exhausted:
             return Outcome.EXHAUSTED, self._exhaustion_of(attempt), True
         if attempt.in_fenced_transaction:
             # e.g. attempt_timeout_seconds passed while the handler's fenced transaction was
             # still open on a thread (it cannot be stopped): its commit may still complete the
-            # attempt; a failure settle would wait for its lock anyway
+            # attempt. A failure settle would wait for its lock anyway
             self._wait_for_transactions(attempt)
         if attempt.completed:
             return self._completed_then_failed(attempt, error) + (True,)
@@ -783,7 +788,7 @@ class Runtime:
             delay = default_retry(error, attempt.attempt)
         if delay is None:
             return None
-        # negative means now; infinity (or absurd values) must not overflow the store
+        # negative means now. Infinity (or absurd values) must not overflow the store
         return min(max(delay, 0.0), _MAX_RETRY_DELAY_SECONDS)
 
     def _given_back_unspent(self, attempt: Attempt, error: StateConflictError) -> bool:
@@ -840,7 +845,7 @@ class Runtime:
         self, attempt: Attempt, error: BaseException
     ) -> "tuple[Outcome, Optional[Exhaustion]]":
         """The attempt completed (its fenced transaction committed) and its handler then
-        failed: report that once; it is not retried (no ``on_failure``: nothing failed that the
+        failed: report that once. It is not retried (no ``on_failure``: nothing failed that the
         runtime could retry)."""
         if isinstance(error, AttemptTimeout):
             what = (
@@ -909,7 +914,7 @@ class Runtime:
         )
 
     def end(self, attempt: Attempt) -> None:
-        """The attempt is over: stop renewing it; late renewal results are ignored. Effects
+        """The attempt is over: stop renewing it. Late renewal results are ignored. Effects
         it still holds (it was released, or its completion never ran) are discarded."""
         self.keeper.unregister(attempt)
         self.conflicts.ended(attempt)  # its update's turn after a conflict passes on
@@ -932,7 +937,7 @@ class Runtime:
         return DeliveredExhaustion.of(exhaustion, ExhaustionCalls(self, exhaustion, refusal))
 
     def acknowledge(self, exhaustion: Exhaustion) -> bool:
-        """Acknowledge a delivered exhaustion with its exact identity; the calls its handler
+        """Acknowledge a delivered exhaustion with its exact identity. The calls its handler
         queued (a :class:`DeliveredExhaustion`) are written in the same commit, and dropped
         when it does not land."""
         calls = exhaustion.calls if isinstance(exhaustion, DeliveredExhaustion) else None
@@ -969,7 +974,7 @@ class Runtime:
         return ok
 
     def exhaustion_failed(self, error: BaseException, exhaustion: Exhaustion) -> None:
-        """Report a failing exhaustion handler; the exhaustion stays due."""
+        """Report a failing exhaustion handler. The exhaustion stays due."""
         _LOGGER.error(
             "exhaustion handler failed for update %s attempt %s; it stays due: %s",
             exhaustion.update_id,
@@ -986,9 +991,9 @@ class Runtime:
 
     # -- recording, and claims and completions in groups ----------------------------------
     def record(self, update_id: int, body: str, chat: Hashable = None) -> bool:
-        """Record one update as pending; :obj:`False` when its id exists (a duplicate).
+        """Record one update as pending. :obj:`False` when its id exists (a duplicate).
 
-        ``update_id`` must be valid (:func:`ptb_fence._update_ids.is_update_id`); a store
+        ``update_id`` must be valid (:func:`ptb_fence._update_ids.is_update_id`). A store
         error propagates (the update was not recorded: do not acknowledge it to Telegram).
         ``chat``: the update's chat key (:func:`~ptb_fence.runtime._chats.chat_key`), stored
         under ``strict_chat_order``.
@@ -1051,17 +1056,9 @@ class Runtime:
         return (
             claim
             and self.uses_claim_ids
-            and self.port.claims_at_ingest
+            and self.port.commits_batches
             and not self.options.strict_chat_order
         )
-
-    def _adopt_all(
-        self, recorded: List[Recorded], items: Sequence[Tuple[int, str]], lease_until: int
-    ) -> List[Record]:
-        return [
-            value if isinstance(value, bool) else self.adopt(value, lease_until, body)
-            for value, (_, body) in zip(recorded, items)
-        ]
 
     def record_many(
         self,
@@ -1073,69 +1070,47 @@ class Runtime:
         """Record ``(update_id, body)`` updates (one commit where the store can).
 
         With ``claim`` (and a fenced runtime whose store records and claims in one commit,
-        ``port.claims_at_ingest``) the first fresh updates, as many as the claim budget allows
+        ``port.commits_batches``) the first fresh updates, as many as the claim budget allows
         (``max_concurrent + ingest_claim_buffer`` minus the claims held here), are claimed for
         their first attempt in the same commit and returned as registered
-        :class:`~ptb_fence.Attempt` objects; the others are recorded pending (:obj:`True`,
-        a second commit). :obj:`False`: a duplicate. A store error propagates (attempts
-        claimed by the first commit are then released). ``chats``: per item its chat key,
-        stored under ``strict_chat_order`` (which never claims at ingest).
+        :class:`~ptb_fence.Attempt` objects. The others are recorded pending (:obj:`True`).
+        :obj:`False` means a duplicate. A store error propagates. ``chats`` gives each item's
+        chat key, stored under ``strict_chat_order`` (which never claims at ingest).
         """
+        if not self._claims_at_ingest(claim):
+            return self._record_pending(items, chats)
+        group = self._commit(items=items)
+        if isinstance(group.records, BaseException):
+            raise group.records
+        return group.records
+
+    def _record_pending(
+        self, items: Sequence[Tuple[int, str]], chats: Optional[Sequence[Hashable]]
+    ) -> List[Record]:
+        now = self.options.now_ms()
         try:
-            records = self._record_many(items, claim=claim, chats=chats)
+            if self.options.strict_chat_order:
+                keys = list(chats) if chats is not None else [None] * len(items)
+                rows = [
+                    (u, body, now, stored_chat_key(key)) for (u, body), key in zip(items, keys)
+                ]
+                records = list(self.stats.timed("record", self.port.add_many_in_chats, rows))
+            else:
+                records = list(
+                    self.stats.timed("record", self.port.add_many, self._rows(items, now))
+                )
         except Exception:
             self._ingest_failed(items)
             raise
         self._note_redeliveries(items, records)
-        return records
-
-    def _record_many(
-        self,
-        items: Sequence[Tuple[int, str]],
-        *,
-        claim: bool,
-        chats: Optional[Sequence[Hashable]],
-    ) -> List[Record]:
-        now = self.options.now_ms()
-        if self.options.strict_chat_order:
-            keys = list(chats) if chats is not None else [None] * len(items)
-            return list(
-                self.stats.timed(
-                    "record",
-                    self.port.add_many_in_chats,
-                    [(u, body, now, stored_chat_key(key)) for (u, body), key in zip(items, keys)]
-                )
-            )
-        rows = self._rows(items, now)
-        if not self._claims_at_ingest(claim):
-            return list(self.stats.timed("record", self.port.add_many, rows))
-        with self._ingest_lock:  # the budget is counted and spent by one recorder at a time
-            budget = self._reserve(self._claim_budget())
-            if budget == 0:
-                return list(self.stats.timed("record", self.port.add_many, rows))
-            try:
-                terms = self.claim_terms(now)
-                recorded = self.stats.timed(
-                    "record", self.port.record_claimed, rows[:budget], terms
-                )
-                claimed = self._adopt_all(recorded, items[:budget], terms.lease_until)
-            finally:
-                self._unreserve(budget)
-        if len(rows) <= budget:
-            return claimed
-        try:
-            rest = list(self.stats.timed("record", self.port.add_many, rows[budget:]))
-        except BaseException:
-            self.recovery.release([value for value in claimed if not isinstance(value, bool)])
-            raise
-        return claimed + rest
+        return list(records)
 
     def _reserve(self, wanted: int, *, freed: int = 0, limited: bool = True) -> int:
         """Reserve room for ``wanted`` claims on their way to the store and return how many
         fit: ``max_concurrent + ingest_claim_buffer`` less the claims held here (registered
         with the keeper) and those already on their way, plus ``freed``: the attempts settled
         in the same commit as these claims. ``limited=False``: reserve all ``wanted`` (claims
-        the caller makes anyway; the others then see them). Give it back with
+        the caller makes anyway, the others then see them). Give it back with
         :meth:`_unreserve` once the claims are registered (or failed)."""
         options = self.options
         with self._claims_lock:
@@ -1160,12 +1135,12 @@ class Runtime:
 
     @property
     def claims_in_groups(self) -> bool:
-        """:obj:`bool`: :meth:`claim_many` claims in one statement (a fenced runtime, a store
-        with ``claim_owned_many``, no ``strict_chat_order``); otherwise it is the loop of
+        """:obj:`bool`: :meth:`claim_many` claims in one commit (a fenced runtime, a store
+        with ``commit``, no ``strict_chat_order``). Otherwise it is the loop of
         :meth:`claim`, and a front end gains nothing by grouping its claims."""
         return (
             self.uses_claim_ids
-            and self.port.claims_many_at_once
+            and self.port.commits_batches
             and not self.options.strict_chat_order
         )
 
@@ -1177,31 +1152,13 @@ class Runtime:
 
         Per position what :meth:`claim` gives: the attempt, or :obj:`None` when it was not
         taken (a live lease elsewhere, a final row, attempts spent, an id repeated in
-        ``update_ids``) or when the store failed (reported per update as step ``"claim"``;
+        ``update_ids``) or when the store failed (reported per update as step ``"claim"``,
         the lease and the sweep take care of the updates).
         """
         texts = list(bodies) if bodies is not None else [None] * len(update_ids)
         if not self.claims_in_groups or len(update_ids) < 2:
             return [self.claim(update_id, text) for update_id, text in zip(update_ids, texts)]
-        terms = self.claim_terms()
-        lease_until = terms.lease_until
-        reserved = self._reserve(len(update_ids), limited=False)  # seen by the other claimers
-        try:
-            try:
-                identities = self.stats.timed(
-                    "claim", self.port.claim_owned_many, update_ids, terms
-                )
-            except Exception as exc:
-                for update_id in update_ids:  # as if each had been claimed on its own
-                    self.report_store_error(exc, "claim", ids={"update_id": update_id})
-                return [None] * len(update_ids)
-            return [
-                None if identity is None
-                else self.adopt(identity, lease_until, text, at_ingest=False)
-                for identity, text in zip(identities, texts)
-            ]
-        finally:
-            self._unreserve(reserved)
+        return self._commit(update_ids=update_ids, bodies=texts, limit_claims=False).claimed
 
     def completes_in_group(self, attempt: Attempt, error: Optional[BaseException]) -> bool:
         """Whether a front end completes ``attempt`` with :meth:`complete_many`, grouped with
@@ -1211,7 +1168,7 @@ class Runtime:
         return (
             error is None
             and self.uses_claim_ids
-            and self.port.settles_in_batches
+            and self.port.commits_batches
             and attempt.fenced
             and not attempt.completed
             and not attempt.exhausted
@@ -1230,26 +1187,14 @@ class Runtime:
     def _complete_many(self, attempts: Sequence["Attempt"]) -> "List[Outcome]":
         if not attempts:
             return []
+        if all(attempt.fenced for attempt in attempts):
+            return self._commit(attempts=attempts).outcomes
         at = self.options.now_ms()
-        fenced = all(attempt.fenced for attempt in attempts)
-        reservation = None
         try:
-            if fenced:
-                effects, reservation = self._claimed(_held_effects(attempts))
-                landed = self.stats.timed(
-                    "settle",
-                    self.port.settle_owned_many,
-                    [(attempt.identity, Completed(at)) for attempt in attempts],
-                    effects=effects,
-                )
-            else:
-                landed = [self._store_settle(attempt, Completed(at)) for attempt in attempts]
+            landed = [self._store_settle(attempt, Completed(at)) for attempt in attempts]
         except Exception as exc:
-            self._claims_ended(reservation, attempts, None)
             return [self.completion_failed(attempt, exc) for attempt in attempts]
-        outcomes = [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
-        self._claims_ended(reservation, attempts, landed)  # after the wakes: one read
-        return outcomes
+        return [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
 
     def _claimed(
         self, effects: Optional[Dict[AttemptIdentity, AttemptEffects]]
@@ -1267,11 +1212,33 @@ class Runtime:
         landed: Optional[Sequence[Landing]],
     ) -> None:
         """The commit of ``reservation`` ended (``landed``: per attempt, truthy when its
-        completion landed; :obj:`None`: it raised)."""
+        completion landed. :obj:`None`: it raised)."""
         if reservation is None or self.outbox is None:
             return
         done = [] if landed is None else [a.identity for a, ok in zip(attempts, landed) if ok]
         self.outbox.claims_ended(reservation, done)
+
+    def _claims_committed(
+        self,
+        reservation: Optional[ClaimReservation],
+        attempts: Sequence[Attempt],
+        batch: Batch,
+        committed: Committed,
+    ) -> None:
+        """The commit of ``reservation`` landed: hand its sender the calls it inserted claimed.
+
+        A batch store reports their ids, so its sender needs no read back.
+        """
+        if reservation is None or self.outbox is None:
+            return
+        done = [a.identity for a, ok in zip(attempts, committed.landed) if ok]
+        inserted = None
+        if self.port.commits_batches and batch.effects:
+            at = batch.settlements[0][1].at if batch.settlements else self.options.now_ms()
+            inserted = self.outbox.inserted_claimed(
+                batch.effects, committed.call_ids, committed.sending, at
+            )
+        self.outbox.claims_ended(reservation, done, inserted)
 
     def record_and_complete(
         self,
@@ -1282,7 +1249,7 @@ class Runtime:
         chats: Optional[Sequence[Hashable]] = None,
     ) -> "Tuple[Union[List[Record], BaseException], List[Outcome]]":
         """:meth:`record_many` and :meth:`complete_many` as one group: one commit where the
-        store can record, claim and settle together (``add_claimed_and_settle_many``).
+        store can record, claim and settle together (``commit``).
 
         Returns the records (or the store error that prevented them: do not acknowledge those
         updates) and the outcomes of the completions.
@@ -1291,8 +1258,12 @@ class Runtime:
             not items
             or not attempts
             or not self._claims_at_ingest(claim)
-            or not (self.port.records_and_settles_together and all(a.fenced for a in attempts))
-            or len(items) > min(self._claim_budget(), self._room())  # claims only part
+            or not (self.port.commits_batches and all(a.fenced for a in attempts))
+            or (
+                # a store that commits batches records the rest pending in the same commit
+                not self.port.commits_batches
+                and len(items) > min(self._claim_budget(), self._room())
+            )
         ):
             try:
                 records: "Union[List[Record], BaseException]" = (
@@ -1301,41 +1272,16 @@ class Runtime:
             except Exception as exc:
                 records = exc
             return records, self.complete_many(attempts)
-        terms = self.claim_terms()
-        now = terms.now
-        reserved = self._reserve(len(items), limited=False)
-        effects, reservation = self._claimed(_held_effects(attempts))
-        try:
-            try:
-                recorded, landed = self.stats.timed(
-                    "record",
-                    self.port.record_claimed_and_settle,
-                    self._rows(items, now),
-                    [(attempt.identity, Completed(now)) for attempt in attempts],
-                    terms,
-                    effects,
-                )
-            except Exception as exc:
-                self._claims_ended(reservation, attempts, None)
-                self._ingest_failed(items)
-                failed = [self.completion_failed(attempt, exc) for attempt in attempts]
-                self._count_ended(failed)
-                return exc, failed
-            records = self._adopt_all(recorded, items, terms.lease_until)
-        finally:
-            self._unreserve(reserved)
-        self._note_redeliveries(items, records)
-        outcomes = [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
-        self._claims_ended(reservation, attempts, landed)  # after the wakes: one read
-        self._count_ended(outcomes)
-        return records, outcomes
+        group = self._commit(items=items, attempts=attempts)
+        self._count_ended(group.outcomes)
+        return group.records, group.outcomes
 
     @property
     def claims_with_completions(self) -> bool:
         """:obj:`bool`: :meth:`complete_and_claim` is one commit (claims in groups, and a store
-        with ``settle_and_claim_many``): a front end then claims the updates that take the slots
+        with ``commit``): a front end then claims the updates that take the slots
         of finished attempts in the commit that completes those attempts."""
-        return self.claims_in_groups and self.port.settles_and_claims_together
+        return self.claims_in_groups and self.port.commits_batches
 
     def complete_and_claim(
         self, attempts: Sequence["Attempt"], update_ids: Sequence[int]
@@ -1347,19 +1293,16 @@ class Runtime:
 
         The completions land in the commit of the claims, so the attempts they end make room
         for these claims. Returns the outcomes of the completions and, per id admitted (the
-        first ones of ``update_ids``, in order), what :meth:`claim_many` gives; the ids past
+        first ones of ``update_ids``, in order), what :meth:`claim_many` gives. The ids past
         the end of that list found no room and were not claimed.
         """
         if not self.claims_with_completions or not all(a.fenced for a in attempts):
             outcomes = self.complete_many(attempts)
             room = self._room()
             return outcomes, self.claim_many(update_ids[:room]) if room else []
-        freed = sum(1 for attempt in attempts if attempt.phase is not Phase.ENDED)
-        admitted = self._reserve(len(update_ids), freed=freed)
-        try:
-            return self._complete_and_claim(attempts, update_ids[:admitted])
-        finally:
-            self._unreserve(admitted)
+        group = self._commit(attempts=attempts, update_ids=update_ids)
+        self._count_ended(group.outcomes)
+        return group.outcomes, group.claimed
 
     def _room(self) -> int:
         options = self.options
@@ -1367,41 +1310,92 @@ class Runtime:
             room = options.max_concurrent + options.ingest_claim_buffer
             return max(0, room - self.keeper.count() - self._reserved)
 
-    def _complete_and_claim(
-        self, attempts: Sequence["Attempt"], update_ids: Sequence[int]
-    ) -> "Tuple[List[Outcome], List[Optional[Attempt]]]":
-        if not update_ids:
-            return self.complete_many(attempts), []
+    def _commit(
+        self,
+        *,
+        items: Sequence[Tuple[int, str]] = (),
+        attempts: Sequence[Attempt] = (),
+        update_ids: Sequence[int] = (),
+        bodies: Optional[Sequence[Optional[str]]] = None,
+        limit_claims: bool = True,
+        effects: Optional[Dict[AttemptIdentity, AttemptEffects]] = None,
+    ) -> "_Group":
+        """The group commit: record ``items``, complete ``attempts`` and claim ``update_ids``
+        in one :class:`~ptb_fence.contract.Batch`.
+
+        The first items are recorded claimed, as many as the claim budget allows. The rest are
+        recorded pending. The ids are claimed as far as ``max_concurrent +
+        ingest_claim_buffer`` has room, counting the slots the completions free
+        (``limit_claims=False``: all of them). The attempts must be fenced. ``effects``: what
+        they hold, when already taken. Outcomes are not
+        counted here: the caller counts them. A store error fails the completions and is
+        reported per claimed update, and the records become that error.
+        """
         terms = self.claim_terms()
-        at = terms.now
-        effects, reservation = self._claimed(_held_effects(attempts))
-        try:
-            landed, identities = self.stats.timed(
-                # one call, one operation: claims alone (a page of pending updates with no
-                # completion to ride) are claims, whatever statement carries them
-                "settle" if attempts else "claim",
-                self.port.settle_and_claim,
-                [(attempt.identity, Completed(at)) for attempt in attempts],
-                update_ids,
-                terms,
-                effects=effects,
+        rows = self._rows(items, terms.now)
+        # the ingest budget is counted and spent by one recorder at a time
+        with self._ingest_lock if items else _NO_LOCK:
+            budget = self._reserve(self._claim_budget()) if items else 0
+            freed = sum(1 for attempt in attempts if attempt.phase is not Phase.ENDED)
+            admitted = (
+                self._reserve(len(update_ids), freed=freed, limited=limit_claims)
+                if update_ids else 0
             )
-        except Exception as exc:
-            self._claims_ended(reservation, attempts, None)
-            failed = [self.completion_failed(attempt, exc) for attempt in attempts]
-            self._count_ended(failed)
-            for update_id in update_ids:  # as if each had been claimed on its own
-                self.report_store_error(exc, "claim", ids={"update_id": update_id})
-            return failed, [None] * len(update_ids)
-        outcomes = [self.completion_settled(a, ok) for a, ok in zip(attempts, landed)]
-        self._claims_ended(reservation, attempts, landed)  # after the wakes: one read
-        self._count_ended(outcomes)
-        lease_until = terms.lease_until
-        claimed = [
-            None if identity is None else self.adopt(identity, lease_until, None, at_ingest=False)
-            for identity in identities
+            try:
+                held = effects if effects is not None else _held_effects(attempts)
+                claimed_effects, reservation = self._claimed(held)
+                batch = Batch(
+                    terms,
+                    records=tuple(rows[budget:]),
+                    claimed_records=tuple(rows[:budget]),
+                    settlements=tuple((a.identity, Completed(terms.now)) for a in attempts),
+                    effects=claimed_effects,
+                    claims=tuple(update_ids[:admitted]),
+                )
+                # one call, one operation: claims alone are claims, whatever carries them
+                step = "record" if items else "settle" if attempts else "claim"
+                try:
+                    committed = self.stats.timed(step, self.port.commit, batch)
+                except Exception as exc:
+                    self._claims_ended(reservation, attempts, None)
+                    if items:
+                        self._ingest_failed(items)
+                    for update_id in batch.claims:  # as if each had been claimed on its own
+                        self.report_store_error(exc, "claim", ids={"update_id": update_id})
+                    failed = [self.completion_failed(attempt, exc) for attempt in attempts]
+                    return _Group(exc, failed, [None] * len(batch.claims))
+                return self._committed(committed, batch, items, attempts, bodies, reservation)
+            finally:
+                self._unreserve(budget + admitted)
+
+    def _committed(
+        self,
+        committed: Committed,
+        batch: Batch,
+        items: Sequence[Tuple[int, str]],
+        attempts: Sequence[Attempt],
+        bodies: Optional[Sequence[Optional[str]]],
+        reservation: Optional[ClaimReservation],
+    ) -> "_Group":
+        """Register what a group commit claimed and settle the completions' outcomes."""
+        assert batch.terms is not None  # the group commit always gives terms
+        lease_until = batch.terms.lease_until
+        records: List[Record] = [
+            False if identity is None else self.adopt(identity, lease_until, body)
+            for identity, (_, body) in zip(committed.claimed_records, items)
         ]
-        return outcomes, claimed
+        records.extend(committed.recorded)
+        if items:
+            self._note_redeliveries(items, records)
+        outcomes = [self.completion_settled(a, ok) for a, ok in zip(attempts, committed.landed)]
+        self._claims_committed(reservation, attempts, batch, committed)  # after the wakes
+        texts = bodies if bodies is not None else [None] * len(committed.claims)
+        claimed = [
+            None if identity is None
+            else self.adopt(identity, lease_until, text, at_ingest=False)
+            for identity, text in zip(committed.claims, texts)
+        ]
+        return _Group(records, outcomes, claimed)
 
     # -- sweep pieces -----------------------------------------------------------------------
     def due_page(self, *, limit: int, include_fresh: bool = False) -> List[StoredUpdate]:
@@ -1466,6 +1460,7 @@ class Runtime:
         except Exception as exc:
             self.report_store_error(exc, "sweep")
         self._read_figures()
+        self._read_due_jobs()
         self.alarms.check()
         if handed:
             _LOGGER.info("sweep handed %d update(s) over to the handlers", handed)
@@ -1491,13 +1486,32 @@ class Runtime:
         if figures is not None:
             self.stats.figures(figures)
 
+    def _read_due_jobs(self) -> None:
+        """Read the due jobs for the operators (a store that keeps jobs, at most every
+        :data:`FIGURES_EVERY_SECONDS`)."""
+        if not self.port.has_jobs:
+            return
+        read_at = self.stats.jobs_read_at
+        if read_at is not None and time.time() - read_at < FIGURES_EVERY_SECONDS:
+            return
+        now = self.options.now_ms()
+        try:
+            due = self.stats.timed("figures", self.port.due_jobs, now, JOB_FIGURES_LIMIT)
+        except Exception as exc:
+            self.report_store_error(exc, "sweep")
+            return
+        self.stats.due_jobs_read([job.next_run_at for job in due if job.next_run_at is not None],
+                                 now)
+
     # -- what operators see -----------------------------------------------------------------
     def snapshot(self) -> Stats:
         """What this runtime counted, and how things stand now (see :class:`Stats`)."""
+        active = self.keeper.active()
         return self.stats.snapshot(
-            claims_held=len(self.keeper.active()),
+            claims_held=len(active),
             now_ms=self.options.now_ms(),
             left_running=self._hooks.left_running_count(),
+            job_runs_running=sum(1 for attempt in active if attempt.update_id >= RUN_ID_BASE),
         )
 
     def health(self) -> Health:

@@ -1,14 +1,11 @@
 """RuntimeStats: what one runtime counts for operators, and the frozen snapshot it gives.
 
 The front ends and the runtime report events here (an update recorded, an attempt started or
-ended, a handler's duration, a store call's duration, a failed renewal); ``stats()`` of a
-processor or an :class:`~ptb_fence.UpdateIntake` returns a :class:`Stats` snapshot, and
+ended, a handler's duration, a store call's duration, a failed renewal). ``stats()`` of a
+processor or an :class:`~ptb_fence.UpdateIntake` returns a :class:`Stats` snapshot.
 :mod:`ptb_fence.metrics` turns the same snapshot into Prometheus metrics at scrape time. What
-only the store knows (how many updates are unsettled, the oldest one's age, exhaustions waiting)
-is read by the sweep (:class:`~ptb_fence.StoreFigures`), never per scrape.
-
-Counting costs a lock and a few additions per event: cheap next to the store call each event
-stands for.
+only the store knows is read by the sweep (:class:`~ptb_fence.StoreFigures`), never per scrape.
+Counting costs a lock and a few additions per event.
 """
 
 from __future__ import annotations
@@ -31,6 +28,7 @@ __all__ = [
     "STORE_BUCKETS",
     "STORE_ERROR_STEPS",
     "STORE_OPERATIONS",
+    "JOB_FIGURES_LIMIT",
     "Stats",
 ]
 
@@ -45,11 +43,11 @@ ATTEMPT_OUTCOMES = (
     "conflicted",
 )
 """How an attempt ended (each ended attempt counts once, under one of these):
-``completed``; ``failed`` (a retry is scheduled); ``timed_out`` (ran past
-``attempt_timeout_seconds``, a retry is scheduled); ``exhausted`` (a durable exhaustion);
-``abandoned`` (its last attempt failed, no exhaustion handler); ``lost`` (its claim was lost:
-another process owns the update now); ``released`` (given back unfinished at a stop, its attempt
-not spent); ``conflicted`` (persisted state it changed was changed meanwhile: given back, its
+``completed``. ``failed`` (a retry is scheduled). ``timed_out`` (ran past
+``attempt_timeout_seconds``, a retry is scheduled). ``exhausted`` (a durable exhaustion).
+``abandoned`` (its last attempt failed, no exhaustion handler). ``lost`` (its claim was lost:
+another process owns the update now). ``released`` (given back unfinished at a stop, its attempt
+not spent). ``conflicted`` (persisted state it changed was changed meanwhile: given back, its
 attempt not spent, it runs again on the fresh state)."""
 
 STORE_OPERATIONS = (
@@ -69,6 +67,12 @@ STORE_OPERATIONS = (
 
 STORE_ERROR_STEPS = ("ingest", "claim", "renew", "settle", "sweep", "outbox")
 """The steps a store error is counted under (``Stats.store_errors``, ``on_store_error``)."""
+
+JOB_FIGURES_LIMIT = 1000
+"""The most due jobs one read of the job figures counts (one ``due_jobs`` call)."""
+
+_JOB_RUN_FAILED = ("failed", "timed_out")
+_JOB_RUN_EXHAUSTED = ("exhausted", "abandoned")
 
 T = TypeVar("T")
 
@@ -105,7 +109,7 @@ class Stats:
     was created (counters never go down), and how things stand now (gauges).
 
     Returned by ``processor.stats()`` and ``intake.stats()``: for users with their own
-    metrics system (StatsD, OpenTelemetry); :mod:`ptb_fence.metrics` exposes the same figures
+    metrics system (StatsD, OpenTelemetry). :mod:`ptb_fence.metrics` exposes the same figures
     to Prometheus.
 
     Args:
@@ -113,7 +117,7 @@ class Stats:
         updates_duplicate (:obj:`int`): Updates not recorded because their id was recorded
             before: redeliveries (counter).
         updates_invalid (:obj:`int`): Bodies refused as not a Telegram update (counter).
-        ingest_errors (:obj:`int`): Recordings that failed with a store error; those updates
+        ingest_errors (:obj:`int`): Recordings that failed with a store error. Those updates
             were not acknowledged to Telegram (counter).
         attempts_started (:obj:`int`): Attempts claimed by this process (counter).
         attempts_ended (Mapping[:obj:`str`, :obj:`int`]): Ended attempts by outcome, every key
@@ -128,14 +132,14 @@ class Stats:
             (counters).
         handler_seconds (:class:`HistogramSnapshot`): Handler durations.
         store_seconds (Mapping[:obj:`str`, :class:`HistogramSnapshot`]): Store call durations
-            by operation (:data:`STORE_OPERATIONS`; only operations that ran).
+            by operation (:data:`STORE_OPERATIONS`), only operations that ran.
         unsettled (:obj:`int` | :obj:`None`): Updates pending, processing or failed in the
-            store, as of :attr:`figures_read_at` (gauge; :obj:`None`: the store does not count
-            them, or no sweep read them yet).
+            store, as of :attr:`figures_read_at` (gauge). It is :obj:`None` if the store does
+            not count them or no sweep read them yet.
         oldest_unsettled_age_seconds (:obj:`float` | :obj:`None`): Age now of the oldest of
-            them (gauge; :obj:`None`: none, or not read).
+            them (gauge, :obj:`None` if there is none or it was not read).
         exhaustions_waiting (:obj:`int` | :obj:`None`): Unacknowledged exhaustions in the store
-            (gauge; :obj:`None`: not read).
+            (gauge, :obj:`None` if not read).
         figures_read_at (:obj:`float` | :obj:`None`): When the sweep last read the store's
             figures (epoch seconds).
         last_sweep_at (:obj:`float` | :obj:`None`): When a sweep last read the due updates
@@ -151,14 +155,31 @@ class Stats:
         outbox (Mapping[:obj:`str`, :obj:`int`] | :obj:`None`): The store's outbox counts
             (:meth:`~ptb_fence.OutboxStore.outbox_counts`: ``pending``, ``sending``,
             ``sent``, ``failed``, ``failed_acknowledged``) as of :attr:`figures_read_at`
-            (gauges; :obj:`None`: no outbox, or not read yet).
+            (gauges, :obj:`None` without an outbox or before the first read).
         handlers_left_running (:obj:`int`): Handlers let go while they still run (gauge): a
             blocking :class:`~ptb_fence.UpdateIntake` handler's worker thread stuck past
             ``attempt_timeout_seconds``, or an asyncio handler task that ignored its
             cancellation (at the attempt timeout or the stop). Their attempts ended (fenced
-            writes refused, no lease renewal); they are not in :attr:`attempts_running`. A
+            writes refused, no lease renewal). They are not in :attr:`attempts_running`. A
             stuck thread no longer counts against ``max_concurrent``, but only
             ``max_concurrent`` of them are replaced.
+        jobs_due (:obj:`int` | :obj:`None`): Durable jobs due and not yet fired, as of
+            :attr:`jobs_read_at` (gauge). These are ``scheduled`` jobs whose next run has come.
+            The sweep counts at most :data:`JOB_FIGURES_LIMIT` of them. It is :obj:`None` for a
+            store without jobs, or before the first read.
+        jobs_late_seconds (:obj:`float` | :obj:`None`): How far behind its schedule the most
+            overdue of them was when read (gauge, ``0.0`` when none is due, :obj:`None` as for
+            :attr:`jobs_due`). A running bot fires a due run within about a second. A figure
+            that keeps growing means no process with durable jobs runs.
+        jobs_read_at (:obj:`float` | :obj:`None`): When the sweep last read the due jobs
+            (epoch seconds).
+        job_runs_running (:obj:`int`): Runs of durable jobs this process holds claims on now,
+            running or about to start (gauge, part of :attr:`claims_held`).
+        job_runs_failed (:obj:`int`): Attempts at job runs that failed in this process, a retry
+            scheduled (timed out ones included) (counter, part of :attr:`attempts_ended`).
+        job_runs_exhausted (:obj:`int`): Job runs whose last attempt failed in this process:
+            exhausted, or abandoned without ``handle_exhaustion`` (counter, part of
+            :attr:`attempts_ended`).
     """
 
     updates_recorded: int
@@ -184,6 +205,12 @@ class Stats:
     calls_retried: int = 0
     outbox: Optional[Mapping[str, int]] = None
     handlers_left_running: int = 0
+    jobs_due: Optional[int] = None
+    jobs_late_seconds: Optional[float] = None
+    jobs_read_at: Optional[float] = None
+    job_runs_running: int = 0
+    job_runs_failed: int = 0
+    job_runs_exhausted: int = 0
 
 
 class _Histogram:
@@ -210,7 +237,7 @@ class _Histogram:
 
 
 class RuntimeStats:
-    """The counters of one runtime (thread-safe; every method is cheap and never raises)."""
+    """The counters of one runtime (thread-safe). Every method is cheap and never raises."""
 
     __slots__ = (
         "_attempts_ended",
@@ -223,6 +250,10 @@ class RuntimeStats:
         "_handlers_running",
         "_ingest_errors",
         "_invalid",
+        "_jobs_due",
+        "_jobs_late",
+        "_jobs_read_at",
+        "_job_runs",
         "_last_renewal_tick",
         "_last_sweep",
         "_last_sweep_run",
@@ -262,11 +293,16 @@ class RuntimeStats:
         self._last_renewal_tick: Optional[float] = None
         self._calls: Dict[str, int] = {"sent": 0, "failed": 0, "retried": 0}
         self._outbox: Optional[Dict[str, int]] = None
-        # since when recording fails (epoch seconds; None: the last recording succeeded), and
+        # the due jobs as the sweep last read them, and the runs' attempts ended here
+        self._jobs_due: Optional[int] = None
+        self._jobs_late: Optional[float] = None
+        self._jobs_read_at: Optional[float] = None
+        self._job_runs: Dict[str, int] = {"failed": 0, "exhausted": 0}
+        # since when recording fails (epoch seconds, None if the last recording succeeded), and
         # the oldest Telegram ``date`` among the updates it failed to record (for the alarm)
         self.ingest_failing_since: Optional[float] = None
         self.oldest_unrecorded_date: Optional[int] = None
-        # since when store calls fail (epoch seconds; None: the last one answered)
+        # since when store calls fail (epoch seconds, None if the last one answered)
         self.store_failing_since: Optional[float] = None
         # what the log says of the store errors of one outage (the first store call that
         # answers ends it)
@@ -304,10 +340,17 @@ class RuntimeStats:
         with self._lock:
             self._attempts_started += count
 
-    def attempt_ended(self, outcome: str, count: int = 1) -> None:
-        """``count`` attempts ended with ``outcome`` (one of :data:`ATTEMPT_OUTCOMES`)."""
+    def attempt_ended(self, outcome: str, count: int = 1, *, job_run: bool = False) -> None:
+        """``count`` attempts ended with ``outcome`` (one of :data:`ATTEMPT_OUTCOMES`).
+
+        ``job_run``: they were attempts at runs of durable jobs."""
         with self._lock:
             self._attempts_ended[outcome] = self._attempts_ended.get(outcome, 0) + count
+            if job_run:
+                if outcome in _JOB_RUN_FAILED:
+                    self._job_runs["failed"] += count
+                elif outcome in _JOB_RUN_EXHAUSTED:
+                    self._job_runs["exhausted"] += count
 
     def handler_time(self, seconds: float) -> None:
         """A handler ran for ``seconds``."""
@@ -408,6 +451,30 @@ class RuntimeStats:
             self._figures = figures
             self._figures_read_at = time.time()
 
+    def due_jobs_read(self, due_at: Sequence[int], now_ms: int) -> None:
+        """The sweep read the due jobs: ``due_at`` are their next runs (epoch milliseconds),
+        ``now_ms`` is when it read them."""
+        late = max((now_ms - min(due_at)) / 1000.0, 0.0) if due_at else 0.0
+        with self._lock:
+            self._jobs_due = len(due_at)
+            self._jobs_late = late
+            self._jobs_read_at = time.time()
+
+    @property
+    def jobs_read_at(self) -> Optional[float]:
+        """When the sweep last read the due jobs (epoch seconds)."""
+        return self._jobs_read_at
+
+    @property
+    def jobs_late_seconds(self) -> Optional[float]:
+        """How late the most overdue due job was when the sweep read them (seconds)."""
+        return self._jobs_late
+
+    @property
+    def jobs_due_count(self) -> Optional[int]:
+        """How many jobs were due when the sweep read them."""
+        return self._jobs_due
+
     @property
     def last_figures(self) -> Optional[StoreFigures]:
         """The store's figures as the sweep last read them."""
@@ -434,9 +501,12 @@ class RuntimeStats:
         return self._last_renewal_tick
 
     # -- the snapshot -----------------------------------------------------------------------
-    def snapshot(self, *, claims_held: int, now_ms: int, left_running: int = 0) -> Stats:
-        """The figures now (``claims_held``, ``left_running``: the front end's gauges;
-        ``now_ms``: the runtime's clock, for the age of the oldest unsettled update)."""
+    def snapshot(self, *, claims_held: int, now_ms: int, left_running: int = 0,
+                 job_runs_running: int = 0) -> Stats:
+        """The figures now.
+
+        ``claims_held``, ``left_running`` and ``job_runs_running`` are the front end's gauges.
+        ``now_ms`` is the runtime's clock, for the age of the oldest unsettled update."""
         with self._lock:
             figures = self._figures
             oldest_age: Optional[float] = None
@@ -468,4 +538,10 @@ class RuntimeStats:
                 calls_failed=self._calls["failed"],
                 calls_retried=self._calls["retried"],
                 outbox=None if self._outbox is None else types.MappingProxyType(dict(self._outbox)),
+                jobs_due=self._jobs_due,
+                jobs_late_seconds=self._jobs_late,
+                jobs_read_at=self._jobs_read_at,
+                job_runs_running=job_runs_running,
+                job_runs_failed=self._job_runs["failed"],
+                job_runs_exhausted=self._job_runs["exhausted"],
             )

@@ -1,17 +1,12 @@
-"""Chat order across processes (``strict_chat_order``): runtime operations shared by both
-front ends.
+"""StoreChatOrder: chat order across processes (``strict_chat_order``), for both front ends.
 
-:class:`StoreChatOrder` is a collaborator of :class:`~ptb_fence.runtime._runtime.Runtime`
-(``runtime.chat_order``). Under ``strict_chat_order`` the store
-keeps each chat's order (:class:`~ptb_fence.ChatOrderedUpdateStore`): updates are recorded
-with their chat key (never claimed at ingest), a claim takes an update only when it is its
-chat's turn (no earlier update of the chat unsettled, no attempt of the chat running
-anywhere), a sweep lists only such updates, and when a process is done with an update of a
-chat (settled for good, or not claimed) and holds no other update of that chat, it looks up
-the chat's next update at once (:meth:`StoreChatOrder.successor`): a chat whose update was
-refused elsewhere does not wait for a sweep. In one process the front ends also run one update per chat at a time
-(:class:`~ptb_fence.runtime._chats.ChatOrder`). A chat waiting (for its turn or for a retry)
-holds no worker and no slot: other chats run at full concurrency.
+It is a collaborator of :class:`~ptb_fence.runtime._runtime.Runtime` (``runtime.chat_order``).
+The store keeps each chat's order (:class:`~ptb_fence.BatchStore`). Updates are
+recorded with their chat key and never claimed at ingest. A claim takes an update only at its
+chat's turn, and a sweep lists only such updates. A process done with a chat's update looks up
+the chat's next update at once (:meth:`StoreChatOrder.successor`). In one process the front ends
+also run one update per chat at a time (:class:`~ptb_fence.runtime._chats.ChatOrder`). A chat
+waiting for its turn holds no worker and no slot.
 """
 
 from __future__ import annotations
@@ -78,12 +73,12 @@ class StoreChatOrder:
     def key_unkeyed(self) -> int:
         """Under ``strict_chat_order``, at start: give the unsettled rows recorded without a
         chat key (by a process without the option, or before it was turned on) the key of
-        their chat, derived from the stored body as at recording; returns how many.
+        their chat, derived from the stored body as at recording. Returns how many.
 
         Run before this process's first claim: a claim's turn check only sees rows that have
         their key, so a backlog left unkeyed would run beside its chat's later updates. Rows
         of no chat stay without one. A store without ``unkeyed_in_chats``/``set_chat_keys``
-        gets a WARNING instead; a store error is reported (step ``"sweep"``) and the rows not
+        gets a WARNING instead. A store error is reported (step ``"sweep"``) and the rows not
         keyed yet stay unordered (the next sweep tries again: :meth:`key_recorded_since`).
         """
         if not self._options.strict_chat_order:
@@ -112,14 +107,14 @@ class StoreChatOrder:
         """Under ``strict_chat_order``, at each sweep, before it lists the due updates: key
         the rows recorded without a chat key since the last time (by a process still running
         without the option beside this one, e.g. during a rolling switch), as
-        :meth:`key_unkeyed` does at start; returns how many, with a WARNING when there are
+        :meth:`key_unkeyed` does at start. Returns how many, with a WARNING when there are
         any. So a sweep never hands such a row over out of its chat's order. The process
         without the option still runs what it claims itself unordered, and a row it records
         is ordered only from the next sweep of a process with it (within
         ``sweep_every_seconds``): every process sharing the table must use the option.
 
-        One indexed read of the unsettled rows without a key (usually none; rows of no chat
-        are read again each time) and nothing else; a store error is reported (step
+        One indexed read of the unsettled rows without a key (usually none, and rows of no
+        chat are read again each time) and nothing else. A store error is reported (step
         ``"sweep"``).
         """
         if not (self._options.strict_chat_order and self._port.keys_chats):
@@ -138,7 +133,7 @@ class StoreChatOrder:
 
     def _key_all(self) -> int:
         """Key every unsettled row without a chat key that belongs to a chat (pages of
-        :data:`KEYING_PAGE`, one commit each); returns how many were keyed."""
+        :data:`KEYING_PAGE`, one commit each). Returns how many were keyed."""
         port = self._port
         keyed = 0
         after: Optional[int] = None
@@ -171,7 +166,7 @@ class StoreChatOrder:
         earlier update recorded by another process, refused there while this one ran). Then:
         the chat's lowest unsettled update if it is due and its turn (pending ones whatever
         ``pending_grace_seconds``). :obj:`None` otherwise, also on a store error (reported as
-        step ``"sweep"``; a sweep hands it over later)."""
+        step ``"sweep"``). A sweep hands it over later then."""
         if not self._options.strict_chat_order or waiting:
             return None  # per settle on the default path: nothing to compute
         chat = stored_chat_key(key)

@@ -33,7 +33,7 @@ RECHECK_SECONDS = 0.05
 """A retry whose failed attempt is still finishing here is looked at again after this long."""
 
 RECHECK_TRIES = 200
-"""At most this many looks (10 s at :data:`RECHECK_SECONDS`); the sweep takes it after."""
+"""At most this many looks (10 s at :data:`RECHECK_SECONDS`). The sweep takes it after."""
 
 
 class SweepPage(NamedTuple):

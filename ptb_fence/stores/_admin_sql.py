@@ -1,47 +1,30 @@
-"""The read-only and admin SQL of a store table, as one shape for every dialect: used by the
-``ptb-fence`` command line and the chaos runner. Each dialect builds it next to the rest of
-its SQL (:func:`ptb_fence.stores.sqlite._sql.sqlite_admin_statements` and
-:func:`ptb_fence.stores.postgres._sql.postgres_admin_statements`).
+"""The read-only and admin statements of a store table as one typed shape for every dialect.
 
-The command line reads the public table layout directly for ``status``, ``health``, ``list``
-and ``show`` and changes it directly only for ``retry``; everything else goes through the store's
-public methods. Table names are validated with :func:`ptb_fence.stores.validate_table_name`
-before they reach this module and are always double-quoted, as the stores do.
+The ``ptb-fence`` command line and the chaos runner use them. The statements are the
+``admin_*`` ones of each dialect's ``admin.sql``, where the rules are written.
 
 SQLite statements use ``:name`` placeholders, PostgreSQL statements psycopg2's ``%(name)s``.
-
-The ``retry`` rule is ONE conditional ``UPDATE`` that matches only a ``failed`` or
-``abandoned`` row (and only the row as it was just read, in the same transaction), so it can
-never touch a pending row, a live (or lapsed) lease or a completed update::
-
-    state -> 'pending', attempts -> 0, due_at -> received_at, settled_at -> NULL
-    (error and claim_id are kept for the record)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AdminStatements", "ROW_COLUMNS"]
+from ptb_fence.stores._queries import Statements
 
-ROW_COLUMNS = "update_id, state, attempts, due_at, received_at, settled_at, error, {claim_id}"
-"""The row columns the command line reads (``{claim_id}``: the column, or ``NULL``)."""
+__all__ = ["AdminStatements", "admin_statements"]
 
 
 @dataclass(frozen=True)
 class AdminStatements:
-    """The statements of one table in one dialect, built by each dialect's
-    ``*_admin_statements`` function.
+    """The admin statements of one table in one dialect (see :func:`admin_statements`).
 
-    ``claim_id`` is read as ``NULL`` when the table has no such column (a PostgreSQL table
-    created before fencing and not migrated yet).
+    ``claim_id`` is read as ``NULL`` on a table without that column (the seed's legacy table).
     """
 
     dialect: str
     begin_read: str
     begin_write: str
-    table_exists: str
-    columns: str
     counts: str
     oldest_pending: str
     due_now: str
@@ -50,15 +33,55 @@ class AdminStatements:
     oldest_lapsed_lease: str
     """``update_id, due_at`` of the processing row whose lease lapsed longest ago (``now``)."""
     oldest_exhaustion: str
-    """``update_id, due_at`` of the oldest unacknowledged exhaustion (``due_at`` is when it
-    was exhausted; no parameters)."""
+    """``update_id, due_at`` of the oldest unacknowledged exhaustion (no parameters).
+
+    ``due_at`` is when it was exhausted."""
     exhaustion_count: str
     """The number of unacknowledged exhaustions (no parameters)."""
     list_rows: str
     select_row: str
     select_row_for_retry: str
     retry: str
+    prune_count: str
+    prune_bounds: str
     state_totals: str
-    """``state, count, unsettled`` per state (no parameters; the chaos runner's progress)."""
+    """``state, count, unsettled`` per state, for the chaos runner's progress (no parameters)."""
     all_rows: str
     """``update_id, state, attempts, settled_at, claim_id`` of every row (no parameters)."""
+    oldest_unsent_call: str
+    failed_call_count: str
+    oldest_unsent_at: str
+
+
+def admin_statements(sql: Statements, *, has_claim_id: bool = True) -> AdminStatements:
+    """The ``admin_*`` statements of ``sql`` (one table's), the ``_legacy`` row reads for a
+    table without ``claim_id``."""
+    legacy = "" if has_claim_id else "_legacy"
+    # SQLite's write lock (BEGIN IMMEDIATE) already keeps the row read for a retry
+    for_retry = (
+        "admin_select_row_for_retry" if "admin_select_row_for_retry" in sql
+        else "admin_select_row"
+    )
+    return AdminStatements(
+        dialect=sql.dialect,
+        begin_read=sql["admin_begin_read"],
+        begin_write=sql["admin_begin_write"],
+        counts=sql["admin_counts"],
+        oldest_pending=sql["admin_oldest_pending"],
+        due_now=sql["admin_due_now"],
+        oldest_failed_due=sql["admin_oldest_failed_due"],
+        oldest_lapsed_lease=sql["admin_oldest_lapsed_lease"],
+        oldest_exhaustion=sql["admin_oldest_exhaustion"],
+        exhaustion_count=sql["admin_exhaustion_count"],
+        list_rows=sql["admin_list_rows" + legacy],
+        select_row=sql["admin_select_row" + legacy],
+        select_row_for_retry=sql[for_retry + legacy],
+        retry=sql["admin_retry"],
+        prune_count=sql["admin_prune_count"],
+        prune_bounds=sql["admin_prune_bounds"],
+        state_totals=sql["admin_state_totals"],
+        all_rows=sql["admin_all_rows"],
+        oldest_unsent_call=sql["admin_oldest_unsent_call"],
+        failed_call_count=sql["admin_failed_call_count"],
+        oldest_unsent_at=sql["admin_oldest_unsent_at"],
+    )

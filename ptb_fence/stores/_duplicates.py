@@ -1,13 +1,13 @@
 """What every store does with an ``update_id`` that arrives again, in one place.
 
 * The same update again (same fingerprint, see :func:`ptb_fence._fingerprint.update_fingerprint`,
-  or either side without a fingerprint): a plain duplicate; nothing changes.
+  or either side without a fingerprint) is a plain duplicate. Nothing changes.
 * A different update with a stored id whose row is *settled* (completed, or abandoned with
   ``settled_at`` set: an ordinary abandonment or an acknowledged exhaustion): the new update
   replaces the row exactly like a fresh insert.
 * A different update while the stored row is *live* (pending, processing, failed, or an
-  unacknowledged exhaustion): the first is kept, the new one is dropped, and a WARNING is logged
-  on the ``ptb_fence.store`` logger naming the id and both fingerprints.
+  unacknowledged exhaustion) is dropped, and the first is kept. A WARNING on the
+  ``ptb_fence.store`` logger names the id and both fingerprints.
 """
 
 from __future__ import annotations

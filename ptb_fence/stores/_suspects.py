@@ -1,9 +1,9 @@
 """SuspectClaims: the claims a SQL store object made on suspect rows, until the runtime asks.
 
 A claim statement reads the row's suspicion back with the claim (``RETURNING``), so
-:meth:`ptb_fence.IsolatingUpdateStore.claimed_suspect` is answered here, without a statement.
+:meth:`ptb_fence.BatchStore.claimed_suspect` is answered here, without a statement.
 Suspect claims are rare (only a dead instance's rows become suspect), so this is nearly always
-empty. The marks in ``isolated_claim`` and the suspicion they mean are defined here once.
+empty.
 """
 
 from __future__ import annotations
@@ -13,37 +13,20 @@ from typing import Dict, Tuple
 
 from ptb_fence._values import AttemptIdentity
 
-__all__ = ["SuspectClaims", "suspicion_sql", "taken_over_mark_sql"]
+__all__ = ["SuspectClaims"]
 
 _LIMIT = 10_000
 """Claims kept unanswered at most (the oldest are forgotten: a claim the runtime never asked
 about, e.g. one made outside it, must not grow the process forever)."""
 
-# The marks in isolated_claim. NULL: never held by a process that died. A claim id: that
-# claim's handler started on probation or alone (a crash now is charged to it). GIVEN_BACK: a
-# dead process held the row, and its handler had not started there on probation or alone.
-# PROBATION_OVER: its handler started on probation and ran past it (a later crash is not
-# charged to it alone). AGAIN: given back by a dead process after its handler had started as a
-# suspect: the next attempt runs alone.
-GIVEN_BACK = ""
-PROBATION_OVER = "~"
-AGAIN = "*"
-
-
-def suspicion_sql(column: str = "isolated_claim") -> str:
-    """The SQL expression of a row's suspicion read back by a claim: 0 not suspect, 1 suspect
-    (its handler starts on probation), 2 suspect again (its handler runs alone)."""
-    return (
-        f"CASE WHEN {column} IS NULL THEN 0 "
-        f"WHEN {column} IN ('{GIVEN_BACK}', '{PROBATION_OVER}') THEN 1 ELSE 2 END"
-    )
-
-
-def taken_over_mark_sql(column: str = "isolated_claim") -> str:
-    """The SQL expression of the new mark of a dead instance's row that was not charged (its
-    claim was not marked): a row whose handler never started as a suspect there stays (or
-    becomes) given back; one whose handler had started as a suspect is suspect again."""
-    return f"CASE WHEN {column} IS NULL OR {column} = '{GIVEN_BACK}' THEN '{GIVEN_BACK}' ELSE '{AGAIN}' END"
+# The marks in isolated_claim, written and read by the stores' statements (updates.sql,
+# liveness.sql). NULL: never held by a process that died. A claim id: that claim's handler
+# started on probation or alone (a crash now is charged to it). '' (given back): a dead process
+# held the row, and its handler had not started there on probation or alone. '~' (probation
+# over): its handler started on probation and ran past it (a later crash is not charged to it
+# alone). '*' (again): given back by a dead process after its handler had started as a
+# suspect: the next attempt runs alone. A claim reads back 0 for NULL, 1 for '' and '~', 2 for
+# anything else.
 
 
 class SuspectClaims:

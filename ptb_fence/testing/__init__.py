@@ -1,17 +1,23 @@
-"""Test helpers: a fake Telegram Bot API server and builders for realistic updates.
+"""Test helpers: a fake Telegram Bot API, update builders and a fake idempotent payment API.
 
 Run a real PTB :class:`~telegram.ext.Application` offline against :class:`FakeBotApi`::
-
-    from ptb_fence.testing import FakeBotApi
 
     with FakeBotApi() as fake:
         app = Application.builder().token(fake.token).base_url(fake.base_url).build()
         ...
 
-Standard library only; nothing here is imported by :mod:`ptb_fence` itself.
+The servers are standard library only. The payment clients use httpx, which
+python-telegram-bot brings. :mod:`ptb_fence` itself imports nothing from here.
 """
 
-from ptb_fence.testing._fake_bot_api import ApiCall, FakeBotApi, post_to_webhook
+from ptb_fence.testing._fake_bot_api import ApiCall, FakeBotApi, RateLimits, post_to_webhook
+from ptb_fence.testing._fake_payment_api import (
+    FakePaymentApi,
+    PaymentError,
+    PaymentRequest,
+    charge,
+    charge_async,
+)
 from ptb_fence.testing._updates import (
     DEFAULT_GROUP_USER_ID,
     make_bot_user,
@@ -26,6 +32,12 @@ __all__ = [
     "DEFAULT_GROUP_USER_ID",
     "ApiCall",
     "FakeBotApi",
+    "FakePaymentApi",
+    "PaymentError",
+    "PaymentRequest",
+    "RateLimits",
+    "charge",
+    "charge_async",
     "make_bot_user",
     "make_callback_query_update",
     "make_chat",

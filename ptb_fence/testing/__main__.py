@@ -5,17 +5,9 @@ Example (two terminals, no token, no network)::
     python -m ptb_fence.testing serve --message "/book 10:00"
     python examples/polling_sqlite.py --base-url http://127.0.0.1:8081/bot
 
-The server prints the token and base URL to use, injects each ``--message`` and each line typed
-on stdin as a text message (``@42 text`` sends it from chat 42), forwards them to the webhook
-instead once a bot called ``setWebhook``, and prints every request the bot makes other than
-polling (``sendMessage`` with its text and inline keyboard). ``!button DATA`` presses the button
-with that callback data (or text) of the last inline keyboard the bot showed in the chat
-(``@42 !button DATA`` in chat 42). Ctrl-C or SIGTERM stops it (exit status 0).
-
-Update ids are unique per run (from the milliseconds since the epoch, counted within
-1000000000..1999999999 as FakeBotApi does; ``--first-update-id`` to choose), so a bot that keeps
-its database across runs of ``serve`` takes each run's messages for new updates, not for
-redeliveries of the previous run's.
+The server prints the token and base URL, injects each ``--message`` and each line typed on
+stdin as a text message, and prints every request the bot makes other than polling.
+See :doc:`/howto/testing-with-fakebotapi` for its commands and its update ids.
 """
 
 from __future__ import annotations
@@ -29,7 +21,7 @@ import urllib.error
 from types import FrameType
 from typing import Any, Optional, Sequence, TextIO
 
-from ptb_fence.testing._fake_bot_api import FakeBotApi, post_to_webhook
+from ptb_fence.testing._fake_bot_api import FakeBotApi, RateLimits, post_to_webhook
 
 __all__ = ["main"]
 
@@ -91,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
         "each run has ids of its own and a kept database does not take them for "
         "redeliveries)",
     )
+    serve.add_argument(
+        "--rate-limits", action="store_true",
+        help="enforce Telegram's flood limits: 30 messages per second in all, 1 per second "
+        "per private chat, 20 per minute per group, 1000 per second paid broadcasts. A "
+        "request over a limit is answered 429 with retry_after",
+    )
     return parser
 
 
@@ -98,7 +96,7 @@ class _Server:
     """The running fake server plus its console: injects messages and button presses, prints
     what the bot sent."""
 
-    __slots__ = ("chat_id", "fake", "hinted", "lock", "out", "seen", "stop")
+    __slots__ = ("chat_id", "fake", "hinted", "limited", "lock", "out", "seen", "stop")
 
     def __init__(self, fake: FakeBotApi, chat_id: int, out: TextIO) -> None:
         self.fake = fake
@@ -107,6 +105,7 @@ class _Server:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.seen = 0
+        self.limited = 0  # the 429 answers of the rate limits reported so far
         self.hinted = False  # the "!button" hint is printed with the first keyboard only
 
     def say(self, text: str) -> None:
@@ -177,6 +176,10 @@ class _Server:
         for call in calls[self.seen:]:
             self._report(call.method, call.params)
         self.seen = len(calls)
+        limited = self.fake.rate_limited
+        if limited > self.limited:
+            self.say(f"   (flood control answered 429, {limited} time(s) so far)")
+            self.limited = limited
 
     def _report(self, method: str, params: "dict[str, Any]") -> None:
         key = method.lower()
@@ -255,13 +258,14 @@ def _read_stdin(server: _Server, stream: TextIO) -> None:
 
 
 def serve(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    """Run ``serve`` until SIGINT/SIGTERM; the exit status."""
+    """Run ``serve`` until SIGINT/SIGTERM. Returns the exit status."""
     try:
         # without --first-update-id, FakeBotApi's run-unique default (from the milliseconds
         # since the epoch): a bot whose database outlives this run takes the next run's
         # messages for new ones
         fake = FakeBotApi(
-            args.token, host=args.host, port=args.port, first_update_id=args.first_update_id
+            args.token, host=args.host, port=args.port, first_update_id=args.first_update_id,
+            rate_limits=RateLimits() if args.rate_limits else None,
         )
     except ValueError as exc:
         print(f"serve: error: {exc}", file=sys.stderr)
@@ -290,6 +294,8 @@ def serve(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         if fake.token != DEFAULT_TOKEN:
             server.say(f"  (with TELEGRAM_BOT_TOKEN={fake.token})")
         server.say(f"update ids start at {fake.first_update_id}")
+        if fake.rate_limits is not None:
+            server.say("Telegram's flood limits are enforced (--rate-limits)")
         if not args.no_stdin:
             server.say(
                 f"type a message and press Enter to send it from chat {args.chat_id} "
@@ -317,7 +323,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run ``python -m ptb_fence.testing``.
 
     Args:
-        argv: The arguments without the program name; :obj:`None` uses ``sys.argv[1:]``.
+        argv: The arguments without the program name. :obj:`None` uses ``sys.argv[1:]``.
 
     Returns:
         :obj:`int`: The exit status (0 ok, 2 bad input or the port is taken).

@@ -8,6 +8,7 @@ import email.policy
 import http.server
 import json
 import logging
+import math
 import re
 import socket
 import sys
@@ -30,7 +31,7 @@ from ptb_fence.testing._updates import (
     make_message_update,
 )
 
-__all__ = ["ApiCall", "FakeBotApi", "post_to_webhook"]
+__all__ = ["ApiCall", "FakeBotApi", "RateLimits", "post_to_webhook"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -48,10 +49,10 @@ class _RunIds:
     fake against the same file): ids that restarted at a fixed number would be taken for
     redeliveries of the previous run's updates and dropped. The clock keeps the runs of
     different processes apart (unless one run used more ids than milliseconds passed before
-    the next); the floor keeps apart the fakes of one process however quickly they follow each
+    the next). The floor keeps apart the fakes of one process however quickly they follow each
     other. The range is Telegram's: its update ids stay below 2000000000 (32 bits), and a
     user's 32-bit ``update_id`` column (PostgreSQL ``INTEGER``) must take the fake's too. The
-    count wraps every 11.6 days; a run that lands on the ids a kept store recorded that many
+    count wraps every 11.6 days. A run that lands on the ids a kept store recorded that many
     days earlier is as unlikely as a few thousand ids out of a thousand million.
     """
 
@@ -74,7 +75,7 @@ class _RunIds:
                 cls._floor = update_id + 1
 
 # Parameters that are strings in the Bot API. PTB sends form fields JSON-encoded except strings,
-# which it sends raw; these are kept as they are even when they look like JSON ("123").
+# which it sends raw. These are kept as they are even when they look like JSON ("123").
 _STRING_PARAMS = frozenset(
     {
         "text",
@@ -134,7 +135,7 @@ class ApiCall:
     Attributes:
         method: The method name as it appeared in the URL (e.g. ``"getUpdates"``).
         params: The decoded parameters. Form fields are JSON-decoded except known string
-            parameters (``text``, ``url``, ...); an uploaded file is a dict with the keys
+            parameters (``text``, ``url``, ...). An uploaded file is a dict with the keys
             ``filename``, ``content_type`` and ``data`` (bytes).
     """
 
@@ -155,6 +156,10 @@ class _Failure:
 
 class _CutConnection(Exception):
     """The request is answered by dropping its connection (see :meth:`FakeBotApi.cut_next`)."""
+
+    def __init__(self, *, after_effect: bool) -> None:
+        super().__init__()
+        self.after_effect = after_effect
 
 
 class _ApiError(Exception):
@@ -235,12 +240,322 @@ def _chat_key(chat_id: Any) -> int | str:
     raise _ApiError(400, "Bad Request: chat not found")
 
 
+# Methods that post a message to a chat count against the rate limits (see RateLimits).
+_LIMITED_METHODS = frozenset({"copymessage", "copymessages", "forwardmessage", "forwardmessages"})
+_SWEEP_EVERY = 1024
+"""Admissions between two sweeps of idle chats' windows and ended chat holds."""
+
+
+def _is_limited(key: str) -> bool:
+    """Whether a method (lower case) posts a message to a chat, so rate limits count it."""
+    if key.startswith("send"):
+        return key != "sendchataction"
+    return key in _LIMITED_METHODS
+
+
+def _limited_chat(chat_id: Any) -> int | str | None:
+    """The chat a limited call counts against (:obj:`None`: no valid ``chat_id``)."""
+    try:
+        chat = _chat_key(chat_id)
+    except _ApiError:
+        return None
+    return None if chat == 0 else chat
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RateLimits:
+    """Telegram's flood limits, enforced by :class:`FakeBotApi` when given as ``rate_limits=``.
+
+    A limited method posts a message to a chat. These are every ``send*`` method except
+    ``sendChatAction``, and ``copyMessage``, ``copyMessages``, ``forwardMessage`` and
+    ``forwardMessages``. No other method is limited (``getMe``, ``getUpdates``, ``edit*``,
+    ``delete*``, ``answerCallbackQuery``, ``setWebhook`` and the rest). A request counts once,
+    however many messages it posts.
+
+    A limited request counts against its chat's limit and against one bot-wide limit. A chat
+    with an id above 0 is private. A chat with an id below 0 or an ``@username`` is a group.
+    A request with ``"allow_paid_broadcast": true`` counts against the paid broadcast limit
+    instead of the global limit. A request without a valid ``chat_id`` counts bot-wide only.
+
+    Each limit is a sliding window. It counts the requests the fake admitted within its last
+    window, at the moment they arrived. The limits are checked on arrival, before any
+    :meth:`FakeBotApi.delay` or :meth:`FakeBotApi.hold`. A request that then fails takes its
+    count back (a 400, a fault of :meth:`FakeBotApi.fail_next`, a cut before its effect). A
+    request answered 429 does not count. So no window holds more than its limit of requests
+    that took effect.
+
+    A request over a limit is answered 429 ``Too Many Requests: retry after N`` with
+    ``parameters.retry_after`` N, as Telegram does. It has no effect. The limit's scope is
+    then held for N seconds: the bot for the global limit, the paid broadcasts for the paid
+    limit, or the chat. Every limited request of a held scope is answered 429 too, with the
+    seconds left of the hold. A hold of the bot refuses paid broadcasts as well. Requests
+    inside a hold do not extend it.
+
+    Attributes:
+        global_limit: The requests the bot may send across all chats per ``global_window``.
+        global_window: The seconds of the global limit's window.
+        private_chat_limit: The requests per ``private_chat_window`` to one private chat.
+        private_chat_window: The seconds of a private chat's window.
+        group_limit: The requests per ``group_window`` to one group.
+        group_window: The seconds of a group's window.
+        paid_broadcast_limit: The paid broadcast requests per ``paid_broadcast_window``
+            across all chats.
+        paid_broadcast_window: The seconds of the paid broadcast limit's window.
+        retry_after: The ``retry_after`` a request over a limit is answered with. By default
+            it is the seconds until the window has room again, rounded up and at least 1.
+        hold_grace_seconds: The seconds after a hold began during which a request is not
+            counted in :attr:`FakeBotApi.requests_in_hold`. Such requests were often already
+            in flight from other processes. They are answered 429 all the same.
+
+    Raises:
+        ValueError: If a limit is below 1, a window is not above 0, ``retry_after`` is below 1
+            or ``hold_grace_seconds`` is below 0.
+        TypeError: If a limit or ``retry_after`` is not an int.
+    """
+
+    global_limit: int = 30
+    global_window: float = 1.0
+    private_chat_limit: int = 1
+    private_chat_window: float = 1.0
+    group_limit: int = 20
+    group_window: float = 60.0
+    paid_broadcast_limit: int = 1000
+    paid_broadcast_window: float = 1.0
+    retry_after: int | None = None
+    hold_grace_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        counts: dict[str, int | None] = {
+            "global_limit": self.global_limit,
+            "private_chat_limit": self.private_chat_limit,
+            "group_limit": self.group_limit,
+            "paid_broadcast_limit": self.paid_broadcast_limit,
+            "retry_after": self.retry_after,
+        }
+        for name, value in counts.items():
+            if value is None and name == "retry_after":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, not {value!r}")
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, not {value!r}")
+        for name, seconds in (
+            ("global_window", self.global_window),
+            ("private_chat_window", self.private_chat_window),
+            ("group_window", self.group_window),
+            ("paid_broadcast_window", self.paid_broadcast_window),
+        ):
+            if not seconds > 0:
+                raise ValueError(f"{name} must be above 0 seconds, not {seconds!r}")
+        if not self.hold_grace_seconds >= 0:
+            raise ValueError(
+                f"hold_grace_seconds must be >= 0, not {self.hold_grace_seconds!r}"
+            )
+
+
+class _Window:
+    """A sliding window: the admission times of the requests it counts, oldest first."""
+
+    __slots__ = ("limit", "seconds", "times")
+
+    def __init__(self, limit: int, seconds: float) -> None:
+        self.limit = limit
+        self.seconds = seconds
+        self.times: deque[float] = deque()
+
+    def prune(self, now: float) -> None:
+        """Drop the times that left the window by ``now``."""
+        times = self.times
+        horizon = now - self.seconds
+        while times and times[0] <= horizon:
+            times.popleft()
+
+    def wait(self, now: float) -> float:
+        """Seconds until the window has room for one more request (0: it has room now)."""
+        self.prune(now)
+        times = self.times
+        if len(times) < self.limit:
+            return 0.0
+        return times[len(times) - self.limit] + self.seconds - now
+
+
+@dataclass(slots=True)
+class _Hold:
+    """A scope answered 429 from ``started`` until ``until`` (monotonic seconds)."""
+
+    started: float
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Ticket:
+    """A limited request admitted at ``time``, counted in ``windows`` until it settles."""
+
+    time: float
+    windows: tuple[_Window, ...]
+    chat: int | str | None
+
+
+def _too_many_requests(retry_after: int) -> _ApiError:
+    return _ApiError(
+        429, f"Too Many Requests: retry after {retry_after}", {"retry_after": retry_after}
+    )
+
+
+class _RateLimiter:
+    """The rate limits, holds and send times of one :class:`FakeBotApi` (thread-safe).
+
+    Without limits it only keeps the send times and the holds :meth:`flood` starts.
+    """
+
+    __slots__ = (
+        "_admissions",
+        "_bot_hold",
+        "_chat_holds",
+        "_chats",
+        "_flood",
+        "_global",
+        "_in_hold",
+        "_limited",
+        "_limits",
+        "_lock",
+        "_paid",
+        "_paid_hold",
+        "_sent",
+    )
+
+    def __init__(self, limits: RateLimits | None) -> None:
+        self._limits = limits
+        self._lock = threading.Lock()
+        self._global = _Window(limits.global_limit, limits.global_window) if limits else None
+        self._paid = (
+            _Window(limits.paid_broadcast_limit, limits.paid_broadcast_window) if limits else None
+        )
+        self._chats: dict[int | str, _Window] = {}
+        self._bot_hold: _Hold | None = None
+        self._paid_hold: _Hold | None = None
+        self._chat_holds: dict[int | str, _Hold] = {}
+        self._flood: int | None = None
+        self._limited = 0
+        self._in_hold = 0
+        self._admissions = 0
+        self._sent: list[tuple[float, int | str | None]] = []
+
+    @property
+    def limits(self) -> RateLimits | None:
+        return self._limits
+
+    def flood(self, retry_after: int) -> None:
+        with self._lock:
+            self._flood = retry_after
+
+    def counts(self) -> tuple[int, int]:
+        """The 429 answers given and the requests that arrived inside a hold."""
+        with self._lock:
+            return self._limited, self._in_hold
+
+    def sent_times(self, chat: int | str | None) -> list[float]:
+        with self._lock:
+            sent = list(self._sent)
+        return sorted(at for at, to in sent if chat is None or to == chat)
+
+    def admit(self, params: Mapping[str, Any]) -> _Ticket:
+        """Count a limited request, or raise the 429 that refuses it."""
+        paid = params.get("allow_paid_broadcast") is True
+        chat = _limited_chat(params.get("chat_id"))
+        with self._lock:
+            now = time.monotonic()
+            if self._flood is not None:
+                retry_after, self._flood = self._flood, None
+                self._bot_hold = _Hold(now, now + retry_after)
+                raise self._refuse(retry_after)
+            holds = (
+                self._bot_hold,
+                self._paid_hold if paid else None,
+                self._chat_holds.get(chat) if chat is not None else None,
+            )
+            for hold in holds:
+                if hold is not None and now < hold.until:
+                    grace = self._limits.hold_grace_seconds if self._limits else 0.0
+                    if now >= hold.started + grace:
+                        self._in_hold += 1
+                    raise self._refuse(max(1, math.ceil(hold.until - now)))
+            if self._limits is None:
+                return _Ticket(now, (), chat)
+            return self._count(now, paid, chat, self._limits)
+
+    def _count(
+        self, now: float, paid: bool, chat: int | str | None, limits: RateLimits
+    ) -> _Ticket:
+        # Caller holds self._lock.
+        bot_wide = self._paid if paid else self._global
+        assert bot_wide is not None  # made with the limits
+        windows = [bot_wide]
+        wait = bot_wide.wait(now)
+        if wait > 0:
+            retry_after = limits.retry_after or max(1, math.ceil(wait))
+            if paid:
+                self._paid_hold = _Hold(now, now + retry_after)
+            else:
+                self._bot_hold = _Hold(now, now + retry_after)
+            raise self._refuse(retry_after)
+        if chat is not None:
+            window = self._chats.get(chat)
+            if window is None:
+                private = isinstance(chat, int) and chat > 0
+                window = self._chats[chat] = (
+                    _Window(limits.private_chat_limit, limits.private_chat_window)
+                    if private
+                    else _Window(limits.group_limit, limits.group_window)
+                )
+            wait = window.wait(now)
+            if wait > 0:
+                retry_after = limits.retry_after or max(1, math.ceil(wait))
+                self._chat_holds[chat] = _Hold(now, now + retry_after)
+                raise self._refuse(retry_after)
+            windows.append(window)
+        for window in windows:
+            window.times.append(now)
+        self._admissions += 1
+        if self._admissions % _SWEEP_EVERY == 0:
+            self._sweep(now)
+        return _Ticket(now, tuple(windows), chat)
+
+    def _refuse(self, retry_after: int) -> _ApiError:
+        # Caller holds self._lock.
+        self._limited += 1
+        return _too_many_requests(retry_after)
+
+    def _sweep(self, now: float) -> None:
+        # Caller holds self._lock. Forget the chats whose windows emptied and ended holds.
+        for window in self._chats.values():
+            window.prune(now)
+        for chat in [chat for chat, window in self._chats.items() if not window.times]:
+            del self._chats[chat]
+        for chat in [chat for chat, hold in self._chat_holds.items() if hold.until <= now]:
+            del self._chat_holds[chat]
+
+    def settle(self, ticket: _Ticket, took_effect: bool) -> None:
+        """Record an admitted request's send time, or take its count back if it failed."""
+        with self._lock:
+            if took_effect:
+                self._sent.append((ticket.time, ticket.chat))
+                return
+            for window in ticket.windows:
+                try:
+                    window.times.remove(ticket.time)
+                except ValueError:  # already out of the window
+                    pass
+
+
 class _Server(http.server.ThreadingHTTPServer):
     """A threading HTTP server that can cut its open keep-alive connections on stop."""
 
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
+    # the default backlog of 5 resets connections when many bots and senders connect at once
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], api: FakeBotApi) -> None:
         self.api = api
@@ -364,44 +679,30 @@ def _parse_params(query: str, content_type: str, body: bytes) -> dict[str, Any]:
 class FakeBotApi:
     """A fake Telegram Bot API server on localhost for offline tests of real PTB applications.
 
-    It serves ``POST``/``GET`` requests at ``/bot<token>/<method>`` in a daemon thread
-    (:class:`http.server.ThreadingHTTPServer`), accepts JSON, form-urlencoded and multipart
-    bodies (PTB sends form fields), and answers ``{"ok": true, "result": ...}`` or
-    ``{"ok": false, "error_code": ..., "description": ...}`` with the matching HTTP status, so PTB
-    raises the same exceptions as against Telegram.
+    It serves ``/bot<token>/<method>`` in a daemon thread and accepts JSON, form and multipart
+    bodies. It answers ``{"ok": true, "result": ...}`` or an error with the matching HTTP
+    status, so PTB raises the same exceptions as against Telegram. A wrong token answers 401.
 
-    ``getUpdates`` behaves like Telegram's: a call with ``offset=N`` (``N > 0``) confirms, i.e.
-    permanently drops, every update with ``update_id < N`` before it answers; a negative offset
-    ``-k`` keeps only the last ``k``; it returns the unconfirmed updates with
-    ``update_id >= offset`` in the order they were injected, at most ``limit`` (clamped to
-    1..100, default 100); with ``timeout`` (clamped to 0..50 s) it long-polls and answers as soon
-    as an update is injected. A newer ``getUpdates`` ends a waiting one with 409 Conflict, and
-    while a webhook is set ``getUpdates`` answers 409, both as Telegram does. ``allowed_updates``
-    is recorded but does not filter.
+    ``getUpdates`` behaves like Telegram's. An ``offset`` confirms, i.e. drops, every earlier
+    update. ``limit`` and a long-polling ``timeout`` are honoured. A newer ``getUpdates`` ends a
+    waiting one with 409 Conflict, and so does any ``getUpdates`` while a webhook is set.
+    ``allowed_updates`` is recorded but does not filter.
 
-    Other methods: ``getMe``, ``setWebhook``, ``deleteWebhook`` (both honour
-    ``drop_pending_updates``), ``getWebhookInfo``, ``sendMessage`` (recorded in
-    :attr:`sent_messages`; returns a realistic ``Message``), other ``send*``/``forwardMessage``/
-    ``editMessage*`` methods (return a ``Message``), ``copyMessage``, ``sendChatAction``,
-    ``answerCallbackQuery``, ``logOut`` and ``close``; any other method answers ``true``. A wrong
-    token answers 401 ``Unauthorized`` (PTB raises :exc:`telegram.error.InvalidToken`).
+    The common methods answer realistic results: ``getMe``, the webhook methods, ``send*``,
+    ``editMessage*``, ``answerCallbackQuery`` and more. Any other method answers ``true``.
+    Messages the bot sends with an inline keyboard are remembered per chat, and
+    :meth:`press_button` presses a button of the last one. An edit that changes nothing answers
+    400 ``message is not modified``, as Telegram does.
 
-    Messages the bot sends or edits with an inline keyboard are remembered per chat:
-    :meth:`press_button` queues the press of a button of the last one (an edit without
-    ``reply_markup`` removes a keyboard, as in Telegram). An ``editMessageText``,
-    ``editMessageCaption`` or ``editMessageReplyMarkup`` of a message the bot sent here that
-    changes neither its text (or caption, with entities) nor its inline keyboard answers 400
-    ``Bad Request: message is not modified``, as Telegram does (PTB raises ``BadRequest``).
+    What happened is readable: :attr:`calls`, :attr:`effective_calls`, :attr:`sent_messages`,
+    :attr:`answered_callback_queries` and :meth:`calls_to`. Faults to test against are
+    :meth:`fail_next` (an error answer), :meth:`cut_next` (a dropped connection),
+    :meth:`delay` (a slow answer) and :meth:`hold` (no answer until :meth:`release`).
 
-    What happened is readable: :attr:`calls` (every request, failed ones too),
-    :attr:`effective_calls` (those that took effect), :attr:`sent_messages`,
-    :attr:`answered_callback_queries` and :meth:`calls_to`.
-
-    Faults to test against: :meth:`fail_next` (an error answer: 429 with ``retry_after``, 403,
-    400, 500, ...), :meth:`cut_next` (the connection dropped after the request arrived, with or
-    without its effect: an unknown outcome), :meth:`delay` (a slow answer, for timeouts) and
-    :meth:`hold` (no answer until :meth:`release`: requests in flight at a moment the test
-    picks).
+    With ``rate_limits`` it enforces Telegram's flood limits (see :class:`RateLimits`). A
+    request over a limit is answered 429 with ``retry_after`` and has no effect. Then
+    :attr:`rate_limited`, :attr:`requests_in_hold` and :meth:`sent_times` tell how a client
+    paced itself. :meth:`flood` starts a bot-wide flood hold, with or without limits.
 
     Use it as a context manager, or call :meth:`start` and :meth:`stop`. It can be started again
     after :meth:`stop` on the same port with its state kept, to simulate an outage::
@@ -415,15 +716,13 @@ class FakeBotApi:
     Args:
         token: The bot token the server accepts (``"<digits>:<letters, digits, _ or ->"``).
         host: The interface to listen on.
-        port: The TCP port; ``0`` picks a free one.
+        port: The TCP port. ``0`` picks a free one.
         first_update_id: The id :meth:`inject` gives the first update that has none. By
-            default the milliseconds since the epoch when the server was made, counted within
-            1000000000..1999999999 (Telegram's ids fit 32 bits), and above every id an
-            earlier :class:`FakeBotApi` of this process assigned: each run has ids of its own,
-            so a bot whose store outlives the fake (a database kept across runs) takes a new
-            run's updates for new ones. Message ids start at 1 in every chat each time, so
-            with a fixed first id (say ``1000``, for assertions on exact ids) a kept store
-            takes the new run's messages for redeliveries of the old run's and drops them.
+            default it comes from the clock and lies above every id an earlier
+            :class:`FakeBotApi` of this process assigned. So each run has ids of its own, and a
+            bot whose store outlives the fake takes a new run's updates for new ones. With a
+            fixed first id, a kept store takes a new run's messages for redeliveries.
+        rate_limits: The flood limits to enforce. :obj:`None` (the default) enforces none.
 
     Attributes:
         on_confirm: Called in the server thread with the ids a ``getUpdates`` offset is about to
@@ -434,7 +733,8 @@ class FakeBotApi:
     Raises:
         ValueError: If the token does not look like a bot token, or ``first_update_id`` is
             below 1.
-        TypeError: If ``first_update_id`` is neither an int nor :obj:`None`.
+        TypeError: If ``first_update_id`` is neither an int nor :obj:`None`, or
+            ``rate_limits`` is neither a :class:`RateLimits` nor :obj:`None`.
     """
 
     __slots__ = (
@@ -453,6 +753,7 @@ class FakeBotApi:
         "_hook_errors",
         "_host",
         "_keyboards",
+        "_limiter",
         "_message_ids",
         "_next_update_id",
         "_pending",
@@ -475,6 +776,7 @@ class FakeBotApi:
         host: str = "127.0.0.1",
         port: int = 0,
         first_update_id: int | None = None,
+        rate_limits: RateLimits | None = None,
     ) -> None:
         if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):
             raise ValueError(
@@ -487,6 +789,8 @@ class FakeBotApi:
             raise TypeError(f"first_update_id must be an int or None, not {first_update_id!r}")
         elif first_update_id < 1:
             raise ValueError("first_update_id must be >= 1 (offset 0 means 'no offset')")
+        if rate_limits is not None and not isinstance(rate_limits, RateLimits):
+            raise TypeError(f"rate_limits must be a RateLimits or None, not {rate_limits!r}")
         self._token = token
         self._host = host
         self._port = port
@@ -518,6 +822,7 @@ class FakeBotApi:
         # and keyboard), the one sent or edited last at the end
         self._keyboards: dict[int | str, dict[int, dict[str, Any]]] = {}
         self._hook_errors: list[BaseException] = []
+        self._limiter = _RateLimiter(rate_limits)
         self.on_confirm: Callable[[list[int]], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -554,7 +859,7 @@ class FakeBotApi:
     def stop(self) -> None:
         """Stop serving: end long polls (they answer ``[]``), close connections, free the port.
 
-        The recorded state is kept; :meth:`start` serves it again on the same port. Calling
+        The recorded state is kept. :meth:`start` serves it again on the same port. Calling
         :meth:`stop` on a stopped server does nothing.
         """
         with self._cond:
@@ -641,7 +946,7 @@ class FakeBotApi:
 
         Args:
             update: The update dict. Without ``update_id`` the next id is assigned (ids increase
-                from ``first_update_id``); with one, later assigned ids continue above it.
+                from ``first_update_id``). With one, later assigned ids continue above it.
 
         Returns:
             The update's id.
@@ -679,9 +984,9 @@ class FakeBotApi:
         """Queue a text message update (see :func:`~ptb_fence.testing.make_message_update`).
 
         Args:
-            chat_id: The chat; positive is private (sender = chat), negative is a group.
-            text: The text; a leading ``/command`` gets a ``bot_command`` entity.
-            user_id: The sender; defaults to the chat's user (private) or a fixed group member.
+            chat_id: The chat. Positive is private (sender = chat), negative is a group.
+            text: The text. A leading ``/command`` gets a ``bot_command`` entity.
+            user_id: The sender. Defaults to the chat's user (private) or a fixed group member.
 
         Returns:
             The update's id.
@@ -720,7 +1025,7 @@ class FakeBotApi:
 
     def _take_update_id(self) -> int:
         # Caller holds self._cond. An id handed out is never handed out again, queued or not
-        # (nor by a later fake of this process; ids the caller chose do not count there).
+        # (nor by a later fake of this process, where ids the caller chose do not count).
         update_id = self._next_update_id
         self._next_update_id += 1
         _RunIds.used(update_id)
@@ -740,7 +1045,7 @@ class FakeBotApi:
             chat_id: The chat of the message with the button.
             data: The button's ``callback_data``.
             user_id: Who pressed it (defaults as in :meth:`inject_message`).
-            message_id: The message with the button; defaults to the last message id in the chat.
+            message_id: The message with the button. Defaults to the last message id in the chat.
 
         Returns:
             The update's id.
@@ -766,7 +1071,7 @@ class FakeBotApi:
 
         Returns:
             ``{"message_id": ..., "text": ..., "inline_keyboard": [[button, ...], ...]}``
-            (copies; ``text`` is the message's text or caption, ``""`` if it has none), or
+            (copies, ``text`` being the message's text or caption, ``""`` if none), or
             :obj:`None` when no message of the bot in the chat has an inline keyboard.
         """
         with self._cond:
@@ -808,7 +1113,7 @@ class FakeBotApi:
             user_id: Who pressed it.
 
         Returns:
-            The update dict; its ``callback_query.message`` is the message with the keyboard.
+            The update dict. Its ``callback_query.message`` is the message with the keyboard.
 
         Raises:
             LookupError: As :meth:`press_button`.
@@ -868,18 +1173,18 @@ class FakeBotApi:
         A failed ``getUpdates`` confirms nothing and returns nothing. The call is still recorded
         in :attr:`calls`. PTB maps the answer to an exception by HTTP status: 401/404 →
         ``InvalidToken``, 400 → ``BadRequest``, 403 → ``Forbidden``, 409 → ``Conflict``, other
-        codes → ``NetworkError``; any ``retry_after`` → ``RetryAfter``; any
+        codes → ``NetworkError``. Any ``retry_after`` → ``RetryAfter``. Any
         ``migrate_to_chat_id`` → ``ChatMigrated``.
 
         Args:
             method: The method name (case-insensitive, e.g. ``"getUpdates"``).
             count: How many calls fail.
-            error_code: The HTTP status and ``error_code``; defaults to 429 when ``retry_after``
+            error_code: The HTTP status and ``error_code``. Defaults to 429 when ``retry_after``
                 is given, else 500.
-            description: The error description; a Telegram-like default fits the code.
+            description: The error description. A Telegram-like default fits the code.
             retry_after: Seconds for ``parameters.retry_after`` (flood control).
             migrate_to_chat_id: ``parameters.migrate_to_chat_id`` (the group became a
-                supergroup; with it the code defaults to 400).
+                supergroup). With it the code defaults to 400.
         """
         if count < 1:
             raise ValueError("count must be >= 1")
@@ -908,12 +1213,12 @@ class FakeBotApi:
         request, then drops the connection without answering (an unknown outcome).
 
         The client sees its connection closed after its request left (PTB raises
-        :exc:`telegram.error.NetworkError`); it cannot tell whether the call had its effect.
+        :exc:`telegram.error.NetworkError`). It cannot tell whether the call had its effect.
         Which one happened is chosen here:
 
         * ``after_effect=True``: the call had its effect before the connection dropped, as when
           Telegram's answer is lost on the way back. A ``sendMessage`` is in
-          :attr:`sent_messages` with its ``message_id`` taken; a ``getUpdates`` with an offset
+          :attr:`sent_messages` with its ``message_id`` taken. A ``getUpdates`` with an offset
           confirmed (dropped) the updates below it and handed out updates the client never
           received.
         * ``after_effect=False``: the call had no effect, as when the request was lost before
@@ -951,8 +1256,9 @@ class FakeBotApi:
 
     def hold(self, method: str) -> None:
         """Keep every call of ``method`` that is waiting or arrives from now on unanswered
-        until :meth:`release` (after its :meth:`delay`, if any; before any fault of
-        :meth:`fail_next` or :meth:`cut_next`).
+        until :meth:`release`. The hold comes after its :meth:`delay`, if any, and before any
+        fault of :meth:`fail_next` or :meth:`cut_next`. The rate limits come before both. A
+        request they refuse is answered 429 at once.
 
         A held call is in :attr:`calls` at once and has no effect until it is released (a
         held ``sendMessage`` is in :attr:`sent_messages` only after). Unlike a :meth:`delay`,
@@ -975,6 +1281,28 @@ class FakeBotApi:
         with self._cond:
             self._holds.discard(method.lower())
             self._bump()
+
+    def flood(self, retry_after: int = 5) -> None:
+        """Answer the next limited request 429 and hold the whole bot for ``retry_after``.
+
+        This is Telegram's flood control of a bot. The next request of a limited method (see
+        :class:`RateLimits`) is answered 429 ``Too Many Requests: retry after N`` with
+        ``parameters.retry_after``. That answer begins a bot-wide hold of ``retry_after``
+        seconds. Every limited request within it is answered 429 too and counted in
+        :attr:`requests_in_hold`. It works with or without ``rate_limits``.
+
+        Args:
+            retry_after: The seconds of the hold, as the 429 announces them.
+
+        Raises:
+            TypeError: If ``retry_after`` is not an int.
+            ValueError: If ``retry_after`` is below 1.
+        """
+        if isinstance(retry_after, bool) or not isinstance(retry_after, int):
+            raise TypeError(f"retry_after must be an int, not {retry_after!r}")
+        if retry_after < 1:
+            raise ValueError(f"retry_after must be >= 1, not {retry_after!r}")
+        self._limiter.flood(retry_after)
 
     # ------------------------------------------------------------------ observation
 
@@ -1050,6 +1378,52 @@ class FakeBotApi:
             return copy.deepcopy(self._webhook)
 
     @property
+    def rate_limits(self) -> RateLimits | None:
+        """:class:`RateLimits`: The limits the server enforces. It is :obj:`None` (the default)
+        when it enforces none."""
+        return self._limiter.limits
+
+    @property
+    def rate_limited(self) -> int:
+        """:obj:`int`: How many requests the rate limits and :meth:`flood` answered 429.
+
+        Requests inside a hold are included. Faults of :meth:`fail_next` are not.
+        """
+        return self._limiter.counts()[0]
+
+    @property
+    def requests_in_hold(self) -> int:
+        """:obj:`int`: How many limited requests arrived inside an announced hold.
+
+        A hold begins when a 429 of a scope (the bot, the paid broadcasts or a chat) is
+        answered. It ends ``retry_after`` seconds later. A request of that scope in between is
+        counted, unless it came within :attr:`RateLimits.hold_grace_seconds` of the 429. A
+        client that honours ``retry_after`` keeps this at 0. The 429 that begins a hold is not
+        counted.
+        """
+        return self._limiter.counts()[1]
+
+    def sent_times(self, chat_id: int | str | None = None) -> list[float]:
+        """The :func:`time.monotonic` times of the limited requests that took effect, in order.
+
+        A time is the moment the request arrived (see :class:`RateLimits`). The times are
+        recorded with or without ``rate_limits``. A sustained send rate is
+        ``(len(times) - 1) / (times[-1] - times[0])`` over a busy stretch. Divided by
+        :attr:`RateLimits.global_limit` per :attr:`RateLimits.global_window`, it is a share
+        of the limit.
+
+        Args:
+            chat_id: Only the requests to this chat. :obj:`None` gives all of them.
+
+        Returns:
+            The times, oldest first.
+        """
+        chat = None if chat_id is None else _limited_chat(chat_id)
+        if chat_id is not None and chat is None:
+            return []
+        return self._limiter.sent_times(chat)
+
+    @property
     def hook_errors(self) -> list[BaseException]:
         """Exceptions raised by :attr:`on_confirm` (a test should assert this is empty)."""
         with self._cond:
@@ -1122,7 +1496,7 @@ class FakeBotApi:
         self._cond.notify_all()
 
     def _handle(self, path: str, content_type: str, body: bytes) -> tuple[int, dict[str, Any]]:
-        """Handle one request (server thread); returns the HTTP status and the JSON body."""
+        """Handle one request (server thread). Returns the HTTP status and the JSON body."""
         with self._cond:
             epoch = self._epoch
         try:
@@ -1131,7 +1505,7 @@ class FakeBotApi:
             return exc.error_code, exc.body()
         except _CutConnection:
             raise
-        except Exception as exc:  # pragma: no cover - a bug in the fake; surface it
+        except Exception as exc:  # pragma: no cover - a bug in the fake. Surface it
             _LOGGER.exception("FakeBotApi failed to handle %s", path)
             return 500, {
                 "ok": False,
@@ -1156,6 +1530,25 @@ class FakeBotApi:
         with self._cond:
             self._calls.append(ApiCall(method, params))
             self._bump()
+        if not _is_limited(key):
+            return self._answer(method, key, params, epoch)
+        # counted on arrival (or refused with 429 at once), taken back if it has no effect
+        ticket = self._limiter.admit(params)
+        took_effect = False
+        try:
+            result = self._answer(method, key, params, epoch)
+            took_effect = True
+            return result
+        except _CutConnection as exc:
+            took_effect = exc.after_effect
+            raise
+        finally:
+            self._limiter.settle(ticket, took_effect)
+
+    def _answer(self, method: str, key: str, params: dict[str, Any], epoch: int) -> Any:
+        """Wait out the call's delay and hold, then apply its next fault, if any, else its
+        effect. Returns its result."""
+        with self._cond:
             delay = self._delays.get(key, 0.0)
         if delay:
             with self._cond:
@@ -1178,7 +1571,7 @@ class FakeBotApi:
             self._dispatch(key, params, epoch)
             self._took_effect(method, params)
         if fault.cut is not None:
-            raise _CutConnection()
+            raise _CutConnection(after_effect=fault.cut == "after")
         parameters: dict[str, Any] = {}
         if fault.retry_after:
             parameters["retry_after"] = fault.retry_after
@@ -1295,7 +1688,7 @@ class FakeBotApi:
     def _edit_content(self, key: str, params: dict[str, Any]) -> None:
         """Refuse an ``editMessageText``/``editMessageCaption``/``editMessageReplyMarkup`` of
         a message the fake knows whose content and inline keyboard it would leave as they
-        are (Telegram: 400 ``message is not modified``); else keep the new content."""
+        are (Telegram: 400 ``message is not modified``). Else keep the new content."""
         chat = _chat_key(params.get("chat_id"))
         message_id = _as_int(params.get("message_id"), 0, "message_id")
         with self._cond:
@@ -1449,7 +1842,7 @@ def post_to_webhook(
 
     Args:
         url: The webhook URL.
-        update: The update dict; a ``str`` or ``bytes`` is sent as the raw body (to test bad
+        update: The update dict. A ``str`` or ``bytes`` is sent as the raw body (to test bad
             input).
         secret_token: The secret token to send.
         timeout: Seconds to wait for the answer.

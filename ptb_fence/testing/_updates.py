@@ -44,9 +44,9 @@ def make_user(
     Args:
         user_id: The user's id (positive).
         is_bot: Whether the user is a bot.
-        first_name: The first name; defaults to ``"User <id>"``.
-        username: The username without ``@``; defaults to ``"user<id>"``.
-        language_code: The IETF language tag; :obj:`None` leaves the field out.
+        first_name: The first name. Defaults to ``"User <id>"``.
+        username: The username without ``@``. Defaults to ``"user<id>"``.
+        language_code: The IETF language tag. :obj:`None` leaves the field out.
 
     Returns:
         The ``User`` dict.
@@ -70,7 +70,7 @@ def make_bot_user(
     Args:
         bot_id: The bot's id (the number before ``:`` in its token).
         username: The bot's username without ``@``.
-        get_me: Add the fields only ``getMe`` reports (``can_join_groups``, ...); leave it
+        get_me: Add the fields only ``getMe`` reports (``can_join_groups``, ...). Leave it
             :obj:`False` for the ``from`` of a message the bot sent.
 
     Returns:
@@ -95,8 +95,8 @@ def make_chat(chat_id: int | str) -> dict[str, Any]:
     """Build a Bot API ``Chat`` object for a chat id.
 
     Args:
-        chat_id: A positive id is a private chat with the user of the same id; a negative id is a
-            group, or a supergroup when it is below ``-10**12``; a string ``"@name"`` is a public
+        chat_id: A positive id is a private chat with the user of the same id. A negative id is a
+            group, or a supergroup when it is below ``-10**12``. A string ``"@name"`` is a public
             channel.
 
     Returns:
@@ -142,13 +142,13 @@ def make_message(
     Args:
         message_id: The message id (unique per chat).
         chat_id: The chat id, as for :func:`make_chat`.
-        text: The text; a leading ``/command`` gets a ``bot_command`` entity. :obj:`None` leaves
+        text: The text. A leading ``/command`` gets a ``bot_command`` entity. :obj:`None` leaves
             ``text`` out (e.g. for a media message).
-        user_id: The sender's id; defaults to ``chat_id`` in a private chat and to
+        user_id: The sender's id. Defaults to ``chat_id`` in a private chat and to
             :data:`DEFAULT_GROUP_USER_ID` elsewhere. Ignored when ``sender`` is given.
         sender: A complete ``User`` dict for ``from`` (e.g. from :func:`make_bot_user`). Channel
             posts have no sender: pass a string ``chat_id`` and leave both out.
-        date: Unix time in seconds; defaults to now.
+        date: Unix time in seconds. Defaults to now.
 
     Returns:
         The ``Message`` dict.
@@ -190,7 +190,7 @@ def make_message_update(
         text: The message text.
         message_id: The message id.
         user_id: The sender (see :func:`make_message`).
-        date: Unix time in seconds; defaults to now.
+        date: Unix time in seconds. Defaults to now.
 
     Returns:
         ``{"update_id": ..., "message": {...}}``.
@@ -223,10 +223,10 @@ def make_callback_query_update(
         data: The button's ``callback_data``.
         bot_id: The bot's user id (the sender of the message with the button).
         message_id: The id of the message with the button.
-        user_id: Who pressed it; defaults as in :func:`make_message`.
-        query_id: The callback query id; defaults to a value derived from ``update_id``.
+        user_id: Who pressed it. Defaults as in :func:`make_message`.
+        query_id: The callback query id. Defaults to a value derived from ``update_id``.
         message_text: The text of the message with the button.
-        date: Unix time in seconds of that message; defaults to now.
+        date: Unix time in seconds of that message. Defaults to now.
 
     Returns:
         ``{"update_id": ..., "callback_query": {...}}``.

@@ -259,15 +259,13 @@ def test_rows_recorded_without_a_chat_key_get_it_at_a_strict_start(store: Any, c
         strict.close()
 
 
-def test_a_store_that_cannot_key_old_rows_warns_at_a_strict_start(caplog: Any) -> None:
+def test_a_store_that_cannot_key_old_rows_is_refused_at_a_strict_start() -> None:
+    """Keying rows recorded without a chat key is part of the declared ``chat_order``."""
     from runtime_support import ALL_METHODS, StoreWrapper
 
     from ptb_fence.contract import CHAT_ORDER_METHODS
 
     store = StoreWrapper(methods=ALL_METHODS + CHAT_ORDER_METHODS)
-    intake = UpdateIntake(store, handle=lambda update: None, strict_chat_order=True)
-    caplog.set_level("WARNING", logger="ptb_fence")
-    intake.start()
-    intake.close()
-    assert "updates recorded without a chat key" in caplog.text
-    assert "StoreWrapper has no unkeyed_in_chats/set_chat_keys" in caplog.text
+    assert not store.features.chat_order  # without unkeyed_in_chats/set_chat_keys
+    with pytest.raises(TypeError, match="strict_chat_order needs a store that keeps chat order"):
+        UpdateIntake(store, handle=lambda update: None, strict_chat_order=True)

@@ -328,6 +328,63 @@ def test_show_json_includes_the_raw_body(db: Fixture, capsys: Any) -> None:
     assert data["error"] == "TimedOut: Timed out"
 
 
+def test_show_lists_the_recorded_steps(db: Fixture, capsys: Any) -> None:
+    from ptb_fence import StepRecord
+
+    row = db.row(1004)
+    assert row is not None
+    long_result = json.dumps({"charge": "ch-1", "note": "x" * 200})
+    records = [
+        StepRecord("k-1004-reserve", 1004, "reserve", '{"slot": 9}', row["attempts"],
+                   row["claim_id"], db.now - 5_000),
+        StepRecord("k-1004-charge", 1004, "charge", long_result, row["attempts"],
+                   row["claim_id"], db.now - 4_000),
+    ]
+    for record in records:
+        assert db.store.record_step(record) is True
+    code, out, err = run(capsys, *db.args("show", "1004"))
+    assert code == 0 and err == ""
+    steps = out.split("steps (2):\n", 1)[1].split("body:", 1)[0]
+    lines = steps.splitlines()
+    assert lines[0].split() == ["NAME", "KEY", "ATTEMPT", "RECORDED", "(UTC)", "RESULT"]
+    assert set(lines[1]) <= {"-", " "}
+    assert lines[2].split()[:3] == ["reserve", "k-1004-reserve", "1"]
+    assert lines[2].rstrip().endswith('{"slot": 9}')
+    assert lines[3].split()[:3] == ["charge", "k-1004-charge", "1"]
+    assert long_result not in out and "…" in lines[3]  # the result is cut short
+    code, out, _ = run(capsys, *db.args("show", "1004", "--json"))
+    data = json.loads(out)
+    assert [s["name"] for s in data["steps"]] == ["reserve", "charge"]
+    charge = data["steps"][1]
+    assert charge["key"] == "k-1004-charge" and charge["result"] == long_result
+    assert charge["attempt"] == 1 and charge["claim_id"] == row["claim_id"]
+    assert charge["recorded_at"] == db.now - 4_000 and charge["recorded_at_utc"].endswith("Z")
+    # an update without steps
+    _, out, _ = run(capsys, *db.args("show", "1003"))
+    assert "steps: none recorded" in out
+    _, out, _ = run(capsys, *db.args("show", "1003", "--json"))
+    assert json.loads(out)["steps"] == []
+
+
+def test_show_of_a_table_without_a_steps_table(pg_dsn: str, pg_table: str, capsys: Any) -> None:
+    """A PostgreSQL table made before steps, not migrated since: show lists no steps."""
+    from ptb_fence.stores._steps_sql import steps_table_name
+
+    with PostgresUpdateStore(pg_dsn, pg_table) as store:
+        assert store.add(1, body(1, "hi"), int(time.time() * 1000))
+    conn = psycopg2.connect(pg_dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f'DROP TABLE "{steps_table_name(pg_table)}"')
+        conn.commit()
+    finally:
+        conn.close()
+    code, out, _ = run(capsys, "--store", pg_dsn, "--table", pg_table, "show", "1")
+    assert code == 0 and "steps" not in out.split("body:")[0]
+    code, out, _ = run(capsys, "--store", pg_dsn, "--table", pg_table, "show", "1", "--json")
+    assert code == 0 and json.loads(out)["steps"] is None
+
+
 # -- exhaustions / ack -------------------------------------------------------------------------
 def test_exhaustions_lists_identities_and_pages(db: Fixture, capsys: Any) -> None:
     identity = db.exhaustion
@@ -676,10 +733,11 @@ def missing_sqlite_table(db: Fixture, capsys: Any) -> None:
         names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
     finally:
         conn.close()
-    # the store's own table, its outbox (whose AUTOINCREMENT keeps sqlite_sequence) and its
-    # state table: no other
-    assert sorted(names) == ["sqlite_sequence", "telegram_updates", "telegram_updates_outbox",
-                             "telegram_updates_persistence"]
+    # the store's own table, its outbox (whose AUTOINCREMENT keeps sqlite_sequence), its state
+    # table, its steps, jobs and pace tables: no other
+    assert sorted(names) == ["sqlite_sequence", "telegram_updates", "telegram_updates_jobs",
+                             "telegram_updates_outbox", "telegram_updates_pace",
+                             "telegram_updates_persistence", "telegram_updates_steps"]
 
 
 def test_missing_postgres_table_is_refused_and_not_created(

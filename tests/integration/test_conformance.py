@@ -275,7 +275,8 @@ def test_rules_are_named_and_documented() -> None:
         assert f"``{rule.name}`` ({rule.level}," in doc, rule.name
         assert rule.description
     assert RULE_NAMES[0] == "one-record-per-update"
-    assert [r.level for r in RULES].index("durable") == len(RULES) - 1
+    levels = [r.level for r in RULES]
+    assert set(levels[levels.index("durable"):]) == {"durable"}  # the durable rules run last
 
 
 def test_every_declared_rule_runs_once() -> None:
@@ -343,3 +344,65 @@ def test_capability_rules_do_not_blame_a_store_without_the_capabilities() -> Non
     optional ones (the capability rules are skipped)."""
     assert check_update_store(FencedOnlyStore) == []
     assert check_update_store(BaseOnlyStore) == []
+
+
+# -- durable jobs ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("feature", "breaker"), [("jobs", "FireIgnoresStateStore"), ("pacing", "HoldIgnoredStore")]
+)
+def test_a_features_rules_run_only_for_a_store_that_declares_it(
+    feature: str, breaker: str
+) -> None:
+    """A store that does not declare ``feature`` is never blamed by its rules, however broken
+    its methods of that feature are."""
+    import dataclasses
+
+    import broken_stores
+
+    class Undeclared(getattr(broken_stores, breaker)):  # type: ignore[misc]
+        __slots__ = ()
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.features = dataclasses.replace(self.features, **{feature: False})
+
+    assert check_update_store(Undeclared) == []
+
+
+def test_jobs_breakers_name_the_exact_check() -> None:
+    from broken_stores import (
+        DueJobsStrictStore,
+        FireIgnoresStateStore,
+        KeyedDeclarationAddsStore,
+        RefusedCompletionWritesJobsStore,
+    )
+
+    cases = {
+        FireIgnoresStateStore: "jobs-concurrent-fire: 8 concurrent fire_jobs of run 1 of job 1",
+        KeyedDeclarationAddsStore: "jobs: after declaring the keyed job 'digest' twice",
+        DueJobsStrictStore: "jobs: due_jobs(T+50) returned []",
+        RefusedCompletionWritesJobsStore: "jobs-effects: after the commit the jobs written by "
+        "completions are",
+    }
+    for cls, expected in cases.items():
+        violations = check_update_store(cls)
+        assert any(v.startswith(expected) for v in violations), f"{cls.__name__}: {violations}"
+
+
+def test_pacing_breakers_name_the_exact_check() -> None:
+    from broken_stores import (
+        HoldIgnoredStore,
+        HoldShortenedStore,
+        PaceRacesStore,
+        SlotBeyondHorizonStore,
+    )
+
+    cases = {
+        HoldIgnoredStore: "pacing: the bot held until",
+        HoldShortenedStore: "pacing: a shorter hold shortened the first",
+        SlotBeyondHorizonStore: "pacing: a read (negative horizon) of the bot",
+        PaceRacesStore: "pacing-concurrent: 8 threads taking 5 slots each",
+    }
+    for cls, expected in cases.items():
+        violations = check_update_store(cls)
+        assert any(v.startswith(expected) for v in violations), f"{cls.__name__}: {violations}"

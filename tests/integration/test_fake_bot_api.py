@@ -32,10 +32,11 @@ from ptb_fence.testing import (
     make_message_update,
     post_to_webhook,
 )
+from runtime_support import post_json
 
 pytestmark = [
     pytest.mark.timeout(60),
-    # PTB 22.x warns inside RetryAfter about its future timedelta type; not ours to fix.
+    # PTB 22.x warns inside RetryAfter about its future timedelta type. That is not ours to fix.
     pytest.mark.filterwarnings("ignore:.*retry_after.*:DeprecationWarning"),
 ]
 
@@ -48,16 +49,8 @@ WAIT = 5.0  # seconds; the upper bound of every wait below
 def call(
     fake: FakeBotApi, method: str, token: str | None = None, **params: Any
 ) -> tuple[int, dict[str, Any]]:
-    """POST ``params`` as JSON to the fake; return the HTTP status and the decoded body."""
-    url = f"{fake.base_url}{token or fake.token}/{method}"
-    request = urllib.request.Request(
-        url, data=json.dumps(params).encode(), headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.load(response)
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.load(exc)
+    """POST ``params`` as JSON to the fake. Returns the HTTP status and the decoded body."""
+    return post_json(f"{fake.base_url}{token or fake.token}/{method}", params, timeout=60)
 
 
 def ids_of(result: list[dict[str, Any]]) -> list[int]:

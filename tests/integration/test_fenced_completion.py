@@ -1,6 +1,6 @@
 """A ``complete=True`` fenced transaction checks ownership and settles in ONE conditional
 statement at its start: ``complete_owned`` of the SQLite and PostgreSQL
-stores (:class:`ptb_fence.CompletingUpdateStore`).
+stores (:class:`ptb_fence.BatchStore`).
 
 Boundaries of that statement on real SQLite files and real PostgreSQL tables: a lease ending
 exactly at the check still holds, one past it does not; a stale claim id is refused and changes
@@ -293,7 +293,11 @@ def _counting_pool(dsn: str, log: List[Tuple[int, str]]) -> Any:
     class CountingCursor(psycopg2.extensions.cursor):
         def execute(self, query: Any, vars: Any = None) -> Any:  # noqa: A002
             log.append((id(self.connection), " ".join(str(query).split())[:60]))
-            return super().execute(query, vars)
+            try:
+                return super().execute(query, vars)
+            finally:
+                if self.connection.autocommit:  # a read in autocommit is its own transaction
+                    log.append((id(self.connection), "COMMIT"))
 
     class CountingConnection(psycopg2.extensions.connection):
         def cursor(self, *args: Any, **kwargs: Any) -> Any:

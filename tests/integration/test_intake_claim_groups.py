@@ -1,4 +1,4 @@
-"""UpdateIntake's workers that start together claim together (``claim_owned_many``, one
+"""UpdateIntake's workers that start together claim together (one ``commit`` of claims, one
 statement and one commit per group), so a recorded backlog is claimed in groups, not one commit
 per update; every update is still handled exactly once. (Workers that start at different times,
 e.g. after handlers of different lengths, still claim one by one: a group holds the claims that
@@ -31,7 +31,7 @@ from store_support import new_store
 from counting_store import CountingStore
 from ptb_fence import UpdateIntake
 from ptb_fence.blocking import _intake
-from ptb_fence.blocking._thread_group import ThreadGroupCommit
+from ptb_fence.blocking._group_commit import ThreadGroupCommit
 from runtime_support import body
 
 BACKLOG = 120
@@ -94,13 +94,18 @@ class HeldClaims(CountingStore):
 
     def __getattr__(self, name: str) -> Any:
         counted = super().__getattr__(name)
-        if name not in ("claim_owned", "claim_owned_many"):
+        if name not in ("claim_owned", "commit"):
             return counted
 
         def held(*args: Any, **kwargs: Any) -> Any:
+            if name == "commit" and not args[0].claims:
+                return counted(*args, **kwargs)
             self.waves.hold()
             result = counted(*args, **kwargs)
-            taken = [result] if name == "claim_owned" else list(result)
+            if name == "commit":
+                taken = list(result.claims)
+            else:
+                taken = [result] if name == "claim_owned" else list(result)
             self.waves.change(unclaimed=-sum(identity is not None for identity in taken))
             return result
 
@@ -176,9 +181,9 @@ def test_a_recorded_backlog_is_claimed_in_groups_and_handled_once(
     # update before the whole wave has claimed and started. A wave's first claim call (the
     # claims submitted before it left: one or more) stays in the store until the others of the
     # wave are waiting, so they all go in the next call: at most 2 claim commits per wave, and
-    # one of them holds at least half the wave (claim_owned_many, not claim_owned).
+    # one of them holds at least half the wave (a commit of claims, not claim_owned).
     waves_count = BACKLOG // MAX_CONCURRENT
-    claims = store.calls["claim_owned"] + store.calls["claim_owned_many"]
+    claims = store.calls["claim_owned"] + store.calls["commit_claims"]
     assert claims <= 2 * waves_count, dict(store.calls)  # 30 of 120
-    assert store.calls["claim_owned_many"] >= waves_count, dict(store.calls)
+    assert store.calls["commit_claims"] >= waves_count, dict(store.calls)
     assert inner.due(now=2**62, pending_before=2**62, limit=10) == []  # nothing left over

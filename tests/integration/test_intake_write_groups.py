@@ -1,6 +1,6 @@
 """UpdateIntake groups its writes as the PTB processor does: updates that threads accept at the
-same time are recorded in one store call (``add_many``: one commit), and handlers that finish
-at the same time are completed in one store call (``settle_owned_many``). Every update is
+same time are recorded in one store call (a ``commit`` of records), and handlers that finish
+at the same time are completed in one store call (a ``commit`` of settlements). Every update is
 still recorded once and handled once; a duplicate accepted in the same burst is still told
 apart.
 
@@ -62,8 +62,8 @@ def test_updates_accepted_together_are_recorded_together_and_once(inner: Any) ->
         total = THREADS * PER_THREAD
         rows = inner.due(now=2**62, pending_before=2**62, limit=total + 10)
         assert sorted(row.update_id for row in rows) == list(range(1, total + 1))
-        calls = store.calls["add"] + store.calls["add_many"]
-        assert store.calls["add_many"] >= 1, dict(store.calls)
+        calls = store.calls["add"] + store.calls["commit_records"]
+        assert store.calls["commit_records"] >= 1, dict(store.calls)
         # one call per accept without grouping (336 here); a thread waits while a group is in
         # the store, so the others' accepts join the next group
         assert calls <= (total + THREADS) // 2, dict(store.calls)
@@ -101,7 +101,7 @@ def test_handlers_that_finish_together_complete_together(inner: Any) -> None:
     assert sorted(handled) == list(range(1, backlog + 1))
     assert set(handled.values()) == {1}
     assert inner.due(now=2**62, pending_before=2**62, limit=10) == []  # all completed
-    settles = store.calls["settle_owned"] + store.calls["settle_owned_many"]
-    assert store.calls["settle_owned_many"] >= 1, dict(store.calls)
+    settles = store.calls["settle_owned"] + store.calls["commit_settle"]
+    assert store.calls["commit_settle"] >= 1, dict(store.calls)
     # one settle per update without grouping (96); 8 workers finish at a barrier each round
     assert settles <= backlog // 2, dict(store.calls)

@@ -86,12 +86,13 @@ def test_every_rule_queries_metrics_ptb_fence_exports() -> None:
         assert named, expr
         assert named <= exported, (expr, named - exported)
     wanted = {"PtbFenceUpdatesStuck", "PtbFenceExhaustionsUnacknowledged", "PtbFenceOutboxBacklog",
-              "PtbFenceOutboxFailures", "PtbFenceStoreErrors", "PtbFenceNotTicking"}
+              "PtbFenceOutboxFailures", "PtbFenceStoreErrors", "PtbFenceNotTicking",
+              "PtbFenceJobsLate"}
     assert wanted <= set(alert_names(text))
     # the store-wide gauges are aggregated with max(), never summed over the processes
     for expr in exprs:
         for gauge in ("unsettled_updates", "oldest_unsettled", "exhaustions_waiting",
-                      "outbox_calls"):
+                      "outbox_calls", "jobs_due", "jobs_late"):
             if gauge in expr:
                 assert expr.lstrip().startswith("max ") and 'scope="store"' in expr, expr
 
@@ -148,7 +149,7 @@ def test_promtool_checks_the_rules() -> None:
     result = subprocess.run([PROMTOOL, "check", "rules", alert_rules_path()],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 9 rules found" in result.stdout
+    assert "SUCCESS: 10 rules found" in result.stdout
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian: prometheus)")

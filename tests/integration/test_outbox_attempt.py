@@ -179,7 +179,7 @@ def test_a_completion_without_calls_costs_no_statement_more(
         intake.accept(body(i))
     assert wait_until(lambda: intake.idle(0.05), 10)
     assert store.calls["write_effects"] == 0
-    settles = store.calls["settle_owned_many"] + store.calls["add_claimed_and_settle_many"]
+    settles = store.calls["commit_settle"] + store.calls["commit_claimed_settle"]
     assert settles >= 1
     inner.close()
 
@@ -199,7 +199,7 @@ def test_outbox_refused_without_an_outbox_store(
     intake = _intake(store, intakes, handle, fake=fake)
     intake.accept(body(1))
     assert wait_until(lambda: intake.idle(0.05) and errors, 10)
-    assert "has no outbox (OutboxStore: write_effects" in str(errors[0])
+    assert "has no outbox: attempt.outbox needs a store that keeps Bot API calls" in str(errors[0])
 
 
 @pytest.mark.parametrize("store_kind", ["memory"])

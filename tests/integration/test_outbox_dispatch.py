@@ -480,7 +480,7 @@ def test_two_senders_keep_each_chats_commit_order(shared_stores: Any) -> None:
 
 @pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
 def test_calls_of_a_sender_that_died_are_sent_after_its_lease(store: Any) -> None:
-    from ptb_fence import AttemptEffects, Completed, OutboxCall
+    from ptb_fence import AttemptEffects, Batch, Completed, OutboxCall
 
     now = int(time.time() * 1000)
     assert store.add(1, body(1, chat=70), now)
@@ -490,9 +490,9 @@ def test_calls_of_a_sender_that_died_are_sent_after_its_lease(store: Any) -> Non
         for i in range(2)
     )
     # a process completed the update with two calls, claimed the first to send, and died
-    assert store.settle_owned_many(
-        [(identity, Completed(now))], effects={identity: AttemptEffects(calls=calls)}
-    ) == [True]
+    assert store.commit(Batch(
+        settlements=((identity, Completed(now)),), effects={identity: AttemptEffects(calls=calls)}
+    )).landed == (True,)
     (claimed,) = store.claim_calls(now=now, lease_until=now + 1_500, limit=1, sender="dead")
     with FakeBotApi() as fake:
         intake = UpdateIntake(

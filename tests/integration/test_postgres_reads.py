@@ -6,13 +6,13 @@ completions' state writes find their rows through the primary key on a table not
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, Dict, List
 
 import psycopg2
 import psycopg2.extensions
 import psycopg2.pool
 
-from ptb_fence import PostgresUpdateStore, StateKey, StateWrite
+from ptb_fence import Batch, PostgresUpdateStore, StateKey, StateWrite
 from store_support import fresh_table_name
 
 
@@ -101,7 +101,8 @@ def test_state_reads_search_each_key_even_on_a_table_not_analyzed(
     in the primary key by kind, name and key, whatever the planner knows of the table: on a
     fresh table of 20,000 users, not yet analyzed, ``key = ANY(...)`` had been planned as a
     scan of every user row filtered by the array."""
-    from ptb_fence.stores._state_sql import StateStatements
+    from ptb_fence.stores._state_sql import read_params
+    from ptb_fence.stores.postgres._sql import statements
 
     table = fresh_table_name()
     pg_tables.append(table)
@@ -112,17 +113,15 @@ def test_state_reads_search_each_key_even_on_a_table_not_analyzed(
         conn = psycopg2.connect(pg_dsn)
         try:
             _add_users(conn, table, 3, 19_999)
-            sql = StateStatements(table, postgres=True)
             asked = users[::700] + [StateKey("conversation", "talk", "[1,1]"), StateKey("bot")]
-            groups, params = sql.read_any_params(asked)
             with conn, conn.cursor() as cur:
-                cur.execute("EXPLAIN " + sql.read_any(groups), params)
+                cur.execute("EXPLAIN " + statements(table)["state_read"], read_params(asked))
                 plan = "\n".join(row[0] for row in cur.fetchall())
         finally:
             conn.close()
         assert "Seq Scan" not in plan and "Filter" not in plan, plan
         searches = [line for line in plan.splitlines() if "Index Cond" in line]
-        assert len(searches) == groups, plan  # the key is in every index search
+        assert len(searches) == 1, plan  # one search per key, the key in it
         assert all("AND (key = k" in line for line in searches), plan
         got = store.read_state(asked)
         assert set(got) == set(users[::700]) and all(e.value == "v" for e in got.values())
@@ -137,7 +136,7 @@ def test_grouped_state_writes_search_each_key_on_a_table_not_analyzed(
     row through the primary key on a fresh table of 60,000 rows, not yet analyzed, and land
     where their completions matched."""
     from ptb_fence import AttemptEffects, Completed
-    from ptb_fence.stores.postgres._sql import PostgresStatements
+    from ptb_fence.stores.postgres._sql import statements
 
     table = fresh_table_name()
     pg_tables.append(table)
@@ -147,14 +146,17 @@ def test_grouped_state_writes_search_each_key_on_a_table_not_analyzed(
         conn = psycopg2.connect(pg_dsn)
         try:
             _add_users(conn, table, 1, 59_999)
-            sql = PostgresStatements.for_table(table)
-            params: List[Any] = []
-            for n in range(30):
-                params += [n + 1, 1, "c", 5]
-            for n in range(30):
-                params += [n + 1, 1, "c", "user", "", str(n * 100), "w", 5, 1]
+            ids = list(range(1, 31))
+            params: Dict[str, Any] = {
+                "update_ids": ids, "attempts": [1] * 30, "claim_ids": ["c"] * 30,
+                "ats": [5] * 30,
+                "w_update_ids": ids, "w_attempts": [1] * 30, "w_claim_ids": ["c"] * 30,
+                "w_kinds": ["user"] * 30, "w_names": [""] * 30,
+                "w_keys": [str(n * 100) for n in range(30)], "w_values": ["w"] * 30,
+                "w_ats": [5] * 30, "w_versions": [1] * 30,
+            }
             with conn, conn.cursor() as cur:
-                cur.execute("EXPLAIN " + sql.complete_owned_writing(30, 30), params)
+                cur.execute("EXPLAIN " + statements(table)["complete_owned_writing"], params)
                 plan = "\n".join(row[0] for row in cur.fetchall())
         finally:
             conn.close()
@@ -168,12 +170,12 @@ def test_grouped_state_writes_search_each_key_on_a_table_not_analyzed(
             assert identity is not None
             identities.append(identity)
         keys = [StateKey("user", "", str(n * 100)) for n in range(1, 4)]
-        landed = store.settle_owned_many(
-            [(i, Completed(2)) for i in identities],
+        landed = store.commit(Batch(
+            settlements=tuple((i, Completed(2)) for i in identities),
             effects={i: AttemptEffects(state=(StateWrite(k, "new", 1),))
                      for i, k in zip(identities, keys)},
-        )
-        assert landed == [True, True, True]
+        )).landed
+        assert landed == (True, True, True)
         assert {k: e.value for k, e in store.read_state(keys).items()} == dict.fromkeys(
             keys, "new")
     finally:

@@ -25,6 +25,7 @@ import pytest
 from ptb_fence import (
     Abandoned,
     AttemptIdentity,
+    Batch,
     ClaimTerms,
     Completed,
     Exhaustion,
@@ -179,7 +180,7 @@ def test_schema_text_is_idempotent_and_complete(pg_dsn: str, pg_table: str) -> N
         "fingerprint": "text",
         "instance": "text",
         "chat_key": "bigint",  # strict_chat_order
-        "isolated_claim": "text",  # suspect rows, isolated claims (IsolatingUpdateStore)
+        "isolated_claim": "text",  # suspect rows, isolated claims (BatchStore)
     }
     indexes = execute(pg_dsn, "SELECT indexdef FROM pg_indexes WHERE tablename = %s", (pg_table,))
     assert any("(state, due_at)" in d for (d,) in indexes)
@@ -823,17 +824,28 @@ def test_unary_handling_on_a_legacy_table_claims_with_the_base_claim(
 
 
 def test_original_table_with_claim_id_and_due_at_not_null(pg_dsn: str, pg_table: str) -> None:
-    """Every insert path writes due_at = received_at for a pending row."""
+    """A table migrated halfway (claim_id, not the later columns) is refused at start with
+    the fix named. Once migrated (due_at stays NOT NULL) every insert path writes due_at =
+    received_at for a pending row."""
     legacy_table(pg_dsn, pg_table, claim_id=True)
+    with PostgresUpdateStore(pg_dsn, pg_table, create_table=False) as s:
+        for call in (lambda: s.add(1, "a", T + 1), lambda: s.due(now=T, pending_before=T, limit=1)):
+            with pytest.raises(SchemaError, match="lacks fingerprint") as info:
+                call()
+            assert "ptb-fence" in str(info.value) and "create_table=True" in str(info.value)
+    assert rows(pg_dsn, pg_table) == {}
+    execute(pg_dsn, postgres_update_store_schema(pg_table))
     with PostgresUpdateStore(pg_dsn, pg_table, create_table=False) as s:
         assert s.add(1, "a", T + 1) is True
         assert s.add_many([(2, "b", T + 2), (3, "c", T + 3)]) == [True, True]
-        (identity,) = s.add_claimed_many([(4, "d", T + 4)], lease_until=T + 900)
+        terms = ClaimTerms(T, T + 900, 5)
+        (identity,) = s.commit(Batch(terms, claimed_records=((4, "d", T + 4),))).claimed_records
         assert identity is not None
-        added, landed = s.add_claimed_and_settle_many(
-            [(5, "e", T + 5)], lease_until=T + 900, settlements=[(identity, Completed(T + 450))]
-        )
-        assert added[0] is not None and landed == [True]
+        got_back = s.commit(Batch(
+            terms, claimed_records=((5, "e", T + 5),),
+            settlements=((identity, Completed(T + 450)),),
+        ))
+        assert got_back.claimed_records[0] is not None and got_back.landed == (True,)
         got = rows(pg_dsn, pg_table)
         assert [got[u][3] for u in (1, 2, 3)] == [T + 1, T + 2, T + 3]
         assert got[4][3] == T + 900 and got[5][3] == T + 900
@@ -853,28 +865,25 @@ def test_create_table_upgrades_a_legacy_table(pg_dsn: str, pg_table: str) -> Non
         assert identity is not None and identity.attempt == 1
 
 
-def test_table_without_isolated_claim_until_migrated(pg_dsn: str, pg_table: str) -> None:
-    """A table migrated before ``isolated_claim`` existed, managed with create_table=False:
-    everything works, no claim is suspect and nothing is marked (a crash counts against every
-    claim of the dead process, as before) until the migration adds the column."""
+def test_table_without_isolated_claim_is_refused_until_migrated(
+    pg_dsn: str, pg_table: str
+) -> None:
+    """A table migrated before ``isolated_claim`` existed, managed with create_table=False, is
+    refused at start (no reduced statements) until the migration adds the column."""
     execute(pg_dsn, postgres_update_store_schema(pg_table))
     execute(pg_dsn, f'ALTER TABLE "{pg_table}" DROP COLUMN isolated_claim')
     with PostgresUpdateStore(pg_dsn, pg_table, create_table=False) as s:
+        with pytest.raises(SchemaError, match="lacks isolated_claim"):
+            s.add_many([(1, "a", T)])
+        with pytest.raises(SchemaError, match="lacks isolated_claim"):
+            s.hold_liveness()
+        execute(pg_dsn, postgres_update_store_schema(pg_table))
         s.hold_liveness()
-        assert s.add_many([(1, "a", T), (2, "b", T), (3, "c", T)]) == [True] * 3
+        assert s.add_many([(1, "a", T), (2, "b", T)]) == [True, True]
         identity = claimed(s, 1, T, T + 900)
         assert s.claimed_suspect(identity) == 0
-        assert s.mark_isolated(identity, at=T) is False
-        assert s.end_probation(identity, at=T) is False
-        (two, three) = s.claim_owned_many([2, 3], ClaimTerms(T, T + 900, 5))
-        assert two is not None and three is not None and not s.claimed_suspect(two)
-        assert s.claim(3, now=T + 901, lease_until=T + 1900, max_attempts=5) == 2
-        assert s.take_over_dead(now=T + 10) == 0
-        assert s.settle_owned(identity, Completed(T + 20)) is True
-    execute(pg_dsn, postgres_update_store_schema(pg_table))
-    with PostgresUpdateStore(pg_dsn, pg_table, create_table=False) as s:
-        assert s.mark_isolated(two, at=T + 30) is True
-        assert s.settle_owned(two, Completed(T + 40)) is True
+        assert s.mark_isolated(identity, at=T + 30) is True
+        assert s.settle_owned(identity, Completed(T + 40)) is True
 
 
 def test_missing_table_without_create_table(pg_dsn: str, pg_table: str) -> None:

@@ -1,6 +1,6 @@
 """Grouped claims under polling, with claim-at-ingest bounded: the updates of a polled
 ``getUpdates`` batch that were recorded pending (past the claim budget) are claimed several per
-commit as they start (``claim_owned_many``), not one commit each, and the bound holds: a process
+commit as they start (a ``commit`` of claims), not one commit each, and the bound holds: a process
 never holds more than ``max_concurrent + ingest_claim_buffer`` claims.
 
 A real PTB Application polls :class:`ptb_fence.testing.FakeBotApi`; the store is a real
@@ -23,7 +23,7 @@ from ptb_fence.testing import FakeBotApi
 from counting_store import CountingStore
 from ptb_support import build, polling, rows, run, wait_for
 
-CLAIMS = ("claim", "claim_owned", "claim_owned_many", "settle_and_claim_many")
+CLAIMS = ("claim", "claim_owned", "commit_claims", "commit_settle_claim")
 MAX_CONCURRENT = 8
 BOUND = MAX_CONCURRENT + 8  # the default ingest_claim_buffer
 
@@ -71,12 +71,12 @@ def test_updates_recorded_pending_are_claimed_several_per_commit_within_the_boun
     with FakeBotApi() as fake:
         ids = run(scenario(fake), timeout=90)
     assert sorted(handled) == sorted(ids)  # each once
-    claimed_at_ingest = store.calls["add_claimed_many"]
+    claimed_at_ingest = store.calls["commit_claimed"]
     claims = sum(store.calls[name] for name in CLAIMS)
     assert claimed_at_ingest >= 1, dict(store.calls)
     # at most 8 claimed at ingest; the ~92 others in groups (12 commits measured; 92 before)
     assert claims <= 25, dict(store.calls)
-    assert store.calls["claim_owned_many"] + store.calls["settle_and_claim_many"] >= 1, dict(
+    assert store.calls["commit_claims"] + store.calls["commit_settle_claim"] >= 1, dict(
         store.calls
     )
     assert peak[0] <= BOUND, peak[0]

@@ -1,7 +1,7 @@
 """Bounded claims without claim commits of their own, under polling, on real SQLite and
 PostgreSQL: the updates of polled ``getUpdates`` batches that were recorded pending (past the
 claim budget) are claimed in pages, each in the commit that completes the attempts whose slots
-they take (``settle_and_claim_many``), and the store never holds more than
+they take (one ``commit`` that settles and claims), and the store never holds more than
 ``max_concurrent + ingest_claim_buffer`` claims of the process at any commit.
 
 A real PTB Application polls :class:`ptb_fence.testing.FakeBotApi`. The store is real, behind a
@@ -30,8 +30,8 @@ MAX_CONCURRENT = 32
 BOUND = MAX_CONCURRENT + 8  # the default ingest_claim_buffer
 UPDATES = 1000  # ten getUpdates answers of 100 (FakeBotApi's page)
 COMMITS = (  # each one commit in the shipped SQL stores
-    "add_many", "add_claimed_many", "add_claimed_and_settle_many", "claim_owned",
-    "claim_owned_many", "settle_owned", "settle_owned_many", "settle_and_claim_many",
+    "commit_records", "commit_claimed", "commit_claimed_settle", "claim_owned",
+    "commit_claims", "settle_owned", "commit_settle", "commit_settle_claim",
 )
 
 
@@ -64,12 +64,12 @@ def test_pending_updates_are_claimed_in_pages_with_the_completions_within_the_bo
     # the bound holds at every commit (the crash of this process strands at most that many)
     assert 0 < tally.peak <= BOUND, (tally.peak, calls)
     # the updates recorded pending were claimed with the completions, several per commit
-    pages = [n for name, n in tally.claimed_per_call if name == "settle_and_claim_many" and n]
+    pages = [n for name, n in tally.claimed_per_call if name == "commit_settle_claim" and n]
     assert pages, calls
     claimed = sum(n for _, n in tally.claimed_per_call)
     assert claimed == UPDATES, (claimed, calls)
     assert max(pages) > 1, pages
-    assert calls.get("claim_owned", 0) + calls.get("claim_owned_many", 0) <= len(pages), calls
+    assert calls.get("claim_owned", 0) + calls.get("commit_claims", 0) <= len(pages), calls
     # the claims cost no commits of their own: 10 recording batches, 2-3 claims at ingest,
     # 31 pages with the completions and 1 last completion measured (44-45); before, about 70
     # commits of claims and as many of completions

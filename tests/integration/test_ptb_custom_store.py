@@ -57,7 +57,7 @@ def test_the_example_store_runs_a_ptb_application_with_fenced_writes(tmp_path: A
     example = _example_module()
     store = example.DictUpdateStore()
     assert is_fenced(store) and is_durable(store)
-    for optional in ("add_many", "add_claimed_many", "settle_owned_many", "transaction"):
+    for optional in ("commit", "add_many", "transaction"):
         assert not hasattr(store, optional), optional  # only the declared base methods
     domain = str(tmp_path / "domain.db")
     conn = sqlite3.connect(domain)

@@ -27,7 +27,7 @@ from ptb_support import FAST, build, polling, rows, run, wait_for
 
 class GatedStore:
     """Delegates to a real store. While :attr:`gate` is clear, the *first* recording call
-    (``add_claimed_many``, ``add_many``, ``add``) commits and then blocks in the worker thread
+    (a ``commit`` that records, ``add``) commits and then blocks in the worker thread
     (after setting :attr:`entered`) before it returns: a write that landed while its caller
     is cancelled."""
 
@@ -49,12 +49,14 @@ class GatedStore:
 
     def __getattr__(self, name: str) -> Any:
         target = getattr(self.inner, name)
-        if name not in ("add_many", "add_claimed_many", "add_claimed_and_settle_many"):
+        if name not in ("add_many", "commit"):
             return target
 
         def held(*args: Any, **kwargs: Any) -> Any:
             result = target(*args, **kwargs)
-            self._hold()
+            batch = args[0] if name == "commit" else None
+            if batch is None or batch.records or batch.claimed_records:  # a recording
+                self._hold()
             return result
 
         return held

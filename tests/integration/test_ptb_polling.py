@@ -152,8 +152,8 @@ def test_refetched_batch_is_recorded_and_handled_once(tmp_path: Any) -> None:
     assert all(table[uid][:2] == ("completed", 1) for uid in ids)
 
 
-_CLAIMS = {"claim", "claim_owned", "claim_owned_many", "settle_and_claim_many"}
-_SETTLES = {"settle", "settle_owned", "settle_owned_many", "settle_and_claim_many"}
+_CLAIMS = {"claim", "claim_owned", "commit_claims", "commit_settle_claim"}
+_SETTLES = {"settle", "settle_owned", "commit_settle", "commit_settle_claim"}
 
 
 def test_store_failures_after_ingest_are_reported_and_left_to_the_sweep(tmp_path: Any) -> None:

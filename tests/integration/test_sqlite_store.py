@@ -17,6 +17,8 @@ import pytest
 from ptb_fence import (
     Abandoned,
     AttemptIdentity,
+    Batch,
+    ClaimTerms,
     Completed,
     Exhaustion,
     Failed,
@@ -27,7 +29,7 @@ from ptb_fence import (
     is_fenced,
 )
 from ptb_fence.stores.sqlite._schema import add_claim_id_column as _add_claim_id_column
-from ptb_fence.stores.sqlite._sql import SQLiteStatements
+from ptb_fence.stores.sqlite._sql import statements
 
 REPO = str(Path(__file__).resolve().parents[2])
 BIG = 2**40  # ids and epoch-ms times beyond 32 bits must round-trip exactly
@@ -626,28 +628,31 @@ def test_renew_owned_many_one_statement_per_position(db: str, store: SQLiteUpdat
 @pytest.mark.skipif(
     sys.version_info < (3, 11), reason="sqlite3.Connection.setlimit is new in Python 3.11"
 )
-def test_batched_renewals_chunk_at_the_variable_limit(db: str, store: SQLiteUpdateStore) -> None:
+def test_batched_renewals_are_one_statement_whatever_the_variable_limit(
+    db: str, store: SQLiteUpdateStore
+) -> None:
+    """A batch goes as one JSON parameter: one UPDATE even under a limit of 12 variables."""
     identities = []
     for update_id in range(50):
         store.add(update_id, "{}", 0)
         identities.append(claimed(store, update_id, now=100, lease=100))
     conn = thread_connection(store)
-    conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 12)  # 4 pairs / 3 triples per statement
+    conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 12)
     statements: List[str] = []
     conn.set_trace_callback(statements.append)
     try:
         leases = [(i.update_id, 1 if i.update_id % 2 else 2) for i in identities]
         assert store.renew_many(leases, 300, 150) == [u % 2 == 1 for u in range(50)]
         updates = [s for s in statements if s.lstrip().upper().startswith("UPDATE")]
-        assert len(updates) == 13  # ceil(50 / 4)
+        assert len(updates) == 1
         statements.clear()
         owned = [i if i.update_id % 3 else AttemptIdentity(i.update_id, 1, "x")
                  for i in identities]
         assert store.renew_owned_many(owned, 400, 150) == [u % 3 != 0 for u in range(50)]
         updates = [s for s in statements if s.lstrip().upper().startswith("UPDATE")]
-        assert len(updates) == 17  # ceil(50 / 3)
+        assert len(updates) == 1
         begins = [s for s in statements if s.strip().upper() == "BEGIN IMMEDIATE"]
-        assert len(begins) == 1  # all chunks in one transaction
+        assert len(begins) == 1
     finally:
         conn.set_trace_callback(None)
     assert raw_row(db, 1)["due_at"] == 400
@@ -877,7 +882,7 @@ def test_older_table_gets_claim_id_and_keeps_its_rows(db: str) -> None:
         columns = [row[1] for row in conn.execute("PRAGMA table_info(telegram_updates)")]
         conn.close()
         assert columns.count("claim_id") == 1
-        assert columns.count("isolated_claim") == 1  # suspect rows (IsolatingUpdateStore)
+        assert columns.count("isolated_claim") == 1  # suspect rows (BatchStore)
         assert raw_row(db, 1)["body"] == "a"
         assert raw_row(db, 3)["settled_at"] == 60
         # the old pending row works with fenced claims
@@ -908,12 +913,13 @@ def test_older_table_with_due_at_not_null_accepts_every_insert_path(
         assert raw_row(db, 1)["due_at"] == 100
         assert store.add_many([(2, "b", 200), (3, "c", 300)]) == [True, True]
         assert raw_row(db, 3)["due_at"] == 300
-        (identity,) = store.add_claimed_many([(4, "d", 400)], lease_until=900)
+        terms = ClaimTerms(0, 900, 5)
+        (identity,) = store.commit(Batch(terms, claimed_records=((4, "d", 400),))).claimed_records
         assert identity is not None and raw_row(db, 4)["due_at"] == 900
-        added, landed = store.add_claimed_and_settle_many(
-            [(5, "e", 500)], lease_until=900, settlements=[(identity, Completed(at=450))]
-        )
-        assert added[0] is not None and landed == [True]
+        got = store.commit(Batch(
+            terms, claimed_records=((5, "e", 500),), settlements=((identity, Completed(at=450)),)
+        ))
+        assert got.claimed_records[0] is not None and got.landed == (True,)
         # pending rows are found by their state, as before
         due = store.due(now=800, pending_before=250, limit=10)
         assert [u.update_id for u in due] == [1, 2]
@@ -922,7 +928,7 @@ def test_older_table_with_due_at_not_null_accepts_every_insert_path(
 
 def test_claim_id_upgrade_tolerates_a_lost_race(db: str) -> None:
     """If the ALTER fails because the column already exists, the table is re-read, no error."""
-    sql = SQLiteStatements("telegram_updates")
+    sql = statements("telegram_updates")
     conn = sqlite3.connect(db, isolation_level=None)
     try:
         conn.execute(OLD_SCHEMA.format(table="telegram_updates"))
@@ -931,7 +937,7 @@ def test_claim_id_upgrade_tolerates_a_lost_race(db: str) -> None:
         columns = [row[1] for row in conn.execute("PRAGMA table_info(telegram_updates)")]
         assert columns.count("claim_id") == 1
         with pytest.raises(sqlite3.OperationalError, match="no such table"):
-            _add_claim_id_column(conn, SQLiteStatements("missing"))  # still missing: re-raised
+            _add_claim_id_column(conn, statements("missing"))  # still missing: re-raised
     finally:
         conn.close()
 

@@ -1,5 +1,5 @@
 """The claim of several rows in one statement
-(``claim_owned_many``) on the three stores, equal row by row to the loop of ``claim_owned``;
+(the claims of ``commit``) on the three stores, equal row by row to the loop of ``claim_owned``;
 the port's per-row fallback; PostgreSQL row locks under two concurrent claimers."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import pytest
 from broken_stores import FencedOnlyStore
 from ptb_fence import (
     AttemptIdentity,
+    Batch,
     ClaimTerms,
     Completed,
     Failed,
@@ -44,6 +45,11 @@ def scene(store: Any) -> None:
     assert store.claim_owned(7, now=T + 2, lease_until=NOW - 1, max_attempts=2) is not None
 
 
+def claims(store: Any, ids: List[int], terms: ClaimTerms) -> List[Optional[AttemptIdentity]]:
+    """The identities a ``commit`` of the claims of ``ids`` returns, one per id."""
+    return list(store.commit(Batch(terms, claims=tuple(ids))).claims)
+
+
 def shape(identities: List[Optional[AttemptIdentity]]) -> List[Optional[Tuple[int, int]]]:
     return [None if i is None else (i.update_id, i.attempt) for i in identities]
 
@@ -56,7 +62,7 @@ def state(store: Any) -> List[Tuple[int, str]]:
 
 
 @pytest.mark.parametrize("durable", [False, True])
-def test_claim_owned_many_equals_the_loop_of_claim_owned(
+def test_the_claims_of_a_commit_equal_the_loop_of_claim_owned(
     fresh_stores: Callable[[], Any], durable: bool
 ) -> None:
     batch, loop = fresh_stores(), fresh_stores()
@@ -64,7 +70,7 @@ def test_claim_owned_many_equals_the_loop_of_claim_owned(
     scene(loop)
     ids = [1, 2, 3, 4, 5, 6, 7, 8, 99, 1, 10]
     kwargs = dict(now=NOW, lease_until=NOW + L, max_attempts=2, durable_exhaustion=durable)
-    got = batch.claim_owned_many(ids, ClaimTerms(**kwargs))
+    got = claims(batch, ids, ClaimTerms(**kwargs))
     seen: Set[int] = set()
     want: List[Optional[AttemptIdentity]] = []
     for update_id in ids:
@@ -81,7 +87,7 @@ def test_claim_owned_many_equals_the_loop_of_claim_owned(
     # 7 was spent: abandoned (an exhaustion only with durable_exhaustion), never claimable
     assert (7, "exhausted") in state(batch) if durable else 7 not in dict(state(batch))
     assert batch.claim_owned(7, now=T + 10**9, lease_until=T + 10**9, max_attempts=9) is None
-    assert batch.claim_owned_many([], ClaimTerms(NOW, NOW + L, 2)) == []
+    assert claims(batch, [], ClaimTerms(NOW, NOW + L, 2)) == []
 
 
 def test_the_port_falls_back_to_claim_owned_row_by_row() -> None:
@@ -89,7 +95,7 @@ def test_the_port_falls_back_to_claim_owned_row_by_row() -> None:
     results = []
     for store in (native, bare):
         port = StorePort(store, component="test", fenced=True)
-        assert port.claims_many_at_once is (store is native)
+        assert port.commits_batches is (store is native)
         for update_id in (1, 2, 3, 4):
             assert port.add(update_id, f"b{update_id}", T)
         many = port.claim_owned_many([2, 2, 9, 4], ClaimTerms(T, T + L, 3))
@@ -112,9 +118,7 @@ def test_pg_two_processes_claiming_the_same_ids_at_once_never_share_a_row(
     def claim(index: int, store: Any, order: List[int]) -> None:
         start.wait()
         for offset in range(0, len(order), 20):  # overlapping batches, opposite orders
-            got[index] += store.claim_owned_many(
-                order[offset : offset + 20], ClaimTerms(NOW, NOW + L, 3)
-            )
+            got[index] += claims(store, order[offset : offset + 20], ClaimTerms(NOW, NOW + L, 3))
 
     threads = [
         threading.Thread(target=claim, args=(0, one, ids)),
@@ -132,11 +136,11 @@ def test_the_capability_is_declared_documented_and_shipped() -> None:
     import inspect
 
     import ptb_fence
-    from ptb_fence import ClaimingUpdateStore, PostgresUpdateStore
-    assert "ClaimingUpdateStore" in ptb_fence.__all__
-    for name in ("claim_owned_many",):
-        declared = inspect.signature(getattr(ClaimingUpdateStore, name))
-        assert inspect.getdoc(getattr(ClaimingUpdateStore, name)), name
+    from ptb_fence import BatchStore, PostgresUpdateStore
+    assert "BatchStore" in ptb_fence.__all__
+    for name in ("commit",):
+        declared = inspect.signature(getattr(BatchStore, name))
+        assert inspect.getdoc(getattr(BatchStore, name)), name
         for cls in (MemoryUpdateStore, SQLiteUpdateStore, PostgresUpdateStore):
             shipped = inspect.signature(getattr(cls, name))
             assert list(shipped.parameters) == list(declared.parameters), (cls, name)

@@ -1,8 +1,7 @@
-"""The batch-first store contract: ClaimTerms in the batch claim of the three stores, capability
-groups all or nothing (a partial group is refused with its names, by the runtime and by the
-conformance check), the capabilities logged once at start, a fenced store with only the batch
-forms run end to end through the port's single-row conveniences, and a store with the earlier
-keyword form of ``claim_owned_many`` still called that way."""
+"""The batch-first store contract: ClaimTerms in the claims of the three stores' ``commit``,
+capability groups all or nothing (a partial group is refused with its names, by the runtime and
+by the conformance check), the capabilities logged once at start, and a store with only the
+batch forms of the earlier contract refused as not fenced."""
 
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ import pytest
 from ptb_fence import (
     Attempt,
     AttemptIdentity,
+    Batch,
     ClaimTerms,
     Completed,
     Exhaustion,
@@ -82,7 +82,7 @@ class BatchOnlyStore:
     ) -> List[Optional[AttemptIdentity]]:
         self._count("claim_owned_many")
         assert isinstance(terms, ClaimTerms)
-        return self.inner.claim_owned_many(update_ids, terms)
+        return list(self.inner.commit(Batch(terms, claims=tuple(update_ids))).claims)
 
     def renew_owned_many(
         self, identities: Sequence[AttemptIdentity], lease_until: int, now: int
@@ -94,7 +94,7 @@ class BatchOnlyStore:
         self, items: Sequence[Tuple[AttemptIdentity, Settlement]]
     ) -> List[bool]:
         self._count("settle_owned_many")
-        return self.inner.settle_owned_many(items)
+        return [bool(x) for x in self.inner.commit(Batch(settlements=tuple(items))).landed]
 
     def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:
         return self.inner.exhaust(identity, at=at, error=error)
@@ -104,29 +104,6 @@ class BatchOnlyStore:
 
     def acknowledge_exhaustion(self, identity: AttemptIdentity, at: int) -> bool:
         return self.inner.acknowledge_exhaustion(identity, at)
-
-
-class KeywordClaimStore(MemoryUpdateStore):
-    """A custom store of the earlier contract: ``claim_owned_many`` with keywords."""
-
-    __slots__ = ("keyword_calls",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.keyword_calls: List[Dict[str, Any]] = []
-
-    def claim_owned_many(  # type: ignore[override]
-        self,
-        update_ids: Sequence[int],
-        *,
-        now: int,
-        lease_until: int,
-        max_attempts: int,
-        durable_exhaustion: bool = False,
-    ) -> List[Optional[AttemptIdentity]]:
-        terms = ClaimTerms(now, lease_until, max_attempts, durable_exhaustion)
-        self.keyword_calls.append({"ids": list(update_ids), "terms": terms})
-        return super().claim_owned_many(update_ids, terms)
 
 
 class PartialLivenessStore(MemoryUpdateStore):
@@ -140,13 +117,32 @@ class PartialLivenessStore(MemoryUpdateStore):
         return super().__getattribute__(name)
 
 
+class EarlierPartialLivenessStore(PartialLivenessStore):
+    """The same, as a store of the earlier contract: no declared features, no commit."""
+
+    __slots__ = ()
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in ("commit", "features"):
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
 # -- partial groups are refused ------------------------------------------------------------------
 def test_a_partial_liveness_group_is_refused_by_the_runtime_naming_the_methods() -> None:
     with pytest.raises(TypeError) as caught:
-        UpdateIntake(PartialLivenessStore(), handle=lambda update: None)
+        UpdateIntake(EarlierPartialLivenessStore(), handle=lambda update: None)
     message = str(caught.value)
     assert "has hold_liveness, release_liveness but not take_over_dead" in message
     assert "liveness capability" in message and message.startswith("UpdateIntake: ")
+
+
+def test_a_declared_part_without_its_methods_is_refused_naming_them() -> None:
+    with pytest.raises(TypeError) as caught:
+        UpdateIntake(PartialLivenessStore(), handle=lambda update: None)
+    message = str(caught.value)
+    assert message.startswith("UpdateIntake: PartialLivenessStore declares StoreFeatures(")
+    assert "liveness=True" in message and "but lacks take_over_dead:" in message
 
 
 def test_a_partial_fenced_group_names_the_missing_operation_with_its_batch_form() -> None:
@@ -154,7 +150,7 @@ def test_a_partial_fenced_group_names_the_missing_operation_with_its_batch_form(
     with pytest.raises(TypeError) as caught:
         StorePort(store, component="t")
     message = str(caught.value)
-    assert "has claim_owned, owns, settle_owned but not renew_owned or renew_owned_many" in message
+    assert "has claim_owned, owns, settle_owned but not renew_owned" in message
     assert "fenced capability" in message
 
 
@@ -236,19 +232,21 @@ def make_store(
 
 def test_the_three_stores_claim_on_claim_terms(make_store: Callable[[], Any]) -> None:
     store = make_store()
-    parameters = inspect.signature(store.claim_owned_many).parameters
-    assert list(parameters) == ["update_ids", "terms"]
+    parameters = inspect.signature(store.commit).parameters
+    assert list(parameters) == ["batch"]
     for update_id in (1, 2):
         assert store.add(update_id, f"b{update_id}", T)
-    first = store.claim_owned_many([1, 2, 1], ClaimTerms(now=T, lease_until=T + L, max_attempts=1))
+    terms = ClaimTerms(now=T, lease_until=T + L, max_attempts=1)
+    first = store.commit(Batch(terms, claims=(1, 2, 1))).claims
     assert [(i.update_id, i.attempt) if i else None for i in first] == [(1, 1), (2, 1), None]
     assert first[0] is not None and store.owns(first[0], T + L) and not store.owns(first[0], T + L + 1)
     # both leases lapse: spent (max_attempts=1), durable: they become exhaustions
-    spent = store.claim_owned_many(
-        [1, 2], ClaimTerms(now=T + L + 1, lease_until=T + 2 * L, max_attempts=1,
-                           durable_exhaustion=True)
-    )
-    assert spent == [None, None]
+    spent = store.commit(Batch(
+        ClaimTerms(now=T + L + 1, lease_until=T + 2 * L, max_attempts=1,
+                   durable_exhaustion=True),
+        claims=(1, 2),
+    )).claims
+    assert spent == (None, None)
     assert sorted(e.update_id for e in store.due_exhaustions(limit=10)) == [1, 2]
 
 
@@ -260,78 +258,13 @@ def test_claim_terms_is_frozen_with_slots() -> None:
     assert not hasattr(terms, "__dict__")
 
 
-def test_a_keyword_form_claim_owned_many_is_called_with_keywords() -> None:
-    store = KeywordClaimStore()
-    port = StorePort(store, component="t", fenced=True)
-    for update_id in (1, 2, 3):
-        assert port.add(update_id, body(update_id), T)
-    got = port.claim_owned_many([1, 2, 3], ClaimTerms(T, T + L, 3, True))
-    assert [i.update_id for i in got if i is not None] == [1, 2, 3]
-    assert store.keyword_calls == [
-        {"ids": [1, 2, 3], "terms": ClaimTerms(T, T + L, 3, True)}
-    ]
-    assert check_update_store(KeywordClaimStore) == []
-
-
-# -- a batch-only store end to end ------------------------------------------------------------------
-def test_a_batch_only_store_conforms() -> None:
-    capabilities = StoreCapabilities.of(BatchOnlyStore())
-    assert {"fenced", "durable", "claim_owned_many", "settle_owned_many"} <= capabilities.groups
-    assert check_update_store(BatchOnlyStore) == []
-
-
-def test_the_port_makes_single_row_calls_batches_of_one() -> None:
-    store = BatchOnlyStore()
-    port = StorePort(store, component="t", fenced=True, durable=True)
-    assert port.add(7, body(7), T)
-    identity = port.claim_owned(7, ClaimTerms(T, T + L, 3))
-    assert identity is not None and identity.attempt == 1
-    assert port.renew_owned(identity, T + 2 * L, T + 1) is True
-    assert port.owns(identity, T + 2 * L) and not port.owns(identity, T + 2 * L + 1)
-    assert port.settle_owned(identity, Completed(T + 5)) is True
-    assert port.settle_owned(identity, Completed(T + 6)) is False  # already settled
-    assert store.calls == {
-        "add": 1, "claim_owned_many": 1, "renew_owned_many": 1, "owns": 2,
-        "settle_owned_many": 2,
-    }
-
-
-def test_a_batch_only_store_runs_attempts_retries_and_exhaustions_end_to_end() -> None:
-    store = BatchOnlyStore()
-    runs: Dict[int, int] = {}
-    exhaustions: List[Exhaustion] = []
-    lock = threading.Lock()
-
-    def handle_attempt(update: Dict[str, Any], attempt: Attempt) -> None:
-        update_id = update["update_id"]
-        with lock:
-            runs[update_id] = runs.get(update_id, 0) + 1
-        if update_id == 2:
-            raise RuntimeError("always fails")
-        if update_id == 3 and attempt.attempt == 1:
-            raise RuntimeError("fails once")
-
-    with UpdateIntake(
-        store,
-        handle_attempt=handle_attempt,
-        handle_exhaustion=exhaustions.append,
-        max_attempts=2,
-        retry=lambda error, attempt: 0.0,
-        sweep_every_seconds=0.2,
-        pending_grace_seconds=0.1,
-    ) as intake:
-        for update_id in range(1, 9):
-            assert intake.accept(body(update_id)) == "accepted"
-        assert wait_until(lambda: len(exhaustions) == 1 and runs.get(3) == 2, 20)
-        assert intake.idle(10)
-    assert runs == {1: 1, 2: 2, 3: 2, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1}
-    assert exhaustions[0].update_id == 2 and "always fails" in exhaustions[0].error
-    inner = store.inner
-    assert inner.due(now=T * 10, pending_before=T * 10, limit=10) == []
-    assert inner.due_exhaustions(limit=10) == []  # acknowledged
-    # every fenced claim and settlement went through the batch forms
-    assert store.calls["claim_owned_many"] >= 1 and store.calls["settle_owned_many"] >= 1
-    assert "claim" not in store.calls and "settle" not in store.calls
+def test_a_store_with_only_batch_forms_is_not_fenced() -> None:
+    """The seed's fenced level is the single-row methods. Batches go through ``commit``."""
+    wanted = "has owns but not claim_owned, renew_owned, settle_owned: the fenced capability"
+    with pytest.raises(TypeError, match=wanted):
+        StoreCapabilities.of(BatchOnlyStore())
+    with pytest.raises(TypeError, match="UpdateIntake: BatchOnlyStore " + wanted):
+        UpdateIntake(BatchOnlyStore(), handle_attempt=lambda update, attempt: None)
 
 
 # -- the capability groups hold the durable contract ------------------------------------------

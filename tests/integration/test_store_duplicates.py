@@ -9,7 +9,7 @@ import copy
 import json
 import logging
 import threading
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import psycopg2
 import pytest
@@ -18,10 +18,14 @@ from telegram import Update
 import ptb_fence
 from ptb_fence import (
     Abandoned,
+    AttemptIdentity,
+    Batch,
+    ClaimTerms,
     Completed,
     Failed,
     MemoryUpdateStore,
     PostgresUpdateStore,
+    SchemaError,
     SQLiteUpdateStore,
 )
 from ptb_fence._fingerprint import update_fingerprint
@@ -59,6 +63,12 @@ def row_of(store: Any, update_id: int) -> Dict[str, Any]:
             return dict(zip(names, cur.fetchone()))
 
 
+def claimed_records(store: Any, rows: List[Tuple[int, str, int]], lease_until: int) -> List[Any]:
+    """The identities of a ``commit`` of ``rows`` as claimed records with ``lease_until``."""
+    terms = ClaimTerms(T, lease_until, 5)
+    return list(store.commit(Batch(terms, claimed_records=tuple(rows))).claimed_records)
+
+
 def settled_states(store: Any) -> Dict[str, int]:
     """Rows 1..3: completed, ordinary abandoned, acknowledged exhaustion."""
     for update_id in (1, 2, 3):
@@ -85,12 +95,11 @@ def test_same_update_again_changes_nothing(shared_stores: Factory) -> None:
         assert ptb_body != body(update_id)
         assert store.add(update_id, ptb_body, T + 500) is False
         assert store.add_many([(update_id, ptb_body, T + 500)]) == [False]
-        assert store.add_claimed_many([(update_id, ptb_body, T + 500)],
-                                      lease_until=T + 900) == [None]
+        assert claimed_records(store, [(update_id, ptb_body, T + 500)], T + 900) == [None]
     assert {u: row_of(store, u) for u in (1, 2, 3)} == before
 
 
-@pytest.mark.parametrize("path", ["add", "add_many", "add_claimed_many", "add_claimed_and_settle"])
+@pytest.mark.parametrize("path", ["add", "add_many", "claimed_records", "claimed_and_settle"])
 def test_settled_row_is_replaced_by_a_different_update(shared_stores: Factory, path: str) -> None:
     store = shared_stores()
     for update_id in settled_states(store).values():
@@ -101,12 +110,16 @@ def test_settled_row_is_replaced_by_a_different_update(shared_stores: Factory, p
         elif path == "add_many":
             assert store.add_many([(update_id, new, received)]) == [True]
         else:
-            if path == "add_claimed_many":
-                (identity,) = store.add_claimed_many([(update_id, new, received)],
-                                                     lease_until=T + 9000)
-            else:
-                (identity,), _ = store.add_claimed_and_settle_many(
-                    [(update_id, new, received)], lease_until=T + 9000, settlements=[])
+            if path == "claimed_records":
+                (identity,) = claimed_records(store, [(update_id, new, received)], T + 9000)
+            else:  # with a settlement that does not land
+                stranger = AttemptIdentity(99, 1, "not-a-claim")
+                got = store.commit(Batch(
+                    ClaimTerms(T, T + 9000, 5), claimed_records=((update_id, new, received),),
+                    settlements=((stranger, Completed(at=T + 1000)),),
+                ))
+                (identity,) = got.claimed_records
+                assert got.landed == (False,)
             assert identity is not None and identity.attempt == 1
             assert store.owns(identity, T + 9000) is True
         row = row_of(store, update_id)
@@ -140,7 +153,7 @@ def test_live_row_keeps_the_first_and_warns(shared_stores: Factory, caplog: Any)
         caplog.clear()
         assert store.add(update_id, new, T + 500) is False
         assert store.add_many([(update_id, new, T + 500)]) == [False]
-        assert store.add_claimed_many([(update_id, new, T + 500)], lease_until=T + 900) == [None]
+        assert claimed_records(store, [(update_id, new, T + 500)], T + 900) == [None]
         records = [r for r in caplog.records if r.name == "ptb_fence.store"]
         assert len(records) == 3, [r.getMessage() for r in caplog.records]
         message = records[0].getMessage()
@@ -195,9 +208,11 @@ def test_bind_bot_race(shared_stores: Factory, same: bool) -> None:
         assert outcome.count("ok") == 1 and outcome.count("mismatch") == len(stores) - 1, outcome
 
 
-def test_postgres_table_without_fingerprint_keeps_plain_duplicates(
+def test_postgres_table_with_claim_id_but_no_fingerprint_is_refused(
     pg_dsn: str, pg_table: str
 ) -> None:
+    """A table migrated halfway (claim_id, no fingerprint) managed with create_table=False is
+    refused at start, naming the migration. Nothing is written."""
     conn = psycopg2.connect(pg_dsn)
     try:
         with conn.cursor() as cur:
@@ -210,11 +225,18 @@ def test_postgres_table_without_fingerprint_keeps_plain_duplicates(
     finally:
         conn.close()
     with PostgresUpdateStore(pg_dsn, pg_table, create_table=False) as store:
-        assert store.add(1, body(1), T) is True
-        identity = store.claim_owned(1, now=T, lease_until=T + LEASE, max_attempts=5)
-        assert store.settle_owned(identity, Completed(at=T + 1))
-        assert store.add(1, body(1, date=1_800_000_000), T + 5) is False  # no column: kept
-        assert store.add_many([(2, body(2), T)]) == [True]
-        (claimed,) = store.add_claimed_many([(3, body(3), T)], lease_until=T + 10)
-        assert claimed is not None
-        assert row_of(store, 1)["body"] == body(1)
+        for call in (
+            lambda: store.add(1, body(1), T),
+            lambda: store.add_many([(2, body(2), T)]),
+            lambda: claimed_records(store, [(3, body(3), T)], T + 10),
+        ):
+            with pytest.raises(SchemaError, match="lacks fingerprint") as info:
+                call()
+            assert "migrate" in str(info.value) and "create_table=True" in str(info.value)
+    conn = psycopg2.connect(pg_dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f'SELECT count(*) FROM "{pg_table}"')
+            assert cur.fetchone()[0] == 0
+    finally:
+        conn.close()

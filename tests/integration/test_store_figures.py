@@ -35,7 +35,7 @@ from ptb_fence import (
     AttemptIdentity,
     Completed,
     Failed,
-    FiguresStore,
+    BatchStore,
     MemoryUpdateStore,
     SQLiteUpdateStore,
     StoreCapabilities,
@@ -45,7 +45,8 @@ from ptb_fence import (
 from ptb_fence.conformance import RULES, check_update_store
 from ptb_fence.contract import BASE_METHODS, CAPABILITY_GROUPS, FIGURES_METHODS
 from ptb_fence.runtime._port import StorePort
-from ptb_fence.stores._figures_sql import figures_sql
+from ptb_fence.stores.postgres._sql import statements as postgres_statements
+from ptb_fence.stores.sqlite._sql import statements as sqlite_statements
 
 from runtime_support import ALL_METHODS, StoreWrapper
 
@@ -277,7 +278,7 @@ def test_sqlite_reads_only_through_the_indexes(tmp_path: Path) -> None:
             if analyzed:
                 conn.execute("ANALYZE")
             plan = [row[3] for row in conn.execute(
-                "EXPLAIN QUERY PLAN " + figures_sql('"updates"')
+                "EXPLAIN QUERY PLAN " + sqlite_statements("updates")["figures"]
             )]
             on_table = [step for step in plan if re.search(r"\bupdates\b", step)]
             assert len(on_table) == 3, plan  # one read per figure, each an index search
@@ -310,7 +311,9 @@ def test_postgres_reads_only_through_the_indexes(pg_dsn: str, pg_table: str) -> 
             conn.commit()
             assert store.figures() == StoreFigures(2, T - 5, 0, None, 4, T - 5)
             with conn.cursor() as cur:
-                cur.execute("EXPLAIN " + figures_sql(f'"{pg_table}"'))
+                # the SELECT after the statement's SET TRANSACTION READ ONLY
+                select = postgres_statements(pg_table)["figures"].split(";", 1)[1]
+                cur.execute("EXPLAIN " + select)
                 plan = "\n".join(row[0] for row in cur.fetchall())
             conn.rollback()
         finally:
@@ -376,7 +379,7 @@ def test_the_group_is_one_method() -> None:
     # a store of the base six plus figures has the capability: it needs no other group
     store = StoreWrapper(methods=BASE_METHODS + FIGURES_METHODS)
     assert StoreCapabilities.of(store).groups == frozenset({"base", "figures"})
-    assert "unsettled" in (inspect.getdoc(FiguresStore.figures) or "")
+    assert "unsettled" in (inspect.getdoc(BatchStore.figures) or "")
 
 
 def test_the_port_without_the_capability_gives_none() -> None:

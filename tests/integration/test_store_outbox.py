@@ -20,9 +20,12 @@ import psycopg2
 import pytest
 
 from broken_stores import FencedOnlyStore
+from store_support import settle_many
 from ptb_fence import (
     AttemptEffects,
     AttemptIdentity,
+    Batch,
+    ClaimTerms,
     Completed,
     Failed,
     MemoryUpdateStore,
@@ -71,8 +74,7 @@ def test_the_shipped_stores_have_the_whole_group(store: Any) -> None:
 
 def test_only_landed_completions_write_their_calls(store: Any) -> None:
     live, lapsed, failing = claimed(store, 1), claimed(store, 2, lease=10), claimed(store, 3)
-    landed = store.settle_owned_many(
-        [(live, Completed(T + 5)), (lapsed, Completed(T + 11)),
+    landed = settle_many(store, [(live, Completed(T + 5)), (lapsed, Completed(T + 11)),
          (failing, Failed(T + 5, T + 100, "x"))],
         effects={live: calls(7, None, prefix="a"), lapsed: calls(7, prefix="b"),
                  failing: calls(8, prefix="c")},
@@ -87,19 +89,19 @@ def test_only_landed_completions_write_their_calls(store: Any) -> None:
                                      "failed_acknowledged": 0}
     # the combined write: the fresh row is claimed, the completion writes its calls
     late = claimed(store, 4)
-    added, landed = store.add_claimed_and_settle_many(
-        [(10, '{"update_id": 10}', T + 6)], lease_until=T + L,
-        settlements=[(late, Completed(T + 6)), (lapsed, Completed(T + 20))],
+    got = store.commit(Batch(
+        ClaimTerms(T + 6, T + L, 5), claimed_records=((10, '{"update_id": 10}', T + 6),),
+        settlements=((late, Completed(T + 6)), (lapsed, Completed(T + 20))),
         effects={late: calls(9, prefix="d"), lapsed: calls(9, prefix="e")},
-    )
-    assert added[0] is not None and landed == [True, False]
+    ))
+    assert got.claimed_records[0] is not None and got.landed == (True, False)
     assert [e.update_id for e in store.list_calls()] == [1, 1, 4]
 
 
 def test_without_effects_nothing_is_written(store: Any) -> None:
     one, two = claimed(store, 1), claimed(store, 2)
-    assert store.settle_owned_many([(one, Completed(T + 1))]) == [True]
-    assert store.settle_owned_many([(two, Completed(T + 1))], effects={}) == [True]
+    assert settle_many(store, [(one, Completed(T + 1))]) == [True]
+    assert settle_many(store, [(two, Completed(T + 1))], effects={}) == [True]
     assert store.list_calls() == [] and store.outbox_counts()["pending"] == 0
 
 
@@ -110,11 +112,10 @@ def test_a_call_that_cannot_be_written_undoes_its_settle(store: Any) -> None:
     identity = claimed(store, 1)
     broken = AttemptEffects((OutboxCall("sendMessage", None, 1, 0),))  # type: ignore[arg-type]
     with pytest.raises(Exception):
-        store.settle_owned_many([(identity, Completed(T + 1))], effects={identity: broken})
+        settle_many(store, [(identity, Completed(T + 1))], effects={identity: broken})
     assert store.owns(identity, T + 1)  # not completed
     assert store.list_calls() == []
-    assert store.settle_owned_many(
-        [(identity, Completed(T + 2))], effects={identity: calls(5)}) == [True]
+    assert settle_many(store, [(identity, Completed(T + 2))], effects={identity: calls(5)}) == [True]
     assert [e.due_at for e in store.list_calls()] == [T + 2]
 
 
@@ -179,8 +180,7 @@ def test_concurrent_senders_on_two_store_objects_never_share_a_call_and_keep_cha
     chats = [None, 1, 2, 3, 4, 5, 6]
     for update_id in range(1, 21):
         identity = claimed(first, update_id)
-        assert first.settle_owned_many(
-            [(identity, Completed(T + 1))], effects={identity: calls(*chats)}) == [True]
+        assert settle_many(first, [(identity, Completed(T + 1))], effects={identity: calls(*chats)}) == [True]
     total = 20 * len(chats)
     counter = itertools.count(1)
     counter_lock = threading.Lock()
@@ -232,8 +232,7 @@ def test_postgres_claim_skips_a_locked_call_instead_of_waiting(
     store = PostgresUpdateStore(pg_dsn, table=pg_table)
     try:
         identity = claimed(store, 1)
-        assert store.settle_owned_many(
-            [(identity, Completed(T + 1))], effects={identity: calls(None, None, 4)}) == [True]
+        assert settle_many(store, [(identity, Completed(T + 1))], effects={identity: calls(None, None, 4)}) == [True]
         first = store.list_calls()[0].call_id
         locker = psycopg2.connect(pg_dsn)
         try:
@@ -262,7 +261,7 @@ def test_a_long_table_name_gets_a_short_distinct_outbox_name(tmp_path: Path) -> 
     store = SQLiteUpdateStore(str(tmp_path / "long.db"), table=long_a)
     try:
         identity = claimed(store, 1)
-        store.settle_owned_many([(identity, Completed(T))], effects={identity: calls(1)})
+        settle_many(store, [(identity, Completed(T))], effects={identity: calls(1)})
         assert len(store.list_calls()) == 1
     finally:
         store.close()
@@ -280,7 +279,7 @@ def test_an_sqlite_file_from_before_the_outbox_gets_it_when_opened(tmp_path: Pat
         assert store.due(now=T, pending_before=T, limit=10)[0].update_id == 5
         identity = store.claim_owned(5, now=T, lease_until=T + L, max_attempts=3)
         assert identity is not None
-        store.settle_owned_many([(identity, Completed(T))], effects={identity: calls(2)})
+        settle_many(store, [(identity, Completed(T))], effects={identity: calls(2)})
         assert [e.update_id for e in store.list_calls()] == [5]
     finally:
         store.close()
@@ -311,35 +310,6 @@ def test_postgres_prune_without_an_outbox_table_works_as_before(
 
 
 # -- the port and the group ----------------------------------------------------------------------
-class RecordingStore(MemoryUpdateStore):
-    """Records the keywords its batch settles get."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.keywords: List[Dict[str, Any]] = []
-
-    def settle_owned_many(self, items: Any, **keywords: Any) -> List[bool]:
-        self.keywords.append(dict(keywords))
-        return super().settle_owned_many(items, **keywords)
-
-
-def test_the_port_passes_effects_only_with_calls() -> None:
-    store = RecordingStore()
-    port = StorePort(store, component="test", fenced=True)
-    one, two, three = claimed(store, 1), claimed(store, 2), claimed(store, 3)
-    assert port.settle_owned_many([(one, Completed(T))]) == [True]
-    assert port.settle_owned_many([(two, Completed(T))], effects={two: AttemptEffects()}) == [True]
-    assert store.keywords == [{}, {}]
-    assert port.settle_owned_many([(three, Completed(T))], effects={three: calls(1)}) == [True]
-    assert list(store.keywords[-1]) == ["effects"]
-    assert [e.identity for e in port.list_calls()] == [three]
-    [entry] = port.claim_calls(now=T, lease_until=T + L, limit=5, sender="s")
-    assert isinstance(entry, OutboxEntry) and port.get_call(entry.call_id) == entry
-    assert port.record_sent([(entry.call_id, "s", "{}", T + 1)]) == [True]
-    assert port.outbox_counts() == {"pending": 0, "sending": 0, "sent": 1, "failed": 0,
-                                    "failed_acknowledged": 0}
-
-
 def test_the_port_without_an_outbox_refuses_calls_and_reads_nothing() -> None:
     store = FencedOnlyStore()
     port = StorePort(store, component="test", fenced=True)
@@ -362,10 +332,9 @@ def test_the_port_without_an_outbox_refuses_calls_and_reads_nothing() -> None:
     assert not port.retry_failed_call(1, T) and not port.drop_call(1)
 
 
-def test_the_group_is_all_or_nothing_and_needs_batch_settles() -> None:
+def test_the_group_is_all_or_nothing_and_needs_a_batch_store() -> None:
     (group,) = [g for g in CAPABILITY_GROUPS if g.name == "outbox"]
-    assert group.methods == OUTBOX_METHODS and set(group.requires) == {"fenced",
-                                                                         "settle_owned_many"}
+    assert group.methods == OUTBOX_METHODS and set(group.requires) == {"fenced"}
 
     class Partial(FencedOnlyStore):
         def claim_calls(self, **kwargs: Any) -> List[Any]:
@@ -376,15 +345,15 @@ def test_the_group_is_all_or_nothing_and_needs_batch_settles() -> None:
 
     inner = MemoryUpdateStore()
 
-    class WithoutBatchSettle(FencedOnlyStore):
+    class WithoutCommit(FencedOnlyStore):
         pass
 
     for name in OUTBOX_METHODS:
-        setattr(WithoutBatchSettle, name, getattr(MemoryUpdateStore, name))
-    store = WithoutBatchSettle()
+        setattr(WithoutCommit, name, getattr(MemoryUpdateStore, name))
+    store = WithoutCommit()
     store._calls, store._next_call, store._staged, store._lock = {}, 1, None, inner._lock
-    with pytest.raises(TypeError, match="settle_owned_many"):
-        StoreCapabilities.of(store)
+    # a store without commit is used at the seed's levels: its outbox is never called
+    assert not StorePort(store, component="test", fenced=True).has_outbox
 
 
 def test_the_values_are_frozen_and_the_entry_names_its_attempt() -> None:
@@ -412,8 +381,7 @@ def test_a_chats_claimed_insert_waits_for_an_open_one(store: Any) -> None:
     landed: List[Any] = []
 
     def complete_second() -> None:
-        landed.extend(store.settle_owned_many(
-            [(second, Completed(T + 2))],
+        landed.extend(settle_many(store, [(second, Completed(T + 2))],
             effects={second: AttemptEffects(effects.calls, claim=CallClaim("s2", T + L, 1))},
         ))
         done.set()

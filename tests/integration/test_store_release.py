@@ -7,7 +7,7 @@ from typing import Any, List
 
 from broken_stores import FencedOnlyStore
 from store_support import fresh_table_name
-from ptb_fence import AttemptIdentity, Completed, MemoryUpdateStore
+from ptb_fence import AttemptIdentity, Batch, ClaimTerms, Completed, MemoryUpdateStore
 from ptb_fence.runtime._port import StorePort
 
 T = 1_700_000_000_000
@@ -107,14 +107,16 @@ def test_port_liveness_fallbacks() -> None:
     live.release_liveness()
 
 
-def test_postgres_table_migrated_before_liveness_keeps_working(
+def test_postgres_table_migrated_before_liveness_is_refused_until_migrated(
     pg_dsn: str, pg_tables: List[str]
 ) -> None:
     """A table with claim_id and fingerprint but without the instance column, managed with
-    create_table=False: claims, release and due work; take_over_dead finds nothing."""
+    create_table=False, is refused at start naming the migration. Once migrated, claims,
+    release and due work."""
     import psycopg2
+    import pytest
 
-    from ptb_fence import PostgresUpdateStore
+    from ptb_fence import PostgresUpdateStore, SchemaError, postgres_update_store_schema
 
     table = fresh_table_name()
     pg_tables.append(table)
@@ -130,9 +132,21 @@ def test_postgres_table_migrated_before_liveness_keeps_working(
     finally:
         conn.close()
     with PostgresUpdateStore(pg_dsn, table=table, create_table=False) as store:
+        with pytest.raises(SchemaError, match="lacks instance, isolated_claim, chat_key"):
+            store.add(1, '{"update_id": 1}', T)
+        with pytest.raises(SchemaError, match="migrate"):
+            store.take_over_dead(now=T)
+        conn = psycopg2.connect(pg_dsn)
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute(postgres_update_store_schema(table))
+        finally:
+            conn.close()
         a = claimed(store, 1)
         assert store.claim(2, now=T, lease_until=T + L, max_attempts=3) is None  # unknown
-        got = store.add_claimed_many([(3, '{"update_id": 3}', T)], lease_until=T + L)
+        got = store.commit(Batch(
+            ClaimTerms(T, T + L, 3), claimed_records=((3, '{"update_id": 3}', T),)
+        )).claimed_records
         assert got[0] is not None and got[0].attempt == 1
         assert store.release_many([a], at=T + 1) == [True]
         assert [u.update_id for u in store.due(now=T + 1, pending_before=T - 1, limit=9)] == [1]

@@ -18,7 +18,10 @@ from typing import Any, Callable, List
 import psycopg2
 import pytest
 
+from ptb_fence.contract import Batch
+
 from broken_stores import FencedOnlyStore
+from store_support import settle_many
 from ptb_fence import (
     AttemptEffects,
     AttemptIdentity,
@@ -69,8 +72,7 @@ def test_a_grouped_settle_lands_the_fresh_writes_and_stops_only_the_stale_comple
 ) -> None:
     assert store.write_state([StateWrite(USER, "u1", 0)], T) is None
     fresh, stale, plain = claimed(store, 1), claimed(store, 2), claimed(store, 3)
-    landed = store.settle_owned_many(
-        [(fresh, Completed(T + 1)), (stale, Completed(T + 1)), (plain, Completed(T + 1))],
+    landed = settle_many(store, [(fresh, Completed(T + 1)), (stale, Completed(T + 1)), (plain, Completed(T + 1))],
         effects={fresh: writes((USER, "u2", 1)),
                  stale: AttemptEffects(calls=(OutboxCall("sendMessage", "{}", 1, 0),),
                                        state=(StateWrite(CHAT, "c", 0),
@@ -83,8 +85,7 @@ def test_a_grouped_settle_lands_the_fresh_writes_and_stops_only_the_stale_comple
     assert store.owns(stale, T + 2) and not store.owns(fresh, T + 2)
     assert store.list_calls() == []
     # the same attempt completes from fresh versions: everything of it lands once
-    assert store.settle_owned_many(
-        [(stale, Completed(T + 3))], effects={stale: writes((CHAT, "c", 0), (USER, "u3", 2))}
+    assert settle_many(store, [(stale, Completed(T + 3))], effects={stale: writes((CHAT, "c", 0), (USER, "u3", 2))}
     ) == [True]
     assert store.read_state([USER, CHAT]) == {USER: StateEntry("u3", 3), CHAT: StateEntry("c", 1)}
 
@@ -101,8 +102,7 @@ def test_a_grouped_settle_writes_nothing_of_a_completion_that_lost_its_claim(
     lost = AttemptIdentity(3, 1, "0" * 32)  # never claimed with this id
     assert store.add(3, '{"update_id": 3}', T)
     assert store.claim_owned(3, now=T, lease_until=T + L, max_attempts=5) not in (None, lost)
-    landed = store.settle_owned_many(
-        [(first, Completed(T + 1)), (lost, Completed(T + 1)), (second, Completed(T + 1))],
+    landed = settle_many(store, [(first, Completed(T + 1)), (lost, Completed(T + 1)), (second, Completed(T + 1))],
         effects={first: writes((USER, "u1", 0), (CHAT, "c2", 1)),
                  lost: writes((other, "never", 0)),
                  second: writes((StateKey("chat", "", "-6"), "c", 0))},
@@ -131,8 +131,7 @@ def test_a_moved_version_among_disjoint_writers_stops_only_its_own_completion(
         stale_write, current = (USER, "lost", 0), StateEntry("moved", 1)
         assert store.write_state([StateWrite(USER, "moved", 0)], T) is None
     stale, fresh, plain = claimed(store, 1), claimed(store, 2), claimed(store, 3)
-    landed = store.settle_owned_many(
-        [(stale, Completed(T + 1)), (fresh, Completed(T + 1)), (plain, Completed(T + 1))],
+    landed = settle_many(store, [(stale, Completed(T + 1)), (fresh, Completed(T + 1)), (plain, Completed(T + 1))],
         effects={stale: writes(stale_write), fresh: writes((CHAT, "c2", 1), (other, "o", 0))},
     )
     assert isinstance(landed[0], StateConflict) and landed[0].keys == (USER,)
@@ -152,7 +151,7 @@ def test_invalid_writes_are_refused_before_anything_settles(store: Any) -> None:
         (AttemptEffects(state=(StateWrite(USER, b"x", 0),)), TypeError),  # type: ignore[arg-type]
     ):
         with pytest.raises(error):
-            store.settle_owned_many([(identity, Completed(T + 1))], effects={identity: bad})
+            settle_many(store, [(identity, Completed(T + 1))], effects={identity: bad})
         assert store.owns(identity, T + 1)
     assert store.list_state() == []
 
@@ -243,8 +242,7 @@ def test_two_store_objects_racing_on_one_key_never_both_land(
                 version = 0 if entry is None else entry.version
                 barrier.wait()
                 identity = identities[round_ * count + index]
-                got = store.settle_owned_many(
-                    [(identity, Completed(T + 1))],
+                got = settle_many(store, [(identity, Completed(T + 1))],
                     effects={identity: writes((USER, f"{round_}:{index}", version))})[0]
                 with lock:
                     outcomes[round_].append(got)
@@ -291,8 +289,7 @@ def test_an_sqlite_file_from_before_the_state_table_gets_it_when_opened(tmp_path
     try:
         identity = store.claim_owned(5, now=T, lease_until=T + L, max_attempts=3)
         assert identity is not None
-        assert store.settle_owned_many(
-            [(identity, Completed(T))], effects={identity: writes((USER, "x", 0))}) == [True]
+        assert settle_many(store, [(identity, Completed(T))], effects={identity: writes((USER, "x", 0))}) == [True]
         assert store.read_state([USER]) == {USER: StateEntry("x", 1)}
     finally:
         store.close()
@@ -321,8 +318,7 @@ def test_postgres_schema_and_migrate_create_the_state_table(
     store = PostgresUpdateStore(pg_dsn, table=pg_table, create_table=False)
     try:
         identity = claimed(store, 1)
-        assert store.settle_owned_many(
-            [(identity, Completed(T + 1))], effects={identity: writes((USER, "x", 0))}) == [True]
+        assert settle_many(store, [(identity, Completed(T + 1))], effects={identity: writes((USER, "x", 0))}) == [True]
         assert store.read_state([USER]) == {USER: StateEntry("x", 1)}
     finally:
         store.close()
@@ -359,7 +355,7 @@ def test_the_port_without_state_refuses_state_writes_and_reads_nothing() -> None
 def test_the_group_is_all_or_nothing_and_needs_the_outbox() -> None:
     (group,) = [g for g in CAPABILITY_GROUPS if g.name == "state"]
     assert group.methods == STATE_METHODS
-    assert set(group.requires) == {"fenced", "settle_owned_many", "outbox"}
+    assert set(group.requires) == {"fenced", "outbox"}
 
     class Partial(MemoryUpdateStore):
         list_state = None  # type: ignore[assignment]
@@ -395,19 +391,21 @@ def test_settle_and_claim_lands_the_fresh_writes_and_stops_only_the_stale_comple
 
     fresh, stale = claimed(store, 1), claimed(store, 2)
     assert store.add(3, '{"update_id": 3}', T)
-    landed, identities = store.settle_and_claim_many(
-        [(fresh, Completed(T + 1)), (stale, Completed(T + 1))], [3],
+    got = store.commit(Batch(
         ClaimTerms(now=T + 1, lease_until=T + L, max_attempts=5),
+        settlements=((fresh, Completed(T + 1)), (stale, Completed(T + 1))), claims=(3,),
         effects={fresh: writes((USER, "a", 0)), stale: writes((USER, "b", 0))},
-    )
+    ))
+    landed, identities = got.landed, got.claims
     assert landed[0] is True and isinstance(landed[1], StateConflict)
     assert identities[0] is not None and identities[0].update_id == 3
     assert store.read_state([USER]) == {USER: StateEntry("a", 1)}
     assert store.owns(stale, T + 2)
     port = StorePort(store, component="test", fenced=True)
-    again, _ = port.settle_and_claim(
-        [(stale, Completed(T + 3))], [], ClaimTerms(now=T + 3, lease_until=T + L, max_attempts=5),
-        effects={stale: writes((USER, "c", 0))})
+    again = port.commit(Batch(
+        ClaimTerms(now=T + 3, lease_until=T + L, max_attempts=5),
+        settlements=((stale, Completed(T + 3)),), effects={stale: writes((USER, "c", 0))},
+    )).landed
     assert isinstance(again[0], StateConflict) and again[0].keys == (USER,)
 
 
@@ -435,8 +433,7 @@ def test_sqlite_state_reads_search_the_key_never_scan_the_table(
         a, b = claimed(store, 1), claimed(store, 2)
         seen.clear()
         assert set(store.read_state(keys + [CHAT])) == set(keys)
-        landed = store.settle_owned_many(
-            [(a, Completed(T + 1)), (b, Completed(T + 1))],
+        landed = settle_many(store, [(a, Completed(T + 1)), (b, Completed(T + 1))],
             effects={a: writes((keys[0], "w", 1)), b: writes((keys[41], "w", 1))},
         )
         assert landed == [True, True]
@@ -456,13 +453,9 @@ def test_sqlite_state_reads_search_the_key_never_scan_the_table(
         plain.close()
 
 
-def test_sqlite_reads_many_keys_in_statements_within_the_parameter_limit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Keys of several kinds and names, more than one statement may bind: every row is
-    found, none twice, absent keys left out (the parameter limit made small here)."""
-    import ptb_fence.stores.sqlite._writes as sqlite_writes
-
+def test_sqlite_reads_many_keys_of_several_kinds_in_one_statement(tmp_path: Path) -> None:
+    """Keys of several kinds and names, more than one statement may bind as parameters:
+    every row is found, none twice, absent keys left out (one JSON parameter)."""
     store = SQLiteUpdateStore(str(tmp_path / "s.db"))
     try:
         keys = ([StateKey("user", "", str(n)) for n in range(130)]
@@ -471,7 +464,6 @@ def test_sqlite_reads_many_keys_in_statements_within_the_parameter_limit(
                 + [StateKey("conversation", "other", f"[{n}]") for n in range(5)])
         assert store.write_state([StateWrite(k, f"v{i}", 0) for i, k in enumerate(keys)],
                                  T) is None
-        monkeypatch.setattr(sqlite_writes, "max_variables", lambda conn: 50)
         absent = [StateKey("user", "", "absent"), StateKey("bot", "", "")]
         got = store.read_state(keys + absent + keys[:10])
         assert got == {k: StateEntry(f"v{i}", 1) for i, k in enumerate(keys)}
@@ -479,21 +471,15 @@ def test_sqlite_reads_many_keys_in_statements_within_the_parameter_limit(
         store.close()
 
 
-def test_sqlite_grouped_writes_span_statements_within_the_parameter_limit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A grouped settle whose checked inserts and updates need more parameters than one
-    statement may bind (the limit made small here): every write lands once, in its row."""
-    import ptb_fence.stores.sqlite._writes as sqlite_writes
-
+def test_sqlite_grouped_writes_land_once_each(tmp_path: Path) -> None:
+    """A grouped settle with many checked inserts and updates (one JSON parameter each):
+    every write lands once, in its row."""
     store = SQLiteUpdateStore(str(tmp_path / "s.db"))
     try:
         old = [StateKey("user", "", str(n)) for n in range(25)]
         assert store.write_state([StateWrite(k, "old", 0) for k in old], T) is None
         attempts = [claimed(store, n + 1) for n in range(25)]
-        monkeypatch.setattr(sqlite_writes, "max_variables", lambda conn: 50)
-        landed = store.settle_owned_many(
-            [(a, Completed(T + 1)) for a in attempts],
+        landed = settle_many(store, [(a, Completed(T + 1)) for a in attempts],
             effects={a: writes((old[n], f"u{n}", 1), (StateKey("chat", "", str(-n)), f"c{n}", 0))
                      for n, a in enumerate(attempts)},
         )

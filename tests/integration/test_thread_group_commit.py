@@ -1,4 +1,4 @@
-"""ThreadGroupCommit (runtime/_thread_group.py), with real threads: items submitted together go
+"""ThreadGroupCommit (blocking/_group_commit.py), with real threads: items submitted together go
 in one call, each thread gets its own result, an error reaches every thread of its group,
 the lead passes on (nobody waits forever), and a group never exceeds its size."""
 
@@ -10,7 +10,7 @@ from typing import List
 
 import pytest
 
-from ptb_fence.blocking._thread_group import ThreadGroupCommit
+from ptb_fence.blocking._group_commit import ThreadGroupCommit
 
 
 def _run_threads(n: int, target) -> None:  # noqa: ANN001

@@ -13,6 +13,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import pytest
 
 from ptb_fence import MemoryUpdateStore, UpdateIntake, webhook_app
+from ptb_fence.contract import DURABLE_METHODS
 from runtime_support import FakeClock, StoreDown, StoreWrapper, body, row
 
 SECRET = "s3cr3t_Token-42"
@@ -61,7 +62,7 @@ class Server:
 
 @pytest.fixture
 def served(intakes) -> Iterator[Tuple[Server, StoreWrapper, UpdateIntake, List[Any]]]:
-    store = StoreWrapper()
+    store = StoreWrapper(methods=DURABLE_METHODS)  # the seed's levels: one add per update
     runs: List[Any] = []
     intake = UpdateIntake(store, handle=runs.append, clock=FakeClock())
     intakes.append(intake)
@@ -192,7 +193,7 @@ def test_store_failure_is_5xx_and_nothing_stored_then_redelivery_works(served) -
 # -- direct environ calls ---------------------------------------------------------------------
 @pytest.fixture
 def app_and_store() -> Tuple[Any, StoreWrapper]:
-    store = StoreWrapper()
+    store = StoreWrapper(methods=DURABLE_METHODS)
     intake = UpdateIntake(store, handle=lambda u: None, clock=FakeClock())  # not started
     return webhook_app(intake, secret_token=SECRET), store
 

@@ -40,7 +40,10 @@ def main() -> int:
     now = int(time.time() * 1000)
     rows = [(u, f'{{"update_id": {u}}}', now) for u in range(int(first), int(first) + int(count))]
     half = len(rows) // 2
-    claimed = store.add_claimed_many(rows[:half], lease_until=now + 120_000)
+    from ptb_fence import Batch, ClaimTerms
+
+    terms = ClaimTerms(now, now + 120_000, 5)
+    claimed = list(store.commit(Batch(terms, claimed_records=tuple(rows[:half]))).claimed_records)
     for update_id, body, at in rows[half:]:
         store.add(update_id, body, at)
         claimed.append(

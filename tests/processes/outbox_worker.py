@@ -33,6 +33,11 @@ how (the first word):
   attempt is refused there) unless the second word is ``nowrite`` (then it returns, and the
   runtime's completion of a stale attempt is refused).
 - ``once``: as ``plain`` with the reply queued ``at_most_once``.
+- ``pay``: charges ``--pay`` (a :class:`ptb_fence.testing.FakePaymentApi`) in
+  ``attempt.step("charge", ...)``, then as ``inside`` with the charge's id appended to the
+  reply (``paid <id>``). With a second word ``fail`` attempt 1 raises after the charge. With
+  ``slow`` attempt 1 announces ``slow.<update_id>.<pid>`` after its charge, inside its step,
+  sleeps ``--slow-seconds`` and announces ``woke.<update_id>.<pid>``.
 - ``hold``: queues its reply; attempt 1's fenced write announces ``holding.<update_id>.<pid>``
   inside its transaction and sleeps ``--slow-seconds`` there (on SQLite: holding the
   database's write lock, as a long fenced transaction of one chat does); later attempts
@@ -62,6 +67,7 @@ from telegram import Update  # noqa: E402
 from telegram.ext import Application, MessageHandler, filters  # noqa: E402
 
 from ptb_fence.ptb import FencedUpdateProcessor  # noqa: E402
+from ptb_fence.testing import charge_async  # noqa: E402
 from worker_support import dump_stacks_on_sigusr1, make_store, touch  # noqa: E402
 
 
@@ -82,6 +88,7 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--jitter-ms", type=float, default=0.0)
     parser.add_argument("--slow-seconds", type=float, default=5.0)
     parser.add_argument("--stop-timeout", type=float, default=None)
+    parser.add_argument("--pay", default="", help="FakePaymentApi's url (mode pay)")
     return parser.parse_args(argv)
 
 
@@ -113,6 +120,24 @@ def build(args: argparse.Namespace) -> Any:
         def write(conn: Any) -> None:
             conn.cursor().execute(insert, (uid, attempt.attempt, attempt.claim_id, pid))
 
+        if mode == "pay":
+
+            async def charge(key: str) -> Any:
+                await jitter()
+                charged = await charge_async(args.pay, key, amount=100, reference=str(uid))
+                if update.message.text.split()[1:] == ["slow"] and attempt.attempt == 1:
+                    touch(os.path.join(args.dir, f"slow.{uid}.{pid}"))
+                    await asyncio.sleep(args.slow_seconds)
+                    touch(os.path.join(args.dir, f"woke.{uid}.{pid}"))
+                return {"id": charged["id"]}
+
+            await jitter()
+            paid = await attempt.step("charge", charge)
+            await jitter()
+            if update.message.text.split()[1:] == ["fail"] and attempt.attempt == 1:
+                raise RuntimeError("the first attempt fails after its charge")
+            reply += f" paid {paid['id']}"
+            mode = "inside"
         if mode in ("inside", "order"):
 
             def write_and_reply(conn: Any) -> None:

@@ -100,10 +100,11 @@ def test_scale_out_rows_print_postgres_cost_per_update(pg_dsn: str, tmp_path: An
         assert cells[1][2] == f"{result['speedup_median']:.2f}", cells
         assert re.search(rf"  {name}: {UPDATES} updates per process, 1 pair\(s\); .* \d+ cores", out), out
 
-    # the fenced write commits its own transaction per update; the no-op batches its commits
+    # the fenced write commits at most one transaction per update (concurrent ones share a
+    # commit). The no-op batches its commits.
     for name in ("poll-fenced-write-pg-32", "scaleout-fenced-write-pg-32"):
         figures = results[name] if name.startswith("poll") else results[name]["scaleout"]["one"]
-        assert figures["commits_per_update"] >= 1.0, (name, figures)
+        assert 0 < figures["commits_per_update"] <= 1.1, (name, figures)
     assert results["poll-fenced-pg-32"]["commits_per_update"] < 1.0
 
 

@@ -43,7 +43,7 @@ def test_list_and_unknown_rows() -> None:
     assert listed.returncode == 0, listed.stderr
     names = [line.split()[0] for line in listed.stdout.splitlines()]
     for name in ("plain-32", "fenced-pg-32", "naive-pg-32", "pgqueuer-32", "poll-fenced-pg-32",
-                 "lease-sqlite", "backlog-pg"):
+                 "lease-sqlite", "backlog-pg", "jobs-memory", "jobs-sqlite", "jobs-pg"):
         assert name in names
     bad = _harness(["--only", "no-such-row"], {}, timeout=30)
     assert bad.returncode != 0
@@ -157,6 +157,16 @@ def test_polling_rows_measure_cpu_against_the_fast_server(pg_dsn: str, tmp_path:
     ):
         assert re.search(r"(PASS|FAIL)  \[14\] " + re.escape(goal), targets), (goal, targets)
     assert "SKIP  [14] backlog after a restart, no-op, pg" in targets  # backlog-pg not run
+    for goal in (
+        "fenced no-op pg polling >= 0.6x plain PTB polling no-op",
+        "fenced no-op sqlite polling >= 0.6x plain PTB polling no-op",
+        "fenced no-op pg polling: ptb_fence adds <= 80 us CPU/update",
+        "fenced no-op sqlite polling: ptb_fence adds <= 80 us CPU/update",
+        "fenced write PG polling >= 0.25x plain PTB polling no-op",
+        "fenced write PG polling >= 2x naive PG polling",
+    ):
+        assert re.search(r"(PASS|FAIL)  \[36\] " + re.escape(goal), targets), (goal, targets)
+    assert re.search(r"(PASS|FAIL)  \[24\] fenced no-op pg polling: ptb_fence adds <= 120 us", targets)
 
 
 def test_burst_and_backlog_write_rows(pg_dsn: str, tmp_path: Any) -> None:
@@ -213,3 +223,39 @@ def test_fenced_persistence_runs_alternate_with_runs_without_persistence(tmp_pat
     assert line.lstrip().startswith(("PASS", "FAIL")), line
     assert f"median of 2 paired ratios {paired['ratio_median']:.2f}x" in line, line
     assert "the two rows' medians: poll-conv-fenced-sqlite-32" in line, line
+
+
+def test_jobs_rows_run_every_job_once_and_check_the_37_targets(pg_dsn: str, tmp_path: Any) -> None:
+    """The durable jobs rows schedule one-off jobs with run_once, run each once through a real
+    Application, and print their lateness, commits per job and the [37] targets."""
+    results_file = tmp_path / "results.json"
+    proc = _harness(
+        ["--quick", "--only", "jobs-*", "--jobs", "200", "--jobs-window", "2",
+         "--json", str(results_file)],
+        {"PTB_FENCE_POSTGRES_DSN": pg_dsn}, timeout=120,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr + out
+    assert "JOBS: one-off durable jobs" in out, out
+    results = json.loads(results_file.read_text())["results"]
+    for store in ("memory", "sqlite", "pg"):
+        result = results[f"jobs-{store}"]
+        assert "error" not in result and "skipped" not in result, result
+        assert result["jobs"] == 200 and result["ran_once"], result
+        assert result["attempts"] == {"1": 200} and result["jobs_left"] == 0, result
+        assert 0 < result["lateness_ms"]["p50"] <= result["lateness_ms"]["p99"], result
+        assert result["runs_s"] > 0 and result["sweep"] == 1.0
+    assert results["jobs-memory"]["commits_per_job"] is None  # no driver to count at
+    for store in ("sqlite", "pg"):
+        result = results[f"jobs-{store}"]
+        assert result["domain"] == {"rows": 200, "tags": 200}, result
+        assert result["schedule_commits_per_job"] == pytest.approx(1.0, abs=0.05), result
+        # runs due together are fired, claimed and completed in groups
+        assert 0 < result["commits_per_job"] < 1, result
+    targets = out[out.index("TARGETS"):]
+    for store in ("sqlite", "pg"):
+        assert f"PASS  [37] every job ran exactly once (jobs-{store})" in targets, targets
+        assert re.search(rf"(PASS|FAIL)  \[37\] lateness p99 <= sweep_every_seconds \+ 1 s "
+                         rf"\(jobs-{store}\): p99 [0-9.]+ s, p50 [0-9.]+ s \(sweep 1 s", targets)
+    assert "PASS  [37] commits per job < 1, runs due together grouped (jobs-pg)" in targets
+    assert "INFO  [37] commits per job < 1, runs due together grouped (jobs-sqlite)" in targets

@@ -50,7 +50,7 @@ def test_steps_counts_what_the_fence_adds_per_update() -> None:
     assert table["lines of ptb_fence's Python code"]["fenced-sqlite"] > 100
     assert table["lines of PTB's Python code"]["plain"] > 100
     # Python 3.10 code objects have no co_qualname: the caller is named without its class
-    enqueue = "GroupCommit.enqueue" if sys.version_info >= (3, 11) else "enqueue"
+    enqueue = "AsyncGroupCommit.enqueue" if sys.version_info >= (3, 11) else "enqueue"
     assert f"create_future <- _group_commit.py:{enqueue}\n" in done.stdout, done.stdout
     collector = _table(done.stdout, "the garbage collector")
     # every run allocates enough for young-generation passes; a full pass finds the heap

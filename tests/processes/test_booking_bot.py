@@ -2,8 +2,9 @@
 
 The polling process is SIGKILLed while every chat's last step works. The second process
 (``--no-polling``) continues each conversation from the state ``FencedPersistence`` committed,
-books each slot once and sends each reply once. Every wait is bounded and every process still
-running at the end is killed.
+books each slot once and sends each reply and each durable reminder once. A conversation left
+open times out once, in a process started after the one that asked. Every wait is bounded and
+every process still running at the end is killed.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def test_second_process_finishes_the_conversations_of_a_killed_one(
 ) -> None:
     db = str(tmp_path / "booking.sqlite3")
     with FakeBotApi() as fake:
-        common = ["--db", db, "--base-url", fake.base_url]
+        common = ["--db", db, "--base-url", fake.base_url, "--remind-after", "2"]
         processes.start("poller", *common, "--work-seconds", "60")
         processes.start("second", *common, "--no-polling", "--sweep-every", "1")
         both = ["poller", "second"]
@@ -107,15 +108,16 @@ def test_second_process_finishes_the_conversations_of_a_killed_one(
 
         processes.procs["poller"].send_signal(signal.SIGKILL)
         processes.procs["poller"].wait(timeout=10)
-        processes.wait_for("every booking reply", lambda: all(
-            len(texts_to(fake, chat)) == 3 for chat in CHATS), 60, ["second"])
-        time.sleep(1.0)  # a reply sent twice would show up by now
+        processes.wait_for("every booking reply and reminder", lambda: all(
+            len(texts_to(fake, chat)) == 4 for chat in CHATS), 60, ["second"])
+        time.sleep(1.5)  # a reply or a reminder sent twice would show up by now
 
         for chat, slot in CHATS.items():
             assert texts_to(fake, chat) == [
                 "Pick a slot:",
                 f"{slot}: what name should I book it under?",
                 f"Booked {slot} for Ada{chat}.",
+                f"Reminder: {slot} is booked for Ada{chat}.",
             ], processes.logs()
         assert len(fake.calls_to("answerCallbackQuery")) == len(CHATS)
         processes.procs["second"].send_signal(signal.SIGTERM)
@@ -128,6 +130,31 @@ def test_second_process_finishes_the_conversations_of_a_killed_one(
         conn.close()
     assert rows == [(chat, slot, f"Ada{chat}") for chat, slot in CHATS.items()]
     assert processes.log("second").count(": booking ") == len(CHATS)  # it did the last steps
+
+
+def test_a_conversation_left_open_times_out_once_after_a_restart(
+    processes: Processes, tmp_path: Path
+) -> None:
+    """The poller asks for a slot and is stopped, as a deploy stops it. The conversation's
+    timeout is a durable job: a process started later ends the conversation and says so once."""
+    db = str(tmp_path / "booking.sqlite3")
+    with FakeBotApi() as fake:
+        common = ["--db", db, "--base-url", fake.base_url, "--conversation-timeout", "5"]
+        processes.start("poller", *common)
+        fake.inject_message(chat_id=1, text="/book")
+        processes.wait_for("the slot keyboard", lambda: fake.last_keyboard(1) is not None, 60,
+                           ["poller"])
+        processes.procs["poller"].send_signal(signal.SIGTERM)
+        assert processes.procs["poller"].wait(timeout=30) == 0, processes.logs()
+        assert texts_to(fake, 1) == ["Pick a slot:"]  # it stopped before the timeout
+
+        processes.start("second", *common, "--no-polling")
+        processes.wait_for("the timeout's reply", lambda: len(texts_to(fake, 1)) == 2, 60,
+                           ["second"])
+        time.sleep(1.5)  # a timeout run twice would show up by now
+        assert texts_to(fake, 1) == ["Pick a slot:", "No booking made. Send /book to start again."]
+        processes.procs["second"].send_signal(signal.SIGTERM)
+        assert processes.procs["second"].wait(timeout=30) == 0, processes.logs()
 
 
 def test_docstring_commands_name_this_script() -> None:

@@ -3,9 +3,11 @@
 Each run drives real worker processes (real ``UpdateIntake``, real SQLite file / PostgreSQL
 server) while the runner SIGKILLs, SIGSTOPs and (PostgreSQL) disconnects them and restarts the
 server; the runner checks the outcome from the database and exits 0 only when nothing was lost
-or written twice. The tests assert the exit code and read the printed table. Two sabotaged runs
-(a handler that writes outside the fence, a handler that drops its write) show that the
-runner's checks fail when they should.
+or written twice. The handlers charge the runner's fake payment API in a step, and the runner
+checks that every update is charged at most once and no step calls its function after its
+record landed. The tests assert the exit code and read the printed table. Three sabotaged runs
+(a handler that writes outside the fence, a handler that drops its write, a handler that charges
+again after its step) show that the runner's checks fail when they should.
 """
 
 from __future__ import annotations
@@ -71,8 +73,28 @@ def check_passed(code: int, output: str, kinds: List[str]) -> Dict[str, str]:
     for kind in kinds:
         assert first_int(table[f"faults: {kind}"]) > 0, f"no {kind} fault:\n{output}"
     assert "progress" not in table
+    check_payments(table, output)
     assert re.search(r"^\[\s*\d+\.\ds\] fed \d+/\d+ \|", output, re.M), output  # progress lines
     return table
+
+
+def check_payments(table: Dict[str, str], output: str) -> None:
+    """The payment rows of a passed run: one charge per recorded step, none twice."""
+    updates = first_int(table["updates"])
+    completed = first_int(table["handled (completed)"])
+    charges = first_int(table["payments: charges"])
+    assert "0 charged twice" in table["payments: charges"], output
+    assert completed <= charges <= updates, output
+    records = first_int(table["payments: step records"])
+    assert completed <= records <= charges, output
+    assert f"({records} charged exactly once)" in table["payments: step records"], output
+    assert first_int(table["payments: requests"]) >= charges, output
+    assert first_int(table["payments: step function calls"]) >= records, output
+    assert "payments: requests with a reused key" in table, output
+    assert "sent by calls made before the record landed" in table[
+        "payments: requests after the record"], output
+    assert "stale steps that read no record" in table["payments: calls after the record"], output
+    assert "every update charged at most once" in output, output
 
 
 COMMON_KINDS = [
@@ -118,7 +140,8 @@ def _drop_run_tables(dsn: str, run_id: str) -> None:
     try:
         conn.autocommit = True
         with conn.cursor() as cur:
-            for name in ("updates", "domain", "runs", "events", "exhaustions", "updates_outbox"):
+            for name in ("updates", "domain", "runs", "events", "exhaustions", "claims",
+                         "updates_outbox", "updates_state", "updates_steps"):
                 cur.execute(f'DROP TABLE IF EXISTS "chaos_{run_id}_{name}"')
     finally:
         conn.close()
@@ -159,7 +182,11 @@ def test_chaos_postgres(pg_dsn: str) -> None:
 @pytest.mark.timeout(100)
 @pytest.mark.parametrize(
     ("sabotage", "failure"),
-    [("unfenced", "FAIL: duplicate domain rows"), ("no-write", "FAIL: lost updates")],
+    [
+        ("unfenced", "FAIL: duplicate domain rows"),
+        ("no-write", "FAIL: lost updates"),
+        ("pay-twice", "FAIL: updates charged more than once"),
+    ],
 )
 def test_chaos_checks_bite(tmp_path: "os.PathLike[str]", sabotage: str, failure: str) -> None:
     store = "sqlite://" + os.path.join(str(tmp_path), "chaos.sqlite3")
@@ -167,7 +194,8 @@ def test_chaos_checks_bite(tmp_path: "os.PathLike[str]", sabotage: str, failure:
         [
             "--store", store, "--updates", "120", "--workers", "2", "--rate", "60",
             "--fault-every", "1", "--seed", "13", "--duration-limit", "60",
-        ],
+        ]
+        + (["--no-payments"] if sabotage == "no-write" else []),
         timeout=90,
         sabotage=sabotage,
     )
@@ -178,8 +206,16 @@ def test_chaos_checks_bite(tmp_path: "os.PathLike[str]", sabotage: str, failure:
     if sabotage == "unfenced":
         assert first_int(table["duplicate domain rows"]) > 0, output
         assert "writes that were rolled back are in the domain table" in output, output
-    else:
+    elif sabotage == "no-write":
         assert first_int(table["lost updates"]) > 0, output
+        assert table["payments"] == "off (--no-payments)", output
+    else:
+        assert table["lost updates"] == "0", output
+        assert table["duplicate domain rows"] == "0", output
+        charges = table["payments: charges"]
+        assert first_int(charges) > first_int(table["updates"]), output
+        assert "FAIL: payment requests after the step's record landed" in output, output
+        assert first_int(table["payments: requests after the record"]) > 0, output
     assert "kept for inspection" in output, output
 
 
@@ -188,7 +224,7 @@ def test_chaos_help_and_bad_arguments() -> None:
     code, output = run_chaos(["--help"], timeout=30)
     assert code == 0, output
     for option in ("--store", "--updates", "--workers", "--seed", "--duration-limit",
-                   "--no-pg-restart", "pg_terminate_backend", "SIGSTOP"):
+                   "--no-pg-restart", "--no-payments", "pg_terminate_backend", "SIGSTOP"):
         assert option in output, option
     code, output = run_chaos(["--workers", "0"], timeout=30)
     assert code == 2, output

@@ -25,6 +25,7 @@ import pytest
 
 from ptb_fence import (
     AttemptEffects,
+    Batch,
     Completed,
     Failed,
     OutboxCall,
@@ -140,7 +141,8 @@ class Table:
         i = self.store.claim_owned(update_id, now=at, lease_until=at + MINUTE, max_attempts=5)
         params = json.dumps({"chat_id": update_id, "text": "hi"})
         effects = AttemptEffects((OutboxCall("sendMessage", params, update_id, 0),))
-        assert self.store.settle_owned_many([(i, Completed(at))], effects={i: effects}) == [True]
+        landed = self.store.commit(Batch(settlements=((i, Completed(at)),), effects={i: effects}))
+        assert landed.landed == (True,)
         [entry] = self.store.list_calls(state="pending", limit=10)
         return int(entry.call_id)
 

@@ -14,7 +14,7 @@ from typing import Iterator, Tuple
 import psycopg2
 import pytest
 
-from ptb_fence import AttemptEffects, Completed, OutboxCall, PostgresUpdateStore
+from ptb_fence import AttemptEffects, Batch, Completed, OutboxCall, PostgresUpdateStore
 from ptb_fence.stores._outbox_sql import outbox_table_name
 
 T = 1_700_000_000_000
@@ -74,9 +74,9 @@ def test_migrate_adds_the_outbox_to_an_existing_table_once(pg_dsn: str, deployme
         identity = store.claim_owned(1, now=T, lease_until=T + 60_000, max_attempts=3)
         assert identity is not None
         call = OutboxCall("sendMessage", '{"chat_id": 5, "text": "hi"}', 5, 0)
-        assert store.settle_owned_many(
-            [(identity, Completed(T + 1))], effects={identity: AttemptEffects((call,))}
-        ) == [True]
+        assert store.commit(Batch(
+            settlements=((identity, Completed(T + 1)),), effects={identity: AttemptEffects((call,))}
+        )).landed == (True,)
         [entry] = store.claim_calls(now=T + 1, lease_until=T + 100, limit=5, sender="s")
         assert (entry.method, entry.chat_key, entry.tries) == ("sendMessage", 5, 1)
     finally:

@@ -24,6 +24,7 @@ import pytest
 
 from ptb_fence import (
     AttemptEffects,
+    Batch,
     Completed,
     OutboxCall,
     PostgresUpdateStore,
@@ -83,9 +84,9 @@ class Outbox:
         assert identity is not None
         params = {"chat_id": chat if chat is not None else 99, "text": text}
         call = OutboxCall("sendMessage", json.dumps(params), chat, 0, at_most_once)
-        assert self.store.settle_owned_many(
-            [(identity, Completed(at))], effects={identity: AttemptEffects((call,))}
-        ) == [True]
+        assert self.store.commit(Batch(
+            settlements=((identity, Completed(at)),), effects={identity: AttemptEffects((call,))}
+        )).landed == (True,)
         [entry] = self.store.list_calls(limit=1, after_call_id=max(self.ids.values(), default=0))
         self.ids[name] = entry.call_id
         return entry.call_id

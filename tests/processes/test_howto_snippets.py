@@ -386,3 +386,21 @@ def test_the_python_snippets_are_mypy_strict_clean(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=170,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_payment_step_charges_once_and_the_retry_replies_with_the_recorded_charge() -> None:
+    """examples/howto/payment_step.py prints payment_step.out, which the page includes."""
+    result = subprocess.run([sys.executable, str(HOWTO / "payment_step.py")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (HOWTO / "payment_step.out").read_text(), result.stderr
+    assert "a crash after the charge" in result.stderr  # the first attempt did fail
+
+
+def test_durable_reminder_is_sent_by_the_application_after_the_restart() -> None:
+    """examples/howto/durable_reminder.py prints durable_reminder.out, which the page
+    includes."""
+    result = subprocess.run([sys.executable, str(HOWTO / "durable_reminder.py")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (HOWTO / "durable_reminder.out").read_text(), result.stderr

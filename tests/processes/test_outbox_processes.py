@@ -374,7 +374,10 @@ def test_per_chat_order_of_replies_across_two_processes_sharing_postgres(
     finally:
         store.close()
     with FakeBotApi() as fake:
-        procs = [bots.spawn(fake, bed.url, bed.table, bed.domain, "--jitter-ms", "5")
+        # no takeover here: a lease far longer than a send on a loaded machine, so no call
+        # changes sender while its request is on the way (that case is tested below)
+        procs = [bots.spawn(fake, bed.url, bed.table, bed.domain, "--jitter-ms", "5",
+                            "--lease", "15")
                  for _ in range(2)]
         bots.wait_ready(*procs, timeout=60)
         wait_all_sent(bots, bed, ids, 120)

@@ -93,6 +93,8 @@ def test_wheel_metadata_and_contents(dist: Path) -> None:
     # the monitoring kit (ptb_fence.metrics.alert_rules_path(), grafana_dashboard_path())
     assert {"ptb_fence/monitoring/alerts.yml", "ptb_fence/monitoring/grafana.json"} <= set(names)
     assert "ptb_fence/testing/__main__.py" in names
+    # the stores' named statements (ptb_fence/stores/_queries.py reads them from the package)
+    assert {"ptb_fence/stores/postgres/updates.sql", "ptb_fence/stores/postgres/schema.sql"} <= set(names)
     assert not any(n.startswith(("tests/", "examples/", "benchmarks/")) for n in names)
     assert meta["Name"].replace("-", "_") == "ptb_fence" and meta["Version"] == ptb_fence.__version__
     assert CLASSIFIERS <= set(meta.get_all("Classifier") or [])
@@ -136,7 +138,8 @@ def test_sdist_has_what_its_tests_need_and_runs_from_itself(
     for name in ("LICENSE", "README.rst", "CHANGES.rst", "docs/_inventories/telegram.inv",
                  "pyproject.toml", "setup.cfg", "setup.py",
                  "ptb_fence/py.typed", "ptb_fence/monitoring/alerts.yml",
-                 "ptb_fence/monitoring/grafana.json", "examples/polling_sqlite.py", "benchmarks/run.py",
+                 "ptb_fence/monitoring/grafana.json", "ptb_fence/stores/postgres/updates.sql",
+                 "examples/polling_sqlite.py", "benchmarks/run.py",
                  "tests/conftest.py", "tests/support/ptb_support.py",
                  "tests/unit/test_durations.py"):
         assert (tree / name).is_file(), name

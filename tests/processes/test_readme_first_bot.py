@@ -97,7 +97,7 @@ def test_before_production_follows_the_first_bot() -> None:
     before = section("Before production")
     for trap in ("Replies sent directly are not fenced", "outbox.reply_text",
                  "PTB persistence is per process",
-                 "every 60 s", "Jobs are in memory", "One table per bot",
+                 "every 60 s", "jobs are in memory", "durable_jobs=True", "One table per bot",
                  "python -m pip install -e '.[webhooks]'"):
         assert trap in before, trap
 

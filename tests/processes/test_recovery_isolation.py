@@ -98,8 +98,7 @@ def test_suspects_again_run_alone_fresh_updates_together(where: Where) -> None: 
 
 
 _UNMARKS = ("end_probation",)
-_SETTLES = ("settle", "settle_owned", "settle_owned_many", "add_claimed_and_settle_many",
-            "settle_and_claim_many", "exhaust")
+_SETTLES = ("settle", "settle_owned", "exhaust")
 
 
 def _update_ids(value: Any, depth: int = 0) -> List[int]:

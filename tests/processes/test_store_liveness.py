@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 import pytest
 
 from store_support import fresh_table_name
-from ptb_fence import MemoryUpdateStore, SQLiteUpdateStore
+from ptb_fence import Batch, ClaimTerms, MemoryUpdateStore, SQLiteUpdateStore
 
 WORKER = str(Path(__file__).resolve().parent / "liveness_worker.py")
 COUNT = 6
@@ -178,8 +178,8 @@ def test_claims_record_the_instance_only_while_liveness_is_held(tmp_path: Path) 
         instance = store.hold_liveness()
         store.add(2, "b", 0)
         store.claim(2, now=0, lease_until=LEASE, max_attempts=5)
-        store.add_claimed_many([(3, "c", 0)], lease_until=LEASE)
-        store.add_claimed_and_settle_many([(4, "d", 0)], lease_until=LEASE, settlements=[])
+        store.commit(Batch(ClaimTerms(0, LEASE, 5), claimed_records=((3, "c", 0),)))
+        store.commit(Batch(ClaimTerms(0, LEASE, 5), claimed_records=((4, "d", 0),)))
         store.release_liveness()
         store.add(5, "e", 0)
         store.claim_owned(5, now=0, lease_until=LEASE, max_attempts=5)

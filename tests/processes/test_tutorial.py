@@ -2,7 +2,7 @@
 
 Each step runs as its own process against ``FakeBotApi``, offline. Its output must equal the
 ``.out`` file the page includes beside the code, so the page cannot show what the code does
-not do. Step 4 starts two bot processes on PostgreSQL and kills one in a handler.
+not do. Step 5 starts two bot processes on PostgreSQL and kills one in a handler.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ STEPS = [TUTORIAL / name for name in (
     "step1_fenced_write.py",
     "step2_replies_through_the_outbox.py",
     "step3_persistence_and_a_conversation.py",
-    "step4_two_processes_on_postgresql.py",
-    "step5_watching_it_run.py",
+    "step4_durable_jobs.py",
+    "step5_two_processes_on_postgresql.py",
+    "step6_watching_it_run.py",
 )]
-ON_POSTGRES = "step4_two_processes_on_postgresql.py"
+ON_POSTGRES = "step5_two_processes_on_postgresql.py"
 
 
 def test_every_step_has_its_output_and_its_page() -> None:

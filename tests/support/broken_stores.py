@@ -12,12 +12,23 @@ import dataclasses
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Type
+from typing import (
+    Any,
+    Dict,
+    FrozenSet,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Type,
+)
 
 from ptb_fence import (
     AttemptEffects,
     AttemptIdentity,
-    ClaimTerms,
     Completed,
     Exhaustion,
     MemoryUpdateStore,
@@ -27,10 +38,17 @@ from ptb_fence import (
     StateEntry,
     StateKey,
     StateWrite,
+    JobFire,
+    JobWrite,
+    PaceBucket,
+    StepRecord,
     StoreFigures,
+    StoredJob,
     StoredUpdate,
 )
 from ptb_fence._errors import StateConflictError
+from ptb_fence.contract import Batch, Committed
+from ptb_fence.stores.memory._jobs import MemoryJobs
 from ptb_fence.stores.memory._rows import CallRow
 
 
@@ -540,67 +558,47 @@ class BatchRenewNoneStore(MemoryUpdateStore):
 
 
 # -- optional capabilities -----------------------------------------------------------------------
-class AddManyOverwritesStore(MemoryUpdateStore):
-    """add_many replaces existing rows (an upsert) instead of refusing them."""
+class CommitRecordsOverwriteStore(MemoryUpdateStore):
+    """The records of ``commit`` replace existing rows (an upsert) instead of refusing them."""
 
-    def add_many(self, rows: Sequence[Tuple[int, str, int]]) -> List[bool]:
+    def commit(self, batch: Batch) -> Committed:
         with self._lock:
-            for update_id, _body, _at in rows:
+            for update_id, _body, _at in batch.records:
                 self._rows.pop(update_id, None)
-            return [super().add(u, b, at) or True for u, b, at in rows]
+            done = super().commit(batch)
+            return dataclasses.replace(done, recorded=tuple(True for _ in done.recorded))
 
 
-class AddClaimedManyClaimsExistingStore(MemoryUpdateStore):
-    """add_claimed_many also claims an id that already existed (for attempt 1)."""
+class CommitClaimedRecordsClaimExistingStore(MemoryUpdateStore):
+    """The claimed records of ``commit`` also claim an id that already existed (attempt 1)."""
 
-    def add_claimed_many(
-        self, rows: Sequence[Tuple[int, str, int]], *, lease_until: int
-    ) -> List[Optional[AttemptIdentity]]:
+    def commit(self, batch: Batch) -> Committed:
         with self._lock:
-            for update_id, _body, _at in rows:
+            for update_id, _body, _at in batch.claimed_records:
                 self._rows.pop(update_id, None)
-            return super().add_claimed_many(rows, lease_until=lease_until)
+            return super().commit(batch)
 
 
-class SettleOwnedManyIgnoresClaimIdStore(MemoryUpdateStore):
-    """settle_owned_many settles with the row's claim id, whatever the caller's claim id."""
+class CommitSettlesIgnoreClaimIdStore(MemoryUpdateStore):
+    """The settlements of ``commit`` use the row's claim id, whatever the caller's claim id."""
 
-    def settle_owned_many(
-        self, items: Sequence[Tuple[AttemptIdentity, Settlement]]
-    ) -> List[bool]:
+    def commit(self, batch: Batch) -> Committed:
         with self._lock:
-            return [
-                self.settle_owned(_real_claim_id(self, identity), settlement)
-                for identity, settlement in items
-            ]
+            settlements = tuple(
+                (_real_claim_id(self, identity), settlement)
+                for identity, settlement in batch.settlements
+            )
+            return super().commit(dataclasses.replace(batch, settlements=settlements))
 
 
-class CombinedWriteDropsSettlementsStore(MemoryUpdateStore):
-    """add_claimed_and_settle_many records the rows and forgets the settlements."""
+class CommitWithClaimedRecordsDropsSettlementsStore(MemoryUpdateStore):
+    """A ``commit`` with claimed records records them and forgets its settlements."""
 
-    def add_claimed_and_settle_many(
-        self,
-        rows: Sequence[Tuple[int, str, int]],
-        *,
-        lease_until: int,
-        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
-    ) -> Tuple[List[Optional[AttemptIdentity]], List[bool]]:
-        added = self.add_claimed_many(rows, lease_until=lease_until)
-        return added, [True for _ in settlements]
-
-
-class SettleAndClaimClaimsFirstStore(MemoryUpdateStore):
-    """settle_and_claim_many claims before it settles (a row completed in the same call is
-    claimed again)."""
-
-    def settle_and_claim_many(
-        self,
-        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
-        update_ids: Sequence[int],
-        terms: ClaimTerms,
-    ) -> Tuple[List[bool], List[Optional[AttemptIdentity]]]:
-        claimed = self.claim_owned_many(update_ids, terms)
-        return self.settle_owned_many(settlements), claimed
+    def commit(self, batch: Batch) -> Committed:
+        if not batch.claimed_records:
+            return super().commit(batch)
+        done = super().commit(dataclasses.replace(batch, settlements=(), effects=None))
+        return dataclasses.replace(done, landed=tuple(True for _ in batch.settlements))
 
 
 class BindBotAcceptsAnyIdStore(MemoryUpdateStore):
@@ -629,13 +627,15 @@ class StagedConnection:
         self.settles: List[Tuple[AttemptIdentity, Settlement]] = []
         self.calls: List[CallRow] = []
         self.state: List[StateWrite] = []
+        self.steps: List[StepRecord] = []
+        self.jobs: List[Tuple[AttemptEffects, int]] = []
 
 
 class TransactionalMemoryStore(MemoryUpdateStore):
     """A CORRECT memory store whose transaction() yields a connection and really rolls back:
-    ``settle_owned(connection=conn)`` and ``write_effects(connection=conn)`` (its calls and
-    state writes, versions checked when written) are staged on ``conn`` and applied only at
-    the commit."""
+    ``settle_owned(connection=conn)`` and ``write_effects(connection=conn)`` (its calls,
+    state writes and jobs, versions checked when written) are staged on ``conn`` and applied
+    only at the commit."""
 
     @contextmanager
     def transaction(self) -> Iterator[Any]:
@@ -647,6 +647,22 @@ class TransactionalMemoryStore(MemoryUpdateStore):
             for call in conn.calls:
                 self._calls[call.call_id] = call
             self._put_state(self._state, conn.state, 0)
+            for step in conn.steps:
+                self._steps.setdefault(step.key, step)
+            for effects, at in conn.jobs:
+                self._write_jobs(effects, at)
+
+    def record_step(self, record: StepRecord, *, connection: Any = None) -> bool:
+        if not isinstance(connection, StagedConnection):
+            return super().record_step(record, connection=connection)
+        with self._lock:
+            live = self.owns(
+                AttemptIdentity(record.update_id, record.attempt, record.claim_id),
+                record.recorded_at,
+            )
+            if live:
+                connection.steps.append(record)
+            return live
 
     def write_effects(
         self, identity: AttemptIdentity, effects: AttemptEffects, at: int, *, connection: Any
@@ -665,6 +681,7 @@ class TransactionalMemoryStore(MemoryUpdateStore):
             rows = self._new_calls(identity, effects, at)
             connection.calls.extend(rows)
             connection.state.extend(effects.state)
+            connection.jobs.append((effects, at))
             return [row.call_id for row in rows]
 
     def settle_owned(
@@ -678,9 +695,14 @@ class TransactionalMemoryStore(MemoryUpdateStore):
                 connection.settles.append((identity, settlement))
             return live
 
+    def complete_owned(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        # staged on the connection: the memory store's own one cannot be undone by this
+        # double's transaction
+        return self.settle_owned(identity, Completed(at), connection=connection)
+
 
 class CompletingMemoryStore(TransactionalMemoryStore):
-    """A CORRECT double with complete_owned/reopen_completed (CompletingUpdateStore): the
+    """A CORRECT double with complete_owned/reopen_completed (BatchStore): the
     completion is staged on the connection and lands at the commit."""
 
     def complete_owned(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
@@ -782,9 +804,9 @@ class TakeOverLiveStore(MemoryUpdateStore):
             return len(rows)
 
 
-# -- isolation of suspect rows (IsolatingUpdateStore) ---------------------------------------------
+# -- isolation of suspect rows (BatchStore) ---------------------------------------------
 class IsolatingMemoryStore(MemoryUpdateStore):
-    """A correct test double of IsolatingUpdateStore on the memory store (which has no dead
+    """A correct test double of BatchStore on the memory store (which has no dead
     instances, so only marked rows are suspect): the marks are kept beside the rows."""
 
     def __init__(self) -> None:
@@ -848,16 +870,15 @@ class ProbationNeverEndsStore(IsolatingMemoryStore):
             )
 
 
-# -- claims of several rows (ClaimingUpdateStore) ------------------------------------------------
-class ClaimOwnedManyIgnoresSpendStore(MemoryUpdateStore):
-    """claim_owned_many takes a claimable row even when its attempts are spent."""
+# -- claims of several rows (BatchStore) ------------------------------------------------
+class CommitClaimsIgnoreSpendStore(MemoryUpdateStore):
+    """The claims of ``commit`` take a claimable row even when its attempts are spent."""
 
-    def claim_owned_many(
-        self, update_ids: Sequence[int], terms: ClaimTerms
-    ) -> List[Optional[AttemptIdentity]]:
-        return super().claim_owned_many(
-            update_ids, dataclasses.replace(terms, max_attempts=terms.max_attempts + 100)
-        )
+    def commit(self, batch: Batch) -> Committed:
+        if batch.terms is not None and batch.claims:
+            terms = dataclasses.replace(batch.terms, max_attempts=batch.terms.max_attempts + 100)
+            batch = dataclasses.replace(batch, terms=terms)
+        return super().commit(batch)
 
 
 class ChatClaimIgnoresOrderStore(MemoryUpdateStore):
@@ -1320,7 +1341,316 @@ class StateReadThenWriteStore(MemoryUpdateStore):
         return True
 
 
+class CommitClaimsBeforeSettlingStore(MemoryUpdateStore):
+    """``commit`` claims before it settles: a completed update is claimed again."""
+
+    __slots__ = ()
+
+    def commit(self, batch: Batch) -> Committed:
+        with self._lock:
+            taken = tuple(self._claim_all(batch.claims, batch.terms))
+            done = super().commit(dataclasses.replace(batch, claims=()))
+            return dataclasses.replace(done, claims=taken)
+
+
+class CommitNotAtomicStore(MemoryUpdateStore):
+    """``commit`` applies each part in turn, so a refused claim leaves the settles applied."""
+
+    __slots__ = ()
+
+    def commit(self, batch: Batch) -> Committed:
+        with self._lock:
+            parts = super().commit
+            landed = parts(Batch(settlements=batch.settlements, effects=batch.effects)).landed
+            recorded = parts(Batch(records=batch.records)).recorded
+            taken = parts(Batch(batch.terms, claims=batch.claims)).claims
+            return Committed(recorded, (), landed, taken)
+
+
+class CommitDropsCallIdsStore(MemoryUpdateStore):
+    """``commit`` writes the outbox calls but does not return their ids."""
+
+    __slots__ = ()
+
+    def commit(self, batch: Batch) -> Committed:
+        return dataclasses.replace(super().commit(batch), call_ids={})
+
+
+class DeclaresIsolationStore(MemoryUpdateStore):
+    """``features`` declares isolation, which the memory store does not have."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = dataclasses.replace(self.features, isolation=True)
+
+
+# -- recorded steps ------------------------------------------------------------------------------
+class RecordStepIgnoresOwnershipStore(MemoryUpdateStore):
+    """``record_step`` writes every record, whoever recorded it and whatever the row's state."""
+
+    __slots__ = ()
+
+    def record_step(self, record: StepRecord, *, connection: Any = None) -> bool:
+        with self._lock:
+            self._steps.setdefault(record.key, record)
+            return True
+
+
+class RecordStepExclusiveAtLeaseEndStore(MemoryUpdateStore):
+    """``record_step`` refuses a lease that ends exactly at ``recorded_at``."""
+
+    __slots__ = ()
+
+    def record_step(self, record: StepRecord, *, connection: Any = None) -> bool:
+        with self._lock:
+            row = self._rows.get(record.update_id)
+            if row is not None and row.due_at == record.recorded_at:
+                return False
+            return super().record_step(record, connection=connection)
+
+
+class RecordStepOverwritesStore(MemoryUpdateStore):
+    """``record_step`` of a key already recorded replaces the earlier record."""
+
+    __slots__ = ()
+
+    def record_step(self, record: StepRecord, *, connection: Any = None) -> bool:
+        with self._lock:
+            held = self._steps.pop(record.key, None)
+            landed = super().record_step(record, connection=connection)
+            if not landed and held is not None:
+                self._steps[record.key] = held
+            return landed
+
+
+class RecordStepCommitsAtOnceStore(TransactionalMemoryStore):
+    """``record_step(connection=)`` commits at once: a rolled back block keeps the record."""
+
+    def record_step(self, record: StepRecord, *, connection: Any = None) -> bool:
+        return MemoryUpdateStore.record_step(self, record)
+
+
+class PruneKeepsStepsStore(MemoryUpdateStore):
+    """``prune`` deletes the rows but keeps their recorded steps."""
+
+    __slots__ = ()
+
+    def prune(self, before: int) -> int:
+        with self._lock:
+            steps = dict(self._steps)
+            pruned = super().prune(before)
+            self._steps.update(steps)
+            return pruned
+
+
+class PruneDeletesEveryStepStore(MemoryUpdateStore):
+    """``prune`` deletes every recorded step, also those of the rows it keeps."""
+
+    __slots__ = ()
+
+    def prune(self, before: int) -> int:
+        with self._lock:
+            self._steps.clear()
+            return super().prune(before)
+
+
+class StepsOfUnorderedStore(MemoryUpdateStore):
+    """``steps_of`` lists the records by key only."""
+
+    __slots__ = ()
+
+    def steps_of(self, update_id: int) -> List[StepRecord]:
+        return sorted(super().steps_of(update_id), key=lambda step: step.key)
+
+
+# -- durable jobs --------------------------------------------------------------------------------
+class _JobsStore(MemoryUpdateStore):
+    """A memory store whose jobs are kept by the ``MemoryJobs`` subclass ``JOBS``."""
+
+    __slots__ = ()
+    JOBS: Type[MemoryJobs] = MemoryJobs
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._jobs = self.JOBS()
+
+
+class _FireIgnoresStateJobs(MemoryJobs):
+    __slots__ = ()
+
+    def advance(self, fire: JobFire) -> bool:
+        job = self._jobs.get(fire.job_id)
+        if job is None:
+            return False
+        self._jobs[job.job_id] = dataclasses.replace(
+            job, runs=job.runs + 1, next_run_at=fire.next_run_at,
+            state="scheduled" if fire.next_run_at is not None else "ended",
+        )
+        return True
+
+
+class FireIgnoresStateStore(_JobsStore):
+    """``fire_jobs`` fires whatever the job's state, runs and next run: a run fires twice."""
+
+    __slots__ = ()
+    JOBS = _FireIgnoresStateJobs
+
+
+class _KeyedAddsJobs(MemoryJobs):
+    __slots__ = ()
+
+    def schedule(self, writes: Sequence[JobWrite], at: int) -> List[StoredJob]:
+        return super().schedule([dataclasses.replace(w, keyed=False) for w in writes], at)
+
+
+class KeyedDeclarationAddsStore(_JobsStore):
+    """A keyed job declared again is added as a second job."""
+
+    __slots__ = ()
+    JOBS = _KeyedAddsJobs
+
+
+class _KeyedMovesJobs(MemoryJobs):
+    __slots__ = ()
+
+    def schedule(self, writes: Sequence[JobWrite], at: int) -> List[StoredJob]:
+        stored = super().schedule(writes, at)
+        for index, (write, job) in enumerate(zip(writes, stored)):
+            if job.next_run_at != write.next_run_at:
+                stored[index] = dataclasses.replace(job, next_run_at=write.next_run_at)
+                self._jobs[job.job_id] = stored[index]
+        return stored
+
+
+class KeyedDeclarationMovesStore(_JobsStore):
+    """A keyed job declared again takes the new next run, though its schedule is the same."""
+
+    __slots__ = ()
+    JOBS = _KeyedMovesJobs
+
+
+class _DueCancelledJobs(MemoryJobs):
+    __slots__ = ()
+
+    def cancel(self, job_ids: Sequence[int]) -> List[bool]:
+        done = []
+        for job_id in job_ids:
+            job = self._jobs.get(int(job_id))
+            live = job is not None and job.state in ("scheduled", "paused")
+            if job is not None and live:
+                self._jobs[job.job_id] = dataclasses.replace(job, state="cancelled")
+            done.append(live)
+        return done
+
+    def due(self, now: int, limit: int) -> List[StoredJob]:
+        due = [job for job in self._jobs.values()
+               if job.state in ("scheduled", "cancelled") and job.next_run_at is not None
+               and job.next_run_at <= now]
+        due.sort(key=lambda job: (job.next_run_at, job.job_id))
+        return due[:limit]
+
+
+class DueJobsIncludeCancelledStore(_JobsStore):
+    """``cancel_jobs`` keeps the next run, and ``due_jobs`` lists cancelled jobs."""
+
+    __slots__ = ()
+    JOBS = _DueCancelledJobs
+
+
+class _DueStrictJobs(MemoryJobs):
+    __slots__ = ()
+
+    def due(self, now: int, limit: int) -> List[StoredJob]:
+        return super().due(now - 1, limit)
+
+
+class DueJobsStrictStore(_JobsStore):
+    """``due_jobs`` lists the jobs with ``next_run_at < now``: a job due at now waits."""
+
+    __slots__ = ()
+    JOBS = _DueStrictJobs
+
+
+class _DueByIdJobs(MemoryJobs):
+    __slots__ = ()
+
+    def due(self, now: int, limit: int) -> List[StoredJob]:
+        return sorted(super().due(now, 10**6), key=lambda job: job.job_id)[:limit]
+
+
+class DueJobsByIdStore(_JobsStore):
+    """``due_jobs`` orders the due jobs by id, not by next run."""
+
+    __slots__ = ()
+    JOBS = _DueByIdJobs
+
+
+class SkipFireRecordsStore(MemoryUpdateStore):
+    """A ``skip`` fire records its run as an update row too."""
+
+    __slots__ = ()
+
+    def fire_jobs(self, fires: Sequence[JobFire], at: int) -> List[bool]:
+        return super().fire_jobs([dataclasses.replace(f, skip=False) for f in fires], at)
+
+
+class RefusedCompletionWritesJobsStore(MemoryUpdateStore):
+    """A commit writes the jobs of every completion given, landed or refused."""
+
+    __slots__ = ()
+
+    def _queue_landed(
+        self,
+        items: Sequence[Tuple[AttemptIdentity, Settlement]],
+        landed: Sequence[Any],
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]],
+    ) -> Tuple[Dict[AttemptIdentity, Tuple[int, ...]], FrozenSet[int]]:
+        for (identity, settlement), ok in zip(items, landed):
+            queued = (effects or {}).get(identity)
+            if not ok and queued is not None and isinstance(settlement, Completed):
+                self._write_jobs(queued, settlement.at)
+        return super()._queue_landed(items, landed, effects)
+
+
+class WriteEffectsJobsAtOnceStore(MemoryUpdateStore):
+    """``write_effects`` inside ``transaction()`` writes its jobs at once: a rollback keeps
+    them."""
+
+    __slots__ = ()
+
+    def write_effects(
+        self, identity: AttemptIdentity, effects: AttemptEffects, at: int, *, connection: Any
+    ) -> List[int]:
+        with self._lock:
+            if self._staged is not None:
+                self._write_jobs(effects, at)
+                effects = dataclasses.replace(effects, jobs=(), cancelled_jobs=())
+            return super().write_effects(identity, effects, at, connection=connection)
+
+
 BROKEN: Dict[Type[Any], Sequence[str]] = {
+    FireIgnoresStateStore: ("jobs", "jobs-concurrent-fire"),
+    KeyedDeclarationAddsStore: ("jobs",),
+    KeyedDeclarationMovesStore: ("jobs",),
+    DueJobsIncludeCancelledStore: ("jobs",),
+    DueJobsStrictStore: ("jobs",),
+    DueJobsByIdStore: ("jobs",),
+    SkipFireRecordsStore: ("jobs",),
+    RefusedCompletionWritesJobsStore: ("jobs-effects",),
+    WriteEffectsJobsAtOnceStore: ("jobs-effects",),
+    RecordStepIgnoresOwnershipStore: ("steps",),
+    RecordStepExclusiveAtLeaseEndStore: ("steps",),
+    RecordStepOverwritesStore: ("steps",),
+    RecordStepCommitsAtOnceStore: ("steps",),
+    PruneKeepsStepsStore: ("steps",),
+    PruneDeletesEveryStepStore: ("steps",),
+    StepsOfUnorderedStore: ("steps",),
+    CommitClaimsBeforeSettlingStore: ("batch-commit", "settle-and-claim"),
+    CommitNotAtomicStore: ("batch-commit-atomic",),
+    CommitDropsCallIdsStore: ("batch-commit",),
+    DeclaresIsolationStore: ("features",),
     OutboxClaimsBusyChatStore: ("outbox-claimed-inserts", "outbox-concurrent-claimed-inserts"),
     OutboxClaimsPastLimitStore: ("outbox-claimed-inserts",),
     OutboxClaimedInsertRacesStore: ("outbox-concurrent-claimed-inserts",),
@@ -1350,7 +1680,7 @@ BROKEN: Dict[Type[Any], Sequence[str]] = {
     FiguresCountAcknowledgedStore: ("figures",),
     FiguresHeldSingleChatStore: ("figures",),
     ChatKeysOverwriteStore: ("chat-keys",),
-    ClaimOwnedManyIgnoresSpendStore: ("batch-claim",),
+    CommitClaimsIgnoreSpendStore: ("batch-claim",),
     ChatClaimIgnoresOrderStore: ("chat-order",),
     ChatOrderIgnoresLiveLeaseStore: ("chat-order",),
     ReleaseSpendsAttemptStore: ("release",),
@@ -1360,11 +1690,10 @@ BROKEN: Dict[Type[Any], Sequence[str]] = {
     MarkIsolatedIgnoresLeaseStore: ("isolation",),
     SuspectForgottenStore: ("isolation",),
     ProbationNeverEndsStore: ("isolation",),
-    AddManyOverwritesStore: ("batch-add",),
-    AddClaimedManyClaimsExistingStore: ("batch-claim-at-ingest",),
-    SettleOwnedManyIgnoresClaimIdStore: ("batch-settle",),
-    CombinedWriteDropsSettlementsStore: ("combined-write",),
-    SettleAndClaimClaimsFirstStore: ("settle-and-claim",),
+    CommitRecordsOverwriteStore: ("batch-add",),
+    CommitClaimedRecordsClaimExistingStore: ("batch-claim-at-ingest",),
+    CommitSettlesIgnoreClaimIdStore: ("batch-settle",),
+    CommitWithClaimedRecordsDropsSettlementsStore: ("combined-write",),
     BindBotAcceptsAnyIdStore: ("bind-bot",),
     TransactionSwallowsErrorsStore: ("transaction",),
     SettleOwnedCommitsOnItsOwnStore: ("transaction", "connection-fence"),
@@ -1404,3 +1733,49 @@ BROKEN: Dict[Type[Any], Sequence[str]] = {
     BaseSpendWithoutClaimIdStore: ("durable-exhaustion",),
 }
 """Every broken store and the rules that must report it."""
+
+
+class HoldIgnoredStore(MemoryUpdateStore):
+    """``hold_sends`` does nothing: a held bot is granted slots."""
+
+    __slots__ = ()
+
+    def hold_sends(self, holds: Sequence[Tuple[str, int]]) -> None:
+        return None
+
+
+class HoldShortenedStore(MemoryUpdateStore):
+    """``hold_sends`` replaces an earlier hold, so a shorter one shortens it."""
+
+    __slots__ = ()
+
+    def hold_sends(self, holds: Sequence[Tuple[str, int]]) -> None:
+        rows = self._pace._rows
+        for key, until in holds:
+            rows[key] = (rows.get(key, (0, 0))[0], int(until))
+
+
+class SlotBeyondHorizonStore(MemoryUpdateStore):
+    """``take_send_slots`` takes every slot, however far beyond the horizon."""
+
+    __slots__ = ()
+
+    def take_send_slots(self, wants: Sequence[Sequence[PaceBucket]], *, now: int,
+                        horizon_ms: int) -> List[int]:
+        return super().take_send_slots(wants, now=now, horizon_ms=10**12)
+
+
+class PaceRacesStore(MemoryUpdateStore):
+    """``take_send_slots`` reads the buckets, yields, then writes: concurrent takers overlap."""
+
+    __slots__ = ()
+
+    def take_send_slots(self, wants: Sequence[Sequence[PaceBucket]], *, now: int,
+                        horizon_ms: int) -> List[int]:
+        from ptb_fence.stores._pace import grant
+
+        rows = dict(self._pace._rows)
+        time.sleep(0.01)
+        times, changed = grant(rows, [tuple(w) for w in wants], now=now, horizon_ms=horizon_ms)
+        self._pace._rows.update(changed)
+        return times

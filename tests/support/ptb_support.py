@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Iterable, List
 
 from telegram.ext import Application, ApplicationBuilder
 
+from counting_store import batch_kind
 from ptb_fence.testing import FakeBotApi
 
 FAST: Dict[str, Any] = {
@@ -129,7 +130,7 @@ def domain_rows(path: str) -> List[Tuple[int, int, str]]:
 
 
 class FlakyStore:
-    """Wraps a real store; recording (``add``, ``add_many``, ``add_claimed_many``) raises while
+    """Wraps a real store; recording (``add``, a ``commit`` with records) raises while
     :attr:`failing` (for every id, or for a call that includes one of :attr:`fail_ids`).
 
     Every other attribute is the wrapped store's, so the wrapper has the same capability
@@ -172,22 +173,26 @@ class FlakyStore:
         target = getattr(self.inner, name)
         if not callable(target):
             return target
-        if name in ("add_many", "add_claimed_many", "add_claimed_and_settle_many"):
+        if name == "commit":
 
-            def recording(rows: Any, *args: Any, **kwargs: Any) -> Any:
-                rows = list(rows)
-                ids = [row[0] for row in rows]
+            def committing(batch: Any) -> Any:
+                ids = [row[0] for row in (*batch.records, *batch.claimed_records)]
                 if ids:
                     self._refuse(ids)
-                result = target(rows, *args, **kwargs)
-                added = result[0] if name == "add_claimed_and_settle_many" else result
-                self._booked(
-                    ids,
-                    [bool(r) if name == "add_many" else r is not None for r in added],
-                )
-                return result
+                elif self.failing and batch_kind(batch) in self.broken:
+                    with self._lock:
+                        self.failed_calls.append(batch_kind(batch))
+                    raise sqlite3.OperationalError(
+                        f"{batch_kind(batch)}: database is locked (injected)"
+                    )
+                committed = target(batch)
+                added = [*committed.recorded,
+                         *(identity is not None for identity in committed.claimed_records)]
+                self._booked([row[0] for row in batch.records]
+                             + [row[0] for row in batch.claimed_records], added)
+                return committed
 
-            return recording
+            return committing
         # decided at call time, not at lookup: the runtime's store port looks its optional
         # methods up once, when it is built (before a test sets ``broken``)
         @functools.wraps(target)

@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from ptb_fence import MemoryUpdateStore
-from ptb_fence.contract import DURABLE_METHODS
+from ptb_fence import MemoryUpdateStore, StoreFeatures
+from ptb_fence.contract import BATCH_STORE_METHODS, DURABLE_METHODS, FEATURE_METHODS
 
-EXTRA_METHODS = ("add_many", "renew_many", "renew_owned_many", "transaction", "close")
-"""The optional capabilities (see notes/HELPERS.md)."""
+EXTRA_METHODS = tuple(m for m in BATCH_STORE_METHODS if m not in DURABLE_METHODS) + ("close",)
+"""The methods every batch store has beyond the durable level (``commit`` among them)."""
 
 ALL_METHODS = DURABLE_METHODS + EXTRA_METHODS
 
@@ -61,8 +63,15 @@ class StoreWrapper:
         self.fail: Dict[str, BaseException] = {}
         self.hooks: Dict[str, Callable[..., Any]] = {}
         self._lock = threading.Lock()
-        for name in methods:
+        names = tuple(methods)
+        for name in names:
             setattr(self, name, self._delegate(name))
+        if "commit" in names:  # a batch store: it declares the parts whose methods it shows
+            self.features = StoreFeatures(**{
+                part: all(m in names for m in needed)
+                for part, needed in FEATURE_METHODS.items()
+                if part != "state" or all(m in names for m in FEATURE_METHODS["outbox"])
+            })
 
     def _delegate(self, name: str) -> Callable[..., Any]:
         original = getattr(self.inner, name)
@@ -142,3 +151,17 @@ class Recorder:
     def snapshot(self) -> List[Any]:
         with self._lock:
             return list(self.items)
+
+
+def post_json(url: str, params: Dict[str, Any], timeout: float = 30.0) -> Tuple[int, Any]:
+    """POST ``params`` as JSON to ``url``. Returns the HTTP status and the decoded body.
+
+    An error status is returned too, with its body, as a Bot API client reads it."""
+    request = urllib.request.Request(
+        url, data=json.dumps(params).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Any
+from typing import Any, List
 
 import pytest
 
@@ -30,12 +30,15 @@ def fresh_table_name() -> str:
 
 
 def drop_table(dsn: str, table: str) -> None:
-    """Drop ``table`` (and what depends on it) and its outbox and state tables if they
-    exist."""
+    """Drop ``table`` (and what depends on it) and its outbox, state, steps, jobs and pace
+    tables if they exist."""
     import psycopg2
 
+    from ptb_fence.stores._jobs_sql import jobs_table_name
     from ptb_fence.stores._outbox_sql import outbox_table_name
+    from ptb_fence.stores._pace import pace_table_name
     from ptb_fence.stores._state_sql import state_table_name
+    from ptb_fence.stores._steps_sql import steps_table_name
 
     conn = psycopg2.connect(dsn)
     try:
@@ -44,6 +47,9 @@ def drop_table(dsn: str, table: str) -> None:
             cur.execute(f'DROP TABLE IF EXISTS "{table}" CASCADE')
             cur.execute(f'DROP TABLE IF EXISTS "{outbox_table_name(table)}"')
             cur.execute(f'DROP TABLE IF EXISTS "{state_table_name(table)}"')
+            cur.execute(f'DROP TABLE IF EXISTS "{steps_table_name(table)}"')
+            cur.execute(f'DROP TABLE IF EXISTS "{jobs_table_name(table)}"')
+            cur.execute(f'DROP TABLE IF EXISTS "{pace_table_name(table)}"')
     finally:
         conn.close()
 
@@ -62,3 +68,10 @@ def new_store(kind: str, request: pytest.FixtureRequest, path: str) -> Any:
     table = fresh_table_name()
     request.getfixturevalue("pg_tables").append(table)
     return PostgresUpdateStore(request.getfixturevalue("pg_dsn"), table=table)
+
+
+def settle_many(store: Any, items: Any, effects: Any = None) -> List[Any]:
+    """The landings of a ``commit`` of ``items`` as settlements with ``effects``, one per item."""
+    from ptb_fence import Batch
+
+    return list(store.commit(Batch(settlements=tuple(items), effects=effects)).landed)

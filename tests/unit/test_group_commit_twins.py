@@ -1,4 +1,4 @@
-"""One behaviour, two twins: the asyncio GroupCommit (PTB front end) and the blocking
+"""One behaviour, two twins: the asyncio AsyncGroupCommit (PTB front end) and the blocking
 ThreadGroupCommit (UpdateIntake) are held to the same spec here.
 
 Each case submits items from concurrent callers (tasks on an event loop whose calls hop to a
@@ -15,10 +15,10 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import pytest
 
-from ptb_fence.blocking._thread_group import MAX_GROUP as THREAD_MAX_GROUP
-from ptb_fence.blocking._thread_group import ThreadGroupCommit
+from ptb_fence.blocking._group_commit import MAX_GROUP as THREAD_MAX_GROUP
+from ptb_fence.blocking._group_commit import ThreadGroupCommit
 from ptb_fence.ptb._group_commit import MAX_GROUP as ASYNC_MAX_GROUP
-from ptb_fence.ptb._group_commit import GroupCommit
+from ptb_fence.ptb._group_commit import AsyncGroupCommit
 
 Outcome = Tuple[str, Any]  # ("ok", result) or ("error", exception)
 RunMany = Callable[[List[int]], Sequence[Any]]
@@ -26,7 +26,7 @@ RunMany = Callable[[List[int]], Sequence[Any]]
 
 def via_tasks(items: List[int], run_many: RunMany) -> List[Outcome]:
     async def main() -> List[Outcome]:
-        group: GroupCommit[int, Any] = GroupCommit(
+        group: AsyncGroupCommit[int, Any] = AsyncGroupCommit(
             lambda batch: asyncio.to_thread(run_many, batch), "twin-spec"
         )
 

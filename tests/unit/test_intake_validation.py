@@ -10,6 +10,7 @@ import pytest
 
 from ptb_fence import MemoryUpdateStore, UpdateIntake
 from ptb_fence.contract import BASE_METHODS, FENCED_METHODS
+from ptb_fence.contract import DURABLE_METHODS
 from runtime_support import FakeClock, StoreDown, StoreWrapper, body, row
 
 NUMERIC = (
@@ -154,7 +155,7 @@ INVALID = [
 
 @pytest.fixture
 def wrapped(intakes) -> Any:  # noqa: ANN001
-    store = StoreWrapper()
+    store = StoreWrapper(methods=DURABLE_METHODS)  # the seed's levels: one add per update
     runs: List[Any] = []
     intake = UpdateIntake(store, handle=runs.append, clock=FakeClock())
     intakes.append(intake)

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Set
 import pytest
 
 from ptb_fence import Attempt, Exhaustion, MemoryUpdateStore, UpdateIntake
-from ptb_fence.contract import BATCH_METHODS, DURABLE_METHODS, LIVENESS_METHODS, ClaimTerms
+from ptb_fence.contract import DURABLE_METHODS, LIVENESS_METHODS, ClaimTerms
 from ptb_fence.runtime._port import StorePort
 
 from runtime_support import StoreWrapper, body, wait_until
@@ -37,7 +37,9 @@ ALLOWED_PACKAGES = (
 KNOWN_PTB_OFFENDERS: Set[str] = set()
 
 OPTIONAL_NAMES = (
-    set(BATCH_METHODS) | set(LIVENESS_METHODS) | {"transaction", "bind_bot", "release_many"}
+    {"add_many", "renew_many", "renew_owned_many"}
+    | set(LIVENESS_METHODS)
+    | {"transaction", "bind_bot", "release_many"}
 )
 
 
@@ -183,9 +185,9 @@ def _ports() -> "list[tuple[StorePort, MemoryUpdateStore]]":
 
 def test_port_flags_are_decided_once() -> None:
     (native, _), (bare, _) = _ports()
-    assert native.claims_at_ingest and native.settles_in_batches and native.has_transaction
+    assert native.commits_batches and native.has_transaction
     assert native.atomic_completion
-    assert not bare.claims_at_ingest and not bare.settles_in_batches
+    assert not bare.commits_batches
     assert not bare.has_transaction and not bare.renews_owned_in_batches
     bare.bind_bot(42)  # no bind_bot: nothing to do
 

@@ -461,3 +461,36 @@ def test_guard_callback_query_data_can_be_set_on_a_frozen_query() -> None:
         query.data = "y"  # type: ignore[misc]
     internals.set_callback_query_data(query, {"any": "object"})
     assert query.data == {"any": "object"}, "TelegramObject._unfrozen (internal 10) changed"
+
+
+def test_guard_callback_context_chat_and_user_ids_give_the_data() -> None:
+    """Internal 11: setting ``_chat_id``/``_user_id`` makes ``chat_data``/``user_data`` those
+    of that chat and user, as ``from_job`` does."""
+    from telegram.ext import Application, CallbackContext
+
+    from ptb_fence.ptb._ptb_internals import set_context_chat_and_user
+
+    app = Application.builder().token("123:ABC").build()
+    app.chat_data[5]["seen"] = True
+    app.user_data[9]["name"] = "ann"
+    context = CallbackContext(app)
+    assert context.chat_data is None and context.user_data is None
+    set_context_chat_and_user(context, 5, 9)
+    assert context.chat_data == {"seen": True} and context.user_data == {"name": "ann"}
+
+
+def test_guard_conversation_timeout_job_is_the_handlers_trigger_timeout() -> None:
+    """Internal 12: a ConversationHandler schedules its timeout as its bound
+    ``_trigger_timeout``, and nothing else is taken for one."""
+    from telegram.ext import CommandHandler, ConversationHandler
+
+    from ptb_fence.ptb._ptb_internals import timed_out_conversation
+
+    async def start(update: object, context: object) -> int:
+        return 0
+
+    handler = ConversationHandler(entry_points=[CommandHandler("a", start)], states={},
+                                  fallbacks=[], conversation_timeout=5)
+    assert timed_out_conversation(getattr(handler, "_trigger_timeout")) is handler
+    assert timed_out_conversation(start) is None
+    assert timed_out_conversation(handler.check_update) is None

@@ -21,6 +21,7 @@ from ptb_fence import (
     current_attempt,
 )
 from ptb_fence.contract import BASE_METHODS
+from ptb_fence.contract import DURABLE_METHODS
 from runtime_support import (
     FakeClock,
     Recorder,
@@ -383,7 +384,8 @@ def test_transaction_complete_settles_in_the_same_commit(intakes) -> None:
     assert intake.idle(5)
     for uid in (90, 91):
         assert row(store, uid).state == "completed"
-    assert store.count("settle_owned") == 2  # only the two inside the transactions
+    # only the two inside the transactions, each completed at its start
+    assert store.count("complete_owned") == 2 and store.count("settle_owned") == 0
     assert writes == [None, None]
     assert not any(a.owner_lost.is_set() for a in runs)
     assert run_due(intake, clock, 3600) == 0
@@ -469,7 +471,7 @@ def test_run_in_transaction_from_asyncio(intakes) -> None:
     assert isinstance(results["after"], AttemptFinished)
     assert results["completed"] is True
     assert row(store, 120).state == "completed"
-    assert store.count("settle_owned") == 1
+    assert store.count("complete_owned") == 1  # the complete=True transaction, at its start
 
 
 # -- store errors -----------------------------------------------------------------------------
@@ -496,7 +498,7 @@ def test_claim_error_is_reported_and_the_update_is_handled_after_recovery(intake
 
 
 def test_settle_error_after_success_is_reported_and_the_update_runs_again(intakes) -> None:
-    store, clock = StoreWrapper(), FakeClock()
+    store, clock = StoreWrapper(methods=DURABLE_METHODS), FakeClock()  # settles one by one
     errors = Recorder()
     runs: List[int] = []
     store.fail["settle_owned"] = StoreDown("settle down")

@@ -266,8 +266,8 @@ def test_a_failed_commit_of_a_completing_transaction_keeps_the_lease_renewed() -
         raise OSError("commit failed: connection reset")
 
     store.hooks["transaction"] = failing_commit
-    # the settle inside the transaction is rolled back by the failed commit
-    store.hooks["settle_owned"] = lambda original, *a, **k: True
+    # the completion at the start of the transaction is rolled back by the failed commit
+    store.hooks["complete_owned"] = lambda original, *a, **k: True
     with pytest.raises(OSError, match="commit failed"):
         with attempt.transaction(complete=True):
             pass

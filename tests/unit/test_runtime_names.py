@@ -53,6 +53,7 @@ def test_the_blocking_front_end_is_its_own_package() -> None:
     import ptb_fence
     import ptb_fence.blocking
 
-    assert sorted(ptb_fence.blocking.__all__) == ["UpdateIntake", "webhook_app"]
+    assert sorted(ptb_fence.blocking.__all__) == ["IntakeJob", "IntakeJobQueue", "UpdateIntake",
+                                                  "webhook_app"]
     assert ptb_fence.UpdateIntake is ptb_fence.blocking.UpdateIntake
     assert ptb_fence.webhook_app is ptb_fence.blocking.webhook_app

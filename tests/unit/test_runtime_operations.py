@@ -36,7 +36,7 @@ def test_record_many_claims_at_ingest_where_the_store_can() -> None:
         results = runtime.record_many([(1, body(1)), (2, body(2))], claim=True)
         assert results[0] is False
         second = results[1]
-        if runtime.port.claims_at_ingest:
+        if runtime.port.commits_batches:
             assert isinstance(second, Attempt) and second.attempt == 1
             assert second.proven_until == clock.ms() + 10_000  # options.lease_deadline
             assert runtime.keeper.active() == [second]
@@ -74,7 +74,7 @@ def test_complete_many_reports_a_store_error() -> None:
     runtime.record(1, body(1))
     attempt = runtime.claim(1)
     assert attempt is not None
-    store.fail["settle_owned_many"] = store.fail["settle_owned"] = RuntimeError("down")
+    store.fail["commit"] = store.fail["settle_owned"] = RuntimeError("down")
     assert runtime.complete_many([attempt]) == [Outcome.LOST]
     runtime.end(attempt)
 

@@ -1,7 +1,7 @@
 """MemoryUpdateStore: the executable statement of the store rules, whole in one class.
 
 Sections: lifecycle, helpers, the base, fenced and durable contracts, chat order, release
-and liveness, figures, the outbox, persisted bot state."""
+and liveness, figures, the outbox, persisted bot state, recorded steps."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import itertools
 import threading
 import uuid
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ptb_fence._errors import StateConflictError, TableBotMismatch
 from ptb_fence._fingerprint import update_fingerprint
-from ptb_fence.contract import ChatKey, ClaimTerms
+from ptb_fence.contract import Batch, ChatKey, ClaimTerms, Committed, StoreFeatures
 from ptb_fence._values import (
     OUTBOX_STATES,
     Abandoned,
@@ -23,19 +23,27 @@ from ptb_fence._values import (
     Completed,
     Exhaustion,
     Failed,
+    JobFire,
+    JobWrite,
     OutboxEntry,
     Landing,
+    PaceBucket,
     Settlement,
     StateConflict,
     StateEntry,
     StateKey,
     StateWrite,
+    StepRecord,
     StoreFigures,
+    StoredJob,
     StoredUpdate,
 )
 from ptb_fence.stores._state_sql import check_kind, check_writes
+from ptb_fence.stores._steps_sql import check_step
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._names import validate_update_id
+from ptb_fence.stores.memory._jobs import MemoryJobs
+from ptb_fence.stores.memory._pace import MemoryPace
 from ptb_fence.stores.memory._rows import CallRow, Row, new_claim_id
 
 __all__ = ["MemoryUpdateStore"]
@@ -56,18 +64,25 @@ class Liveness:
 class MemoryUpdateStore:
     """A thread-safe, in-process store implementing the durable contract.
 
-    It is the clearest statement of the rules and makes unit tests fast. Everything it holds is
-    lost when the process ends: use it for tests and for bots that accept losing work on
-    restart. :meth:`transaction` yields :obj:`None` and runs the caller's block under the store's
-    lock, so an ownership check and a settle inside it are atomic.
+    It is the clearest statement of the rules and makes unit tests fast.
+    Everything it holds is lost when the process ends.
+    Use it for tests and for bots that accept losing work on restart.
+    :meth:`transaction` yields :obj:`None` and runs the caller's block under the store's lock.
+    So an ownership check and a settle inside it are atomic.
     """
 
     __slots__ = (
-        "_bot_id", "_calls", "_keyboards_at", "_liveness", "_lock", "_next_call", "_rows",
-        "_staged", "_state", "_staged_state",
+        "features", "_bot_id", "_calls", "_keyboards_at", "_liveness", "_lock", "_next_call", "_rows",
+        "_staged", "_state", "_staged_state", "_staged_steps", "_steps", "_undo",
+        "_jobs", "_staged_jobs", "_pace",
     )
 
     def __init__(self) -> None:
+        #: Every optional part but isolation: a process that dies takes the store with it.
+        self.features = StoreFeatures(
+            outbox=True, state=True, liveness=True, chat_order=True, figures=True, steps=True,
+            jobs=True, pacing=True,
+        )
         self._lock = threading.RLock()
         self._rows: Dict[int, Row] = {}
         self._calls: Dict[int, CallRow] = {}
@@ -75,17 +90,31 @@ class MemoryUpdateStore:
         # the calls write_effects wrote inside the open transaction() block (None: no block):
         # they land when the block ends normally and vanish when it raises, like a rollback
         self._staged: Optional[List[CallRow]] = None
-        # persisted bot state (StateStore); the writes of the open transaction() block wait in
-        # _staged_state like its calls
+        # the completions complete_owned made inside the open transaction() block, undone
+        # when it raises
+        self._undo: List[Row] = []
+        # Persisted bot state (StateStore). The writes of the open transaction() block wait in
+        # _staged_state like its calls.
         self._state: Dict[StateKey, StateEntry] = {}
         self._staged_state: Optional[Dict[StateKey, StateEntry]] = None
         # when each callback-data keyboard was written (prune deletes the old ones)
         self._keyboards_at: Dict[StateKey, int] = {}
+        # Recorded steps by effect key. The records of the open transaction() block wait in
+        # _staged_steps like its calls.
+        self._steps: Dict[str, StepRecord] = {}
+        self._staged_steps: Optional[Dict[str, StepRecord]] = None
+        # Durable jobs. The jobs write_effects writes in the open transaction() block wait in
+        # _staged_jobs like its calls.
+        self._jobs = MemoryJobs()
+        self._staged_jobs: Optional[List[Tuple[AttemptEffects, int]]] = None
         self._bot_id: Optional[int] = None
         self._liveness = Liveness()
+        self._pace = MemoryPace()
 
     def bind_bot(self, bot_id: int) -> None:
-        """Record that this store belongs to bot ``bot_id``; the first binder wins.
+        """Record that this store belongs to bot ``bot_id``. The first binder wins.
+
+        See :meth:`ptb_fence.BatchStore.bind_bot`.
 
         Raises:
             ptb_fence.TableBotMismatch: The store was bound to another bot id before.
@@ -100,7 +129,7 @@ class MemoryUpdateStore:
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
-        """Release resources: stops holding liveness (nothing else to release)."""
+        """Release resources. It stops holding liveness, and there is nothing else to release."""
         self.release_liveness()
 
     def __enter__(self) -> "MemoryUpdateStore":
@@ -173,9 +202,10 @@ class MemoryUpdateStore:
     def _admit(self, update_id: int, body: str) -> Tuple[bool, Optional[str]]:
         """Whether ``body`` may be inserted now, and the new row's fingerprint.
 
-        A new id, or a different update where the stored row is settled (it is replaced), may
-        be inserted; the same update again is a plain duplicate; a different update while the
-        stored row is live keeps the first and logs a WARNING .
+        It follows :mod:`ptb_fence.stores._duplicates`.
+        A new id may be inserted. So may a different update where the stored row is
+        settled, which it replaces. The same update again is a plain duplicate. A different
+        update while the stored row is live keeps the first and logs a WARNING.
         """
         fingerprint = update_fingerprint(body)
         row = self._rows.get(update_id)
@@ -190,12 +220,9 @@ class MemoryUpdateStore:
 
     # -- base contract ---------------------------------------------------------------------
     def add(self, update_id: int, body: str, received_at: int) -> bool:
-        """Insert a pending row; :obj:`False` if the id exists (see below).
+        """Insert a pending row.
 
-        The same update again is a duplicate (:obj:`False`, nothing changes). A different
-        update (another fingerprint) replaces a settled row (completed, or abandoned with
-        ``settled_at`` set) as a fresh pending row (:obj:`True`); with a live row the first is
-        kept (:obj:`False`) and a WARNING is logged on ``ptb_fence.store``.
+        See :meth:`ptb_fence.UpdateStore.add` and :mod:`ptb_fence.stores._duplicates`.
         """
         validate_update_id(update_id)
         with self._lock:
@@ -208,41 +235,36 @@ class MemoryUpdateStore:
             return True
 
     def add_many(self, rows: Sequence[Tuple[int, str, int]]) -> List[bool]:
-        """Insert several ``(update_id, body, received_at)`` rows at once (optional capability)."""
-        rows = list(rows)
-        for row in rows:
-            validate_update_id(row[0])
-        with self._lock:
-            return [self.add(update_id, body, at) for update_id, body, at in rows]
+        """Record ``rows`` pending in one commit.
 
-    def add_claimed_many(
-        self, rows: Sequence[Tuple[int, str, int]], *, lease_until: int
-    ) -> List[Optional[AttemptIdentity]]:
-        """Record fresh updates already claimed for attempt 1 (optional capability).
+        It is a convenience over :meth:`commit` for seeding and imports. It is no part of the
+        contract.
 
-        For each ``(update_id, body, received_at)``: if the id is new, insert it as
-        ``processing`` with ``attempts = 1``, lease ``lease_until`` and a fresh claim id, and
-        return its identity; if it exists, change nothing and return :obj:`None` — except
-        that a different update replaces a settled row (see :meth:`add`). All rows land
-        together (one commit in the SQL stores).
+        Returns:
+            List[:obj:`bool`]: Per row, whether it is new (``Committed.recorded``).
         """
-        rows = list(rows)
-        for row in rows:
-            validate_update_id(row[0])
-        with self._lock:
-            result: List[Optional[AttemptIdentity]] = []
-            for update_id, body, received_at in rows:
-                admitted, fingerprint = self._admit(update_id, body)
-                if not admitted:
-                    result.append(None)
-                    continue
-                claim_id = new_claim_id()
-                self._rows[update_id] = Row(
-                    update_id, body, "processing", 1, lease_until, received_at,
-                    claim_id=claim_id, fingerprint=fingerprint, instance=self._liveness.instance,
-                )
-                result.append(AttemptIdentity(update_id, 1, claim_id))
-            return result
+        return list(self.commit(Batch(records=tuple(rows))).recorded)
+
+    def _add_claimed(
+        self, rows: Sequence[Tuple[int, str, int]], lease_until: int
+    ) -> List[Optional[AttemptIdentity]]:
+        """Record fresh rows claimed for attempt 1, under the lock.
+
+        These are the claimed records of :meth:`commit`.
+        """
+        result: List[Optional[AttemptIdentity]] = []
+        for update_id, body, received_at in rows:
+            admitted, fingerprint = self._admit(update_id, body)
+            if not admitted:
+                result.append(None)
+                continue
+            claim_id = new_claim_id()
+            self._rows[update_id] = Row(
+                update_id, body, "processing", 1, lease_until, received_at,
+                claim_id=claim_id, fingerprint=fingerprint, instance=self._liveness.instance,
+            )
+            result.append(AttemptIdentity(update_id, 1, claim_id))
+        return result
 
     def claim(
         self,
@@ -253,7 +275,7 @@ class MemoryUpdateStore:
         max_attempts: int,
         durable_exhaustion: bool = False,
     ) -> Optional[int]:
-        """Take the row for a new attempt; see :class:`ptb_fence.UpdateStore`."""
+        """Take the row for a new attempt. See :meth:`ptb_fence.UpdateStore.claim`."""
         terms = ClaimTerms(now, lease_until, max_attempts, durable_exhaustion)
         with self._lock:
             row = self._take(update_id, terms)
@@ -262,7 +284,7 @@ class MemoryUpdateStore:
     def renew(
         self, update_id: int, attempt: int, lease_until: int, now: Optional[int] = None
     ) -> bool:
-        """Extend a live lease; see :class:`ptb_fence.UpdateStore`."""
+        """Extend a live lease. See :meth:`ptb_fence.UpdateStore.renew`."""
         with self._lock:
             row = self._rows.get(update_id)
             if row is None or not self._live(row, attempt, now, None):
@@ -273,22 +295,19 @@ class MemoryUpdateStore:
     def renew_many(
         self, leases: Sequence[Tuple[int, int]], lease_until: int, now: int
     ) -> List[bool]:
-        """Renew several ``(update_id, attempt)`` leases at once (optional capability)."""
+        """Renew several leases at once. See :meth:`ptb_fence.BatchStore.renew_many`."""
         with self._lock:
             return [self.renew(u, a, lease_until, now) for u, a in leases]
 
     def settle(self, update_id: int, attempt: int, settlement: Settlement) -> None:
-        """Record an attempt's result if it still holds its lease at ``settlement.at``."""
+        """Record an attempt's result. See :meth:`ptb_fence.UpdateStore.settle`."""
         with self._lock:
             row = self._rows.get(update_id)
             if row is not None and self._live(row, attempt, settlement.at, None):
                 self._apply(row, settlement)
 
     def due(self, *, now: int, pending_before: int, limit: int) -> List[StoredUpdate]:
-        """Rows to hand over, by ``update_id``; see :class:`ptb_fence.UpdateStore`.
-
-        A released row (pending with a claim id, see :meth:`release_many`) is listed at once,
-        whatever ``pending_before``."""
+        """Rows to hand over. See :meth:`ptb_fence.UpdateStore.due`."""
         with self._lock:
             result: List[StoredUpdate] = []
             if limit <= 0:
@@ -308,8 +327,10 @@ class MemoryUpdateStore:
         return self._claimable(row, now)
 
     def prune(self, before: int) -> int:
-        """Delete completed/abandoned rows settled before ``before``; return the count. The
-        outbox's history and the callback-data keyboards of the same window go too."""
+        """Delete settled rows. See :meth:`ptb_fence.UpdateStore.prune`.
+
+        The outbox's history and the callback-data keyboards of the same window go too.
+        """
         with self._lock:
             doomed = [
                 u
@@ -320,6 +341,10 @@ class MemoryUpdateStore:
             ]
             for u in doomed:
                 del self._rows[u]
+            # the recorded steps of the deleted rows (the rows that stay keep theirs)
+            gone = set(doomed)
+            for step_key in [k for k, step in self._steps.items() if step.update_id in gone]:
+                del self._steps[step_key]
             # the callback-data keyboards of the same window (the only state pruned)
             for key in [k for k, at in self._keyboards_at.items() if at < before]:
                 del self._keyboards_at[key]
@@ -331,6 +356,7 @@ class MemoryUpdateStore:
                 or (c.state == "failed" and c.acknowledged and c.due_at < before)
             ]:
                 del self._calls[call_id]
+            self._pace.prune(before)
             return len(doomed)
 
     # -- fenced contract -------------------------------------------------------------------
@@ -343,17 +369,9 @@ class MemoryUpdateStore:
         max_attempts: int,
         durable_exhaustion: bool = False,
     ) -> Optional[AttemptIdentity]:
-        """As :meth:`claim`, returning the attempt's identity."""
+        """Claim with a fresh claim id. See :meth:`ptb_fence.FencedUpdateStore.claim_owned`."""
         terms = ClaimTerms(now, lease_until, max_attempts, durable_exhaustion)
         return self._claim_all([update_id], terms)[0]
-
-    def claim_owned_many(
-        self, update_ids: Sequence[int], terms: ClaimTerms
-    ) -> List[Optional[AttemptIdentity]]:
-        """:meth:`claim_owned` for each id, at once (optional capability, see
-        :class:`ptb_fence.ClaimingUpdateStore`); an id repeated in ``update_ids`` is claimed at
-        its first position only (:obj:`None` at the later ones)."""
-        return self._claim_all(update_ids, terms)
 
     def _claim_all(
         self, update_ids: Sequence[int], terms: ClaimTerms
@@ -374,7 +392,7 @@ class MemoryUpdateStore:
     def renew_owned(
         self, identity: AttemptIdentity, lease_until: int, now: Optional[int] = None
     ) -> bool:
-        """As :meth:`renew`, and the claim id must match."""
+        """Extend a fenced lease. See :meth:`ptb_fence.FencedUpdateStore.renew_owned`."""
         with self._lock:
             row = self._rows.get(identity.update_id)
             if row is None or not self._live(row, identity.attempt, now, identity.claim_id):
@@ -385,15 +403,20 @@ class MemoryUpdateStore:
     def renew_owned_many(
         self, identities: Sequence[AttemptIdentity], lease_until: int, now: int
     ) -> List[bool]:
-        """Renew several fenced leases at once (optional capability)."""
+        """Renew several fenced leases at once.
+
+        See :meth:`ptb_fence.BatchStore.renew_owned_many`.
+        """
         with self._lock:
             return [self.renew_owned(i, lease_until, now) for i in identities]
 
     def owns(self, identity: AttemptIdentity, at: int, *, connection: Any = None) -> bool:
-        """:obj:`True` while this exact claim holds a lease unexpired at ``at``.
+        """Whether this exact claim holds a live lease.
 
-        ``connection`` is accepted for interface compatibility and ignored: the check runs under
-        the store's lock, which :meth:`transaction` holds for the whole block.
+        See :meth:`ptb_fence.FencedUpdateStore.owns`.
+
+        ``connection`` is ignored. The check runs under the store's lock, which
+        :meth:`transaction` holds for the whole block.
         """
         with self._lock:
             row = self._rows.get(identity.update_id)
@@ -402,7 +425,7 @@ class MemoryUpdateStore:
     def settle_owned(
         self, identity: AttemptIdentity, settlement: Settlement, *, connection: Any = None
     ) -> bool:
-        """As :meth:`settle`, and the claim id must match; returns whether it landed."""
+        """Settle a fenced attempt. See :meth:`ptb_fence.FencedUpdateStore.settle_owned`."""
         with self._lock:
             row = self._rows.get(identity.update_id)
             if row is None or not self._live(
@@ -412,35 +435,13 @@ class MemoryUpdateStore:
             self._apply(row, settlement)
             return True
 
-    def settle_owned_many(
-        self,
-        items: Sequence[Tuple[AttemptIdentity, Settlement]],
-        *,
-        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> List[Landing]:
-        """:meth:`settle_owned` for several attempts at once (optional capability; one commit
-        in the SQL stores). Returns, per input position, whether that settlement landed.
-
-        With ``effects``: the calls of each settlement that landed and is
-        :class:`~ptb_fence.Completed` are queued with it (see
-        :class:`ptb_fence.OutboxStore`); its state writes land with it, all or none, and a
-        moved version makes the item a :class:`~ptb_fence.StateConflict` that does not settle
-        (see :class:`ptb_fence.StateStore`)."""
-        for queued in (effects or {}).values():
-            check_writes(queued.state)  # refused before anything settles
-        with self._lock:
-            landed = [self._settle_with_state(identity, settlement, effects)
-                      for identity, settlement in items]
-            self._queue_landed(items, landed, effects)
-            return landed
-
     def _settle_with_state(
         self,
         identity: AttemptIdentity,
         settlement: Settlement,
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]],
     ) -> Landing:
-        """One settle of :meth:`settle_owned_many` with the item's state writes."""
+        """One settle of :meth:`commit` with the item's state writes."""
         writes = () if not effects or identity not in effects else effects[identity].state
         if not writes or not isinstance(settlement, Completed):
             return self.settle_owned(identity, settlement)
@@ -454,45 +455,43 @@ class MemoryUpdateStore:
         self._put_state(self._state, writes, settlement.at)
         return True
 
-    def add_claimed_and_settle_many(
-        self,
-        rows: Sequence[Tuple[int, str, int]],
-        *,
-        lease_until: int,
-        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
-        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> Tuple[List[Optional[AttemptIdentity]], List[Landing]]:
-        """:meth:`add_claimed_many` and :meth:`settle_owned_many` (with its ``effects``) at
-        once (optional capability; one commit in the SQL stores)."""
+    def commit(self, batch: Batch) -> Committed:
+        """Apply ``batch`` at once under the store's lock. See :meth:`ptb_fence.BatchStore.commit`."""
+        for row in (*batch.records, *batch.claimed_records):
+            validate_update_id(row[0])
+        claims = [validate_update_id(update_id) for update_id in batch.claims]
+        for queued in (batch.effects or {}).values():
+            check_writes(queued.state)  # refused before anything lands
+        settlements = list(batch.settlements)
         with self._lock:
-            added = self.add_claimed_many(rows, lease_until=lease_until)
-            return added, self.settle_owned_many(settlements, effects=effects)
-
-    def settle_and_claim_many(
-        self,
-        settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
-        update_ids: Sequence[int],
-        terms: ClaimTerms,
-        *,
-        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-    ) -> Tuple[List[Landing], List[Optional[AttemptIdentity]]]:
-        """:meth:`settle_owned_many` (with its ``effects``), then :meth:`claim_owned_many`, at
-        once (optional capability; one commit in the SQL stores): the slots that completions
-        free are claimed in the commit that frees them."""
-        ids = [validate_update_id(update_id) for update_id in update_ids]
-        with self._lock:
-            landed = self.settle_owned_many(settlements, effects=effects)
-            return landed, self._claim_all(ids, terms)
+            recorded = tuple(self.add(*row) for row in batch.records)
+            claimed: Tuple[Optional[AttemptIdentity], ...] = ()
+            taken: Tuple[Optional[AttemptIdentity], ...] = ()
+            if batch.claimed_records:
+                assert batch.terms is not None  # a Batch checks it
+                lease_until = batch.terms.lease_until
+                claimed = tuple(self._add_claimed(batch.claimed_records, lease_until))
+            landed = [
+                self._settle_with_state(identity, settlement, batch.effects)
+                for identity, settlement in settlements
+            ]
+            call_ids, sending = self._queue_landed(settlements, landed, batch.effects)
+            if claims:
+                assert batch.terms is not None
+                taken = tuple(self._claim_all(claims, batch.terms))
+        return Committed(recorded, claimed, tuple(landed), taken, call_ids, sending)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        """Hold the store's lock for a block (optional capability used by ``Attempt``).
+        """Hold the store's lock for a block.
 
-        Yields :obj:`None`: there is no database connection. Changes made in the block are not
-        rolled back on error (the memory store has no undo), but no other thread can claim,
-        renew or settle while the block runs. The one exception: the calls
-        :meth:`write_effects` writes in the block (calls and state) land when it ends normally
-        and are discarded when it raises, as a rollback would.
+        See :meth:`ptb_fence.BatchStore.transaction`.
+
+        It yields :obj:`None`, since there is no database connection.
+        Changes made in the block are not rolled back on error, since the memory store has no undo.
+        But no other thread can claim, renew or settle while the block runs.
+        There is one exception. The calls and state :meth:`write_effects` writes in the block land
+        when it ends normally. They are discarded when it raises, as a rollback would.
         """
         with self._lock:
             if self._staged is not None:  # a nested block belongs to the outer one
@@ -500,17 +499,66 @@ class MemoryUpdateStore:
                 return
             self._staged = []
             self._staged_state = {}
+            self._staged_steps = {}
+            self._staged_jobs = []
+            self._undo = []
             try:
                 yield None
             except BaseException:
                 self._staged = None
                 self._staged_state = None
+                self._staged_steps = None
+                self._staged_jobs = None
+                for row in self._undo:
+                    row.state, row.settled_at = "processing", None
+                self._undo = []
                 raise
+            self._undo = []
             staged, self._staged = self._staged, None
             state, self._staged_state = self._staged_state, None
+            steps, self._staged_steps = self._staged_steps, None
+            jobs, self._staged_jobs = self._staged_jobs, None
+            for effects, at in jobs:
+                self._write_jobs(effects, at)
             for call in staged:
                 self._calls[call.call_id] = call
             self._state.update(state)
+            for key, step in steps.items():
+                self._steps.setdefault(key, step)
+
+    def complete_owned(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        """Complete this claim at the start of a :meth:`transaction` block.
+
+        See :meth:`ptb_fence.BatchStore.complete_owned`. The completion is undone
+        when the block raises. ``connection`` is ignored.
+        """
+        with self._lock:
+            row = self._rows.get(identity.update_id)
+            if row is None or not self._live(row, identity.attempt, at, identity.claim_id):
+                return False
+            row.state, row.settled_at = "completed", at
+            if self._staged is not None:
+                self._undo.append(row)
+            return True
+
+    def reopen_completed(self, identity: AttemptIdentity, at: int, *, connection: Any) -> bool:
+        """Undo a :meth:`complete_owned` of this claim at ``at``.
+
+        See :meth:`ptb_fence.BatchStore.reopen_completed`. ``connection`` is
+        ignored.
+        """
+        with self._lock:
+            row = self._rows.get(identity.update_id)
+            if (
+                row is None
+                or row.state != "completed"
+                or row.settled_at != at
+                or row.attempts != identity.attempt
+                or row.claim_id != identity.claim_id
+            ):
+                return False
+            row.state, row.settled_at = "processing", None
+            return True
 
     # -- durable contract ------------------------------------------------------------------
     def exhaust(self, identity: AttemptIdentity, *, at: int, error: str) -> bool:
@@ -556,9 +604,13 @@ class MemoryUpdateStore:
     def acknowledge_exhaustion(
         self, identity: AttemptIdentity, at: int, *, effects: Optional[AttemptEffects] = None
     ) -> bool:
-        """Acknowledge the exhaustion with exactly this identity; it becomes prunable. With
-        ``effects``, their outbox calls are inserted as pending with it, only when it
-        acknowledges (see :class:`ptb_fence.OutboxStore`)."""
+        """Acknowledge an exhaustion.
+
+        See :meth:`ptb_fence.DurableUpdateStore.acknowledge_exhaustion`.
+
+        With ``effects``, their outbox calls are inserted as pending with it, only when it
+        acknowledges (see :class:`ptb_fence.OutboxStore`).
+        """
         with self._lock:
             row = self._rows.get(identity.update_id)
             if (
@@ -577,8 +629,10 @@ class MemoryUpdateStore:
 
     # -- chat order ------------------------------------------------------------------------
     def _blockers(self, now: int) -> Dict[int, Tuple[int, int]]:
-        """Per chat key: its lowest unsettled ``update_id`` and the id of a row processing
-        with a live lease (``-1`` if none)."""
+        """Per chat key: its lowest unsettled ``update_id`` and the id of a leased processing row.
+
+        The id is ``-1`` if there is no such row.
+        """
         chats: Dict[int, Tuple[int, int]] = {}
         for row in self._rows.values():
             if row.chat_key is None or row.state not in UNSETTLED:
@@ -610,9 +664,10 @@ class MemoryUpdateStore:
     def add_many_in_chats(
         self, rows: Sequence[Tuple[int, str, int, Optional[int]]]
     ) -> List[bool]:
-        """Insert ``(update_id, body, received_at, chat_key)`` rows as pending, recording each
-        chat key (see :class:`ptb_fence.ChatOrderedUpdateStore`); per row whether it was
-        inserted (the rules of ``add``)."""
+        """Insert rows with their chat keys.
+
+        See :meth:`ptb_fence.BatchStore.add_many_in_chats`.
+        """
         rows = list(rows)
         for row in rows:
             validate_update_id(row[0])
@@ -653,7 +708,7 @@ class MemoryUpdateStore:
     def due_in_chat_order(
         self, *, now: int, pending_before: int, limit: int, chat_key: Optional[int] = None
     ) -> List[StoredUpdate]:
-        """As ``due``, only rows in turn at ``now`` (with ``chat_key``: of that chat)."""
+        """As ``due``, only rows in turn at ``now``, of ``chat_key``'s chat when given."""
         with self._lock:
             result: List[StoredUpdate] = []
             if limit <= 0:
@@ -688,8 +743,11 @@ class MemoryUpdateStore:
             return [StoredUpdate(update_id, self._rows[update_id].body) for update_id in rows]
 
     def set_chat_keys(self, keys: Sequence[ChatKey]) -> int:
-        """For ``(update_id, body, chat_key)``: record the chat key of the row if it has none,
-        is unsettled and holds exactly ``body``. Returns how many were set."""
+        """Record chat keys of rows that have none.
+
+        For each ``(update_id, body, chat_key)`` the chat key is set if the row has none, is
+        unsettled and holds exactly ``body``. Returns how many were set.
+        """
         done = 0
         with self._lock:
             for update_id, body, chat_key in keys:
@@ -711,9 +769,7 @@ class MemoryUpdateStore:
         return row.state == "pending" and row.claim_id is not None
 
     def release_many(self, identities: Sequence[AttemptIdentity], *, at: int) -> List[bool]:
-        """Give the exact claims back: pending, ``attempts - 1``, ``due_at = at``, error and
-        claim id kept; claimable and listed by ``due`` at once (optional capability, see
-        :class:`ptb_fence.ReleasingUpdateStore`).
+        """Give the exact claims back. See :meth:`ptb_fence.BatchStore.release_many`.
 
         Returns:
             List[:obj:`bool`]: Per input position, whether that claim was released.
@@ -738,9 +794,7 @@ class MemoryUpdateStore:
         return result
 
     def hold_liveness(self) -> str:
-        """Start holding this store's liveness (idempotent); returns the instance id. Claims
-        made through the store from now on record it (optional capability, see
-        :class:`ptb_fence.LivenessStore`)."""
+        """Start holding liveness. See :meth:`ptb_fence.BatchStore.hold_liveness`."""
         with self._lock:
             if self._liveness.instance is None:
                 self._liveness.instance = uuid.uuid4().hex
@@ -754,19 +808,16 @@ class MemoryUpdateStore:
     def take_over_dead(self, *, now: int) -> int:
         """Make the processing rows of dead instances claimable at ``now``.
 
-        In memory every registered instance is alive until it is released, so there is never
-        a dead one: returns ``0``.
+        See :meth:`ptb_fence.BatchStore.take_over_dead`.
+        In memory every registered instance is alive until it is released. So there is never a
+        dead one, and it returns ``0``.
         """
         int(now)
         return 0
 
     # -- figures ---------------------------------------------------------------------------
     def figures(self) -> StoreFigures:
-        """What waits in the store, for operators (optional capability, see
-        :class:`ptb_fence.FiguresStore`): the unsettled rows and the oldest ``received_at``
-        among them, the unacknowledged exhaustions and the oldest ``due_at`` among them, and
-        the chat held longest by one update (of the chats with two or more unsettled rows, the
-        one whose oldest unsettled row is the oldest; ties: the smaller chat key)."""
+        """What waits in the store, for operators. See :meth:`ptb_fence.BatchStore.figures`."""
         received: List[int] = []  # of the unsettled rows
         exhausted: List[int] = []  # due_at of the unacknowledged exhaustions
         chats: Dict[int, Tuple[int, int]] = {}  # chat key: (unsettled rows, oldest received_at)
@@ -796,9 +847,12 @@ class MemoryUpdateStore:
     def _new_calls(
         self, identity: AttemptIdentity, effects: AttemptEffects, at: int
     ) -> List[CallRow]:
-        """Rows for the calls of ``effects`` (fresh, increasing call ids): pending, or
-        sending under ``effects.claim`` for the first ``claim.limit`` whose chat has no call
-        pending or sending (in the store or among the rows made before it here)."""
+        """Rows for the calls of ``effects``, with fresh, increasing call ids.
+
+        A call is pending, or sending under ``effects.claim``. It is sending for the first
+        ``claim.limit`` calls whose chat has no call pending or sending. That counts the store and
+        the rows made before it here.
+        """
         rows: List[CallRow] = []
         claim = effects.claim
         limit = 0 if claim is None else max(int(claim.limit), 0)
@@ -826,16 +880,27 @@ class MemoryUpdateStore:
         items: Sequence[Tuple[AttemptIdentity, Settlement]],
         landed: Sequence[Landing],
         effects: Optional[Mapping[AttemptIdentity, AttemptEffects]],
-    ) -> None:
-        """Insert the calls of every landed completion of ``items`` (called under the lock, in
-        the same step as the settles)."""
+    ) -> Tuple[Dict[AttemptIdentity, Tuple[int, ...]], FrozenSet[int]]:
+        """Insert the calls of every landed completion of ``items``.
+
+        It runs under the lock, in the same step as the settles. It returns the call ids per
+        completion and the ids inserted claimed for a sender.
+        """
+        call_ids: Dict[AttemptIdentity, Tuple[int, ...]] = {}
+        sending: Set[int] = set()
         if not effects:
-            return
+            return call_ids, frozenset()
         for (identity, settlement), ok in zip(items, landed):
             queued = effects.get(identity)
             if ok and queued is not None and isinstance(settlement, Completed):
-                for call in self._new_calls(identity, queued, settlement.at):
+                self._write_jobs(queued, settlement.at)
+                rows = self._new_calls(identity, queued, settlement.at)
+                for call in rows:
                     self._calls[call.call_id] = call
+                    if call.state == "sending":
+                        sending.add(call.call_id)
+                call_ids[identity] = tuple(call.call_id for call in rows)
+        return call_ids, frozenset(sending)
 
     @staticmethod
     def _entry(row: CallRow) -> OutboxEntry:
@@ -848,10 +913,14 @@ class MemoryUpdateStore:
     def write_effects(
         self, identity: AttemptIdentity, effects: AttemptEffects, at: int, *, connection: Any
     ) -> List[int]:
-        """Insert the calls of ``effects`` as pending at ``at`` (see
-        :class:`ptb_fence.OutboxStore`). Inside a :meth:`transaction` block they land with the
-        block and vanish when it raises; outside one they land at once. ``connection`` is
-        accepted for the interface and ignored (the block yields :obj:`None`)."""
+        """Insert the calls of ``effects`` as pending at ``at``.
+
+        See :meth:`ptb_fence.OutboxStore.write_effects`.
+
+        Inside a :meth:`transaction` block they land with the block and vanish when it raises.
+        Outside one they land at once.
+        ``connection`` is ignored, since the block yields :obj:`None`.
+        """
         with self._lock:
             writes = tuple(check_writes(effects.state))
             moved = self._moved(writes)
@@ -861,11 +930,84 @@ class MemoryUpdateStore:
             if self._staged is not None and self._staged_state is not None:
                 self._staged.extend(rows)
                 self._put_state(self._staged_state, writes, at)
+                if self._staged_jobs is not None:
+                    self._staged_jobs.append((effects, at))
             else:
                 for row in rows:
                     self._calls[row.call_id] = row
                 self._put_state(self._state, writes, at)
+                self._write_jobs(effects, at)
             return [row.call_id for row in rows]
+
+    # -- durable jobs ---------------------------------------------------------------------
+    def _write_jobs(self, effects: AttemptEffects, at: int) -> None:
+        """The jobs a landed completion scheduled and removed (under the lock)."""
+        if effects.jobs:
+            self._jobs.schedule(effects.jobs, at)
+        if effects.cancelled_jobs:
+            self._jobs.cancel(effects.cancelled_jobs)
+
+    def schedule_jobs(self, jobs: Sequence[JobWrite], at: int, *,
+                      connection: Any = None) -> List[StoredJob]:
+        """Write jobs. See :meth:`ptb_fence.BatchStore.schedule_jobs`."""
+        with self._lock:
+            return self._jobs.schedule(jobs, at)
+
+    def cancel_jobs(self, job_ids: Sequence[int], at: int, *,
+                    connection: Any = None) -> List[bool]:
+        """Cancel jobs. See :meth:`ptb_fence.BatchStore.cancel_jobs`."""
+        with self._lock:
+            return self._jobs.cancel(job_ids)
+
+    def due_jobs(self, now: int, limit: int) -> List[StoredJob]:
+        """The jobs due now. See :meth:`ptb_fence.BatchStore.due_jobs`."""
+        with self._lock:
+            return self._jobs.due(now, limit)
+
+    def fire_jobs(self, fires: Sequence[JobFire], at: int) -> List[bool]:
+        """Fire runs as update rows. See :meth:`ptb_fence.BatchStore.fire_jobs`."""
+        for fire in fires:
+            validate_update_id(fire.update_id)
+        with self._lock:
+            fired: List[bool] = []
+            for fire in fires:
+                if not self._jobs.advance(fire):
+                    fired.append(False)
+                    continue
+                if not fire.skip and fire.update_id not in self._rows:
+                    self._rows[fire.update_id] = Row(
+                        fire.update_id, fire.body, "pending", 0, at, at,
+                        fingerprint=update_fingerprint(fire.body), chat_key=fire.chat_key,
+                    )
+                fired.append(True)
+            return fired
+
+    def list_jobs(self, *, name: Optional[str] = None, include_ended: bool = False,
+                  after_job_id: int = 0, limit: int = 1000) -> List[StoredJob]:
+        """The jobs by id. See :meth:`ptb_fence.BatchStore.list_jobs`."""
+        with self._lock:
+            return self._jobs.listed(name, include_ended, after_job_id, limit)
+
+    def get_job(self, job_id: int) -> Optional[StoredJob]:
+        """One job. See :meth:`ptb_fence.BatchStore.get_job`."""
+        with self._lock:
+            return self._jobs.get(job_id)
+
+    def run_job_now(self, job_id: int, at: int) -> bool:
+        """Make a job due now. See :meth:`ptb_fence.BatchStore.run_job_now`."""
+        with self._lock:
+            return self._jobs.run_now(job_id, at)
+
+    # -- pacing ----------------------------------------------------------------------------
+    def take_send_slots(
+        self, wants: Sequence[Sequence[PaceBucket]], *, now: int, horizon_ms: int
+    ) -> List[int]:
+        """Take send slots. See :meth:`ptb_fence.BatchStore.take_send_slots`."""
+        return self._pace.take_send_slots(wants, now=now, horizon_ms=horizon_ms)
+
+    def hold_sends(self, holds: Sequence[Tuple[str, int]]) -> None:
+        """Hold buckets. See :meth:`ptb_fence.BatchStore.hold_sends`."""
+        self._pace.hold_sends(holds)
 
     # -- persisted bot state -----------------------------------------------------------------
     def _current(self, key: StateKey) -> Optional[StateEntry]:
@@ -892,13 +1034,12 @@ class MemoryUpdateStore:
                 self._keyboards_at[write.key] = at
 
     def read_state(self, keys: Sequence[StateKey]) -> Dict[StateKey, StateEntry]:
-        """The committed rows of ``keys`` (absent keys are left out; see
-        :class:`ptb_fence.StateStore`)."""
+        """The committed rows of ``keys``. See :meth:`ptb_fence.StateStore.read_state`."""
         with self._lock:
             return {key: self._state[key] for key in keys if key in self._state}
 
     def write_state(self, writes: Sequence[StateWrite], at: int) -> Optional[StateConflict]:
-        """Apply ``writes`` at once, all or none (see :class:`ptb_fence.StateStore`)."""
+        """Apply ``writes`` at once, all or none. See :meth:`ptb_fence.StateStore.write_state`."""
         with self._lock:
             checked = check_writes(writes)
             moved = self._moved(checked)
@@ -915,8 +1056,7 @@ class MemoryUpdateStore:
         after: Optional[StateKey] = None,
         limit: int = 100,
     ) -> List[Tuple[StateKey, StateEntry]]:
-        """The rows by ``(kind, name, key)`` after ``after`` (see
-        :class:`ptb_fence.StateStore`)."""
+        """The rows after ``after``. See :meth:`ptb_fence.StateStore.list_state`."""
         check_kind(kind)
         with self._lock:
             keys = sorted(
@@ -929,8 +1069,13 @@ class MemoryUpdateStore:
             return [(k, self._state[k]) for k in keys[: max(0, int(limit))]]
 
     def _call_in_turn(self, call: CallRow, now: int) -> bool:
-        """No other call of the chat pending or sending below ``call``, and none sending under
-        a live lease (a call without a chat key always is)."""
+        """Whether ``call`` is in turn in its chat.
+
+        No other call of the chat is pending or sending below it, and none is sending under a live
+        lease.
+
+        A call without a chat key always is in turn.
+        """
         if call.chat_key is None:
             return True
         for other in self._calls.values():
@@ -949,9 +1094,7 @@ class MemoryUpdateStore:
     def claim_calls(
         self, *, now: int, lease_until: int, limit: int, sender: str
     ) -> List[OutboxEntry]:
-        """Claim the calls to send now, lowest ``call_id`` first (see
-        :class:`ptb_fence.OutboxStore`): pending and due (``due_at <= now``) or sending with
-        a lapsed lease (``due_at < now``), and in turn in the chat."""
+        """Claim the calls to send now. See :meth:`ptb_fence.OutboxStore.claim_calls`."""
         with self._lock:
             # decide on the calls as they are before this claim (one statement in SQL)
             chosen = [
@@ -968,8 +1111,10 @@ class MemoryUpdateStore:
             return [self._entry(call) for call in chosen]
 
     def claimed_calls(self, sender: str, *, limit: int) -> List[OutboxEntry]:
-        """The calls ``sending`` by ``sender`` (claimed at insert or by :meth:`claim_calls`),
-        by ``call_id``, at most ``limit``; reads only."""
+        """The calls ``sending`` by ``sender``.
+
+        See :meth:`ptb_fence.OutboxStore.claimed_calls`.
+        """
         with self._lock:
             mine = [call for _, call in sorted(self._calls.items())
                     if call.state == "sending" and call.sender == sender]
@@ -982,8 +1127,7 @@ class MemoryUpdateStore:
         return call
 
     def record_sent(self, items: Sequence[Tuple[int, str, str, int]]) -> List[bool]:
-        """For ``(call_id, sender, result_json, at)``: sending by ``sender`` -> sent at
-        ``at`` with the result; per item whether it landed."""
+        """Record sent calls. See :meth:`ptb_fence.OutboxStore.record_sent`."""
         with self._lock:
             result = []
             for call_id, sender, result_json, at in items:
@@ -1004,8 +1148,10 @@ class MemoryUpdateStore:
         limit: int,
         sender: str,
     ) -> Tuple[List[bool], List[OutboxEntry]]:
-        """:meth:`record_sent` then :meth:`claim_calls`, under one hold of the lock (optional
-        capability, see :class:`ptb_fence.RecordAndClaimOutboxStore`)."""
+        """Record, then claim, under one hold of the lock.
+
+        See :meth:`ptb_fence.OutboxStore.record_sent_and_claim`.
+        """
         with self._lock:  # re-entrant: both steps as one
             landed = self.record_sent(items)
             claimed = self.claim_calls(now=now, lease_until=lease_until, limit=limit,
@@ -1090,7 +1236,7 @@ class MemoryUpdateStore:
         return rows[: max(int(limit), 0)]
 
     def outbox_counts(self) -> Dict[str, int]:
-        """Calls per state (``failed``: not acknowledged; ``failed_acknowledged``)."""
+        """Calls per state. See :meth:`ptb_fence.OutboxStore.outbox_counts`."""
         counts = {state: 0 for state in OUTBOX_STATES}
         counts["failed_acknowledged"] = 0
         with self._lock:
@@ -1102,7 +1248,7 @@ class MemoryUpdateStore:
         return counts
 
     def retry_failed_call(self, call_id: int, at: int) -> bool:
-        """Operators: failed -> pending at ``at`` (not acknowledged; error, tries kept)."""
+        """Operators: retry a failed call. See :meth:`ptb_fence.OutboxStore.retry_failed_call`."""
         with self._lock:
             call = self._calls.get(call_id)
             if call is None or call.state != "failed":
@@ -1121,3 +1267,43 @@ class MemoryUpdateStore:
                 return False
             del self._calls[call_id]
             return True
+
+    # -- recorded steps --------------------------------------------------------------------
+    def read_step(self, key: str) -> Optional[StepRecord]:
+        """The committed record of ``key``, or :obj:`None`.
+
+        See :meth:`ptb_fence.BatchStore.read_step`.
+        """
+        with self._lock:
+            return self._steps.get(key)
+
+    def record_step(self, record: StepRecord, *, connection: Any = None) -> bool:
+        """Record a step while its attempt owns the update.
+
+        See :meth:`ptb_fence.BatchStore.record_step`.
+
+        Inside a :meth:`transaction` block the record lands with the block and vanishes when
+        it raises. Outside one it lands at once. ``connection`` is ignored, since the block
+        yields :obj:`None`.
+        """
+        check_step(record)
+        with self._lock:
+            row = self._rows.get(record.update_id)
+            if row is None or not self._live(
+                row, record.attempt, record.recorded_at, record.claim_id
+            ):
+                return False
+            if record.key in self._steps:
+                return True  # the earlier record stands
+            target = self._steps if self._staged_steps is None else self._staged_steps
+            target.setdefault(record.key, record)
+            return True
+
+    def steps_of(self, update_id: int) -> List[StepRecord]:
+        """The committed records of ``update_id``, by ``recorded_at`` and then by key.
+
+        See :meth:`ptb_fence.BatchStore.steps_of`.
+        """
+        with self._lock:
+            found = [step for step in self._steps.values() if step.update_id == update_id]
+        return sorted(found, key=lambda step: (step.recorded_at, step.key))

@@ -1,16 +1,8 @@
-"""PostgreSQL connections: password redaction, the store's pools (waiting for a free
-connection), the broken-connection marker, and the fork hook that keeps a forked child off its
-parent's sessions. psycopg2 is imported only when used.
+"""PostgreSQL connections and their pools.
 
-A child made by ``os.fork()`` (``multiprocessing``, ``ProcessPoolExecutor``, a helper started
-from a handler) inherits the sockets of every connection the store holds. While any process has
-a socket open the server keeps its session, with the transaction open on it and the row locks
-that transaction holds: a parent killed inside a fenced transaction would keep the update's row
-locked as long as the child lives (no takeover, no claim after the lease), and a child using a
-shared socket would corrupt the parent's session. So right after a fork the child points its
-copy of each such socket at ``/dev/null`` (``os.register_at_fork``) and parks the connection
-(never used, never closed: whatever libpq would send on it goes nowhere); the store's pools in
-the child start empty and open connections of their own.
+This module holds the password redaction, the store's pools (waiting for a free connection),
+the broken-connection marker, and the fork hook that keeps a forked child off its parent's
+sessions (:func:`_after_fork_in_child`). psycopg2 is imported only when used.
 """
 
 from __future__ import annotations
@@ -54,8 +46,9 @@ _DETACHED: "weakref.WeakSet[Any]" = weakref.WeakSet()  # the same, to recognise 
 
 
 def track(conn: Any) -> Any:
-    """Remember ``conn`` (a connection the store uses) so a forked child detaches its copy;
-    returns it."""
+    """Remember ``conn``, a connection the store uses, so a forked child detaches its copy.
+
+    Returns ``conn``."""
     try:
         _CONNECTIONS.add(conn)
     except TypeError:  # pragma: no cover - a connection type without weak references
@@ -79,6 +72,21 @@ def detach_in_child(conn: Any) -> None:
 
 
 def _after_fork_in_child() -> None:
+    """Keep a forked child off its parent's sessions.
+
+    A child made by ``os.fork()`` inherits the sockets of every connection the store holds.
+    ``multiprocessing``, ``ProcessPoolExecutor`` and a helper started from a handler make such
+    children. While any process has a socket open, the server keeps its session. The
+    transaction open on it and the row locks that transaction holds stay too. So a parent
+    killed inside a fenced transaction would keep the update's row locked as long as the
+    child lives. There would be no takeover, and no claim after the lease. A child using a
+    shared socket would also corrupt the parent's session.
+
+    So right after a fork the child points its copy of each such socket at ``/dev/null``
+    (``os.register_at_fork``). It parks the connection, never used and never closed.
+    Whatever libpq would send on it goes nowhere. The store's pools in the child start empty
+    and open connections of their own.
+    """
     for conn in list(_CONNECTIONS):
         _INHERITED.append(conn)
         _DETACHED.add(conn)
@@ -259,8 +267,9 @@ class DsnPool:
         _POOLS.add(self)
 
     def forget_inherited(self) -> None:
-        """In a forked child: drop the parent's connections (detached by the fork hook) and
-        the state of the parent's threads; the child opens connections of its own."""
+        """In a forked child: drop the parent's connections and the state of its threads.
+
+        The fork hook detached those connections. The child opens connections of its own."""
         self._cond = threading.Condition()
         self._idle = []
         self._open = 0
@@ -341,9 +350,10 @@ class UserPool:
         _POOLS.add(self)
 
     def forget_inherited(self) -> None:
-        """In a forked child: the parent's threads no longer hold slots or the lock. (The
-        caller's pool keeps its connections; those the store used are detached, and
-        :meth:`acquire` closes such a one instead of handing it out.)"""
+        """In a forked child: the parent's threads no longer hold slots or the lock.
+
+        The caller's pool keeps its connections. Those the store used are detached.
+        :meth:`acquire` closes such a one instead of handing it out."""
         self._slots = threading.BoundedSemaphore(self.capacity)
         self._lock = threading.Lock()
 

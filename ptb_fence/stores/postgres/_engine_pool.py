@@ -1,11 +1,11 @@
 """EnginePool: a SQLAlchemy Engine's own pool as the connections of a PostgresUpdateStore.
 
 The store borrows the engine's connections (``engine.raw_connection()``) and gives them back
-(``close()``, or ``invalidate()`` for a broken one), so a bot that already has an engine opens
-no second pool. The store's two dedicated connections (the lease renewals and the liveness
-lock, each held for as long as the store runs) are made by the engine too, then detached from
-its pool: they carry the engine's connection arguments and ``connect`` events, and never take
-one of its pooled slots.
+(``close()``, or ``invalidate()`` for a broken one). So a bot that already has an engine opens
+no second pool. The store's two dedicated connections serve the lease renewals and the
+liveness lock, each for as long as the store runs. The engine makes them too, then they are
+detached from its pool. They carry the engine's connection arguments and ``connect`` events.
+They never take one of its pooled slots.
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ class EnginePool:
     """The connections of a SQLAlchemy Engine, at most ``size`` held by the store at once.
 
     Args:
-        engine: A synchronous Engine on ``postgresql+psycopg2``; the store never disposes it.
-        size: How many of the engine's connections the store may hold at once (the store's
-            ``pool_size``; the engine's own pool bounds it too).
+        engine: A synchronous Engine on ``postgresql+psycopg2``. The store never disposes it.
+        size: How many of the engine's connections the store may hold at once. It is the
+            store's ``pool_size``. The engine's own pool bounds it too.
 
     Raises:
         ptb_fence.UsageError: Not such an engine.
@@ -134,7 +134,7 @@ class EnginePool:
                 proxy.invalidate()  # the engine opens a new one in its place
             else:
                 try:
-                    conn.rollback()  # the engine resets it too; never hand back a transaction
+                    conn.rollback()  # the engine resets it too, but never hand back a transaction
                 except Exception:
                     proxy.invalidate()
                     return

@@ -1,12 +1,15 @@
-"""How a PostgresUpdateStore runs its statements: one short transaction on a pooled
-connection (retried on a new one when it broke before the commit), renewals on a dedicated
-connection, statements on the caller's connection, the schema check, and ``transaction()``."""
+"""How a PostgresUpdateStore runs its statements.
+
+A statement runs in one short transaction on a pooled connection. It is retried on a new
+connection when the old one broke before the commit. Renewals run on a dedicated connection.
+Some statements run on the caller's connection. The module also holds the schema check and
+``transaction()``."""
 
 from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, FrozenSet, Iterator, Optional, TypeVar
+from typing import Any, Callable, Dict, Iterator, Optional, Set, TypeVar
 
 from ptb_fence._errors import RowLocked, SchemaError, StoreBusy
 from ptb_fence._sockets import cut
@@ -16,8 +19,9 @@ from ptb_fence.stores.postgres._connections import (
     closed_error,
     rollback_quietly,
 )
+from ptb_fence.stores._queries import Statements
 from ptb_fence.stores.postgres._sources import Source
-from ptb_fence.stores.postgres._sql import COLUMNS_CHECK, PostgresStatements
+from ptb_fence.stores.postgres._sql import schema_check_args, schema_sql, statements
 
 __all__ = ["PgExecutor", "returns_row"]
 
@@ -27,9 +31,12 @@ _UNDEFINED_COLUMN = "42703"
 _UNDEFINED_TABLE = "42P01"
 _LOCK_NOT_AVAILABLE = "55P03"
 
+# The columns added to update tables after claim_id: a table with claim_id has them all.
+_LATER_COLUMNS = ("fingerprint", "instance", "isolated_claim", "chat_key")
+
 
 def returns_row(cur: Any, sql: str, params: Any) -> bool:
-    """Execute ``sql`` on ``cur``; whether it returned a row."""
+    """Execute ``sql`` on ``cur`` and tell whether it returned a row."""
     cur.execute(sql, params)
     return cur.fetchone() is not None
 
@@ -86,8 +93,8 @@ class PgExecutor:
 
     __slots__ = (
         "closed",
-        "_columns",
-        "fingerprints",
+        "_create_table",
+        "_legacy",
         "pool_timeout",
         "source",
         "sql",
@@ -101,29 +108,28 @@ class PgExecutor:
     def __init__(self, source: Source, table: str, create_table: bool, pool_timeout: float) -> None:
         self.source = source
         self.table = table
-        self.sql = PostgresStatements.for_table(table)
+        self.sql: Statements = statements(table)
         self.pool_timeout = pool_timeout
         self.closed = False
-        # Whether the table has the fingerprint column (None: not known yet; False: an older
-        # table managed with create_table=False: ids are plain duplicates, no settled row replaced)
-        self.fingerprints: Optional[bool] = None
-        self._schema_ready = not create_table
+        self._create_table = create_table
+        # the seed's legacy table (no claim_id, create_table=False): its _legacy statements
+        self._legacy = False
+        self._schema_ready = False
         self._schema_lock = threading.Lock()
         self._renew_lock = threading.Lock()
         self._renew_conn: Any = None
-        self._columns: Optional[FrozenSet[str]] = None
 
     def close(self) -> None:
-        """Close the connections (a pool given by the caller stays open); idempotent."""
+        """Close the connections. A pool given by the caller stays open. Idempotent."""
         if self.closed:
             return
         self.closed = True
         self.source.close()
         acquired = self._renew_lock.acquire(timeout=1)
         if not acquired:
-            # a renewal still waits for the server (one that does not answer: frozen,
-            # partitioned): cut its connection so that it ends now; bounded either way (a
-            # renewal still connecting ends within its connect_timeout by itself)
+            # A renewal still waits for a server that does not answer (frozen, partitioned).
+            # Cut its connection so that it ends now. It is bounded either way, since a
+            # renewal still connecting ends within its connect_timeout by itself.
             cut(self._renew_conn)
             acquired = self._renew_lock.acquire(timeout=1)
         if acquired:
@@ -152,17 +158,12 @@ class PgExecutor:
             )
         return None
 
-    def has_column(self, name: str) -> bool:
-        """Whether the table has the column ``name`` (read once, after the schema is ensured;
-        a table managed with ``create_table=False`` may lack the newer columns)."""
-        if self._columns is None:
-
-            def work(cur: Any) -> FrozenSet[str]:
-                cur.execute(COLUMNS_CHECK, {"table": f'"{self.table}"'})
-                return frozenset(str(row[0]) for row in cur.fetchall())
-
-            self._columns = self.run(work)
-        return name in self._columns
+    def legacy(self) -> bool:
+        """Whether the table is the seed's legacy table (no ``claim_id``), known once the
+        schema was checked (checked now if it was not yet)."""
+        if not self._schema_ready:
+            self.run(lambda cur: None)
+        return self._legacy
 
     def _ensure_schema(self, conn: Any) -> None:
         if self._schema_ready:
@@ -171,13 +172,37 @@ class PgExecutor:
             if self._schema_ready:
                 return
             with conn.cursor() as cur:
-                cur.execute(self.sql.schema_lock)
-                cur.execute(self.sql.schema_check, self.sql.schema_check_args)
-                row = cur.fetchone()
-                if row is None or not all(row):
-                    cur.execute(self.sql.schema)
+                if self._create_table:
+                    cur.execute(self.sql["schema_lock"])
+                    cur.execute(self.sql["schema_check"], schema_check_args(self.table))
+                    row = cur.fetchone()
+                    if row is None or not all(row):
+                        cur.execute(schema_sql(self.table))
+                else:
+                    cur.execute(self.sql["table_columns"], {"quoted": f'"{self.table}"'})
+                    columns = {str(row[0]) for row in cur.fetchall()}
+                    if not columns:  # no table yet: its statements fail with SchemaError
+                        conn.commit()
+                        return
+                    self._legacy = self._variant(columns)
             conn.commit()
             self._schema_ready = True
+
+    def _variant(self, columns: Set[str]) -> bool:
+        """Whether ``columns`` are the legacy table's, without ``claim_id``.
+
+        It refuses a table that has ``claim_id`` but lacks a later column (migrated halfway)."""
+        if "claim_id" not in columns:
+            return True
+        missing = [c for c in _LATER_COLUMNS if c not in columns]
+        if missing:
+            raise SchemaError(
+                f"table {self.table!r} has claim_id but lacks {', '.join(missing)}: migrate it "
+                f"(ptb-fence --store <dsn> --table {self.table} migrate, or apply "
+                f"ptb_fence.postgres_update_store_schema({self.table!r})), or construct "
+                "PostgresUpdateStore with create_table=True to apply it automatically."
+            )
+        return False
 
     def _attempt(self, conn: Any, work: Callable[[Any], _T], commit: bool) -> _T:
         """Run ``work(cursor)`` in a transaction on ``conn`` and commit it (if ``commit``).
@@ -237,11 +262,12 @@ class PgExecutor:
         raise last
 
     def read(self, work: Callable[[Any], _T]) -> _T:
-        """Run ``work``, which reads with **one** statement, on a pooled connection in
-        autocommit mode: the statement is its own transaction, one round trip instead of
-        three (``BEGIN``, the statement, ``COMMIT``) and no commit at the driver. Retried on
-        a new connection if it was broken. Never for writes, nor for reads of several
-        statements that must see one snapshot."""
+        """Run ``work``, which reads with **one** statement, on a pooled connection in autocommit.
+
+        The statement is its own transaction. That is one round trip instead of three
+        (``BEGIN``, the statement, ``COMMIT``), and no commit at the driver. It is retried on
+        a new connection if the connection was broken. It is never for writes, nor for reads
+        of several statements that must see one snapshot."""
         if self.closed:
             raise closed_error()
         if not self._schema_ready:  # ensuring the schema takes a transaction-scoped lock
@@ -311,7 +337,7 @@ class PgExecutor:
         import psycopg2
 
         def work(cur: Any) -> bool:
-            cur.execute(self.sql.renew_lock_timeout)
+            cur.execute(self.sql["renew_lock_timeout"])
             return returns_row(cur, sql, params)
 
         failure: Optional[BaseException] = None
@@ -323,25 +349,10 @@ class PgExecutor:
             failure = exc
         raise _row_locked(update_id) from failure
 
-    def run_fingerprinted(self, make_work: Callable[[bool], Callable[[Any], _T]]) -> _T:
-        """Run ``make_work(True)``; on a table without the fingerprint column (an older table
-        with ``create_table=False``) run ``make_work(False)`` instead, from then on."""
-        if self.fingerprints is not False:
-            try:
-                result = self.run(make_work(True))
-            except SchemaError as exc:
-                if "fingerprint" not in str(exc.__cause__ or ""):
-                    raise
-                self.fingerprints = False
-            else:
-                self.fingerprints = True
-                return result
-        return self.run(make_work(False))
-
     def on_caller(
         self, connection: Any, sql: str, params: Dict[str, Any], *, locking: bool = False
     ) -> bool:
-        """Run a one-row statement on the caller's connection or cursor; never commit.
+        """Run a one-row statement on the caller's connection or cursor, without a commit.
 
         With ``locking`` the connection must be inside a transaction (the row lock must
         outlive the statement): :exc:`ValueError` for autocommit outside one.
@@ -375,9 +386,10 @@ class PgExecutor:
         raise failure
 
     def caller_work(self, connection: Any, work: Callable[[Any], _T]) -> _T:
-        """Run ``work(cursor)`` on the caller's connection (or cursor) inside its open
-        transaction; never commit. The connection must be inside a transaction:
-        :exc:`ValueError` for autocommit outside one."""
+        """Run ``work(cursor)`` on the caller's connection (or cursor) in its open transaction.
+
+        It never commits. The connection must be inside a transaction. Autocommit outside
+        one raises :exc:`ValueError`."""
         _check_in_transaction(connection)
         if self.closed:
             raise closed_error()
@@ -407,7 +419,7 @@ class PgExecutor:
         def begin(cur: Any) -> Any:
             conn = cur.connection
             if _maybe_broken(conn):
-                cur.execute(self.sql.probe)  # proves it alive, else a new one is tried
+                cur.execute(self.sql["probe"])  # proves it alive, else a new one is tried
             # else psycopg2 sends BEGIN with the caller's first statement: no round trip here
             return conn
 

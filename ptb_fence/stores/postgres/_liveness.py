@@ -1,13 +1,8 @@
-"""The liveness holder of a PostgresUpdateStore (its instance, lock key and dedicated
-connection, and the claim statements that record the instance) and the fork hook that keeps a
-forked child off its parent's session. How liveness is proven is in the docstring of ``_sql``.
+"""The liveness holder of a PostgresUpdateStore and the fork hook of its connection.
 
-A child made by ``os.fork()`` (``multiprocessing``, ``ProcessPoolExecutor``) inherits the socket
-of the liveness connection; while any process has it open the server keeps the session, and
-with it the lock of a parent that may have died. Right after a fork the child points its copy of
-that descriptor at ``/dev/null`` (``os.register_at_fork``): the parent's session is untouched,
-and whatever libpq would later send on it in the child (its goodbye when the object is freed)
-goes nowhere.
+The holder keeps the store's instance, lock key and dedicated connection.
+The fork hook (:func:`_after_fork_in_child`) keeps a forked child off its parent's session.
+How liveness is proven is in the docstring of ``_sql``.
 """
 
 from __future__ import annotations
@@ -18,7 +13,6 @@ import weakref
 from typing import Any, List, Optional
 
 from ptb_fence.stores.postgres._connections import detach_in_child
-from ptb_fence.stores.postgres._sql import RecoveryStatements, with_instance, with_suspect
 
 __all__ = ["PgLiveness"]
 
@@ -29,6 +23,15 @@ _HOLDERS: "weakref.WeakSet[PgLiveness]" = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
+    """Keep a forked child off its parent's liveness session.
+
+    A child made by ``os.fork()`` (``multiprocessing``, ``ProcessPoolExecutor``) inherits the
+    socket of the liveness connection. While any process has it open, the server keeps the
+    session, and with it the lock of a parent that may have died. So right after a fork the
+    child points its copy of that descriptor at ``/dev/null`` (``os.register_at_fork``).
+    The parent's session is untouched. Whatever libpq would later send on it in the child,
+    such as its goodbye when the object is freed, goes nowhere.
+    """
     for holder in list(_HOLDERS):
         holder.lock = threading.Lock()  # a parent thread may have held it: not in the child
         conn = holder.conn
@@ -41,47 +44,21 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _counted(claim: str, claim_id: str) -> str:
-    """``claim`` that also marks its take isolated (``isolated_claim = claim_id``, the SQL
-    expression ``claim_id``)."""
-    head, where = claim.split("\nWHERE update_id", 1)
-    return (
-        head
-        + ",\n    isolated_claim = CASE WHEN attempts < %(max_attempts)s THEN "
-        + claim_id
-        + " ELSE isolated_claim END\nWHERE update_id"
-        + where
-    )
-
-
 class PgLiveness:
-    """What one store object needs for release and liveness: the statements, and the
-    instance it holds (its id, lock key and dedicated connection)."""
+    """The instance one store object holds for liveness: its id, lock key and dedicated
+    connection."""
 
     __slots__ = (
         "__weakref__",
         "beats",
-        "claim",
-        "claim_fenced",
-        "claim_counted",
-        "claim_fenced_counted",
-        "claim_fenced_suspect",
         "conn",
         "instance",
         "key",
         "lock",
         "pid",
-        "sql",
     )
 
-    def __init__(self, table: str, claim: str, claim_fenced: str) -> None:
-        self.sql = RecoveryStatements(table)
-        self.claim = with_instance(claim)
-        self.claim_fenced = with_instance(claim_fenced)
-        self.claim_fenced_suspect = with_suspect(self.claim_fenced)
-        # claim id NULL (a legacy unary claim writes none): isolated_claim NULL matches it
-        self.claim_counted = _counted(self.claim, "claim_id")
-        self.claim_fenced_counted = _counted(self.claim_fenced, "%(claim_id)s::TEXT")
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.instance: Optional[str] = None
         self.key = 0

@@ -1,50 +1,29 @@
 """PostgresSchemaState: how far a PostgreSQL update table is behind the current schema.
 
-The migration (:func:`ptb_fence.postgres_update_store_schema`) is idempotent, but it runs
-``ALTER TABLE`` and plain ``CREATE INDEX``, which lock a table that exists. The command line
-reads this state first: ``migrate --check`` reports it, ``migrate`` runs the DDL transaction
-only when a column or a table is missing and builds missing indexes ``CONCURRENTLY`` on an
-existing table, and ``health`` reports a table that needs ``migrate``.
+The migration (:func:`ptb_fence.postgres_update_store_schema`) is idempotent. But it runs
+``ALTER TABLE`` and plain ``CREATE INDEX``, which lock a table that exists. So the command
+line reads this state first. ``migrate --check`` reports it. ``migrate`` runs the DDL
+transaction only when a column or a table is missing. It builds missing indexes
+``CONCURRENTLY`` on an existing table. ``health`` reports a table that needs ``migrate``.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
+from ptb_fence.stores._jobs_sql import jobs_table_name
 from ptb_fence.stores._outbox_sql import outbox_table_name
 from ptb_fence.stores._state_sql import state_table_name
-from ptb_fence.stores.postgres._sql import INSTANCES_TABLE, META_TABLE, schema_sql
+from ptb_fence.stores._pace import pace_table_name
+from ptb_fence.stores._steps_sql import steps_table_name
+from ptb_fence.stores.postgres._sql import INSTANCES_TABLE, META_TABLE, index_names, statements
 
-__all__ = ["PostgresSchemaState", "index_statements", "read_schema_state", "schema_without_indexes"]
+__all__ = ["PostgresSchemaState", "read_schema_state"]
 
 # The columns added to update tables after their first release (the rest make a table an
 # update table at all: the command line refuses a table without them).
 _LATER_COLUMNS = ("claim_id", "fingerprint", "instance", "isolated_claim", "chat_key")
-
-# One CREATE INDEX statement of the migration: its name and the rest after the name.
-_INDEX = re.compile(r'CREATE INDEX IF NOT EXISTS ("[^"]+") (ON [^;]*);', re.DOTALL)
-
-
-def index_statements(table: str) -> Tuple[Tuple[str, str], ...]:
-    """The indexes the migration creates for ``table`` (validated).
-
-    Returns:
-        ``(quoted name, definition)`` pairs: the definition is what follows the name
-        (``ON "t" (state, due_at)``). They are read from the migration itself, so that the
-        two never disagree.
-    """
-    return tuple((m.group(1), " ".join(m.group(2).split())) for m in _INDEX.finditer(
-        schema_sql(table)
-    ))
-
-
-def schema_without_indexes(table: str) -> str:
-    """The migration of ``table`` without its ``CREATE INDEX`` statements (built separately,
-    ``CONCURRENTLY``, on a table that exists)."""
-    return _INDEX.sub("", schema_sql(table))
-
 
 @dataclass(frozen=True)
 class PostgresSchemaState:
@@ -102,41 +81,34 @@ def read_schema_state(cur: Any, table: str) -> PostgresSchemaState:
 
     Only catalog reads: it takes no lock on the tables.
     """
-    quoted = f'"{table}"'
-    cur.execute("SELECT to_regclass(%s) IS NOT NULL", (quoted,))
+    sql = statements(table)
+    quoted = {"quoted": f'"{table}"'}
+    cur.execute(sql["table_exists"], quoted)
     exists = bool(cur.fetchone()[0])
-    tables = (outbox_table_name(table), state_table_name(table), META_TABLE, INSTANCES_TABLE)
+    tables = (
+        outbox_table_name(table), state_table_name(table), steps_table_name(table),
+        jobs_table_name(table), pace_table_name(table), META_TABLE, INSTANCES_TABLE,
+    )
     if not exists:
         return PostgresSchemaState(table, False, (), (), (), ())
-    cur.execute(
-        "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
-        "AND NOT attisdropped",
-        (quoted,),
-    )
+    cur.execute(sql["table_columns"], quoted)
     columns = {str(row[0]) for row in cur.fetchall()}
     missing_columns = tuple(c for c in _LATER_COLUMNS if c not in columns)
     missing_tables: List[str] = []
     for name in tables:
-        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{name}"',))
+        cur.execute(sql["table_exists"], {"quoted": f'"{name}"'})
         if not cur.fetchone()[0]:
             missing_tables.append(name)
     if INSTANCES_TABLE not in missing_tables:
-        cur.execute(
-            "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) "
-            "AND attname = 'seen_at' AND NOT attisdropped)",
-            (f'"{INSTANCES_TABLE}"',),
-        )
+        cur.execute(sql["instances_have_seen_at"], {"quoted": f'"{INSTANCES_TABLE}"'})
         if not cur.fetchone()[0]:
             missing_columns += (f"{INSTANCES_TABLE}.seen_at",)
     missing_indexes: List[str] = []
     invalid_indexes: List[str] = []
-    for name, definition in index_statements(table):
-        if any(definition.startswith(f'ON "{missing}" ') for missing in missing_tables):
+    for _, name, owner in index_names(table):
+        if owner in missing_tables:
             continue  # comes with its table
-        cur.execute(
-            "SELECT i.indisvalid FROM pg_index AS i WHERE i.indexrelid = to_regclass(%s)",
-            (name,),
-        )
+        cur.execute(sql["index_validity"], {"quoted": name})
         found = cur.fetchone()
         if found is None:
             missing_indexes.append(name)

@@ -29,8 +29,10 @@ Source = Union[DsnPool, UserPool, EnginePool]
 
 def open_source(dsn_or_pool: Any, pool_size: int, schema: Optional[str] = None) -> Source:
     """The connection source for a DSN string, a caller's psycopg2 pool, a SQLAlchemy Engine
-    or a connection factory; with ``schema``, connections work in that schema
-    (``search_path``), which only connections the store opens itself can do.
+    or a connection factory.
+
+    With ``schema``, connections work in that schema (``search_path``). Only connections the
+    store opens itself can do that.
 
     Raises:
         ValueError: For a malformed DSN (its password is not repeated).

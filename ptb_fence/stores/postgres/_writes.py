@@ -1,5 +1,7 @@
-"""The batched statements of a PostgresUpdateStore: record (plain and claimed at ingest, with
-duplicate-conflict warnings), settle several attempts in one transaction, renewal results."""
+"""The batched statements of a PostgresUpdateStore's commit.
+
+They record rows (plain and claimed at ingest, with duplicate-conflict warnings) and settle
+several attempts in one transaction. The renewal results are read here too."""
 
 from __future__ import annotations
 
@@ -20,19 +22,23 @@ from ptb_fence._values import (
 )
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._names import validate_update_id
-from ptb_fence.stores._outbox_sql import effects_params
+from ptb_fence.stores._outbox_sql import effects_params, outbox_table_name
+from ptb_fence.stores._queries import Statements
 from ptb_fence.stores._state_sql import (
     apply_writes,
     check_writes,
     entries_of,
+    lock_params,
+    read_params,
     settled_together,
+    state_table_name,
 )
 from ptb_fence.stores.postgres._executor import PgExecutor, returns_row
-from ptb_fence.stores.postgres._sql import PostgresStatements
+from ptb_fence.stores.postgres._jobs import write_jobs_in
 
 __all__ = [
-    "add_claimed",
-    "add_many",
+    "CallsWritten",
+    "Records",
     "batch_results",
     "insert_calls",
     "settle_owned_work",
@@ -52,13 +58,15 @@ def batch_results(rows: List[Tuple[Any, ...]], count: int) -> List[Optional[bool
 
 
 def _conflicts(
-    sql: PostgresStatements, cur: Any, missing: List[Tuple[int, Optional[str]]]
+    sql: Statements, cur: Any, missing: List[Tuple[int, Optional[str]]]
 ) -> List[Tuple[Any, ...]]:
     """Rows of ids not inserted that hold a different update (for the WARNING)."""
     missing = [(u, f) for u, f in missing if f is not None]
     if not missing:
         return []
-    cur.execute(sql.conflicts, ([u for u, _ in missing], [f for _, f in missing]))
+    cur.execute(sql["conflicts"], {
+        "update_ids": [u for u, _ in missing], "fingerprints": [f for _, f in missing],
+    })
     return [tuple(row) for row in cur.fetchall()]
 
 
@@ -76,134 +84,140 @@ def _first_positions(rows: List[_Row]) -> Dict[int, int]:
     return first
 
 
-def add_many(db: PgExecutor, rows: Sequence[_Row]) -> List[bool]:
-    """Insert ``rows`` in one statement and commit (see ``PostgresUpdateStore.add_many``)."""
-    rows = list(rows)
-    first = _first_positions(rows)
-    if not rows:
-        return []
-    batch = [rows[position] for position in sorted(first.values())]
-    prints = [update_fingerprint(body) for _, body, _ in batch]
+class CallsWritten:
+    """The outbox ids a transaction wrote per completion, and those inserted claimed."""
 
-    def make_work(fingerprint: bool) -> Callable[[Any], Tuple[Set[int], List[Any]]]:
-        sql = db.sql.add_many(len(batch), fingerprint)
-        params: List[Any] = []
-        for row, fp in zip(batch, prints):
-            params += [*row, fp] if fingerprint else list(row)
+    __slots__ = ("ids", "sending")
 
-        def work(cur: Any) -> Tuple[Set[int], List[Any]]:
-            cur.execute(sql, params)
-            done = {int(row[0]) for row in cur.fetchall()}
-            if not fingerprint:
-                return done, []
-            missing = [(u, fp) for (u, _, _), fp in zip(batch, prints) if u not in done]
-            return done, _conflicts(db.sql, cur, missing)
+    def __init__(self) -> None:
+        self.ids: Dict[AttemptIdentity, List[int]] = {}
+        self.sending: Set[int] = set()
 
-        return work
-
-    inserted, conflicts = db.run_fingerprinted(make_work)
-    _warn(conflicts)
-    return [
-        first[update_id] == position and update_id in inserted
-        for position, (update_id, _body, _at) in enumerate(rows)
-    ]
+    def written(
+        self, owners: List[Tuple[AttemptIdentity, Any]], ids: List[int], sending: Set[int]
+    ) -> None:
+        """Note ``ids``, one per ``(identity, params)`` of ``owners``, in order."""
+        self.ids.clear()  # a retried transaction writes them again
+        for (identity, _), call_id in zip(owners, ids):
+            self.ids.setdefault(identity, []).append(call_id)
+        self.sending = set(sending)
 
 
-def add_claimed(
-    db: PgExecutor,
-    rows: Sequence[_Row],
-    lease_until: int,
-    settlements: Sequence[Tuple[AttemptIdentity, Settlement]],
-    instance: Optional[str] = None,
-    effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
-) -> Tuple[List[Optional[AttemptIdentity]], List[Landing]]:
-    """Record-and-claim ``rows`` (recording ``instance`` where the table has that column) and
-    settle ``settlements`` (with the outbox calls of ``effects``) in one transaction; log the
-    conflicts (a different update held by a live row) after the commit."""
-    rows = list(rows)
-    first = _first_positions(rows)
-    items = list(settlements)
-    settle_work = settle_owned_work(db.sql, items, effects) if items else None
-    batch = [rows[position] for position in sorted(first.values())]
-    prints = [update_fingerprint(body) for _, body, _ in batch]
-    with_instance = bool(batch) and db.has_column("instance")
+class Records:
+    """The insert of fresh rows, pending or claimed for attempt 1, as work on a cursor.
 
-    def make_work(
-        fingerprint: bool,
-    ) -> Callable[[Any], Tuple[Dict[int, AttemptIdentity], List[Any], List[Landing]]]:
-        recorded = fingerprint and with_instance
-        sql = db.sql.add_claimed_many(len(batch), fingerprint, recorded) if batch else ""
-        params: List[Any] = [int(lease_until)]
-        if recorded:
-            params.append(instance)
-        for (update_id, body, received_at), fp in zip(batch, prints):
-            params += [update_id, body, received_at, uuid.uuid4().hex]
-            if fingerprint:
-                params.append(fp)
+    Duplicates within the rows count at their first position only. The conflicts (a
+    different update under an existing id) are logged after the commit.
+    """
 
-        def work(cur: Any) -> Tuple[Dict[int, AttemptIdentity], List[Any], List[Landing]]:
-            inserted: Dict[int, AttemptIdentity] = {}
-            conflicts: List[Any] = []
-            if batch:
-                cur.execute(sql, params)
-                inserted = {
-                    int(u): AttemptIdentity(int(u), int(a), str(c)) for u, a, c in cur.fetchall()
-                }
-                if fingerprint:
-                    missing = [
-                        (u, fp) for (u, _, _), fp in zip(batch, prints) if u not in inserted
-                    ]
-                    conflicts = _conflicts(db.sql, cur, missing)
-            landed: List[Landing] = settle_work(cur) if settle_work is not None else []
-            return inserted, conflicts, landed
+    __slots__ = ("_batch", "_claimed", "_first", "_legacy", "_params", "_prints", "_rows",
+                 "_sql", "_statement", "conflicts", "inserted")
 
-        return work
+    def __init__(
+        self,
+        db: PgExecutor,
+        rows: Sequence[_Row],
+        *,
+        lease_until: Optional[int] = None,
+        instance: Optional[str] = None,
+    ) -> None:
+        self._rows = list(rows)
+        self._first = _first_positions(self._rows)
+        self._batch = [self._rows[position] for position in sorted(self._first.values())]
+        self._prints = [update_fingerprint(body) for _, body, _ in self._batch]
+        self._claimed = lease_until is not None
+        # the seed's legacy table has no fingerprint: an existing id is always left alone
+        self._legacy = not self._claimed and db.legacy()
+        self._sql = db.sql
+        self._params: Dict[str, Any] = {
+            "update_ids": [row[0] for row in self._batch],
+            "bodies": [row[1] for row in self._batch],
+            "received_ats": [row[2] for row in self._batch],
+        }
+        if self._claimed:
+            self._statement = db.sql["add_claimed"]
+            self._params.update(
+                lease_until=int(lease_until or 0), instance=instance,
+                claim_ids=[uuid.uuid4().hex for _ in self._batch],
+            )
+        else:
+            self._statement = db.sql["add_many_legacy" if self._legacy else "add_many"]
+        if not self._legacy:
+            self._params["fingerprints"] = self._prints
+        self.inserted: Dict[int, Optional[AttemptIdentity]] = {}
+        self.conflicts: List[Any] = []
 
-    inserted, conflicts, landed = db.run_fingerprinted(make_work)
-    _warn(conflicts)
-    claimed = [
-        inserted.get(update_id) if first[update_id] == position else None
-        for position, (update_id, _body, _at) in enumerate(rows)
-    ]
-    return claimed, landed
+    def run(self, cur: Any) -> None:
+        """Insert the rows on ``cur`` (inside the caller's transaction)."""
+        self.inserted, self.conflicts = {}, []
+        if not self._batch:
+            return
+        cur.execute(self._statement, self._params)
+        for row in cur.fetchall():
+            identity = AttemptIdentity(int(row[0]), int(row[1]), str(row[2])) if self._claimed else None
+            self.inserted[int(row[0])] = identity
+        if not self._legacy:
+            missing = [(u, fp) for (u, _, _), fp in zip(self._batch, self._prints)
+                       if u not in self.inserted]
+            self.conflicts = _conflicts(self._sql, cur, missing)
+
+    def recorded(self) -> List[bool]:
+        """Per row: new (inserted here) or a duplicate. Logs the conflicts."""
+        _warn(self.conflicts)
+        return [
+            self._first[update_id] == position and update_id in self.inserted
+            for position, (update_id, _body, _at) in enumerate(self._rows)
+        ]
+
+    def identities(self) -> List[Optional[AttemptIdentity]]:
+        """Per claimed row: its identity, or :obj:`None` for a duplicate. Logs the conflicts."""
+        return [
+            self.inserted.get(update_id) if recorded else None
+            for recorded, (update_id, _body, _at) in zip(self.recorded(), self._rows)
+        ]
 
 
 def settle_params(
-    sql: PostgresStatements, update_id: int, attempt: int, settlement: Settlement, owned: bool
+    sql: Statements, update_id: int, attempt: int, settlement: Settlement, owned: bool
 ) -> Tuple[str, Dict[str, Any]]:
     """The statement and parameters that settle ``attempt`` (fenced if ``owned``)."""
     params: Dict[str, Any] = {"update_id": update_id, "attempt": attempt}
     if isinstance(settlement, Completed):
-        statement = sql.settle_completed_owned if owned else sql.settle_completed
+        name = "settle_completed"
         params.update(at=settlement.at)
     elif isinstance(settlement, Failed):
-        statement = sql.settle_failed_owned if owned else sql.settle_failed
+        name = "settle_failed"
         params.update(at=settlement.at, retry_at=settlement.retry_at, error=settlement.error)
     elif isinstance(settlement, Abandoned):
-        statement = sql.settle_abandoned_owned if owned else sql.settle_abandoned
+        name = "settle_abandoned"
         params.update(at=settlement.at, error=settlement.error)
     else:
         raise TypeError(f"not a settlement: {settlement!r}")
-    return statement, params
+    return sql[name + "_owned" if owned else name], params
 
 
 def settle_owned_work(
-    sql: PostgresStatements,
+    db: PgExecutor,
     items: List[Tuple[AttemptIdentity, Settlement]],
     effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
+    calls: Optional["CallsWritten"] = None,
 ) -> Callable[[Any], List[Landing]]:
-    """The statements of ``settle_owned_many`` (completions in one statement, failures and
-    abandonments one statement each), to run on a cursor; then, in the same transaction, the
-    outbox calls of ``effects`` for each completion that landed.
+    """The settlements of a commit, as work to run on a cursor.
 
-    The completions with state writes first take the advisory locks of every key written
-    and read those keys' versions (one round trip). Those whose versions still hold and whose
-    keys no other of them writes settle with the completions without state, their writes in
-    the same statement (landing with their completion only). Any other settles on its own, in
-    a savepoint with its writes (all land or none; a moved version gives its
-    :class:`~ptb_fence.StateConflict`), in input order."""
+    Completions go in one statement, failures and abandonments in one statement each.
+    Then, in the same transaction, come the jobs and the outbox calls of ``effects`` for each
+    completion that landed.
+
+    The completions with state writes first take the advisory locks of every key written.
+    They read those keys' versions in the same round trip. Some of them have versions that
+    still hold and keys no other of them writes. Those settle with the completions without
+    state, with their writes in the same statement. The writes land with their completion
+    only. Any other settles on its own, in input order, in a savepoint with its writes.
+    There all its writes land or none. A moved version gives its
+    :class:`~ptb_fence.StateConflict`."""
     for each in (effects or {}).values():
         check_writes(each.state)  # refused before anything is written
+    sql, table = db.sql, db.table
 
     def state_of(identity: AttemptIdentity) -> Tuple[StateWrite, ...]:
         queued = effects.get(identity) if effects else None
@@ -238,17 +252,18 @@ def settle_owned_work(
     keys = list(dict.fromkeys(write.key for write in written))
     # a key two of them write: never settled together (see settled_together)
     disjoint = len(keys) == len(written)
-    lock_keys = sql.state.lock_params(written)["keys"] if stateful else []
+    lock_keys = lock_params(state_table_name(table), written)["keys"] if stateful else []
 
     def complete(
-        cur: Any, completed: List[Tuple[int, AttemptIdentity, Settlement]], prefix: str,
-        prefix_params: List[Any],
+        cur: Any, completed: List[Tuple[int, AttemptIdentity, Settlement]], grouped: bool
     ) -> Optional[Set[Tuple[int, int, str]]]:
-        """Complete ``completed`` in one statement (after ``prefix``, sent in the same round
-        trip), with the state writes of those of them that have any; the identities that
-        matched, or None when a write of a matched completion did not land."""
-        # one row per distinct identity (VALUES must not repeat a target row); the state
-        # writes of the first position of each identity, the one that lands
+        """Complete ``completed`` in one statement, with the state writes of those that have any.
+
+        With ``grouped`` the statement follows the savepoint and the keys' locks, sent in the
+        same round trip. It returns the identities that matched. It returns None when a
+        write of a matched completion did not land."""
+        # One row per distinct identity, since VALUES must not repeat a target row. The state
+        # writes are those of the first position of each identity, the one that lands.
         seen: Set[AttemptIdentity] = set()
         unique = []
         writing: Dict[AttemptIdentity, Tuple[StateWrite, ...]] = {}
@@ -258,20 +273,33 @@ def settle_owned_work(
                 unique.append((identity, settlement))
                 if writes_of.get(position):
                     writing[identity] = writes_of[position]
-        values: List[Any] = list(prefix_params)
-        for identity, settlement in unique:
-            values += [identity.update_id, identity.attempt, identity.claim_id, settlement.at]
+        values: Dict[str, Any] = {
+            "keys": lock_keys,
+            "update_ids": [identity.update_id for identity, _ in unique],
+            "attempts": [identity.attempt for identity, _ in unique],
+            "claim_ids": [identity.claim_id for identity, _ in unique],
+            "ats": [settlement.at for _, settlement in unique],
+        }
         if writing:
-            rows = 0
-            for identity, settlement in unique:
-                for write in writing.get(identity, ()):
-                    values += [identity.update_id, identity.attempt, identity.claim_id,
-                               write.key.kind, write.key.name, write.key.key, write.value,
-                               settlement.at, int(write.version)]
-                    rows += 1
-            cur.execute(prefix + sql.complete_owned_writing(len(unique), rows), values)
-        else:
-            cur.execute(prefix + sql.complete_owned_many(len(unique)), values)
+            rows = [
+                (identity, settlement.at, write)
+                for identity, settlement in unique for write in writing.get(identity, ())
+            ]
+            values.update(
+                w_update_ids=[identity.update_id for identity, _, _ in rows],
+                w_attempts=[identity.attempt for identity, _, _ in rows],
+                w_claim_ids=[identity.claim_id for identity, _, _ in rows],
+                w_kinds=[write.key.kind for _, _, write in rows],
+                w_names=[write.key.name for _, _, write in rows],
+                w_keys=[write.key.key for _, _, write in rows],
+                w_values=[write.value for _, _, write in rows],
+                w_ats=[at for _, at, _ in rows],
+                w_versions=[int(write.version) for _, _, write in rows],
+            )
+        statement = sql["complete_owned_writing" if writing else "complete_owned_many"]
+        # the savepoint and the locks, then the completions: one query, one round trip
+        prefix = sql["state_group_then_lock"] + "\n" if grouped else ""
+        cur.execute(prefix + statement, values)
         results = cur.fetchall()
         matched = {(int(row[0]), int(row[1]), str(row[2])) for row in results}
         if writing:
@@ -296,16 +324,15 @@ def settle_owned_work(
             together = set(writes_of)
             completed = sorted(plain + [(p, i, s) for p, i, s, _ in stateful],
                                key=lambda item: item[0])
-            matched = complete(cur, completed, sql.state.savepoint_then_lock, [lock_keys])
+            matched = complete(cur, completed, True)
             if matched is None:
-                cur.execute(sql.state.rollback_group)
+                cur.execute(sql["state_rollback_group"])
                 together = set()
         if matched is None:
             if stateful:
                 # every writer of these keys takes their locks first: the versions read
                 # once they are held are the ones the writes meet
-                groups, read_params = sql.state.read_any_params(keys)
-                cur.execute(sql.state.lock_then_read(groups), [lock_keys, *read_params])
+                cur.execute(sql["state_lock_then_read"], {"keys": lock_keys, **read_params(keys)})
                 current = {key: entry.version
                            for key, entry in entries_of(cur.fetchall(), keys).items()}
                 together = settled_together(writes_of, current)
@@ -321,7 +348,7 @@ def settle_owned_work(
                 landed[position] = _settle_with_state(sql, cur, statement, params, writes,
                                                       settlement.at)
             if completed:
-                matched = complete(cur, completed, "", [])
+                matched = complete(cur, completed, False)
                 if matched is None:  # the whole transaction rolls back
                     raise RuntimeError(
                         "state rows changed while their locks were held: a checked write "
@@ -337,19 +364,28 @@ def settle_owned_work(
             landed[position] = returns_row(cur, statement, params)
         if effects:  # one insert_calls: its chat locks sorted across the attempts
             ended = completed + [(p, i, s) for p, i, s, _ in stateful if p not in together]
-            insert_calls(sql, cur, [
-                params
+            # the jobs before the calls: the chat locks come last
+            for position, identity, done in sorted(ended, key=lambda item: item[0]):
+                queued = effects.get(identity)
+                if landed[position] is True and queued is not None:
+                    write_jobs_in(sql, cur, queued, done.at)
+            owners = [
+                (identity, params)
                 for position, identity, settlement in sorted(ended, key=lambda item: item[0])
                 if landed[position]
                 for params in effects_params(identity, effects.get(identity), settlement.at)
-            ])
+            ]
+            sending: Set[int] = set()
+            ids = insert_calls(sql, table, cur, [params for _, params in owners], sending)
+            if calls is not None:
+                calls.written(owners, ids, sending)
         return landed
 
     return work
 
 
 def _settle_with_state(
-    sql: PostgresStatements,
+    sql: Statements,
     cur: Any,
     statement: str,
     params: Dict[str, Any],
@@ -357,43 +393,57 @@ def _settle_with_state(
     at: int,
 ) -> Landing:
     """One completion and its state writes in a savepoint: all land, or none."""
-    cur.execute(sql.state.savepoint)
+    cur.execute(sql["state_savepoint"])
     if not returns_row(cur, statement, params):
-        cur.execute(sql.state.rollback_to)
-        cur.execute(sql.state.release)
+        cur.execute(sql["state_rollback_to"])
+        cur.execute(sql["state_release"])
         return False
     moved = write_state_in(sql, cur, writes, at)
     if moved:
-        cur.execute(sql.state.rollback_to)
-        cur.execute(sql.state.release)
+        cur.execute(sql["state_rollback_to"])
+        cur.execute(sql["state_release"])
         return StateConflict(tuple(moved))
-    cur.execute(sql.state.release)
+    cur.execute(sql["state_release"])
     return True
 
 
 def write_state_in(
-    sql: PostgresStatements, cur: Any, writes: Sequence[StateWrite], at: int
+    sql: Statements, cur: Any, writes: Sequence[StateWrite], at: int
 ) -> List[Any]:
-    """The conditional state writes in the cursor's transaction; the keys that moved (the
-    caller rolls back what the others wrote)."""
-    return apply_writes(sql.state, lambda s, p: returns_row(cur, s, p), writes, at)
+    """Run the conditional state writes in the cursor's transaction.
+
+    It returns the keys that moved. The caller rolls back what the others wrote."""
+    return apply_writes(
+        (sql["state_insert"], sql["state_update"]),
+        lambda s, p: returns_row(cur, s, p), writes, at,
+    )
 
 
 def insert_calls(
-    sql: PostgresStatements, cur: Any, calls: Sequence[Dict[str, Any]]
+    sql: Statements,
+    table: str,
+    cur: Any,
+    calls: Sequence[Dict[str, Any]],
+    sending: Optional[Set[int]] = None,
 ) -> List[int]:
-    """Insert outbox calls in the cursor's transaction; their call ids, in order.
+    """Insert outbox calls in the cursor's transaction and return their call ids, in order.
 
-    Calls to insert claimed first lock their chats (sorted: two transactions never wait on
-    each other in a cycle), so that a concurrent transaction's claimed insert for the same
-    chat is committed, and seen by the chat check, before this one's: a chat never gets two
+    ``sending`` collects the ids inserted claimed for their sender.
+
+    Calls to insert claimed first lock their chats, sorted so that two transactions never
+    wait on each other in a cycle. So a concurrent transaction's claimed insert for the same
+    chat is committed, and seen by the chat check, before this one's. A chat never gets two
     claimed calls at once. The locks come after every other statement of the transaction
     (the settles), and nothing after them waits for a row lock."""
     chats = sorted({int(p["chat_key"]) for p in calls if p["claim"] and p["chat_key"] is not None})
+    outbox = outbox_table_name(table)
     for chat in chats:
-        cur.execute(sql.outbox.lock_chat, {"chat_key": chat})
+        cur.execute(sql["outbox_lock_chat"], {"outbox": outbox, "chat_key": chat})
     ids = []
     for params in calls:
-        cur.execute(sql.outbox.insert, params)
-        ids.append(int(cur.fetchone()[0]))
+        cur.execute(sql["outbox_insert"], params)
+        call_id, state = cur.fetchone()
+        ids.append(int(call_id))
+        if sending is not None and state == "sending":
+            sending.add(int(call_id))
     return ids

@@ -1,7 +1,9 @@
-"""SQLite connections of a SQLiteUpdateStore: one per thread (opened on first use, closed
-with its thread or by ``close()``, never under a call using it; forked children drop the
-parent's), ``BEGIN IMMEDIATE`` write transactions, the caller's connection for fenced
-transactions, and the errors that name the file and what to do."""
+"""SQLite connections of a SQLiteUpdateStore.
+
+There is one connection per thread. It is opened on first use. It is closed with its thread
+or by ``close()``, never under a call using it. Forked children drop the parent's.
+The module also holds the ``BEGIN IMMEDIATE`` write transactions, the caller's connection for
+fenced transactions, and the errors that name the file and what to do."""
 
 from __future__ import annotations
 
@@ -320,10 +322,11 @@ class SQLiteConnections:
     def join(self, conn: sqlite3.Connection, write_lock: str) -> None:
         """Make sure the caller's connection is in a transaction that holds the write lock.
 
-        Not in a transaction: ``BEGIN IMMEDIATE``. Already in one (perhaps a deferred one that
-        has only read so far): a write that changes nothing takes the write lock now, like
-        PostgreSQL's ``FOR UPDATE``; SQLite refuses it (``database is locked``) if another
-        connection wrote since the caller's transaction began reading.
+        Not in a transaction, it runs ``BEGIN IMMEDIATE``. The connection may already be in
+        one, perhaps a deferred one that has only read so far. Then a write that changes
+        nothing takes the write lock now, like PostgreSQL's ``FOR UPDATE``. SQLite refuses it
+        (``database is locked``) if another connection wrote since the caller's transaction
+        began reading.
         """
         if not conn.in_transaction:
             conn.execute("BEGIN IMMEDIATE")
@@ -332,8 +335,9 @@ class SQLiteConnections:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` on this thread's connection; commit on normal exit, roll back
-        (and re-raise) on an exception (see ``SQLiteUpdateStore.transaction``)."""
+        """``BEGIN IMMEDIATE`` on this thread's connection (see ``SQLiteUpdateStore.transaction``).
+
+        It commits on normal exit. On an exception it rolls back and re-raises."""
         with self.using() as conn:
             if conn.in_transaction:
                 raise RuntimeError(

@@ -1,29 +1,8 @@
-"""The lock-file liveness of a SQLiteUpdateStore: the holder of an instance, the fork hooks
-that keep a forked child from holding its parent's lock, and the lock-file steps.
+"""The lock-file liveness of a SQLiteUpdateStore.
 
-Liveness on one machine: an instance holds an exclusive OS file lock (``flock``) on its own
-lock file ``<database>.instances/<instance>.lock``, which names the instance, and has a row in
-the table ``ptb_fence_instances`` of the same database. The kernel drops the lock when the
-process ends (however it ends), so a lock that can be taken proves the instance dead; a frozen
-process (SIGSTOP) keeps it. The lock is taken before the row is written and the row is deleted
-before the lock is dropped, so a listed instance whose lock is free is dead.
-
-Only that is proof. The lock file is looked for next to the checking process's own path to the
-database (symlinks resolved), never at a path its owner stored: processes may reach the file
-through different paths (a container mounting the volume elsewhere). A missing lock file, one
-that names another instance (replaced by someone) or one this process cannot open (another OS
-user's, unreadable) proves nothing: those claims wait for their lease. A live owner whose file
-was removed or replaced locks a new one at its next check, put in place whole (written and
-locked under a temporary name, then renamed), so a checker never finds it unlocked; a checker
-that opened the old file just before counts its lock only if the file is still the one at that
-path once locked (the owner closes the old file only after the new one is in place). The check
-opens others' lock files read-only (``flock`` needs no write access) and lock files are
-created readable by others.
-
-A child made by ``os.fork()`` (``multiprocessing``, ``ProcessPoolExecutor``) must not keep its
-parent's lock after the parent died: the child closes its copy of the descriptor right after the
-fork (``os.register_at_fork``); the parent's lock stays, since a ``flock`` ends with the last
-descriptor of the open file.
+This module holds the holder of an instance (:class:`FileLiveness`), the fork hooks that keep
+a forked child from holding its parent's lock, and the lock-file steps.
+:class:`FileLiveness` says how liveness is held. :func:`lock_if_dead` says what proves death.
 """
 
 from __future__ import annotations
@@ -54,9 +33,20 @@ _HOLDERS: "weakref.WeakSet[FileLiveness]" = weakref.WeakSet()
 
 
 class FileLiveness:
-    """The instance a store object holds: its id, its locked file descriptor and the process
-    that holds it (a child made by ``os.fork()`` does not hold its parent's instance), and the
-    lock files this object could not check (warned about once)."""
+    """The instance a store object holds.
+
+    It keeps the instance's id, its locked file descriptor and the process that holds it.
+    A child made by ``os.fork()`` does not hold its parent's instance. It also keeps the lock
+    files this object could not check, which are warned about once.
+
+    Liveness holds on one machine. An instance holds an exclusive OS file lock (``flock``) on
+    its own lock file ``<database>.instances/<instance>.lock``, which names the instance.
+    It also has a row in the table ``ptb_fence_instances`` of the same database.
+    The kernel drops the lock when the process ends, however it ends. So a lock that can be
+    taken proves the instance dead. A frozen process (SIGSTOP) keeps it.
+    The lock is taken before the row is written. The row is deleted before the lock is
+    dropped. So a listed instance whose lock is free is dead.
+    """
 
     __slots__ = ("__weakref__", "fd", "instance", "lock", "lock_path", "pid", "unreadable")
 
@@ -89,8 +79,13 @@ class FileLiveness:
 
 
 def _after_fork_in_child() -> None:
-    """Close the lock descriptors inherited from the parent (the parent keeps its locks), so
-    that a long-lived child does not keep a dead parent alive."""
+    """Close the lock descriptors inherited from the parent, which keeps its locks.
+
+    So a long-lived child does not keep a dead parent alive. A child made by ``os.fork()``
+    (``multiprocessing``, ``ProcessPoolExecutor``) must not keep its parent's lock after the
+    parent died. So the child closes its copy of the descriptor right after the fork
+    (``os.register_at_fork``). The parent's lock stays, since a ``flock`` ends with the last
+    descriptor of the open file."""
     for holder in list(_HOLDERS):
         holder.lock = threading.Lock()  # a parent thread may have held it: not in the child
         if holder.fd is not None:
@@ -128,9 +123,10 @@ def unlink(path: str) -> None:
 
 
 def make_directory(directory: str) -> None:
-    """Create the lock directory (when missing) with the group and permissions of the
-    database's directory, so every OS user that may write the database may also hold
-    liveness (without a setgid bit the new directory would get its creator's group)."""
+    """Create the lock directory, when missing, with the group and permissions of the database's.
+
+    So every OS user that may write the database may also hold liveness. Without a setgid
+    bit the new directory would get its creator's group."""
     try:
         os.mkdir(directory)
     except FileExistsError:
@@ -150,9 +146,11 @@ def make_directory(directory: str) -> None:
 
 
 def new_lock_file(directory: str, instance: str, holder: FileLiveness) -> Optional[int]:
-    """Write and lock a new lock file of ``instance`` under a temporary name, then rename it
-    into place (replacing any file there); record its descriptor in ``holder`` and return the
-    descriptor it replaces (still open: the caller closes it once the new one is in place)."""
+    """Write and lock a new lock file of ``instance`` under a temporary name, then rename it.
+
+    The rename replaces any file at that place. The new descriptor is recorded in ``holder``.
+    It returns the descriptor it replaces. That one is still open, and the caller closes it
+    once the new one is in place."""
     lock_path = os.path.join(directory, instance + ".lock")
     temporary = os.path.join(directory, f".{instance}.{uuid.uuid4().hex[:8]}.tmp")
     with _FORK_GUARD:  # short: no fork sees the descriptor before the holder names it
@@ -170,9 +168,11 @@ def new_lock_file(directory: str, instance: str, holder: FileLiveness) -> Option
 
 
 def _open_for_check(lock_path: str) -> int:
-    """Open a lock file and try its lock without waiting: the descriptor now holding it, or
-    ``-1`` when its process holds it. Read-only (another user's file needs no write access);
-    read-write only where the file system wants it for an exclusive lock (NFS)."""
+    """Open a lock file and try its lock without waiting.
+
+    It returns the descriptor now holding the lock, or ``-1`` when its process holds it.
+    It opens the file read-only, since another user's file needs no write access.
+    It opens read-write only where the file system wants it for an exclusive lock (NFS)."""
     fd = os.open(lock_path, os.O_RDONLY)
     for attempt in (0, 1):
         try:
@@ -190,10 +190,27 @@ def _open_for_check(lock_path: str) -> int:
 
 
 def lock_if_dead(lock_path: str, instance: str) -> Optional[int]:
-    """The descriptor now locking ``instance``'s lock file if that proves it dead: the file
-    is there, names the instance, its lock could be taken and it is still the file at that
-    path once locked. :obj:`None` when it is alive or nothing is proven (no such file, a file
-    that is not the instance's, or one replaced meanwhile)."""
+    """The descriptor now locking ``instance``'s lock file, if that proves it dead.
+
+    It proves death when the file is there, names the instance, its lock could be taken, and
+    it is still the file at that path once locked. It returns :obj:`None` when the instance
+    is alive or nothing is proven. Nothing is proven by a missing file, a file that is not the
+    instance's, or one replaced meanwhile.
+
+    Only that is proof. The lock file is looked for next to the checking process's own path
+    to the database (symlinks resolved). It is never looked for at a path its owner stored,
+    since processes may reach the file through different paths. A container mounting the
+    volume elsewhere does so. A missing lock file proves nothing. Nor does one that names
+    another instance (replaced by someone), or one this process cannot open (another OS
+    user's, unreadable). Those claims wait for their lease.
+
+    A live owner whose file was removed or replaced locks a new one at its next check.
+    It puts the new file in place whole, written and locked under a temporary name, then
+    renamed. So a checker never finds it unlocked. A checker that opened the old file just
+    before counts its lock only if the file is still the one at that path once locked.
+    The owner closes the old file only after the new one is in place.
+    The check opens others' lock files read-only, since ``flock`` needs no write access.
+    Lock files are created readable by others."""
     try:
         fd = _open_for_check(lock_path)
     except FileNotFoundError:
@@ -211,9 +228,11 @@ def lock_if_dead(lock_path: str, instance: str) -> Optional[int]:
 
 
 def _still_at(fd: int, lock_path: str) -> bool:
-    """Whether ``fd`` is still the file at ``lock_path``. Between the open and the lock the
-    file may have been removed and its live owner may have locked a new one there (closing
-    the old): the old file is then free, yet that proves nothing."""
+    """Whether ``fd`` is still the file at ``lock_path``.
+
+    Between the open and the lock the file may have been removed. Its live owner may have
+    locked a new one there and closed the old one. The old file is then free, yet that proves
+    nothing."""
     try:
         here = os.stat(lock_path)
     except OSError:

@@ -1,8 +1,11 @@
-"""The schema of a SQLiteUpdateStore table: create it, upgrade an older table (add
-``claim_id``, ``fingerprint``, ``instance``, ``chat_key`` with its index and ``isolated_claim``,
-keeping its rows), create the outbox table ``<table>_outbox`` with its indexes and the state table
-``<table>_persistence``, refuse a
-foreign table; safe while other processes do the same."""
+"""The schema of a SQLiteUpdateStore table.
+
+It creates the table, or upgrades an older one and keeps its rows. The upgrade adds
+``claim_id``, ``fingerprint``, ``instance``, ``chat_key`` with its index and
+``isolated_claim``. It creates the outbox table ``<table>_outbox`` with its indexes, the
+state table ``<table>_persistence``, the steps table ``<table>_steps`` with its index and
+the jobs table ``<table>_jobs`` with its indexes.
+It refuses a foreign table. It is safe while other processes do the same."""
 
 from __future__ import annotations
 
@@ -15,7 +18,14 @@ from typing import Set
 
 from ptb_fence._errors import SchemaError
 from ptb_fence.stores.sqlite._connections import SQLiteConnections, is_busy, rollback
-from ptb_fence.stores.sqlite._sql import REQUIRED_COLUMNS, SQLiteStatements
+from ptb_fence.stores._chat_order_sql import chat_index_name
+from ptb_fence.stores._jobs_sql import jobs_index_name, jobs_table_name
+from ptb_fence.stores._outbox_sql import outbox_table_name
+from ptb_fence.stores._queries import Statements
+from ptb_fence.stores._state_sql import state_table_name
+from ptb_fence.stores._pace import pace_table_name
+from ptb_fence.stores._steps_sql import steps_index_name, steps_table_name
+from ptb_fence.stores.sqlite._sql import REQUIRED_COLUMNS, index_name
 
 __all__ = ["add_claim_id_column", "ensure_schema", "new_claim_id"]
 
@@ -29,23 +39,23 @@ def new_claim_id() -> str:
     return uuid.uuid4().hex
 
 
-def _columns(conn: sqlite3.Connection, sql: SQLiteStatements) -> Set[str]:
-    return {str(row[1]) for row in conn.execute(sql.table_info).fetchall()}
+def _columns(conn: sqlite3.Connection, sql: Statements) -> Set[str]:
+    return {str(row[1]) for row in conn.execute(sql["table_info"]).fetchall()}
 
 
-def add_claim_id_column(conn: sqlite3.Connection, sql: SQLiteStatements) -> None:
+def add_claim_id_column(conn: sqlite3.Connection, sql: Statements) -> None:
     """``ALTER TABLE … ADD COLUMN claim_id``, tolerating a concurrent upgrade.
 
     If the ``ALTER`` fails (for example because another process added the column first), the
     table is read again and the error is re-raised only if the column is still missing.
     """
-    _add_column(conn, sql, sql.add_claim_id, "claim_id")
+    _add_column(conn, sql, "claim_id")
 
 
-def _add_column(conn: sqlite3.Connection, sql: SQLiteStatements, alter: str, name: str) -> None:
-    """``alter`` (an ``ADD COLUMN name``), tolerating a concurrent upgrade."""
+def _add_column(conn: sqlite3.Connection, sql: Statements, name: str) -> None:
+    """``ALTER TABLE … ADD COLUMN name``, tolerating a concurrent upgrade."""
     try:
-        conn.execute(alter)
+        conn.execute(sql["add_" + name])
     except sqlite3.DatabaseError:
         if name in _columns(conn, sql):
             return
@@ -57,7 +67,7 @@ class _Schema:
 
     __slots__ = ("_conns", "_sql", "_table")
 
-    def __init__(self, conns: SQLiteConnections, sql: SQLiteStatements, table: str) -> None:
+    def __init__(self, conns: SQLiteConnections, sql: Statements, table: str) -> None:
         self._conns = conns
         self._sql = sql
         self._table = table
@@ -84,17 +94,25 @@ class _Schema:
         if not columns or not _NEWER_COLUMNS <= columns:
             return False
         self._check_columns(columns)
-        indexes = {
-            str(row[0])
-            for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
-        }
-        outbox = conn.execute(self._sql.outbox.exists, {"outbox": self._sql.outbox.name})
+        indexes = {str(row[0]) for row in conn.execute(self._sql["index_names"])}
+        outbox = conn.execute(self._sql["outbox_exists"], {"outbox": outbox_table_name(self._table)})
         if outbox.fetchone() is None:
             return False
-        state = conn.execute(self._sql.state.exists, {"state": self._sql.state.name})
+        state = conn.execute(self._sql["state_exists"], {"state": state_table_name(self._table)})
         if state.fetchone() is None:
             return False
-        return {f"{self._table}_state_due_at_idx", self._sql.chat.index} <= indexes
+        steps = steps_table_name(self._table)
+        if conn.execute(self._sql["steps_exists"], {"steps": steps}).fetchone() is None:
+            return False
+        jobs = jobs_table_name(self._table)
+        if conn.execute(self._sql["jobs_exists"], {"jobs": jobs}).fetchone() is None:
+            return False
+        pace = pace_table_name(self._table)
+        if conn.execute(self._sql["pace_exists"], {"pace": pace}).fetchone() is None:
+            return False
+        wanted = {index_name(self._table), chat_index_name(self._table), steps_index_name(steps),
+                  jobs_index_name(jobs, "due_idx"), jobs_index_name(jobs, "name_idx")}
+        return wanted <= indexes
 
     def _check_columns(self, columns: Set[str]) -> None:
         missing = [c for c in REQUIRED_COLUMNS if c not in columns]
@@ -119,37 +137,32 @@ class _Schema:
             return
         conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute(self._sql.create_table)
+            conn.execute(self._sql["create_table"])
             columns = _columns(conn, self._sql)
             self._check_columns(columns)
             if "claim_id" not in columns:
                 add_claim_id_column(conn, self._sql)
-                for (update_id,) in conn.execute(self._sql.unclaimed_exhaustions).fetchall():
+                for (update_id,) in conn.execute(self._sql["unclaimed_exhaustions"]).fetchall():
                     conn.execute(
-                        self._sql.backfill_claim_id,
+                        self._sql["backfill_claim_id"],
                         {"update_id": update_id, "claim_id": new_claim_id()},
                     )
-            if "fingerprint" not in columns:
-                _add_column(conn, self._sql, self._sql.add_fingerprint, "fingerprint")
-            if "instance" not in columns:
-                _add_column(conn, self._sql, self._sql.add_instance, "instance")
-            if "chat_key" not in columns:
-                _add_column(conn, self._sql, self._sql.chat.add_column, "chat_key")
-            if "isolated_claim" not in columns:
-                _add_column(conn, self._sql, self._sql.add_isolated_claim, "isolated_claim")
-            conn.execute(self._sql.create_index)
-            conn.execute(self._sql.chat.create_index)
-            for statement in self._sql.outbox.create:
-                conn.execute(statement)
-            for statement in self._sql.state.create:
-                conn.execute(statement)
+            for name in ("fingerprint", "instance", "chat_key", "isolated_claim"):
+                if name not in columns:
+                    _add_column(conn, self._sql, name)
+            for name in ("create_index", "create_chat_index", "create_outbox",
+                         "create_outbox_state_due_index", "create_outbox_chat_index",
+                         "create_outbox_failed_index", "create_state", "create_steps",
+                         "create_steps_index", "create_jobs", "create_jobs_due_index",
+                         "create_jobs_name_index", "create_pace"):
+                conn.execute(self._sql[name])
             conn.execute("COMMIT")
         except BaseException:
             rollback(conn)
             raise
 
 
-def ensure_schema(conns: SQLiteConnections, sql: SQLiteStatements, table: str) -> None:
+def ensure_schema(conns: SQLiteConnections, sql: Statements, table: str) -> None:
     """Create or upgrade ``table``, retrying while other processes hold the lock.
 
     Raises:

@@ -1,14 +1,12 @@
 """SentJournal: the record of sent outbox calls that never waits for the database's write lock.
 
 SQLite has one write lock per database file. A fenced transaction holds it while its handler's
-code runs, so the ``record_sent`` of another chat's call waits behind it (for seconds, up to
-``busy_timeout``). A sender that dies meanwhile leaves a call that Telegram answered looking
+code runs. So the ``record_sent`` of another chat's call waits behind it, for seconds, up to
+``busy_timeout``. A sender that dies meanwhile leaves a call that Telegram answered looking
 unsent, and the next sender sends it again. So each answer is first written to a journal of
-its own, a small SQLite file next to the database (``<database>.sent``, WAL) whose write lock
-only senders take, each for one short insert. Every claim of the outbox folds the journal in
-under the database's write lock before it picks calls (a journaled call is ``sent``, never
-claimed again), and the stores' readers show a journaled call as ``sent``. Folded rows are
-deleted from the journal after the commit that folded them.
+its own. It is a small SQLite file next to the database (``<database>.sent``, WAL). Only
+senders take its write lock, each for one short insert. :class:`SentJournal` says how the
+journal is folded in.
 """
 
 from __future__ import annotations
@@ -18,24 +16,23 @@ import json
 import os
 import sqlite3
 import threading
+from functools import lru_cache
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ptb_fence._values import OutboxEntry
+from ptb_fence.stores._queries import Statements, load
 
 __all__ = ["SentJournal", "SentRow", "fold_order", "journal_path"]
 
 SentRow = Tuple[int, str, str, int]
 """``(call_id, sender, result_json, at)``, as ``record_sent`` takes it."""
 
-_CREATE = """
-CREATE TABLE IF NOT EXISTS sent (
-    outbox  TEXT    NOT NULL,  -- the outbox table of the call
-    call_id INTEGER NOT NULL,
-    sender  TEXT    NOT NULL,  -- the sender token that sent it
-    result  TEXT    NOT NULL,  -- the Bot API's result, JSON
-    at      INTEGER NOT NULL,  -- epoch ms of the answer
-    PRIMARY KEY (outbox, call_id)
-)"""
+
+
+@lru_cache(maxsize=64)
+def _statements(outbox: str) -> Statements:
+    """The journal's statements, ``outbox_sending`` on the outbox table ``outbox``."""
+    return load("sqlite journal", __package__, ("journal.sql",)).fill({"outbox": outbox}, {})
 
 
 def journal_path(database: str) -> str:
@@ -45,6 +42,11 @@ def journal_path(database: str) -> str:
 
 class SentJournal:
     """The sent journal of one database file, for one store object. Thread-safe.
+
+    Every claim of the outbox folds the journal in under the database's write lock before it
+    picks calls. A journaled call is ``sent``, and never claimed again. The stores' readers
+    show a journaled call as ``sent``. Folded rows are deleted from the journal after the
+    commit that folded them.
 
     One connection, opened on first use (again after a fork), serves every thread: each
     statement is short, so a lock is cheaper than a connection per sender thread.
@@ -80,7 +82,7 @@ class SentJournal:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
-            conn.execute(_CREATE)
+            conn.execute(_statements("sent")["journal_create"])  # (no outbox in it)
         except BaseException:
             conn.close()
             raise
@@ -96,11 +98,11 @@ class SentJournal:
             assert conn is not None
             conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.executemany(
-                    "INSERT OR REPLACE INTO sent (outbox, call_id, sender, result, at) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    [(outbox, int(c), str(s), str(r), int(a)) for c, s, r, a in rows],
-                )
+                conn.executemany(_statements(outbox)["journal_note"], [
+                    {"outbox": outbox, "call_id": int(c), "sender": str(s), "result": str(r),
+                     "at": int(a)}
+                    for c, s, r, a in rows
+                ])
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -113,7 +115,7 @@ class SentJournal:
             if conn is None:
                 return {}
             rows = conn.execute(
-                "SELECT call_id, sender, result, at FROM sent WHERE outbox = ?", (outbox,)
+                _statements(outbox)["journal_read"], {"outbox": outbox}
             ).fetchall()
         return {int(c): (int(c), str(s), str(r), int(a)) for c, s, r, a in rows}
 
@@ -127,8 +129,8 @@ class SentJournal:
                 return
             conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.executemany("DELETE FROM sent WHERE outbox = ? AND call_id = ?",
-                                 [(outbox, int(c)) for c in call_ids])
+                conn.executemany(_statements(outbox)["journal_forget"],
+                                 [{"outbox": outbox, "call_id": int(c)} for c in call_ids])
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -141,9 +143,7 @@ class SentJournal:
         if not journaled:
             return {}
         rows = conn.execute(
-            f'SELECT call_id, sender FROM "{outbox}" WHERE state = \'sending\' '  # noqa: S608
-            "AND call_id IN (SELECT value FROM json_each(?))",
-            (json.dumps(sorted(journaled)),),
+            _statements(outbox)["outbox_sending"], {"call_ids": json.dumps(sorted(journaled))},
         ).fetchall()
         return {int(c): journaled[int(c)] for c, who in rows if journaled[int(c)][1] == who}
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 import operator
 import sqlite3
-import sys
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ptb_fence._fingerprint import update_fingerprint
 from ptb_fence._values import (
@@ -27,6 +26,7 @@ from ptb_fence._values import (
 from ptb_fence.contract import ClaimTerms
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._outbox_sql import effects_params
+from ptb_fence.stores._queries import Statements
 from ptb_fence.stores._state_sql import (
     apply_writes,
     check_writes,
@@ -35,8 +35,8 @@ from ptb_fence.stores._state_sql import (
     write_params,
 )
 from ptb_fence.stores.sqlite._connections import SQLiteConnections
+from ptb_fence.stores.sqlite._jobs import write_jobs_in
 from ptb_fence.stores.sqlite._schema import new_claim_id
-from ptb_fence.stores.sqlite._sql import SQLiteStatements
 from ptb_fence.stores._suspects import SuspectClaims
 
 __all__ = [
@@ -45,18 +45,16 @@ __all__ = [
     "add_in",
     "insert_calls",
     "int_arg",
-    "max_variables",
     "settle_owned_in",
     "settle_params",
     "settle_statement",
     "take",
 ]
 
-_DEFAULT_MAX_VARIABLES = 999  # SQLite's historical SQLITE_MAX_VARIABLE_NUMBER
 
 
 def int_arg(name: str, value: Any) -> int:
-    """``value`` as an int; a clear :exc:`TypeError` otherwise (NULL must never reach SQL)."""
+    """``value`` as an int, else a clear :exc:`TypeError`, since NULL must never reach SQL."""
     try:
         return operator.index(value)
     except TypeError:
@@ -65,15 +63,8 @@ def int_arg(name: str, value: Any) -> int:
         ) from None
 
 
-def max_variables(conn: sqlite3.Connection) -> int:
-    """The connection's limit on host parameters per statement (Python 3.11+ can ask)."""
-    if sys.version_info < (3, 11):  # pragma: no cover - Python 3.10
-        return _DEFAULT_MAX_VARIABLES
-    return conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-
-
 def add_in(
-    sql: SQLiteStatements, conn: sqlite3.Connection, update_id: int, body: str, received_at: int
+    sql: Statements, conn: sqlite3.Connection, update_id: int, body: str, received_at: int
 ) -> bool:
     """Insert a pending row inside ``conn``'s transaction (an existing id: see ``_duplicates``)."""
     fingerprint = update_fingerprint(body)
@@ -83,23 +74,23 @@ def add_in(
         "received_at": received_at,
         "fingerprint": fingerprint,
     }
-    if conn.execute(sql.add, params).rowcount == 1:
+    if conn.execute(sql["add"], params).rowcount == 1:
         return True
     _warn_if_different(sql, conn, update_id, fingerprint)
     return False
 
 
 def _warn_if_different(
-    sql: SQLiteStatements, conn: sqlite3.Connection, update_id: int, fingerprint: Optional[str]
+    sql: Statements, conn: sqlite3.Connection, update_id: int, fingerprint: Optional[str]
 ) -> None:
     """After an insert that did not happen: log a different update held by a live row."""
-    row = conn.execute(sql.stored_fingerprint, {"update_id": update_id}).fetchone()
+    row = conn.execute(sql["stored_fingerprint"], {"update_id": update_id}).fetchone()
     if row is not None:
         warn_conflict(update_id, row[0], fingerprint, str(row[1]), row[2])
 
 
 def add_claimed_in(
-    sql: SQLiteStatements,
+    sql: Statements,
     conn: sqlite3.Connection,
     rows: Sequence[Tuple[int, str, int]],
     lease_until: int,
@@ -111,7 +102,7 @@ def add_claimed_in(
     for update_id, body, received_at in rows:
         fingerprint = update_fingerprint(body)
         found = conn.execute(
-            sql.add_claimed,
+            sql["add_claimed"],
             {
                 "update_id": update_id,
                 "body": body,
@@ -131,7 +122,7 @@ def add_claimed_in(
 
 
 def claim_params(terms: ClaimTerms, instance: Optional[str]) -> Dict[str, Any]:
-    """The parameters every claim statement takes (checked integers; ``durable`` as 0/1)."""
+    """The parameters every claim statement takes, as checked integers (``durable`` as 0/1)."""
     return {
         "now": int_arg("now", terms.now),
         "lease_until": int_arg("lease_until", terms.lease_until),
@@ -143,21 +134,22 @@ def claim_params(terms: ClaimTerms, instance: Optional[str]) -> Dict[str, Any]:
 
 def take(
     conns: SQLiteConnections,
-    sql: SQLiteStatements,
+    sql: Statements,
     update_id: int,
     terms: ClaimTerms,
     instance: Optional[str] = None,
     statement: Optional[str] = None,
     suspects: Optional[SuspectClaims] = None,
 ) -> Optional[AttemptIdentity]:
-    """Claim ``update_id`` (for ``instance``) in one write transaction; its identity, or None
-    if not taken. ``statement``: another claim statement with the same parameters (the
-    chat-order claim); default ``sql.claim``. The suspicion of the row it took is noted
-    in ``suspects``."""
+    """Claim ``update_id`` for ``instance`` in one write transaction.
+
+    It returns the identity, or None if the row was not taken. ``statement`` is another claim
+    statement with the same parameters, such as the chat-order claim. It defaults to
+    ``sql["claim_owned"]``. The suspicion of the row it took is noted in ``suspects``."""
     params = claim_params(terms, instance)
     params.update(update_id=update_id, claim_id=new_claim_id())
     with conns.immediate() as conn:
-        rows = conn.execute(statement or sql.claim, params).fetchall()
+        rows = conn.execute(statement or sql["claim_owned"], params).fetchall()
     if not rows or rows[0][0] != "processing":
         return None
     _, attempt, claim_id, suspicion = rows[0]
@@ -167,14 +159,14 @@ def take(
     return identity
 
 
-def settle_statement(sql: SQLiteStatements, settlement: Settlement, *, owned: bool) -> str:
+def settle_statement(sql: Statements, settlement: Settlement, *, owned: bool) -> str:
     """The statement that settles an attempt with ``settlement`` (fenced if ``owned``)."""
     if isinstance(settlement, Completed):
-        return sql.settle_completed_owned if owned else sql.settle_completed
+        return sql["settle_completed_owned"] if owned else sql["settle_completed"]
     if isinstance(settlement, Failed):
-        return sql.settle_failed_owned if owned else sql.settle_failed
+        return sql["settle_failed_owned"] if owned else sql["settle_failed"]
     if isinstance(settlement, Abandoned):
-        return sql.settle_abandoned_owned if owned else sql.settle_abandoned
+        return sql["settle_abandoned_owned"] if owned else sql["settle_abandoned"]
     raise TypeError(
         f"not a settlement: {settlement!r} (use Completed, Failed or Abandoned)"
     )
@@ -195,14 +187,20 @@ def settle_params(
 
 
 def settle_owned_in(
-    sql: SQLiteStatements,
+    sql: Statements,
     conn: sqlite3.Connection,
     items: Sequence[Tuple[AttemptIdentity, Settlement]],
     effects: Optional[Mapping[AttemptIdentity, AttemptEffects]] = None,
+    calls: Optional[Dict[AttemptIdentity, Tuple[int, ...]]] = None,
+    sending: Optional[Set[int]] = None,
 ) -> List[Landing]:
-    """Fenced settles inside ``conn``'s transaction; per item, whether it landed (or the
-    :class:`~ptb_fence.StateConflict` that stopped it). The calls and state writes of
-    ``effects`` ride with each completion that landed, in the same transaction."""
+    """Fenced settles inside ``conn``'s transaction.
+
+    It returns per item whether it landed, or the :class:`~ptb_fence.StateConflict` that
+    stopped it. The calls, state writes and jobs of ``effects`` ride with each completion that
+    landed, in the same transaction. ``calls`` and ``sending`` collect the call ids written
+    and those inserted claimed.
+    """
     for each in (effects or {}).values():
         check_writes(each.state)  # refused before anything is written
     stateful: Dict[int, Sequence[StateWrite]] = {}
@@ -213,8 +211,8 @@ def settle_owned_in(
     # the write lock is held: the versions read now are the ones the writes meet
     together = settled_together(stateful, _versions(sql, conn, stateful)) if stateful else set()
     landed: List[Landing] = [False] * len(items)
-    # the completions without state writes, and those whose writes were checked: one
-    # statement per chunk; the others one by one, in input order
+    # The completions without state writes, and those whose writes were checked, take one
+    # statement per chunk. The others go one by one, in input order.
     grouped = [position for position, (_, settlement) in enumerate(items)
                if isinstance(settlement, Completed)
                and (position not in stateful or position in together)]
@@ -241,38 +239,44 @@ def settle_owned_in(
     if effects:  # in input order: a claimed insert sees the calls inserted before it
         for position, (identity, settlement) in enumerate(items):
             if landed[position] is True and isinstance(settlement, Completed):
-                insert_calls(sql, conn,
-                             effects_params(identity, effects.get(identity), settlement.at))
+                queued = effects.get(identity)
+                if queued is not None:
+                    write_jobs_in(sql, conn, queued, settlement.at)
+                ids = insert_calls(
+                    sql, conn, effects_params(identity, effects.get(identity), settlement.at),
+                    sending,
+                )
+                if calls is not None and ids:
+                    calls[identity] = tuple(ids)
     return landed
 
 
 def _complete_many(
-    sql: SQLiteStatements,
+    sql: Statements,
     conn: sqlite3.Connection,
     completions: Sequence[Tuple[int, Tuple[AttemptIdentity, Settlement]]],
     landed: List[Landing],
 ) -> None:
-    """Complete ``(position, (identity, Completed))`` items in statements of many rows;
-    ``landed[position]`` is set for each that landed (an identity given twice: its first)."""
+    """Complete ``(position, (identity, Completed))`` items in one statement.
+
+    ``landed[position]`` is set for each that landed. For an identity given twice it is set
+    for its first position."""
     unique: Dict[AttemptIdentity, Tuple[int, int]] = {}
     for position, (identity, settlement) in completions:
         unique.setdefault(identity, (position, int(settlement.at)))
-    todo = list(unique.items())
-    size = max(1, max_variables(conn) // 4)
-    for start in range(0, len(todo), size):
-        chunk = todo[start:start + size]
-        params: List[Any] = []
-        for identity, (_, at) in chunk:
-            params += [identity.update_id, identity.attempt, identity.claim_id, at]
-        done = {(int(u), int(a), str(c)) for u, a, c in
-                conn.execute(sql.complete_owned_many(len(chunk)), params).fetchall()}
-        for identity, (position, _) in chunk:
-            if (identity.update_id, identity.attempt, identity.claim_id) in done:
-                landed[position] = True
+    completions_json = json.dumps([
+        [identity.update_id, identity.attempt, identity.claim_id, at]
+        for identity, (_, at) in unique.items()
+    ])
+    done = {(int(u), int(a), str(c)) for u, a, c in conn.execute(
+        sql["complete_owned_many"], {"completions": completions_json}).fetchall()}
+    for identity, (position, _) in unique.items():
+        if (identity.update_id, identity.attempt, identity.claim_id) in done:
+            landed[position] = True
 
 
 def _versions(
-    sql: SQLiteStatements, conn: sqlite3.Connection, stateful: Dict[int, Sequence[StateWrite]]
+    sql: Statements, conn: sqlite3.Connection, stateful: Dict[int, Sequence[StateWrite]]
 ) -> Dict[StateKey, int]:
     """The versions of the keys written."""
     keys = [w.key for writes in stateful.values() for w in writes]
@@ -280,57 +284,32 @@ def _versions(
 
 
 def read_state_in(
-    sql: SQLiteStatements, conn: sqlite3.Connection, keys: Sequence[StateKey]
+    sql: Statements, conn: sqlite3.Connection, keys: Sequence[StateKey]
 ) -> Dict[StateKey, StateEntry]:
-    """The state rows of ``keys`` on ``conn``: one ``SELECT`` per kind and name (and per
-    chunk of the parameter limit), each key a search of the primary key."""
-    groups: Dict[Tuple[str, str], List[str]] = {}
-    for key in dict.fromkeys(keys):
-        groups.setdefault((key.kind, key.name), []).append(key.key)
-    limit = max(3, max_variables(conn))
-    found: Dict[StateKey, StateEntry] = {}
-    counts: List[int] = []
-    params: List[Any] = []
-
-    def flush() -> None:
-        if counts:
-            (text,) = conn.execute(sql.state.read_groups(counts), params).fetchone()
-            found.update(entries_of(json.loads(text), keys))
-            counts.clear()
-            params.clear()
-
-    for (kind, name), names in groups.items():
-        for start in range(0, len(names), limit - 2):
-            chunk = names[start:start + limit - 2]
-            if len(params) + 2 + len(chunk) > limit:
-                flush()
-            counts.append(len(chunk))
-            params.extend([kind, name, *chunk])
-    flush()
-    return found
+    """The state rows of ``keys`` on ``conn``: one ``SELECT``, each key a search of the
+    primary key, the rows as one JSON row."""
+    unique = [[key.kind, key.name, key.key] for key in dict.fromkeys(keys)]
+    if not unique:
+        return {}
+    (text,) = conn.execute(sql["state_read"], {"keys": json.dumps(unique)}).fetchone()
+    return entries_of(json.loads(text), keys)
 
 
 def _write_checked(
-    sql: SQLiteStatements, conn: sqlite3.Connection, checked: List[Dict[str, Any]]
+    sql: Statements, conn: sqlite3.Connection, checked: List[Dict[str, Any]]
 ) -> None:
-    """The writes whose versions were checked under the write lock: the inserts in one
-    statement, the updates in another (per chunk of the parameter limit); each must land
-    (nothing else writes while the lock is held)."""
-    inserts = [p for p in checked if p["version"] == 0]
-    updates = [p for p in checked if p["version"] != 0]
-    limit = max_variables(conn)
+    """Run the writes whose versions were checked under the write lock.
+
+    The inserts go in one statement, the updates in another. Each must land, since nothing
+    else writes while the lock is held."""
+    inserts = [[p["kind"], p["name"], p["key"], p["value"], p["at"]]
+               for p in checked if p["version"] == 0]
+    updates = [[p["kind"], p["name"], p["key"], p["value"], p["at"], p["version"]]
+               for p in checked if p["version"] != 0]
     changed = 0
-    for rows, width, statement in ((inserts, 5, sql.state.insert_rows),
-                                   (updates, 6, sql.state.update_rows)):
-        size = max(1, limit // width)
-        for start in range(0, len(rows), size):
-            chunk = rows[start:start + size]
-            params: List[Any] = []
-            for p in chunk:
-                params += [p["kind"], p["name"], p["key"], p["value"], p["at"]]
-                if width == 6:
-                    params.append(p["version"])
-            changed += conn.execute(statement(len(chunk)), params).rowcount
+    for rows, name in ((inserts, "state_insert_rows"), (updates, "state_update_rows")):
+        if rows:
+            changed += conn.execute(sql[name], {"rows": json.dumps(rows)}).rowcount
     if changed != len(checked):  # the whole transaction rolls back
         raise RuntimeError(
             f"state rows changed while the write lock was held: {changed} of {len(checked)} "
@@ -339,41 +318,56 @@ def _write_checked(
 
 
 def settle_with_state(
-    sql: SQLiteStatements,
+    sql: Statements,
     conn: sqlite3.Connection,
     statement: str,
     params: Dict[str, Any],
     writes: Sequence[StateWrite],
     at: int,
 ) -> Landing:
-    """One completion and its state writes in a savepoint: all land, or none (a settle that
-    does not land: :obj:`False`; a moved version: the conflict)."""
-    conn.execute(sql.state.savepoint)
+    """One completion and its state writes in a savepoint, where all land or none.
+
+    A settle that does not land gives :obj:`False`. A moved version gives the conflict."""
+    conn.execute(sql["state_savepoint"])
     try:
         if not conn.execute(statement, params).fetchall():
-            conn.execute(sql.state.rollback_to)
+            conn.execute(sql["state_rollback_to"])
             return False
         moved = write_state_in(sql, conn, writes, at)
         if moved:
-            conn.execute(sql.state.rollback_to)
+            conn.execute(sql["state_rollback_to"])
             return StateConflict(tuple(moved))
         return True
     finally:
-        conn.execute(sql.state.release)
+        conn.execute(sql["state_release"])
 
 
 def write_state_in(
-    sql: SQLiteStatements, conn: sqlite3.Connection, writes: Sequence[StateWrite], at: int
+    sql: Statements, conn: sqlite3.Connection, writes: Sequence[StateWrite], at: int
 ) -> List[Any]:
-    """The conditional state writes inside ``conn``'s transaction; the keys that moved (the
-    caller rolls back what the others wrote)."""
+    """Run the conditional state writes inside ``conn``'s transaction.
+
+    It returns the keys that moved. The caller rolls back what the others wrote."""
     return apply_writes(
-        sql.state, lambda s, p: conn.execute(s, p).fetchone() is not None, writes, at
+        (sql["state_insert"], sql["state_update"]),
+        lambda s, p: conn.execute(s, p).fetchone() is not None, writes, at,
     )
 
 
 def insert_calls(
-    sql: SQLiteStatements, conn: sqlite3.Connection, calls: Sequence[Dict[str, Any]]
+    sql: Statements,
+    conn: sqlite3.Connection,
+    calls: Sequence[Dict[str, Any]],
+    sending: Optional[Set[int]] = None,
 ) -> List[int]:
-    """Insert outbox calls inside ``conn``'s transaction; their call ids, in order."""
-    return [int(conn.execute(sql.outbox.insert, params).fetchone()[0]) for params in calls]
+    """Insert outbox calls inside ``conn``'s transaction and return their call ids, in order.
+
+    ``sending`` collects the ids inserted claimed for their sender.
+    """
+    ids = []
+    for params in calls:
+        call_id, state = conn.execute(sql["outbox_insert"], params).fetchone()
+        ids.append(int(call_id))
+        if sending is not None and state == "sending":
+            sending.add(int(call_id))
+    return ids

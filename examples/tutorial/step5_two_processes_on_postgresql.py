@@ -1,10 +1,10 @@
-"""Tutorial step 4: two processes on PostgreSQL.
+"""Tutorial step 5: two processes on PostgreSQL.
 
 Two bot processes share one PostgreSQL table. The poller receives the updates. The sweeper
 receives nothing: it takes over the work of a process that died. The script starts both, as a
 deployment would, kills the poller in the middle of a booking, and shows that the sweeper
 finished it: one booking, one reply. Run it with
-``python examples/tutorial/step4_two_processes_on_postgresql.py --dsn postgresql://...``.
+``python examples/tutorial/step5_two_processes_on_postgresql.py --dsn postgresql://...``.
 """
 
 import argparse

@@ -1,8 +1,8 @@
-"""ExhaustionDelivery: UpdateIntake's exhaustion handlers, each on a thread of its own.
+"""ThreadDeliveries: UpdateIntake's exhaustion handlers, each on a thread of its own.
 
 The decisions (which are due, which start now, acknowledgement, failure, logging) are
-:class:`~ptb_fence.runtime._exhaustions.ExhaustionDeliveries`, shared with the PTB processor;
-this module only runs them on threads, off the workers, the chats and the sweep.
+:class:`~ptb_fence.runtime._exhaustions.ExhaustionDeliveries`, shared with the PTB processor.
+This module only runs them on threads, off the workers, the chats and the sweep.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from ptb_fence.runtime._exhaustions import SLOW_DELIVERY_SECONDS, ExhaustionDeli
 if TYPE_CHECKING:
     from ptb_fence.runtime._runtime import Runtime
 
-__all__ = ["DELIVERY_WAIT_SECONDS", "ExhaustionDelivery"]
+__all__ = ["DELIVERY_WAIT_SECONDS", "ThreadDeliveries"]
 
 DELIVERY_WAIT_SECONDS = SLOW_DELIVERY_SECONDS
 """How long a sweep waits for one exhaustion handler it started. A slower one is logged and
-left running (never entered again for the same exhaustion while it runs); its exhaustion is
-acknowledged when it returns."""
+left running. It is never entered again for the same exhaustion while it runs. Its exhaustion
+is acknowledged when it returns."""
 
 
-class ExhaustionDelivery:
+class ThreadDeliveries:
     """Runs each admitted delivery on a daemon thread of its own.
 
     :meth:`submit` never blocks: the caller (a worker after an update's last attempt, the
@@ -84,7 +84,7 @@ class ExhaustionDelivery:
         return [event for _, event in started]
 
     def wait_idle(self, timeout: Optional[float]) -> bool:
-        """Wait until no handler runs; :obj:`False` on timeout."""
+        """Wait until no handler runs. Returns :obj:`False` on timeout."""
         with self._cond:
             return self._cond.wait_for(lambda: not self._threads, timeout)
 

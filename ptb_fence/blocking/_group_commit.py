@@ -1,6 +1,6 @@
 """ThreadGroupCommit: items that threads submit together go to the store in one call (one commit).
 
-The blocking twin of :class:`ptb_fence.ptb._group_commit.GroupCommit`, for worker threads
+The blocking twin of :class:`ptb_fence.ptb._group_commit.AsyncGroupCommit`, for worker threads
 (:class:`~ptb_fence.UpdateIntake`): one guarantee, the same as one call per item — nothing is
 reported done before the store call that does it has returned — with one call per group.
 """
@@ -36,10 +36,10 @@ class _Waiter(Generic[In, Out]):
 class ThreadGroupCommit(Generic[In, Out]):
     """Sends items to ``run_many(items) -> results`` in groups, one group in flight at a time.
 
-    A thread that submits while no group is in flight sends its item at once; items submitted
+    A thread that submits while no group is in flight sends its item at once. Items submitted
     while a group is in flight wait and go together in the next call, which the first of them
     makes (the lead passes from thread to thread, so no thread works for others forever).
-    Every thread returns its own result or raises the exception of its group's call; a result
+    Every thread returns its own result or raises the exception of its group's call. A result
     that is an exception is raised to that item's thread alone.
 
     Args:
@@ -62,7 +62,7 @@ class ThreadGroupCommit(Generic[In, Out]):
         self._busy = False  # a group is in flight, or a thread was handed the lead
 
     def submit(self, item: In) -> Out:
-        """Send ``item`` with the next group; return its result (or raise its group's error)."""
+        """Send ``item`` with the next group and return its result (or raise its group's error)."""
         waiter: _Waiter[In, Out] = _Waiter(item)
         with self._lock:
             self._pending.append(waiter)
@@ -80,7 +80,7 @@ class ThreadGroupCommit(Generic[In, Out]):
 
     def _send_group(self) -> None:
         # let the threads that are ready to run now submit first: they join this group (the
-        # blocking twin of GroupCommit's one loop iteration)
+        # blocking twin of AsyncGroupCommit's one loop iteration)
         time.sleep(0)
         with self._lock:
             group = self._pending[: self._max_group]

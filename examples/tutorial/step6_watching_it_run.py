@@ -1,9 +1,9 @@
-"""Tutorial step 5: watching it run.
+"""Tutorial step 6: watching it run.
 
 The processor serves its probes and metrics over HTTP (``probe_port=``). The script reads
 ``/healthz``, ``/readyz`` and ``/metrics`` while the bot runs, as Kubernetes and Prometheus
 would, then prints what ``stats()`` counted. Run it with
-``python examples/tutorial/step5_watching_it_run.py`` (``/metrics`` needs the ``[metrics]``
+``python examples/tutorial/step6_watching_it_run.py`` (``/metrics`` needs the ``[metrics]``
 extra: ``python -m pip install -e '.[metrics]'``).
 """
 
