@@ -295,30 +295,23 @@ def test_a_stale_attempts_queued_reply_is_never_sent(bed: Bed, bots: Bots) -> No
     refused, and neither reply is ever sent."""
     with FakeBotApi() as fake:
         first = spawn(bots, fake, bed, "--poll", "--slow-seconds", "6")
-        second = spawn(bots, fake, bed)  # no polling: its sweep takes over lapsed leases
         ids = [fake.inject_message(chat_id=700, text="slow"),
                fake.inject_message(chat_id=701, text="slow nowrite")]
-        paused: Dict[int, int] = {}
-
-        def both_slow() -> bool:
-            for update_id in ids:
-                for proc in (first, second):
-                    if os.path.exists(os.path.join(bots.dir, f"slow.{update_id}.{proc.pid}")):
-                        paused[update_id] = proc.pid
-            return len(paused) == len(ids)
-
-        wait_sync("both slow handlers started", both_slow, 30)
-        stopped = [p for p in (first, second) if p.pid in paused.values()]
-        for proc in stopped:
-            proc.send_signal(signal.SIGSTOP)
+        paused = {u: first.pid for u in ids}
+        wait_sync("both slow handlers started",
+                  lambda: all(os.path.exists(os.path.join(bots.dir, f"slow.{u}.{first.pid}"))
+                              for u in ids), 30)
+        # The other process starts only now: had it run beside the first, it could have claimed
+        # one of the updates itself, and a test that stops both has nobody left to take over.
+        first.send_signal(signal.SIGSTOP)
         try:
+            second = spawn(bots, fake, bed)  # no polling: its sweep takes over lapsed leases
             # the other process takes over (attempt 2) and its reply is sent
             wait_sync("the takeover replies",
                       lambda: all(any(a == 2 for _, a, _ in replies_by_update(fake).get(u, []))
                                   for u in ids), 60)
         finally:
-            for proc in stopped:
-                proc.send_signal(signal.SIGCONT)
+            first.send_signal(signal.SIGCONT)
         wait_sync("the stale handlers woke",
                   lambda: all(os.path.exists(os.path.join(bots.dir, f"woke.{u}.{pid}"))
                               for u, pid in paused.items()), 30)
