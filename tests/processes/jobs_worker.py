@@ -102,8 +102,11 @@ async def tick(context: Any) -> None:
 
 
 async def book(update: Update, context: Any) -> int:
-    """Enters the conversation (state 0): its timeout is scheduled with this update."""
-    await context.attempt.run_in_transaction(lambda conn: None, complete=True)
+    """Enters the conversation (state 0). The state and the timeout PTB schedules once this
+    returns commit with the update's completion, which comes after the return. (Inside a
+    ``transaction(complete=True)`` both would be written after that commit, outside the fence:
+    a kill in between could keep the timeout and lose the state.)"""
+    await context.attempt.run_in_transaction(lambda conn: None)
     return 0
 
 
