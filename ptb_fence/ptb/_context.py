@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Optional, TypeVar
 from telegram.ext import CallbackContext, ContextTypes
 
 from ptb_fence.ptb._handling import UpdateState, leave_attempt, update_state
+from ptb_fence.ptb._ptb_internals import schedule_conversation_timeout
 from ptb_fence.ptb._state_session import NOT_HELD, active_session
 from ptb_fence.runtime._attempt import Attempt, current_attempt
 from ptb_fence.runtime._outcome import ids
@@ -130,7 +131,8 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
         ``transaction(complete=True)`` in a conversation callback, so that the new state
         commits with the update: PTB sets it only when the callback returns, after that
         commit. Not needed without such a transaction (the grouped completion comes after
-        the return).
+        the return). With durable jobs, the handler's ``conversation_timeout`` is scheduled
+        here too, so it commits with the state.
 
         Args:
             state: The next state (``ConversationHandler.END`` ends the conversation).
@@ -149,7 +151,15 @@ class FencedCallbackContext(CallbackContext[Any, Any, Any, Any]):
                 "here (set .persistence(FencedPersistence(store)) with a FencedUpdateProcessor, "
                 "and call it in a blocking handler of the update)"
             )
-        session.declare(state, name)
+        handler, conversation, _ = session.declare(state, name)
+        # PTB schedules a conversation_timeout once the callback returns, after that commit.
+        # A durable one is scheduled now instead, so it commits with the state it belongs to.
+        if getattr(handler, "conversation_timeout", None) and state != handler.END:
+            from ptb_fence.ptb._job_queue import FencedJobQueue
+
+            if isinstance(self.application.job_queue, FencedJobQueue):
+                schedule_conversation_timeout(handler, state, self.application,
+                                              session.update, self, conversation)
 
     # With FencedPersistence, a handler of the update works on the attempt's private copies
     # of the data (committed with its completion, dropped when it fails). Elsewhere, PTB's.

@@ -85,6 +85,11 @@ from telegram.request import BaseRequest
 #     ``_ConversationTimeoutContext`` as its data. A :class:`~ptb_fence.ptb.FencedJobQueue`
 #     keeps it as a durable job of the handler's name and conversation key (a bound method and
 #     that data cannot be kept), and runs the handler's ``TIMEOUT`` handlers itself.
+# 13. ``ConversationHandler._schedule_job(new_state, application, update, context,
+#     conversation_key)``: how PTB schedules that timeout once a callback returned.
+#     ``context.next_conversation_state`` calls it earlier, while the attempt has not completed,
+#     so the timeout commits with the state. If this changes, the timeout is scheduled only
+#     when the callback returns, right after the commit (the guard test says so).
 #
 # Not private, listed because their identity matters: the defaults of the public
 # ``BaseRequest.do_request`` signature (PTB's "not given" marker), read with :mod:`inspect`.
@@ -95,6 +100,7 @@ __all__ = [
     "set_callback_query_data",
     "set_context_chat_and_user",
     "timed_out_conversation",
+    "schedule_conversation_timeout",
     "conversation_key",
     "conversation_states",
     "missing_conversation_internals",
@@ -326,3 +332,15 @@ def timed_out_conversation(callback: Any) -> Any:
     if isinstance(handler, ConversationHandler) and getattr(callback, "__func__", None) is trigger:
         return handler
     return None
+
+
+def schedule_conversation_timeout(handler: Any, state: object, application: Any, update: Any,
+                                  context: Any, conversation: Any) -> bool:
+    """Schedule ``handler``'s ``conversation_timeout`` for a conversation going to ``state``,
+    as PTB does once a callback returned (internal 13). Whether PTB's method was there."""
+    schedule = getattr(handler, "_schedule_job", None)
+    if not callable(schedule):  # pragma: no cover - a PTB we do not know
+        return False
+    schedule(new_state=state, application=application, update=update, context=context,
+             conversation_key=conversation)
+    return True

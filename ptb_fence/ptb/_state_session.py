@@ -153,11 +153,12 @@ class StateSession:
             self._dropped = set()
         self._dropped.add(kind)
 
-    def declare(self, state: Any, name: Optional[str]) -> None:
+    def declare(self, state: Any, name: Optional[str]
+                ) -> Tuple[Any, Tuple[Any, ...], StateKey]:
         """The conversation (of the handler ``name``, or the only persistent one the update
         has) goes to ``state`` after this callback: writes taken from now on carry it (PTB
         sets it only when the callback returns, after a ``transaction(complete=True)`` in it
-        committed).
+        committed). Returns its handler, conversation key and state key.
 
         Raises:
             ValueError: No persistent conversation of that name has a key for the update, or
@@ -178,6 +179,7 @@ class StateSession:
         if self._declared is None:
             self._declared = {}
         self._declared[found[0][2]] = state
+        return found[0]
 
     def _state_text(self, handler: Any, conversation: Tuple[Any, ...],
                     key: StateKey) -> Tuple[bool, Any, Optional[str]]:

@@ -260,6 +260,62 @@ def test_a_conversation_timeout_is_durable_and_fires_once(store: Any) -> None:
     run(scenario(), 60)
 
 
+def test_next_conversation_state_commits_the_timeout_with_the_state(store: Any) -> None:
+    """A conversation callback that completes inside its handler (``transaction(complete=True)``)
+    and declares its next state first: the durable timeout is stored by that commit, not after
+    the callback returns. It then times the conversation out once."""
+    from telegram import Update
+    from telegram.ext import CommandHandler, ConversationHandler, TypeHandler
+
+    from ptb_fence.ptb import FencedPersistence
+
+    stored_at_commit: List[List[str]] = []
+
+    async def book(update: Any, context: Any) -> int:
+        context.next_conversation_state(0)
+        await context.attempt.run_in_transaction(lambda conn: None, complete=True)
+        stored_at_commit.append([job.name for job in store.list_jobs()])
+        return 0
+
+    async def timed_out(update: Any, context: Any) -> None:
+        context.attempt.outbox.send_message(chat_id=update.effective_chat.id,
+                                            text=f"timed out {update.effective_chat.id}")
+
+    async def scenario() -> None:
+        with FakeBotApi() as fake:
+            from telegram.ext import Application
+
+            processor = FencedUpdateProcessor(store, durable_jobs=True, sweep_every_seconds=0.5,
+                                              retry=lambda error, attempt: 0.05)
+            builder = (Application.builder().token(fake.token).base_url(fake.base_url)
+                       .context_types(ContextTypes(context=FencedCallbackContext))
+                       .persistence(FencedPersistence(store)))
+            app = processor.install(builder).build()
+            app.add_handler(ConversationHandler(
+                entry_points=[CommandHandler("book", book)],
+                states={0: [], ConversationHandler.TIMEOUT: [TypeHandler(Update, timed_out)]},
+                fallbacks=[], name="booking", persistent=True, conversation_timeout=1.0,
+            ))
+            await started(app)
+            try:
+                fake.inject_message(chat_id=21, text="/book")
+
+                def sent() -> List[str]:
+                    return [m["text"] for m in fake.sent_messages
+                            if str(m.get("text", "")).startswith("timed out")]
+
+                await wait_for("chat 21 timed out", lambda: "timed out 21" in sent(), 20)
+                await asyncio.sleep(1.5)
+                conversations = await app.persistence.get_conversations("booking")
+            finally:
+                await stopped(app)
+            assert stored_at_commit == [['conversation-timeout:booking:[21, 21]']]
+            assert sent() == ["timed out 21"]
+            assert conversations == {}
+
+    run(scenario(), 60)
+
+
 def test_a_job_whose_callback_a_deploy_removed_ends_as_an_exhaustion(store: Any) -> None:
     """A stored job names a callback this process does not have: its run is not dropped, it
     ends at once as an exhaustion whose error names the callback."""

@@ -494,3 +494,39 @@ def test_guard_conversation_timeout_job_is_the_handlers_trigger_timeout() -> Non
     assert timed_out_conversation(getattr(handler, "_trigger_timeout")) is handler
     assert timed_out_conversation(start) is None
     assert timed_out_conversation(handler.check_update) is None
+
+
+def test_guard_schedule_conversation_timeout_calls_run_once_with_the_trigger() -> None:
+    """Internal 13: ``ConversationHandler._schedule_job`` schedules the timeout through the
+    Application's job queue with ``run_once(_trigger_timeout, conversation_timeout, data=...)``,
+    and nothing for the END state."""
+    from telegram.ext import CommandHandler, ConversationHandler
+
+    from ptb_fence.ptb._ptb_internals import (
+        schedule_conversation_timeout,
+        timed_out_conversation,
+    )
+
+    async def start(update: object, context: object) -> int:
+        return 0
+
+    scheduled: List[Any] = []
+
+    class Queue:
+        def run_once(self, callback: Any, when: Any, data: Any = None) -> str:
+            scheduled.append((callback, when, data))
+            return "job"
+
+    class App:
+        job_queue = Queue()
+
+    handler = ConversationHandler(entry_points=[CommandHandler("a", start)], states={},
+                                  fallbacks=[], conversation_timeout=5)
+    assert schedule_conversation_timeout(handler, 0, App(), "update", "context", (1, 2))
+    assert schedule_conversation_timeout(handler, handler.END, App(), "update", "context", (1, 3))
+    assert len(scheduled) == 1
+    callback, when, data = scheduled[0]
+    assert timed_out_conversation(callback) is handler and when == 5
+    assert (data.conversation_key, data.update, data.callback_context) == ((1, 2), "update",
+                                                                           "context")
+    assert handler.timeout_jobs[(1, 2)] == "job"
