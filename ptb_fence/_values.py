@@ -11,6 +11,11 @@ from dataclasses import dataclass
 from typing import NamedTuple, Optional, Tuple, Union
 
 __all__ = [
+    "BROADCAST_STATES",
+    "RECIPIENT_STATES",
+    "Recipient",
+    "RecipientOutcome",
+    "StoredBroadcast",
     "JOB_STATES",
     "JobFire",
     "JobWrite",
@@ -559,3 +564,103 @@ class JobFire:
     body: str
     chat_key: Optional[int]
     skip: bool = False
+
+
+BROADCAST_STATES = ("active", "paused", "cancelled")
+"""The states of a broadcast: its recipients are sent to, they wait, they are not sent to."""
+
+RECIPIENT_STATES = ("pending", "sending", "sent", "failed", "blocked", "cancelled")
+"""The states of a broadcast's recipient.
+
+``pending`` waits for its turn, ``sending`` is held by a sender under a lease. ``sent``,
+``failed`` (Telegram refused it), ``blocked`` (the user blocked the bot) and ``cancelled``
+(the broadcast was cancelled first) are final.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBroadcast:
+    """A broadcast as a store keeps it, with its recipients counted per state.
+
+    Args:
+        broadcast_id (:obj:`int`): The store's id of the broadcast.
+        name (:obj:`str`): Its name, unique per store.
+        method (:obj:`str`): The Bot API method sent to each recipient.
+        params_json (:obj:`str`): The call's parameters as a JSON object, without ``chat_id``.
+        state (:obj:`str`): One of :data:`BROADCAST_STATES`.
+        created_at (:obj:`int`): When it was started (epoch milliseconds).
+        pending (:obj:`int`, optional): Recipients waiting for their turn.
+        sending (:obj:`int`, optional): Recipients a sender holds.
+        sent (:obj:`int`, optional): Recipients sent to.
+        failed (:obj:`int`, optional): Recipients Telegram refused.
+        blocked (:obj:`int`, optional): Recipients who blocked the bot.
+        cancelled (:obj:`int`, optional): Recipients left out by a cancel.
+    """
+
+    broadcast_id: int
+    name: str
+    method: str
+    params_json: str
+    state: str
+    created_at: int
+    pending: int = 0
+    sending: int = 0
+    sent: int = 0
+    failed: int = 0
+    blocked: int = 0
+    cancelled: int = 0
+
+    @property
+    def total(self) -> int:
+        """:obj:`int`: The recipients recorded."""
+        return (self.pending + self.sending + self.sent + self.failed + self.blocked
+                + self.cancelled)
+
+    @property
+    def done(self) -> bool:
+        """:obj:`bool`: No recipient is pending or being sent to."""
+        return not (self.pending or self.sending)
+
+
+@dataclass(frozen=True, slots=True)
+class Recipient:
+    """A recipient a sender claimed: send ``method(chat_id=chat_id, **params)``.
+
+    Args:
+        broadcast_id (:obj:`int`): The broadcast.
+        chat_id (:obj:`int`): The recipient's chat.
+        method (:obj:`str`): The broadcast's Bot API method.
+        params_json (:obj:`str`): The broadcast's parameters (without ``chat_id``).
+        tries (:obj:`int`): The claims of this recipient so far, this one included.
+    """
+
+    broadcast_id: int
+    chat_id: int
+    method: str
+    params_json: str
+    tries: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecipientOutcome:
+    """What a sender learnt of one recipient it held.
+
+    Args:
+        broadcast_id (:obj:`int`): The broadcast.
+        chat_id (:obj:`int`): The recipient's chat.
+        state (:obj:`str`): ``sent``, ``failed``, ``blocked``, or ``pending`` to send it again
+            at ``due_at``.
+        due_at (:obj:`int`, optional): When a ``pending`` recipient is due again.
+        error (:obj:`str` | :obj:`None`, optional): Telegram's answer for a recipient not sent.
+    """
+
+    broadcast_id: int
+    chat_id: int
+    state: str
+    due_at: int = 0
+    error: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.state not in ("sent", "failed", "blocked", "pending"):
+            raise ValueError(
+                f"a recipient's outcome is sent, failed, blocked or pending, got {self.state!r}")

@@ -35,6 +35,8 @@ from ptb_fence._values import (
     Landing,
     OutboxEntry,
     PaceBucket,
+    Recipient,
+    RecipientOutcome,
     Settlement,
     StateConflict,
     StateEntry,
@@ -44,6 +46,7 @@ from ptb_fence._values import (
     JobWrite,
     StepRecord,
     StoreFigures,
+    StoredBroadcast,
     StoredJob,
     StoredUpdate,
 )
@@ -79,6 +82,7 @@ __all__ = [
     "STEP_METHODS",
     "JOB_METHODS",
     "PACE_METHODS",
+    "BROADCAST_METHODS",
     "StateStore",
     "StoreCapabilities",
     "StoreFeatures",
@@ -150,6 +154,10 @@ JOB_METHODS = ("schedule_jobs", "cancel_jobs", "due_jobs", "fire_jobs", "list_jo
 
 PACE_METHODS = ("take_send_slots", "hold_sends")
 """The methods of the declared part ``pacing``."""
+
+BROADCAST_METHODS = ("start_broadcast", "add_recipients", "claim_recipients",
+                     "settle_recipients", "set_broadcast_state", "list_broadcasts")
+"""The methods of the declared part ``broadcasts``."""
 
 Row = Tuple[int, str, int]
 """An update to record: ``(update_id, body, received_at)``."""
@@ -591,6 +599,8 @@ class StoreFeatures:
             :attr:`AttemptEffects.jobs` with a completion.
         pacing (:obj:`bool`): Sends paced for every process of the bot, holds included:
             :meth:`BatchStore.take_send_slots`.
+        broadcasts (:obj:`bool`): Durable broadcasts, one row per recipient:
+            :meth:`BatchStore.claim_recipients`.
     """
 
     outbox: bool = False
@@ -602,6 +612,7 @@ class StoreFeatures:
     steps: bool = False
     jobs: bool = False
     pacing: bool = False
+    broadcasts: bool = False
 
     def __post_init__(self) -> None:
         if self.state and not self.outbox:
@@ -631,6 +642,7 @@ FEATURE_METHODS: Dict[str, Tuple[str, ...]] = {
     "steps": STEP_METHODS,
     "jobs": JOB_METHODS,
     "pacing": PACE_METHODS,
+    "broadcasts": BROADCAST_METHODS,
 }
 """Dict[:obj:`str`, Tuple[:obj:`str`, ...]]: Per optional part of :class:`StoreFeatures`, the
 methods a store that declares it must have."""
@@ -722,6 +734,7 @@ FEATURE_GROUPS: Dict[str, Tuple[str, ...]] = {
     "steps": ("steps",),
     "jobs": ("jobs",),
     "pacing": ("pacing",),
+    "broadcasts": ("broadcasts",),
 }
 """Per optional part of :class:`StoreFeatures`, the :data:`CAPABILITY_GROUPS` it stands for."""
 
@@ -1112,6 +1125,48 @@ class BatchStore(DurableUpdateStore, Protocol):
         time and hold are both before ``before``.
         """
 
+    # -- broadcasts (declared: ``broadcasts``) -----------------------------------------
+    def start_broadcast(self, name: str, method: str, params_json: str,
+                        at: int) -> StoredBroadcast:
+        """Start the broadcast ``name`` (``active``, no recipients yet) and return it.
+
+        A broadcast of that name that exists already is returned as it is, whatever its
+        method and parameters. So starting one again after a crash goes on with it.
+        """
+
+    def add_recipients(self, broadcast_id: int, chat_ids: Sequence[int], at: int) -> int:
+        """Add recipients ``pending``, due at ``at``, in one transaction. A chat the broadcast
+        has already is left as it is. Returns how many were new."""
+
+    def claim_recipients(self, sender: str, *, now: int, lease_until: int,
+                         limit: int) -> List[Recipient]:
+        """Claim at most ``limit`` recipients of ``active`` broadcasts for ``sender`` until
+        ``lease_until``, by broadcast and chat id.
+
+        A recipient is claimable when it is ``pending`` and due at ``now``, or ``sending``
+        under a lease that ended before ``now`` (its sender died). The claim makes it
+        ``sending`` and counts a try. Concurrent claims never return one recipient twice.
+        """
+
+    def settle_recipients(self, sender: str, outcomes: Sequence[RecipientOutcome],
+                          at: int) -> List[bool]:
+        """Record outcomes, in one transaction. Per outcome, whether it landed: only a
+        recipient ``sending`` under ``sender`` takes it. ``pending`` puts the recipient back,
+        due at its ``due_at``."""
+
+    def set_broadcast_state(self, name: str, state: str,
+                            at: int) -> Optional[StoredBroadcast]:
+        """Set a broadcast ``active``, ``paused`` or ``cancelled`` and return it, or
+        :obj:`None` when there is none of that name.
+
+        Cancelling makes its ``pending`` recipients ``cancelled``. A cancelled broadcast stays
+        cancelled. ``prune(before)`` deletes the broadcasts started before ``before`` that have
+        no recipient pending or sending, with their recipients.
+        """
+
+    def list_broadcasts(self, name: Optional[str] = None) -> List[StoredBroadcast]:
+        """The broadcasts by id (the one called ``name`` when given), counted."""
+
 
 def missing_methods(store: object, names: "tuple[str, ...]") -> List[str]:
     """Return the names in ``names`` that ``store`` lacks or that are not callable."""
@@ -1197,6 +1252,8 @@ CAPABILITY_GROUPS: Tuple[CapabilityGroup, ...] = (
            "scheduled by an attempt is written by its completion", ("fenced",)),
     _group("pacing", " ".join(PACE_METHODS),
            "store-wide pacing: the sends of every process share one pace and one hold"),
+    _group("broadcasts", " ".join(BROADCAST_METHODS),
+           "durable broadcasts: one row per recipient, each sent once by one process"),
     _group("outbox", " ".join(OUTBOX_METHODS),
            "fenced replies: the Bot API calls an attempt queued are sent iff its completion "
            "committed", ("fenced",)),

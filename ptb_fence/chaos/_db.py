@@ -8,6 +8,7 @@ from typing import Any, List, Mapping, Optional, Tuple
 
 from ptb_fence.stores._admin_sql import AdminStatements
 from ptb_fence.stores._jobs_sql import jobs_table_name
+from ptb_fence.stores._broadcasts import broadcast_tables
 from ptb_fence.stores._pace import pace_table_name
 from ptb_fence.stores._outbox_sql import outbox_table_name
 from ptb_fence.stores._queries import Statements, load
@@ -103,6 +104,7 @@ class ChaosDatabase:
             steps=steps_table_name(self.table("updates")),
             jobs=jobs_table_name(self.table("updates")),
             pace=pace_table_name(self.table("updates")),
+            **broadcast_tables(self.table("updates")),
         )
         package = "ptb_fence.stores." + ("sqlite" if self.is_sqlite else "postgres")
         self._statements = load(self.kind, package, ("chaos.sql",)).fill(names, {})
@@ -207,10 +209,10 @@ class ChaosDatabase:
             self.run(conn, name)
 
     def drop_tables(self, conn: Any) -> None:
-        """Drop every table of the run (and the outbox, state, steps, jobs and pace tables the
-        update store made beside its table)."""
+        """Drop every table of the run (and the outbox, state, steps, jobs, pace, broadcasts and
+        recipients tables the update store made beside its table)."""
         for name in ("updates", "domain", "runs", "events", "exhaustions", "claims", "outbox",
-                     "state", "steps", "jobs", "pace"):
+                     "state", "steps", "jobs", "pace", "broadcasts", "recipients"):
             self.run(conn, "chaos_drop_" + name)
         if not self.is_sqlite:
             self.run(conn, "chaos_drop_claim_log_function")

@@ -1389,7 +1389,8 @@ def _drop_scratch_tables(target: StoreTarget, tables: Sequence[str]) -> None:
             for name in tables:
                 sql = statements(validate_table_name(name))
                 for drop in ("admin_drop_table", "admin_drop_outbox", "admin_drop_state",
-                             "admin_drop_steps", "admin_drop_jobs", "admin_drop_pace"):
+                             "admin_drop_steps", "admin_drop_jobs", "admin_drop_pace",
+                             "admin_drop_broadcasts"):
                     cur.execute(sql[drop])
                 cur.execute(sql["meta_exists"])
                 if cur.fetchone()[0]:  # the conformance rule bind-bot binds scratch tables

@@ -20,6 +20,7 @@ from ptb_fence.conformance import (
     _base,
     _batches,
     _bot,
+    _broadcasts,
     _chat_order,
     _commit,
     _durable,
@@ -87,6 +88,8 @@ _CHECKS: Tuple[RuleCheck, ...] = (
     _jobs.rule_jobs_effects,
     _pacing.rule_pacing,
     _pacing.rule_pacing_concurrent,
+    _broadcasts.rule_broadcasts,
+    _broadcasts.rule_broadcasts_concurrent,
 )
 """The declared rules in the order they run.
 

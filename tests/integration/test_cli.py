@@ -734,10 +734,12 @@ def missing_sqlite_table(db: Fixture, capsys: Any) -> None:
     finally:
         conn.close()
     # the store's own table, its outbox (whose AUTOINCREMENT keeps sqlite_sequence), its state
-    # table, its steps, jobs and pace tables: no other
-    assert sorted(names) == ["sqlite_sequence", "telegram_updates", "telegram_updates_jobs",
+    # table, its steps, jobs, pace, broadcasts and recipients tables: no other
+    assert sorted(names) == ["sqlite_sequence", "telegram_updates",
+                             "telegram_updates_broadcasts", "telegram_updates_jobs",
                              "telegram_updates_outbox", "telegram_updates_pace",
-                             "telegram_updates_persistence", "telegram_updates_steps"]
+                             "telegram_updates_persistence", "telegram_updates_recipients",
+                             "telegram_updates_steps"]
 
 
 def test_missing_postgres_table_is_refused_and_not_created(

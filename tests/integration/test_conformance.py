@@ -348,7 +348,8 @@ def test_capability_rules_do_not_blame_a_store_without_the_capabilities() -> Non
 
 # -- durable jobs ---------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    ("feature", "breaker"), [("jobs", "FireIgnoresStateStore"), ("pacing", "HoldIgnoredStore")]
+    ("feature", "breaker"), [("jobs", "FireIgnoresStateStore"), ("pacing", "HoldIgnoredStore"),
+                             ("broadcasts", "RecipientRacesStore")]
 )
 def test_a_features_rules_run_only_for_a_store_that_declares_it(
     feature: str, breaker: str
@@ -402,6 +403,19 @@ def test_pacing_breakers_name_the_exact_check() -> None:
         HoldShortenedStore: "pacing: a shorter hold shortened the first",
         SlotBeyondHorizonStore: "pacing: a read (negative horizon) of the bot",
         PaceRacesStore: "pacing-concurrent: 8 threads taking 5 slots each",
+    }
+    for cls, expected in cases.items():
+        violations = check_update_store(cls)
+        assert any(v.startswith(expected) for v in violations), f"{cls.__name__}: {violations}"
+
+
+def test_broadcasts_breakers_name_the_exact_check() -> None:
+    from broken_stores import AnySenderSettlesStore, PausedClaimedStore, RecipientRacesStore
+
+    cases = {
+        PausedClaimedStore: "broadcasts: a paused broadcast's recipient was claimed",
+        AnySenderSettlesStore: "broadcasts: another sender's outcome for chat 10 returned",
+        RecipientRacesStore: "broadcasts-concurrent: 8 concurrent claims of 20 got",
     }
     for cls, expected in cases.items():
         violations = check_update_store(cls)

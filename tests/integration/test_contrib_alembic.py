@@ -112,7 +112,7 @@ def test_autogenerate_proposes_nothing_with_the_hook(engine: Any) -> None:
     # the ready-made hook covers the default table only: the second bot's would be dropped
     assert dropped_tables(proposals(engine, metadata, include_object)) == {
         "second_bot", "second_bot_outbox", "second_bot_persistence", "second_bot_steps",
-        "second_bot_jobs", "second_bot_pace",
+        "second_bot_jobs", "second_bot_pace", "second_bot_broadcasts", "second_bot_recipients",
     }
 
 

@@ -1779,3 +1779,57 @@ class PaceRacesStore(MemoryUpdateStore):
         times, changed = grant(rows, [tuple(w) for w in wants], now=now, horizon_ms=horizon_ms)
         self._pace._rows.update(changed)
         return times
+
+
+class PausedClaimedStore(MemoryUpdateStore):
+    """``set_broadcast_state`` records nothing but a cancel: a paused broadcast is claimed."""
+
+    __slots__ = ()
+
+    def set_broadcast_state(self, name: str, state: str, at: int) -> Any:
+        if state == "paused":
+            found = self.list_broadcasts(name)
+            return dataclasses.replace(found[0], state="paused") if found else None
+        return super().set_broadcast_state(name, state, at)
+
+
+class AnySenderSettlesStore(MemoryUpdateStore):
+    """``settle_recipients`` takes the outcome of any sender."""
+
+    __slots__ = ()
+
+    def settle_recipients(self, sender: str, outcomes: Sequence[Any], at: int) -> List[bool]:
+        rows = self._broadcasts._recipients
+        out = []
+        for outcome in outcomes:
+            row = rows.get(outcome.broadcast_id, {}).get(outcome.chat_id)
+            if row is not None:
+                row.sender = sender
+            out.extend(super().settle_recipients(sender, [outcome], at))
+        return out
+
+
+class RecipientRacesStore(MemoryUpdateStore):
+    """``claim_recipients`` reads the claimable recipients, yields, then takes them: concurrent
+    senders take one recipient twice."""
+
+    __slots__ = ()
+
+    def claim_recipients(self, sender: str, *, now: int, lease_until: int,
+                         limit: int) -> List[Any]:
+        from ptb_fence import Recipient
+
+        seen = []
+        for broadcast_id, rows in sorted(self._broadcasts._recipients.items()):
+            broadcast = self._broadcasts._broadcasts[broadcast_id]
+            for chat, row in sorted(rows.items()):
+                if row.state == "pending" and row.due_at <= now and len(seen) < limit:
+                    seen.append((broadcast, chat, row))
+        time.sleep(0.01)
+        out = []
+        for broadcast, chat, row in seen:
+            row.state, row.sender, row.due_at = "sending", sender, lease_until
+            row.tries += 1
+            out.append(Recipient(broadcast.broadcast_id, chat, broadcast.method,
+                                 broadcast.params_json, row.tries))
+        return out

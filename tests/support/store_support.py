@@ -30,10 +30,11 @@ def fresh_table_name() -> str:
 
 
 def drop_table(dsn: str, table: str) -> None:
-    """Drop ``table`` (and what depends on it) and its outbox, state, steps, jobs and pace
-    tables if they exist."""
+    """Drop ``table`` (and what depends on it) and its outbox, state, steps, jobs, pace,
+    broadcasts and recipients tables if they exist."""
     import psycopg2
 
+    from ptb_fence.stores._broadcasts import broadcast_tables
     from ptb_fence.stores._jobs_sql import jobs_table_name
     from ptb_fence.stores._outbox_sql import outbox_table_name
     from ptb_fence.stores._pace import pace_table_name
@@ -50,6 +51,8 @@ def drop_table(dsn: str, table: str) -> None:
             cur.execute(f'DROP TABLE IF EXISTS "{steps_table_name(table)}"')
             cur.execute(f'DROP TABLE IF EXISTS "{jobs_table_name(table)}"')
             cur.execute(f'DROP TABLE IF EXISTS "{pace_table_name(table)}"')
+            names = broadcast_tables(table)
+            cur.execute(f'DROP TABLE IF EXISTS "{names["recipients"]}", "{names["broadcasts"]}"')
     finally:
         conn.close()
 

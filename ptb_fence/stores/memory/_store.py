@@ -28,6 +28,9 @@ from ptb_fence._values import (
     OutboxEntry,
     Landing,
     PaceBucket,
+    Recipient,
+    RecipientOutcome,
+    StoredBroadcast,
     Settlement,
     StateConflict,
     StateEntry,
@@ -43,6 +46,7 @@ from ptb_fence.stores._steps_sql import check_step
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._names import validate_update_id
 from ptb_fence.stores.memory._jobs import MemoryJobs
+from ptb_fence.stores.memory._broadcasts import MemoryBroadcasts
 from ptb_fence.stores.memory._pace import MemoryPace
 from ptb_fence.stores.memory._rows import CallRow, Row, new_claim_id
 
@@ -74,14 +78,14 @@ class MemoryUpdateStore:
     __slots__ = (
         "features", "_bot_id", "_calls", "_keyboards_at", "_liveness", "_lock", "_next_call", "_rows",
         "_staged", "_state", "_staged_state", "_staged_steps", "_steps", "_undo",
-        "_jobs", "_staged_jobs", "_pace",
+        "_jobs", "_staged_jobs", "_pace", "_broadcasts",
     )
 
     def __init__(self) -> None:
         #: Every optional part but isolation: a process that dies takes the store with it.
         self.features = StoreFeatures(
             outbox=True, state=True, liveness=True, chat_order=True, figures=True, steps=True,
-            jobs=True, pacing=True,
+            jobs=True, pacing=True, broadcasts=True,
         )
         self._lock = threading.RLock()
         self._rows: Dict[int, Row] = {}
@@ -110,6 +114,7 @@ class MemoryUpdateStore:
         self._bot_id: Optional[int] = None
         self._liveness = Liveness()
         self._pace = MemoryPace()
+        self._broadcasts = MemoryBroadcasts()
 
     def bind_bot(self, bot_id: int) -> None:
         """Record that this store belongs to bot ``bot_id``. The first binder wins.
@@ -357,6 +362,7 @@ class MemoryUpdateStore:
             ]:
                 del self._calls[call_id]
             self._pace.prune(before)
+            self._broadcasts.prune(before)
             return len(doomed)
 
     # -- fenced contract -------------------------------------------------------------------
@@ -1008,6 +1014,36 @@ class MemoryUpdateStore:
     def hold_sends(self, holds: Sequence[Tuple[str, int]]) -> None:
         """Hold buckets. See :meth:`ptb_fence.BatchStore.hold_sends`."""
         self._pace.hold_sends(holds)
+
+    # -- broadcasts ------------------------------------------------------------------------
+    def start_broadcast(self, name: str, method: str, params_json: str,
+                        at: int) -> StoredBroadcast:
+        """Start a broadcast. See :meth:`ptb_fence.BatchStore.start_broadcast`."""
+        return self._broadcasts.start_broadcast(name, method, params_json, at)
+
+    def add_recipients(self, broadcast_id: int, chat_ids: Sequence[int], at: int) -> int:
+        """Add recipients. See :meth:`ptb_fence.BatchStore.add_recipients`."""
+        return self._broadcasts.add_recipients(broadcast_id, chat_ids, at)
+
+    def claim_recipients(self, sender: str, *, now: int, lease_until: int,
+                         limit: int) -> List[Recipient]:
+        """Claim recipients. See :meth:`ptb_fence.BatchStore.claim_recipients`."""
+        return self._broadcasts.claim_recipients(sender, now=now, lease_until=lease_until,
+                                                 limit=limit)
+
+    def settle_recipients(self, sender: str, outcomes: Sequence[RecipientOutcome],
+                          at: int) -> List[bool]:
+        """Record outcomes. See :meth:`ptb_fence.BatchStore.settle_recipients`."""
+        return self._broadcasts.settle_recipients(sender, outcomes, at)
+
+    def set_broadcast_state(self, name: str, state: str,
+                            at: int) -> Optional[StoredBroadcast]:
+        """Pause, resume or cancel. See :meth:`ptb_fence.BatchStore.set_broadcast_state`."""
+        return self._broadcasts.set_broadcast_state(name, state, at)
+
+    def list_broadcasts(self, name: Optional[str] = None) -> List[StoredBroadcast]:
+        """The broadcasts. See :meth:`ptb_fence.BatchStore.list_broadcasts`."""
+        return self._broadcasts.list_broadcasts(name)
 
     # -- persisted bot state -----------------------------------------------------------------
     def _current(self, key: StateKey) -> Optional[StateEntry]:

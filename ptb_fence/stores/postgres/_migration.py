@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Tuple
 from ptb_fence.stores._jobs_sql import jobs_table_name
 from ptb_fence.stores._outbox_sql import outbox_table_name
 from ptb_fence.stores._state_sql import state_table_name
+from ptb_fence.stores._broadcasts import broadcast_tables
 from ptb_fence.stores._pace import pace_table_name
 from ptb_fence.stores._steps_sql import steps_table_name
 from ptb_fence.stores.postgres._sql import INSTANCES_TABLE, META_TABLE, index_names, statements
@@ -87,7 +88,9 @@ def read_schema_state(cur: Any, table: str) -> PostgresSchemaState:
     exists = bool(cur.fetchone()[0])
     tables = (
         outbox_table_name(table), state_table_name(table), steps_table_name(table),
-        jobs_table_name(table), pace_table_name(table), META_TABLE, INSTANCES_TABLE,
+        jobs_table_name(table), pace_table_name(table),
+        broadcast_tables(table)["broadcasts"], broadcast_tables(table)["recipients"],
+        META_TABLE, INSTANCES_TABLE,
     )
     if not exists:
         return PostgresSchemaState(table, False, (), (), (), ())

@@ -17,6 +17,7 @@ from ptb_fence.stores._jobs_sql import jobs_index_name, jobs_table_name
 from ptb_fence.stores._outbox_sql import outbox_index_name, outbox_table_name
 from ptb_fence.stores._queries import Statements, load
 from ptb_fence.stores._state_sql import LOCK_CLASS, state_table_name
+from ptb_fence.stores._broadcasts import broadcast_tables
 from ptb_fence.stores._pace import pace_table_name
 from ptb_fence.stores._steps_sql import steps_index_name, steps_table_name
 
@@ -37,7 +38,7 @@ __all__ = [
 
 FILES = (
     "schema.sql", "updates.sql", "chat.sql", "liveness.sql", "outbox.sql", "state.sql",
-    "steps.sql", "jobs.sql", "pace.sql", "admin.sql",
+    "steps.sql", "jobs.sql", "pace.sql", "broadcasts.sql", "admin.sql",
 )
 """The ``.sql`` files of the dialect, in this package."""
 
@@ -99,6 +100,7 @@ def _names(table: str) -> Dict[str, str]:
         "jobs_due_idx": jobs_index_name(jobs_table_name(table), "due_idx"),
         "jobs_name_idx": jobs_index_name(jobs_table_name(table), "name_idx"),
         "pace": pace_table_name(table),
+        **broadcast_tables(table),
         "meta": META_TABLE,
         "instances": INSTANCES_TABLE,
     }
@@ -119,7 +121,7 @@ def statements(table: str) -> Statements:
 
 INDEXES = (
     "index", "chat_index", "outbox_state_due_idx", "outbox_chat_idx", "outbox_failed_idx",
-    "steps_update_idx", "jobs_due_idx", "jobs_name_idx",
+    "steps_update_idx", "jobs_due_idx", "jobs_name_idx", "recipients_due_idx",
 )
 """The indexes of the schema by placeholder: the statements ``index_<key>`` (in the
 migration), ``build_<key>`` and ``drop_<key>`` (``CONCURRENTLY``, on a table that exists)."""
@@ -139,7 +141,7 @@ def schema_sql(table: str) -> str:
 def index_names(table: str) -> Tuple[Tuple[str, str, str], ...]:
     """The indexes of ``table``'s schema: ``(key, quoted index name, table it is on)``."""
     names = _names(table)
-    owners = {"outbox": "outbox", "steps": "steps", "jobs": "jobs"}
+    owners = {"outbox": "outbox", "steps": "steps", "jobs": "jobs", "recipients": "recipients"}
     return tuple(
         (key, f'"{names[key]}"', names[owners.get(key.split("_", 1)[0], "table")])
         for key in INDEXES
@@ -153,7 +155,7 @@ def schema_check_args(table: str) -> Dict[str, str]:
         for key, name in _names(table).items()
         if key in ("table", "index", "chat_index", "meta", "instances", "outbox", "state",
                    "steps", "steps_update_idx", "jobs", "jobs_due_idx", "jobs_name_idx",
-                   "pace")
+                   "pace", "broadcasts", "recipients", "recipients_due_idx")
     }
 
 

@@ -30,7 +30,7 @@ from typing import (
     Union,
 )
 
-from ptb_fence._errors import StateConflictError, TableBotMismatch
+from ptb_fence._errors import SchemaError, StateConflictError, TableBotMismatch
 from ptb_fence._fingerprint import update_fingerprint
 from ptb_fence.contract import Batch, ChatKey, ClaimTerms, Committed, StoreFeatures
 from ptb_fence._sockets import cut, cut_after
@@ -43,6 +43,8 @@ from ptb_fence._values import (
     Landing,
     OutboxEntry,
     PaceBucket,
+    Recipient,
+    RecipientOutcome,
     Settlement,
     StateConflict,
     StateEntry,
@@ -50,8 +52,19 @@ from ptb_fence._values import (
     StateWrite,
     StepRecord,
     StoreFigures,
+    StoredBroadcast,
     StoredJob,
     StoredUpdate,
+)
+from ptb_fence.stores._broadcasts import (
+    broadcast_of,
+    broadcast_tables,
+    check_chat_ids,
+    check_name,
+    check_outcomes,
+    check_params,
+    check_state,
+    recipients_of,
 )
 from ptb_fence.stores._duplicates import warn_conflict
 from ptb_fence.stores._figures_sql import figures_of
@@ -246,13 +259,13 @@ class PostgresUpdateStore:
         ptb_fence.UsageError: An engine that is not a synchronous one on psycopg2.
     """
 
-    __slots__ = ("_create_table", "_db", "_jobs_seen", "_liveness", "_local_pace", "_pace_seen",
+    __slots__ = ("_broadcasts_seen", "_create_table", "_db", "_jobs_seen", "_liveness", "_local_pace", "_pace_seen",
                  "_suspects")
 
     #: Every optional part of the contract (see :class:`ptb_fence.BatchStore`).
     features = StoreFeatures(
         outbox=True, state=True, liveness=True, chat_order=True, isolation=True, figures=True,
-        steps=True, jobs=True, pacing=True,
+        steps=True, jobs=True, pacing=True, broadcasts=True,
     )
 
     def __init__(
@@ -284,6 +297,9 @@ class PostgresUpdateStore:
         # None: the pace table was not looked up yet. A table managed with create_table=False
         # and made before pacing has none: this process then paces alone (_local_pace).
         self._pace_seen: Optional[bool] = None
+        # False until the broadcast tables were seen (a table managed with create_table=False
+        # and made before broadcasts has none until it is migrated)
+        self._broadcasts_seen = False
         self._local_pace: Optional[MemoryPace] = None
         self._suspects = SuspectClaims()
 
@@ -553,7 +569,8 @@ class PostgresUpdateStore:
         ``due_at < before``. The state table, where it exists, loses its callback-data keyboards
         (kind ``callback``) written before ``before``. The steps table, where it exists, loses
         the records of the update rows deleted, in the same statement. The pace table loses the
-        buckets that are free again. None of these is counted. No other state is pruned.
+        buckets that are free again. The broadcasts started before ``before`` that nobody is
+        sent to any more go, with their recipients. None of these is counted. No other state is pruned.
 
         Args:
             before (:obj:`int`): The strict bound (epoch milliseconds).
@@ -567,10 +584,15 @@ class PostgresUpdateStore:
         steps = {"steps": f'"{steps_table_name(self._db.table)}"'}
         pace = {"pace": f'"{pace_table_name(self._db.table)}"'}
 
+        recipients = {"recipients": f'"{broadcast_tables(self._db.table)["recipients"]}"'}
+
         def work(cur: Any) -> int:
             cur.execute(sql["pace_exists"], pace)
             if cur.fetchone()[0]:
                 cur.execute(sql["pace_prune"], {"before": before})
+            cur.execute(sql["broadcasts_exists"], recipients)
+            if cur.fetchone()[0]:
+                cur.execute(sql["broadcast_prune"], {"before": before})
             # a table managed with create_table=False may have no outbox yet: prune as before
             cur.execute(sql["outbox_exists"], outbox)
             if cur.fetchone()[0]:
@@ -1778,6 +1800,129 @@ class PostgresUpdateStore:
                     self._db.table)
                 self._local_pace = MemoryPace()
         return self._local_pace
+
+    # -- broadcasts ------------------------------------------------------------------------
+    def _broadcast_tables(self) -> None:
+        """Raise :exc:`ptb_fence.SchemaError` until the broadcast tables exist."""
+        if self._broadcasts_seen:
+            return
+        sql = self._db.sql["broadcasts_exists"]
+        params = {"recipients": f'"{broadcast_tables(self._db.table)["recipients"]}"'}
+
+        def work(cur: Any) -> bool:
+            cur.execute(sql, params)
+            return bool(cur.fetchone()[0])
+
+        self._broadcasts_seen = self._db.read(work)
+        if not self._broadcasts_seen:
+            raise SchemaError(
+                f"the update table {self._db.table!r} has no broadcast tables (made before "
+                "broadcasts and managed with create_table=False): run 'ptb-fence migrate' to "
+                "add them")
+
+    def start_broadcast(self, name: str, method: str, params_json: str,
+                        at: int) -> StoredBroadcast:
+        """Start a broadcast. See :meth:`ptb_fence.BatchStore.start_broadcast`."""
+        check_name(name)
+        check_params(params_json)
+        self._broadcast_tables()
+        sql = self._db.sql
+
+        def work(cur: Any) -> StoredBroadcast:
+            cur.execute(sql["broadcast_start"], {"name": name, "method": str(method),
+                                                 "params": params_json, "at": int(at)})
+            cur.execute(sql["broadcast_list"], {"name": name})
+            return broadcast_of(cur.fetchone())
+
+        return self._db.run(work)
+
+    def add_recipients(self, broadcast_id: int, chat_ids: Sequence[int], at: int) -> int:
+        """Add recipients in one statement. See
+        :meth:`ptb_fence.BatchStore.add_recipients`."""
+        chats = check_chat_ids(chat_ids)
+        if not chats:
+            return 0
+        self._broadcast_tables()
+        sql = self._db.sql["broadcast_add_recipients"]
+        params = {"broadcast_id": int(broadcast_id), "chats": chats, "at": int(at)}
+
+        def work(cur: Any) -> int:
+            cur.execute(sql, params)
+            return int(cur.rowcount)
+
+        return self._db.run(work)
+
+    def claim_recipients(self, sender: str, *, now: int, lease_until: int,
+                         limit: int) -> List[Recipient]:
+        """Claim recipients in one statement, ``SKIP LOCKED``. See
+        :meth:`ptb_fence.BatchStore.claim_recipients`."""
+        self._broadcast_tables()
+        sql = self._db.sql
+        params = {"sender": str(sender), "now": int(now), "lease_until": int(lease_until),
+                  "limit": max(int(limit), 0)}
+
+        def work(cur: Any) -> List[Recipient]:
+            cur.execute(sql["broadcast_claim"], params)
+            claimed = cur.fetchall()
+            if not claimed:
+                return []
+            cur.execute(sql["broadcast_calls"], {"ids": sorted({int(r[0]) for r in claimed})})
+            calls = {int(b): (str(m), str(p)) for b, m, p in cur.fetchall()}
+            return recipients_of(claimed, calls)
+
+        return self._db.run(work)
+
+    def settle_recipients(self, sender: str, outcomes: Sequence[RecipientOutcome],
+                          at: int) -> List[bool]:
+        """Record outcomes in one statement. See
+        :meth:`ptb_fence.BatchStore.settle_recipients`."""
+        checked = check_outcomes(outcomes)
+        if not checked:
+            return []
+        self._broadcast_tables()
+        sql = self._db.sql["broadcast_settle"]
+        params = {
+            "sender": str(sender),
+            "ids": [o.broadcast_id for o in checked],
+            "chats": [o.chat_id for o in checked],
+            "states": [o.state for o in checked],
+            "dues": [int(o.due_at) if o.state == "pending" else int(at) for o in checked],
+            "errors": [o.error for o in checked],
+        }
+
+        def work(cur: Any) -> List[bool]:
+            cur.execute(sql, params)
+            landed = {(int(b), int(c)) for b, c in cur.fetchall()}
+            return [(o.broadcast_id, o.chat_id) in landed for o in checked]
+
+        return self._db.run(work)
+
+    def set_broadcast_state(self, name: str, state: str,
+                            at: int) -> Optional[StoredBroadcast]:
+        """Pause, resume or cancel. See :meth:`ptb_fence.BatchStore.set_broadcast_state`."""
+        check_state(state)
+        self._broadcast_tables()
+        sql = self._db.sql
+
+        def work(cur: Any) -> Optional[StoredBroadcast]:
+            cur.execute(sql["broadcast_set_state"], {"name": name, "state": state})
+            cur.execute(sql["broadcast_cancel_pending"], {"name": name, "at": int(at)})
+            cur.execute(sql["broadcast_list"], {"name": name})
+            row = cur.fetchone()
+            return None if row is None else broadcast_of(row)
+
+        return self._db.run(work)
+
+    def list_broadcasts(self, name: Optional[str] = None) -> List[StoredBroadcast]:
+        """The broadcasts. See :meth:`ptb_fence.BatchStore.list_broadcasts`."""
+        self._broadcast_tables()
+        sql = self._db.sql["broadcast_list"]
+
+        def work(cur: Any) -> List[StoredBroadcast]:
+            cur.execute(sql, {"name": name})
+            return [broadcast_of(row) for row in cur.fetchall()]
+
+        return self._db.read(work)
 
     def _has_jobs_table(self) -> bool:
         """Whether the jobs table exists, looked up until it is seen once.

@@ -161,3 +161,7 @@ DROP TABLE IF EXISTS {jobs}
 -- admin_drop_pace --
 -- Drop the pace table.
 DROP TABLE IF EXISTS {pace}
+
+-- admin_drop_broadcasts --
+-- Drop the broadcasts and recipients tables.
+DROP TABLE IF EXISTS {recipients}, {broadcasts}

@@ -89,6 +89,14 @@ DROP TABLE IF EXISTS {jobs}
 -- Drop the pace table the update store made beside its table.
 DROP TABLE IF EXISTS {pace}
 
+-- chaos_drop_broadcasts --
+-- Drop the broadcasts table the update store made beside its table.
+DROP TABLE IF EXISTS {broadcasts}
+
+-- chaos_drop_recipients --
+-- Drop the recipients table the update store made beside its table.
+DROP TABLE IF EXISTS {recipients}
+
 -- chaos_drop_claim_log_function --
 -- Drop the claim log's function.
 DROP FUNCTION IF EXISTS {claims_function}()

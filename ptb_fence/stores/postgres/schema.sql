@@ -3,7 +3,7 @@
 -- double-quoted) and lock keys derived from them, filled by ptb_fence/stores/_queries.py.
 
 -- schema_tables --
--- The idempotent migration of an update table, its outbox, state, steps, jobs, pace, meta and instances tables, without their indexes.
+-- The idempotent migration of an update table, its outbox, state, steps, jobs, pace, broadcasts, recipients, meta and instances tables, without their indexes.
 
 -- ptb_fence: schema of the update table {table}. Idempotent: applying it again changes nothing.
 -- Serialise concurrent migrations of this table (the lock is held until the transaction ends).
@@ -107,6 +107,28 @@ CREATE TABLE IF NOT EXISTS {pace} (
     held_until BIGINT NOT NULL       -- no slot before this time (epoch ms)
 );
 
+-- Broadcasts: one row per broadcast, its call kept once.
+CREATE TABLE IF NOT EXISTS {broadcasts} (
+    broadcast_id BIGSERIAL PRIMARY KEY,
+    name         TEXT   NOT NULL UNIQUE,
+    method       TEXT   NOT NULL,
+    params       TEXT   NOT NULL,      -- a JSON object, without chat_id
+    state        TEXT   NOT NULL,      -- active, paused, cancelled
+    created_at   BIGINT NOT NULL
+);
+
+-- One row per chat of a broadcast.
+CREATE TABLE IF NOT EXISTS {recipients} (
+    broadcast_id BIGINT NOT NULL,
+    chat_id      BIGINT NOT NULL,
+    state        TEXT   NOT NULL,      -- pending, sending, sent, failed, blocked, cancelled
+    due_at       BIGINT NOT NULL,      -- pending: when; sending: the lease; else: when settled
+    tries        INT    NOT NULL DEFAULT 0,
+    sender       TEXT,
+    error        TEXT,
+    PRIMARY KEY (broadcast_id, chat_id)
+);
+
 -- Which bot owns which update table (one table per bot).
 SELECT pg_advisory_xact_lock({meta_lock_key});
 CREATE TABLE IF NOT EXISTS {meta} (
@@ -170,6 +192,10 @@ CREATE INDEX IF NOT EXISTS {jobs_due_idx} ON {jobs} (next_run_at, job_id) WHERE 
 -- One live keyed job per name (a declaration's ON CONFLICT names it).
 CREATE UNIQUE INDEX IF NOT EXISTS {jobs_name_idx} ON {jobs} (name) WHERE keyed AND state IN ('scheduled', 'paused');
 
+-- index_recipients_due_idx --
+-- The unsettled recipients by due time (claim_recipients reads it).
+CREATE INDEX IF NOT EXISTS {recipients_due_idx} ON {recipients} (due_at) WHERE state IN ('pending', 'sending');
+
 -- build_index --
 -- index_index on an existing table without blocking its writers (outside a transaction).
 CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {table} (state, due_at)
@@ -202,6 +228,10 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS {jobs_due_idx} ON {jobs} (next_run_at, j
 -- index_jobs_name_idx on an existing jobs table without blocking its writers.
 CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {jobs_name_idx} ON {jobs} (name) WHERE keyed AND state IN ('scheduled', 'paused')
 
+-- build_recipients_due_idx --
+-- index_recipients_due_idx on an existing recipients table without blocking its writers.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {recipients_due_idx} ON {recipients} (due_at) WHERE state IN ('pending', 'sending')
+
 -- drop_index --
 -- Drop an invalid index_index (an interrupted concurrent build) without blocking writers.
 DROP INDEX CONCURRENTLY IF EXISTS {index}
@@ -233,6 +263,10 @@ DROP INDEX CONCURRENTLY IF EXISTS {jobs_due_idx}
 -- drop_jobs_name_idx --
 -- Drop an invalid index_jobs_name_idx without blocking writers.
 DROP INDEX CONCURRENTLY IF EXISTS {jobs_name_idx}
+
+-- drop_recipients_due_idx --
+-- Drop an invalid index_recipients_due_idx without blocking writers.
+DROP INDEX CONCURRENTLY IF EXISTS {recipients_due_idx}
 
 -- schema_lock --
 -- Serialise schema changes of the table until the transaction ends.
@@ -268,6 +302,9 @@ SELECT to_regclass(%(table)s) IS NOT NULL,
        to_regclass(%(jobs_due_idx)s) IS NOT NULL,
        to_regclass(%(jobs_name_idx)s) IS NOT NULL,
        to_regclass(%(pace)s) IS NOT NULL,
+       to_regclass(%(broadcasts)s) IS NOT NULL,
+       to_regclass(%(recipients)s) IS NOT NULL,
+       to_regclass(%(recipients_due_idx)s) IS NOT NULL,
        EXISTS (SELECT 1 FROM pg_attribute
                 WHERE attrelid = to_regclass(%(instances)s)
                   AND attname = 'seen_at' AND NOT attisdropped)

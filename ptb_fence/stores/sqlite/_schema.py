@@ -23,6 +23,7 @@ from ptb_fence.stores._jobs_sql import jobs_index_name, jobs_table_name
 from ptb_fence.stores._outbox_sql import outbox_table_name
 from ptb_fence.stores._queries import Statements
 from ptb_fence.stores._state_sql import state_table_name
+from ptb_fence.stores._broadcasts import broadcast_tables
 from ptb_fence.stores._pace import pace_table_name
 from ptb_fence.stores._steps_sql import steps_index_name, steps_table_name
 from ptb_fence.stores.sqlite._sql import REQUIRED_COLUMNS, index_name
@@ -110,6 +111,10 @@ class _Schema:
         pace = pace_table_name(self._table)
         if conn.execute(self._sql["pace_exists"], {"pace": pace}).fetchone() is None:
             return False
+        recipients = broadcast_tables(self._table)["recipients"]
+        if conn.execute(self._sql["broadcasts_exists"],
+                        {"recipients": recipients}).fetchone() is None:
+            return False
         wanted = {index_name(self._table), chat_index_name(self._table), steps_index_name(steps),
                   jobs_index_name(jobs, "due_idx"), jobs_index_name(jobs, "name_idx")}
         return wanted <= indexes
@@ -154,7 +159,8 @@ class _Schema:
                          "create_outbox_state_due_index", "create_outbox_chat_index",
                          "create_outbox_failed_index", "create_state", "create_steps",
                          "create_steps_index", "create_jobs", "create_jobs_due_index",
-                         "create_jobs_name_index", "create_pace"):
+                         "create_jobs_name_index", "create_pace", "create_broadcasts",
+                         "create_recipients", "create_recipients_due_index"):
                 conn.execute(self._sql[name])
             conn.execute("COMMIT")
         except BaseException:

@@ -18,6 +18,7 @@ from ptb_fence.stores._jobs_sql import jobs_index_name, jobs_table_name
 from ptb_fence.stores._outbox_sql import outbox_index_name, outbox_table_name
 from ptb_fence.stores._queries import Statements, load
 from ptb_fence.stores._state_sql import state_table_name
+from ptb_fence.stores._broadcasts import broadcast_tables
 from ptb_fence.stores._pace import pace_table_name
 from ptb_fence.stores._steps_sql import steps_index_name, steps_table_name
 
@@ -32,7 +33,7 @@ __all__ = [
 
 FILES = (
     "schema.sql", "updates.sql", "chat.sql", "liveness.sql", "outbox.sql", "state.sql",
-    "steps.sql", "jobs.sql", "pace.sql", "admin.sql",
+    "steps.sql", "jobs.sql", "pace.sql", "broadcasts.sql", "admin.sql",
 )
 """The ``.sql`` files of the dialect, in this package."""
 
@@ -78,6 +79,7 @@ def _names(table: str) -> Dict[str, str]:
         "jobs_due_idx": jobs_index_name(jobs_table_name(table), "due_idx"),
         "jobs_name_idx": jobs_index_name(jobs_table_name(table), "name_idx"),
         "pace": pace_table_name(table),
+        **broadcast_tables(table),
         "meta": META_TABLE,
         "instances": INSTANCES_TABLE,
     }

@@ -41,6 +41,8 @@ from ptb_fence._values import (
     JobWrite,
     OutboxEntry,
     PaceBucket,
+    Recipient,
+    RecipientOutcome,
     Settlement,
     StateConflict,
     StateEntry,
@@ -48,8 +50,18 @@ from ptb_fence._values import (
     StateWrite,
     StepRecord,
     StoreFigures,
+    StoredBroadcast,
     StoredJob,
     StoredUpdate,
+)
+from ptb_fence.stores._broadcasts import (
+    broadcast_of,
+    check_chat_ids,
+    check_name,
+    check_outcomes,
+    check_params,
+    check_state,
+    recipients_of,
 )
 from ptb_fence.stores._figures_sql import figures_of
 from ptb_fence.stores._jobs_sql import job_of
@@ -174,7 +186,7 @@ class SQLiteUpdateStore:
     #: Every optional part of the contract (see :class:`ptb_fence.BatchStore`).
     features = StoreFeatures(
         outbox=True, state=True, liveness=True, chat_order=True, isolation=True, figures=True,
-        steps=True, jobs=True, pacing=True,
+        steps=True, jobs=True, pacing=True, broadcasts=True,
     )
 
     def __init__(
@@ -398,8 +410,9 @@ class SQLiteUpdateStore:
         The same transaction prunes the outbox's sent calls with ``sent_at < before`` and its
         acknowledged failed calls with ``due_at < before``. It also prunes the callback-data
         keyboards (kind ``callback``) of the persisted state written before ``before``. It
-        deletes the recorded steps of the update rows it deletes, and the pace buckets that are
-        free again. None of these is counted. No other state is pruned.
+        deletes the recorded steps of the update rows it deletes, the pace buckets that are
+        free again, and the broadcasts started before ``before`` that nobody is sent to any
+        more. None of these is counted. No other state is pruned.
 
         Returns:
             :obj:`int`: The number of update rows deleted.
@@ -409,6 +422,8 @@ class SQLiteUpdateStore:
             conn.execute(self._sql["state_prune"], {"before": before})
             conn.execute(self._sql["steps_prune"], {"before": before})
             conn.execute(self._sql["pace_prune"], {"before": before})
+            conn.execute(self._sql["broadcast_prune_recipients"], {"before": before})
+            conn.execute(self._sql["broadcast_prune"], {"before": before})
             return int(conn.execute(self._sql["prune"], {"before": before}).rowcount)
 
     # -- fenced contract -------------------------------------------------------------------
@@ -1515,3 +1530,73 @@ class SQLiteUpdateStore:
             return
         with self._conns.immediate() as conn:
             conn.executemany(self._sql["pace_hold"], params)
+
+    # -- broadcasts ------------------------------------------------------------------------
+    def start_broadcast(self, name: str, method: str, params_json: str,
+                        at: int) -> StoredBroadcast:
+        """Start a broadcast. See :meth:`ptb_fence.BatchStore.start_broadcast`."""
+        check_name(name)
+        check_params(params_json)
+        with self._conns.immediate() as conn:
+            conn.execute(self._sql["broadcast_start"], {
+                "name": name, "method": str(method), "params": params_json, "at": int(at)})
+            row = conn.execute(self._sql["broadcast_list"], {"name": name}).fetchone()
+        return broadcast_of(row)
+
+    def add_recipients(self, broadcast_id: int, chat_ids: Sequence[int], at: int) -> int:
+        """Add recipients in one transaction. See
+        :meth:`ptb_fence.BatchStore.add_recipients`."""
+        chats = check_chat_ids(chat_ids)
+        if not chats:
+            return 0
+        with self._conns.immediate() as conn:
+            return int(conn.execute(self._sql["broadcast_add_recipients"], {
+                "broadcast_id": int(broadcast_id), "chats": json.dumps(chats),
+                "at": int(at)}).rowcount)
+
+    def claim_recipients(self, sender: str, *, now: int, lease_until: int,
+                         limit: int) -> List[Recipient]:
+        """Claim recipients under the write lock. See
+        :meth:`ptb_fence.BatchStore.claim_recipients`."""
+        with self._conns.immediate() as conn:
+            claimed = conn.execute(self._sql["broadcast_claim"], {
+                "sender": str(sender), "now": int(now), "lease_until": int(lease_until),
+                "limit": int(limit)}).fetchall()
+            if not claimed:
+                return []
+            ids = sorted({int(row[0]) for row in claimed})
+            calls = {int(b): (str(m), str(p)) for b, m, p in conn.execute(
+                self._sql["broadcast_calls"], {"ids": json.dumps(ids)})}
+        return recipients_of(claimed, calls)
+
+    def settle_recipients(self, sender: str, outcomes: Sequence[RecipientOutcome],
+                          at: int) -> List[bool]:
+        """Record outcomes in one transaction. See
+        :meth:`ptb_fence.BatchStore.settle_recipients`."""
+        checked = check_outcomes(outcomes)
+        if not checked:
+            return []
+        landed = []
+        with self._conns.immediate() as conn:
+            for o in checked:
+                landed.append(conn.execute(self._sql["broadcast_settle"], {
+                    "broadcast_id": o.broadcast_id, "chat_id": o.chat_id, "state": o.state,
+                    "due_at": int(o.due_at) if o.state == "pending" else int(at),
+                    "error": o.error, "sender": str(sender)}).fetchone() is not None)
+        return landed
+
+    def set_broadcast_state(self, name: str, state: str,
+                            at: int) -> Optional[StoredBroadcast]:
+        """Pause, resume or cancel. See :meth:`ptb_fence.BatchStore.set_broadcast_state`."""
+        check_state(state)
+        with self._conns.immediate() as conn:
+            conn.execute(self._sql["broadcast_set_state"], {"name": name, "state": state})
+            conn.execute(self._sql["broadcast_cancel_pending"], {"name": name, "at": int(at)})
+            row = conn.execute(self._sql["broadcast_list"], {"name": name}).fetchone()
+        return None if row is None else broadcast_of(row)
+
+    def list_broadcasts(self, name: Optional[str] = None) -> List[StoredBroadcast]:
+        """The broadcasts. See :meth:`ptb_fence.BatchStore.list_broadcasts`."""
+        with self._conns.using() as conn:
+            rows = conn.execute(self._sql["broadcast_list"], {"name": name}).fetchall()
+        return [broadcast_of(row) for row in rows]

@@ -90,6 +90,14 @@ DROP TABLE IF EXISTS {jobs}
 -- Drop the pace table the update store made beside its table.
 DROP TABLE IF EXISTS {pace}
 
+-- chaos_drop_broadcasts --
+-- Drop the broadcasts table the update store made beside its table.
+DROP TABLE IF EXISTS {broadcasts}
+
+-- chaos_drop_recipients --
+-- Drop the recipients table the update store made beside its table.
+DROP TABLE IF EXISTS {recipients}
+
 -- chaos_insert_run --
 -- Log one handler run (the handler's first write).
 INSERT INTO {runs} (update_id, attempt, claim_id, pid, started_at)
