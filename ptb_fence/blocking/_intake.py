@@ -6,15 +6,17 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Callable, Dict, Hashable, List, Literal, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Hashable, Iterable, List, Literal, Optional, Set, Tuple
 
 from ptb_fence._durations import format_duration
+from ptb_fence._errors import UsageError
 from ptb_fence.contract import UpdateStore
-from ptb_fence._values import Exhaustion, OutboxEntry, StoredUpdate
+from ptb_fence._values import Exhaustion, OutboxEntry, StoredBroadcast, StoredUpdate
 from ptb_fence.runtime._delivered import DeliveredExhaustion
 from ptb_fence.blocking._sender import DEFAULT_BASE_URL, HttpxSender
 from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._attempt import Attempt
+from ptb_fence.runtime._broadcasts import Broadcasts
 from ptb_fence.runtime._chats import ChatOrder, chat_key
 from ptb_fence.runtime._alarms import Health
 from ptb_fence.runtime._runtime import FrontEndHooks, Record, Runtime
@@ -313,6 +315,52 @@ class UpdateIntake:
     def _left_running_count(self) -> int:
         return self._workers.stuck_count()
 
+    # -- broadcasts --------------------------------------------------------------------------
+    def _broadcasts(self) -> Broadcasts:
+        broadcasts = self._runtime.broadcasts
+        if broadcasts is None or self._sender is None:
+            raise UsageError(
+                f"UpdateIntake: {type(self._runtime.store).__name__} keeps no broadcasts, or "
+                "the intake has no bot_token to send with: pass bot_token= and a store that "
+                "declares StoreFeatures(outbox=True, broadcasts=True), such as "
+                "SQLiteUpdateStore or PostgresUpdateStore")
+        return broadcasts
+
+    def broadcast(self, name: str, chat_ids: Iterable[int], method: str = "sendMessage",
+                  **params: Any) -> StoredBroadcast:
+        """Send ``method(chat_id=..., **params)`` to every chat of ``chat_ids``, once each.
+
+        As :meth:`ptb_fence.ptb.FencedUpdateProcessor.broadcast`, blocking: it returns once
+        the broadcast and its recipients are recorded.
+
+        Raises:
+            UsageError: The store keeps no broadcasts, ``chat_id`` was passed, or ``name``
+                exists with another call.
+        """
+        started = self._broadcasts().start(name, chat_ids, method, **params)
+        if self._runtime.broadcast_sender is not None:
+            self._runtime.broadcast_sender.wake()
+        return started
+
+    def pause_broadcast(self, name: str) -> StoredBroadcast:
+        """Send nothing more of the broadcast ``name`` until :meth:`resume_broadcast`."""
+        return self._broadcasts().pause(name)
+
+    def resume_broadcast(self, name: str) -> StoredBroadcast:
+        """Send the rest of the paused broadcast ``name``."""
+        resumed = self._broadcasts().resume(name)
+        if self._runtime.broadcast_sender is not None:
+            self._runtime.broadcast_sender.wake()
+        return resumed
+
+    def cancel_broadcast(self, name: str) -> StoredBroadcast:
+        """Send nothing more of the broadcast ``name``, ever."""
+        return self._broadcasts().cancel(name)
+
+    def get_broadcast(self, name: str) -> StoredBroadcast:
+        """The broadcast ``name`` with its recipients counted per state."""
+        return self._broadcasts().get(name)
+
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
         """Start workers, the lease keeper and the periodic sweep, and take every pending row.
@@ -335,6 +383,8 @@ class UpdateIntake:
         self._runtime.alarms.started()
         if self._sender is not None and self._runtime.outbox is not None:
             self._runtime.outbox.start(self._sender)
+            if self._runtime.broadcast_sender is not None:
+                self._runtime.broadcast_sender.start(self._sender)
         self._sweep(include_fresh=True)
         if self._durable_jobs is not None:
             self._job_looks.call_later(0.0, self._look_for_jobs)
@@ -408,6 +458,10 @@ class UpdateIntake:
         if outbox is not None and self._sender is not None:
             grace = self._runtime.options.stop_timeout_seconds
             remaining = left()
+            if self._runtime.broadcast_sender is not None:
+                self._runtime.broadcast_sender.stop(
+                    grace if remaining is None else min(grace, remaining))
+                remaining = left()
             outbox.stop(grace if remaining is None else min(grace, remaining))
             self._sender.close()
         with self._lock:

@@ -14,13 +14,14 @@ import asyncio
 import inspect
 import logging
 import weakref
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Iterable, Optional
 
 from telegram import Update
 from telegram.ext import BaseUpdateProcessor
 
 from ptb_fence.contract import UpdateStore
-from ptb_fence._values import OutboxEntry
+from ptb_fence._errors import UsageError
+from ptb_fence._values import OutboxEntry, StoredBroadcast
 from ptb_fence.runtime._delivered import DeliveredExhaustion
 from ptb_fence.ptb._application import FencedApplicationMixin
 from ptb_fence.ptb._bodies import update_body
@@ -48,6 +49,7 @@ from ptb_fence.ptb._wiring import (
     warn_unfenced_persistence,
 )
 from ptb_fence.runtime._attempt import Attempt
+from ptb_fence.runtime._broadcasts import Broadcasts
 from ptb_fence.runtime._durable_jobs import DurableJobs
 from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._hop import StoreHop
@@ -242,6 +244,74 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         """:meth:`outbox_call` off the event loop."""
         return await self._threads.call(self._runtime.outbox_call, call)
 
+    # -- broadcasts --------------------------------------------------------------------------
+    def _broadcasts(self) -> Broadcasts:
+        broadcasts = self._runtime.broadcasts
+        if broadcasts is None:
+            raise UsageError(
+                f"{type(self).__name__}: {type(self._runtime.store).__name__} keeps no "
+                "broadcasts: use a FencedUpdateProcessor on a store that declares "
+                "StoreFeatures(outbox=True, broadcasts=True), such as SQLiteUpdateStore or "
+                "PostgresUpdateStore")
+        return broadcasts
+
+    async def broadcast(self, name: str, chat_ids: Iterable[int], method: str = "sendMessage",
+                        **params: Any) -> StoredBroadcast:
+        """Send ``method(chat_id=..., **params)`` to every chat of ``chat_ids``, once each.
+
+        The broadcast and one row per recipient are recorded in the store first, in batches.
+        The broadcast senders of the bot's processes then send them at the store-wide pace,
+        replies first. A crash or a deploy loses nothing: the rest is sent after it. Calling
+        it again with the same ``name`` adds the chats it lacks.
+
+        Args:
+            name (:obj:`str`): The broadcast's name, unique in the store (at most 200
+                characters). Pause, resume and cancel go by it.
+            chat_ids (Iterable[:obj:`int`]): The recipients' chat ids.
+            method (:obj:`str`, optional): The Bot API method. Defaults to ``"sendMessage"``.
+            **params: The call's other parameters, JSON values (send a file once and
+                broadcast its ``file_id``).
+
+        Returns:
+            :class:`~ptb_fence.StoredBroadcast`: The broadcast, counted.
+
+        Raises:
+            UsageError: The store keeps no broadcasts, ``chat_id`` was passed, or ``name``
+                exists with another call.
+        """
+        broadcasts = self._broadcasts()
+        started = await self._threads.call(
+            lambda: broadcasts.start(name, chat_ids, method, **params))
+        sender = self._runtime.broadcast_sender
+        if sender is not None:
+            sender.wake()
+        return started
+
+    async def pause_broadcast(self, name: str) -> StoredBroadcast:
+        """Send nothing more of the broadcast ``name`` until :meth:`resume_broadcast`.
+
+        The sends the senders hold already go out, within about half a second."""
+        return await self._threads.call(self._broadcasts().pause, name)
+
+    async def resume_broadcast(self, name: str) -> StoredBroadcast:
+        """Send the rest of the paused broadcast ``name``."""
+        resumed = await self._threads.call(self._broadcasts().resume, name)
+        if self._runtime.broadcast_sender is not None:
+            self._runtime.broadcast_sender.wake()
+        return resumed
+
+    async def cancel_broadcast(self, name: str) -> StoredBroadcast:
+        """Send nothing more of the broadcast ``name``, ever."""
+        return await self._threads.call(self._broadcasts().cancel, name)
+
+    async def get_broadcast(self, name: str) -> StoredBroadcast:
+        """The broadcast ``name`` with its recipients counted per state.
+
+        Raises:
+            UsageError: There is none of that name.
+        """
+        return await self._threads.call(self._broadcasts().get, name)
+
     def healthy(self) -> Health:
         """Whether this processor is healthy now, for a readiness endpoint: running, the store
         answering, the lease keeper on time, a sweep recent, recording not failing. The
@@ -411,13 +481,18 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         loop = asyncio.get_running_loop()
         sender = BotSender(application.bot, loop, self._runtime.options.lease_seconds * 0.75)
         outbox.start(sender, loop=loop)
+        if self._runtime.broadcast_sender is not None:
+            self._runtime.broadcast_sender.start(sender, loop=loop)
 
     async def _stop_outbox(self) -> None:
         """Give back the calls claimed and not started, wait (bounded) for those in flight.
         Off the event loop, which the requests in flight still need."""
         outbox = self._runtime.outbox
+        loop = asyncio.get_running_loop()
+        if self._runtime.broadcast_sender is not None:
+            await loop.run_in_executor(None, self._runtime.broadcast_sender.stop)
         if outbox is not None:
-            await asyncio.get_running_loop().run_in_executor(None, outbox.stop)
+            await loop.run_in_executor(None, outbox.stop)
 
     async def _bind_bot(self, application: Any) -> None:
         """Tell a store that records its bot (``bind_bot``) which bot this is."""

@@ -207,7 +207,12 @@ class RuntimeOptions:
         outbox_pacing (:class:`~ptb_fence.OutboxPacing` | :obj:`None`): Telegram's limits
             every outbox send is paced by, shared by every process of the bot through the
             store. Pass ``OutboxPacing()`` for Telegram's limits. Default :obj:`None`: sends go
-            as fast as the senders go.
+            as fast as the senders go. Broadcasts are paced by it, or by ``OutboxPacing()``
+            without it.
+        handle_blocked: ``handle_blocked(broadcast_name, chat_id)``, called on a thread of the
+            broadcast sender once for each recipient of a broadcast who blocked the bot
+            (Telegram answered 403 Forbidden). Use it to stop writing to that user. Default
+            :obj:`None`.
 
     Raises:
         ValueError: A numeric option is not positive (``ingest_claim_buffer``: negative), or a duration is neither a number nor a
@@ -239,6 +244,7 @@ class RuntimeOptions:
     probe_port: Optional[int] = None
     probe_host: str = "127.0.0.1"
     outbox_pacing: Optional[OutboxPacing] = None
+    handle_blocked: Optional[Callable[[str, int], Any]] = None
 
     # The constructor takes durations as ``float | int | timedelta``. The attributes are always
     # float seconds, so code reading them needs no conversion.
@@ -266,6 +272,7 @@ class RuntimeOptions:
         probe_port: Optional[int] = None,
         probe_host: str = "127.0.0.1",
         outbox_pacing: Optional[OutboxPacing] = None,
+        handle_blocked: Optional[Callable[[str, int], Any]] = None,
     ) -> None:
         values: "dict[str, Any]" = {
             "max_attempts": _positive_int("max_attempts", max_attempts),
@@ -300,6 +307,7 @@ class RuntimeOptions:
             "probe_port": _port_or_none("probe_port", probe_port),
             "probe_host": _host("probe_host", probe_host),
             "outbox_pacing": outbox_pacing,
+            "handle_blocked": _callable_or_none("handle_blocked", handle_blocked),
         }
         if outbox_pacing is not None and not isinstance(outbox_pacing, OutboxPacing):
             raise TypeError(

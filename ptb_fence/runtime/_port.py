@@ -188,6 +188,7 @@ class StorePort:
         "_steps",
         "_jobs",
         "_pace",
+        "broadcast_store",
         "_owns_connection",
         "_release_liveness",
         "_release_many",
@@ -286,6 +287,8 @@ class StorePort:
         self._jobs: Any = store if has("jobs") else None
         # the pace of every process (StoreFeatures.pacing), else this process's alone
         self._pace: Any = store if has("pacing") else MemoryPace()
+        #: The store when it keeps broadcasts (``StoreFeatures.broadcasts``), else :obj:`None`.
+        self.broadcast_store: Any = store if has("broadcasts") else None
         # the bot whose updates these are (its id from the token), once a front end knows it
         self.bot_id: Optional[int] = None
         self._owns_connection = takes_connection(_optional(store, "owns"))

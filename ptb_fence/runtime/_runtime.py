@@ -47,7 +47,9 @@ from ptb_fence._values import (
 )
 from ptb_fence.runtime._attempt import Attempt
 from ptb_fence.runtime._chats import stored_chat_key
+from ptb_fence.runtime._broadcasts import Broadcasts, BroadcastSender
 from ptb_fence.runtime._dispatcher import ClaimReservation, OutboxDispatcher, no_outbox
+from ptb_fence.runtime._pacer import OutboxPacing
 from ptb_fence.runtime._delivered import DeliveredExhaustion, ExhaustionCalls
 from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._hop import StoreHop
@@ -197,6 +199,8 @@ class Runtime:
         "delivers_exhaustions",
         "_hooks",
         "alarms",
+        "broadcasts",
+        "broadcast_sender",
         "jobs",
         "keeper",
         "options",
@@ -269,6 +273,16 @@ class Runtime:
             if attempt_aware and self.port.has_outbox
             else None
         )
+        # broadcasts (a store that keeps them): recorded per recipient, sent by this process's
+        # broadcast sender beside its outbox, at the store-wide pace
+        broadcast_store = self.port.broadcast_store if self.outbox is not None else None
+        self.broadcasts: Optional[Broadcasts] = (
+            None if broadcast_store is None else Broadcasts(broadcast_store, self.now_ms))
+        self.broadcast_sender: Optional[BroadcastSender] = (
+            None if broadcast_store is None else BroadcastSender(
+                broadcast_store, options.outbox_pacing or OutboxPacing(),
+                self.port.take_send_slots, self.port.hold_sends, self.now_ms,
+                options.handle_blocked))
         self.jobs = BackgroundJobs(
             self.keeper,
             options,

@@ -748,6 +748,7 @@ class FakeBotApi:
         "_effective",
         "_epoch",
         "_failures",
+        "_blocked",
         "_first_update_id",
         "_holds",
         "_hook_errors",
@@ -815,6 +816,7 @@ class FakeBotApi:
         self._callback_answers: list[dict[str, Any]] = []
         self._webhook: dict[str, Any] = {"url": ""}
         self._failures: dict[str, deque[_Failure]] = {}
+        self._blocked: set[str] = set()
         self._delays: dict[str, float] = {}
         self._holds: set[str] = set()
         self._message_ids: dict[int | str, int] = {}
@@ -1208,6 +1210,12 @@ class FakeBotApi:
                          migrate_to_chat_id=migrate_to_chat_id)
             )
 
+    def block(self, *chat_ids: int | str) -> None:
+        """Make these chats' users block the bot: every ``send*``, copy or forward to one of
+        them fails with 403 ``Forbidden: bot was blocked by the user`` and has no effect."""
+        with self._cond:
+            self._blocked.update(str(chat) for chat in chat_ids)
+
     def cut_next(self, method: str, count: int = 1, *, after_effect: bool) -> None:
         """Make the next ``count`` calls of ``method`` lose their answer: the server reads the
         request, then drops the connection without answering (an unknown outcome).
@@ -1557,6 +1565,9 @@ class FakeBotApi:
             self._cond.wait_for(lambda: key not in self._holds or self._stale(epoch))
         fault: _Failure | None = None
         with self._cond:
+            if (self._blocked and str(params.get("chat_id")) in self._blocked
+                    and (key.startswith("send") or key.startswith(("copy", "forward")))):
+                raise _ApiError(403, "Forbidden: bot was blocked by the user", {})
             failures = self._failures.get(key)
             if failures:
                 fault = failures[0]

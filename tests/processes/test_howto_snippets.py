@@ -404,3 +404,12 @@ def test_durable_reminder_is_sent_by_the_application_after_the_restart() -> None
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout == (HOWTO / "durable_reminder.out").read_text(), result.stderr
+
+
+def test_broadcast_sends_each_user_once_across_a_restart() -> None:
+    """examples/howto/broadcast.py prints broadcast.out, which the page includes."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, str(HOWTO / "broadcast.py")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (HOWTO / "broadcast.out").read_text(), result.stderr

@@ -1,0 +1,373 @@
+"""Broadcasts: one message to many chats, recorded per recipient, sent once, at Telegram's pace.
+
+A broadcast is recorded in the store before anything is sent: the broadcast once, its
+recipients in batches. :class:`BroadcastSender` claims recipients under a lease, waits for
+each one's slot in the store-wide pace and sends it. A crash loses nothing: a recipient
+held by a dead sender is claimed again once its lease ends. Only a recipient whose send
+Telegram answered and whose outcome was not recorded yet can go twice (the send window).
+
+Broadcast sends keep to :data:`BROADCAST_SHARE` of the bot's rate, so replies to users who
+just wrote are not queued behind them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+from ptb_fence._errors import UsageError
+from ptb_fence._values import PaceBucket, Recipient, RecipientOutcome, StoredBroadcast
+from ptb_fence.runtime._backoff import Backoff
+from ptb_fence.runtime._bot_answers import FAIL, HOLD, MIGRATE, SENT, outcome_of
+from ptb_fence.runtime._bot_params import api_method
+from ptb_fence.runtime._outcome import error_text
+from ptb_fence.runtime._pacer import BOT_KEY, HORIZON_MS, PAID_KEY, OutboxPacing, Pacer
+from ptb_fence.runtime._send_outcome import retry_after_seconds
+
+__all__ = ["BROADCAST_SHARE", "BROADCAST_KEY", "Broadcasts", "BroadcastSender",
+           "RECORD_BATCH"]
+
+_LOGGER = logging.getLogger("ptb_fence.broadcasts")
+
+RECORD_BATCH = 5000
+"""Recipients recorded per transaction."""
+
+BROADCAST_SHARE = 0.9
+"""The share of the bot's rate broadcasts keep to. The rest is room for replies."""
+
+BROADCAST_KEY = "broadcast"
+"""The bucket every broadcast send is paced by, beside the bot's and its chat's."""
+
+LEASE_MS = 30_000
+"""How long a sender holds the recipients it claimed."""
+
+PAGE = 50
+"""The most recipients one claim takes."""
+
+PAGE_SECONDS = 0.5
+"""A claim takes about this many seconds of sends at the bot's pace (at most :data:`PAGE`).
+So a pause or a cancel stops the sends of every process within about that time."""
+
+RECORD_EVERY_SECONDS = 0.2
+"""A sender records its outcomes at least this often, and after each page."""
+
+MAX_TRIES = 10
+"""A recipient whose sends kept failing without an answer is recorded failed after this many
+tries."""
+
+Send = Callable[[str, Dict[str, Any]], Any]
+"""``send(method, params) -> result``: one blocking Bot API call (as the outbox's)."""
+
+Blocked = Callable[[str, int], Any]
+"""``blocked(broadcast name, chat_id)``: a recipient blocked the bot."""
+
+
+class Broadcasts:
+    """The broadcasts of one runtime: started, paused, resumed, cancelled, counted.
+
+    Args:
+        store: The store (it declares ``StoreFeatures(broadcasts=True)``).
+        now_ms: The runtime's clock in epoch milliseconds.
+    """
+
+    __slots__ = ("_now_ms", "_store")
+
+    def __init__(self, store: Any, now_ms: Callable[[], int]) -> None:
+        self._store = store
+        self._now_ms = now_ms
+
+    def start(self, name: str, chat_ids: Iterable[int], method: str = "sendMessage",
+              **params: Any) -> StoredBroadcast:
+        """Record the broadcast ``name`` and its recipients. Returns it, counted.
+
+        Starting a broadcast whose name exists adds the chats it lacks and keeps its call.
+        So a bot that crashed while recording goes on where it stopped.
+
+        Raises:
+            UsageError: ``params`` has ``chat_id``, cannot be kept as JSON, or ``name``
+                exists with another method or parameters.
+        """
+        method = api_method(method)
+        if "chat_id" in params:
+            raise UsageError("broadcast(): pass the chats as chat_ids, not chat_id=")
+        try:
+            params_json = json.dumps(params, sort_keys=True, separators=(",", ":"),
+                                     ensure_ascii=False)
+        except TypeError as exc:
+            raise UsageError(f"broadcast(): the parameters must be JSON values: {exc}. "
+                             "Upload a file once and broadcast its file_id") from None
+        at = self._now_ms()
+        started = self._store.start_broadcast(name, method, params_json, at)
+        if (started.method, started.params_json) != (method, params_json):
+            raise UsageError(
+                f"a broadcast named {name!r} exists with another call ({started.method} "
+                f"{started.params_json}): pick a new name, or cancel it first")
+        batch: List[int] = []
+        for chat in chat_ids:
+            batch.append(chat)
+            if len(batch) >= RECORD_BATCH:
+                self._store.add_recipients(started.broadcast_id, batch, at)
+                batch = []
+        if batch:
+            self._store.add_recipients(started.broadcast_id, batch, at)
+        return self.get(name)
+
+    def pause(self, name: str) -> StoredBroadcast:
+        """Send nothing more of ``name`` until :meth:`resume`. Sends in flight finish."""
+        return self._set(name, "paused")
+
+    def resume(self, name: str) -> StoredBroadcast:
+        """Send the rest of a paused broadcast."""
+        return self._set(name, "active")
+
+    def cancel(self, name: str) -> StoredBroadcast:
+        """Send nothing more of ``name``, ever: its pending recipients become cancelled."""
+        return self._set(name, "cancelled")
+
+    def get(self, name: str) -> StoredBroadcast:
+        """The broadcast ``name``, counted.
+
+        Raises:
+            UsageError: There is none of that name.
+        """
+        found = self._store.list_broadcasts(name)
+        if not found:
+            raise UsageError(f"there is no broadcast named {name!r}")
+        return found[0]  # type: ignore[no-any-return]
+
+    def list(self) -> List[StoredBroadcast]:
+        """Every broadcast the store keeps, by id, counted."""
+        return list(self._store.list_broadcasts())
+
+    def _set(self, name: str, state: str) -> StoredBroadcast:
+        done = self._store.set_broadcast_state(name, state, self._now_ms())
+        if done is None:
+            raise UsageError(f"there is no broadcast named {name!r}")
+        if done.state != state:
+            raise UsageError(f"the broadcast {name!r} was cancelled: it stays cancelled")
+        return done  # type: ignore[no-any-return]
+
+
+class BroadcastSender:
+    """The thread that sends the recipients of the store's broadcasts, for one process.
+
+    Args:
+        store: The store (it declares ``StoreFeatures(broadcasts=True)``).
+        pacing: Telegram's limits. Broadcasts are always paced.
+        take: The store-wide pace: ``take(wants, now, horizon_ms)`` (the port's).
+        hold: The store-wide holds (the port's ``hold_sends``).
+        now_ms: The runtime's clock.
+        blocked: Told of each recipient that blocked the bot, on the sender's thread.
+    """
+
+    __slots__ = ("_backoff", "_blocked", "_loop", "_names", "_now_ms", "_pacer", "_pacing",
+                 "_page", "_send", "_stop", "_store", "_thread", "_token", "_wake", "sent")
+
+    def __init__(self, store: Any, pacing: OutboxPacing, take: Any, hold: Any,
+                 now_ms: Callable[[], int], blocked: Optional[Blocked] = None) -> None:
+        self._store = store
+        self._pacing = pacing
+        self._pacer = Pacer(pacing, take, hold, now_ms)
+        self._page = max(1, min(PAGE, int(pacing.per_second * BROADCAST_SHARE * PAGE_SECONDS)))
+        self._now_ms = now_ms
+        self._blocked = blocked
+        self._token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}:broadcast"
+        self._send: Optional[Send] = None
+        self._loop: Any = None
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._backoff = Backoff()
+        self._names: Dict[int, str] = {}
+        #: Recipients this sender recorded sent.
+        self.sent = 0
+
+    @property
+    def running(self) -> bool:
+        """:obj:`bool`: The thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, send: Send, *, loop: Any = None) -> None:
+        """Start sending through ``send``. An async ``handle_blocked`` runs on ``loop``."""
+        if self.running:
+            return
+        self._send = send
+        self._loop = loop
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="ptb_fence-broadcasts",
+                                        daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Look for recipients now (a broadcast was started or resumed)."""
+        self._wake.set()
+
+    def stop(self, timeout: Optional[float] = 10.0) -> None:
+        """Stop after the send in flight. The recipients claimed and not sent go back."""
+        self._stop.set()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        self._thread = None
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            pause = 0.5
+            try:
+                claimed = self._store.claim_recipients(
+                    self._token, now=self._now_ms(), lease_until=self._now_ms() + LEASE_MS,
+                    limit=self._page)
+                self._backoff.answered()
+                if claimed:
+                    self._send_page(claimed)
+                    pause = 0.0
+            except Exception as exc:  # the store failed: nothing is lost, try again
+                pause = self._backoff.failed()
+                _LOGGER.warning("broadcasts: the store failed (%s): trying again in %.1f s",
+                                error_text(exc), pause)
+            if pause:
+                self._wake.wait(pause)
+                self._wake.clear()
+
+    def _send_page(self, claimed: Sequence[Recipient]) -> None:
+        outcomes: List[RecipientOutcome] = []
+        recorded_at = time.monotonic()
+        for index, recipient in enumerate(claimed):
+            if self._stop.is_set():  # back at once, their tries counted
+                outcomes.extend(RecipientOutcome(r.broadcast_id, r.chat_id, "pending",
+                                                 due_at=self._now_ms())
+                                for r in claimed[index:])
+                break
+            outcomes.append(self._one(recipient))
+            if time.monotonic() - recorded_at >= RECORD_EVERY_SECONDS:
+                self._record(outcomes)
+                outcomes, recorded_at = [], time.monotonic()
+        self._record(outcomes)
+
+    def _record(self, outcomes: List[RecipientOutcome]) -> None:
+        if not outcomes:
+            return
+        while True:
+            try:
+                landed = self._store.settle_recipients(self._token, outcomes, self._now_ms())
+                break
+            except Exception as exc:  # held until it lands: a lost record sends again
+                if self._stop.is_set():
+                    _LOGGER.warning("broadcasts: %d outcome(s) not recorded at stop (%s): "
+                                    "those recipients are sent again", len(outcomes),
+                                    error_text(exc))
+                    return
+                wait = self._backoff.failed()
+                _LOGGER.warning("broadcasts: recording %d outcome(s) failed (%s): trying "
+                                "again in %.1f s", len(outcomes), error_text(exc), wait)
+                self._stop.wait(wait)
+        for outcome, ok in zip(outcomes, landed):
+            if not ok:
+                continue
+            if outcome.state == "sent":
+                self.sent += 1
+            elif outcome.state == "blocked" and self._blocked is not None:
+                self._tell_blocked(outcome)
+
+    def _tell_blocked(self, outcome: RecipientOutcome) -> None:
+        assert self._blocked is not None
+        try:
+            result = self._blocked(self._name_of(outcome.broadcast_id), outcome.chat_id)
+            if inspect.isawaitable(result):
+                import asyncio
+
+                loop = self._loop
+                if loop is not None and loop.is_running():
+                    asyncio.run_coroutine_threadsafe(_awaited(result), loop).result()
+                else:
+                    asyncio.run(_awaited(result))
+        except Exception:
+            _LOGGER.exception("broadcasts: handle_blocked raised for chat %s",
+                              outcome.chat_id)
+
+    def _name_of(self, broadcast_id: int) -> str:
+        name = self._names.get(broadcast_id)
+        if name is None:
+            for broadcast in self._store.list_broadcasts():
+                self._names[broadcast.broadcast_id] = broadcast.name
+            name = self._names.get(broadcast_id, str(broadcast_id))
+        return name
+
+    # -- one recipient ----------------------------------------------------------------------
+    def _buckets(self, recipient: Recipient, params: Dict[str, Any]) -> "tuple[PaceBucket, ...]":
+        buckets = self._pacing.buckets(recipient.method, params, recipient.chat_id)
+        if not buckets or buckets[0].key not in (BOT_KEY, PAID_KEY):
+            return buckets
+        bot = buckets[0]
+        share = PaceBucket(BROADCAST_KEY if bot.key == BOT_KEY else BROADCAST_KEY + ":paid",
+                           int(bot.interval_ms / BROADCAST_SHARE) + 1)
+        return (bot, share) + buckets[1:]
+
+    def _one(self, recipient: Recipient) -> RecipientOutcome:
+        params = dict(json.loads(recipient.params_json))
+        params["chat_id"] = recipient.chat_id
+        buckets = self._buckets(recipient, params)
+        while buckets:
+            at = self._pacer.slot(buckets)
+            wait_ms = at - self._now_ms()
+            if wait_ms <= HORIZON_MS:
+                if wait_ms > 0:
+                    self._stop.wait(wait_ms / 1000.0)
+                break
+            if self._stop.is_set():
+                return RecipientOutcome(recipient.broadcast_id, recipient.chat_id, "pending",
+                                        due_at=self._now_ms())
+            # a hold of the bot, or this chat's own pace far off: back, due then
+            return RecipientOutcome(recipient.broadcast_id, recipient.chat_id, "pending",
+                                    due_at=at)
+        assert self._send is not None
+        try:
+            self._send(recipient.method, params)
+            return RecipientOutcome(recipient.broadcast_id, recipient.chat_id, "sent")
+        except Exception as exc:
+            return self._failed(recipient, params, exc)
+
+    def _failed(self, recipient: Recipient, params: Dict[str, Any],
+                exc: BaseException) -> RecipientOutcome:
+        text = error_text(exc)
+        outcome = outcome_of(exc, recipient.method)
+        ids = (recipient.broadcast_id, recipient.chat_id)
+        if outcome == SENT:
+            return RecipientOutcome(*ids, "sent")
+        if outcome == HOLD:
+            seconds = retry_after_seconds(exc) or 1.0
+            until = self._now_ms() + int(seconds * 1000)
+            try:  # every process of the bot waits it out, announced at once
+                self._pacer.hold(BOT_KEY, until)
+            except Exception:
+                _LOGGER.warning("broadcasts: the hold of %.0f s could not be stored", seconds)
+            return RecipientOutcome(*ids, "pending", due_at=until, error=text)
+        if outcome == MIGRATE:
+            new_chat = getattr(exc, "new_chat_id", None)
+            if isinstance(new_chat, int):
+                try:
+                    self._send(recipient.method, {**params, "chat_id": new_chat})  # type: ignore[misc]
+                    return RecipientOutcome(*ids, "sent")
+                except Exception as again:
+                    exc, text = again, error_text(again)
+            return RecipientOutcome(*ids, "failed", error=text)
+        if outcome == FAIL:
+            state = "blocked" if "Forbidden" in {c.__name__ for c in type(exc).__mro__} else "failed"
+            return RecipientOutcome(*ids, state, error=text)
+        if recipient.tries >= MAX_TRIES:
+            return RecipientOutcome(*ids, "failed", error=text)
+        backoff = min(60_000, 1000 * 2 ** min(recipient.tries, 6))
+        return RecipientOutcome(*ids, "pending", due_at=self._now_ms() + backoff, error=text)
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
