@@ -28,7 +28,7 @@ from ptb_fence.runtime._backoff import Backoff
 from ptb_fence.runtime._bot_answers import FAIL, HOLD, MIGRATE, SENT, outcome_of
 from ptb_fence.runtime._bot_params import api_method
 from ptb_fence.runtime._outcome import error_text
-from ptb_fence.runtime._pacer import BOT_KEY, HORIZON_MS, PAID_KEY, OutboxPacing, Pacer
+from ptb_fence.runtime._pacer import BOT_KEY, HOLD_KEY, HORIZON_MS, PAID_KEY, OutboxPacing
 from ptb_fence.runtime._send_outcome import retry_after_seconds
 
 __all__ = ["BROADCAST_SHARE", "BROADCAST_KEY", "Broadcasts", "BroadcastSender",
@@ -57,6 +57,10 @@ So a pause or a cancel stops the sends of every process within about that time."
 
 RECORD_EVERY_SECONDS = 0.2
 """A sender records its outcomes at least this often, and after each page."""
+
+_HOLD = PaceBucket(HOLD_KEY, 1)
+"""Read before each send: a flood hold of the bot another process stored since the page's
+slots were taken."""
 
 MAX_TRIES = 10
 """A recipient whose sends kept failing without an answer is recorded failed after this many
@@ -167,14 +171,16 @@ class BroadcastSender:
         blocked: Told of each recipient that blocked the bot, on the sender's thread.
     """
 
-    __slots__ = ("_backoff", "_blocked", "_loop", "_names", "_now_ms", "_pacer", "_pacing",
-                 "_page", "_send", "_stop", "_store", "_thread", "_token", "_wake", "sent")
+    __slots__ = ("_backoff", "_blocked", "_hold", "_loop", "_names", "_now_ms", "_pacing",
+                 "_page", "_send", "_stop", "_store", "_take", "_thread", "_token", "_wake",
+                 "sent")
 
     def __init__(self, store: Any, pacing: OutboxPacing, take: Any, hold: Any,
                  now_ms: Callable[[], int], blocked: Optional[Blocked] = None) -> None:
         self._store = store
         self._pacing = pacing
-        self._pacer = Pacer(pacing, take, hold, now_ms)
+        self._take = take
+        self._hold = hold
         self._page = max(1, min(PAGE, int(pacing.per_second * BROADCAST_SHARE * PAGE_SECONDS)))
         self._now_ms = now_ms
         self._blocked = blocked
@@ -239,15 +245,42 @@ class BroadcastSender:
                 self._wake.clear()
 
     def _send_page(self, claimed: Sequence[Recipient]) -> None:
+        """Send a claimed page: its slots taken in one store call, each send at its slot."""
+        calls = []
+        for recipient in claimed:
+            params = dict(json.loads(recipient.params_json))
+            params["chat_id"] = recipient.chat_id
+            calls.append((recipient, params, self._buckets(recipient, params)))
+        now = self._now_ms()
+        try:
+            times = self._take([buckets for _, _, buckets in calls], now, HORIZON_MS)
+        except Exception:  # back at once, their tries counted: the loop backs off
+            self._record([RecipientOutcome(r.broadcast_id, r.chat_id, "pending", due_at=now)
+                          for r in claimed])
+            raise
         outcomes: List[RecipientOutcome] = []
         recorded_at = time.monotonic()
-        for index, recipient in enumerate(claimed):
-            if self._stop.is_set():  # back at once, their tries counted
-                outcomes.extend(RecipientOutcome(r.broadcast_id, r.chat_id, "pending",
-                                                 due_at=self._now_ms())
-                                for r in claimed[index:])
-                break
-            outcomes.append(self._one(recipient))
+        held: Optional[int] = None  # a flood hold learnt during the page: the rest waits
+        for (recipient, params, _), at in zip(calls, times):
+            ids = (recipient.broadcast_id, recipient.chat_id)
+            if held is not None:
+                outcomes.append(RecipientOutcome(*ids, "pending", due_at=held))
+                continue
+            if self._stop.is_set():
+                outcomes.append(RecipientOutcome(*ids, "pending", due_at=self._now_ms()))
+                continue
+            if at > now + HORIZON_MS:  # no slot taken: a hold, or its chat's pace far off
+                outcomes.append(RecipientOutcome(*ids, "pending", due_at=at))
+                continue
+            wait_ms = at - self._now_ms()
+            if wait_ms > 0:
+                self._stop.wait(wait_ms / 1000.0)
+            held = self._held_until()  # another process may have been told to hold
+            if held is not None:
+                outcomes.append(RecipientOutcome(*ids, "pending", due_at=held))
+                continue
+            outcome, held = self._one(recipient, params)
+            outcomes.append(outcome)
             if time.monotonic() - recorded_at >= RECORD_EVERY_SECONDS:
                 self._record(outcomes)
                 outcomes, recorded_at = [], time.monotonic()
@@ -312,29 +345,26 @@ class BroadcastSender:
                            int(bot.interval_ms / BROADCAST_SHARE) + 1)
         return (bot, share) + buckets[1:]
 
-    def _one(self, recipient: Recipient) -> RecipientOutcome:
-        params = dict(json.loads(recipient.params_json))
-        params["chat_id"] = recipient.chat_id
-        buckets = self._buckets(recipient, params)
-        while buckets:
-            at = self._pacer.slot(buckets)
-            wait_ms = at - self._now_ms()
-            if wait_ms <= HORIZON_MS:
-                if wait_ms > 0:
-                    self._stop.wait(wait_ms / 1000.0)
-                break
-            if self._stop.is_set():
-                return RecipientOutcome(recipient.broadcast_id, recipient.chat_id, "pending",
-                                        due_at=self._now_ms())
-            # a hold of the bot, or this chat's own pace far off: back, due then
-            return RecipientOutcome(recipient.broadcast_id, recipient.chat_id, "pending",
-                                    due_at=at)
+    def _held_until(self) -> Optional[int]:
+        """The end of a flood hold of the bot in the store, or :obj:`None`."""
+        try:
+            until = int(self._take([[_HOLD]], self._now_ms(), -1)[0])
+        except Exception:  # no answer: the send goes, as it would have a moment ago
+            return None
+        return until if until > self._now_ms() else None
+
+    def _one(self, recipient: Recipient, params: Dict[str, Any]
+             ) -> "tuple[RecipientOutcome, Optional[int]]":
+        """Send to one recipient: its outcome, and the end of the flood hold its answer
+        announced (:obj:`None` without one)."""
         assert self._send is not None
         try:
             self._send(recipient.method, params)
-            return RecipientOutcome(recipient.broadcast_id, recipient.chat_id, "sent")
+            return RecipientOutcome(recipient.broadcast_id, recipient.chat_id, "sent"), None
         except Exception as exc:
-            return self._failed(recipient, params, exc)
+            outcome = self._failed(recipient, params, exc)
+            held = outcome.due_at if outcome_of(exc, recipient.method) == HOLD else None
+            return outcome, held
 
     def _failed(self, recipient: Recipient, params: Dict[str, Any],
                 exc: BaseException) -> RecipientOutcome:
@@ -347,7 +377,7 @@ class BroadcastSender:
             seconds = retry_after_seconds(exc) or 1.0
             until = self._now_ms() + int(seconds * 1000)
             try:  # every process of the bot waits it out, announced at once
-                self._pacer.hold(BOT_KEY, until)
+                self._hold([(BOT_KEY, until), (PAID_KEY, until), (HOLD_KEY, until)])
             except Exception:
                 _LOGGER.warning("broadcasts: the hold of %.0f s could not be stored", seconds)
             return RecipientOutcome(*ids, "pending", due_at=until, error=text)

@@ -48,6 +48,7 @@ from ptb_fence.runtime._outcome import error_text
 from ptb_fence.runtime._pacer import (
     BOT_KEY,
     BOT_WAIT_MS,
+    HOLD_KEY,
     HORIZON_MS,
     PAID_KEY,
     PacedBack,
@@ -616,7 +617,7 @@ class OutboxDispatcher:
         if pacer is None:
             return
         try:
-            for key in (BOT_KEY, PAID_KEY):
+            for key in (BOT_KEY, PAID_KEY, HOLD_KEY):
                 pacer.hold(key, due_at)
         except Exception as exc:  # this process holds all the same, and the retry holds the call
             self._report(exc, "outbox")

@@ -16,14 +16,18 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 from ptb_fence._values import PaceBucket
 
-__all__ = ["BOT_KEY", "BOT_WAIT_MS", "PAID_KEY", "HORIZON_MS", "OutboxPacing", "Pacer",
-           "PacedBack", "is_paced"]
+__all__ = ["BOT_KEY", "BOT_WAIT_MS", "HOLD_KEY", "PAID_KEY", "HORIZON_MS", "OutboxPacing",
+           "Pacer", "PacedBack", "is_paced"]
 
 BOT_KEY = "bot"
 """The bucket of every paced send of the bot."""
 
 PAID_KEY = "paid"
 """The bucket of the sends with ``allow_paid_broadcast``, instead of :data:`BOT_KEY`."""
+
+HOLD_KEY = "hold"
+"""A bucket no send is paced by, held with the bot's for a flood limit of the whole bot.
+Reading it tells a hold apart from the bot's pace."""
 
 HORIZON_MS = 500
 """A slot is taken at most this long ahead. A sender then waits for it. So a hold announced

@@ -173,3 +173,32 @@ def test_the_blocking_intake_broadcasts_too(store: Any) -> None:
     with pytest.raises(UsageError, match="no bot_token"):
         UpdateIntake(store, handle_attempt=lambda update, attempt: None).broadcast(
             "x", [1], text="t")
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
+def test_a_flood_answer_to_one_sender_holds_both_and_nothing_is_sent_inside_it(
+    shared_stores: Callable[[], Any],
+) -> None:
+    """Two intakes on one database send one broadcast. Telegram answers one request with a
+    bot-wide 429 retry_after=2: neither intake sends inside the hold (past a grace of 0.3 s for
+    requests already on their way), and every recipient still gets the message once."""
+    from ptb_fence import UpdateIntake
+
+    with FakeBotApi(rate_limits=RateLimits(hold_grace_seconds=0.3)) as fake:
+        intakes = [UpdateIntake(shared_stores(), handle_attempt=lambda update, attempt: None,
+                                bot_token=fake.token, bot_base_url=fake.base_url,
+                                outbox_pacing=OutboxPacing(per_second=40))
+                   for _ in range(2)]
+        for intake in intakes:
+            intake.start()
+        try:
+            intakes[0].broadcast("flood", range(1, 161), text="flood")
+            assert fake.wait_until(lambda: len(news_to(fake, "flood")) >= 20, 20)
+            fake.flood(retry_after=2)
+            assert fake.wait_until(lambda: fake.rate_limited >= 1, 10)
+            assert fake.wait_until(lambda: len(news_to(fake, "flood")) == 160, 40)
+        finally:
+            for intake in intakes:
+                intake.close(10)
+        assert fake.requests_in_hold == 0
+        assert set(news_to(fake, "flood").values()) == {1}
