@@ -6,8 +6,8 @@ each one's slot in the store-wide pace and sends it. A crash loses nothing: a re
 held by a dead sender is claimed again once its lease ends. Only a recipient whose send
 Telegram answered and whose outcome was not recorded yet can go twice (the send window).
 
-Broadcast sends keep to :data:`BROADCAST_SHARE` of the bot's rate, so replies to users who
-just wrote are not queued behind them.
+A sender takes the slots of about half a second of sends at a time (:data:`PAGE_SECONDS`).
+A reply paced through the same store waits at most that long behind a broadcast.
 """
 
 from __future__ import annotations
@@ -28,24 +28,17 @@ from ptb_fence.runtime._backoff import Backoff
 from ptb_fence.runtime._bot_answers import FAIL, HOLD, MIGRATE, SENT, outcome_of
 from ptb_fence.runtime._bot_params import api_method
 from ptb_fence.runtime._outcome import error_text
-from ptb_fence.runtime._pacer import BOT_KEY, HOLD_KEY, HORIZON_MS, PAID_KEY, OutboxPacing
+from ptb_fence.runtime._pacer import HOLD_KEY, HORIZON_MS, OutboxPacing
 from ptb_fence.runtime._send_outcome import retry_after_seconds
 
-__all__ = ["BROADCAST_SHARE", "BROADCAST_KEY", "Broadcasts", "BroadcastSender",
-           "RECORD_BATCH"]
+__all__ = ["Broadcasts", "BroadcastSender", "PAGE", "RECORD_BATCH"]
 
 _LOGGER = logging.getLogger("ptb_fence.broadcasts")
 
 RECORD_BATCH = 5000
 """Recipients recorded per transaction."""
 
-BROADCAST_SHARE = 0.9
-"""The share of the bot's rate broadcasts keep to. The rest is room for replies."""
-
-BROADCAST_KEY = "broadcast"
-"""The bucket every broadcast send is paced by, beside the bot's and its chat's."""
-
-LEASE_MS = 30_000
+LEASE_MS = 10_000
 """How long a sender holds the recipients it claimed."""
 
 PAGE = 50
@@ -59,8 +52,12 @@ RECORD_EVERY_SECONDS = 0.2
 """A sender records its outcomes at least this often, and after each page."""
 
 _HOLD = PaceBucket(HOLD_KEY, 1)
-"""Read before each send: a flood hold of the bot another process stored since the page's
+"""Read before the sends: a flood hold of the bot another process stored since the page's
 slots were taken."""
+
+HOLD_READ_MS = 50
+"""A sender reads the store's hold at most this often. So a hold another process was told
+of stops its sends within about that time after it was stored."""
 
 MAX_TRIES = 10
 """A recipient whose sends kept failing without an answer is recorded failed after this many
@@ -171,9 +168,9 @@ class BroadcastSender:
         blocked: Told of each recipient that blocked the bot, on the sender's thread.
     """
 
-    __slots__ = ("_backoff", "_blocked", "_hold", "_loop", "_names", "_now_ms", "_pacing",
-                 "_page", "_send", "_stop", "_store", "_take", "_thread", "_token", "_wake",
-                 "sent")
+    __slots__ = ("_backoff", "_blocked", "_hold", "_hold_read", "_loop", "_names", "_now_ms",
+                 "_pacing", "_page", "_send", "_stop", "_store", "_take", "_thread", "_token",
+                 "_wake", "sent")
 
     def __init__(self, store: Any, pacing: OutboxPacing, take: Any, hold: Any,
                  now_ms: Callable[[], int], blocked: Optional[Blocked] = None) -> None:
@@ -181,7 +178,8 @@ class BroadcastSender:
         self._pacing = pacing
         self._take = take
         self._hold = hold
-        self._page = max(1, min(PAGE, int(pacing.per_second * BROADCAST_SHARE * PAGE_SECONDS)))
+        self._hold_read = 0  # when the hold was last read, and found none
+        self._page = max(1, min(PAGE, int(pacing.per_second * PAGE_SECONDS)))
         self._now_ms = now_ms
         self._blocked = blocked
         self._token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}:broadcast"
@@ -250,7 +248,8 @@ class BroadcastSender:
         for recipient in claimed:
             params = dict(json.loads(recipient.params_json))
             params["chat_id"] = recipient.chat_id
-            calls.append((recipient, params, self._buckets(recipient, params)))
+            calls.append((recipient, params,
+                          self._pacing.buckets(recipient.method, params, recipient.chat_id)))
         now = self._now_ms()
         try:
             times = self._take([buckets for _, _, buckets in calls], now, HORIZON_MS)
@@ -336,22 +335,19 @@ class BroadcastSender:
         return name
 
     # -- one recipient ----------------------------------------------------------------------
-    def _buckets(self, recipient: Recipient, params: Dict[str, Any]) -> "tuple[PaceBucket, ...]":
-        buckets = self._pacing.buckets(recipient.method, params, recipient.chat_id)
-        if not buckets or buckets[0].key not in (BOT_KEY, PAID_KEY):
-            return buckets
-        bot = buckets[0]
-        share = PaceBucket(BROADCAST_KEY if bot.key == BOT_KEY else BROADCAST_KEY + ":paid",
-                           int(bot.interval_ms / BROADCAST_SHARE) + 1)
-        return (bot, share) + buckets[1:]
-
     def _held_until(self) -> Optional[int]:
         """The end of a flood hold of the bot in the store, or :obj:`None`."""
+        now = self._now_ms()
+        if now - self._hold_read < HOLD_READ_MS:
+            return None
         try:
-            until = int(self._take([[_HOLD]], self._now_ms(), -1)[0])
+            until = int(self._take([[_HOLD]], now, -1)[0])
         except Exception:  # no answer: the send goes, as it would have a moment ago
             return None
-        return until if until > self._now_ms() else None
+        if until > now:
+            return until
+        self._hold_read = now
+        return None
 
     def _one(self, recipient: Recipient, params: Dict[str, Any]
              ) -> "tuple[RecipientOutcome, Optional[int]]":
@@ -377,7 +373,7 @@ class BroadcastSender:
             seconds = retry_after_seconds(exc) or 1.0
             until = self._now_ms() + int(seconds * 1000)
             try:  # every process of the bot waits it out, announced at once
-                self._hold([(BOT_KEY, until), (PAID_KEY, until), (HOLD_KEY, until)])
+                self._hold([(key, until) for key in self._pacing.hold_keys()])
             except Exception:
                 _LOGGER.warning("broadcasts: the hold of %.0f s could not be stored", seconds)
             return RecipientOutcome(*ids, "pending", due_at=until, error=text)

@@ -617,7 +617,7 @@ class OutboxDispatcher:
         if pacer is None:
             return
         try:
-            for key in (BOT_KEY, PAID_KEY, HOLD_KEY):
+            for key in pacer.hold_keys():
                 pacer.hold(key, due_at)
         except Exception as exc:  # this process holds all the same, and the retry holds the call
             self._report(exc, "outbox")
