@@ -52,6 +52,7 @@ from ptb_fence.cli._health import (
     probe,
 )
 from ptb_fence.cli._inspect import STATES, TableInspector
+from ptb_fence.cli._broadcasts import add_broadcast_parser, run_broadcast
 from ptb_fence.cli._jobs import add_jobs_parser, require_jobs, run_jobs
 from ptb_fence.cli._outbox import add_outbox_parser, run_outbox
 from ptb_fence.cli._rows import UpdateRow
@@ -377,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     act.add_argument("--json", action="store_true", help="print JSON")
     add_outbox_parser(command, common, _positive_int("limit"))
     add_jobs_parser(command, common, _positive_int("limit"))
+    add_broadcast_parser(command, common, _duration)
 
     command("schema", "print the idempotent PostgreSQL migration for --table").add_argument(
         "--json", action="store_true", help="print JSON: the table and the SQL"
@@ -1422,6 +1424,15 @@ def _cmd_jobs(ctx: _Context) -> int:
         store.close()
 
 
+# -- broadcasts --------------------------------------------------------------------------------
+def _cmd_broadcast(ctx: _Context) -> int:
+    store = ctx.open_store()
+    try:
+        return run_broadcast(ctx.args, store, now=_now_ms, out=_out)
+    finally:
+        store.close()
+
+
 # -- persistence -------------------------------------------------------------------------------
 def _cmd_persistence(ctx: _Context) -> int:
     from ptb_fence.cli import _persistence
@@ -1486,6 +1497,7 @@ _COMMANDS: Dict[str, Callable[[_Context], int]] = {
     "persistence": _cmd_persistence,
     "outbox": _cmd_outbox,
     "jobs": _cmd_jobs,
+    "broadcast": _cmd_broadcast,
 }
 
 
