@@ -214,6 +214,9 @@ class StatsCollector:
             for state, count in sorted(stats.outbox.items()):
                 family.add_metric(values + ["store", state], count)
             yield family
+        yield by(core.CounterMetricFamily, "broadcast_sends",
+                 "Broadcast recipients this process recorded, by result (retried: put back "
+                 "for a later try).", "result", dict(stats.broadcast_sends))
         yield gauge("job_runs_running",
                     "Runs of durable jobs this process holds claims on now.",
                     stats.job_runs_running)

@@ -166,18 +166,21 @@ class BroadcastSender:
         hold: The store-wide holds (the port's ``hold_sends``).
         now_ms: The runtime's clock.
         blocked: Told of each recipient that blocked the bot, on the sender's thread.
+        stats: Counts the recorded outcomes (:attr:`ptb_fence.Stats.broadcast_sends`).
     """
 
     __slots__ = ("_backoff", "_blocked", "_hold", "_hold_read", "_loop", "_names", "_now_ms",
-                 "_pacing", "_page", "_send", "_stop", "_store", "_take", "_thread", "_token",
-                 "_wake", "sent")
+                 "_pacing", "_page", "_send", "_stats", "_stop", "_store", "_take", "_thread",
+                 "_token", "_wake", "sent")
 
     def __init__(self, store: Any, pacing: OutboxPacing, take: Any, hold: Any,
-                 now_ms: Callable[[], int], blocked: Optional[Blocked] = None) -> None:
+                 now_ms: Callable[[], int], blocked: Optional[Blocked] = None,
+                 stats: Any = None) -> None:
         self._store = store
         self._pacing = pacing
         self._take = take
         self._hold = hold
+        self._stats = stats
         self._hold_read = 0  # when the hold was last read, and found none
         self._page = max(1, min(PAGE, int(pacing.per_second * PAGE_SECONDS)))
         self._now_ms = now_ms
@@ -305,6 +308,9 @@ class BroadcastSender:
         for outcome, ok in zip(outcomes, landed):
             if not ok:
                 continue
+            if self._stats is not None:
+                self._stats.broadcast_sent(
+                    "retried" if outcome.state == "pending" else outcome.state)
             if outcome.state == "sent":
                 self.sent += 1
             elif outcome.state == "blocked" and self._blocked is not None:

@@ -282,7 +282,7 @@ class Runtime:
             None if broadcast_store is None else BroadcastSender(
                 broadcast_store, options.outbox_pacing or OutboxPacing(),
                 self.port.take_send_slots, self.port.hold_sends, self.now_ms,
-                options.handle_blocked))
+                options.handle_blocked, self.stats))
         self.jobs = BackgroundJobs(
             self.keeper,
             options,

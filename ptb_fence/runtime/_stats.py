@@ -14,7 +14,7 @@ import bisect
 import threading
 import time
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from ptb_fence._values import StoreFigures
@@ -180,6 +180,9 @@ class Stats:
         job_runs_exhausted (:obj:`int`): Job runs whose last attempt failed in this process:
             exhausted, or abandoned without ``handle_exhaustion`` (counter, part of
             :attr:`attempts_ended`).
+        broadcast_sends (Mapping[:obj:`str`, :obj:`int`]): Broadcast recipients this process
+            recorded, by result: ``sent``, ``failed``, ``blocked`` (the user blocked the bot)
+            and ``retried`` (put back for a later try) (counters).
     """
 
     updates_recorded: int
@@ -211,6 +214,8 @@ class Stats:
     job_runs_running: int = 0
     job_runs_failed: int = 0
     job_runs_exhausted: int = 0
+    broadcast_sends: Mapping[str, int] = field(default_factory=lambda: types.MappingProxyType(
+        dict.fromkeys(("sent", "failed", "blocked", "retried"), 0)))
 
 
 class _Histogram:
@@ -243,6 +248,7 @@ class RuntimeStats:
         "_attempts_ended",
         "_attempts_started",
         "_calls",
+        "_broadcast_sends",
         "_duplicates",
         "_figures",
         "_figures_read_at",
@@ -292,6 +298,8 @@ class RuntimeStats:
         self._last_sweep_run: Optional[float] = None
         self._last_renewal_tick: Optional[float] = None
         self._calls: Dict[str, int] = {"sent": 0, "failed": 0, "retried": 0}
+        self._broadcast_sends: Dict[str, int] = dict.fromkeys(
+            ("sent", "failed", "blocked", "retried"), 0)
         self._outbox: Optional[Dict[str, int]] = None
         # the due jobs as the sweep last read them, and the runs' attempts ended here
         self._jobs_due: Optional[int] = None
@@ -386,6 +394,11 @@ class RuntimeStats:
         """``count`` failed sends were scheduled again."""
         with self._lock:
             self._calls["retried"] += count
+
+    def broadcast_sent(self, result: str, count: int = 1) -> None:
+        """``count`` broadcast recipients were recorded with ``result``."""
+        with self._lock:
+            self._broadcast_sends[result] = self._broadcast_sends.get(result, 0) + count
 
     def outbox_counts(self, counts: Mapping[str, int]) -> None:
         """The sweep read the store's outbox counts."""
@@ -544,4 +557,5 @@ class RuntimeStats:
                 job_runs_running=job_runs_running,
                 job_runs_failed=self._job_runs["failed"],
                 job_runs_exhausted=self._job_runs["exhausted"],
+                broadcast_sends=types.MappingProxyType(dict(self._broadcast_sends)),
             )

@@ -75,6 +75,8 @@ def test_each_recipient_gets_it_once_at_the_pace_and_blocked_users_are_reported(
             assert set(got.values()) == {1}  # once each
             assert all(m.get("disable_notification") is True for m in fake.sent_messages)
             assert (done.sent, done.blocked, done.failed, done.pending) == (37, 3, 0, 0)
+            counted = processor.stats().broadcast_sends
+            assert (counted["sent"], counted["blocked"], counted["failed"]) == (37, 3, 0)
             assert sorted(blocked) == [("launch", 1003), ("launch", 1017), ("launch", 1031)]
             assert fake.rate_limited == 0  # the pace kept under Telegram's limits
 
