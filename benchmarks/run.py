@@ -82,6 +82,10 @@ Rows (``--list`` prints them):
   runs them. Each run's callback does one fenced INSERT with ``run_in_transaction(insert,
   complete=True)``. The JOBS section prints runs/s, lateness p50/p99 (callback start minus the
   due time in the job's data), commits per job at the driver and the scheduling rate.
+- ``broadcasts-{sqlite,pg}``: ``broadcasts.py``. ``UpdateIntake(outbox_pacing=OutboxPacing(
+  per_second=300))`` broadcasts to 10,000 chats (``--quick`` 2,000) through ``FakeBotApi``
+  enforcing 300 a second. The BROADCASTS section prints the sustained rate, the 429 answers and
+  the commits per sent recipient.
 - ``lease-{sqlite,pg}``: ``LeaseKeeper.tick()`` with 1, 100 and 5,000 active attempts.
 - ``backlog-{sqlite,pg}``: 100,000 recorded updates handled after a restart; RSS sampled.
 - ``backlog-write-{sqlite,pg}``: the same backlog, each update handled with the fenced write
@@ -171,6 +175,8 @@ FULL = {
     "poll_chats": 200,
     "jobs": 10_000,
     "jobs_window": 60.0,
+    "broadcast_recipients": 10_000,
+    "broadcast_limit": 300,
 }
 QUICK = {
     "updates": 300,
@@ -182,6 +188,8 @@ QUICK = {
     "poll_chats": 200,
     "jobs": 1_000,
     "jobs_window": 10.0,
+    "broadcast_recipients": 2_000,
+    "broadcast_limit": 300,
 }
 
 LEGEND = [
@@ -290,6 +298,8 @@ class Row:
             return "steps"
         if self.kind == "jobs":
             return "jobs"
+        if self.kind == "broadcasts":
+            return "broadcasts"
         return "throughput"
 
 
@@ -371,6 +381,10 @@ def all_rows(concurrencies: Sequence[int]) -> List[Row]:
                         f"one-off durable jobs due over a window, run_once each, a fenced write "
                         f"per run, {store}" + (" (reference)" if store == "memory" else "")))
     for store in ("sqlite", "pg"):
+        rows.append(Row(f"broadcasts-{store}", "broadcasts", store, 0,
+                        f"one broadcast through FakeBotApi enforcing a global limit, "
+                        f"UpdateIntake(outbox_pacing=OutboxPacing(per_second=limit)), {store}"))
+    for store in ("sqlite", "pg"):
         rows.append(Row(f"lease-{store}", "lease", store, 0, f"lease renewal tick, {store}"))
     for store in ("sqlite", "pg"):
         rows.append(Row(f"backlog-{store}", "backlog", store, 32, f"backlog after restart, {store}"))
@@ -447,6 +461,10 @@ def child_main(cfg: Dict[str, Any]) -> int:
             from jobs import measure_jobs
 
             return measure_jobs(cfg, counter)
+        if kind == "broadcasts":
+            from broadcasts import measure_broadcasts
+
+            return measure_broadcasts(cfg, counter if cfg.get("driver_count", True) else None)
         from _ptb_rows import measure_ptb_row
 
         return asyncio.run(measure_ptb_row(cfg, counter))
@@ -894,6 +912,28 @@ class Report:
             lines.append(f"  {row.store:<7} {summary(result)}")
         return lines
 
+    def broadcasts_table(self) -> List[str]:
+        lines = []
+        for row in self.rows:
+            if row.section != "broadcasts" or row.name not in self.results:
+                continue
+            r = self.results[row.name]
+            if "skipped" in r or "error" in r:
+                lines.append(f"  {row.name}: " + (f"skipped: {r['skipped']}" if "skipped" in r
+                                                   else f"FAILED: {r['error']}"))
+                continue
+            share = r.get("rate_share")
+            commits = r.get("commits_per_sent")
+            lines.append(
+                f"  {row.store:<7} {r['recipients']:,} recipients at a limit of {r['limit']}/s: "
+                f"{_fmt_num(r.get('rate_per_second'), 0)}/s sustained "
+                f"({'-' if share is None else f'{share:.0%}'} of the limit), "
+                f"{r['answered_429']} answered 429 ({r['per_10k_429']:.1f} per 10,000), "
+                f"{r['inside_hold']} inside a hold, {r['duplicates']} duplicate(s), "
+                + ("" if commits is None else f"{commits:.3f} commits per sent, ")
+                + f"{_fmt_num(r.get('cpu_us_per_sent'), 0)} CPU us per sent (fake included)")
+        return lines
+
     def backlog_table(self) -> List[str]:
         lines = []
         for row in self.rows:
@@ -1096,6 +1136,26 @@ class Report:
                     else extra < limit,
                     "steps-pg-32 not measured" if extra is None
                     else f"steps-pg-32: {extra:+.3f} commits per write with one step")
+
+        # issue 38: broadcasts keep to Telegram's limit and are never answered 429
+        for store in ("sqlite", "pg"):
+            name = f"broadcasts-{store}"
+            result = self.ok(name)
+            share = None if result is None else result.get("rate_share")
+            verdict(f"[38] sustained broadcast rate >= 90% of the limit ({name})", share,
+                    None if share is None else share >= 0.9,
+                    f"{name} not measured" if result is None else
+                    f"{result['rate_per_second']:.0f}/s of {result['limit']}/s ({share:.1%}; "
+                    f"OutboxPacing's headroom of 5% and whole-millisecond buckets allow 90.9%)")
+            per_10k = None if result is None else result.get("per_10k_429")
+            verdict(f"[38] 429 answers per 10,000 sends = 0 ({name})", per_10k,
+                    None if per_10k is None else per_10k == 0,
+                    f"{name} not measured" if result is None else
+                    f"{result['answered_429']} of {result['sent']:,} sends answered 429")
+            commits = None if result is None else result.get("commits_per_sent")
+            if commits is not None:
+                lines.append(f"  INFO  [38] commits per sent recipient ({name}): {commits:.3f} "
+                             "(claims, pace slots and outcomes, at the driver)")
 
         # issue 37: durable one-off jobs run once, on time, their runs grouped in commits
         for store in ("sqlite", "pg"):
@@ -1531,6 +1591,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "claims_exact": args.claims_exact,
                 "jobs": settings["jobs"],
                 "window": settings["jobs_window"],
+                "broadcast_recipients": settings["broadcast_recipients"],
+                "broadcast_limit": settings["broadcast_limit"],
                 "sweep": args.jobs_sweep,
                 # the fenced no-op polling rows' claims bound, from one untimed exact-tally run
                 "claims_check": row.kind == "poll-fenced" and not args.profile,
@@ -1607,6 +1669,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print()
         print("STEPS: the cost of attempt.step (its read and its fenced record) before a fenced write")
         for line in steps:
+            print(line)
+    broadcasts = report.broadcasts_table()
+    if broadcasts:
+        print()
+        print("BROADCASTS: one broadcast through FakeBotApi enforcing a global limit, paced in "
+              "the store")
+        for line in broadcasts:
             print(line)
     jobs = report.jobs_table()
     if jobs:

@@ -169,9 +169,9 @@ class BroadcastSender:
         stats: Counts the recorded outcomes (:attr:`ptb_fence.Stats.broadcast_sends`).
     """
 
-    __slots__ = ("_backoff", "_blocked", "_hold", "_hold_read", "_loop", "_names", "_now_ms",
-                 "_pacing", "_page", "_send", "_stats", "_stop", "_store", "_take", "_thread",
-                 "_token", "_wake", "sent")
+    __slots__ = ("_backoff", "_blocked", "_gap", "_hold", "_hold_read", "_last_send", "_loop",
+                 "_names", "_now_ms", "_pacing", "_page", "_send", "_stats", "_stop", "_store",
+                 "_take", "_thread", "_token", "_wake", "sent")
 
     def __init__(self, store: Any, pacing: OutboxPacing, take: Any, hold: Any,
                  now_ms: Callable[[], int], blocked: Optional[Blocked] = None,
@@ -181,6 +181,10 @@ class BroadcastSender:
         self._take = take
         self._hold = hold
         self._stats = stats
+        # A sender that fell behind its slots does not catch up in a burst: its sends stay
+        # at least one interval of the bot's pace apart (Telegram counts per second).
+        self._gap = 1.0 / (pacing.per_second * (1.0 - pacing.headroom))
+        self._last_send = 0.0
         self._hold_read = 0  # when the hold was last read, and found none
         self._page = max(1, min(PAGE, int(pacing.per_second * PAGE_SECONDS)))
         self._now_ms = now_ms
@@ -274,13 +278,15 @@ class BroadcastSender:
             if at > now + HORIZON_MS:  # no slot taken: a hold, or its chat's pace far off
                 outcomes.append(RecipientOutcome(*ids, "pending", due_at=at))
                 continue
-            wait_ms = at - self._now_ms()
-            if wait_ms > 0:
-                self._stop.wait(wait_ms / 1000.0)
+            wait = max((at - self._now_ms()) / 1000.0,
+                       self._last_send + self._gap - time.monotonic())
+            if wait > 0:
+                self._stop.wait(wait)
             held = self._held_until()  # another process may have been told to hold
             if held is not None:
                 outcomes.append(RecipientOutcome(*ids, "pending", due_at=held))
                 continue
+            self._last_send = time.monotonic()
             outcome, held = self._one(recipient, params)
             outcomes.append(outcome)
             if time.monotonic() - recorded_at >= RECORD_EVERY_SECONDS:
