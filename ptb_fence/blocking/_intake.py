@@ -16,7 +16,7 @@ from ptb_fence.runtime._delivered import DeliveredExhaustion
 from ptb_fence.blocking._sender import DEFAULT_BASE_URL, HttpxSender
 from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._attempt import Attempt
-from ptb_fence.runtime._broadcasts import Broadcasts
+from ptb_fence.runtime._broadcasts import STOP_SECONDS, Broadcasts
 from ptb_fence.runtime._chats import ChatOrder, chat_key
 from ptb_fence.runtime._alarms import Health
 from ptb_fence.runtime._runtime import FrontEndHooks, Record, Runtime
@@ -460,7 +460,7 @@ class UpdateIntake:
             remaining = left()
             if self._runtime.broadcast_sender is not None:
                 self._runtime.broadcast_sender.stop(
-                    grace if remaining is None else min(grace, remaining))
+                    STOP_SECONDS if remaining is None else min(STOP_SECONDS, remaining))
                 remaining = left()
             outbox.stop(grace if remaining is None else min(grace, remaining))
             self._sender.close()

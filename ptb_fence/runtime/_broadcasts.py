@@ -44,6 +44,14 @@ LEASE_MS = 10_000
 PAGE = 50
 """The most recipients one claim takes."""
 
+LOOK_SECONDS = 2.0
+"""How often an idle sender looks for recipients. A broadcast started or resumed in this
+process wakes it at once. One started by another process or the command line waits at most
+this long."""
+
+STOP_SECONDS = 1.0
+"""How long a stop waits for the send or store call in flight."""
+
 PAGE_SECONDS = 0.5
 """A claim takes about this many seconds of sends at the bot's pace (at most :data:`PAGE`).
 So a pause or a cancel stops the sends of every process within about that time."""
@@ -220,8 +228,12 @@ class BroadcastSender:
         """Look for recipients now (a broadcast was started or resumed)."""
         self._wake.set()
 
-    def stop(self, timeout: Optional[float] = 10.0) -> None:
-        """Stop after the send in flight. The recipients claimed and not sent go back."""
+    def stop(self, timeout: Optional[float] = STOP_SECONDS) -> None:
+        """Stop after the send in flight, waiting at most ``timeout`` seconds for it.
+
+        The recipients claimed and not sent go back. A thread still in a store call or a
+        send after ``timeout`` is left behind (a daemon): a database that does not answer
+        must not hold the stop. What it held is claimed again once its lease ends."""
         self._stop.set()
         self._wake.set()
         thread = self._thread
@@ -231,20 +243,28 @@ class BroadcastSender:
 
     # -- the loop ---------------------------------------------------------------------------
     def _run(self) -> None:
+        failing = False
         while not self._stop.is_set():
-            pause = 0.5
+            pause = LOOK_SECONDS
             try:
                 claimed = self._store.claim_recipients(
                     self._token, now=self._now_ms(), lease_until=self._now_ms() + LEASE_MS,
                     limit=self._page)
                 self._backoff.answered()
+                if failing:  # the runtime's own loops say that the store is back
+                    failing = False
+                    _LOGGER.debug("broadcasts: claiming recipients again")
                 if claimed:
                     self._send_page(claimed)
                     pause = 0.0
             except Exception as exc:  # the store failed: nothing is lost, try again
                 pause = self._backoff.failed()
-                _LOGGER.warning("broadcasts: the store failed (%s): trying again in %.1f s",
-                                error_text(exc), pause)
+                # one WARNING per outage: an outage must not flood the log
+                _LOGGER.log(logging.DEBUG if failing else logging.WARNING,
+                            "broadcasts: the store failed (%s): trying again in %.1f s%s",
+                            error_text(exc), pause, "" if failing else
+                            " (further failures are logged at DEBUG until it answers again)")
+                failing = True
             if pause:
                 self._wake.wait(pause)
                 self._wake.clear()
@@ -297,6 +317,7 @@ class BroadcastSender:
     def _record(self, outcomes: List[RecipientOutcome]) -> None:
         if not outcomes:
             return
+        tries = 0
         while True:
             try:
                 landed = self._store.settle_recipients(self._token, outcomes, self._now_ms())
@@ -308,8 +329,11 @@ class BroadcastSender:
                                     error_text(exc))
                     return
                 wait = self._backoff.failed()
-                _LOGGER.warning("broadcasts: recording %d outcome(s) failed (%s): trying "
-                                "again in %.1f s", len(outcomes), error_text(exc), wait)
+                tries += 1
+                _LOGGER.log(logging.WARNING if tries == 1 else logging.DEBUG,
+                            "broadcasts: recording %d outcome(s) failed (%s): trying again in "
+                            "%.1f s%s", len(outcomes), error_text(exc), wait,
+                            " (further tries are logged at DEBUG)" if tries == 1 else "")
                 self._stop.wait(wait)
         for outcome, ok in zip(outcomes, landed):
             if not ok:
