@@ -2,7 +2,7 @@
 --
 -- A row is in turn at now when no other row of its chat (same chat_key) is unsettled
 -- (pending, processing, failed) with a smaller update_id, and none is processing with a live
--- lease (due_at >= now); a row without chat_key always is. The predicate is part of the one
+-- lease (due_at >= now). A row without chat_key always is. The predicate is part of the one
 -- statement that claims or lists, and runs on the partial index of the unsettled rows
 -- (chat_key, update_id), so it reads only the waiting rows of one chat.
 

@@ -2,7 +2,7 @@
 --
 -- Claimable at now: pending with due_at <= now, or sending with due_at < now (a sender's
 -- lease is held while due_at >= now). In turn in its chat: no other call of the chat pending
--- or sending with a smaller call_id, and none sending under a live lease; a call without a
+-- or sending with a smaller call_id, and none sending under a live lease. A call without a
 -- chat key always is. A sender's writes (sent, retry, fail, release) need state sending and
 -- its token. The claim picks the rows FOR UPDATE SKIP LOCKED and updates them in the same
 -- statement, so concurrent claimers never get one call twice.

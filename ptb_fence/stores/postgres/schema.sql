@@ -122,7 +122,7 @@ CREATE TABLE IF NOT EXISTS {recipients} (
     broadcast_id BIGINT NOT NULL,
     chat_id      BIGINT NOT NULL,
     state        TEXT   NOT NULL,      -- pending, sending, sent, failed, blocked, cancelled
-    due_at       BIGINT NOT NULL,      -- pending: when; sending: the lease; else: when settled
+    due_at       BIGINT NOT NULL,      -- pending: when due, sending: the lease, else: when settled
     tries        INT    NOT NULL DEFAULT 0,
     sender       TEXT,
     error        TEXT,

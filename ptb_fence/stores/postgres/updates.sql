@@ -1,12 +1,12 @@
 -- ptb_fence: the PostgreSQL statements on an update table (psycopg2 %(name)s parameters).
 --
--- Every rule is one conditional statement on one row; the WHERE clause is the rule:
--- claimable at now: pending; failed with due_at <= now; processing with due_at < now (a lease
--- is held while due_at >= t). Live at t: processing, same attempt (and same claim id when
--- fenced), due_at >= t. A take (attempts < max_attempts) makes the row processing with the
--- next attempt and the lease; a spend abandons it, settled now, or with durable an
--- unacknowledged exhaustion (settled_at NULL) keeping its last claim id. SET expressions see
--- the row as it was; RETURNING sees it as it is now.
+-- Every rule is one conditional statement on one row. The WHERE clause is the rule.
+-- Claimable at now: pending, failed with due_at <= now, or processing with due_at < now (a
+-- lease is held while due_at >= t). Live at t: processing, same attempt (and same claim id
+-- when fenced), due_at >= t. A take (attempts < max_attempts) makes the row processing with
+-- the next attempt and the lease. A spend abandons it, settled now. With durable it is an
+-- unacknowledged exhaustion instead (settled_at NULL), keeping its last claim id. SET
+-- expressions see the row as it was. RETURNING sees it as it is now.
 --
 -- The seed's legacy table (no claim_id, fingerprint, instance, isolated_claim nor chat_key)
 -- runs the statements whose names end in _legacy, and those that mention none of these

@@ -3,10 +3,10 @@
 -- Every rule of the store contract is ONE conditional statement on one row: the WHERE clause
 -- is the rule's precondition, and RETURNING reads back what the statement wrote, so there is
 -- never a read-then-write window between checking a row and changing it. Claimable at now:
--- pending; failed with due_at <= now; processing with due_at < now (a lease is held while
+-- pending, failed with due_at <= now, or processing with due_at < now (a lease is held while
 -- due_at >= t, inclusive). A take (attempts < max_attempts) makes the row processing with the
--- next attempt, the lease, the fresh claim id and the claiming instance; a spend abandons it,
--- settled now, or with durable an unacknowledged exhaustion keeping its last claim id. SET
+-- next attempt, the lease, the fresh claim id and the claiming instance. A spend abandons it,
+-- settled now. With durable it is an unacknowledged exhaustion, keeping its last claim id. SET
 -- expressions see the row as it was. Batches are one JSON array parameter (json_each), so
 -- their text does not depend on their size. Their WHERE clauses write +t.state: the planner
 -- then finds each row of a batch by its update_id, not every row of that state through the
