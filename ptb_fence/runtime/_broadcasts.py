@@ -67,6 +67,11 @@ HOLD_READ_MS = 50
 """A sender reads the store's hold at most this often. So a hold another process was told
 of stops its sends within about that time after it was stored."""
 
+LATE_MS = 40
+"""A send this much past its time (its thread was held up) gives its slot up. Its recipient
+goes back at once, for a later slot. A late send would crowd the sends of other processes
+into one second, which Telegram counts."""
+
 MAX_TRIES = 10
 """A recipient whose sends kept failing without an answer is recorded failed after this many
 tries."""
@@ -177,7 +182,7 @@ class BroadcastSender:
         stats: Counts the recorded outcomes (:attr:`ptb_fence.Stats.broadcast_sends`).
     """
 
-    __slots__ = ("_backoff", "_blocked", "_gap", "_hold", "_hold_read", "_last_send", "_loop",
+    __slots__ = ("_backoff", "_blocked", "_gap", "_hold", "_hold_read", "_next_send", "_loop",
                  "_names", "_now_ms", "_pacing", "_page", "_send", "_stats", "_stop", "_store",
                  "_take", "_thread", "_token", "_wake", "sent")
 
@@ -189,10 +194,11 @@ class BroadcastSender:
         self._take = take
         self._hold = hold
         self._stats = stats
-        # A sender that fell behind its slots does not catch up in a burst: its sends stay
-        # at least one interval of the bot's pace apart (Telegram counts per second).
-        self._gap = 1.0 / (pacing.per_second * (1.0 - pacing.headroom))
-        self._last_send = 0.0
+        # The slots of the bot's stripes may coincide. This process's sends keep at least one
+        # interval of the bot's pace apart, so they do not go in a burst (Telegram counts per
+        # second). The spacing is planned per page, so a late wake-up is not carried on.
+        self._gap = 1000.0 / (pacing.per_second * (1.0 - pacing.headroom))
+        self._next_send = 0.0
         self._hold_read = 0  # when the hold was last read, and found none
         self._page = max(1, min(PAGE, int(pacing.per_second * PAGE_SECONDS)))
         self._now_ms = now_ms
@@ -287,7 +293,7 @@ class BroadcastSender:
         outcomes: List[RecipientOutcome] = []
         recorded_at = time.monotonic()
         held: Optional[int] = None  # a flood hold learnt during the page: the rest waits
-        for (recipient, params, _), at in zip(calls, times):
+        for (recipient, params, _), at, go in self._plan(calls, times, now):
             ids = (recipient.broadcast_id, recipient.chat_id)
             if held is not None:
                 outcomes.append(RecipientOutcome(*ids, "pending", due_at=held))
@@ -298,21 +304,36 @@ class BroadcastSender:
             if at > now + HORIZON_MS:  # no slot taken: a hold, or its chat's pace far off
                 outcomes.append(RecipientOutcome(*ids, "pending", due_at=at))
                 continue
-            wait = max((at - self._now_ms()) / 1000.0,
-                       self._last_send + self._gap - time.monotonic())
+            wait = (go - self._now_ms()) / 1000.0
             if wait > 0:
                 self._stop.wait(wait)
             held = self._held_until()  # another process may have been told to hold
             if held is not None:
                 outcomes.append(RecipientOutcome(*ids, "pending", due_at=held))
                 continue
-            self._last_send = time.monotonic()
+            if self._now_ms() - go > LATE_MS:
+                outcomes.append(RecipientOutcome(*ids, "pending", due_at=self._now_ms()))
+                continue
             outcome, held = self._one(recipient, params)
             outcomes.append(outcome)
             if time.monotonic() - recorded_at >= RECORD_EVERY_SECONDS:
                 self._record(outcomes)
                 outcomes, recorded_at = [], time.monotonic()
         self._record(outcomes)
+
+    def _plan(self, calls: Sequence[Any], times: Sequence[int], now: int
+              ) -> "List[tuple[Any, int, float]]":
+        """The page in the order of its slots, each with its slot and the time it goes: its
+        slot, at least one interval of the bot's pace after the send before it."""
+        planned = []
+        after = max(self._next_send, float(now) - self._gap)
+        for call, at in sorted(zip(calls, times), key=lambda pair: pair[1]):
+            go = max(float(at), after + self._gap)
+            if at <= now + HORIZON_MS:
+                after = go
+            planned.append((call, at, go))
+        self._next_send = after
+        return planned
 
     def _record(self, outcomes: List[RecipientOutcome]) -> None:
         if not outcomes:

@@ -42,8 +42,13 @@ its try not counted."""
 STRIPE_RATE = 50.0
 """The most sends a second one bucket of the bot paces. A faster limit is split into stripes
 (``bot``, ``bot:1``, ...), each send going by one of them, chosen by its chat. Bucket times are
-whole milliseconds: a bucket of 600 a second would round its interval of 1.7 ms up to 2 ms and
-keep to 500. Stripes of at most 50 a second lose at most a few percent to that rounding."""
+whole milliseconds, so an interval is rounded up. A bucket of 600 a second would round 1.7 ms
+up to 2 ms and keep to 500."""
+
+STRIPE_LOSS = 0.01
+"""The share of a limit the rounding of the stripes' intervals may lose. The number of stripes
+is the first one from ``limit / STRIPE_RATE`` on whose interval rounds up by at most this."""
+
 
 _MESSAGE_METHODS = frozenset({"copyMessage", "copyMessages", "forwardMessage",
                               "forwardMessages"})
@@ -120,7 +125,7 @@ class OutboxPacing:
         chat = params.get("chat_id", chat_key)
         paid = params.get("allow_paid_broadcast") is True
         key, rate = (PAID_KEY, self.paid_per_second) if paid else (BOT_KEY, self.per_second)
-        stripes = _stripes(rate)
+        stripes = _stripes(rate, self.headroom)
         stripe = _stripe_of(chat, stripes)
         buckets = [PaceBucket(key if stripe == 0 else f"{key}:{stripe}",
                               _interval_ms(rate / stripes, 1.0, self.headroom))]
@@ -138,12 +143,20 @@ class OutboxPacing:
         the paid sends, and :data:`HOLD_KEY`."""
         keys = [HOLD_KEY]
         for key, rate in ((BOT_KEY, self.per_second), (PAID_KEY, self.paid_per_second)):
-            keys += [key] + [f"{key}:{n}" for n in range(1, _stripes(rate))]
+            keys += [key] + [f"{key}:{n}" for n in range(1, _stripes(rate, self.headroom))]
         return tuple(keys)
 
 
-def _stripes(rate: float) -> int:
-    return max(1, int(math.ceil(rate / STRIPE_RATE)))
+def _stripes(rate: float, headroom: float) -> int:
+    """How many stripes pace ``rate`` a second: enough to keep each at most
+    :data:`STRIPE_RATE`, and more while rounding an interval up would lose more than
+    :data:`STRIPE_LOSS` of the rate."""
+    least = max(1, int(math.ceil(rate / STRIPE_RATE)))
+    for stripes in range(least, least * 4 + 1):
+        exact = stripes * 1000.0 / rate / (1.0 - headroom)
+        if math.ceil(exact) <= exact * (1.0 + STRIPE_LOSS):
+            return stripes
+    return least * 4
 
 
 def _stripe_of(chat: Any, stripes: int) -> int:
