@@ -12,6 +12,7 @@ from typing import NamedTuple, Optional, Tuple, Union
 
 __all__ = [
     "BROADCAST_STATES",
+    "BroadcastWrite",
     "RECIPIENT_STATES",
     "Recipient",
     "RecipientOutcome",
@@ -355,6 +356,9 @@ class AttemptEffects:
             Defaults to none.
         cancelled_jobs (Tuple[:obj:`int`, ...], optional): The ids of the durable jobs the
             attempt removed. Defaults to none.
+        broadcasts (Tuple[:class:`BroadcastWrite`, ...], optional): The broadcasts the attempt
+            started. Only a store that declares ``StoreFeatures(broadcasts=True)`` is given
+            any. Defaults to none.
     """
 
     calls: Tuple[OutboxCall, ...] = ()
@@ -362,6 +366,7 @@ class AttemptEffects:
     state: Tuple[StateWrite, ...] = ()
     jobs: Tuple["JobWrite", ...] = ()
     cancelled_jobs: Tuple[int, ...] = ()
+    broadcasts: Tuple["BroadcastWrite", ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -620,6 +625,27 @@ class StoredBroadcast:
     def done(self) -> bool:
         """:obj:`bool`: No recipient is pending or being sent to."""
         return not (self.pending or self.sending)
+
+
+@dataclass(frozen=True, slots=True)
+class BroadcastWrite:
+    """A broadcast an attempt starts, written by its completion.
+
+    The store starts the broadcast ``name`` as ``start_broadcast`` does and adds the chats as
+    ``add_recipients`` does, in the completion's transaction. When a broadcast of that name
+    exists with another method or parameters, no recipient is added to it.
+
+    Args:
+        name (:obj:`str`): The broadcast's name.
+        method (:obj:`str`): The Bot API method sent to each recipient.
+        params_json (:obj:`str`): The call's parameters as a JSON object, without ``chat_id``.
+        chat_ids (Tuple[:obj:`int`, ...]): The recipients' chats.
+    """
+
+    name: str
+    method: str
+    params_json: str
+    chat_ids: Tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,6 +90,7 @@ _CHECKS: Tuple[RuleCheck, ...] = (
     _pacing.rule_pacing_concurrent,
     _broadcasts.rule_broadcasts,
     _broadcasts.rule_broadcasts_concurrent,
+    _broadcasts.rule_broadcasts_effects,
 )
 """The declared rules in the order they run.
 

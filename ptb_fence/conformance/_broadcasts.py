@@ -8,11 +8,31 @@ The rules run only for a store that declares ``broadcasts``.
 
 from __future__ import annotations
 
-from typing import Any, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
-from ptb_fence._values import Recipient, RecipientOutcome, StoredBroadcast
-from ptb_fence.contract import BROADCAST_METHODS, StoreFeatures
-from ptb_fence.conformance._probe import Abort, Probe, T, THREADS, has_method
+from ptb_fence._values import (
+    AttemptEffects,
+    AttemptIdentity,
+    BroadcastWrite,
+    Completed,
+    Failed,
+    Recipient,
+    RecipientOutcome,
+    Settlement,
+    StoredBroadcast,
+)
+from ptb_fence.contract import BROADCAST_METHODS, Batch, StoreFeatures
+from ptb_fence.conformance._probe import (
+    L,
+    Abort,
+    Probe,
+    T,
+    THREADS,
+    claimed_identity,
+    has_method,
+    other_claim_id,
+    stamp,
+)
 from ptb_fence.conformance._races import _race
 from ptb_fence.conformance._rule import rule
 
@@ -172,3 +192,89 @@ def rule_broadcasts_concurrent(p: Probe, fenced: bool, durable: bool) -> None:
     p.expect(chats == list(range(1000, 1100)),
              f"{THREADS} concurrent claims of 20 got {len(chats)} recipients, "
              f"{len(set(chats))} distinct; expected each of the 100 once")
+
+
+@rule(
+    "broadcasts-effects",
+    "durable",
+    "A completion's broadcasts (when broadcasts is declared) are started when it lands and "
+    "not at all when it is refused. A broadcast of that name with another call gets none of "
+    "its recipients.",
+    applies="only for a store that declares ``broadcasts``",
+)
+def rule_broadcasts_effects(p: Probe, fenced: bool, durable: bool) -> None:
+    """One ``commit`` settles four attempts, each starting a broadcast of its own name.
+
+    A's completion lands: its broadcast is started at the completion's time, with its chats.
+    B is a wrong claim id, C's lease ended before its completion and D fails. They start
+    nothing. A fifth attempt's completion names a broadcast that exists with another call.
+    It lands and adds none of its chats there.
+    The rest needs ``transaction()`` and ``write_effects``.
+    The broadcast ``write_effects`` writes in a block vanishes when the block raises.
+    It lands when the block ends normally.
+    """
+    if not _declares_broadcasts(p):
+        return
+    a = claimed_identity(p, 1, T + L)
+    b_real = claimed_identity(p, 2, T + L)
+    b = AttemptIdentity(b_real.update_id, b_real.attempt, other_claim_id(b_real.claim_id))
+    c = claimed_identity(p, 3, T + 5)
+    d = claimed_identity(p, 4, T + L)
+    e = claimed_identity(p, 5, T + L)
+    p.call("start_broadcast", "taken", "sendMessage", '{"text":"first"}', T)
+    settlements: Tuple[Tuple[AttemptIdentity, Settlement], ...] = (
+        (a, Completed(T + 10)), (b, Completed(T + 10)), (c, Completed(T + 10)),
+        (d, Failed(T + 10, T + 100, "x")), (e, Completed(T + 10)),
+    )
+    effects: Dict[AttemptIdentity, AttemptEffects] = {
+        identity: AttemptEffects(broadcasts=(
+            BroadcastWrite(f"from-{identity.update_id}", "sendMessage", _PARAMS, (7, 8, 9)),))
+        for identity in (a, b, c, d)
+    }
+    effects[e] = AttemptEffects(broadcasts=(
+        BroadcastWrite("taken", "sendMessage", _PARAMS, (7, 8)),))
+    landed = p.settle_batch(Batch(settlements=settlements, effects=effects))
+    p.expect(landed == [True, False, False, True, True],
+             f"commit landed {landed}; expected [True, False, False, True, True] (the "
+             "owner's completion, a wrong claim id, a lease ended at "
+             f"{stamp(T + 5)}, the owner's failure, the owner's completion)")
+    listed = p.call("list_broadcasts")
+    started = sorted(b.name for b in listed if b.name.startswith("from-"))
+    p.expect(started == ["from-1"], f"after the commit the broadcasts started by completions "
+             f"are {started}; expected only ['from-1'], that of the completion that landed")
+    if started == ["from-1"]:
+        one = _one(p, "from-1")
+        p.expect((one.created_at, one.total, one.pending, one.state)
+                 == (T + 10, 3, 3, "active"),
+                 f"the landed completion started {one!r}; expected it created at "
+                 f"{stamp(T + 10)}, active, with its 3 chats pending")
+    taken = _one(p, "taken")
+    p.expect(taken.total == 0, f"a completion's broadcast named like one with another call "
+             f"added {taken.total} recipient(s) to it; expected none")
+    _in_transaction(p)
+
+
+class _Rollback(Exception):
+    """Raised inside a ``transaction()`` block so it rolls back."""
+
+
+def _in_transaction(p: Probe) -> None:
+    if not all(has_method(p.store, m) for m in ("transaction", "write_effects")):
+        return
+    identity = AttemptIdentity(9, 1, "attempt-of-the-transaction")
+    for name, raises in (("rolled", True), ("kept", False)):
+        effects = AttemptEffects(broadcasts=(BroadcastWrite(name, "sendMessage", _PARAMS,
+                                                            (5, 6)),))
+        try:
+            with p.call("transaction") as connection:
+                p.call("write_effects", identity, effects, T + 20, connection=connection)
+                if raises:
+                    raise _Rollback
+        except _Rollback:
+            pass
+        listed = [b.total for b in p.call("list_broadcasts", name)]
+        want = [] if raises else [2]
+        what = "raised" if raises else "ended normally"
+        p.expect(listed == want, f"write_effects(connection=) of a broadcast inside a "
+                 f"transaction() block that {what} left broadcasts of {listed} recipients; "
+                 f"expected {want}")

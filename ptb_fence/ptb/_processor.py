@@ -260,9 +260,10 @@ class BaseFenceProcessor(ApplicationBinding, BaseUpdateProcessor):
         """Send ``method(chat_id=..., **params)`` to every chat of ``chat_ids``, once each.
 
         The broadcast and one row per recipient are recorded in the store first, in batches.
-        The broadcast senders of the bot's processes then send them at the store-wide pace,
-        replies first. A crash or a deploy loses nothing: the rest is sent after it. Calling
-        it again with the same ``name`` adds the chats it lacks.
+        The broadcast senders of the bot's processes then send them at the store-wide pace.
+        A crash or a deploy loses nothing: the rest is sent after it. Calling it again with
+        the same ``name`` adds the chats it lacks. From a handler,
+        :meth:`ptb_fence.Attempt.broadcast` starts one with the update's completion.
 
         Args:
             name (:obj:`str`): The broadcast's name, unique in the store (at most 200

@@ -7,10 +7,10 @@ import inspect
 import logging
 import threading
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from ptb_fence._errors import AttemptFinished, OwnershipLost, TransactionEnded, UsageError
-from ptb_fence._values import AttemptIdentity, Completed, StepRecord
+from ptb_fence._values import AttemptIdentity, BroadcastWrite, Completed, StepRecord
 from ptb_fence.runtime._effects import HeldEffects, OpenTransaction
 from ptb_fence.runtime._held_call import HeldCall
 from ptb_fence.runtime._outbox import Outbox
@@ -380,6 +380,40 @@ class Attempt:
                     self._outbox = outbox
                 outbox = self._outbox
         return outbox
+
+    def broadcast(self, name: str, chat_ids: Iterable[int], method: str = "sendMessage",
+                  **params: Any) -> BroadcastWrite:
+        """Start the broadcast ``name`` with this attempt's completion.
+
+        It is :meth:`ptb_fence.ptb.FencedUpdateProcessor.broadcast` held for the commit that
+        completes the update: the broadcast and its recipients land with it, or not at all. A
+        failed, retried or stale attempt starts nothing. Nothing is read or written now, so it
+        is safe in a coroutine. The recipients are written in the completion's transaction, so
+        keep very large lists (a whole user table) to the processor's own ``broadcast``.
+
+        Args:
+            name (:obj:`str`): The broadcast's name, unique in the store. A broadcast of that
+                name gets the chats it lacks. With another call it gets none (an ERROR is
+                logged).
+            chat_ids (Iterable[:obj:`int`]): The recipients' chat ids.
+            method (:obj:`str`, optional): The Bot API method. Defaults to ``"sendMessage"``.
+            **params: The call's other parameters, JSON values.
+
+        Returns:
+            :class:`ptb_fence.BroadcastWrite`: What the completion writes.
+
+        Raises:
+            UsageError: The store keeps no broadcasts, the attempt is not fenced, or the
+                arguments are wrong (the message names the fix).
+            RuntimeError: The completion committed already.
+        """
+        if not self.fenced:
+            raise UsageError(
+                "attempt.broadcast needs attempt-aware handling with a fenced store "
+                "(FencedUpdateProcessor, or UpdateIntake(handle_attempt=...))")
+        write: BroadcastWrite = self._runtime.broadcast_write(name, chat_ids, method, params)
+        self.effects.hold_broadcast(write, self._runtime.broadcast_landed)
+        return write
 
     @property
     def effects(self) -> HeldEffects:

@@ -12,6 +12,7 @@ A reply paced through the same store waits at most that long behind a broadcast.
 
 from __future__ import annotations
 
+import collections
 import inspect
 import json
 import logging
@@ -23,13 +24,20 @@ import uuid
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from ptb_fence._errors import UsageError
-from ptb_fence._values import PaceBucket, Recipient, RecipientOutcome, StoredBroadcast
+from ptb_fence._values import (
+    BroadcastWrite,
+    PaceBucket,
+    Recipient,
+    RecipientOutcome,
+    StoredBroadcast,
+)
 from ptb_fence.runtime._backoff import Backoff
 from ptb_fence.runtime._bot_answers import FAIL, HOLD, MIGRATE, SENT, outcome_of
 from ptb_fence.runtime._bot_params import api_method
 from ptb_fence.runtime._outcome import error_text
 from ptb_fence.runtime._pacer import HOLD_KEY, HORIZON_MS, OutboxPacing
 from ptb_fence.runtime._send_outcome import retry_after_seconds
+from ptb_fence.stores._broadcasts import check_chat_ids, check_name
 
 __all__ = ["Broadcasts", "BroadcastSender", "PAGE", "RECORD_BATCH"]
 
@@ -108,21 +116,11 @@ class Broadcasts:
             UsageError: ``params`` has ``chat_id``, cannot be kept as JSON, or ``name``
                 exists with another method or parameters.
         """
-        method = api_method(method)
-        if "chat_id" in params:
-            raise UsageError("broadcast(): pass the chats as chat_ids, not chat_id=")
-        try:
-            params_json = json.dumps(params, sort_keys=True, separators=(",", ":"),
-                                     ensure_ascii=False)
-        except TypeError as exc:
-            raise UsageError(f"broadcast(): the parameters must be JSON values: {exc}. "
-                             "Upload a file once and broadcast its file_id") from None
+        write = self.write_of(name, (), method, **params)
         at = self._now_ms()
-        started = self._store.start_broadcast(name, method, params_json, at)
-        if (started.method, started.params_json) != (method, params_json):
-            raise UsageError(
-                f"a broadcast named {name!r} exists with another call ({started.method} "
-                f"{started.params_json}): pick a new name, or cancel it first")
+        started = self._store.start_broadcast(name, write.method, write.params_json, at)
+        if (started.method, started.params_json) != (write.method, write.params_json):
+            raise UsageError(_other_call(name, started))
         batch: List[int] = []
         for chat in chat_ids:
             batch.append(chat)
@@ -132,6 +130,30 @@ class Broadcasts:
         if batch:
             self._store.add_recipients(started.broadcast_id, batch, at)
         return self.get(name)
+
+    @staticmethod
+    def write_of(name: str, chat_ids: Iterable[int], method: str = "sendMessage",
+                 **params: Any) -> BroadcastWrite:
+        """The broadcast ``name`` as a store writes it, checked. Nothing is written.
+
+        Raises:
+            UsageError: ``name`` is no broadcast name, a chat id is not an :obj:`int`,
+                ``params`` has ``chat_id`` or cannot be kept as JSON.
+        """
+        method = api_method(method)
+        if "chat_id" in params:
+            raise UsageError("broadcast(): pass the chats as chat_ids, not chat_id=")
+        try:
+            params_json = json.dumps(params, sort_keys=True, separators=(",", ":"),
+                                     ensure_ascii=False)
+        except TypeError as exc:
+            raise UsageError(f"broadcast(): the parameters must be JSON values: {exc}. "
+                             "Upload a file once and broadcast its file_id") from None
+        try:
+            return BroadcastWrite(check_name(name), method, params_json,
+                                  tuple(check_chat_ids(list(chat_ids))))
+        except ValueError as exc:
+            raise UsageError(f"broadcast(): {exc}") from None
 
     def pause(self, name: str) -> StoredBroadcast:
         """Send nothing more of ``name`` until :meth:`resume`. Sends in flight finish."""
@@ -182,7 +204,7 @@ class BroadcastSender:
         stats: Counts the recorded outcomes (:attr:`ptb_fence.Stats.broadcast_sends`).
     """
 
-    __slots__ = ("_backoff", "_blocked", "_gap", "_hold", "_hold_read", "_next_send", "_loop",
+    __slots__ = ("_backoff", "_blocked", "_gap", "_started", "_hold", "_hold_read", "_next_send", "_loop",
                  "_names", "_now_ms", "_pacing", "_page", "_send", "_stats", "_stop", "_store",
                  "_take", "_thread", "_token", "_wake", "sent")
 
@@ -211,6 +233,8 @@ class BroadcastSender:
         self._wake = threading.Event()
         self._backoff = Backoff()
         self._names: Dict[int, str] = {}
+        # broadcasts that handlers' completions started, to check on the sender's thread
+        self._started: "collections.deque[BroadcastWrite]" = collections.deque()
         #: Recipients this sender recorded sent.
         self.sent = 0
 
@@ -234,6 +258,12 @@ class BroadcastSender:
         """Look for recipients now (a broadcast was started or resumed)."""
         self._wake.set()
 
+    def started(self, write: BroadcastWrite) -> None:
+        """A completion started ``write``: look for its recipients now. The sender's thread
+        logs an ERROR when a broadcast of that name had another call, so got none of them."""
+        self._started.append(write)
+        self._wake.set()
+
     def stop(self, timeout: Optional[float] = STOP_SECONDS) -> None:
         """Stop after the send in flight, waiting at most ``timeout`` seconds for it.
 
@@ -253,6 +283,7 @@ class BroadcastSender:
         while not self._stop.is_set():
             pause = LOOK_SECONDS
             try:
+                self._check_started()
                 claimed = self._store.claim_recipients(
                     self._token, now=self._now_ms(), lease_until=self._now_ms() + LEASE_MS,
                     limit=self._page)
@@ -274,6 +305,17 @@ class BroadcastSender:
             if pause:
                 self._wake.wait(pause)
                 self._wake.clear()
+
+    def _check_started(self) -> None:
+        while self._started:
+            write = self._started[0]
+            found = self._store.list_broadcasts(write.name)
+            if found and (found[0].method, found[0].params_json) != (write.method,
+                                                                     write.params_json):
+                _LOGGER.error("broadcasts: %s. The %d chat(s) a handler started it with were "
+                              "not added", _other_call(write.name, found[0]),
+                              len(write.chat_ids))
+            self._started.popleft()
 
     def _send_page(self, claimed: Sequence[Recipient]) -> None:
         """Send a claimed page: its slots taken in one store call, each send at its slot."""
@@ -450,6 +492,11 @@ class BroadcastSender:
             return RecipientOutcome(*ids, "failed", error=text)
         backoff = min(60_000, 1000 * 2 ** min(recipient.tries, 6))
         return RecipientOutcome(*ids, "pending", due_at=self._now_ms() + backoff, error=text)
+
+
+def _other_call(name: str, found: StoredBroadcast) -> str:
+    return (f"a broadcast named {name!r} exists with another call ({found.method} "
+            f"{found.params_json}): pick a new name, or cancel it first")
 
 
 async def _awaited(awaitable: Any) -> Any:

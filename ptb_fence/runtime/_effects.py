@@ -1,8 +1,8 @@
 """HeldEffects: what an attempt holds to write in the commit that completes its update.
 
 One place for every effect that must land exactly when the completion lands (the outbox's Bot
-API calls, and the persisted bot state of a :class:`StateSource` such as FencedPersistence's
-session): the attempt *has* one. The runtime takes its :class:`~ptb_fence.AttemptEffects`
+API calls, durable jobs, broadcasts, and the persisted bot state of a :class:`StateSource` such
+as FencedPersistence's session): the attempt *has* one. The runtime takes its :class:`~ptb_fence.AttemptEffects`
 when it completes the attempt (the grouped completion's ``commit`` with ``Batch.effects``, or
 a ``transaction(complete=True)`` through ``write_effects``), then tells it whether that commit
 landed.
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Protocol, Sequence, Tuple
 
-from ptb_fence._values import AttemptEffects, JobWrite, OutboxCall, StateWrite
+from ptb_fence._values import AttemptEffects, BroadcastWrite, JobWrite, OutboxCall, StateWrite
 from ptb_fence.runtime._held_call import HeldCall
 
 __all__ = ["HeldEffects", "OpenTransaction", "StateSource", "Taken"]
@@ -71,8 +71,8 @@ class HeldEffects:
     call made then could not ride the commit, and is refused rather than lost.
     """
 
-    __slots__ = ("_calls", "_cancels", "_handles", "_jobs", "_lock", "_next_seq", "_state",
-                 "_taken", "_taken_state", "_closed")
+    __slots__ = ("_broadcasts", "_calls", "_cancels", "_handles", "_jobs", "_lock", "_next_seq",
+                 "_state", "_taken", "_taken_state", "_closed")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -86,6 +86,8 @@ class HeldEffects:
         # durable jobs scheduled and removed, each with the object the handler holds
         self._jobs: List[Tuple[JobWrite, Any]] = []
         self._cancels: List[Any] = []
+        # broadcasts started, each with what to call once it landed
+        self._broadcasts: List[Tuple[BroadcastWrite, Callable[[BroadcastWrite], None]]] = []
 
     @property
     def closed(self) -> bool:
@@ -95,7 +97,8 @@ class HeldEffects:
     @property
     def empty(self) -> bool:
         """:obj:`bool`: Nothing is held (the completion writes no effects)."""
-        return not self._calls and self._state is None and not self._jobs and not self._cancels
+        return (not self._calls and self._state is None and not self._jobs
+                and not self._cancels and not self._broadcasts)
 
     def hold_state(self, source: StateSource) -> None:
         """Write ``source``'s state with the completion (asked when it is written) and tell it
@@ -164,6 +167,18 @@ class HeldEffects:
             elif getattr(job, "job_id", None) is not None:
                 self._cancels.append(job)
 
+    def hold_broadcast(self, write: BroadcastWrite,
+                       landed: Callable[[BroadcastWrite], None]) -> None:
+        """Start the broadcast ``write`` with the completion. ``landed(write)`` is called once
+        the completion committed it.
+
+        Raises:
+            RuntimeError: As :meth:`hold_call`.
+        """
+        with self._lock:
+            self._refuse_if_closed_or_taken("a broadcast started")
+            self._broadcasts.append((write, landed))
+
     def _refuse_if_closed_or_taken(self, what: str) -> None:
         if self._closed is not None:
             raise RuntimeError(self._closed)
@@ -179,13 +194,15 @@ class HeldEffects:
         with self._lock:
             state = self._take_state()
             self._taken_state = state
-            if not self._calls and not state and not self._jobs and not self._cancels:
+            if (not self._calls and not state and not self._jobs and not self._cancels
+                    and not self._broadcasts):
                 return None
             self._taken = True
             return AttemptEffects(
                 calls=tuple(self._calls), state=state,
                 jobs=tuple(write for write, _ in self._jobs),
                 cancelled_jobs=tuple(int(job.job_id) for job in self._cancels),
+                broadcasts=tuple(write for write, _ in self._broadcasts),
             ), tuple(self._handles)
 
     def landed(self, call_ids: Optional[Sequence[int]] = None) -> Tuple[HeldCall, ...]:
@@ -194,14 +211,21 @@ class HeldEffects:
         held afterwards. Returns the handles of the taken calls (none: nothing was taken)."""
         with self._lock:
             handles: List[HeldCall] = []
+            started: List[Tuple[BroadcastWrite, Callable[[BroadcastWrite], None]]] = []
             if self._taken:
                 handles, self._handles, self._calls = self._handles, [], []
                 self._jobs, self._cancels = [], []
+                started, self._broadcasts = self._broadcasts, []
             self._taken = False
             self._closed = "the attempt's completion committed: nothing more can ride it"
             source, self._state = self._state, None
             written, self._taken_state = self._taken_state, ()
         self._tell(source, written, True)
+        for write, landed in started:
+            try:
+                landed(write)
+            except Exception:
+                _LOGGER.exception("broadcasts: telling the sender of %r failed", write.name)
         for i, handle in enumerate(handles):
             handle.resolve(call_ids[i] if call_ids is not None and i < len(call_ids) else None)
         return tuple(handles)
@@ -218,7 +242,7 @@ class HeldEffects:
         Later calls are refused with ``why``."""
         with self._lock:
             handles, self._handles, self._calls = self._handles, [], []
-            self._jobs, self._cancels = [], []
+            self._jobs, self._cancels, self._broadcasts = [], [], []
             self._taken = False
             self._closed = why
             source, self._state = self._state, None

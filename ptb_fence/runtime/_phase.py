@@ -92,6 +92,13 @@ class AttemptHost(Protocol):
     def calls_committed(self, handles: Any = ()) -> None:
         """A commit carrying outbox calls landed: wake this process's sender."""
 
+    def broadcast_write(self, name: str, chat_ids: Any, method: str,
+                        params: Mapping[str, Any]) -> Any:
+        """The broadcast as a completion writes it, checked (``UsageError`` naming the fix)."""
+
+    def broadcast_landed(self, write: Any) -> None:
+        """A commit started the broadcast ``write``: wake this process's broadcast sender."""
+
     def retry_follows(self, attempt: Any, error: BaseException) -> bool:
         """Whether the update runs again after ``attempt`` failed with ``error``."""
 

@@ -19,6 +19,7 @@ from typing import (
     Callable,
     Dict,
     Hashable,
+    Iterable,
     List,
     Mapping,
     NamedTuple,
@@ -30,11 +31,12 @@ from typing import (
 
 from ptb_fence._events import event
 from ptb_fence._durations import format_duration
-from ptb_fence._errors import SchemaError, StateConflictError, is_misuse
+from ptb_fence._errors import SchemaError, StateConflictError, UsageError, is_misuse
 from ptb_fence.contract import Batch, ClaimTerms, Committed
 from ptb_fence._values import (
     Abandoned,
     AttemptEffects,
+    BroadcastWrite,
     AttemptIdentity,
     Completed,
     Exhaustion,
@@ -374,6 +376,29 @@ class Runtime:
                 "UpdateIntake(handle=...)"
             )
         return self.outbox.refusal()
+
+    def broadcast_write(self, name: str, chat_ids: Iterable[int], method: str,
+                        params: Mapping[str, Any]) -> BroadcastWrite:
+        """The broadcast ``attempt.broadcast`` holds, checked.
+
+        Raises:
+            UsageError: The store keeps no broadcasts, nothing sends them, or the arguments
+                are wrong (the message names the fix).
+        """
+        if self.broadcasts is None:
+            raise UsageError(
+                f"attempt.broadcast: {type(self.store).__name__} keeps no broadcasts: use a "
+                "store that declares StoreFeatures(outbox=True, broadcasts=True), such as "
+                "SQLiteUpdateStore or PostgresUpdateStore")
+        refusal = self.outbox_refusal()  # no sender: nothing would send the recipients
+        if refusal is not None:
+            raise UsageError(f"attempt.broadcast: {refusal}")
+        return self.broadcasts.write_of(name, chat_ids, method, **params)
+
+    def broadcast_landed(self, write: BroadcastWrite) -> None:
+        """A commit started the broadcast ``write``: this process's sender looks now."""
+        if self.broadcast_sender is not None:
+            self.broadcast_sender.started(write)
 
     def outbox_defaults(self) -> Mapping[str, Any]:
         """The bot's defaults for outbox calls (empty without an outbox or defaults)."""

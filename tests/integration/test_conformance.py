@@ -410,12 +410,22 @@ def test_pacing_breakers_name_the_exact_check() -> None:
 
 
 def test_broadcasts_breakers_name_the_exact_check() -> None:
-    from broken_stores import AnySenderSettlesStore, PausedClaimedStore, RecipientRacesStore
+    from broken_stores import (
+        AnySenderSettlesStore,
+        BroadcastEffectJoinsAnyCallStore,
+        PausedClaimedStore,
+        RecipientRacesStore,
+        RefusedCompletionStartsBroadcastStore,
+    )
 
     cases = {
         PausedClaimedStore: "broadcasts: a paused broadcast's recipient was claimed",
         AnySenderSettlesStore: "broadcasts: another sender's outcome for chat 10 returned",
         RecipientRacesStore: "broadcasts-concurrent: 8 concurrent claims of 20 got",
+        RefusedCompletionStartsBroadcastStore: "broadcasts-effects: after the commit the "
+        "broadcasts started by completions are ['from-1', 'from-2', 'from-3']",
+        BroadcastEffectJoinsAnyCallStore: "broadcasts-effects: a completion's broadcast named "
+        "like one with another call added 2 recipient(s)",
     }
     for cls, expected in cases.items():
         violations = check_update_store(cls)

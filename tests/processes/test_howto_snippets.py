@@ -413,3 +413,13 @@ def test_broadcast_sends_each_user_once_across_a_restart() -> None:
                             capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout == (HOWTO / "broadcast.out").read_text(), result.stderr
+
+
+def test_a_broadcast_from_a_handler_starts_once_across_a_failed_try() -> None:
+    """examples/howto/broadcast_from_handler.py prints broadcast_from_handler.out, which the
+    page includes."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, str(HOWTO / "broadcast_from_handler.py")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (HOWTO / "broadcast_from_handler.out").read_text(), result.stderr

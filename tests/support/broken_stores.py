@@ -650,7 +650,7 @@ class TransactionalMemoryStore(MemoryUpdateStore):
             for step in conn.steps:
                 self._steps.setdefault(step.key, step)
             for effects, at in conn.jobs:
-                self._write_jobs(effects, at)
+                self._write_later(effects, at)
 
     def record_step(self, record: StepRecord, *, connection: Any = None) -> bool:
         if not isinstance(connection, StagedConnection):
@@ -1610,7 +1610,7 @@ class RefusedCompletionWritesJobsStore(MemoryUpdateStore):
         for (identity, settlement), ok in zip(items, landed):
             queued = (effects or {}).get(identity)
             if not ok and queued is not None and isinstance(settlement, Completed):
-                self._write_jobs(queued, settlement.at)
+                self._write_later(queued, settlement.at)
         return super()._queue_landed(items, landed, effects)
 
 
@@ -1625,9 +1625,41 @@ class WriteEffectsJobsAtOnceStore(MemoryUpdateStore):
     ) -> List[int]:
         with self._lock:
             if self._staged is not None:
-                self._write_jobs(effects, at)
+                self._write_later(effects, at)
                 effects = dataclasses.replace(effects, jobs=(), cancelled_jobs=())
             return super().write_effects(identity, effects, at, connection=connection)
+
+
+class RefusedCompletionStartsBroadcastStore(MemoryUpdateStore):
+    """A commit starts the broadcasts of every completion given, landed or refused."""
+
+    __slots__ = ()
+
+    def _queue_landed(
+        self,
+        items: Sequence[Tuple[AttemptIdentity, Settlement]],
+        landed: Sequence[Any],
+        effects: Optional[Mapping[AttemptIdentity, AttemptEffects]],
+    ) -> Tuple[Dict[AttemptIdentity, Tuple[int, ...]], FrozenSet[int]]:
+        for (identity, settlement), ok in zip(items, landed):
+            queued = (effects or {}).get(identity)
+            if not ok and queued is not None and isinstance(settlement, Completed):
+                self._broadcasts.write(queued.broadcasts, settlement.at)
+        return super()._queue_landed(items, landed, effects)
+
+
+class BroadcastEffectJoinsAnyCallStore(MemoryUpdateStore):
+    """A completion's broadcast adds its chats to the broadcast of its name, whatever that
+    broadcast's call."""
+
+    __slots__ = ()
+
+    def _write_later(self, effects: AttemptEffects, at: int) -> None:
+        for write in effects.broadcasts:
+            started = self._broadcasts.start_broadcast(write.name, write.method,
+                                                       write.params_json, at)
+            self._broadcasts.add_recipients(started.broadcast_id, write.chat_ids, at)
+        super()._write_later(dataclasses.replace(effects, broadcasts=()), at)
 
 
 BROKEN: Dict[Type[Any], Sequence[str]] = {

@@ -7,6 +7,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ptb_fence._values import (
     RECIPIENT_STATES,
+    BroadcastWrite,
     Recipient,
     RecipientOutcome,
     StoredBroadcast,
@@ -72,6 +73,13 @@ class MemoryBroadcasts:
                     rows[chat] = _Row(int(at))
                     new += 1
             return new
+
+    def write(self, writes: Sequence[BroadcastWrite], at: int) -> None:
+        """The broadcasts a landed completion started. See :class:`ptb_fence.BroadcastWrite`."""
+        for write in writes:
+            started = self.start_broadcast(write.name, write.method, write.params_json, at)
+            if (started.method, started.params_json) == (write.method, write.params_json):
+                self.add_recipients(started.broadcast_id, write.chat_ids, at)
 
     def claim_recipients(self, sender: str, *, now: int, lease_until: int,
                          limit: int) -> List[Recipient]:

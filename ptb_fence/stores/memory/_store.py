@@ -107,8 +107,8 @@ class MemoryUpdateStore:
         # _staged_steps like its calls.
         self._steps: Dict[str, StepRecord] = {}
         self._staged_steps: Optional[Dict[str, StepRecord]] = None
-        # Durable jobs. The jobs write_effects writes in the open transaction() block wait in
-        # _staged_jobs like its calls.
+        # Durable jobs. The jobs and broadcasts write_effects writes in the open transaction()
+        # block wait in _staged_jobs like its calls.
         self._jobs = MemoryJobs()
         self._staged_jobs: Optional[List[Tuple[AttemptEffects, int]]] = None
         self._bot_id: Optional[int] = None
@@ -525,7 +525,7 @@ class MemoryUpdateStore:
             steps, self._staged_steps = self._staged_steps, None
             jobs, self._staged_jobs = self._staged_jobs, None
             for effects, at in jobs:
-                self._write_jobs(effects, at)
+                self._write_later(effects, at)
             for call in staged:
                 self._calls[call.call_id] = call
             self._state.update(state)
@@ -899,7 +899,7 @@ class MemoryUpdateStore:
         for (identity, settlement), ok in zip(items, landed):
             queued = effects.get(identity)
             if ok and queued is not None and isinstance(settlement, Completed):
-                self._write_jobs(queued, settlement.at)
+                self._write_later(queued, settlement.at)
                 rows = self._new_calls(identity, queued, settlement.at)
                 for call in rows:
                     self._calls[call.call_id] = call
@@ -942,16 +942,19 @@ class MemoryUpdateStore:
                 for row in rows:
                     self._calls[row.call_id] = row
                 self._put_state(self._state, writes, at)
-                self._write_jobs(effects, at)
+                self._write_later(effects, at)
             return [row.call_id for row in rows]
 
     # -- durable jobs ---------------------------------------------------------------------
-    def _write_jobs(self, effects: AttemptEffects, at: int) -> None:
-        """The jobs a landed completion scheduled and removed (under the lock)."""
+    def _write_later(self, effects: AttemptEffects, at: int) -> None:
+        """The jobs a landed completion scheduled and removed, and the broadcasts it started
+        (under the lock)."""
         if effects.jobs:
             self._jobs.schedule(effects.jobs, at)
         if effects.cancelled_jobs:
             self._jobs.cancel(effects.cancelled_jobs)
+        if effects.broadcasts:
+            self._broadcasts.write(effects.broadcasts, at)
 
     def schedule_jobs(self, jobs: Sequence[JobWrite], at: int, *,
                       connection: Any = None) -> List[StoredJob]:

@@ -97,6 +97,7 @@ from ptb_fence.stores._suspects import SuspectClaims
 from ptb_fence.stores.postgres._connections import close_quietly
 from ptb_fence.stores.postgres._sources import open_source
 from ptb_fence.stores.postgres._executor import PgExecutor, returns_row
+from ptb_fence.stores.postgres._broadcasts import write_broadcasts_in
 from ptb_fence.stores.postgres._jobs import cancel_in, fire_in, schedule_in, write_jobs_in
 from ptb_fence.stores.postgres._liveness import PgLiveness
 from ptb_fence.stores.postgres._sql import instance_key, schema_sql
@@ -1394,7 +1395,7 @@ class PostgresUpdateStore:
         """Insert the outbox calls of ``effects`` in the caller's open transaction.
 
         See :meth:`ptb_fence.OutboxStore.write_effects`.
-        Its state writes and its jobs are written there too.
+        Its state writes, jobs and broadcasts are written there too.
         ``connection`` is a psycopg2 connection or cursor.
 
         Returns:
@@ -1418,6 +1419,7 @@ class PostgresUpdateStore:
                     raise StateConflictError(tuple(moved))
                 cur.execute(sql["state_release"])
             write_jobs_in(sql, cur, effects, at)  # before the calls: their chat locks come last
+            write_broadcasts_in(sql, cur, effects.broadcasts, at)
             return insert_calls(sql, table, cur, calls)
 
         return self._db.caller_work(connection, work)

@@ -34,6 +34,7 @@ from ptb_fence.stores._state_sql import (
     state_table_name,
 )
 from ptb_fence.stores.postgres._executor import PgExecutor, returns_row
+from ptb_fence.stores.postgres._broadcasts import write_broadcasts_in
 from ptb_fence.stores.postgres._jobs import write_jobs_in
 
 __all__ = [
@@ -205,8 +206,8 @@ def settle_owned_work(
     """The settlements of a commit, as work to run on a cursor.
 
     Completions go in one statement, failures and abandonments in one statement each.
-    Then, in the same transaction, come the jobs and the outbox calls of ``effects`` for each
-    completion that landed.
+    Then, in the same transaction, come the jobs, the broadcasts and the outbox calls of
+    ``effects`` for each completion that landed.
 
     The completions with state writes first take the advisory locks of every key written.
     They read those keys' versions in the same round trip. Some of them have versions that
@@ -364,11 +365,12 @@ def settle_owned_work(
             landed[position] = returns_row(cur, statement, params)
         if effects:  # one insert_calls: its chat locks sorted across the attempts
             ended = completed + [(p, i, s) for p, i, s, _ in stateful if p not in together]
-            # the jobs before the calls: the chat locks come last
+            # the jobs and broadcasts before the calls: the chat locks come last
             for position, identity, done in sorted(ended, key=lambda item: item[0]):
                 queued = effects.get(identity)
                 if landed[position] is True and queued is not None:
                     write_jobs_in(sql, cur, queued, done.at)
+                    write_broadcasts_in(sql, cur, queued.broadcasts, done.at)
             owners = [
                 (identity, params)
                 for position, identity, settlement in sorted(ended, key=lambda item: item[0])

@@ -21,6 +21,14 @@ INSERT INTO {recipients} (broadcast_id, chat_id, state, due_at)
 SELECT %(broadcast_id)s, c, 'pending', %(at)s FROM unnest(%(chats)s::BIGINT[]) AS c
 ON CONFLICT (broadcast_id, chat_id) DO NOTHING
 
+-- broadcast_add_named --
+-- Add recipients to the broadcast of a name, only while its call is the one given.
+INSERT INTO {recipients} (broadcast_id, chat_id, state, due_at)
+SELECT b.broadcast_id, c, 'pending', %(at)s
+FROM {broadcasts} AS b, unnest(%(chats)s::BIGINT[]) AS c
+WHERE b.name = %(name)s AND b.method = %(method)s AND b.params = %(params)s
+ON CONFLICT (broadcast_id, chat_id) DO NOTHING
+
 -- broadcast_claim --
 -- Claim the recipients to send to now, by broadcast and chat id, for a sender under a lease.
 WITH taken AS (

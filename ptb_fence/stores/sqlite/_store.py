@@ -78,6 +78,7 @@ from ptb_fence.stores._pace import check_wants, grant, pace_keys, pace_rows
 from ptb_fence.stores._steps_sql import record_of, step_params
 from ptb_fence.stores._suspects import SuspectClaims
 from ptb_fence.stores.sqlite._connections import SQLiteConnections
+from ptb_fence.stores.sqlite._broadcasts import write_broadcasts_in
 from ptb_fence.stores.sqlite._jobs import cancel_in, fire_in, schedule_in, write_jobs_in
 from ptb_fence.stores.sqlite._sent_journal import SentJournal, SentRow, fold_order
 from ptb_fence.stores.sqlite._liveness import (
@@ -1078,7 +1079,7 @@ class SQLiteUpdateStore:
         """Insert the outbox calls of ``effects`` in the caller's transaction.
 
         See :meth:`ptb_fence.OutboxStore.write_effects`.
-        Its state writes and its jobs are written there too.
+        Its state writes, jobs and broadcasts are written there too.
         ``connection`` is a :class:`sqlite3.Connection` or cursor on this file, joined as in
         :meth:`owns`.
 
@@ -1098,6 +1099,7 @@ class SQLiteUpdateStore:
             finally:
                 conn.execute(self._sql["state_release"])
         write_jobs_in(self._sql, conn, effects, at)
+        write_broadcasts_in(self._sql, conn, effects.broadcasts, at)
         return insert_calls(self._sql, conn, effects_params(identity, effects, at))
 
     # -- persisted bot state ---------------------------------------------------------------

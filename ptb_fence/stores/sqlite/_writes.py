@@ -35,6 +35,7 @@ from ptb_fence.stores._state_sql import (
     write_params,
 )
 from ptb_fence.stores.sqlite._connections import SQLiteConnections
+from ptb_fence.stores.sqlite._broadcasts import write_broadcasts_in
 from ptb_fence.stores.sqlite._jobs import write_jobs_in
 from ptb_fence.stores.sqlite._schema import new_claim_id
 from ptb_fence.stores._suspects import SuspectClaims
@@ -197,7 +198,7 @@ def settle_owned_in(
     """Fenced settles inside ``conn``'s transaction.
 
     It returns per item whether it landed, or the :class:`~ptb_fence.StateConflict` that
-    stopped it. The calls, state writes and jobs of ``effects`` ride with each completion that
+    stopped it. The calls, state writes, jobs and broadcasts of ``effects`` ride with each completion that
     landed, in the same transaction. ``calls`` and ``sending`` collect the call ids written
     and those inserted claimed.
     """
@@ -242,6 +243,7 @@ def settle_owned_in(
                 queued = effects.get(identity)
                 if queued is not None:
                     write_jobs_in(sql, conn, queued, settlement.at)
+                    write_broadcasts_in(sql, conn, queued.broadcasts, settlement.at)
                 ids = insert_calls(
                     sql, conn, effects_params(identity, effects.get(identity), settlement.at),
                     sending,

@@ -50,6 +50,14 @@ INSERT INTO {recipients} (broadcast_id, chat_id, state, due_at)
 SELECT :broadcast_id, CAST(value AS INTEGER), 'pending', :at FROM json_each(:chats) WHERE true
 ON CONFLICT (broadcast_id, chat_id) DO NOTHING
 
+-- broadcast_add_named --
+-- Add recipients to the broadcast of a name, only while its call is the one given.
+INSERT INTO {recipients} (broadcast_id, chat_id, state, due_at)
+SELECT b.broadcast_id, CAST(c.value AS INTEGER), 'pending', :at
+FROM {broadcasts} AS b, json_each(:chats) AS c
+WHERE b.name = :name AND b.method = :method AND b.params = :params
+ON CONFLICT (broadcast_id, chat_id) DO NOTHING
+
 -- broadcast_claim --
 -- Claim the recipients to send to now, by broadcast and chat id, for a sender under a lease.
 UPDATE {recipients}
