@@ -217,6 +217,15 @@ class StatsCollector:
         yield by(core.CounterMetricFamily, "broadcast_sends",
                  "Broadcast recipients this process recorded, by result (retried: put back "
                  "for a later try).", "result", dict(stats.broadcast_sends))
+        if stats.broadcast_recipients is not None:
+            family = core.GaugeMetricFamily(
+                "ptb_fence_broadcast_recipients",
+                "Broadcast recipients in the store by state (max() across processes).",
+                labels=names + ["scope", "state"],
+            )
+            for state, count in sorted(stats.broadcast_recipients.items()):
+                family.add_metric(values + ["store", state], count)
+            yield family
         yield gauge("job_runs_running",
                     "Runs of durable jobs this process holds claims on now.",
                     stats.job_runs_running)

@@ -36,6 +36,7 @@ from ptb_fence.contract import Batch, ClaimTerms, Committed
 from ptb_fence._values import (
     Abandoned,
     AttemptEffects,
+    RECIPIENT_STATES,
     BroadcastWrite,
     AttemptIdentity,
     Completed,
@@ -1522,6 +1523,15 @@ class Runtime:
             return
         if counts is not None:
             self.stats.outbox_counts(counts)
+        if self.broadcasts is not None:
+            try:
+                broadcasts = self.stats.timed("figures", self.broadcasts.list)
+            except Exception as exc:
+                self.report_store_error(exc, "sweep")
+            else:
+                self.stats.broadcast_recipients(
+                    {state: sum(getattr(b, state) for b in broadcasts)
+                     for state in RECIPIENT_STATES})
         if figures is not None:
             self.stats.figures(figures)
 

@@ -183,6 +183,10 @@ class Stats:
         broadcast_sends (Mapping[:obj:`str`, :obj:`int`]): Broadcast recipients this process
             recorded, by result: ``sent``, ``failed``, ``blocked`` (the user blocked the bot)
             and ``retried`` (put back for a later try) (counters).
+        broadcast_recipients (Mapping[:obj:`str`, :obj:`int`] | :obj:`None`): The store's
+            broadcast recipients by state (:data:`~ptb_fence.RECIPIENT_STATES`), summed over
+            its broadcasts, as of :attr:`figures_read_at` (gauges, :obj:`None` without
+            broadcasts or before the first read).
     """
 
     updates_recorded: int
@@ -216,6 +220,7 @@ class Stats:
     job_runs_exhausted: int = 0
     broadcast_sends: Mapping[str, int] = field(default_factory=lambda: types.MappingProxyType(
         dict.fromkeys(("sent", "failed", "blocked", "retried"), 0)))
+    broadcast_recipients: Optional[Mapping[str, int]] = None
 
 
 class _Histogram:
@@ -265,6 +270,7 @@ class RuntimeStats:
         "_last_sweep_run",
         "_lock",
         "_outbox",
+        "_recipients",
         "_recorded",
         "_renewal_failures",
         "_store",
@@ -301,6 +307,7 @@ class RuntimeStats:
         self._broadcast_sends: Dict[str, int] = dict.fromkeys(
             ("sent", "failed", "blocked", "retried"), 0)
         self._outbox: Optional[Dict[str, int]] = None
+        self._recipients: Optional[Dict[str, int]] = None
         # the due jobs as the sweep last read them, and the runs' attempts ended here
         self._jobs_due: Optional[int] = None
         self._jobs_late: Optional[float] = None
@@ -399,6 +406,11 @@ class RuntimeStats:
         """``count`` broadcast recipients were recorded with ``result``."""
         with self._lock:
             self._broadcast_sends[result] = self._broadcast_sends.get(result, 0) + count
+
+    def broadcast_recipients(self, counts: Mapping[str, int]) -> None:
+        """The sweep counted the store's broadcast recipients by state."""
+        with self._lock:
+            self._recipients = dict(counts)
 
     def outbox_counts(self, counts: Mapping[str, int]) -> None:
         """The sweep read the store's outbox counts."""
@@ -558,4 +570,6 @@ class RuntimeStats:
                 job_runs_failed=self._job_runs["failed"],
                 job_runs_exhausted=self._job_runs["exhausted"],
                 broadcast_sends=types.MappingProxyType(dict(self._broadcast_sends)),
+                broadcast_recipients=None if self._recipients is None
+                else types.MappingProxyType(dict(self._recipients)),
             )

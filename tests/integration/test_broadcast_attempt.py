@@ -211,3 +211,32 @@ def test_a_reply_does_not_queue_behind_a_running_broadcast(
         assert fake.wait_until(lambda: len(sent(fake, "long")) == 300, 30)
     assert waiting >= 150, f"the reply went out after the broadcast ({waiting} left)"
     assert fake.rate_limited == 0
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
+def test_the_store_wide_gauge_counts_the_recipients_by_state(
+    store: Any, intakes: List[UpdateIntake]
+) -> None:
+    """The sweep counts the store's recipients by state with its figures (at most every
+    10 s). ``stats().broadcast_recipients`` and the Prometheus gauge
+    ``ptb_fence_broadcast_recipients{scope="store"}`` show them."""
+    from prometheus_client import CollectorRegistry
+
+    from ptb_fence.metrics import register
+
+    with FakeBotApi() as fake:
+        fake.block(3)
+        intake = intake_on(store, fake, intakes, lambda update, attempt: None,
+                           sweep_every_seconds=0.2)
+        intake.broadcast("counted", [1, 2, 3], text="counted")
+        intake.broadcast("paused", [4, 5], text="later")
+        intake.pause_broadcast("paused")
+        want = {"pending": 2, "sending": 0, "sent": 2, "failed": 0, "blocked": 1,
+                "cancelled": 0}
+        assert wait_until(lambda: intake.stats().broadcast_recipients == want, 25), \
+            intake.stats().broadcast_recipients
+        registry = CollectorRegistry()
+        register(intake, registry)
+        for state, count in want.items():
+            assert registry.get_sample_value(
+                "ptb_fence_broadcast_recipients", {"scope": "store", "state": state}) == count
