@@ -93,6 +93,13 @@ def measure_broadcasts(cfg: Dict[str, Any], counter: Any = None) -> Dict[str, An
             })
     finally:
         store.close()
+        if cfg["store"] == "pg":  # the update table and the tables beside it, not the shared
+            from _common import drop_tables
+
+            from ptb_fence.contrib._tables import META_TABLE, INSTANCES_TABLE, owned_tables
+
+            drop_tables(cfg["dsn"], *sorted(owned_tables([table]) - {META_TABLE,
+                                                                      INSTANCES_TABLE}))
     return result
 
 
