@@ -170,6 +170,9 @@ def _search(build: Path, word: str) -> "Set[str]":
     (("Prometheus",), "howto/monitoring"),
     (("strict_chat_order",), "reference/options"),
     (("recovery",), "explanation/recovery"),
+    (("reminder",), "howto/durable-jobs"),
+    (("broadcast",), "howto/broadcasts"),
+    (("charge", "card"), "howto/payments-and-outside-apis"),
 ])
 def test_the_search_finds_the_page(built_site: Path, words: "Tuple[str, ...]", page: str) -> None:
     """Sphinx's search shows the pages that have every word of the query."""
@@ -196,7 +199,9 @@ def test_the_everyday_questions_are_one_click_from_the_index(built_site: Path) -
     tasks = tasks[:tasks.index("</section>")]
     for page in ("tutorial/02-replies-through-the-outbox.html",
                  "howto/several-processes-and-webhooks.html",
-                 "howto/migrate-picklepersistence.html", "howto/monitoring.html"):
+                 "howto/migrate-picklepersistence.html", "howto/monitoring.html",
+                 "howto/durable-jobs.html", "howto/broadcasts.html",
+                 "howto/payments-and-outside-apis.html"):
         assert f'href="{page}"' in tasks, page
 
 

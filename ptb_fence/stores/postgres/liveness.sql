@@ -54,13 +54,13 @@ DELETE FROM {instances} WHERE table_name = %(table)s AND instance = %(instance)s
 
 -- take_over_dead --
 -- Refresh the caller's row, find the dead instances, give back or lapse their claims, forget them.
--- The instances not refreshed for the stale time since the server started are listed first,
--- so the lock is tried on their keys only; those whose lock can be taken are dead. A claim
--- marked isolated (its handler ran alone in the dead process, or started there on probation:
--- the crash is its own) keeps its attempt and claim id and its lease lapses now; every other
--- claim is given back as release_many gives it (any handler of the process may have killed
--- it) and the row becomes suspect ('' given back), or suspect again ('*') when its handler had
--- started there as a suspect. (NOT DISTINCT: a base claim writes no claim id and marks NULL.)
+-- The instances not refreshed for the stale time since the server started are listed first.
+-- So the lock is tried on their keys only. Those whose lock can be taken are dead. A claim
+-- marked isolated keeps its attempt and claim id, and its lease lapses now. Its handler ran
+-- alone in the dead process, or started there on probation, so the crash is its own. Every
+-- other claim is given back as release_many gives it, since any handler of the process may
+-- have killed it. Its row becomes suspect ('' given back). It becomes suspect again ('*')
+-- when its handler had started there as a suspect. (NOT DISTINCT: a base claim writes no claim id and marks NULL.)
 -- A row another session still locks is skipped, never waited for: the instance stays listed
 -- until its last row is taken. While no instance is dead (the usual case) EXISTS (SELECT 1
 -- FROM dead) skips the update table entirely (benchmarks/takeover_cost.py).

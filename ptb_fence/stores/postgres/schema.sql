@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS {table} (
                                       -- runs on probation or alone in its process
 );
 
--- Tables created before fencing lack claim_id; older ones lack fingerprint, instance and
+-- Tables created before fencing lack claim_id. Older ones lack fingerprint, instance and
 -- isolated_claim.
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS claim_id TEXT;
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS fingerprint TEXT;

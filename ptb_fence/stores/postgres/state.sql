@@ -1,7 +1,7 @@
 -- ptb_fence: the PostgreSQL statements on persisted bot state (StateStore).
 --
--- A write is one conditional statement: a row read at version v is updated only WHERE
--- version = v; a row read as absent is inserted ON CONFLICT DO NOTHING. Either returns a row
+-- A write is one conditional statement. A row read at version v is updated only WHERE
+-- version = v. A row read as absent is inserted ON CONFLICT DO NOTHING. Either returns a row
 -- exactly when it landed. A transaction first takes one advisory lock per key written, in
 -- ascending order, so writers of overlapping keys queue instead of deadlocking. An attempt's
 -- writes run in a savepoint with its settle: all land or none.

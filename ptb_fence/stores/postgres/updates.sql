@@ -27,7 +27,7 @@ RETURNING update_id
 -- add_many --
 -- Insert pending rows (distinct ids), replacing a settled row that holds a different update.
 -- An existing id: a different update (another fingerprint) replaces a settled row (completed,
--- or abandoned with settled_at set) exactly like a fresh insert; the same update, a row
+-- or abandoned with settled_at set) exactly like a fresh insert. The same update, a row
 -- without a fingerprint, or a live row is left alone (nothing returned).
 INSERT INTO {table} AS t
        (update_id, body, state, attempts, due_at, received_at, fingerprint)
@@ -133,8 +133,8 @@ RETURNING state, attempts, claim_id
 
 -- claim_owned --
 -- Take one row for a new attempt with a fresh claim id (or spend it), read back its suspicion.
--- A take writes the fresh claim id; a durable spend keeps the last claim id (or writes the
--- fresh one if there is none) and leaves settled_at NULL: an unacknowledged exhaustion.
+-- A take writes the fresh claim id. A durable spend keeps the last claim id, or writes the
+-- fresh one if there is none. It leaves settled_at NULL: an unacknowledged exhaustion.
 UPDATE {table} SET
     state      = CASE WHEN attempts < %(max_attempts)s THEN 'processing' ELSE 'abandoned' END,
     attempts   = CASE WHEN attempts < %(max_attempts)s THEN attempts + 1 ELSE attempts END,
@@ -210,10 +210,10 @@ RETURNING update_id
 -- Renew (position, update_id, attempt) leases in one statement, never waiting on a row lock.
 -- A handler's fenced transaction holds its row FOR UPDATE for as long as it is open, and one
 -- waiting statement would stop the renewals of every other attempt of the process. lockable
--- locks the candidate rows SKIP LOCKED; renewed extends exactly those. Per position: renewed
--- -> true; else a plain read of the statement's snapshot tells whether the row still matches
--- with an unexpired lease: then it was only locked right now (undecided, NULL to the caller),
--- else the renewal is refused (false).
+-- locks the candidate rows SKIP LOCKED. renewed extends exactly those. A renewed position
+-- gives true. For the others a plain read of the statement's snapshot tells whether the row
+-- still matches with an unexpired lease. Then it was only locked right now (undecided, NULL
+-- to the caller). Otherwise the renewal is refused (false).
 WITH v(pos, update_id, attempt) AS (
     SELECT * FROM unnest(%(positions)s::INT[], %(update_ids)s::BIGINT[], %(attempts)s::INT[])
 ),
@@ -318,8 +318,8 @@ RETURNING t.update_id, t.attempts, t.claim_id
 -- complete_owned_many and the state writes of the completions that match, in one statement.
 -- One round trip instead of three: the store thread waits for the GIL after every one. The
 -- writes (w_ arrays) land only with their attempt's completion, and only on the version they
--- read (version 0: the row was absent; inserted unless it is there now). Returns per matched
--- completion (update_id, attempts, claim_id, how many writes landed in all).
+-- read. Version 0 means the row was absent, and it is inserted unless it is there now.
+-- Returns per matched completion (update_id, attempts, claim_id, how many writes landed).
 WITH done AS (
     UPDATE {table} AS t SET state = 'completed', settled_at = v.at, error = NULL
     FROM unnest(%(update_ids)s::BIGINT[], %(attempts)s::INT[], %(claim_ids)s::TEXT[],

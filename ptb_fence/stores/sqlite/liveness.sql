@@ -1,5 +1,6 @@
--- ptb_fence: the SQLite statements of release and liveness (an instance holds a lock file,
--- recorded in the instances table; ptb_fence/stores/sqlite/_liveness.py proves it dead).
+-- ptb_fence: the SQLite statements of release and liveness.
+-- An instance holds a lock file, recorded in the instances table.
+-- ptb_fence/stores/sqlite/_liveness.py proves it dead.
 
 -- release_many --
 -- Give exact claims back (pending, attempts - 1, due at at) for the [update_id, attempt, claim_id] triples of a JSON array.
@@ -38,10 +39,11 @@ WHERE table_name = :table AND (:me IS NULL OR instance <> :me)
 
 -- take_over --
 -- A dead instance's claims: a claim marked isolated lapses now, every other is given back and its row becomes suspect.
--- A claim marked isolated (its handler ran alone in the dead process, or started there on
--- probation, so the crash is its own) keeps its attempt and claim id; every other claim is
--- given back as release_many gives it (any handler of the process may have killed it) and the
--- row becomes suspect (''), or suspect again ('*') when its handler had started there as one.
+-- A claim marked isolated keeps its attempt and claim id. Its handler ran alone in the dead
+-- process, or started there on probation, so the crash is its own. Every other claim is given
+-- back as release_many gives it, since any handler of the process may have killed it. Its row
+-- becomes suspect (''). It becomes suspect again ('*') when its handler had started there as
+-- one.
 UPDATE {table} SET
     state = CASE WHEN isolated_claim = claim_id THEN state ELSE 'pending' END,
     attempts = CASE WHEN isolated_claim = claim_id THEN attempts ELSE attempts - 1 END,

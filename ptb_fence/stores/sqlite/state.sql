@@ -1,7 +1,7 @@
 -- ptb_fence: the SQLite statements on persisted bot state (StateStore).
 --
--- A write is one conditional statement: a row read at version v is updated only WHERE
--- version = v; a row read as absent is inserted ON CONFLICT DO NOTHING. Either returns a row
+-- A write is one conditional statement. A row read at version v is updated only WHERE
+-- version = v. A row read as absent is inserted ON CONFLICT DO NOTHING. Either returns a row
 -- exactly when it landed. The write lock (BEGIN IMMEDIATE) orders the writers. An attempt's
 -- writes run in a savepoint with its settle: all land or none. Python's sqlite3 lets go of
 -- the GIL at every step, so the batches are one statement of one step each where they can be.

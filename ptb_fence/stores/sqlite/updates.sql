@@ -19,7 +19,7 @@
 -- add --
 -- Insert one pending row (due_at = received_at), replacing a settled row that holds a different update.
 -- An existing id: a different update (another fingerprint) replaces a settled row (completed,
--- or abandoned with settled_at set) exactly like a fresh insert; the same update, a row
+-- or abandoned with settled_at set) exactly like a fresh insert. The same update, a row
 -- without a fingerprint, or a live row stays as it is.
 INSERT INTO {table} (update_id, body, state, attempts, due_at, received_at, fingerprint)
 VALUES (:update_id, :body, 'pending', 0, :received_at, :received_at, :fingerprint)
