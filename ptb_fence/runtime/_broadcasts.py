@@ -35,7 +35,7 @@ from ptb_fence.runtime._backoff import Backoff
 from ptb_fence.runtime._bot_answers import FAIL, HOLD, MIGRATE, SENT, outcome_of
 from ptb_fence.runtime._bot_params import api_method
 from ptb_fence.runtime._outcome import error_text
-from ptb_fence.runtime._pacer import HOLD_KEY, HORIZON_MS, OutboxPacing
+from ptb_fence.runtime._pacer import HOLD_KEY, HORIZON_MS, LATE_MS, OutboxPacing
 from ptb_fence.runtime._send_outcome import retry_after_seconds
 from ptb_fence.stores._broadcasts import check_chat_ids, check_name
 
@@ -74,11 +74,6 @@ slots were taken."""
 HOLD_READ_MS = 50
 """A sender reads the store's hold at most this often. So a hold another process was told
 of stops its sends within about that time after it was stored."""
-
-LATE_MS = 40
-"""A send this much past its time (its thread was held up) gives its slot up. Its recipient
-goes back at once, for a later slot. A late send would crowd the sends of other processes
-into one second, which Telegram counts."""
 
 MAX_TRIES = 10
 """A recipient whose sends kept failing without an answer is recorded failed after this many

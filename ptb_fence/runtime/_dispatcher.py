@@ -50,6 +50,7 @@ from ptb_fence.runtime._pacer import (
     BOT_WAIT_MS,
     HOLD_KEY,
     HORIZON_MS,
+    LATE_MS,
     PAID_KEY,
     PacedBack,
     Pacer,
@@ -589,14 +590,16 @@ class OutboxDispatcher:
             at = pacer.slot(buckets)
             now = self._now()
             if at <= now + HORIZON_MS:
-                break
+                if at > now:
+                    time.sleep((at - now) / 1000.0)
+                if self._now() - at <= LATE_MS:
+                    return
+                continue  # held up past its slot: it is given up, and the send asks again
             paced = pacer.deferred(buckets, at)
             if not paced.bot_wide or at - now > BOT_WAIT_MS or self._plan.stopping:
                 raise paced  # a chat's pace or a hold: the sender serves others meanwhile
             # the bot at its pace: every call waits alike, so this one waits here
             time.sleep((at - now - HORIZON_MS // 2) / 1000.0)
-        if at > now:
-            time.sleep((at - now) / 1000.0)
 
     def _paced_back(self, entry: OutboxEntry, paced: PacedBack) -> None:
         """Give a call back unsent, due at its slot, its try not counted."""

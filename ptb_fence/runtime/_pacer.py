@@ -17,8 +17,8 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 from ptb_fence._values import PaceBucket
 
-__all__ = ["BOT_KEY", "BOT_WAIT_MS", "HOLD_KEY", "PAID_KEY", "HORIZON_MS", "OutboxPacing",
-           "Pacer", "PacedBack", "is_paced"]
+__all__ = ["BOT_KEY", "BOT_WAIT_MS", "HOLD_KEY", "PAID_KEY", "HORIZON_MS", "LATE_MS",
+           "OutboxPacing", "Pacer", "PacedBack", "is_paced"]
 
 BOT_KEY = "bot"
 """The bucket of every paced send of the bot."""
@@ -33,6 +33,11 @@ Reading it tells a hold apart from the bot's pace."""
 HORIZON_MS = 500
 """A slot is taken at most this long ahead. A sender then waits for it. So a hold announced
 meanwhile stops this process's sends within this time."""
+
+LATE_MS = 40
+"""A send this much past its slot (its thread was held up) gives the slot up and asks for
+another. A late send would crowd the sends of other processes into one second, which
+Telegram counts."""
 
 BOT_WAIT_MS = 2000
 """A sender waits for the bot's pace up to this long, asking again as the slot nears. A
