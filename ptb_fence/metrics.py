@@ -189,6 +189,13 @@ class StatsCollector:
             family.add_metric(values + ["store"], value)
             return family
 
+        def store_states(name: str, doc: str, counts: Mapping[str, float]) -> Any:
+            family = core.GaugeMetricFamily(f"ptb_fence_{name}", doc,
+                                            labels=names + ["scope", "state"])
+            for state, count in sorted(counts.items()):
+                family.add_metric(values + ["store", state], count)
+            return family
+
         if stats.unsettled is not None:
             yield store_gauge("unsettled_updates",
                               "Updates pending, running or failed in the store (max() across "
@@ -206,26 +213,14 @@ class StatsCollector:
                  {"sent": stats.calls_sent, "failed": stats.calls_failed,
                   "retried": stats.calls_retried})
         if stats.outbox is not None:
-            family = core.GaugeMetricFamily(
-                "ptb_fence_outbox_calls",
-                "Outbox calls in the store by state (max() across processes).",
-                labels=names + ["scope", "state"],
-            )
-            for state, count in sorted(stats.outbox.items()):
-                family.add_metric(values + ["store", state], count)
-            yield family
+            yield store_states("outbox_calls", "Outbox calls in the store by state (max() "
+                               "across processes).", stats.outbox)
         yield by(core.CounterMetricFamily, "broadcast_sends",
                  "Broadcast recipients this process recorded, by result (retried: put back "
                  "for a later try).", "result", dict(stats.broadcast_sends))
         if stats.broadcast_recipients is not None:
-            family = core.GaugeMetricFamily(
-                "ptb_fence_broadcast_recipients",
-                "Broadcast recipients in the store by state (max() across processes).",
-                labels=names + ["scope", "state"],
-            )
-            for state, count in sorted(stats.broadcast_recipients.items()):
-                family.add_metric(values + ["store", state], count)
-            yield family
+            yield store_states("broadcast_recipients", "Broadcast recipients in the store by "
+                               "state (max() across processes).", stats.broadcast_recipients)
         yield gauge("job_runs_running",
                     "Runs of durable jobs this process holds claims on now.",
                     stats.job_runs_running)

@@ -32,6 +32,7 @@ from ptb_fence.conformance._probe import (
     has_method,
     other_claim_id,
     stamp,
+    write_effects_in_block,
 )
 from ptb_fence.conformance._races import _race
 from ptb_fence.conformance._rule import rule
@@ -254,24 +255,13 @@ def rule_broadcasts_effects(p: Probe, fenced: bool, durable: bool) -> None:
     _in_transaction(p)
 
 
-class _Rollback(Exception):
-    """Raised inside a ``transaction()`` block so it rolls back."""
-
-
 def _in_transaction(p: Probe) -> None:
-    if not all(has_method(p.store, m) for m in ("transaction", "write_effects")):
-        return
     identity = AttemptIdentity(9, 1, "attempt-of-the-transaction")
     for name, raises in (("rolled", True), ("kept", False)):
         effects = AttemptEffects(broadcasts=(BroadcastWrite(name, "sendMessage", _PARAMS,
                                                             (5, 6)),))
-        try:
-            with p.call("transaction") as connection:
-                p.call("write_effects", identity, effects, T + 20, connection=connection)
-                if raises:
-                    raise _Rollback
-        except _Rollback:
-            pass
+        if not write_effects_in_block(p, identity, effects, T + 20, rolls_back=raises):
+            return
         listed = [b.total for b in p.call("list_broadcasts", name)]
         want = [] if raises else [2]
         what = "raised" if raises else "ended normally"

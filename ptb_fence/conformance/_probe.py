@@ -332,3 +332,23 @@ def claimed_identity(p: Probe, update_id: int, lease_until: int) -> AttemptIdent
     p.require(identity is not None, "claim_owned of a pending update returned None")
     assert identity is not None
     return identity
+
+
+class _Rollback(Exception):
+    """Raised inside a ``transaction()`` block so it rolls back."""
+
+
+def write_effects_in_block(p: Probe, identity: AttemptIdentity, effects: Any, at: int, *,
+                           rolls_back: bool) -> bool:
+    """``write_effects`` of ``effects`` inside a ``transaction()`` block that rolls back or
+    ends normally. :obj:`False` when the store has no ``transaction`` or ``write_effects``."""
+    if not all(has_method(p.store, m) for m in ("transaction", "write_effects")):
+        return False
+    try:
+        with p.call("transaction") as connection:
+            p.call("write_effects", identity, effects, at, connection=connection)
+            if rolls_back:
+                raise _Rollback
+    except _Rollback:
+        pass
+    return True
